@@ -1,0 +1,27 @@
+"""agent-fleet: LLM sub-agents as jobs.
+
+`fleet` is the runtime (traces, the loop, tools, models); it knows nothing of Celery.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["Fleet", "LocalFleet"]
+
+if TYPE_CHECKING:
+    from fleet.api import LocalFleet
+    from fleet.client import Fleet
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so `import fleet` stays cheap and `fleet.models` does not pull in httpx.
+    if name == "LocalFleet":
+        from fleet.api import LocalFleet
+
+        return LocalFleet
+    if name == "Fleet":
+        from fleet.client import Fleet
+
+        return Fleet
+    raise AttributeError(name)

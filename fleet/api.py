@@ -1,0 +1,110 @@
+"""The Python surface: create root traces, run them in-process, or submit them to a fleet."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet import ids
+from fleet.dispatch import Dispatcher, InProcessDispatcher
+from fleet.llm.base import LLMClient
+from fleet.llm.config import validate_model
+from fleet.models import Event, Mode, Trace
+from fleet.runner import Runner
+from fleet.runtime import Runtime
+from fleet.settings import Settings
+from fleet.store import MemoryStore, TraceStore
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task to run as a root trace."""
+
+    task: str
+    model: str | None = None
+    preset: str = "default"
+    workspace: Path | None = None
+    mode: Mode = "main"
+    metadata: Mapping[str, Any] | None = None
+
+
+def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
+    """Validate the spec (preset, model, workspace) and persist a queued root trace.
+
+    Raises:
+        ConfigError: Unknown preset or model, missing API key, bad workspace.
+    """
+    if not spec.task.strip():
+        from fleet.errors import ConfigError
+
+        raise ConfigError("the task is empty")
+    runtime.preset(spec.preset)
+    model = runtime.model_name(spec.model, spec.preset)
+    if model not in runtime.clients:
+        validate_model(runtime.config, model, runtime.settings.env)
+    workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
+    trace_id = ids.root_id()
+    trace = Trace(
+        trace_id=trace_id,
+        root_trace_id=trace_id,
+        mode=spec.mode,
+        task=spec.task,
+        name="main",
+        preset=spec.preset,
+        model=_portable(model),
+        workspace=str(workspace.workspace),
+        metadata=dict(spec.metadata or {}),
+    )
+    runtime.store.create_trace(trace)
+    runtime.store.emit(trace_id, Event(kind="trace", trace_id=trace_id, status="queued"))
+    return trace
+
+
+def _portable(model: str) -> str:
+    """`scripted:rel.yaml` becomes absolute so a worker in another directory finds it."""
+    if model.startswith("scripted:"):
+        return "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
+    return model
+
+
+class LocalFleet:
+    """A whole agent tree in this process: explore branches run in threads."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        """Wrap a runtime; see `from_settings` for the usual construction."""
+        self.runtime = runtime
+        self.store = runtime.store
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        redis: bool = False,
+        store: TraceStore | None = None,
+        clients: Mapping[str, LLMClient] | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> LocalFleet:
+        """In-memory store unless `redis` (FLEET_REDIS_URL) or a store is given."""
+        if store is None:
+            store = _redis_store(settings.redis_url) if redis else MemoryStore()
+        runtime = Runtime.build(
+            settings, store, dispatcher or InProcessDispatcher(), clients=clients
+        )
+        return cls(runtime)
+
+    def run(self, task: str, *, model: str | None = None, preset: str = "default") -> Trace:
+        """Create a root trace, run it to the end, return it."""
+        trace = create_root(self.runtime, TaskSpec(task=task, model=model, preset=preset))
+        Runner(self.runtime).run(trace.trace_id)
+        return self.store.get_trace(trace.trace_id)
+
+
+def _redis_store(url: str) -> TraceStore:
+    from fleet.redis_store import RedisStore
+
+    store = RedisStore.from_url(url)
+    store.ping()
+    return store

@@ -1,0 +1,1 @@
+"""The `fleet` command line."""

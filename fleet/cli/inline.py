@@ -1,0 +1,53 @@
+"""`fleet run --inline`: a whole agent tree in this process, no Celery, no network."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fleet.api import LocalFleet
+from fleet.cli.output import result_object
+from fleet.settings import Settings
+
+
+def register(commands: Any) -> None:
+    """Add `run` (the fleet plug-in replaces its handler when installed)."""
+    parser = commands.add_parser("run", help="run a task (in-process with --inline)")
+    add_run_arguments(parser)
+    parser.set_defaults(handler=run_inline)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by inline and fleet runs."""
+    parser.add_argument("task", help="what the main agent should do")
+    parser.add_argument("--inline", action="store_true", help="run in this process")
+    parser.add_argument("--model", help="provider:model, an alias, or scripted:FILE.yaml")
+    parser.add_argument("--preset", default="default", help="agent preset (default: default)")
+    parser.add_argument(
+        "--workspace", type=Path, help="workspace root (default: FLEET_WORKSPACE or .)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--timeout-s", type=float, default=None, help="give up waiting after this long"
+    )
+
+
+def run_inline(args: argparse.Namespace) -> int:
+    """Run the task in-process and print the answer (or the JSON object)."""
+    from fleet.cli.main import EXIT_FAILED, EXIT_OK, print_json
+
+    settings = Settings.from_env()
+    if args.workspace is not None or "FLEET_WORKSPACE" in os.environ:
+        settings = settings.with_workspace(args.workspace or settings.workspace)
+    local = LocalFleet.from_settings(settings, redis=bool(os.environ.get("FLEET_REDIS_URL")))
+    trace = local.run(args.task, model=args.model, preset=args.preset)
+    if args.json:
+        print_json(result_object(local.store, trace))
+    elif trace.status == "completed":
+        print(trace.answer or "")
+    else:
+        print(f"{trace.status}: {trace.error}", file=sys.stderr)
+    return EXIT_OK if trace.status == "completed" else EXIT_FAILED

@@ -1,0 +1,79 @@
+"""How results are printed: the `--json` object and the human tree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.models import Trace
+from fleet.store import TraceStore
+
+
+def result_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
+    """The object `fleet run --json` prints, inline or through the fleet."""
+    return {
+        "trace_id": trace.trace_id,
+        "status": trace.status,
+        "answer": trace.answer,
+        "error": trace.error,
+        "collaborators": [
+            {"name": c.name, "trace_id": c.trace_id, "status": c.status, "summary": c.summary}
+            for c in store.collaborators(trace.trace_id)
+        ],
+        "stats": trace.stats.model_dump(),
+    }
+
+
+def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
+    """`fleet trace show --json`: the trace, its collaborators and its children, recursively."""
+    return {
+        "trace_id": trace.trace_id,
+        "parent_trace_id": trace.parent_trace_id,
+        "root_trace_id": trace.root_trace_id,
+        "mode": trace.mode,
+        "status": trace.status,
+        "preset": trace.preset,
+        "model": trace.model,
+        "task": trace.task,
+        "answer": trace.answer,
+        "error": trace.error,
+        "iteration": trace.iteration,
+        "stats": trace.stats.model_dump(),
+        "collaborators": [c.model_dump(mode="json") for c in store.collaborators(trace.trace_id)],
+        "children": [
+            trace_object(store, store.get_trace(child)) for child in store.children(trace.trace_id)
+        ],
+    }
+
+
+def list_object(trace: Trace) -> dict[str, Any]:
+    """One row of `fleet trace list --json`."""
+    return {
+        "trace_id": trace.trace_id,
+        "parent_trace_id": trace.parent_trace_id,
+        "status": trace.status,
+        "mode": trace.mode,
+        "task": trace.task,
+        "created_at_ms": trace.created_at_ms,
+    }
+
+
+def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
+    """A readable tree: one line per trace, its answer or error beneath."""
+    stats = trace.stats
+    line = (
+        f"{indent}{trace.trace_id}  [{trace.mode}, {trace.status}]  "
+        f"{stats.messages} msgs, {stats.prompt_tokens + stats.completion_tokens} tokens"
+    )
+    lines = [line, f"{indent}  task: {_one_line(trace.task)}"]
+    if trace.answer:
+        lines.append(f"{indent}  answer: {_one_line(trace.answer)}")
+    if trace.error:
+        lines.append(f"{indent}  error: {_one_line(trace.error)}")
+    for child in store.children(trace.trace_id):
+        lines += render_tree(store, store.get_trace(child), indent + "  ")
+    return lines
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -1,0 +1,63 @@
+"""`fleet trace show|list`: read traces from the Redis store."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from fleet.cli.output import list_object, render_tree, trace_object
+from fleet.settings import Settings
+from fleet.store import TraceStore
+
+
+def register(commands: Any) -> None:
+    """Add `trace show` and `trace list`."""
+    trace = commands.add_parser("trace", help="inspect traces")
+    sub = trace.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
+    show = sub.add_parser("show", help="a trace with its children and collaborators")
+    show.add_argument("trace_id")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=show_trace)
+    listing = sub.add_parser("list", help="traces, newest first")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--all", action="store_true", help="include sub-traces")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(handler=list_traces)
+
+
+def open_store(settings: Settings | None = None) -> TraceStore:
+    """The Redis store named by FLEET_REDIS_URL, checked to answer."""
+    from fleet.redis_store import RedisStore
+
+    settings = settings or Settings.from_env()
+    store = RedisStore.from_url(settings.redis_url)
+    store.ping()
+    return store
+
+
+def show_trace(args: argparse.Namespace) -> int:
+    """Print one trace tree."""
+    from fleet.cli.main import print_json
+
+    store = open_store()
+    trace = store.get_trace(args.trace_id)
+    if args.json:
+        print_json(trace_object(store, trace))
+    else:
+        print("\n".join(render_tree(store, trace)))
+    return 0
+
+
+def list_traces(args: argparse.Namespace) -> int:
+    """Print recent traces, root traces only unless --all."""
+    from fleet.cli.main import print_json
+
+    store = open_store()
+    rows = [t for t in store.list_traces(args.limit * 10) if args.all or not t.parent_trace_id]
+    rows = rows[: args.limit]
+    if args.json:
+        print_json([list_object(t) for t in rows])
+    else:
+        for t in rows:
+            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {' '.join(t.task.split())[:80]}")
+    return 0

@@ -1,0 +1,147 @@
+"""`fleet.Fleet`: submit tasks to a running fleet from scripts and notebooks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Protocol
+
+from fleet.api import TaskSpec, create_root
+from fleet.control import stop_tree
+from fleet.dispatch import InProcessDispatcher
+from fleet.errors import ConfigError, FleetError
+from fleet.models import Event, Mode, Trace
+from fleet.runtime import Runtime
+from fleet.settings import Settings
+from fleet.store import TraceStore
+
+
+class Backend(Protocol):
+    """What a task queue must do for the client; `workers` provides the Celery one."""
+
+    def enqueue(self, trace: Trace) -> None:
+        """Start running this (already persisted) root trace somewhere in the fleet."""
+        ...
+
+    def revoke(self, trace_ids: list[str]) -> None:
+        """Drop queued tasks of these traces (best effort; the stop flag is the guarantee)."""
+        ...
+
+
+def load_backend(settings: Settings, name: str = "celery") -> Backend:
+    """The backend plug-in registered under `fleet.backends` (installed with agent-fleet)."""
+    for plugin in entry_points(group="fleet.backends", name=name):
+        factory = plugin.load()
+        backend: Backend = factory(settings)
+        return backend
+    raise ConfigError(f"no fleet backend {name!r} installed (reinstall agent-fleet)")
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A submitted root trace."""
+
+    trace_id: str
+    fleet: Fleet
+
+    def wait(self, timeout_s: float | None = None) -> Trace:
+        """Block until the trace ends; `TimeoutError` after `timeout_s`."""
+        return self.fleet.wait(self.trace_id, timeout_s)
+
+    def trace(self) -> Trace:
+        """The trace as it is now."""
+        return self.fleet.trace(self.trace_id)
+
+    def events(self, timeout_s: float | None = None) -> Iterator[Event]:
+        """The tree's events as they happen, until the root finishes."""
+        return self.fleet.events(self.trace_id, timeout_s)
+
+
+class Fleet:
+    """A client of a running fleet: `Fleet.from_env().submit("task").wait()`."""
+
+    def __init__(self, runtime: Runtime, backend: Backend) -> None:
+        """Use `from_env` unless you assemble the pieces yourself."""
+        self.runtime = runtime
+        self.store: TraceStore = runtime.store
+        self.backend = backend
+
+    @classmethod
+    def from_env(cls, settings: Settings | None = None) -> Fleet:
+        """Connect to FLEET_REDIS_URL / FLEET_BROKER_URL; `ConfigError` if Redis is down."""
+        from fleet.redis_store import RedisStore
+
+        settings = settings or Settings.from_env()
+        store = RedisStore.from_url(settings.redis_url)
+        store.ping()
+        runtime = Runtime.build(settings, store, InProcessDispatcher())
+        return cls(runtime, load_backend(settings))
+
+    def submit(
+        self,
+        task: str,
+        *,
+        model: str | None = None,
+        preset: str = "default",
+        workspace: Path | None = None,
+        metadata: dict[str, Any] | None = None,
+        mode: Mode = "main",
+    ) -> Handle:
+        """Create a root trace and enqueue it on its mode's queue."""
+        spec = TaskSpec(task, model, preset, workspace, mode, metadata)
+        trace = create_root(self.runtime, spec)
+        self.backend.enqueue(trace)
+        return Handle(trace.trace_id, self)
+
+    def delegate(self, task: str, **options: Any) -> Handle:
+        """One sub-agent with full tools, no main agent around it."""
+        return self.submit(task, mode="delegate", **options)
+
+    def explore(self, tasks: list[str], **options: Any) -> list[Handle]:
+        """One read-only explore sub-agent per task, in parallel."""
+        options.setdefault("preset", "explore")
+        return [self.submit(t, mode="explore", **options) for t in tasks]
+
+    def evaluate(self, goal: str, **options: Any) -> Handle:
+        """A read-only judge of whether `goal` is met in the workspace."""
+        task = f"Evaluate whether this goal has been met.\n\nGoal: {goal}\n\nEnd with VERDICT."
+        options.setdefault("preset", "evaluate")
+        return self.submit(task, mode="evaluate", **options)
+
+    def trace(self, trace_id: str) -> Trace:
+        """The trace as it is now; `TraceNotFound` if unknown."""
+        return self.store.get_trace(trace_id)
+
+    def stop(self, trace_id: str) -> list[str]:
+        """Stop a trace and its subtree; returns the ids that were told to stop."""
+        ids = stop_tree(self.store, trace_id)
+        self.backend.revoke(ids)
+        return ids
+
+    def events(self, trace_id: str, timeout_s: float | None = None) -> Iterator[Event]:
+        """Events of the trace's tree until it finishes (or `TimeoutError`)."""
+        root = self.store.get_trace(trace_id).root_trace_id
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        cursor = "0"
+        while True:
+            if self.store.get_trace(trace_id).is_terminal:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"trace {trace_id!r} still running after {timeout_s} s")
+            for entry_id, event in self.store.read_events(root, cursor, block_ms=1000):
+                cursor = entry_id
+                yield event
+                if event.kind == "finish" and event.trace_id == trace_id:
+                    return
+
+    def wait(self, trace_id: str, timeout_s: float | None = None) -> Trace:
+        """Block until the trace ends, reading its event stream."""
+        for _ in self.events(trace_id, timeout_s):
+            pass
+        trace = self.store.get_trace(trace_id)
+        if not trace.is_terminal:
+            raise FleetError(f"trace {trace_id!r} ended its event stream in {trace.status!r}")
+        return trace

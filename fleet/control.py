@@ -1,0 +1,66 @@
+"""Fleet-wide control that needs no task queue: stop a subtree, find dead runners, collect."""
+
+from __future__ import annotations
+
+from fleet.collect import collect
+from fleet.models import Event, now_ms
+from fleet.store import TraceStore
+
+
+def subtree(store: TraceStore, trace_id: str) -> list[str]:
+    """The trace and all its descendants, parents first."""
+    out, frontier = [], [trace_id]
+    while frontier:
+        current = frontier.pop(0)
+        out.append(current)
+        frontier.extend(store.children(current))
+    return out
+
+
+def stop_tree(store: TraceStore, trace_id: str) -> list[str]:
+    """Raise the stop flag on a trace and every descendant.
+
+    Traces that no runner holds (queued, waiting) are finalised here, because a revoked chord
+    never runs its body; running ones stop themselves between turns.
+
+    Returns:
+        Every trace id in the subtree.
+    """
+    ids = subtree(store, trace_id)
+    for tid in ids:
+        store.request_stop(tid)
+    for tid in ids:
+        trace = store.get_trace(tid)
+        if trace.status in ("queued", "waiting"):
+            store.update_trace(
+                tid, status="stopped", error="stop requested", finished_at_ms=now_ms()
+            )
+            store.emit(trace.root_trace_id, Event(kind="finish", trace_id=tid, status="stopped"))
+    return ids
+
+
+def claim_dead_runs(store: TraceStore, at_ms: int | None = None) -> list[str]:
+    """Running traces whose lease expired, each claimed by exactly one caller to re-enqueue."""
+    claimed = []
+    for trace_id in store.expired_leases(now_ms() if at_ms is None else at_ms):
+        if store.forget_running(trace_id):
+            if not store.get_trace(trace_id).is_terminal:
+                claimed.append(trace_id)
+    return claimed
+
+
+def collect_if_done(store: TraceStore, child_id: str, summary_chars: int) -> bool:
+    """After a recovered child ends: collect its tool call if every sibling has ended too.
+
+    Returns:
+        True when the parent should now be resumed.
+    """
+    child = store.get_trace(child_id)
+    if child.parent_trace_id is None or child.parent_tool_call_id is None:
+        return False
+    siblings = [store.get_trace(c) for c in store.children(child.parent_trace_id)]
+    group = [s for s in siblings if s.parent_tool_call_id == child.parent_tool_call_id]
+    if not all(s.is_terminal for s in group):
+        return False
+    ids = [s.trace_id for s in group]
+    return collect(store, child.parent_trace_id, child.parent_tool_call_id, ids, summary_chars)

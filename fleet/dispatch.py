@@ -1,0 +1,49 @@
+"""How children get run: the Dispatcher protocol and the in-process implementation."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from fleet.collect import collect
+from fleet.runner import Runner, run_safely
+from fleet.runtime import Runtime
+from fleet.subagents import SpawnRequest
+
+
+class Dispatcher(Protocol):
+    """Runs the children of one tool call and, when they are done, collects them."""
+
+    children_survive_restart: bool
+    """True when children keep running if the parent's process dies (a task queue)."""
+
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        """Start the children; may return before they finish."""
+        ...
+
+
+class InProcessDispatcher:
+    """Runs children in this process: explore branches concurrently in threads."""
+
+    children_survive_restart = False
+
+    def __init__(self, max_parallel: int = 16) -> None:
+        """`max_parallel` caps the threads of one explore."""
+        self.max_parallel = max_parallel
+
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        """Run every child to its end, then collect them into the parent."""
+        runner = Runner(runtime)
+        ids = list(request.child_ids)
+        if len(ids) == 1:
+            run_safely(runner, ids[0])
+        else:
+            with ThreadPoolExecutor(min(len(ids), self.max_parallel), "fleet-branch") as pool:
+                list(pool.map(lambda child: run_safely(runner, child), ids))
+        collect(
+            runtime.store,
+            request.parent_trace_id,
+            request.tool_call_id,
+            ids,
+            runtime.settings.summary_chars,
+        )

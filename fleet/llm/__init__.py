@@ -1,0 +1,1 @@
+"""Model clients: the `LLMClient` protocol, OpenAI-compatible and Anthropic adapters."""

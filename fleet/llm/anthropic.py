@@ -1,0 +1,265 @@
+"""A client for Anthropic's Messages API, fed the same OpenAI-format history as every client.
+
+The conversion: system messages become the top-level `system`; assistant `tool_calls`
+become `tool_use` blocks; consecutive `tool` messages become one user message of
+`tool_result` blocks (consecutive same-role turns are merged, which Anthropic expects);
+tool-call ids are re-prefixed to `toolu_` on both sides of every pair.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from fleet.errors import ModelBehaviorError
+from fleet.llm.base import LLMResponse, ToolCall, Usage, check_model_requests_allowed
+from fleet.llm.openai import DEFAULT_TIMEOUT_S, normalise_tool_call_id
+from fleet.llm.pricing import ModelPricing, cost_usd
+from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
+
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+}
+"""Anthropic `stop_reason` -> the OpenAI `finish_reason` the rest of the runtime reads."""
+
+
+def _text_of(content: Any) -> str:
+    """Plain text of an OpenAI `content`: a string, a list of text parts, or None."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+def _text_blocks(content: Any) -> list[dict[str, Any]]:
+    """User/assistant content as blocks; non-text parts pass through as given."""
+    if not isinstance(content, list):
+        text = _text_of(content)
+        # Anthropic rejects empty text blocks.
+        return [{"type": "text", "text": text}] if text else []
+    return [
+        {"type": "text", "text": part["text"]} if part.get("type") == "text" else part
+        for part in content
+        if part.get("type") != "text" or part.get("text")
+    ]
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    """`tool_use.input` must be an object; malformed arguments are kept, not dropped."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {"_unparsed_arguments": arguments}
+    return value if isinstance(value, dict) else {"_unparsed_arguments": arguments}
+
+
+def _assistant_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    blocks = _text_blocks(message.get("content"))
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": normalise_tool_call_id(call["id"], "toolu_"),
+                "name": function["name"],
+                "input": _tool_input(function.get("arguments", "")),
+            }
+        )
+    return blocks
+
+
+def _turn(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The Anthropic role and content blocks of one non-system OpenAI message."""
+    role = message.get("role")
+    if role == "user":
+        return "user", _text_blocks(message.get("content"))
+    if role == "assistant":
+        return "assistant", _assistant_blocks(message)
+    if role == "tool":
+        result = {
+            "type": "tool_result",
+            "tool_use_id": normalise_tool_call_id(message["tool_call_id"], "toolu_"),
+            "content": _text_of(message.get("content")),
+        }
+        return "user", [result]
+    raise ModelBehaviorError(f"cannot send a message with role {role!r} to Anthropic")
+
+
+def to_anthropic_messages(
+    messages: list[dict[str, Any]],
+) -> tuple[str, list[dict[str, Any]]]:
+    """OpenAI-format history -> (`system` text, Anthropic `messages`)."""
+    system_parts: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if message.get("role") == "system":
+            system_parts.append(_text_of(message.get("content")))
+            continue
+        role, blocks = _turn(message)
+        if not blocks:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return "\n\n".join(part for part in system_parts if part), turns
+
+
+def to_anthropic_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI function tools -> `{name, description, input_schema}`."""
+    converted = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        entry: dict[str, Any] = {
+            "name": function["name"],
+            "input_schema": function.get("parameters") or {"type": "object", "properties": {}},
+        }
+        if function.get("description"):
+            entry["description"] = function["description"]
+        converted.append(entry)
+    return converted
+
+
+class AnthropicClient:
+    """`LLMClient` over `POST {base_url}/v1/messages`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        model: str,
+        max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        pricing: ModelPricing | None = None,
+        http: httpx.Client | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        provider: str = "anthropic",
+        api_key_env: str = "ANTHROPIC_API_KEY",
+    ) -> None:
+        """Build a client.
+
+        Args:
+            base_url: e.g. `https://api.anthropic.com` (without `/v1`).
+            api_key: sent as `x-api-key`; never shown in reprs or errors.
+            model: e.g. `claude-sonnet-4-5`.
+            max_output_tokens: used when a call gives none (the API requires a value).
+            timeout_s: per request.
+            pricing: overrides the built-in price table.
+            http: a shared client; one is created (and owned) when None.
+            retry: backoff policy for 429, 5xx and network errors.
+            provider: name used in error messages.
+            api_key_env: the env var the key came from, named in auth errors.
+        """
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_output_tokens = max_output_tokens
+        self.provider = provider
+        self._api_key = api_key
+        self._api_key_env = api_key_env
+        self._timeout_s = timeout_s
+        self._pricing = pricing
+        self._retry = retry
+        self._owns_http = http is None
+        self._http = http if http is not None else httpx.Client(timeout=timeout_s)
+
+    def __repr__(self) -> str:
+        return f"AnthropicClient(base_url={self.base_url!r}, model={self.model!r})"
+
+    def close(self) -> None:
+        """Close the HTTP client if this object created it."""
+        if self._owns_http:
+            self._http.close()
+
+    def request_body(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> dict[str, Any]:
+        """The JSON this client would send for an OpenAI-format history."""
+        system, turns = to_anthropic_messages(messages)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_output_tokens or self.max_output_tokens,
+            "messages": turns,
+        }
+        if system:
+            body["system"] = system
+        if tools:
+            body["tools"] = to_anthropic_tools(tools)
+        if temperature is not None:
+            body["temperature"] = temperature
+        return body
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> LLMResponse:
+        """One Messages call; see `LLMClient.complete`."""
+        check_model_requests_allowed("anthropic")
+        body = self.request_body(
+            messages, tools, temperature=temperature, max_output_tokens=max_output_tokens
+        )
+        headers = {"anthropic-version": ANTHROPIC_VERSION}
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
+        response = send_with_retry(
+            lambda: self._http.post(
+                f"{self.base_url}/v1/messages", json=body, headers=headers, timeout=self._timeout_s
+            ),
+            provider=self.provider,
+            api_key_env=self._api_key_env,
+            policy=self._retry,
+        )
+        return self.parse_response(response)
+
+    def parse_response(self, response: httpx.Response) -> LLMResponse:
+        """Turn a 2xx Messages answer into an `LLMResponse`."""
+        try:
+            data = response.json()
+            blocks: list[dict[str, Any]] = data["content"]
+            texts = [block["text"] for block in blocks if block.get("type") == "text"]
+            calls = tuple(
+                ToolCall(id=block["id"], name=block["name"], arguments=json.dumps(block["input"]))
+                for block in blocks
+                if block.get("type") == "tool_use"
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelBehaviorError(
+                f"{self.provider} sent a malformed Messages response ({exc!r})"
+            ) from exc
+        raw_usage = data.get("usage") or {}
+        # Cached prompt tokens are reported apart from `input_tokens`; all were read.
+        prompt_tokens = sum(
+            int(raw_usage.get(key) or 0)
+            for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        )
+        completion_tokens = int(raw_usage.get("output_tokens") or 0)
+        stop_reason = data.get("stop_reason")
+        return LLMResponse(
+            content="".join(texts) if texts else None,
+            tool_calls=calls,
+            usage=Usage(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                cost_usd=cost_usd(self.model, prompt_tokens, completion_tokens, self._pricing),
+            ),
+            model=str(data.get("model") or self.model),
+            finish_reason=STOP_REASONS.get(stop_reason, stop_reason) if stop_reason else None,
+        )

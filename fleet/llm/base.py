@@ -1,0 +1,77 @@
+"""The model seam: one protocol, one response shape, and the test guard."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fleet.errors import ModelRequestsDisabled
+
+ALLOW_MODEL_REQUESTS = True
+"""Switched off by the test suite so no real client can ever send a request."""
+
+
+def check_model_requests_allowed(provider: str) -> None:
+    """Raise `ModelRequestsDisabled` when the test guard is on."""
+    if not ALLOW_MODEL_REQUESTS:
+        raise ModelRequestsDisabled(f"real model requests are disabled (provider {provider!r})")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call the model asked for. `arguments` is the raw JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as a dict; malformed JSON raises `ValueError`."""
+        value = json.loads(self.arguments or "{}")
+        if not isinstance(value, dict):
+            raise ValueError("tool arguments must be a JSON object")
+        return value
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI wire form, as stored in assistant messages."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens and cost of one model call."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class LLMResponse:
+    """What every client returns: text and/or tool calls, with usage."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+    finish_reason: str | None = None
+
+
+class LLMClient(Protocol):
+    """Anything that turns OpenAI-format messages plus tool schemas into a response."""
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> LLMResponse:
+        """One chat completion. Raises `TransientLLMError` for retryable failures."""
+        ...

@@ -1,0 +1,319 @@
+"""The model config: which providers exist, what model names mean, and which one to use.
+
+`fleet.yaml` (found via an explicit path, else `$FLEET_CONFIG`, else `./fleet.yaml`)::
+
+    providers:
+      local: {kind: openai, base_url: "http://localhost:11434/v1"}
+      openrouter: {kind: openai, base_url: "https://openrouter.ai/api/v1",
+                   api_key_env: OPENROUTER_API_KEY}
+    models:
+      fast: {provider: openai, name: gpt-4o-mini}
+      smart: {provider: anthropic, name: claude-sonnet-4-5,
+              input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0}
+    default_model: fast
+    model_overrides: {reviewer: smart}
+
+A model name is an alias from `models` or `provider:model` (`openai:gpt-4o-mini`,
+`anthropic:claude-sonnet-4-5`, `scripted:path/to/script.yaml`). The providers `openai` and
+`anthropic` are built in. API keys are read from the environment only when a client is
+built, and appear in no repr, error or log.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+from urllib.parse import urlparse
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleet.errors import ConfigError
+from fleet.llm.anthropic import AnthropicClient
+from fleet.llm.base import LLMClient
+from fleet.llm.openai import OpenAIClient
+from fleet.llm.pricing import ModelPricing
+
+CONFIG_FILE = "fleet.yaml"
+CONFIG_PATH_ENV = "FLEET_CONFIG"
+MODEL_ENV = "FLEET_MODEL"
+SCRIPTED_PROVIDER = "scripted"
+
+OPENAI_BASE_URL_ENV, OPENAI_DEFAULT_BASE_URL = "OPENAI_BASE_URL", "https://api.openai.com/v1"
+ANTHROPIC_BASE_URL_ENV, ANTHROPIC_DEFAULT_BASE_URL = (
+    "ANTHROPIC_BASE_URL",
+    "https://api.anthropic.com",
+)
+
+PUBLIC_API_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
+"""A provider at one of these hosts cannot work without a key, so a missing one fails early."""
+
+
+class ProviderConfig(BaseModel):
+    """One entry of `providers`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["openai", "anthropic"]
+    """Wire format: OpenAI-compatible `/chat/completions` or Anthropic Messages."""
+    base_url: str
+    api_key_env: str = ""
+    """Env var holding the key; empty for a local server that needs none."""
+
+
+class ModelConfig(BaseModel):
+    """One entry of `models`: an alias for a provider's model, with optional prices."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: str
+    name: str
+    input_usd_per_mtok: float | None = None
+    output_usd_per_mtok: float | None = None
+
+
+class FleetConfig(BaseModel):
+    """The model section of `fleet.yaml`, built-in providers merged in."""
+
+    # Other top-level sections of fleet.yaml belong to other parts of the fleet.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    default_model: str | None = None
+    model_overrides: dict[str, str] = Field(default_factory=dict)
+    """Preset name -> model name, for presets that need a different model."""
+
+
+@dataclass(frozen=True)
+class ModelTarget:
+    """What a model name resolves to. Holds the key's env var name, never the key."""
+
+    provider: str
+    kind: Literal["openai", "anthropic", "scripted"]
+    model: str
+    """The provider's model name, or the script path for `scripted`."""
+    base_url: str = ""
+    api_key_env: str = ""
+    pricing: ModelPricing | None = None
+
+
+def builtin_providers(env: Mapping[str, str]) -> dict[str, ProviderConfig]:
+    """`openai` and `anthropic`, their base URLs overridable from the environment."""
+    return {
+        "openai": ProviderConfig(
+            kind="openai",
+            base_url=env.get(OPENAI_BASE_URL_ENV) or OPENAI_DEFAULT_BASE_URL,
+            api_key_env="OPENAI_API_KEY",
+        ),
+        "anthropic": ProviderConfig(
+            kind="anthropic",
+            base_url=env.get(ANTHROPIC_BASE_URL_ENV) or ANTHROPIC_DEFAULT_BASE_URL,
+            api_key_env="ANTHROPIC_API_KEY",
+        ),
+    }
+
+
+def _config_path(path: Path | None, env: Mapping[str, str]) -> Path | None:
+    if path is not None:
+        return path
+    if env.get(CONFIG_PATH_ENV):
+        return Path(env[CONFIG_PATH_ENV])
+    local = Path(CONFIG_FILE)
+    return local if local.is_file() else None
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        raise ConfigError(f"{path}: {where}: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML: {' '.join(str(exc).split())}") from None
+
+
+def _validation_message(source: str, exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "top level"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{source}: {where}: {first['msg']}{more}"
+
+
+def _check_model_providers(source: str, config: FleetConfig) -> None:
+    known = {*config.providers, SCRIPTED_PROVIDER}
+    for alias, model in config.models.items():
+        if model.provider not in known:
+            raise ConfigError(
+                f"{source}: models.{alias}.provider: unknown provider {model.provider!r}"
+                f" (known: {', '.join(sorted(known))})"
+            )
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> FleetConfig:
+    """Load `fleet.yaml`, or the defaults (built-in providers only) when there is none.
+
+    Raises:
+        ConfigError: the file is missing (when named), malformed, or of the wrong shape;
+            the message is one line, `<file>: <where>: <what>`.
+    """
+    env = os.environ if env is None else env
+    found = _config_path(path, env)
+    data: Any = None
+    if found is not None:
+        if not found.is_file():
+            raise ConfigError(f"{found}: config file not found")
+        data = _read_yaml(found)
+    source = str(found or CONFIG_FILE)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level: expected a mapping, got {type(data).__name__}")
+    try:
+        config = FleetConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_validation_message(source, exc)) from None
+    config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
+    _check_model_providers(source, config)
+    return config
+
+
+def resolve_model_name(
+    config: FleetConfig,
+    explicit: str | None,
+    preset: str | None,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """The model to use: explicit, else the preset's override, else `$FLEET_MODEL`, else default.
+
+    Raises:
+        ConfigError: none of them is set.
+    """
+    env = os.environ if env is None else env
+    override = config.model_overrides.get(preset) if preset else None
+    name = explicit or override or env.get(MODEL_ENV) or config.default_model
+    if not name:
+        raise ConfigError(
+            "no model configured: pass --model, set FLEET_MODEL (e.g. openai:gpt-4o-mini),"
+            " or set default_model in fleet.yaml"
+        )
+    return name
+
+
+def _pricing(model: ModelConfig) -> ModelPricing | None:
+    if model.input_usd_per_mtok is None and model.output_usd_per_mtok is None:
+        return None
+    return ModelPricing(model.input_usd_per_mtok or 0.0, model.output_usd_per_mtok or 0.0)
+
+
+def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
+    """What `model_name` (an alias or `provider:model`) points at.
+
+    Raises:
+        ConfigError: unknown alias or provider, or an empty model part.
+    """
+    alias = config.models.get(model_name)
+    if alias is not None:
+        provider_name, model, pricing = alias.provider, alias.name, _pricing(alias)
+    elif ":" in model_name:
+        provider_name, model = model_name.split(":", 1)
+        pricing = None
+    else:
+        aliases = ", ".join(sorted(config.models)) or "none"
+        raise ConfigError(
+            f"unknown model {model_name!r}: use provider:model (e.g. 'openai:gpt-4o-mini')"
+            f" or an alias from models in fleet.yaml (aliases: {aliases})"
+        )
+    if not model:
+        raise ConfigError(f"model {model_name!r} names no model after the provider")
+    if provider_name == SCRIPTED_PROVIDER:
+        return ModelTarget(provider=provider_name, kind="scripted", model=model)
+    provider = config.providers.get(provider_name)
+    if provider is None:
+        known = ", ".join(sorted({*config.providers, SCRIPTED_PROVIDER}))
+        raise ConfigError(
+            f"unknown provider {provider_name!r} in model {model_name!r} (known: {known})"
+        )
+    return ModelTarget(
+        provider=provider_name,
+        kind=provider.kind,
+        model=model,
+        base_url=provider.base_url,
+        api_key_env=provider.api_key_env,
+        pricing=pricing,
+    )
+
+
+def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
+    """The key from the environment; a public API without one is a `ConfigError`."""
+    key = env.get(target.api_key_env, "") if target.api_key_env else ""
+    if not key and urlparse(target.base_url).hostname in PUBLIC_API_HOSTS:
+        how = (
+            f"set {target.api_key_env}"
+            if target.api_key_env
+            else "give the provider an api_key_env in fleet.yaml"
+        )
+        raise ConfigError(f"provider {target.provider!r} needs an API key: {how}")
+    return key
+
+
+def validate_model(
+    config: FleetConfig, model_name: str, env: Mapping[str, str] | None = None
+) -> None:
+    """Run every check `make_client` runs, without building a client or touching the network.
+
+    Raises:
+        ConfigError: what `make_client` would raise.
+    """
+    env = os.environ if env is None else env
+    target = resolve_target(config, model_name)
+    if target.kind == "scripted":
+        if not Path(target.model).is_file():
+            raise ConfigError(f"scripted model file not found: {target.model!r}")
+        return
+    _api_key(target, env)
+
+
+def make_client(
+    config: FleetConfig, model_name: str, env: Mapping[str, str] | None = None
+) -> LLMClient:
+    """A client for `model_name`; the API key is read from `env` here and only here.
+
+    Raises:
+        ConfigError: unknown alias or provider, missing key, missing script file.
+    """
+    env = os.environ if env is None else env
+    validate_model(config, model_name, env)
+    target = resolve_target(config, model_name)
+    if target.kind == "scripted":
+        # Imported lazily: fleet.testing is test support, not needed to run real models.
+        scripted_model = importlib.import_module("fleet.testing").ScriptedModel
+        return cast(LLMClient, scripted_model.from_file(Path(target.model)))
+    key = _api_key(target, env)
+    if target.kind == "anthropic":
+        return AnthropicClient(
+            target.base_url,
+            key,
+            target.model,
+            pricing=target.pricing,
+            provider=target.provider,
+            api_key_env=target.api_key_env,
+        )
+    return OpenAIClient(
+        target.base_url,
+        key,
+        target.model,
+        pricing=target.pricing,
+        provider=target.provider,
+        api_key_env=target.api_key_env,
+    )

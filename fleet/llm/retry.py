@@ -1,0 +1,144 @@
+"""Retries for model HTTP calls: exponential backoff with full jitter, `retry-after` honoured.
+
+What a retry may fix (429, 408, 409, 5xx, timeouts, dropped connections) is retried up to
+`RetryPolicy.max_attempts` times and then raised as `TransientLLMError`; any other 4xx is
+raised at once as `ConfigError` or `ModelBehaviorError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from fleet.errors import ConfigError, FleetError, ModelBehaviorError, TransientLLMError
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+"""Retryable 4xx codes; every 5xx (Anthropic's 529 "overloaded" included) is retried too."""
+
+CONFIG_STATUS = frozenset({401, 403, 404})
+"""Codes that mean the key, base_url or model name is wrong, not the conversation."""
+
+RETRYABLE_EXCEPTIONS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+ERROR_DETAIL_MAX_CHARS = 200
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to wait; `sleep`, `random_fraction` and `clock` are test seams."""
+
+    max_attempts: int = 4
+    """Total tries, the first one included."""
+    base_delay_s: float = 0.5
+    """Backoff cap of the first retry; doubles on each further one."""
+    max_delay_s: float = 30.0
+    """No single wait is longer than this, whatever `retry-after` says."""
+    sleep: Callable[[float], None] = time.sleep
+    random_fraction: Callable[[], float] = random.random
+    """Uniform in [0, 1): the jitter."""
+    clock: Callable[[], float] = time.time
+    """Wall-clock seconds since the epoch, for `retry-after` given as an HTTP date."""
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def backoff_s(attempt: int, policy: RetryPolicy) -> float:
+    """Full-jitter delay before retry number `attempt + 1` (`attempt` counts from 0)."""
+    cap_s = min(policy.max_delay_s, policy.base_delay_s * 2.0**attempt)
+    return policy.random_fraction() * cap_s
+
+
+def retry_after_s(headers: Mapping[str, str], now_s: float) -> float | None:
+    """The server's requested wait, from `retry-after-ms` or `retry-after`, else None.
+
+    `retry-after` may be seconds or an HTTP date; a date in the past means 0.
+    """
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            pass
+        if name == "retry-after":
+            try:
+                return max(0.0, parsedate_to_datetime(value).timestamp() - now_s)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The provider's error message on one short line (`error.message` of the JSON body)."""
+    try:
+        body = response.json()
+        detail = str(body["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        detail = response.text
+    detail = " ".join(detail.split())
+    if len(detail) > ERROR_DETAIL_MAX_CHARS:
+        detail = detail[:ERROR_DETAIL_MAX_CHARS] + "..."
+    return detail or "(empty body)"
+
+
+def non_retryable_error(response: httpx.Response, provider: str, api_key_env: str) -> FleetError:
+    """The exception for a 4xx a retry cannot fix."""
+    status = response.status_code
+    if status in (401, 403):
+        # The body is left out on purpose: OpenAI echoes part of a rejected key in it.
+        where = f"check {api_key_env}" if api_key_env else "the provider needs an API key"
+        return ConfigError(f"{provider} rejected the API key (HTTP {status}): {where}")
+    detail = error_detail(response)
+    if status in CONFIG_STATUS:
+        return ConfigError(
+            f"{provider} returned HTTP {status} (check base_url and model name): {detail}"
+        )
+    return ModelBehaviorError(f"{provider} rejected the request (HTTP {status}): {detail}")
+
+
+def is_retryable_status(status: int) -> bool:
+    """True for 408, 409, 429 and every 5xx."""
+    return status in RETRYABLE_STATUS or status >= 500
+
+
+def send_with_retry(
+    send: Callable[[], httpx.Response],
+    *,
+    provider: str,
+    api_key_env: str,
+    policy: RetryPolicy = DEFAULT_RETRY,
+) -> httpx.Response:
+    """Call `send` until it gives a 2xx response, retrying what a retry may fix.
+
+    Raises:
+        TransientLLMError: every attempt failed in a retryable way.
+        ConfigError: 401, 403 or 404 (bad key, base_url or model).
+        ModelBehaviorError: any other 4xx.
+    """
+    failure = ""
+    for attempt in range(policy.max_attempts):
+        try:
+            response = send()
+        except RETRYABLE_EXCEPTIONS as exc:
+            failure = " ".join(f"{type(exc).__name__}: {exc}".split())
+            delay_s = backoff_s(attempt, policy)
+        else:
+            if response.is_success:
+                return response
+            if not is_retryable_status(response.status_code):
+                raise non_retryable_error(response, provider, api_key_env)
+            failure = f"HTTP {response.status_code}: {error_detail(response)}"
+            asked_s = retry_after_s(response.headers, policy.clock())
+            delay_s = backoff_s(attempt, policy) if asked_s is None else asked_s
+        if attempt + 1 < policy.max_attempts:
+            policy.sleep(min(delay_s, policy.max_delay_s))
+    raise TransientLLMError(
+        f"{provider} request failed after {policy.max_attempts} attempts; last: {failure}"
+    )

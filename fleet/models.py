@@ -1,0 +1,136 @@
+"""The persisted data: traces, messages, collaborators.
+
+These are pydantic models because they cross the edge into Redis and task messages;
+`model_dump_json` / `model_validate_json` round-trip them exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.goals import GoalTree
+
+Mode = Literal["main", "delegate", "explore", "evaluate"]
+Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped"]
+CollaboratorStatus = Literal["running", "waiting", "completed", "failed", "stopped"]
+Role = Literal["system", "user", "assistant", "tool"]
+
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "stopped"})
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch."""
+    return int(time.time() * 1000)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TraceStats(_Model):
+    """Running totals of a trace."""
+
+    messages: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    duration_ms: int = 0
+
+
+class Collaborator(_Model):
+    """One child (or human) working for a parent trace."""
+
+    name: str
+    type: Literal["agent", "human"] = "agent"
+    trace_id: str
+    status: CollaboratorStatus = "running"
+    summary: str = ""
+    mode: Mode = "delegate"
+    tool_call_id: str | None = None
+    stats: TraceStats = Field(default_factory=TraceStats)
+    updated_at_ms: int = Field(default_factory=now_ms)
+
+
+class Message(_Model):
+    """An OpenAI-format message plus its place in the trace's message tree."""
+
+    trace_id: str
+    sequence: int = 0
+    """Assigned by the store on append; unique and increasing within a trace."""
+    parent_sequence: int | None = None
+    """The message before this one on its branch; None for the first message."""
+    role: Role
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    long_term_memory: str | None = None
+    """Short form that replaces a large tool output once the model has seen it."""
+    model: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at_ms: int = Field(default_factory=now_ms)
+
+    def to_openai(self, *, compact: bool = False) -> dict[str, Any]:
+        """The wire form for a model; `compact` swaps in `long_term_memory` if present."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if compact and self.long_term_memory:
+            out["content"] = self.long_term_memory
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name and self.role == "tool":
+            out["name"] = self.name
+        return out
+
+
+class Trace(_Model):
+    """A main agent, a sub-agent or an evaluator: everything is a trace."""
+
+    trace_id: str
+    root_trace_id: str
+    parent_trace_id: str | None = None
+    mode: Mode = "main"
+    status: Status = "queued"
+    task: str
+    name: str = ""
+    """The collaborator name the parent knows this trace by."""
+    preset: str = "default"
+    model: str | None = None
+    workspace: str | None = None
+    parent_tool_call_id: str | None = None
+    """The parent's `agent`/`evaluate` call that spawned this trace."""
+    context: dict[str, Any] = Field(default_factory=dict)
+    skills: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    answer: str | None = None
+    error: str | None = None
+    iteration: int = 0
+    head_sequence: int | None = None
+    last_sequence: int = 0
+    stats: TraceStats = Field(default_factory=TraceStats)
+    goals: GoalTree = Field(default_factory=GoalTree)
+    created_at_ms: int = Field(default_factory=now_ms)
+    updated_at_ms: int = Field(default_factory=now_ms)
+    finished_at_ms: int | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the trace completed, failed or was stopped."""
+        return self.status in TERMINAL
+
+
+class Event(_Model):
+    """One entry of a trace tree's event stream."""
+
+    kind: Literal["trace", "message", "collaborator", "finish", "stop"]
+    trace_id: str
+    status: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+    at_ms: int = Field(default_factory=now_ms)

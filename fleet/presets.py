@@ -1,0 +1,296 @@
+"""Agent presets: which tools a run may use, how long it may loop, what it is told.
+
+Four presets are built in. A project adds or overrides presets with Markdown files in a
+folder (`FLEET_AGENTS_DIR`): YAML frontmatter for the settings, the body as the system
+prompt.
+
+    ---
+    name: researcher
+    description: Reads the code and the web, writes nothing.
+    tools: [read_file, grep, web_fetch]
+    max_iterations: 20
+    read_only: true
+    cache: {ttl_s: 3600, keys: [task]}
+    ---
+    You are a careful researcher ...
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic_core import ErrorDetails
+
+from fleet.errors import ConfigError
+
+AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
+"""Environment variable naming the folder of Markdown preset files."""
+READ_TOOLS = frozenset({"read_file", "list_dir", "glob", "grep"})
+"""The workspace-reading tools every preset may use."""
+TOOL_NAMES = frozenset(
+    READ_TOOLS
+    | {"write_file", "edit_file", "bash", "web_fetch", "skill", "goal", "agent", "evaluate"}
+)
+"""Every tool name a preset file may mention, built-in and runner-handled."""
+
+
+@dataclass(frozen=True)
+class AgentPreset:
+    """How one kind of agent runs. Enforced where tools execute, not by the prompt."""
+
+    name: str
+    description: str = ""
+    allowed_tools: frozenset[str] | None = None
+    """Tools the agent may call; None means every tool."""
+    denied_tools: frozenset[str] = frozenset()
+    """Tools refused even when `allowed_tools` would let them through."""
+    max_iterations: int = 30
+    """Model calls before the loop stops."""
+    temperature: float | None = None
+    """None leaves the model's own default."""
+    skills: tuple[str, ...] = ()
+    """Skills loaded into the context at start."""
+    system_prompt: str = ""
+    model: str | None = None
+    """Model name or alias; None uses the configured default."""
+    read_only: bool = False
+    """Refuse every tool that changes the workspace, whatever `allowed_tools` says."""
+    cache_ttl_s: int | None = None
+    """Cache this agent's result for so long; None disables the cache."""
+    cache_keys: tuple[str, ...] = ()
+    """Arguments of the `agent` call whose values make up the cache key."""
+
+    def allows(self, tool: str) -> bool:
+        """Whether this preset lets the agent call `tool`."""
+        if tool in self.denied_tools:
+            return False
+        return self.allowed_tools is None or tool in self.allowed_tools
+
+
+_DEFAULT_PROMPT = (
+    "You are a capable software agent working in a workspace folder. Use your tools to "
+    "look before you change anything, make the change, check that it works, and finish "
+    "with a short summary of what you did and what you verified."
+)
+_EXPLORE_PROMPT = (
+    "You are a read-only explorer. Investigate the question you are given with the "
+    "reading tools; you cannot change anything. Answer with what you found, citing file "
+    "paths and line numbers, and say plainly what you could not find out."
+)
+_ANALYST_PROMPT = (
+    "You are an analyst. Read the workspace and the web to answer the question, compare "
+    "the options you find, and end with a recommendation and the evidence behind it."
+)
+_EVALUATE_PROMPT = """\
+You are a strict, fair judge. You are given a goal and the work done towards it.
+Check the work against the goal with your read-only tools: do not trust a claim you have
+not verified in the workspace.
+
+Answer in exactly this shape:
+
+VERDICT: pass|fail
+REASONS:
+- what meets the goal and what does not, with evidence (paths, lines, outputs)
+SUGGESTIONS:
+- concrete changes that would make the work pass, or make it better
+
+Write `VERDICT: pass` only if every part of the goal is met."""
+
+BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
+    {
+        "default": AgentPreset(
+            name="default",
+            description="General agent with every tool.",
+            max_iterations=30,
+            system_prompt=_DEFAULT_PROMPT,
+        ),
+        "explore": AgentPreset(
+            name="explore",
+            description="Read-only investigation of the workspace.",
+            allowed_tools=READ_TOOLS | {"skill"},
+            max_iterations=15,
+            read_only=True,
+            system_prompt=_EXPLORE_PROMPT,
+        ),
+        "analyst": AgentPreset(
+            name="analyst",
+            description="Reads the workspace and the web; compares and recommends.",
+            allowed_tools=READ_TOOLS | {"web_fetch", "skill"},
+            max_iterations=25,
+            temperature=0.3,
+            system_prompt=_ANALYST_PROMPT,
+        ),
+        "evaluate": AgentPreset(
+            name="evaluate",
+            description="Read-only judge that returns a verdict and suggestions.",
+            allowed_tools=READ_TOOLS | {"skill"},
+            max_iterations=15,
+            read_only=True,
+            system_prompt=_EVALUATE_PROMPT,
+        ),
+    }
+)
+"""The presets every fleet has; files with the same name replace them."""
+
+
+class _CacheSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttl_s: PositiveInt
+    keys: list[str] = Field(min_length=1)
+
+
+class _PresetFrontmatter(BaseModel):
+    """The frontmatter of a preset file, validated at the edge."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    tools: list[str] | None = None
+    denied_tools: list[str] = Field(default_factory=list)
+    max_iterations: PositiveInt = 30
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    model: str | None = None
+    skills: list[str] = Field(default_factory=list)
+    read_only: bool = False
+    cache: _CacheSection | None = None
+
+
+def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
+    """Read one Markdown preset file; the name defaults to the file's stem.
+
+    Args:
+        path: The `.md` file.
+        known_tools: Tool names the file may mention; others are an error.
+
+    Raises:
+        ConfigError: One line, `FILE: reason`.
+    """
+    try:
+        header, body = _split_frontmatter(path.read_text(encoding="utf-8"))
+        front = _validate(_parse_yaml(header), default_name=path.stem)
+        _check_tools(front, known_tools)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    return AgentPreset(
+        name=front.name,
+        description=front.description,
+        allowed_tools=None if front.tools is None else frozenset(front.tools),
+        denied_tools=frozenset(front.denied_tools),
+        max_iterations=front.max_iterations,
+        temperature=front.temperature,
+        skills=tuple(front.skills),
+        system_prompt=body.strip(),
+        model=front.model,
+        read_only=front.read_only,
+        cache_ttl_s=front.cache.ttl_s if front.cache else None,
+        cache_keys=tuple(front.cache.keys) if front.cache else (),
+    )
+
+
+def load_presets(
+    agents_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    known_tools: Collection[str] = TOOL_NAMES,
+) -> dict[str, AgentPreset]:
+    """The built-in presets plus every `*.md` preset file in the agents folder.
+
+    Args:
+        agents_dir: Folder of preset files; None reads `FLEET_AGENTS_DIR` from `env`,
+            and without it only the built-ins are returned.
+        env: Environment to read; None means `os.environ`.
+        known_tools: Tool names preset files may mention.
+
+    Raises:
+        ConfigError: The folder is missing, a file is malformed, or two files define
+            the same name.
+    """
+    presets = dict(BUILTIN_PRESETS)
+    folder = agents_dir or _folder_from_env(os.environ if env is None else env)
+    if folder is None:
+        return presets
+    if not folder.is_dir():
+        raise ConfigError(f"agents folder {str(folder)!r} does not exist")
+    origin: dict[str, Path] = {}
+    for path in sorted(folder.glob("*.md")):
+        preset = load_preset_file(path, known_tools)
+        if preset.name in origin:
+            raise ConfigError(
+                f"{path}: preset {preset.name!r} is also defined in {origin[preset.name]}"
+            )
+        origin[preset.name] = path
+        presets[preset.name] = preset
+    return presets
+
+
+def get_preset(presets: Mapping[str, AgentPreset], name: str) -> AgentPreset:
+    """The preset called `name`.
+
+    Raises:
+        ConfigError: No such preset; the message lists the known names.
+    """
+    try:
+        return presets[name]
+    except KeyError:
+        known = ", ".join(presets)
+        raise ConfigError(f"unknown preset {name!r} (known: {known})") from None
+
+
+def _folder_from_env(env: Mapping[str, str]) -> Path | None:
+    value = env.get(AGENTS_DIR_ENV, "").strip()
+    return Path(value) if value else None
+
+
+def _split_frontmatter(text: str) -> tuple[str, str]:
+    """The YAML between the leading `---` lines, and the body after them."""
+    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        raise ConfigError("missing YAML frontmatter: the file must start with a '---' line")
+    for index, line in enumerate(lines[1:], start=1):
+        if line.strip() == "---":
+            return "".join(lines[1:index]), "".join(lines[index + 1 :])
+    raise ConfigError("frontmatter is not closed by a '---' line")
+
+
+def _parse_yaml(header: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(header)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML frontmatter: {' '.join(str(exc).split())}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("frontmatter must be a mapping of settings")
+    return data
+
+
+def _validate(data: dict[str, Any], default_name: str) -> _PresetFrontmatter:
+    try:
+        return _PresetFrontmatter.model_validate({"name": default_name, **data})
+    except ValidationError as exc:
+        problems = [_describe(error) for error in exc.errors()]
+        raise ConfigError("; ".join(problems)) from exc
+
+
+def _describe(error: ErrorDetails) -> str:
+    """One pydantic error as `field: message`."""
+    field = ".".join(str(part) for part in error["loc"])
+    message = "unknown setting" if error["type"] == "extra_forbidden" else error["msg"]
+    return f"{field}: {message}" if field else str(message)
+
+
+def _check_tools(front: _PresetFrontmatter, known_tools: Collection[str]) -> None:
+    for setting, names in (("tools", front.tools or []), ("denied_tools", front.denied_tools)):
+        unknown = sorted(set(names) - set(known_tools))
+        if unknown:
+            known = ", ".join(sorted(known_tools))
+            raise ConfigError(f"{setting}: unknown tool {unknown[0]!r} (known: {known})")

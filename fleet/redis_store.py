@@ -1,0 +1,381 @@
+"""The Redis TraceStore: MemoryStore's contract on the schema in `fleet.keys`.
+
+Every hot-path call (append_message, update_trace, add_stats, put_collaborator, emit,
+get_trace) is one round trip: a Lua script or a pipeline. The client must decode
+responses (`decode_responses=True`); `RedisStore.from_url` builds one that does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+from fleet import keys
+from fleet.errors import ConfigError, TraceNotFound
+from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
+from fleet.store import STATS_FIELDS
+
+SOCKET_TIMEOUT_S = 30.0
+"""Read timeout of `from_url` clients; blocking event reads are clamped below it."""
+CONNECT_TIMEOUT_S = 5.0
+HEALTH_CHECK_INTERVAL_S = 30
+MAX_CONNECTIONS = 100
+"""Connections per client; further threads wait up to POOL_TIMEOUT_S for one."""
+POOL_TIMEOUT_S = 20.0
+BLOCK_MARGIN_MS = 1_000
+"""How far below the socket timeout a blocking XREAD must return."""
+
+_FLOAT_STATS = frozenset({"cost_usd"})
+# The required Trace fields, so that an update's fields validate without reading the trace.
+_PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
+
+# KEYS: trace, stats, traces index[, parent's children]
+# ARGV: trace id, created_at_ms, ttl_s, n, n trace field/value items, stats field/value items
+_CREATE_TRACE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local n = tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], unpack(ARGV, 5, 4 + n))
+redis.call('HSET', KEYS[2], unpack(ARGV, 5 + n))
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1]) end
+for i, key in ipairs(KEYS) do
+  if i ~= 3 then redis.call('EXPIRE', key, ARGV[3]) end
+end
+return 1
+"""
+
+# KEYS: trace, stats, messages. ARGV: ttl_s, field/value items
+_UPDATE_TRACE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
+return 1
+"""
+
+# KEYS: trace, stats, messages. ARGV: ttl_s, message JSON without sequence/parent_sequence.
+# The two fields are spliced into the caller's JSON text: cjson would turn [] into {}.
+_APPEND_MESSAGE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
+local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
+local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
+redis.call('HSET', KEYS[3], seq, body .. string.sub(ARGV[2], 2))
+redis.call('HSET', KEYS[1], 'head_sequence', seq)
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
+return {seq, parent}
+"""
+
+# KEYS: collaborators, collaborator order. ARGV: ttl_s, child trace id, Collaborator JSON
+_PUT_COLLABORATOR = """
+if redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+end
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
+"""
+
+# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
+_ACQUIRE_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
+_RENEW_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: lease, running index. ARGV: owner, trace id
+_RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+def connect(url: str) -> redis.Redis:
+    """A client as the store wants it: decoded replies, timeouts and health checks.
+
+    Its pool makes a thread wait for a free connection instead of failing past the cap.
+    """
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        decode_responses=True,
+        max_connections=MAX_CONNECTIONS,
+        timeout=POOL_TIMEOUT_S,
+        health_check_interval=HEALTH_CHECK_INTERVAL_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_keepalive=True,
+    )
+    return redis.Redis.from_pool(pool)
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password (in the userinfo or a `password=` query), safe to print."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    user = f"{parts.username}@" if parts.username else ""
+    query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("password="))
+    return f"{parts.scheme}://{user}{host}{parts.path}" + (f"?{query}" if query else "")
+
+
+class RedisStore:
+    """A TraceStore on Redis, safe to share between threads."""
+
+    def __init__(
+        self, client: redis.Redis, *, url: str | None = None, owns_client: bool = False
+    ) -> None:
+        """Wrap a client that decodes responses; `owns_client` makes `close` close it."""
+        kwargs = client.connection_pool.connection_kwargs
+        if not kwargs.get("decode_responses"):
+            raise ConfigError("RedisStore needs a client with decode_responses=True")
+        self._client = client
+        self._url = url or f"redis://{kwargs.get('host')}:{kwargs.get('port')}/{kwargs.get('db')}"
+        self._owns_client = owns_client
+        timeout_s = kwargs.get("socket_timeout")
+        self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
+        self._create = client.register_script(_CREATE_TRACE)
+        self._update = client.register_script(_UPDATE_TRACE)
+        self._append = client.register_script(_APPEND_MESSAGE)
+        self._put_collaborator = client.register_script(_PUT_COLLABORATOR)
+        self._acquire = client.register_script(_ACQUIRE_LEASE)
+        self._renew = client.register_script(_RENEW_LEASE)
+        self._release = client.register_script(_RELEASE_LEASE)
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        """A store with its own client (see `connect`); `close` closes it."""
+        return cls(connect(url), url=url, owns_client=True)
+
+    def ping(self) -> None:
+        """Pre-flight check: `ConfigError` naming the (password-free) URL if Redis is away."""
+        try:
+            self._client.ping()
+        except redis.RedisError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ConfigError(f"cannot reach Redis at {redact_url(self._url)!r}: {reason}") from exc
+
+    def close(self) -> None:
+        """Close the client if this store created it."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> RedisStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- traces --------------------------------------------------------------
+
+    def create_trace(self, trace: Trace) -> None:
+        fields = _encode(trace.model_dump(mode="json", exclude={"stats"}))
+        stats: list[str | float] = [
+            item for pair in trace.stats.model_dump().items() for item in pair
+        ]
+        script_keys = [keys.trace(trace.trace_id), keys.stats(trace.trace_id), keys.TRACES]
+        if trace.parent_trace_id:
+            script_keys.append(keys.children(trace.parent_trace_id))
+        args: list[str | float] = [
+            trace.trace_id,
+            trace.created_at_ms,
+            keys.TRACE_TTL_S,
+            len(fields),
+        ]
+        if not self._create(keys=script_keys, args=[*args, *fields, *stats]):
+            raise ValueError(f"trace {trace.trace_id!r} already exists")
+
+    def get_trace(self, trace_id: str) -> Trace:
+        trace = self._get_traces([trace_id])[0]
+        if trace is None:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        return trace
+
+    def update_trace(self, trace_id: str, **fields: Any) -> None:
+        fields.setdefault("updated_at_ms", now_ms())
+        patch = Trace.model_validate({**_PLACEHOLDER, **fields}).model_dump(
+            mode="json", include=set(fields)
+        )
+        if not self._update(keys=_own_keys(trace_id), args=[keys.TRACE_TTL_S, *_encode(patch)]):
+            raise TraceNotFound(f"no trace {trace_id!r}")
+
+    def list_traces(self, limit: int = 50) -> list[Trace]:
+        traces: list[Trace] = []
+        start = 0
+        while len(traces) < limit:
+            ids = [str(i) for i in self._client.zrevrange(keys.TRACES, start, start + limit - 1)]
+            if not ids:
+                break
+            found = self._get_traces(ids)
+            expired = [i for i, trace in zip(ids, found, strict=True) if trace is None]
+            if expired:  # their hashes hit the TTL; the index has no TTL of its own
+                self._client.zrem(keys.TRACES, *expired)
+            start += len(ids) - len(expired)
+            traces.extend(trace for trace in found if trace is not None)
+        return traces[:limit]
+
+    def children(self, trace_id: str) -> list[str]:
+        return [str(i) for i in self._client.zrange(keys.children(trace_id), 0, -1)]
+
+    def _get_traces(self, trace_ids: list[str]) -> list[Trace | None]:
+        pipe = self._client.pipeline()  # MULTI: a trace and its stats from one instant
+        for trace_id in trace_ids:
+            pipe.hgetall(keys.trace(trace_id))
+            pipe.hgetall(keys.stats(trace_id))
+        replies = pipe.execute()
+        pairs = zip(replies[0::2], replies[1::2], strict=True)
+        return [_decode_trace(data, stats) for data, stats in pairs]
+
+    # -- messages and stats --------------------------------------------------
+
+    def append_message(self, message: Message) -> Message:
+        body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
+        reply = self._append(keys=_own_keys(message.trace_id), args=[keys.TRACE_TTL_S, body])
+        if reply is None:
+            raise TraceNotFound(f"no trace {message.trace_id!r}")
+        sequence, parent = reply
+        return message.model_copy(
+            update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
+        )
+
+    def messages(self, trace_id: str) -> list[Message]:
+        stored = self._client.hgetall(keys.messages(trace_id))
+        return [Message.model_validate_json(stored[s]) for s in sorted(stored, key=int)]
+
+    def set_head(self, trace_id: str, sequence: int | None) -> None:
+        self.update_trace(trace_id, head_sequence=sequence)
+
+    def add_stats(self, trace_id: str, **deltas: float) -> None:
+        for name in deltas:
+            if name not in STATS_FIELDS:
+                raise ValueError(f"unknown stats field {name!r}")
+        key = keys.stats(trace_id)
+        pipe = self._client.pipeline()  # MULTI: all deltas land together
+        for name, delta in deltas.items():
+            if name in _FLOAT_STATS:
+                pipe.hincrbyfloat(key, name, delta)
+            else:
+                pipe.hincrby(key, name, _whole(name, delta))
+        pipe.expire(key, keys.TRACE_TTL_S)
+        pipe.execute()
+
+    # -- collaborators and events --------------------------------------------
+
+    def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
+        self._put_collaborator(
+            keys=[keys.collaborators(parent_trace_id), keys.collaborator_order(parent_trace_id)],
+            args=[keys.TRACE_TTL_S, collaborator.trace_id, collaborator.model_dump_json()],
+        )
+
+    def collaborators(self, parent_trace_id: str) -> list[Collaborator]:
+        pipe = self._client.pipeline()
+        pipe.lrange(keys.collaborator_order(parent_trace_id), 0, -1)
+        pipe.hgetall(keys.collaborators(parent_trace_id))
+        order, entries = pipe.execute()
+        return [Collaborator.model_validate_json(entries[c]) for c in order if c in entries]
+
+    def emit(self, root_trace_id: str, event: Event) -> str:
+        key = keys.events(root_trace_id)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.xadd(key, {"e": event.model_dump_json()}, maxlen=keys.EVENTS_MAXLEN, approximate=True)
+        pipe.expire(key, keys.TRACE_TTL_S)
+        entry_id, _ = pipe.execute()
+        return str(entry_id)
+
+    def read_events(
+        self, root_trace_id: str, after: str = "0", *, block_ms: int | None = None, count: int = 500
+    ) -> list[tuple[str, Event]]:
+        block = block_ms or None  # 0 means "don't block", as in MemoryStore, not "forever"
+        if block is not None and self._max_block_ms is not None:
+            block = max(1, min(block, self._max_block_ms))  # a longer wait hits the read timeout
+        reply = self._client.xread({keys.events(root_trace_id): after}, count=count, block=block)
+        return [(str(i), Event.model_validate_json(f["e"])) for i, f in _stream_entries(reply)]
+
+    # -- stop, leases, collection, cache -------------------------------------
+
+    def request_stop(self, trace_id: str) -> None:
+        self._client.set(keys.stop(trace_id), "1", ex=keys.STOP_TTL_S)
+
+    def stop_requested(self, trace_id: str) -> bool:
+        return bool(self._client.exists(keys.stop(trace_id)))
+
+    def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
+        return bool(self._acquire(keys=[keys.lease(trace_id), keys.RUNNING], args=args))
+
+    def renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
+        return bool(self._renew(keys=[keys.lease(trace_id), keys.RUNNING], args=args))
+
+    def release_lease(self, trace_id: str, owner: str) -> None:
+        self._release(keys=[keys.lease(trace_id), keys.RUNNING], args=[owner, trace_id])
+
+    def expired_leases(self, at_ms: int) -> list[str]:
+        return [str(i) for i in self._client.zrangebyscore(keys.RUNNING, "-inf", f"({at_ms}")]
+
+    def forget_running(self, trace_id: str) -> bool:
+        return self._client.zrem(keys.RUNNING, trace_id) == 1
+
+    def mark_collected(self, trace_id: str, tool_call_id: str) -> bool:
+        key = keys.collected(trace_id, tool_call_id)
+        return bool(self._client.set(key, "1", nx=True, ex=keys.TRACE_TTL_S))
+
+    def cache_get(self, key: str) -> str | None:
+        value = self._client.get(key)
+        return None if value is None else str(value)
+
+    def cache_set(self, key: str, value: str, ttl_s: int) -> None:
+        if ttl_s <= 0:  # already expired; Redis refuses EX 0
+            self._client.delete(key)
+        else:
+            self._client.set(key, value, ex=ttl_s)
+
+
+def _own_keys(trace_id: str) -> list[str]:
+    """The keys a trace's scripts touch and keep alive together."""
+    return [keys.trace(trace_id), keys.stats(trace_id), keys.messages(trace_id)]
+
+
+def _encode(fields: Mapping[str, Any]) -> list[str]:
+    """Field/value items for HSET, each value as JSON."""
+    return [item for k, v in fields.items() for item in (k, json.dumps(v, ensure_ascii=False))]
+
+
+def _decode_trace(data: Mapping[str, str], stats: Mapping[str, str]) -> Trace | None:
+    if not data:
+        return None
+    fields = {name: json.loads(value) for name, value in data.items()}
+    return Trace.model_validate({**fields, "stats": TraceStats.model_validate(stats)})
+
+
+def _whole(name: str, delta: float) -> int:
+    if isinstance(delta, int) or float(delta).is_integer():
+        return int(delta)
+    raise ValueError(f"stats field {name!r} counts whole units, got {delta!r}")
+
+
+def _stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """The entries of the one stream an XREAD read; RESP2 and RESP3 shape the reply apart."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        (entries,) = reply.values()
+        return list(entries[0]) if entries and isinstance(entries[0], list) else list(entries)
+    return list(reply[0][1])

@@ -1,0 +1,284 @@
+"""The agent loop: one runner for main agents and sub-agents, in-process or on a worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Literal, assert_never
+
+from fleet.collect import turn_complete, update_collaborator, write_result
+from fleet.context import first_messages, injection
+from fleet.errors import FleetError, TransientLLMError
+from fleet.history import (
+    SUB_AGENT_TOOLS,
+    healed_result,
+    main_path,
+    open_turn,
+    recent_calls,
+    to_wire,
+)
+from fleet.models import Event, Message, Status, Trace, now_ms
+from fleet.runtime import Runtime
+from fleet.steps import CallTools, DoomLoop, Finish, decide_next
+from fleet.toolcalls import execute_turn, tool_schemas
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["completed", "failed", "stopped", "waiting", "busy", "lost"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How one `Runner.run` call ended. `busy`: another runner holds the trace."""
+
+    trace_id: str
+    outcome: Outcome
+
+
+class Heartbeat:
+    """Renews the runner's lease in the background; `lost` is set if renewal fails."""
+
+    def __init__(self, runtime: Runtime, trace_id: str, owner: str) -> None:
+        """Prepare; `start` begins renewing every quarter of the lease TTL."""
+        self._store = runtime.store
+        self._ttl_ms = runtime.settings.lease_ttl_ms
+        self._trace_id = trace_id
+        self._owner = owner
+        self._done = threading.Event()
+        self.lost = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease:{trace_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._done.wait(self._ttl_ms / 4000):
+            try:
+                if not self._store.renew_lease(self._trace_id, self._owner, self._ttl_ms):
+                    self.lost.set()
+                    return
+            except Exception:  # a blip in Redis must not kill the run; the next beat retries
+                log.warning("lease renewal of %r failed", self._trace_id, exc_info=True)
+
+
+class Runner:
+    """Runs a trace until it finishes, waits on sub-agents, or is stopped."""
+
+    def __init__(self, runtime: Runtime, *, raise_transient: bool = False) -> None:
+        """`raise_transient`: re-raise TransientLLMError so a task queue can retry the run."""
+        self.runtime = runtime
+        self.store = runtime.store
+        self.raise_transient = raise_transient
+
+    def run(self, trace_id: str) -> RunResult:
+        """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
+        owner = uuid.uuid4().hex
+        while True:
+            if not self.store.acquire_lease(trace_id, owner, self.runtime.settings.lease_ttl_ms):
+                return RunResult(trace_id, "busy")
+            try:
+                with Heartbeat(self.runtime, trace_id, owner) as heartbeat:
+                    outcome = self._drive(trace_id, heartbeat)
+            finally:
+                self.store.release_lease(trace_id, owner)
+            # A collect that finished while we held the lease could not resume us: look again.
+            if outcome != "waiting" or not turn_complete(self.store, trace_id):
+                return RunResult(trace_id, outcome)
+
+    def _drive(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
+        trace = self.store.get_trace(trace_id)
+        if trace.is_terminal:
+            return _terminal(trace.status)
+        self._set_status(trace, "running")
+        if not self._prepare(trace):
+            self._set_status(trace, "waiting")
+            return "waiting"
+        started_ms = now_ms()
+        try:
+            return self._loop(trace_id, heartbeat)
+        except TransientLLMError as exc:
+            if self.raise_transient:
+                self._set_status(self.store.get_trace(trace_id), "queued")
+                raise
+            return self.finish(trace_id, "failed", error=str(exc), reason="error")
+        except FleetError as exc:
+            return self.finish(trace_id, "failed", error=str(exc), reason="error")
+        finally:
+            self.store.add_stats(trace_id, duration_ms=now_ms() - started_ms)
+
+    def _prepare(self, trace: Trace) -> bool:
+        """Write the first messages or heal the open turn; False while children still run."""
+        path = main_path(self.store.messages(trace.trace_id), trace.head_sequence)
+        if not path:
+            for message in first_messages(self.runtime, trace):
+                self.store.append_message(message)
+            return True
+        turn = open_turn(path)
+        if turn is None:
+            return True
+        waiting = False
+        for call in turn.missing:
+            waiting |= self._settle(trace, call)
+        return not waiting
+
+    def _settle(self, trace: Trace, call: dict[str, object]) -> bool:
+        """Collect or heal one unanswered call; True if its children are still running."""
+        call_id = str(call["id"])
+        name = str(call["function"]["name"])  # type: ignore[index]
+        kids = [
+            self.store.get_trace(c)
+            for c in self.store.children(trace.trace_id)
+            if name in SUB_AGENT_TOOLS
+        ]
+        kids = [k for k in kids if k.parent_tool_call_id == call_id]
+        if kids and all(k.is_terminal for k in kids):
+            ids = [k.trace_id for k in kids]
+            write_result(
+                self.store, trace.trace_id, call_id, ids, self.runtime.settings.summary_chars
+            )
+            return False
+        if kids and self.runtime.dispatcher.children_survive_restart:
+            return True
+        sub_id = kids[0].trace_id if kids else None
+        self.store.append_message(healed_result(trace.trace_id, call, sub_id))
+        return False
+
+    def _loop(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
+        settings = self.runtime.settings
+        while True:
+            trace = self.store.get_trace(trace_id)
+            preset = self.runtime.preset(trace.preset)
+            if heartbeat.lost.is_set():
+                return "lost"
+            if self.store.stop_requested(trace_id):
+                return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
+            if trace.iteration >= preset.max_iterations:
+                error = f"stopped after max_iterations={preset.max_iterations}"
+                return self.finish(trace_id, "failed", error=error, reason="max_iterations")
+            if (note := injection(self.runtime, trace)) is not None:
+                self.store.append_message(note)
+            path = main_path(
+                self.store.messages(trace_id), self.store.get_trace(trace_id).head_sequence
+            )
+            self.runtime.hooks.turn_started(trace, trace.iteration)
+            model_name = self.runtime.model_name(trace.model, trace.preset)
+            response = self.runtime.client(model_name).complete(
+                to_wire(path), tool_schemas(self.runtime, trace), temperature=preset.temperature
+            )
+            self.runtime.hooks.model_responded(trace, response)
+            self._record(trace, response, model_name)
+            step = decide_next(response, recent_calls(path, settings.doom_loop_repeats - 1))
+            match step:
+                case Finish(answer=answer):
+                    return self.finish(trace_id, "completed", answer=answer, reason="final_answer")
+                case DoomLoop(call=call, repeats=repeats):
+                    error = (
+                        f"doom loop: {call.name!r} called {repeats} times with the same arguments"
+                    )
+                    return self.finish(trace_id, "failed", error=error, reason="doom_loop")
+                case CallTools(calls=calls):
+                    if not execute_turn(self.runtime, self.store.get_trace(trace_id), calls):
+                        return "waiting"
+                    self._set_status(self.store.get_trace(trace_id), "running")
+                case _:
+                    assert_never(step)
+
+    def _record(self, trace: Trace, response: object, model_name: str) -> None:
+        from fleet.llm.base import LLMResponse
+
+        assert isinstance(response, LLMResponse)
+        message = self.store.append_message(
+            Message(
+                trace_id=trace.trace_id,
+                role="assistant",
+                content=response.content,
+                tool_calls=[c.to_openai() for c in response.tool_calls] or None,
+                model=model_name,
+                prompt_tokens=response.usage.prompt_tokens,
+                completion_tokens=response.usage.completion_tokens,
+                cost_usd=response.usage.cost_usd,
+            )
+        )
+        self.store.add_stats(
+            trace.trace_id,
+            messages=1,
+            prompt_tokens=response.usage.prompt_tokens,
+            completion_tokens=response.usage.completion_tokens,
+            cost_usd=response.usage.cost_usd,
+        )
+        self.store.update_trace(trace.trace_id, iteration=trace.iteration + 1)
+        tools = [c.name for c in response.tool_calls]
+        self.store.emit(
+            trace.root_trace_id,
+            Event(
+                kind="message",
+                trace_id=trace.trace_id,
+                data={"role": "assistant", "sequence": message.sequence, "tools": tools},
+            ),
+        )
+
+    def finish(
+        self,
+        trace_id: str,
+        status: Status,
+        *,
+        answer: str | None = None,
+        error: str | None = None,
+        reason: str,
+    ) -> Outcome:
+        """Put the trace in a terminal status, tell its parent and the event stream."""
+        finished = now_ms()
+        self.store.update_trace(
+            trace_id,
+            status=status,
+            answer=answer,
+            error=error,
+            finished_at_ms=finished,
+            metadata={**self.store.get_trace(trace_id).metadata, "stop_reason": reason},
+        )
+        trace = self.store.get_trace(trace_id)
+        if trace.parent_trace_id:
+            parent = self.store.get_trace(trace.parent_trace_id)
+            update_collaborator(self.store, parent, trace, self.runtime.settings.summary_chars)
+        self.store.emit(
+            trace.root_trace_id,
+            Event(kind="finish", trace_id=trace_id, status=status, data={"reason": reason}),
+        )
+        self.runtime.hooks.run_finished(trace)
+        return _terminal(status)
+
+    def _set_status(self, trace: Trace, status: Status) -> None:
+        if trace.status == status:
+            return
+        self.store.update_trace(trace.trace_id, status=status)
+        self.store.emit(
+            trace.root_trace_id, Event(kind="trace", trace_id=trace.trace_id, status=status)
+        )
+
+
+def _terminal(status: Status) -> Outcome:
+    if status == "completed" or status == "failed" or status == "stopped":
+        return status
+    raise ValueError(f"{status!r} is not terminal")
+
+
+def run_safely(runner: Runner, trace_id: str) -> RunResult:
+    """Run a child and never raise: an unexpected error marks the trace failed instead.
+
+    Branch tasks use this so the chord body always runs and siblings are never lost.
+    """
+    try:
+        return runner.run(trace_id)
+    except Exception as exc:  # the envelope *is* the error handling for branches
+        log.exception("run of %r crashed", trace_id)
+        trace = runner.store.get_trace(trace_id)
+        if not trace.is_terminal:
+            runner.finish(trace_id, "failed", error=f"{type(exc).__name__}: {exc}", reason="crash")
+        return RunResult(trace_id, "failed")

@@ -1,0 +1,76 @@
+"""The infrastructure a runner needs, built once per process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fleet.hooks import NO_HOOKS, Hooks
+from fleet.llm.base import LLMClient
+from fleet.llm.config import FleetConfig, load_config, make_client, resolve_model_name
+from fleet.presets import AgentPreset, get_preset, load_presets
+from fleet.settings import Settings
+from fleet.store import TraceStore
+from fleet.tools.registry import ToolRegistry, default_registry
+
+if TYPE_CHECKING:
+    from fleet.dispatch import Dispatcher
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Store, dispatcher, presets, tools and models: what every run shares."""
+
+    store: TraceStore
+    dispatcher: Dispatcher
+    settings: Settings
+    config: FleetConfig
+    presets: Mapping[str, AgentPreset]
+    tools: ToolRegistry
+    hooks: Hooks = NO_HOOKS
+    clients: dict[str, LLMClient] = field(default_factory=dict)
+    """Model name -> client; tests put scripted models here, others are built on demand."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        store: TraceStore,
+        dispatcher: Dispatcher,
+        *,
+        clients: Mapping[str, LLMClient] | None = None,
+        hooks: Hooks = NO_HOOKS,
+    ) -> Runtime:
+        """Load fleet.yaml and the presets; `ConfigError` names what is wrong."""
+        return cls(
+            store=store,
+            dispatcher=dispatcher,
+            settings=settings,
+            config=load_config(settings.config_path, settings.env),
+            presets=load_presets(settings.agents_dir, settings.env),
+            tools=default_registry(),
+            hooks=hooks,
+            clients=dict(clients or {}),
+        )
+
+    def preset(self, name: str) -> AgentPreset:
+        """The preset, or `ConfigError` listing the known ones."""
+        return get_preset(self.presets, name)
+
+    def model_name(self, explicit: str | None, preset: str) -> str:
+        """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""
+        if explicit is None and (preset_model := self.preset(preset).model):
+            explicit = preset_model
+        if explicit is not None and explicit in self.clients:
+            return explicit
+        return resolve_model_name(self.config, explicit, preset, self.settings.env)
+
+    def client(self, model_name: str) -> LLMClient:
+        """A client for this model name, built once per process."""
+        with self._lock:
+            if model_name not in self.clients:
+                self.clients[model_name] = make_client(self.config, model_name, self.settings.env)
+            return self.clients[model_name]

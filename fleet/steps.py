@@ -1,0 +1,65 @@
+"""What the loop does next, decided by a pure function of the model's response."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from fleet.llm.base import LLMResponse, ToolCall
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The model gave a final answer."""
+
+    answer: str
+    kind: Literal["finish"] = "finish"
+
+
+@dataclass(frozen=True)
+class CallTools:
+    """The model asked for tool calls (sub-agents included)."""
+
+    calls: tuple[ToolCall, ...]
+    kind: Literal["call_tools"] = "call_tools"
+
+
+@dataclass(frozen=True)
+class DoomLoop:
+    """The same tool with the same arguments was asked for too many times in a row."""
+
+    call: ToolCall
+    repeats: int
+    kind: Literal["doom_loop"] = "doom_loop"
+
+
+Step = Finish | CallTools | DoomLoop
+
+
+def decide_next(
+    response: LLMResponse, previous_calls: list[tuple[str, str]], repeats: int = 3
+) -> Step:
+    """Finish, call tools, or stop a doom loop.
+
+    Args:
+        response: The model's answer this turn.
+        previous_calls: The most recent earlier tool calls as (name, arguments), oldest first.
+        repeats: How many identical calls in a row make a doom loop.
+    """
+    if not response.tool_calls:
+        return Finish(response.content or "")
+    current = [(c.name, c.arguments) for c in response.tool_calls]
+    combined = [(n, _canonical(a)) for n, a in previous_calls + current]
+    tail = combined[-repeats:]
+    if len(tail) == repeats and len(set(tail)) == 1:
+        return DoomLoop(response.tool_calls[-1], repeats)
+    return CallTools(response.tool_calls)
+
+
+def _canonical(arguments: str) -> str:
+    """Arguments compared by meaning, so whitespace or key order cannot hide a loop."""
+    try:
+        return json.dumps(json.loads(arguments or "{}"), sort_keys=True)
+    except ValueError:
+        return arguments

@@ -1,0 +1,279 @@
+"""The trace store seam: one protocol, an in-memory implementation here, Redis in redis_store."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from typing import Any, Protocol
+
+from fleet.errors import TraceNotFound
+from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
+
+STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
+
+
+class TraceStore(Protocol):
+    """Where traces, messages, collaborators and events live."""
+
+    def create_trace(self, trace: Trace) -> None:
+        """Persist a new trace (and index it under its parent); an existing id is an error."""
+        ...
+
+    def get_trace(self, trace_id: str) -> Trace:
+        """The trace with its current stats; `TraceNotFound` if missing."""
+        ...
+
+    def update_trace(self, trace_id: str, **fields: Any) -> None:
+        """Overwrite these top-level fields only (other writers' fields are untouched)."""
+        ...
+
+    def list_traces(self, limit: int = 50) -> list[Trace]:
+        """Newest first."""
+        ...
+
+    def children(self, trace_id: str) -> list[str]:
+        """Child trace ids in creation order."""
+        ...
+
+    def append_message(self, message: Message) -> Message:
+        """Atomically give the message the next sequence, hang it under the head, move the head."""
+        ...
+
+    def messages(self, trace_id: str) -> list[Message]:
+        """Every message of the trace (all branches), by sequence."""
+        ...
+
+    def set_head(self, trace_id: str, sequence: int | None) -> None:
+        """Point the head elsewhere (rewind); later appends branch from there."""
+        ...
+
+    def add_stats(self, trace_id: str, **deltas: float) -> None:
+        """Atomically add to TraceStats fields."""
+        ...
+
+    def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
+        """Insert or replace the entry of one child; atomic per child."""
+        ...
+
+    def collaborators(self, parent_trace_id: str) -> list[Collaborator]:
+        """Entries in the order the children were first added."""
+        ...
+
+    def emit(self, root_trace_id: str, event: Event) -> str:
+        """Append to the tree's event stream; returns the entry id."""
+        ...
+
+    def read_events(
+        self, root_trace_id: str, after: str = "0", *, block_ms: int | None = None, count: int = 500
+    ) -> list[tuple[str, Event]]:
+        """Entries after `after`; with `block_ms`, wait up to that long for the first one."""
+        ...
+
+    def request_stop(self, trace_id: str) -> None:
+        """Raise the stop flag that runners check between turns."""
+        ...
+
+    def stop_requested(self, trace_id: str) -> bool:
+        """Whether a stop was requested for this trace."""
+        ...
+
+    def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+        """Take the runner lease if free (or already ours); index it as running."""
+        ...
+
+    def renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+        """Extend our lease; False if it is no longer ours."""
+        ...
+
+    def release_lease(self, trace_id: str, owner: str) -> None:
+        """Give the lease up if it is ours."""
+        ...
+
+    def expired_leases(self, at_ms: int) -> list[str]:
+        """Traces indexed as running whose lease deadline passed before `at_ms`."""
+        ...
+
+    def forget_running(self, trace_id: str) -> bool:
+        """Drop a trace from the running index; True for the one caller that removed it."""
+        ...
+
+    def mark_collected(self, trace_id: str, tool_call_id: str) -> bool:
+        """True the first time only: guards a tool call's collection against redelivery."""
+        ...
+
+    def cache_get(self, key: str) -> str | None:
+        """A cached sub-agent answer."""
+        ...
+
+    def cache_set(self, key: str, value: str, ttl_s: int) -> None:
+        """Cache a sub-agent answer for `ttl_s`."""
+        ...
+
+
+class MemoryStore:
+    """A thread-safe in-process TraceStore for `--inline` runs and fast tests."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._traces: dict[str, dict[str, Any]] = {}
+        self._stats: dict[str, dict[str, float]] = defaultdict(dict)
+        self._messages: dict[str, dict[int, Message]] = defaultdict(dict)
+        self._children: dict[str, list[str]] = defaultdict(list)
+        self._collaborators: dict[str, dict[str, Collaborator]] = defaultdict(dict)
+        self._events: dict[str, list[tuple[str, Event]]] = defaultdict(list)
+        self._stops: set[str] = set()
+        self._leases: dict[str, tuple[str, int]] = {}
+        self._running: dict[str, int] = {}
+        self._collected: set[tuple[str, str]] = set()
+        self._cache: dict[str, tuple[str, int]] = {}
+
+    def create_trace(self, trace: Trace) -> None:
+        with self._lock:
+            if trace.trace_id in self._traces:
+                raise ValueError(f"trace {trace.trace_id!r} already exists")
+            data = trace.model_dump(mode="json", exclude={"stats"})
+            self._traces[trace.trace_id] = data
+            self._stats[trace.trace_id] = trace.stats.model_dump()
+            if trace.parent_trace_id:
+                self._children[trace.parent_trace_id].append(trace.trace_id)
+
+    def get_trace(self, trace_id: str) -> Trace:
+        with self._lock:
+            data = self._traces.get(trace_id)
+            if data is None:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+            stats = TraceStats.model_validate(self._stats[trace_id])
+            return Trace.model_validate({**data, "stats": stats})
+
+    def update_trace(self, trace_id: str, **fields: Any) -> None:
+        fields.setdefault("updated_at_ms", now_ms())
+        patch = Trace.model_validate(
+            {**self.get_trace(trace_id).model_dump(), **fields}
+        ).model_dump(mode="json", include=set(fields))
+        with self._lock:
+            self._traces[trace_id].update(patch)
+
+    def list_traces(self, limit: int = 50) -> list[Trace]:
+        with self._lock:
+            ids = sorted(self._traces, key=lambda t: self._traces[t]["created_at_ms"])
+        return [self.get_trace(t) for t in reversed(ids[-limit:])]
+
+    def children(self, trace_id: str) -> list[str]:
+        with self._lock:
+            return list(self._children.get(trace_id, []))
+
+    def append_message(self, message: Message) -> Message:
+        with self._lock:
+            data = self._traces.get(message.trace_id)
+            if data is None:
+                raise TraceNotFound(f"no trace {message.trace_id!r}")
+            sequence = data["last_sequence"] + 1
+            stored = message.model_copy(
+                update={"sequence": sequence, "parent_sequence": data["head_sequence"]}
+            )
+            self._messages[message.trace_id][sequence] = stored
+            data.update(last_sequence=sequence, head_sequence=sequence)
+            return stored
+
+    def messages(self, trace_id: str) -> list[Message]:
+        with self._lock:
+            stored = self._messages.get(trace_id, {})
+            return [stored[s] for s in sorted(stored)]
+
+    def set_head(self, trace_id: str, sequence: int | None) -> None:
+        self.update_trace(trace_id, head_sequence=sequence)
+
+    def add_stats(self, trace_id: str, **deltas: float) -> None:
+        with self._lock:
+            row = self._stats[trace_id]
+            for name, delta in deltas.items():
+                if name not in STATS_FIELDS:
+                    raise ValueError(f"unknown stats field {name!r}")
+                row[name] = row.get(name, 0) + delta
+
+    def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
+        with self._lock:
+            self._collaborators[parent_trace_id][collaborator.trace_id] = collaborator
+
+    def collaborators(self, parent_trace_id: str) -> list[Collaborator]:
+        with self._lock:
+            return list(self._collaborators.get(parent_trace_id, {}).values())
+
+    def emit(self, root_trace_id: str, event: Event) -> str:
+        with self._lock:
+            stream = self._events[root_trace_id]
+            entry_id = f"{len(stream) + 1}-0"
+            stream.append((entry_id, event))
+            self._lock.notify_all()
+            return entry_id
+
+    def read_events(
+        self, root_trace_id: str, after: str = "0", *, block_ms: int | None = None, count: int = 500
+    ) -> list[tuple[str, Event]]:
+        start = int(after.split("-")[0]) if after not in ("0", "$") else 0
+        with self._lock:
+            if block_ms and len(self._events[root_trace_id]) <= start:
+                self._lock.wait_for(
+                    lambda: len(self._events[root_trace_id]) > start, timeout=block_ms / 1000
+                )
+            return self._events[root_trace_id][start : start + count]
+
+    def request_stop(self, trace_id: str) -> None:
+        with self._lock:
+            self._stops.add(trace_id)
+
+    def stop_requested(self, trace_id: str) -> bool:
+        with self._lock:
+            return trace_id in self._stops
+
+    def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+        with self._lock:
+            holder = self._leases.get(trace_id)
+            if holder and holder[0] != owner and holder[1] > now_ms():
+                return False
+            deadline = now_ms() + ttl_ms
+            self._leases[trace_id] = (owner, deadline)
+            self._running[trace_id] = deadline
+            return True
+
+    def renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+        with self._lock:
+            holder = self._leases.get(trace_id)
+            if not holder or holder[0] != owner:
+                return False
+            deadline = now_ms() + ttl_ms
+            self._leases[trace_id] = (owner, deadline)
+            self._running[trace_id] = deadline
+            return True
+
+    def release_lease(self, trace_id: str, owner: str) -> None:
+        with self._lock:
+            holder = self._leases.get(trace_id)
+            if holder and holder[0] == owner:
+                del self._leases[trace_id]
+                self._running.pop(trace_id, None)
+
+    def expired_leases(self, at_ms: int) -> list[str]:
+        with self._lock:
+            return [t for t, deadline in self._running.items() if deadline < at_ms]
+
+    def forget_running(self, trace_id: str) -> bool:
+        with self._lock:
+            return self._running.pop(trace_id, None) is not None
+
+    def mark_collected(self, trace_id: str, tool_call_id: str) -> bool:
+        with self._lock:
+            key = (trace_id, tool_call_id)
+            if key in self._collected:
+                return False
+            self._collected.add(key)
+            return True
+
+    def cache_get(self, key: str) -> str | None:
+        with self._lock:
+            hit = self._cache.get(key)
+            return hit[0] if hit and hit[1] > now_ms() else None
+
+    def cache_set(self, key: str, value: str, ttl_s: int) -> None:
+        with self._lock:
+            self._cache[key] = (value, now_ms() + ttl_s * 1000)

@@ -1,0 +1,242 @@
+"""The `agent` and `evaluate` tools: turning a call into child traces for a dispatcher."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fleet import ids
+from fleet.errors import ToolError
+from fleet.llm.base import ToolCall
+from fleet.models import Collaborator, Event, Message, Mode, Trace
+from fleet.runtime import Runtime
+
+AGENT_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "agent",
+        "description": (
+            "Start sub-agents. A string `task` delegates to one sub-agent with full tools "
+            "(it cannot start sub-agents itself). A list of tasks explores: one read-only "
+            "sub-agent per item, run in parallel, results summarised together."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "task": {
+                    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+                },
+                "messages": {
+                    "type": "array",
+                    "description": "Context messages: one list shared, or one list per branch.",
+                    "items": {},
+                },
+                "continue_from": {"type": "string", "description": "A delegate sub_trace_id."},
+                "agent_type": {"type": "string", "description": "Preset for a delegate."},
+                "skills": {"type": "array", "items": {"type": "string"}},
+                "context": {"type": "object"},
+            },
+            "required": ["task"],
+        },
+    },
+}
+
+EVALUATE_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "evaluate",
+        "description": "Ask a read-only judge whether a goal is met; returns a verdict.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "messages": {"type": "array", "items": {}},
+                "target_goal_id": {"type": "string"},
+                "continue_from": {"type": "string"},
+                "context": {"type": "object"},
+            },
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    """Children created for one tool call, ready for a dispatcher."""
+
+    parent_trace_id: str
+    root_trace_id: str
+    tool_call_id: str
+    tool_name: str
+    mode: Mode
+    child_ids: tuple[str, ...]
+
+
+def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
+    """Create (or reopen) the child traces of an `agent`/`evaluate` call.
+
+    Raises:
+        ToolError: Bad arguments; the message goes back to the model.
+    """
+    try:
+        args = call.parsed_arguments()
+    except ValueError as exc:
+        raise ToolError(f"{call.name}: arguments are not a JSON object ({exc})") from None
+    if args.get("continue_from"):
+        children = [_reopen(runtime, parent, call, args)]
+    elif call.name == "evaluate":
+        children = [_evaluate_child(runtime, parent, call.id, args)]
+    else:
+        children = _agent_children(runtime, parent, call.id, args)
+    for child in children:
+        _announce(runtime, parent, child)
+    return SpawnRequest(
+        parent_trace_id=parent.trace_id,
+        root_trace_id=parent.root_trace_id,
+        tool_call_id=call.id,
+        tool_name=call.name,
+        mode=children[0].mode,
+        child_ids=tuple(c.trace_id for c in children),
+    )
+
+
+def _agent_children(
+    runtime: Runtime, parent: Trace, call_id: str, args: dict[str, Any]
+) -> list[Trace]:
+    task = args.get("task")
+    messages = args.get("messages")
+    common = {"skills": list(args.get("skills") or []), "extra": args.get("context")}
+    if isinstance(task, str) and task.strip():
+        preset = str(args.get("agent_type") or "default")
+        _check_preset(runtime, preset)
+        return [_child(runtime, parent, call_id, "delegate", preset, task, None, messages, common)]
+    if isinstance(task, list) and task and all(isinstance(t, str) and t for t in task):
+        per_branch = _branch_messages(messages, len(task))
+        return [
+            _child(runtime, parent, call_id, "explore", "explore", t, i, per_branch[i - 1], common)
+            for i, t in enumerate(task, start=1)
+        ]
+    raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
+
+
+def _check_preset(runtime: Runtime, preset: str) -> None:
+    if preset not in runtime.presets:
+        known = ", ".join(sorted(runtime.presets))
+        raise ToolError(f"agent: unknown agent_type {preset!r} (known: {known})")
+
+
+def _branch_messages(messages: Any, branches: int) -> list[Any]:
+    """1-D messages are shared by every branch; 2-D give one list per branch."""
+    if not messages:
+        return [None] * branches
+    if not isinstance(messages, list):
+        raise ToolError("agent: `messages` must be a list")
+    if all(isinstance(m, list) for m in messages):
+        if len(messages) != branches:
+            raise ToolError(f"agent: {len(messages)} message lists for {branches} tasks")
+        return list(messages)
+    return [messages] * branches
+
+
+def _evaluate_child(runtime: Runtime, parent: Trace, call_id: str, args: dict[str, Any]) -> Trace:
+    goal_id = args.get("target_goal_id") or parent.goals.focus_id
+    goal = parent.goals.get(str(goal_id)).description if goal_id else parent.task
+    task = (
+        f"Evaluate whether this goal has been met.\n\nGoal: {goal}\n\n"
+        "Inspect the workspace and the messages given. Answer with a line "
+        "`VERDICT: pass` or `VERDICT: fail`, then concrete suggestions."
+    )
+    common: dict[str, Any] = {"skills": [], "extra": args.get("context")}
+    messages = args.get("messages")
+    return _child(runtime, parent, call_id, "evaluate", "evaluate", task, None, messages, common)
+
+
+def _child(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    mode: Mode,
+    preset: str,
+    task: str,
+    index: int | None,
+    messages: Any,
+    common: dict[str, Any],
+) -> Trace:
+    name = f"{mode}-{index:03d}" if index is not None else mode
+    if mode == "delegate" and preset != "default":
+        name = preset
+    context: dict[str, Any] = {}
+    if messages:
+        context["messages"] = _check_messages(messages)
+    if common.get("extra"):
+        context["extra"] = common["extra"]
+    model = runtime.model_name(parent.model, preset) if parent.model else None
+    for attempt in range(1, 100):
+        trace = Trace(
+            trace_id=ids.child_id(parent.trace_id, mode, index, attempt),
+            root_trace_id=parent.root_trace_id,
+            parent_trace_id=parent.trace_id,
+            mode=mode,
+            task=task,
+            name=name,
+            preset=preset,
+            model=model,
+            workspace=parent.workspace,
+            parent_tool_call_id=call_id,
+            context=context,
+            skills=common.get("skills") or [],
+        )
+        try:
+            runtime.store.create_trace(trace)
+        except ValueError:
+            continue
+        return trace
+    raise ToolError(f"{mode}: could not allocate a sub-trace id")
+
+
+def _check_messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+    ):
+        raise ToolError("`messages` items must be objects with a string `content`")
+    return [{"role": str(m.get("role", "user")), "content": m["content"]} for m in messages]
+
+
+def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any]) -> Trace:
+    """`continue_from`: hand an earlier delegate/evaluate sub-trace a new message."""
+    if isinstance(args.get("task"), list):
+        raise ToolError("agent: continue_from works with a single task, not an explore list")
+    sub_id = str(args["continue_from"])
+    store = runtime.store
+    child = store.get_trace(sub_id) if sub_id in store.children(parent.trace_id) else None
+    if child is None:
+        raise ToolError(f"{call.name}: {sub_id!r} is not a sub-trace of this trace")
+    text = str(args.get("task") or "Continue, taking the new context into account.")
+    if args.get("context"):
+        text += "\n\nContext:\n" + json.dumps(args["context"], ensure_ascii=False)
+    store.append_message(Message(trace_id=sub_id, role="user", content=text))
+    store.update_trace(
+        sub_id, status="queued", parent_tool_call_id=call.id, answer=None, error=None
+    )
+    return store.get_trace(sub_id)
+
+
+def _announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
+    entry = Collaborator(
+        name=child.name,
+        trace_id=child.trace_id,
+        status="running",
+        summary=child.task[:120],
+        mode=child.mode,
+        tool_call_id=child.parent_tool_call_id,
+    )
+    runtime.store.put_collaborator(parent.trace_id, entry)
+    runtime.store.emit(
+        parent.root_trace_id,
+        Event(
+            kind="collaborator",
+            trace_id=child.trace_id,
+            status="queued",
+            data={"parent_trace_id": parent.trace_id, "name": child.name, "mode": child.mode},
+        ),
+    )

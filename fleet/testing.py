@@ -1,0 +1,203 @@
+"""Deterministic stand-ins: scripted models and the in-memory store.
+
+`ScriptedModel` is either a queue of responses or a function of the conversation (like
+pydantic-ai's FunctionModel). From a YAML file (`scripted:FILE.yaml`) it is a *stateless*
+function of the conversation, so every worker process answers a trace the same way and a
+resumed trace picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleet.errors import ConfigError, ModelBehaviorError
+from fleet.llm.base import LLMResponse, ToolCall, Usage
+from fleet.store import MemoryStore
+
+__all__ = ["MemoryStore", "ScriptedModel", "call", "text"]
+
+ModelFunction = Callable[[list[dict[str, Any]], list[dict[str, Any]]], LLMResponse]
+
+
+def text(content: str) -> LLMResponse:
+    """A final answer."""
+    return LLMResponse(content=content, usage=_usage(content), model="scripted")
+
+
+def call(name: str, call_id: str | None = None, **arguments: Any) -> LLMResponse:
+    """A response that asks for one tool call."""
+    return calls((name, arguments), call_id=call_id)
+
+
+def calls(*items: tuple[str, dict[str, Any]], call_id: str | None = None) -> LLMResponse:
+    """A response that asks for several tool calls in one turn."""
+    stamp = call_id or f"call_{next(_ids)}"
+    tool_calls = tuple(
+        ToolCall(id=f"{stamp}_{i}" if len(items) > 1 else stamp, name=n, arguments=json.dumps(a))
+        for i, (n, a) in enumerate(items)
+    )
+    body = json.dumps([c.arguments for c in tool_calls])
+    return LLMResponse(content=None, tool_calls=tool_calls, usage=_usage(body), model="scripted")
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def __next__(self) -> int:
+        with self._lock:
+            self._n += 1
+            return self._n
+
+
+_ids = _Counter()
+
+
+def _usage(body: str) -> Usage:
+    return Usage(prompt_tokens=10, completion_tokens=max(1, len(body) // 4))
+
+
+class ScriptedModel:
+    """An LLMClient that answers from a script; never touches the network."""
+
+    def __init__(
+        self,
+        responses: Iterable[LLMResponse | str] = (),
+        *,
+        function: ModelFunction | None = None,
+        latency_ms: int = 0,
+    ) -> None:
+        """Answer from `responses` in order, or from `function(messages, tools)`."""
+        self._queue: deque[LLMResponse] = deque(
+            text(r) if isinstance(r, str) else r for r in responses
+        )
+        self._function = function
+        self._latency_ms = latency_ms
+        self._lock = threading.Lock()
+        self.requests: list[list[dict[str, Any]]] = []
+        """Every conversation this model was sent, for assertions."""
+
+    @classmethod
+    def from_file(cls, path: Path) -> ScriptedModel:
+        """Load a YAML script (see `examples/explore.yaml` for the format)."""
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"scripted model {str(path)!r}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"scripted model {str(path)!r}: invalid YAML ({exc})") from None
+        script = Script.parse(data, str(path))
+        return cls(function=script.respond, latency_ms=script.latency_ms)
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+    ) -> LLMResponse:
+        """Return the next scripted response."""
+        with self._lock:
+            self.requests.append([dict(m) for m in messages])
+            response = self._next(messages, tools)
+        if self._latency_ms:
+            time.sleep(self._latency_ms / 1000)
+        return response
+
+    def _next(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        if self._function is not None:
+            return self._function(messages, tools)
+        if not self._queue:
+            raise ModelBehaviorError("scripted model has no responses left")
+        return self._queue.popleft()
+
+
+@dataclass(frozen=True)
+class _Rule:
+    pattern: re.Pattern[str]
+    steps: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Script:
+    """A YAML script: the first rule whose `match` regex finds the task answers.
+
+    The step used is the number of assistant messages already in the conversation, so the
+    script is a pure function of the conversation. Past the last step it repeats the last.
+    """
+
+    rules: tuple[_Rule, ...]
+    latency_ms: int = 0
+
+    @classmethod
+    def parse(cls, data: object, where: str) -> Script:
+        """Validate the YAML structure, naming what is wrong and where."""
+        if not isinstance(data, dict) or not isinstance(data.get("scripts"), list):
+            raise ConfigError(f"{where}: expected a mapping with a 'scripts' list")
+        rules = []
+        for i, raw in enumerate(data["scripts"]):
+            if not isinstance(raw, dict) or not isinstance(raw.get("steps"), list):
+                raise ConfigError(f"{where}: scripts[{i}] needs a 'steps' list")
+            try:
+                pattern = re.compile(str(raw.get("match", ".*")), re.S)
+            except re.error as exc:
+                raise ConfigError(f"{where}: scripts[{i}].match: {exc}") from None
+            for j, step in enumerate(raw["steps"]):
+                _check_step(step, f"{where}: scripts[{i}].steps[{j}]")
+            rules.append(_Rule(pattern, tuple(raw["steps"])))
+        return cls(tuple(rules), int(data.get("latency_ms", 0)))
+
+    def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        """The response for this conversation."""
+        task = next((str(m["content"]) for m in messages if m["role"] == "user"), "")
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        for rule in self.rules:
+            if rule.pattern.search(task):
+                step = rule.steps[min(turn, len(rule.steps) - 1)]
+                return _render(step, task, turn, messages)
+        raise ModelBehaviorError(f"no script matches task {task[:60]!r}")
+
+
+def _check_step(step: object, where: str) -> None:
+    if not isinstance(step, dict) or not ({"content", "tool_calls"} & step.keys()):
+        raise ConfigError(f"{where}: a step needs 'content' or 'tool_calls'")
+    for call_ in step.get("tool_calls") or []:
+        if not isinstance(call_, dict) or not isinstance(call_.get("name"), str):
+            raise ConfigError(f"{where}: each tool call needs a 'name'")
+
+
+def _render(
+    step: dict[str, Any], task: str, turn: int, messages: list[dict[str, Any]]
+) -> LLMResponse:
+    last_tool = next((str(m["content"]) for m in reversed(messages) if m["role"] == "tool"), "")
+    fill = {"task": task, "last_tool": last_tool, "turn": turn}
+    tool_calls = tuple(
+        ToolCall(
+            id=f"call_{turn}_{i}",
+            name=c["name"],
+            arguments=json.dumps(c.get("arguments") or {}),
+        )
+        for i, c in enumerate(step.get("tool_calls") or [])
+    )
+    content = step.get("content")
+    if content is not None:
+        content = str(content).format_map(_Default(fill))
+    body = (content or "") + json.dumps([c.arguments for c in tool_calls])
+    return LLMResponse(content=content, tool_calls=tool_calls, usage=_usage(body), model="scripted")
+
+
+class _Default(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"

@@ -1,0 +1,1 @@
+"""Tools: a registry built from typed functions, file/shell/web/skill tools."""

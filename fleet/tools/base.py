@@ -1,0 +1,32 @@
+"""What a tool receives and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool's answer: shown once in full, then replaced by `long_term_memory` if set."""
+
+    title: str
+    output: str
+    long_term_memory: str | None = None
+    is_error: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Where and for whom a tool runs. `allow_shell` is already ANDed with the env switch."""
+
+    workspace: Path
+    trace_id: str = ""
+    preset: str = "default"
+    allow_shell: bool = False
+    skills_dirs: tuple[Path, ...] = ()
+    output_limit_chars: int = 30_000
+    bash_timeout_s: float = 60.0
+    web_timeout_s: float = 20.0

@@ -1,0 +1,338 @@
+"""The tool registry: typed functions in, OpenAI schemas and safe execution out.
+
+A tool is a plain function `fn(ctx: ToolContext, ...) -> ToolResult` with type hints and a
+Google-style docstring; the JSON schema the model sees is built from those, so the two
+cannot drift apart. `execute` is where presets are enforced: a refused, malformed or
+failing call becomes an error result for the model, never an exception in the loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import logging
+import operator
+import re
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from pydantic import TypeAdapter, ValidationError
+
+from fleet.errors import ConfigError, ToolError
+from fleet.presets import AgentPreset
+from fleet.tools import files, shell, skills, web
+from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.workspace import truncate
+
+ToolFunction = Callable[..., ToolResult]
+"""`fn(ctx: ToolContext, **arguments) -> ToolResult`."""
+
+_log = logging.getLogger(__name__)
+_REQUIRED: Any = inspect.Parameter.empty
+_SCALARS: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+_SECTION = re.compile(r"^(Args|Arguments|Returns|Yields|Raises|Examples?|Notes?):\s*$")
+_ARG_ENTRY = re.compile(r"^\*{0,2}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class _Param:
+    name: str
+    schema: dict[str, Any]
+    default: Any
+    nullable: bool
+    adapter: TypeAdapter[Any]
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One registered tool."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """JSON schema of the arguments object."""
+    read_only: bool
+    """True when the tool cannot change the workspace."""
+    fn: ToolFunction | None
+    """None for tools the runner executes itself (`agent`, `evaluate`, `goal`)."""
+    params: tuple[_Param, ...] = ()
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-calling form."""
+        function = {"name": self.name, "description": self.description}
+        return {"type": "function", "function": {**function, "parameters": self.parameters}}
+
+
+class ToolRegistry:
+    """Tools by name, with their schemas; executes calls under a preset."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, ToolSpec] = {}
+
+    def register(self, fn: ToolFunction, *, name: str | None = None, read_only: bool) -> None:
+        """Add a typed tool function.
+
+        Args:
+            fn: `fn(ctx: ToolContext, ...) -> ToolResult`; every other parameter needs a
+                type hint and an entry in the docstring's Args section.
+            name: Tool name; defaults to the function's name.
+            read_only: Whether the tool leaves the workspace unchanged.
+
+        Raises:
+            TypeError: The signature or docstring cannot describe a tool.
+        """
+        tool_name = name if name is not None else str(getattr(fn, "__name__", ""))
+        self._check_new(tool_name)
+        description, arg_docs = parse_docstring(inspect.getdoc(fn))
+        params = _params_of(fn, tool_name, arg_docs)
+        parameters = {
+            "type": "object",
+            "properties": {param.name: param.schema for param in params},
+            "required": [param.name for param in params if param.required],
+            "additionalProperties": False,
+        }
+        self._tools[tool_name] = ToolSpec(
+            tool_name, description, parameters, read_only, fn, tuple(params)
+        )
+
+    def register_schema(
+        self, name: str, description: str, parameters: dict[str, Any], read_only: bool
+    ) -> None:
+        """Add a tool the runner executes itself; only its schema lives here."""
+        self._check_new(name)
+        if parameters.get("type") != "object":
+            raise TypeError(f"tool {name!r}: parameters must be a JSON schema of type 'object'")
+        self._tools[name] = ToolSpec(name, description, copy.deepcopy(parameters), read_only, None)
+
+    def names(self) -> list[str]:
+        """Every registered tool name, in registration order."""
+        return list(self._tools)
+
+    def names_for(self, preset: AgentPreset) -> list[str]:
+        """The tools `preset` may call; a read-only preset loses every writing tool."""
+        return [
+            spec.name
+            for spec in self._tools.values()
+            if preset.allows(spec.name) and (spec.read_only or not preset.read_only)
+        ]
+
+    def get(self, name: str) -> ToolSpec:
+        """The spec of tool `name`; unknown names raise `ConfigError`."""
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise ConfigError(f"unknown tool {name!r} (known: {', '.join(self._tools)})") from None
+
+    def schemas(self, names: Iterable[str]) -> list[dict[str, Any]]:
+        """OpenAI function-calling schemas for `names`, in that order."""
+        return [copy.deepcopy(self.get(name).schema()) for name in names]
+
+    def execute(
+        self, name: str, arguments: Mapping[str, Any], ctx: ToolContext, preset: AgentPreset
+    ) -> ToolResult:
+        """Run tool `name` for an agent using `preset`.
+
+        The preset is checked first, then the arguments against the signature. Every
+        refusal and failure comes back as a result with `is_error=True`.
+
+        Raises:
+            ToolError: Only for a tool the runner must handle itself.
+        """
+        refusal = self._refusal(name, preset)
+        if refusal:
+            return _error_result(name, "refused", refusal)
+        spec = self._tools[name]
+        if spec.fn is None:
+            raise ToolError(f"tool {name!r} is handled by the runner")
+        values, problems = _bind(spec.params, arguments)
+        if problems:
+            return _error_result(name, "refused", f"invalid arguments: {'; '.join(problems)}")
+        try:
+            result = spec.fn(ctx, **values)
+        except ToolError as exc:
+            return _error_result(name, "failed", str(exc))
+        except Exception as exc:  # a tool bug goes back to the model, the loop goes on
+            _log.warning("tool %r raised", name, exc_info=True)
+            return _error_result(name, "failed", f"{type(exc).__name__}: {exc}")
+        if len(result.output) > ctx.output_limit_chars:
+            result = replace(result, output=truncate(result.output, ctx.output_limit_chars))
+        return result
+
+    def _refusal(self, name: str, preset: AgentPreset) -> str | None:
+        if not preset.allows(name):
+            return f"tool {name!r} is not allowed for preset {preset.name!r}"
+        spec = self._tools.get(name)
+        if spec is None:
+            return f"unknown tool {name!r} (known: {', '.join(self._tools)})"
+        if preset.read_only and not spec.read_only:
+            return f"tool {name!r} changes the workspace; preset {preset.name!r} is read-only"
+        return None
+
+    def _check_new(self, name: str) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise TypeError(f"invalid tool name {name!r}")
+        if name in self._tools:
+            raise TypeError(f"tool {name!r} is already registered")
+
+
+def default_registry() -> ToolRegistry:
+    """A registry holding every built-in tool."""
+    registry = ToolRegistry()
+    reading: tuple[ToolFunction, ...] = (
+        files.read_file,
+        files.list_dir,
+        files.glob,
+        files.grep,
+        web.web_fetch,
+        skills.skill,
+    )
+    writing: tuple[ToolFunction, ...] = (files.write_file, files.edit_file, shell.bash)
+    for fn in reading:
+        registry.register(fn, read_only=True)
+    for fn in writing:
+        registry.register(fn, read_only=False)
+    return registry
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into its description and its Args entries.
+
+    Returns:
+        The text before the first section, and each argument's description with
+        continuation lines joined.
+    """
+    description: list[str] = []
+    sections: dict[str, list[str]] = {}
+    current: list[str] = description
+    for line in inspect.cleandoc(doc or "").splitlines():
+        header = _SECTION.match(line)
+        if header:
+            current = sections.setdefault(header.group(1), [])
+        else:
+            current.append(line)
+    args_lines = sections.get("Args", []) + sections.get("Arguments", [])
+    return "\n".join(description).strip(), _parse_args(args_lines)
+
+
+def _parse_args(lines: list[str]) -> dict[str, str]:
+    entries = [line for line in lines if line.strip()]
+    if not entries:
+        return {}
+    indent = min(len(line) - len(line.lstrip()) for line in entries)
+    args: dict[str, str] = {}
+    current: str | None = None
+    for line in entries:
+        match = _ARG_ENTRY.match(line.strip())
+        if match and len(line) - len(line.lstrip()) == indent:
+            current = match.group(1)
+            args[current] = match.group(2).strip()
+        elif current is not None:
+            args[current] = f"{args[current]} {line.strip()}".strip()
+    return args
+
+
+def json_schema(hint: Any) -> dict[str, Any]:
+    """The JSON schema of a parameter type: scalars, list, dict, Literal, unions.
+
+    Raises:
+        TypeError: The type has no JSON form.
+    """
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return {}
+    if hint is type(None):
+        return {"type": "null"}
+    if hint in _SCALARS:
+        return {"type": _SCALARS[hint]}
+    if origin is Literal:
+        return _literal_schema(args)
+    if origin in (Union, types.UnionType):
+        return {"anyOf": [json_schema(arg) for arg in args]}
+    if hint is list or origin is list:
+        return {"type": "array", "items": json_schema(args[0])} if args else {"type": "array"}
+    if hint is dict or origin is dict:
+        if len(args) == 2 and args[1] is not Any:
+            return {"type": "object", "additionalProperties": json_schema(args[1])}
+        return {"type": "object"}
+    raise TypeError(f"no JSON schema for type {hint!r}")
+
+
+def _literal_schema(values: tuple[Any, ...]) -> dict[str, Any]:
+    kinds = {_SCALARS.get(type(value)) for value in values}
+    schema: dict[str, Any] = {"enum": list(values)}
+    if len(kinds) == 1 and None not in kinds:
+        schema["type"] = kinds.pop()
+    return schema
+
+
+def _params_of(fn: ToolFunction, name: str, arg_docs: dict[str, str]) -> list[_Param]:
+    """The model-facing parameters of `fn`: all but the leading `ctx: ToolContext`."""
+    hints = get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or hints.get(params[0].name) is not ToolContext:
+        raise TypeError(f"tool {name!r}: the first parameter must be `ctx: ToolContext`")
+    if hints.get("return") is not ToolResult:
+        raise TypeError(f"tool {name!r}: the return type must be ToolResult")
+    undocumented = [p.name for p in params[1:] if not arg_docs.get(p.name)]
+    unknown = sorted(set(arg_docs) - {p.name for p in params})
+    if undocumented or unknown:
+        raise TypeError(
+            f"tool {name!r}: docstring Args must describe exactly the parameters "
+            f"(undocumented: {undocumented}, not parameters: {unknown})"
+        )
+    return [_param(p, hints, arg_docs[p.name], name) for p in params[1:]]
+
+
+def _param(p: inspect.Parameter, hints: dict[str, Any], doc: str, tool: str) -> _Param:
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if p.kind not in keyword or p.name not in hints:
+        raise TypeError(f"tool {tool!r}: parameter {p.name!r} needs a type hint and a name")
+    hint = hints[p.name]
+    nullable = hint is Any or type(None) in get_args(hint)
+    # An optional argument defaulting to None is simply left out by the model.
+    shown = _without_none(hint) if nullable and p.default is None else hint
+    schema = {**json_schema(shown), "description": doc}
+    if p.default is not _REQUIRED and p.default is not None:
+        schema["default"] = p.default
+    return _Param(p.name, schema, p.default, nullable, TypeAdapter(hint))
+
+
+def _without_none(hint: Any) -> Any:
+    others = tuple(arg for arg in get_args(hint) if arg is not type(None))
+    return functools.reduce(operator.or_, others)
+
+
+def _bind(
+    params: tuple[_Param, ...], arguments: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Validated keyword arguments, and what is wrong with the call."""
+    if not isinstance(arguments, Mapping):
+        return {}, ["arguments must be a JSON object"]
+    known = {param.name for param in params}
+    problems = [f"unknown argument {key!r}" for key in arguments if key not in known]
+    values: dict[str, Any] = {}
+    for param in params:
+        value = arguments.get(param.name)
+        # Models often send null for an optional argument they mean to leave out.
+        left_out = value is None and not param.nullable and not param.required
+        if param.name not in arguments or left_out:
+            if param.required:
+                problems.append(f"missing required argument {param.name!r}")
+            continue
+        try:
+            values[param.name] = param.adapter.validate_python(value)
+        except ValidationError as exc:
+            reason = "; ".join(error["msg"] for error in exc.errors()[:3])
+            problems.append(f"argument {param.name!r}: {reason}")
+    return values, problems
+
+
+def _error_result(name: str, outcome: str, message: str) -> ToolResult:
+    return ToolResult(title=f"{name} {outcome}", output=message, is_error=True)

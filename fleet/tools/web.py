@@ -1,0 +1,139 @@
+"""The `web_fetch` tool: one GET over http(s), returned as plain text."""
+
+from __future__ import annotations
+
+import codecs
+import re
+import time
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from urllib.parse import urlsplit
+
+import httpx
+
+from fleet.errors import ToolError
+from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.workspace import truncate
+
+MAX_FETCH_BYTES = 2_000_000
+"""The body is cut after this many bytes; the rest is never downloaded."""
+USER_AGENT = "agent-fleet/0.1 (web_fetch)"
+_WHITESPACE = re.compile(r"\s+")
+_TEXT_MARKERS = ("text/", "json", "xml", "javascript", "yaml", "csv")
+_SKIPPED_TAGS = frozenset({"script", "style", "noscript", "template", "svg"})
+_BLOCK_TAGS = frozenset(
+    {"p", "div", "br", "li", "tr", "section", "article", "header", "footer", "pre"}
+    | {"h1", "h2", "h3", "h4", "h5", "h6", "table", "ul", "ol", "blockquote", "title"}
+)
+
+
+@dataclass(frozen=True)
+class _Download:
+    status: int
+    content_type: str
+    encoding: str
+    body: bytes
+    cut: bool
+    final_url: str
+
+
+def web_fetch(ctx: ToolContext, url: str) -> ToolResult:
+    """Fetch a web page and return its text; HTML is reduced to readable text.
+
+    Args:
+        ctx: The run's workspace and limits.
+        url: An http:// or https:// address.
+    """
+    if urlsplit(url).scheme.lower() not in ("http", "https"):
+        raise ToolError(f"url {url!r} is not an http:// or https:// address")
+    try:
+        page = _download(url, ctx.web_timeout_s)
+    except httpx.TimeoutException as exc:
+        raise ToolError(f"fetching {url!r} timed out after {ctx.web_timeout_s:g}s") from exc
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise ToolError(f"fetching {url!r} failed: {exc}") from exc
+    if page.content_type and not any(m in page.content_type for m in _TEXT_MARKERS):
+        raise ToolError(f"{url!r} is {page.content_type!r}, not text")
+    text = page.body.decode(page.encoding, errors="replace")
+    if "html" in page.content_type:
+        text = html_to_text(text)
+    if page.cut:
+        text += f"\n… [body cut at {MAX_FETCH_BYTES} bytes]"
+    return ToolResult(
+        title=f"GET {url} -> {page.status}",
+        output=truncate(text, ctx.output_limit_chars),
+        long_term_memory=f"fetched {url} (HTTP {page.status}, {len(text)} chars)",
+        is_error=page.status >= 400,
+        metadata={"status": page.status, "final_url": page.final_url, "cut": page.cut},
+    )
+
+
+def _download(url: str, timeout_s: float) -> _Download:
+    """GET `url`, reading at most `MAX_FETCH_BYTES` and for at most `timeout_s` in total."""
+    deadline = time.monotonic() + timeout_s
+    headers = {"User-Agent": USER_AGENT}
+    with (
+        httpx.Client(timeout=timeout_s, follow_redirects=True, headers=headers) as client,
+        client.stream("GET", url) as response,
+    ):
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_FETCH_BYTES:
+                break
+            if time.monotonic() > deadline:  # httpx's timeout is per read, not in total
+                raise httpx.ReadTimeout("total time exceeded", request=response.request)
+        return _Download(
+            status=response.status_code,
+            content_type=response.headers.get("content-type", "").lower(),
+            encoding=_codec(response.charset_encoding),
+            body=b"".join(chunks)[:MAX_FETCH_BYTES],
+            cut=size > MAX_FETCH_BYTES,
+            final_url=str(response.url),
+        )
+
+
+def _codec(charset: str | None) -> str:
+    """The declared charset if Python knows it, else UTF-8."""
+    if charset:
+        try:
+            return codecs.lookup(charset).name
+        except LookupError:
+            pass
+    return "utf-8"
+
+
+class _TextExtractor(HTMLParser):
+    """Collects visible text, with a line break at each block element."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skipping = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in _SKIPPED_TAGS:
+            self._skipping += 1
+        elif tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _SKIPPED_TAGS:
+            self._skipping = max(0, self._skipping - 1)
+        elif tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skipping:  # HTML treats any run of whitespace as one space
+            self.parts.append(_WHITESPACE.sub(" ", data))
+
+
+def html_to_text(html: str) -> str:
+    """Visible text of an HTML page, crudely: no scripts or styles, one block per line."""
+    parser = _TextExtractor()
+    parser.feed(html)
+    parser.close()
+    lines = (line.strip() for line in "".join(parser.parts).splitlines())
+    return "\n".join(line for line in lines if line)

@@ -1,0 +1,51 @@
+"""Shared fixtures: a real Redis for the session, and a `store` over every backend."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import fleet.llm.base
+from fleet.redis_server import start_redis_server
+from fleet.redis_store import RedisStore, connect
+from fleet.store import MemoryStore, TraceStore
+
+REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"
+"""A Redis to test against instead of a private redis-server; its database is flushed."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The one global switch the suite flips: no test can reach a real model.
+    fleet.llm.base.ALLOW_MODEL_REQUESTS = False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """`FLEET_TEST_REDIS_URL` if set, else a private redis-server for the session."""
+    url = os.environ.get(REDIS_URL_ENV)
+    if url:
+        yield url
+        return
+    with start_redis_server() as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A client configured as in production, on an emptied database (FLUSHDB first)."""
+    client = connect(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> TraceStore:
+    """Each TraceStore implementation in turn."""
+    if request.param == "memory":
+        return MemoryStore()
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    return RedisStore(client)

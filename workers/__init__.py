@@ -1,0 +1,1 @@
+"""The Celery binding of the fleet runtime: app, thin tasks, canvas, routing, signals."""

@@ -1,0 +1,73 @@
+"""Sub-agent calls as Celery canvas: a chord of `run_agent` headers and a `collect` body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import chord
+from celery.canvas import Signature, StampingVisitor
+
+from fleet.models import Trace
+from fleet.runtime import Runtime
+from fleet.subagents import SpawnRequest
+from workers.app import QUEUE_BY_MODE
+from workers.naming import shadow_name, task_repr
+
+
+class TraceStamp(StampingVisitor):  # type: ignore[misc]
+    """Stamps every task of a canvas with the tree it belongs to."""
+
+    def __init__(self, parent_trace_id: str, root_trace_id: str) -> None:
+        """Remember the ids to stamp."""
+        self.headers = {"parent_trace_id": parent_trace_id, "root_trace_id": root_trace_id}
+
+    def on_signature(self, sig: Signature, **headers: Any) -> dict[str, Any]:
+        """Every signature, header and body, gets the same stamps."""
+        return dict(self.headers)
+
+
+def run_signature(trace: Trace, task: str = "fleet.run_agent", **kwargs: Any) -> Signature:
+    """`fleet.run_agent(trace_id)` on its mode's queue, readable in Flower."""
+    return Signature(
+        task,
+        args=(trace.trace_id,),
+        kwargs=kwargs,
+        queue=QUEUE_BY_MODE[trace.mode],
+        options={"argsrepr": task_repr(trace), "shadow": shadow_name(trace)},
+        immutable=True,
+    )
+
+
+def send(trace: Trace, task: str = "fleet.run_agent", **kwargs: Any) -> None:
+    """Send one run/resume task for a trace, stamped with its parent and root ids."""
+    signature = run_signature(trace, task, **kwargs)
+    signature.stamp(visitor=TraceStamp(trace.parent_trace_id or "", trace.root_trace_id))
+    signature.apply_async()
+
+
+class CeleryDispatcher:
+    """Hands children to the fleet; the parent's task ends while they run."""
+
+    children_survive_restart = True
+
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        """Send `chord(run_agent per child)(collect)` stamped with the tree's ids."""
+        store = runtime.store
+        header = [run_signature(store.get_trace(child)) for child in request.child_ids]
+        body = Signature(
+            "fleet.collect",
+            args=(request.parent_trace_id, request.tool_call_id, list(request.child_ids)),
+            queue=QUEUE_BY_MODE["main"],
+            options={"argsrepr": f"collect {request.parent_trace_id} {request.tool_call_id}"},
+        )
+        body.link_error(
+            Signature(
+                "fleet.collect_failed",
+                args=(request.parent_trace_id, request.tool_call_id, list(request.child_ids)),
+                queue=QUEUE_BY_MODE["main"],
+                immutable=True,
+            )
+        )
+        canvas = chord(header, body)
+        canvas.stamp(visitor=TraceStamp(request.parent_trace_id, request.root_trace_id))
+        canvas.apply_async()

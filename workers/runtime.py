@@ -1,0 +1,31 @@
+"""The per-process runtime of a worker: Redis store, Celery dispatcher, presets, models."""
+
+from __future__ import annotations
+
+import threading
+
+from fleet.redis_store import RedisStore
+from fleet.runtime import Runtime
+from fleet.settings import Settings
+from workers.dispatch import CeleryDispatcher
+
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def get_runtime() -> Runtime:
+    """Built on first use in each worker process (after fork), then shared by its threads."""
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            settings = Settings.from_env()
+            store = RedisStore.from_url(settings.redis_url)
+            _runtime = Runtime.build(settings, store, CeleryDispatcher())
+        return _runtime
+
+
+def reset_runtime() -> None:
+    """Forget the runtime (after fork, or when tests change the environment)."""
+    global _runtime
+    with _lock:
+        _runtime = None

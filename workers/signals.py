@@ -1,0 +1,31 @@
+"""Worker lifecycle: fresh runtime after fork, a sweeper per worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
+
+from workers.runtime import reset_runtime
+from workers.sweeper import Sweeper
+
+_sweeper: Sweeper | None = None
+
+
+@worker_process_init.connect
+def _after_fork(**_: Any) -> None:
+    # Redis connections must not be shared across fork.
+    reset_runtime()
+
+
+@worker_ready.connect
+def _start_sweeper(**_: Any) -> None:
+    global _sweeper
+    _sweeper = Sweeper()
+    _sweeper.start()
+
+
+@worker_shutdown.connect
+def _stop_sweeper(**_: Any) -> None:
+    if _sweeper is not None:
+        _sweeper.stop()

@@ -1,0 +1,81 @@
+"""The fleet's Celery tasks. Each parses ids and calls one `fleet` function."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task
+
+from fleet.collect import collect as collect_children
+from fleet.control import collect_if_done
+from fleet.runner import Runner, RunResult, run_safely
+from workers.app import MAX_WORKER_LOST_RETRIES, app
+from workers.dispatch import send
+from workers.runtime import get_runtime
+
+LEASE_RETRY_S = 15
+
+
+def envelope(result: RunResult) -> dict[str, str]:
+    """What a run task returns: never an exception, so a chord body always runs."""
+    return {"trace_id": result.trace_id, "outcome": result.outcome}
+
+
+@app.task(
+    name="fleet.run_agent",
+    bind=True,
+    max_retries=MAX_WORKER_LOST_RETRIES,
+    default_retry_delay=LEASE_RETRY_S,
+)
+def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, str]:
+    """Run a trace (main agent or branch) until it finishes or waits on children."""
+    runtime = get_runtime()
+    result = run_safely(Runner(runtime), trace_id)
+    if result.outcome == "busy" and self.request.retries:
+        # Re-delivered after a lost worker whose lease has not expired yet: come back later.
+        raise self.retry(countdown=LEASE_RETRY_S)
+    if recovered and collect_if_done(runtime.store, trace_id, runtime.settings.summary_chars):
+        resume(runtime.store.get_trace(trace_id).parent_trace_id or "")
+    return envelope(result)
+
+
+@app.task(name="fleet.resume_agent", bind=True, max_retries=MAX_WORKER_LOST_RETRIES)
+def resume_agent(self: Task, trace_id: str) -> dict[str, str]:
+    """Continue a trace from its persisted messages once its children were collected."""
+    return envelope(run_safely(Runner(get_runtime()), trace_id))
+
+
+@app.task(name="fleet.collect")
+def collect(
+    results: list[Any], parent_trace_id: str, tool_call_id: str, child_ids: list[str]
+) -> bool:
+    """Chord body: write the children into the parent and resume it when its turn is done."""
+    runtime = get_runtime()
+    store = runtime.store
+    if not all(store.get_trace(c).is_terminal for c in child_ids):
+        return False  # a lost branch was re-enqueued; it collects when it ends
+    ready = collect_children(
+        store, parent_trace_id, tool_call_id, child_ids, runtime.settings.summary_chars
+    )
+    if ready:
+        resume(parent_trace_id)
+    return ready
+
+
+@app.task(name="fleet.collect_failed")
+def collect_failed(parent_trace_id: str, tool_call_id: str, child_ids: list[str], *_: Any) -> None:
+    """Errback of a broken chord: the parent must not wait forever."""
+    runtime = get_runtime()
+    if runtime.store.get_trace(parent_trace_id).is_terminal:
+        return
+    Runner(runtime).finish(
+        parent_trace_id,
+        "failed",
+        error=f"sub-agent chord for {tool_call_id!r} failed",
+        reason="chord_failed",
+    )
+
+
+def resume(trace_id: str) -> None:
+    """Enqueue `resume_agent` on the trace's queue."""
+    send(get_runtime().store.get_trace(trace_id), "fleet.resume_agent")
