@@ -123,7 +123,13 @@ def _spawn(
     args += ["--daemonize", "no", "--logfile", ""]
     with open(directory / LOG_NAME, "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=directory
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=directory,
+            # Its own session: a terminal's Ctrl-C must reach `fleet up`, which stops Redis last.
+            start_new_session=True,
         )
 
 

@@ -165,6 +165,9 @@ class RedisStore:
             self._client.ping()
         except redis.RedisError as exc:
             reason = str(exc) or type(exc).__name__
+            password = urlsplit(self._url).password
+            if password:  # belt and braces: no redis-py message should carry it
+                reason = reason.replace(password, "***")
             raise ConfigError(f"cannot reach Redis at {redact_url(self._url)!r}: {reason}") from exc
 
     def close(self) -> None:

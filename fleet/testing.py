@@ -136,6 +136,8 @@ class Script:
 
     The step used is the number of assistant messages already in the conversation, so the
     script is a pure function of the conversation. Past the last step it repeats the last.
+    A step is `content`, `tool_calls` (each `name` + `arguments`), or `raise` (a failing
+    model call, for tests of failure handling).
     """
 
     rules: tuple[_Rule, ...]
@@ -154,6 +156,8 @@ class Script:
                 pattern = re.compile(str(raw.get("match", ".*")), re.S)
             except re.error as exc:
                 raise ConfigError(f"{where}: scripts[{i}].match: {exc}") from None
+            if not raw["steps"]:
+                raise ConfigError(f"{where}: scripts[{i}].steps is empty")
             for j, step in enumerate(raw["steps"]):
                 _check_step(step, f"{where}: scripts[{i}].steps[{j}]")
             rules.append(_Rule(pattern, tuple(raw["steps"])))
@@ -171,8 +175,8 @@ class Script:
 
 
 def _check_step(step: object, where: str) -> None:
-    if not isinstance(step, dict) or not ({"content", "tool_calls"} & step.keys()):
-        raise ConfigError(f"{where}: a step needs 'content' or 'tool_calls'")
+    if not isinstance(step, dict) or not ({"content", "tool_calls", "raise"} & step.keys()):
+        raise ConfigError(f"{where}: a step needs 'content', 'tool_calls' or 'raise'")
     for call_ in step.get("tool_calls") or []:
         if not isinstance(call_, dict) or not isinstance(call_.get("name"), str):
             raise ConfigError(f"{where}: each tool call needs a 'name'")
@@ -181,6 +185,8 @@ def _check_step(step: object, where: str) -> None:
 def _render(
     step: dict[str, Any], task: str, turn: int, messages: list[dict[str, Any]]
 ) -> LLMResponse:
+    if "raise" in step:
+        raise ModelBehaviorError(f"scripted failure: {step['raise']}")
     last_tool = next((str(m["content"]) for m in reversed(messages) if m["role"] == "tool"), "")
     fill = {"task": task, "last_tool": last_tool, "turn": turn}
     tool_calls = tuple(

@@ -42,7 +42,9 @@ def send(trace: Trace, task: str = "fleet.run_agent", **kwargs: Any) -> None:
     """Send one run/resume task for a trace, stamped with its parent and root ids."""
     signature = run_signature(trace, task, **kwargs)
     signature.stamp(visitor=TraceStamp(trace.parent_trace_id or "", trace.root_trace_id))
-    signature.apply_async()
+    # Outside a chord nobody reads the result: don't store it, and don't make the sender
+    # subscribe to its result channel (the Redis backend does that for every send).
+    signature.apply_async(ignore_result=True)
 
 
 class CeleryDispatcher:

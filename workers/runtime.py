@@ -28,4 +28,6 @@ def reset_runtime() -> None:
     """Forget the runtime (after fork, or when tests change the environment)."""
     global _runtime
     with _lock:
+        if _runtime is not None and isinstance(_runtime.store, RedisStore):
+            _runtime.store.close()
         _runtime = None

@@ -1,0 +1,95 @@
+"""Helpers for integration tests of the Celery fleet: scripts, an in-process worker, clients."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleet.client import Fleet
+from fleet.redis_store import RedisStore
+from fleet.runtime import Runtime
+from fleet.settings import Settings
+
+
+def explore_script(
+    path: Path,
+    branches: int,
+    *,
+    fail: int | None = None,
+    latency_ms: int = 0,
+    branch_turns: int = 1,
+) -> str:
+    """Write a scripted model for a main agent that explores `branches` tasks."""
+    scripts: list[dict[str, Any]] = []
+    if fail is not None:
+        scripts.append({"match": f"^Branch {fail} ", "steps": [{"raise": "branch exploded"}]})
+    look = {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
+    scripts.append(
+        {
+            "match": "^Branch",
+            "steps": [look] * branch_turns + [{"content": "done: {task}"}],
+        }
+    )
+    tasks = [f"Branch {i} of the survey" for i in range(1, branches + 1)]
+    scripts.append(
+        {
+            "match": ".*",
+            "steps": [
+                {"tool_calls": [{"name": "agent", "arguments": {"task": tasks}}]},
+                {"content": "summary: {last_tool}"},
+            ],
+        }
+    )
+    path.write_text(yaml.safe_dump({"latency_ms": latency_ms, "scripts": scripts}))
+    return f"scripted:{path}"
+
+
+def fleet_settings(redis_url: str, workspace: Path, **env: str) -> Settings:
+    """Settings for a test fleet on this Redis."""
+    return Settings.from_env(
+        {"FLEET_REDIS_URL": redis_url, "FLEET_WORKSPACE": str(workspace), **env}
+    )
+
+
+def client(settings: Settings) -> Fleet:
+    """A `Fleet` client with the Celery backend."""
+    from fleet.client import load_backend
+    from fleet.dispatch import InProcessDispatcher
+
+    store = RedisStore.from_url(settings.redis_url)
+    runtime = Runtime.build(settings, store, InProcessDispatcher())
+    return Fleet(runtime, load_backend(settings))
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `check` until true; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def thread_worker(concurrency: int = 32) -> Iterator[Any]:
+    """A real Celery worker (threads pool) in this process, on all fleet queues."""
+    from celery.contrib.testing.worker import start_worker
+
+    from workers.app import QUEUES, app
+
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        queues=list(QUEUES),
+        shutdown_timeout=30,
+        loglevel="WARNING",
+    ) as worker:
+        yield worker

@@ -1,0 +1,102 @@
+"""The fleet on real Celery workers and a real Redis: explore as a chord, collect, stop."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet.client import Fleet
+from fleet.redis_store import RedisStore
+from tests.fleetkit import client, explore_script, fleet_settings, thread_worker, wait_until
+
+pytestmark = [
+    pytest.mark.integration,
+    # Celery's in-process test worker and result consumer leave kombu sockets to the GC.
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+
+@pytest.fixture
+def fleet(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Fleet]:
+    """A client and one in-process threads worker on a flushed Redis."""
+    from workers.app import app
+    from workers.runtime import reset_runtime
+
+    monkeypatch.setenv("FLEET_REDIS_URL", redis_url)
+    monkeypatch.setenv("FLEET_WORKSPACE", str(tmp_path))
+    app.conf.broker_url = redis_url
+    app.conf.result_backend = redis_url
+    reset_runtime()
+    with thread_worker():
+        fleet = client(fleet_settings(redis_url, tmp_path))
+        yield fleet
+    assert isinstance(fleet.store, RedisStore)
+    fleet.store.close()
+    reset_runtime()
+    gc.collect()  # Celery's pending AsyncResults unsubscribe while their Redis still answers
+
+
+def test_explore_runs_as_a_chord_and_collects_every_branch(fleet: Fleet, tmp_path: Path) -> None:
+    model = explore_script(tmp_path / "m.yaml", 20)
+    trace = fleet.submit("survey", model=model).wait(timeout_s=60)
+    assert trace.status == "completed", trace.error
+    collaborators = fleet.store.collaborators(trace.trace_id)
+    assert len(collaborators) == 20
+    assert {c.status for c in collaborators} == {"completed"}
+    for c in collaborators:
+        child = fleet.store.get_trace(c.trace_id)
+        assert child.parent_trace_id == trace.trace_id and child.mode == "explore"
+    tool_results = [m for m in fleet.store.messages(trace.trace_id) if m.role == "tool"]
+    assert len(tool_results) == 1, "the chord body collected the explore exactly once"
+    assert "20 branches, 20 completed" in (tool_results[0].content or "")
+
+
+def test_a_raising_branch_leaves_its_siblings(fleet: Fleet, tmp_path: Path) -> None:
+    model = explore_script(tmp_path / "m.yaml", 20, fail=7)
+    trace = fleet.submit("survey", model=model).wait(timeout_s=60)
+    assert trace.status == "completed"
+    statuses = [c.status for c in fleet.store.collaborators(trace.trace_id)]
+    assert statuses.count("completed") == 19 and statuses.count("failed") == 1
+    failed = next(c for c in fleet.store.collaborators(trace.trace_id) if c.status == "failed")
+    assert "branch exploded" in failed.summary
+
+
+def test_stop_on_the_root_stops_every_descendant(fleet: Fleet, tmp_path: Path) -> None:
+    model = explore_script(tmp_path / "m.yaml", 6, latency_ms=200, branch_turns=50)
+    handle = fleet.submit("survey", model=model)
+    wait_until(
+        lambda: (
+            len(fleet.store.children(handle.trace_id)) == 6
+            and any(
+                fleet.trace(c).status == "running" for c in fleet.store.children(handle.trace_id)
+            )
+        ),
+        30,
+        "branches to start",
+    )
+    fleet.stop(handle.trace_id)
+    root = handle.wait(timeout_s=30)
+    assert root.status == "stopped"
+    wait_until(
+        lambda: all(fleet.trace(c).is_terminal for c in fleet.store.children(handle.trace_id)),
+        30,
+        "every branch to end",
+    )
+    assert {fleet.trace(c).status for c in fleet.store.children(handle.trace_id)} == {"stopped"}
+
+
+def test_task_messages_carry_ids_not_payloads(fleet: Fleet, tmp_path: Path) -> None:
+    from workers.app import app
+
+    assert app.conf.accept_content == ["json"]
+    assert app.conf.task_serializer == "json"
+    model = explore_script(tmp_path / "m.yaml", 2)
+    trace = fleet.submit("survey", model=model).wait(timeout_s=60)
+    assert trace.status == "completed"

@@ -1,0 +1,256 @@
+"""`fleet up|worker|flower|doctor`: the `fleet.commands` plug-in that runs the fleet.
+
+Celery is imported inside the handlers, so `fleet --help` and `fleet run --inline` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import ipaddress
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from fleet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workers.doctor import Check
+
+POOLS = ("threads", "prefork", "gevent")
+DEFAULT_CONCURRENCY = {"threads": 16, "gevent": 100}
+"""Threads by default: the gevent pool opens a Redis connection per task (CELERY-NOTES).
+Prefork defaults to Celery's own choice, one process per CPU."""
+DEFAULT_FLOWER_PORT = 5555
+FLOWER_AUTH_ENV = "FLOWER_BASIC_AUTH"
+
+
+def register(commands: Any) -> None:
+    """Add `up`, `worker`, `flower` and `doctor`, then the fleet's `run`/`watch`/`stop`."""
+    _add_up(commands)
+    _add_worker(commands)
+    _add_flower(commands)
+    _add_doctor(commands)
+    from workers import cli_run
+
+    cli_run.register(commands)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return value
+
+
+def autoscale(text: str) -> str:
+    """An argparse type: `MAX,MIN` pool sizes, MAX >= MIN >= 0."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected MAX,MIN (e.g. 32,4): {text!r}")
+    high, low = (int(p) for p in parts)
+    if high < max(low, 1):
+        raise argparse.ArgumentTypeError(f"MAX must be >= MIN and >= 1: {text!r}")
+    return f"{high},{low}"
+
+
+def _add_up(commands: Any) -> None:
+    up = commands.add_parser("up", help="run a local fleet in the foreground (Ctrl-C stops it)")
+    up.add_argument("--workers", type=positive_int, default=1, help="worker processes (default 1)")
+    up.add_argument("--concurrency", type=positive_int, help="threads per worker (default 16)")
+    up.add_argument("--flower", action="store_true", help="also start Flower on loopback")
+    up.add_argument("--flower-port", type=port_number, default=DEFAULT_FLOWER_PORT)
+    up.add_argument(
+        "--redis-port", type=port_number, help="port of the embedded Redis (default: a free one)"
+    )
+    up.set_defaults(handler=run_up)
+
+
+def _add_worker(commands: Any) -> None:
+    worker = commands.add_parser("worker", help="run one Celery worker in the foreground")
+    worker.add_argument("-Q", "--queues", help="comma-separated queues (default: all four)")
+    worker.add_argument("-P", "--pool", choices=POOLS, default="threads")
+    worker.add_argument(
+        "-c", "--concurrency", type=positive_int, help="pool size (threads: 16, gevent: 100)"
+    )
+    worker.add_argument("--autoscale", type=autoscale, metavar="MAX,MIN")
+    worker.add_argument("-l", "--loglevel", default="INFO")
+    worker.add_argument("-n", "--hostname", help="node name (default celery@HOST)")
+    worker.set_defaults(handler=run_worker)
+
+
+def _add_flower(commands: Any) -> None:
+    flower = commands.add_parser("flower", help="run Flower on the fleet's broker")
+    flower.add_argument("--port", type=port_number, default=DEFAULT_FLOWER_PORT)
+    flower.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    flower.add_argument(
+        "--basic-auth", metavar="USER:PASS", help=f"required off loopback (or ${FLOWER_AUTH_ENV})"
+    )
+    flower.set_defaults(handler=run_flower)
+
+
+def _add_doctor(commands: Any) -> None:
+    doctor = commands.add_parser("doctor", help="check Redis, broker, workers and model config")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.set_defaults(handler=run_doctor)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    """`fleet up`: see `workers.local.run_up`."""
+    from workers.local import UpOptions
+    from workers.local import run_up as start_fleet
+
+    options = UpOptions(
+        workers=args.workers,
+        concurrency=args.concurrency,
+        flower=args.flower,
+        flower_port=args.flower_port,
+        redis_port=args.redis_port,
+        directory=Path.cwd(),
+    )
+    return start_fleet(options, lambda line: print(f"fleet up: {line}", flush=True))
+
+
+def parse_queues(text: str | None) -> list[str]:
+    """The `-Q` list, each name checked against the fleet's queues."""
+    from workers.app import QUEUES
+
+    if not text:
+        return list(QUEUES)
+    queues = [q.strip() for q in text.split(",") if q.strip()]
+    unknown = [q for q in queues if q not in QUEUES]
+    if unknown or not queues:
+        raise ConfigError(f"unknown queue(s) {unknown!r}: choose from {', '.join(QUEUES)}")
+    return queues
+
+
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The `celery worker` arguments for these options, task events on."""
+    argv = ["worker", "-Q", ",".join(parse_queues(args.queues)), "--pool", args.pool, "-E"]
+    concurrency = args.concurrency or DEFAULT_CONCURRENCY.get(args.pool)
+    if args.autoscale and args.pool == "threads":
+        raise ConfigError("--autoscale needs --pool prefork or gevent: threads cannot resize")
+    if args.autoscale:
+        argv += ["--autoscale", args.autoscale]
+    elif concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    argv += ["--loglevel", args.loglevel]
+    return argv + (["--hostname", args.hostname] if args.hostname else [])
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """`fleet worker`: one worker in this process (gevent: exec'd, it must patch first)."""
+    from workers.local import fleet_env, fleet_settings
+
+    argv = worker_argv(args)
+    settings = fleet_settings()
+    os.environ.update(fleet_env(settings))  # the runtime and pool children read them
+    if args.pool == "gevent":
+        if importlib.util.find_spec("gevent") is None:
+            raise ConfigError("the gevent pool needs gevent: pip install gevent")
+        _exec_celery(argv, os.environ.copy())
+    from workers.app import app
+
+    app.conf.update(broker_url=settings.broker_url, result_backend=settings.redis_url)
+    code = app.worker_main(argv)
+    return int(code or 0)
+
+
+def _exec_celery(argv: list[str], env: dict[str, str]) -> NoReturn:
+    command = [sys.executable, "-m", "celery", "--app", "workers.app:app", *argv]
+    sys.stdout.flush()
+    os.execve(sys.executable, command, env)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether Flower would listen on loopback only ('' means every interface)."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def flower_env(address: str, basic_auth: str | None, env: dict[str, str]) -> dict[str, str]:
+    """Flower's environment: credentials off loopback, the open API on loopback only.
+
+    Raises:
+        ConfigError: a non-loopback address without credentials, or malformed ones.
+    """
+    env = dict(env)
+    auth = basic_auth or env.get(FLOWER_AUTH_ENV, "")
+    if auth and not all(":" in pair and pair.split(":", 1)[0] for pair in auth.split(",")):
+        raise ConfigError("basic auth must be USER:PASS (comma-separated for several users)")
+    if auth:
+        env[FLOWER_AUTH_ENV] = auth  # via the environment: argv is visible to `ps`
+    if is_loopback(address):
+        env["FLOWER_UNAUTHENTICATED_API"] = "true"
+        return env
+    env.pop("FLOWER_UNAUTHENTICATED_API", None)
+    if not auth:
+        raise ConfigError(
+            f"Flower on {address!r} would be open to the network:"
+            f" pass --basic-auth USER:PASS or set {FLOWER_AUTH_ENV}"
+        )
+    return env
+
+
+def run_flower(args: argparse.Namespace) -> int:
+    """`fleet flower`: replaces this process with Flower on the fleet's broker."""
+    from workers.local import check_port_free, fleet_env, fleet_settings
+
+    env = flower_env(args.address, args.basic_auth, fleet_env(fleet_settings()))
+    host = "127.0.0.1" if args.address in ("", "localhost") else args.address
+    check_port_free(args.port, "Flower", host=host)
+    _exec_celery(["flower", f"--port={args.port}", f"--address={args.address}"], env)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """`fleet doctor`: 0 when the fleet can run a task, 1 when not, 2 when unreachable."""
+    from fleet.cli.main import print_json
+    from workers import doctor
+    from workers.local import fleet_settings
+
+    checks = doctor.run_checks(fleet_settings())
+    ready = doctor.is_ready(checks)
+    if args.json:
+        print_json({"ready": ready, "checks": [c.as_dict() for c in checks]})
+        return 0 if ready else 1
+    _print_checks(checks)
+    missing = doctor.missing_queues(checks)
+    if ready:
+        print("ready: the fleet can run a task")
+    else:
+        print(f"not ready: no worker consumes {', '.join(missing)}")
+    return 0 if ready else 1
+
+
+def _print_checks(checks: list[Check]) -> None:
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+        table = Table("check", "status", "detail")
+        for check in checks:
+            table.add_row(check.name, Text(check.status, colour[check.status]), Text(check.detail))
+        Console().print(table)
+        return
+    width = max(len(check.name) for check in checks)
+    for check in checks:
+        print(f"{check.name:<{width}}  {check.status:<4}  {check.detail}")

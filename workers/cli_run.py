@@ -1,0 +1,131 @@
+"""`fleet run` (through the fleet), `fleet watch` and `fleet stop`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from fleet.cli.inline import run_inline
+from fleet.cli.output import result_object
+from fleet.client import Fleet
+from fleet.errors import ConfigError
+from fleet.models import Event
+from fleet.settings import Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+def register(commands: Any) -> None:
+    """Make `run` go through the fleet unless --inline; add `watch` and `stop`."""
+    commands.choices["run"].set_defaults(handler=run)
+    watch_parser = commands.add_parser("watch", help="follow a trace tree live")
+    watch_parser.add_argument("trace_id")
+    watch_parser.add_argument("--timeout-s", type=float, default=None)
+    watch_parser.set_defaults(handler=watch)
+    stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
+    stop_parser.add_argument("trace_id")
+    stop_parser.set_defaults(handler=stop)
+
+
+def fleet_settings() -> Settings:
+    """Settings from the environment, or the Redis of a `fleet up` in this directory."""
+    if "FLEET_REDIS_URL" not in os.environ:
+        from workers.local import discover_redis_url
+
+        url = discover_redis_url()
+        if url:
+            env = {**os.environ, "FLEET_REDIS_URL": url}
+            return Settings.from_env(env)
+    return Settings.from_env()
+
+
+def connect() -> Fleet:
+    """A fleet client, checked to reach Redis."""
+    return Fleet.from_env(fleet_settings())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Submit, stream progress to stderr, print the answer (or --json)."""
+    if args.inline:
+        return run_inline(args)
+    fleet = connect()
+    require_workers(fleet, "fleet.main")
+    handle = fleet.submit(args.task, model=args.model, preset=args.preset, workspace=args.workspace)
+    print(f"submitted {handle.trace_id}", file=sys.stderr)
+    try:
+        show_progress(handle.events(args.timeout_s), handle.trace_id)
+    except KeyboardInterrupt:
+        fleet.stop(handle.trace_id)
+        print(f"interrupted: stopped {handle.trace_id}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except TimeoutError as exc:
+        print(f"fleet: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    trace = fleet.trace(handle.trace_id)
+    if args.json:
+        from fleet.cli.main import print_json
+
+        print_json(result_object(fleet.store, trace))
+    elif trace.status == "completed":
+        print(trace.answer or "")
+    else:
+        print(f"{trace.status}: {trace.error}", file=sys.stderr)
+    return EXIT_OK if trace.status == "completed" else EXIT_FAILED
+
+
+def require_workers(fleet: Fleet, queue: str) -> None:
+    """`ConfigError` unless some worker consumes `queue` (a clear error beats a hang)."""
+    from workers.app import app
+
+    replies = app.control.inspect(timeout=1.0).active_queues() or {}
+    if not any(q.get("name") == queue for queues in replies.values() for q in queues):
+        raise ConfigError(
+            f"no worker consumes queue {queue!r} (start one with `fleet up` or `fleet worker`)"
+        )
+
+
+def show_progress(events: Iterable[Event], root: str) -> None:
+    """One line per sub-agent start and finish, on stderr."""
+    for event in events:
+        line = progress_line(event, root)
+        if line:
+            print(line, file=sys.stderr, flush=True)
+
+
+def progress_line(event: Event, root: str) -> str | None:
+    """A human line for the events worth showing, else None."""
+    name = event.data.get("name") or event.trace_id.rsplit("@", 1)[-1]
+    if event.kind == "collaborator" and event.status == "queued":
+        return f"  + {name} started ({event.trace_id})"
+    if event.kind == "finish" and event.trace_id != root:
+        return f"  {'✓' if event.status == 'completed' else '✗'} {name} {event.status}"
+    if event.kind == "trace" and event.trace_id == root:
+        return f"[{event.status}] {root}"
+    if event.kind == "finish":
+        return f"[{event.status}] {root}"
+    return None
+
+
+def watch(args: argparse.Namespace) -> int:
+    """Follow a trace tree until its root finishes."""
+    fleet = connect()
+    trace = fleet.trace(args.trace_id)
+    try:
+        show_progress(fleet.events(trace.trace_id, args.timeout_s), trace.root_trace_id)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    final = fleet.trace(trace.trace_id)
+    print(f"{final.trace_id} {final.status}")
+    return EXIT_OK if final.status == "completed" else EXIT_FAILED
+
+
+def stop(args: argparse.Namespace) -> int:
+    """Stop a trace and its subtree."""
+    fleet = connect()
+    fleet.trace(args.trace_id)
+    ids = fleet.stop(args.trace_id)
+    print(f"stopping {len(ids)} trace(s) under {args.trace_id}")
+    return EXIT_OK

@@ -1,0 +1,163 @@
+"""`fleet doctor`: can this fleet run a task? Each check returns data; the CLI prints it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import redis
+
+from fleet.errors import ConfigError
+from fleet.llm.config import load_config, resolve_model_name, validate_model
+from fleet.redis_store import redact_url
+from fleet.settings import Settings
+from workers.app import QUEUES
+
+CONNECT_TIMEOUT_S = 2.0
+INSPECT_TIMEOUT_S = 1.0
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report."""
+
+    name: str
+    status: Status
+    detail: str
+
+    def as_dict(self) -> dict[str, str]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+def check_redis(url: str) -> Check:
+    """PING the trace store's Redis.
+
+    Raises:
+        ConfigError: it does not answer; the message names the URL without its password.
+    """
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=CONNECT_TIMEOUT_S, retry=None
+    )
+    try:
+        started_s = time.perf_counter()
+        client.ping()
+        elapsed_ms = (time.perf_counter() - started_s) * 1000
+        version = client.info("server").get("redis_version", "?")
+    except redis.RedisError as exc:
+        reason = str(exc) or type(exc).__name__
+        raise ConfigError(f"cannot reach Redis at {redact_url(url)!r}: {reason}") from None
+    finally:
+        client.close()
+    return Check("redis", "ok", f"{redact_url(url)} (Redis {version}, {elapsed_ms:.1f} ms)")
+
+
+def check_broker(url: str) -> Check:
+    """Connect to the broker (Redis or RabbitMQ) once, with a short timeout.
+
+    Raises:
+        ConfigError: it cannot be reached; the message names the URL without its password.
+    """
+    from kombu.connection import Connection
+
+    with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as connection:
+        try:
+            connection.ensure_connection(max_retries=1, interval_start=0, timeout=CONNECT_TIMEOUT_S)
+        except Exception as exc:  # kombu re-raises each transport's own error types
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ConfigError(f"cannot reach the broker at {redact_url(url)!r}: {reason}") from None
+        transport = connection.transport_cls
+    return Check("broker", "ok", f"{redact_url(url)} ({transport})")
+
+
+def _control_app(broker_url: str) -> Any:
+    from celery import Celery
+
+    return Celery("fleet-doctor", broker=broker_url, set_as_current=False)
+
+
+def ping_workers(broker_url: str, timeout_s: float = INSPECT_TIMEOUT_S) -> set[str]:
+    """Node names of the workers that answer a ping on this broker."""
+    app = _control_app(broker_url)
+    try:
+        replies = app.control.ping(timeout=timeout_s) or []
+    finally:
+        app.close()
+    return {name for reply in replies for name in reply}
+
+
+def workers_by_queue(broker_url: str, timeout_s: float = INSPECT_TIMEOUT_S) -> dict[str, list[str]]:
+    """Queue name -> node names of the online workers consuming it."""
+    app = _control_app(broker_url)
+    try:
+        replies = app.control.inspect(timeout=timeout_s).active_queues() or {}
+    finally:
+        app.close()
+    by_queue: dict[str, list[str]] = {}
+    for node, queues in sorted(replies.items()):
+        for queue in queues:
+            by_queue.setdefault(queue["name"], []).append(node)
+    return by_queue
+
+
+def check_queues(by_queue: dict[str, list[str]], queues: Iterable[str] = QUEUES) -> list[Check]:
+    """One check per fleet queue: failed when no worker consumes it."""
+    checks = []
+    for queue in queues:
+        nodes = by_queue.get(queue, [])
+        if nodes:
+            shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+            checks.append(Check(queue, "ok", f"{len(nodes)} worker(s): {shown}"))
+        else:
+            checks.append(Check(queue, "fail", "no worker consumes this queue"))
+    return checks
+
+
+def check_model(settings: Settings) -> Check:
+    """The default model resolves and has its key here; problems are warnings.
+
+    A run may name its own model (`--model`), and workers may hold keys this shell lacks.
+    """
+    env = settings.env or os.environ
+    try:
+        config = load_config(settings.config_path, env)
+    except ConfigError as exc:
+        return Check("model", "warn", str(exc))
+    try:
+        name = resolve_model_name(config, settings.model, None, env)
+    except ConfigError:
+        return Check(
+            "model", "warn", "no default model: runs must pass --model (or set FLEET_MODEL)"
+        )
+    try:
+        validate_model(config, name, env)
+    except ConfigError as exc:
+        return Check("model", "warn", f"{name}: {exc}")
+    return Check("model", "ok", name)
+
+
+def run_checks(settings: Settings) -> list[Check]:
+    """Every check, in report order.
+
+    Raises:
+        ConfigError: Redis or the broker cannot be reached.
+    """
+    checks = [check_redis(settings.redis_url), check_broker(settings.broker_url)]
+    checks += check_queues(workers_by_queue(settings.broker_url))
+    checks.append(check_model(settings))
+    return checks
+
+
+def is_ready(checks: Iterable[Check]) -> bool:
+    """The fleet can run a task: nothing failed (warnings allowed)."""
+    return all(check.status != "fail" for check in checks)
+
+
+def missing_queues(checks: Iterable[Check]) -> list[str]:
+    """The fleet queues no worker consumes."""
+    return [c.name for c in checks if c.name in QUEUES and c.status == "fail"]
