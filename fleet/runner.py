@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, assert_never
 
@@ -19,14 +20,17 @@ from fleet.history import (
     recent_calls,
     to_wire,
 )
+from fleet.llm.base import LLMResponse
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
-from fleet.steps import CallTools, DoomLoop, Finish, decide_next
+from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.toolcalls import execute_turn, tool_schemas
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["completed", "failed", "stopped", "waiting", "busy", "lost"]
+Outcome = Literal["completed", "failed", "stopped", "waiting", "busy", "lost", "yielded"]
+"""`busy`: another runner holds the trace. `lost`: our lease was taken over.
+`yielded`: the host asked us to let go (worker shutting down); the trace is queued again."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,25 @@ class Heartbeat:
 class Runner:
     """Runs a trace until it finishes, waits on sub-agents, or is stopped."""
 
-    def __init__(self, runtime: Runtime, *, raise_transient: bool = False) -> None:
-        """`raise_transient`: re-raise TransientLLMError so a task queue can retry the run."""
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        raise_transient: bool = False,
+        should_yield: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Create a runner.
+
+        Args:
+            runtime: The shared infrastructure.
+            raise_transient: Re-raise TransientLLMError so a task queue can retry the run.
+            should_yield: Checked between turns; when true the run stops, its trace goes back
+                to `queued` and `run` returns `yielded` so the host can re-enqueue it.
+        """
         self.runtime = runtime
         self.store = runtime.store
         self.raise_transient = raise_transient
+        self.should_yield = should_yield
 
     def run(self, trace_id: str) -> RunResult:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
@@ -151,30 +169,11 @@ class Runner:
         return False
 
     def _loop(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
-        settings = self.runtime.settings
         while True:
             trace = self.store.get_trace(trace_id)
-            preset = self.runtime.preset(trace.preset)
-            if heartbeat.lost.is_set():
-                return "lost"
-            if self.store.stop_requested(trace_id):
-                return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
-            if trace.iteration >= preset.max_iterations:
-                error = f"stopped after max_iterations={preset.max_iterations}"
-                return self.finish(trace_id, "failed", error=error, reason="max_iterations")
-            if (note := injection(self.runtime, trace)) is not None:
-                self.store.append_message(note)
-            path = main_path(
-                self.store.messages(trace_id), self.store.get_trace(trace_id).head_sequence
-            )
-            self.runtime.hooks.turn_started(trace, trace.iteration)
-            model_name = self.runtime.model_name(trace.model, trace.preset)
-            response = self.runtime.client(model_name).complete(
-                to_wire(path), tool_schemas(self.runtime, trace), temperature=preset.temperature
-            )
-            self.runtime.hooks.model_responded(trace, response)
-            self._record(trace, response, model_name)
-            step = decide_next(response, recent_calls(path, settings.doom_loop_repeats - 1))
+            if (ended := self._between_turns(trace, heartbeat)) is not None:
+                return ended
+            step = self._turn(trace)
             match step:
                 case Finish(answer=answer):
                     return self.finish(trace_id, "completed", answer=answer, reason="final_answer")
@@ -190,10 +189,40 @@ class Runner:
                 case _:
                     assert_never(step)
 
-    def _record(self, trace: Trace, response: object, model_name: str) -> None:
-        from fleet.llm.base import LLMResponse
+    def _between_turns(self, trace: Trace, heartbeat: Heartbeat) -> Outcome | None:
+        """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
+        max_iterations = self.runtime.preset(trace.preset).max_iterations
+        if heartbeat.lost.is_set():
+            return "lost"
+        if self.should_yield():
+            self._set_status(trace, "queued")
+            return "yielded"
+        if self.store.stop_requested(trace.trace_id):
+            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
+        if trace.iteration >= max_iterations:
+            error = f"stopped after max_iterations={max_iterations}"
+            return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
+        return None
 
-        assert isinstance(response, LLMResponse)
+    def _turn(self, trace: Trace) -> Step:
+        """One model call, persisted, and what to do about it."""
+        if (note := injection(self.runtime, trace)) is not None:
+            self.store.append_message(note)
+        head = self.store.get_trace(trace.trace_id).head_sequence
+        path = main_path(self.store.messages(trace.trace_id), head)
+        self.runtime.hooks.turn_started(trace, trace.iteration)
+        model_name = self.runtime.model_name(trace.model, trace.preset)
+        response = self.runtime.client(model_name).complete(
+            to_wire(path),
+            tool_schemas(self.runtime, trace),
+            temperature=self.runtime.preset(trace.preset).temperature,
+        )
+        self.runtime.hooks.model_responded(trace, response)
+        self._record(trace, response, model_name)
+        repeats = self.runtime.settings.doom_loop_repeats
+        return decide_next(response, recent_calls(path, repeats - 1), repeats)
+
+    def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> None:
         message = self.store.append_message(
             Message(
                 trace_id=trace.trace_id,

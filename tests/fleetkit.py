@@ -79,6 +79,7 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
 @contextlib.contextmanager
 def thread_worker(concurrency: int = 32) -> Iterator[Any]:
     """A real Celery worker (threads pool) in this process, on all fleet queues."""
+    from celery._state import _set_task_join_will_block
     from celery.contrib.testing.worker import start_worker
 
     from workers.app import QUEUES, app
@@ -92,4 +93,7 @@ def thread_worker(concurrency: int = 32) -> Iterator[Any]:
         shutdown_timeout=30,
         loglevel="WARNING",
     ) as worker:
+        # As in a real worker process: senders here never wait on results, so the Redis
+        # backend must not subscribe to every task's result channel (start_worker unsets it).
+        _set_task_join_will_block(True)
         yield worker

@@ -11,6 +11,8 @@ from workers.dispatch import CeleryDispatcher
 
 _lock = threading.Lock()
 _runtime: Runtime | None = None
+draining = threading.Event()
+"""Set when this worker is shutting down: runners hand their traces back between turns."""
 
 
 def get_runtime() -> Runtime:

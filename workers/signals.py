@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
-from workers.runtime import reset_runtime
+from workers.runtime import draining, reset_runtime
 from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
@@ -23,6 +28,13 @@ def _start_sweeper(**_: Any) -> None:
     global _sweeper
     _sweeper = Sweeper()
     _sweeper.start()
+
+
+@worker_shutting_down.connect
+def _drain(**_: Any) -> None:
+    # SIGTERM (scale-down, deploy): running agents stop after their current turn and are
+    # re-queued, so the grace period only has to cover one model call, not a whole run.
+    draining.set()
 
 
 @worker_shutdown.connect

@@ -11,7 +11,7 @@ from fleet.control import collect_if_done
 from fleet.runner import Runner, RunResult, run_safely
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send
-from workers.runtime import get_runtime
+from workers.runtime import draining, get_runtime
 
 LEASE_RETRY_S = 15
 
@@ -30,7 +30,10 @@ def envelope(result: RunResult) -> dict[str, str]:
 def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, str]:
     """Run a trace (main agent or branch) until it finishes or waits on children."""
     runtime = get_runtime()
-    result = run_safely(Runner(runtime), trace_id)
+    result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
+    if result.outcome == "yielded":
+        # Same task id, same chord membership: another worker picks the trace up.
+        raise self.retry(countdown=0, max_retries=None)
     if result.outcome == "busy" and self.request.retries:
         # Re-delivered after a lost worker whose lease has not expired yet: come back later.
         raise self.retry(countdown=LEASE_RETRY_S)
@@ -42,7 +45,10 @@ def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, s
 @app.task(name="fleet.resume_agent", bind=True, max_retries=MAX_WORKER_LOST_RETRIES)
 def resume_agent(self: Task, trace_id: str) -> dict[str, str]:
     """Continue a trace from its persisted messages once its children were collected."""
-    return envelope(run_safely(Runner(get_runtime()), trace_id))
+    result = run_safely(Runner(get_runtime(), should_yield=draining.is_set), trace_id)
+    if result.outcome == "yielded":
+        raise self.retry(countdown=0, max_retries=None)
+    return envelope(result)
 
 
 @app.task(name="fleet.collect")
