@@ -1,20 +1,39 @@
-PY ?= python
-.PHONY: all lint typecheck test format install
-all: lint typecheck test
+# `make` = lint + type check + tests, in a project venv it creates and fills on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-dev
 
-install:
-	$(PY) -m pip install -e '.[dev]'
+.PHONY: all check lint typecheck test demo format bench clean
+all: check
+check: lint typecheck test
 
-lint:
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "agent-fleet needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-format:
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(VENV)/bin/fleet demo
+
+format: $(STAMP)
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-typecheck:
-	$(PY) -m mypy
+bench: $(STAMP)
+	$(PY) bench/explore_bench.py --quick
 
-test:
-	$(PY) -m pytest -q
+clean:
+	rm -rf $(VENV) .fleet .mypy_cache .ruff_cache .pytest_cache

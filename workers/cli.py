@@ -32,9 +32,10 @@ def register(commands: Any) -> None:
     _add_worker(commands)
     _add_flower(commands)
     _add_doctor(commands)
-    from workers import cli_run
+    from workers import cli_run, demo
 
     cli_run.register(commands)
+    demo.register(commands)
 
 
 def positive_int(text: str) -> int:

@@ -1,0 +1,91 @@
+"""`fleet demo`: a local fleet on an embedded Redis running one explore, then shut down."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fleet.cli.output import render_tree
+from fleet.client import Fleet
+from fleet.errors import ConfigError
+from fleet.llm.config import load_config
+from fleet.settings import Settings
+from workers.cli_run import show_progress
+from workers.local import discover_redis_url, read_state
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "fleet" / "examples" / "explore.yaml"
+DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
+STATE_DIR = Path(".fleet") / "demo"
+READY_TIMEOUT_S = 90.0
+
+
+def register(commands: Any) -> None:
+    """Add `demo`."""
+    parser = commands.add_parser("demo", help="start a local fleet, run one explore, stop")
+    parser.add_argument("--model", help="default: FLEET_MODEL or fleet.yaml, else scripted")
+    parser.add_argument("--task", default=DEMO_TASK)
+    parser.add_argument("--workspace", type=Path, default=Path.cwd())
+    parser.set_defaults(handler=run_demo)
+
+
+def demo_model(explicit: str | None) -> str:
+    """A configured real model if there is one, else the bundled scripted explore."""
+    if explicit:
+        return explicit
+    if os.environ.get("FLEET_MODEL") or load_config().default_model:
+        return os.environ.get("FLEET_MODEL") or str(load_config().default_model)
+    return f"scripted:{EXAMPLE}"
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Bring a fleet up in the background, run the task through it, bring it down."""
+    model = demo_model(args.model)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    print(f"starting a local fleet (state in {STATE_DIR}/) ...", file=sys.stderr)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "fleet.cli.main", "up", "--workers", "1"],
+        cwd=STATE_DIR,
+        env={k: v for k, v in os.environ.items() if k != "FLEET_REDIS_URL"},
+        start_new_session=True,
+    )
+    try:
+        url = wait_ready(up)
+        env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_BROKER_URL": url}
+        settings = Settings.from_env(env).with_workspace(args.workspace)
+        return submit_and_show(Fleet.from_env(settings), args.task, model)
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=30)
+
+
+def wait_ready(up: subprocess.Popen[bytes]) -> str:
+    """The fleet's Redis URL once `fleet up` reports its workers ready."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if up.poll() is not None:
+            raise ConfigError(
+                f"`fleet up` exited with {up.returncode}; see {STATE_DIR}/.fleet/logs"
+            )
+        state = read_state(STATE_DIR / ".fleet")
+        url = discover_redis_url(STATE_DIR, env={})
+        if state is not None and state.ready and url:
+            return url
+        time.sleep(0.2)
+    raise ConfigError(f"the local fleet was not ready after {READY_TIMEOUT_S:.0f} s")
+
+
+def submit_and_show(fleet: Fleet, task: str, model: str) -> int:
+    """Submit, stream progress, print the tree and the answer."""
+    handle = fleet.submit(task, model=model)
+    print(f"submitted {handle.trace_id} with model {model}", file=sys.stderr)
+    show_progress(handle.events(timeout_s=600), handle.trace_id)
+    trace = fleet.trace(handle.trace_id)
+    print("\n".join(render_tree(fleet.store, trace)))
+    print(f"\nanswer:\n{trace.answer or trace.error}")
+    return 0 if trace.status == "completed" else 1
