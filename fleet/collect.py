@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from fleet.cache import remember
 from fleet.history import main_path, open_turn
 from fleet.models import Collaborator, Event, Message, Trace
 from fleet.store import TraceStore
@@ -35,13 +36,16 @@ def write_result(
     for child in children:
         update_collaborator(store, parent, child, summary_chars)
     tool_name = "evaluate" if children[0].mode == "evaluate" else "agent"
+    content = render_result(children)
+    if len(children) == 1:
+        remember(store, children[0], content)
     store.append_message(
         Message(
             trace_id=parent_id,
             role="tool",
             tool_call_id=tool_call_id,
             name=tool_name,
-            content=render_result(children),
+            content=content,
             long_term_memory=_short(children),
             metadata={"sub_trace_ids": child_ids},
         )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet import ids
+from fleet.cache import cache_key
 from fleet.errors import ToolError
 from fleet.llm.base import ToolCall
 from fleet.models import Collaborator, Event, Message, Mode, Trace
@@ -109,12 +110,18 @@ def _agent_children(
     if isinstance(task, str) and task.strip():
         preset = str(args.get("agent_type") or "default")
         _check_preset(runtime, preset)
-        return [_child(runtime, parent, call_id, "delegate", preset, task, None, messages, common)]
+        chosen = runtime.preset(preset)
+        if key := cache_key(chosen, args):
+            common["cache"] = {"cache_key": key, "cache_ttl_s": chosen.cache_ttl_s}
+        spec = _ChildSpec("delegate", preset, task, None, messages)
+        return [_child(runtime, parent, call_id, spec, common)]
     if isinstance(task, list) and task and all(isinstance(t, str) and t for t in task):
         per_branch = _branch_messages(messages, len(task))
         return [
-            _child(runtime, parent, call_id, "explore", "explore", t, i, per_branch[i - 1], common)
-            for i, t in enumerate(task, start=1)
+            _child(
+                runtime, parent, call_id, _ChildSpec("explore", "explore", t, i, messages), common
+            )
+            for i, (t, messages) in enumerate(zip(task, per_branch, strict=True), start=1)
         ]
     raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
 
@@ -147,27 +154,31 @@ def _evaluate_child(runtime: Runtime, parent: Trace, call_id: str, args: dict[st
         "`VERDICT: pass` or `VERDICT: fail`, then concrete suggestions."
     )
     common: dict[str, Any] = {"skills": [], "extra": args.get("context")}
-    messages = args.get("messages")
-    return _child(runtime, parent, call_id, "evaluate", "evaluate", task, None, messages, common)
+    spec = _ChildSpec("evaluate", "evaluate", task, None, args.get("messages"))
+    return _child(runtime, parent, call_id, spec, common)
+
+
+@dataclass(frozen=True)
+class _ChildSpec:
+    """What differs between the children of one call."""
+
+    mode: Mode
+    preset: str
+    task: str
+    index: int | None
+    messages: Any
 
 
 def _child(
-    runtime: Runtime,
-    parent: Trace,
-    call_id: str,
-    mode: Mode,
-    preset: str,
-    task: str,
-    index: int | None,
-    messages: Any,
-    common: dict[str, Any],
+    runtime: Runtime, parent: Trace, call_id: str, spec: _ChildSpec, common: dict[str, Any]
 ) -> Trace:
+    mode, preset, index = spec.mode, spec.preset, spec.index
     name = f"{mode}-{index:03d}" if index is not None else mode
     if mode == "delegate" and preset != "default":
         name = preset
     context: dict[str, Any] = {}
-    if messages:
-        context["messages"] = _check_messages(messages)
+    if spec.messages:
+        context["messages"] = _check_messages(spec.messages)
     if common.get("extra"):
         context["extra"] = common["extra"]
     model = runtime.model_name(parent.model, preset) if parent.model else None
@@ -177,7 +188,7 @@ def _child(
             root_trace_id=parent.root_trace_id,
             parent_trace_id=parent.trace_id,
             mode=mode,
-            task=task,
+            task=spec.task,
             name=name,
             preset=preset,
             model=model,
@@ -185,6 +196,7 @@ def _child(
             parent_tool_call_id=call_id,
             context=context,
             skills=common.get("skills") or [],
+            metadata=dict(common.get("cache") or {}),
         )
         try:
             runtime.store.create_trace(trace)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fleet.cache import cache_key, delegate_preset
 from fleet.collect import turn_complete
 from fleet.errors import ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
@@ -49,7 +50,9 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     """
     spawns: list[SpawnRequest] = []
     for call in calls:
-        if call.name in SUB_AGENT_TOOLS:
+        if (cached := _cached(runtime, call)) is not None:
+            result = cached
+        elif call.name in SUB_AGENT_TOOLS:
             try:
                 spawns.append(_spawn(runtime, trace, call))
                 continue
@@ -66,6 +69,18 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
         for request in spawns:
             runtime.dispatcher.dispatch(runtime, request)
     return turn_complete(runtime.store, trace.trace_id)
+
+
+def _cached(runtime: Runtime, call: ToolCall) -> ToolResult | None:
+    """A delegate call answered from the result cache of its preset, if any."""
+    found = delegate_preset(call)
+    if found is None or found[0] not in runtime.presets:
+        return None
+    key = cache_key(runtime.preset(found[0]), found[1])
+    hit = runtime.store.cache_get(key) if key else None
+    if hit is None:
+        return None
+    return ToolResult(title="agent (cached)", output=hit, metadata={"cached": True})
 
 
 def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:

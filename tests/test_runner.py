@@ -261,3 +261,31 @@ def test_unknown_preset_is_a_config_error(tmp_path: Path, bad: str) -> None:
     local = make_fleet(tmp_path, ScriptedModel([]))
     with pytest.raises(ConfigError, match="unknown preset"):
         local.run("x", model="test", preset=bad)
+
+
+def test_cached_delegate_is_answered_from_the_store(tmp_path: Path) -> None:
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "lookup.md").write_text(
+        "---\nname: lookup\ndescription: looks things up\ntools: [read_file]\n"
+        "cache: {ttl_s: 600, keys: [task]}\n---\nLook it up.\n"
+    )
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        if task_of(messages) == "what is x":
+            return text("x is 42")
+        if turns(messages) == 0:
+            return call("agent", task="what is x", agent_type="lookup")
+        return text(str(messages[-1]["content"]))
+
+    model = ScriptedModel(function=respond)
+    local = LocalFleet.from_settings(
+        Settings(workspace=tmp_path, agents_dir=agents, env={}), clients={"test": model}
+    )
+    first = local.run("ask", model="test")
+    second = local.run("ask again", model="test")
+    assert "x is 42" in (first.answer or "") and "x is 42" in (second.answer or "")
+    assert len(local.store.children(first.trace_id)) == 1
+    assert local.store.children(second.trace_id) == [], "the second call hit the cache"
+    hit = next(m for m in local.store.messages(second.trace_id) if m.role == "tool")
+    assert hit.metadata["title"] == "agent (cached)"
