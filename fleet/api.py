@@ -9,6 +9,7 @@ from typing import Any
 
 from fleet import ids
 from fleet.dispatch import Dispatcher, InProcessDispatcher
+from fleet.errors import ConfigError
 from fleet.llm.base import LLMClient
 from fleet.llm.config import validate_model
 from fleet.models import Event, Mode, Trace
@@ -37,8 +38,6 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         ConfigError: Unknown preset or model, missing API key, bad workspace.
     """
     if not spec.task.strip():
-        from fleet.errors import ConfigError
-
         raise ConfigError("the task is empty")
     runtime.preset(spec.preset)
     model = runtime.model_name(spec.model, spec.preset)

@@ -28,11 +28,6 @@ def messages(trace_id: str) -> str:
     return f"{PREFIX}:trace:{trace_id}:messages"
 
 
-def sequence(trace_id: str) -> str:
-    """String counter: the last message sequence handed out."""
-    return f"{PREFIX}:trace:{trace_id}:seq"
-
-
 def stats(trace_id: str) -> str:
     """Hash: TraceStats fields, incremented atomically (HINCRBY / HINCRBYFLOAT)."""
     return f"{PREFIX}:trace:{trace_id}:stats"

@@ -7,7 +7,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, assert_never
+from typing import Any, Literal, assert_never
 
 from fleet.collect import turn_complete, update_collaborator, write_result
 from fleet.context import first_messages, injection
@@ -146,10 +146,10 @@ class Runner:
             waiting |= self._settle(trace, call)
         return not waiting
 
-    def _settle(self, trace: Trace, call: dict[str, object]) -> bool:
+    def _settle(self, trace: Trace, call: dict[str, Any]) -> bool:
         """Collect or heal one unanswered call; True if its children are still running."""
         call_id = str(call["id"])
-        name = str(call["function"]["name"])  # type: ignore[index]
+        name = str(call["function"]["name"])
         kids = [
             self.store.get_trace(c)
             for c in self.store.children(trace.trace_id)
@@ -157,6 +157,9 @@ class Runner:
         ]
         kids = [k for k in kids if k.parent_tool_call_id == call_id]
         if kids and all(k.is_terminal for k in kids):
+            # Their collect was lost (or is running right now: then it writes, we wait).
+            if not self.store.mark_collected(trace.trace_id, call_id):
+                return True
             ids = [k.trace_id for k in kids]
             write_result(
                 self.store, trace.trace_id, call_id, ids, self.runtime.settings.summary_chars
