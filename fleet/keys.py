@@ -78,3 +78,10 @@ TRACES = f"{PREFIX}:traces"
 
 RUNNING = f"{PREFIX}:running"
 """Sorted set: trace ids in status running, scored by their lease deadline in ms."""
+
+USAGE = f"{PREFIX}:usage"
+"""Hash, no TTL: fleet-wide model usage for `fleet metrics`, one field per `{kind}:{model}`
+(kind prompt_tokens, completion_tokens or cost_usd); added to with each model turn."""
+
+COUNTERS = f"{PREFIX}:counters"
+"""Hash, no TTL: fleet-wide event counts for `fleet metrics` (`lease_expiries`, `resumes`)."""

@@ -57,7 +57,8 @@ for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
 return 1
 """
 
-# KEYS: trace, stats, messages. ARGV: ttl_s, message JSON without sequence/parent_sequence.
+# KEYS: trace, stats, messages[, usage]. ARGV: ttl_s, message JSON without sequence and
+# parent_sequence[, model, prompt_tokens, completion_tokens, cost_usd: a model turn's usage].
 # The two fields are spliced into the caller's JSON text: cjson would turn [] into {}.
 _APPEND_MESSAGE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
@@ -66,7 +67,12 @@ local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
 local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
 redis.call('HSET', KEYS[3], seq, body .. string.sub(ARGV[2], 2))
 redis.call('HSET', KEYS[1], 'head_sequence', seq)
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+if KEYS[4] then
+  redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. ARGV[3], ARGV[4])
+  redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. ARGV[3], ARGV[5])
+  redis.call('HINCRBYFLOAT', KEYS[4], 'cost_usd:' .. ARGV[3], ARGV[6])
+end
 return {seq, parent}
 """
 
@@ -250,7 +256,13 @@ class RedisStore:
 
     def append_message(self, message: Message) -> Message:
         body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
-        reply = self._append(keys=_own_keys(message.trace_id), args=[keys.TRACE_TTL_S, body])
+        script_keys = _own_keys(message.trace_id)
+        args: list[str | float] = [keys.TRACE_TTL_S, body]
+        if message.model:  # a model turn: its usage also counts fleet-wide (`fleet metrics`)
+            script_keys.append(keys.USAGE)
+            args += [message.model, message.prompt_tokens, message.completion_tokens]
+            args.append(message.cost_usd)
+        reply = self._append(keys=script_keys, args=args)
         if reply is None:
             raise TraceNotFound(f"no trace {message.trace_id!r}")
         sequence, parent = reply

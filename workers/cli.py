@@ -32,10 +32,12 @@ def register(commands: Any) -> None:
     _add_worker(commands)
     _add_flower(commands)
     _add_doctor(commands)
-    from workers import cli_run, demo
+    from workers import cli_run, demo, metrics
 
     cli_run.register(commands)
     demo.register(commands)
+    metrics.register(commands)
+    importlib.import_module("workers.cli_batch").register(commands)
 
 
 def positive_int(text: str) -> int:

@@ -1,4 +1,4 @@
-"""Worker lifecycle: fresh runtime after fork, a sweeper per worker."""
+"""Worker lifecycle: fresh runtime after fork, a sweeper per worker, container probe files."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from celery.signals import (
     worker_shutting_down,
 )
 
+from workers import probes
 from workers.runtime import draining, reset_runtime
 from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
+_heartbeat: probes.HeartbeatFile | None = None
 
 
 @worker_process_init.connect
@@ -30,6 +32,21 @@ def _start_sweeper(**_: Any) -> None:
     _sweeper.start()
 
 
+@worker_ready.connect
+def _report_ready(**_: Any) -> None:
+    # `fleet probe`: liveness from a heartbeat file, readiness once the worker consumes.
+    global _heartbeat
+    _heartbeat = probes.HeartbeatFile(probes.probe_dir())
+    _heartbeat.start()
+    probes.mark_ready(probes.probe_dir())
+
+
+@worker_shutting_down.connect
+def _report_draining(**_: Any) -> None:
+    # Not ready while draining; the heartbeat goes on, so liveness never kills a drain.
+    probes.mark_ready(probes.probe_dir(), ready=False)
+
+
 @worker_shutting_down.connect
 def _drain(**_: Any) -> None:
     # SIGTERM (scale-down, deploy): running agents stop after their current turn and are
@@ -41,3 +58,9 @@ def _drain(**_: Any) -> None:
 def _stop_sweeper(**_: Any) -> None:
     if _sweeper is not None:
         _sweeper.stop()
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**_: Any) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()

@@ -8,6 +8,7 @@ import threading
 
 from fleet.control import claim_dead_runs
 from workers.dispatch import send
+from workers.metrics import count_event
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,8 @@ def sweep_once() -> list[str]:
     for trace_id in claimed:
         send(runtime.store.get_trace(trace_id), recovered=True)
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
+    if claimed:
+        count_event(runtime.settings.redis_url, "lease_expiries", len(claimed))
     return claimed
 
 

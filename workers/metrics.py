@@ -1,0 +1,305 @@
+"""`fleet metrics`: a Prometheus endpoint for queues, running sub-agents, traces and usage.
+
+Every value is read from Redis when Prometheus scrapes, so the command keeps no state and
+any number of replicas agree. The text format (0.0.4) is written here by hand: a handful of
+gauges and counters read from Redis need nothing of prometheus_client's in-process registry.
+
+KEDA scales each queue's workers on `fleet_queue_length + fleet_running_subagents`: the
+queue alone cannot see the work that workers already took off it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal, get_args
+
+import redis
+
+from fleet import keys
+from fleet.errors import ConfigError
+from fleet.models import Status, now_ms
+from fleet.redis_store import connect, redact_url
+from fleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9808
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TRACES_WINDOW_S = 24 * 3600
+"""`fleet_traces` counts the traces created this recently..."""
+MAX_TRACES_SCANNED = 20_000
+"""...and at most this many of them, newest first, so a scrape stays cheap."""
+BATCH = 1_000
+"""Trace hashes read per pipeline round trip."""
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+CounterName = Literal["lease_expiries", "resumes"]
+"""The fields of `keys.COUNTERS`."""
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric: name, type, help line and its samples (labels -> value)."""
+
+    name: str
+    kind: Literal["gauge", "counter"]
+    help: str
+    samples: Mapping[Labels, float]
+
+
+def render(families: Iterable[Family]) -> str:
+    """The Prometheus text exposition format (0.0.4) of these metrics."""
+    lines: list[str] = []
+    for family in families:
+        lines.append(f"# HELP {family.name} {_escape(family.help, quote=False)}")
+        lines.append(f"# TYPE {family.name} {family.kind}")
+        for labels, value in sorted(family.samples.items()):
+            text = ",".join(f'{name}="{_escape(v)}"' for name, v in labels)
+            label_set = f"{{{text}}}" if text else ""
+            lines.append(f"{family.name}{label_set} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _escape(text: str, *, quote: bool = True) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if quote else text
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def redis_queue_lengths(client: redis.Redis, queues: Sequence[str]) -> dict[str, int]:
+    """Messages waiting in each queue of a Redis broker: LLEN of its priority lists."""
+    from kombu.transport.redis import PRIORITY_STEPS, Channel
+
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        for step in PRIORITY_STEPS:  # kombu keeps one list per priority step
+            pipe.llen(f"{queue}{Channel.sep}{step}" if step else queue)
+    counts = [int(n) for n in pipe.execute()]
+    steps = len(PRIORITY_STEPS)
+    return {q: sum(counts[i * steps : (i + 1) * steps]) for i, q in enumerate(queues)}
+
+
+def kombu_queue_lengths(broker_url: str, queues: Sequence[str]) -> dict[str, int]:
+    """Messages waiting in each queue of any other broker (AMQP): a passive queue_declare."""
+    from kombu.connection import Connection
+
+    lengths: dict[str, int] = {}
+    with Connection(broker_url, connect_timeout=5) as connection:
+        for queue in queues:
+            channel = connection.channel()  # a refused declare closes the channel on AMQP
+            try:
+                lengths[queue] = channel.queue_declare(queue=queue, passive=True).message_count
+            except connection.channel_errors:  # never declared: nothing was ever sent to it
+                lengths[queue] = 0
+            finally:
+                try:
+                    channel.close()
+                except (*connection.channel_errors, *connection.connection_errors):
+                    pass
+    return lengths
+
+
+def _trace_fields(client: redis.Redis, trace_ids: Sequence[str], name: str) -> list[Any]:
+    """One JSON-decoded field of each trace (None where the trace is gone)."""
+    values: list[Any] = []
+    for start in range(0, len(trace_ids), BATCH):
+        pipe = client.pipeline(transaction=False)
+        for trace_id in trace_ids[start : start + BATCH]:
+            pipe.hget(keys.trace(trace_id), name)
+        values += [None if v is None else json.loads(v) for v in pipe.execute()]
+    return values
+
+
+def running_by_queue(client: redis.Redis, at_ms: int) -> Counter[str]:
+    """Traces whose runner holds a live lease, counted by the queue of their mode."""
+    from workers.app import QUEUE_BY_MODE
+
+    trace_ids = [str(t) for t in client.zrangebyscore(keys.RUNNING, at_ms, "+inf")]
+    modes = _trace_fields(client, trace_ids, "mode")
+    return Counter(QUEUE_BY_MODE[m] for m in modes if m in QUEUE_BY_MODE)
+
+
+def traces_by_status(client: redis.Redis, at_ms: int) -> Counter[str]:
+    """Traces created in the last TRACES_WINDOW_S (at most MAX_TRACES_SCANNED), by status."""
+    since_ms = at_ms - TRACES_WINDOW_S * 1000
+    trace_ids = client.zrevrangebyscore(
+        keys.TRACES, "+inf", since_ms, start=0, num=MAX_TRACES_SCANNED
+    )
+    return Counter(s for s in _trace_fields(client, [str(t) for t in trace_ids], "status") if s)
+
+
+def usage_families(client: redis.Redis) -> list[Family]:
+    """Tokens and cost per model, from `keys.USAGE`."""
+    tokens: dict[Labels, float] = {}
+    cost: dict[Labels, float] = {}
+    for name, value in client.hgetall(keys.USAGE).items():
+        kind, _, model = str(name).partition(":")
+        if kind == "cost_usd":
+            cost[(("model", model),)] = float(value)
+        elif kind in ("prompt_tokens", "completion_tokens"):
+            tokens[(("kind", kind.removesuffix("_tokens")), ("model", model))] = float(value)
+    return [
+        Family("fleet_tokens_total", "counter", "Model tokens used, by model and kind.", tokens),
+        Family("fleet_cost_usd_total", "counter", "Model cost in US dollars, by model.", cost),
+    ]
+
+
+class FleetMetrics:
+    """Reads the fleet's Redis (and its broker) once per scrape; safe to share by threads."""
+
+    def __init__(self, settings: Settings) -> None:
+        """Open clients for the store and, if it is another Redis, the broker."""
+        self.settings = settings
+        self._store = connect(settings.redis_url)
+        self._broker: redis.Redis | None = self._store
+        if settings.broker_url != settings.redis_url:
+            scheme = settings.broker_url.partition("://")[0]
+            self._broker = connect(settings.broker_url) if scheme in REDIS_SCHEMES else None
+
+    def close(self) -> None:
+        """Close the Redis clients."""
+        if self._broker is not None and self._broker is not self._store:
+            self._broker.close()
+        self._store.close()
+
+    def queue_lengths(self) -> dict[str, int]:
+        """Messages waiting per fleet queue, on whichever broker the fleet uses."""
+        from workers.app import QUEUES
+
+        if self._broker is not None:
+            return redis_queue_lengths(self._broker, QUEUES)
+        return kombu_queue_lengths(self.settings.broker_url, QUEUES)
+
+    def collect(self) -> list[Family]:
+        """Every fleet metric, read now."""
+        at_ms = now_ms()
+        statuses = traces_by_status(self._store, at_ms)
+        counters = {str(k): float(v) for k, v in self._store.hgetall(keys.COUNTERS).items()}
+        return [
+            Family(
+                "fleet_queue_length",
+                "gauge",
+                "Tasks waiting in each fleet queue (not yet taken by a worker).",
+                _per_queue(self.queue_lengths()),
+            ),
+            Family(
+                "fleet_running_subagents",
+                "gauge",
+                "Traces whose runner holds a live lease, by the queue of their mode.",
+                _per_queue(running_by_queue(self._store, at_ms)),
+            ),
+            Family(
+                "fleet_traces",
+                "gauge",
+                f"Traces created in the last {TRACES_WINDOW_S // 3600} h, by status.",
+                {(("status", s),): float(statuses[s]) for s in get_args(Status)},
+            ),
+            *usage_families(self._store),
+            _counter(counters, "lease_expiries", "Runs re-enqueued after their lease expired."),
+            _counter(counters, "resumes", "Parents resumed after their sub-agents were collected."),
+        ]
+
+
+def _per_queue(counts: Mapping[str, int]) -> dict[Labels, float]:
+    """One sample per fleet queue, zero where `counts` has none (so graphs never break)."""
+    from workers.app import QUEUES
+
+    return {(("queue", q),): float(counts.get(q, 0)) for q in QUEUES}
+
+
+def _counter(counters: Mapping[str, float], name: CounterName, help_text: str) -> Family:
+    return Family(f"fleet_{name}_total", "counter", help_text, {(): counters.get(name, 0.0)})
+
+
+@functools.lru_cache(maxsize=4)
+def _counter_client(redis_url: str) -> redis.Redis:
+    return connect(redis_url)
+
+
+def count_event(redis_url: str, counter: CounterName, by: int = 1) -> None:
+    """Add `by` to a fleet-wide counter in `keys.COUNTERS`; best effort, never raises."""
+    try:
+        _counter_client(redis_url).hincrby(keys.COUNTERS, counter, by)
+    except redis.RedisError:
+        log.warning("fleet counter %r not updated", counter, exc_info=True)
+
+
+def make_server(metrics: FleetMetrics, address: str, port: int) -> ThreadingHTTPServer:
+    """An HTTP server answering `/metrics` (and `/healthz`, which reads nothing)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.partition("?")[0]
+            if path == "/healthz":
+                self._reply(200, b"ok\n")
+            elif path in ("/metrics", "/"):
+                self._reply(*_scrape(metrics))
+            else:
+                self._reply(404, b"not found: try /metrics\n")
+
+        def _reply(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug(format, *args)
+
+    return ThreadingHTTPServer((address, port), Handler)
+
+
+def _scrape(metrics: FleetMetrics) -> tuple[int, bytes]:
+    try:
+        return 200, render(metrics.collect()).encode()
+    except (redis.RedisError, OSError) as exc:  # a scrape error, not a crash: `up` goes to 0
+        where = redact_url(metrics.settings.redis_url)
+        log.warning("scrape failed: %s", type(exc).__name__)
+        return 503, f"cannot read the fleet at {where}: {type(exc).__name__}\n".encode()
+
+
+def register(commands: Any) -> None:
+    """Add `fleet metrics` and `fleet probe`."""
+    from workers import probes
+    from workers.cli import port_number
+
+    parser = commands.add_parser("metrics", help="serve Prometheus metrics of the fleet")
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT)
+    parser.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    parser.set_defaults(handler=run_metrics)
+    probes.register(commands)
+
+
+def run_metrics(args: argparse.Namespace) -> int:
+    """`fleet metrics`: serve until interrupted."""
+    from workers.local import fleet_settings
+
+    metrics = FleetMetrics(fleet_settings())
+    try:
+        server = make_server(metrics, args.address, args.port)
+    except OSError as exc:
+        metrics.close()
+        raise ConfigError(f"cannot serve metrics on {args.address}:{args.port}: {exc}") from None
+    where = redact_url(metrics.settings.redis_url)
+    print(f"fleet metrics on http://{args.address}:{args.port}/metrics ({where})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        metrics.close()
+    return 0
