@@ -188,7 +188,8 @@ class Runner:
                 case CallTools(calls=calls):
                     if not execute_turn(self.runtime, self.store.get_trace(trace_id), calls):
                         return "waiting"
-                    self._set_status(self.store.get_trace(trace_id), "running")
+                    if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
+                        self._set_status(self.store.get_trace(trace_id), "running")
                 case _:
                     assert_never(step)
 
@@ -209,9 +210,9 @@ class Runner:
 
     def _turn(self, trace: Trace) -> Step:
         """One model call, persisted, and what to do about it."""
+        head = trace.head_sequence  # read at the top of this turn; a note moves it
         if (note := injection(self.runtime, trace)) is not None:
-            self.store.append_message(note)
-        head = self.store.get_trace(trace.trace_id).head_sequence
+            head = self.store.append_message(note).sequence
         path = main_path(self.store.messages(trace.trace_id), head)
         self.runtime.hooks.turn_started(trace, trace.iteration)
         model_name = self.runtime.model_name(trace.model, trace.preset)
@@ -267,15 +268,17 @@ class Runner:
     ) -> Outcome:
         """Put the trace in a terminal status, tell its parent and the event stream."""
         finished = now_ms()
-        self.store.update_trace(
-            trace_id,
-            status=status,
-            answer=answer,
-            error=error,
-            finished_at_ms=finished,
-            metadata={**self.store.get_trace(trace_id).metadata, "stop_reason": reason},
-        )
-        trace = self.store.get_trace(trace_id)
+        before = self.store.get_trace(trace_id)
+        fields = {
+            "status": status,
+            "answer": answer,
+            "error": error,
+            "finished_at_ms": finished,
+            "updated_at_ms": finished,
+            "metadata": {**before.metadata, "stop_reason": reason},
+        }
+        self.store.update_trace(trace_id, **fields)
+        trace = before.model_copy(update=fields)  # what was written: no second read
         if trace.parent_trace_id:
             parent = self.store.get_trace(trace.parent_trace_id)
             update_collaborator(self.store, parent, trace, self.runtime.settings.summary_chars)

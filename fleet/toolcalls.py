@@ -63,11 +63,12 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
         else:
             result = _plain(runtime, trace, call)
         _write(runtime, trace, call, result)
-    if spawns:
-        # Waiting is written before dispatch: a fast chord may collect before we return.
-        runtime.store.update_trace(trace.trace_id, status="waiting")
-        for request in spawns:
-            runtime.dispatcher.dispatch(runtime, request)
+    if not spawns:
+        return True  # every call above wrote its result
+    # Waiting is written before dispatch: a fast chord may collect before we return.
+    runtime.store.update_trace(trace.trace_id, status="waiting")
+    for request in spawns:
+        runtime.dispatcher.dispatch(runtime, request)
     return turn_complete(runtime.store, trace.trace_id)
 
 

@@ -58,6 +58,15 @@ def test_explore_runs_as_a_chord_and_collects_every_branch(fleet: Fleet, tmp_pat
     assert "20 branches, 20 completed" in (tool_results[0].content or "")
 
 
+def test_dispatching_leaves_no_result_subscriptions(
+    fleet: Fleet, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    model = explore_script(tmp_path / "m.yaml", 12)
+    trace = fleet.submit("survey", model=model).wait(timeout_s=60)
+    assert trace.status == "completed"
+    assert redis_client.pubsub_channels("celery-task-meta-*") == []
+
+
 def test_a_raising_branch_leaves_its_siblings(fleet: Fleet, tmp_path: Path) -> None:
     model = explore_script(tmp_path / "m.yaml", 20, fail=7)
     trace = fleet.submit("survey", model=model).wait(timeout_s=60)

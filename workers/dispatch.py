@@ -10,7 +10,7 @@ from celery.canvas import Signature, StampingVisitor
 from fleet.models import Trace
 from fleet.runtime import Runtime
 from fleet.subagents import SpawnRequest
-from workers.app import QUEUE_BY_MODE
+from workers.app import QUEUE_BY_MODE, app
 from workers.naming import shadow_name, task_repr
 
 
@@ -56,20 +56,38 @@ class CeleryDispatcher:
         """Send `chord(run_agent per child)(collect)` stamped with the tree's ids."""
         store = runtime.store
         header = [run_signature(store.get_trace(child)) for child in request.child_ids]
+        # No child ids in the body or errback: every header message embeds both, so a list
+        # of N ids would make an explore of N branches move O(N^2) bytes. `collect` reads
+        # the ids from the header results instead.
         body = Signature(
             "fleet.collect",
-            args=(request.parent_trace_id, request.tool_call_id, list(request.child_ids)),
+            args=(request.parent_trace_id, request.tool_call_id),
             queue=QUEUE_BY_MODE["main"],
             options={"argsrepr": f"collect {request.parent_trace_id} {request.tool_call_id}"},
         )
         body.link_error(
             Signature(
                 "fleet.collect_failed",
-                args=(request.parent_trace_id, request.tool_call_id, list(request.child_ids)),
+                args=(request.parent_trace_id, request.tool_call_id),
                 queue=QUEUE_BY_MODE["main"],
                 immutable=True,
             )
         )
         canvas = chord(header, body)
         canvas.stamp(visitor=TraceStamp(request.parent_trace_id, request.root_trace_id))
-        canvas.apply_async()
+        drop_subscriptions(canvas.apply_async())
+
+
+def drop_subscriptions(result: Any) -> None:
+    """Unsubscribe the sender from the header results' channels.
+
+    Celery's group barrier subscribes the sending process to every header task's result
+    channel and, holding the results weakly, never unsubscribes: a long-lived worker would
+    collect thousands of subscriptions. Nothing here waits on these results.
+    """
+    consumer = getattr(app.backend, "result_consumer", None)
+    header = getattr(result, "parent", None)
+    if consumer is None or header is None:
+        return
+    for item in header.results:
+        consumer.cancel_for(item.id)

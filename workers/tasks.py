@@ -9,11 +9,16 @@ from celery import Task
 from fleet.collect import collect as collect_children
 from fleet.control import collect_if_done
 from fleet.runner import Runner, RunResult, run_safely
+from fleet.settings import Settings
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send
+from workers.metrics import count_event
 from workers.runtime import draining, get_runtime
 
-LEASE_RETRY_S = 15
+LEASE_RETRY_S = Settings.from_env().lease_ttl_ms / 1000
+"""A lost runner's lease lapses within one TTL (it is renewed every quarter of it): a task
+retried after its worker was lost comes back once the lease is free, and a recovered branch
+waiting on its siblings looks again this often."""
 
 
 def envelope(result: RunResult) -> dict[str, str]:
@@ -34,11 +39,16 @@ def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, s
     if result.outcome == "yielded":
         # Same task id, same chord membership: another worker picks the trace up.
         raise self.retry(countdown=0, max_retries=None)
-    if result.outcome == "busy" and self.request.retries:
-        # Re-delivered after a lost worker whose lease has not expired yet: come back later.
-        raise self.retry(countdown=LEASE_RETRY_S)
-    if recovered and collect_if_done(runtime.store, trace_id, runtime.settings.summary_chars):
-        resume(runtime.store.get_trace(trace_id).parent_trace_id or "")
+    # `busy` returns too, retry or not: a retry after a lost worker waits out the lost lease,
+    # so another live runner holds the trace; a sweeper recovered it, and that run collects.
+    if recovered:
+        # The chord of a lost worker never runs its body: this run collects the tool call,
+        # once every sibling ended (the last to end may have reported to that chord).
+        collection = collect_if_done(runtime.store, trace_id, runtime.settings.summary_chars)
+        if collection == "waiting":
+            raise self.retry(countdown=LEASE_RETRY_S, max_retries=None)
+        if collection == "resume":
+            resume(runtime.store.get_trace(trace_id).parent_trace_id or "")
     return envelope(result)
 
 
@@ -52,12 +62,14 @@ def resume_agent(self: Task, trace_id: str) -> dict[str, str]:
 
 
 @app.task(name="fleet.collect")
-def collect(
-    results: list[Any], parent_trace_id: str, tool_call_id: str, child_ids: list[str]
-) -> bool:
-    """Chord body: write the children into the parent and resume it when its turn is done."""
+def collect(results: list[dict[str, str]], parent_trace_id: str, tool_call_id: str) -> bool:
+    """Chord body: write the children into the parent and resume it when its turn is done.
+
+    The children are the header results' trace ids (run envelopes), in header order.
+    """
     runtime = get_runtime()
     store = runtime.store
+    child_ids = [r["trace_id"] for r in results]
     if not all(store.get_trace(c).is_terminal for c in child_ids):
         return False  # a lost branch was re-enqueued; it collects when it ends
     ready = collect_children(
@@ -69,7 +81,7 @@ def collect(
 
 
 @app.task(name="fleet.collect_failed")
-def collect_failed(parent_trace_id: str, tool_call_id: str, child_ids: list[str], *_: Any) -> None:
+def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     """Errback of a broken chord: the parent must not wait forever."""
     runtime = get_runtime()
     if runtime.store.get_trace(parent_trace_id).is_terminal:
@@ -84,4 +96,6 @@ def collect_failed(parent_trace_id: str, tool_call_id: str, child_ids: list[str]
 
 def resume(trace_id: str) -> None:
     """Enqueue `resume_agent` on the trace's queue."""
-    send(get_runtime().store.get_trace(trace_id), "fleet.resume_agent")
+    runtime = get_runtime()
+    send(runtime.store.get_trace(trace_id), "fleet.resume_agent")
+    count_event(runtime.settings.redis_url, "resumes")
