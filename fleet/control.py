@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fleet.collect import collect
 from fleet.models import Event, now_ms
 from fleet.store import TraceStore
@@ -49,18 +51,27 @@ def claim_dead_runs(store: TraceStore, at_ms: int | None = None) -> list[str]:
     return claimed
 
 
-def collect_if_done(store: TraceStore, child_id: str, summary_chars: int) -> bool:
-    """After a recovered child ends: collect its tool call if every sibling has ended too.
+Collection = Literal["waiting", "resume", "done"]
+
+
+def collect_if_done(store: TraceStore, child_id: str, summary_chars: int) -> Collection:
+    """For a recovered child: collect its tool call once the child and every sibling ended.
+
+    The chord of a lost worker never runs its body, and the sibling that ends last may be one
+    whose chord header succeeded, so the caller must ask again while this says `waiting`.
 
     Returns:
-        True when the parent should now be resumed.
+        `waiting` while the child or a sibling still runs; `resume` when this call completed
+        the parent's turn, so the parent should now be resumed; `done` when nothing is left
+        to do (no parent, or the tool call was collected already).
     """
     child = store.get_trace(child_id)
     if child.parent_trace_id is None or child.parent_tool_call_id is None:
-        return False
+        return "done"
     siblings = [store.get_trace(c) for c in store.children(child.parent_trace_id)]
     group = [s for s in siblings if s.parent_tool_call_id == child.parent_tool_call_id]
     if not all(s.is_terminal for s in group):
-        return False
+        return "waiting"
     ids = [s.trace_id for s in group]
-    return collect(store, child.parent_trace_id, child.parent_tool_call_id, ids, summary_chars)
+    parent, call_id = child.parent_trace_id, child.parent_tool_call_id
+    return "resume" if collect(store, parent, call_id, ids, summary_chars) else "done"
