@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
 from fleet.api import TaskSpec, create_root
+from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
+from fleet.batch_file import check_entries, entries_from
 from fleet.control import stop_tree
 from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError, FleetError
@@ -111,6 +113,25 @@ class Fleet:
         options.setdefault("preset", "evaluate")
         return self.submit(task, mode="evaluate", **options)
 
+    def batch(
+        self,
+        tasks: Iterable[str | Mapping[str, Any] | BatchEntry],
+        *,
+        max_in_flight: int = 8,
+        on_result: Callable[[BatchResult], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> Iterator[BatchResult]:
+        """Run many root tasks, at most `max_in_flight` unfinished at once; results as they end.
+
+        `tasks` are strings or dicts like a batch file's entries (`id`, `task`, `preset`,
+        `model`, `workspace`, `metadata`). All are validated here, before anything is
+        submitted (`BatchInputError`); submitting starts when the iterator is consumed.
+        """
+        entries = entries_from(tasks)
+        check_entries(self.runtime, entries, "<batch>")
+        options = BatchOptions(max_in_flight=max_in_flight, timeout_s=timeout_s)
+        return run_batch(self, entries, options, on_result=on_result)
+
     def trace(self, trace_id: str) -> Trace:
         """The trace as it is now; `TraceNotFound` if unknown."""
         return self.store.get_trace(trace_id)
@@ -127,15 +148,18 @@ class Fleet:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         cursor = "0"
         while True:
-            if self.store.get_trace(trace_id).is_terminal:
-                return
-            if deadline is not None and time.monotonic() > deadline:
+            # Ended already: its last events (its own `finish` included) are still to be read.
+            finished = self.store.get_trace(trace_id).is_terminal
+            if not finished and deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"trace {trace_id!r} still running after {timeout_s} s")
-            for entry_id, event in self.store.read_events(root, cursor, block_ms=1000):
+            batch = self.store.read_events(root, cursor, block_ms=1000)
+            for entry_id, event in batch:
                 cursor = entry_id
                 yield event
                 if event.kind == "finish" and event.trace_id == trace_id:
                     return
+            if finished and not batch:
+                return  # its `finish` fell off the capped stream
 
     def wait(self, trace_id: str, timeout_s: float | None = None) -> Trace:
         """Block until the trace ends, reading its event stream."""

@@ -58,9 +58,9 @@ def make_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def create_app(settings: Settings | None = None) -> Celery:
+def create_app(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
     """A configured app; `workers.tasks` registers the tasks on import."""
-    app = Celery("fleet", set_as_current=True)
+    app = Celery("fleet", set_as_current=set_as_current)
     app.conf.update(make_config(settings or Settings.from_env()))
     return app
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fleet.models import Trace
 from fleet.settings import Settings
-from workers.app import app
+from workers.app import create_app
 from workers.dispatch import send
 
 
@@ -12,17 +12,16 @@ class CeleryBackend:
     """Sends `fleet.run_agent` for root traces."""
 
     def __init__(self, settings: Settings) -> None:
-        """Point the app at the settings' broker and backend."""
-        app.conf.broker_url = settings.broker_url
-        app.conf.result_backend = settings.redis_url
+        """A client app of its own on the settings' broker (the worker's app stays as it is)."""
+        self.app = create_app(settings, set_as_current=False)
 
     def enqueue(self, trace: Trace) -> None:
         """`fleet.run_agent(trace_id)` on the queue of the trace's mode."""
-        send(trace)
+        send(trace, via=self.app)
 
     def revoke(self, trace_ids: list[str]) -> None:
         """Discard queued tasks stamped with any of these traces as parent or root."""
-        control = app.control
+        control = self.app.control
         control.revoke_by_stamped_headers({"parent_trace_id": trace_ids}, timeout=1.0)
         control.revoke_by_stamped_headers({"root_trace_id": trace_ids}, timeout=1.0)
 

@@ -78,9 +78,11 @@ def run(args: argparse.Namespace) -> int:
 
 def require_workers(fleet: Fleet, queue: str) -> None:
     """`ConfigError` unless some worker consumes `queue` (a clear error beats a hang)."""
-    from workers.app import app
+    from workers.backend import CeleryBackend
 
-    replies = app.control.inspect(timeout=1.0).active_queues() or {}
+    if not isinstance(fleet.backend, CeleryBackend):
+        return
+    replies = fleet.backend.app.control.inspect(timeout=1.0).active_queues() or {}
     if not any(q.get("name") == queue for queues in replies.values() for q in queues):
         raise ConfigError(
             f"no worker consumes queue {queue!r} (start one with `fleet up` or `fleet worker`)"
@@ -110,14 +112,18 @@ def progress_line(event: Event, root: str) -> str | None:
 
 
 def watch(args: argparse.Namespace) -> int:
-    """Follow a trace tree until its root finishes."""
+    """Follow a trace tree until it finishes: a live tree on a terminal, else plain lines."""
+    from workers.watch_view import watch_trace
+
     fleet = connect()
-    trace = fleet.trace(args.trace_id)
+    fleet.trace(args.trace_id)
     try:
-        show_progress(fleet.events(trace.trace_id, args.timeout_s), trace.root_trace_id)
+        final = watch_trace(fleet, args.trace_id, args.timeout_s, live=sys.stdout.isatty())
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    final = fleet.trace(trace.trace_id)
+    except TimeoutError as exc:
+        print(f"fleet: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     print(f"{final.trace_id} {final.status}")
     return EXIT_OK if final.status == "completed" else EXIT_FAILED
 

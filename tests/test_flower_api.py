@@ -1,0 +1,209 @@
+"""Flower on the test broker, read over its HTTP API as an operator would (docs/flower.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from fleet.client import Fleet
+from fleet.models import Trace
+from fleet.redis_server import free_port
+from fleet.redis_store import RedisStore
+from tests.fleetkit import client, explore_script, fleet_settings, wait_until
+from tests.procs import start_worker, wait_for_workers
+from workers.app import QUEUES
+from workers.naming import REDACTED, first_words, shadow_name, task_repr
+
+FLEET = [sys.executable, "-m", "fleet.cli.main"]
+SECRET = "sk-live-abcdefghijklmnopqrstuvwx"
+"""A key-shaped word in a task: Flower must never show it."""
+SEEN_TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def worker_url(redis_url: str) -> Iterator[str]:
+    """A worker process on the session Redis, emptied first.
+
+    The database of the in-process Celery client of every test module: Celery keeps its
+    first broker connection, so a client in this process cannot move to another database.
+    """
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.flushdb()
+    with start_worker(redis_url, concurrency=16) as worker:
+        wait_for_workers(redis_url, [worker.name], timeout_s=30)
+        yield redis_url
+
+
+def start_flower(url: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "FLOWER_"))}
+    log = (tmp_path / f"flower-{port}.log").open("wb")
+    process = subprocess.Popen(
+        [*FLEET, "flower", "--port", str(port), *args],
+        env={**clean, "FLEET_REDIS_URL": url},
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    return process, port
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass
+
+
+def answers(http: httpx.Client, path: str) -> bool:
+    try:
+        return http.get(path).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture
+def flower(worker_url: str, tmp_path: Path) -> Iterator[httpx.Client]:
+    """`fleet flower` on loopback (open API), listening and receiving the fleet's events."""
+    process, port = start_flower(worker_url, tmp_path)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as http:
+            wait_until(lambda: answers(http, "/healthcheck"), SEEN_TIMEOUT_S, "Flower to listen")
+            yield http
+    finally:
+        stop(process)
+
+
+@pytest.fixture
+def fleet(worker_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = client(fleet_settings(worker_url, tmp_path))
+    yield fleet
+    assert isinstance(fleet.store, RedisStore)
+    fleet.store.close()
+
+
+def tasks_of(http: httpx.Client, trace_id: str) -> dict[str, dict[str, Any]]:
+    reply = http.get("/api/tasks", params={"search": trace_id})
+    reply.raise_for_status()
+    tasks: dict[str, dict[str, Any]] = reply.json()
+    return tasks
+
+
+def hears(flower: httpx.Client, fleet: Fleet, model: str) -> bool:
+    """Flower sees only events sent after it subscribed: True once a probe task shows up."""
+    probe = fleet.submit("probe", model=model)
+    probe.wait(timeout_s=30)
+    try:
+        wait_until(lambda: bool(tasks_of(flower, probe.trace_id)), 3.0, "the probe")
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.integration
+def test_flower_lists_the_tasks_of_a_trace_with_their_trace_ids(
+    flower: httpx.Client, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = explore_script(tmp_path / "model.yaml", 3)
+    wait_until(lambda: hears(flower, fleet, model), SEEN_TIMEOUT_S, "Flower to hear events")
+
+    root = fleet.submit(f"Survey the repo with key {SECRET} and more words", model=model)
+    assert root.wait(timeout_s=30).status == "completed"
+    children = fleet.store.children(root.trace_id)
+    assert len(children) == 3
+
+    def all_succeeded() -> bool:
+        tasks = tasks_of(flower, root.trace_id).values()
+        return len(tasks) >= 6 and all(t["state"] == "SUCCESS" for t in tasks)
+
+    wait_until(all_succeeded, SEEN_TIMEOUT_S, "run, 3 branches, collect and resume in Flower")
+    tasks = list(tasks_of(flower, root.trace_id).values())
+    runs = [t for t in tasks if "mode=" in t["args"]]
+    main_runs = [t for t in runs if "mode=main" in t["args"]]
+    assert len(main_runs) == 2, "the first run and the resume after collect"
+    for task in main_runs:
+        assert task["args"].startswith(f"('{root.trace_id}') mode=main parent=-")
+        assert "task='Survey the repo with key" in task["args"]
+    branches = [t for t in runs if "mode=explore" in t["args"]]
+    assert sorted(t["args"].split("'")[1] for t in branches) == sorted(children)
+    for task in branches:
+        assert f"parent={root.trace_id}" in task["args"] and task["routing_key"] == "fleet.explore"
+        # The shadow name from the worker's events, or the real one if the client's
+        # task-sent event reached Flower last (Celery sends that one without the shadow).
+        assert task["name"] == "fleet.run_agent" or task["name"].startswith("fleet.explore: Branch")
+    assert any(t["name"] == "fleet.collect" and root.trace_id in t["args"] for t in tasks)
+    everything = flower.get("/api/tasks").text
+    assert SECRET not in everything and REDACTED in everything
+
+    queues = flower.get("/api/queues/length").json()["active_queues"]
+    assert {q["name"] for q in queues} == set(QUEUES)
+    assert all(isinstance(q["messages"], int) for q in queues)
+
+
+@pytest.mark.integration
+def test_flower_off_loopback_asks_for_basic_auth(worker_url: str, tmp_path: Path) -> None:
+    process, port = start_flower(
+        worker_url, tmp_path, "--address", "0.0.0.0", "--basic-auth", "ops:s3cret"
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as http:
+            wait_until(lambda: answers(http, "/healthcheck"), SEEN_TIMEOUT_S, "Flower to listen")
+            assert http.get("/api/workers").status_code == 401
+            assert http.get("/api/queues/length", auth=("ops", "s3cret")).status_code == 200
+    finally:
+        stop(process)
+
+
+@pytest.mark.parametrize(
+    ("task", "shown"),
+    [
+        ("Summarise   the\nrepo", "Summarise the repo"),
+        (
+            "one two three four five six seven eight nine",
+            "one two three four five six seven eight …",
+        ),
+        ("use sk-proj-abcdefghijklmnop now", f"use {REDACTED} now"),
+        ("log in with password=hunter2 then", f"log in with {REDACTED} then"),
+        ("push with ghp_abcdefghijklmnopqrstu", f"push with {REDACTED}"),
+        ("the skeleton key: is fine", f"the skeleton {REDACTED} is fine"),
+        ("x" * 10_000, "x" * 23 + "…"),
+        (
+            " ".join(["abcdefghijklmnopqrstuvw"] * 8),
+            ("abcdefghijklmnopqrstuvw " * 4)[:78].rstrip() + " …",
+        ),
+    ],
+)
+def test_first_words_are_few_short_and_masked(task: str, shown: str) -> None:
+    assert first_words(task) == shown
+    assert len(first_words(task)) <= 80
+
+
+def test_task_repr_and_shadow_name_carry_mode_ids_and_words() -> None:
+    child = Trace(
+        trace_id="R@delegate-20261126021500-001",
+        root_trace_id="R",
+        parent_trace_id="R",
+        mode="delegate",
+        task=f"Fix the tests with token {SECRET} please and report back soon",
+    )
+    assert task_repr(child) == (
+        "('R@delegate-20261126021500-001') mode=delegate parent=R"
+        f" task='Fix the tests with token {REDACTED} please and …'"
+    )
+    assert shadow_name(child) == "fleet.delegate: Fix the tests with token …"
