@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import chord
+from celery import Celery, chord
 from celery.canvas import Signature, StampingVisitor
 
 from fleet.models import Trace
@@ -26,21 +26,33 @@ class TraceStamp(StampingVisitor):  # type: ignore[misc]
         return dict(self.headers)
 
 
-def run_signature(trace: Trace, task: str = "fleet.run_agent", **kwargs: Any) -> Signature:
+def run_signature(
+    trace: Trace,
+    task: str = "fleet.run_agent",
+    *,
+    via: Celery | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> Signature:
     """`fleet.run_agent(trace_id)` on its mode's queue, readable in Flower."""
     return Signature(
         task,
         args=(trace.trace_id,),
-        kwargs=kwargs,
+        kwargs=kwargs or {},
         queue=QUEUE_BY_MODE[trace.mode],
         options={"argsrepr": task_repr(trace), "shadow": shadow_name(trace)},
         immutable=True,
+        app=via or app,
     )
 
 
-def send(trace: Trace, task: str = "fleet.run_agent", **kwargs: Any) -> None:
-    """Send one run/resume task for a trace, stamped with its parent and root ids."""
-    signature = run_signature(trace, task, **kwargs)
+def send(
+    trace: Trace, task: str = "fleet.run_agent", *, via: Celery | None = None, **kwargs: Any
+) -> None:
+    """Send one run/resume task for a trace, stamped with its parent and root ids.
+
+    `via`: the app (broker) to send with; the worker's own app by default.
+    """
+    signature = run_signature(trace, task, via=via, kwargs=kwargs)
     signature.stamp(visitor=TraceStamp(trace.parent_trace_id or "", trace.root_trace_id))
     # Outside a chord nobody reads the result: don't store it, and don't make the sender
     # subscribe to its result channel (the Redis backend does that for every send).
