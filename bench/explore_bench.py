@@ -157,6 +157,25 @@ def quiesce(client: redis.Redis) -> None:
     time.sleep(0.3)
 
 
+def phases(fleet: Fleet, root_id: str, start_s: float) -> str:
+    """Where a fleet run's time went, from the stored timestamps (seconds after submit)."""
+    store = fleet.runtime.store
+    root = store.get_trace(root_id)
+    kids = [store.get_trace(c) for c in store.children(root_id)]
+    starts = [store.messages(k.trace_id)[0].created_at_ms for k in kids]
+    ends = [k.finished_at_ms or 0 for k in kids]
+    marks = {
+        "spawned": min(k.created_at_ms for k in kids),
+        "all spawned": max(k.created_at_ms for k in kids),
+        "first branch started": min(starts),
+        "all started": max(starts),
+        "first done": min(ends),
+        "all done": max(ends),
+        "root done": root.finished_at_ms or 0,
+    }
+    return "  ".join(f"{name} {ms / 1000 - start_s:.2f}" for name, ms in marks.items())
+
+
 def fleet_run(fleet: Fleet, meter: Meter, model: str) -> tuple[float, int]:
     before = meter.total()
     meter.polls = 0
@@ -173,7 +192,10 @@ def fleet_run(fleet: Fleet, meter: Meter, model: str) -> tuple[float, int]:
     if trace.status != "completed":
         raise RuntimeError(f"fleet run ended {trace.status!r}: {trace.error}")
     quiesce(meter.client)
-    return end - start, meter.total() - before - meter.polls
+    commands = meter.total() - before - meter.polls
+    if os.environ.get("BENCH_PHASES"):
+        print(f"#   phases (s): {phases(fleet, handle.trace_id, start)}", flush=True)
+    return end - start, commands
 
 
 def chord_run(meter: Meter, n: int, latency_ms: int) -> tuple[float, int]:
@@ -313,7 +335,10 @@ def main(argv: list[str] | None = None) -> None:
         settings = Settings.from_env(
             {"FLEET_REDIS_URL": server.url, "FLEET_WORKSPACE": str(tmp / "workspace")}
         )
-        fleet = Fleet.from_env(settings)  # also points the Celery app at this Redis
+        fleet = Fleet.from_env(settings)  # sends through an app of its own
+        # The chord and the worker ping go through the workers' app: point it at this Redis.
+        app.conf.broker_url = settings.broker_url
+        app.conf.result_backend = settings.redis_url
         stack.enter_context(
             workers(server.url, tmp / "workspace", args.pool, args.concurrency, args.workers)
         )

@@ -32,9 +32,8 @@ def write_result(
 ) -> None:
     """Collaborator entries plus one tool message summarising every child."""
     children = [store.get_trace(c) for c in child_ids]
-    parent = store.get_trace(parent_id)
     for child in children:
-        update_collaborator(store, parent, child, summary_chars)
+        update_collaborator(store, parent_id, child, summary_chars)
     tool_name = "evaluate" if children[0].mode == "evaluate" else "agent"
     content = render_result(children)
     if len(children) == 1:
@@ -50,12 +49,16 @@ def write_result(
             metadata={"sub_trace_ids": child_ids},
         )
     )
+    # A child shares its parent's tree, so the parent's events go to the child's root.
     store.emit(
-        parent.root_trace_id, Event(kind="message", trace_id=parent_id, data={"role": "tool"})
+        children[0].root_trace_id,
+        Event(kind="message", trace_id=parent_id, data={"role": "tool"}),
     )
 
 
-def update_collaborator(store: TraceStore, parent: Trace, child: Trace, summary_chars: int) -> None:
+def update_collaborator(
+    store: TraceStore, parent_trace_id: str, child: Trace, summary_chars: int
+) -> None:
     """Mirror a child's status and answer into its parent's collaborator entry."""
     status = child.status if child.status in ("completed", "failed", "stopped") else "running"
     summary = child.answer if child.status == "completed" else (child.error or child.status)
@@ -68,16 +71,13 @@ def update_collaborator(store: TraceStore, parent: Trace, child: Trace, summary_
         tool_call_id=child.parent_tool_call_id,
         stats=child.stats,
     )
-    store.put_collaborator(parent.trace_id, entry)
-    store.emit(
-        parent.root_trace_id,
-        Event(
-            kind="collaborator",
-            trace_id=child.trace_id,
-            status=status,
-            data={"parent_trace_id": parent.trace_id, "name": entry.name, "mode": child.mode},
-        ),
+    event = Event(
+        kind="collaborator",
+        trace_id=child.trace_id,
+        status=status,
+        data={"parent_trace_id": parent_trace_id, "name": entry.name, "mode": child.mode},
     )
+    store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
 
 
 def turn_complete(store: TraceStore, trace_id: str) -> bool:

@@ -1,8 +1,9 @@
 """The Redis TraceStore: MemoryStore's contract on the schema in `fleet.keys`.
 
 Every hot-path call (append_message, update_trace, add_stats, put_collaborator, emit,
-get_trace) is one round trip: a Lua script or a pipeline. The client must decode
-responses (`decode_responses=True`); `RedisStore.from_url` builds one that does.
+get_trace, snapshot, and the `*_and_emit` / `record_turn` writes that carry their event
+along) is one round trip: a Lua script (in `fleet.redis_scripts`) or a pipeline. The client
+must decode responses (`decode_responses=True`); `RedisStore.from_url` builds one that does.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from urllib.parse import urlsplit
 
 import redis
 
-from fleet import keys
+from fleet import keys, redis_scripts
 from fleet.errors import ConfigError, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
-from fleet.store import STATS_FIELDS
+from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
 
 SOCKET_TIMEOUT_S = 30.0
 """Read timeout of `from_url` clients; blocking event reads are clamped below it."""
@@ -33,81 +34,6 @@ BLOCK_MARGIN_MS = 1_000
 _FLOAT_STATS = frozenset({"cost_usd"})
 # The required Trace fields, so that an update's fields validate without reading the trace.
 _PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
-
-# KEYS: trace, stats, traces index[, parent's children]
-# ARGV: trace id, created_at_ms, ttl_s, n, n trace field/value items, stats field/value items
-_CREATE_TRACE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local n = tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], unpack(ARGV, 5, 4 + n))
-redis.call('HSET', KEYS[2], unpack(ARGV, 5 + n))
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1]) end
-for i, key in ipairs(KEYS) do
-  if i ~= 3 then redis.call('EXPIRE', key, ARGV[3]) end
-end
-return 1
-"""
-
-# KEYS: trace, stats, messages. ARGV: ttl_s, field/value items
-_UPDATE_TRACE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
-return 1
-"""
-
-# KEYS: trace, stats, messages[, usage]. ARGV: ttl_s, message JSON without sequence and
-# parent_sequence[, model, prompt_tokens, completion_tokens, cost_usd: a model turn's usage].
-# The two fields are spliced into the caller's JSON text: cjson would turn [] into {}.
-_APPEND_MESSAGE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
-local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
-local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
-redis.call('HSET', KEYS[3], seq, body .. string.sub(ARGV[2], 2))
-redis.call('HSET', KEYS[1], 'head_sequence', seq)
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
-if KEYS[4] then
-  redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. ARGV[3], ARGV[4])
-  redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. ARGV[3], ARGV[5])
-  redis.call('HINCRBYFLOAT', KEYS[4], 'cost_usd:' .. ARGV[3], ARGV[6])
-end
-return {seq, parent}
-"""
-
-# KEYS: collaborators, collaborator order. ARGV: ttl_s, child trace id, Collaborator JSON
-_PUT_COLLABORATOR = """
-if redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) == 1 then
-  redis.call('RPUSH', KEYS[2], ARGV[2])
-end
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
-"""
-
-# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
-_ACQUIRE_LEASE = """
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-return 1
-"""
-
-# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
-_RENEW_LEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-return 1
-"""
-
-# KEYS: lease, running index. ARGV: owner, trace id
-_RELEASE_LEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[2])
-return 1
-"""
 
 
 def connect(url: str) -> redis.Redis:
@@ -152,13 +78,14 @@ class RedisStore:
         self._owns_client = owns_client
         timeout_s = kwargs.get("socket_timeout")
         self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
-        self._create = client.register_script(_CREATE_TRACE)
-        self._update = client.register_script(_UPDATE_TRACE)
-        self._append = client.register_script(_APPEND_MESSAGE)
-        self._put_collaborator = client.register_script(_PUT_COLLABORATOR)
-        self._acquire = client.register_script(_ACQUIRE_LEASE)
-        self._renew = client.register_script(_RENEW_LEASE)
-        self._release = client.register_script(_RELEASE_LEASE)
+        self._create = client.register_script(redis_scripts.CREATE_TRACE)
+        self._update = client.register_script(redis_scripts.UPDATE_TRACE)
+        self._append = client.register_script(redis_scripts.APPEND_MESSAGE)
+        self._record = client.register_script(redis_scripts.RECORD_TURN)
+        self._put_collaborator = client.register_script(redis_scripts.PUT_COLLABORATOR)
+        self._acquire = client.register_script(redis_scripts.ACQUIRE_LEASE)
+        self._renew = client.register_script(redis_scripts.RENEW_LEASE)
+        self._release = client.register_script(redis_scripts.RELEASE_LEASE)
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -218,12 +145,39 @@ class RedisStore:
         return trace
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
+        self._update_trace(trace_id, None, fields)
+
+    def update_trace_and_emit(
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+    ) -> None:
+        self._update_trace(trace_id, (root_trace_id, event), fields)
+
+    def _update_trace(
+        self, trace_id: str, emit: tuple[str, Event] | None, fields: dict[str, Any]
+    ) -> None:
         fields.setdefault("updated_at_ms", now_ms())
         patch = Trace.model_validate({**_PLACEHOLDER, **fields}).model_dump(
             mode="json", include=set(fields)
         )
-        if not self._update(keys=_own_keys(trace_id), args=[keys.TRACE_TTL_S, *_encode(patch)]):
+        script_keys = _own_keys(trace_id)
+        args: list[str | int] = [keys.TRACE_TTL_S, keys.EVENTS_MAXLEN, ""]
+        if emit is not None:
+            script_keys.append(keys.events(emit[0]))
+            args[2] = emit[1].model_dump_json()
+        if not self._update(keys=script_keys, args=[*args, *_encode(patch)]):
             raise TraceNotFound(f"no trace {trace_id!r}")
+
+    def snapshot(self, trace_id: str) -> TraceSnapshot:
+        pipe = self._client.pipeline()  # MULTI: one instant, one round trip
+        pipe.hgetall(keys.trace(trace_id))
+        pipe.hgetall(keys.stats(trace_id))
+        pipe.hgetall(keys.messages(trace_id))
+        pipe.exists(keys.stop(trace_id))
+        data, stats, stored, stop = pipe.execute()
+        trace = _decode_trace(data, stats)
+        if trace is None:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        return TraceSnapshot(trace, _decode_messages(stored), bool(stop))
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         traces: list[Trace] = []
@@ -270,9 +224,30 @@ class RedisStore:
             update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
         )
 
+    def record_turn(
+        self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
+    ) -> Message:
+        body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
+        # The script writes the sequence where the placeholder -1 stood.
+        head, found, tail = with_sequence(event, -1).model_dump_json().partition('"sequence":-1')
+        assert found, "the event JSON lost its sequence placeholder"
+        script_keys = [*_own_keys(message.trace_id), keys.events(root_trace_id)]
+        args: list[str | float] = [keys.TRACE_TTL_S, keys.EVENTS_MAXLEN, body, head + found[:-2]]
+        args += [tail, "" if iteration is None else iteration, json.dumps(now_ms())]
+        args += [message.prompt_tokens, message.completion_tokens, message.cost_usd]
+        if message.model:  # a model turn: its usage also counts fleet-wide (`fleet metrics`)
+            script_keys.append(keys.USAGE)
+            args.append(message.model)
+        reply = self._record(keys=script_keys, args=args)
+        if reply is None:
+            raise TraceNotFound(f"no trace {message.trace_id!r}")
+        sequence, parent = reply
+        return message.model_copy(
+            update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
+        )
+
     def messages(self, trace_id: str) -> list[Message]:
-        stored = self._client.hgetall(keys.messages(trace_id))
-        return [Message.model_validate_json(stored[s]) for s in sorted(stored, key=int)]
+        return _decode_messages(self._client.hgetall(keys.messages(trace_id)))
 
     def set_head(self, trace_id: str, sequence: int | None) -> None:
         self.update_trace(trace_id, head_sequence=sequence)
@@ -298,6 +273,18 @@ class RedisStore:
             keys=[keys.collaborators(parent_trace_id), keys.collaborator_order(parent_trace_id)],
             args=[keys.TRACE_TTL_S, collaborator.trace_id, collaborator.model_dump_json()],
         )
+
+    def put_collaborator_and_emit(
+        self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
+    ) -> None:
+        script_keys = [
+            keys.collaborators(parent_trace_id),
+            keys.collaborator_order(parent_trace_id),
+            keys.events(root_trace_id),
+        ]
+        args: list[str | int] = [keys.TRACE_TTL_S, collaborator.trace_id]
+        args += [collaborator.model_dump_json(), keys.EVENTS_MAXLEN, event.model_dump_json()]
+        self._put_collaborator(keys=script_keys, args=args)
 
     def collaborators(self, parent_trace_id: str) -> list[Collaborator]:
         pipe = self._client.pipeline()
@@ -371,6 +358,10 @@ def _own_keys(trace_id: str) -> list[str]:
 def _encode(fields: Mapping[str, Any]) -> list[str]:
     """Field/value items for HSET, each value as JSON."""
     return [item for k, v in fields.items() for item in (k, json.dumps(v, ensure_ascii=False))]
+
+
+def _decode_messages(stored: Mapping[Any, Any]) -> list[Message]:
+    return [Message.model_validate_json(stored[s]) for s in sorted(stored, key=int)]
 
 
 def _decode_trace(data: Mapping[str, str], stats: Mapping[str, str]) -> Trace | None:

@@ -24,6 +24,7 @@ from fleet.llm.base import LLMResponse
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
+from fleet.store import TraceSnapshot
 from fleet.toolcalls import execute_turn, tool_schemas
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,12 @@ class Runner:
                 return RunResult(trace_id, outcome)
 
     def _drive(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
-        trace = self.store.get_trace(trace_id)
+        snapshot = self.store.snapshot(trace_id)
+        trace = snapshot.trace
         if trace.is_terminal:
             return _terminal(trace.status)
         self._set_status(trace, "running")
-        if not self._prepare(trace):
+        if not self._prepare(trace, snapshot.messages):
             self._set_status(trace, "waiting")
             return "waiting"
         started_ms = now_ms()
@@ -131,9 +133,9 @@ class Runner:
         finally:
             self.store.add_stats(trace_id, duration_ms=now_ms() - started_ms)
 
-    def _prepare(self, trace: Trace) -> bool:
+    def _prepare(self, trace: Trace, messages: list[Message]) -> bool:
         """Write the first messages or heal the open turn; False while children still run."""
-        path = main_path(self.store.messages(trace.trace_id), trace.head_sequence)
+        path = main_path(messages, trace.head_sequence)
         if not path:
             for message in first_messages(self.runtime, trace):
                 self.store.append_message(message)
@@ -173,10 +175,10 @@ class Runner:
 
     def _loop(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
         while True:
-            trace = self.store.get_trace(trace_id)
-            if (ended := self._between_turns(trace, heartbeat)) is not None:
+            snapshot = self.store.snapshot(trace_id)  # trace, messages and stop flag: 1 read
+            if (ended := self._between_turns(snapshot, heartbeat)) is not None:
                 return ended
-            step = self._turn(trace)
+            step, trace = self._turn(snapshot)
             match step:
                 case Finish(answer=answer):
                     return self.finish(trace_id, "completed", answer=answer, reason="final_answer")
@@ -186,34 +188,37 @@ class Runner:
                     )
                     return self.finish(trace_id, "failed", error=error, reason="doom_loop")
                 case CallTools(calls=calls):
-                    if not execute_turn(self.runtime, self.store.get_trace(trace_id), calls):
+                    if not execute_turn(self.runtime, trace, calls):
                         return "waiting"
                     if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
                         self._set_status(self.store.get_trace(trace_id), "running")
                 case _:
                     assert_never(step)
 
-    def _between_turns(self, trace: Trace, heartbeat: Heartbeat) -> Outcome | None:
+    def _between_turns(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
+        trace = snapshot.trace
         max_iterations = self.runtime.preset(trace.preset).max_iterations
         if heartbeat.lost.is_set():
             return "lost"
         if self.should_yield():
             self._set_status(trace, "queued")
             return "yielded"
-        if self.store.stop_requested(trace.trace_id):
+        if snapshot.stop_requested:
             return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
         if trace.iteration >= max_iterations:
             error = f"stopped after max_iterations={max_iterations}"
             return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
         return None
 
-    def _turn(self, trace: Trace) -> Step:
-        """One model call, persisted, and what to do about it."""
+    def _turn(self, snapshot: TraceSnapshot) -> tuple[Step, Trace]:
+        """One model call, persisted, what to do about it, and the trace as recorded."""
+        trace, messages = snapshot.trace, snapshot.messages
         head = trace.head_sequence  # read at the top of this turn; a note moves it
         if (note := injection(self.runtime, trace)) is not None:
-            head = self.store.append_message(note).sequence
-        path = main_path(self.store.messages(trace.trace_id), head)
+            stored = self.store.append_message(note)
+            head, messages = stored.sequence, [*messages, stored]
+        path = main_path(messages, head)
         self.runtime.hooks.turn_started(trace, trace.iteration)
         model_name = self.runtime.model_name(trace.model, trace.preset)
         response = self.runtime.client(model_name).complete(
@@ -222,12 +227,18 @@ class Runner:
             temperature=self.runtime.preset(trace.preset).temperature,
         )
         self.runtime.hooks.model_responded(trace, response)
-        self._record(trace, response, model_name)
+        recorded = self._record(trace, response, model_name)
         repeats = self.runtime.settings.doom_loop_repeats
-        return decide_next(response, recent_calls(path, repeats - 1), repeats)
+        return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded
 
-    def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> None:
-        message = self.store.append_message(
+    def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> Trace:
+        """Persist the turn in one store call; the trace as it now is, without a read."""
+        tools = [c.name for c in response.tool_calls]
+        event = Event(
+            kind="message", trace_id=trace.trace_id, data={"role": "assistant", "tools": tools}
+        )
+        message = self.store.record_turn(
+            trace.root_trace_id,
             Message(
                 trace_id=trace.trace_id,
                 role="assistant",
@@ -237,25 +248,11 @@ class Runner:
                 prompt_tokens=response.usage.prompt_tokens,
                 completion_tokens=response.usage.completion_tokens,
                 cost_usd=response.usage.cost_usd,
-            )
-        )
-        self.store.add_stats(
-            trace.trace_id,
-            messages=1,
-            prompt_tokens=response.usage.prompt_tokens,
-            completion_tokens=response.usage.completion_tokens,
-            cost_usd=response.usage.cost_usd,
-        )
-        self.store.update_trace(trace.trace_id, iteration=trace.iteration + 1)
-        tools = [c.name for c in response.tool_calls]
-        self.store.emit(
-            trace.root_trace_id,
-            Event(
-                kind="message",
-                trace_id=trace.trace_id,
-                data={"role": "assistant", "sequence": message.sequence, "tools": tools},
             ),
+            event,
+            iteration=trace.iteration + 1,
         )
+        return _recorded(trace, message)
 
     def finish(
         self,
@@ -277,25 +274,40 @@ class Runner:
             "updated_at_ms": finished,
             "metadata": {**before.metadata, "stop_reason": reason},
         }
-        self.store.update_trace(trace_id, **fields)
+        event = Event(kind="finish", trace_id=trace_id, status=status, data={"reason": reason})
+        if before.parent_trace_id:
+            self.store.update_trace(trace_id, **fields)
+        else:  # the root: its finish event is the last word, so it goes with the write
+            self.store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
         trace = before.model_copy(update=fields)  # what was written: no second read
         if trace.parent_trace_id:
-            parent = self.store.get_trace(trace.parent_trace_id)
-            update_collaborator(self.store, parent, trace, self.runtime.settings.summary_chars)
-        self.store.emit(
-            trace.root_trace_id,
-            Event(kind="finish", trace_id=trace_id, status=status, data={"reason": reason}),
-        )
+            update_collaborator(
+                self.store, trace.parent_trace_id, trace, self.runtime.settings.summary_chars
+            )
+            self.store.emit(trace.root_trace_id, event)
         self.runtime.hooks.run_finished(trace)
         return _terminal(status)
 
     def _set_status(self, trace: Trace, status: Status) -> None:
         if trace.status == status:
             return
-        self.store.update_trace(trace.trace_id, status=status)
-        self.store.emit(
-            trace.root_trace_id, Event(kind="trace", trace_id=trace.trace_id, status=status)
-        )
+        event = Event(kind="trace", trace_id=trace.trace_id, status=status)
+        self.store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
+
+
+def _recorded(trace: Trace, message: Message) -> Trace:
+    """The trace after `record_turn` wrote this model turn (as a fresh read would show it)."""
+    stats = trace.stats.model_copy(
+        update={
+            "messages": trace.stats.messages + 1,
+            "prompt_tokens": trace.stats.prompt_tokens + message.prompt_tokens,
+            "completion_tokens": trace.stats.completion_tokens + message.completion_tokens,
+            "cost_usd": trace.stats.cost_usd + message.cost_usd,
+        }
+    )
+    update = {"iteration": trace.iteration + 1, "stats": stats}
+    update |= {"head_sequence": message.sequence, "last_sequence": message.sequence}
+    return trace.model_copy(update=update)
 
 
 def _terminal(status: Status) -> Outcome:

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fleet.errors import TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 
 STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
+
+
+@dataclass(frozen=True)
+class TraceSnapshot:
+    """What a runner reads at the top of a turn, taken in one step."""
+
+    trace: Trace
+    messages: list[Message]
+    """Every message of the trace (all branches), by sequence."""
+    stop_requested: bool
+
+
+def with_sequence(event: Event, sequence: int) -> Event:
+    """The event of an appended message, its `data` naming the message's sequence."""
+    return event.model_copy(update={"data": {**event.data, "sequence": sequence}})
 
 
 class TraceStore(Protocol):
@@ -27,6 +43,16 @@ class TraceStore(Protocol):
         """Overwrite these top-level fields only (other writers' fields are untouched)."""
         ...
 
+    def update_trace_and_emit(
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+    ) -> None:
+        """`update_trace` and `emit` in one atomic step."""
+        ...
+
+    def snapshot(self, trace_id: str) -> TraceSnapshot:
+        """The trace, all its messages and its stop flag, read together."""
+        ...
+
     def list_traces(self, limit: int = 50) -> list[Trace]:
         """Newest first."""
         ...
@@ -37,6 +63,16 @@ class TraceStore(Protocol):
 
     def append_message(self, message: Message) -> Message:
         """Atomically give the message the next sequence, hang it under the head, move the head."""
+        ...
+
+    def record_turn(
+        self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
+    ) -> Message:
+        """`append_message` and emit its event, with `data["sequence"]` set, in one step.
+
+        With `iteration` the message is a model turn: its usage is added to the stats
+        (`messages` + 1) and the trace's iteration is set, in the same step.
+        """
         ...
 
     def messages(self, trace_id: str) -> list[Message]:
@@ -53,6 +89,12 @@ class TraceStore(Protocol):
 
     def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
         """Insert or replace the entry of one child; atomic per child."""
+        ...
+
+    def put_collaborator_and_emit(
+        self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
+    ) -> None:
+        """`put_collaborator` and `emit` in one atomic step."""
         ...
 
     def collaborators(self, parent_trace_id: str) -> list[Collaborator]:
@@ -153,6 +195,19 @@ class MemoryStore:
         with self._lock:
             self._traces[trace_id].update(patch)
 
+    def update_trace_and_emit(
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+    ) -> None:
+        with self._lock:
+            self.update_trace(trace_id, **fields)
+            self.emit(root_trace_id, event)
+
+    def snapshot(self, trace_id: str) -> TraceSnapshot:
+        with self._lock:
+            return TraceSnapshot(
+                self.get_trace(trace_id), self.messages(trace_id), self.stop_requested(trace_id)
+            )
+
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:
             ids = sorted(self._traces, key=lambda t: self._traces[t]["created_at_ms"])
@@ -175,6 +230,23 @@ class MemoryStore:
             data.update(last_sequence=sequence, head_sequence=sequence)
             return stored
 
+    def record_turn(
+        self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
+    ) -> Message:
+        with self._lock:
+            stored = self.append_message(message)
+            if iteration is not None:
+                self.add_stats(
+                    message.trace_id,
+                    messages=1,
+                    prompt_tokens=message.prompt_tokens,
+                    completion_tokens=message.completion_tokens,
+                    cost_usd=message.cost_usd,
+                )
+                self.update_trace(message.trace_id, iteration=iteration)
+            self.emit(root_trace_id, with_sequence(event, stored.sequence))
+            return stored
+
     def messages(self, trace_id: str) -> list[Message]:
         with self._lock:
             stored = self._messages.get(trace_id, {})
@@ -194,6 +266,13 @@ class MemoryStore:
     def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
         with self._lock:
             self._collaborators[parent_trace_id][collaborator.trace_id] = collaborator
+
+    def put_collaborator_and_emit(
+        self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
+    ) -> None:
+        with self._lock:
+            self.put_collaborator(parent_trace_id, collaborator)
+            self.emit(root_trace_id, event)
 
     def collaborators(self, parent_trace_id: str) -> list[Collaborator]:
         with self._lock:

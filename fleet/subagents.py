@@ -70,7 +70,13 @@ class SpawnRequest:
     tool_call_id: str
     tool_name: str
     mode: Mode
-    child_ids: tuple[str, ...]
+    children: tuple[Trace, ...]
+    """The child traces as created (or reopened): a dispatcher need not read them back."""
+
+    @property
+    def child_ids(self) -> tuple[str, ...]:
+        """The children's trace ids, in order."""
+        return tuple(c.trace_id for c in self.children)
 
 
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
@@ -97,7 +103,7 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
         tool_call_id=call.id,
         tool_name=call.name,
         mode=children[0].mode,
-        child_ids=tuple(c.trace_id for c in children),
+        children=tuple(children),
     )
 
 
@@ -242,13 +248,10 @@ def _announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
         mode=child.mode,
         tool_call_id=child.parent_tool_call_id,
     )
-    runtime.store.put_collaborator(parent.trace_id, entry)
-    runtime.store.emit(
-        parent.root_trace_id,
-        Event(
-            kind="collaborator",
-            trace_id=child.trace_id,
-            status="queued",
-            data={"parent_trace_id": parent.trace_id, "name": child.name, "mode": child.mode},
-        ),
+    event = Event(
+        kind="collaborator",
+        trace_id=child.trace_id,
+        status="queued",
+        data={"parent_trace_id": parent.trace_id, "name": child.name, "mode": child.mode},
     )
+    runtime.store.put_collaborator_and_emit(parent.trace_id, parent.root_trace_id, entry, event)

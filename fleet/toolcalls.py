@@ -125,7 +125,13 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
 
 
 def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -> None:
-    message = runtime.store.append_message(
+    event = Event(
+        kind="message",
+        trace_id=trace.trace_id,
+        data={"role": "tool", "tool": call.name, "is_error": result.is_error},
+    )
+    runtime.store.record_turn(
+        trace.root_trace_id,
         Message(
             trace_id=trace.trace_id,
             role="tool",
@@ -134,18 +140,6 @@ def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -
             content=result.output,
             long_term_memory=result.long_term_memory,
             metadata={"title": result.title, "is_error": result.is_error},
-        )
-    )
-    runtime.store.emit(
-        trace.root_trace_id,
-        Event(
-            kind="message",
-            trace_id=trace.trace_id,
-            data={
-                "role": "tool",
-                "tool": call.name,
-                "sequence": message.sequence,
-                "is_error": result.is_error,
-            },
         ),
+        event,
     )

@@ -194,6 +194,74 @@ def test_add_stats_rejects_unknown_fields(store: TraceStore) -> None:
         store.add_stats("t1", bogus=1)
 
 
+def turn_message(trace_id: str = "t1") -> Message:
+    return Message(
+        trace_id=trace_id,
+        role="assistant",
+        content="ok ✓",
+        tool_calls=[],
+        model="m",
+        prompt_tokens=7,
+        completion_tokens=3,
+        cost_usd=0.25,
+    )
+
+
+def test_record_turn_appends_counts_and_emits_in_one_step(store: TraceStore) -> None:
+    store.create_trace(make_trace())
+    event = Event(kind="message", trace_id="t1", data={"role": "assistant", "tools": []})
+    stored = store.record_turn("t1", turn_message(), event, iteration=1)
+    assert (stored.sequence, stored.parent_sequence) == (1, None)
+    assert store.messages("t1") == [stored]
+    trace = store.get_trace("t1")
+    assert (trace.iteration, trace.head_sequence, trace.last_sequence) == (1, 1, 1)
+    usage = TraceStats(messages=1, prompt_tokens=7, completion_tokens=3, cost_usd=0.25)
+    assert trace.stats == usage
+    expected = event.model_copy(update={"data": {"role": "assistant", "tools": [], "sequence": 1}})
+    assert [e for _, e in store.read_events("t1")] == [expected]
+
+
+def test_record_turn_of_a_tool_result_leaves_stats_and_iteration(store: TraceStore) -> None:
+    store.create_trace(make_trace())
+    store.append_message(user("t1"))
+    event = Event(kind="message", trace_id="t1", data={"role": "tool", "tool": "x"})
+    stored = store.record_turn("t1", Message(trace_id="t1", role="tool", content="out"), event)
+    assert (stored.sequence, stored.parent_sequence) == (2, 1)
+    trace = store.get_trace("t1")
+    assert (trace.iteration, trace.head_sequence, trace.stats) == (0, 2, TraceStats())
+    assert [e.data["sequence"] for _, e in store.read_events("t1")] == [2]
+
+
+def test_combined_writes_to_a_missing_trace_raise_and_emit_nothing(store: TraceStore) -> None:
+    event = Event(kind="trace", trace_id="nope", status="running")
+    with pytest.raises(TraceNotFound):
+        store.record_turn("r", turn_message("nope"), event, iteration=1)
+    with pytest.raises(TraceNotFound):
+        store.update_trace_and_emit("nope", "r", event, status="running")
+    assert store.read_events("r") == []
+
+
+def test_update_trace_and_emit(store: TraceStore) -> None:
+    store.create_trace(make_trace())
+    event = Event(kind="finish", trace_id="t1", status="completed", data={"reason": "x"})
+    store.update_trace_and_emit("t1", "root", event, status="completed", answer="42")
+    trace = store.get_trace("t1")
+    assert (trace.status, trace.answer, trace.task) == ("completed", "42", "do")
+    assert [e for _, e in store.read_events("root")] == [event]
+
+
+def test_snapshot_reads_trace_messages_and_stop_flag(store: TraceStore) -> None:
+    store.create_trace(make_trace())
+    stored = [store.append_message(user("t1", str(i))) for i in range(2)]
+    snapshot = store.snapshot("t1")
+    assert (snapshot.trace, snapshot.messages) == (store.get_trace("t1"), stored)
+    assert not snapshot.stop_requested
+    store.request_stop("t1")
+    assert store.snapshot("t1").stop_requested
+    with pytest.raises(TraceNotFound):
+        store.snapshot("nope")
+
+
 # -- collaborators and events --------------------------------------------------
 
 
@@ -208,6 +276,15 @@ def test_collaborators_keep_first_insertion_order(store: TraceStore) -> None:
     done = collaborator("p@b", "completed", "plan A ✓")
     store.put_collaborator("p", done)
     assert store.collaborators("p") == [done, *first[1:]]
+
+
+def test_put_collaborator_and_emit(store: TraceStore) -> None:
+    event = Event(kind="collaborator", trace_id="p@a", status="running", data={"mode": "x"})
+    done = collaborator("p@a", "completed")
+    store.put_collaborator_and_emit("p", "root", collaborator("p@a"), event)
+    store.put_collaborator_and_emit("p", "root", done, event)
+    assert store.collaborators("p") == [done]
+    assert [e for _, e in store.read_events("root")] == [event, event]
 
 
 def test_concurrent_collaborators_none_lost_or_duplicated(store: TraceStore) -> None:

@@ -66,8 +66,7 @@ class CeleryDispatcher:
 
     def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
         """Send `chord(run_agent per child)(collect)` stamped with the tree's ids."""
-        store = runtime.store
-        header = [run_signature(store.get_trace(child)) for child in request.child_ids]
+        header = [run_signature(child) for child in request.children]
         # No child ids in the body or errback: every header message embeds both, so a list
         # of N ids would make an explore of N branches move O(N^2) bytes. `collect` reads
         # the ids from the header results instead.

@@ -1,0 +1,118 @@
+"""The Lua scripts of `RedisStore`: each is one atomic round trip on the keys in `fleet.keys`.
+
+Event stream writes (XADD + EXPIRE) ride along in the script of the write they describe, so
+a write and its event cost one round trip and land together.
+"""
+
+from __future__ import annotations
+
+# KEYS: trace, stats, traces index[, parent's children]
+# ARGV: trace id, created_at_ms, ttl_s, n, n trace field/value items, stats field/value items
+CREATE_TRACE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local n = tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], unpack(ARGV, 5, 4 + n))
+redis.call('HSET', KEYS[2], unpack(ARGV, 5 + n))
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1]) end
+for i, key in ipairs(KEYS) do
+  if i ~= 3 then redis.call('EXPIRE', key, ARGV[3]) end
+end
+return 1
+"""
+
+# KEYS: trace, stats, messages[, events]
+# ARGV: ttl_s, events maxlen, event JSON ('' without KEYS[4]), field/value items
+UPDATE_TRACE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+if KEYS[4] then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[3])
+  redis.call('EXPIRE', KEYS[4], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: trace, stats, messages[, usage]. ARGV: ttl_s, message JSON without sequence and
+# parent_sequence[, model, prompt_tokens, completion_tokens, cost_usd: a model turn's usage].
+# The two fields are spliced into the caller's JSON text: cjson would turn [] into {}.
+APPEND_MESSAGE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
+local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
+local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
+redis.call('HSET', KEYS[3], seq, body .. string.sub(ARGV[2], 2))
+redis.call('HSET', KEYS[1], 'head_sequence', seq)
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+if KEYS[4] then
+  redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. ARGV[3], ARGV[4])
+  redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. ARGV[3], ARGV[5])
+  redis.call('HINCRBYFLOAT', KEYS[4], 'cost_usd:' .. ARGV[3], ARGV[6])
+end
+return {seq, parent}
+"""
+
+# APPEND_MESSAGE plus the message's event, and for a model turn its stats and iteration.
+# KEYS: trace, stats, messages, events[, usage]
+# ARGV: ttl_s, events maxlen, message JSON without sequence and parent_sequence, event JSON
+# before and after its sequence, iteration ('' for no model turn), updated_at_ms,
+# prompt_tokens, completion_tokens, cost_usd[, model: with KEYS[5]]
+RECORD_TURN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
+local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
+local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
+redis.call('HSET', KEYS[3], seq, body .. string.sub(ARGV[3], 2))
+redis.call('HSET', KEYS[1], 'head_sequence', seq)
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[4] .. seq .. ARGV[5])
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[1], 'iteration', ARGV[6], 'updated_at_ms', ARGV[7])
+  redis.call('HINCRBY', KEYS[2], 'messages', 1)
+  redis.call('HINCRBY', KEYS[2], 'prompt_tokens', ARGV[8])
+  redis.call('HINCRBY', KEYS[2], 'completion_tokens', ARGV[9])
+  redis.call('HINCRBYFLOAT', KEYS[2], 'cost_usd', ARGV[10])
+end
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+if KEYS[5] then
+  redis.call('HINCRBY', KEYS[5], 'prompt_tokens:' .. ARGV[11], ARGV[8])
+  redis.call('HINCRBY', KEYS[5], 'completion_tokens:' .. ARGV[11], ARGV[9])
+  redis.call('HINCRBYFLOAT', KEYS[5], 'cost_usd:' .. ARGV[11], ARGV[10])
+end
+return {seq, parent}
+"""
+
+# KEYS: collaborators, collaborator order[, events]
+# ARGV: ttl_s, child trace id, Collaborator JSON[, events maxlen, event JSON: with KEYS[3]]
+PUT_COLLABORATOR = """
+if redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+end
+if KEYS[3] then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'e', ARGV[5]) end
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
+"""
+
+# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
+ACQUIRE_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
+RENEW_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: lease, running index. ARGV: owner, trace id
+RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+"""
