@@ -274,7 +274,8 @@ class Runner:
             "updated_at_ms": finished,
             "metadata": {**before.metadata, "stop_reason": reason},
         }
-        event = Event(kind="finish", trace_id=trace_id, status=status, data={"reason": reason})
+        data = {"reason": reason, "name": before.name or before.mode}
+        event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
         if before.parent_trace_id:
             self.store.update_trace(trace_id, **fields)
         else:  # the root: its finish event is the last word, so it goes with the write
