@@ -49,3 +49,15 @@ def store(request: pytest.FixtureRequest) -> TraceStore:
         return MemoryStore()
     client: redis.Redis = request.getfixturevalue("redis_client")
     return RedisStore(client)
+
+
+@pytest.fixture(scope="module")
+def worker_url(redis_url: str) -> Iterator[str]:
+    """A real worker process (threads pool, all fleet queues) on the session Redis, emptied."""
+    from tests.procs import start_worker, wait_for_workers
+
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.flushdb()
+    with start_worker(redis_url, concurrency=16) as worker:
+        wait_for_workers(redis_url, [worker.name], timeout_s=30)
+        yield redis_url

@@ -39,7 +39,6 @@ from fleet.settings import Settings
 from fleet.store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 from tests.fleetkit import client, fleet_settings
-from tests.procs import start_worker, wait_for_workers
 
 MODEL = "test-model"
 
@@ -308,20 +307,6 @@ def test_resume_cuts_a_torn_line_and_adopts_an_orphan_root(tmp_path: Path) -> No
 
 
 # -- Fleet.batch on a real worker -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def worker_url(redis_url: str) -> Iterator[str]:
-    """A worker process on the session Redis, emptied first.
-
-    The database of the in-process Celery client of every test module: Celery keeps its
-    first broker connection, so a client in this process cannot move to another database.
-    """
-    with redis.Redis.from_url(redis_url) as admin:
-        admin.flushdb()
-    with start_worker(redis_url, concurrency=16) as worker:
-        wait_for_workers(redis_url, [worker.name], timeout_s=30)
-        yield redis_url
 
 
 def clear_traces(url: str) -> None:

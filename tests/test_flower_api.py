@@ -12,14 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from fleet.client import Fleet
 from fleet.models import Trace
 from fleet.redis_server import free_port
 from fleet.redis_store import RedisStore
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
-from tests.procs import start_worker, wait_for_workers
 from workers.app import QUEUES
 from workers.naming import REDACTED, first_words, shadow_name, task_repr
 
@@ -27,20 +25,6 @@ FLEET = [sys.executable, "-m", "fleet.cli.main"]
 SECRET = "sk-live-abcdefghijklmnopqrstuvwx"
 """A key-shaped word in a task: Flower must never show it."""
 SEEN_TIMEOUT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def worker_url(redis_url: str) -> Iterator[str]:
-    """A worker process on the session Redis, emptied first.
-
-    The database of the in-process Celery client of every test module: Celery keeps its
-    first broker connection, so a client in this process cannot move to another database.
-    """
-    with redis.Redis.from_url(redis_url) as admin:
-        admin.flushdb()
-    with start_worker(redis_url, concurrency=16) as worker:
-        wait_for_workers(redis_url, [worker.name], timeout_s=30)
-        yield redis_url
 
 
 def start_flower(url: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from rich.console import Console
 
 from fleet.api import TaskSpec, create_root
@@ -22,7 +21,6 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
 from tests.fleetkit import client, explore_script, fleet_settings
-from tests.procs import start_worker, wait_for_workers
 from workers.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 
 FLEET = [sys.executable, "-m", "fleet.cli.main"]
@@ -96,20 +94,6 @@ def test_watching_a_branch_shows_only_its_subtree(tmp_path: Path) -> None:
 
 
 # -- the command, on a real worker -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def worker_url(redis_url: str) -> Iterator[str]:
-    """A worker process on the session Redis, emptied first.
-
-    The database of the in-process Celery client of every test module: Celery keeps its
-    first broker connection, so a client in this process cannot move to another database.
-    """
-    with redis.Redis.from_url(redis_url) as admin:
-        admin.flushdb()
-    with start_worker(redis_url, concurrency=16) as worker:
-        wait_for_workers(redis_url, [worker.name], timeout_s=30)
-        yield redis_url
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fleet.cli.inline import run_inline
-from fleet.cli.output import result_object
+from fleet.cli.output import report
 from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.models import Event
@@ -64,16 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    trace = fleet.trace(handle.trace_id)
-    if args.json:
-        from fleet.cli.main import print_json
-
-        print_json(result_object(fleet.store, trace))
-    elif trace.status == "completed":
-        print(trace.answer or "")
-    else:
-        print(f"{trace.status}: {trace.error}", file=sys.stderr)
-    return EXIT_OK if trace.status == "completed" else EXIT_FAILED
+    return report(fleet.store, fleet.trace(handle.trace_id), as_json=args.json)
 
 
 def require_workers(fleet: Fleet, queue: str) -> None:

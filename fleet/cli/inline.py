@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from fleet.api import LocalFleet
-from fleet.cli.output import result_object
+from fleet.cli.output import report
 from fleet.settings import Settings
 
 
@@ -37,17 +36,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_inline(args: argparse.Namespace) -> int:
     """Run the task in-process and print the answer (or the JSON object)."""
-    from fleet.cli.main import EXIT_FAILED, EXIT_OK, print_json
-
     settings = Settings.from_env()
     if args.workspace is not None or "FLEET_WORKSPACE" in os.environ:
         settings = settings.with_workspace(args.workspace or settings.workspace)
     local = LocalFleet.from_settings(settings, redis=bool(os.environ.get("FLEET_REDIS_URL")))
     trace = local.run(args.task, model=args.model, preset=args.preset)
-    if args.json:
-        print_json(result_object(local.store, trace))
-    elif trace.status == "completed":
-        print(trace.answer or "")
-    else:
-        print(f"{trace.status}: {trace.error}", file=sys.stderr)
-    return EXIT_OK if trace.status == "completed" else EXIT_FAILED
+    return report(local.store, trace, as_json=args.json)

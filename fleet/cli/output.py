@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 from fleet.models import Trace
@@ -77,3 +79,14 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
 def _one_line(text: str, limit: int = 160) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def report(store: TraceStore, trace: Trace, *, as_json: bool) -> int:
+    """Print a finished run (the answer, or the JSON object); exit 0 only if it completed."""
+    if as_json:
+        print(json.dumps(result_object(store, trace), indent=2, ensure_ascii=False))
+    elif trace.status == "completed":
+        print(trace.answer or "")
+    else:
+        print(f"{trace.status}: {trace.error}", file=sys.stderr)
+    return 0 if trace.status == "completed" else 1
