@@ -1,0 +1,315 @@
+"""`fleet run|trace|stop|flower` as subprocesses against worker processes on a real Redis."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleet.client import Fleet
+from fleet.redis_server import free_port
+from tests.fleetkit import explore_script, wait_until
+from tests.procs import WorkerProcess
+from tests.test_fleet_recovery import database_url, fleet_client, start_workers, survey_script
+
+pytestmark = pytest.mark.integration
+
+FLEET = [sys.executable, "-m", "fleet.cli.main"]
+CLI_DB = 3
+EMPTY_DB = 4
+"""A database no worker listens on."""
+CLI_TIMEOUT_S = 60.0
+SECRET = "sk-test-secret"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("workspace")
+
+
+@pytest.fixture(scope="module")
+def url(redis_url: str) -> str:
+    return database_url(redis_url, CLI_DB)
+
+
+@pytest.fixture(scope="module")
+def workers(url: str, workspace: Path) -> Iterator[list[WorkerProcess]]:
+    """Two thread-pool worker processes on every queue, with a provider key in their env."""
+    env = {"FLEET_WORKSPACE": str(workspace), "OPENAI_API_KEY": SECRET}
+    with contextlib.ExitStack() as stack:
+        yield start_workers(stack, url, 2, concurrency=8, env_extra=env)
+
+
+@pytest.fixture
+def fleet(url: str, workspace: Path, workers: list[WorkerProcess]) -> Iterator[Fleet]:
+    with fleet_client(url, url, workspace) as client:
+        yield client
+
+
+def cli_env(url: str, workspace: Path, **extra: str) -> dict[str, str]:
+    """This environment without fleet, Flower or provider settings, plus the test fleet's."""
+    drop = ("FLEET_", "FLOWER_", "OPENAI_", "ANTHROPIC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return {**env, "FLEET_REDIS_URL": url, "FLEET_WORKSPACE": str(workspace), **extra}
+
+
+def fleet_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FLEET, *args], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("fleet: error: ")
+    return lines[0]
+
+
+def failing_script(path: Path) -> str:
+    """A main agent whose first model call fails."""
+    steps = [{"raise": "the model is down"}]
+    path.write_text(yaml.safe_dump({"scripts": [{"match": ".*", "steps": steps}]}))
+    return f"scripted:{path}"
+
+
+def test_run_streams_progress_and_prints_the_answer(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = explore_script(tmp_path / "m.yaml", 3, latency_ms=50)
+    result = fleet_cli(["run", "--model", model, "survey"], cli_env(url, workspace))
+    assert result.returncode == 0, result.stderr
+    root_id = result.stderr.splitlines()[0].removeprefix("submitted ")
+    assert result.stderr.count(" started (") == 3, result.stderr
+    assert result.stderr.count("✓ ") == 3, result.stderr
+    assert f"[completed] {root_id}" in result.stderr
+    assert result.stdout == f"{fleet.trace(root_id).answer}\n"
+    assert result.stdout.startswith("summary: Explore finished: 3 branches, 3 completed.")
+
+
+def test_run_json_has_the_keys_of_an_inline_run(
+    url: str, workspace: Path, workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    model = explore_script(tmp_path / "m.yaml", 3)
+    env = cli_env(url, workspace)
+    via_fleet = fleet_cli(["run", "--json", "--model", model, "survey"], env)
+    inline = fleet_cli(["run", "--inline", "--json", "--model", model, "survey"], env)
+    assert via_fleet.returncode == 0 and inline.returncode == 0, via_fleet.stderr + inline.stderr
+    out, expected = json.loads(via_fleet.stdout), json.loads(inline.stdout)
+    assert out.keys() == expected.keys() >= {"trace_id", "status", "answer", "collaborators"}
+    assert out["status"] == expected["status"] == "completed"
+    assert out["answer"].splitlines()[0] == expected["answer"].splitlines()[0]
+    assert out["stats"].keys() == expected["stats"].keys()
+    assert [c.keys() for c in out["collaborators"]] == [c.keys() for c in expected["collaborators"]]
+    assert {"name", "trace_id", "status", "summary"} == set(out["collaborators"][0])
+    assert {c["status"] for c in out["collaborators"]} == {"completed"}
+    assert all(c["trace_id"].startswith(out["trace_id"] + "@") for c in out["collaborators"])
+
+
+def test_a_failing_run_exits_1(
+    url: str, workspace: Path, workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    result = fleet_cli(
+        ["run", "--model", failing_script(tmp_path / "m.yaml"), "survey"], cli_env(url, workspace)
+    )
+    assert result.returncode == 1, result.stderr
+    assert "failed: " in result.stderr and "the model is down" in result.stderr
+    assert result.stdout == ""
+
+
+def test_run_on_an_unreachable_redis_is_one_line(workspace: Path) -> None:
+    env = cli_env("redis://127.0.0.1:1", workspace)
+    line = assert_one_line_error(fleet_cli(["run", "--model", "scripted:x.yaml", "survey"], env))
+    assert "127.0.0.1:1" in line
+
+
+def test_run_without_a_worker_on_the_main_queue_is_one_line(
+    redis_url: str, workspace: Path, tmp_path: Path
+) -> None:
+    env = cli_env(database_url(redis_url, EMPTY_DB), workspace)
+    model = explore_script(tmp_path / "m.yaml", 1)
+    line = assert_one_line_error(fleet_cli(["run", "--model", model, "survey"], env))
+    assert "'fleet.main'" in line
+
+
+def test_trace_show_and_list_as_json(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = explore_script(tmp_path / "m.yaml", 2)
+    first = fleet.submit("first survey", model=model).wait(timeout_s=CLI_TIMEOUT_S)
+    second = fleet.submit("second survey", model=model).wait(timeout_s=CLI_TIMEOUT_S)
+    env = cli_env(url, workspace)
+
+    shown = fleet_cli(["trace", "show", second.trace_id, "--json"], env)
+    assert shown.returncode == 0, shown.stderr
+    tree = json.loads(shown.stdout)
+    assert tree["trace_id"] == second.trace_id and tree["status"] == "completed"
+    assert len(tree["children"]) == 2
+    assert {c["parent_trace_id"] for c in tree["children"]} == {second.trace_id}
+
+    listed = fleet_cli(["trace", "list", "--json"], env)
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert all({"trace_id", "parent_trace_id", "status", "task"} <= set(row) for row in rows)
+    ids = [row["trace_id"] for row in rows]
+    assert ids.index(second.trace_id) < ids.index(first.trace_id), "newest first"
+    assert rows[ids.index(first.trace_id)]["task"] == "first survey"
+    assert all(row["parent_trace_id"] is None for row in rows)
+
+    everything = json.loads(fleet_cli(["trace", "list", "--all", "--json"], env).stdout)
+    parents = {row["trace_id"]: row["parent_trace_id"] for row in everything}
+    assert [parents[c["trace_id"]] for c in tree["children"]] == [second.trace_id] * 2
+
+
+@pytest.mark.parametrize(
+    "args", [["trace", "show", "no-such-trace"], ["stop", "no-such-trace"], ["watch", "nope"]]
+)
+def test_an_unknown_trace_id_is_one_line(url: str, workspace: Path, args: list[str]) -> None:
+    line = assert_one_line_error(fleet_cli(args, cli_env(url, workspace)))
+    assert repr(args[-1]) in line
+
+
+def all_branches_running(fleet: Fleet, root_id: str, branches: int) -> bool:
+    children = fleet.store.children(root_id)
+    return len(children) == branches and all(fleet.trace(c).status == "running" for c in children)
+
+
+def assert_tree_stopped(fleet: Fleet, root_id: str) -> None:
+    """The root and every descendant end `stopped`."""
+    wait_until(
+        lambda: all(fleet.trace(c).is_terminal for c in [root_id, *fleet.store.children(root_id)]),
+        CLI_TIMEOUT_S,
+        "the whole tree to end",
+    )
+    assert fleet.trace(root_id).status == "stopped"
+    assert {fleet.trace(c).status for c in fleet.store.children(root_id)} == {"stopped"}
+
+
+def test_stop_on_the_root_stops_every_descendant(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = survey_script(tmp_path / "m.yaml", 6, latency_ms=200, turns=10)
+    handle = fleet.submit("survey", model=model)
+    wait_until(lambda: all_branches_running(fleet, handle.trace_id, 6), 30, "branches to run")
+    result = fleet_cli(["stop", handle.trace_id], cli_env(url, workspace))
+    assert result.returncode == 0, result.stderr
+    assert f"stopping 7 trace(s) under {handle.trace_id}" in result.stdout
+    assert_tree_stopped(fleet, handle.trace_id)
+
+
+def test_sigint_stops_the_run_and_exits_130(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = survey_script(tmp_path / "m.yaml", 4, latency_ms=200, turns=10)
+    run = subprocess.Popen(
+        [*FLEET, "run", "--model", model, "interrupted survey"],
+        env=cli_env(url, workspace),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert run.stderr is not None
+        first_line = run.stderr.readline()
+        assert first_line.startswith("submitted "), first_line
+        root_id = first_line.strip().removeprefix("submitted ")
+        wait_until(lambda: all_branches_running(fleet, root_id, 4), 30, "branches to run")
+        run.send_signal(signal.SIGINT)
+        _, stderr = run.communicate(timeout=CLI_TIMEOUT_S)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 130, stderr
+    assert f"interrupted: stopped {root_id}" in stderr
+    assert_tree_stopped(fleet, root_id)
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def get_text(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
+def test_flower_lists_the_fan_out_with_trace_ids_and_no_key(
+    url: str, workspace: Path, fleet: Fleet, workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    flower = subprocess.Popen(
+        [*FLEET, "flower", "--port", str(port)],
+        env=cli_env(url, workspace),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        # Flower reports a worker online once its event consumer saw the worker's heartbeat.
+        wait_until(
+            lambda: all(w.name in get_text(f"{base}/metrics") for w in workers),
+            CLI_TIMEOUT_S,
+            "Flower to see the workers' events",
+        )
+        model = explore_script(tmp_path / "m.yaml", 5)
+        root = fleet.submit("survey for flower", model=model).wait(timeout_s=CLI_TIMEOUT_S)
+        branches = fleet.store.children(root.trace_id)
+
+        # Each run shows its trace id, mode, parent and first words in its args (argsrepr).
+        # Its name is the shadow (mode and first words) from the worker's task-received event,
+        # or `fleet.run_agent` when the sender's task-sent event reaches Flower after that.
+        expected = {f"('{root.trace_id}') mode=main parent=- task=": "fleet.main: survey for"}
+        for i, branch in enumerate(sorted(branches), start=1):
+            args = f"('{branch}') mode=explore parent={root.trace_id} task='Branch {i} "
+            expected[args] = f"fleet.explore: Branch {i} of"
+        expected[f"collect {root.trace_id} "] = "fleet.collect"
+        tasks: dict[str, Any] = {}
+
+        def missing() -> list[str]:
+            tasks.update(get_json(f"{base}/api/tasks"))
+            shown = [(str(t["args"]), str(t["name"])) for t in tasks.values()]
+            return [
+                args
+                for args, name in expected.items()
+                if not any(
+                    a.startswith(args) and n.startswith((name, "fleet.run_agent")) for a, n in shown
+                )
+            ]
+
+        try:
+            wait_until(lambda: not missing(), 30, "Flower to list every run with its trace id")
+        except AssertionError:
+            raise AssertionError(f"Flower misses {missing()}: {tasks}") from None
+        everything = [
+            get_text(f"{base}/api/tasks"),
+            get_text(f"{base}/api/workers"),
+            get_text(f"{base}/metrics"),
+            *(get_text(f"{base}/api/task/info/{task_id}") for task_id in tasks),
+        ]
+        assert all(everything)
+        assert not any(SECRET in text for text in everything)
+    finally:
+        os.killpg(flower.pid, signal.SIGTERM)
+        try:
+            flower.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(flower.pid, signal.SIGKILL)
+            flower.wait()
