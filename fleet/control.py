@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fleet.collect import collect
+from fleet.collect import collect, update_collaborator
 from fleet.models import Event, now_ms
+from fleet.settings import Settings
 from fleet.store import TraceStore
+
+SUMMARY_CHARS = Settings.summary_chars
 
 
 def subtree(store: TraceStore, trace_id: str) -> list[str]:
@@ -34,10 +37,16 @@ def stop_tree(store: TraceStore, trace_id: str) -> list[str]:
     for tid in ids:
         trace = store.get_trace(tid)
         if trace.status in ("queued", "waiting"):
-            store.update_trace(
-                tid, status="stopped", error="stop requested", finished_at_ms=now_ms()
+            fields = {"status": "stopped", "error": "stop requested", "finished_at_ms": now_ms()}
+            store.update_trace(tid, **fields)
+            data = {"reason": "stop", "name": trace.name or trace.mode}
+            store.emit(
+                trace.root_trace_id,
+                Event(kind="finish", trace_id=tid, status="stopped", data=data),
             )
-            store.emit(trace.root_trace_id, Event(kind="finish", trace_id=tid, status="stopped"))
+            if trace.parent_trace_id:
+                stopped = trace.model_copy(update=fields)
+                update_collaborator(store, trace.parent_trace_id, stopped, SUMMARY_CHARS)
     return ids
 
 

@@ -11,7 +11,7 @@ from typing import Any, Literal, assert_never
 
 from fleet.collect import turn_complete, update_collaborator, write_result
 from fleet.context import first_messages, injection
-from fleet.errors import FleetError, TransientLLMError
+from fleet.errors import FleetError
 from fleet.history import (
     SUB_AGENT_TOOLS,
     healed_result,
@@ -80,20 +80,17 @@ class Runner:
         self,
         runtime: Runtime,
         *,
-        raise_transient: bool = False,
         should_yield: Callable[[], bool] = lambda: False,
     ) -> None:
         """Create a runner.
 
         Args:
             runtime: The shared infrastructure.
-            raise_transient: Re-raise TransientLLMError so a task queue can retry the run.
             should_yield: Checked between turns; when true the run stops, its trace goes back
                 to `queued` and `run` returns `yielded` so the host can re-enqueue it.
         """
         self.runtime = runtime
         self.store = runtime.store
-        self.raise_transient = raise_transient
         self.should_yield = should_yield
 
     def run(self, trace_id: str) -> RunResult:
@@ -118,17 +115,12 @@ class Runner:
             return _terminal(trace.status)
         self._set_status(trace, "running")
         if not self._prepare(trace, snapshot.messages):
-            self._set_status(trace, "waiting")
+            self._set_status(trace.model_copy(update={"status": "running"}), "waiting")
             return "waiting"
         started_ms = now_ms()
         try:
             return self._loop(trace_id, heartbeat)
-        except TransientLLMError as exc:
-            if self.raise_transient:
-                self._set_status(self.store.get_trace(trace_id), "queued")
-                raise
-            return self.finish(trace_id, "failed", error=str(exc), reason="error")
-        except FleetError as exc:
+        except FleetError as exc:  # TransientLLMError too: the client already retried it
             return self.finish(trace_id, "failed", error=str(exc), reason="error")
         finally:
             self.store.add_stats(trace_id, duration_ms=now_ms() - started_ms)
@@ -178,7 +170,10 @@ class Runner:
             snapshot = self.store.snapshot(trace_id)  # trace, messages and stop flag: 1 read
             if (ended := self._between_turns(snapshot, heartbeat)) is not None:
                 return ended
-            step, trace = self._turn(snapshot)
+            turn = self._turn(snapshot, heartbeat)
+            if turn is None:
+                return "lost"
+            step, trace = turn
             match step:
                 case Finish(answer=answer):
                     return self.finish(trace_id, "completed", answer=answer, reason="final_answer")
@@ -211,8 +206,12 @@ class Runner:
             return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
         return None
 
-    def _turn(self, snapshot: TraceSnapshot) -> tuple[Step, Trace]:
-        """One model call, persisted, what to do about it, and the trace as recorded."""
+    def _turn(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> tuple[Step, Trace] | None:
+        """One model call, persisted, what to do about it, and the trace as recorded.
+
+        None when the lease was lost during the model call: another runner may own the
+        trace now, so nothing of this turn is written and no tool runs.
+        """
         trace, messages = snapshot.trace, snapshot.messages
         head = trace.head_sequence  # read at the top of this turn; a note moves it
         if (note := injection(self.runtime, trace)) is not None:
@@ -227,6 +226,8 @@ class Runner:
             temperature=self.runtime.preset(trace.preset).temperature,
         )
         self.runtime.hooks.model_responded(trace, response)
+        if heartbeat.lost.is_set():
+            return None
         recorded = self._record(trace, response, model_name)
         repeats = self.runtime.settings.doom_loop_repeats
         return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded

@@ -9,6 +9,7 @@ from typing import Any
 from fleet import ids
 from fleet.cache import cache_key
 from fleet.errors import ToolError
+from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Collaborator, Event, Message, Mode, Trace
 from fleet.runtime import Runtime
@@ -187,7 +188,10 @@ def _child(
         context["messages"] = _check_messages(spec.messages)
     if common.get("extra"):
         context["extra"] = common["extra"]
-    model = runtime.model_name(parent.model, preset) if parent.model else None
+    # The child's own preset decides first (its `model:`, then fleet.yaml's override for
+    # it); otherwise it runs on its parent's model.
+    chosen = runtime.preset(preset)
+    model = chosen.model or runtime.config.model_overrides.get(preset) or parent.model
     for attempt in range(1, 100):
         trace = Trace(
             trace_id=ids.child_id(parent.trace_id, mode, index, attempt),
@@ -229,9 +233,16 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     child = store.get_trace(sub_id) if sub_id in store.children(parent.trace_id) else None
     if child is None:
         raise ToolError(f"{call.name}: {sub_id!r} is not a sub-trace of this trace")
+    if not child.is_terminal:
+        raise ToolError(f"{call.name}: {sub_id!r} is still {child.status}")
     text = str(args.get("task") or "Continue, taking the new context into account.")
     if args.get("context"):
         text += "\n\nContext:\n" + json.dumps(args["context"], ensure_ascii=False)
+    # A child that ended mid-turn (doom loop, crash) gets its open calls answered first:
+    # providers refuse a user message between tool calls and their results.
+    turn = open_turn(main_path(store.messages(sub_id), child.head_sequence))
+    for missing in turn.missing if turn else ():
+        store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
     store.update_trace(
         sub_id, status="queued", parent_tool_call_id=call.id, answer=None, error=None

@@ -87,6 +87,8 @@ class ScriptedModel:
         self._lock = threading.Lock()
         self.requests: list[list[dict[str, Any]]] = []
         """Every conversation this model was sent, for assertions."""
+        self.tools_seen: list[list[dict[str, Any]]] = []
+        """The tool schemas offered with each request."""
 
     @classmethod
     def from_file(cls, path: Path) -> ScriptedModel:
@@ -111,6 +113,7 @@ class ScriptedModel:
         """Return the next scripted response."""
         with self._lock:
             self.requests.append([dict(m) for m in messages])
+            self.tools_seen.append([dict(t) for t in tools])
             response = self._next(messages, tools)
         if self._latency_ms:
             time.sleep(self._latency_ms / 1000)

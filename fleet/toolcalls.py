@@ -29,7 +29,7 @@ _GOAL = {
 def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     """The tools this trace's model is offered: what its preset and mode allow."""
     preset = runtime.preset(trace.preset)
-    names = [n for n in runtime.tools.names() if preset.allows(n)]
+    names = runtime.tools.names_for(preset)
     if not runtime.settings.allow_shell:
         names = [n for n in names if n != "bash"]
     schemas = runtime.tools.schemas(names)
@@ -50,12 +50,13 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     """
     spawns: list[SpawnRequest] = []
     for call in calls:
-        if (cached := _cached(runtime, call)) is not None:
-            result = cached
-        elif call.name in SUB_AGENT_TOOLS:
+        if call.name in SUB_AGENT_TOOLS:
             try:
-                spawns.append(_spawn(runtime, trace, call))
-                continue
+                _check_may_spawn(runtime, trace, call)
+                if (cached := _cached(runtime, call)) is None:
+                    spawns.append(spawn(runtime, trace, call))
+                    continue
+                result = cached
             except ToolError as exc:
                 result = ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
         elif call.name == "goal":
@@ -65,11 +66,19 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
         _write(runtime, trace, call, result)
     if not spawns:
         return True  # every call above wrote its result
+    _dispatch(runtime, trace, spawns)
+    return turn_complete(runtime.store, trace.trace_id)
+
+
+def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> None:
     # Waiting is written before dispatch: a fast chord may collect before we return.
     runtime.store.update_trace(trace.trace_id, status="waiting")
+    if runtime.store.stop_requested(trace.trace_id):
+        # Stopped while this turn's model call ran: the new children start stopped.
+        for child_id in (c for request in spawns for c in request.child_ids):
+            runtime.store.request_stop(child_id)
     for request in spawns:
         runtime.dispatcher.dispatch(runtime, request)
-    return turn_complete(runtime.store, trace.trace_id)
 
 
 def _cached(runtime: Runtime, call: ToolCall) -> ToolResult | None:
@@ -84,14 +93,14 @@ def _cached(runtime: Runtime, call: ToolCall) -> ToolResult | None:
     return ToolResult(title="agent (cached)", output=hit, metadata={"cached": True})
 
 
-def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
+def _check_may_spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> None:
+    """Sub-agents never start sub-agents, and the preset must allow the tool."""
     preset = runtime.preset(trace.preset)
     if trace.mode != "main" or not preset.allows(call.name):
         raise ToolError(
             f"tool {call.name!r} is not allowed for preset {preset.name!r} in a {trace.mode} "
             "trace (sub-agents cannot start sub-agents)"
         )
-    return spawn(runtime, trace, call)
 
 
 def _goal(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:

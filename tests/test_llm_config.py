@@ -250,3 +250,14 @@ def test_scripted_model_loads_from_file(config: FleetConfig, tmp_path: Path) -> 
 def test_missing_script_is_caught_by_preflight(config: FleetConfig, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="scripted model file not found"):
         validate_model(config, f"scripted:{tmp_path / 'nope.yaml'}", {})
+
+
+def test_a_key_with_a_trailing_newline_is_stripped_and_control_chars_refused() -> None:
+    from fleet.llm.config import load_config, make_client
+
+    config = load_config(None, {})
+    client = make_client(config, "openai:gpt-4o-mini", {"OPENAI_API_KEY": "sk-abc\n"})
+    assert "sk-abc" not in repr(client)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY contains control characters") as caught:
+        make_client(config, "openai:gpt-4o-mini", {"OPENAI_API_KEY": "sk-a\x00bc"})
+    assert "sk-a" not in str(caught.value)

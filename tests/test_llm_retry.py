@@ -13,12 +13,13 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
 import fleet.llm.base
-from fleet.errors import TransientLLMError
+from fleet.errors import ConfigError, TransientLLMError
 from fleet.llm.openai import OpenAIClient
-from fleet.llm.retry import RetryPolicy, backoff_s, retry_after_s
+from fleet.llm.retry import RetryPolicy, backoff_s, retry_after_s, send_with_retry
 
 NOW_S = 1_700_000_000.0
 
@@ -239,3 +240,15 @@ def test_backoff_table(attempt: int, fraction: float, expected_s: float) -> None
     policy = RetryPolicy(base_delay_s=0.5, max_delay_s=8.0, random_fraction=lambda: fraction)
 
     assert backoff_s(attempt, policy) == expected_s
+
+
+def test_an_unsendable_request_never_quotes_the_key() -> None:
+    secret = "sk-very-secret\n"
+
+    def send() -> httpx.Response:
+        raise httpx.LocalProtocolError(f"Illegal header value b'Bearer {secret}'")
+
+    with pytest.raises(ConfigError) as caught:
+        send_with_retry(send, provider="openai", api_key_env="OPENAI_API_KEY")
+    assert "sk-very-secret" not in str(caught.value)
+    assert "OPENAI_API_KEY" in str(caught.value)

@@ -289,3 +289,81 @@ def test_cached_delegate_is_answered_from_the_store(tmp_path: Path) -> None:
     assert local.store.children(second.trace_id) == [], "the second call hit the cache"
     hit = next(m for m in local.store.messages(second.trace_id) if m.role == "tool")
     assert hit.metadata["title"] == "agent (cached)"
+
+
+def test_a_sub_agent_runs_on_its_presets_model(tmp_path: Path) -> None:
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "cheap.md").write_text(
+        "---\nname: cheap\ndescription: a cheaper helper\nmodel: cheapmodel\n---\nHelp.\n"
+    )
+    main_model = ScriptedModel([call("agent", task="sub job", agent_type="cheap"), "done"])
+    cheap = ScriptedModel(["cheap answer"])
+    local = LocalFleet.from_settings(
+        Settings(workspace=tmp_path, agents_dir=agents, env={}),
+        clients={"test": main_model, "cheapmodel": cheap},
+    )
+    trace = local.run("delegate cheaply", model="test")
+    assert trace.status == "completed"
+    assert len(cheap.requests) == 1
+    (child_id,) = local.store.children(trace.trace_id)
+    assert local.store.get_trace(child_id).model == "cheapmodel"
+
+
+def test_a_stop_during_the_model_call_reaches_the_children_it_spawns(tmp_path: Path) -> None:
+    holder: dict[str, LocalFleet] = {}
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        if task_of(messages).startswith("branch"):
+            return call("list_dir", path=".")
+        root = holder["fleet"].store.list_traces(1)[0]
+        holder["fleet"].store.request_stop(root.trace_id)  # arrives while the model "thinks"
+        return call("agent", task=["branch a", "branch b"])
+
+    local = make_fleet(tmp_path, ScriptedModel(function=respond))
+    holder["fleet"] = local
+    trace = local.run("explore", model="test")
+    assert trace.status == "stopped"
+    children = [local.store.get_trace(c) for c in local.store.children(trace.trace_id)]
+    assert [c.status for c in children] == ["stopped", "stopped"]
+    assert all(c.iteration == 0 for c in children), "no branch ran a turn"
+
+
+def test_a_read_only_preset_is_not_offered_writing_tools(tmp_path: Path) -> None:
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "looker.md").write_text(
+        "---\nname: looker\ndescription: looks\nread_only: true\n---\nLook only.\n"
+    )
+    model = ScriptedModel(["ok"])
+    local = LocalFleet.from_settings(
+        Settings(workspace=tmp_path, agents_dir=agents, env={}), clients={"test": model}
+    )
+    local.run("look", model="test", preset="looker")
+    offered = {t["function"]["name"] for t in model.tools_seen[0]}
+    assert "read_file" in offered
+    assert not offered & {"write_file", "edit_file", "bash"}
+
+
+def test_continue_from_a_doom_looped_child_heals_its_open_call_first(tmp_path: Path) -> None:
+    state: dict[str, str] = {}
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        if task_of(messages) == "sub job":
+            if messages[-1]["role"] == "user" and turns(messages) > 0:
+                return text("recovered")
+            return call("list_dir", path=".")  # the same call every turn: a doom loop
+        if turns(messages) == 0:
+            return call("agent", task="sub job")
+        if turns(messages) == 1:
+            state["sub"] = str(messages[-1]["content"]).split("sub_trace_id: ")[1].split()[0]
+            return call("agent", task="try again", continue_from=state["sub"])
+        return text(str(messages[-1]["content"]))
+
+    model = ScriptedModel(function=respond)
+    trace = make_fleet(tmp_path, model).run("two rounds", model="test")
+    assert trace.status == "completed"
+    assert "recovered" in (trace.answer or "")
+    child_requests = [r for r in model.requests if task_of(r) == "sub job"]
+    roles = [m["role"] for m in child_requests[-1]]
+    assert roles[-3:] == ["assistant", "tool", "user"], roles

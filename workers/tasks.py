@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from celery import Task
 
 from fleet.collect import collect as collect_children
@@ -61,7 +62,13 @@ def resume_agent(self: Task, trace_id: str) -> dict[str, str]:
     return envelope(result)
 
 
-@app.task(name="fleet.collect")
+@app.task(
+    name="fleet.collect",
+    # A Redis blip must not fail the chord body (its errback would fail the parent).
+    autoretry_for=(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError),
+    retry_backoff=True,
+    max_retries=5,
+)
 def collect(results: list[dict[str, str]], parent_trace_id: str, tool_call_id: str) -> bool:
     """Chord body: write the children into the parent and resume it when its turn is done.
 

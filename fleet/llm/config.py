@@ -256,7 +256,9 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
 
 def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
     """The key from the environment; a public API without one is a `ConfigError`."""
-    key = env.get(target.api_key_env, "") if target.api_key_env else ""
+    key = (env.get(target.api_key_env, "") if target.api_key_env else "").strip()
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
+        raise ConfigError(f"{target.api_key_env} contains control characters")
     if not key and urlparse(target.base_url).hostname in PUBLIC_API_HOSTS:
         how = (
             f"set {target.api_key_env}"

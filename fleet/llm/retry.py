@@ -129,6 +129,12 @@ def send_with_retry(
         except RETRYABLE_EXCEPTIONS as exc:
             failure = " ".join(f"{type(exc).__name__}: {exc}".split())
             delay_s = backoff_s(attempt, policy)
+        except httpx.HTTPError as exc:
+            # Never the text: httpx quotes the offending header, API key included.
+            raise ConfigError(
+                f"{provider} request could not be sent ({type(exc).__name__}); "
+                f"check the provider's base_url and {api_key_env or 'its API key'}"
+            ) from None
         else:
             if response.is_success:
                 return response

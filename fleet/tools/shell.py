@@ -18,8 +18,8 @@ ALLOW_SHELL_ENV = "FLEET_ALLOW_SHELL"
 """Environment switch that, set to 1, lets a worker run shell commands at all."""
 DRAIN_TIMEOUT_S = 2.0
 """After a kill, how long to wait for the last output of the killed command."""
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
-_URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+_URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@|[?&]password=", re.IGNORECASE)
 
 
 def bash(ctx: ToolContext, command: str, timeout_s: float | None = None) -> ToolResult:
