@@ -21,16 +21,19 @@ def collect(
         True when this call completed the parent's open turn, so the parent should resume.
         False for a duplicate delivery or while other calls of the turn are still open.
     """
-    if not store.mark_collected(parent_id, tool_call_id):
+    if not write_result(store, parent_id, tool_call_id, child_ids, summary_chars):
         return False
-    write_result(store, parent_id, tool_call_id, child_ids, summary_chars)
     return turn_complete(store, parent_id)
 
 
 def write_result(
     store: TraceStore, parent_id: str, tool_call_id: str, child_ids: list[str], summary_chars: int
-) -> None:
-    """Collaborator entries plus one tool message summarising every child."""
+) -> bool:
+    """Collaborator entries plus one tool message summarising every child.
+
+    The entries are idempotent; the message is written once per tool call (atomically with
+    its mark). Returns False when another collector wrote it already.
+    """
     children = [store.get_trace(c) for c in child_ids]
     for child in children:
         update_collaborator(store, parent_id, child, summary_chars)
@@ -38,7 +41,7 @@ def write_result(
     content = render_result(children)
     if len(children) == 1:
         remember(store, children[0], content)
-    store.append_message(
+    written = store.append_collected(
         Message(
             trace_id=parent_id,
             role="tool",
@@ -49,11 +52,14 @@ def write_result(
             metadata={"sub_trace_ids": child_ids},
         )
     )
+    if written is None:
+        return False
     # A child shares its parent's tree, so the parent's events go to the child's root.
     store.emit(
         children[0].root_trace_id,
         Event(kind="message", trace_id=parent_id, data={"role": "tool"}),
     )
+    return True
 
 
 def update_collaborator(

@@ -37,14 +37,19 @@ return 1
 # KEYS: trace, stats, messages[, usage]. ARGV: ttl_s, message JSON without sequence and
 # parent_sequence[, model, prompt_tokens, completion_tokens, cost_usd: a model turn's usage].
 # The two fields are spliced into the caller's JSON text: cjson would turn [] into {}.
-APPEND_MESSAGE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+_MESSAGE_BODY = """
 local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
 local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
 local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
 redis.call('HSET', KEYS[3], seq, body .. string.sub(ARGV[2], 2))
 redis.call('HSET', KEYS[1], 'head_sequence', seq)
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+"""
+
+APPEND_MESSAGE = (
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return false end"
+    + _MESSAGE_BODY
+    + """
 if KEYS[4] then
   redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. ARGV[3], ARGV[4])
   redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. ARGV[3], ARGV[5])
@@ -52,6 +57,19 @@ if KEYS[4] then
 end
 return {seq, parent}
 """
+)
+
+# A tool call's collected result, at most once: the mark and the message in one step, so a
+# collector killed halfway leaves neither. KEYS: trace, stats, messages, collected mark.
+# ARGV: ttl_s, message JSON without sequence and parent_sequence. Returns 0 if collected.
+APPEND_ONCE = (
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+"""
+    + _MESSAGE_BODY
+    + "return {seq, parent}\n"
+)
 
 # APPEND_MESSAGE plus the message's event, and for a model turn its stats and iteration.
 # KEYS: trace, stats, messages, events[, usage]

@@ -81,6 +81,7 @@ class RedisStore:
         self._create = client.register_script(redis_scripts.CREATE_TRACE)
         self._update = client.register_script(redis_scripts.UPDATE_TRACE)
         self._append = client.register_script(redis_scripts.APPEND_MESSAGE)
+        self._append_once = client.register_script(redis_scripts.APPEND_ONCE)
         self._record = client.register_script(redis_scripts.RECORD_TURN)
         self._put_collaborator = client.register_script(redis_scripts.PUT_COLLABORATOR)
         self._acquire = client.register_script(redis_scripts.ACQUIRE_LEASE)
@@ -335,9 +336,23 @@ class RedisStore:
     def forget_running(self, trace_id: str) -> bool:
         return self._client.zrem(keys.RUNNING, trace_id) == 1
 
-    def mark_collected(self, trace_id: str, tool_call_id: str) -> bool:
-        key = keys.collected(trace_id, tool_call_id)
-        return bool(self._client.set(key, "1", nx=True, ex=keys.TRACE_TTL_S))
+    def append_collected(self, message: Message) -> Message | None:
+        if message.tool_call_id is None:
+            raise ValueError("append_collected needs a tool result (tool_call_id)")
+        body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
+        script_keys = [
+            *_own_keys(message.trace_id),
+            keys.collected(message.trace_id, message.tool_call_id),
+        ]
+        reply = self._append_once(keys=script_keys, args=[keys.TRACE_TTL_S, body])
+        if reply is None:
+            raise TraceNotFound(f"no trace {message.trace_id!r}")
+        if reply == 0:
+            return None
+        sequence, parent = reply
+        return message.model_copy(
+            update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
+        )
 
     def cache_get(self, key: str) -> str | None:
         value = self._client.get(key)

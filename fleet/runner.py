@@ -151,9 +151,7 @@ class Runner:
         ]
         kids = [k for k in kids if k.parent_tool_call_id == call_id]
         if kids and all(k.is_terminal for k in kids):
-            # Their collect was lost (or is running right now: then it writes, we wait).
-            if not self.store.mark_collected(trace.trace_id, call_id):
-                return True
+            # Their collect was lost: write it (once; a concurrent collector may win).
             ids = [k.trace_id for k in kids]
             write_result(
                 self.store, trace.trace_id, call_id, ids, self.runtime.settings.summary_chars

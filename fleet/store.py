@@ -139,8 +139,12 @@ class TraceStore(Protocol):
         """Drop a trace from the running index; True for the one caller that removed it."""
         ...
 
-    def mark_collected(self, trace_id: str, tool_call_id: str) -> bool:
-        """True the first time only: guards a tool call's collection against redelivery."""
+    def append_collected(self, message: Message) -> Message | None:
+        """Append a tool call's collected result once: None if it was collected already.
+
+        The once-mark and the message are one atomic step, so a collector killed halfway
+        leaves neither and a redelivered collect writes the result.
+        """
         ...
 
     def cache_get(self, key: str) -> str | None:
@@ -340,13 +344,16 @@ class MemoryStore:
         with self._lock:
             return self._running.pop(trace_id, None) is not None
 
-    def mark_collected(self, trace_id: str, tool_call_id: str) -> bool:
+    def append_collected(self, message: Message) -> Message | None:
+        if message.tool_call_id is None:
+            raise ValueError("append_collected needs a tool result (tool_call_id)")
         with self._lock:
-            key = (trace_id, tool_call_id)
-            if key in self._collected:
-                return False
+            key = (message.trace_id, message.tool_call_id)
+            if message.trace_id in self._traces and key in self._collected:
+                return None
+            stored = self.append_message(message)  # the lock is re-entrant
             self._collected.add(key)
-            return True
+            return stored
 
     def cache_get(self, key: str) -> str | None:
         with self._lock:

@@ -361,9 +361,19 @@ def test_forget_running_is_true_for_one_caller(store: TraceStore) -> None:
     assert store.expired_leases(now_ms() + 10**9) == []
 
 
-def test_mark_collected_is_true_once(store: TraceStore) -> None:
-    assert run_concurrently(50, lambda i: store.mark_collected("t1", "call_1")).count(True) == 1
-    assert store.mark_collected("t1", "call_2")
+def test_a_collected_result_is_appended_once(store: TraceStore) -> None:
+    store.create_trace(Trace(trace_id="t1", root_trace_id="t1", task="x"))
+
+    def result(i: int, call_id: str = "call_1") -> Message | None:
+        message = Message(trace_id="t1", role="tool", tool_call_id=call_id, content=str(i))
+        return store.append_collected(message)
+
+    written = [m for m in run_concurrently(50, result) if m is not None]
+    assert len(written) == 1
+    assert [m.tool_call_id for m in store.messages("t1")] == ["call_1"]
+    assert result(0, "call_2") is not None
+    with pytest.raises(TraceNotFound):
+        store.append_collected(Message(trace_id="nope", role="tool", tool_call_id="c"))
 
 
 def test_cache_expires_after_its_ttl(store: TraceStore) -> None:
