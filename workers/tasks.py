@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from celery import Task
+from celery.exceptions import Ignore
 
 from fleet.collect import collect as collect_children
 from fleet.control import collect_if_done
@@ -38,8 +39,7 @@ def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, s
     runtime = get_runtime()
     result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
     if result.outcome == "yielded":
-        # Same task id, same chord membership: another worker picks the trace up.
-        raise self.retry(countdown=0, max_retries=None)
+        requeue(self)
     # `busy` returns too, retry or not: a retry after a lost worker waits out the lost lease,
     # so another live runner holds the trace; a sweeper recovered it, and that run collects.
     if recovered:
@@ -58,8 +58,18 @@ def resume_agent(self: Task, trace_id: str) -> dict[str, str]:
     """Continue a trace from its persisted messages once its children were collected."""
     result = run_safely(Runner(get_runtime(), should_yield=draining.is_set), trace_id)
     if result.outcome == "yielded":
-        raise self.retry(countdown=0, max_retries=None)
+        requeue(self)
     return envelope(result)
+
+
+def requeue(task: Task) -> NoReturn:
+    """Hand a drained run back: the same task (id, chord membership) for another worker.
+
+    Not `Task.retry`: its count is what bounds restarts after a lost worker
+    (`MAX_WORKER_LOST_RETRIES`), and a drain is not a failure.
+    """
+    task.signature_from_request(task.request, retries=task.request.retries).apply_async()
+    raise Ignore()
 
 
 @app.task(
