@@ -217,13 +217,7 @@ class RedisStore:
             script_keys.append(keys.USAGE)
             args += [message.model, message.prompt_tokens, message.completion_tokens]
             args.append(message.cost_usd)
-        reply = self._append(keys=script_keys, args=args)
-        if reply is None:
-            raise TraceNotFound(f"no trace {message.trace_id!r}")
-        sequence, parent = reply
-        return message.model_copy(
-            update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
-        )
+        return _stored(message, self._append(keys=script_keys, args=args))
 
     def record_turn(
         self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
@@ -239,13 +233,7 @@ class RedisStore:
         if message.model:  # a model turn: its usage also counts fleet-wide (`fleet metrics`)
             script_keys.append(keys.USAGE)
             args.append(message.model)
-        reply = self._record(keys=script_keys, args=args)
-        if reply is None:
-            raise TraceNotFound(f"no trace {message.trace_id!r}")
-        sequence, parent = reply
-        return message.model_copy(
-            update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
-        )
+        return _stored(message, self._record(keys=script_keys, args=args))
 
     def messages(self, trace_id: str) -> list[Message]:
         return _decode_messages(self._client.hgetall(keys.messages(trace_id)))
@@ -345,14 +333,7 @@ class RedisStore:
             keys.collected(message.trace_id, message.tool_call_id),
         ]
         reply = self._append_once(keys=script_keys, args=[keys.TRACE_TTL_S, body])
-        if reply is None:
-            raise TraceNotFound(f"no trace {message.trace_id!r}")
-        if reply == 0:
-            return None
-        sequence, parent = reply
-        return message.model_copy(
-            update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
-        )
+        return None if reply == 0 else _stored(message, reply)
 
     def cache_get(self, key: str) -> str | None:
         value = self._client.get(key)
@@ -363,6 +344,16 @@ class RedisStore:
             self._client.delete(key)
         else:
             self._client.set(key, value, ex=ttl_s)
+
+
+def _stored(message: Message, reply: Any) -> Message:
+    """The message as an append script stored it: `[sequence, parent JSON]`, or nil."""
+    if reply is None:
+        raise TraceNotFound(f"no trace {message.trace_id!r}")
+    sequence, parent = reply
+    return message.model_copy(
+        update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
+    )
 
 
 def _own_keys(trace_id: str) -> list[str]:

@@ -183,3 +183,19 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
     except ProcessLookupError:
         pass
+
+
+def read_until_exit(controller: int, process: subprocess.Popen[bytes], timeout_s: float) -> str:
+    """Everything a child wrote to its pseudo-terminal (`controller`), once it has exited."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    process.wait(timeout=timeout_s)
+    return b"".join(chunks).decode(errors="replace")

@@ -22,7 +22,7 @@ from fleet.batch_journal import sidecar_path
 from fleet.models import Trace
 from fleet.redis_store import RedisStore
 from tests.fleetkit import wait_until
-from tests.procs import start_worker, wait_for_workers
+from tests.procs import read_until_exit, start_worker, wait_for_workers
 
 pytestmark = pytest.mark.integration
 
@@ -273,22 +273,7 @@ def test_on_a_terminal_it_draws_a_progress_bar(
         stderr=terminal,
     )
     os.close(terminal)
-    screen = read_until_exit(controller, process)
+    screen = read_until_exit(controller, process, CLI_TIMEOUT_S)
     assert process.returncode == 0, screen
     for part in ("batch", "10/10", "ETA", "done 10", "failed 0", "running", "queued", "sub-agents"):
         assert part in screen, part
-
-
-def read_until_exit(controller: int, process: subprocess.Popen[bytes]) -> str:
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(controller)
-    process.wait(timeout=CLI_TIMEOUT_S)
-    return b"".join(chunks).decode(errors="replace")

@@ -21,6 +21,7 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
 from tests.fleetkit import client, explore_script, fleet_settings
+from tests.procs import read_until_exit
 from workers.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 
 FLEET = [sys.executable, "-m", "fleet.cli.main"]
@@ -151,18 +152,8 @@ def test_watch_on_a_terminal_draws_the_tree(worker_url: str, fleet: Fleet, tmp_p
         stderr=terminal,
     )
     os.close(terminal)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(controller)
-    assert process.wait(timeout=CLI_TIMEOUT_S) == 0
-    drawn = b"".join(chunks).decode(errors="replace")
+    drawn = read_until_exit(controller, process, CLI_TIMEOUT_S)
+    assert process.returncode == 0
     assert "├── " in drawn and "└── " in drawn and "explore-002" in drawn
     assert f"{handle.trace_id} completed" in drawn
 
