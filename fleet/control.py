@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 from fleet.collect import collect, update_collaborator
-from fleet.models import Event, now_ms
+from fleet.human import on_stop, waiting_on
+from fleet.models import Event, Trace, now_ms
 from fleet.settings import Settings
 from fleet.store import TraceStore
 
@@ -44,10 +45,17 @@ def stop_tree(store: TraceStore, trace_id: str) -> list[str]:
                 trace.root_trace_id,
                 Event(kind="finish", trace_id=tid, status="stopped", data=data),
             )
+            on_stop(store, trace)
             if trace.parent_trace_id:
                 stopped = trace.model_copy(update=fields)
                 update_collaborator(store, trace.parent_trace_id, stopped, SUMMARY_CHARS)
     return ids
+
+
+def waiting_traces(store: TraceStore, limit: int = 50, scan: int = 1000) -> list[Trace]:
+    """Traces waiting on a person (`ask_human`), newest first, among the last `scan`."""
+    found = [t for t in store.list_traces(scan) if waiting_on(t) is not None]
+    return found[:limit]
 
 
 def claim_dead_runs(store: TraceStore, at_ms: int | None = None) -> list[str]:

@@ -14,12 +14,14 @@ from fleet.context import first_messages, injection
 from fleet.errors import FleetError
 from fleet.history import (
     SUB_AGENT_TOOLS,
+    fresh_call_ids,
     healed_result,
     main_path,
     open_turn,
     recent_calls,
     to_wire,
 )
+from fleet.human import ASK_HUMAN, still_waiting
 from fleet.llm.base import LLMResponse
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
@@ -144,6 +146,8 @@ class Runner:
         """Collect or heal one unanswered call; True if its children are still running."""
         call_id = str(call["id"])
         name = str(call["function"]["name"])
+        if name == ASK_HUMAN and still_waiting(trace, call_id):
+            return True  # a person has not answered yet: a redelivered run waits again
         kids = [
             self.store.get_trace(c)
             for c in self.store.children(trace.trace_id)
@@ -226,6 +230,7 @@ class Runner:
         self.runtime.hooks.model_responded(trace, response)
         if heartbeat.lost.is_set():
             return None
+        response = fresh_call_ids(response, messages, trace.last_sequence + 1)
         recorded = self._record(trace, response, model_name)
         repeats = self.runtime.settings.doom_loop_repeats
         return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded

@@ -31,6 +31,8 @@ class Settings:
     lease_ttl_ms: int = 20_000
     summary_chars: int = 400
     """How much of a child's answer goes into its collaborator summary."""
+    human_timeout_s: int = 24 * 3600
+    """FLEET_HUMAN_TIMEOUT_S: how long an `ask_human` question waits before the agent goes on."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -48,6 +50,7 @@ class Settings:
             config_path=_path(env.get("FLEET_CONFIG")),
             model=env.get("FLEET_MODEL") or None,
             lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", "20000")),
+            human_timeout_s=_positive(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600),
             env=env,
         )
 
@@ -64,6 +67,15 @@ def check_workspace(path: Path) -> Path:
     if not os.access(resolved, os.R_OK | os.X_OK):
         raise ConfigError(f"workspace {str(path)!r} is not readable")
     return resolved
+
+
+def _positive(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name)
+    if not text:
+        return default
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"{name} must be a whole number of seconds >= 1, got {text!r}")
+    return int(text)
 
 
 def _path(value: str | None) -> Path | None:

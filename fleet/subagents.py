@@ -8,6 +8,7 @@ from typing import Any
 
 from fleet import ids
 from fleet.cache import cache_key
+from fleet.conversation import TURN_KEY, turn_of
 from fleet.errors import ToolError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
@@ -206,7 +207,7 @@ def _child(
             parent_tool_call_id=call_id,
             context=context,
             skills=common.get("skills") or [],
-            metadata=dict(common.get("cache") or {}),
+            metadata=_child_metadata(parent, common),
         )
         try:
             runtime.store.create_trace(trace)
@@ -214,6 +215,14 @@ def _child(
             continue
         return trace
     raise ToolError(f"{mode}: could not allocate a sub-trace id")
+
+
+def _child_metadata(parent: Trace, common: dict[str, Any]) -> dict[str, Any]:
+    """The cache settings, and the root's turn (its tasks are stamped with it)."""
+    metadata = dict(common.get("cache") or {})
+    if turn := turn_of(parent):
+        metadata[TURN_KEY] = turn
+    return metadata
 
 
 def _check_messages(messages: Any) -> list[dict[str, str]]:

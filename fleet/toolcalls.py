@@ -10,6 +10,7 @@ from fleet.collect import turn_complete
 from fleet.errors import ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
+from fleet.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask
 from fleet.llm.base import ToolCall
 from fleet.models import Event, Message, Trace
 from fleet.runtime import Runtime
@@ -39,17 +40,22 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
         schemas += [
             s for s in (AGENT_SCHEMA, EVALUATE_SCHEMA) if preset.allows(s["function"]["name"])
         ]
+    if may_ask(preset, trace):
+        schemas.append(ASK_HUMAN_SCHEMA)
     return schemas
 
 
 def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:
-    """Run the calls in order; sub-agents go to the dispatcher last.
+    """Run the calls in order; sub-agents go to the dispatcher and a question to a person last.
 
     Returns:
         True when every call has its result (the loop goes on), False while waiting.
     """
     spawns: list[SpawnRequest] = []
+    questions = [c for c in calls if c.name == ASK_HUMAN]
     for call in calls:
+        if call.name == ASK_HUMAN:
+            continue
         if call.name in SUB_AGENT_TOOLS:
             try:
                 _check_may_spawn(runtime, trace, call)
@@ -64,10 +70,28 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
         else:
             result = _plain(runtime, trace, call)
         _write(runtime, trace, call, result)
+    asked = _ask(runtime, trace, questions)
     if not spawns:
-        return True  # every call above wrote its result
+        return not asked  # every other call above wrote its result
     _dispatch(runtime, trace, spawns)
     return turn_complete(runtime.store, trace.trace_id)
+
+
+def _ask(runtime: Runtime, trace: Trace, questions: list[ToolCall]) -> bool:
+    """Ask the first question (the trace then waits on a person); refuse any other."""
+    asked = False
+    for call in questions:
+        if asked:
+            result: ToolResult | None = ToolResult(
+                title="ask_human refused", output="one question per turn", is_error=True
+            )
+        else:
+            preset = runtime.preset(trace.preset)
+            result = ask(runtime.store, preset, trace, call, runtime.settings.human_timeout_s)
+            asked = result is None
+        if result is not None:
+            _write(runtime, trace, call, result)
+    return asked
 
 
 def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 from celery import Celery, chord
 from celery.canvas import Signature, StampingVisitor
 
+from fleet.conversation import stamp, turn_of
 from fleet.models import Trace
 from fleet.runtime import Runtime
 from fleet.subagents import SpawnRequest
@@ -53,7 +54,9 @@ def send(
     `via`: the app (broker) to send with; the worker's own app by default.
     """
     signature = run_signature(trace, task, via=via, kwargs=kwargs)
-    signature.stamp(visitor=TraceStamp(trace.parent_trace_id or "", trace.root_trace_id))
+    turn = turn_of(trace)
+    parent = stamp(trace.parent_trace_id, turn) if trace.parent_trace_id else ""
+    signature.stamp(visitor=TraceStamp(parent, stamp(trace.root_trace_id, turn)))
     # Outside a chord nobody reads the result: don't store it, and don't make the sender
     # subscribe to its result channel (the Redis backend does that for every send).
     signature.apply_async(ignore_result=True)
@@ -85,7 +88,9 @@ class CeleryDispatcher:
             )
         )
         canvas = chord(header, body)
-        canvas.stamp(visitor=TraceStamp(request.parent_trace_id, request.root_trace_id))
+        turn = turn_of(request.children[0])
+        parent, root = request.parent_trace_id, request.root_trace_id
+        canvas.stamp(visitor=TraceStamp(stamp(parent, turn), stamp(root, turn)))
         drop_subscriptions(canvas.apply_async())
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from fleet.cli import inline, traces
-from fleet.errors import ConfigError, FleetError, TraceNotFound
+from fleet.errors import ConfigError, ConversationError, FleetError, TraceNotFound
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fleet: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (ConfigError, TraceNotFound) as exc:
+    except (ConfigError, TraceNotFound, ConversationError) as exc:
         return fail(str(exc), EXIT_BAD_INPUT)
     except FleetError as exc:
         return fail(str(exc), EXIT_FAILED)

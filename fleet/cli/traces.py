@@ -6,6 +6,8 @@ import argparse
 from typing import Any
 
 from fleet.cli.output import list_object, render_tree, trace_object
+from fleet.control import waiting_traces
+from fleet.human import waiting_on
 from fleet.settings import Settings
 from fleet.store import TraceStore
 
@@ -21,6 +23,9 @@ def register(commands: Any) -> None:
     listing = sub.add_parser("list", help="traces, newest first")
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--all", action="store_true", help="include sub-traces")
+    listing.add_argument(
+        "--waiting", action="store_true", help="only traces waiting on a person (ask_human)"
+    )
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(handler=list_traces)
 
@@ -53,11 +58,16 @@ def list_traces(args: argparse.Namespace) -> int:
     from fleet.cli.main import print_json
 
     store = open_store()
-    rows = [t for t in store.list_traces(args.limit * 10) if args.all or not t.parent_trace_id]
+    if args.waiting:
+        rows = waiting_traces(store, args.limit)
+    else:
+        rows = [t for t in store.list_traces(args.limit * 10) if args.all or not t.parent_trace_id]
     rows = rows[: args.limit]
     if args.json:
         print_json([list_object(t) for t in rows])
     else:
         for t in rows:
-            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {' '.join(t.task.split())[:80]}")
+            question = (waiting_on(t) or {}).get("question")
+            text = f"? {question}" if args.waiting and question else t.task
+            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {' '.join(text.split())[:80]}")
     return 0
