@@ -221,3 +221,38 @@ def test_a_delegate_cannot_ask_a_person(store: TraceStore, tmp_path: Path) -> No
     trace = local.run("main", model="test")
     assert trace.status == "completed"
     assert "not allowed" in (trace.answer or "")
+
+
+def test_a_batch_records_the_question_and_leaves_the_trace_resumable(tmp_path: Path) -> None:
+    from fleet.batch import BatchEntry, BatchOptions, run_batch
+    from fleet.client import Fleet
+    from fleet.store import MemoryStore
+    from tests.test_batch import ThreadBackend
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        if users(messages)[0].startswith("ask"):
+            return asker(messages, tools)
+        return text("done")
+
+    settings = Settings(workspace=tmp_path, env={})
+    runtime = Runtime.build(
+        settings,
+        MemoryStore(),
+        InProcessDispatcher(),
+        clients={"test": ScriptedModel(function=respond)},
+    )
+    backend = ThreadBackend(runtime)
+    fleet = Fleet(runtime, backend)
+    batch = [BatchEntry(f"e{i}", f"task {i}", i, model="test") for i in range(3)]
+    batch.append(BatchEntry("q", "ask first", 4, model="test"))
+    try:
+        results = {r.id: r for r in run_batch(fleet, batch, BatchOptions(timeout_s=30))}
+        asked = results["q"]
+        assert (asked.status, asked.question) == ("waiting", "Which colour?")
+        assert asked.to_json()["question"] == "Which colour?"
+        assert "question" not in results["e0"].to_json()
+        assert {results[f"e{i}"].status for i in range(3)} == {"completed"}
+        done = fleet.reply(asked.trace_id, "teal").wait(timeout_s=30)
+        assert done.answer == "painted it teal"
+    finally:
+        backend.pool.shutdown(wait=True)
