@@ -28,7 +28,7 @@ from tests.test_fleet_recovery import database_url, fleet_client, start_workers
 pytestmark = pytest.mark.integration
 
 CONVERSATION_DB = 13
-FLEET = [sys.executable, "-m", "fleet.cli.main"]
+FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 TIMEOUT_S = 60.0
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from fleet.api import LocalFleet
-from fleet.cli.output import report
 from fleet.errors import ConfigError
 from fleet.human import TIMEOUT_KEY, waiting_on
 from fleet.settings import Settings
+from fleetops.cli.output import report
 
 
 def register(commands: Any) -> None:
