@@ -32,9 +32,10 @@ def register(commands: Any) -> None:
     _add_worker(commands)
     _add_flower(commands)
     _add_doctor(commands)
-    from workers import cli_run, demo, metrics
+    from workers import cli_run, cli_serve, demo, metrics
 
     cli_run.register(commands)
+    cli_serve.register(commands)
     demo.register(commands)
     metrics.register(commands)
     importlib.import_module("workers.cli_batch").register(commands)
