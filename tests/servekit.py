@@ -18,7 +18,7 @@ import httpx
 import tornado.httpserver
 import tornado.netutil
 
-from fleet.serve.app import ServeConfig, make_app
+from fleetops.serve.app import ServeConfig, make_app
 from tests.fleetkit import wait_until
 
 
@@ -91,7 +91,7 @@ def serve_process(redis_url: str, *args: str, **env: str) -> Iterator[str]:
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if k != "FLEET_SERVE_TOKEN"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "fleet.cli.main", "serve", "--port", str(port), *args],
+        [sys.executable, "-m", "fleetops.cli.main", "serve", "--port", str(port), *args],
         env={**environ, "FLEET_REDIS_URL": redis_url, **env},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -17,9 +17,9 @@ from fleet.dispatch import InProcessDispatcher
 from fleet.models import Collaborator, Event, Trace
 from fleet.runner import Runner
 from fleet.runtime import Runtime
-from fleet.serve.app import ServeConfig
 from fleet.settings import Settings
 from fleet.store import TraceStore
+from fleetops.serve.app import ServeConfig
 from tests.fleetkit import explore_script
 from tests.servekit import read_sse, serving
 
@@ -195,7 +195,7 @@ def test_without_a_token_a_foreign_host_is_refused(api: httpx.Client, store: Tra
 def serve_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k != "FLEET_SERVE_TOKEN"}
     return subprocess.run(
-        [sys.executable, "-m", "fleet.cli.main", "serve", *args],
+        [sys.executable, "-m", "fleetops.cli.main", "serve", *args],
         env={**environ, **env},
         capture_output=True,
         text=True,

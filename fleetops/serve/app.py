@@ -23,9 +23,9 @@ import tornado.web
 from tornado.iostream import StreamClosedError
 
 from fleet.errors import TraceNotFound
-from fleet.serve import queries
-from fleet.serve.queries import BadRequest
 from fleet.store import TraceStore
+from fleetops.serve import queries
+from fleetops.serve.queries import BadRequest
 
 STATIC_DIR = Path(__file__).with_name("static")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

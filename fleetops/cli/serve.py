@@ -1,4 +1,4 @@
-"""`fleet serve`: the trace API and live page over the fleet's store (see fleet.serve)."""
+"""`fleet serve`: the trace API and live page over the fleet's store (see fleetops.serve)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ MIN_TOKEN_CHARS = 16
 
 def register(commands: Any) -> None:
     """Add `serve`."""
-    from workers.cli import port_number
+    from fleetops.cli.ops import port_number
 
     serve = commands.add_parser("serve", help="HTTP trace API and a live page of a trace tree")
     serve.add_argument("--port", type=port_number, default=DEFAULT_SERVE_PORT)
@@ -30,7 +30,7 @@ def serve_token(address: str, env: dict[str, str]) -> str | None:
         ConfigError: a non-loopback address without a token, or a token too short to resist
             guessing.
     """
-    from workers.cli import is_loopback
+    from fleetops.cli.ops import is_loopback
 
     token = env.get(TOKEN_ENV) or None
     if token is not None and len(token) < MIN_TOKEN_CHARS:
@@ -44,9 +44,9 @@ def serve_token(address: str, env: dict[str, str]) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
-    from fleet.serve.app import ServeConfig, serve_forever
-    from workers.cli_run import connect
-    from workers.local import check_port_free
+    from fleetops.cli.run import connect
+    from fleetops.local import check_port_free
+    from fleetops.serve.app import ServeConfig, serve_forever
 
     token = serve_token(args.address, dict(os.environ))
     fleet = connect()
