@@ -23,7 +23,7 @@ from tests.security.attacker import SECRET, SECRET_ENV, leaked, redis_text
 from tests.security.conftest import HardenedFleet
 from workers.backend import CeleryBackend
 
-FLEET = [sys.executable, "-m", "fleet.cli.main"]
+FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
 STEAL_ENVIRON = {
     "scripts": [

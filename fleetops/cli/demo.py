@@ -11,16 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet.cli.output import render_tree
 from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.runtime import operator_config
 from fleet.settings import Settings
 from fleet.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV
-from workers.cli_run import show_progress
-from workers.local import discover_redis_url, read_state
+from fleetops.cli.output import render_tree
+from fleetops.cli.run import show_progress
+from fleetops.local import discover_redis_url, read_state
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "fleet" / "examples" / "explore.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
 DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
 STATE_DIR = Path(".fleet") / "demo"
 READY_TIMEOUT_S = 90.0
@@ -59,7 +59,7 @@ def run_demo(args: argparse.Namespace) -> int:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     print(f"starting a local fleet (state in {STATE_DIR}/) ...", file=sys.stderr)
     up = subprocess.Popen(
-        [sys.executable, "-m", "fleet.cli.main", "up", "--workers", "1"],
+        [sys.executable, "-m", "fleetops.cli.main", "up", "--workers", "1"],
         cwd=STATE_DIR,
         env=base_env,
         start_new_session=True,
