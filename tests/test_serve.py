@@ -30,7 +30,8 @@ HOSTILE = "<img src=x onerror=alert(1)>"
 def explored(store: TraceStore, tmp_path: Path, branches: int = 3) -> Trace:
     """A finished explore of `branches` branches, run in this process."""
     model = explore_script(tmp_path / "model.yaml", branches)
-    runtime = Runtime.build(Settings(workspace=tmp_path), store, InProcessDispatcher())
+    settings = Settings(workspace=tmp_path, allow_scripted=True)
+    runtime = Runtime.build(settings, store, InProcessDispatcher())
     root = create_root(runtime, TaskSpec(f"survey {HOSTILE}", model))
     Runner(runtime).run(root.trace_id)
     return store.get_trace(root.trace_id)
