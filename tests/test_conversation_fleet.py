@@ -68,17 +68,20 @@ def script(path: Path, steps: list[dict[str, Any]]) -> str:
     return f"scripted:{path}"
 
 
-def cli(url: str, workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    env |= {"FLEET_REDIS_URL": url, "FLEET_WORKSPACE": str(workspace)}
-    return subprocess.run(
-        [*FLEET, *args], env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-
-
 def cli_env(url: str, workspace: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    return env | {"FLEET_REDIS_URL": url, "FLEET_WORKSPACE": str(workspace)}
+    fleet = {"FLEET_REDIS_URL": url, "FLEET_WORKSPACE": str(workspace)}
+    return env | fleet | {"FLEET_ALLOW_SCRIPTED": "1"}
+
+
+def cli(url: str, workspace: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FLEET, *args],
+        env=cli_env(url, workspace),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], part: str) -> None:
