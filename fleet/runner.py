@@ -114,6 +114,10 @@ class Runner:
         if trace.is_terminal:
             return _terminal(trace.status)
         trace = lifecycle.start(self.runtime, trace)
+        try:
+            self.runtime.workspace_of(trace)
+        except FleetError as exc:  # a forged or stale workspace: fail before any model call
+            return self.finish(trace_id, "failed", error=str(exc), reason="error")
         if not self._prepare(trace, snapshot.messages):
             lifecycle.wait(self.runtime, trace)
             return "waiting"
