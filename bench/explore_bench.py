@@ -42,7 +42,14 @@ sys.path.insert(0, str(REPO))
 
 from bench.harness import Meter, load, openai_server, workers  # noqa: E402
 from bench.report import Row, machine, print_rows, print_targets  # noqa: E402
-from bench.runs import asyncio_run, chord_run, cli_run, fleet_run, http_chord_run  # noqa: E402
+from bench.runs import (  # noqa: E402
+    asyncio_run,
+    bare_http_chord_run,
+    chord_run,
+    cli_run,
+    fleet_run,
+    http_chord_run,
+)
 from fleet.client import Fleet  # noqa: E402
 from fleet.redis_server import start_redis_server  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
@@ -74,14 +81,15 @@ class Bench:
 
     def http(self, n: int, latency_ms: int, repeat: int) -> Row:
         task, model = f"survey the workspace in {n} branches", f"lat{latency_ms}"
-        fleet, peer = [], []
+        fleet, peer, bare = [], [], []
         for _ in range(repeat):
             fleet.append(
                 fleet_run(self.fleet, self.meter, self.pids, task, f"{HTTP_PROVIDER}:{model}")
             )
             peer.append(http_chord_run(self.meter, self.pids, self.base_url, task, model))
+            bare.append(bare_http_chord_run(self.meter, self.pids, self.base_url, n, model))
         ideal = statistics.median(asyncio_run(n, latency_ms, True) for _ in range(repeat))
-        return Row.of("http", n, latency_ms, fleet, peer, ideal)
+        return Row.of("http", n, latency_ms, fleet, peer, ideal, bare)
 
     def one_completion(self, latency_ms: int, repeat: int) -> tuple[float, float]:
         """Medians of `fleet run` through the fleet and `--inline`, alternated."""

@@ -34,6 +34,8 @@ class Row:
     peer_cpu_ms: float
     rss_bytes: float
     """Peak extra worker RSS during a fleet run."""
+    bare_s: float = 0.0
+    """HTTP rows: a chord of the branches' calls only, sent by the client (no root calls)."""
 
     @classmethod
     def of(
@@ -44,6 +46,7 @@ class Row:
         fleet: Sequence[Sample],
         peer: Sequence[Sample],
         ideal_s: float,
+        bare: Sequence[Sample] = (),
     ) -> Row:
         med = statistics.median
         return cls(
@@ -58,27 +61,29 @@ class Row:
             cpu_ms=med(1000 * s.cpu_s / n for s in fleet),
             peer_cpu_ms=med(1000 * s.cpu_s / n for s in peer),
             rss_bytes=med(s.rss_bytes for s in fleet),
+            bare_s=med(s.seconds for s in bare) if bare else 0.0,
         )
 
     def ratio(self, versus: str = "peer") -> float:
-        base = self.peer_s if versus == "peer" else self.ideal_s
+        base = {"peer": self.peer_s, "ideal": self.ideal_s, "bare": self.bare_s}[versus]
         return self.fleet_s / base if base > 0 else float("inf")
 
 
 HEADER = (
     f"{'kind':>8} {'N':>5} {'L ms':>5} {'fleet s':>8} {'peer s':>7} {'ideal s':>8} "
     f"{'f/peer':>6} {'f/ideal':>7} {'cmds/br':>7} {'peer cmds':>9} {'cpu ms/br':>9} "
-    f"{'peer cpu':>8} {'rss MiB':>7}  load"
+    f"{'peer cpu':>8} {'rss MiB':>7} {'f/bare':>6}  load"
 )
 
 
 def format_row(row: Row) -> str:
     ideal = f"{row.ratio('ideal'):>7.2f}" if row.latency_ms else f"{'-':>7}"
+    bare = f"{row.ratio('bare'):>6.2f}" if row.bare_s else f"{'-':>6}"
     return (
         f"{row.kind:>8} {row.n:>5} {row.latency_ms:>5} {row.fleet_s:>8.3f} {row.peer_s:>7.3f} "
         f"{row.ideal_s:>8.3f} {row.ratio():>6.2f} {ideal} {row.cmds:>7.1f} "
         f"{row.peer_cmds:>9.1f} {row.cpu_ms:>9.2f} {row.peer_cpu_ms:>8.2f} "
-        f"{row.rss_bytes / MIB:>7.1f}  {load()}"
+        f"{row.rss_bytes / MIB:>7.1f} {bare}  {load()}"
     )
 
 

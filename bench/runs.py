@@ -123,6 +123,31 @@ def http_chord_run(meter: Meter, pids: list[int], base_url: str, task: str, mode
     return sample
 
 
+def bare_http_chord_run(meter: Meter, pids: list[int], base_url: str, n: int, model: str) -> Sample:
+    """`chord(N x bench.http_branch, bench.done)` sent from here: no root calls, no worker send."""
+    header = [
+        peer_tasks.http_branch.si(base_url, model, f"Branch {i} of the survey").set(
+            queue="fleet.explore"
+        )
+        for i in range(1, n + 1)
+    ]
+    body = sleep_tasks.done.s().set(queue="fleet.main")
+    results: list[Any] = []
+
+    def run() -> tuple[float, float]:
+        start = time.time()
+        results.append(chord(header, body).apply_async())
+        return start, meter.wait(_body_time(meter, results[0].id))
+
+    sample = _measured(meter, pids, run)
+    for mapping in app.backend._pending_results:
+        for header_result in results[0].parent.results:
+            mapping.pop(header_result.id, None)
+    results.clear()
+    gc.collect()
+    return sample
+
+
 def asyncio_run(n: int, latency_ms: int, root_calls: bool) -> float:
     """`gather` of N coroutines of 2 x sleep(L); with the root's two calls around it."""
 
