@@ -98,21 +98,5 @@ class CeleryDispatcher:
                 options=dict(tree),
             )
         )
-        with one_pipeline(app):
-            result = chord(header, body).apply_async()
-        drop_subscriptions(result)
-
-
-def drop_subscriptions(result: Any) -> None:
-    """Unsubscribe the sender from the header results' channels.
-
-    Celery's group barrier subscribes the sending process to every header task's result
-    channel and, holding the results weakly, never unsubscribes: a long-lived worker would
-    collect thousands of subscriptions. Nothing here waits on these results.
-    """
-    consumer = getattr(app.backend, "result_consumer", None)
-    header = getattr(result, "parent", None)
-    if consumer is None or header is None:
-        return
-    for item in header.results:
-        consumer.cancel_for(item.id)
+        with one_pipeline(app):  # and no result subscriptions: see SendOnlyRedisBackend
+            chord(header, body).apply_async()
