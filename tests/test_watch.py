@@ -20,17 +20,17 @@ from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
+from fleetops.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 from tests.fleetkit import client, explore_script, fleet_settings
 from tests.procs import read_until_exit
-from workers.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 
-FLEET = [sys.executable, "-m", "fleet.cli.main"]
+FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 CLI_TIMEOUT_S = 60.0
 
 
 def inline_runtime(tmp_path: Path, branches: int) -> tuple[Runtime, str]:
     model = explore_script(tmp_path / "model.yaml", branches, branch_turns=2)
-    settings = Settings(workspace=tmp_path)
+    settings = Settings(workspace=tmp_path, allow_scripted=True)
     return Runtime.build(settings, MemoryStore(), InProcessDispatcher()), model
 
 
