@@ -169,7 +169,7 @@ def asyncio_run(n: int, latency_ms: int, root_calls: bool) -> float:
 
 def cli_run(env: Mapping[str, str], model: str, *, inline: bool) -> float:
     """Wall seconds of one `fleet run [--inline] --model MODEL "say hello"` process."""
-    argv = [sys.executable, "-m", "fleet.cli.main", "run", "--model", model, "say hello"]
+    argv = [sys.executable, "-m", "fleetops.cli.main", "run", "--model", model, "say hello"]
     if inline:
         argv.append("--inline")
     start = time.perf_counter()
