@@ -110,13 +110,12 @@ class LocalFleet:
         self, trace_id: str, message: str, after_sequence: int | None = None
     ) -> Trace:
         """Continue a finished root with `message` (after message `after_sequence`), run it."""
-        ttl_ms = self.runtime.settings.lease_ttl_ms
-        continue_trace(self.store, trace_id, message, after_sequence, lease_ttl_ms=ttl_ms)
+        continue_trace(self.runtime, trace_id, message, after_sequence)
         return self._run(trace_id)
 
     def reply(self, trace_id: str, answer: str) -> Trace:
         """Answer the question a trace waits on and run it on."""
-        human.reply(self.store, trace_id, answer)
+        human.reply(self.runtime, trace_id, answer)
         return self._run(trace_id)
 
     def _run(self, trace_id: str) -> Trace:

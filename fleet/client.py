@@ -13,10 +13,11 @@ from fleet import human
 from fleet.api import TaskSpec, create_root
 from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.batch_file import check_entries, entries_from
-from fleet.control import stop_tree, waiting_traces
 from fleet.conversation import continue_trace, stamp, turn_of
 from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError, FleetError
+from fleet.human import waiting_traces
+from fleet.lifecycle import stop_subtree
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
@@ -146,7 +147,7 @@ class Fleet:
     def stop(self, trace_id: str) -> list[str]:
         """Stop a trace and its subtree; returns the ids that were told to stop."""
         turn = turn_of(self.store.get_trace(trace_id))
-        ids = stop_tree(self.store, trace_id)
+        ids = stop_subtree(self.runtime, trace_id)
         self.backend.revoke([stamp(t, turn) for t in ids])
         return ids
 
@@ -158,14 +159,13 @@ class Fleet:
         With `after_sequence` the conversation first goes back to that message (rewind);
         the old branch stays in the trace. `ConversationError` names what does not fit.
         """
-        ttl_ms = self.runtime.settings.lease_ttl_ms
-        trace = continue_trace(self.store, trace_id, message, after_sequence, lease_ttl_ms=ttl_ms)
+        trace = continue_trace(self.runtime, trace_id, message, after_sequence)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 
     def reply(self, trace_id: str, answer: str) -> Handle:
         """Answer the question a trace waits on (`ask_human`); it resumes on any worker."""
-        trace = human.reply(self.store, trace_id, answer)
+        trace = human.reply(self.runtime, trace_id, answer)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 

@@ -14,9 +14,11 @@ import uuid
 from collections import defaultdict
 from typing import Any
 
+from fleet import lifecycle
 from fleet.errors import ConversationError
 from fleet.history import healed_result, main_path, open_turn
-from fleet.models import Event, Message, Trace
+from fleet.models import Message, Trace
+from fleet.runtime import Runtime
 from fleet.store import TraceStore
 
 TURN_KEY = "turn"
@@ -43,12 +45,7 @@ def turn_of(trace: Trace) -> int:
 
 
 def continue_trace(
-    store: TraceStore,
-    trace_id: str,
-    message: str,
-    after_sequence: int | None = None,
-    *,
-    lease_ttl_ms: int,
+    runtime: Runtime, trace_id: str, message: str, after_sequence: int | None = None
 ) -> Trace:
     """Append a user message to a finished root (after `after_sequence`) and queue it.
 
@@ -62,16 +59,17 @@ def continue_trace(
     """
     if not message.strip():
         raise ConversationError("the message is empty")
+    store = runtime.store
     _check_continuable(store.get_trace(trace_id))
     owner = uuid.uuid4().hex  # hold the lease: no runner and no second continue meanwhile
-    if not _take_lease(store, trace_id, owner, lease_ttl_ms):
+    if not _take_lease(store, trace_id, owner, runtime.settings.lease_ttl_ms):
         raise ConversationError(f"trace {trace_id!r} is busy: another run holds it")
     try:
         snapshot = store.snapshot(trace_id)
         trace = snapshot.trace
         _check_continuable(trace)
         head = rewind_point(snapshot.messages, trace, after_sequence)
-        return _write_turn(store, trace, snapshot.messages, head, message, after_sequence)
+        return _write_turn(runtime, trace, snapshot.messages, head, message, after_sequence)
     finally:
         store.release_lease(trace_id, owner)
 
@@ -131,13 +129,14 @@ def rewind_point(messages: list[Message], trace: Trace, after: int | None) -> in
 
 
 def _write_turn(
-    store: TraceStore,
+    runtime: Runtime,
     trace: Trace,
     messages: list[Message],
     head: int | None,
     text: str,
     after: int | None,
 ) -> Trace:
+    store = runtime.store
     if head != trace.head_sequence:
         store.set_head(trace.trace_id, head)
     # A stop or crash may have left the turn at the head open: providers refuse a user
@@ -158,19 +157,8 @@ def _write_turn(
         k: v for k, v in trace.metadata.items() if k not in _DROPPED_ON_CONTINUE
     }
     metadata[TURN_KEY] = number
-    fields: dict[str, Any] = {
-        "status": "queued",
-        "answer": None,
-        "output": None,
-        "error": None,
-        "finished_at_ms": None,
-        "iteration": 0,  # max_iterations counts per user turn
-        "metadata": metadata,
-    }
     data = {TURN_KEY: number, "after_sequence": after, "sequence": user.sequence}
-    event = Event(kind="trace", trace_id=trace.trace_id, status="queued", data=data)
-    store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, **fields)
-    store.clear_stop(trace.trace_id)
+    lifecycle.reopen_root(runtime, trace, metadata, data)
     return store.get_trace(trace.trace_id)
 
 

@@ -151,10 +151,10 @@ def test_a_second_reply_is_refused(store: TraceStore, tmp_path: Path) -> None:
 
     local = local_fleet(store, tmp_path, ScriptedModel(function=asker))
     trace = local.run("paint the shed", model="test")
-    human.reply(store, trace.trace_id, "green")  # queued, not yet run
+    human.reply(local.runtime, trace.trace_id, "green")  # queued, not yet run
     before = store.messages(trace.trace_id)
     with pytest.raises(ConversationError, match="not waiting"):
-        human.reply(store, trace.trace_id, "blue")
+        human.reply(local.runtime, trace.trace_id, "blue")
     assert store.messages(trace.trace_id) == before
 
 
@@ -163,9 +163,10 @@ def test_a_timeout_answers_the_question_and_the_agent_goes_on(
 ) -> None:
     local = local_fleet(store, tmp_path, ScriptedModel(function=asker))
     trace = local.run("paint the shed", model="test")
-    assert time_out_waits(store) == [], "not due yet"
-    assert time_out_waits(store, now_ms() + 25 * 3600 * 1000) == [trace.trace_id]
-    assert time_out_waits(store, now_ms() + 25 * 3600 * 1000) == [], "claimed once"
+    assert time_out_waits(local.runtime) == [], "not due yet"
+    later_ms = now_ms() + 25 * 3600 * 1000
+    assert time_out_waits(local.runtime, later_ms) == [trace.trace_id]
+    assert time_out_waits(local.runtime, later_ms) == [], "claimed once"
     done = local._run(trace.trace_id)
     assert done.status == "completed" and "No reply from a person" in (done.answer or "")
     person = store.collaborators(trace.trace_id)[0]
@@ -175,11 +176,11 @@ def test_a_timeout_answers_the_question_and_the_agent_goes_on(
 def test_stop_ends_the_wait_and_continue_heals_the_question(
     store: TraceStore, tmp_path: Path
 ) -> None:
-    from fleet.control import stop_tree
+    from fleet.lifecycle import stop_subtree
 
     local = local_fleet(store, tmp_path, ScriptedModel(function=asker))
     trace = local.run("paint the shed", model="test")
-    stop_tree(store, trace.trace_id)
+    stop_subtree(local.runtime, trace.trace_id)
     stopped = store.get_trace(trace.trace_id)
     assert stopped.status == "stopped"
     assert store.collaborators(trace.trace_id)[0].status == "stopped"

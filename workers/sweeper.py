@@ -26,7 +26,7 @@ def sweep_once() -> list[str]:
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
     if claimed:
         count_event(runtime.settings.redis_url, "lease_expiries", len(claimed))
-    for trace_id in time_out_waits(runtime.store):
+    for trace_id in time_out_waits(runtime):
         send(runtime.store.get_trace(trace_id))
         log.warning("%s: no reply from a person in time; resumed without one", trace_id)
     return claimed

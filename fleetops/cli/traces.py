@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fleet.control import waiting_traces
-from fleet.human import waiting_on
+from fleet.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleetops.cli.output import list_object, render_tree, trace_object
