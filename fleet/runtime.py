@@ -5,20 +5,39 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet.gate import Gate
 from fleet.hooks import NO_HOOKS, Hooks
 from fleet.llm.base import LLMClient
-from fleet.llm.config import FleetConfig, load_config, make_client, resolve_model_name
+from fleet.llm.config import (
+    FleetConfig,
+    load_config,
+    make_client,
+    resolve_model_name,
+    validate_model,
+)
 from fleet.llm.retry import DEFAULT_RETRY
+from fleet.models import Trace
 from fleet.presets import AgentPreset, get_preset, load_presets
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
+from fleet.trust import check_workspace_root
 
 if TYPE_CHECKING:
     from fleet.dispatch import Dispatcher
+
+
+def operator_config(settings: Settings) -> FleetConfig:
+    """`fleet.yaml` as the operator set it: `FLEET_CONFIG`, never inside a workspace root."""
+    return load_config(
+        settings.config_path,
+        settings.env,
+        workspace_roots=settings.workspace_roots,
+        key_envs=settings.api_key_envs,
+    )
 
 
 @dataclass(frozen=True)
@@ -49,7 +68,7 @@ class Runtime:
         hooks: Hooks = NO_HOOKS,
     ) -> Runtime:
         """Load fleet.yaml and the presets; `ConfigError` names what is wrong."""
-        config = load_config(settings.config_path, settings.env)
+        config = operator_config(settings)
         return cls(
             store=store,
             dispatcher=dispatcher,
@@ -74,6 +93,28 @@ class Runtime:
             return explicit
         return resolve_model_name(self.config, explicit, preset, self.settings.env)
 
+    def workspace_of(self, trace: Trace) -> Path:
+        """The trace's real workspace, checked against this process's workspace roots.
+
+        Checked where tools run, not only at submission: a task message or a trace in
+        Redis may have been forged, and this worker's roots are what it may read.
+
+        Raises:
+            ConfigError: the workspace lies outside every root.
+        """
+        workspace = Path(trace.workspace) if trace.workspace else self.settings.workspace
+        return check_workspace_root(workspace, self.settings.workspace_roots)
+
+    def check_model(self, model_name: str) -> None:
+        """What `client` would check, without building one; `ConfigError` if it would fail."""
+        if model_name not in self.clients:
+            validate_model(
+                self.config,
+                model_name,
+                self.settings.env,
+                allow_scripted=self.settings.allow_scripted,
+            )
+
     def client(self, model_name: str) -> LLMClient:
         """A client for this model name, built once per process."""
         with self._lock:
@@ -81,6 +122,10 @@ class Runtime:
                 # With a fleet-wide limiter a 429 is handed back at once, not slept on.
                 retry = replace(DEFAULT_RETRY, hand_back_overload=self.gate.limiter is not None)
                 self.clients[model_name] = make_client(
-                    self.config, model_name, self.settings.env, retry=retry
+                    self.config,
+                    model_name,
+                    self.settings.env,
+                    allow_scripted=self.settings.allow_scripted,
+                    retry=retry,
                 )
             return self.clients[model_name]

@@ -74,7 +74,7 @@ class RateLimitedProvider:
         *,
         requests_per_s: float | None = None,
         tokens_per_s: float | None = None,
-        burst_s: float = 0.25,
+        burst_s: float = 1.0,
         completion_tokens: int | None = None,
         latency_s: float = 0.0,
     ) -> None:
