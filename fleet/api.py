@@ -13,7 +13,7 @@ from fleet.dispatch import Dispatcher, InProcessDispatcher
 from fleet.errors import ConfigError
 from fleet.llm.base import LLMClient
 from fleet.models import Event, Mode, Trace
-from fleet.runner import Runner
+from fleet.runner import Runner, run_to_end
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore, TraceStore
@@ -119,7 +119,7 @@ class LocalFleet:
         return self._run(trace_id)
 
     def _run(self, trace_id: str) -> Trace:
-        Runner(self.runtime).run(trace_id)
+        run_to_end(Runner(self.runtime), trace_id)
         return self.store.get_trace(trace_id)
 
 
