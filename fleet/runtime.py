@@ -11,6 +11,7 @@ from fleet.hooks import NO_HOOKS, Hooks
 from fleet.llm.base import LLMClient
 from fleet.llm.config import FleetConfig, load_config, make_client, resolve_model_name
 from fleet.presets import AgentPreset, get_preset, load_presets
+from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
@@ -32,6 +33,8 @@ class Runtime:
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
+    redactor: Redactor = SHAPES_ONLY
+    """Masks this process's secrets in everything a run writes (see fleet.redact)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -54,6 +57,7 @@ class Runtime:
             tools=default_registry(),
             hooks=hooks,
             clients=dict(clients or {}),
+            redactor=Redactor.from_env(settings.env),
         )
 
     def preset(self, name: str) -> AgentPreset:

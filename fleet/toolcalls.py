@@ -134,6 +134,9 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
 
 
 def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -> None:
+    # A tool may have read one of the worker's secrets (a file, a response): never stored.
+    scrub = runtime.redactor.values_only
+    memory = scrub(result.long_term_memory) if result.long_term_memory else None
     event = Event(
         kind="message",
         trace_id=trace.trace_id,
@@ -146,8 +149,8 @@ def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -
             role="tool",
             tool_call_id=call.id,
             name=call.name,
-            content=result.output,
-            long_term_memory=result.long_term_memory,
+            content=scrub(result.output),
+            long_term_memory=memory,
             metadata={"title": result.title, "is_error": result.is_error},
         ),
         event,

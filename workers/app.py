@@ -60,7 +60,8 @@ def make_config(settings: Settings) -> dict[str, Any]:
 
 def create_app(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
     """A configured app; `workers.tasks` registers the tasks on import."""
-    app = Celery("fleet", set_as_current=set_as_current)
+    # Every event this app sends (Flower reads them) has its text fields redacted.
+    app = Celery("fleet", set_as_current=set_as_current, events="workers.naming:RedactingEvents")
     app.conf.update(make_config(settings or Settings.from_env()))
     return app
 

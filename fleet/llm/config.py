@@ -37,6 +37,7 @@ from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.pricing import ModelPricing
+from fleet.redact import Redactor
 
 CONFIG_FILE = "fleet.yaml"
 CONFIG_PATH_ENV = "FLEET_CONFIG"
@@ -302,6 +303,7 @@ def make_client(
         scripted_model = importlib.import_module("fleet.testing").ScriptedModel
         return cast(LLMClient, scripted_model.from_file(Path(target.model)))
     key = _api_key(target, env)
+    redactor = Redactor.from_env(env)  # every secret of the process, not just this key
     if target.kind == "anthropic":
         return AnthropicClient(
             target.base_url,
@@ -310,6 +312,7 @@ def make_client(
             pricing=target.pricing,
             provider=target.provider,
             api_key_env=target.api_key_env,
+            redactor=redactor,
         )
     return OpenAIClient(
         target.base_url,
@@ -318,4 +321,5 @@ def make_client(
         pricing=target.pricing,
         provider=target.provider,
         api_key_env=target.api_key_env,
+        redactor=redactor,
     )
