@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from fleet.hooks import NO_HOOKS, Hooks
 from fleet.llm.base import LLMClient
 from fleet.llm.config import FleetConfig, load_config, make_client, resolve_model_name
-from fleet.presets import AgentPreset, get_preset, load_presets
+from fleet.models import Trace
+from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
 from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
 from fleet.store import TraceStore
@@ -63,6 +64,16 @@ class Runtime:
     def preset(self, name: str) -> AgentPreset:
         """The preset, or `ConfigError` listing the known ones."""
         return get_preset(self.presets, name)
+
+    def permissions(self, trace: Trace) -> AgentPreset:
+        """What `trace` may do: its preset within the ceiling it inherited.
+
+        explore and evaluate traces are read-only whatever their preset says; this is the
+        preset every tool call of the trace is checked against.
+        """
+        ceiling = trace.ceiling
+        read_only = ceiling.read_only or trace.mode in READ_ONLY_MODES
+        return self.preset(trace.preset).within(ceiling.allowed, ceiling.denied, read_only)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""
