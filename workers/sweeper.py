@@ -7,8 +7,8 @@ import os
 import threading
 
 from fleet.control import claim_dead_runs
+from fleetops.metrics import count_event
 from workers.dispatch import send
-from workers.metrics import count_event
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
