@@ -114,6 +114,10 @@ class Runner:
         if trace.is_terminal:
             return _terminal(trace.status)
         self._set_status(trace, "running")
+        try:
+            self.runtime.workspace_of(trace)
+        except FleetError as exc:  # a forged or stale workspace: fail before any model call
+            return self.finish(trace_id, "failed", error=str(exc), reason="error")
         if not self._prepare(trace, snapshot.messages):
             self._set_status(trace.model_copy(update={"status": "running"}), "waiting")
             return "waiting"

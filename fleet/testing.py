@@ -93,12 +93,18 @@ class ScriptedModel:
     @classmethod
     def from_file(cls, path: Path) -> ScriptedModel:
         """Load a YAML script (see `examples/explore.yaml` for the format)."""
+        # The path comes from a trace, so errors name where, never what: a YAML error's
+        # text quotes the line it failed on, which could be a line of a credentials file.
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"scripted model {str(path)!r}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"scripted model {str(path)!r}: not UTF-8 text") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"scripted model {str(path)!r}: invalid YAML ({exc})") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"scripted model {str(path)!r}: invalid YAML{where}") from None
         script = Script.parse(data, str(path))
         return cls(function=script.respond, latency_ms=script.latency_ms)
 
@@ -164,7 +170,10 @@ class Script:
             for j, step in enumerate(raw["steps"]):
                 _check_step(step, f"{where}: scripts[{i}].steps[{j}]")
             rules.append(_Rule(pattern, tuple(raw["steps"])))
-        return cls(tuple(rules), int(data.get("latency_ms", 0)))
+        latency_ms = data.get("latency_ms", 0)
+        if not isinstance(latency_ms, int):
+            raise ConfigError(f"{where}: latency_ms must be an integer")
+        return cls(tuple(rules), latency_ms)
 
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         """The response for this conversation."""

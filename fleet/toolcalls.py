@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from fleet.cache import delegate_preset
@@ -125,11 +124,14 @@ def _goal(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
 def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     settings = runtime.settings
     ctx = ToolContext(
-        workspace=Path(trace.workspace or settings.workspace),
+        workspace=runtime.workspace_of(trace),  # ConfigError outside the roots: trace fails
         trace_id=trace.trace_id,
         preset=trace.preset,
         allow_shell=settings.allow_shell,
         skills_dirs=tuple(p for p in (settings.skills_dir,) if p is not None),
+        shell_env=settings.shell_env,
+        web_allow=settings.web_allow,
+        tool_timeout_s=settings.tool_timeout_s,
     )
     try:
         arguments = call.parsed_arguments()

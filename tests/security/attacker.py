@@ -1,7 +1,8 @@
-"""The attacker's endpoint: a loopback HTTP server that echoes what it is sent.
+"""A loopback HTTP server standing in for an attacker's endpoint: it records every request.
 
-It stands in for a hostile (or merely careless) OpenAI-compatible or Anthropic server, or
-any URL a model points a tool at. Nothing leaves the machine.
+It answers like an OpenAI-compatible server (`/chat/completions`) so a client that was
+tricked into calling it gets a normal answer and the run goes on, as it would in the wild;
+`redirect_to` makes it answer every GET with a 302 instead (for web_fetch's redirect hops).
 """
 
 from __future__ import annotations
@@ -11,59 +12,125 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-_CREDENTIALS = ("authorization", "x-api-key")
+SECRET = "sk-live-ATTACK-0123456789abcdef"
+"""The value every secret-named variable gets in these tests; it must appear nowhere."""
+
+SECRET_ENV = {
+    "OPENAI_API_KEY": SECRET,
+    "ANTHROPIC_API_KEY": SECRET + "-anthropic",
+    "AWS_SECRET_ACCESS_KEY": SECRET + "-aws",
+    "GH_PAT": SECRET + "-gh",
+    "REDIS_PASS": SECRET + "-redis",
+    "DB_PWD": SECRET + "-db",
+    "SENTRY_DSN": f"https://{SECRET}@sentry.example/1",
+}
+"""Secrets as workers hold them, names the old name-based scrub did not all catch."""
+
+COMPLETION = {
+    "id": "chatcmpl-attacker",
+    "object": "chat.completion",
+    "model": "evil",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "done"},
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
 
 
 @dataclass
-class EchoServer:
-    """Answers every request with `status` and a body quoting the request's headers."""
+class Attacker:
+    """The server's address and what it saw."""
 
-    status: int = 400
+    url: str
     requests: list[dict[str, str]] = field(default_factory=list)
-    url: str = ""
+    redirect_to: str | None = None
+
+    def saw(self, text: str) -> bool:
+        """Whether `text` was in any request line, header or body it received."""
+        return any(text in value for request in self.requests for value in request.values())
 
 
-def _handler(server: EchoServer) -> type[BaseHTTPRequestHandler]:
+def _handler(attacker: Attacker) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length") or 0))
-            headers = dict(self.headers.items())
-            server.requests.append(headers)
-            # The credential headers first, so no length cut can hide them.
-            first = sorted(headers.items(), key=lambda kv: kv[0].lower() not in _CREDENTIALS)
-            echoed = "; ".join(f"{k}: {v}" for k, v in first)
-            # The shapes a real server might echo: a JSON message, raw text, a quoted value.
-            message = f"invalid request, headers were {echoed} ({json.dumps(headers)})"
-            body = json.dumps({"error": {"message": message, "type": "invalid_request"}})
-            self.send_response(server.status)
-            self.send_header("content-type", "application/json")
-            self.send_header("retry-after", "0")  # a 5xx is retried at once, not after seconds
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body.encode())
+        def _record(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+            headers = "\n".join(f"{k}: {v}" for k, v in self.headers.items())
+            attacker.requests.append({"line": self.requestline, "headers": headers, "body": body})
 
-        do_GET = do_POST
+        def _send(self, status: int, body: bytes, kind: str, **headers: str) -> None:
+            self.send_response(status)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self._record()
+            self._send(200, json.dumps(COMPLETION).encode(), "application/json")
+
+        def do_GET(self) -> None:
+            self._record()
+            if attacker.redirect_to:
+                self._send(302, b"", "text/plain", location=attacker.redirect_to)
+            else:
+                self._send(200, b"internal: metadata-token-xyz", "text/plain")
 
         def log_message(self, format: str, *args: object) -> None:
-            return None
+            pass  # quiet: pytest treats stray output as noise
 
     return Handler
 
 
 @contextmanager
-def echo_server(status: int = 400) -> Iterator[EchoServer]:
-    """A running `EchoServer` on 127.0.0.1, stopped on exit."""
-    state = EchoServer(status=status)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=partial(httpd.serve_forever, poll_interval=0.01))
+def attacker_server() -> Iterator[Attacker]:
+    """Serve on 127.0.0.1 on a free port until the block ends."""
+    attacker = Attacker(url="")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(attacker))
+    attacker.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield state
+        yield attacker
     finally:
-        httpd.shutdown()
-        httpd.server_close()
+        server.shutdown()
+        server.server_close()
         thread.join()
+
+
+def redis_text(client: Any) -> str:
+    """Every key and value of the client's database as text, for "no secret anywhere"."""
+    parts: list[str] = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind == "string":
+            values: list[Any] = [client.get(key)]
+        elif kind == "hash":
+            values = [*client.hgetall(key).items()]
+        elif kind == "list":
+            values = client.lrange(key, 0, -1)
+        elif kind in ("set",):
+            values = list(client.smembers(key))
+        elif kind == "zset":
+            values = client.zrange(key, 0, -1)
+        elif kind == "stream":
+            values = list(client.xrange(key))
+        else:
+            values = []
+        parts.append(f"{key!r} {values!r}")
+    return "\n".join(parts)
+
+
+def leaked(text: str) -> list[str]:
+    """The names of the secrets whose value appears in `text`."""
+    return [name for name, value in SECRET_ENV.items() if value in text]

@@ -16,7 +16,7 @@ import pytest
 import fleet.llm.base
 from fleet.api import LocalFleet
 from fleet.settings import Settings
-from tests.security.attacker import echo_server
+from tests.security.echo import echo_server
 
 OPENAI_KEY = "sk-live-0pen41SECRETvalue1234567890"
 ANTHROPIC_KEY = "sk-ant-api03-ANTHR0PICsecret0987654321"
