@@ -10,12 +10,6 @@ from typing import TYPE_CHECKING
 
 from fleet.hooks import NO_HOOKS, Hooks
 from fleet.llm.base import LLMClient
-<<<<<<< HEAD
-from fleet.llm.config import FleetConfig, load_config, make_client, resolve_model_name
-from fleet.models import Trace
-from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
-from fleet.redact import SHAPES_ONLY, Redactor
-=======
 from fleet.llm.config import (
     FleetConfig,
     load_config,
@@ -24,8 +18,8 @@ from fleet.llm.config import (
     validate_model,
 )
 from fleet.models import Trace
-from fleet.presets import AgentPreset, get_preset, load_presets
->>>>>>> main
+from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
+from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry

@@ -37,7 +37,7 @@ def _fleet(tmp_path: Path, base_url: str) -> LocalFleet:
         "ANTHROPIC_API_KEY": ANTHROPIC_KEY,
         "FLEET_CONFIG": str(config),
         "FLEET_WORKSPACE": str(workspace),
-        "FLEET_WORKSPACE_ROOTS": str(tmp_path),
+        "FLEET_WORKSPACE_ROOTS": str(workspace),
     }
     return LocalFleet.from_settings(Settings.from_env(env))
 
