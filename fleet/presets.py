@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from pydantic_core import ErrorDetails
 
+from fleet import yamlsafe
 from fleet.errors import ConfigError
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
@@ -302,7 +303,7 @@ def _split_frontmatter(text: str) -> tuple[str, str]:
 
 def _parse_yaml(header: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(header)
+        data = yamlsafe.load(header, "frontmatter")
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML frontmatter: {' '.join(str(exc).split())}") from exc
     if data is None:

@@ -36,7 +36,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fleet import trust
+from fleet import trust, yamlsafe
 from fleet.errors import ConfigError
 from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
@@ -139,7 +139,7 @@ def _read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        return yaml.safe_load(text)
+        return yamlsafe.load(text, str(path))  # bounded: size, depth, aliases
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
