@@ -12,7 +12,7 @@ from fleet.api import LocalFleet
 from fleet.errors import ConfigError
 from fleet.human import TIMEOUT_KEY, waiting_on
 from fleet.settings import Settings
-from fleetops.cli.output import report
+from fleetops.cli.output import printable, report
 
 
 def register(commands: Any) -> None:
@@ -94,6 +94,6 @@ def run_inline(args: argparse.Namespace) -> int:
         trace = local.run(args.task, model=args.model, preset=args.preset, metadata=metadata)
     question = waiting_on(trace)
     if question is not None:
-        print(f"? {question['question']}", file=sys.stderr)
+        print(printable(f"? {question['question']}"), file=sys.stderr)
         print(f"waiting: answer with `fleet reply {trace.trace_id} ANSWER`", file=sys.stderr)
     return report(local.store, trace, as_json=args.json)

@@ -13,7 +13,7 @@ from fleet.errors import ConfigError, ConversationError
 from fleet.models import Event
 from fleet.settings import Settings
 from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
-from fleetops.cli.output import report
+from fleetops.cli.output import printable, report
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -102,7 +102,7 @@ def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None
     for event in events:
         line = progress_line(event, root)
         if line:
-            print(line, file=sys.stderr, flush=True)
+            print(printable(line), file=sys.stderr, flush=True)
         if asker is not None and _is_question(event, root):
             asker.ask(root, str(event.data.get("question", "")))
 

@@ -8,7 +8,7 @@ from typing import Any
 from fleet.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.store import TraceStore
-from fleetops.cli.output import list_object, render_tree, trace_object
+from fleetops.cli.output import list_object, printable, render_tree, trace_object
 
 
 def register(commands: Any) -> None:
@@ -68,5 +68,6 @@ def list_traces(args: argparse.Namespace) -> int:
         for t in rows:
             question = (waiting_on(t) or {}).get("question")
             text = f"? {question}" if args.waiting and question else t.task
-            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {' '.join(text.split())[:80]}")
+            shown = " ".join(printable(text).split())[:80]
+            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {shown}")
     return 0
