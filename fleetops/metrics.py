@@ -10,7 +10,6 @@ queue alone cannot see the work that workers already took off it.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import logging
@@ -23,7 +22,6 @@ from typing import Any, Literal, get_args
 import redis
 
 from fleet import keys
-from fleet.errors import ConfigError
 from fleet.models import Status, now_ms
 from fleet.redis_store import connect, redact_url
 from fleet.settings import Settings
@@ -269,37 +267,3 @@ def _scrape(metrics: FleetMetrics) -> tuple[int, bytes]:
         where = redact_url(metrics.settings.redis_url)
         log.warning("scrape failed: %s", type(exc).__name__)
         return 503, f"cannot read the fleet at {where}: {type(exc).__name__}\n".encode()
-
-
-def register(commands: Any) -> None:
-    """Add `fleet metrics` and `fleet probe`."""
-    from fleetops.cli.ops import port_number
-    from workers import probes
-
-    parser = commands.add_parser("metrics", help="serve Prometheus metrics of the fleet")
-    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT)
-    parser.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
-    parser.set_defaults(handler=run_metrics)
-    probes.register(commands)
-
-
-def run_metrics(args: argparse.Namespace) -> int:
-    """`fleet metrics`: serve until interrupted."""
-    from fleetops.local import fleet_settings
-
-    metrics = FleetMetrics(fleet_settings())
-    try:
-        server = make_server(metrics, args.address, args.port)
-    except OSError as exc:
-        metrics.close()
-        raise ConfigError(f"cannot serve metrics on {args.address}:{args.port}: {exc}") from None
-    where = redact_url(metrics.settings.redis_url)
-    print(f"fleet metrics on http://{args.address}:{args.port}/metrics ({where})", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        metrics.close()
-    return 0

@@ -90,3 +90,8 @@ def report(store: TraceStore, trace: Trace, *, as_json: bool) -> int:
     else:
         print(f"{trace.status}: {trace.error}", file=sys.stderr)
     return 0 if trace.status == "completed" else 1
+
+
+def print_json(value: object) -> None:
+    """Machine-readable output on stdout."""
+    print(json.dumps(value, indent=2, ensure_ascii=False))
