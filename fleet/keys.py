@@ -5,6 +5,8 @@ One screen tells the whole storage schema. All keys share `PREFIX`; ids are trac
 
 from __future__ import annotations
 
+from typing import Literal
+
 PREFIX = "fleet"
 
 TRACE_TTL_S = 7 * 24 * 3600
@@ -84,4 +86,6 @@ USAGE = f"{PREFIX}:usage"
 (kind prompt_tokens, completion_tokens or cost_usd); added to with each model turn."""
 
 COUNTERS = f"{PREFIX}:counters"
-"""Hash, no TTL: fleet-wide event counts for `fleet metrics` (`lease_expiries`, `resumes`)."""
+"""Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
+CounterName = Literal["lease_expiries", "resumes"]
+"""The fields of `COUNTERS`: runs re-enqueued after their lease expired, parents resumed."""

@@ -10,7 +10,6 @@ queue alone cannot see the work that workers already took off it.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections import Counter
@@ -22,6 +21,7 @@ from typing import Any, Literal, get_args
 import redis
 
 from fleet import keys
+from fleet.keys import CounterName
 from fleet.models import Status, now_ms
 from fleet.redis_store import connect, redact_url
 from fleet.settings import Settings
@@ -37,9 +37,6 @@ MAX_TRACES_SCANNED = 20_000
 BATCH = 1_000
 """Trace hashes read per pipeline round trip."""
 REDIS_SCHEMES = ("redis", "rediss", "unix")
-
-CounterName = Literal["lease_expiries", "resumes"]
-"""The fields of `keys.COUNTERS`."""
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -219,19 +216,6 @@ def _per_queue(counts: Mapping[str, int]) -> dict[Labels, float]:
 
 def _counter(counters: Mapping[str, float], name: CounterName, help_text: str) -> Family:
     return Family(f"fleet_{name}_total", "counter", help_text, {(): counters.get(name, 0.0)})
-
-
-@functools.lru_cache(maxsize=4)
-def _counter_client(redis_url: str) -> redis.Redis:
-    return connect(redis_url)
-
-
-def count_event(redis_url: str, counter: CounterName, by: int = 1) -> None:
-    """Add `by` to a fleet-wide counter in `keys.COUNTERS`; best effort, never raises."""
-    try:
-        _counter_client(redis_url).hincrby(keys.COUNTERS, counter, by)
-    except redis.RedisError:
-        log.warning("fleet counter %r not updated", counter, exc_info=True)
 
 
 def make_server(metrics: FleetMetrics, address: str, port: int) -> ThreadingHTTPServer:
