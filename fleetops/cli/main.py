@@ -7,7 +7,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleet.errors import ConfigError, FleetError, TraceNotFound
+from fleet.redact import process_redactor
 from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
+from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -45,8 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def fail(message: str, code: int) -> int:
-    """Print `fleet: error: message` and return the exit code."""
-    print(f"fleet: error: {message}", file=sys.stderr)
+    """Print `fleet: error: message` (secrets masked, on one safe line); the exit code."""
+    print(f"fleet: error: {printable(process_redactor()(message))}", file=sys.stderr)
     return code
 
 

@@ -11,7 +11,7 @@ from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.models import Event
 from fleetops.cli.inline import add_run_arguments, run_inline
-from fleetops.cli.output import report
+from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -74,7 +74,7 @@ def show_progress(events: Iterable[Event], root: str) -> None:
     for event in events:
         line = progress_line(event, root)
         if line:
-            print(line, file=sys.stderr, flush=True)
+            print(printable(line), file=sys.stderr, flush=True)
 
 
 def progress_line(event: Event, root: str) -> str | None:

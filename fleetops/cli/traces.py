@@ -7,7 +7,7 @@ from typing import Any
 
 from fleet.settings import Settings
 from fleet.store import TraceStore
-from fleetops.cli.output import list_object, print_json, render_tree, trace_object
+from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
 from fleetops.discovery import fleet_settings
 
 
@@ -56,5 +56,6 @@ def list_traces(args: argparse.Namespace) -> int:
         print_json([list_object(t) for t in rows])
     else:
         for t in rows:
-            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {' '.join(t.task.split())[:80]}")
+            task = " ".join(printable(t.task).split())[:80]
+            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {task}")
     return 0
