@@ -110,9 +110,21 @@ class Runner:
 
     def _drive(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
         snapshot = self.store.snapshot(trace_id)
+        if snapshot.trace.is_terminal:
+            return _terminal(snapshot.trace.status)
+        hooks = self.runtime.hooks
+        hooks.run_started(snapshot.trace)
+        try:
+            outcome = self._drive_open(snapshot, heartbeat)
+        except BaseException as exc:
+            hooks.run_ended(snapshot.trace, "crashed", exc)
+            raise
+        hooks.run_ended(snapshot.trace, outcome)
+        return outcome
+
+    def _drive_open(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome:
         trace = snapshot.trace
-        if trace.is_terminal:
-            return _terminal(trace.status)
+        trace_id = trace.trace_id
         self._set_status(trace, "running")
         try:
             self.runtime.workspace_of(trace)
@@ -222,17 +234,28 @@ class Runner:
         path = main_path(messages, head)
         self.runtime.hooks.turn_started(trace, trace.iteration)
         model_name = self.runtime.model_name(trace.model, trace.preset)
-        response = self.runtime.client(model_name).complete(
-            to_wire(path),
-            tool_schemas(self.runtime, trace),
-            temperature=self.runtime.preset(trace.preset).temperature,
-        )
-        self.runtime.hooks.model_responded(trace, response)
+        response = self._complete(trace, model_name, to_wire(path))
         if heartbeat.lost.is_set():
             return None
         recorded = self._record(trace, response, model_name)
         repeats = self.runtime.settings.doom_loop_repeats
         return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded
+
+    def _complete(self, trace: Trace, model_name: str, wire: list[dict[str, Any]]) -> LLMResponse:
+        """The model call, between its hooks."""
+        hooks = self.runtime.hooks
+        hooks.model_requested(trace, model_name, wire)
+        try:
+            response = self.runtime.client(model_name).complete(
+                wire,
+                tool_schemas(self.runtime, trace),
+                temperature=self.runtime.preset(trace.preset).temperature,
+            )
+        except BaseException as exc:
+            hooks.model_failed(trace, exc)
+            raise
+        hooks.model_responded(trace, response)
+        return response
 
     def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> Trace:
         """Persist the turn in one store call; the trace as it now is, without a read."""
