@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, assert_never
 
-from fleet.collect import turn_complete, update_collaborator, write_result
+from fleet import lifecycle
 from fleet.context import first_messages, injection
-from fleet.errors import FleetError
+from fleet.errors import FleetError, ProviderOverloaded
+from fleet.gate import Go, Wait
 from fleet.history import (
     SUB_AGENT_TOOLS,
     healed_result,
@@ -29,9 +32,13 @@ from fleet.toolcalls import execute_turn, tool_schemas
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["completed", "failed", "stopped", "waiting", "busy", "lost", "yielded"]
+Outcome = Literal[
+    "completed", "failed", "stopped", "waiting", "busy", "lost", "yielded", "throttled"
+]
 """`busy`: another runner holds the trace. `lost`: our lease was taken over.
-`yielded`: the host asked us to let go (worker shutting down); the trace is queued again."""
+`yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
+`throttled`: a provider limit said "not now"; the trace is queued again, to be run in
+`RunResult.retry_in_s`."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class RunResult:
 
     trace_id: str
     outcome: Outcome
+    retry_in_s: float = 0.0
+    """For `throttled`: when the trace may ask again (its booked turn, or a pause's end)."""
 
 
 class Heartbeat:
@@ -104,11 +113,13 @@ class Runner:
                     outcome = self._drive(trace_id, heartbeat)
             finally:
                 self.store.release_lease(trace_id, owner)
+            if isinstance(outcome, Wait):
+                return RunResult(trace_id, "throttled", outcome.retry_in_s)
             # A collect that finished while we held the lease could not resume us: look again.
-            if outcome != "waiting" or not turn_complete(self.store, trace_id):
+            if outcome != "waiting" or not lifecycle.turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
 
-    def _drive(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
+    def _drive(self, trace_id: str, heartbeat: Heartbeat) -> Outcome | Wait:
         snapshot = self.store.snapshot(trace_id)
         if snapshot.trace.is_terminal:
             return _terminal(snapshot.trace.status)
@@ -119,19 +130,18 @@ class Runner:
         except BaseException as exc:
             hooks.run_ended(snapshot.trace, "crashed", exc)
             raise
-        hooks.run_ended(snapshot.trace, outcome)
+        hooks.run_ended(snapshot.trace, "throttled" if isinstance(outcome, Wait) else outcome)
         return outcome
 
-    def _drive_open(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome:
-        trace = snapshot.trace
-        trace_id = trace.trace_id
-        self._set_status(trace, "running")
+    def _drive_open(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome | Wait:
+        trace_id = snapshot.trace.trace_id
+        trace = lifecycle.start(self.runtime, snapshot.trace)
         try:
             self.runtime.workspace_of(trace)
         except FleetError as exc:  # a forged or stale workspace: fail before any model call
             return self.finish(trace_id, "failed", error=str(exc), reason="error")
         if not self._prepare(trace, snapshot.messages):
-            self._set_status(trace.model_copy(update={"status": "running"}), "waiting")
+            lifecycle.wait(self.runtime, trace)
             return "waiting"
         started_ms = now_ms()
         try:
@@ -159,34 +169,32 @@ class Runner:
     def _settle(self, trace: Trace, call: dict[str, Any]) -> bool:
         """Collect or heal one unanswered call; True if its children are still running."""
         call_id = str(call["id"])
-        name = str(call["function"]["name"])
-        kids = [
-            self.store.get_trace(c)
-            for c in self.store.children(trace.trace_id)
-            if name in SUB_AGENT_TOOLS
-        ]
-        kids = [k for k in kids if k.parent_tool_call_id == call_id]
-        if kids and all(k.is_terminal for k in kids):
-            # Their collect was lost: write it (once; a concurrent collector may win).
-            ids = [k.trace_id for k in kids]
-            write_result(
-                self.store, trace.trace_id, call_id, ids, self.runtime.settings.summary_chars
-            )
-            return False
-        if kids and self.runtime.dispatcher.children_survive_restart:
-            return True
-        sub_id = kids[0].trace_id if kids else None
+        kids: list[str] = []
+        if call["function"]["name"] in SUB_AGENT_TOOLS:
+            kids = lifecycle.call_children(self.store, trace.trace_id, call_id)
+        if kids:
+            # Their collect was lost (or is still to come): settle it here if they all ended.
+            match lifecycle.settle(self.runtime, trace.trace_id, call_id, kids):
+                case lifecycle.Settled() | lifecycle.AlreadyCollected():
+                    return False
+                case lifecycle.Waiting() if self.runtime.dispatcher.children_survive_restart:
+                    return True
+                case lifecycle.Waiting():
+                    pass  # they died with this process: heal the call below
+                case unreachable:
+                    assert_never(unreachable)
+        sub_id = kids[0] if kids else None
         self.store.append_message(healed_result(trace.trace_id, call, sub_id))
         return False
 
-    def _loop(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
+    def _loop(self, trace_id: str, heartbeat: Heartbeat) -> Outcome | Wait:
         while True:
             snapshot = self.store.snapshot(trace_id)  # trace, messages and stop flag: 1 read
             if (ended := self._between_turns(snapshot, heartbeat)) is not None:
                 return ended
             turn = self._turn(snapshot, heartbeat)
-            if turn is None:
-                return "lost"
+            if turn is None or isinstance(turn, Wait):
+                return self._handed_back(snapshot.trace, turn)
             step, trace = turn
             match step:
                 case Finish(answer=answer):
@@ -200,7 +208,7 @@ class Runner:
                     if not execute_turn(self.runtime, trace, calls):
                         return "waiting"
                     if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
-                        self._set_status(self.store.get_trace(trace_id), "running")
+                        lifecycle.start(self.runtime, self.store.get_trace(trace_id))
                 case _:
                     assert_never(step)
 
@@ -211,7 +219,7 @@ class Runner:
         if heartbeat.lost.is_set():
             return "lost"
         if self.should_yield():
-            self._set_status(trace, "queued")
+            lifecycle.requeue(self.runtime, trace)
             return "yielded"
         if snapshot.stop_requested:
             return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
@@ -220,41 +228,77 @@ class Runner:
             return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
         return None
 
-    def _turn(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> tuple[Step, Trace] | None:
+    def _handed_back(self, trace: Trace, wait: Wait | None) -> Outcome | Wait:
+        """Lease lost (None), or a limit said "not now": queued again, to come back later."""
+        if wait is None:
+            return "lost"
+        lifecycle.requeue(self.runtime, trace)
+        return wait
+
+    def _turn(
+        self, snapshot: TraceSnapshot, heartbeat: Heartbeat
+    ) -> tuple[Step, Trace] | Wait | None:
         """One model call, persisted, what to do about it, and the trace as recorded.
 
         None when the lease was lost during the model call: another runner may own the
-        trace now, so nothing of this turn is written and no tool runs.
+        trace now, so nothing of this turn is written and no tool runs. `Wait` when a
+        provider limit did not admit the call: nothing of this turn is written either.
         """
         trace, messages = snapshot.trace, snapshot.messages
+        model_name = self.runtime.model_name(trace.model, trace.preset)
+        tools = tool_schemas(self.runtime, trace)
+        verdict = self.runtime.gate.before(
+            trace.trace_id,
+            model_name,
+            _request_chars(main_path(messages, trace.head_sequence), tools),
+        )
+        if isinstance(verdict, Wait):
+            return verdict
         head = trace.head_sequence  # read at the top of this turn; a note moves it
         if (note := injection(self.runtime, trace)) is not None:
             stored = self.store.append_message(note)
             head, messages = stored.sequence, [*messages, stored]
         path = main_path(messages, head)
-        self.runtime.hooks.turn_started(trace, trace.iteration)
-        model_name = self.runtime.model_name(trace.model, trace.preset)
-        response = self._complete(trace, model_name, to_wire(path))
+        response = self._call(trace, model_name, verdict, to_wire(path), tools)
+        if isinstance(response, Wait):
+            return response
+        self.runtime.hooks.model_responded(trace, response)
         if heartbeat.lost.is_set():
             return None
         recorded = self._record(trace, response, model_name)
         repeats = self.runtime.settings.doom_loop_repeats
         return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded
 
-    def _complete(self, trace: Trace, model_name: str, wire: list[dict[str, Any]]) -> LLMResponse:
-        """The model call, between its hooks."""
+    def _call(
+        self,
+        trace: Trace,
+        model_name: str,
+        go: Go,
+        wire: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+    ) -> LLMResponse | Wait:
+        """The model call on its booked turn, settled with the gate whatever happens."""
+        if go.wait_s > 0:
+            time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
         hooks = self.runtime.hooks
+        hooks.turn_started(trace, trace.iteration)
         hooks.model_requested(trace, model_name, wire)
+        gate, started = self.runtime.gate, time.monotonic()
         try:
             response = self.runtime.client(model_name).complete(
                 wire,
-                tool_schemas(self.runtime, trace),
+                tools,
                 temperature=self.runtime.preset(trace.preset).temperature,
+                max_output_tokens=go.max_output_tokens,
             )
+        except ProviderOverloaded as exc:
+            hooks.model_failed(trace, exc)
+            return gate.overloaded(go, exc)
         except BaseException as exc:
             hooks.model_failed(trace, exc)
+            gate.after(go, None, None)
             raise
-        hooks.model_responded(trace, response)
+        gate.after(go, response, int((time.monotonic() - started) * 1000))
         return response
 
     def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> Trace:
@@ -289,37 +333,9 @@ class Runner:
         error: str | None = None,
         reason: str,
     ) -> Outcome:
-        """Put the trace in a terminal status, tell its parent and the event stream."""
-        finished = now_ms()
-        before = self.store.get_trace(trace_id)
-        fields = {
-            "status": status,
-            "answer": answer,
-            "error": error,
-            "finished_at_ms": finished,
-            "updated_at_ms": finished,
-            "metadata": {**before.metadata, "stop_reason": reason},
-        }
-        data = {"reason": reason, "name": before.name or before.mode}
-        event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
-        if before.parent_trace_id:
-            self.store.update_trace(trace_id, **fields)
-        else:  # the root: its finish event is the last word, so it goes with the write
-            self.store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
-        trace = before.model_copy(update=fields)  # what was written: no second read
-        if trace.parent_trace_id:
-            update_collaborator(
-                self.store, trace.parent_trace_id, trace, self.runtime.settings.summary_chars
-            )
-            self.store.emit(trace.root_trace_id, event)
-        self.runtime.hooks.run_finished(trace)
+        """End the run in a terminal status (see `lifecycle.finish`)."""
+        lifecycle.finish(self.runtime, trace_id, status, answer=answer, error=error, reason=reason)
         return _terminal(status)
-
-    def _set_status(self, trace: Trace, status: Status) -> None:
-        if trace.status == status:
-            return
-        event = Event(kind="trace", trace_id=trace.trace_id, status=status)
-        self.store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
 
 
 def _recorded(trace: Trace, message: Message) -> Trace:
@@ -337,6 +353,12 @@ def _recorded(trace: Trace, message: Message) -> Trace:
     return trace.model_copy(update=update)
 
 
+def _request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
+    """The size of a request, for the token estimate a call books."""
+    text = sum(len(m.content or "") + len(json.dumps(m.tool_calls or "")) for m in path)
+    return text + len(json.dumps(tools))
+
+
 def _terminal(status: Status) -> Outcome:
     if status == "completed" or status == "failed" or status == "stopped":
         return status
@@ -352,7 +374,18 @@ def run_safely(runner: Runner, trace_id: str) -> RunResult:
         return runner.run(trace_id)
     except Exception as exc:  # the envelope *is* the error handling for branches
         log.exception("run of %r crashed", trace_id)
-        trace = runner.store.get_trace(trace_id)
-        if not trace.is_terminal:
-            runner.finish(trace_id, "failed", error=f"{type(exc).__name__}: {exc}", reason="crash")
+        error = f"{type(exc).__name__}: {exc}"
+        lifecycle.fail(runner.runtime, trace_id, error=error, reason="crash")
         return RunResult(trace_id, "failed")
+
+
+def run_to_end(runner: Runner, trace_id: str) -> RunResult:
+    """`run_safely` for in-process hosts: a throttled run sleeps out its wait and goes on.
+
+    Only for threads that are not worker slots (inline runs, the in-process dispatcher).
+    """
+    while True:
+        result = run_safely(runner, trace_id)
+        if result.outcome != "throttled":
+            return result
+        time.sleep(result.retry_in_s)

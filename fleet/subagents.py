@@ -6,12 +6,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fleet import ids
+from fleet import ids, lifecycle
 from fleet.cache import cache_key
 from fleet.errors import ToolError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
-from fleet.models import Collaborator, Event, Message, Mode, Trace
+from fleet.models import Message, Mode, Trace
 from fleet.runtime import Runtime
 
 AGENT_SCHEMA: dict[str, Any] = {
@@ -97,7 +97,7 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
     else:
         children = _agent_children(runtime, parent, call.id, args)
     for child in children:
-        _announce(runtime, parent, child)
+        lifecycle.announce(runtime, parent, child)
     return SpawnRequest(
         parent_trace_id=parent.trace_id,
         root_trace_id=parent.root_trace_id,
@@ -244,10 +244,8 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     for missing in turn.missing if turn else ():
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
-    fields: dict[str, Any] = {"parent_tool_call_id": call.id, "answer": None, "error": None}
-    if otel := runtime.hooks.child_context(parent, call.id):  # this call is its parent span now
-        fields["metadata"] = {**child.metadata, "otel": otel}
-    store.update_trace(sub_id, status="queued", **fields)
+    otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
+    lifecycle.reopen(runtime, child, call.id, otel=otel)
     return store.get_trace(sub_id)
 
 
@@ -259,21 +257,3 @@ def _metadata(
     if otel := runtime.hooks.child_context(parent, call_id):
         metadata["otel"] = otel
     return metadata
-
-
-def _announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
-    entry = Collaborator(
-        name=child.name,
-        trace_id=child.trace_id,
-        status="running",
-        summary=child.task[:120],
-        mode=child.mode,
-        tool_call_id=child.parent_tool_call_id,
-    )
-    event = Event(
-        kind="collaborator",
-        trace_id=child.trace_id,
-        status="queued",
-        data={"parent_trace_id": parent.trace_id, "name": child.name, "mode": child.mode},
-    )
-    runtime.store.put_collaborator_and_emit(parent.trace_id, parent.root_trace_id, entry, event)
