@@ -22,6 +22,19 @@ class TransientLLMError(FleetError):
     """A model call failed in a way a retry may fix (429, 5xx, timeout)."""
 
 
+class ProviderOverloaded(TransientLLMError):
+    """The provider answered 429/503/529: the whole fleet backs off it, this run is handed back.
+
+    Raised at once (no retry in place) when the client's policy hands overloads back.
+    """
+
+    def __init__(self, message: str, *, status: int, retry_after_s: float | None) -> None:
+        """`retry_after_s`: what the provider asked for (retry-after / retry-after-ms)."""
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
 class ModelBehaviorError(FleetError):
     """The model answered with something the runtime cannot use."""
 
@@ -35,4 +48,4 @@ class ToolError(FleetError):
 
 
 class BudgetExceeded(FleetError):
-    """A run went over its token or cost budget."""
+    """A tree's budget (tokens, usd, sub-agents, depth or wall time) is spent."""

@@ -9,6 +9,7 @@ tool-call ids are re-prefixed to `toolu_` on both sides of every pair.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ from fleet.errors import ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage, check_model_requests_allowed
 from fleet.llm.openai import DEFAULT_TIMEOUT_S, normalise_tool_call_id
 from fleet.llm.pricing import ModelPricing, cost_usd
+from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -262,4 +264,10 @@ class AnthropicClient:
             ),
             model=str(data.get("model") or self.model),
             finish_reason=STOP_REASONS.get(stop_reason, stop_reason) if stop_reason else None,
+            rate=_signal(response),
         )
+
+
+def _signal(response: httpx.Response) -> RateSignal | None:
+    signal = rate_signal(response.headers, time.time())
+    return None if signal.empty else signal

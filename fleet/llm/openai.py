@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import uuid
 from typing import Any
 
@@ -17,6 +18,7 @@ import httpx
 from fleet.errors import ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage, check_model_requests_allowed
 from fleet.llm.pricing import ModelPricing, cost_usd
+from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -192,4 +194,10 @@ class OpenAIClient:
             ),
             model=str(data.get("model") or self.model),
             finish_reason=choice.get("finish_reason"),
+            rate=_signal(response),
         )
+
+
+def _signal(response: httpx.Response) -> RateSignal | None:
+    signal = rate_signal(response.headers, time.time())
+    return None if signal.empty else signal

@@ -15,7 +15,14 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
-from fleet.errors import ConfigError, FleetError, ModelBehaviorError, TransientLLMError
+from fleet.errors import (
+    ConfigError,
+    FleetError,
+    ModelBehaviorError,
+    ProviderOverloaded,
+    TransientLLMError,
+)
+from fleet.llm.ratelimit import OVERLOAD_STATUS
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 """Retryable 4xx codes; every 5xx (Anthropic's 529 "overloaded" included) is retried too."""
@@ -43,6 +50,9 @@ class RetryPolicy:
     """Uniform in [0, 1): the jitter."""
     clock: Callable[[], float] = time.time
     """Wall-clock seconds since the epoch, for `retry-after` given as an HTTP date."""
+    hand_back_overload: bool = False
+    """Raise `ProviderOverloaded` at the first 429/503/529 instead of sleeping on it: on a
+    fleet the limiter pauses the provider for every worker and the run is re-enqueued."""
 
 
 DEFAULT_RETRY = RetryPolicy()
@@ -142,6 +152,12 @@ def send_with_retry(
                 raise non_retryable_error(response, provider, api_key_env)
             failure = f"HTTP {response.status_code}: {error_detail(response)}"
             asked_s = retry_after_s(response.headers, policy.clock())
+            if policy.hand_back_overload and response.status_code in OVERLOAD_STATUS:
+                raise ProviderOverloaded(
+                    f"{provider} is overloaded ({failure})",
+                    status=response.status_code,
+                    retry_after_s=asked_s,
+                )
             delay_s = backoff_s(attempt, policy) if asked_s is None else asked_s
         if attempt + 1 < policy.max_attempts:
             policy.sleep(min(delay_s, policy.max_delay_s))
