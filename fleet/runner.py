@@ -23,7 +23,7 @@ from fleet.history import (
     recent_calls,
     to_wire,
 )
-from fleet.llm.base import LLMResponse
+from fleet.llm.base import LLMResponse, ToolCall
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
@@ -288,17 +288,24 @@ class Runner:
 
     def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> Trace:
         """Persist the turn in one store call; the trace as it now is, without a read."""
-        tools = [c.name for c in response.tool_calls]
+        # The model's text is untrusted: whatever it learnt of our secrets is not persisted.
+        scrub = self.runtime.redactor.values_only
+        calls = [
+            ToolCall(id=c.id, name=scrub(c.name), arguments=scrub(c.arguments))
+            for c in response.tool_calls
+        ]
         event = Event(
-            kind="message", trace_id=trace.trace_id, data={"role": "assistant", "tools": tools}
+            kind="message",
+            trace_id=trace.trace_id,
+            data={"role": "assistant", "tools": [c.name for c in calls]},
         )
         message = self.store.record_turn(
             trace.root_trace_id,
             Message(
                 trace_id=trace.trace_id,
                 role="assistant",
-                content=response.content,
-                tool_calls=[c.to_openai() for c in response.tool_calls] or None,
+                content=scrub(response.content) if response.content else response.content,
+                tool_calls=[c.to_openai() for c in calls] or None,
                 model=model_name,
                 prompt_tokens=response.usage.prompt_tokens,
                 completion_tokens=response.usage.completion_tokens,

@@ -20,7 +20,8 @@ from fleet.llm.config import (
 )
 from fleet.llm.retry import DEFAULT_RETRY
 from fleet.models import Trace
-from fleet.presets import AgentPreset, get_preset, load_presets
+from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
+from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
@@ -55,6 +56,8 @@ class Runtime:
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
+    redactor: Redactor = SHAPES_ONLY
+    """Masks this process's secrets in everything a run writes (see fleet.redact)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -79,11 +82,22 @@ class Runtime:
             gate=Gate.for_store(store, config, settings.env),
             hooks=hooks,
             clients=dict(clients or {}),
+            redactor=Redactor.from_env(settings.env),
         )
 
     def preset(self, name: str) -> AgentPreset:
         """The preset, or `ConfigError` listing the known ones."""
         return get_preset(self.presets, name)
+
+    def permissions(self, trace: Trace) -> AgentPreset:
+        """What `trace` may do: its preset within the ceiling it inherited.
+
+        explore and evaluate traces are read-only whatever their preset says; this is the
+        preset every tool call of the trace is checked against.
+        """
+        ceiling = trace.ceiling
+        read_only = ceiling.read_only or trace.mode in READ_ONLY_MODES
+        return self.preset(trace.preset).within(ceiling.allowed, ceiling.denied, read_only)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""
