@@ -13,7 +13,7 @@ from fleet.errors import ToolError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Mode, ToolCeiling, Trace
-from fleet.runtime import Runtime
+from fleet.runtime import Runtime, SpawnRequest
 
 AGENT_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -61,24 +61,6 @@ EVALUATE_SCHEMA: dict[str, Any] = {
         },
     },
 }
-
-
-@dataclass(frozen=True)
-class SpawnRequest:
-    """Children created for one tool call, ready for a dispatcher."""
-
-    parent_trace_id: str
-    root_trace_id: str
-    tool_call_id: str
-    tool_name: str
-    mode: Mode
-    children: tuple[Trace, ...]
-    """The child traces as created (or reopened): a dispatcher need not read them back."""
-
-    @property
-    def child_ids(self) -> tuple[str, ...]:
-        """The children's trace ids, in order."""
-        return tuple(c.trace_id for c in self.children)
 
 
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
@@ -244,7 +226,7 @@ def _child(
             parent_tool_call_id=call_id,
             context=context,
             skills=common.get("skills") or [],
-            metadata=_child_metadata(parent, common),
+            metadata=_metadata(runtime, parent, call_id, common),
             ceiling=ceiling,
         )
         try:
@@ -253,14 +235,6 @@ def _child(
             continue
         return trace
     raise ToolError(f"{mode}: could not allocate a sub-trace id")
-
-
-def _child_metadata(parent: Trace, common: dict[str, Any]) -> dict[str, Any]:
-    """The cache settings, and the root's turn (its tasks are stamped with it)."""
-    metadata = dict(common.get("cache") or {})
-    if turn := turn_of(parent):
-        metadata[TURN_KEY] = turn
-    return metadata
 
 
 def _check_messages(messages: Any) -> list[dict[str, str]]:
@@ -291,5 +265,18 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     for missing in turn.missing if turn else ():
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
-    lifecycle.reopen(runtime, child, call.id)
+    otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
+    lifecycle.reopen(runtime, child, call.id, otel=otel)
     return store.get_trace(sub_id)
+
+
+def _metadata(
+    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
+) -> dict[str, Any]:
+    """A new child's metadata: its cache key, its parent's tracing context, the turn."""
+    metadata = dict(common.get("cache") or {})
+    if otel := runtime.hooks.child_context(parent, call_id):
+        metadata["otel"] = otel
+    if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn
+        metadata[TURN_KEY] = turn
+    return metadata

@@ -8,7 +8,6 @@ import threading
 
 from fleet.control import claim_dead_runs
 from fleet.human import time_out_waits
-from fleetops.metrics import count_event
 from workers.dispatch import send
 from workers.runtime import get_runtime
 
@@ -25,7 +24,7 @@ def sweep_once() -> list[str]:
         send(runtime.store.get_trace(trace_id), recovered=True)
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
     if claimed:
-        count_event(runtime.settings.redis_url, "lease_expiries", len(claimed))
+        runtime.store.count("lease_expiries", len(claimed))
     for trace_id in time_out_waits(runtime):
         send(runtime.store.get_trace(trace_id))
         log.warning("%s: no reply from a person in time; resumed without one", trace_id)

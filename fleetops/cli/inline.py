@@ -15,13 +15,6 @@ from fleet.settings import Settings
 from fleetops.cli.output import printable, report
 
 
-def register(commands: Any) -> None:
-    """Add `run` (the fleet plug-in replaces its handler when installed)."""
-    parser = commands.add_parser("run", help="run a task (in-process with --inline)")
-    add_run_arguments(parser)
-    parser.set_defaults(handler=run_inline)
-
-
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by inline and fleet runs."""
     parser.add_argument(

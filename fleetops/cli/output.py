@@ -166,3 +166,8 @@ def report(store: TraceStore, trace: Trace, *, as_json: bool) -> int:
     if waiting:
         return EXIT_WAITING
     return 0 if trace.status == "completed" else 1
+
+
+def print_json(value: object) -> None:
+    """Machine-readable output on stdout, control characters escaped."""
+    print(dumps(value))

@@ -8,7 +8,8 @@ from typing import Any
 from fleet.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.store import TraceStore
-from fleetops.cli.output import list_object, printable, render_tree, trace_object
+from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
+from fleetops.discovery import fleet_settings
 
 
 def register(commands: Any) -> None:
@@ -33,7 +34,7 @@ def open_store(settings: Settings | None = None) -> TraceStore:
     """The Redis store named by FLEET_REDIS_URL, checked to answer."""
     from fleet.redis_store import RedisStore
 
-    settings = settings or Settings.from_env()
+    settings = settings or fleet_settings()
     store = RedisStore.from_url(settings.redis_url)
     store.ping()
     return store
@@ -41,8 +42,6 @@ def open_store(settings: Settings | None = None) -> TraceStore:
 
 def show_trace(args: argparse.Namespace) -> int:
     """Print one trace tree."""
-    from fleetops.cli.main import print_json
-
     store = open_store()
     trace = store.get_trace(args.trace_id)
     if args.json:
@@ -54,8 +53,6 @@ def show_trace(args: argparse.Namespace) -> int:
 
 def list_traces(args: argparse.Namespace) -> int:
     """Print recent traces, root traces only unless --all."""
-    from fleetops.cli.main import print_json
-
     store = open_store()
     if args.waiting:
         rows = waiting_traces(store, args.limit)
