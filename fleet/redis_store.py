@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import redis
 
 from fleet import keys, redis_scripts
-from fleet.errors import ConfigError, TraceNotFound
+from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
@@ -146,7 +146,7 @@ class RedisStore:
             len(fields),
         ]
         if not self._create(keys=script_keys, args=[*args, *fields, *stats]):
-            raise ValueError(f"trace {trace.trace_id!r} already exists")
+            raise TraceExists(f"trace {trace.trace_id!r} already exists")
 
     def get_trace(self, trace_id: str) -> Trace:
         trace = self._get_traces([trace_id])[0]

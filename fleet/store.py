@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleet.errors import TraceNotFound
+from fleet.errors import TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 
@@ -33,7 +33,7 @@ class TraceStore(Protocol):
     """Where traces, messages, collaborators and events live."""
 
     def create_trace(self, trace: Trace) -> None:
-        """Persist a new trace (and index it under its parent); an existing id is an error."""
+        """Persist a new trace (and index it under its parent); `TraceExists` if the id is taken."""
         ...
 
     def get_trace(self, trace_id: str) -> Trace:
@@ -182,7 +182,7 @@ class MemoryStore:
     def create_trace(self, trace: Trace) -> None:
         with self._lock:
             if trace.trace_id in self._traces:
-                raise ValueError(f"trace {trace.trace_id!r} already exists")
+                raise TraceExists(f"trace {trace.trace_id!r} already exists")
             data = trace.model_dump(mode="json", exclude={"stats"})
             self._traces[trace.trace_id] = data
             self._stats[trace.trace_id] = trace.stats.model_dump()
