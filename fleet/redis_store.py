@@ -16,10 +16,11 @@ from urllib.parse import urlsplit
 
 import redis
 
-from fleet import keys, redis_scripts
+from fleet import keys, redis_scripts, redis_writes
 from fleet.errors import ConfigError, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
+from fleet.writes import TraceWrite, WriteResult
 
 SOCKET_TIMEOUT_S = 30.0
 """Read timeout of `from_url` clients; blocking event reads are clamped below it."""
@@ -84,6 +85,8 @@ class RedisStore:
         self._append_once = client.register_script(redis_scripts.APPEND_ONCE)
         self._record = client.register_script(redis_scripts.RECORD_TURN)
         self._put_collaborator = client.register_script(redis_scripts.PUT_COLLABORATOR)
+        self._apply = client.register_script(redis_scripts.APPLY)
+        self._begin = client.register_script(redis_scripts.BEGIN_RUN)
         self._acquire = client.register_script(redis_scripts.ACQUIRE_LEASE)
         self._renew = client.register_script(redis_scripts.RENEW_LEASE)
         self._release = client.register_script(redis_scripts.RELEASE_LEASE)
@@ -179,6 +182,28 @@ class RedisStore:
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return TraceSnapshot(trace, _decode_messages(stored), bool(stop))
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        script_keys = [keys.lease(trace_id), keys.RUNNING, *_own_keys(trace_id)]
+        script_keys.append(keys.stop(trace_id))
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
+        reply = self._begin(keys=script_keys, args=args)
+        if reply == -1:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        if reply == 0:
+            return None
+        data, stats, stored, stop = reply
+        pairs = redis_writes.pairs
+        trace = _decode_trace(pairs(data), pairs(stats))
+        assert trace is not None, "BEGIN_RUN returned an empty trace"
+        return TraceSnapshot(trace, _decode_messages(pairs(stored)), bool(stop))
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        script_keys, args = redis_writes.apply_call(write)
+        result = redis_writes.apply_result(write, self._apply(keys=script_keys, args=args))
+        if result is None:
+            raise TraceNotFound(f"no trace {write.trace_id!r}")
+        return result
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         traces: list[Trace] = []

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from fleet.errors import TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
+from fleet.writes import TraceWrite, WriteResult, apply_one_by_one
 
 STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
 
@@ -51,6 +52,18 @@ class TraceStore(Protocol):
 
     def snapshot(self, trace_id: str) -> TraceSnapshot:
         """The trace, all its messages and its stop flag, read together."""
+        ...
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        """`acquire_lease`, then `snapshot`, in one step; None when another runner holds it.
+
+        Raises:
+            TraceNotFound: no such trace (and no lease was taken).
+        """
+        ...
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        """Every op of the write, in order, as one atomic step; then the stop flag."""
         ...
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
@@ -211,6 +224,20 @@ class MemoryStore:
             return TraceSnapshot(
                 self.get_trace(trace_id), self.messages(trace_id), self.stop_requested(trace_id)
             )
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        with self._lock:
+            if trace_id not in self._traces:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+            if not self.acquire_lease(trace_id, owner, ttl_ms):
+                return None
+            return self.snapshot(trace_id)
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        with self._lock:
+            if write.trace_id not in self._traces:
+                raise TraceNotFound(f"no trace {write.trace_id!r}")
+            return apply_one_by_one(self, write)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:
