@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet import lifecycle
 from fleet.cache import cache_key, delegate_preset
-from fleet.collect import turn_complete
 from fleet.errors import ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
@@ -66,16 +66,13 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     if not spawns:
         return True  # every call above wrote its result
     _dispatch(runtime, trace, spawns)
-    return turn_complete(runtime.store, trace.trace_id)
+    return lifecycle.turn_complete(runtime.store, trace.trace_id)
 
 
 def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> None:
     # Waiting is written before dispatch: a fast chord may collect before we return.
-    runtime.store.update_trace(trace.trace_id, status="waiting")
-    if runtime.store.stop_requested(trace.trace_id):
-        # Stopped while this turn's model call ran: the new children start stopped.
-        for child_id in (c for request in spawns for c in request.child_ids):
-            runtime.store.request_stop(child_id)
+    # Stopped while this turn's model call ran: the new children start stopped.
+    lifecycle.wait(runtime, trace, [c for request in spawns for c in request.child_ids])
     for request in spawns:
         runtime.dispatcher.dispatch(runtime, request)
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from fleet.api import TaskSpec, create_root
-from fleet.control import stop_tree
 from fleet.dispatch import InProcessDispatcher
+from fleet.lifecycle import stop_subtree
 from fleet.models import Collaborator, Event, Trace
 from fleet.runner import Runner
 from fleet.runtime import Runtime
@@ -38,8 +38,9 @@ def explored(store: TraceStore, tmp_path: Path, branches: int = 3) -> Trace:
 
 
 def config(store: TraceStore, token: str | None = None) -> ServeConfig:
+    runtime = Runtime.build(Settings(), store, InProcessDispatcher())
     return ServeConfig(
-        store=store, stop=lambda t: stop_tree(store, t), token=token, stream_block_ms=200
+        store=store, stop=lambda t: stop_subtree(runtime, t), token=token, stream_block_ms=200
     )
 
 
