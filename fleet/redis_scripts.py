@@ -135,8 +135,11 @@ redis.call('ZREM', KEYS[2], ARGV[2])
 return 1
 """
 
-# A `TraceWrite` (fleet.writes) in one step: its ops in order, each key's TTL refreshed once,
-# and the stop flag read at the end, so the runner's next turn needs no read of its own.
+# A `TraceWrite` (fleet.writes) in one step: its ops in order, and the stop flag read at the
+# end, so the runner's next turn needs no read of its own. TTLs are refreshed (once per key)
+# by a write that sets fields (a status change, a finish) or creates the messages hash: a
+# trace's keys then live TRACE_TTL_S past its last status change, as with a write per call
+# (a run is bounded by the task time limit; a wait writes nothing either way).
 # KEYS: trace, stats, messages, events, usage, lease, running index, stop[, parent's
 # collaborators, parent's collaborator order: with a `collab` op]
 # ARGV: ttl_s, events maxlen, ops: a JSON array of arrays of strings, one per op:
@@ -151,7 +154,7 @@ return 1
 # Returns {{sequence, parent JSON} per appended message, stop flag}, or nil for no trace.
 APPLY = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local stored, events, collabs = {}, false, false
+local stored, events, collabs, refresh = {}, false, false, false
 local function emit(e)
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'e', e)
   events = true
@@ -165,6 +168,7 @@ local function add(op)
   local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
   local head = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
   redis.call('HSET', KEYS[3], seq, head .. string.sub(op[2], 2))
+  if seq == 1 then refresh = true end
   if op[5] == '' then
     redis.call('HSET', KEYS[1], 'head_sequence', seq)
   else
@@ -188,6 +192,7 @@ for _, op in ipairs(cjson.decode(ARGV[3])) do
     add(op)
   elseif kind == 'set' then
     redis.call('HSET', KEYS[1], unpack(op[2]))
+    refresh = true
     if op[3] ~= '' then emit(op[3]) end
   elseif kind == 'stats' then
     for i = 2, #op, 3 do incr(KEYS[2], op[i], op[i + 2], op[i + 1] == 'f') end
@@ -202,8 +207,10 @@ for _, op in ipairs(cjson.decode(ARGV[3])) do
     redis.call('ZREM', KEYS[7], op[3])
   end
 end
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
-if events then redis.call('EXPIRE', KEYS[4], ARGV[1]) end
+if refresh then
+  for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+  if events then redis.call('EXPIRE', KEYS[4], ARGV[1]) end
+end
 if collabs then
   redis.call('EXPIRE', KEYS[9], ARGV[1])
   redis.call('EXPIRE', KEYS[10], ARGV[1])

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+from fleet import keys as fleet_keys
+from fleet.api import LocalFleet
 from fleet.errors import TraceNotFound
+from fleet.llm.base import LLMResponse
 from fleet.models import Collaborator, Event, Message, Trace
+from fleet.redis_store import RedisStore
+from fleet.settings import Settings
 from fleet.store import TraceStore
+from fleet.testing import ScriptedModel, call, text
 from fleet.writes import TraceWrite, apply_one_by_one
 
 
@@ -54,9 +62,7 @@ def state(store: TraceStore, trace_id: str, parent: str) -> dict[str, Any]:
         m.model_dump(exclude={"trace_id", "created_at_ms"}) for m in store.messages(trace_id)
     ]
     events = [
-        (e.kind, e.status, e.data)
-        for _, e in store.read_events("root")
-        if e.trace_id == trace_id
+        (e.kind, e.status, e.data) for _, e in store.read_events("root") if e.trace_id == trace_id
     ]
     entries = [
         c.model_dump(exclude={"trace_id", "updated_at_ms"})
@@ -131,3 +137,28 @@ def test_a_write_mixes_no_parents() -> None:
     write = TraceWrite("t", "root").put_collaborator("p1", Collaborator(name="a", trace_id="t"))
     with pytest.raises(ValueError, match="one parent"):
         write.put_collaborator("p2", Collaborator(name="a", trace_id="t"))
+
+
+def test_every_key_a_run_leaves_expires(redis_client: redis.Redis, tmp_path: Path) -> None:
+    """The per-turn writes refresh TTLs only on status changes: nothing is left without one."""
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        task = next(str(m["content"]) for m in messages if m["role"] == "user")
+        answered = any(m["role"] == "tool" for m in messages)
+        if answered:
+            return text(f"done: {task}")
+        if task.startswith("branch"):
+            return call("list_dir", path=".")
+        return call("agent", task=["branch 1", "branch 2"])
+
+    local = LocalFleet.from_settings(
+        Settings(workspace=tmp_path, env={}),
+        store=RedisStore(redis_client),
+        clients={"test": ScriptedModel(function=respond)},
+    )
+    trace = local.run("survey", model="test")
+    assert trace.status == "completed"
+    assert len(local.store.collaborators(trace.trace_id)) == 2
+    keys = [str(k) for k in redis_client.scan_iter(f"{fleet_keys.PREFIX}:trace:*")]
+    assert len(keys) > 10
+    assert {k: redis_client.ttl(k) for k in keys if redis_client.ttl(k) < 0} == {}
