@@ -178,8 +178,13 @@ def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
 # -- a parent's collaborator entries ---------------------------------------------------
 
 
-def announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
-    """A new (or reopened) child shows in its parent's collaborators as `running`."""
+def announce(
+    runtime: Runtime, parent: Trace, child: Trace, write: TraceWrite | None = None
+) -> None:
+    """A new (or reopened) child shows in its parent's collaborators as `running`.
+
+    With `write` (the parent's), the entry joins that batch; the caller applies it.
+    """
     entry = Collaborator(
         name=child.name,
         trace_id=child.trace_id,
@@ -188,7 +193,7 @@ def announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
         mode=child.mode,
         tool_call_id=child.parent_tool_call_id,
     )
-    _put_collaborator(runtime.store, parent.trace_id, child, entry, "queued")
+    _put_collaborator(runtime.store, parent.trace_id, child, entry, "queued", write)
 
 
 def _mirror(
@@ -241,15 +246,18 @@ def settle(
     """Write ended children into the parent: their entries and one tool result, once.
 
     The entries are idempotent; the tool message is written at most once per call
-    (atomically with its mark), so duplicate or concurrent collectors are harmless.
+    (atomically with its mark), so duplicate or concurrent collectors are harmless. The
+    children are read in one step and their entries written in one step.
     """
     store = runtime.store
-    children = [store.get_trace(c) for c in child_ids]
+    children = store.get_traces(child_ids)
     pending = tuple(c.trace_id for c in children if not c.is_terminal)
     if pending:
         return Waiting(pending)
+    entries = TraceWrite(parent_trace_id, children[0].root_trace_id)
     for child in children:
-        _mirror(runtime, parent_trace_id, child)
+        _mirror(runtime, parent_trace_id, child, entries)
+    store.apply(entries)
     message = result_message(parent_trace_id, tool_call_id, children)
     if len(children) == 1:
         remember(store, children[0], message.content or "")
@@ -279,14 +287,14 @@ def settle_from_child(runtime: Runtime, child_id: str) -> Settlement:
 
 def call_children(store: TraceStore, parent_trace_id: str, tool_call_id: str) -> list[str]:
     """The children one tool call of the parent spawned, in creation order."""
-    kids = [store.get_trace(c) for c in store.children(parent_trace_id)]
+    kids = store.get_traces(store.children(parent_trace_id))
     return [k.trace_id for k in kids if k.parent_tool_call_id == tool_call_id]
 
 
 def turn_complete(store: TraceStore, trace_id: str) -> bool:
     """True when every tool call of the trace's last assistant turn has a result."""
-    trace = store.get_trace(trace_id)
-    return open_turn(main_path(store.messages(trace_id), trace.head_sequence)) is None
+    snapshot = store.snapshot(trace_id)  # the trace and its messages from one instant
+    return open_turn(main_path(snapshot.messages, snapshot.trace.head_sequence)) is None
 
 
 def _set_status(

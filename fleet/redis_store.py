@@ -9,7 +9,7 @@ must decode responses (`decode_responses=True`); `RedisStore.from_url` builds on
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
@@ -147,6 +147,13 @@ class RedisStore:
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return trace
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        found = self._get_traces(list(trace_ids))
+        for trace_id, trace in zip(trace_ids, found, strict=True):
+            if trace is None:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+        return [t for t in found if t is not None]
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
         self._update_trace(trace_id, None, fields)

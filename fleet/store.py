@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +39,10 @@ class TraceStore(Protocol):
 
     def get_trace(self, trace_id: str) -> Trace:
         """The trace with its current stats; `TraceNotFound` if missing."""
+        ...
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        """Several traces in one read, in order; `TraceNotFound` names the first missing."""
         ...
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
@@ -203,6 +208,10 @@ class MemoryStore:
                 raise TraceNotFound(f"no trace {trace_id!r}")
             stats = TraceStats.model_validate(self._stats[trace_id])
             return Trace.model_validate({**data, "stats": stats})
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        with self._lock:
+            return [self.get_trace(t) for t in trace_ids]
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
         fields.setdefault("updated_at_ms", now_ms())

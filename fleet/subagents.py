@@ -13,6 +13,7 @@ from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Mode, Trace
 from fleet.runtime import Runtime
+from fleet.writes import TraceWrite
 
 AGENT_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -96,8 +97,10 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
         children = [_evaluate_child(runtime, parent, call.id, args)]
     else:
         children = _agent_children(runtime, parent, call.id, args)
+    entries = TraceWrite(parent.trace_id, parent.root_trace_id)  # every entry in one step
     for child in children:
-        lifecycle.announce(runtime, parent, child)
+        lifecycle.announce(runtime, parent, child, entries)
+    runtime.store.apply(entries)
     return SpawnRequest(
         parent_trace_id=parent.trace_id,
         root_trace_id=parent.root_trace_id,
