@@ -126,21 +126,16 @@ class RedisStore:
     # -- traces --------------------------------------------------------------
 
     def create_trace(self, trace: Trace) -> None:
-        fields = _encode(trace.model_dump(mode="json", exclude={"stats"}))
-        stats: list[str | float] = [
-            item for pair in trace.stats.model_dump().items() for item in pair
-        ]
-        script_keys = [keys.trace(trace.trace_id), keys.stats(trace.trace_id), keys.TRACES]
-        if trace.parent_trace_id:
-            script_keys.append(keys.children(trace.parent_trace_id))
-        args: list[str | float] = [
-            trace.trace_id,
-            trace.created_at_ms,
-            keys.TRACE_TTL_S,
-            len(fields),
-        ]
-        if not self._create(keys=script_keys, args=[*args, *fields, *stats]):
+        script_keys, args = _create_call(trace)
+        if not self._create(keys=script_keys, args=args):
             raise ValueError(f"trace {trace.trace_id!r} already exists")
+
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        pipe = self._client.pipeline(transaction=False)
+        for trace in traces:
+            script_keys, args = _create_call(trace)
+            self._create(keys=script_keys, args=args, client=pipe)
+        return [bool(created) for created in pipe.execute()]
 
     def get_trace(self, trace_id: str) -> Trace:
         trace = self._get_traces([trace_id])[0]
@@ -376,6 +371,17 @@ class RedisStore:
             self._client.delete(key)
         else:
             self._client.set(key, value, ex=ttl_s)
+
+
+def _create_call(trace: Trace) -> tuple[list[str], list[str | float]]:
+    """The KEYS and ARGV of CREATE_TRACE."""
+    fields = _encode(trace.model_dump(mode="json", exclude={"stats"}))
+    stats: list[str | float] = [item for pair in trace.stats.model_dump().items() for item in pair]
+    script_keys = [keys.trace(trace.trace_id), keys.stats(trace.trace_id), keys.TRACES]
+    if trace.parent_trace_id:
+        script_keys.append(keys.children(trace.parent_trace_id))
+    args: list[str | float] = [trace.trace_id, trace.created_at_ms, keys.TRACE_TTL_S, len(fields)]
+    return script_keys, [*args, *fields, *stats]
 
 
 def _stored(message: Message, reply: Any) -> Message:

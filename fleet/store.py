@@ -37,6 +37,10 @@ class TraceStore(Protocol):
         """Persist a new trace (and index it under its parent); an existing id is an error."""
         ...
 
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        """`create_trace` for each, in one step; False where the id already existed."""
+        ...
+
     def get_trace(self, trace_id: str) -> Trace:
         """The trace with its current stats; `TraceNotFound` if missing."""
         ...
@@ -200,6 +204,18 @@ class MemoryStore:
             self._stats[trace.trace_id] = trace.stats.model_dump()
             if trace.parent_trace_id:
                 self._children[trace.parent_trace_id].append(trace.trace_id)
+
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        created = []
+        with self._lock:
+            for trace in traces:
+                try:
+                    self.create_trace(trace)
+                except ValueError:
+                    created.append(False)
+                else:
+                    created.append(True)
+        return created
 
     def get_trace(self, trace_id: str) -> Trace:
         with self._lock:

@@ -162,3 +162,15 @@ def test_every_key_a_run_leaves_expires(redis_client: redis.Redis, tmp_path: Pat
     keys = [str(k) for k in redis_client.scan_iter(f"{fleet_keys.PREFIX}:trace:*")]
     assert len(keys) > 10
     assert {k: redis_client.ttl(k) for k in keys if redis_client.ttl(k) < 0} == {}
+
+
+def test_create_traces_creates_what_is_new(store: TraceStore) -> None:
+    make(store, "root")
+    make(store, "taken", parent="root")
+    batch = [
+        Trace(trace_id=i, root_trace_id="root", parent_trace_id="root", task="t")
+        for i in ("new-1", "taken", "new-2")
+    ]
+    assert store.create_traces(batch) == [True, False, True]
+    assert sorted(store.children("root")) == ["new-1", "new-2", "taken"]
+    assert store.get_trace("taken").task == "do", "an existing trace was overwritten"
