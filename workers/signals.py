@@ -1,22 +1,32 @@
-"""Worker lifecycle: fresh runtime after fork, a sweeper per worker, container probe files."""
+"""Worker lifecycle: redacted logs, fresh runtime after fork, a sweeper, container probe files."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from celery.signals import (
+    worker_init,
     worker_process_init,
     worker_ready,
     worker_shutdown,
     worker_shutting_down,
 )
 
+from fleet.redact import install_log_redaction, process_redactor
 from workers import probes
 from workers.runtime import draining, reset_runtime
 from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
+
+
+@worker_init.connect
+def _redact_logs(**_: Any) -> None:
+    # Every log line of the worker (Celery's own task-failure lines and their tracebacks
+    # included) has the process's secrets and credential shapes masked; pool children
+    # inherit the record factory across fork.
+    install_log_redaction(process_redactor())
 
 
 @worker_process_init.connect

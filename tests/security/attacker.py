@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 SECRET = "sk-live-ATTACK-0123456789abcdef"
@@ -92,11 +94,11 @@ def _handler(attacker: Attacker) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def attacker_server() -> Iterator[Attacker]:
-    """Serve on 127.0.0.1 on a free port until the block ends."""
+def attacker_server(host: str = "127.0.0.1", port: int = 0) -> Iterator[Attacker]:
+    """Serve on `host` (a loopback address), on a free port unless given, until the end."""
     attacker = Attacker(url="")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(attacker))
-    attacker.url = f"http://127.0.0.1:{server.server_address[1]}"
+    server = ThreadingHTTPServer((host, port), _handler(attacker))
+    attacker.url = f"http://{host}:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -134,3 +136,29 @@ def redis_text(client: Any) -> str:
 def leaked(text: str) -> list[str]:
     """The names of the secrets whose value appears in `text`."""
     return [name for name, value in SECRET_ENV.items() if value in text]
+
+
+def live_processes_with(token: str) -> list[int]:
+    """Host pids (not zombies) whose command line contains `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def none_left_with(token: str, timeout_s: float = 5.0) -> bool:
+    """Wait (bounded) until no live process carries `token` in its command line."""
+    deadline = time.monotonic() + timeout_s
+    while live_processes_with(token):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

@@ -12,16 +12,11 @@ import pytest
 import redis
 import yaml
 
-from fleet import ids
 from fleet.api import LocalFleet, TaskSpec, create_root
 from fleet.errors import ConfigError
-from fleet.models import Trace
-from fleet.redis_store import RedisStore
 from fleet.settings import Settings
-from tests.fleetkit import wait_until
 from tests.security.attacker import SECRET, SECRET_ENV, leaked, redis_text
-from tests.security.conftest import HardenedFleet
-from workers.backend import CeleryBackend
+from tests.security.conftest import HardenedFleet, run_forged
 
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
@@ -110,32 +105,6 @@ def test_the_python_api_refuses_a_workspace_outside_the_roots(tmp_path: Path) ->
     assert local.store.list_traces() == []
 
 
-def forge(fleet: HardenedFleet, script: Path, workspace: str) -> Trace:
-    """Write a root trace straight into Redis and send its task, as a forger would."""
-    trace_id = ids.root_id()
-    trace = Trace(
-        trace_id=trace_id,
-        root_trace_id=trace_id,
-        mode="main",
-        task="steal the worker's environment",
-        name="main",
-        preset="default",
-        model=f"scripted:{script}",
-        workspace=workspace,
-    )
-    with RedisStore.from_url(fleet.url) as store:
-        store.create_trace(trace)
-    settings = Settings.from_env({"FLEET_REDIS_URL": fleet.url})
-    CeleryBackend(settings).enqueue(trace)
-    return trace
-
-
-def finished(fleet: HardenedFleet, trace_id: str) -> Trace:
-    with RedisStore.from_url(fleet.url) as store:
-        wait_until(lambda: store.get_trace(trace_id).is_terminal, 60, f"{trace_id} to end")
-        return store.get_trace(trace_id)
-
-
 @pytest.mark.integration
 def test_a_forged_task_outside_the_roots_fails_and_reads_nothing(
     hardened: HardenedFleet, tmp_path: Path
@@ -147,7 +116,7 @@ def test_a_forged_task_outside_the_roots_fails_and_reads_nothing(
     script = tmp_path / "steal.yaml"
     script.write_text(yaml.safe_dump(STEAL_ENVIRON))
 
-    trace = finished(hardened, forge(hardened, script, "/").trace_id)
+    trace = run_forged(hardened, script, "/")
 
     assert trace.status == "failed", trace
     assert "outside FLEET_WORKSPACE_ROOTS" in (trace.error or "")
@@ -167,7 +136,7 @@ def test_a_scripted_model_naming_a_credentials_file_never_quotes_it(
     credentials = hardened.root / "credentials"
     credentials.write_text(f"[default]\naws_secret_access_key = {SECRET}\n")
 
-    trace = finished(hardened, forge(hardened, credentials, str(hardened.root)).trace_id)
+    trace = run_forged(hardened, credentials, str(hardened.root))
 
     assert trace.status == "failed"
     assert "scripted model" in (trace.error or "")
