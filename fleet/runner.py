@@ -124,11 +124,21 @@ class Runner:
                 return RunResult(trace_id, outcome)
 
     def _drive(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
-        trace = snapshot.trace
-        if trace.is_terminal:
-            return _terminal(trace.status)
-        start = TraceWrite(trace.trace_id, trace.root_trace_id)
-        trace = lifecycle.start(self.runtime, trace, start)
+        if snapshot.trace.is_terminal:
+            return _terminal(snapshot.trace.status)
+        hooks = self.runtime.hooks
+        hooks.run_started(snapshot.trace)
+        try:
+            outcome = self._drive_open(snapshot, held)
+        except BaseException as exc:
+            hooks.run_ended(snapshot.trace, "crashed", exc)
+            raise
+        hooks.run_ended(snapshot.trace, "throttled" if isinstance(outcome, Wait) else outcome)
+        return outcome
+
+    def _drive_open(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
+        start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
+        trace = lifecycle.start(self.runtime, snapshot.trace, start)
         try:
             self.runtime.workspace_of(trace)
         except FleetError as exc:  # a forged or stale workspace: fail before any model call
@@ -308,7 +318,9 @@ class Runner:
         """The model call on its booked turn, settled with the gate whatever happens."""
         if go.wait_s > 0:
             time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
-        self.runtime.hooks.turn_started(trace, trace.iteration)
+        hooks = self.runtime.hooks
+        hooks.turn_started(trace, trace.iteration)
+        hooks.model_requested(trace, model_name, wire)
         gate, started = self.runtime.gate, time.monotonic()
         try:
             response = self.runtime.client(model_name).complete(
@@ -318,8 +330,10 @@ class Runner:
                 max_output_tokens=go.max_output_tokens,
             )
         except ProviderOverloaded as exc:
+            hooks.model_failed(trace, exc)
             return gate.overloaded(go, exc)
-        except BaseException:
+        except BaseException as exc:
+            hooks.model_failed(trace, exc)
             gate.after(go, None, None)
             raise
         gate.after(go, response, int((time.monotonic() - started) * 1000))
