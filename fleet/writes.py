@@ -15,12 +15,9 @@ next turn needs no read of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fleet.models import Collaborator, Event, Message
-
-if TYPE_CHECKING:
-    from fleet.store import TraceStore
 
 
 @dataclass(frozen=True)
@@ -134,7 +131,37 @@ class WriteResult:
     """Whether a stop was requested for the trace, as of the write."""
 
 
-def apply_one_by_one(store: TraceStore, write: TraceWrite) -> WriteResult:
+class SingleWrites(Protocol):
+    """The single-purpose TraceStore methods a write is made of."""
+
+    def update_trace(self, trace_id: str, **fields: Any) -> None: ...  # noqa: D102
+
+    def update_trace_and_emit(  # noqa: D102
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+    ) -> None: ...
+
+    def append_message(self, message: Message) -> Message: ...  # noqa: D102
+
+    def record_turn(  # noqa: D102
+        self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
+    ) -> Message: ...
+
+    def add_stats(self, trace_id: str, **deltas: float) -> None: ...  # noqa: D102
+
+    def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None: ...  # noqa: D102
+
+    def put_collaborator_and_emit(  # noqa: D102
+        self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
+    ) -> None: ...
+
+    def emit(self, root_trace_id: str, event: Event) -> str: ...  # noqa: D102
+
+    def release_lease(self, trace_id: str, owner: str) -> None: ...  # noqa: D102
+
+    def stop_requested(self, trace_id: str) -> bool: ...  # noqa: D102
+
+
+def apply_one_by_one(store: SingleWrites, write: TraceWrite) -> WriteResult:
     """Apply a write through the store's single-purpose methods, in order.
 
     `MemoryStore.apply` holds its lock around this, which makes it one atomic step; the
@@ -144,7 +171,7 @@ def apply_one_by_one(store: TraceStore, write: TraceWrite) -> WriteResult:
     return WriteResult(stored, store.stop_requested(write.trace_id))
 
 
-def _apply_op(store: TraceStore, write: TraceWrite, op: WriteOp) -> Message | None:
+def _apply_op(store: SingleWrites, write: TraceWrite, op: WriteOp) -> Message | None:
     root = write.root_trace_id
     match op:
         case Append(message=message, event=None):
