@@ -10,6 +10,7 @@ import asyncio
 import functools
 import hmac
 import json
+import logging
 import signal
 import threading
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import redis
 import tornado.httpserver
 import tornado.web
 from tornado.iostream import StreamClosedError
@@ -28,6 +30,7 @@ from fleet.store import TraceStore
 from fleetops.serve import queries
 from fleetops.serve.queries import BadRequest
 
+log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).with_name("static")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 PAGE_CSP = (
@@ -99,6 +102,9 @@ class _Base(tornado.web.RequestHandler):
             raise ApiError(400, str(exc)) from None
         except TraceNotFound as exc:
             raise ApiError(404, str(exc)) from None
+        except redis.exceptions.RedisError as exc:  # no URL in it: it may hold a password
+            log.warning("trace store unreachable: %s", type(exc).__name__)
+            raise ApiError(503, "the trace store (Redis) is unreachable") from None
 
     def reply(self, value: Any) -> None:
         self.set_header("Content-Type", "application/json")
