@@ -12,7 +12,7 @@ from fleet.errors import ToolError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Mode, ToolCeiling, Trace
-from fleet.runtime import Runtime
+from fleet.runtime import Runtime, SpawnRequest
 
 AGENT_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -60,24 +60,6 @@ EVALUATE_SCHEMA: dict[str, Any] = {
         },
     },
 }
-
-
-@dataclass(frozen=True)
-class SpawnRequest:
-    """Children created for one tool call, ready for a dispatcher."""
-
-    parent_trace_id: str
-    root_trace_id: str
-    tool_call_id: str
-    tool_name: str
-    mode: Mode
-    children: tuple[Trace, ...]
-    """The child traces as created (or reopened): a dispatcher need not read them back."""
-
-    @property
-    def child_ids(self) -> tuple[str, ...]:
-        """The children's trace ids, in order."""
-        return tuple(c.trace_id for c in self.children)
 
 
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:

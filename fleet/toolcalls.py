@@ -11,14 +11,8 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.llm.base import ToolCall
 from fleet.models import Event, Message, Trace
-from fleet.runtime import Runtime
-from fleet.subagents import (
-    AGENT_SCHEMA,
-    EVALUATE_SCHEMA,
-    SpawnRequest,
-    delegate_cache_key,
-    spawn,
-)
+from fleet.runtime import Runtime, SpawnRequest
+from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.tools.base import ToolContext, ToolResult
 
 _GOAL = {
