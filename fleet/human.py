@@ -24,7 +24,7 @@ from fleet.runtime import Runtime
 from fleet.store import TraceStore
 from fleet.tools.base import ToolResult
 
-__all__ = ["ASK_HUMAN", "WAITING_KEY", "ask", "human_id", "reply", "time_out_waits"]
+__all__ = ["ASK_HUMAN", "WAITING_KEY", "ask", "human_id", "question_of", "reply", "time_out_waits"]
 
 ASK_HUMAN = "ask_human"
 TIMEOUT_KEY = "human_timeout_s"
@@ -59,13 +59,13 @@ def may_ask(preset: AgentPreset, trace: Trace) -> bool:
     )
 
 
-def ask(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:
-    """Put the trace in `waiting` on a person; a refusal or bad arguments return a result.
+def question_of(runtime: Runtime, trace: Trace, call: ToolCall) -> str | ToolResult:
+    """The question an `ask_human` call may put to a person, or the refusal to return.
 
-    Enforced here, whatever the model was offered: only a main agent whose preset allows
-    it may ask. The trace's own `human_timeout_s` (metadata) beats the fleet's setting.
+    Enforced here, whatever the model was offered: only a main agent whose preset (and
+    ceiling) allows it may ask; explore and evaluate never.
     """
-    preset = runtime.preset(trace.preset)
+    preset = runtime.permissions(trace)
     if not may_ask(preset, trace):
         return _refusal(
             f"tool {ASK_HUMAN!r} is not allowed for preset {preset.name!r} in a {trace.mode} "
@@ -77,13 +77,21 @@ def ask(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:
         return _refusal(f"bad arguments: {exc}")
     if not isinstance(question, str) or not question.strip():
         return _refusal("ask_human needs a non-empty `question` string")
+    return question.strip()[:MAX_QUESTION_CHARS]
+
+
+def ask(runtime: Runtime, trace: Trace, tool_call_id: str, question: str) -> Trace:
+    """Put the trace in `waiting` on a person; its run then ends and holds no slot.
+
+    The trace's own `human_timeout_s` (metadata) beats the fleet's setting.
+    """
     timeout_s = int(trace.metadata.get(TIMEOUT_KEY) or runtime.settings.human_timeout_s)
     asked = now_ms()
     deadline_ms = asked + timeout_s * 1000
     waiting = {
         "kind": "human",
-        "tool_call_id": call.id,
-        "question": question.strip()[:MAX_QUESTION_CHARS],
+        "tool_call_id": tool_call_id,
+        "question": question,
         "asked_at_ms": asked,
         "deadline_ms": deadline_ms,
         "timeout_s": timeout_s,
@@ -91,8 +99,7 @@ def ask(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:
     # Indexed first: a wait is never left without its deadline (the sweeper ignores an
     # entry whose trace no longer waits).
     runtime.store.index_human_wait(trace.trace_id, deadline_ms)
-    lifecycle.wait_on_person(runtime, trace, waiting)
-    return None
+    return lifecycle.wait_on_person(runtime, trace, waiting)
 
 
 def _refusal(text: str) -> ToolResult:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 from fleet.api import LocalFleet
 from fleet.errors import ConfigError
 from fleet.human import TIMEOUT_KEY, waiting_on
-from fleet.settings import Settings
+from fleet.settings import process_settings
 from fleetops.cli.output import printable, report
 
 
@@ -73,10 +72,10 @@ def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
 def run_inline(args: argparse.Namespace) -> int:
     """Run the task in-process and print the answer (or the JSON object)."""
     check_run_arguments(args)
-    settings = Settings.from_env()
-    if args.workspace is not None or "FLEET_WORKSPACE" in os.environ:
+    settings = process_settings()
+    if args.workspace is not None or "FLEET_WORKSPACE" in settings.env:
         settings = settings.with_workspace(args.workspace or settings.workspace)
-    redis = bool(os.environ.get("FLEET_REDIS_URL"))
+    redis = bool(settings.env.get("FLEET_REDIS_URL"))
     if args.continue_id and not redis:
         raise ConfigError("--inline --continue needs the trace's store: set FLEET_REDIS_URL")
     local = LocalFleet.from_settings(settings, redis=redis)
