@@ -243,7 +243,7 @@ def _child(
             parent_tool_call_id=call_id,
             context=context,
             skills=common.get("skills") or [],
-            metadata=dict(common.get("cache") or {}),
+            metadata=_metadata(runtime, parent, call_id, common),
             ceiling=ceiling,
         )
         try:
@@ -282,5 +282,16 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     for missing in turn.missing if turn else ():
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
-    lifecycle.reopen(runtime, child, call.id)
+    otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
+    lifecycle.reopen(runtime, child, call.id, otel=otel)
     return store.get_trace(sub_id)
+
+
+def _metadata(
+    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
+) -> dict[str, Any]:
+    """A new child's metadata: its cache key, and its parent's tracing context if any."""
+    metadata = dict(common.get("cache") or {})
+    if otel := runtime.hooks.child_context(parent, call_id):
+        metadata["otel"] = otel
+    return metadata
