@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleet.errors import ConfigError
+from fleet.settings import forget_process_settings
 from fleetops.cli.args import is_loopback, port_number, positive_int
 
 if TYPE_CHECKING:
@@ -136,6 +137,7 @@ def run_worker(args: argparse.Namespace) -> int:
     argv = worker_argv(args)
     settings = fleet_settings()
     os.environ.update(fleet_env(settings))  # the runtime and pool children read them
+    forget_process_settings()  # ... and this process reads them again on first use
     if args.pool == "gevent":
         if importlib.util.find_spec("gevent") is None:
             raise ConfigError("the gevent pool needs gevent: pip install gevent")
