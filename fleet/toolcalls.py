@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -86,19 +86,19 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     for call in calls:
         runtime.hooks.tool_started(trace, call)
         if call.name == ASK_HUMAN:
-            asked = _question(runtime, trace, call, first=question is None)
+            asked = _question(runtime, trace, _persisted(runtime, call), first=question is None)
             if isinstance(asked, str):
                 question = (call, asked)
                 continue
             result = asked
         elif call.name in SUB_AGENT_TOOLS:
-            outcome = _sub_agents(runtime, trace, call)
+            outcome = _sub_agents(runtime, trace, _persisted(runtime, call))
             if isinstance(outcome, SpawnRequest):
                 spawns.append((call, outcome))
                 continue
             result = outcome
         elif call.name == "goal":
-            result = _goal(runtime, trace, call)
+            result = _goal(runtime, trace, _persisted(runtime, call))
         else:
             result = _plain(runtime, trace, call)
         _write(runtime, results, call, result)
@@ -121,6 +121,17 @@ def _question(runtime: Runtime, trace: Trace, call: ToolCall, *, first: bool) ->
     if not first:
         return ToolResult(title="ask_human refused", output="one question per turn", is_error=True)
     return question_of(runtime, trace, call)
+
+
+def _persisted(runtime: Runtime, call: ToolCall) -> ToolCall:
+    """The call with the worker's secrets masked in its arguments.
+
+    For the calls whose arguments are stored rather than run: a child's task, messages
+    and context, a goal's description. The model wrote them; what it learnt of our
+    secrets is not kept.
+    """
+    arguments = runtime.redactor.values_only(call.arguments)
+    return call if arguments == call.arguments else replace(call, arguments=arguments)
 
 
 def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
