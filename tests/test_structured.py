@@ -230,3 +230,24 @@ def test_a_goal_links_the_sub_traces_that_worked_on_it(store: TraceStore, tmp_pa
     (goal,) = root.goals.goals
     assert goal.sub_trace_ids == store.children(root.trace_id) and len(goal.sub_trace_ids) == 2
     assert f"[sub-traces: {goal.sub_trace_ids[0]}" in root.goals.render()
+
+
+def test_trace_show_lists_goals_with_their_sub_traces(store: TraceStore, tmp_path: Path) -> None:
+    from fleetops.cli.output import render_tree, trace_object
+
+    script = [
+        call("goal", action="add", description="survey the code"),
+        call("agent", task="look at a"),
+        text("done"),
+    ]
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        if users(messages)[0].startswith("look at"):
+            return text("seen")
+        return script[assistants(messages)]
+
+    root = local_fleet(store, tmp_path, ScriptedModel(function=respond)).run("plan", model="test")
+    (child,) = store.children(root.trace_id)
+    shown = "\n".join(render_tree(store, root))
+    assert f"goal 1 [in_progress] survey the code  sub-traces: {child}" in shown
+    assert trace_object(store, root)["goals"][0]["sub_trace_ids"] == [child]
