@@ -36,7 +36,7 @@ class HardenedFleet:
     worker_pid: int
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hardened(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HardenedFleet]:
     """One worker process holding every secret of `SECRET_ENV`, roots = one temp folder."""
     url = urlsplit(redis_url)._replace(path=f"/{SECURITY_DB}").geturl()
