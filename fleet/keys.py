@@ -7,6 +7,8 @@ a trace key name another one.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fleet.ids import check_trace_id
 
 PREFIX = "fleet"
@@ -88,7 +90,9 @@ USAGE = f"{PREFIX}:usage"
 (kind prompt_tokens, completion_tokens or cost_usd); added to with each model turn."""
 
 COUNTERS = f"{PREFIX}:counters"
-"""Hash, no TTL: fleet-wide event counts for `fleet metrics` (`lease_expiries`, `resumes`)."""
+"""Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
+CounterName = Literal["lease_expiries", "resumes"]
+"""The fields of `COUNTERS`: runs re-enqueued after their lease expired, parents resumed."""
 
 
 # -- provider limits and tree budgets (fleet.limits, fleet.budget) -----------

@@ -12,7 +12,7 @@ from fleet.errors import ToolError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Mode, ToolCeiling, Trace
-from fleet.runtime import Runtime
+from fleet.runtime import Runtime, SpawnRequest
 
 AGENT_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -60,24 +60,6 @@ EVALUATE_SCHEMA: dict[str, Any] = {
         },
     },
 }
-
-
-@dataclass(frozen=True)
-class SpawnRequest:
-    """Children created for one tool call, ready for a dispatcher."""
-
-    parent_trace_id: str
-    root_trace_id: str
-    tool_call_id: str
-    tool_name: str
-    mode: Mode
-    children: tuple[Trace, ...]
-    """The child traces as created (or reopened): a dispatcher need not read them back."""
-
-    @property
-    def child_ids(self) -> tuple[str, ...]:
-        """The children's trace ids, in order."""
-        return tuple(c.trace_id for c in self.children)
 
 
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
@@ -243,7 +225,7 @@ def _child(
             parent_tool_call_id=call_id,
             context=context,
             skills=common.get("skills") or [],
-            metadata=dict(common.get("cache") or {}),
+            metadata=_metadata(runtime, parent, call_id, common),
             ceiling=ceiling,
         )
         try:
@@ -282,5 +264,16 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     for missing in turn.missing if turn else ():
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
-    lifecycle.reopen(runtime, child, call.id)
+    otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
+    lifecycle.reopen(runtime, child, call.id, otel=otel)
     return store.get_trace(sub_id)
+
+
+def _metadata(
+    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
+) -> dict[str, Any]:
+    """A new child's metadata: its cache key, and its parent's tracing context if any."""
+    metadata = dict(common.get("cache") or {})
+    if otel := runtime.hooks.child_context(parent, call_id):
+        metadata["otel"] = otel
+    return metadata

@@ -11,14 +11,8 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.llm.base import ToolCall
 from fleet.models import Event, Message, Trace
-from fleet.runtime import Runtime
-from fleet.subagents import (
-    AGENT_SCHEMA,
-    EVALUATE_SCHEMA,
-    SpawnRequest,
-    delegate_cache_key,
-    spawn,
-)
+from fleet.runtime import Runtime, SpawnRequest
+from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.tools.base import ToolContext, ToolResult
 
 _GOAL = {
@@ -54,34 +48,45 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     Returns:
         True when every call has its result (the loop goes on), False while waiting.
     """
-    spawns: list[SpawnRequest] = []
+    spawns: list[tuple[ToolCall, SpawnRequest]] = []
     for call in calls:
+        runtime.hooks.tool_started(trace, call)
         if call.name in SUB_AGENT_TOOLS:
-            try:
-                _check_may_spawn(runtime, trace, call)
-                if (cached := _cached(runtime, trace, call)) is None:
-                    spawns.append(spawn(runtime, trace, call))
-                    continue
-                result = cached
-            except ToolError as exc:
-                result = ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
+            outcome = _sub_agents(runtime, trace, call)
+            if isinstance(outcome, SpawnRequest):
+                spawns.append((call, outcome))
+                continue
+            result = outcome
         elif call.name == "goal":
             result = _goal(runtime, trace, call)
         else:
             result = _plain(runtime, trace, call)
         _write(runtime, trace, call, result)
+        runtime.hooks.tool_finished(trace, call, result)
     if not spawns:
         return True  # every call above wrote its result
     _dispatch(runtime, trace, spawns)
     return lifecycle.turn_complete(runtime.store, trace.trace_id)
 
 
-def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> None:
+def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
+    """Children to dispatch, or the result at once (cached answer, refusal)."""
+    try:
+        _check_may_spawn(runtime, trace, call)
+        if (cached := _cached(runtime, trace, call)) is not None:
+            return cached
+        return spawn(runtime, trace, call)
+    except ToolError as exc:
+        return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
+
+
+def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnRequest]]) -> None:
     # Waiting is written before dispatch: a fast chord may collect before we return.
     # Stopped while this turn's model call ran: the new children start stopped.
-    lifecycle.wait(runtime, trace, [c for request in spawns for c in request.child_ids])
-    for request in spawns:
+    lifecycle.wait(runtime, trace, [c for _, request in spawns for c in request.child_ids])
+    for call, request in spawns:
         runtime.dispatcher.dispatch(runtime, request)
+        runtime.hooks.tool_finished(trace, call, None)
 
 
 def _cached(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:
@@ -134,9 +139,7 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         arguments = call.parsed_arguments()
     except ValueError as exc:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
-    result = runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
-    runtime.hooks.tool_finished(trace, call.name, result)
-    return result
+    return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
 
 
 def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -> None:
