@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fleet.api import LocalFleet
+from fleet.inprocess import InProcessFleet
 from fleet.settings import process_settings
 from fleetops.cli.output import report
 
@@ -30,6 +30,6 @@ def run_inline(args: argparse.Namespace) -> int:
     settings = process_settings()
     if args.workspace is not None or "FLEET_WORKSPACE" in settings.env:
         settings = settings.with_workspace(args.workspace or settings.workspace)
-    local = LocalFleet.from_settings(settings, redis=bool(settings.env.get("FLEET_REDIS_URL")))
+    local = InProcessFleet.from_settings(settings, redis=bool(settings.env.get("FLEET_REDIS_URL")))
     trace = local.run(args.task, model=args.model, preset=args.preset)
     return report(local.store, trace, as_json=args.json)

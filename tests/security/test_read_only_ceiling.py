@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fleet.api import LocalFleet
+from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
@@ -47,7 +47,7 @@ def _hostile(spawn: LLMResponse) -> ScriptedModel:
     return ScriptedModel(function=respond)
 
 
-def _fleet(tmp_path: Path, model: ScriptedModel, presets: dict[str, str]) -> LocalFleet:
+def _fleet(tmp_path: Path, model: ScriptedModel, presets: dict[str, str]) -> InProcessFleet:
     agents = tmp_path / "agents"
     agents.mkdir()
     for name, body in presets.items():
@@ -55,7 +55,7 @@ def _fleet(tmp_path: Path, model: ScriptedModel, presets: dict[str, str]) -> Loc
     workspace = tmp_path / "ws"
     workspace.mkdir()
     settings = Settings(workspace=workspace, agents_dir=agents, env={})
-    return LocalFleet.from_settings(settings, clients={"test": model})
+    return InProcessFleet.from_settings(settings, clients={"test": model})
 
 
 def _offered(model: ScriptedModel, request: int) -> set[str]:
