@@ -256,7 +256,7 @@ def _child_trace(
         root_trace_id=parent.root_trace_id,
         parent_trace_id=parent.trace_id,
         mode=mode,
-        task=runtime.redactor.values_only(spec.task),  # the model wrote it
+        task=spec.task,  # masked by toolcalls._persisted
         name=name,
         preset=preset,
         model=model,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -80,13 +80,13 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     for call in calls:
         runtime.hooks.tool_started(trace, call)
         if call.name in SUB_AGENT_TOOLS:
-            outcome = _sub_agents(runtime, trace, call)
+            outcome = _sub_agents(runtime, trace, _persisted(runtime, call))
             if isinstance(outcome, SpawnRequest):
                 spawns.append((call, outcome))
                 continue
             result = outcome
         elif call.name == "goal":
-            result = _goal(runtime, trace, call)
+            result = _goal(runtime, trace, _persisted(runtime, call))
         else:
             result = _plain(runtime, trace, call)
         _write(runtime, results, call, result)
@@ -97,6 +97,17 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
         return ToolTurn(waiting=False, written=None if changed else written)
     _dispatch(runtime, trace, spawns)
     return ToolTurn(not lifecycle.turn_complete(runtime.store, trace.trace_id), None)
+
+
+def _persisted(runtime: Runtime, call: ToolCall) -> ToolCall:
+    """The call with the worker's secrets masked in its arguments.
+
+    For the calls whose arguments are stored rather than run: a child's task, messages
+    and context, a goal's description. The model wrote them; what it learnt of our
+    secrets is not kept.
+    """
+    arguments = runtime.redactor.values_only(call.arguments)
+    return call if arguments == call.arguments else replace(call, arguments=arguments)
 
 
 def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
