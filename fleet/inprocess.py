@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from fleet import lifecycle
+from fleet import human, lifecycle
+from fleet.conversation import continue_trace
 from fleet.llm.base import LLMClient
 from fleet.models import Trace
 from fleet.otel import make_hooks
@@ -73,11 +75,34 @@ class InProcessFleet:
         )
         return cls(runtime)
 
-    def run(self, task: str, *, model: str | None = None, preset: str = "default") -> Trace:
-        """Create a root trace, run it to the end, return it."""
-        trace = create_root(self.runtime, TaskSpec(task=task, model=model, preset=preset))
-        run_to_end(Runner(self.runtime), trace.trace_id)
-        return self.store.get_trace(trace.trace_id)
+    def run(
+        self,
+        task: str,
+        *,
+        model: str | None = None,
+        preset: str = "default",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Trace:
+        """Create a root trace, run it until it ends or waits on a person, return it."""
+        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata)
+        trace = create_root(self.runtime, spec)
+        return self._run(trace.trace_id)
+
+    def continue_trace(
+        self, trace_id: str, message: str, after_sequence: int | None = None
+    ) -> Trace:
+        """Continue a finished root with `message` (after message `after_sequence`), run it."""
+        continue_trace(self.runtime, trace_id, message, after_sequence)
+        return self._run(trace_id)
+
+    def reply(self, trace_id: str, answer: str) -> Trace:
+        """Answer the question a trace waits on and run it on."""
+        human.reply(self.runtime, trace_id, answer)
+        return self._run(trace_id)
+
+    def _run(self, trace_id: str) -> Trace:
+        run_to_end(Runner(self.runtime), trace_id)
+        return self.store.get_trace(trace_id)
 
 
 def _redis_store(url: str) -> TraceStore:
