@@ -16,8 +16,6 @@ PREFIX = "fleet"
 TRACE_TTL_S = 7 * 24 * 3600
 """How long a finished trace and everything under it stays readable."""
 
-LEASE_TTL_MS = 20_000
-"""A runner's lease; renewed by its heartbeat every LEASE_TTL_MS / 4."""
 
 STOP_TTL_S = TRACE_TTL_S
 EVENTS_MAXLEN = 10_000

@@ -87,23 +87,29 @@ def secret_values(env: Mapping[str, str]) -> set[str]:
         value = value.strip()
         if not value:
             continue
-        if is_secret_name(name):
+        secret = is_secret_name(name)
+        if secret:
             found.add(value)
-        found.update(_embedded_secrets(value))
+        found.update(_embedded_secrets(value, with_user=secret))
     return {v for v in found if len(v) >= MIN_SECRET_CHARS}
 
 
-def _embedded_secrets(value: str) -> set[str]:
-    """Passwords inside URLs and connection strings (`AccountKey=...;`)."""
+def _embedded_secrets(value: str, *, with_user: bool) -> set[str]:
+    """Passwords inside URLs and connection strings (`AccountKey=...;`).
+
+    `with_user`: the URL's user name too — in a secret-named variable (`SENTRY_DSN`) the
+    user part *is* the key.
+    """
     found: set[str] = set()
     for word in re.split(r"[\s,]+", value):
         if "://" in word:
             try:
-                password = urlsplit(word).password
+                parts = urlsplit(word)
+                userinfo = [parts.password, parts.username if with_user else None]
             except ValueError:
-                password = None
-            if password:
-                found.update({password, unquote(password)})
+                userinfo = []
+            for part in filter(None, userinfo):
+                found.update({part, unquote(part)})
     for match in re.finditer(r"(?:key|password|pwd|secret|token|sig)=([^;&\s]+)", value, re.I):
         found.add(match.group(1))
     return found

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from fleet.control import claim_dead_runs
@@ -11,8 +10,6 @@ from workers.dispatch import send
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
-
-DEFAULT_SWEEP_INTERVAL_S = 10.0
 
 
 def sweep_once() -> list[str]:
@@ -30,10 +27,9 @@ def sweep_once() -> list[str]:
 class Sweeper:
     """A daemon thread calling `sweep_once` every `interval_s`."""
 
-    def __init__(self, interval_s: float | None = None) -> None:
-        """Interval from FLEET_SWEEP_INTERVAL_S unless given."""
-        env = os.environ.get("FLEET_SWEEP_INTERVAL_S")
-        self.interval_s = interval_s or float(env or DEFAULT_SWEEP_INTERVAL_S)
+    def __init__(self, interval_s: float) -> None:
+        """Sweep every `interval_s` (`Settings.sweep_interval_s`)."""
+        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fleet-sweeper", daemon=True)
 
