@@ -145,9 +145,7 @@ class Redactor:
 
     def __call__(self, text: str) -> str:
         """`text` with every known value and secret shape replaced by `[redacted]`."""
-        if self._pattern is not None:
-            text = self._pattern.sub(REDACTED, text)
-        return redact_shapes(text)
+        return redact_shapes(self.values_only(text))
 
     def values_only(self, text: str) -> str:
         """`text` with the known values replaced, nothing else touched.
@@ -155,7 +153,11 @@ class Redactor:
         For what an agent reads and writes (tool outputs, model text): workspace content
         that merely looks like a credential stays as it is; the worker's own secrets go.
         """
-        return self._pattern.sub(REDACTED, text) if self._pattern is not None and text else text
+        # Substring tests first: one C-level scan per value is ~10x cheaper than the
+        # alternation, and almost every text holds none of them.
+        if self._pattern is None or not text or not any(v in text for v in self.values):
+            return text
+        return self._pattern.sub(REDACTED, text)
 
     def contains_secret(self, text: str) -> bool:
         """Whether redaction would change `text`."""

@@ -74,8 +74,8 @@ def _one_line_error(result: subprocess.CompletedProcess[bytes], what: str) -> No
 def test_a_trace_id_naming_another_key_is_refused(
     redis_url: str, tmp_path: Path, argv: list[str]
 ) -> None:
-    from fleet.api import TaskSpec, create_root
-    from fleet.dispatch import InProcessDispatcher
+    from fleet.inprocess import InProcessDispatcher
+    from fleet.roots import TaskSpec, create_root
     from fleet.runtime import Runtime
     from fleet.settings import Settings
 
@@ -115,6 +115,15 @@ def test_a_yaml_alias_bomb_in_batch_metadata_is_refused_at_once(tmp_path: Path) 
     assert time.monotonic() - started < 30
     _one_line_error(result, "bomb.yaml:")
     assert "alias" in result.stderr.decode()
+
+
+def test_json_nested_past_the_recursion_limit_is_one_line(tmp_path: Path) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "deep.jsonl").write_text(
+        '{"task": "fine"}\n{"task": "x", "metadata": {"a": ' + deep + "}}\n"
+    )
+    result = _cli(["batch", "--dry-run", "deep.jsonl"], {}, tmp_path)
+    _one_line_error(result, "deep.jsonl:2: invalid JSON: nested too deeply")
 
 
 def test_anchors_that_share_a_block_still_load(tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,57 +289,70 @@ def _forge_on_slash(fleet: Fleet, script: Path) -> str:
 
 
 def _run_everything(fleet: Fleet) -> str:
-    """Every route, through the CLI and the fleet; the hostile root's trace id."""
+    """Every route, through the CLI and the fleet; the hostile root's trace id.
+
+    Independent commands run side by side: each is a Python process start.
+    """
     script = _script(fleet)
     credentials = fleet.root / "credentials.yaml"
     credentials.write_text(f"aws_secret_access_key: [{SECRETS['AWS_SECRET_ACCESS_KEY']}\n")
-    out = _cli(fleet, "run", "run", "--json", "--model", f"scripted:{script}", "Hostile task")
-    root = str(json.loads(out)["trace_id"])
-    _cli(fleet, "run-credentials", "run", "--model", f"scripted:{credentials}", "x")
-    _forge_on_slash(fleet, script)
     (fleet.root / "slash.jsonl").write_text('{"task": "read /etc", "workspace": "/"}\n')
-    _cli(fleet, "batch-slash", "batch", "--model", f"scripted:{script}", "slash.jsonl")
     levels = ["    a: &a [x, x, x, x, x, x, x, x, x]"] + [
         f"    {c}: &{c} [{', '.join([f'*{p}'] * 9)}]"
         for p, c in zip("abcdefgh", "bcdefghi", strict=True)
     ]
     (fleet.root / "bomb.yaml").write_text("- task: hi\n  metadata:\n" + "\n".join(levels) + "\n")
-    _cli(fleet, "batch-bomb", "batch", "--dry-run", "bomb.yaml")
-    for name, args in {
-        "show": ["trace", "show", root],
-        "show-json": ["trace", "show", "--json", root],
-        "show-messages-key": ["trace", "show", f"{root}:messages"],
-        "list": ["trace", "list", "--all"],
-        "list-json": ["trace", "list", "--all", "--json"],
-        "watch": ["watch", root],
-        "doctor": ["doctor"],
-    }.items():
-        _cli(fleet, name, *args)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        run = pool.submit(
+            _cli, fleet, "run", "run", "--json", "--model", f"scripted:{script}", "Hostile task"
+        )
+        others = [
+            pool.submit(
+                _cli, fleet, "run-credentials", "run", "--model", f"scripted:{credentials}", "x"
+            ),
+            pool.submit(_forge_on_slash, fleet, script),
+            pool.submit(
+                _cli, fleet, "batch-slash", "batch", "--model", f"scripted:{script}", "slash.jsonl"
+            ),
+            pool.submit(_cli, fleet, "batch-bomb", "batch", "--dry-run", "bomb.yaml"),
+        ]
+        root = str(json.loads(run.result())["trace_id"])
+        for future in others:
+            future.result()
+        commands = {
+            "show": ["trace", "show", root],
+            "show-json": ["trace", "show", "--json", root],
+            "show-messages-key": ["trace", "show", f"{root}:messages"],
+            "list": ["trace", "list", "--all"],
+            "list-json": ["trace", "list", "--all", "--json"],
+            "watch": ["watch", root],
+            "doctor": ["doctor"],
+        }
+        for future in [pool.submit(_cli, fleet, name, *args) for name, args in commands.items()]:
+            future.result()
     return root
 
 
 def _http(fleet: Fleet, name: str, client: httpx.Client, path: str) -> None:
-    reply = client.get(path)
+    reply = client.get(path, timeout=10)
     fleet.shown[f"{name} {path} ({reply.status_code})"] = reply.text
 
 
-def _observe(fleet: Fleet, root: str) -> None:
-    """Flower (API, pages, /metrics) and `fleet metrics`, as operators read them."""
+@contextmanager
+def _consoles(fleet: Fleet) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """Flower (with a login) and `fleet metrics`, started with the workers' secrets."""
     tmp = fleet.root.parent
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "FLOWER_"))}
     env = {**clean, **fleet.env, "FLOWER_BASIC_AUTH": ":".join(FLOWER_LOGIN)}
-    flower_port, metrics_port = free_port(), free_port()
+    ports = {"flower": free_port(), "metrics": free_port()}
     processes = []
-    for name, args in (
-        ("flower", ["flower", "--port", str(flower_port)]),
-        ("metrics", ["metrics", "--port", str(metrics_port)]),
-    ):
+    for name, port in ports.items():
         log = tmp / f"{name}.log"
         fleet.logs.append(log)
         with log.open("wb") as out:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "fleetops.cli.main", *args],
+                    [sys.executable, "-m", "fleetops.cli.main", name, "--port", str(port)],
                     env=env,
                     cwd=fleet.root,
                     stdout=out,
@@ -345,8 +360,15 @@ def _observe(fleet: Fleet, root: str) -> None:
                     start_new_session=True,
                 )
             )
+    auth = httpx.BasicAuth(*FLOWER_LOGIN)
     try:
-        _read_consoles(fleet, root, flower_port, metrics_port)
+        with (
+            httpx.Client(base_url=f"http://127.0.0.1:{ports['flower']}", auth=auth) as flower,
+            httpx.Client(base_url=f"http://127.0.0.1:{ports['metrics']}") as metrics,
+        ):
+            wait_until(lambda: _answers(flower, "/healthcheck"), 30, "Flower to listen")
+            wait_until(lambda: _answers(metrics, "/metrics"), 30, "fleet metrics to listen")
+            yield flower, metrics
     finally:
         for process in processes:
             process.terminate()
@@ -355,31 +377,24 @@ def _observe(fleet: Fleet, root: str) -> None:
 
 def _answers(client: httpx.Client, path: str) -> bool:
     try:
-        return client.get(path).status_code == 200
+        return client.get(path, timeout=5).status_code == 200
     except httpx.TransportError:
         return False
 
 
-def _read_consoles(fleet: Fleet, root: str, flower_port: int, metrics_port: int) -> None:
-    auth = httpx.BasicAuth(*FLOWER_LOGIN)
-    with (
-        httpx.Client(base_url=f"http://127.0.0.1:{flower_port}", auth=auth, timeout=10) as flower,
-        httpx.Client(base_url=f"http://127.0.0.1:{metrics_port}", timeout=10) as metrics,
-    ):
-        wait_until(lambda: _answers(flower, "/healthcheck"), 30, "Flower to listen")
-        wait_until(lambda: _answers(metrics, "/metrics"), 30, "fleet metrics to listen")
-        # Flower hears events from now on: one more hostile run for it to see.
-        _cli(fleet, "run-seen-by-flower", "run", "--model", f"scripted:{_script(fleet)}", "Again")
-        for path in ("/api/tasks", "/api/workers?refresh=1", "/api/queues/length", "/metrics"):
-            _http(fleet, "flower", flower, path)
-        for path in ("/tasks", "/workers", "/broker"):
-            _http(fleet, "flower", flower, path)
-        for task_id in json.loads(flower.get("/api/tasks").text):
-            _http(fleet, "flower", flower, f"/api/task/info/{task_id}")
-            _http(fleet, "flower", flower, f"/task/{task_id}")
-        for name in json.loads(flower.get("/api/workers").text):
-            _http(fleet, "flower", flower, f"/worker/{name}")
-        _http(fleet, "fleet-metrics", metrics, "/metrics")
+def _read_consoles(fleet: Fleet, flower: httpx.Client, metrics: httpx.Client) -> None:
+    """Every page and API answer of Flower, and both `/metrics`, as operators read them."""
+    wait_until(lambda: flower.get("/api/tasks").json() != {}, 30, "Flower to see the run")
+    for path in ("/api/tasks", "/api/workers?refresh=1", "/api/queues/length", "/metrics"):
+        _http(fleet, "flower", flower, path)
+    for path in ("/tasks", "/workers", "/broker"):
+        _http(fleet, "flower", flower, path)
+    for task_id in flower.get("/api/tasks").json():
+        _http(fleet, "flower", flower, f"/api/task/info/{task_id}")
+        _http(fleet, "flower", flower, f"/task/{task_id}")
+    for name in flower.get("/api/workers").json():
+        _http(fleet, "flower", flower, f"/worker/{name}")
+    _http(fleet, "fleet-metrics", metrics, "/metrics")
 
 
 def _redis_dump(url: str) -> str:
@@ -396,8 +411,9 @@ def _redis_dump(url: str) -> str:
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_a_hostile_run_leaves_no_secret_anywhere(fleet: Fleet) -> None:
-    root = _run_everything(fleet)
-    _observe(fleet, root)
+    with _consoles(fleet) as (flower, metrics):
+        root = _run_everything(fleet)
+        _read_consoles(fleet, flower, metrics)
     assert fleet.worker is not None
     fleet.worker.stop()  # its log is complete once it has shut down
 
