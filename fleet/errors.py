@@ -36,3 +36,7 @@ class ToolError(FleetError):
 
 class BudgetExceeded(FleetError):
     """A run went over its token or cost budget."""
+
+
+class LeaseLost(FleetError):
+    """A runner's write was refused: its lease lapsed and another runner may own the trace."""

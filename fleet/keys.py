@@ -10,8 +10,13 @@ PREFIX = "fleet"
 TRACE_TTL_S = 7 * 24 * 3600
 """How long a finished trace and everything under it stays readable."""
 
-LEASE_TTL_MS = 20_000
-"""A runner's lease; renewed by its heartbeat every LEASE_TTL_MS / 4."""
+LEASE_TTL_MS = 5_000
+"""A runner's lease (default of `Settings.lease_ttl_ms`); the worker's one heartbeat thread
+(`fleet.leases.LeaseKeeper`) renews every lease it holds every LEASE_TTL_MS / 5."""
+
+OUTBOX_GRACE_MS = 15_000
+"""How long a spawn may take between creating its children and handing them to the queue
+before the sweeper dispatches them itself (only if the spawning runner's lease is gone)."""
 
 STOP_TTL_S = TRACE_TTL_S
 EVENTS_MAXLEN = 10_000
@@ -63,6 +68,19 @@ def lease(trace_id: str) -> str:
     return f"{PREFIX}:lease:{trace_id}"
 
 
+def worker(node: str) -> str:
+    """String with PX TTL (the lease TTL): a live worker's presence, JSON `WorkerPresence`."""
+    return f"{PREFIX}:worker:{node}"
+
+
+def consumers(queue: str) -> str:
+    """Sorted set: node names of the workers consuming `queue`, scored by presence deadline.
+
+    In ms; entries dead for a minute are trimmed by every heartbeat.
+    """
+    return f"{PREFIX}:consumers:{queue}"
+
+
 def collected(trace_id: str, tool_call_id: str) -> str:
     """String: set once when a tool call's children were collected (dedupes redelivery)."""
     return f"{PREFIX}:trace:{trace_id}:collected:{tool_call_id}"
@@ -85,3 +103,8 @@ USAGE = f"{PREFIX}:usage"
 
 COUNTERS = f"{PREFIX}:counters"
 """Hash, no TTL: fleet-wide event counts for `fleet metrics` (`lease_expiries`, `resumes`)."""
+
+OUTBOX = f"{PREFIX}:outbox"
+"""Sorted set, no TTL: work to hand to the queue (`fleet.outbox` entries: a spawn whose
+children are created but not yet dispatched, a recovered run not yet re-sent), scored by
+when a sweeper may do it (ms)."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +11,7 @@ from typing import Any, Literal, assert_never
 
 from fleet.collect import turn_complete, update_collaborator, write_result
 from fleet.context import first_messages, injection
-from fleet.errors import FleetError
+from fleet.errors import FleetError, LeaseLost
 from fleet.history import (
     SUB_AGENT_TOOLS,
     healed_result,
@@ -20,6 +20,7 @@ from fleet.history import (
     recent_calls,
     to_wire,
 )
+from fleet.leases import HeldLease
 from fleet.llm.base import LLMResponse
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
@@ -40,37 +41,6 @@ class RunResult:
 
     trace_id: str
     outcome: Outcome
-
-
-class Heartbeat:
-    """Renews the runner's lease in the background; `lost` is set if renewal fails."""
-
-    def __init__(self, runtime: Runtime, trace_id: str, owner: str) -> None:
-        """Prepare; `start` begins renewing every quarter of the lease TTL."""
-        self._store = runtime.store
-        self._ttl_ms = runtime.settings.lease_ttl_ms
-        self._trace_id = trace_id
-        self._owner = owner
-        self._done = threading.Event()
-        self.lost = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease:{trace_id}", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._done.wait(self._ttl_ms / 4000):
-            try:
-                if not self._store.renew_lease(self._trace_id, self._owner, self._ttl_ms):
-                    self.lost.set()
-                    return
-            except Exception:  # a blip in Redis must not kill the run; the next beat retries
-                log.warning("lease renewal of %r failed", self._trace_id, exc_info=True)
 
 
 class Runner:
@@ -100,15 +70,28 @@ class Runner:
             if not self.store.acquire_lease(trace_id, owner, self.runtime.settings.lease_ttl_ms):
                 return RunResult(trace_id, "busy")
             try:
-                with Heartbeat(self.runtime, trace_id, owner) as heartbeat:
-                    outcome = self._drive(trace_id, heartbeat)
+                with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
+                    outcome = self._fenced(trace_id, lease)
             finally:
                 self.store.release_lease(trace_id, owner)
             # A collect that finished while we held the lease could not resume us: look again.
             if outcome != "waiting" or not turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
 
-    def _drive(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
+    def _fenced(self, trace_id: str, lease: HeldLease) -> Outcome:
+        """Drive the trace writing only through a store fenced by our lease.
+
+        Every write checks the lease inside its Lua script, so a runner that comes back
+        from a freeze after its lease was taken over writes nothing (`LeaseLost`): `lost`.
+        """
+        fenced = Runner(self.runtime.fenced(trace_id, lease.owner), should_yield=self.should_yield)
+        try:
+            return fenced._drive(trace_id, lease)
+        except LeaseLost:
+            log.warning("run of %r stopped: its lease was taken over", trace_id)
+            return "lost"
+
+    def _drive(self, trace_id: str, heartbeat: HeldLease) -> Outcome:
         snapshot = self.store.snapshot(trace_id)
         trace = snapshot.trace
         if trace.is_terminal:
@@ -120,10 +103,13 @@ class Runner:
         started_ms = now_ms()
         try:
             return self._loop(trace_id, heartbeat)
+        except LeaseLost:
+            raise
         except FleetError as exc:  # TransientLLMError too: the client already retried it
             return self.finish(trace_id, "failed", error=str(exc), reason="error")
         finally:
-            self.store.add_stats(trace_id, duration_ms=now_ms() - started_ms)
+            with contextlib.suppress(LeaseLost):
+                self.store.add_stats(trace_id, duration_ms=now_ms() - started_ms)
 
     def _prepare(self, trace: Trace, messages: list[Message]) -> bool:
         """Write the first messages or heal the open turn; False while children still run."""
@@ -163,7 +149,7 @@ class Runner:
         self.store.append_message(healed_result(trace.trace_id, call, sub_id))
         return False
 
-    def _loop(self, trace_id: str, heartbeat: Heartbeat) -> Outcome:
+    def _loop(self, trace_id: str, heartbeat: HeldLease) -> Outcome:
         while True:
             snapshot = self.store.snapshot(trace_id)  # trace, messages and stop flag: 1 read
             if (ended := self._between_turns(snapshot, heartbeat)) is not None:
@@ -188,7 +174,7 @@ class Runner:
                 case _:
                     assert_never(step)
 
-    def _between_turns(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome | None:
+    def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
         trace = snapshot.trace
         max_iterations = self.runtime.preset(trace.preset).max_iterations
@@ -204,7 +190,7 @@ class Runner:
             return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
         return None
 
-    def _turn(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> tuple[Step, Trace] | None:
+    def _turn(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> tuple[Step, Trace] | None:
         """One model call, persisted, what to do about it, and the trace as recorded.
 
         None when the lease was lost during the model call: another runner may own the

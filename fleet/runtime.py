@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from fleet.hooks import NO_HOOKS, Hooks
+from fleet.leases import LeaseKeeper
 from fleet.llm.base import LLMClient
 from fleet.llm.config import FleetConfig, load_config, make_client, resolve_model_name
 from fleet.presets import AgentPreset, get_preset, load_presets
@@ -32,6 +33,8 @@ class Runtime:
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
+    leases: LeaseKeeper | None = None
+    """The process's one heartbeat; `build` makes it (it starts with the first lease)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -54,7 +57,18 @@ class Runtime:
             tools=default_registry(),
             hooks=hooks,
             clients=dict(clients or {}),
+            leases=LeaseKeeper(store, settings.lease_ttl_ms),
         )
+
+    def fenced(self, trace_id: str, owner: str) -> Runtime:
+        """A copy whose store writes only while `owner` holds the lease of `trace_id`."""
+        return replace(self, store=self.store.fenced(trace_id, owner))
+
+    def lease_keeper(self) -> LeaseKeeper:
+        """The heartbeat that renews this process's leases."""
+        if self.leases is None:
+            raise RuntimeError("Runtime built without a LeaseKeeper: use Runtime.build")
+        return self.leases
 
     def preset(self, name: str) -> AgentPreset:
         """The preset, or `ConfigError` listing the known ones."""

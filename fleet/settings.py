@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from fleet import keys
 from fleet.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -28,7 +29,13 @@ class Settings:
     inject_every_turns: int = 10
     """Every this many turns the plan and active collaborators are re-injected."""
     doom_loop_repeats: int = 3
-    lease_ttl_ms: int = 20_000
+    lease_ttl_ms: int = keys.LEASE_TTL_MS
+    """FLEET_LEASE_TTL_MS: a runner whose heartbeat stops is presumed dead this long after."""
+    sweep_interval_s: float = 1.0
+    """FLEET_SWEEP_INTERVAL_S: how often each worker looks for lapsed leases and lost spawns."""
+    no_worker_timeout_s: float = 30.0
+    """FLEET_NO_WORKER_TIMEOUT_S: `fleet run`/`Fleet.wait` give up (exit 2, trace left
+    resumable) when no live worker has consumed the queue the trace waits on for this long."""
     summary_chars: int = 400
     """How much of a child's answer goes into its collaborator summary."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -47,7 +54,9 @@ class Settings:
             skills_dir=_path(env.get("FLEET_SKILLS_DIR")),
             config_path=_path(env.get("FLEET_CONFIG")),
             model=env.get("FLEET_MODEL") or None,
-            lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", "20000")),
+            lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS)),
+            sweep_interval_s=float(env.get("FLEET_SWEEP_INTERVAL_S") or 1.0),
+            no_worker_timeout_s=float(env.get("FLEET_NO_WORKER_TIMEOUT_S") or 30.0),
             env=env,
         )
 

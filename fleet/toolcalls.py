@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+from fleet import outbox
 from fleet.cache import cache_key, delegate_preset
 from fleet.collect import turn_complete
 from fleet.errors import ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.llm.base import ToolCall
-from fleet.models import Event, Message, Trace
+from fleet.models import Event, Message, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, SpawnRequest, spawn
 from fleet.tools.base import ToolContext, ToolResult
@@ -24,6 +26,8 @@ _GOAL = {
         "parameters": GOAL_TOOL_SCHEMA,
     },
 }
+
+log = logging.getLogger(__name__)
 
 
 def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
@@ -54,7 +58,7 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
             try:
                 _check_may_spawn(runtime, trace, call)
                 if (cached := _cached(runtime, call)) is None:
-                    spawns.append(spawn(runtime, trace, call))
+                    spawns.append(_spawn(runtime, trace, call))
                     continue
                 result = cached
             except ToolError as exc:
@@ -70,6 +74,23 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     return turn_complete(runtime.store, trace.trace_id)
 
 
+def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
+    """Create the children, recorded in the outbox first when a task queue runs them.
+
+    If this process dies (or the broker refuses the chord) between creating the children
+    and handing them over, a sweeper finds the entry and dispatches them (`fleet.outbox`).
+    """
+    if not runtime.dispatcher.children_survive_restart:
+        return spawn(runtime, trace, call)
+    entry = outbox.spawn_entry(trace.trace_id, call.id)
+    runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
+    try:
+        return spawn(runtime, trace, call)
+    except ToolError:
+        runtime.store.outbox_done(entry)  # no child was created
+        raise
+
+
 def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> None:
     # Waiting is written before dispatch: a fast chord may collect before we return.
     runtime.store.update_trace(trace.trace_id, status="waiting")
@@ -78,7 +99,20 @@ def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> Non
         for child_id in (c for request in spawns for c in request.child_ids):
             runtime.store.request_stop(child_id)
     for request in spawns:
-        runtime.dispatcher.dispatch(runtime, request)
+        if not runtime.dispatcher.children_survive_restart:
+            runtime.dispatcher.dispatch(runtime, request)
+            continue
+        try:
+            runtime.dispatcher.dispatch(runtime, request)
+        except Exception:  # the broker refused: the outbox entry stays, a sweeper sends them
+            log.warning(
+                "dispatch of %d children of %r failed; a sweeper will retry",
+                len(request.children),
+                trace.trace_id,
+                exc_info=True,
+            )
+            continue
+        runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))
 
 
 def _cached(runtime: Runtime, call: ToolCall) -> ToolResult | None:

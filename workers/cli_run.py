@@ -68,10 +68,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def require_workers(fleet: Fleet, queue: str) -> None:
-    """`ConfigError` unless some worker consumes `queue` (a clear error beats a hang)."""
+    """`ConfigError` unless some worker consumes `queue` (a clear error beats a hang).
+
+    Worker heartbeats in Redis answer in one read; the Celery broadcast (a second's wait
+    for replies) is asked only when they name no consumer (a worker of an older version).
+    """
     from workers.backend import CeleryBackend
 
-    if not isinstance(fleet.backend, CeleryBackend):
+    if not isinstance(fleet.backend, CeleryBackend) or fleet.store.live_consumers(queue):
         return
     replies = fleet.backend.app.control.inspect(timeout=1.0).active_queues() or {}
     if not any(q.get("name") == queue for queues in replies.values() for q in queues):
