@@ -26,7 +26,7 @@ from tests.procs import read_until_exit, start_worker, wait_for_workers
 
 pytestmark = pytest.mark.integration
 
-FLEET = [sys.executable, "-m", "fleet.cli.main"]
+FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 WORKER_DB = 11
 """A database of its own, so `require_workers` sees this module's worker only."""
 CLI_TIMEOUT_S = 60.0

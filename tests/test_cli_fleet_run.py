@@ -24,7 +24,7 @@ from tests.test_fleet_recovery import database_url, fleet_client, start_workers,
 
 pytestmark = pytest.mark.integration
 
-FLEET = [sys.executable, "-m", "fleet.cli.main"]
+FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 CLI_DB = 3
 EMPTY_DB = 4
 """A database no worker listens on."""

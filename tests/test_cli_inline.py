@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.cli.main import main
+from fleetops.cli.main import main
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "fleet" / "examples" / "explore.yaml"
 
@@ -100,7 +100,7 @@ def test_unreadable_workspace_is_refused(
 
 def test_subprocess_error_has_no_traceback(clean_env: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet.cli.main", "run", "--inline", "--preset", "nope", "x"],
+        [sys.executable, "-m", "fleetops.cli.main", "run", "--inline", "--preset", "nope", "x"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -17,14 +17,14 @@ import redis
 
 from fleet.errors import ConfigError
 from fleet.redis_server import free_port
+from fleetops.cli.ops import flower_env, parse_queues, worker_argv
+from fleetops.local import STATE_DIR, UP_FILE, UpState, check_port_free, read_state
 from tests.procs import pid_alive, start_worker, wait_for_workers
 from workers.app import QUEUES
-from workers.cli import flower_env, parse_queues, worker_argv
-from workers.local import STATE_DIR, UP_FILE, UpState, check_port_free, read_state
 
 pytestmark = pytest.mark.integration
 
-FLEET = [sys.executable, "-m", "fleet.cli.main"]
+FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 OPS_DB = 9
 """A database of its own: Celery's broadcast channels are per database, so workers other
 tests start on database 0 do not answer these tests' pings."""
@@ -192,7 +192,7 @@ def test_parse_queues_rejects_unknown_names() -> None:
 
 
 def worker_args(*argv: str) -> list[str]:
-    from fleet.cli.main import build_parser
+    from fleetops.cli.main import build_parser
 
     return worker_argv(build_parser().parse_args(["worker", *argv]))
 

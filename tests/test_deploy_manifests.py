@@ -23,9 +23,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from fleet.cli.main import build_parser
+from fleetops.cli.main import build_parser
+from fleetops.cli.ops import flower_env, worker_argv
 from workers.app import QUEUES
-from workers.cli import flower_env, worker_argv
 from workers.probes import SOFT_SHUTDOWN_WINDOW_S
 
 ROOT = Path(__file__).resolve().parent.parent

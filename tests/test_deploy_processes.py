@@ -89,14 +89,14 @@ class LocalCompose:
         self.procs: list[WorkerProcess] = []
 
     def start(self, service: str, argv: list[str] | None = None) -> WorkerProcess:
-        """Run the service's command (or `argv`) as `python -m fleet.cli.main ...`."""
+        """Run the service's command (or `argv`) as `python -m fleetops.cli.main ...`."""
         argv = argv or self.services[service]["command"]
         node = argv[argv.index("-n") + 1].partition("@")[0] if "-n" in argv else service
         env = {**self.env, probes.PROBE_DIR_ENV: str(self.workdir / "probes" / node)}
         fd, log_name = tempfile.mkstemp(prefix=f"fleet-{node}-", suffix=".log")
         with os.fdopen(fd, "wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "fleet.cli.main", *argv],
+                [sys.executable, "-m", "fleetops.cli.main", *argv],
                 env=env,
                 cwd=self.workdir,
                 stdin=subprocess.DEVNULL,
@@ -157,7 +157,7 @@ def slow_explore_script(path: Path, branches: int = 4, looks: int = 1, latency_m
 def fleet_run(compose: LocalCompose, *, wait: bool = True) -> subprocess.Popen[str]:
     """`fleet run --json "survey"` as a user would type it, against the local fleet."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "fleet.cli.main", "run", "--json", "survey"],
+        [sys.executable, "-m", "fleetops.cli.main", "run", "--json", "survey"],
         env=compose.env,
         cwd=compose.workdir,
         stdin=subprocess.DEVNULL,
@@ -223,7 +223,7 @@ def test_the_compose_services_run_an_explore_across_queue_workers(
     explore = workers[QUEUE_SERVICES.index("explore")]
     env = {**compose.env, probes.PROBE_DIR_ENV: str(compose.probe_dir(explore))}
     for probe in (["--max-age-s", "60"], ["--ready"]):  # as the kubelet runs them
-        argv = [sys.executable, "-m", "fleet.cli.main", "probe", *probe]
+        argv = [sys.executable, "-m", "fleetops.cli.main", "probe", *probe]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stdout
 

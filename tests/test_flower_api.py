@@ -21,7 +21,7 @@ from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from workers.app import QUEUES
 from workers.naming import REDACTED, first_words, shadow_name, task_repr
 
-FLEET = [sys.executable, "-m", "fleet.cli.main"]
+FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 SECRET = "sk-live-abcdefghijklmnopqrstuvwx"
 """A key-shaped word in a task: Flower must never show it."""
 SEEN_TIMEOUT_S = 30.0

@@ -23,11 +23,7 @@ from fleet import keys
 from fleet.models import Message, Mode, Trace
 from fleet.redis_store import RedisStore
 from fleet.settings import Settings
-from tests.fleetkit import explore_script, wait_until
-from tests.procs import WorkerProcess, start_worker
-from workers import probes
-from workers.app import QUEUES
-from workers.metrics import (
+from fleetops.metrics import (
     Family,
     FleetMetrics,
     count_event,
@@ -39,6 +35,10 @@ from workers.metrics import (
     traces_by_status,
     usage_families,
 )
+from tests.fleetkit import explore_script, wait_until
+from tests.procs import WorkerProcess, start_worker
+from workers import probes
+from workers.app import QUEUES
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "openai:gpt-4o-mini"
@@ -235,7 +235,7 @@ def free_port() -> int:
 
 def fleet(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "fleet.cli.main", *argv],
+        [sys.executable, "-m", "fleetops.cli.main", *argv],
         env=env,
         cwd=cwd,
         stdin=subprocess.DEVNULL,

@@ -20,11 +20,11 @@ from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
+from fleetops.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 from tests.fleetkit import client, explore_script, fleet_settings
 from tests.procs import read_until_exit
-from workers.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 
-FLEET = [sys.executable, "-m", "fleet.cli.main"]
+FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 CLI_TIMEOUT_S = 60.0
 
 

@@ -13,8 +13,8 @@ import threading
 from fleet import outbox
 from fleet.control import claim_dead_runs
 from fleet.models import now_ms
+from fleetops.metrics import count_event
 from workers.dispatch import send
-from workers.metrics import count_event
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from fleet.collect import collect as collect_children
 from fleet.control import collect_if_done
 from fleet.runner import Runner, RunResult, run_safely
 from fleet.settings import Settings
+from fleetops.metrics import count_event
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send
-from workers.metrics import count_event
 from workers.runtime import draining, get_runtime
 
 LEASE_RETRY_S = Settings.from_env().lease_ttl_ms / 1000

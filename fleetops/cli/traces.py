@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fleet.cli.output import list_object, render_tree, trace_object
 from fleet.settings import Settings
 from fleet.store import TraceStore
+from fleetops.cli.output import list_object, render_tree, trace_object
 
 
 def register(commands: Any) -> None:
@@ -37,7 +37,7 @@ def open_store(settings: Settings | None = None) -> TraceStore:
 
 def show_trace(args: argparse.Namespace) -> int:
     """Print one trace tree."""
-    from fleet.cli.main import print_json
+    from fleetops.cli.main import print_json
 
     store = open_store()
     trace = store.get_trace(args.trace_id)
@@ -50,7 +50,7 @@ def show_trace(args: argparse.Namespace) -> int:
 
 def list_traces(args: argparse.Namespace) -> int:
     """Print recent traces, root traces only unless --all."""
-    from fleet.cli.main import print_json
+    from fleetops.cli.main import print_json
 
     store = open_store()
     rows = [t for t in store.list_traces(args.limit * 10) if args.all or not t.parent_trace_id]

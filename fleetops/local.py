@@ -28,7 +28,7 @@ from fleet.errors import ConfigError
 from fleet.redis_server import start_redis_server
 from fleet.redis_store import redact_url
 from fleet.settings import Settings
-from workers.doctor import check_broker, ping_workers
+from fleetops.doctor import check_broker, ping_workers
 
 STATE_DIR = ".fleet"
 UP_FILE = "up.json"
@@ -340,7 +340,7 @@ def _start_workers(
     for i in range(1, options.workers + 1):
         name = f"worker{i}.{os.getpid()}@{host}"
         log_path = state_dir / LOG_DIR / f"worker-{i}.log"
-        argv = [sys.executable, "-m", "fleet.cli.main", "worker", "--hostname", name]
+        argv = [sys.executable, "-m", "fleetops.cli.main", "worker", "--hostname", name]
         argv += ["--concurrency", str(options.concurrency)] if options.concurrency else []
         child = spawn(f"worker {i}", argv, env, log_path)
         children.append(child)
@@ -355,7 +355,7 @@ def _start_flower(
     if not options.flower:
         return None
     log_path = state_dir / LOG_DIR / "flower.log"
-    argv = [sys.executable, "-m", "fleet.cli.main", "flower", "--port", str(options.flower_port)]
+    argv = [sys.executable, "-m", "fleetops.cli.main", "flower", "--port", str(options.flower_port)]
     flower = spawn("flower", argv, env, log_path)
     children.append(flower)
     url = f"http://{LOOPBACK}:{options.flower_port}"

@@ -1,4 +1,4 @@
-"""`fleet`: the command line. Fleet commands (up, worker, ...) plug in from `workers`."""
+"""`fleet`: the command line. Fleet commands (up, worker, ...) plug in from `fleetops.cli.ops`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
-from fleet.cli import inline, traces
 from fleet.errors import ConfigError, FleetError, TraceNotFound
+from fleetops.cli import inline, traces
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

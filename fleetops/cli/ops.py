@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from fleet.errors import ConfigError
 
 if TYPE_CHECKING:
-    from workers.doctor import Check
+    from fleetops.doctor import Check
 
 POOLS = ("threads", "prefork", "gevent")
 DEFAULT_CONCURRENCY = {"threads": 16, "gevent": 100}
@@ -32,12 +32,14 @@ def register(commands: Any) -> None:
     _add_worker(commands)
     _add_flower(commands)
     _add_doctor(commands)
-    from workers import cli_run, demo, metrics
+    from fleetops import metrics
+    from fleetops.cli import demo
+    from fleetops.cli import run as cli_run
 
     cli_run.register(commands)
     demo.register(commands)
     metrics.register(commands)
-    importlib.import_module("workers.cli_batch").register(commands)
+    importlib.import_module("fleetops.cli.batch").register(commands)
 
 
 def positive_int(text: str) -> int:
@@ -112,9 +114,9 @@ def _add_doctor(commands: Any) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    """`fleet up`: see `workers.local.run_up`."""
-    from workers.local import UpOptions
-    from workers.local import run_up as start_fleet
+    """`fleet up`: see `fleetops.local.run_up`."""
+    from fleetops.local import UpOptions
+    from fleetops.local import run_up as start_fleet
 
     options = UpOptions(
         workers=args.workers,
@@ -156,7 +158,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 
 def run_worker(args: argparse.Namespace) -> int:
     """`fleet worker`: one worker in this process (gevent: exec'd, it must patch first)."""
-    from workers.local import fleet_env, fleet_settings
+    from fleetops.local import fleet_env, fleet_settings
 
     argv = worker_argv(args)
     settings = fleet_settings()
@@ -214,7 +216,7 @@ def flower_env(address: str, basic_auth: str | None, env: dict[str, str]) -> dic
 
 def run_flower(args: argparse.Namespace) -> int:
     """`fleet flower`: replaces this process with Flower on the fleet's broker."""
-    from workers.local import check_port_free, fleet_env, fleet_settings
+    from fleetops.local import check_port_free, fleet_env, fleet_settings
 
     env = flower_env(args.address, args.basic_auth, fleet_env(fleet_settings()))
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
@@ -224,9 +226,9 @@ def run_flower(args: argparse.Namespace) -> int:
 
 def run_doctor(args: argparse.Namespace) -> int:
     """`fleet doctor`: 0 when the fleet can run a task, 1 when not, 2 when unreachable."""
-    from fleet.cli.main import print_json
-    from workers import doctor
-    from workers.local import fleet_settings
+    from fleetops import doctor
+    from fleetops.cli.main import print_json
+    from fleetops.local import fleet_settings
 
     checks = doctor.run_checks(fleet_settings())
     ready = doctor.is_ready(checks)

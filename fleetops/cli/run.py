@@ -8,12 +8,12 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from fleet.cli.inline import run_inline
-from fleet.cli.output import report
 from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.models import Event
 from fleet.settings import Settings
+from fleetops.cli.inline import run_inline
+from fleetops.cli.output import report
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -33,7 +33,7 @@ def register(commands: Any) -> None:
 def fleet_settings() -> Settings:
     """Settings from the environment, or the Redis of a `fleet up` in this directory."""
     if "FLEET_REDIS_URL" not in os.environ:
-        from workers.local import discover_redis_url
+        from fleetops.local import discover_redis_url
 
         url = discover_redis_url()
         if url:
@@ -108,7 +108,7 @@ def progress_line(event: Event, root: str) -> str | None:
 
 def watch(args: argparse.Namespace) -> int:
     """Follow a trace tree until it finishes: a live tree on a terminal, else plain lines."""
-    from workers.watch_view import watch_trace
+    from fleetops.watch_view import watch_trace
 
     fleet = connect()
     fleet.trace(args.trace_id)

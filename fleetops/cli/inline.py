@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet.api import LocalFleet
-from fleet.cli.output import report
 from fleet.settings import Settings
+from fleetops.cli.output import report
 
 
 def register(commands: Any) -> None:

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet.cli.output import render_tree
 from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.llm.config import load_config
 from fleet.settings import Settings
-from workers.cli_run import show_progress
-from workers.local import discover_redis_url, read_state
+from fleetops.cli.output import render_tree
+from fleetops.cli.run import show_progress
+from fleetops.local import discover_redis_url, read_state
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "fleet" / "examples" / "explore.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
 DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
 STATE_DIR = Path(".fleet") / "demo"
 READY_TIMEOUT_S = 90.0
@@ -49,7 +49,7 @@ def run_demo(args: argparse.Namespace) -> int:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     print(f"starting a local fleet (state in {STATE_DIR}/) ...", file=sys.stderr)
     up = subprocess.Popen(
-        [sys.executable, "-m", "fleet.cli.main", "up", "--workers", "1"],
+        [sys.executable, "-m", "fleetops.cli.main", "up", "--workers", "1"],
         cwd=STATE_DIR,
         env={k: v for k, v in os.environ.items() if k != "FLEET_REDIS_URL"},
         start_new_session=True,

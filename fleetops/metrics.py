@@ -273,8 +273,8 @@ def _scrape(metrics: FleetMetrics) -> tuple[int, bytes]:
 
 def register(commands: Any) -> None:
     """Add `fleet metrics` and `fleet probe`."""
+    from fleetops.cli.ops import port_number
     from workers import probes
-    from workers.cli import port_number
 
     parser = commands.add_parser("metrics", help="serve Prometheus metrics of the fleet")
     parser.add_argument("--port", type=port_number, default=DEFAULT_PORT)
@@ -285,7 +285,7 @@ def register(commands: Any) -> None:
 
 def run_metrics(args: argparse.Namespace) -> int:
     """`fleet metrics`: serve until interrupted."""
-    from workers.local import fleet_settings
+    from fleetops.local import fleet_settings
 
     metrics = FleetMetrics(fleet_settings())
     try:

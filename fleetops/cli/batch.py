@@ -42,7 +42,7 @@ SHOWN_FAILURES = 10
 
 def register(commands: Any) -> None:
     """Add `fleet batch`."""
-    from workers.cli import positive_int
+    from fleetops.cli.ops import positive_int
 
     parser = commands.add_parser("batch", help="run many tasks from a JSONL or YAML file")
     parser.add_argument("file", type=Path, help="JSONL (one object per line) or YAML (a list)")
@@ -75,7 +75,7 @@ def _positive_float(text: str) -> float:
 
 def run_batch_command(args: argparse.Namespace) -> int:
     """Validate every entry, then run the batch with progress; see the module doc for exits."""
-    from workers.cli_run import fleet_settings
+    from fleetops.cli.run import fleet_settings
 
     if args.resume and args.out is None:
         raise ConfigError("--resume needs --out (the results file to continue)")
@@ -94,7 +94,7 @@ def validation_runtime(settings: Settings) -> Runtime:
 
 
 def _run(args: argparse.Namespace, entries: list[BatchEntry]) -> int:
-    from workers.cli_run import connect, require_workers
+    from fleetops.cli.run import connect, require_workers
 
     fleet = connect()
     require_workers(fleet, "fleet.main")
