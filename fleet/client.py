@@ -19,6 +19,7 @@ from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import TraceStore
+from fleet.watchdog import QueueWatch
 
 
 class Backend(Protocol):
@@ -30,6 +31,13 @@ class Backend(Protocol):
 
     def revoke(self, trace_ids: list[str]) -> None:
         """Drop queued tasks of these traces (best effort; the stop flag is the guarantee)."""
+        ...
+
+    def queue(self, mode: Mode) -> str | None:
+        """The queue traces of this mode run on (what workers announce they consume).
+
+        None when the backend runs traces without a queue (threads in this process).
+        """
         ...
 
 
@@ -143,9 +151,18 @@ class Fleet:
         return ids
 
     def events(self, trace_id: str, timeout_s: float | None = None) -> Iterator[Event]:
-        """Events of the trace's tree until it finishes (or `TimeoutError`)."""
+        """Events of the trace's tree until it finishes.
+
+        Raises:
+            TimeoutError: `timeout_s` passed first.
+            NoLiveWorkers: no live worker consumed a queue the trace needs for
+                `Settings.no_worker_timeout_s`; the trace is left as it is.
+        """
         root = self.store.get_trace(trace_id).root_trace_id
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        watch = QueueWatch(
+            self.store, trace_id, self.backend.queue, self.runtime.settings.no_worker_timeout_s
+        )
         cursor = "0"
         while True:
             # Ended already: its last events (its own `finish` included) are still to be read.
@@ -160,6 +177,8 @@ class Fleet:
                     return
             if finished and not batch:
                 return  # its `finish` fell off the capped stream
+            if not finished:
+                watch.check()
 
     def wait(self, trace_id: str, timeout_s: float | None = None) -> Trace:
         """Block until the trace ends, reading its event stream."""

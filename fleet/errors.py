@@ -40,3 +40,7 @@ class BudgetExceeded(FleetError):
 
 class LeaseLost(FleetError):
     """A runner's write was refused: its lease lapsed and another runner may own the trace."""
+
+
+class NoLiveWorkers(FleetError):
+    """No live worker has consumed a queue a trace waits on for too long (it is left as is)."""

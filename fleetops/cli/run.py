@@ -9,13 +9,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from fleet.client import Fleet
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, NoLiveWorkers
 from fleet.models import Event
 from fleet.settings import Settings
 from fleetops.cli.inline import run_inline
 from fleetops.cli.output import report
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_FAILED, EXIT_NO_WORKERS, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def register(commands: Any) -> None:
@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except NoLiveWorkers as exc:  # the trace stays as it is: a worker started later resumes it
+        print(f"fleet: error: {exc}", file=sys.stderr)
+        return EXIT_NO_WORKERS
     return report(fleet.store, fleet.trace(handle.trace_id), as_json=args.json)
 
 
