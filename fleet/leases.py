@@ -39,7 +39,11 @@ class HeldLease:
 
 
 class LeaseKeeper:
-    """A daemon thread renewing every held lease and the presence, every TTL / 5."""
+    """A daemon thread renewing every held lease and the presence, every TTL / 5.
+
+    The thread ends when it has nothing left to renew and starts again with the next
+    `hold`, so an idle runtime (a client, a test) keeps no thread.
+    """
 
     def __init__(
         self, store: TraceStore, ttl_ms: int, presence: WorkerPresence | None = None
@@ -112,6 +116,10 @@ class LeaseKeeper:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
+            with self._lock:
+                if not self._held and self._presence is None:
+                    self._thread = None  # idle: the next `hold` starts a new thread
+                    return
             try:
                 self.beat()
             except Exception:  # a Redis blip must not kill the heartbeat; the next beat retries

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ from fleet.store import TraceSnapshot
 from fleet.toolcalls import execute_turn, tool_schemas
 
 log = logging.getLogger(__name__)
+
+_HOST = socket.gethostname()
 
 Outcome = Literal["completed", "failed", "stopped", "waiting", "busy", "lost", "yielded"]
 """`busy`: another runner holds the trace. `lost`: our lease was taken over.
@@ -65,7 +69,7 @@ class Runner:
 
     def run(self, trace_id: str) -> RunResult:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
-        owner = uuid.uuid4().hex
+        owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
             if not self.store.acquire_lease(trace_id, owner, self.runtime.settings.lease_ttl_ms):
                 return RunResult(trace_id, "busy")
