@@ -11,7 +11,6 @@ from fleet import ids
 from fleet.dispatch import Dispatcher, InProcessDispatcher
 from fleet.errors import ConfigError
 from fleet.llm.base import LLMClient
-from fleet.llm.config import validate_model
 from fleet.models import Event, Mode, Trace
 from fleet.runner import Runner
 from fleet.runtime import Runtime
@@ -41,8 +40,7 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         raise ConfigError("the task is empty")
     runtime.preset(spec.preset)
     model = runtime.model_name(spec.model, spec.preset)
-    if model not in runtime.clients:
-        validate_model(runtime.config, model, runtime.settings.env)
+    runtime.check_model(model)
     workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
     trace_id = ids.root_id()
     trace = Trace(

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from fleet.batch import BatchEntry
 from fleet.errors import ConfigError
-from fleet.llm.config import validate_model
 from fleet.runtime import Runtime
 
 ENTRY_KEYS = ("id", "task", "preset", "model", "workspace", "metadata")
@@ -252,8 +251,7 @@ def _check_one(
     try:
         runtime.preset(preset)
         name = runtime.model_name(model, preset)
-        if name not in runtime.clients:
-            validate_model(runtime.config, name, runtime.settings.env)
+        runtime.check_model(name)
         runtime.settings.with_workspace(workspace or runtime.settings.workspace)
     except ConfigError as exc:
         return str(exc)

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 from fleet.api import TaskSpec, create_root
 from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.batch_file import check_entries, entries_from
-from fleet.control import stop_tree
 from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError, FleetError
+from fleet.lifecycle import stop_subtree
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
@@ -146,7 +146,7 @@ class Fleet:
 
     def stop(self, trace_id: str) -> list[str]:
         """Stop a trace and its subtree; returns the ids that were told to stop."""
-        ids = stop_tree(self.store, trace_id)
+        ids = stop_subtree(self.runtime, trace_id)
         self.backend.revoke(ids)
         return ids
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from fleet.collect import collect
+from fleet import lifecycle
 from fleet.runner import Runner, run_safely
 from fleet.runtime import Runtime
 from fleet.subagents import SpawnRequest
@@ -40,10 +40,6 @@ class InProcessDispatcher:
         else:
             with ThreadPoolExecutor(min(len(ids), self.max_parallel), "fleet-branch") as pool:
                 list(pool.map(lambda child: run_safely(runner, child), ids))
-        collect(
-            runtime.store,
-            request.parent_trace_id,
-            request.tool_call_id,
-            ids,
-            runtime.settings.summary_chars,
-        )
+        # Every child ran to its end here, so this settles the call (a child whose runner
+        # lost its lease leaves it `Waiting`: nothing of it would be true yet).
+        lifecycle.settle(runtime, request.parent_trace_id, request.tool_call_id, ids)

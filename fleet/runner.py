@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, assert_never
 
-from fleet.collect import turn_complete, update_collaborator, write_result
+from fleet import lifecycle
 from fleet.context import first_messages, injection
 from fleet.errors import FleetError, LeaseLost
 from fleet.history import (
@@ -79,7 +79,7 @@ class Runner:
             finally:
                 self.store.release_lease(trace_id, owner)
             # A collect that finished while we held the lease could not resume us: look again.
-            if outcome != "waiting" or not turn_complete(self.store, trace_id):
+            if outcome != "waiting" or not lifecycle.turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
 
     def _fenced(self, trace_id: str, lease: HeldLease) -> Outcome:
@@ -100,9 +100,13 @@ class Runner:
         trace = snapshot.trace
         if trace.is_terminal:
             return _terminal(trace.status)
-        self._set_status(trace, "running")
+        trace = lifecycle.start(self.runtime, trace)
+        try:
+            self.runtime.workspace_of(trace)
+        except FleetError as exc:  # a forged or stale workspace: fail before any model call
+            return self.finish(trace_id, "failed", error=str(exc), reason="error")
         if not self._prepare(trace, snapshot.messages):
-            self._set_status(trace.model_copy(update={"status": "running"}), "waiting")
+            lifecycle.wait(self.runtime, trace)
             return "waiting"
         started_ms = now_ms()
         try:
@@ -133,23 +137,21 @@ class Runner:
     def _settle(self, trace: Trace, call: dict[str, Any]) -> bool:
         """Collect or heal one unanswered call; True if its children are still running."""
         call_id = str(call["id"])
-        name = str(call["function"]["name"])
-        kids = [
-            self.store.get_trace(c)
-            for c in self.store.children(trace.trace_id)
-            if name in SUB_AGENT_TOOLS
-        ]
-        kids = [k for k in kids if k.parent_tool_call_id == call_id]
-        if kids and all(k.is_terminal for k in kids):
-            # Their collect was lost: write it (once; a concurrent collector may win).
-            ids = [k.trace_id for k in kids]
-            write_result(
-                self.store, trace.trace_id, call_id, ids, self.runtime.settings.summary_chars
-            )
-            return False
-        if kids and self.runtime.dispatcher.children_survive_restart:
-            return True
-        sub_id = kids[0].trace_id if kids else None
+        kids: list[str] = []
+        if call["function"]["name"] in SUB_AGENT_TOOLS:
+            kids = lifecycle.call_children(self.store, trace.trace_id, call_id)
+        if kids:
+            # Their collect was lost (or is still to come): settle it here if they all ended.
+            match lifecycle.settle(self.runtime, trace.trace_id, call_id, kids):
+                case lifecycle.Settled() | lifecycle.AlreadyCollected():
+                    return False
+                case lifecycle.Waiting() if self.runtime.dispatcher.children_survive_restart:
+                    return True
+                case lifecycle.Waiting():
+                    pass  # they died with this process: heal the call below
+                case unreachable:
+                    assert_never(unreachable)
+        sub_id = kids[0] if kids else None
         self.store.append_message(healed_result(trace.trace_id, call, sub_id))
         return False
 
@@ -174,7 +176,7 @@ class Runner:
                     if not execute_turn(self.runtime, trace, calls):
                         return "waiting"
                     if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
-                        self._set_status(self.store.get_trace(trace_id), "running")
+                        lifecycle.start(self.runtime, self.store.get_trace(trace_id))
                 case _:
                     assert_never(step)
 
@@ -185,7 +187,7 @@ class Runner:
         if heartbeat.lost.is_set():
             return "lost"
         if self.should_yield():
-            self._set_status(trace, "queued")
+            lifecycle.requeue(self.runtime, trace)
             return "yielded"
         if snapshot.stop_requested:
             return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
@@ -252,37 +254,9 @@ class Runner:
         error: str | None = None,
         reason: str,
     ) -> Outcome:
-        """Put the trace in a terminal status, tell its parent and the event stream."""
-        finished = now_ms()
-        before = self.store.get_trace(trace_id)
-        fields = {
-            "status": status,
-            "answer": answer,
-            "error": error,
-            "finished_at_ms": finished,
-            "updated_at_ms": finished,
-            "metadata": {**before.metadata, "stop_reason": reason},
-        }
-        data = {"reason": reason, "name": before.name or before.mode}
-        event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
-        if before.parent_trace_id:
-            self.store.update_trace(trace_id, **fields)
-        else:  # the root: its finish event is the last word, so it goes with the write
-            self.store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
-        trace = before.model_copy(update=fields)  # what was written: no second read
-        if trace.parent_trace_id:
-            update_collaborator(
-                self.store, trace.parent_trace_id, trace, self.runtime.settings.summary_chars
-            )
-            self.store.emit(trace.root_trace_id, event)
-        self.runtime.hooks.run_finished(trace)
+        """End the run in a terminal status (see `lifecycle.finish`)."""
+        lifecycle.finish(self.runtime, trace_id, status, answer=answer, error=error, reason=reason)
         return _terminal(status)
-
-    def _set_status(self, trace: Trace, status: Status) -> None:
-        if trace.status == status:
-            return
-        event = Event(kind="trace", trace_id=trace.trace_id, status=status)
-        self.store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
 
 
 def _recorded(trace: Trace, message: Message) -> Trace:
@@ -315,7 +289,6 @@ def run_safely(runner: Runner, trace_id: str) -> RunResult:
         return runner.run(trace_id)
     except Exception as exc:  # the envelope *is* the error handling for branches
         log.exception("run of %r crashed", trace_id)
-        trace = runner.store.get_trace(trace_id)
-        if not trace.is_terminal:
-            runner.finish(trace_id, "failed", error=f"{type(exc).__name__}: {exc}", reason="crash")
+        error = f"{type(exc).__name__}: {exc}"
+        lifecycle.fail(runner.runtime, trace_id, error=error, reason="crash")
         return RunResult(trace_id, "failed")

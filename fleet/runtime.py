@@ -5,19 +5,38 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleet.hooks import NO_HOOKS, Hooks
 from fleet.leases import LeaseKeeper
 from fleet.llm.base import LLMClient
-from fleet.llm.config import FleetConfig, load_config, make_client, resolve_model_name
+from fleet.llm.config import (
+    FleetConfig,
+    load_config,
+    make_client,
+    resolve_model_name,
+    validate_model,
+)
+from fleet.models import Trace
 from fleet.presets import AgentPreset, get_preset, load_presets
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
+from fleet.trust import check_workspace_root
 
 if TYPE_CHECKING:
     from fleet.dispatch import Dispatcher
+
+
+def operator_config(settings: Settings) -> FleetConfig:
+    """`fleet.yaml` as the operator set it: `FLEET_CONFIG`, never inside a workspace root."""
+    return load_config(
+        settings.config_path,
+        settings.env,
+        workspace_roots=settings.workspace_roots,
+        key_envs=settings.api_key_envs,
+    )
 
 
 @dataclass(frozen=True)
@@ -52,7 +71,7 @@ class Runtime:
             store=store,
             dispatcher=dispatcher,
             settings=settings,
-            config=load_config(settings.config_path, settings.env),
+            config=operator_config(settings),
             presets=load_presets(settings.agents_dir, settings.env),
             tools=default_registry(),
             hooks=hooks,
@@ -82,9 +101,36 @@ class Runtime:
             return explicit
         return resolve_model_name(self.config, explicit, preset, self.settings.env)
 
+    def workspace_of(self, trace: Trace) -> Path:
+        """The trace's real workspace, checked against this process's workspace roots.
+
+        Checked where tools run, not only at submission: a task message or a trace in
+        Redis may have been forged, and this worker's roots are what it may read.
+
+        Raises:
+            ConfigError: the workspace lies outside every root.
+        """
+        workspace = Path(trace.workspace) if trace.workspace else self.settings.workspace
+        return check_workspace_root(workspace, self.settings.workspace_roots)
+
+    def check_model(self, model_name: str) -> None:
+        """What `client` would check, without building one; `ConfigError` if it would fail."""
+        if model_name not in self.clients:
+            validate_model(
+                self.config,
+                model_name,
+                self.settings.env,
+                allow_scripted=self.settings.allow_scripted,
+            )
+
     def client(self, model_name: str) -> LLMClient:
         """A client for this model name, built once per process."""
         with self._lock:
             if model_name not in self.clients:
-                self.clients[model_name] = make_client(self.config, model_name, self.settings.env)
+                self.clients[model_name] = make_client(
+                    self.config,
+                    model_name,
+                    self.settings.env,
+                    allow_scripted=self.settings.allow_scripted,
+                )
             return self.clients[model_name]

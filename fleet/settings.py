@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fleet import keys
+from fleet import keys, trust
 from fleet.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -38,17 +38,35 @@ class Settings:
     resumable) when no live worker has consumed the queue the trace waits on for this long."""
     summary_chars: int = 400
     """How much of a child's answer goes into its collaborator summary."""
+    workspace_roots: tuple[Path, ...] = ()
+    """FLEET_WORKSPACE_ROOTS: every workspace must lie under one (see `fleet.trust`).
+    Left empty, the only root is `workspace` itself."""
+    allow_scripted: bool = False
+    """FLEET_ALLOW_SCRIPTED=1: `scripted:FILE` models may load (tests, demos)."""
+    api_key_envs: frozenset[str] = frozenset()
+    """FLEET_API_KEY_ENVS: `api_key_env` names allowed besides `*_API_KEY`."""
+    shell_env: tuple[str, ...] = ()
+    """FLEET_SHELL_ENV: variable names bash sees besides PATH, HOME, LANG, TERM, TZ."""
+    web_allow: tuple[str, ...] = ()
+    """FLEET_WEB_ALLOW: hosts or CIDRs web_fetch may reach although not public."""
+    tool_timeout_s: float = 30.0
+    """FLEET_TOOL_TIMEOUT_S: wall-clock limit of one tool call."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.workspace_roots:  # frozen: the one place a default depends on a field
+            object.__setattr__(self, "workspace_roots", (self.workspace.resolve(),))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read FLEET_* variables; the mapping is kept for model/provider lookup."""
         env = dict(os.environ if env is None else env)
         redis_url = env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL)
+        workspace = Path(env.get("FLEET_WORKSPACE") or Path.cwd()).expanduser()
         return cls(
             redis_url=redis_url,
             broker_url=env.get("FLEET_BROKER_URL", redis_url),
-            workspace=Path(env.get("FLEET_WORKSPACE") or Path.cwd()).expanduser(),
+            workspace=workspace,
             allow_shell=env.get("FLEET_ALLOW_SHELL", "") in ("1", "true", "yes"),
             agents_dir=_path(env.get("FLEET_AGENTS_DIR")),
             skills_dir=_path(env.get("FLEET_SKILLS_DIR")),
@@ -57,22 +75,49 @@ class Settings:
             lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS)),
             sweep_interval_s=float(env.get("FLEET_SWEEP_INTERVAL_S") or 1.0),
             no_worker_timeout_s=float(env.get("FLEET_NO_WORKER_TIMEOUT_S") or 30.0),
+            # Default: where this process started, and the operator's FLEET_WORKSPACE.
+            workspace_roots=trust.parse_roots(
+                env.get(trust.WORKSPACE_ROOTS_ENV), (Path.cwd(), workspace)
+            ),
+            allow_scripted=env.get(trust.ALLOW_SCRIPTED_ENV, "") in ("1", "true", "yes"),
+            api_key_envs=trust.allowed_key_envs(env.get(trust.API_KEY_ENVS_ENV)),
+            shell_env=_names(env.get("FLEET_SHELL_ENV")),
+            web_allow=_names(env.get("FLEET_WEB_ALLOW")),
+            tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
             env=env,
         )
 
     def with_workspace(self, workspace: Path) -> Settings:
-        """A copy whose workspace is checked to be a readable directory."""
-        return replace(self, workspace=check_workspace(workspace))
+        """A copy whose workspace is checked: a readable directory under a workspace root."""
+        return replace(self, workspace=check_workspace(workspace, self.workspace_roots))
 
 
-def check_workspace(path: Path) -> Path:
-    """The absolute workspace, or `ConfigError` if it is not a readable directory."""
-    resolved = path.expanduser().resolve()
+def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:
+    """The absolute workspace, or `ConfigError` if outside `roots` or not a readable dir."""
+    resolved = trust.check_workspace_root(path, roots)
     if not resolved.is_dir():
         raise ConfigError(f"workspace {str(path)!r} is not a directory")
     if not os.access(resolved, os.R_OK | os.X_OK):
         raise ConfigError(f"workspace {str(path)!r} is not readable")
     return resolved
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """A comma- or whitespace-separated list of names."""
+    return tuple(n for n in (value or "").replace(",", " ").split() if n)
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
+    return value
 
 
 def _path(value: str | None) -> Path | None:

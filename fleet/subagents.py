@@ -6,12 +6,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fleet import ids
+from fleet import ids, lifecycle
 from fleet.cache import cache_key
 from fleet.errors import ToolError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
-from fleet.models import Collaborator, Event, Message, Mode, Trace
+from fleet.models import Message, Mode, Trace
 from fleet.runtime import Runtime
 
 AGENT_SCHEMA: dict[str, Any] = {
@@ -97,7 +97,7 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
     else:
         children = _agent_children(runtime, parent, call.id, args)
     for child in children:
-        _announce(runtime, parent, child)
+        lifecycle.announce(runtime, parent, child)
     return SpawnRequest(
         parent_trace_id=parent.trace_id,
         root_trace_id=parent.root_trace_id,
@@ -244,25 +244,5 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     for missing in turn.missing if turn else ():
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
-    store.update_trace(
-        sub_id, status="queued", parent_tool_call_id=call.id, answer=None, error=None
-    )
+    lifecycle.reopen(runtime, child, call.id)
     return store.get_trace(sub_id)
-
-
-def _announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
-    entry = Collaborator(
-        name=child.name,
-        trace_id=child.trace_id,
-        status="running",
-        summary=child.task[:120],
-        mode=child.mode,
-        tool_call_id=child.parent_tool_call_id,
-    )
-    event = Event(
-        kind="collaborator",
-        trace_id=child.trace_id,
-        status="queued",
-        data={"parent_trace_id": parent.trace_id, "name": child.name, "mode": child.mode},
-    )
-    runtime.store.put_collaborator_and_emit(parent.trace_id, parent.root_trace_id, entry, event)

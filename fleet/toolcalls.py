@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
-from fleet import outbox
+from fleet import lifecycle, outbox
 from fleet.cache import cache_key, delegate_preset
-from fleet.collect import turn_complete
 from fleet.errors import ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
@@ -71,7 +69,7 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     if not spawns:
         return True  # every call above wrote its result
     _dispatch(runtime, trace, spawns)
-    return turn_complete(runtime.store, trace.trace_id)
+    return lifecycle.turn_complete(runtime.store, trace.trace_id)
 
 
 def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
@@ -93,11 +91,8 @@ def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
 
 def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> None:
     # Waiting is written before dispatch: a fast chord may collect before we return.
-    runtime.store.update_trace(trace.trace_id, status="waiting")
-    if runtime.store.stop_requested(trace.trace_id):
-        # Stopped while this turn's model call ran: the new children start stopped.
-        for child_id in (c for request in spawns for c in request.child_ids):
-            runtime.store.request_stop(child_id)
+    # Stopped while this turn's model call ran: the new children start stopped.
+    lifecycle.wait(runtime, trace, [c for request in spawns for c in request.child_ids])
     for request in spawns:
         if not runtime.dispatcher.children_survive_restart:
             runtime.dispatcher.dispatch(runtime, request)
@@ -152,11 +147,14 @@ def _goal(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
 def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     settings = runtime.settings
     ctx = ToolContext(
-        workspace=Path(trace.workspace or settings.workspace),
+        workspace=runtime.workspace_of(trace),  # ConfigError outside the roots: trace fails
         trace_id=trace.trace_id,
         preset=trace.preset,
         allow_shell=settings.allow_shell,
         skills_dirs=tuple(p for p in (settings.skills_dir,) if p is not None),
+        shell_env=settings.shell_env,
+        web_allow=settings.web_allow,
+        tool_timeout_s=settings.tool_timeout_s,
     )
     try:
         arguments = call.parsed_arguments()

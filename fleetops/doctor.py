@@ -11,8 +11,9 @@ from typing import Any, Literal
 import redis
 
 from fleet.errors import ConfigError
-from fleet.llm.config import load_config, resolve_model_name, validate_model
+from fleet.llm.config import resolve_model_name, validate_model
 from fleet.redis_store import redact_url
+from fleet.runtime import operator_config
 from fleet.settings import Settings
 from workers.app import QUEUES
 
@@ -125,7 +126,7 @@ def check_model(settings: Settings) -> Check:
     """
     env = settings.env or os.environ
     try:
-        config = load_config(settings.config_path, env)
+        config = operator_config(settings)
     except ConfigError as exc:
         return Check("model", "warn", str(exc))
     try:
@@ -135,7 +136,7 @@ def check_model(settings: Settings) -> Check:
             "model", "warn", "no default model: runs must pass --model (or set FLEET_MODEL)"
         )
     try:
-        validate_model(config, name, env)
+        validate_model(config, name, env, allow_scripted=settings.allow_scripted)
     except ConfigError as exc:
         return Check("model", "warn", f"{name}: {exc}")
     return Check("model", "ok", name)

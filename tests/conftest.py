@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -18,8 +20,13 @@ REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The one global switch the suite flips: no test can reach a real model.
+    # The global switches the suite flips: no test can reach a real model; scripted
+    # models may load, and workspaces under the temp folder (tmp_path) are allowed, here
+    # and in every worker process a test starts (they inherit this environment).
     fleet.llm.base.ALLOW_MODEL_REQUESTS = False
+    os.environ["FLEET_ALLOW_SCRIPTED"] = "1"
+    roots = (tempfile.gettempdir(), str(Path.cwd()))
+    os.environ.setdefault("FLEET_WORKSPACE_ROOTS", os.pathsep.join(roots))
 
 
 @pytest.fixture(scope="session")

@@ -52,7 +52,12 @@ def explore_script(
 def fleet_settings(redis_url: str, workspace: Path, **env: str) -> Settings:
     """Settings for a test fleet on this Redis."""
     return Settings.from_env(
-        {"FLEET_REDIS_URL": redis_url, "FLEET_WORKSPACE": str(workspace), **env}
+        {
+            "FLEET_REDIS_URL": redis_url,
+            "FLEET_WORKSPACE": str(workspace),
+            "FLEET_ALLOW_SCRIPTED": "1",
+            **env,
+        }
     )
 
 

@@ -167,7 +167,7 @@ def test_check_entries_names_the_line_create_root_would_refuse(tmp_path: Path) -
 
 
 def memory_runtime(tmp_path: Path, model: ScriptedModel) -> Runtime:
-    settings = Settings(workspace=tmp_path)
+    settings = Settings(workspace=tmp_path, allow_scripted=True)
     return Runtime.build(settings, MemoryStore(), InProcessDispatcher(), clients={MODEL: model})
 
 

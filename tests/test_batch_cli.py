@@ -75,7 +75,12 @@ def model(tmp_path: Path, latency_ms: int = 0) -> str:
 
 def env(url: str, tmp_path: Path) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    return {**clean, "FLEET_REDIS_URL": url, "FLEET_WORKSPACE": str(tmp_path)}
+    return {
+        **clean,
+        "FLEET_REDIS_URL": url,
+        "FLEET_WORKSPACE": str(tmp_path),
+        "FLEET_ALLOW_SCRIPTED": "1",
+    }
 
 
 def fleet_batch(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -60,7 +60,8 @@ def cli_env(url: str, workspace: Path, **extra: str) -> dict[str, str]:
     """This environment without fleet, Flower or provider settings, plus the test fleet's."""
     drop = ("FLEET_", "FLOWER_", "OPENAI_", "ANTHROPIC_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    return {**env, "FLEET_REDIS_URL": url, "FLEET_WORKSPACE": str(workspace), **extra}
+    fleet = {"FLEET_REDIS_URL": url, "FLEET_WORKSPACE": str(workspace), "FLEET_ALLOW_SCRIPTED": "1"}
+    return {**env, **fleet, **extra}
 
 
 def fleet_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

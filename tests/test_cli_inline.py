@@ -66,9 +66,15 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_malformed_fleet_yaml_names_the_file(
-    clean_env: Path, capsys: pytest.CaptureFixture[str]
+    clean_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    (clean_env / "fleet.yaml").write_text("models: [unclosed\n")
+    config = tmp_path_factory.mktemp("operator") / "fleet.yaml"  # outside the root
+    config.write_text("models: [unclosed\n")
+    monkeypatch.setenv("FLEET_WORKSPACE_ROOTS", str(clean_env))
+    monkeypatch.setenv("FLEET_CONFIG", str(config))
     assert main(["run", "--inline", "--model", f"scripted:{EXAMPLE}", "task"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "fleet.yaml" in err

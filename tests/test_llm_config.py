@@ -41,7 +41,7 @@ model_overrides:
 def config(tmp_path: Path) -> FleetConfig:
     path = tmp_path / "fleet.yaml"
     path.write_text(FLEET_YAML)
-    return load_config(path, env={})
+    return load_config(path, env={}, key_envs=frozenset({"ROUTER_KEY"}))
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -77,7 +77,7 @@ def test_base_url_env_vars_move_the_builtin_providers(
     assert config.providers["anthropic"].base_url == "http://p:1"
 
 
-def test_file_is_found_explicitly_then_via_env_then_in_cwd(
+def test_file_is_found_explicitly_then_via_env_never_in_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "a").mkdir()
@@ -90,7 +90,7 @@ def test_file_is_found_explicitly_then_via_env_then_in_cwd(
 
     assert load_config(explicit, env=env).default_model == "openai:explicit"
     assert load_config(env=env).default_model == "openai:from-env"
-    assert load_config(env={}).default_model == "openai:from-cwd"
+    assert load_config(env={}).default_model is None  # ./fleet.yaml may be an agent's
 
 
 def test_a_named_file_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
@@ -242,14 +242,14 @@ def test_scripted_model_loads_from_file(config: FleetConfig, tmp_path: Path) -> 
     script = tmp_path / "script.yaml"
     script.write_text("scripts:\n  - match: '.*'\n    steps:\n      - content: done\n")
 
-    client = make_client(config, f"scripted:{script}", {})
+    client = make_client(config, f"scripted:{script}", {}, allow_scripted=True)
 
     assert client.complete([{"role": "user", "content": "go"}], []).content == "done"
 
 
 def test_missing_script_is_caught_by_preflight(config: FleetConfig, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="scripted model file not found"):
-        validate_model(config, f"scripted:{tmp_path / 'nope.yaml'}", {})
+        validate_model(config, f"scripted:{tmp_path / 'nope.yaml'}", {}, allow_scripted=True)
 
 
 def test_a_key_with_a_trailing_newline_is_stripped_and_control_chars_refused() -> None:

@@ -1,20 +1,21 @@
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from fleet.errors import ToolError
-from fleet.tools import web
+from fleet.tools import shell, web
 from fleet.tools.base import ToolContext
-from fleet.tools.shell import bash, scrubbed_env
+from fleet.tools.shell import BASE_ENV, bash, shell_env
 from fleet.tools.skills import BUILTIN_SKILLS_DIR, available_skills, skill
 from fleet.tools.web import html_to_text, web_fetch
+from tests.security.attacker import none_left_with
 
 # --- bash --------------------------------------------------------------------------
 
@@ -46,12 +47,12 @@ def test_bash_runs_in_the_workspace(tmp_path: Path) -> None:
 
 def test_bash_timeout_kills_the_process_group(tmp_path: Path) -> None:
     started = time.monotonic()
-    result = bash(shell_ctx(tmp_path), "echo started; sleep 5 & echo $! > bg.pid; sleep 5", 0.5)
+    result = bash(shell_ctx(tmp_path), "echo started; sleep 5.417 & sleep 5", 0.5)
     assert time.monotonic() - started < 4
     assert result.is_error
     assert result.title == "bash timed out after 0.5s"
     assert result.output == "started\n"
-    assert _gone(int((tmp_path / "bg.pid").read_text()))
+    assert none_left_with("5.417")
 
 
 def test_bash_timeout_is_capped_by_the_context(tmp_path: Path) -> None:
@@ -65,36 +66,28 @@ def test_bash_output_is_truncated_with_marker(tmp_path: Path) -> None:
     assert result.title == "bash exit 0"
 
 
-def test_bash_hides_secrets_from_the_command(
+def test_bash_sees_only_allow_listed_variables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("FLEET_REDIS_URL", "redis://:hunter2@localhost:6379/0")
-    monkeypatch.setenv("HARMLESS", "visible")
-    result = bash(shell_ctx(tmp_path), "env")
-    assert "sk-test" not in result.output
-    assert "hunter2" not in result.output
-    assert "HARMLESS=visible" in result.output
+    monkeypatch.setenv("HARMLESS", "invisible")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("PROJECT_MODE", "dev")
+    ctx = replace(shell_ctx(tmp_path), shell_env=("PROJECT_MODE",))
+    result = bash(ctx, "env")
+    names = {line.split("=", 1)[0] for line in result.output.splitlines()}
+    assert "sk-test" not in result.output and "hunter2" not in result.output
+    assert "HARMLESS" not in names
+    assert {"PATH", "LANG", "PROJECT_MODE"} <= names
+    assert names <= {*BASE_ENV, "PROJECT_MODE", "PWD", "SHLVL", "_", "OLDPWD"}
 
 
-def test_scrubbed_env_keeps_ordinary_variables() -> None:
-    env = {"PATH": "/bin", "GITHUB_TOKEN": "t", "DB_PASSWORD": "p", "URL": "http://a.b/c"}
-    assert scrubbed_env(env) == {"PATH": "/bin", "URL": "http://a.b/c"}
-
-
-def _gone(pid: int) -> bool:
-    """Wait (bounded) until `pid` is dead; a zombie nobody reaps counts as dead."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        stat = Path(f"/proc/{pid}/stat")
-        if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return True
-        time.sleep(0.02)
-    return False
+def test_shell_env_is_an_allow_list() -> None:
+    env = {"PATH": "/bin", "GITHUB_TOKEN": "t", "URL": "http://a.b/c", "TZ": "UTC"}
+    assert shell_env(env) == {"PATH": "/bin", "TZ": "UTC"}
+    assert shell_env(env, ("URL",)) == {"PATH": "/bin", "TZ": "UTC", "URL": "http://a.b/c"}
+    assert shell_env({})["PATH"]
 
 
 # --- web_fetch ---------------------------------------------------------------------
@@ -128,6 +121,10 @@ class Handler(BaseHTTPRequestHandler):
         pass  # keep test output clean
 
 
+LOOPBACK = ("127.0.0.1",)
+"""The test server is on loopback, which web_fetch refuses unless allowed."""
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -144,20 +141,23 @@ def server() -> Iterator[str]:
 
 
 def test_web_fetch_html_becomes_text(tmp_path: Path, server: str) -> None:
-    result = web_fetch(ToolContext(workspace=tmp_path), f"{server}/page")
+    result = web_fetch(ToolContext(workspace=tmp_path, web_allow=LOOPBACK), f"{server}/page")
     assert result.output == "Hello\nGreetings\nOne & two"
     assert result.title == f"GET {server}/page -> 200"
     assert not result.is_error
 
 
 def test_web_fetch_follows_redirects(tmp_path: Path, server: str) -> None:
-    result = web_fetch(ToolContext(workspace=tmp_path), f"{server}/redirect")
+    result = web_fetch(ToolContext(workspace=tmp_path, web_allow=LOOPBACK), f"{server}/redirect")
     assert result.metadata["final_url"] == f"{server}/page"
     assert "Greetings" in result.output
 
 
 def test_web_fetch_output_is_capped(tmp_path: Path, server: str) -> None:
-    result = web_fetch(ToolContext(workspace=tmp_path, output_limit_chars=100), f"{server}/plain")
+    result = web_fetch(
+        ToolContext(workspace=tmp_path, web_allow=LOOPBACK, output_limit_chars=100),
+        f"{server}/plain",
+    )
     assert result.output == "x" * 100 + "\n… [truncated 9900 chars]"
 
 
@@ -165,13 +165,13 @@ def test_web_fetch_stops_downloading_at_the_byte_cap(
     tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(web, "MAX_FETCH_BYTES", 1000)
-    result = web_fetch(ToolContext(workspace=tmp_path), f"{server}/plain")
+    result = web_fetch(ToolContext(workspace=tmp_path, web_allow=LOOPBACK), f"{server}/plain")
     assert result.output == "x" * 1000 + "\n… [body cut at 1000 bytes]"
     assert result.metadata["cut"] is True
 
 
 def test_web_fetch_http_error_status_is_an_error_result(tmp_path: Path, server: str) -> None:
-    result = web_fetch(ToolContext(workspace=tmp_path), f"{server}/missing")
+    result = web_fetch(ToolContext(workspace=tmp_path, web_allow=LOOPBACK), f"{server}/missing")
     assert result.is_error
     assert result.title.endswith("-> 404")
     assert result.output == "not here"
@@ -179,13 +179,13 @@ def test_web_fetch_http_error_status_is_an_error_result(tmp_path: Path, server: 
 
 def test_web_fetch_refuses_binary(tmp_path: Path, server: str) -> None:
     with pytest.raises(ToolError, match=r"'image/png', not text"):
-        web_fetch(ToolContext(workspace=tmp_path), f"{server}/image")
+        web_fetch(ToolContext(workspace=tmp_path, web_allow=LOOPBACK), f"{server}/image")
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.com/x", "not a url"])
 def test_web_fetch_only_http(tmp_path: Path, url: str) -> None:
     with pytest.raises(ToolError, match=r"not an http:// or https:// address"):
-        web_fetch(ToolContext(workspace=tmp_path), url)
+        web_fetch(ToolContext(workspace=tmp_path, web_allow=LOOPBACK), url)
 
 
 def test_web_fetch_connection_failure(tmp_path: Path, server: str) -> None:
@@ -193,7 +193,9 @@ def test_web_fetch_connection_failure(tmp_path: Path, server: str) -> None:
     port = closed.server_address[1]
     closed.server_close()
     with pytest.raises(ToolError, match=r"failed"):
-        web_fetch(ToolContext(workspace=tmp_path), f"http://127.0.0.1:{port}/page")
+        web_fetch(
+            ToolContext(workspace=tmp_path, web_allow=LOOPBACK), f"http://127.0.0.1:{port}/page"
+        )
 
 
 def test_html_to_text_drops_scripts_and_collapses_space() -> None:
@@ -223,3 +225,17 @@ def test_project_skills_come_first(tmp_path: Path) -> None:
 def test_unknown_skill_lists_available(tmp_path: Path, name: str) -> None:
     with pytest.raises(ToolError, match=r"unknown skill .*\(available: .*planning"):
         skill(ToolContext(workspace=tmp_path), name)
+
+
+def test_without_namespaces_the_worker_is_non_dumpable_and_strays_are_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where unshare is refused (Docker's default seccomp), the fallback must still hold.
+    monkeypatch.setattr(shell, "sandbox_prefix", lambda: None)
+    monkeypatch.setenv("FALLBACK_SECRET", "sk-fallback-secret")
+    command = "cat /proc/$PPID/environ; setsid sleep 271.828 >/dev/null 2>&1 & echo ran"
+    result = bash(shell_ctx(tmp_path), command)
+    assert "ran" in result.output
+    assert "sk-fallback-secret" not in result.output
+    assert "Permission denied" in result.output
+    assert none_left_with("271.828")

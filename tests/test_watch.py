@@ -30,7 +30,7 @@ CLI_TIMEOUT_S = 60.0
 
 def inline_runtime(tmp_path: Path, branches: int) -> tuple[Runtime, str]:
     model = explore_script(tmp_path / "model.yaml", branches, branch_turns=2)
-    settings = Settings(workspace=tmp_path)
+    settings = Settings(workspace=tmp_path, allow_scripted=True)
     return Runtime.build(settings, MemoryStore(), InProcessDispatcher()), model
 
 

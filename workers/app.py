@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery
+from celery.app.backends import by_url
+from celery.backends.redis import RedisBackend
 from kombu.entity import Queue
+from kombu.messaging import Producer
 
 from fleet.settings import Settings
 
@@ -58,9 +64,72 @@ def make_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
+    """Celery's Redis result backend, which subscribes to nothing while `one_pipeline` sends.
+
+    Sending a chord registers every header result with the sender's backend (the
+    `GroupResult` that `apply_chord` builds, and the group's barrier), and each
+    registration subscribes the sender to that task's result channel: a round trip per
+    branch, and in a worker a subscription nobody reads. Nothing that sends inside
+    `one_pipeline` waits on those results (the chord body runs from the header tasks'
+    own counter), so registrations made there are dropped; everywhere else (`get`, `then`)
+    this is `RedisBackend`.
+    """
+
+    def add_pending_result(
+        self, result: Any, weak: bool = False, start_drainer: bool = True
+    ) -> Any:
+        """Register a result someone waits on; not while this thread sends in one pipeline."""
+        if getattr(self.app._pipelined, "producer", None) is not None:
+            return result
+        return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)
+
+
+class FleetCelery(Celery):  # type: ignore[misc]
+    """Celery that sends a thread's messages in one pipeline (`one_pipeline`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As `Celery`."""
+        super().__init__(*args, **kwargs)
+        self._pipelined = threading.local()
+
+    def producer_or_acquire(self, producer: Producer | None = None) -> Any:
+        """The producer given, else this thread's pipelined one, else one from the pool."""
+        return super().producer_or_acquire(producer or getattr(self._pipelined, "producer", None))
+
+    def _get_backend(self) -> Any:
+        # Celery's own three lines, with `SendOnlyRedisBackend` for the Redis backend.
+        backend, url = by_url(self.backend_cls or self.conf.result_backend, self.loader)
+        if backend is RedisBackend:
+            backend = SendOnlyRedisBackend
+        return backend(app=self, url=url)
+
+
+@contextmanager
+def one_pipeline(app: Celery) -> Iterator[None]:
+    """Everything this thread sends through `app` inside the block goes out in one pipeline.
+
+    Celery's group publishes each header message (and its task-sent event) with a round
+    trip of its own; in a worker whose other threads run the first branches, each round
+    trip waits for the GIL again. kombu's `Producer.batch` buffers the publishes of one
+    producer (Redis: a non-transactional pipeline, flushed when the block ends, discarded
+    if it raises), and `FleetCelery.producer_or_acquire` hands every send in the block that
+    producer. Elsewhere (another app class, a transport without batches) sends go one by one.
+    """
+    if not isinstance(app, FleetCelery):
+        yield
+        return
+    with app.producer_or_acquire() as producer, producer.batch():
+        app._pipelined.producer = producer
+        try:
+            yield
+        finally:
+            del app._pipelined.producer
+
+
 def create_app(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
     """A configured app; `workers.tasks` registers the tasks on import."""
-    app = Celery("fleet", set_as_current=set_as_current)
+    app = FleetCelery("fleet", set_as_current=set_as_current)
     app.conf.update(make_config(settings or Settings.from_env()))
     return app
 

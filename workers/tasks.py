@@ -1,15 +1,15 @@
-"""The fleet's Celery tasks. Each parses ids and calls one `fleet` function."""
+"""The fleet's Celery tasks: parse ids, make one `fleet` call, map its outcome to Celery."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any, NoReturn, assert_never
 
 import redis
 from celery import Task
 from celery.exceptions import Ignore
 
-from fleet.collect import collect as collect_children
-from fleet.control import collect_if_done
+from fleet import lifecycle
+from fleet.lifecycle import AlreadyCollected, Settled, Settlement, Waiting
 from fleet.runner import Runner, RunResult, run_safely
 from fleet.settings import Settings
 from fleetops.metrics import count_event
@@ -35,21 +35,17 @@ def envelope(result: RunResult) -> dict[str, str]:
     default_retry_delay=LEASE_RETRY_S,
 )
 def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, str]:
-    """Run a trace (main agent or branch) until it finishes or waits on children."""
+    """Run a trace (main agent or branch) until it finishes or waits on children.
+
+    `busy` returns too, retry or not: a retry after a lost worker waits out the lost lease,
+    so another live runner holds the trace; a sweeper recovered it, and that run settles.
+    """
     runtime = get_runtime()
     result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
     if result.outcome == "yielded":
         requeue(self)
-    # `busy` returns too, retry or not: a retry after a lost worker waits out the lost lease,
-    # so another live runner holds the trace; a sweeper recovered it, and that run collects.
     if recovered:
-        # The chord of a lost worker never runs its body: this run collects the tool call,
-        # once every sibling ended (the last to end may have reported to that chord).
-        collection = collect_if_done(runtime.store, trace_id, runtime.settings.summary_chars)
-        if collection == "waiting":
-            raise self.retry(countdown=LEASE_RETRY_S, max_retries=None)
-        if collection == "resume":
-            resume(runtime.store.get_trace(trace_id).parent_trace_id or "")
+        after_recovery(self, lifecycle.settle_from_child(runtime, trace_id))
     return envelope(result)
 
 
@@ -80,35 +76,43 @@ def requeue(task: Task) -> NoReturn:
     max_retries=5,
 )
 def collect(results: list[dict[str, str]], parent_trace_id: str, tool_call_id: str) -> bool:
-    """Chord body: write the children into the parent and resume it when its turn is done.
+    """Chord body: settle the call from its children (the header results' trace ids).
 
-    The children are the header results' trace ids (run envelopes), in header order.
+    `Waiting` (a lost branch was re-enqueued) leaves it to that branch when it ends.
     """
-    runtime = get_runtime()
-    store = runtime.store
     child_ids = [r["trace_id"] for r in results]
-    if not all(store.get_trace(c).is_terminal for c in child_ids):
-        return False  # a lost branch was re-enqueued; it collects when it ends
-    ready = collect_children(
-        store, parent_trace_id, tool_call_id, child_ids, runtime.settings.summary_chars
-    )
-    if ready:
-        resume(parent_trace_id)
-    return ready
+    settlement = lifecycle.settle(get_runtime(), parent_trace_id, tool_call_id, child_ids)
+    return resume_settled(settlement)
 
 
 @app.task(name="fleet.collect_failed")
 def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     """Errback of a broken chord: the parent must not wait forever."""
-    runtime = get_runtime()
-    if runtime.store.get_trace(parent_trace_id).is_terminal:
-        return
-    Runner(runtime).finish(
-        parent_trace_id,
-        "failed",
-        error=f"sub-agent chord for {tool_call_id!r} failed",
-        reason="chord_failed",
-    )
+    error = f"sub-agent chord for {tool_call_id!r} failed"
+    lifecycle.fail(get_runtime(), parent_trace_id, error=error, reason="chord_failed")
+
+
+def after_recovery(task: Task, settlement: Settlement) -> None:
+    """A recovered run settles its own call (a lost worker's chord never runs its body).
+
+    The sibling that ends last may have reported to that chord, so while some still run
+    this task comes back once per lease TTL.
+    """
+    if isinstance(settlement, Waiting):
+        raise task.retry(countdown=LEASE_RETRY_S, max_retries=None)
+    resume_settled(settlement)
+
+
+def resume_settled(settlement: Settlement) -> bool:
+    """Resume the parent when this settlement answered its last open call; True if so."""
+    match settlement:
+        case Settled(turn_complete=True):
+            resume(settlement.parent_trace_id)
+            return True
+        case Settled() | Waiting() | AlreadyCollected():
+            return False
+        case _:
+            assert_never(settlement)
 
 
 def resume(trace_id: str) -> None:

@@ -1,6 +1,9 @@
 """The model config: which providers exist, what model names mean, and which one to use.
 
-`fleet.yaml` (found via an explicit path, else `$FLEET_CONFIG`, else `./fleet.yaml`)::
+`fleet.yaml` comes from the operator only: an explicit path, else `$FLEET_CONFIG`. There is
+no fallback to `./fleet.yaml`, and a file inside a workspace root is refused: a worker's
+working directory is a workspace, and an agent that can write a config there could point
+the next runtime at its own endpoint with any variable as the key (see `fleet.trust`)::
 
     providers:
       local: {kind: openai, base_url: "http://localhost:11434/v1"}
@@ -14,9 +17,10 @@
     model_overrides: {reviewer: smart}
 
 A model name is an alias from `models` or `provider:model` (`openai:gpt-4o-mini`,
-`anthropic:claude-sonnet-4-5`, `scripted:path/to/script.yaml`). The providers `openai` and
-`anthropic` are built in. API keys are read from the environment only when a client is
-built, and appear in no repr, error or log.
+`anthropic:claude-sonnet-4-5`, `scripted:path/to/script.yaml`; the last only with
+`FLEET_ALLOW_SCRIPTED=1`). The providers `openai` and `anthropic` are built in. API keys are
+read from the environment only when a client is built, from variables named `*_API_KEY`
+or listed in `FLEET_API_KEY_ENVS`, and appear in no repr, error or log.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fleet import trust
 from fleet.errors import ConfigError
 from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
@@ -119,12 +124,12 @@ def builtin_providers(env: Mapping[str, str]) -> dict[str, ProviderConfig]:
 
 
 def _config_path(path: Path | None, env: Mapping[str, str]) -> Path | None:
+    """The operator's config: explicit, else `$FLEET_CONFIG`; never `./fleet.yaml`."""
     if path is not None:
         return path
     if env.get(CONFIG_PATH_ENV):
         return Path(env[CONFIG_PATH_ENV])
-    local = Path(CONFIG_FILE)
-    return local if local.is_file() else None
+    return None
 
 
 def _read_yaml(path: Path) -> Any:
@@ -150,6 +155,11 @@ def _validation_message(source: str, exc: ValidationError) -> str:
     return f"{source}: {where}: {first['msg']}{more}"
 
 
+def _check_key_envs(source: str, config: FleetConfig, allowed: frozenset[str]) -> None:
+    for name, provider in config.providers.items():
+        trust.check_key_env(f"{source}: providers.{name}", provider.api_key_env, allowed)
+
+
 def _check_model_providers(source: str, config: FleetConfig) -> None:
     known = {*config.providers, SCRIPTED_PROVIDER}
     for alias, model in config.models.items():
@@ -160,17 +170,31 @@ def _check_model_providers(source: str, config: FleetConfig) -> None:
             )
 
 
-def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> FleetConfig:
+def load_config(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    workspace_roots: tuple[Path, ...] = (),
+    key_envs: frozenset[str] = frozenset(),
+) -> FleetConfig:
     """Load `fleet.yaml`, or the defaults (built-in providers only) when there is none.
 
+    Args:
+        path: The operator's config file; else `$FLEET_CONFIG`; else none.
+        env: Where `FLEET_CONFIG` and the base URL overrides are read.
+        workspace_roots: A config file under one of these is refused.
+        key_envs: `api_key_env` names allowed besides `*_API_KEY`.
+
     Raises:
-        ConfigError: the file is missing (when named), malformed, or of the wrong shape;
-            the message is one line, `<file>: <where>: <what>`.
+        ConfigError: the file is missing (when named), inside a workspace root, malformed,
+            of the wrong shape, or names a key variable that is not allowed; the message
+            is one line, `<file>: <where>: <what>`.
     """
     env = os.environ if env is None else env
     found = _config_path(path, env)
     data: Any = None
     if found is not None:
+        trust.check_config_path(found, workspace_roots)
         if not found.is_file():
             raise ConfigError(f"{found}: config file not found")
         data = _read_yaml(found)
@@ -183,6 +207,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         config = FleetConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_validation_message(source, exc)) from None
+    _check_key_envs(source, config, key_envs)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
     return config
@@ -270,7 +295,11 @@ def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
 
 
 def validate_model(
-    config: FleetConfig, model_name: str, env: Mapping[str, str] | None = None
+    config: FleetConfig,
+    model_name: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    allow_scripted: bool = False,
 ) -> None:
     """Run every check `make_client` runs, without building a client or touching the network.
 
@@ -280,6 +309,7 @@ def validate_model(
     env = os.environ if env is None else env
     target = resolve_target(config, model_name)
     if target.kind == "scripted":
+        trust.check_scripted_allowed(allow_scripted)
         if not Path(target.model).is_file():
             raise ConfigError(f"scripted model file not found: {target.model!r}")
         return
@@ -287,15 +317,20 @@ def validate_model(
 
 
 def make_client(
-    config: FleetConfig, model_name: str, env: Mapping[str, str] | None = None
+    config: FleetConfig,
+    model_name: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    allow_scripted: bool = False,
 ) -> LLMClient:
     """A client for `model_name`; the API key is read from `env` here and only here.
 
     Raises:
-        ConfigError: unknown alias or provider, missing key, missing script file.
+        ConfigError: unknown alias or provider, missing key, missing script file,
+            or a scripted model while they are disabled.
     """
     env = os.environ if env is None else env
-    validate_model(config, model_name, env)
+    validate_model(config, model_name, env, allow_scripted=allow_scripted)
     target = resolve_target(config, model_name)
     if target.kind == "scripted":
         # Imported lazily: fleet.testing is test support, not needed to run real models.

@@ -30,3 +30,9 @@ class ToolContext:
     output_limit_chars: int = 30_000
     bash_timeout_s: float = 60.0
     web_timeout_s: float = 20.0
+    shell_env: tuple[str, ...] = ()
+    """Variable names bash may see besides the fixed allow-list (FLEET_SHELL_ENV)."""
+    web_allow: tuple[str, ...] = ()
+    """Hosts, IPs or CIDRs web_fetch may reach although not public (FLEET_WEB_ALLOW)."""
+    tool_timeout_s: float = 30.0
+    """Wall-clock limit of one tool call; the slot is freed when it passes."""

@@ -1,31 +1,76 @@
-"""The `bash` tool: off unless allowed, timed, capped, and without the worker's secrets."""
+"""The `bash` tool: off unless allowed, timed, capped, and blind to the worker's secrets.
+
+Why a sandbox and not a scrub. A command run with the worker's uid can read the worker's
+environment through `/proc/$PPID/environ`, whatever variables were removed from its own
+environment, and a name-based scrub misses `GH_PAT`, `DB_PWD` or `redis://pw@host`. So:
+
+1. **Allow-list, not deny-list.** The command sees PATH, HOME, LANG, TERM, TZ and the names
+   the operator lists in `FLEET_SHELL_ENV`; nothing else of the worker's environment.
+2. **It cannot see the worker's process.** The command runs as pid 1 of a new pid
+   namespace with its own `/proc` (`unshare --pid --mount --mount-proc`), so the worker's
+   pid, `/proc/$PPID` (0 there) and the real `/proc/1` do not exist for it. As root that
+   needs CAP_SYS_ADMIN; a non-root worker adds `--user --map-root-user`.
+3. **No capabilities.** `setpriv` empties the bounding, inheritable and ambient sets and sets
+   no_new_privs before bash starts. Workers often run as root (these machines, many
+   containers), and a root child keeps CAP_SYS_PTRACE, which reads any process's environ
+   whatever PR_SET_DUMPABLE says, and CAP_SYS_ADMIN, which could unmount the private /proc.
+   Without capabilities it can do neither.
+4. **Fallback where namespaces are refused** (Docker's default seccomp profile blocks
+   them): the worker marks itself non-dumpable (`PR_SET_DUMPABLE=0`) and the command runs
+   without capabilities, so `/proc/<worker>/environ` answers EACCES (a non-dumpable
+   target needs CAP_SYS_PTRACE, which the command lacks). Without `setpriv` as root, or
+   without both mechanisms, bash is refused rather than run unprotected.
+5. **Nothing outlives the call.** In the pid namespace, when bash (pid 1) exits the kernel
+   kills every process left in it, `setsid` or not; `--kill-child` takes bash down if the
+   `unshare` process is killed. In the fallback, the process group is killed and every
+   process still carrying this call's marker variable is hunted down.
+6. **Output is capped while it streams**: at most `output_limit_chars * 4` bytes are kept,
+   the rest is read and dropped, so `yes` or a 300 MB file cannot grow the worker.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
-import re
+import select
 import shutil
 import signal
 import subprocess
+import time
+import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.errors import ToolError
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.workspace import truncate
 
 ALLOW_SHELL_ENV = "FLEET_ALLOW_SHELL"
 """Environment switch that, set to 1, lets a worker run shell commands at all."""
-DRAIN_TIMEOUT_S = 2.0
-"""After a kill, how long to wait for the last output of the killed command."""
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
-_URL_WITH_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@|[?&]password=", re.IGNORECASE)
+BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ")
+"""The worker's variables every command sees; FLEET_SHELL_ENV adds more by name."""
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+MARKER_ENV = "FLEET_SHELL_CALL"
+"""Set to a fresh id per call: the fallback finds the call's stray processes by it."""
+_DROP_CAPS = ("--no-new-privs", "--inh-caps=-all", "--bounding-set=-all")
+_PR_SET_DUMPABLE = 4
+_READ_CHUNK = 65_536
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    output: bytes
+    dropped_bytes: int
+    exit_code: int | None
+    """None: killed at the time limit."""
 
 
 def bash(ctx: ToolContext, command: str, timeout_s: float | None = None) -> ToolResult:
     """Run a shell command with bash in the workspace folder; stderr is merged into stdout.
 
-    Background processes do not outlive the command.
+    The command sees only a few environment variables, cannot see the worker's process,
+    and no process it starts outlives it.
 
     Args:
         ctx: The run's workspace and limits.
@@ -38,12 +83,14 @@ def bash(ctx: ToolContext, command: str, timeout_s: float | None = None) -> Tool
             f"bash is disabled: set {ALLOW_SHELL_ENV}=1 on the worker "
             "and use a preset that allows bash"
         )
-    limit_s = ctx.bash_timeout_s if timeout_s is None else min(timeout_s, ctx.bash_timeout_s)
+    limit_s = min(ctx.bash_timeout_s, ctx.tool_timeout_s)
+    limit_s = limit_s if timeout_s is None else min(timeout_s, limit_s)
     if limit_s <= 0:
         raise ToolError("timeout_s must be positive")
-    raw, exit_code = _run(command, ctx.workspace, limit_s)
-    output = truncate(raw.decode("utf-8", errors="replace"), ctx.output_limit_chars)
-    if exit_code is None:
+    env = shell_env(os.environ, ctx.shell_env)
+    outcome = _run(command, ctx.workspace, env, limit_s, ctx.output_limit_chars * 4)
+    output = _cut(outcome, ctx.output_limit_chars)
+    if outcome.exit_code is None:
         return ToolResult(
             title=f"bash timed out after {limit_s:g}s",
             output=output or "(no output)",
@@ -51,53 +98,118 @@ def bash(ctx: ToolContext, command: str, timeout_s: float | None = None) -> Tool
             metadata={"exit_code": None, "timed_out": True},
         )
     return ToolResult(
-        title=f"bash exit {exit_code}",
+        title=f"bash exit {outcome.exit_code}",
         output=output or "(no output)",
-        metadata={"exit_code": exit_code, "timed_out": False},
+        metadata={"exit_code": outcome.exit_code, "timed_out": False},
     )
 
 
-def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` without variables that look like secrets (API keys, tokens, passwords in URLs).
+def _cut(outcome: _Outcome, limit_chars: int) -> str:
+    """The kept output cut to `limit_chars`, the marker counting what was never kept too."""
+    text = outcome.output.decode("utf-8", errors="replace")
+    dropped = max(0, len(text) - limit_chars) + outcome.dropped_bytes
+    return f"{text[:limit_chars]}\n… [truncated {dropped} chars]" if dropped else text
 
-    The model reads whatever a command prints, and what it reads lands in the trace.
+
+def shell_env(env: Mapping[str, str], extra_names: tuple[str, ...] = ()) -> dict[str, str]:
+    """The variables a command may see: PATH, HOME, LANG, TERM, TZ and `extra_names`."""
+    kept = {name: env[name] for name in (*BASE_ENV, *extra_names) if name in env}
+    kept.setdefault("PATH", DEFAULT_PATH)
+    return kept
+
+
+@functools.cache
+def sandbox_prefix() -> tuple[str, ...] | None:
+    """The argv prefix of the namespace sandbox, or None when this host refuses it.
+
+    Probed once per process by running `true` inside it.
     """
-    return {
-        name: value
-        for name, value in env.items()
-        if not _SECRET_NAME.search(name) and not _URL_WITH_PASSWORD.search(value)
-    }
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if not unshare or not setpriv:
+        return None
+    user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
+    prefix = (unshare, *user, "--pid", "--fork", "--kill-child", "--mount", "--mount-proc")
+    prefix += ("--", setpriv, *_DROP_CAPS, "--")
+    probe = subprocess.run(
+        [*prefix, "true"], capture_output=True, timeout=10, env={"PATH": DEFAULT_PATH}
+    )
+    return prefix if probe.returncode == 0 else None
 
 
-def _run(command: str, cwd: Path, timeout_s: float) -> tuple[bytes, int | None]:
-    """Run `command` in its own process group; exit code None means it timed out."""
-    shell = shutil.which("bash") or "/bin/sh"
+@functools.cache
+def _fallback_prefix() -> tuple[str, ...]:
+    """No namespaces: make this worker non-dumpable and drop the command's capabilities."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise ToolError("bash is unavailable: cannot protect the worker's environment")
+    if os.geteuid() != 0:
+        return ()  # an unprivileged command has no CAP_SYS_PTRACE to begin with
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise ToolError(
+            "bash is unavailable: the worker runs as root without user namespaces or setpriv;"
+            " run workers as a non-root user"
+        )
+    return (setpriv, *_DROP_CAPS, "--")
+
+
+def _run(
+    command: str, cwd: Path, env: dict[str, str], timeout_s: float, keep_bytes: int
+) -> _Outcome:
+    """Run `command` sandboxed; output past `keep_bytes` is read and dropped."""
+    bash_path = shutil.which("bash", path=env.get("PATH")) or "/bin/bash"
+    prefix = sandbox_prefix()
+    marker = ""
+    if prefix is None:
+        prefix = _fallback_prefix()
+        marker = uuid.uuid4().hex
+        env = {**env, MARKER_ENV: marker}
     with subprocess.Popen(
-        [shell, "-c", command],
+        [*prefix, bash_path, "-c", command],
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=scrubbed_env(os.environ),
+        env=env,
         start_new_session=True,  # its own group, so a kill reaches every child
     ) as proc:
+        assert proc.stdout is not None
         try:
-            out, _ = proc.communicate(timeout=timeout_s)
-            return out, proc.returncode
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            return _drain(proc), None
+            kept, dropped, finished = _stream(proc, timeout_s, keep_bytes)
         finally:
             _kill_group(proc.pid)
+            if marker:
+                _kill_marked(marker)
+            proc.stdout.close()
+        code = proc.wait() if finished else None
+        return _Outcome(kept, dropped, code)
 
 
-def _drain(proc: subprocess.Popen[bytes]) -> bytes:
-    """Output printed before the kill; empty if a stray process still holds the pipe."""
-    try:
-        out, _ = proc.communicate(timeout=DRAIN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return b""
-    return out
+def _stream(
+    proc: subprocess.Popen[bytes], timeout_s: float, keep_bytes: int
+) -> tuple[bytes, int, bool]:
+    """Read until EOF or the deadline; True when the output ended before the deadline."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    kept = dropped = 0
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        chunk = os.read(fd, _READ_CHUNK)
+        if not chunk:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break  # output closed but still running: it is killed as timed out
+            return b"".join(chunks), dropped, True
+        room = max(0, keep_bytes - kept)
+        chunks.append(chunk[:room])
+        kept += min(room, len(chunk))
+        dropped += max(0, len(chunk) - room)
+    return b"".join(chunks), dropped, False
 
 
 def _kill_group(pgid: int) -> None:
@@ -105,3 +217,16 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # the group is already gone
+
+
+def _kill_marked(marker: str) -> None:
+    """Kill processes whose environment carries `marker` (fallback mode's `setsid` escapees)."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue  # gone, or not ours to read

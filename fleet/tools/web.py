@@ -1,4 +1,9 @@
-"""The `web_fetch` tool: one GET over http(s), returned as plain text."""
+"""The `web_fetch` tool: one GET over http(s) to the public internet, returned as plain text.
+
+Internal addresses (loopback, private, link-local and cloud metadata, CGNAT, 0.0.0.0, and
+IPv6 forms hiding them) are refused at every redirect hop unless FLEET_WEB_ALLOW names
+them; see `fleet.tools.netguard`.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,19 @@ import re
 import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
 
 from fleet.errors import ToolError
+from fleet.tools import netguard
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.workspace import truncate
 
 MAX_FETCH_BYTES = 2_000_000
 """The body is cut after this many bytes; the rest is never downloaded."""
 USER_AGENT = "agent-fleet/0.1 (web_fetch)"
+MAX_REDIRECTS = 5
 _WHITESPACE = re.compile(r"\s+")
 _TEXT_MARKERS = ("text/", "json", "xml", "javascript", "yaml", "csv")
 _SKIPPED_TAGS = frozenset({"script", "style", "noscript", "template", "svg"})
@@ -44,12 +51,12 @@ def web_fetch(ctx: ToolContext, url: str) -> ToolResult:
         ctx: The run's workspace and limits.
         url: An http:// or https:// address.
     """
-    if urlsplit(url).scheme.lower() not in ("http", "https"):
-        raise ToolError(f"url {url!r} is not an http:// or https:// address")
+    _check_scheme(url)
+    timeout_s = min(ctx.web_timeout_s, ctx.tool_timeout_s)
     try:
-        page = _download(url, ctx.web_timeout_s)
+        page = _download(url, timeout_s, ctx.web_allow)
     except httpx.TimeoutException as exc:
-        raise ToolError(f"fetching {url!r} timed out after {ctx.web_timeout_s:g}s") from exc
+        raise ToolError(f"fetching {url!r} timed out after {timeout_s:g}s") from exc
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise ToolError(f"fetching {url!r} failed: {exc}") from exc
     if page.content_type and not any(m in page.content_type for m in _TEXT_MARKERS):
@@ -68,31 +75,80 @@ def web_fetch(ctx: ToolContext, url: str) -> ToolResult:
     )
 
 
-def _download(url: str, timeout_s: float) -> _Download:
-    """GET `url`, reading at most `MAX_FETCH_BYTES` and for at most `timeout_s` in total."""
+def _download(url: str, timeout_s: float, allow: tuple[str, ...]) -> _Download:
+    """GET `url`, reading at most `MAX_FETCH_BYTES` and for at most `timeout_s` in total.
+
+    Redirects are followed here, not by httpx, so every hop is resolved and checked, and
+    each connection goes to the address that was checked (see `fleet.tools.netguard`).
+    """
     deadline = time.monotonic() + timeout_s
-    headers = {"User-Agent": USER_AGENT}
-    with (
-        httpx.Client(timeout=timeout_s, follow_redirects=True, headers=headers) as client,
-        client.stream("GET", url) as response,
-    ):
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in response.iter_bytes():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_FETCH_BYTES:
-                break
-            if time.monotonic() > deadline:  # httpx's timeout is per read, not in total
-                raise httpx.ReadTimeout("total time exceeded", request=response.request)
-        return _Download(
-            status=response.status_code,
-            content_type=response.headers.get("content-type", "").lower(),
-            encoding=_codec(response.charset_encoding),
-            body=b"".join(chunks)[:MAX_FETCH_BYTES],
-            cut=size > MAX_FETCH_BYTES,
-            final_url=str(response.url),
-        )
+    # trust_env=False: an HTTP(S)_PROXY from the environment would connect elsewhere.
+    with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            request = _pinned_request(client, url, allow)
+            response = client.send(request, stream=True)
+            try:
+                location = response.headers.get("location")
+                if response.is_redirect and location:
+                    url = urljoin(url, location)
+                    _check_scheme(url)
+                    continue
+                return _read(response, url, deadline)
+            finally:
+                response.close()
+    raise ToolError(f"more than {MAX_REDIRECTS} redirects")
+
+
+def _check_scheme(url: str) -> None:
+    if urlsplit(url).scheme.lower() not in ("http", "https"):
+        raise ToolError(f"url {url!r} is not an http:// or https:// address")
+
+
+def _pinned_request(client: httpx.Client, url: str, allow: tuple[str, ...]) -> httpx.Request:
+    """A request for `url` sent to its checked address, with the name in Host and SNI.
+
+    The host is taken apart here, not by httpx: its URL parser and the resolver disagree
+    on spellings like `0177.0.0.1`, and the resolver's reading is the one that connects.
+    """
+    parts = urlsplit(url)
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ToolError(f"url {url!r} has an invalid port") from exc
+    if not host:
+        raise ToolError(f"url {url!r} names no host")
+    scheme = parts.scheme.lower()
+    port = port or (443 if scheme == "https" else 80)
+    target = netguard.resolve(host, port, allow)
+    address = f"[{target.address}]" if ":" in target.address else target.address
+    pinned = urlunsplit((scheme, f"{address}:{port}", parts.path or "/", parts.query, ""))
+    host_header = parts.netloc.rsplit("@", 1)[-1]  # never forward user:password@
+    return client.build_request(
+        "GET",
+        pinned,
+        headers={"User-Agent": USER_AGENT, "Host": host_header},
+        extensions={"sni_hostname": host},
+    )
+
+
+def _read(response: httpx.Response, url: str, deadline: float) -> _Download:
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_FETCH_BYTES:
+            break
+        if time.monotonic() > deadline:  # httpx's timeout is per read, not in total
+            raise httpx.ReadTimeout("total time exceeded", request=response.request)
+    return _Download(
+        status=response.status_code,
+        content_type=response.headers.get("content-type", "").lower(),
+        encoding=_codec(response.charset_encoding),
+        body=b"".join(chunks)[:MAX_FETCH_BYTES],
+        cut=size > MAX_FETCH_BYTES,
+        final_url=url,
+    )
 
 
 def _codec(charset: str | None) -> str:

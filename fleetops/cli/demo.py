@@ -13,8 +13,9 @@ from typing import Any
 
 from fleet.client import Fleet
 from fleet.errors import ConfigError
-from fleet.llm.config import load_config
+from fleet.runtime import operator_config
 from fleet.settings import Settings
+from fleet.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV
 from fleetops.cli.output import render_tree
 from fleetops.cli.run import show_progress
 from fleetops.local import discover_redis_url, read_state
@@ -34,29 +35,38 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=run_demo)
 
 
-def demo_model(explicit: str | None) -> str:
+def demo_model(explicit: str | None, settings: Settings) -> str:
     """A configured real model if there is one, else the bundled scripted explore."""
     if explicit:
         return explicit
-    if os.environ.get("FLEET_MODEL") or load_config().default_model:
-        return os.environ.get("FLEET_MODEL") or str(load_config().default_model)
-    return f"scripted:{EXAMPLE}"
+    default = settings.model or operator_config(settings).default_model
+    return default or f"scripted:{EXAMPLE}"
+
+
+def demo_env(workspace: Path) -> dict[str, str]:
+    """The demo's environment: scripted models on, the workspace a root unless set."""
+    env = {k: v for k, v in os.environ.items() if k != "FLEET_REDIS_URL"}
+    env[ALLOW_SCRIPTED_ENV] = "1"
+    # `fleet up` runs in STATE_DIR, so its default root would not hold the workspace.
+    env.setdefault(WORKSPACE_ROOTS_ENV, str(workspace.expanduser().resolve()))
+    return env
 
 
 def run_demo(args: argparse.Namespace) -> int:
     """Bring a fleet up in the background, run the task through it, bring it down."""
-    model = demo_model(args.model)
+    base_env = demo_env(args.workspace)
+    model = demo_model(args.model, Settings.from_env(base_env))
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     print(f"starting a local fleet (state in {STATE_DIR}/) ...", file=sys.stderr)
     up = subprocess.Popen(
         [sys.executable, "-m", "fleetops.cli.main", "up", "--workers", "1"],
         cwd=STATE_DIR,
-        env={k: v for k, v in os.environ.items() if k != "FLEET_REDIS_URL"},
+        env=base_env,
         start_new_session=True,
     )
     try:
         url = wait_ready(up)
-        env = {**os.environ, "FLEET_REDIS_URL": url, "FLEET_BROKER_URL": url}
+        env = {**base_env, "FLEET_REDIS_URL": url, "FLEET_BROKER_URL": url}
         settings = Settings.from_env(env).with_workspace(args.workspace)
         return submit_and_show(Fleet.from_env(settings), args.task, model)
     finally:

@@ -33,10 +33,11 @@ def register(commands: Any) -> None:
     _add_flower(commands)
     _add_doctor(commands)
     from fleetops import metrics
-    from fleetops.cli import demo
+    from fleetops.cli import demo, serve
     from fleetops.cli import run as cli_run
 
     cli_run.register(commands)
+    serve.register(commands)
     demo.register(commands)
     metrics.register(commands)
     importlib.import_module("fleetops.cli.batch").register(commands)

@@ -1,0 +1,198 @@
+"""One timed run of each column: the fleet, the plain chords, asyncio, and `fleet run`."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery import chord
+from celery.result import AsyncResult
+
+from bench import peer_tasks, sleep_tasks
+from bench.harness import Meter, Usage, quiesce
+from fleet.client import Fleet
+from fleet.store import TraceStore
+from workers.app import app
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One run: wall seconds, Redis commands, worker CPU seconds, peak extra worker RSS."""
+
+    seconds: float
+    commands: int
+    cpu_s: float
+    rss_bytes: int
+
+
+def _measured(
+    meter: Meter, pids: list[int], start_and_wait: Callable[[], tuple[float, float]]
+) -> Sample:
+    """Run `start_and_wait` (-> start, end clock) under the meters, until the queues drain."""
+    before = meter.total()
+    meter.polls = 0
+    with Usage(pids) as usage:
+        start, end = start_and_wait()
+        quiesce(meter.client)
+    commands = meter.total() - before - meter.polls
+    return Sample(end - start, commands, usage.cpu_s, usage.rss_peak - usage.rss_start)
+
+
+def fleet_run(fleet: Fleet, meter: Meter, pids: list[int], task: str, model: str) -> Sample:
+    """Submit a root and wait for its `finished_at_ms`."""
+    trace_ids: list[str] = []
+
+    def run() -> tuple[float, float]:
+        start = time.time()
+        handle = fleet.submit(task, model=model)
+        trace_ids.append(handle.trace_id)
+        key = f"fleet:trace:{handle.trace_id}"
+
+        def finished() -> float | None:
+            value = meter.client.hget(key, "finished_at_ms")
+            return None if value in (None, "null") else int(str(value)) / 1000
+
+        return start, meter.wait(finished)
+
+    sample = _measured(meter, pids, run)
+    trace = fleet.trace(trace_ids[0])
+    if trace.status != "completed":
+        raise RuntimeError(f"fleet run ended {trace.status!r}: {trace.error}")
+    if os.environ.get("BENCH_PHASES"):
+        print(f"#   phases (s): {phases(fleet.store, trace_ids[0])}", flush=True)
+    return sample
+
+
+def _body_time(meter: Meter, task_id: str) -> Callable[[], float | None]:
+    key = f"celery-task-meta-{task_id}"
+
+    def finished() -> float | None:
+        raw = meter.client.get(key)
+        if raw is None:
+            return None
+        meta = app.backend.decode_result(raw)
+        return float(meta["result"]) if meta["status"] == "SUCCESS" else None
+
+    return finished
+
+
+def chord_run(meter: Meter, pids: list[int], n: int, latency_ms: int) -> Sample:
+    """`chord(N x bench.sleep(2L), bench.done)`: the scripted rows' peer."""
+    seconds = 2 * latency_ms / 1000
+    header = [sleep_tasks.sleep.si(seconds).set(queue="fleet.explore") for _ in range(n)]
+    body = sleep_tasks.done.s().set(queue="fleet.main")
+    results: list[Any] = []
+
+    def run() -> tuple[float, float]:
+        start = time.time()
+        results.append(chord(header, body).apply_async())
+        return start, meter.wait(_body_time(meter, results[0].id))
+
+    sample = _measured(meter, pids, run)
+    # The group barrier registered every header result as pending, and nothing here drains
+    # them: drop them now, so they unsubscribe while Redis still runs (Celery has no API).
+    for mapping in app.backend._pending_results:
+        for header_result in results[0].parent.results:
+            mapping.pop(header_result.id, None)
+    results.clear()
+    gc.collect()
+    return sample
+
+
+def http_chord_run(meter: Meter, pids: list[int], base_url: str, task: str, model: str) -> Sample:
+    """`bench.http_root`: the same completions as the fleet run, in a plain chord."""
+    body_id = str(uuid.uuid4())
+
+    def run() -> tuple[float, float]:
+        start = time.time()
+        peer_tasks.http_root.apply_async(
+            (base_url, model, task, body_id), queue="fleet.main", ignore_result=True
+        )
+        return start, meter.wait(_body_time(meter, body_id))
+
+    sample = _measured(meter, pids, run)
+    AsyncResult(body_id, app=app).forget()
+    return sample
+
+
+def bare_http_chord_run(meter: Meter, pids: list[int], base_url: str, n: int, model: str) -> Sample:
+    """`chord(N x bench.http_branch, bench.done)` sent from here: no root calls, no worker send."""
+    header = [
+        peer_tasks.http_branch.si(base_url, model, f"Branch {i} of the survey").set(
+            queue="fleet.explore"
+        )
+        for i in range(1, n + 1)
+    ]
+    body = sleep_tasks.done.s().set(queue="fleet.main")
+    results: list[Any] = []
+
+    def run() -> tuple[float, float]:
+        start = time.time()
+        results.append(chord(header, body).apply_async())
+        return start, meter.wait(_body_time(meter, results[0].id))
+
+    sample = _measured(meter, pids, run)
+    for mapping in app.backend._pending_results:
+        for header_result in results[0].parent.results:
+            mapping.pop(header_result.id, None)
+    results.clear()
+    gc.collect()
+    return sample
+
+
+def asyncio_run(n: int, latency_ms: int, root_calls: bool) -> float:
+    """`gather` of N coroutines of 2 x sleep(L); with the root's two calls around it."""
+
+    async def branch() -> None:
+        for _ in range(2):
+            await asyncio.sleep(latency_ms / 1000)
+
+    async def main() -> None:
+        if root_calls:
+            await asyncio.sleep(latency_ms / 1000)
+        await asyncio.gather(*(branch() for _ in range(n)))
+        if root_calls:
+            await asyncio.sleep(latency_ms / 1000)
+
+    start = time.perf_counter()
+    asyncio.run(main())
+    return time.perf_counter() - start
+
+
+def cli_run(env: Mapping[str, str], model: str, *, inline: bool) -> float:
+    """Wall seconds of one `fleet run [--inline] --model MODEL "say hello"` process."""
+    argv = [sys.executable, "-m", "fleetops.cli.main", "run", "--model", model, "say hello"]
+    if inline:
+        argv.append("--inline")
+    start = time.perf_counter()
+    done = subprocess.run(
+        argv, env={**os.environ, **env}, capture_output=True, timeout=120, check=False
+    )
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[2:])} exited {done.returncode}: {done.stderr!r}")
+    return seconds
+
+
+def phases(store: TraceStore, root_id: str) -> str:
+    """Where a fleet run's time went, from the stored timestamps (seconds after the root)."""
+    root = store.get_trace(root_id)
+    kids = [store.get_trace(c) for c in store.children(root_id)]
+    starts = [store.messages(k.trace_id)[0].created_at_ms for k in kids]
+    ends = [k.finished_at_ms or 0 for k in kids]
+    marks = {
+        "all spawned": max(k.created_at_ms for k in kids),
+        "first branch started": min(starts),
+        "all started": max(starts),
+        "all done": max(ends),
+        "root done": root.finished_at_ms or 0,
+    }
+    return "  ".join(f"{k} {(ms - root.created_at_ms) / 1000:.2f}" for k, ms in marks.items())

@@ -1,0 +1,271 @@
+"""Every status change of a trace, and the one writer of collaborator entries.
+
+A trace goes `queued -> running -> (waiting -> running)* -> completed|failed|stopped`; a
+yielded run goes back to `queued`, a reopened child (`continue_from`) from terminal to
+`queued`. Only this module writes `status`, and only this module writes a parent's
+collaborator entries, so a new transition (a budget stop, a wait on a person) is added
+here, once, for the runner, both dispatchers and the Celery tasks alike.
+
+Settling a tool call from its children returns a value, dispatched by the caller with
+`match` (like `steps.decide_next`):
+
+- `Settled`: this call wrote the children's result into the parent; `turn_complete` says
+  whether that answered the parent's last open call, so the parent should resume.
+- `Waiting`: some child has not ended; nothing was written.
+- `AlreadyCollected`: another collector wrote the result first (or there is no call to
+  settle); nothing was written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fleet.cache import remember
+from fleet.collect import result_message
+from fleet.control import subtree
+from fleet.history import main_path, open_turn
+from fleet.models import Collaborator, CollaboratorStatus, Event, Status, Trace, now_ms
+from fleet.runtime import Runtime
+from fleet.store import TraceStore
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The call was settled here: collaborator entries and the tool result are written."""
+
+    parent_trace_id: str
+    tool_call_id: str
+    turn_complete: bool
+    """True when no call of the parent's last assistant turn is left open: resume it."""
+    kind: Literal["settled"] = "settled"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Some children have not ended yet; nothing was written."""
+
+    pending: tuple[str, ...]
+    """The ids of the children still queued, running or waiting."""
+    kind: Literal["waiting"] = "waiting"
+
+
+@dataclass(frozen=True)
+class AlreadyCollected:
+    """Nothing to write: another collector settled the call first, or there is no call."""
+
+    kind: Literal["already_collected"] = "already_collected"
+
+
+Settlement = Settled | Waiting | AlreadyCollected
+
+
+# -- the trace's own status -------------------------------------------------------------
+
+
+def start(runtime: Runtime, trace: Trace) -> Trace:
+    """`running`: a runner took the trace (first run or resume)."""
+    return _set_status(runtime.store, trace, "running")
+
+
+def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
+    """`waiting` on sub-agents: written before they are dispatched (a fast one may end first).
+
+    A trace told to stop while its model call ran passes the stop on to `children`.
+    """
+    waiting = _set_status(runtime.store, trace, "waiting")
+    if children and runtime.store.stop_requested(trace.trace_id):
+        for child_id in children:
+            runtime.store.request_stop(child_id)
+    return waiting
+
+
+def requeue(runtime: Runtime, trace: Trace) -> Trace:
+    """`queued` again: the run yielded (its worker is shutting down) and is re-sent."""
+    return _set_status(runtime.store, trace, "queued")
+
+
+def reopen(runtime: Runtime, child: Trace, tool_call_id: str) -> Trace:
+    """An ended child answers a new call (`continue_from`): `queued`, answer and error cleared."""
+    fields: dict[str, Any] = {"status": "queued", "parent_tool_call_id": tool_call_id}
+    fields |= {"answer": None, "error": None}
+    runtime.store.update_trace(child.trace_id, **fields)
+    return child.model_copy(update=fields)
+
+
+def finish(
+    runtime: Runtime,
+    trace_id: str,
+    status: Status,
+    *,
+    answer: str | None = None,
+    error: str | None = None,
+    reason: str,
+) -> Trace:
+    """A terminal status with its `stop_reason`; the parent's entry and the events follow.
+
+    Returns:
+        The trace as written (no second read).
+    """
+    store = runtime.store
+    before = store.get_trace(trace_id)
+    finished = now_ms()
+    fields = {
+        "status": status,
+        "answer": answer,
+        "error": error,
+        "finished_at_ms": finished,
+        "updated_at_ms": finished,
+        "metadata": {**before.metadata, "stop_reason": reason},
+    }
+    data = {"reason": reason, "name": before.name or before.mode}
+    event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
+    trace = before.model_copy(update=fields)
+    if trace.parent_trace_id:
+        store.update_trace(trace_id, **fields)
+        _mirror(runtime, trace.parent_trace_id, trace)
+        store.emit(trace.root_trace_id, event)
+    else:  # the root: its finish event is the last word, so it goes with the write
+        store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
+    runtime.hooks.run_finished(trace)
+    return trace
+
+
+def fail(runtime: Runtime, trace_id: str, *, error: str, reason: str) -> Trace | None:
+    """`failed`, unless the trace ended already; the finished trace, or None if it had."""
+    if runtime.store.get_trace(trace_id).is_terminal:
+        return None
+    return finish(runtime, trace_id, "failed", error=error, reason=reason)
+
+
+def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
+    """Raise the stop flag on a trace and every descendant.
+
+    Traces no runner holds (queued, waiting) are finished `stopped` here, because a revoked
+    chord never runs its body; running ones stop themselves between turns.
+
+    Returns:
+        Every trace id in the subtree, parents first.
+    """
+    store = runtime.store
+    ids = subtree(store, trace_id)
+    for tid in ids:
+        store.request_stop(tid)
+    for tid in ids:
+        if store.get_trace(tid).status in ("queued", "waiting"):
+            finish(runtime, tid, "stopped", error="stop requested", reason="stop")
+    return ids
+
+
+# -- a parent's collaborator entries ---------------------------------------------------
+
+
+def announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
+    """A new (or reopened) child shows in its parent's collaborators as `running`."""
+    entry = Collaborator(
+        name=child.name,
+        trace_id=child.trace_id,
+        status="running",
+        summary=child.task[:120],
+        mode=child.mode,
+        tool_call_id=child.parent_tool_call_id,
+    )
+    _put_collaborator(runtime.store, parent.trace_id, child, entry, "queued")
+
+
+def _mirror(runtime: Runtime, parent_trace_id: str, child: Trace) -> None:
+    """The child's status and answer, copied into its parent's entry (idempotent)."""
+    status: CollaboratorStatus = "running"
+    if child.status in ("completed", "failed", "stopped"):
+        status = child.status
+    summary = child.answer if child.status == "completed" else (child.error or child.status)
+    entry = Collaborator(
+        name=child.name or child.mode,
+        trace_id=child.trace_id,
+        status=status,
+        summary=(summary or "")[: runtime.settings.summary_chars],
+        mode=child.mode,
+        tool_call_id=child.parent_tool_call_id,
+        stats=child.stats,
+    )
+    _put_collaborator(runtime.store, parent_trace_id, child, entry, status)
+
+
+def _put_collaborator(
+    store: TraceStore, parent_trace_id: str, child: Trace, entry: Collaborator, shown: str
+) -> None:
+    """The one write of a collaborator entry, with its event, atomic per child."""
+    event = Event(
+        kind="collaborator",
+        trace_id=child.trace_id,
+        status=shown,
+        data={"parent_trace_id": parent_trace_id, "name": entry.name, "mode": child.mode},
+    )
+    store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
+
+
+# -- settling a tool call from its children --------------------------------------------
+
+
+def settle(
+    runtime: Runtime, parent_trace_id: str, tool_call_id: str, child_ids: Sequence[str]
+) -> Settlement:
+    """Write ended children into the parent: their entries and one tool result, once.
+
+    The entries are idempotent; the tool message is written at most once per call
+    (atomically with its mark), so duplicate or concurrent collectors are harmless.
+    """
+    store = runtime.store
+    children = [store.get_trace(c) for c in child_ids]
+    pending = tuple(c.trace_id for c in children if not c.is_terminal)
+    if pending:
+        return Waiting(pending)
+    for child in children:
+        _mirror(runtime, parent_trace_id, child)
+    message = result_message(parent_trace_id, tool_call_id, children)
+    if len(children) == 1:
+        remember(store, children[0], message.content or "")
+    if store.append_collected(message) is None:
+        return AlreadyCollected()
+    # A child shares its parent's tree, so the parent's events go to the child's root.
+    store.emit(
+        children[0].root_trace_id,
+        Event(kind="message", trace_id=parent_trace_id, data={"role": "tool"}),
+    )
+    return Settled(parent_trace_id, tool_call_id, turn_complete(store, parent_trace_id))
+
+
+def settle_from_child(runtime: Runtime, child_id: str) -> Settlement:
+    """Settle the call that spawned this child, once it and every sibling of that call ended.
+
+    For a recovered child: the chord of a lost worker never runs its body, and the sibling
+    that ends last may be one whose chord header succeeded, so the caller asks again while
+    this returns `Waiting`. A trace that is nobody's child has nothing to settle.
+    """
+    child = runtime.store.get_trace(child_id)
+    if child.parent_trace_id is None or child.parent_tool_call_id is None:
+        return AlreadyCollected()
+    siblings = call_children(runtime.store, child.parent_trace_id, child.parent_tool_call_id)
+    return settle(runtime, child.parent_trace_id, child.parent_tool_call_id, siblings)
+
+
+def call_children(store: TraceStore, parent_trace_id: str, tool_call_id: str) -> list[str]:
+    """The children one tool call of the parent spawned, in creation order."""
+    kids = [store.get_trace(c) for c in store.children(parent_trace_id)]
+    return [k.trace_id for k in kids if k.parent_tool_call_id == tool_call_id]
+
+
+def turn_complete(store: TraceStore, trace_id: str) -> bool:
+    """True when every tool call of the trace's last assistant turn has a result."""
+    trace = store.get_trace(trace_id)
+    return open_turn(main_path(store.messages(trace_id), trace.head_sequence)) is None
+
+
+def _set_status(store: TraceStore, trace: Trace, status: Status) -> Trace:
+    """Write a non-terminal status with its `trace` event (nothing when it is already so)."""
+    if trace.status == status:
+        return trace
+    event = Event(kind="trace", trace_id=trace.trace_id, status=status)
+    store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
+    return trace.model_copy(update={"status": status})

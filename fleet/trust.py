@@ -1,0 +1,86 @@
+"""What the operator decides and nothing an agent writes can change.
+
+The model's output, batch files and anything an agent reads are untrusted. These checks
+keep each of them inside what the operator set in the environment:
+
+- every workspace lies under one of `FLEET_WORKSPACE_ROOTS` (checked at submission *and*
+  where a tool runs, so a forged task message cannot point a worker at `/`);
+- `fleet.yaml` comes only from the operator (`FLEET_CONFIG` or an explicit path) and never
+  from inside a workspace root, where an agent could have written it;
+- `api_key_env` names only variables the operator allows, so a config cannot make a worker
+  send `AWS_SECRET_ACCESS_KEY` as a bearer token;
+- `scripted:` models, which read a file the trace names, load only when enabled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from fleet.errors import ConfigError
+
+WORKSPACE_ROOTS_ENV = "FLEET_WORKSPACE_ROOTS"
+ALLOW_SCRIPTED_ENV = "FLEET_ALLOW_SCRIPTED"
+API_KEY_ENVS_ENV = "FLEET_API_KEY_ENVS"
+_PROVIDER_KEY_NAME = re.compile(r"[A-Z][A-Z0-9_]*_API_KEY")
+"""`api_key_env` names allowed without listing them: `OPENROUTER_API_KEY` and the like."""
+
+
+def parse_roots(value: str | None, defaults: Iterable[Path]) -> tuple[Path, ...]:
+    """`FLEET_WORKSPACE_ROOTS` (colon-separated) as absolute real paths, else `defaults`."""
+    raw = [Path(p).expanduser() for p in (value or "").split(os.pathsep) if p.strip()]
+    return tuple(dict.fromkeys(p.resolve() for p in (raw or list(defaults))))
+
+
+def under_roots(path: Path, roots: Iterable[Path]) -> bool:
+    """Whether the real `path` is one of `roots` or inside one (symlinks followed)."""
+    real = path.expanduser().resolve()
+    return any(real.is_relative_to(root.resolve()) for root in roots)
+
+
+def check_workspace_root(path: Path, roots: tuple[Path, ...]) -> Path:
+    """The real workspace path, or `ConfigError` when it lies outside every root.
+
+    The message names the workspace and the variable to change, never file contents.
+    """
+    real = path.expanduser().resolve()
+    if not under_roots(real, roots):
+        allowed = os.pathsep.join(str(r) for r in roots) or "(none)"
+        raise ConfigError(
+            f"workspace {str(path)!r} is outside {WORKSPACE_ROOTS_ENV} ({allowed});"
+            f" add its folder to {WORKSPACE_ROOTS_ENV} on the workers and the client"
+        )
+    return real
+
+
+def check_config_path(path: Path, roots: tuple[Path, ...]) -> None:
+    """Refuse a `fleet.yaml` an agent could have written: one inside a workspace root."""
+    if under_roots(path, roots):
+        raise ConfigError(
+            f"{path}: config file is inside a workspace root, where agents can write;"
+            f" move it out of {WORKSPACE_ROOTS_ENV} and point FLEET_CONFIG at it"
+        )
+
+
+def allowed_key_envs(value: str | None) -> frozenset[str]:
+    """The extra `api_key_env` names listed in `FLEET_API_KEY_ENVS` (comma or colon list)."""
+    return frozenset(n.strip() for n in re.split(r"[,:]", value or "") if n.strip())
+
+
+def check_key_env(where: str, name: str, extra: frozenset[str]) -> None:
+    """`name` must look like a provider key (`*_API_KEY`) or be listed by the operator."""
+    if name and not _PROVIDER_KEY_NAME.fullmatch(name) and name not in extra:
+        raise ConfigError(
+            f"{where}: api_key_env {name!r} is not allowed: name a *_API_KEY variable"
+            f" or list it in {API_KEY_ENVS_ENV}"
+        )
+
+
+def check_scripted_allowed(allowed: bool) -> None:
+    """`scripted:` models read a file the trace names: only with `FLEET_ALLOW_SCRIPTED=1`."""
+    if not allowed:
+        raise ConfigError(
+            f"scripted models are disabled: set {ALLOW_SCRIPTED_ENV}=1 (tests and demos only)"
+        )

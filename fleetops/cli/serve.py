@@ -1,0 +1,59 @@
+"""`fleet serve`: the trace API and live page over the fleet's store (see fleetops.serve)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from fleet.errors import ConfigError
+
+DEFAULT_SERVE_PORT = 8600
+TOKEN_ENV = "FLEET_SERVE_TOKEN"
+MIN_TOKEN_CHARS = 16
+
+
+def register(commands: Any) -> None:
+    """Add `serve`."""
+    from fleetops.cli.ops import port_number
+
+    serve = commands.add_parser("serve", help="HTTP trace API and a live page of a trace tree")
+    serve.add_argument("--port", type=port_number, default=DEFAULT_SERVE_PORT)
+    serve.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    serve.set_defaults(handler=run_serve)
+
+
+def serve_token(address: str, env: dict[str, str]) -> str | None:
+    """The bearer token from the environment (argv is visible to `ps`).
+
+    Raises:
+        ConfigError: a non-loopback address without a token, or a token too short to resist
+            guessing.
+    """
+    from fleetops.cli.ops import is_loopback
+
+    token = env.get(TOKEN_ENV) or None
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(f"{TOKEN_ENV} must be at least {MIN_TOKEN_CHARS} characters")
+    if token is None and not is_loopback(address):
+        raise ConfigError(
+            f"fleet serve on {address!r} would be open to the network: set {TOKEN_ENV}"
+        )
+    return token
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until interrupted."""
+    from fleetops.cli.run import connect
+    from fleetops.local import check_port_free
+    from fleetops.serve.app import ServeConfig, serve_forever
+
+    token = serve_token(args.address, dict(os.environ))
+    fleet = connect()
+    host = "127.0.0.1" if args.address in ("", "localhost") else args.address
+    check_port_free(args.port, "fleet serve", host=host)
+    config = ServeConfig(store=fleet.store, stop=fleet.stop, token=token)
+    serve_forever(
+        config, args.address, args.port, lambda url: print(f"fleet serve: {url}", flush=True)
+    )
+    return 0

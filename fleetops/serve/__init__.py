@@ -1,0 +1,1 @@
+"""`fleet serve`: a read-mostly HTTP view of the trace store, with a live page."""

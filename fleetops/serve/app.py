@@ -1,0 +1,289 @@
+"""The tornado application of `fleet serve`: the JSON API, the SSE event stream, the page.
+
+Store calls block (redis-py), so every one runs in a thread pool, never on the event loop;
+event streams get their own pool so that open pages cannot starve API requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import json
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import tornado.httpserver
+import tornado.web
+from tornado.iostream import StreamClosedError
+
+from fleet.errors import TraceNotFound
+from fleet.store import TraceStore
+from fleetops.serve import queries
+from fleetops.serve.queries import BadRequest
+
+STATIC_DIR = Path(__file__).with_name("static")
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+PAGE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What the service needs: the store, how to stop a tree, and who may ask."""
+
+    store: TraceStore
+    stop: Callable[[str], list[str]]
+    """Stops a trace and its subtree (flags and revokes); returns the ids told to stop."""
+    token: str | None = None
+    """When set, every API request must carry `Authorization: Bearer <token>`."""
+    max_streams: int = 32
+    """Open event streams at once; one more gets 503."""
+    stream_block_ms: int = 5000
+    """How long one read of the event stream waits before a keep-alive comment."""
+
+
+class ApiError(tornado.web.HTTPError):
+    """An HTTP error whose message is safe to show the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        """Status code and a one-line message."""
+        super().__init__(status, reason=None)
+        self.message = message
+
+
+class _Base(tornado.web.RequestHandler):
+    """Auth, JSON errors and store calls off the event loop."""
+
+    config: ServeConfig
+    pool: ThreadPoolExecutor
+
+    def initialize(self, config: ServeConfig, pool: ThreadPoolExecutor) -> None:
+        self.config = config
+        self.pool = pool
+
+    def set_default_headers(self) -> None:
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("Referrer-Policy", "no-referrer")
+
+    def prepare(self) -> None:
+        """Refuse before any work: bad token, foreign Host (rebinding), cross-site POST."""
+        check_request(self.request, self.config.token)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        message = error.message if isinstance(error, ApiError) else self._reason
+        if status_code == 401:
+            self.set_header("WWW-Authenticate", 'Bearer realm="fleet"')
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"error": message}))
+
+    async def call(
+        self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None
+    ) -> T:
+        """Run a blocking store call in a thread; map expected errors to 400/404."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(pool or self.pool, fn, *args)
+        except BadRequest as exc:
+            raise ApiError(400, str(exc)) from None
+        except TraceNotFound as exc:
+            raise ApiError(404, str(exc)) from None
+
+    def reply(self, value: Any) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(value, ensure_ascii=False))
+
+    def trace_id(self, raw: str) -> str:
+        try:
+            return queries.check_trace_id(raw)
+        except BadRequest as exc:
+            raise ApiError(400, str(exc)) from None
+
+
+def check_request(request: tornado.httputil.HTTPServerRequest, token: str | None) -> None:
+    """`ApiError` unless the request may be answered.
+
+    With a token: `Authorization: Bearer <token>` on every API call. Without one (the
+    service then listens on loopback only): the Host must be a loopback name, so a web page
+    elsewhere cannot reach it by DNS rebinding. A POST from another origin is refused.
+    """
+    if token is not None and request.path.startswith("/api/"):
+        sent = request.headers.get("Authorization", "")
+        scheme, _, value = sent.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            raise ApiError(401, "a bearer token is required (Authorization: Bearer ...)")
+    if token is None and host_name(request.host) not in LOOPBACK_HOSTS:
+        raise ApiError(403, "without a token only loopback host names are answered")
+    origin = request.headers.get("Origin")
+    if request.method == "POST" and origin is not None and urlsplit(origin).netloc != request.host:
+        raise ApiError(403, "cross-origin POST refused")
+
+
+def host_name(host: str) -> str:
+    """`127.0.0.1:8600` -> `127.0.0.1`, `[::1]:8600` -> `::1`."""
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class TracesHandler(_Base):
+    """`GET /api/traces?status=&root=&waiting=&limit=`."""
+
+    async def get(self) -> None:
+        query = {k: self.get_query_argument(k) for k in self.request.query_arguments}
+        try:
+            parsed = queries.TraceFilter.parse(query)
+        except BadRequest as exc:
+            raise ApiError(400, str(exc)) from None
+        self.reply({"traces": await self.call(queries.list_traces, self.config.store, parsed)})
+
+
+class TraceHandler(_Base):
+    """`GET /api/traces/{id}`: the trace, its children and its collaborators."""
+
+    async def get(self, raw_id: str) -> None:
+        trace_id = self.trace_id(raw_id)
+        self.reply(await self.call(queries.trace_detail, self.config.store, trace_id))
+
+
+class MessagesHandler(_Base):
+    """`GET /api/traces/{id}/messages`."""
+
+    async def get(self, raw_id: str) -> None:
+        trace_id = self.trace_id(raw_id)
+        messages = await self.call(queries.trace_messages, self.config.store, trace_id)
+        self.reply({"messages": messages})
+
+
+class StopHandler(_Base):
+    """`POST /api/traces/{id}/stop`: the trace and its subtree."""
+
+    async def post(self, raw_id: str) -> None:
+        trace_id = self.trace_id(raw_id)
+        await self.call(self.config.store.get_trace, trace_id)  # 404 before stopping anything
+        self.reply({"stopped": await self.call(self.config.stop, trace_id)})
+
+
+class EventsHandler(_Base):
+    """`GET /api/traces/{id}/events`: the tree's event stream as Server-Sent Events.
+
+    Each event goes out with `id: <stream entry id>`; a client that reconnects with
+    `Last-Event-ID` (EventSource does) gets every entry after that one, none lost.
+    """
+
+    streams: ThreadPoolExecutor
+    closed = False
+
+    def initialize(  # type: ignore[override]
+        self, config: ServeConfig, pool: ThreadPoolExecutor, streams: ThreadPoolExecutor
+    ) -> None:
+        super().initialize(config, pool)
+        self.streams = streams
+
+    def on_connection_close(self) -> None:
+        self.closed = True
+
+    async def get(self, raw_id: str) -> None:
+        trace_id = self.trace_id(raw_id)
+        cursor = self.request.headers.get("Last-Event-ID") or self.get_query_argument("after", "0")
+        try:
+            cursor = queries.check_event_id(cursor.strip())
+        except BadRequest as exc:
+            raise ApiError(400, str(exc)) from None
+        trace = await self.call(self.config.store.get_trace, trace_id)
+        if not self.application.settings["stream_slots"].acquire(blocking=False):
+            raise ApiError(503, f"{self.config.max_streams} event streams are open already")
+        try:
+            await self._stream(trace.root_trace_id, cursor)
+        finally:
+            self.application.settings["stream_slots"].release()
+
+    async def _stream(self, root: str, cursor: str) -> None:
+        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.set_header("X-Accel-Buffering", "no")  # proxies must pass each event at once
+        self.write("retry: 1000\n\n")
+        read = functools.partial(
+            self.config.store.read_events, block_ms=self.config.stream_block_ms
+        )
+        while not self.closed:
+            batch = await self.call(read, root, cursor, pool=self.streams)
+            for entry_id, event in batch:
+                self.write(
+                    f"id: {entry_id}\nevent: {event.kind}\ndata: {event.model_dump_json()}\n\n"
+                )
+                cursor = entry_id
+            if not batch:
+                self.write(": keep-alive\n\n")
+            try:
+                await self.flush()
+            except StreamClosedError:
+                return
+
+
+class PageHandler(_Base):
+    """`/`: the live page (static; it reads everything through the API)."""
+
+    def get(self) -> None:
+        self.set_header("Content-Security-Policy", PAGE_CSP)
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish((STATIC_DIR / "index.html").read_bytes())
+
+
+class StaticHandler(tornado.web.StaticFileHandler):
+    """The page's script and style, with the same headers as the page."""
+
+    def set_default_headers(self) -> None:
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Content-Security-Policy", PAGE_CSP)
+
+
+def make_app(config: ServeConfig) -> tornado.web.Application:
+    """The routes; ids are checked by the handlers so a bad one gets a 400 that says why."""
+    import threading
+
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="serve-api")
+    streams = ThreadPoolExecutor(max_workers=config.max_streams, thread_name_prefix="serve-sse")
+    base = {"config": config, "pool": pool}
+    return tornado.web.Application(
+        [
+            (r"/", PageHandler, base),
+            (r"/static/(app\.js|app\.css)", StaticHandler, {"path": str(STATIC_DIR)}),
+            (r"/api/traces", TracesHandler, base),
+            (r"/api/traces/([^/]+)", TraceHandler, base),
+            (r"/api/traces/([^/]+)/messages", MessagesHandler, base),
+            (r"/api/traces/([^/]+)/events", EventsHandler, {**base, "streams": streams}),
+            (r"/api/traces/([^/]+)/stop", StopHandler, base),
+        ],
+        stream_slots=threading.BoundedSemaphore(config.max_streams),
+        xheaders=False,
+    )
+
+
+def serve_forever(
+    config: ServeConfig, address: str, port: int, ready: Callable[[str], None]
+) -> None:
+    """Listen until SIGINT/SIGTERM; `ready` gets the page's URL once the socket is bound."""
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stopping.set)
+        server = tornado.httpserver.HTTPServer(make_app(config))
+        server.listen(port, address)
+        shown = f"[{address}]" if ":" in address else address
+        ready(f"http://{shown or '0.0.0.0'}:{port}/")
+        await stopping.wait()
+        server.stop()
+
+    asyncio.run(main())

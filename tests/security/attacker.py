@@ -1,0 +1,164 @@
+"""A loopback HTTP server standing in for an attacker's endpoint: it records every request.
+
+It answers like an OpenAI-compatible server (`/chat/completions`) so a client that was
+tricked into calling it gets a normal answer and the run goes on, as it would in the wild;
+`redirect_to` makes it answer every GET with a 302 instead (for web_fetch's redirect hops).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+SECRET = "sk-live-ATTACK-0123456789abcdef"
+"""The value every secret-named variable gets in these tests; it must appear nowhere."""
+
+SECRET_ENV = {
+    "OPENAI_API_KEY": SECRET,
+    "ANTHROPIC_API_KEY": SECRET + "-anthropic",
+    "AWS_SECRET_ACCESS_KEY": SECRET + "-aws",
+    "GH_PAT": SECRET + "-gh",
+    "REDIS_PASS": SECRET + "-redis",
+    "DB_PWD": SECRET + "-db",
+    "SENTRY_DSN": f"https://{SECRET}@sentry.example/1",
+}
+"""Secrets as workers hold them, names the old name-based scrub did not all catch."""
+
+COMPLETION = {
+    "id": "chatcmpl-attacker",
+    "object": "chat.completion",
+    "model": "evil",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "done"},
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+}
+
+
+@dataclass
+class Attacker:
+    """The server's address and what it saw."""
+
+    url: str
+    requests: list[dict[str, str]] = field(default_factory=list)
+    redirect_to: str | None = None
+
+    def saw(self, text: str) -> bool:
+        """Whether `text` was in any request line, header or body it received."""
+        return any(text in value for request in self.requests for value in request.values())
+
+
+def _handler(attacker: Attacker) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _record(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            body = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+            headers = "\n".join(f"{k}: {v}" for k, v in self.headers.items())
+            attacker.requests.append({"line": self.requestline, "headers": headers, "body": body})
+
+        def _send(self, status: int, body: bytes, kind: str, **headers: str) -> None:
+            self.send_response(status)
+            self.send_header("content-type", kind)
+            self.send_header("content-length", str(len(body)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            self._record()
+            self._send(200, json.dumps(COMPLETION).encode(), "application/json")
+
+        def do_GET(self) -> None:
+            self._record()
+            if attacker.redirect_to:
+                self._send(302, b"", "text/plain", location=attacker.redirect_to)
+            else:
+                self._send(200, b"internal: metadata-token-xyz", "text/plain")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # quiet: pytest treats stray output as noise
+
+    return Handler
+
+
+@contextmanager
+def attacker_server(host: str = "127.0.0.1", port: int = 0) -> Iterator[Attacker]:
+    """Serve on `host` (a loopback address), on a free port unless given, until the end."""
+    attacker = Attacker(url="")
+    server = ThreadingHTTPServer((host, port), _handler(attacker))
+    attacker.url = f"http://{host}:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield attacker
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def redis_text(client: Any) -> str:
+    """Every key and value of the client's database as text, for "no secret anywhere"."""
+    parts: list[str] = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind == "string":
+            values: list[Any] = [client.get(key)]
+        elif kind == "hash":
+            values = [*client.hgetall(key).items()]
+        elif kind == "list":
+            values = client.lrange(key, 0, -1)
+        elif kind in ("set",):
+            values = list(client.smembers(key))
+        elif kind == "zset":
+            values = client.zrange(key, 0, -1)
+        elif kind == "stream":
+            values = list(client.xrange(key))
+        else:
+            values = []
+        parts.append(f"{key!r} {values!r}")
+    return "\n".join(parts)
+
+
+def leaked(text: str) -> list[str]:
+    """The names of the secrets whose value appears in `text`."""
+    return [name for name, value in SECRET_ENV.items() if value in text]
+
+
+def live_processes_with(token: str) -> list[int]:
+    """Host pids (not zombies) whose command line contains `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def none_left_with(token: str, timeout_s: float = 5.0) -> bool:
+    """Wait (bounded) until no live process carries `token` in its command line."""
+    deadline = time.monotonic() + timeout_s
+    while live_processes_with(token):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

@@ -1,0 +1,95 @@
+"""The chord of an explore as it reaches Redis: stamped, sent in one pipeline, unsubscribed."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery._state import _set_task_join_will_block
+
+from fleet.models import Trace
+from fleet.subagents import SpawnRequest
+from workers.app import app, one_pipeline
+from workers.dispatch import CeleryDispatcher
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def sender(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """The workers' app on this Redis, sending as a worker does (no result waits)."""
+    app.conf.broker_url = app.conf.result_backend = redis_url
+    redis_client.delete("fleet.explore", "fleet.main")
+    _set_task_join_will_block(True)
+    yield redis_client
+    _set_task_join_will_block(False)
+    redis_client.delete("fleet.explore", "fleet.main")
+
+
+def request(n: int) -> SpawnRequest:
+    children = tuple(
+        Trace(
+            trace_id=f"root@explore-{i:03d}",
+            root_trace_id="root",
+            parent_trace_id="root",
+            mode="explore",
+            preset="explore",
+            task=f"branch {i}",
+            name=f"explore-{i:03d}",
+            parent_tool_call_id="call_1",
+        )
+        for i in range(1, n + 1)
+    )
+    return SpawnRequest("root", "root", "call_1", "agent", "explore", children)
+
+
+def queued(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
+    """The kombu envelopes waiting in a queue, oldest first."""
+    return [json.loads(raw) for raw in reversed(client.lrange(queue, 0, -1))]
+
+
+def commands(client: redis.Redis) -> dict[str, int]:
+    return {k: int(v["calls"]) for k, v in client.info("commandstats").items()}
+
+
+def test_every_header_task_carries_the_tree_stamps(sender: redis.Redis) -> None:
+    CeleryDispatcher().dispatch(None, request(3))  # type: ignore[arg-type]
+    messages = queued(sender, "fleet.explore")
+    assert [m["headers"]["argsrepr"].split("'")[1] for m in messages] == [
+        "root@explore-001",
+        "root@explore-002",
+        "root@explore-003",
+    ]
+    for message in messages:
+        headers = message["headers"]
+        # What revoke_by_stamped_headers and request.stamps read.
+        assert headers["stamps"] == {"parent_trace_id": "root", "root_trace_id": "root"}
+        assert sorted(headers["stamped_headers"]) == ["parent_trace_id", "root_trace_id"]
+        body = json.loads(base64.b64decode(message["body"]))
+        collect = body[2]["chord"]
+        assert collect["task"] == "fleet.collect" and collect["args"] == ["root", "call_1"]
+        assert collect["options"]["root_trace_id"] == "root"
+        assert collect["options"]["link_error"][0]["options"]["parent_trace_id"] == "root"
+
+
+def test_the_header_goes_out_in_one_pipeline_without_subscriptions(sender: redis.Redis) -> None:
+    before = commands(sender)
+    CeleryDispatcher().dispatch(None, request(40))  # type: ignore[arg-type]
+    after = commands(sender)
+    sent = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert sent.get("cmdstat_lpush") == 40  # every header message
+    assert sent.get("cmdstat_publish") == 40  # and its task-sent event
+    assert "cmdstat_subscribe" not in sent, "the sender subscribed to header results"
+    assert sender.pubsub_channels("celery-task-meta-*") == []
+    assert len(sender.lrange("fleet.explore", 0, -1)) == 40
+
+
+def test_a_failing_block_sends_nothing(sender: redis.Redis) -> None:
+    with pytest.raises(RuntimeError), one_pipeline(app):
+        app.send_task("fleet.run_agent", args=("x",), queue="fleet.explore")
+        raise RuntimeError("before the flush")
+    assert sender.llen("fleet.explore") == 0
