@@ -121,7 +121,9 @@ def test_fleet_run_exits_2_when_no_live_worker_is_left_and_the_trace_resumes_lat
         wait_for_workers(url, [worker.name], timeout_s=60)
         run = subprocess.Popen(
             [*FLEET, "run", "--model", model, "survey"],
-            env=clean_env(FLEET_REDIS_URL=url, FLEET_NO_WORKER_TIMEOUT_S="2", **env),
+            env=clean_env(
+                FLEET_REDIS_URL=url, FLEET_NO_WORKER_TIMEOUT_S="2", FLEET_ALLOW_SCRIPTED="1", **env
+            ),
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
