@@ -12,7 +12,7 @@ from fleet.dispatch import Dispatcher, InProcessDispatcher
 from fleet.errors import ConfigError
 from fleet.llm.base import LLMClient
 from fleet.models import Event, Mode, Trace
-from fleet.runner import Runner
+from fleet.runner import Runner, run_to_end
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore, TraceStore
@@ -95,7 +95,7 @@ class LocalFleet:
     def run(self, task: str, *, model: str | None = None, preset: str = "default") -> Trace:
         """Create a root trace, run it to the end, return it."""
         trace = create_root(self.runtime, TaskSpec(task=task, model=model, preset=preset))
-        Runner(self.runtime).run(trace.trace_id)
+        run_to_end(Runner(self.runtime), trace.trace_id)
         return self.store.get_trace(trace.trace_id)
 
 

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from fleet import lifecycle
-from fleet.runner import Runner, run_safely
+from fleet.runner import Runner, run_to_end
 from fleet.runtime import Runtime
 from fleet.subagents import SpawnRequest
 
@@ -36,10 +36,10 @@ class InProcessDispatcher:
         runner = Runner(runtime)
         ids = list(request.child_ids)
         if len(ids) == 1:
-            run_safely(runner, ids[0])
+            run_to_end(runner, ids[0])
         else:
             with ThreadPoolExecutor(min(len(ids), self.max_parallel), "fleet-branch") as pool:
-                list(pool.map(lambda child: run_safely(runner, child), ids))
+                list(pool.map(lambda child: run_to_end(runner, child), ids))
         # Every child ran to its end here, so this settles the call (a child whose runner
         # lost its lease leaves it `Waiting`: nothing of it would be true yet).
         lifecycle.settle(runtime, request.parent_trace_id, request.tool_call_id, ids)

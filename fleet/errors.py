@@ -18,8 +18,25 @@ class TraceNotFound(FleetError):
     """No trace with this id in the store."""
 
 
+class InvalidTraceId(TraceNotFound):
+    """A string that cannot be a trace id (outside `[A-Za-z0-9@._-]{1,512}`): nothing is read."""
+
+
 class TransientLLMError(FleetError):
     """A model call failed in a way a retry may fix (429, 5xx, timeout)."""
+
+
+class ProviderOverloaded(TransientLLMError):
+    """The provider answered 429/503/529: the whole fleet backs off it, this run is handed back.
+
+    Raised at once (no retry in place) when the client's policy hands overloads back.
+    """
+
+    def __init__(self, message: str, *, status: int, retry_after_s: float | None) -> None:
+        """`retry_after_s`: what the provider asked for (retry-after / retry-after-ms)."""
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class ModelBehaviorError(FleetError):
@@ -35,7 +52,7 @@ class ToolError(FleetError):
 
 
 class BudgetExceeded(FleetError):
-    """A run went over its token or cost budget."""
+    """A tree's budget (tokens, usd, sub-agents, depth or wall time) is spent."""
 
 
 class LeaseLost(FleetError):

@@ -1,9 +1,13 @@
 """Every Redis key agent-fleet uses, with its TTL and what it holds.
 
-One screen tells the whole storage schema. All keys share `PREFIX`; ids are trace ids.
+One screen tells the whole storage schema. All keys share `PREFIX`; ids are trace ids,
+checked by `ids.check_trace_id`: `ROOT:messages` is not a trace id, so no caller can make
+a trace key name another one.
 """
 
 from __future__ import annotations
+
+from fleet.ids import check_trace_id
 
 PREFIX = "fleet"
 
@@ -30,42 +34,42 @@ def trace(trace_id: str) -> str:
 
 def messages(trace_id: str) -> str:
     """Hash: sequence -> Message JSON."""
-    return f"{PREFIX}:trace:{trace_id}:messages"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:messages"
 
 
 def stats(trace_id: str) -> str:
     """Hash: TraceStats fields, incremented atomically (HINCRBY / HINCRBYFLOAT)."""
-    return f"{PREFIX}:trace:{trace_id}:stats"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stats"
 
 
 def collaborators(trace_id: str) -> str:
     """Hash: child trace id -> Collaborator JSON (one field per child: atomic per child)."""
-    return f"{PREFIX}:trace:{trace_id}:collaborators"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborators"
 
 
 def collaborator_order(trace_id: str) -> str:
     """List: child trace ids in the order their collaborator entries were first added."""
-    return f"{PREFIX}:trace:{trace_id}:collaborator-order"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborator-order"
 
 
 def children(trace_id: str) -> str:
     """Sorted set: child trace ids scored by creation time."""
-    return f"{PREFIX}:trace:{trace_id}:children"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:children"
 
 
 def events(root_trace_id: str) -> str:
     """Stream: the events of a whole trace tree, read by watch/run/batch."""
-    return f"{PREFIX}:trace:{root_trace_id}:events"
+    return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:events"
 
 
 def stop(trace_id: str) -> str:
     """String: present when a stop was requested; runners check it between turns."""
-    return f"{PREFIX}:trace:{trace_id}:stop"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stop"
 
 
 def lease(trace_id: str) -> str:
     """String with PX TTL: the id of the one live runner of this trace."""
-    return f"{PREFIX}:lease:{trace_id}"
+    return f"{PREFIX}:lease:{check_trace_id(trace_id)}"
 
 
 def worker(node: str) -> str:
@@ -83,7 +87,7 @@ def consumers(queue: str) -> str:
 
 def collected(trace_id: str, tool_call_id: str) -> str:
     """String: set once when a tool call's children were collected (dedupes redelivery)."""
-    return f"{PREFIX}:trace:{trace_id}:collected:{tool_call_id}"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collected:{tool_call_id}"
 
 
 def cache(preset: str, digest: str) -> str:
@@ -108,3 +112,88 @@ OUTBOX = f"{PREFIX}:outbox"
 """Sorted set, no TTL: work to hand to the queue (`fleet.outbox` entries: a spawn whose
 children are created but not yet dispatched, a recovered run not yet re-sent), scored by
 when a sweeper may do it (ms)."""
+
+
+# -- provider limits and tree budgets (fleet.limits, fleet.budget) -----------
+
+LIMIT_STATE_TTL_S = 3600
+"""Limiter state of a scope: gone an hour after its last use (an idle scope needs none)."""
+
+LIMIT_TICKET_GRACE_MS = 60_000
+"""A booked admission is kept this long past its time for the trace to come back for it."""
+
+LIMIT_LINE_STALE_MS = 30_000
+"""A trace waiting for a concurrency slot that has not asked again for this long leaves the
+line (it finished, was stopped, or its worker died)."""
+
+
+def limit_state(scope: str) -> str:
+    """Hash: `rtat`/`ttat` (GCRA next-free times of requests and tokens, ms), `epoch`...
+
+    `rnext`/`tnext`: the earliest next admission after the last one; `epoch` is bumped by
+    every pause (voiding older bookings); `dur_ms` is the mean call time.
+    """
+    return f"{PREFIX}:limit:{scope}"
+
+
+def limit_slots(scope: str) -> str:
+    """Sorted set: trace ids holding a concurrency slot, scored by the slot's deadline in ms."""
+    return f"{PREFIX}:limit:{scope}:slots"
+
+
+def limit_line(scope: str) -> str:
+    """Sorted set: trace ids waiting for a concurrency slot, scored by when they first asked."""
+    return f"{PREFIX}:limit:{scope}:line"
+
+
+def limit_seen(scope: str) -> str:
+    """Sorted set: the same trace ids, scored by when they last asked (stale ones are dropped)."""
+    return f"{PREFIX}:limit:{scope}:seen"
+
+
+def limit_pause(scope: str) -> str:
+    """String with PX TTL: present while every worker must back off this provider.
+
+    Set by a 429/503/529 (for its retry-after) or by rate-limit headers saying nothing is left.
+    """
+    return f"{PREFIX}:limit:{scope}:pause"
+
+
+def limit_ticket(trace_id: str) -> str:
+    """Hash with PX TTL: the booked admission a handed-back trace comes back for.
+
+    Fields `at` (ms) and `e1..eN` (its scopes' epochs); TTL until `at` + LIMIT_TICKET_GRACE_MS.
+    """
+    return f"{PREFIX}:limit-ticket:{trace_id}"
+
+
+LIMIT_STATS = f"{PREFIX}:limit-stats"
+"""Hash, no TTL: fleet-wide limiter counts for `fleet metrics`, one field per
+`{what}:{scope}` (what: admitted, waited, overloaded, paused, budget_exhausted)."""
+
+
+def budget(root_trace_id: str) -> str:
+    """Hash: a tree's budget, TRACE_TTL_S.
+
+    `limit_*` and `used_*` (tokens, usd, sub_agents), `final` (tokens set aside for the root's
+    last turn), `exhausted` (why the tree stopped).
+    """
+    return f"{PREFIX}:budget:{root_trace_id}"
+
+
+def budget_held(root_trace_id: str) -> str:
+    """Hash: trace id -> `tokens usd` reserved by that trace's model call in flight.
+
+    One field per trace, so a run redelivered after a crash replaces its own reservation.
+    """
+    return f"{PREFIX}:budget:{root_trace_id}:held"
+
+
+def window_running(root_trace_id: str) -> str:
+    """Set: the children of this tree that hold one of its `max_concurrent` run slots."""
+    return f"{PREFIX}:window:{root_trace_id}:running"
+
+
+def window_pending(root_trace_id: str) -> str:
+    """List: children of this tree waiting for a run slot, in spawn order (per-root window)."""
+    return f"{PREFIX}:window:{root_trace_id}:pending"

@@ -111,10 +111,11 @@ def finish(
     store = runtime.store
     before = store.get_trace(trace_id)
     finished = now_ms()
+    redactor = runtime.redactor  # an error may quote a provider body or an exception
     fields = {
         "status": status,
-        "answer": answer,
-        "error": error,
+        "answer": redactor.values_only(answer) if answer else answer,
+        "error": redactor(error) if error else error,
         "finished_at_ms": finished,
         "updated_at_ms": finished,
         "metadata": {**before.metadata, "stop_reason": reason},

@@ -199,3 +199,164 @@ FENCED_PREFIX = "FENCED"
 def fenced(script: str) -> str:
     """The script behind the lease check of `FENCE`."""
     return FENCE + script
+
+
+# -- provider limits (fleet.limits) ---------------------------------------------
+# A scope is a provider+key or a model alias. Requests and tokens are paced by GCRA with no
+# burst (each admission books the next free time: `rtat`/`ttat`), so bookings are handed
+# out in arrival order and a trace that was handed back keeps its place (its ticket). The
+# admissions themselves are also spaced from the last one (`rnext`/`tnext`): turns taken
+# late never go out as a burst.
+# Concurrency is a semaphore (sorted set with deadlines, so a dead worker's slot lapses)
+# with a first-come-first-served line. Time is Redis's own clock: every worker agrees.
+
+_NOW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+
+# KEYS: ticket, stats, then per scope: state, slots, line, seen, pause
+# ARGV: holder, est tokens, max_wait_ms, slot_ttl_ms, ticket grace ms, line stale ms,
+#       state ttl s, then per scope: name, requests/min, tokens/min, max concurrency (0: none)
+# Returns {1, wait_ms, 'ok'}: admitted, go in wait_ms (<= max_wait_ms);
+#         {0, retry_ms, reason}: not now (reason pause | concurrency | rate), ask again then.
+LIMIT_ADMIT = (
+    _NOW
+    + """
+local holder, est = ARGV[1], tonumber(ARGV[2])
+local max_wait, slot_ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+local grace, stale, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local n = (#KEYS - 2) / 5
+local function key(i, k) return KEYS[2 + 5 * (i - 1) + k] end
+local function arg(i, k) return ARGV[7 + 4 * (i - 1) + k] end
+local function num(i, k) return tonumber(arg(i, k)) end
+local function field(i, f) return tonumber(redis.call('HGET', key(i, 1), f)) or 0 end
+local function count(what)
+  for i = 1, n do redis.call('HINCRBY', KEYS[2], what .. ':' .. arg(i, 1), 1) end
+end
+local paused = 0
+for i = 1, n do
+  local left = redis.call('PTTL', key(i, 5))
+  if left > paused then paused = left end
+end
+if paused > 0 then count('waited') return {0, paused, 'pause'} end
+for i = 1, n do
+  local maxc = num(i, 4)
+  if maxc > 0 and not redis.call('ZSCORE', key(i, 2), holder) then
+    redis.call('ZREMRANGEBYSCORE', key(i, 2), '-inf', now)
+    for _, gone in ipairs(redis.call('ZRANGEBYSCORE', key(i, 4), '-inf', now - stale)) do
+      redis.call('ZREM', key(i, 3), gone)
+      redis.call('ZREM', key(i, 4), gone)
+    end
+    local free = maxc - redis.call('ZCARD', key(i, 2))
+    local ahead = redis.call('ZRANK', key(i, 3), holder) or redis.call('ZCARD', key(i, 3))
+    if ahead >= free then
+      redis.call('ZADD', key(i, 3), 'NX', now, holder)
+      redis.call('ZADD', key(i, 4), now, holder)
+      for k = 2, 4 do redis.call('EXPIRE', key(i, k), ttl) end
+      local mean = field(i, 'dur_ms')
+      if mean <= 0 then mean = 1000 end
+      count('waited')
+      return {0, math.floor(mean * (ahead - free + 1) / maxc) + 1, 'concurrency'}
+    end
+  end
+end
+local at = tonumber(redis.call('HGET', KEYS[1], 'at'))
+if at then
+  for i = 1, n do
+    local epoch = redis.call('HGET', key(i, 1), 'epoch') or '0'
+    if redis.call('HGET', KEYS[1], 'e' .. i) ~= epoch then at = nil end
+  end
+end
+if not at then
+  at = now
+  for i = 1, n do
+    if num(i, 2) > 0 and field(i, 'rtat') > at then at = field(i, 'rtat') end
+    if num(i, 3) > 0 and field(i, 'ttat') > at then at = field(i, 'ttat') end
+  end
+  for i = 1, n do
+    if num(i, 2) > 0 then redis.call('HSET', key(i, 1), 'rtat', at + 60000 / num(i, 2)) end
+    if num(i, 3) > 0 then redis.call('HSET', key(i, 1), 'ttat', at + est * 60000 / num(i, 3)) end
+    redis.call('EXPIRE', key(i, 1), ttl)
+  end
+end
+-- `at` is the booked turn; a late trace (its worker was busy) is still spaced from the
+-- last admission, so late turns never bunch up into a burst.
+local go = at
+for i = 1, n do
+  if num(i, 2) > 0 and field(i, 'rnext') > go then go = field(i, 'rnext') end
+  if num(i, 3) > 0 and field(i, 'tnext') > go then go = field(i, 'tnext') end
+end
+local wait = go - now
+if wait > max_wait then
+  local ticket = {'at', tostring(at)}
+  for i = 1, n do
+    ticket[#ticket + 1] = 'e' .. i
+    ticket[#ticket + 1] = redis.call('HGET', key(i, 1), 'epoch') or '0'
+  end
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], unpack(ticket))
+  redis.call('PEXPIRE', KEYS[1], math.floor(wait + grace))
+  count('waited')
+  return {0, math.floor(wait), 'rate'}
+end
+go = math.max(go, now)
+for i = 1, n do
+  if num(i, 2) > 0 then redis.call('HSET', key(i, 1), 'rnext', go + 60000 / num(i, 2)) end
+  if num(i, 3) > 0 then redis.call('HSET', key(i, 1), 'tnext', go + est * 60000 / num(i, 3)) end
+  if num(i, 4) > 0 then
+    redis.call('ZADD', key(i, 2), go + slot_ttl, holder)
+    redis.call('ZREM', key(i, 3), holder)
+    redis.call('ZREM', key(i, 4), holder)
+    for k = 2, 4 do redis.call('EXPIRE', key(i, k), ttl) end
+  end
+end
+redis.call('DEL', KEYS[1])
+count('admitted')
+return {1, math.floor(math.max(wait, 0)), 'ok'}
+"""
+)
+
+# After the call: give the slot back, correct the token booking by what was really used
+# (est - used is refunded; more is charged) and fold the call time into the mean.
+# KEYS: per scope: state, slots. ARGV: holder, est tokens, used tokens (0: a failed call),
+# duration ms (-1: none), state ttl s, then per scope: tokens/min
+LIMIT_SETTLE = """
+local holder, est = ARGV[1], tonumber(ARGV[2])
+local used, dur = tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 1, #KEYS / 2 do
+  local state = KEYS[2 * i - 1]
+  redis.call('ZREM', KEYS[2 * i], holder)
+  local tpm = tonumber(ARGV[5 + i])
+  if tpm > 0 and redis.call('EXISTS', state) == 1 then
+    redis.call('HINCRBYFLOAT', state, 'ttat', (used - est) * 60000 / tpm)
+    redis.call('HINCRBYFLOAT', state, 'tnext', (used - est) * 60000 / tpm)
+  end
+  if dur >= 0 then
+    local mean = tonumber(redis.call('HGET', state, 'dur_ms')) or dur
+    redis.call('HSET', state, 'dur_ms', mean * 0.8 + dur * 0.2)
+  end
+  redis.call('EXPIRE', state, ARGV[5])
+end
+return 1
+"""
+
+# A provider said "back off" (429/503/529 with retry-after, or headers with nothing left):
+# every worker waits, older bookings are void (epoch) and new ones start after the pause.
+# KEYS: state, pause, stats. ARGV: pause ms, state ttl s, scope name, stats field
+LIMIT_PAUSE = (
+    _NOW
+    + """
+local ms = tonumber(ARGV[1])
+if ms <= 0 then return 0 end
+if redis.call('PTTL', KEYS[2]) < ms then redis.call('SET', KEYS[2], '1', 'PX', ms) end
+redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+for _, f in ipairs({'rtat', 'ttat', 'rnext', 'tnext'}) do
+  local v = tonumber(redis.call('HGET', KEYS[1], f)) or 0
+  if v < now + ms then redis.call('HSET', KEYS[1], f, now + ms) end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('HINCRBY', KEYS[3], ARGV[4] .. ':' .. ARGV[3], 1)
+return 1
+"""
+)

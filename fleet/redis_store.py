@@ -102,6 +102,11 @@ class RedisStore:
         """A store with its own client (see `connect`); `close` closes it."""
         return cls(connect(url), url=url, owns_client=True)
 
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis client, for other fleet-wide state on the same server (limits, budgets)."""
+        return self._client
+
     def ping(self) -> None:
         """Pre-flight check: `ConfigError` naming the (password-free) URL if Redis is away."""
         try:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +15,8 @@ from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
 from fleet.context import first_messages, injection
-from fleet.errors import FleetError, LeaseLost
+from fleet.errors import FleetError, LeaseLost, ProviderOverloaded
+from fleet.gate import Go, Wait
 from fleet.history import (
     SUB_AGENT_TOOLS,
     healed_result,
@@ -23,7 +26,7 @@ from fleet.history import (
     to_wire,
 )
 from fleet.leases import HeldLease
-from fleet.llm.base import LLMResponse
+from fleet.llm.base import LLMResponse, ToolCall
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
@@ -34,9 +37,13 @@ log = logging.getLogger(__name__)
 
 _HOST = socket.gethostname()
 
-Outcome = Literal["completed", "failed", "stopped", "waiting", "busy", "lost", "yielded"]
+Outcome = Literal[
+    "completed", "failed", "stopped", "waiting", "busy", "lost", "yielded", "throttled"
+]
 """`busy`: another runner holds the trace. `lost`: our lease was taken over.
-`yielded`: the host asked us to let go (worker shutting down); the trace is queued again."""
+`yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
+`throttled`: a provider limit said "not now"; the trace is queued again, to be run in
+`RunResult.retry_in_s`."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class RunResult:
 
     trace_id: str
     outcome: Outcome
+    retry_in_s: float = 0.0
+    """For `throttled`: when the trace may ask again (its booked turn, or a pause's end)."""
 
 
 class Runner:
@@ -78,11 +87,13 @@ class Runner:
                     outcome = self._fenced(trace_id, lease)
             finally:
                 self.store.release_lease(trace_id, owner)
+            if isinstance(outcome, Wait):
+                return RunResult(trace_id, "throttled", outcome.retry_in_s)
             # A collect that finished while we held the lease could not resume us: look again.
             if outcome != "waiting" or not lifecycle.turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
 
-    def _fenced(self, trace_id: str, lease: HeldLease) -> Outcome:
+    def _fenced(self, trace_id: str, lease: HeldLease) -> Outcome | Wait:
         """Drive the trace writing only through a store fenced by our lease.
 
         Every write checks the lease inside its Lua script, so a runner that comes back
@@ -95,7 +106,7 @@ class Runner:
             log.warning("run of %r stopped: its lease was taken over", trace_id)
             return "lost"
 
-    def _drive(self, trace_id: str, heartbeat: HeldLease) -> Outcome:
+    def _drive(self, trace_id: str, heartbeat: HeldLease) -> Outcome | Wait:
         snapshot = self.store.snapshot(trace_id)
         trace = snapshot.trace
         if trace.is_terminal:
@@ -155,14 +166,14 @@ class Runner:
         self.store.append_message(healed_result(trace.trace_id, call, sub_id))
         return False
 
-    def _loop(self, trace_id: str, heartbeat: HeldLease) -> Outcome:
+    def _loop(self, trace_id: str, heartbeat: HeldLease) -> Outcome | Wait:
         while True:
             snapshot = self.store.snapshot(trace_id)  # trace, messages and stop flag: 1 read
             if (ended := self._between_turns(snapshot, heartbeat)) is not None:
                 return ended
             turn = self._turn(snapshot, heartbeat)
-            if turn is None:
-                return "lost"
+            if turn is None or isinstance(turn, Wait):
+                return self._handed_back(snapshot.trace, turn)
             step, trace = turn
             match step:
                 case Finish(answer=answer):
@@ -196,25 +207,40 @@ class Runner:
             return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
         return None
 
-    def _turn(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> tuple[Step, Trace] | None:
+    def _handed_back(self, trace: Trace, wait: Wait | None) -> Outcome | Wait:
+        """Lease lost (None), or a limit said "not now": queued again, to come back later."""
+        if wait is None:
+            return "lost"
+        lifecycle.requeue(self.runtime, trace)
+        return wait
+
+    def _turn(
+        self, snapshot: TraceSnapshot, heartbeat: HeldLease
+    ) -> tuple[Step, Trace] | Wait | None:
         """One model call, persisted, what to do about it, and the trace as recorded.
 
         None when the lease was lost during the model call: another runner may own the
-        trace now, so nothing of this turn is written and no tool runs.
+        trace now, so nothing of this turn is written and no tool runs. `Wait` when a
+        provider limit did not admit the call: nothing of this turn is written either.
         """
         trace, messages = snapshot.trace, snapshot.messages
+        model_name = self.runtime.model_name(trace.model, trace.preset)
+        tools = tool_schemas(self.runtime, trace)
+        verdict = self.runtime.gate.before(
+            trace.trace_id,
+            model_name,
+            _request_chars(main_path(messages, trace.head_sequence), tools),
+        )
+        if isinstance(verdict, Wait):
+            return verdict
         head = trace.head_sequence  # read at the top of this turn; a note moves it
         if (note := injection(self.runtime, trace)) is not None:
             stored = self.store.append_message(note)
             head, messages = stored.sequence, [*messages, stored]
         path = main_path(messages, head)
-        self.runtime.hooks.turn_started(trace, trace.iteration)
-        model_name = self.runtime.model_name(trace.model, trace.preset)
-        response = self.runtime.client(model_name).complete(
-            to_wire(path),
-            tool_schemas(self.runtime, trace),
-            temperature=self.runtime.preset(trace.preset).temperature,
-        )
+        response = self._call(trace, model_name, verdict, to_wire(path), tools)
+        if isinstance(response, Wait):
+            return response
         self.runtime.hooks.model_responded(trace, response)
         if heartbeat.lost.is_set():
             return None
@@ -222,19 +248,54 @@ class Runner:
         repeats = self.runtime.settings.doom_loop_repeats
         return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded
 
+    def _call(
+        self,
+        trace: Trace,
+        model_name: str,
+        go: Go,
+        wire: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+    ) -> LLMResponse | Wait:
+        """The model call on its booked turn, settled with the gate whatever happens."""
+        if go.wait_s > 0:
+            time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
+        self.runtime.hooks.turn_started(trace, trace.iteration)
+        gate, started = self.runtime.gate, time.monotonic()
+        try:
+            response = self.runtime.client(model_name).complete(
+                wire,
+                tools,
+                temperature=self.runtime.preset(trace.preset).temperature,
+                max_output_tokens=go.max_output_tokens,
+            )
+        except ProviderOverloaded as exc:
+            return gate.overloaded(go, exc)
+        except BaseException:
+            gate.after(go, None, None)
+            raise
+        gate.after(go, response, int((time.monotonic() - started) * 1000))
+        return response
+
     def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> Trace:
         """Persist the turn in one store call; the trace as it now is, without a read."""
-        tools = [c.name for c in response.tool_calls]
+        # The model's text is untrusted: whatever it learnt of our secrets is not persisted.
+        scrub = self.runtime.redactor.values_only
+        calls = [
+            ToolCall(id=c.id, name=scrub(c.name), arguments=scrub(c.arguments))
+            for c in response.tool_calls
+        ]
         event = Event(
-            kind="message", trace_id=trace.trace_id, data={"role": "assistant", "tools": tools}
+            kind="message",
+            trace_id=trace.trace_id,
+            data={"role": "assistant", "tools": [c.name for c in calls]},
         )
         message = self.store.record_turn(
             trace.root_trace_id,
             Message(
                 trace_id=trace.trace_id,
                 role="assistant",
-                content=response.content,
-                tool_calls=[c.to_openai() for c in response.tool_calls] or None,
+                content=scrub(response.content) if response.content else response.content,
+                tool_calls=[c.to_openai() for c in calls] or None,
                 model=model_name,
                 prompt_tokens=response.usage.prompt_tokens,
                 completion_tokens=response.usage.completion_tokens,
@@ -274,6 +335,12 @@ def _recorded(trace: Trace, message: Message) -> Trace:
     return trace.model_copy(update=update)
 
 
+def _request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
+    """The size of a request, for the token estimate a call books."""
+    text = sum(len(m.content or "") + len(json.dumps(m.tool_calls or "")) for m in path)
+    return text + len(json.dumps(tools))
+
+
 def _terminal(status: Status) -> Outcome:
     if status == "completed" or status == "failed" or status == "stopped":
         return status
@@ -292,3 +359,15 @@ def run_safely(runner: Runner, trace_id: str) -> RunResult:
         error = f"{type(exc).__name__}: {exc}"
         lifecycle.fail(runner.runtime, trace_id, error=error, reason="crash")
         return RunResult(trace_id, "failed")
+
+
+def run_to_end(runner: Runner, trace_id: str) -> RunResult:
+    """`run_safely` for in-process hosts: a throttled run sleeps out its wait and goes on.
+
+    Only for threads that are not worker slots (inline runs, the in-process dispatcher).
+    """
+    while True:
+        result = run_safely(runner, trace_id)
+        if result.outcome != "throttled":
+            return result
+        time.sleep(result.retry_in_s)

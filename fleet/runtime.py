@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fleet.gate import Gate
 from fleet.hooks import NO_HOOKS, Hooks
 from fleet.leases import LeaseKeeper
 from fleet.llm.base import LLMClient
@@ -18,8 +19,10 @@ from fleet.llm.config import (
     resolve_model_name,
     validate_model,
 )
+from fleet.llm.retry import DEFAULT_RETRY
 from fleet.models import Trace
-from fleet.presets import AgentPreset, get_preset, load_presets
+from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
+from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
@@ -49,11 +52,15 @@ class Runtime:
     config: FleetConfig
     presets: Mapping[str, AgentPreset]
     tools: ToolRegistry
+    gate: Gate
+    """Provider limits in front of every model call (no limiter for the in-memory store)."""
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
     leases: LeaseKeeper | None = None
     """The process's one heartbeat; `build` makes it (it starts with the first lease)."""
+    redactor: Redactor = SHAPES_ONLY
+    """Masks this process's secrets in everything a run writes (see fleet.redact)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -67,16 +74,19 @@ class Runtime:
         hooks: Hooks = NO_HOOKS,
     ) -> Runtime:
         """Load fleet.yaml and the presets; `ConfigError` names what is wrong."""
+        config = operator_config(settings)
         return cls(
             store=store,
             dispatcher=dispatcher,
             settings=settings,
-            config=operator_config(settings),
+            config=config,
             presets=load_presets(settings.agents_dir, settings.env),
             tools=default_registry(),
+            gate=Gate.for_store(store, config, settings.env),
             hooks=hooks,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
+            redactor=Redactor.from_env(settings.env),
         )
 
     def fenced(self, trace_id: str, owner: str) -> Runtime:
@@ -92,6 +102,16 @@ class Runtime:
     def preset(self, name: str) -> AgentPreset:
         """The preset, or `ConfigError` listing the known ones."""
         return get_preset(self.presets, name)
+
+    def permissions(self, trace: Trace) -> AgentPreset:
+        """What `trace` may do: its preset within the ceiling it inherited.
+
+        explore and evaluate traces are read-only whatever their preset says; this is the
+        preset every tool call of the trace is checked against.
+        """
+        ceiling = trace.ceiling
+        read_only = ceiling.read_only or trace.mode in READ_ONLY_MODES
+        return self.preset(trace.preset).within(ceiling.allowed, ceiling.denied, read_only)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""
@@ -127,10 +147,13 @@ class Runtime:
         """A client for this model name, built once per process."""
         with self._lock:
             if model_name not in self.clients:
+                # With a fleet-wide limiter a 429 is handed back at once, not slept on.
+                retry = replace(DEFAULT_RETRY, hand_back_overload=self.gate.limiter is not None)
                 self.clients[model_name] = make_client(
                     self.config,
                     model_name,
                     self.settings.env,
                     allow_scripted=self.settings.allow_scripted,
+                    retry=retry,
                 )
             return self.clients[model_name]

@@ -1,4 +1,4 @@
-"""Worker lifecycle: fresh runtime after fork, a sweeper and a heartbeat per worker, probes."""
+"""Worker lifecycle: redacted logs, fresh runtime after fork, sweeper, heartbeat, probes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import socket
 from typing import Any
 
 from celery.signals import (
+    worker_init,
     worker_process_init,
     worker_ready,
     worker_shutdown,
@@ -14,12 +15,21 @@ from celery.signals import (
 )
 
 from fleet.models import WorkerPresence
+from fleet.redact import install_log_redaction, process_redactor
 from workers import probes
 from workers.runtime import draining, get_runtime, reset_runtime
 from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
+
+
+@worker_init.connect
+def _redact_logs(**_: Any) -> None:
+    # Every log line of the worker (Celery's own task-failure lines and their tracebacks
+    # included) has the process's secrets and credential shapes masked; pool children
+    # inherit the record factory across fork.
+    install_log_redaction(process_redactor())
 
 
 @worker_process_init.connect

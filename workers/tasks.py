@@ -42,8 +42,7 @@ def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, s
     """
     runtime = get_runtime()
     result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
-    if result.outcome == "yielded":
-        requeue(self)
+    hand_back(self, result)
     if recovered:
         after_recovery(self, lifecycle.settle_from_child(runtime, trace_id))
     return envelope(result)
@@ -53,18 +52,27 @@ def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, s
 def resume_agent(self: Task, trace_id: str) -> dict[str, str]:
     """Continue a trace from its persisted messages once its children were collected."""
     result = run_safely(Runner(get_runtime(), should_yield=draining.is_set), trace_id)
-    if result.outcome == "yielded":
-        requeue(self)
+    hand_back(self, result)
     return envelope(result)
 
 
-def requeue(task: Task) -> NoReturn:
-    """Hand a drained run back: the same task (id, chord membership) for another worker.
+def hand_back(task: Task, result: RunResult) -> None:
+    """A drained run goes back at once; a throttled one when its limit lets it in."""
+    if result.outcome == "yielded":
+        requeue(task)
+    if result.outcome == "throttled":
+        requeue(task, countdown_s=result.retry_in_s)
+
+
+def requeue(task: Task, countdown_s: float = 0.0) -> NoReturn:
+    """Hand a run back: the same task (id, chord membership) for any worker, maybe later.
 
     Not `Task.retry`: its count is what bounds restarts after a lost worker
-    (`MAX_WORKER_LOST_RETRIES`), and a drain is not a failure.
+    (`MAX_WORKER_LOST_RETRIES`), and a drain or a rate limit is not a failure. A countdown
+    is held by a worker as an ETA task, which takes no pool slot until it is due.
     """
-    task.signature_from_request(task.request, retries=task.request.retries).apply_async()
+    signature = task.signature_from_request(task.request, retries=task.request.retries)
+    signature.apply_async(countdown=countdown_s or None)
     raise Ignore()
 
 

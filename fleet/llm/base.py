@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fleet.errors import ModelRequestsDisabled
+from fleet.llm.ratelimit import RateSignal
 
 ALLOW_MODEL_REQUESTS = True
 """Switched off by the test suite so no real client can ever send a request."""
@@ -60,6 +61,8 @@ class LLMResponse:
     usage: Usage = field(default_factory=Usage)
     model: str = ""
     finish_reason: str | None = None
+    rate: RateSignal | None = None
+    """The provider's rate-limit headers on this response, if it sent any."""
 
 
 class LLMClient(Protocol):

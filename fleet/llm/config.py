@@ -34,14 +34,16 @@ from typing import Any, Literal, cast
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from fleet import trust
+from fleet import trust, yamlsafe
 from fleet.errors import ConfigError
 from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.pricing import ModelPricing
+from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
+from fleet.redact import Redactor
 
 CONFIG_FILE = "fleet.yaml"
 CONFIG_PATH_ENV = "FLEET_CONFIG"
@@ -58,6 +60,18 @@ PUBLIC_API_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
 """A provider at one of these hosts cannot work without a key, so a missing one fails early."""
 
 
+class RateLimits(BaseModel):
+    """`limits:` of a provider or model alias, shared by every worker through Redis."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    """Input estimate plus `max_output_tokens` is booked before a call, the real usage after."""
+    max_concurrency: PositiveInt | None = None
+    """Calls in flight at once, fleet-wide."""
+
+
 class ProviderConfig(BaseModel):
     """One entry of `providers`."""
 
@@ -68,6 +82,8 @@ class ProviderConfig(BaseModel):
     base_url: str
     api_key_env: str = ""
     """Env var holding the key; empty for a local server that needs none."""
+    limits: RateLimits | None = None
+    """For this provider and key, across every model of it."""
 
 
 class ModelConfig(BaseModel):
@@ -79,6 +95,10 @@ class ModelConfig(BaseModel):
     name: str
     input_usd_per_mtok: float | None = None
     output_usd_per_mtok: float | None = None
+    max_output_tokens: PositiveInt | None = None
+    """Sent as `max_tokens` on every call; what a budget or token limit books for the answer."""
+    limits: RateLimits | None = None
+    """For this alias alone, on top of its provider's."""
 
 
 class FleetConfig(BaseModel):
@@ -138,7 +158,7 @@ def _read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        return yaml.safe_load(text)
+        return yamlsafe.load(text, str(path))  # bounded: size, depth, aliases
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
@@ -322,6 +342,7 @@ def make_client(
     env: Mapping[str, str] | None = None,
     *,
     allow_scripted: bool = False,
+    retry: RetryPolicy = DEFAULT_RETRY,
 ) -> LLMClient:
     """A client for `model_name`; the API key is read from `env` here and only here.
 
@@ -337,6 +358,7 @@ def make_client(
         scripted_model = importlib.import_module("fleet.testing").ScriptedModel
         return cast(LLMClient, scripted_model.from_file(Path(target.model)))
     key = _api_key(target, env)
+    redactor = Redactor.from_env(env)  # every secret of the process, not just this key
     if target.kind == "anthropic":
         return AnthropicClient(
             target.base_url,
@@ -345,6 +367,8 @@ def make_client(
             pricing=target.pricing,
             provider=target.provider,
             api_key_env=target.api_key_env,
+            redactor=redactor,
+            retry=retry,
         )
     return OpenAIClient(
         target.base_url,
@@ -353,4 +377,6 @@ def make_client(
         pricing=target.pricing,
         provider=target.provider,
         api_key_env=target.api_key_env,
+        redactor=redactor,
+        retry=retry,
     )

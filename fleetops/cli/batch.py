@@ -33,6 +33,7 @@ from fleet.errors import ConfigError
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
+from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 PLAIN_STATUS_EVERY_S = 10.0
@@ -156,7 +157,7 @@ class PlainProgress(BatchHooks):
         width = len(str(self.total))
         error = f"  {_one_line(result.error)}" if result.error else ""
         line = f"[{done:>{width}}/{self.total}] {result.status:<9} {result.id}  {result.trace_id}"
-        print(line + error, flush=True)
+        print(printable(line + error), flush=True)
 
     def progress(self, counts: BatchCounts) -> None:
         """A counts line every PLAIN_STATUS_EVERY_S."""
@@ -212,7 +213,7 @@ class RichProgress(BatchHooks):
         self._finished += 1
         if result.status != "completed":
             line = f"✗ {result.id} {result.status}: {_one_line(result.error or '')}"
-            self.live.console.print(line, style="red", markup=False, highlight=False)
+            self.live.console.print(printable(line), style="red", markup=False, highlight=False)
 
     def progress(self, counts: BatchCounts) -> None:
         """Move the bar and refresh the counts."""
@@ -258,7 +259,8 @@ def print_summary(rows: Iterable[Mapping[str, Any]], elapsed_s: float, ran: int)
     console.print(table)
     failures = [row for row in rows if row["status"] != "completed"][:SHOWN_FAILURES]
     for row in failures:
-        console.print(f"✗ {row['id']} {row['status']}: {_one_line(row.get('error') or '')}")
+        line = f"✗ {row['id']} {row['status']}: {_one_line(row.get('error') or '')}"
+        console.print(printable(line), markup=False, highlight=False)
 
 
 def _stat(row: Mapping[str, Any], name: str) -> float:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 
 from fleet.errors import ConfigError, FleetError, TraceNotFound
+from fleet.redact import process_redactor
 from fleetops.cli import inline, traces
+from fleetops.cli.output import dumps, printable
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -44,14 +45,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def fail(message: str, code: int) -> int:
-    """Print `fleet: error: message` and return the exit code."""
-    print(f"fleet: error: {message}", file=sys.stderr)
+    """Print `fleet: error: message` (secrets masked, on one safe line); the exit code."""
+    print(f"fleet: error: {printable(process_redactor()(message))}", file=sys.stderr)
     return code
 
 
 def print_json(value: object) -> None:
-    """Machine-readable output on stdout."""
-    print(json.dumps(value, indent=2, ensure_ascii=False))
+    """Machine-readable output on stdout, control characters escaped."""
+    print(dumps(value))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from fleet.errors import ConfigError, NoLiveWorkers
 from fleet.models import Event
 from fleet.settings import Settings
 from fleetops.cli.inline import run_inline
-from fleetops.cli.output import report
+from fleetops.cli.output import printable, report
 
 EXIT_OK, EXIT_FAILED, EXIT_NO_WORKERS, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -92,7 +92,7 @@ def show_progress(events: Iterable[Event], root: str) -> None:
     for event in events:
         line = progress_line(event, root)
         if line:
-            print(line, file=sys.stderr, flush=True)
+            print(printable(line), file=sys.stderr, flush=True)
 
 
 def progress_line(event: Event, root: str) -> str | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from fleet.settings import Settings
 from fleet.store import TraceStore
-from fleetops.cli.output import list_object, render_tree, trace_object
+from fleetops.cli.output import list_object, printable, render_tree, trace_object
 
 
 def register(commands: Any) -> None:
@@ -59,5 +59,6 @@ def list_traces(args: argparse.Namespace) -> int:
         print_json([list_object(t) for t in rows])
     else:
         for t in rows:
-            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {' '.join(t.task.split())[:80]}")
+            task = " ".join(printable(t.task).split())[:80]
+            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {task}")
     return 0

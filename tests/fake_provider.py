@@ -1,0 +1,179 @@
+"""A local OpenAI-wire `/chat/completions` server that enforces its own rate limit.
+
+It answers like a model (a `fleet.testing.Script` decides, from the conversation) and, like
+a real provider, refuses with 429 and `retry-after-ms` whatever goes beyond its limits: a
+token bucket of requests per second and one of tokens per second (prompt + completion,
+counted at arrival). It counts what it answered and what it refused.
+
+    with RateLimitedProvider(script, requests_per_s=20) as server:
+        ... point a provider's base_url at server.url + "/v1" ...
+        server.stats.refused
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from fleet.llm.base import LLMResponse
+from fleet.testing import Script
+
+CHARS_PER_TOKEN = 4
+"""How this server counts prompt tokens (the client's estimate must not be lower)."""
+
+
+class Bucket:
+    """A token bucket: `rate_per_s` refill, at most `capacity` stored; thread-safe."""
+
+    def __init__(self, rate_per_s: float, capacity: float) -> None:
+        self.rate_per_s = rate_per_s
+        self.capacity = capacity
+        self._level = capacity
+        self._at = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, amount: float) -> float:
+        """Take `amount` if there; else 0.0 and how long until there would be (seconds)."""
+        with self._lock:
+            now = time.monotonic()
+            self._level = min(self.capacity, self._level + (now - self._at) * self.rate_per_s)
+            self._at = now
+            if self._level >= amount:
+                self._level -= amount
+                return 0.0
+            return (amount - self._level) / self.rate_per_s
+
+
+@dataclass
+class Stats:
+    answered: int = 0
+    refused: int = 0
+    tokens: int = 0
+    first_at: float | None = None
+    last_at: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def refused_share(self) -> float:
+        total = self.answered + self.refused
+        return self.refused / total if total else 0.0
+
+
+class RateLimitedProvider:
+    """The server; see the module docstring."""
+
+    def __init__(
+        self,
+        script: Script,
+        *,
+        requests_per_s: float | None = None,
+        tokens_per_s: float | None = None,
+        burst_s: float = 1.0,
+        completion_tokens: int | None = None,
+        latency_s: float = 0.0,
+    ) -> None:
+        """Limits are per second; each bucket holds `burst_s` seconds of its rate.
+
+        `completion_tokens`: what every answer reports (default: its length / 4).
+        """
+        self.script = script
+        self.requests = self._bucket(requests_per_s, burst_s)
+        self.tokens = self._bucket(tokens_per_s, burst_s)
+        self.completion_tokens = completion_tokens
+        self.latency_s = latency_s
+        self.stats = Stats()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        serve = partial(self._server.serve_forever, poll_interval=0.01)
+        self._thread = threading.Thread(target=serve, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _bucket(rate: float | None, burst_s: float) -> Bucket | None:
+        return None if rate is None else Bucket(rate, max(1.0, rate * burst_s))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> RateLimitedProvider:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def answer(self, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """Status, body and headers for one request."""
+        response = self.script.respond(request["messages"], request.get("tools") or [])
+        prompt = len(json.dumps(request["messages"])) // CHARS_PER_TOKEN
+        completion = self.completion_tokens or response.usage.completion_tokens
+        wait_s = self.requests.take(1) if self.requests else 0.0
+        if not wait_s and self.tokens:
+            wait_s = self.tokens.take(prompt + completion)
+        with self.stats.lock:
+            now = time.monotonic()
+            self.stats.first_at = self.stats.first_at or now
+            self.stats.last_at = now
+            if wait_s:
+                self.stats.refused += 1
+            else:
+                self.stats.answered += 1
+                self.stats.tokens += prompt + completion
+        if wait_s:
+            error = {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}
+            return 429, error, {"retry-after-ms": str(max(1, int(wait_s * 1000)))}
+        time.sleep(self.latency_s)
+        return 200, _completion(response, prompt, completion), {}
+
+
+def _completion(response: LLMResponse, prompt: int, completion: int) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": response.content}
+    if response.tool_calls:
+        message["tool_calls"] = [c.to_openai() for c in response.tool_calls]
+    return {
+        "id": "chatcmpl-fake",
+        "model": "fake-model",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+    }
+
+
+def _handler_for(fake: RateLimitedProvider) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as clients of real providers use
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("content-length", "0")))
+            try:
+                status, body, headers = fake.answer(json.loads(raw))
+            except Exception as exc:  # a script that cannot answer: a 400 the client reports
+                status, body, headers = 400, {"error": {"message": str(exc)}}, {}
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler

@@ -1,0 +1,205 @@
+"""The fleet-wide limiter's Lua against a real Redis, and the rate-limit header parsing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from fleet import keys
+from fleet.limits import Admitted, Limiter, Refused, Scope, estimate_tokens, scopes_for
+from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
+from fleet.llm.ratelimit import Budget, RateSignal, parse_duration_s, rate_signal
+
+
+def scope(name: str = "provider:p:k", **limits: int) -> Scope:
+    return Scope(name, RateLimits(**limits), provider=name.startswith("provider:"))
+
+
+@pytest.fixture
+def limiter(redis_client: redis.Redis) -> Limiter:
+    return Limiter(redis_client)
+
+
+def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
+    s = (scope(requests_per_minute=600),)  # one every 100 ms
+    waits = []
+    for i in range(5):
+        admission = limiter.admit(f"t{i}", s, 10)
+        assert isinstance(admission, Admitted)
+        waits.append(admission.wait_s)
+    assert waits[0] == 0
+    steps = [b - a for a, b in zip(waits, waits[1:], strict=False)]
+    assert all(0.08 <= step <= 0.11 for step in steps), waits
+
+
+def test_a_turn_beyond_the_short_wait_is_booked_and_kept(
+    limiter: Limiter, redis_client: redis.Redis
+) -> None:
+    s = (scope(requests_per_minute=60),)  # one a second
+    assert limiter.admit("first", s, 1) == Admitted(0.0)
+    assert isinstance(limiter.admit("second", s, 1), Admitted)  # 1 s: the longest sleep
+    late = limiter.admit("third", s, 1)
+    assert isinstance(late, Refused) and late.reason == "rate"
+    assert 1.0 <= late.retry_in_s <= 1.6  # booked for 2 s, told to come back half a second early
+    assert redis_client.hget(keys.limit_ticket("third"), "at") is not None
+    # A newcomer books after the third's turn: the handed-back trace kept its place.
+    newcomer = limiter.admit("fourth", s, 1)
+    assert isinstance(newcomer, Refused) and newcomer.retry_in_s > late.retry_in_s
+    # The third's second ask takes its booked turn, it does not book another one.
+    again = limiter.admit("third", s, 1)
+    assert isinstance(again, Refused) and again.retry_in_s <= late.retry_in_s
+    assert redis_client.exists(keys.limit_ticket("third"))
+
+
+def test_concurrency_is_first_come_first_served(limiter: Limiter) -> None:
+    s = (scope(max_concurrency=2),)
+    assert isinstance(limiter.admit("a", s, 1), Admitted)
+    assert isinstance(limiter.admit("b", s, 1), Admitted)
+    waiting = limiter.admit("c", s, 1)
+    assert isinstance(waiting, Refused) and waiting.reason == "concurrency"
+    limiter.settle("a", s, 1, 1, 50)
+    # A slot is free, but "c" asked first: "d" must queue behind it.
+    assert isinstance(limiter.admit("d", s, 1), Refused)
+    assert isinstance(limiter.admit("c", s, 1), Admitted)
+    limiter.settle("b", s, 1, 1, 50)
+    assert isinstance(limiter.admit("d", s, 1), Admitted)
+
+
+def test_a_trace_that_stopped_asking_leaves_the_line(
+    limiter: Limiter, redis_client: redis.Redis
+) -> None:
+    s = (scope(max_concurrency=1),)
+    assert isinstance(limiter.admit("holder", s, 1), Admitted)
+    assert isinstance(limiter.admit("gone", s, 1), Refused)
+    limiter.settle("holder", s, 1, 1, 50)
+    stale = time.time() * 1000 - keys.LIMIT_LINE_STALE_MS - 1000
+    redis_client.zadd(keys.limit_seen(s[0].name), {"gone": stale})
+    assert isinstance(limiter.admit("next", s, 1), Admitted)
+
+
+def test_a_pause_holds_everyone_back_and_voids_older_bookings(
+    limiter: Limiter, redis_client: redis.Redis
+) -> None:
+    s = (scope(requests_per_minute=60),)
+    limiter.admit("a", s, 1)
+    limiter.admit("b", s, 1)
+    booked = limiter.admit("c", s, 1)
+    assert isinstance(booked, Refused)
+    limiter.overloaded(s, retry_after_s=3.0)
+    paused = limiter.admit("d", s, 1)
+    assert isinstance(paused, Refused) and paused.reason == "pause"
+    assert 2.5 < paused.retry_in_s <= 3.0
+    redis_client.delete(keys.limit_pause(s[0].name))  # as if the pause had run out
+    rebooked = limiter.admit("c", s, 1)
+    assert isinstance(rebooked, Refused) and rebooked.retry_in_s > 1.5, "booked after the pause"
+    assert limiter.stats()[f"overloaded:{s[0].name}"] == 1
+
+
+def test_model_scopes_never_take_a_pause(limiter: Limiter) -> None:
+    alias = scope("model:fast", requests_per_minute=6000)
+    limiter.overloaded((alias,), retry_after_s=5.0)
+    assert isinstance(limiter.admit("a", (alias,), 1), Admitted)
+
+
+def test_tokens_are_booked_ahead_and_settled_with_real_usage(limiter: Limiter) -> None:
+    s = (scope(tokens_per_minute=60_000),)  # 1 token per ms
+    assert limiter.admit("a", s, 500) == Admitted(0.0)
+    second = limiter.admit("b", s, 500)
+    assert isinstance(second, Admitted) and 0.45 <= second.wait_s <= 0.5
+    limiter.settle("a", s, 500, 100, 20)  # "a" used 100: 400 ms handed back
+    limiter.settle("b", s, 500, 100, 20)
+    third = limiter.admit("c", s, 500)
+    assert isinstance(third, Admitted) and third.wait_s <= 0.25
+
+
+def test_every_scope_must_admit(limiter: Limiter) -> None:
+    both = (scope(requests_per_minute=6000), scope("model:m", max_concurrency=1))
+    assert isinstance(limiter.admit("a", both, 1), Admitted)
+    assert isinstance(limiter.admit("b", both, 1), Refused)
+
+
+def test_exhausted_headers_pause_the_provider(limiter: Limiter) -> None:
+    s = (scope(),)
+    signal = RateSignal(requests=Budget(limit=100, remaining=0, reset_s=20.0))
+    limiter.observe(s, signal)
+    paused = limiter.admit("a", s, 1)
+    assert isinstance(paused, Refused) and paused.reason == "pause"
+    assert 0.1 < paused.retry_in_s <= 0.2  # one request back: 20 s / 100
+
+
+def test_scopes_name_provider_key_by_digest_and_alias() -> None:
+    config = FleetConfig(
+        providers={
+            "local": ProviderConfig(
+                kind="openai",
+                base_url="http://x/v1",
+                api_key_env="K",
+                limits=RateLimits(requests_per_minute=60),
+            )
+        },
+        models={
+            "fast": ModelConfig(provider="local", name="m", limits=RateLimits(max_concurrency=2))
+        },
+    )
+    scopes = scopes_for(config, "fast", {"K": "sk-secret"})
+    assert [s.provider for s in scopes] == [True, False]
+    assert scopes[0].name.startswith("provider:local:") and "sk-secret" not in scopes[0].name
+    assert scopes[1].name == "model:fast"
+    other_key = scopes_for(config, "fast", {"K": "sk-other"})[0].name
+    assert other_key != scopes[0].name
+    assert scopes_for(config, "scripted:x.yaml", {}) == ()
+
+
+def test_estimate_books_input_and_the_longest_answer() -> None:
+    assert estimate_tokens(3000, 500) == 1500
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1s", 1.0), ("6m0s", 360.0), ("120ms", 0.12), ("1h2m3.5s", 3723.5), ("2", 2.0), ("x", None)],
+)
+def test_reset_durations(text: str, seconds: float | None) -> None:
+    assert parse_duration_s(text) == seconds
+
+
+def test_openai_and_anthropic_headers() -> None:
+    openai = rate_signal(
+        {
+            "x-ratelimit-limit-requests": "60",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "30s",
+            "x-ratelimit-remaining-tokens": "900",
+        },
+        now_s=0,
+    )
+    assert openai.requests == Budget(60, 0, 30.0)
+    assert openai.tokens.remaining == 900
+    assert openai.pause_s() == 0.5
+    anthropic = rate_signal(
+        {
+            "anthropic-ratelimit-requests-remaining": "3",
+            "anthropic-ratelimit-tokens-remaining": "0",
+            "anthropic-ratelimit-tokens-reset": "1970-01-01T00:00:10Z",
+        },
+        now_s=4.0,
+    )
+    assert anthropic.tokens == Budget(None, 0, 6.0)
+    assert anthropic.pause_s() == 6.0
+    assert rate_signal({"content-type": "application/json"}, now_s=0).empty
+
+
+def test_an_overload_is_handed_back_at_once_when_the_fleet_limits() -> None:
+    import httpx
+
+    from fleet.errors import ProviderOverloaded
+    from fleet.llm.retry import RetryPolicy, send_with_retry
+
+    slept: list[float] = []
+    policy = RetryPolicy(sleep=slept.append, hand_back_overload=True)
+    busy = httpx.Response(529, headers={"retry-after-ms": "1500"}, json={"error": {}})
+    with pytest.raises(ProviderOverloaded) as caught:
+        send_with_retry(lambda: busy, provider="p", api_key_env="K", policy=policy)
+    assert caught.value.status == 529 and caught.value.retry_after_s == 1.5
+    assert slept == [], "no thread sleeps on an overload"
