@@ -81,8 +81,8 @@ class RedisStore:
         self._owns_client = owns_client
         timeout_s = kwargs.get("socket_timeout")
         self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
-        self._fence: tuple[str, str] | None = None
-        """(lease key, owner) in a `fenced` view: every write script checks it first."""
+        self._fence: tuple[str, str, str] | None = None
+        """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
         self._create = _Script(client, redis_scripts.CREATE_TRACE)
         self._update = _Script(client, redis_scripts.UPDATE_TRACE)
         self._append = _Script(client, redis_scripts.APPEND_MESSAGE)
@@ -122,19 +122,18 @@ class RedisStore:
         """A view sharing this client whose write scripts first check `owner`'s lease."""
         view = copy.copy(self)
         view._owns_client = False
-        view._fence = (keys.lease(trace_id), owner)
+        view._fence = (trace_id, keys.lease(trace_id), owner)
         return view
 
     def _script(self, script: _Script, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a write script, behind the lease check when this is a fenced view."""
         if self._fence is None:
             return script.plain(keys=script_keys, args=args)
-        lease_key, owner = self._fence
+        trace_id, lease_key, owner = self._fence
         try:
             return script.fenced(keys=[lease_key, *script_keys], args=[owner, *args])
         except redis.ResponseError as exc:
             if str(exc).startswith(redis_scripts.FENCED_PREFIX):
-                trace_id = lease_key.removeprefix(keys.lease(""))
                 raise LeaseLost(
                     f"the lease of {trace_id!r} is no longer held by this runner"
                 ) from None
