@@ -346,7 +346,7 @@ def fleet_up(the_rig: Rig) -> Iterator[subprocess.Popen[bytes]]:
 
 def up_workers(the_rig: Rig, up: subprocess.Popen[bytes]) -> tuple[int, int]:
     """The pids of `fleet up`'s two workers, once both consume (after any restart)."""
-    from fleetops.local import STATE_DIR, read_state
+    from fleetops.discovery import STATE_DIR, read_state
 
     state_dir = the_rig.workspace / STATE_DIR
     prefixes = [f"worker{i}.{up.pid}@" for i in (1, 2)]

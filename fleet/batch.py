@@ -15,14 +15,36 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fleet.api import TaskSpec, create_root
 from fleet.errors import TraceNotFound
-from fleet.models import TERMINAL, Event
+from fleet.models import TERMINAL, Event, Trace
+from fleet.runtime import Runtime
+from fleet.store import TraceStore
 
-if TYPE_CHECKING:
-    from fleet.client import Fleet
+
+class BatchClient(Protocol):
+    """What a batch needs of a fleet client (`fleet.client.Fleet` is the one)."""
+
+    @property
+    def runtime(self) -> Runtime:
+        """Presets, models and settings to validate and create roots with."""
+        ...
+
+    @property
+    def store(self) -> TraceStore:
+        """Where the roots and their events are read."""
+        ...
+
+    def enqueue(self, trace: Trace) -> None:
+        """Start running a persisted root somewhere in the fleet."""
+        ...
+
+    def stop(self, trace_id: str) -> list[str]:
+        """Stop a root and its subtree."""
+        ...
+
 
 DEFAULT_MAX_IN_FLIGHT = 8
 POLL_MS = 20
@@ -162,7 +184,7 @@ class ChainHooks(BatchHooks):
 
 
 def run_batch(
-    fleet: Fleet,
+    fleet: BatchClient,
     entries: Iterable[BatchEntry],
     options: BatchOptions | None = None,
     *,
@@ -217,7 +239,7 @@ class _Window:
     """The in-flight roots: submit, follow their event streams, hand back finished ones."""
 
     def __init__(
-        self, fleet: Fleet, options: BatchOptions, hooks: BatchHooks, counts: BatchCounts
+        self, fleet: BatchClient, options: BatchOptions, hooks: BatchHooks, counts: BatchCounts
     ) -> None:
         self.fleet = fleet
         self.store = fleet.store
@@ -237,7 +259,7 @@ class _Window:
         )
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)
-        self.fleet.backend.enqueue(trace)
+        self.fleet.enqueue(trace)
         self.slots[trace.trace_id] = _Slot(entry, trace.trace_id)
 
     def attach(self, entry: BatchEntry, trace_id: str) -> None:
@@ -255,7 +277,7 @@ class _Window:
             return
         slot.status = trace.status
         if trace.status == "queued":
-            self.fleet.backend.enqueue(trace)
+            self.fleet.enqueue(trace)
         slot.ended = trace.is_terminal
 
     def step(self, pending: int) -> list[BatchResult]:

@@ -103,8 +103,12 @@ class Fleet:
         """Create a root trace and enqueue it on its mode's queue."""
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
         trace = create_root(self.runtime, spec)
-        self.backend.enqueue(trace)
+        self.enqueue(trace)
         return Handle(trace.trace_id, self)
+
+    def enqueue(self, trace: Trace) -> None:
+        """Run an already persisted root (a created or a re-attached batch entry)."""
+        self.backend.enqueue(trace)
 
     def delegate(self, task: str, **options: Any) -> Handle:
         """One sub-agent with full tools, no main agent around it."""

@@ -7,6 +7,8 @@ a trace key name another one.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fleet.ids import check_trace_id
 
 PREFIX = "fleet"
@@ -106,7 +108,9 @@ USAGE = f"{PREFIX}:usage"
 (kind prompt_tokens, completion_tokens or cost_usd); added to with each model turn."""
 
 COUNTERS = f"{PREFIX}:counters"
-"""Hash, no TTL: fleet-wide event counts for `fleet metrics` (`lease_expiries`, `resumes`)."""
+"""Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
+CounterName = Literal["lease_expiries", "resumes"]
+"""The fields of `COUNTERS`: runs re-enqueued after their lease expired, parents resumed."""
 
 OUTBOX = f"{PREFIX}:outbox"
 """Sorted set, no TTL: work to hand to the queue (`fleet.outbox` entries: a spawn whose

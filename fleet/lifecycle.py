@@ -29,6 +29,7 @@ from fleet.history import main_path, open_turn
 from fleet.models import Collaborator, CollaboratorStatus, Event, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.store import TraceStore
+from fleet.writes import TraceWrite
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,13 @@ Settlement = Settled | Waiting | AlreadyCollected
 # -- the trace's own status -------------------------------------------------------------
 
 
-def start(runtime: Runtime, trace: Trace) -> Trace:
-    """`running`: a runner took the trace (first run or resume)."""
-    return _set_status(runtime.store, trace, "running")
+def start(runtime: Runtime, trace: Trace, write: TraceWrite | None = None) -> Trace:
+    """`running`: a runner took the trace (first run or resume).
+
+    With `write`, the change joins that batch (the caller applies it) instead of being
+    written now; likewise for `finish`.
+    """
+    return _set_status(runtime.store, trace, "running", write)
 
 
 def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
@@ -86,10 +91,17 @@ def requeue(runtime: Runtime, trace: Trace) -> Trace:
     return _set_status(runtime.store, trace, "queued")
 
 
-def reopen(runtime: Runtime, child: Trace, tool_call_id: str) -> Trace:
-    """An ended child answers a new call (`continue_from`): `queued`, answer and error cleared."""
+def reopen(
+    runtime: Runtime, child: Trace, tool_call_id: str, *, otel: dict[str, str] | None = None
+) -> Trace:
+    """An ended child answers a new call (`continue_from`): `queued`, answer and error cleared.
+
+    `otel`: the new call's tracing context (`Hooks.child_context`), which its runs continue.
+    """
     fields: dict[str, Any] = {"status": "queued", "parent_tool_call_id": tool_call_id}
     fields |= {"answer": None, "error": None}
+    if otel:
+        fields["metadata"] = {**child.metadata, "otel": otel}
     runtime.store.update_trace(child.trace_id, **fields)
     return child.model_copy(update=fields)
 
@@ -102,14 +114,20 @@ def finish(
     answer: str | None = None,
     error: str | None = None,
     reason: str,
+    trace: Trace | None = None,
+    write: TraceWrite | None = None,
 ) -> Trace:
     """A terminal status with its `stop_reason`; the parent's entry and the events follow.
+
+    `trace`: the trace as it is now, when the caller holds it (a runner does); else it is
+    read. `write`: the caller's own writes to this trace, applied here in the same step
+    (before the finish's own, after the fence check).
 
     Returns:
         The trace as written (no second read).
     """
     store = runtime.store
-    before = store.get_trace(trace_id)
+    before = trace if trace is not None else store.get_trace(trace_id)
     finished = now_ms()
     redactor = runtime.redactor  # an error may quote a provider body or an exception
     fields = {
@@ -123,7 +141,13 @@ def finish(
     data = {"reason": reason, "name": before.name or before.mode}
     event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
     trace = before.model_copy(update=fields)
-    if trace.parent_trace_id:
+    if write is not None:
+        write.update(None if trace.parent_trace_id else event, **fields)
+        if trace.parent_trace_id:
+            _mirror(runtime, trace.parent_trace_id, trace, write)
+            write.emit(event)  # after the parent's entry: a watcher sees the entry first
+        store.apply(write)
+    elif trace.parent_trace_id:
         store.update_trace(trace_id, **fields)
         _mirror(runtime, trace.parent_trace_id, trace)
         store.emit(trace.root_trace_id, event)
@@ -162,8 +186,13 @@ def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
 # -- a parent's collaborator entries ---------------------------------------------------
 
 
-def announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
-    """A new (or reopened) child shows in its parent's collaborators as `running`."""
+def announce(
+    runtime: Runtime, parent: Trace, child: Trace, write: TraceWrite | None = None
+) -> None:
+    """A new (or reopened) child shows in its parent's collaborators as `running`.
+
+    With `write` (the parent's), the entry joins that batch; the caller applies it.
+    """
     entry = Collaborator(
         name=child.name,
         trace_id=child.trace_id,
@@ -172,10 +201,12 @@ def announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
         mode=child.mode,
         tool_call_id=child.parent_tool_call_id,
     )
-    _put_collaborator(runtime.store, parent.trace_id, child, entry, "queued")
+    _put_collaborator(runtime.store, parent.trace_id, child, entry, "queued", write)
 
 
-def _mirror(runtime: Runtime, parent_trace_id: str, child: Trace) -> None:
+def _mirror(
+    runtime: Runtime, parent_trace_id: str, child: Trace, write: TraceWrite | None = None
+) -> None:
     """The child's status and answer, copied into its parent's entry (idempotent)."""
     status: CollaboratorStatus = "running"
     if child.status in ("completed", "failed", "stopped"):
@@ -190,11 +221,16 @@ def _mirror(runtime: Runtime, parent_trace_id: str, child: Trace) -> None:
         tool_call_id=child.parent_tool_call_id,
         stats=child.stats,
     )
-    _put_collaborator(runtime.store, parent_trace_id, child, entry, status)
+    _put_collaborator(runtime.store, parent_trace_id, child, entry, status, write)
 
 
 def _put_collaborator(
-    store: TraceStore, parent_trace_id: str, child: Trace, entry: Collaborator, shown: str
+    store: TraceStore,
+    parent_trace_id: str,
+    child: Trace,
+    entry: Collaborator,
+    shown: str,
+    write: TraceWrite | None = None,
 ) -> None:
     """The one write of a collaborator entry, with its event, atomic per child."""
     event = Event(
@@ -203,7 +239,10 @@ def _put_collaborator(
         status=shown,
         data={"parent_trace_id": parent_trace_id, "name": entry.name, "mode": child.mode},
     )
-    store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
+    if write is not None:
+        write.put_collaborator(parent_trace_id, entry, event)
+    else:
+        store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
 
 
 # -- settling a tool call from its children --------------------------------------------
@@ -215,15 +254,18 @@ def settle(
     """Write ended children into the parent: their entries and one tool result, once.
 
     The entries are idempotent; the tool message is written at most once per call
-    (atomically with its mark), so duplicate or concurrent collectors are harmless.
+    (atomically with its mark), so duplicate or concurrent collectors are harmless. The
+    children are read in one step and their entries written in one step.
     """
     store = runtime.store
-    children = [store.get_trace(c) for c in child_ids]
+    children = store.get_traces(child_ids)
     pending = tuple(c.trace_id for c in children if not c.is_terminal)
     if pending:
         return Waiting(pending)
+    entries = TraceWrite(parent_trace_id, children[0].root_trace_id)
     for child in children:
-        _mirror(runtime, parent_trace_id, child)
+        _mirror(runtime, parent_trace_id, child, entries)
+    store.apply(entries)
     message = result_message(parent_trace_id, tool_call_id, children)
     if len(children) == 1:
         remember(store, children[0], message.content or "")
@@ -253,20 +295,25 @@ def settle_from_child(runtime: Runtime, child_id: str) -> Settlement:
 
 def call_children(store: TraceStore, parent_trace_id: str, tool_call_id: str) -> list[str]:
     """The children one tool call of the parent spawned, in creation order."""
-    kids = [store.get_trace(c) for c in store.children(parent_trace_id)]
+    kids = store.get_traces(store.children(parent_trace_id))
     return [k.trace_id for k in kids if k.parent_tool_call_id == tool_call_id]
 
 
 def turn_complete(store: TraceStore, trace_id: str) -> bool:
     """True when every tool call of the trace's last assistant turn has a result."""
-    trace = store.get_trace(trace_id)
-    return open_turn(main_path(store.messages(trace_id), trace.head_sequence)) is None
+    snapshot = store.snapshot(trace_id)  # the trace and its messages from one instant
+    return open_turn(main_path(snapshot.messages, snapshot.trace.head_sequence)) is None
 
 
-def _set_status(store: TraceStore, trace: Trace, status: Status) -> Trace:
+def _set_status(
+    store: TraceStore, trace: Trace, status: Status, write: TraceWrite | None = None
+) -> Trace:
     """Write a non-terminal status with its `trace` event (nothing when it is already so)."""
     if trace.status == status:
         return trace
     event = Event(kind="trace", trace_id=trace.trace_id, status=status)
-    store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
+    if write is not None:
+        write.update(event, status=status)
+    else:
+        store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
     return trace.model_copy(update={"status": status})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -17,10 +18,12 @@ from urllib.parse import urlsplit
 
 import redis
 
-from fleet import keys, redis_scripts
+from fleet import keys, redis_scripts, redis_writes
 from fleet.errors import ConfigError, LeaseLost, TraceNotFound
+from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, WorkerPresence, now_ms
 from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
+from fleet.writes import TraceWrite, WriteResult
 
 SOCKET_TIMEOUT_S = 30.0
 """Read timeout of `from_url` clients; blocking event reads are clamped below it."""
@@ -36,6 +39,8 @@ _FLOAT_STATS = frozenset({"cost_usd"})
 CONSUMER_TRIM_MS = 60_000
 """A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
+log = logging.getLogger(__name__)
+
 _PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
 
 
@@ -89,10 +94,12 @@ class RedisStore:
         self._append_once = _Script(client, redis_scripts.APPEND_ONCE)
         self._record = _Script(client, redis_scripts.RECORD_TURN)
         self._put_collaborator = _Script(client, redis_scripts.PUT_COLLABORATOR)
+        self._apply = _Script(client, redis_scripts.APPLY)
         self._add_stats = _Script(client, redis_scripts.ADD_STATS)
         self._emit = _Script(client, redis_scripts.EMIT)
         self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)
         self._claim_due = client.register_script(redis_scripts.CLAIM_DUE)
+        self._begin = client.register_script(redis_scripts.BEGIN_RUN)
         self._acquire = client.register_script(redis_scripts.ACQUIRE_LEASE)
         self._renew = client.register_script(redis_scripts.RENEW_LEASE)
         self._release = client.register_script(redis_scripts.RELEASE_LEASE)
@@ -125,19 +132,20 @@ class RedisStore:
         view._fence = (trace_id, keys.lease(trace_id), owner)
         return view
 
-    def _script(self, script: _Script, script_keys: list[str], args: Sequence[Any]) -> Any:
+    def _script(
+        self, script: _Script, script_keys: list[str], args: Sequence[Any], client: Any = None
+    ) -> Any:
         """Run a write script, behind the lease check when this is a fenced view."""
         if self._fence is None:
-            return script.plain(keys=script_keys, args=args)
+            return script.plain(keys=script_keys, args=args, client=client)
         trace_id, lease_key, owner = self._fence
+        fenced_keys, fenced_args = [lease_key, *script_keys], [owner, *args]
+        if client is not None:  # a pipeline: its reply is checked by `_unfenced`
+            return script.fenced(keys=fenced_keys, args=fenced_args, client=client)
         try:
-            return script.fenced(keys=[lease_key, *script_keys], args=[owner, *args])
+            return script.fenced(keys=fenced_keys, args=fenced_args)
         except redis.ResponseError as exc:
-            if str(exc).startswith(redis_scripts.FENCED_PREFIX):
-                raise LeaseLost(
-                    f"the lease of {trace_id!r} is no longer held by this runner"
-                ) from None
-            raise
+            raise _lease_lost(trace_id, exc) from None
 
     def close(self) -> None:
         """Close the client if this store created it."""
@@ -158,27 +166,30 @@ class RedisStore:
     # -- traces --------------------------------------------------------------
 
     def create_trace(self, trace: Trace) -> None:
-        fields = _encode(trace.model_dump(mode="json", exclude={"stats"}))
-        stats: list[str | float] = [
-            item for pair in trace.stats.model_dump().items() for item in pair
-        ]
-        script_keys = [keys.trace(trace.trace_id), keys.stats(trace.trace_id), keys.TRACES]
-        if trace.parent_trace_id:
-            script_keys.append(keys.children(trace.parent_trace_id))
-        args: list[str | float] = [
-            trace.trace_id,
-            trace.created_at_ms,
-            keys.TRACE_TTL_S,
-            len(fields),
-        ]
-        if not self._script(self._create, script_keys, [*args, *fields, *stats]):
+        script_keys, args = _create_call(trace)
+        if not self._script(self._create, script_keys, args):
             raise ValueError(f"trace {trace.trace_id!r} already exists")
+
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        pipe = self._client.pipeline(transaction=False)
+        for trace in traces:
+            script_keys, args = _create_call(trace)
+            self._script(self._create, script_keys, args, client=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        return [bool(_unfenced(self._fence, created)) for created in replies]
 
     def get_trace(self, trace_id: str) -> Trace:
         trace = self._get_traces([trace_id])[0]
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return trace
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        found = self._get_traces(list(trace_ids))
+        for trace_id, trace in zip(trace_ids, found, strict=True):
+            if trace is None:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+        return [t for t in found if t is not None]
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
         self._update_trace(trace_id, None, fields)
@@ -214,6 +225,28 @@ class RedisStore:
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return TraceSnapshot(trace, _decode_messages(stored), bool(stop))
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        script_keys = [keys.lease(trace_id), keys.RUNNING, *_own_keys(trace_id)]
+        script_keys.append(keys.stop(trace_id))
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
+        reply = self._begin(keys=script_keys, args=args)
+        if reply == -1:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        if reply == 0:
+            return None
+        data, stats, stored, stop = reply
+        pairs = redis_writes.pairs
+        trace = _decode_trace(pairs(data), pairs(stats))
+        assert trace is not None, "BEGIN_RUN returned an empty trace"
+        return TraceSnapshot(trace, _decode_messages(pairs(stored)), bool(stop))
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        script_keys, args = redis_writes.apply_call(write)
+        result = redis_writes.apply_result(write, self._script(self._apply, script_keys, args))
+        if result is None:
+            raise TraceNotFound(f"no trace {write.trace_id!r}")
+        return result
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         traces: list[Trace] = []
@@ -277,13 +310,14 @@ class RedisStore:
         self.update_trace(trace_id, head_sequence=sequence)
 
     def add_stats(self, trace_id: str, **deltas: float) -> None:
-        args: list[str | float] = [keys.TRACE_TTL_S]
-        for name, delta in deltas.items():
+        for name in deltas:
             if name not in STATS_FIELDS:
                 raise ValueError(f"unknown stats field {name!r}")
+        args: list[str | float] = [keys.TRACE_TTL_S]
+        for name, delta in deltas.items():
             float_stat = name in _FLOAT_STATS
             args += [name, "f" if float_stat else "i", delta if float_stat else _whole(name, delta)]
-        self._script(self._add_stats, [keys.stats(trace_id)], args)
+        self._script(self._add_stats, [keys.stats(trace_id)], args)  # all deltas land together
 
     # -- collaborators and events --------------------------------------------
 
@@ -348,12 +382,12 @@ class RedisStore:
     def expired_leases(self, at_ms: int) -> list[str]:
         return [str(i) for i in self._client.zrangebyscore(keys.RUNNING, "-inf", f"({at_ms}")]
 
+    def forget_running(self, trace_id: str) -> bool:
+        return self._client.zrem(keys.RUNNING, trace_id) == 1
+
     def lease_holder(self, trace_id: str) -> str | None:
         holder = self._client.get(keys.lease(trace_id))
         return None if holder is None else str(holder)
-
-    def forget_running(self, trace_id: str) -> bool:
-        return self._client.zrem(keys.RUNNING, trace_id) == 1
 
     # -- worker heartbeat, presence, outbox -----------------------------------
 
@@ -416,6 +450,23 @@ class RedisStore:
         else:
             self._client.set(key, value, ex=ttl_s)
 
+    def count(self, counter: CounterName, by: int = 1) -> None:
+        try:
+            self._client.hincrby(keys.COUNTERS, counter, by)
+        except redis.RedisError:  # a metric must never fail the work it counts
+            log.warning("fleet counter %r not updated", counter, exc_info=True)
+
+
+def _create_call(trace: Trace) -> tuple[list[str], list[str | float]]:
+    """The KEYS and ARGV of CREATE_TRACE."""
+    fields = _encode(trace.model_dump(mode="json", exclude={"stats"}))
+    stats: list[str | float] = [item for pair in trace.stats.model_dump().items() for item in pair]
+    script_keys = [keys.trace(trace.trace_id), keys.stats(trace.trace_id), keys.TRACES]
+    if trace.parent_trace_id:
+        script_keys.append(keys.children(trace.parent_trace_id))
+    args: list[str | float] = [trace.trace_id, trace.created_at_ms, keys.TRACE_TTL_S, len(fields)]
+    return script_keys, [*args, *fields, *stats]
+
 
 def _stored(message: Message, reply: Any) -> Message:
     """The message as an append script stored it: `[sequence, parent JSON]`, or nil."""
@@ -470,3 +521,17 @@ class _Script:
     def __init__(self, client: redis.Redis, source: str) -> None:
         self.plain = client.register_script(source)
         self.fenced = client.register_script(redis_scripts.fenced(source))
+
+
+def _lease_lost(trace_id: str, exc: redis.ResponseError) -> Exception:
+    """`LeaseLost` for a fenced script's refusal; any other script error as it is."""
+    if str(exc).startswith(redis_scripts.FENCED_PREFIX):
+        return LeaseLost(f"the lease of {trace_id!r} is no longer held by this runner")
+    return exc
+
+
+def _unfenced(fence: tuple[str, str, str] | None, reply: Any) -> Any:
+    """A pipelined script's reply, raising what `_script` would have raised."""
+    if isinstance(reply, redis.ResponseError):
+        raise _lease_lost(fence[0] if fence else "", reply)
+    return reply

@@ -32,6 +32,7 @@ from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.store import TraceSnapshot
 from fleet.toolcalls import execute_turn, tool_schemas
+from fleet.writes import TraceWrite, WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -80,64 +81,84 @@ class Runner:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
         owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
-            if not self.store.acquire_lease(trace_id, owner, self.runtime.settings.lease_ttl_ms):
+            snapshot = self.store.begin_run(trace_id, owner, self.runtime.settings.lease_ttl_ms)
+            if snapshot is None:
                 return RunResult(trace_id, "busy")
-            try:
-                with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
-                    outcome = self._fenced(trace_id, lease)
-            finally:
-                self.store.release_lease(trace_id, owner)
+            with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
+                held = _Held(owner, lease)
+                try:
+                    outcome = self._fenced(snapshot, held)
+                finally:
+                    if not held.released:
+                        self.store.release_lease(trace_id, owner)
             if isinstance(outcome, Wait):
                 return RunResult(trace_id, "throttled", outcome.retry_in_s)
             # A collect that finished while we held the lease could not resume us: look again.
             if outcome != "waiting" or not lifecycle.turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
 
-    def _fenced(self, trace_id: str, lease: HeldLease) -> Outcome | Wait:
+    def _fenced(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
         """Drive the trace writing only through a store fenced by our lease.
 
         Every write checks the lease inside its Lua script, so a runner that comes back
         from a freeze after its lease was taken over writes nothing (`LeaseLost`): `lost`.
         """
-        fenced = Runner(self.runtime.fenced(trace_id, lease.owner), should_yield=self.should_yield)
+        trace_id = snapshot.trace.trace_id
+        fenced = Runner(self.runtime.fenced(trace_id, held.owner), should_yield=self.should_yield)
         try:
-            return fenced._drive(trace_id, lease)
+            return fenced._drive(snapshot, held)
         except LeaseLost:
             log.warning("run of %r stopped: its lease was taken over", trace_id)
+            held.released = True  # not ours to release any more
             return "lost"
 
-    def _drive(self, trace_id: str, heartbeat: HeldLease) -> Outcome | Wait:
-        snapshot = self.store.snapshot(trace_id)
-        trace = snapshot.trace
-        if trace.is_terminal:
-            return _terminal(trace.status)
-        trace = lifecycle.start(self.runtime, trace)
+    def _drive(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
+        if snapshot.trace.is_terminal:
+            return _terminal(snapshot.trace.status)
+        hooks = self.runtime.hooks
+        hooks.run_started(snapshot.trace)
+        try:
+            outcome = self._drive_open(snapshot, held)
+        except BaseException as exc:
+            hooks.run_ended(snapshot.trace, "crashed", exc)
+            raise
+        hooks.run_ended(snapshot.trace, "throttled" if isinstance(outcome, Wait) else outcome)
+        return outcome
+
+    def _drive_open(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
+        start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
+        trace = lifecycle.start(self.runtime, snapshot.trace, start)
         try:
             self.runtime.workspace_of(trace)
         except FleetError as exc:  # a forged or stale workspace: fail before any model call
-            return self.finish(trace_id, "failed", error=str(exc), reason="error")
-        if not self._prepare(trace, snapshot.messages):
+            self.store.apply(start)
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        fresh = not main_path(snapshot.messages, trace.head_sequence)
+        for message in first_messages(self.runtime, trace) if fresh else ():
+            start.append(message)
+        # Status and first messages in one step; a fresh trace's first turn needs no read.
+        written = self.store.apply(start) if start.ops else None
+        following: TraceSnapshot | None = None
+        if fresh and written is not None:
+            following = _advanced(TraceSnapshot(trace, snapshot.messages, False), written)
+        elif not fresh and not self._prepare(trace, snapshot.messages):
             lifecycle.wait(self.runtime, trace)
             return "waiting"
-        started_ms = now_ms()
+        held.started_ms = now_ms()
         try:
-            return self._loop(trace_id, heartbeat)
+            return self._loop(trace.trace_id, held, following)
         except LeaseLost:
             raise
         except FleetError as exc:  # TransientLLMError too: the client already retried it
-            return self.finish(trace_id, "failed", error=str(exc), reason="error")
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         finally:
-            with contextlib.suppress(LeaseLost):
-                self.store.add_stats(trace_id, duration_ms=now_ms() - started_ms)
+            if not held.released:  # a finish in one step wrote its duration already
+                with contextlib.suppress(LeaseLost):
+                    self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
 
     def _prepare(self, trace: Trace, messages: list[Message]) -> bool:
-        """Write the first messages or heal the open turn; False while children still run."""
-        path = main_path(messages, trace.head_sequence)
-        if not path:
-            for message in first_messages(self.runtime, trace):
-                self.store.append_message(message)
-            return True
-        turn = open_turn(path)
+        """Heal a resumed trace's open turn; False while its children still run."""
+        turn = open_turn(main_path(messages, trace.head_sequence))
         if turn is None:
             return True
         waiting = False
@@ -166,30 +187,49 @@ class Runner:
         self.store.append_message(healed_result(trace.trace_id, call, sub_id))
         return False
 
-    def _loop(self, trace_id: str, heartbeat: HeldLease) -> Outcome | Wait:
+    def _loop(self, trace_id: str, held: _Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
         while True:
-            snapshot = self.store.snapshot(trace_id)  # trace, messages and stop flag: 1 read
-            if (ended := self._between_turns(snapshot, heartbeat)) is not None:
+            if snapshot is None:  # trace, messages and stop flag: 1 read
+                snapshot = self.store.snapshot(trace_id)
+            if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
-            turn = self._turn(snapshot, heartbeat)
+            turn = self._turn(snapshot, held.heartbeat)
             if turn is None or isinstance(turn, Wait):
                 return self._handed_back(snapshot.trace, turn)
-            step, trace = turn
-            match step:
+            match turn.step:
                 case Finish(answer=answer):
-                    return self.finish(trace_id, "completed", answer=answer, reason="final_answer")
+                    return self._end(held, turn, "completed", answer=answer, reason="final_answer")
                 case DoomLoop(call=call, repeats=repeats):
                     error = (
                         f"doom loop: {call.name!r} called {repeats} times with the same arguments"
                     )
-                    return self.finish(trace_id, "failed", error=error, reason="doom_loop")
+                    return self._end(held, turn, "failed", error=error, reason="doom_loop")
                 case CallTools(calls=calls):
-                    if not execute_turn(self.runtime, trace, calls):
+                    after = self._tools(turn, calls)
+                    if after == "waiting":
                         return "waiting"
-                    if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
-                        lifecycle.start(self.runtime, self.store.get_trace(trace_id))
+                    snapshot = after
                 case _:
-                    assert_never(step)
+                    assert_never(turn.step)
+
+    def _tools(
+        self, turn: _Turn, calls: tuple[ToolCall, ...]
+    ) -> TraceSnapshot | Literal["waiting"] | None:
+        """Store the model turn, run its tools; the snapshot after them, if known without a read.
+
+        `waiting` while sub-agents run; None when the trace must be read again.
+        """
+        # The model turn is stored before its tools run: a crash heals them on resume.
+        stored = self.store.apply(turn.write).messages
+        tools = execute_turn(self.runtime, turn.trace, calls)
+        if tools.waiting:
+            return "waiting"
+        if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
+            lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
+            return None
+        if tools.written is None or stored != turn.messages[-1:]:
+            return None  # another write changed the trace (a goal): read it
+        return _advanced(TraceSnapshot(turn.trace, turn.messages, False), tools.written)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -214,10 +254,8 @@ class Runner:
         lifecycle.requeue(self.runtime, trace)
         return wait
 
-    def _turn(
-        self, snapshot: TraceSnapshot, heartbeat: HeldLease
-    ) -> tuple[Step, Trace] | Wait | None:
-        """One model call, persisted, what to do about it, and the trace as recorded.
+    def _turn(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> _Turn | Wait | None:
+        """One model call and what to do about it; the turn is not written yet.
 
         None when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
@@ -233,20 +271,33 @@ class Runner:
         )
         if isinstance(verdict, Wait):
             return verdict
-        head = trace.head_sequence  # read at the top of this turn; a note moves it
         if (note := injection(self.runtime, trace)) is not None:
             stored = self.store.append_message(note)
-            head, messages = stored.sequence, [*messages, stored]
-        path = main_path(messages, head)
+            messages = [*messages, stored]
+            trace = trace.model_copy(
+                update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
+            )
+        path = main_path(messages, trace.head_sequence)
         response = self._call(trace, model_name, verdict, to_wire(path), tools)
         if isinstance(response, Wait):
             return response
         self.runtime.hooks.model_responded(trace, response)
         if heartbeat.lost.is_set():
             return None
-        recorded = self._record(trace, response, model_name)
+        message = self._model_message(trace, response, model_name)
+        event = Event(
+            kind="message",
+            trace_id=trace.trace_id,
+            data={
+                "role": "assistant",
+                "tools": [c["function"]["name"] for c in message.tool_calls or ()],
+            },
+        )
+        write = TraceWrite(trace.trace_id, trace.root_trace_id)
+        write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
-        return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded
+        step = decide_next(response, recent_calls(path, repeats - 1), repeats)
+        return _Turn(step, _recorded(trace, message), [*messages, message], write)
 
     def _call(
         self,
@@ -259,7 +310,9 @@ class Runner:
         """The model call on its booked turn, settled with the gate whatever happens."""
         if go.wait_s > 0:
             time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
-        self.runtime.hooks.turn_started(trace, trace.iteration)
+        hooks = self.runtime.hooks
+        hooks.turn_started(trace, trace.iteration)
+        hooks.model_requested(trace, model_name, wire)
         gate, started = self.runtime.gate, time.monotonic()
         try:
             response = self.runtime.client(model_name).complete(
@@ -269,42 +322,46 @@ class Runner:
                 max_output_tokens=go.max_output_tokens,
             )
         except ProviderOverloaded as exc:
+            hooks.model_failed(trace, exc)
             return gate.overloaded(go, exc)
-        except BaseException:
+        except BaseException as exc:
+            hooks.model_failed(trace, exc)
             gate.after(go, None, None)
             raise
         gate.after(go, response, int((time.monotonic() - started) * 1000))
         return response
 
-    def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> Trace:
-        """Persist the turn in one store call; the trace as it now is, without a read."""
+    def _model_message(self, trace: Trace, response: LLMResponse, model_name: str) -> Message:
+        """The model's turn as the store will number it: only our lease's holder appends."""
         # The model's text is untrusted: whatever it learnt of our secrets is not persisted.
         scrub = self.runtime.redactor.values_only
         calls = [
             ToolCall(id=c.id, name=scrub(c.name), arguments=scrub(c.arguments))
             for c in response.tool_calls
         ]
-        event = Event(
-            kind="message",
+        return Message(
             trace_id=trace.trace_id,
-            data={"role": "assistant", "tools": [c.name for c in calls]},
+            sequence=trace.last_sequence + 1,
+            parent_sequence=trace.head_sequence,
+            role="assistant",
+            content=scrub(response.content) if response.content else response.content,
+            tool_calls=[c.to_openai() for c in calls] or None,
+            model=model_name,
+            prompt_tokens=response.usage.prompt_tokens,
+            completion_tokens=response.usage.completion_tokens,
+            cost_usd=response.usage.cost_usd,
         )
-        message = self.store.record_turn(
-            trace.root_trace_id,
-            Message(
-                trace_id=trace.trace_id,
-                role="assistant",
-                content=scrub(response.content) if response.content else response.content,
-                tool_calls=[c.to_openai() for c in calls] or None,
-                model=model_name,
-                prompt_tokens=response.usage.prompt_tokens,
-                completion_tokens=response.usage.completion_tokens,
-                cost_usd=response.usage.cost_usd,
-            ),
-            event,
-            iteration=trace.iteration + 1,
+
+    def _end(self, held: _Held, turn: _Turn, status: Status, **outcome: Any) -> Outcome:
+        """The last model turn, the finish, the duration and the lease's release: one step."""
+        turn.write.add_stats(duration_ms=now_ms() - held.started_ms)
+        turn.write.release_lease(held.owner)
+        trace_id = turn.trace.trace_id
+        lifecycle.finish(
+            self.runtime, trace_id, status, trace=turn.trace, write=turn.write, **outcome
         )
-        return _recorded(trace, message)
+        held.released = True
+        return _terminal(status)
 
     def finish(
         self,
@@ -318,6 +375,38 @@ class Runner:
         """End the run in a terminal status (see `lifecycle.finish`)."""
         lifecycle.finish(self.runtime, trace_id, status, answer=answer, error=error, reason=reason)
         return _terminal(status)
+
+
+@dataclass
+class _Held:
+    """A run's hold on its trace."""
+
+    owner: str
+    heartbeat: HeldLease
+    started_ms: int = 0
+    released: bool = False
+    """The lease was given up (with the duration written) in the run's last write."""
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """A model call's outcome, and the write that stores it."""
+
+    step: Step
+    trace: Trace
+    """The trace as it is once `write` is applied."""
+    messages: list[Message]
+    """Every message once `write` is applied."""
+    write: TraceWrite
+
+
+def _advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
+    """The snapshot after a write appended these messages (as a fresh read would show it)."""
+    trace = snapshot.trace
+    if written.messages:
+        last = written.messages[-1].sequence
+        trace = trace.model_copy(update={"head_sequence": last, "last_sequence": last})
+    return TraceSnapshot(trace, [*snapshot.messages, *written.messages], written.stop_requested)
 
 
 def _recorded(trace: Trace, message: Message) -> Trace:

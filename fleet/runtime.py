@@ -6,7 +6,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fleet.gate import Gate
 from fleet.hooks import NO_HOOKS, Hooks
@@ -20,7 +20,7 @@ from fleet.llm.config import (
     validate_model,
 )
 from fleet.llm.retry import DEFAULT_RETRY
-from fleet.models import Trace
+from fleet.models import Mode, Trace
 from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
 from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
@@ -28,8 +28,38 @@ from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
 from fleet.trust import check_workspace_root
 
-if TYPE_CHECKING:
-    from fleet.dispatch import Dispatcher
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    """Children created for one tool call, ready for a dispatcher."""
+
+    parent_trace_id: str
+    root_trace_id: str
+    tool_call_id: str
+    tool_name: str
+    mode: Mode
+    children: tuple[Trace, ...]
+    """The child traces as created (or reopened): a dispatcher need not read them back."""
+
+    @property
+    def child_ids(self) -> tuple[str, ...]:
+        """The children's trace ids, in order."""
+        return tuple(c.trace_id for c in self.children)
+
+
+class Dispatcher(Protocol):
+    """Runs the children of one tool call and, when they are done, has them settled.
+
+    Implementations: `fleet.dispatch.InProcessDispatcher` (threads in this process) and
+    `workers.dispatch.CeleryDispatcher` (a chord whose body settles the call).
+    """
+
+    children_survive_restart: bool
+    """True when children keep running if the parent's process dies (a task queue)."""
+
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        """Start the children; may return before they finish."""
+        ...
 
 
 def operator_config(settings: Settings) -> FleetConfig:

@@ -1,7 +1,15 @@
-"""One frozen settings object, read from the environment once."""
+"""One frozen settings object, read from the environment once per process.
+
+`process_settings()` is this process's object (workers, the CLI, `Fleet.from_env()`);
+`Settings.from_env(env)` builds one from any mapping (tests, `fleet up`'s children).
+Every variable read here is in `ENV_NAMES`, and docs/configuration.md documents each one
+(tests/test_settings_docs.py compares the two). A new variable: a field with a docstring,
+a line in `from_env`, its name in `ENV_NAMES`, a row in docs/configuration.md.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -11,6 +19,37 @@ from fleet import keys, trust
 from fleet.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+OTEL_CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+OTEL_TRACING_ENVS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+)
+ENV_NAMES = (
+    "FLEET_REDIS_URL",
+    "FLEET_BROKER_URL",
+    "FLEET_WORKSPACE",
+    "FLEET_ALLOW_SHELL",
+    "FLEET_AGENTS_DIR",
+    "FLEET_SKILLS_DIR",
+    "FLEET_CONFIG",
+    "FLEET_MODEL",
+    "FLEET_LEASE_TTL_MS",
+    trust.WORKSPACE_ROOTS_ENV,
+    trust.ALLOW_SCRIPTED_ENV,
+    trust.API_KEY_ENVS_ENV,
+    "FLEET_SHELL_ENV",
+    "FLEET_WEB_ALLOW",
+    "FLEET_TOOL_TIMEOUT_S",
+    "FLEET_SWEEP_INTERVAL_S",
+    "FLEET_PROBE_DIR",
+    "FLEET_SERVE_TOKEN",
+    *OTEL_TRACING_ENVS,
+    OTEL_CAPTURE_CONTENT_ENV,
+)
+"""Every environment variable `Settings.from_env` reads (provider keys and base URLs are
+read by `fleet.llm.config` from `Settings.env`, named by fleet.yaml)."""
 
 
 @dataclass(frozen=True)
@@ -31,8 +70,6 @@ class Settings:
     doom_loop_repeats: int = 3
     lease_ttl_ms: int = keys.LEASE_TTL_MS
     """FLEET_LEASE_TTL_MS: a runner whose heartbeat stops is presumed dead this long after."""
-    sweep_interval_s: float = 1.0
-    """FLEET_SWEEP_INTERVAL_S: how often each worker looks for lapsed leases and lost spawns."""
     no_worker_timeout_s: float = 30.0
     """FLEET_NO_WORKER_TIMEOUT_S: `fleet run`/`Fleet.wait` give up (exit 2, trace left
     resumable) when no live worker has consumed the queue the trace waits on for this long."""
@@ -51,6 +88,18 @@ class Settings:
     """FLEET_WEB_ALLOW: hosts or CIDRs web_fetch may reach although not public."""
     tool_timeout_s: float = 30.0
     """FLEET_TOOL_TIMEOUT_S: wall-clock limit of one tool call."""
+    otel_tracing: bool = False
+    """OpenTelemetry configured the standard way (an OTLP endpoint or OTEL_TRACES_EXPORTER,
+    and not OTEL_SDK_DISABLED): runs, model and tool calls become spans (`fleet.otel`)."""
+    otel_capture_content: bool = False
+    """OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true: spans carry prompts,
+    completions and tool arguments/results (off by default: they may be sensitive)."""
+    sweep_interval_s: float = 1.0
+    """FLEET_SWEEP_INTERVAL_S: how often each worker looks for lapsed leases and lost spawns."""
+    probe_dir: Path = Path("/tmp")
+    """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
+    serve_token: str | None = field(default=None, repr=False)
+    """FLEET_SERVE_TOKEN: the bearer token `fleet serve` requires (needed off loopback)."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -73,8 +122,7 @@ class Settings:
             config_path=_path(env.get("FLEET_CONFIG")),
             model=env.get("FLEET_MODEL") or None,
             lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS)),
-            sweep_interval_s=float(env.get("FLEET_SWEEP_INTERVAL_S") or 1.0),
-            no_worker_timeout_s=float(env.get("FLEET_NO_WORKER_TIMEOUT_S") or 30.0),
+            no_worker_timeout_s=_positive(env, "FLEET_NO_WORKER_TIMEOUT_S", 30.0),
             # Default: where this process started, and the operator's FLEET_WORKSPACE.
             workspace_roots=trust.parse_roots(
                 env.get(trust.WORKSPACE_ROOTS_ENV), (Path.cwd(), workspace)
@@ -84,12 +132,28 @@ class Settings:
             shell_env=_names(env.get("FLEET_SHELL_ENV")),
             web_allow=_names(env.get("FLEET_WEB_ALLOW")),
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
+            otel_tracing=_otel_tracing(env),
+            otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
+            sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 1.0),
+            probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
+            serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             env=env,
         )
 
     def with_workspace(self, workspace: Path) -> Settings:
         """A copy whose workspace is checked: a readable directory under a workspace root."""
         return replace(self, workspace=check_workspace(workspace, self.workspace_roots))
+
+
+@functools.cache
+def process_settings() -> Settings:
+    """The settings of this process, read from `os.environ` on first use."""
+    return Settings.from_env()
+
+
+def forget_process_settings() -> None:
+    """Read the environment again on next use (after a fork or when tests change it)."""
+    process_settings.cache_clear()
 
 
 def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:
@@ -118,6 +182,21 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:
         raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
     return value
+
+
+def _otel_tracing(env: Mapping[str, str]) -> bool:
+    """Whether the OTEL_* variables ask for traces to be exported somewhere."""
+    if _true(env.get("OTEL_SDK_DISABLED", "")):
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    return bool(exporter or any(env.get(name) for name in endpoints))
+
+
+def _true(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes")
 
 
 def _path(value: str | None) -> Path | None:

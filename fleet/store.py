@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fleet.errors import LeaseLost, TraceNotFound
+from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, WorkerPresence, now_ms
+from fleet.writes import TraceWrite, WriteResult, apply_one_by_one
 
 STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
 
@@ -37,8 +39,16 @@ class TraceStore(Protocol):
         """Persist a new trace (and index it under its parent); an existing id is an error."""
         ...
 
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        """`create_trace` for each, in one step; False where the id already existed."""
+        ...
+
     def get_trace(self, trace_id: str) -> Trace:
         """The trace with its current stats; `TraceNotFound` if missing."""
+        ...
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        """Several traces in one read, in order; `TraceNotFound` names the first missing."""
         ...
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
@@ -53,6 +63,18 @@ class TraceStore(Protocol):
 
     def snapshot(self, trace_id: str) -> TraceSnapshot:
         """The trace, all its messages and its stop flag, read together."""
+        ...
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        """`acquire_lease`, then `snapshot`, in one step; None when another runner holds it.
+
+        Raises:
+            TraceNotFound: no such trace (and no lease was taken).
+        """
+        ...
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        """Every op of the write, in order, as one atomic step; then the stop flag."""
         ...
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
@@ -198,6 +220,10 @@ class TraceStore(Protocol):
         """A cached sub-agent answer."""
         ...
 
+    def count(self, counter: CounterName, by: int = 1) -> None:
+        """Add to a fleet-wide counter (`fleet metrics`); best effort: a failure is logged."""
+        ...
+
     def cache_set(self, key: str, value: str, ttl_s: int) -> None:
         """Cache a sub-agent answer for `ttl_s`."""
         ...
@@ -219,6 +245,7 @@ class MemoryStore:
         self._running: dict[str, int] = {}
         self._collected: set[tuple[str, str]] = set()
         self._cache: dict[str, tuple[str, int]] = {}
+        self._counters: dict[str, int] = defaultdict(int)
         self._presence: dict[str, tuple[WorkerPresence, int]] = {}
         self._outbox: dict[str, int] = {}
         self._fence: tuple[str, str] | None = None
@@ -244,6 +271,18 @@ class MemoryStore:
             if trace.parent_trace_id:
                 self._children[trace.parent_trace_id].append(trace.trace_id)
 
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        created = []
+        with self._lock:
+            for trace in traces:
+                try:
+                    self.create_trace(trace)
+                except ValueError:
+                    created.append(False)
+                else:
+                    created.append(True)
+        return created
+
     def get_trace(self, trace_id: str) -> Trace:
         with self._lock:
             data = self._traces.get(trace_id)
@@ -251,6 +290,10 @@ class MemoryStore:
                 raise TraceNotFound(f"no trace {trace_id!r}")
             stats = TraceStats.model_validate(self._stats[trace_id])
             return Trace.model_validate({**data, "stats": stats})
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        with self._lock:
+            return [self.get_trace(t) for t in trace_ids]
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
         fields.setdefault("updated_at_ms", now_ms())
@@ -273,6 +316,20 @@ class MemoryStore:
             return TraceSnapshot(
                 self.get_trace(trace_id), self.messages(trace_id), self.stop_requested(trace_id)
             )
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        with self._lock:
+            if trace_id not in self._traces:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+            if not self.acquire_lease(trace_id, owner, ttl_ms):
+                return None
+            return self.snapshot(trace_id)
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        with self._lock:
+            if write.trace_id not in self._traces:
+                raise TraceNotFound(f"no trace {write.trace_id!r}")
+            return apply_one_by_one(self, write)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:
@@ -430,6 +487,10 @@ class MemoryStore:
     def cache_set(self, key: str, value: str, ttl_s: int) -> None:
         with self._lock:
             self._cache[key] = (value, now_ms() + ttl_s * 1000)
+
+    def count(self, counter: CounterName, by: int = 1) -> None:
+        with self._lock:
+            self._counters[counter] += by
 
     def lease_holder(self, trace_id: str) -> str | None:
         with self._lock:

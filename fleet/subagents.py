@@ -12,7 +12,8 @@ from fleet.errors import ToolError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Mode, ToolCeiling, Trace
-from fleet.runtime import Runtime
+from fleet.runtime import Runtime, SpawnRequest
+from fleet.writes import TraceWrite
 
 AGENT_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -62,24 +63,6 @@ EVALUATE_SCHEMA: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
-class SpawnRequest:
-    """Children created for one tool call, ready for a dispatcher."""
-
-    parent_trace_id: str
-    root_trace_id: str
-    tool_call_id: str
-    tool_name: str
-    mode: Mode
-    children: tuple[Trace, ...]
-    """The child traces as created (or reopened): a dispatcher need not read them back."""
-
-    @property
-    def child_ids(self) -> tuple[str, ...]:
-        """The children's trace ids, in order."""
-        return tuple(c.trace_id for c in self.children)
-
-
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
     """Create (or reopen) the child traces of an `agent`/`evaluate` call.
 
@@ -96,8 +79,10 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
         children = [_evaluate_child(runtime, parent, call.id, args)]
     else:
         children = _agent_children(runtime, parent, call.id, args)
+    entries = TraceWrite(parent.trace_id, parent.root_trace_id)  # every entry in one step
     for child in children:
-        lifecycle.announce(runtime, parent, child)
+        lifecycle.announce(runtime, parent, child, entries)
+    runtime.store.apply(entries)
     return SpawnRequest(
         parent_trace_id=parent.trace_id,
         root_trace_id=parent.root_trace_id,
@@ -124,12 +109,11 @@ def _agent_children(
         return [_child(runtime, parent, call_id, spec, common)]
     if isinstance(task, list) and task and all(isinstance(t, str) and t for t in task):
         per_branch = _branch_messages(messages, len(task))
-        return [
-            _child(
-                runtime, parent, call_id, _ChildSpec("explore", "explore", t, i, messages), common
-            )
+        specs = [
+            _ChildSpec("explore", "explore", t, i, messages)
             for i, (t, messages) in enumerate(zip(task, per_branch, strict=True), start=1)
         ]
+        return _children(runtime, parent, call_id, specs, common)
     raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
 
 
@@ -216,7 +200,46 @@ class _ChildSpec:
 
 
 def _child(
-    runtime: Runtime, parent: Trace, call_id: str, spec: _ChildSpec, common: dict[str, Any]
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    spec: _ChildSpec,
+    common: dict[str, Any],
+    first_attempt: int = 1,
+) -> Trace:
+    for attempt in range(first_attempt, 100):
+        trace = _child_trace(runtime, parent, call_id, spec, common, attempt)
+        try:
+            runtime.store.create_trace(trace)
+        except ValueError:
+            continue
+        return trace
+    raise ToolError(f"{spec.mode}: could not allocate a sub-trace id")
+
+
+def _children(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    specs: list[_ChildSpec],
+    common: dict[str, Any],
+) -> list[Trace]:
+    """Create the children in one step; an id already taken tries the next attempt number."""
+    traces = [_child_trace(runtime, parent, call_id, spec, common, 1) for spec in specs]
+    created = runtime.store.create_traces(traces)
+    return [
+        trace if ok else _child(runtime, parent, call_id, spec, common, first_attempt=2)
+        for trace, ok, spec in zip(traces, created, specs, strict=True)
+    ]
+
+
+def _child_trace(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    spec: _ChildSpec,
+    common: dict[str, Any],
+    attempt: int,
 ) -> Trace:
     mode, preset, index = spec.mode, spec.preset, spec.index
     name = f"{mode}-{index:03d}" if index is not None else mode
@@ -228,30 +251,22 @@ def _child(
     if common.get("extra"):
         context["extra"] = common["extra"]
     model = child_model(runtime, parent, preset)
-    ceiling = child_ceiling(runtime, parent)
-    for attempt in range(1, 100):
-        trace = Trace(
-            trace_id=ids.child_id(parent.trace_id, mode, index, attempt),
-            root_trace_id=parent.root_trace_id,
-            parent_trace_id=parent.trace_id,
-            mode=mode,
-            task=runtime.redactor.values_only(spec.task),  # the model wrote it
-            name=name,
-            preset=preset,
-            model=model,
-            workspace=parent.workspace,
-            parent_tool_call_id=call_id,
-            context=context,
-            skills=common.get("skills") or [],
-            metadata=dict(common.get("cache") or {}),
-            ceiling=ceiling,
-        )
-        try:
-            runtime.store.create_trace(trace)
-        except ValueError:
-            continue
-        return trace
-    raise ToolError(f"{mode}: could not allocate a sub-trace id")
+    return Trace(
+        trace_id=ids.child_id(parent.trace_id, mode, index, attempt),
+        root_trace_id=parent.root_trace_id,
+        parent_trace_id=parent.trace_id,
+        mode=mode,
+        task=runtime.redactor.values_only(spec.task),  # the model wrote it
+        name=name,
+        preset=preset,
+        model=model,
+        workspace=parent.workspace,
+        parent_tool_call_id=call_id,
+        context=context,
+        skills=common.get("skills") or [],
+        metadata=_metadata(runtime, parent, call_id, common),
+        ceiling=child_ceiling(runtime, parent),
+    )
 
 
 def _check_messages(messages: Any) -> list[dict[str, str]]:
@@ -282,5 +297,16 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     for missing in turn.missing if turn else ():
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
-    lifecycle.reopen(runtime, child, call.id)
+    otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
+    lifecycle.reopen(runtime, child, call.id, otel=otel)
     return store.get_trace(sub_id)
+
+
+def _metadata(
+    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
+) -> dict[str, Any]:
+    """A new child's metadata: its cache key, and its parent's tracing context if any."""
+    metadata = dict(common.get("cache") or {})
+    if otel := runtime.hooks.child_context(parent, call_id):
+        metadata["otel"] = otel
+    return metadata

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from fleet import lifecycle, outbox
 from fleet.cache import delegate_preset
@@ -12,15 +14,11 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.llm.base import ToolCall
 from fleet.models import Event, Message, Trace, now_ms
-from fleet.runtime import Runtime
-from fleet.subagents import (
-    AGENT_SCHEMA,
-    EVALUATE_SCHEMA,
-    SpawnRequest,
-    delegate_cache_key,
-    spawn,
-)
+from fleet.runtime import Runtime, SpawnRequest
+from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.registry import ToolRegistry
+from fleet.writes import TraceWrite, WriteResult
 
 _GOAL = {
     "type": "function",
@@ -31,16 +29,39 @@ _GOAL = {
     },
 }
 
+
 log = logging.getLogger(__name__)
+
+_SCHEMAS: WeakKeyDictionary[ToolRegistry, dict[tuple[str, ...], list[dict[str, Any]]]]
+_SCHEMAS = WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class ToolTurn:
+    """How one assistant turn's tool calls ended."""
+
+    waiting: bool
+    """Some sub-agent is still running: the run ends `waiting`, the collect resumes it."""
+    written: WriteResult | None
+    """The results as written in one step (with the stop flag), when they are the only
+    change to the trace; None when something else changed it too (a spawn, a goal), so
+    the runner reads it again."""
 
 
 def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
-    """The tools this trace's model is offered: what its preset and mode allow."""
+    """The tools this trace's model is offered: what its preset and mode allow.
+
+    The registry's schemas are deep-copied once per registry and tool set, not per turn;
+    the dicts are shared between turns and threads, so callers must not change them.
+    """
     preset = runtime.permissions(trace)
-    names = runtime.tools.names_for(preset)
+    names = tuple(runtime.tools.names_for(preset))
     if not runtime.settings.allow_shell:
-        names = [n for n in names if n != "bash"]
-    schemas = runtime.tools.schemas(names)
+        names = tuple(n for n in names if n != "bash")
+    cached = _SCHEMAS.setdefault(runtime.tools, {})
+    if names not in cached:
+        cached[names] = runtime.tools.schemas(names)
+    schemas = list(cached[names])
     if preset.allows("goal"):
         schemas.append(_GOAL)
     if trace.mode == "main":
@@ -51,32 +72,45 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     return schemas
 
 
-def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:
-    """Run the calls in order; sub-agents go to the dispatcher last.
+def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> ToolTurn:
+    """Run the calls in order, write their results in one step; sub-agents go last.
 
     Returns:
-        True when every call has its result (the loop goes on), False while waiting.
+        Whether the run waits on sub-agents, and what was written.
     """
-    spawns: list[SpawnRequest] = []
+    spawns: list[tuple[ToolCall, SpawnRequest]] = []
+    results = TraceWrite(trace.trace_id, trace.root_trace_id)
     for call in calls:
+        runtime.hooks.tool_started(trace, call)
         if call.name in SUB_AGENT_TOOLS:
-            try:
-                _check_may_spawn(runtime, trace, call)
-                if (cached := _cached(runtime, trace, call)) is None:
-                    spawns.append(_spawn(runtime, trace, call))
-                    continue
-                result = cached
-            except ToolError as exc:
-                result = ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
+            outcome = _sub_agents(runtime, trace, call)
+            if isinstance(outcome, SpawnRequest):
+                spawns.append((call, outcome))
+                continue
+            result = outcome
         elif call.name == "goal":
             result = _goal(runtime, trace, call)
         else:
             result = _plain(runtime, trace, call)
-        _write(runtime, trace, call, result)
+        _write(runtime, results, call, result)
+        runtime.hooks.tool_finished(trace, call, result)
+    written = runtime.store.apply(results) if results.ops else None
     if not spawns:
-        return True  # every call above wrote its result
+        changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
+        return ToolTurn(waiting=False, written=None if changed else written)
     _dispatch(runtime, trace, spawns)
-    return lifecycle.turn_complete(runtime.store, trace.trace_id)
+    return ToolTurn(not lifecycle.turn_complete(runtime.store, trace.trace_id), None)
+
+
+def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
+    """Children to dispatch, or the result at once (cached answer, refusal)."""
+    try:
+        _check_may_spawn(runtime, trace, call)
+        if (cached := _cached(runtime, trace, call)) is not None:
+            return cached
+        return _spawn(runtime, trace, call)
+    except ToolError as exc:
+        return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
 
 
 def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
@@ -96,25 +130,32 @@ def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
         raise
 
 
-def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> None:
+def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnRequest]]) -> None:
     # Waiting is written before dispatch: a fast chord may collect before we return.
     # Stopped while this turn's model call ran: the new children start stopped.
-    lifecycle.wait(runtime, trace, [c for request in spawns for c in request.child_ids])
-    for request in spawns:
-        if not runtime.dispatcher.children_survive_restart:
-            runtime.dispatcher.dispatch(runtime, request)
-            continue
-        try:
-            runtime.dispatcher.dispatch(runtime, request)
-        except Exception:  # the broker refused: the outbox entry stays, a sweeper sends them
-            log.warning(
-                "dispatch of %d children of %r failed; a sweeper will retry",
-                len(request.children),
-                trace.trace_id,
-                exc_info=True,
-            )
-            continue
-        runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))
+    lifecycle.wait(runtime, trace, [c for _, request in spawns for c in request.child_ids])
+    for call, request in spawns:
+        _hand_over(runtime, trace, request)
+        runtime.hooks.tool_finished(trace, call, None)
+
+
+def _hand_over(runtime: Runtime, trace: Trace, request: SpawnRequest) -> None:
+    """Dispatch; on a task queue, a refused chord stays in the outbox for a sweeper."""
+    if not runtime.dispatcher.children_survive_restart:
+        runtime.dispatcher.dispatch(runtime, request)
+        return
+    try:
+        runtime.dispatcher.dispatch(runtime, request)
+    except Exception:  # the broker refused: the outbox entry stays, a sweeper sends them
+        count = len(request.children)
+        log.warning(
+            "dispatch of %d children of %r failed; a sweeper will retry",
+            count,
+            trace.trace_id,
+            exc_info=True,
+        )
+        return
+    runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))
 
 
 def _cached(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:
@@ -167,24 +208,21 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         arguments = call.parsed_arguments()
     except ValueError as exc:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
-    result = runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
-    runtime.hooks.tool_finished(trace, call.name, result)
-    return result
+    return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
 
 
-def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -> None:
+def _write(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
     # A tool may have read one of the worker's secrets (a file, a response): never stored.
     scrub = runtime.redactor.values_only
     memory = scrub(result.long_term_memory) if result.long_term_memory else None
     event = Event(
         kind="message",
-        trace_id=trace.trace_id,
+        trace_id=results.trace_id,
         data={"role": "tool", "tool": call.name, "is_error": result.is_error},
     )
-    runtime.store.record_turn(
-        trace.root_trace_id,
+    results.append(
         Message(
-            trace_id=trace.trace_id,
+            trace_id=results.trace_id,
             role="tool",
             tool_call_id=call.id,
             name=call.name,

@@ -201,6 +201,9 @@ def assert_tree_stopped(fleet: Fleet, root_id: str) -> None:
 def test_stop_on_the_root_stops_every_descendant(
     url: str, workspace: Path, fleet: Fleet, tmp_path: Path
 ) -> None:
+    # 10 turns of 1 s (10 s a branch): `fleet stop` starts well before a branch could end,
+    # even on a loaded machine; a working stop ends them after their current turn. (More
+    # turns would not help: an explore branch stops at max_iterations=15.)
     model = survey_script(tmp_path / "m.yaml", 6, latency_ms=1000, turns=10)
     handle = fleet.submit("survey", model=model)
     wait_until(lambda: all_branches_running(fleet, handle.trace_id, 6), 30, "branches to run")

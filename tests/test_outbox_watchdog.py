@@ -14,9 +14,8 @@ import pytest
 from fleet.models import Trace
 from fleet.redis_store import RedisStore
 from fleet.runner import Runner
-from fleet.runtime import Runtime
+from fleet.runtime import Runtime, SpawnRequest
 from fleet.store import TraceStore
-from fleet.subagents import SpawnRequest
 from tests.fleetkit import fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 from tests.test_cli_ops import FLEET, clean_env

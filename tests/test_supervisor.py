@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.local import STATE_DIR, UpState, read_state
+from fleetops.discovery import STATE_DIR, UpState, read_state
 from fleetops.supervisor import HEALTHY_AFTER_S, Child, restart_delay_s
 from tests.fleetkit import wait_until
 from tests.procs import children_of, pid_alive

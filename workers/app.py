@@ -64,6 +64,11 @@ def make_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+PIPELINE_FLUSH_COMMANDS = 64
+"""`one_pipeline` flushes every this many commands (a header message and its task-sent
+event are two), so the first branches start while the rest of a large chord is built."""
+
+
 class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
     """Celery's Redis result backend, which subscribes to nothing while `one_pipeline` sends.
 
@@ -119,7 +124,7 @@ def one_pipeline(app: Celery) -> Iterator[None]:
     if not isinstance(app, FleetCelery):
         yield
         return
-    with app.producer_or_acquire() as producer, producer.batch():
+    with app.producer_or_acquire() as producer, producer.batch(PIPELINE_FLUSH_COMMANDS):
         app._pipelined.producer = producer
         try:
             yield

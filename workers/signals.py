@@ -9,6 +9,7 @@ from typing import Any
 from celery.signals import (
     worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
     worker_shutting_down,
@@ -17,7 +18,7 @@ from celery.signals import (
 from fleet.models import WorkerPresence
 from fleet.redact import install_log_redaction, process_redactor
 from workers import probes
-from workers.runtime import draining, get_runtime, reset_runtime
+from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
@@ -96,3 +97,10 @@ def _stop_sweeper(**_: Any) -> None:
 def _stop_heartbeat(**_: Any) -> None:
     if _heartbeat is not None:
         _heartbeat.stop()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_hooks(**_: Any) -> None:
+    # Spans wait in a batch: send them before the process goes (a pool child may skip atexit).
+    flush_hooks()

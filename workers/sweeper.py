@@ -13,7 +13,6 @@ import threading
 from fleet import outbox
 from fleet.control import claim_dead_runs
 from fleet.models import now_ms
-from fleetops.metrics import count_event
 from workers.dispatch import send
 from workers.runtime import get_runtime
 
@@ -37,7 +36,7 @@ def sweep_once() -> list[str]:
             continue
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
     if claimed:
-        count_event(runtime.settings.redis_url, "lease_expiries", len(claimed))
+        runtime.store.count("lease_expiries", len(claimed))
     return claimed
 
 

@@ -12,7 +12,6 @@ from fleet import lifecycle
 from fleet.lifecycle import AlreadyCollected, Settled, Settlement, Waiting
 from fleet.runner import Runner, RunResult, run_safely
 from fleet.settings import Settings
-from fleetops.metrics import count_event
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send
 from workers.runtime import draining, get_runtime
@@ -127,4 +126,4 @@ def resume(trace_id: str) -> None:
     """Enqueue `resume_agent` on the trace's queue."""
     runtime = get_runtime()
     send(runtime.store.get_trace(trace_id), "fleet.resume_agent")
-    count_event(runtime.settings.redis_url, "resumes")
+    runtime.store.count("resumes")

@@ -33,6 +33,7 @@ from fleet.errors import ConfigError
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
+from fleetops.cli.args import positive_int
 from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -43,8 +44,6 @@ SHOWN_FAILURES = 10
 
 def register(commands: Any) -> None:
     """Add `fleet batch`."""
-    from fleetops.cli.ops import positive_int
-
     parser = commands.add_parser("batch", help="run many tasks from a JSONL or YAML file")
     parser.add_argument("file", type=Path, help="JSONL (one object per line) or YAML (a list)")
     parser.add_argument("--out", type=Path, help="append one JSON line per finished task here")
@@ -76,7 +75,7 @@ def _positive_float(text: str) -> float:
 
 def run_batch_command(args: argparse.Namespace) -> int:
     """Validate every entry, then run the batch with progress; see the module doc for exits."""
-    from fleetops.cli.run import fleet_settings
+    from fleetops.discovery import fleet_settings
 
     if args.resume and args.out is None:
         raise ConfigError("--resume needs --out (the results file to continue)")

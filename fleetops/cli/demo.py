@@ -18,7 +18,7 @@ from fleet.settings import Settings
 from fleet.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
-from fleetops.local import discover_redis_url, read_state
+from fleetops.discovery import discover_redis_url, read_state
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
 DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."

@@ -120,3 +120,8 @@ def report(store: TraceStore, trace: Trace, *, as_json: bool) -> int:
     else:
         print(printable(f"{trace.status}: {trace.error}"), file=sys.stderr)
     return 0 if trace.status == "completed" else 1
+
+
+def print_json(value: object) -> None:
+    """Machine-readable output on stdout, control characters escaped."""
+    print(dumps(value))

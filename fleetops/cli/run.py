@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -11,16 +10,18 @@ from typing import Any
 from fleet.client import Fleet
 from fleet.errors import ConfigError, NoLiveWorkers
 from fleet.models import Event
-from fleet.settings import Settings
-from fleetops.cli.inline import run_inline
+from fleetops.cli.inline import add_run_arguments, run_inline
 from fleetops.cli.output import printable, report
+from fleetops.discovery import fleet_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_NO_WORKERS, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def register(commands: Any) -> None:
-    """Make `run` go through the fleet unless --inline; add `watch` and `stop`."""
-    commands.choices["run"].set_defaults(handler=run)
+    """Add `run` (through the fleet, or in this process with --inline), `watch`, `stop`."""
+    run_parser = commands.add_parser("run", help="run a task (in-process with --inline)")
+    add_run_arguments(run_parser)
+    run_parser.set_defaults(handler=run)
     watch_parser = commands.add_parser("watch", help="follow a trace tree live")
     watch_parser.add_argument("trace_id")
     watch_parser.add_argument("--timeout-s", type=float, default=None)
@@ -28,18 +29,6 @@ def register(commands: Any) -> None:
     stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
     stop_parser.add_argument("trace_id")
     stop_parser.set_defaults(handler=stop)
-
-
-def fleet_settings() -> Settings:
-    """Settings from the environment, or the Redis of a `fleet up` in this directory."""
-    if "FLEET_REDIS_URL" not in os.environ:
-        from fleetops.local import discover_redis_url
-
-        url = discover_redis_url()
-        if url:
-            env = {**os.environ, "FLEET_REDIS_URL": url}
-            return Settings.from_env(env)
-    return Settings.from_env()
 
 
 def connect() -> Fleet:

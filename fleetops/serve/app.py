@@ -10,7 +10,9 @@ import asyncio
 import functools
 import hmac
 import json
+import logging
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,15 +20,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import redis
 import tornado.httpserver
 import tornado.web
 from tornado.iostream import StreamClosedError
 
-from fleet.errors import TraceNotFound
+from fleet.errors import InvalidTraceId, TraceNotFound
 from fleet.store import TraceStore
 from fleetops.serve import queries
 from fleetops.serve.queries import BadRequest
 
+log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).with_name("static")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 PAGE_CSP = (
@@ -94,10 +98,13 @@ class _Base(tornado.web.RequestHandler):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(pool or self.pool, fn, *args)
-        except BadRequest as exc:
+        except (BadRequest, InvalidTraceId) as exc:
             raise ApiError(400, str(exc)) from None
         except TraceNotFound as exc:
             raise ApiError(404, str(exc)) from None
+        except redis.exceptions.RedisError as exc:  # no URL in it: it may hold a password
+            log.warning("trace store unreachable: %s", type(exc).__name__)
+            raise ApiError(503, "the trace store (Redis) is unreachable") from None
 
     def reply(self, value: Any) -> None:
         self.set_header("Content-Type", "application/json")
@@ -230,6 +237,13 @@ class EventsHandler(_Base):
                 return
 
 
+class HealthHandler(_Base):
+    """`GET /healthz`: the process answers (probes; no data, so no token)."""
+
+    def get(self) -> None:
+        self.reply({"ok": True})
+
+
 class PageHandler(_Base):
     """`/`: the live page (static; it reads everything through the API)."""
 
@@ -249,14 +263,13 @@ class StaticHandler(tornado.web.StaticFileHandler):
 
 def make_app(config: ServeConfig) -> tornado.web.Application:
     """The routes; ids are checked by the handlers so a bad one gets a 400 that says why."""
-    import threading
-
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="serve-api")
     streams = ThreadPoolExecutor(max_workers=config.max_streams, thread_name_prefix="serve-sse")
     base = {"config": config, "pool": pool}
     return tornado.web.Application(
         [
             (r"/", PageHandler, base),
+            (r"/healthz", HealthHandler, base),
             (r"/static/(app\.js|app\.css)", StaticHandler, {"path": str(STATIC_DIR)}),
             (r"/api/traces", TracesHandler, base),
             (r"/api/traces/([^/]+)", TraceHandler, base),
@@ -265,6 +278,7 @@ def make_app(config: ServeConfig) -> tornado.web.Application:
             (r"/api/traces/([^/]+)/stop", StopHandler, base),
         ],
         stream_slots=threading.BoundedSemaphore(config.max_streams),
+        pools=(pool, streams),
         xheaders=False,
     )
 
@@ -279,11 +293,14 @@ def serve_forever(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stopping.set)
-        server = tornado.httpserver.HTTPServer(make_app(config))
+        app = make_app(config)
+        server = tornado.httpserver.HTTPServer(app)
         server.listen(port, address)
         shown = f"[{address}]" if ":" in address else address
         ready(f"http://{shown or '0.0.0.0'}:{port}/")
         await stopping.wait()
         server.stop()
+        for pool in app.settings["pools"]:  # a blocked stream read ends within its block_ms
+            pool.shutdown(wait=False, cancel_futures=True)
 
     asyncio.run(main())
