@@ -329,7 +329,10 @@ class MemoryStore:
         with self._lock:
             if write.trace_id not in self._traces:
                 raise TraceNotFound(f"no trace {write.trace_id!r}")
-            return apply_one_by_one(self, write)
+            self._check_fence()  # once for the whole write, as the Redis script does: a
+            plain = copy.copy(self)  # write may release the lease before its last op
+            plain._fence = None
+            return apply_one_by_one(plain, write)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:

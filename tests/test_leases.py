@@ -17,6 +17,7 @@ from fleet.models import Collaborator, Event, Message, WorkerPresence, now_ms
 from fleet.runner import Runner
 from fleet.store import TraceStore
 from fleet.testing import ScriptedModel
+from fleet.writes import TraceWrite
 from tests.test_runner import make_fleet
 from tests.test_store import make_trace, run_concurrently, user, wait_until
 
@@ -35,6 +36,9 @@ WRITES: dict[str, Callable[[TraceStore], Any]] = {
     ),
     "emit": lambda s: s.emit("t1", Event(kind="trace", trace_id="t1")),
     "create_trace": lambda s: s.create_trace(make_trace("t1@child", parent_trace_id="t1")),
+    "apply": lambda s: s.apply(
+        TraceWrite("t1", "t1").append(user("t1")).update(status="failed").add_stats(messages=1)
+    ),
     "append_collected": lambda s: s.append_collected(
         Message(trace_id="t1", role="tool", tool_call_id="call-1", content="x")
     ),
