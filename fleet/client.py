@@ -17,7 +17,7 @@ from fleet.errors import ConfigError, FleetError
 from fleet.lifecycle import stop_subtree
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
-from fleet.settings import Settings
+from fleet.settings import Settings, process_settings
 from fleet.store import TraceStore
 from fleet.watchdog import QueueWatch
 
@@ -84,7 +84,7 @@ class Fleet:
         """Connect to FLEET_REDIS_URL / FLEET_BROKER_URL; `ConfigError` if Redis is down."""
         from fleet.redis_store import RedisStore
 
-        settings = settings or Settings.from_env()
+        settings = settings or process_settings()
         store = RedisStore.from_url(settings.redis_url)
         store.ping()
         runtime = Runtime.build(settings, store, InProcessDispatcher())

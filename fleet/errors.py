@@ -18,6 +18,10 @@ class TraceNotFound(FleetError):
     """No trace with this id in the store."""
 
 
+class TraceExists(FleetError):
+    """A trace with this id is in the store already (ids are never reused)."""
+
+
 class InvalidTraceId(TraceNotFound):
     """A string that cannot be a trace id (outside `[A-Za-z0-9@._-]{1,512}`): nothing is read."""
 

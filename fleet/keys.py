@@ -20,10 +20,6 @@ LEASE_TTL_MS = 5_000
 """A runner's lease (default of `Settings.lease_ttl_ms`); the worker's one heartbeat thread
 (`fleet.leases.LeaseKeeper`) renews every lease it holds every LEASE_TTL_MS / 5."""
 
-OUTBOX_GRACE_MS = 15_000
-"""How long a spawn may take between creating its children and handing them to the queue
-before the sweeper dispatches them itself (only if the spawning runner's lease is gone)."""
-
 STOP_TTL_S = TRACE_TTL_S
 EVENTS_MAXLEN = 10_000
 """Approximate cap of one trace tree's event stream."""

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import redis
 
 from fleet import keys, redis_scripts, redis_writes
-from fleet.errors import ConfigError, LeaseLost, TraceNotFound
+from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, WorkerPresence, now_ms
 from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
@@ -168,7 +168,7 @@ class RedisStore:
     def create_trace(self, trace: Trace) -> None:
         script_keys, args = _create_call(trace)
         if not self._script(self._create, script_keys, args):
-            raise ValueError(f"trace {trace.trace_id!r} already exists")
+            raise TraceExists(f"trace {trace.trace_id!r} already exists")
 
     def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
         pipe = self._client.pipeline(transaction=False)

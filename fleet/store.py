@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleet.errors import LeaseLost, TraceNotFound
+from fleet.errors import LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, WorkerPresence, now_ms
 from fleet.writes import TraceWrite, WriteResult, apply_one_by_one
@@ -36,7 +36,7 @@ class TraceStore(Protocol):
     """Where traces, messages, collaborators and events live."""
 
     def create_trace(self, trace: Trace) -> None:
-        """Persist a new trace (and index it under its parent); an existing id is an error."""
+        """Persist a new trace (and index it under its parent); `TraceExists` if the id is taken."""
         ...
 
     def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
@@ -264,7 +264,7 @@ class MemoryStore:
         with self._lock:
             self._check_fence()
             if trace.trace_id in self._traces:
-                raise ValueError(f"trace {trace.trace_id!r} already exists")
+                raise TraceExists(f"trace {trace.trace_id!r} already exists")
             data = trace.model_dump(mode="json", exclude={"stats"})
             self._traces[trace.trace_id] = data
             self._stats[trace.trace_id] = trace.stats.model_dump()
@@ -277,7 +277,7 @@ class MemoryStore:
             for trace in traces:
                 try:
                     self.create_trace(trace)
-                except ValueError:
+                except TraceExists:
                     created.append(False)
                 else:
                     created.append(True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from fleet import ids, lifecycle
 from fleet.cache import CacheScope, cache_key
-from fleet.errors import ToolError
+from fleet.errors import ToolError, TraceExists
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Mode, ToolCeiling, Trace
@@ -211,7 +211,7 @@ def _child(
         trace = _child_trace(runtime, parent, call_id, spec, common, attempt)
         try:
             runtime.store.create_trace(trace)
-        except ValueError:
+        except TraceExists:  # a sibling (or a retry of this call) took the id: next attempt
             continue
         return trace
     raise ToolError(f"{spec.mode}: could not allocate a sub-trace id")

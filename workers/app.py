@@ -13,7 +13,7 @@ from celery.backends.redis import RedisBackend
 from kombu.entity import Queue
 from kombu.messaging import Producer
 
-from fleet.settings import Settings
+from fleet.settings import Settings, process_settings
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
 QUEUE_BY_MODE = {
@@ -138,7 +138,7 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
     app = FleetCelery(
         "fleet", set_as_current=set_as_current, events="workers.naming:RedactingEvents"
     )
-    app.conf.update(make_config(settings or Settings.from_env()))
+    app.conf.update(make_config(settings or process_settings()))
     return app
 
 

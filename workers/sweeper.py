@@ -59,9 +59,9 @@ def sweep_outbox() -> list[str]:
 class Sweeper:
     """A daemon thread sweeping every `interval_s`."""
 
-    def __init__(self, interval_s: float | None = None) -> None:
-        """Interval from the settings (FLEET_SWEEP_INTERVAL_S) unless given."""
-        self.interval_s = interval_s or get_runtime().settings.sweep_interval_s
+    def __init__(self, interval_s: float) -> None:
+        """Sweep every `interval_s` (`Settings.sweep_interval_s`)."""
+        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fleet-sweeper", daemon=True)
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from fleet.api import LocalFleet
-from fleet.settings import Settings
+from fleet.settings import process_settings
 from fleetops.cli.output import report
 
 
@@ -28,9 +27,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_inline(args: argparse.Namespace) -> int:
     """Run the task in-process and print the answer (or the JSON object)."""
-    settings = Settings.from_env()
-    if args.workspace is not None or "FLEET_WORKSPACE" in os.environ:
+    settings = process_settings()
+    if args.workspace is not None or "FLEET_WORKSPACE" in settings.env:
         settings = settings.with_workspace(args.workspace or settings.workspace)
-    local = LocalFleet.from_settings(settings, redis=bool(os.environ.get("FLEET_REDIS_URL")))
+    local = LocalFleet.from_settings(settings, redis=bool(settings.env.get("FLEET_REDIS_URL")))
     trace = local.run(args.task, model=args.model, preset=args.preset)
     return report(local.store, trace, as_json=args.json)

@@ -51,8 +51,9 @@ class ServeConfig:
     """When set, every API request must carry `Authorization: Bearer <token>`."""
     max_streams: int = 32
     """Open event streams at once; one more gets 503."""
-    stream_block_ms: int = 5000
-    """How long one read of the event stream waits before a keep-alive comment."""
+    stream_block_ms: int = 2000
+    """How long one read of the event stream waits before a keep-alive comment; also how
+    long a stop may wait on a stream's blocked read."""
 
 
 class ApiError(tornado.web.HTTPError):
