@@ -21,6 +21,9 @@ from fleet.settings import Settings, process_settings
 from fleet.store import TraceStore
 from fleet.watchdog import QueueWatch
 
+OUTAGE_RETRY_S = 1.0
+"""How often `Fleet.events` tries again while Redis cannot be reached."""
+
 
 class Backend(Protocol):
     """What a task queue must do for the client; `workers` provides the Celery one."""
@@ -169,11 +172,22 @@ class Fleet:
         )
         cursor = "0"
         while True:
-            # Ended already: its last events (its own `finish` included) are still to be read.
-            finished = self.store.get_trace(trace_id).is_terminal
-            if not finished and deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"trace {trace_id!r} still running after {timeout_s} s")
-            batch = self.store.read_events(root, cursor, block_ms=1000)
+            late = deadline is not None and time.monotonic() > deadline
+            try:
+                # Ended already: its last events (its `finish` included) are still to be read.
+                finished = self.store.get_trace(trace_id).is_terminal
+                if not finished and late:
+                    raise TimeoutError(f"trace {trace_id!r} still running after {timeout_s} s")
+                batch = self.store.read_events(root, cursor, block_ms=1000)
+                if not finished:
+                    watch.check()
+            except Exception as exc:  # Redis away (a restart, the network): wait for it
+                if not self.store.unavailable(exc):
+                    raise
+                if late:
+                    raise TimeoutError(f"trace {trace_id!r}: Redis unreachable") from None
+                time.sleep(OUTAGE_RETRY_S)
+                continue
             for entry_id, event in batch:
                 cursor = entry_id
                 yield event
@@ -181,8 +195,6 @@ class Fleet:
                     return
             if finished and not batch:
                 return  # its `finish` fell off the capped stream
-            if not finished:
-                watch.check()
 
     def wait(self, trace_id: str, timeout_s: float | None = None) -> Trace:
         """Block until the trace ends, reading its event stream."""

@@ -385,6 +385,10 @@ class RedisStore:
     def forget_running(self, trace_id: str) -> bool:
         return self._client.zrem(keys.RUNNING, trace_id) == 1
 
+    def unavailable(self, exc: BaseException) -> bool:
+        # BusyLoadingError (a restarted Redis reading its file) is a ConnectionError too.
+        return isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+
     def lease_holder(self, trace_id: str) -> str | None:
         holder = self._client.get(keys.lease(trace_id))
         return None if holder is None else str(holder)

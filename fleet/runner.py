@@ -15,7 +15,7 @@ from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
 from fleet.context import first_messages, injection
-from fleet.errors import FleetError, LeaseLost, ProviderOverloaded
+from fleet.errors import FleetError, LeaseLost, ProviderOverloaded, TransientLLMError
 from fleet.gate import Go, Wait
 from fleet.history import (
     SUB_AGENT_TOOLS,
@@ -37,14 +37,26 @@ from fleet.writes import TraceWrite, WriteResult
 log = logging.getLogger(__name__)
 
 _HOST = socket.gethostname()
+TRANSIENT_RETRIES_KEY = "transient_retries"
+"""Trace metadata: how often a provider error handed the run back to be run later."""
+FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
 
 Outcome = Literal[
-    "completed", "failed", "stopped", "waiting", "busy", "lost", "yielded", "throttled"
+    "completed",
+    "failed",
+    "stopped",
+    "waiting",
+    "busy",
+    "lost",
+    "yielded",
+    "throttled",
+    "interrupted",
 ]
 """`busy`: another runner holds the trace. `lost`: our lease was taken over.
 `yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
 `throttled`: a provider limit said "not now"; the trace is queued again, to be run in
-`RunResult.retry_in_s`."""
+`RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
+was left to lapse, and a sweeper resumes the trace once the store is back."""
 
 
 @dataclass(frozen=True)
@@ -88,9 +100,14 @@ class Runner:
                 held = _Held(owner, lease)
                 try:
                     outcome = self._fenced(snapshot, held)
-                finally:
-                    if not held.released:
+                except Exception as exc:
+                    # Unreachable store: keep the lease (and the running index entry) so
+                    # that it lapses and a sweeper resumes the trace once the store is back.
+                    if not held.released and not self.store.unavailable(exc):
                         self.store.release_lease(trace_id, owner)
+                    raise
+                if not held.released:
+                    self.store.release_lease(trace_id, owner)
             if isinstance(outcome, Wait):
                 return RunResult(trace_id, "throttled", outcome.retry_in_s)
             # A collect that finished while we held the lease could not resume us: look again.
@@ -149,7 +166,9 @@ class Runner:
             return self._loop(trace.trace_id, held, following)
         except LeaseLost:
             raise
-        except FleetError as exc:  # TransientLLMError too: the client already retried it
+        except TransientLLMError as exc:  # the client retried it: the task may, later
+            return self._retry_later(trace.trace_id, exc)
+        except FleetError as exc:
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         finally:
             if not held.released:  # a finish in one step wrote its duration already
@@ -246,6 +265,24 @@ class Runner:
             error = f"stopped after max_iterations={max_iterations}"
             return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
         return None
+
+    def _retry_later(self, trace_id: str, exc: TransientLLMError) -> Outcome | Wait:
+        """A provider error the client's retries did not fix: queued again to run later.
+
+        At most `Settings.transient_retries` times per trace (counted in its metadata,
+        so a worker restart does not reset it); then the trace fails with the error.
+        """
+        trace = self.store.get_trace(trace_id)
+        tries = int(trace.metadata.get(TRANSIENT_RETRIES_KEY, 0))
+        if tries >= self.runtime.settings.transient_retries:
+            error = f"{exc} (gave up after {tries} re-runs)"
+            return self.finish(trace_id, "failed", error=error, reason="error")
+        metadata = {**trace.metadata, TRANSIENT_RETRIES_KEY: tries + 1}
+        self.store.update_trace(trace_id, metadata=metadata)
+        lifecycle.requeue(self.runtime, trace)
+        delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
+        log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
+        return Wait(delay_s, "provider error")
 
     def _handed_back(self, trace: Trace, wait: Wait | None) -> Outcome | Wait:
         """Lease lost (None), or a limit said "not now": queued again, to come back later."""
@@ -444,6 +481,9 @@ def run_safely(runner: Runner, trace_id: str) -> RunResult:
     try:
         return runner.run(trace_id)
     except Exception as exc:  # the envelope *is* the error handling for branches
+        if runner.store.unavailable(exc):
+            log.warning("run of %r interrupted, the store is unreachable: %s", trace_id, exc)
+            return RunResult(trace_id, "interrupted")
         log.exception("run of %r crashed", trace_id)
         error = f"{type(exc).__name__}: {exc}"
         lifecycle.fail(runner.runtime, trace_id, error=error, reason="crash")

@@ -72,6 +72,9 @@ class Settings:
     doom_loop_repeats: int = 3
     lease_ttl_ms: int = keys.LEASE_TTL_MS
     """FLEET_LEASE_TTL_MS: a runner whose heartbeat stops is presumed dead this long after."""
+    transient_retries: int = 3
+    """FLEET_TRANSIENT_RETRIES: how often a run whose model call failed after the client's
+    own retries (5xx, 429, timeouts) is handed back and run again later, before it fails."""
     no_worker_timeout_s: float = 30.0
     """FLEET_NO_WORKER_TIMEOUT_S: `fleet run`/`Fleet.wait` give up (exit 2, trace left
     resumable) when no live worker has consumed the queue the trace waits on for this long."""
@@ -125,6 +128,7 @@ class Settings:
             model=env.get("FLEET_MODEL") or None,
             lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS)),
             no_worker_timeout_s=_positive(env, "FLEET_NO_WORKER_TIMEOUT_S", 30.0),
+            transient_retries=int(env.get("FLEET_TRANSIENT_RETRIES") or 3),
             # Default: where this process started, and the operator's FLEET_WORKSPACE.
             workspace_roots=trust.parse_roots(
                 env.get(trust.WORKSPACE_ROOTS_ENV), (Path.cwd(), workspace)

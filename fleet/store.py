@@ -163,6 +163,13 @@ class TraceStore(Protocol):
         """The owner of the trace's live lease, if any."""
         ...
 
+    def unavailable(self, exc: BaseException) -> bool:
+        """Whether `exc` means the store could not be reached just now (not a bug).
+
+        A run interrupted so keeps its lease until it lapses, and a sweeper resumes it.
+        """
+        ...
+
     def fenced(self, trace_id: str, owner: str) -> TraceStore:
         """A view of the store whose writes first check that `owner` holds the lease.
 
@@ -494,6 +501,9 @@ class MemoryStore:
     def count(self, counter: CounterName, by: int = 1) -> None:
         with self._lock:
             self._counters[counter] += by
+
+    def unavailable(self, exc: BaseException) -> bool:
+        return False
 
     def lease_holder(self, trace_id: str) -> str | None:
         with self._lock:

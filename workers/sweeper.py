@@ -18,6 +18,8 @@ from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
 
+NOT_RIPE_RETRY_MS = 1_000
+"""A spawn whose spawner still holds its lease is looked at again this much later."""
 OUTBOX_RETRY_MS = 10_000
 """An entry a sweeper claimed but could not finish (broker away, sweeper died) comes back
 this much later."""
@@ -46,8 +48,9 @@ def sweep_outbox() -> list[str]:
     sent: list[str] = []
     for entry in store.outbox_claim(now_ms(), OUTBOX_RETRY_MS):
         runs = outbox.runs_for(store, entry)
-        if runs is None:
-            continue  # its spawner still holds the lease: it comes due again later
+        if runs is None:  # its spawner still holds the lease: look again soon
+            store.outbox_put(entry, now_ms() + NOT_RIPE_RETRY_MS)
+            continue
         for trace_id in runs:
             send(store.get_trace(trace_id), recovered=True)
             log.warning("dispatched %s for outbox entry %r", trace_id, entry)
