@@ -488,8 +488,8 @@ def allowed(block: dict[str, Any], address: ipaddress.IPv4Address | ipaddress.IP
 def test_workers_reach_dns_redis_and_public_https_never_the_metadata_service() -> None:
     for overlay in ("base", "overlays/dev", "overlays/prod"):
         objects = kustomize(K8S / overlay)
-        (policy,) = objects_of("NetworkPolicy", objects)
-        spec = policy["spec"]
+        policies = {p["metadata"]["name"]: p["spec"] for p in objects_of("NetworkPolicy", objects)}
+        spec = policies["fleet-workers"]
         workers = [d for d in objects_of("Deployment", objects) if component(d) == "worker"]
         assert len(workers) == len(QUEUES)
         for deployment in workers:
@@ -506,3 +506,38 @@ def test_workers_reach_dns_redis_and_public_https_never_the_metadata_service() -
         assert any(allowed(b, ipaddress.ip_address("104.18.7.192")) for b in public)
         for private in ("10.0.0.5", "172.16.1.1", "192.168.1.1", "100.64.0.1", "127.0.0.1"):
             assert not any(allowed(b, ipaddress.ip_address(private)) for b in public), private
+
+
+def selects(spec: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy's podSelector (matchLabels and `In` expressions) picks a pod."""
+    selector = spec["podSelector"]
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    return all(
+        labels.get(e["key"]) in e["values"]
+        for e in selector.get("matchExpressions", [])
+        if e["operator"] == "In"
+    )
+
+
+def test_the_consoles_reach_only_dns_and_redis() -> None:
+    objects = kustomize(K8S / "overlays" / "prod")
+    policies = {p["metadata"]["name"]: p["spec"] for p in objects_of("NetworkPolicy", objects)}
+    spec = policies["fleet-consoles"]
+    consoles = [
+        d
+        for d in objects_of("Deployment", objects)
+        if component(d) in ("flower", "metrics", "serve")
+    ]
+    assert {component(d) for d in consoles} == {"flower", "metrics", "serve"}
+    for deployment in objects_of("Deployment", objects):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selects(spec, labels) == (deployment in consoles), deployment["metadata"]["name"]
+        ports = {p["containerPort"] for c in pod_containers(deployment) for p in c.get("ports", [])}
+        if deployment in consoles:
+            allowed_in = {p["port"] for rule in spec["ingress"] for p in rule["ports"]}
+            assert ports <= allowed_in
+    egress = {(p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"]}
+    assert egress == {("UDP", 53), ("TCP", 53), ("TCP", 6379), ("TCP", 6380)}
+    blocks = [peer["ipBlock"] for r in spec["egress"] for peer in r["to"] if "ipBlock" in peer]
+    assert not any(allowed(block, METADATA) for block in blocks)
