@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleet import human
-from fleet.api import TaskSpec, create_root
 from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.batch_file import check_entries, entries_from
 from fleet.conversation import continue_trace, stamp, turn_of
-from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError, FleetError
 from fleet.human import waiting_traces
+from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
 from fleet.models import Event, Mode, Trace
+from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.store import TraceStore
