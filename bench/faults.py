@@ -457,7 +457,7 @@ Runner(runtime).run(trace_id)
 
 def orphaned_spawn(options: Options) -> Row:
     """The process running the root dies between creating the branches and sending them."""
-    from fleet.api import TaskSpec, create_root
+    from fleet.roots import TaskSpec, create_root
 
     row = Row("spawner dies before the chord")
     with rig() as (the_rig, _):

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from fleet.api import TaskSpec, create_root
 from fleet.errors import LeaseLost
 from fleet.leases import LeaseKeeper
 from fleet.llm.base import LLMResponse
 from fleet.models import Collaborator, Event, Message, WorkerPresence, now_ms
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.store import TraceStore
 from fleet.testing import ScriptedModel

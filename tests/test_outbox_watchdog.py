@@ -105,7 +105,7 @@ def test_orphaned_children_are_dispatched_and_the_parent_completes(
 
 
 def _create_root(runtime: Runtime, model: str) -> str:
-    from fleet.api import TaskSpec, create_root
+    from fleet.roots import TaskSpec, create_root
 
     trace: Trace = create_root(runtime, TaskSpec(task="survey", model=model))
     return trace.trace_id

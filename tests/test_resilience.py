@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fleet.api import TaskSpec, create_root
 from fleet.errors import TransientLLMError
 from fleet.llm.base import LLMResponse
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import TRANSIENT_RETRIES_KEY, Runner, run_safely
 from fleet.store import MemoryStore
 from fleet.testing import ScriptedModel
