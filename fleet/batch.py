@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleet.api import TaskSpec, create_root
 from fleet.errors import TraceNotFound
 from fleet.human import waiting_on
 from fleet.models import TERMINAL, Event, Trace
+from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime
 from fleet.store import TraceStore
 

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from fleet.api import LocalFleet
-from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError, ContextOverflow
 from fleet.fit import estimate_tokens, fit
+from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, ModelConfig
 from fleet.presets import AgentPreset, load_preset_file
@@ -38,11 +37,11 @@ def assistants(messages: list[dict[str, Any]]) -> int:
 
 def local_fleet(
     store: TraceStore, workspace: Path, model: ScriptedModel, **presets: AgentPreset
-) -> LocalFleet:
+) -> InProcessFleet:
     settings = Settings(workspace=workspace, env={})
     runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"test": model})
     runtime = Runtime(**{**runtime.__dict__, "presets": {**runtime.presets, **presets}})
-    return LocalFleet(runtime)
+    return InProcessFleet(runtime)
 
 
 @pytest.mark.parametrize(
@@ -201,7 +200,7 @@ def test_a_tiny_window_keeps_every_request_under_it(store: TraceStore, tmp_path:
         models={"tiny": ModelConfig(provider="scripted", name="x", context_window=window)}
     )
     runtime = Runtime(**{**local.runtime.__dict__, "config": config, "clients": {"tiny": model}})
-    root = LocalFleet(runtime).run("read the parts", model="tiny")
+    root = InProcessFleet(runtime).run("read the parts", model="tiny")
     assert root.status == "completed", root.error
     sizes = [estimate_tokens(r, t) for r, t in zip(model.requests, model.tools_seen, strict=True)]
     assert max(sizes) <= window * 0.8, sizes

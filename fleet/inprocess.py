@@ -1,74 +1,51 @@
-"""The Python surface: create root traces, run them in-process, or submit them to a fleet."""
+"""A whole agent tree in this process: `InProcessFleet` and its `InProcessDispatcher`.
+
+The remote counterpart is `fleet.client.Fleet` (a running Celery fleet). The `Dispatcher`
+Protocol lives in `fleet.runtime`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fleet import human, ids
+from fleet import human, lifecycle
 from fleet.conversation import continue_trace
-from fleet.dispatch import InProcessDispatcher
-from fleet.errors import ConfigError
 from fleet.llm.base import LLMClient
-from fleet.models import Event, Mode, Trace
+from fleet.models import Trace
 from fleet.otel import make_hooks
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner, run_to_end
-from fleet.runtime import Dispatcher, Runtime
+from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.store import MemoryStore, TraceStore
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """One task to run as a root trace."""
+class InProcessDispatcher:
+    """Runs children in this process: explore branches concurrently in threads."""
 
-    task: str
-    model: str | None = None
-    preset: str = "default"
-    workspace: Path | None = None
-    mode: Mode = "main"
-    metadata: Mapping[str, Any] | None = None
+    children_survive_restart = False
 
+    def __init__(self, max_parallel: int = 16) -> None:
+        """`max_parallel` caps the threads of one explore."""
+        self.max_parallel = max_parallel
 
-def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
-    """Validate the spec (preset, model, workspace) and persist a queued root trace.
-
-    Raises:
-        ConfigError: Unknown preset or model, missing API key, bad workspace.
-    """
-    if not spec.task.strip():
-        raise ConfigError("the task is empty")
-    runtime.preset(spec.preset)
-    model = runtime.model_name(spec.model, spec.preset)
-    runtime.check_model(model)
-    workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
-    trace_id = ids.root_id()
-    trace = Trace(
-        trace_id=trace_id,
-        root_trace_id=trace_id,
-        mode=spec.mode,
-        task=spec.task,
-        name="main",
-        preset=spec.preset,
-        model=_portable(model),
-        workspace=str(workspace.workspace),
-        metadata=dict(spec.metadata or {}),
-    )
-    runtime.store.create_trace(trace)
-    runtime.store.emit(trace_id, Event(kind="trace", trace_id=trace_id, status="queued"))
-    return trace
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        """Run every child to its end, then collect them into the parent."""
+        runner = Runner(runtime)
+        ids = list(request.child_ids)
+        if len(ids) == 1:
+            run_to_end(runner, ids[0])
+        else:
+            with ThreadPoolExecutor(min(len(ids), self.max_parallel), "fleet-branch") as pool:
+                list(pool.map(lambda child: run_to_end(runner, child), ids))
+        # Every child ran to its end here, so this settles the call (a child whose runner
+        # lost its lease leaves it `Waiting`: nothing of it would be true yet).
+        lifecycle.settle(runtime, request.parent_trace_id, request.tool_call_id, ids)
 
 
-def _portable(model: str) -> str:
-    """`scripted:rel.yaml` becomes absolute so a worker in another directory finds it."""
-    if model.startswith("scripted:"):
-        return "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
-    return model
-
-
-class LocalFleet:
+class InProcessFleet:
     """A whole agent tree in this process: explore branches run in threads."""
 
     def __init__(self, runtime: Runtime) -> None:
@@ -85,7 +62,7 @@ class LocalFleet:
         store: TraceStore | None = None,
         clients: Mapping[str, LLMClient] | None = None,
         dispatcher: Dispatcher | None = None,
-    ) -> LocalFleet:
+    ) -> InProcessFleet:
         """In-memory store unless `redis` (FLEET_REDIS_URL) or a store is given."""
         if store is None:
             store = _redis_store(settings.redis_url) if redis else MemoryStore()
