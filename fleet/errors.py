@@ -55,5 +55,13 @@ class ToolError(FleetError):
     """A tool refused or failed; the message goes back to the model as the tool result."""
 
 
+class ConversationError(FleetError):
+    """A continue, rewind or reply that does not apply: wrong trace, status or sequence."""
+
+
+class ContextOverflow(FleetError):
+    """The conversation does not fit the model's context window even with outputs elided."""
+
+
 class BudgetExceeded(FleetError):
     """A tree's budget (tokens, usd, sub-agents, depth or wall time) is spent."""

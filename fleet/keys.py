@@ -83,6 +83,10 @@ TRACES = f"{PREFIX}:traces"
 RUNNING = f"{PREFIX}:running"
 """Sorted set: trace ids in status running, scored by their lease deadline in ms."""
 
+HUMAN_WAITS = f"{PREFIX}:human-waits"
+"""Sorted set, no TTL: trace ids waiting on a person (`ask_human`), scored by the deadline in
+ms after which the wait ends with a timeout result; a reply removes its entry."""
+
 USAGE = f"{PREFIX}:usage"
 """Hash, no TTL: fleet-wide model usage for `fleet metrics`, one field per `{kind}:{model}`
 (kind prompt_tokens, completion_tokens or cost_usd); added to with each model turn."""

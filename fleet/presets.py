@@ -40,6 +40,7 @@ READ_TOOLS = frozenset({"read_file", "list_dir", "glob", "grep"})
 TOOL_NAMES = frozenset(
     READ_TOOLS
     | {"write_file", "edit_file", "bash", "web_fetch", "skill", "goal", "agent", "evaluate"}
+    | {"ask_human"}
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})

@@ -343,6 +343,18 @@ class RedisStore:
     def stop_requested(self, trace_id: str) -> bool:
         return bool(self._client.exists(keys.stop(trace_id)))
 
+    def clear_stop(self, trace_id: str) -> None:
+        self._client.delete(keys.stop(trace_id))
+
+    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
+        self._client.zadd(keys.HUMAN_WAITS, {trace_id: deadline_ms})
+
+    def expired_human_waits(self, at_ms: int) -> list[str]:
+        return [str(i) for i in self._client.zrangebyscore(keys.HUMAN_WAITS, "-inf", f"({at_ms}")]
+
+    def forget_human_wait(self, trace_id: str) -> bool:
+        return self._client.zrem(keys.HUMAN_WAITS, trace_id) == 1
+
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
         return bool(self._acquire(keys=[keys.lease(trace_id), keys.RUNNING], args=args))

@@ -17,12 +17,14 @@ from fleet.errors import FleetError, ProviderOverloaded
 from fleet.gate import Go, Wait
 from fleet.history import (
     SUB_AGENT_TOOLS,
+    fresh_call_ids,
     healed_result,
     main_path,
     open_turn,
     recent_calls,
     to_wire,
 )
+from fleet.human import ASK_HUMAN, still_waiting
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
@@ -177,8 +179,11 @@ class Runner:
     def _settle(self, trace: Trace, call: dict[str, Any]) -> bool:
         """Collect or heal one unanswered call; True if its children are still running."""
         call_id = str(call["id"])
+        name = str(call["function"]["name"])
+        if name == ASK_HUMAN and still_waiting(trace, call_id):
+            return True  # a person has not answered yet: a redelivered run waits again
         kids: list[str] = []
-        if call["function"]["name"] in SUB_AGENT_TOOLS:
+        if name in SUB_AGENT_TOOLS:
             kids = lifecycle.call_children(self.store, trace.trace_id, call_id)
         if kids:
             # Their collect was lost (or is still to come): settle it here if they all ended.
@@ -292,6 +297,7 @@ class Runner:
         self.runtime.hooks.model_responded(trace, response)
         if heartbeat.lost.is_set():
             return None
+        response = fresh_call_ids(response, messages, trace.last_sequence + 1)
         message = self._model_message(trace, response, model_name)
         event = Event(
             kind="message",

@@ -49,7 +49,7 @@ class SpawnRequest:
 class Dispatcher(Protocol):
     """Runs the children of one tool call and, when they are done, has them settled.
 
-    Implementations: `fleet.dispatch.InProcessDispatcher` (threads in this process) and
+    Implementations: `fleet.inprocess.InProcessDispatcher` (threads in this process) and
     `workers.dispatch.CeleryDispatcher` (a chord whose body settles the call).
     """
 

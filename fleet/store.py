@@ -142,6 +142,22 @@ class TraceStore(Protocol):
         """Whether a stop was requested for this trace."""
         ...
 
+    def clear_stop(self, trace_id: str) -> None:
+        """Lower the stop flag (a stopped root is being continued)."""
+        ...
+
+    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
+        """Remember that this trace waits on a person until `deadline_ms`."""
+        ...
+
+    def expired_human_waits(self, at_ms: int) -> list[str]:
+        """Traces whose wait on a person passed its deadline before `at_ms`."""
+        ...
+
+    def forget_human_wait(self, trace_id: str) -> bool:
+        """Drop a trace's wait from the index; True for the one caller that removed it."""
+        ...
+
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         """Take the runner lease if free (or already ours); index it as running."""
         ...
@@ -199,6 +215,7 @@ class MemoryStore:
         self._running: dict[str, int] = {}
         self._collected: set[tuple[str, str]] = set()
         self._cache: dict[str, tuple[str, int]] = {}
+        self._human_waits: dict[str, int] = {}
         self._counters: dict[str, int] = defaultdict(int)
 
     def create_trace(self, trace: Trace) -> None:
@@ -366,6 +383,22 @@ class MemoryStore:
     def stop_requested(self, trace_id: str) -> bool:
         with self._lock:
             return trace_id in self._stops
+
+    def clear_stop(self, trace_id: str) -> None:
+        with self._lock:
+            self._stops.discard(trace_id)
+
+    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
+        with self._lock:
+            self._human_waits[trace_id] = deadline_ms
+
+    def expired_human_waits(self, at_ms: int) -> list[str]:
+        with self._lock:
+            return [t for t, deadline in self._human_waits.items() if deadline < at_ms]
+
+    def forget_human_wait(self, trace_id: str) -> bool:
+        with self._lock:
+            return self._human_waits.pop(trace_id, None) is not None
 
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         with self._lock:

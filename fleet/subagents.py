@@ -8,6 +8,7 @@ from typing import Any
 
 from fleet import ids, lifecycle
 from fleet.cache import CacheScope, cache_key
+from fleet.conversation import TURN_KEY, turn_of
 from fleet.errors import ToolError, TraceExists
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
@@ -305,8 +306,10 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
 def _metadata(
     runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
 ) -> dict[str, Any]:
-    """A new child's metadata: its cache key, and its parent's tracing context if any."""
+    """A new child's metadata: its cache key, its parent's tracing context, the turn."""
     metadata = dict(common.get("cache") or {})
     if otel := runtime.hooks.child_context(parent, call_id):
         metadata["otel"] = otel
+    if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn
+        metadata[TURN_KEY] = turn
     return metadata

@@ -11,6 +11,7 @@ from fleet.cache import delegate_preset
 from fleet.errors import ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
+from fleet.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
 from fleet.llm.base import ToolCall
 from fleet.models import Event, Message, Trace
 from fleet.runtime import Runtime, SpawnRequest
@@ -66,20 +67,31 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
         # it (and `spawn` refuses a writing child if the model calls it anyway).
         offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
         schemas += [s for s in offered if preset.allows(s["function"]["name"])]
+    if may_ask(preset, trace):
+        schemas.append(ASK_HUMAN_SCHEMA)
     return schemas
 
 
 def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> ToolTurn:
     """Run the calls in order, write their results in one step; sub-agents go last.
 
+    A question to a person (`ask_human`) is put after every other result is written.
+
     Returns:
-        Whether the run waits on sub-agents, and what was written.
+        Whether the run waits on sub-agents or a person, and what was written.
     """
     spawns: list[tuple[ToolCall, SpawnRequest]] = []
     results = TraceWrite(trace.trace_id, trace.root_trace_id)
+    question: tuple[ToolCall, str] | None = None
     for call in calls:
         runtime.hooks.tool_started(trace, call)
-        if call.name in SUB_AGENT_TOOLS:
+        if call.name == ASK_HUMAN:
+            asked = _question(runtime, trace, _persisted(runtime, call), first=question is None)
+            if isinstance(asked, str):
+                question = (call, asked)
+                continue
+            result = asked
+        elif call.name in SUB_AGENT_TOOLS:
             outcome = _sub_agents(runtime, trace, _persisted(runtime, call))
             if isinstance(outcome, SpawnRequest):
                 spawns.append((call, outcome))
@@ -92,11 +104,23 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
         _write(runtime, results, call, result)
         runtime.hooks.tool_finished(trace, call, result)
     written = runtime.store.apply(results) if results.ops else None
+    if question is not None:
+        ask(runtime, trace, question[0].id, question[1])
+        runtime.hooks.tool_finished(trace, question[0], None)
     if not spawns:
+        if question is not None:
+            return ToolTurn(waiting=True, written=None)
         changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
         return ToolTurn(waiting=False, written=None if changed else written)
     _dispatch(runtime, trace, spawns)
     return ToolTurn(not lifecycle.turn_complete(runtime.store, trace.trace_id), None)
+
+
+def _question(runtime: Runtime, trace: Trace, call: ToolCall, *, first: bool) -> str | ToolResult:
+    """The question to put to a person, or a refusal (one question per turn)."""
+    if not first:
+        return ToolResult(title="ask_human refused", output="one question per turn", is_error=True)
+    return question_of(runtime, trace, call)
 
 
 def _persisted(runtime: Runtime, call: ToolCall) -> ToolCall:

@@ -6,6 +6,7 @@ import logging
 import threading
 
 from fleet.control import claim_dead_runs
+from fleet.human import time_out_waits
 from workers.dispatch import send
 from workers.runtime import get_runtime
 
@@ -21,6 +22,9 @@ def sweep_once() -> list[str]:
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
     if claimed:
         runtime.store.count("lease_expiries", len(claimed))
+    for trace_id in time_out_waits(runtime):
+        send(runtime.store.get_trace(trace_id))
+        log.warning("%s: no reply from a person in time; resumed without one", trace_id)
     return claimed
 
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fleet.errors import ConfigError, FleetError, TraceNotFound
+from fleet.errors import ConfigError, ConversationError, FleetError, TraceNotFound
 from fleet.redact import install_log_redaction, process_redactor
 from fleet.settings import forget_process_settings
 from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fleet: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (ConfigError, TraceNotFound) as exc:
+    except (ConfigError, TraceNotFound, ConversationError) as exc:
         return fail(str(exc), EXIT_BAD_INPUT)
     except FleetError as exc:
         return fail(str(exc), EXIT_FAILED)

@@ -1,0 +1,64 @@
+"""Root traces: a task checked (preset, model, workspace) and persisted `queued`.
+
+Both `fleet.inprocess.InProcessFleet` and the remote `fleet.client.Fleet` create roots here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet import ids
+from fleet.errors import ConfigError
+from fleet.models import Event, Mode, Trace
+from fleet.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task to run as a root trace."""
+
+    task: str
+    model: str | None = None
+    preset: str = "default"
+    workspace: Path | None = None
+    mode: Mode = "main"
+    metadata: Mapping[str, Any] | None = None
+
+
+def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
+    """Validate the spec (preset, model, workspace) and persist a queued root trace.
+
+    Raises:
+        ConfigError: Unknown preset or model, missing API key, bad workspace.
+    """
+    if not spec.task.strip():
+        raise ConfigError("the task is empty")
+    runtime.preset(spec.preset)
+    model = runtime.model_name(spec.model, spec.preset)
+    runtime.check_model(model)
+    workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
+    trace_id = ids.root_id()
+    trace = Trace(
+        trace_id=trace_id,
+        root_trace_id=trace_id,
+        mode=spec.mode,
+        task=spec.task,
+        name="main",
+        preset=spec.preset,
+        model=_portable(model),
+        workspace=str(workspace.workspace),
+        metadata=dict(spec.metadata or {}),
+    )
+    runtime.store.create_trace(trace)
+    runtime.store.emit(trace_id, Event(kind="trace", trace_id=trace_id, status="queued"))
+    return trace
+
+
+def _portable(model: str) -> str:
+    """`scripted:rel.yaml` becomes absolute so a worker in another directory finds it."""
+    if model.startswith("scripted:"):
+        return "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
+    return model
