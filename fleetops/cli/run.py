@@ -10,6 +10,7 @@ from typing import Any
 from fleet.client import Fleet
 from fleet.errors import ConfigError, ConversationError
 from fleet.models import Event
+from fleetops.cli.args import positive_float
 from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
@@ -24,7 +25,7 @@ def register(commands: Any) -> None:
     run_parser.set_defaults(handler=run)
     watch_parser = commands.add_parser("watch", help="follow a trace tree live")
     watch_parser.add_argument("trace_id")
-    watch_parser.add_argument("--timeout-s", type=float, default=None)
+    watch_parser.add_argument("--timeout-s", type=positive_float, default=None)
     watch_parser.set_defaults(handler=watch)
     stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
     stop_parser.add_argument("trace_id")
