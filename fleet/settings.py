@@ -14,11 +14,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fleet import trust
 from fleet.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 OTEL_CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 OTEL_TRACING_ENVS = (
     "OTEL_SDK_DISABLED",
@@ -109,7 +111,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read FLEET_* variables; the mapping is kept for model/provider lookup."""
         env = dict(os.environ if env is None else env)
-        redis_url = env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL)
+        redis_url = _redis_url(env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL))
         workspace = Path(env.get("FLEET_WORKSPACE") or Path.cwd()).expanduser()
         return cls(
             redis_url=redis_url,
@@ -163,6 +165,21 @@ def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:
     if not os.access(resolved, os.R_OK | os.X_OK):
         raise ConfigError(f"workspace {str(path)!r} is not readable")
     return resolved
+
+
+def _redis_url(url: str) -> str:
+    """FLEET_REDIS_URL as given, if redis-py takes its scheme.
+
+    Raises:
+        ConfigError: another scheme; the message names the scheme, never the URL (it may
+            hold a password).
+    """
+    scheme = urlsplit(url).scheme
+    if url and scheme not in REDIS_SCHEMES:
+        raise ConfigError(
+            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (not {scheme!r})"
+        )
+    return url
 
 
 def _names(value: str | None) -> tuple[str, ...]:

@@ -153,3 +153,14 @@ def test_a_reader_that_closes_early_gets_no_traceback(clean_env: Path) -> None:
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=60) == 1
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://:hunter2hunter2@redis:6379/0"])
+def test_a_redis_url_of_another_scheme_is_one_line_without_the_url(
+    clean_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.setenv("FLEET_REDIS_URL", url)
+    assert main(["trace", "list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleet: error: FLEET_REDIS_URL must start with redis://"), err
+    assert len(err.splitlines()) == 1 and "hunter2" not in err
