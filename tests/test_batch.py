@@ -30,7 +30,7 @@ from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessDispatcher
 from fleet.llm.base import LLMResponse
-from fleet.models import Trace
+from fleet.models import Mode, Trace
 from fleet.redis_store import RedisStore
 from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner, run_safely
@@ -187,6 +187,9 @@ class ThreadBackend:
 
     def revoke(self, trace_ids: list[str]) -> None:
         pass
+
+    def queue(self, mode: Mode) -> None:
+        return None  # threads here: no queue to be served
 
 
 def unfinished_roots(runtime: Runtime) -> int:
