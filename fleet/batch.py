@@ -13,11 +13,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet.api import TaskSpec, create_root
+from fleet.budget import Budget
 from fleet.errors import TraceNotFound
 from fleet.models import TERMINAL, Event
 
@@ -48,6 +49,8 @@ class BatchEntry:
     model: str | None = None
     workspace: Path | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    budget: Budget | None = None
+    """What this entry's whole tree may spend."""
 
 
 @dataclass(frozen=True)
@@ -235,9 +238,10 @@ class _Window:
         spec = TaskSpec(
             entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
         )
+        spec = replace(spec, budget=entry.budget, priority="batch")
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)
-        self.fleet.backend.enqueue(trace)
+        self.fleet.backend.enqueue(trace, "batch")
         self.slots[trace.trace_id] = _Slot(entry, trace.trace_id)
 
     def attach(self, entry: BatchEntry, trace_id: str) -> None:
@@ -255,7 +259,7 @@ class _Window:
             return
         slot.status = trace.status
         if trace.status == "queued":
-            self.fleet.backend.enqueue(trace)
+            self.fleet.backend.enqueue(trace, "batch")
         slot.ended = trace.is_terminal
 
     def step(self, pending: int) -> list[BatchResult]:

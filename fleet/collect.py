@@ -51,6 +51,8 @@ def verdict(answer: str | None) -> str:
 def _body(child: Trace) -> str:
     if child.status == "completed":
         return child.answer or "(no answer)"
+    if child.answer:  # stopped with a partial answer (the tree's budget ran out)
+        return f"{child.error or child.status}; partial result:\n{child.answer}"
     return f"error: {child.error or child.status}"
 
 

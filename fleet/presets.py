@@ -11,6 +11,9 @@ prompt.
     max_iterations: 20
     read_only: true
     cache: {ttl_s: 3600, keys: [task]}
+    budget: {tokens: 200000, usd: 2.0, sub_agents: 50}   # default for trees rooted here
+    max_branches: 40                                     # per explore call
+    max_concurrent: 10                                   # children running at once
     ---
     You are a careful researcher ...
 """
@@ -28,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from pydantic_core import ErrorDetails
 
+from fleet.budget import Budget, BudgetIn
 from fleet.errors import ConfigError
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
@@ -66,6 +70,12 @@ class AgentPreset:
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
     """Arguments of the `agent` call whose values make up the cache key."""
+    budget: Budget | None = None
+    """Default budget of a tree whose root runs this preset (the submitter's wins)."""
+    max_branches: int | None = None
+    """Most branches one explore call of this agent may ask for (else the fleet default)."""
+    max_concurrent: int | None = None
+    """Default for how many children of a tree rooted here run at once."""
 
     def allows(self, tool: str) -> bool:
         """Whether this preset lets the agent call `tool`."""
@@ -160,6 +170,9 @@ class _PresetFrontmatter(BaseModel):
     skills: list[str] = Field(default_factory=list)
     read_only: bool = False
     cache: _CacheSection | None = None
+    budget: BudgetIn | None = None
+    max_branches: PositiveInt | None = None
+    max_concurrent: PositiveInt | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -193,6 +206,9 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         read_only=front.read_only,
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
+        budget=front.budget.to_budget() if front.budget else None,
+        max_branches=front.max_branches,
+        max_concurrent=front.max_concurrent,
     )
 
 

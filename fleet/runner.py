@@ -14,7 +14,7 @@ from typing import Any, Literal, assert_never
 from fleet import lifecycle
 from fleet.context import first_messages, injection
 from fleet.errors import FleetError, ProviderOverloaded
-from fleet.gate import Go, Wait
+from fleet.gate import Go, Spent, Wait
 from fleet.history import (
     SUB_AGENT_TOOLS,
     healed_result,
@@ -182,12 +182,12 @@ class Runner:
             if (ended := self._between_turns(snapshot, heartbeat)) is not None:
                 return ended
             turn = self._turn(snapshot, heartbeat)
-            if turn is None or isinstance(turn, Wait):
-                return self._handed_back(snapshot.trace, turn)
+            if not isinstance(turn, tuple):
+                return self._no_turn(snapshot, turn)
             step, trace = turn
             match step:
-                case Finish(answer=answer):
-                    return self.finish(trace_id, "completed", answer=answer, reason="final_answer")
+                case Finish(answer=answer, reason=reason):
+                    return self.finish(trace_id, "completed", answer=answer, reason=reason)
                 case DoomLoop(call=call, repeats=repeats):
                     error = (
                         f"doom loop: {call.name!r} called {repeats} times with the same arguments"
@@ -217,37 +217,43 @@ class Runner:
             return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
         return None
 
-    def _handed_back(self, trace: Trace, wait: Wait | None) -> Outcome | Wait:
-        """Lease lost (None), or a limit said "not now": queued again, to come back later."""
-        if wait is None:
-            return "lost"
-        lifecycle.requeue(self.runtime, trace)
-        return wait
+    def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
+        """No model call this time; what happens instead.
+
+        Lease lost (None): let go. A limit said "not now": queued again, to come back
+        later. The tree's budget is spent: end with what we have.
+        """
+        match why:
+            case None:
+                return "lost"
+            case Wait():
+                lifecycle.requeue(self.runtime, snapshot.trace)
+                return why
+            case Spent(reason=reason):
+                partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
+                ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
+                return _terminal(ended.status)
+            case _:
+                assert_never(why)
 
     def _turn(
         self, snapshot: TraceSnapshot, heartbeat: Heartbeat
-    ) -> tuple[Step, Trace] | Wait | None:
+    ) -> tuple[Step, Trace] | Wait | Spent | None:
         """One model call, persisted, what to do about it, and the trace as recorded.
 
         None when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
-        provider limit did not admit the call: nothing of this turn is written either.
+        provider limit did not admit the call, `Spent` when the tree's budget is used up:
+        nothing of this turn is written either.
         """
-        trace, messages = snapshot.trace, snapshot.messages
+        trace = snapshot.trace
         model_name = self.runtime.model_name(trace.model, trace.preset)
         tools = tool_schemas(self.runtime, trace)
-        verdict = self.runtime.gate.before(
-            trace.trace_id,
-            model_name,
-            _request_chars(main_path(messages, trace.head_sequence), tools),
-        )
-        if isinstance(verdict, Wait):
+        chars = _request_chars(main_path(snapshot.messages, trace.head_sequence), tools)
+        verdict = self.runtime.gate.before(trace, model_name, chars)
+        if not isinstance(verdict, Go):
             return verdict
-        head = trace.head_sequence  # read at the top of this turn; a note moves it
-        if (note := injection(self.runtime, trace)) is not None:
-            stored = self.store.append_message(note)
-            head, messages = stored.sequence, [*messages, stored]
-        path = main_path(messages, head)
+        path = self._path_for_call(trace, snapshot.messages, final=verdict.budget.final)
         response = self._call(trace, model_name, verdict, to_wire(path), tools)
         if isinstance(response, Wait):
             return response
@@ -255,8 +261,24 @@ class Runner:
         if heartbeat.lost.is_set():
             return None
         recorded = self._record(trace, response, model_name)
+        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
+            return Finish(response.content or "(no answer)", reason="budget"), recorded
         repeats = self.runtime.settings.doom_loop_repeats
         return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded
+
+    def _path_for_call(
+        self, trace: Trace, messages: list[Message], *, final: bool
+    ) -> list[Message]:
+        """The conversation to send, with this turn's note (injection or budget) appended."""
+        head = trace.head_sequence  # read at the top of this turn; a note moves it
+        note = injection(self.runtime, trace)
+        if final:
+            note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
+            note.metadata["injected"] = True
+        if note is not None:
+            stored = self.store.append_message(note)
+            head, messages = stored.sequence, [*messages, stored]
+        return main_path(messages, head)
 
     def _call(
         self,
@@ -336,6 +358,21 @@ def _recorded(trace: Trace, message: Message) -> Trace:
     update = {"iteration": trace.iteration + 1, "stats": stats}
     update |= {"head_sequence": message.sequence, "last_sequence": message.sequence}
     return trace.model_copy(update=update)
+
+
+FINAL_NOTE = (
+    "The budget of this task is used up: this is your last turn. Do not call any tool. "
+    "Answer now, as well as you can, from what you and your sub-agents have found so far, "
+    "and say what is missing."
+)
+
+
+def last_answer(path: list[Message]) -> str | None:
+    """The most recent assistant text on the path: what a run cut short has to show."""
+    for message in reversed(path):
+        if message.role == "assistant" and message.content:
+            return message.content
+    return None
 
 
 def _request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:

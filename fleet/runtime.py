@@ -24,6 +24,7 @@ from fleet.presets import AgentPreset, get_preset, load_presets
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
+from fleet.trees import Trees
 from fleet.trust import check_workspace_root
 
 if TYPE_CHECKING:
@@ -51,7 +52,9 @@ class Runtime:
     presets: Mapping[str, AgentPreset]
     tools: ToolRegistry
     gate: Gate
-    """Provider limits in front of every model call (no limiter for the in-memory store)."""
+    """Budgets and provider limits in front of every model call (none for the memory store)."""
+    trees: Trees | None = None
+    """Each tree's schedule and run window (Redis store only)."""
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
@@ -77,6 +80,7 @@ class Runtime:
             presets=load_presets(settings.agents_dir, settings.env),
             tools=default_registry(),
             gate=Gate.for_store(store, config, settings.env),
+            trees=_trees(store),
             hooks=hooks,
             clients=dict(clients or {}),
         )
@@ -129,3 +133,9 @@ class Runtime:
                     retry=retry,
                 )
             return self.clients[model_name]
+
+
+def _trees(store: TraceStore) -> Trees | None:
+    from fleet.redis_store import RedisStore
+
+    return Trees(store.client) if isinstance(store, RedisStore) else None

@@ -45,6 +45,8 @@ class Settings:
     """FLEET_WEB_ALLOW: hosts or CIDRs web_fetch may reach although not public."""
     tool_timeout_s: float = 30.0
     """FLEET_TOOL_TIMEOUT_S: wall-clock limit of one tool call."""
+    max_branches: int = 1000
+    """FLEET_MAX_BRANCHES: most branches one explore call may ask for (a preset may lower it)."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +78,7 @@ class Settings:
             shell_env=_names(env.get("FLEET_SHELL_ENV")),
             web_allow=_names(env.get("FLEET_WEB_ALLOW")),
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
+            max_branches=int(_positive(env, "FLEET_MAX_BRANCHES", 1000)),
             env=env,
         )
 

@@ -7,6 +7,7 @@ from typing import Any
 from fleet import lifecycle
 from fleet.cache import cache_key, delegate_preset
 from fleet.errors import ToolError
+from fleet.fanout import check_spawn
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.llm.base import ToolCall
@@ -53,6 +54,7 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
             try:
                 _check_may_spawn(runtime, trace, call)
                 if (cached := _cached(runtime, call)) is None:
+                    check_spawn(runtime, trace, call)
                     spawns.append(spawn(runtime, trace, call))
                     continue
                 result = cached

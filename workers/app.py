@@ -14,6 +14,7 @@ from kombu.entity import Queue
 from kombu.messaging import Producer
 
 from fleet.settings import Settings
+from fleet.trees import Priority
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
 QUEUE_BY_MODE = {
@@ -32,10 +33,38 @@ MAX_WORKER_LOST_RETRIES = 3
 """A task that keeps killing its worker is retried this often, then fails for good."""
 
 
+AMQP_MAX_PRIORITY = 10
+"""RabbitMQ queues are declared with `x-max-priority` (a priority queue) at this size."""
+
+
+def is_amqp(broker_url: str) -> bool:
+    """True for a RabbitMQ (AMQP) broker URL."""
+    return broker_url.split(":", 1)[0] in ("amqp", "amqps", "pyamqp")
+
+
+def message_priority(priority: Priority, broker_url: str) -> int:
+    """The broker priority of a tree's tasks: interactive trees are served first.
+
+    Redis (kombu lists per priority step 0, 3, 6, 9): 0 is taken first. RabbitMQ
+    (`x-max-priority`): the highest number is. Tasks sent without one (chord bodies) get
+    the interactive level either way: they are short and unblock a waiting parent.
+    """
+    if is_amqp(broker_url):
+        return AMQP_MAX_PRIORITY - 1 if priority == "interactive" else 2
+    return 0 if priority == "interactive" else 6
+
+
 def make_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for a fleet on these URLs."""
     transport = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
-    return {
+    if is_amqp(settings.broker_url):
+        priorities = {
+            "task_queue_max_priority": AMQP_MAX_PRIORITY,
+            "task_default_priority": AMQP_MAX_PRIORITY - 1,
+        }
+    else:
+        priorities = {}
+    return priorities | {
         "broker_url": settings.broker_url,
         "result_backend": settings.redis_url,
         "broker_transport_options": transport,

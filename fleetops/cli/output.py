@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from fleet.budget import budget_state
 from fleet.models import Trace
 from fleet.store import TraceStore
 
@@ -22,7 +23,17 @@ def result_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
             for c in store.collaborators(trace.trace_id)
         ],
         "stats": trace.stats.model_dump(),
+        "stop_reason": trace.metadata.get("stop_reason"),
+        "budget": _budget_json(store, trace),
     }
+
+
+def _budget_json(store: TraceStore, trace: Trace) -> dict[str, Any] | None:
+    """A root's budget (limit, used, reserved); None for a child or a tree without one."""
+    if trace.parent_trace_id:
+        return None
+    state = budget_state(store, trace.trace_id)
+    return state.to_json() if state else None
 
 
 def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
@@ -40,6 +51,8 @@ def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
         "error": trace.error,
         "iteration": trace.iteration,
         "stats": trace.stats.model_dump(),
+        "stop_reason": trace.metadata.get("stop_reason"),
+        "budget": _budget_json(store, trace),
         "collaborators": [c.model_dump(mode="json") for c in store.collaborators(trace.trace_id)],
         "children": [
             trace_object(store, store.get_trace(child)) for child in store.children(trace.trace_id)
@@ -67,6 +80,10 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         f"{stats.messages} msgs, {stats.prompt_tokens + stats.completion_tokens} tokens"
     )
     lines = [line, f"{indent}  task: {_one_line(trace.task)}"]
+    if reason := trace.metadata.get("stop_reason"):
+        lines[0] += f"  (stop_reason: {reason})"
+    if not trace.parent_trace_id and (state := budget_state(store, trace.trace_id)):
+        lines.append(f"{indent}  {state.line()}")
     if trace.answer:
         lines.append(f"{indent}  answer: {_one_line(trace.answer)}")
     if trace.error:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from fleet.budget import Budget
 from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.models import Event
@@ -20,7 +21,9 @@ EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 def register(commands: Any) -> None:
     """Make `run` go through the fleet unless --inline; add `watch` and `stop`."""
-    commands.choices["run"].set_defaults(handler=run)
+    run_parser = commands.choices["run"]
+    run_parser.set_defaults(handler=run)
+    add_control_arguments(run_parser)
     watch_parser = commands.add_parser("watch", help="follow a trace tree live")
     watch_parser.add_argument("trace_id")
     watch_parser.add_argument("--timeout-s", type=float, default=None)
@@ -28,6 +31,42 @@ def register(commands: Any) -> None:
     stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
     stop_parser.add_argument("trace_id")
     stop_parser.set_defaults(handler=stop)
+
+
+def add_control_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--budget-*` and `--max-concurrent`: what the tree may spend, how wide it may run."""
+    from fleetops.cli.ops import positive_int
+
+    group = parser.add_argument_group("tree budget and fan-out (see docs/limits.md)")
+    group.add_argument("--budget-tokens", type=positive_int, metavar="N")
+    group.add_argument("--budget-usd", type=positive_float, metavar="X")
+    group.add_argument("--budget-sub-agents", type=positive_int, metavar="N")
+    group.add_argument("--budget-wall-s", type=positive_float, metavar="S")
+    group.add_argument(
+        "--max-concurrent", type=positive_int, metavar="N", help="children running at once"
+    )
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
+    return value
+
+
+def budget_of(args: argparse.Namespace) -> Budget | None:
+    """The budget the command line asked for, if any."""
+    budget = Budget(
+        tokens=args.budget_tokens,
+        usd=args.budget_usd,
+        sub_agents=args.budget_sub_agents,
+        wall_s=args.budget_wall_s,
+    )
+    return None if budget.empty else budget
 
 
 def fleet_settings() -> Settings:
@@ -50,10 +89,19 @@ def connect() -> Fleet:
 def run(args: argparse.Namespace) -> int:
     """Submit, stream progress to stderr, print the answer (or --json)."""
     if args.inline:
+        if budget_of(args) or args.max_concurrent:
+            raise ConfigError("--budget-* and --max-concurrent need the fleet (drop --inline)")
         return run_inline(args)
     fleet = connect()
     require_workers(fleet, "fleet.main")
-    handle = fleet.submit(args.task, model=args.model, preset=args.preset, workspace=args.workspace)
+    handle = fleet.submit(
+        args.task,
+        model=args.model,
+        preset=args.preset,
+        workspace=args.workspace,
+        budget=budget_of(args),
+        max_concurrent=args.max_concurrent,
+    )
     print(f"submitted {handle.trace_id}", file=sys.stderr)
     try:
         show_progress(handle.events(args.timeout_s), handle.trace_id)
