@@ -9,12 +9,13 @@ from typing import Any
 
 from fleet import ids
 from fleet.budget import Budget
-from fleet.dispatch import Dispatcher, InProcessDispatcher
+from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError
 from fleet.llm.base import LLMClient
 from fleet.models import Event, Mode, Trace
+from fleet.otel import make_hooks
 from fleet.runner import Runner, run_to_end
-from fleet.runtime import Runtime
+from fleet.runtime import Dispatcher, Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore, TraceStore
 from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
@@ -111,7 +112,11 @@ class LocalFleet:
         if store is None:
             store = _redis_store(settings.redis_url) if redis else MemoryStore()
         runtime = Runtime.build(
-            settings, store, dispatcher or InProcessDispatcher(), clients=clients
+            settings,
+            store,
+            dispatcher or InProcessDispatcher(),
+            clients=clients,
+            hooks=make_hooks(settings, store),
         )
         return cls(runtime)
 

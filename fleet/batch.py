@@ -15,15 +15,38 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fleet.api import TaskSpec, create_root
 from fleet.budget import Budget
 from fleet.errors import TraceNotFound
-from fleet.models import TERMINAL, Event
+from fleet.models import TERMINAL, Event, Trace
+from fleet.runtime import Runtime
+from fleet.store import TraceStore
+from fleet.trees import Priority
 
-if TYPE_CHECKING:
-    from fleet.client import Fleet
+
+class BatchClient(Protocol):
+    """What a batch needs of a fleet client (`fleet.client.Fleet` is the one)."""
+
+    @property
+    def runtime(self) -> Runtime:
+        """Presets, models and settings to validate and create roots with."""
+        ...
+
+    @property
+    def store(self) -> TraceStore:
+        """Where the roots and their events are read."""
+        ...
+
+    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
+        """Start running a persisted root somewhere in the fleet (batches: `batch`)."""
+        ...
+
+    def stop(self, trace_id: str) -> list[str]:
+        """Stop a root and its subtree."""
+        ...
+
 
 DEFAULT_MAX_IN_FLIGHT = 8
 POLL_MS = 20
@@ -165,7 +188,7 @@ class ChainHooks(BatchHooks):
 
 
 def run_batch(
-    fleet: Fleet,
+    fleet: BatchClient,
     entries: Iterable[BatchEntry],
     options: BatchOptions | None = None,
     *,
@@ -220,7 +243,7 @@ class _Window:
     """The in-flight roots: submit, follow their event streams, hand back finished ones."""
 
     def __init__(
-        self, fleet: Fleet, options: BatchOptions, hooks: BatchHooks, counts: BatchCounts
+        self, fleet: BatchClient, options: BatchOptions, hooks: BatchHooks, counts: BatchCounts
     ) -> None:
         self.fleet = fleet
         self.store = fleet.store
@@ -241,7 +264,7 @@ class _Window:
         spec = replace(spec, budget=entry.budget, priority="batch")
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)
-        self.fleet.backend.enqueue(trace, "batch")
+        self.fleet.enqueue(trace, "batch")
         self.slots[trace.trace_id] = _Slot(entry, trace.trace_id)
 
     def attach(self, entry: BatchEntry, trace_id: str) -> None:
@@ -259,7 +282,7 @@ class _Window:
             return
         slot.status = trace.status
         if trace.status == "queued":
-            self.fleet.backend.enqueue(trace, "batch")
+            self.fleet.enqueue(trace, "batch")
         slot.ended = trace.is_terminal
 
     def step(self, pending: int) -> list[BatchResult]:

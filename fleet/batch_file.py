@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
+from fleet import yamlsafe
 from fleet.batch import BatchEntry
 from fleet.budget import BudgetIn
 from fleet.errors import ConfigError
@@ -94,9 +95,11 @@ def parse_jsonl(text: str) -> list[tuple[int, object]]:
 
 def parse_yaml(text: str, where: str) -> list[tuple[int, object]]:
     """(line, value) per item of a top-level list (or of a `tasks:` list)."""
-    loader = yaml.SafeLoader(text)
+    loader = yamlsafe.compose(text, where)
     try:
         root = loader.get_single_node()
+        if root is not None:
+            yamlsafe.check_node(root, where)  # an alias bomb in `metadata` stops here
         items = _yaml_items(root, where)
         return [(node.start_mark.line + 1, loader.construct_document(node)) for node in items]
     except yaml.MarkedYAMLError as exc:

@@ -113,8 +113,12 @@ class Fleet:
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
         spec = replace(spec, budget=budget, max_concurrent=max_concurrent, priority=priority)
         trace = create_root(self.runtime, spec)
-        self.backend.enqueue(trace, priority)
+        self.enqueue(trace, priority)
         return Handle(trace.trace_id, self)
+
+    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
+        """Run an already persisted root (a created or a re-attached batch entry)."""
+        self.backend.enqueue(trace, priority)
 
     def delegate(self, task: str, **options: Any) -> Handle:
         """One sub-agent with full tools, no main agent around it."""

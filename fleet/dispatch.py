@@ -1,25 +1,12 @@
-"""How children get run: the Dispatcher protocol and the in-process implementation."""
+"""The in-process `Dispatcher` (its Protocol lives in `fleet.runtime`): children in threads."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
 
 from fleet import lifecycle
 from fleet.runner import Runner, run_to_end
-from fleet.runtime import Runtime
-from fleet.subagents import SpawnRequest
-
-
-class Dispatcher(Protocol):
-    """Runs the children of one tool call and, when they are done, collects them."""
-
-    children_survive_restart: bool
-    """True when children keep running if the parent's process dies (a task queue)."""
-
-    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
-        """Start the children; may return before they finish."""
-        ...
+from fleet.runtime import Runtime, SpawnRequest
 
 
 class InProcessDispatcher:

@@ -18,6 +18,10 @@ class TraceNotFound(FleetError):
     """No trace with this id in the store."""
 
 
+class InvalidTraceId(TraceNotFound):
+    """A string that cannot be a trace id (outside `[A-Za-z0-9@._-]{1,512}`): nothing is read."""
+
+
 class TransientLLMError(FleetError):
     """A model call failed in a way a retry may fix (429, 5xx, timeout)."""
 

@@ -2,8 +2,27 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
+
+from fleet.errors import InvalidTraceId
+
+TRACE_ID = re.compile(r"[A-Za-z0-9@._-]{1,512}")
+"""What every trace id matches: no `:` (it would name another Redis key), no `*`, no spaces
+or control characters. Checked wherever an id comes in (CLI, API, task arguments, keys)."""
+
+
+def check_trace_id(value: str) -> str:
+    """`value` if it can be a trace id, else `InvalidTraceId` with a one-line message.
+
+    The message quotes at most 60 characters of the value with `!r`, so a hostile id
+    cannot put escape sequences or a wall of text on a terminal.
+    """
+    if not isinstance(value, str) or not TRACE_ID.fullmatch(value):
+        shown = value[:60] if isinstance(value, str) else value
+        raise InvalidTraceId(f"invalid trace id {shown!r}: use only letters, digits and @ . _ -")
+    return value
 
 
 def _stamp() -> str:

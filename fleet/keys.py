@@ -1,9 +1,15 @@
 """Every Redis key agent-fleet uses, with its TTL and what it holds.
 
-One screen tells the whole storage schema. All keys share `PREFIX`; ids are trace ids.
+One screen tells the whole storage schema. All keys share `PREFIX`; ids are trace ids,
+checked by `ids.check_trace_id`: `ROOT:messages` is not a trace id, so no caller can make
+a trace key name another one.
 """
 
 from __future__ import annotations
+
+from typing import Literal
+
+from fleet.ids import check_trace_id
 
 PREFIX = "fleet"
 
@@ -25,47 +31,47 @@ def trace(trace_id: str) -> str:
 
 def messages(trace_id: str) -> str:
     """Hash: sequence -> Message JSON."""
-    return f"{PREFIX}:trace:{trace_id}:messages"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:messages"
 
 
 def stats(trace_id: str) -> str:
     """Hash: TraceStats fields, incremented atomically (HINCRBY / HINCRBYFLOAT)."""
-    return f"{PREFIX}:trace:{trace_id}:stats"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stats"
 
 
 def collaborators(trace_id: str) -> str:
     """Hash: child trace id -> Collaborator JSON (one field per child: atomic per child)."""
-    return f"{PREFIX}:trace:{trace_id}:collaborators"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborators"
 
 
 def collaborator_order(trace_id: str) -> str:
     """List: child trace ids in the order their collaborator entries were first added."""
-    return f"{PREFIX}:trace:{trace_id}:collaborator-order"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborator-order"
 
 
 def children(trace_id: str) -> str:
     """Sorted set: child trace ids scored by creation time."""
-    return f"{PREFIX}:trace:{trace_id}:children"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:children"
 
 
 def events(root_trace_id: str) -> str:
     """Stream: the events of a whole trace tree, read by watch/run/batch."""
-    return f"{PREFIX}:trace:{root_trace_id}:events"
+    return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:events"
 
 
 def stop(trace_id: str) -> str:
     """String: present when a stop was requested; runners check it between turns."""
-    return f"{PREFIX}:trace:{trace_id}:stop"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stop"
 
 
 def lease(trace_id: str) -> str:
     """String with PX TTL: the id of the one live runner of this trace."""
-    return f"{PREFIX}:lease:{trace_id}"
+    return f"{PREFIX}:lease:{check_trace_id(trace_id)}"
 
 
 def collected(trace_id: str, tool_call_id: str) -> str:
     """String: set once when a tool call's children were collected (dedupes redelivery)."""
-    return f"{PREFIX}:trace:{trace_id}:collected:{tool_call_id}"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collected:{tool_call_id}"
 
 
 def cache(preset: str, digest: str) -> str:
@@ -84,7 +90,9 @@ USAGE = f"{PREFIX}:usage"
 (kind prompt_tokens, completion_tokens or cost_usd); added to with each model turn."""
 
 COUNTERS = f"{PREFIX}:counters"
-"""Hash, no TTL: fleet-wide event counts for `fleet metrics` (`lease_expiries`, `resumes`)."""
+"""Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
+CounterName = Literal["lease_expiries", "resumes"]
+"""The fields of `COUNTERS`: runs re-enqueued after their lease expired, parents resumed."""
 
 
 # -- provider limits and tree budgets (fleet.limits, fleet.budget) -----------

@@ -86,10 +86,17 @@ def requeue(runtime: Runtime, trace: Trace) -> Trace:
     return _set_status(runtime.store, trace, "queued")
 
 
-def reopen(runtime: Runtime, child: Trace, tool_call_id: str) -> Trace:
-    """An ended child answers a new call (`continue_from`): `queued`, answer and error cleared."""
+def reopen(
+    runtime: Runtime, child: Trace, tool_call_id: str, *, otel: dict[str, str] | None = None
+) -> Trace:
+    """An ended child answers a new call (`continue_from`): `queued`, answer and error cleared.
+
+    `otel`: the new call's tracing context (`Hooks.child_context`), which its runs continue.
+    """
     fields: dict[str, Any] = {"status": "queued", "parent_tool_call_id": tool_call_id}
     fields |= {"answer": None, "error": None}
+    if otel:
+        fields["metadata"] = {**child.metadata, "otel": otel}
     runtime.store.update_trace(child.trace_id, **fields)
     return child.model_copy(update=fields)
 
@@ -111,10 +118,11 @@ def finish(
     store = runtime.store
     before = store.get_trace(trace_id)
     finished = now_ms()
+    redactor = runtime.redactor  # an error may quote a provider body or an exception
     fields = {
         "status": status,
-        "answer": answer,
-        "error": error,
+        "answer": redactor.values_only(answer) if answer else answer,
+        "error": redactor(error) if error else error,
         "finished_at_ms": finished,
         "updated_at_ms": finished,
         "metadata": {**before.metadata, "stop_reason": reason},

@@ -90,6 +90,19 @@ class Message(_Model):
         return out
 
 
+class ToolCeiling(_Model):
+    """The most a trace may do, whatever its preset says: what its parent could do.
+
+    Set when a child is created and enforced where tools run, so no child ever holds a
+    tool its parent lacks and a read-only parent's children are read-only too.
+    """
+
+    allowed: list[str] | None = None
+    """Tools the parent could call; None: no limit beyond `denied`."""
+    denied: list[str] = Field(default_factory=list)
+    read_only: bool = False
+
+
 class Trace(_Model):
     """A main agent, a sub-agent or an evaluator: everything is a trace."""
 
@@ -109,6 +122,8 @@ class Trace(_Model):
     context: dict[str, Any] = Field(default_factory=dict)
     skills: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    ceiling: ToolCeiling = Field(default_factory=ToolCeiling)
+    """Inherited from the parent: this trace's tools are its preset's within this."""
     answer: str | None = None
     error: str | None = None
     iteration: int = 0

@@ -20,9 +20,11 @@ prompt.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -31,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from pydantic_core import ErrorDetails
 
+from fleet import yamlsafe
 from fleet.budget import Budget, BudgetIn
 from fleet.errors import ConfigError
 
@@ -43,6 +46,12 @@ TOOL_NAMES = frozenset(
     | {"write_file", "edit_file", "bash", "web_fetch", "skill", "goal", "agent", "evaluate"}
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
+READ_ONLY_MODES = frozenset({"explore", "evaluate"})
+"""Traces in these modes are read-only whatever their preset (or a file replacing it) says."""
+CACHE_ARGUMENTS = ("task", "messages", "context", "skills")
+"""`agent` arguments a `cache.keys` entry may name; `context.FIELD` names one field of
+`context` (the sub-agent's own arguments, seed-style `city`, `forecast_type`)."""
+_CONTEXT_FIELD = re.compile(r"^context\.[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,33 @@ class AgentPreset:
         if tool in self.denied_tools:
             return False
         return self.allowed_tools is None or tool in self.allowed_tools
+
+    def within(
+        self, allowed: Collection[str] | None, denied: Collection[str], read_only: bool
+    ) -> AgentPreset:
+        """The preset cut down to a ceiling; it never widens anything.
+
+        Only tools in `allowed` (None: any) and none in `denied` are left, and it is
+        read-only if `read_only` or if it already was.
+        """
+        tools = self.allowed_tools
+        if allowed is not None:
+            tools = frozenset(allowed) if tools is None else tools & frozenset(allowed)
+        return replace(
+            self,
+            allowed_tools=tools,
+            denied_tools=self.denied_tools | frozenset(denied),
+            read_only=self.read_only or read_only,
+        )
+
+    def fingerprint(self) -> str:
+        """A digest of every setting and the prompt: a changed preset is a new preset."""
+        parts = []
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            shown = sorted(value) if isinstance(value, frozenset) else value
+            parts.append(f"{spec.name}={shown!r}")
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 _DEFAULT_PROMPT = (
@@ -189,6 +225,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         header, body = _split_frontmatter(path.read_text(encoding="utf-8"))
         front = _validate(_parse_yaml(header), default_name=path.stem)
         _check_tools(front, known_tools)
+        _check_cache_keys(front)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -239,6 +276,9 @@ def load_presets(
     origin: dict[str, Path] = {}
     for path in sorted(folder.glob("*.md")):
         preset = load_preset_file(path, known_tools)
+        if preset.name in READ_ONLY_MODES:
+            # A file may reword the explorer or the judge; it cannot make them write.
+            preset = replace(preset, read_only=True)
         if preset.name in origin:
             raise ConfigError(
                 f"{path}: preset {preset.name!r} is also defined in {origin[preset.name]}"
@@ -279,7 +319,7 @@ def _split_frontmatter(text: str) -> tuple[str, str]:
 
 def _parse_yaml(header: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(header)
+        data = yamlsafe.load(header, "frontmatter")
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML frontmatter: {' '.join(str(exc).split())}") from exc
     if data is None:
@@ -310,3 +350,18 @@ def _check_tools(front: _PresetFrontmatter, known_tools: Collection[str]) -> Non
         if unknown:
             known = ", ".join(sorted(known_tools))
             raise ConfigError(f"{setting}: unknown tool {unknown[0]!r} (known: {known})")
+
+
+def _check_cache_keys(front: _PresetFrontmatter) -> None:
+    """Each `cache.keys` entry must name an `agent` argument or a field of `context`.
+
+    A name that matches nothing would read as null in every call, so every call would
+    share one cache entry (a Paris forecast answered with Beijing's).
+    """
+    for name in front.cache.keys if front.cache else []:
+        if name not in CACHE_ARGUMENTS and not _CONTEXT_FIELD.match(name):
+            known = ", ".join(CACHE_ARGUMENTS)
+            raise ConfigError(
+                f"cache.keys: unknown argument {name!r} (known: {known};"
+                f" a field of the call's context is 'context.{name}')"
+            )

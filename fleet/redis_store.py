@@ -9,6 +9,7 @@ must decode responses (`decode_responses=True`); `RedisStore.from_url` builds on
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -18,6 +19,7 @@ import redis
 
 from fleet import keys, redis_scripts
 from fleet.errors import ConfigError, TraceNotFound
+from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
 
@@ -33,6 +35,8 @@ BLOCK_MARGIN_MS = 1_000
 
 _FLOAT_STATS = frozenset({"cost_usd"})
 # The required Trace fields, so that an update's fields validate without reading the trace.
+log = logging.getLogger(__name__)
+
 _PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
 
 
@@ -349,6 +353,12 @@ class RedisStore:
             self._client.delete(key)
         else:
             self._client.set(key, value, ex=ttl_s)
+
+    def count(self, counter: CounterName, by: int = 1) -> None:
+        try:
+            self._client.hincrby(keys.COUNTERS, counter, by)
+        except redis.RedisError:  # a metric must never fail the work it counts
+            log.warning("fleet counter %r not updated", counter, exc_info=True)
 
 
 def _stored(message: Message, reply: Any) -> Message:

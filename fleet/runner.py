@@ -23,7 +23,7 @@ from fleet.history import (
     recent_calls,
     to_wire,
 )
-from fleet.llm.base import LLMResponse
+from fleet.llm.base import LLMResponse, ToolCall
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
@@ -121,10 +121,21 @@ class Runner:
 
     def _drive(self, trace_id: str, heartbeat: Heartbeat) -> Outcome | Wait:
         snapshot = self.store.snapshot(trace_id)
-        trace = snapshot.trace
-        if trace.is_terminal:
-            return _terminal(trace.status)
-        trace = lifecycle.start(self.runtime, trace)
+        if snapshot.trace.is_terminal:
+            return _terminal(snapshot.trace.status)
+        hooks = self.runtime.hooks
+        hooks.run_started(snapshot.trace)
+        try:
+            outcome = self._drive_open(snapshot, heartbeat)
+        except BaseException as exc:
+            hooks.run_ended(snapshot.trace, "crashed", exc)
+            raise
+        hooks.run_ended(snapshot.trace, "throttled" if isinstance(outcome, Wait) else outcome)
+        return outcome
+
+    def _drive_open(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome | Wait:
+        trace_id = snapshot.trace.trace_id
+        trace = lifecycle.start(self.runtime, snapshot.trace)
         try:
             self.runtime.workspace_of(trace)
         except FleetError as exc:  # a forged or stale workspace: fail before any model call
@@ -291,7 +302,9 @@ class Runner:
         """The model call on its booked turn, settled with the gate whatever happens."""
         if go.wait_s > 0:
             time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
-        self.runtime.hooks.turn_started(trace, trace.iteration)
+        hooks = self.runtime.hooks
+        hooks.turn_started(trace, trace.iteration)
+        hooks.model_requested(trace, model_name, wire)
         gate, started = self.runtime.gate, time.monotonic()
         try:
             response = self.runtime.client(model_name).complete(
@@ -301,8 +314,10 @@ class Runner:
                 max_output_tokens=go.max_output_tokens,
             )
         except ProviderOverloaded as exc:
+            hooks.model_failed(trace, exc)
             return gate.overloaded(go, exc)
-        except BaseException:
+        except BaseException as exc:
+            hooks.model_failed(trace, exc)
             gate.after(go, None, None)
             raise
         gate.after(go, response, int((time.monotonic() - started) * 1000))
@@ -310,17 +325,24 @@ class Runner:
 
     def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> Trace:
         """Persist the turn in one store call; the trace as it now is, without a read."""
-        tools = [c.name for c in response.tool_calls]
+        # The model's text is untrusted: whatever it learnt of our secrets is not persisted.
+        scrub = self.runtime.redactor.values_only
+        calls = [
+            ToolCall(id=c.id, name=scrub(c.name), arguments=scrub(c.arguments))
+            for c in response.tool_calls
+        ]
         event = Event(
-            kind="message", trace_id=trace.trace_id, data={"role": "assistant", "tools": tools}
+            kind="message",
+            trace_id=trace.trace_id,
+            data={"role": "assistant", "tools": [c.name for c in calls]},
         )
         message = self.store.record_turn(
             trace.root_trace_id,
             Message(
                 trace_id=trace.trace_id,
                 role="assistant",
-                content=response.content,
-                tool_calls=[c.to_openai() for c in response.tool_calls] or None,
+                content=scrub(response.content) if response.content else response.content,
+                tool_calls=[c.to_openai() for c in calls] or None,
                 model=model_name,
                 prompt_tokens=response.usage.prompt_tokens,
                 completion_tokens=response.usage.completion_tokens,

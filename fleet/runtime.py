@@ -6,7 +6,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fleet.gate import Gate
 from fleet.hooks import NO_HOOKS, Hooks
@@ -19,16 +19,47 @@ from fleet.llm.config import (
     validate_model,
 )
 from fleet.llm.retry import DEFAULT_RETRY
-from fleet.models import Trace
-from fleet.presets import AgentPreset, get_preset, load_presets
+from fleet.models import Mode, Trace
+from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
+from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
 from fleet.trees import Trees
 from fleet.trust import check_workspace_root
 
-if TYPE_CHECKING:
-    from fleet.dispatch import Dispatcher
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    """Children created for one tool call, ready for a dispatcher."""
+
+    parent_trace_id: str
+    root_trace_id: str
+    tool_call_id: str
+    tool_name: str
+    mode: Mode
+    children: tuple[Trace, ...]
+    """The child traces as created (or reopened): a dispatcher need not read them back."""
+
+    @property
+    def child_ids(self) -> tuple[str, ...]:
+        """The children's trace ids, in order."""
+        return tuple(c.trace_id for c in self.children)
+
+
+class Dispatcher(Protocol):
+    """Runs the children of one tool call and, when they are done, has them settled.
+
+    Implementations: `fleet.dispatch.InProcessDispatcher` (threads in this process) and
+    `workers.dispatch.CeleryDispatcher` (a chord whose body settles the call).
+    """
+
+    children_survive_restart: bool
+    """True when children keep running if the parent's process dies (a task queue)."""
+
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        """Start the children; may return before they finish."""
+        ...
 
 
 def operator_config(settings: Settings) -> FleetConfig:
@@ -58,6 +89,8 @@ class Runtime:
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
+    redactor: Redactor = SHAPES_ONLY
+    """Masks this process's secrets in everything a run writes (see fleet.redact)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -83,11 +116,22 @@ class Runtime:
             trees=_trees(store),
             hooks=hooks,
             clients=dict(clients or {}),
+            redactor=Redactor.from_env(settings.env),
         )
 
     def preset(self, name: str) -> AgentPreset:
         """The preset, or `ConfigError` listing the known ones."""
         return get_preset(self.presets, name)
+
+    def permissions(self, trace: Trace) -> AgentPreset:
+        """What `trace` may do: its preset within the ceiling it inherited.
+
+        explore and evaluate traces are read-only whatever their preset says; this is the
+        preset every tool call of the trace is checked against.
+        """
+        ceiling = trace.ceiling
+        read_only = ceiling.read_only or trace.mode in READ_ONLY_MODES
+        return self.preset(trace.preset).within(ceiling.allowed, ceiling.denied, read_only)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""

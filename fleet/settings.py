@@ -11,6 +11,7 @@ from fleet import trust
 from fleet.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+OTEL_CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ class Settings:
     """FLEET_TOOL_TIMEOUT_S: wall-clock limit of one tool call."""
     max_branches: int = 1000
     """FLEET_MAX_BRANCHES: most branches one explore call may ask for (a preset may lower it)."""
+    otel_tracing: bool = False
+    """OpenTelemetry configured the standard way (an OTLP endpoint or OTEL_TRACES_EXPORTER,
+    and not OTEL_SDK_DISABLED): runs, model and tool calls become spans (`fleet.otel`)."""
+    otel_capture_content: bool = False
+    """OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true: spans carry prompts,
+    completions and tool arguments/results (off by default: they may be sensitive)."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -79,6 +86,8 @@ class Settings:
             web_allow=_names(env.get("FLEET_WEB_ALLOW")),
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
             max_branches=int(_positive(env, "FLEET_MAX_BRANCHES", 1000)),
+            otel_tracing=_otel_tracing(env),
+            otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
             env=env,
         )
 
@@ -113,6 +122,21 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:
         raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
     return value
+
+
+def _otel_tracing(env: Mapping[str, str]) -> bool:
+    """Whether the OTEL_* variables ask for traces to be exported somewhere."""
+    if _true(env.get("OTEL_SDK_DISABLED", "")):
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    endpoints = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    return bool(exporter or any(env.get(name) for name in endpoints))
+
+
+def _true(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes")
 
 
 def _path(value: str | None) -> Path | None:

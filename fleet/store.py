@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fleet.errors import TraceNotFound
+from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 
 STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
@@ -151,6 +152,10 @@ class TraceStore(Protocol):
         """A cached sub-agent answer."""
         ...
 
+    def count(self, counter: CounterName, by: int = 1) -> None:
+        """Add to a fleet-wide counter (`fleet metrics`); best effort: a failure is logged."""
+        ...
+
     def cache_set(self, key: str, value: str, ttl_s: int) -> None:
         """Cache a sub-agent answer for `ttl_s`."""
         ...
@@ -172,6 +177,7 @@ class MemoryStore:
         self._running: dict[str, int] = {}
         self._collected: set[tuple[str, str]] = set()
         self._cache: dict[str, tuple[str, int]] = {}
+        self._counters: dict[str, int] = defaultdict(int)
 
     def create_trace(self, trace: Trace) -> None:
         with self._lock:
@@ -363,3 +369,7 @@ class MemoryStore:
     def cache_set(self, key: str, value: str, ttl_s: int) -> None:
         with self._lock:
             self._cache[key] = (value, now_ms() + ttl_s * 1000)
+
+    def count(self, counter: CounterName, by: int = 1) -> None:
+        with self._lock:
+            self._counters[counter] += by

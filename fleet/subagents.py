@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet import ids, lifecycle
-from fleet.cache import cache_key
+from fleet.cache import CacheScope, cache_key
 from fleet.errors import ToolError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
-from fleet.models import Message, Mode, Trace
-from fleet.runtime import Runtime
+from fleet.models import Message, Mode, ToolCeiling, Trace
+from fleet.runtime import Runtime, SpawnRequest
 
 AGENT_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -62,24 +62,6 @@ EVALUATE_SCHEMA: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
-class SpawnRequest:
-    """Children created for one tool call, ready for a dispatcher."""
-
-    parent_trace_id: str
-    root_trace_id: str
-    tool_call_id: str
-    tool_name: str
-    mode: Mode
-    children: tuple[Trace, ...]
-    """The child traces as created (or reopened): a dispatcher need not read them back."""
-
-    @property
-    def child_ids(self) -> tuple[str, ...]:
-        """The children's trace ids, in order."""
-        return tuple(c.trace_id for c in self.children)
-
-
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
     """Create (or reopen) the child traces of an `agent`/`evaluate` call.
 
@@ -116,9 +98,9 @@ def _agent_children(
     common = {"skills": list(args.get("skills") or []), "extra": args.get("context")}
     if isinstance(task, str) and task.strip():
         preset = str(args.get("agent_type") or "default")
-        _check_preset(runtime, preset)
+        _check_preset(runtime, parent, preset)
         chosen = runtime.preset(preset)
-        if key := cache_key(chosen, args):
+        if key := delegate_cache_key(runtime, parent, preset, args):
             common["cache"] = {"cache_key": key, "cache_ttl_s": chosen.cache_ttl_s}
         spec = _ChildSpec("delegate", preset, task, None, messages)
         return [_child(runtime, parent, call_id, spec, common)]
@@ -133,10 +115,49 @@ def _agent_children(
     raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
 
 
-def _check_preset(runtime: Runtime, preset: str) -> None:
+def _check_preset(runtime: Runtime, parent: Trace, preset: str) -> None:
     if preset not in runtime.presets:
         known = ", ".join(sorted(runtime.presets))
         raise ToolError(f"agent: unknown agent_type {preset!r} (known: {known})")
+    if runtime.permissions(parent).read_only and not runtime.preset(preset).read_only:
+        raise ToolError(
+            f"agent: this trace is read-only and may start only read-only sub-agents;"
+            f" preset {preset!r} can write"
+        )
+
+
+def child_ceiling(runtime: Runtime, parent: Trace) -> ToolCeiling:
+    """What a child of `parent` may do at most: everything the parent may, nothing more."""
+    allowed = runtime.permissions(parent)
+    tools = None if allowed.allowed_tools is None else sorted(allowed.allowed_tools)
+    return ToolCeiling(
+        allowed=tools, denied=sorted(allowed.denied_tools), read_only=allowed.read_only
+    )
+
+
+def child_model(runtime: Runtime, parent: Trace, preset: str) -> str | None:
+    """The child's model: its preset's `model:`, fleet.yaml's override for it, the parent's."""
+    chosen = runtime.preset(preset)
+    return chosen.model or runtime.config.model_overrides.get(preset) or parent.model
+
+
+def delegate_cache_key(
+    runtime: Runtime, parent: Trace, preset: str, args: dict[str, Any]
+) -> str | None:
+    """The cache key of a delegate call from `parent`, or None if its preset does not cache.
+
+    Everything that changes the answer is in it: the workspace, the child's model and
+    tool ceiling, the preset's whole content and the call's chosen arguments.
+    """
+    return cache_key(
+        runtime.preset(preset),
+        args,
+        CacheScope(
+            workspace=parent.workspace or str(runtime.settings.workspace),
+            model=child_model(runtime, parent, preset) or "",
+            ceiling=child_ceiling(runtime, parent).model_dump_json(),
+        ),
+    )
 
 
 def _branch_messages(messages: Any, branches: int) -> list[Any]:
@@ -188,17 +209,15 @@ def _child(
         context["messages"] = _check_messages(spec.messages)
     if common.get("extra"):
         context["extra"] = common["extra"]
-    # The child's own preset decides first (its `model:`, then fleet.yaml's override for
-    # it); otherwise it runs on its parent's model.
-    chosen = runtime.preset(preset)
-    model = chosen.model or runtime.config.model_overrides.get(preset) or parent.model
+    model = child_model(runtime, parent, preset)
+    ceiling = child_ceiling(runtime, parent)
     for attempt in range(1, 100):
         trace = Trace(
             trace_id=ids.child_id(parent.trace_id, mode, index, attempt),
             root_trace_id=parent.root_trace_id,
             parent_trace_id=parent.trace_id,
             mode=mode,
-            task=spec.task,
+            task=runtime.redactor.values_only(spec.task),  # the model wrote it
             name=name,
             preset=preset,
             model=model,
@@ -206,7 +225,8 @@ def _child(
             parent_tool_call_id=call_id,
             context=context,
             skills=common.get("skills") or [],
-            metadata=dict(common.get("cache") or {}),
+            metadata=_metadata(runtime, parent, call_id, common),
+            ceiling=ceiling,
         )
         try:
             runtime.store.create_trace(trace)
@@ -244,5 +264,16 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     for missing in turn.missing if turn else ():
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
-    lifecycle.reopen(runtime, child, call.id)
+    otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
+    lifecycle.reopen(runtime, child, call.id, otel=otel)
     return store.get_trace(sub_id)
+
+
+def _metadata(
+    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
+) -> dict[str, Any]:
+    """A new child's metadata: its cache key, and its parent's tracing context if any."""
+    metadata = dict(common.get("cache") or {})
+    if otel := runtime.hooks.child_context(parent, call_id):
+        metadata["otel"] = otel
+    return metadata

@@ -20,13 +20,13 @@ from typing import Any
 
 import yaml
 
+from fleet import yamlsafe
 from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.store import MemoryStore
 
 __all__ = ["MemoryStore", "ScriptedModel", "call", "text"]
 
-_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 ModelFunction = Callable[[list[dict[str, Any]], list[dict[str, Any]]], LLMResponse]
 
@@ -100,7 +100,8 @@ class ScriptedModel:
         try:
             # libyaml's loader when PyYAML has it: a 1000-branch script parses in 2 ms, not
             # 38, inside the runtime's client lock that every thread of a worker waits on.
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_SAFE_LOADER)
+            text = path.read_text(encoding="utf-8")
+            data = yamlsafe.load(text, f"scripted model {str(path)!r}")
         except OSError as exc:
             raise ConfigError(f"scripted model {str(path)!r}: {exc.strerror}") from None
         except UnicodeDecodeError:

@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from fleet import lifecycle
-from fleet.cache import cache_key, delegate_preset
+from fleet.cache import delegate_preset
 from fleet.errors import ToolError
 from fleet.fanout import check_spawn
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.llm.base import ToolCall
 from fleet.models import Event, Message, Trace
-from fleet.runtime import Runtime
-from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, SpawnRequest, spawn
+from fleet.runtime import Runtime, SpawnRequest
+from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.tools.base import ToolContext, ToolResult
 
 _GOAL = {
@@ -28,7 +28,7 @@ _GOAL = {
 
 def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     """The tools this trace's model is offered: what its preset and mode allow."""
-    preset = runtime.preset(trace.preset)
+    preset = runtime.permissions(trace)
     names = runtime.tools.names_for(preset)
     if not runtime.settings.allow_shell:
         names = [n for n in names if n != "bash"]
@@ -36,9 +36,10 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     if preset.allows("goal"):
         schemas.append(_GOAL)
     if trace.mode == "main":
-        schemas += [
-            s for s in (AGENT_SCHEMA, EVALUATE_SCHEMA) if preset.allows(s["function"]["name"])
-        ]
+        # `agent` delegates to writing presets by default: a read-only trace is not offered
+        # it (and `spawn` refuses a writing child if the model calls it anyway).
+        offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
+        schemas += [s for s in offered if preset.allows(s["function"]["name"])]
     return schemas
 
 
@@ -48,43 +49,54 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
     Returns:
         True when every call has its result (the loop goes on), False while waiting.
     """
-    spawns: list[SpawnRequest] = []
+    spawns: list[tuple[ToolCall, SpawnRequest]] = []
     for call in calls:
+        runtime.hooks.tool_started(trace, call)
         if call.name in SUB_AGENT_TOOLS:
-            try:
-                _check_may_spawn(runtime, trace, call)
-                if (cached := _cached(runtime, call)) is None:
-                    check_spawn(runtime, trace, call)
-                    spawns.append(spawn(runtime, trace, call))
-                    continue
-                result = cached
-            except ToolError as exc:
-                result = ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
+            outcome = _sub_agents(runtime, trace, call)
+            if isinstance(outcome, SpawnRequest):
+                spawns.append((call, outcome))
+                continue
+            result = outcome
         elif call.name == "goal":
             result = _goal(runtime, trace, call)
         else:
             result = _plain(runtime, trace, call)
         _write(runtime, trace, call, result)
+        runtime.hooks.tool_finished(trace, call, result)
     if not spawns:
         return True  # every call above wrote its result
     _dispatch(runtime, trace, spawns)
     return lifecycle.turn_complete(runtime.store, trace.trace_id)
 
 
-def _dispatch(runtime: Runtime, trace: Trace, spawns: list[SpawnRequest]) -> None:
+def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
+    """Children to dispatch, or the result at once (cached answer, refusal)."""
+    try:
+        _check_may_spawn(runtime, trace, call)
+        if (cached := _cached(runtime, trace, call)) is not None:
+            return cached
+        check_spawn(runtime, trace, call)
+        return spawn(runtime, trace, call)
+    except ToolError as exc:
+        return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
+
+
+def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnRequest]]) -> None:
     # Waiting is written before dispatch: a fast chord may collect before we return.
     # Stopped while this turn's model call ran: the new children start stopped.
-    lifecycle.wait(runtime, trace, [c for request in spawns for c in request.child_ids])
-    for request in spawns:
+    lifecycle.wait(runtime, trace, [c for _, request in spawns for c in request.child_ids])
+    for call, request in spawns:
         runtime.dispatcher.dispatch(runtime, request)
+        runtime.hooks.tool_finished(trace, call, None)
 
 
-def _cached(runtime: Runtime, call: ToolCall) -> ToolResult | None:
+def _cached(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:
     """A delegate call answered from the result cache of its preset, if any."""
     found = delegate_preset(call)
     if found is None or found[0] not in runtime.presets:
         return None
-    key = cache_key(runtime.preset(found[0]), found[1])
+    key = delegate_cache_key(runtime, trace, found[0], found[1])
     hit = runtime.store.cache_get(key) if key else None
     if hit is None:
         return None
@@ -92,8 +104,8 @@ def _cached(runtime: Runtime, call: ToolCall) -> ToolResult | None:
 
 
 def _check_may_spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> None:
-    """Sub-agents never start sub-agents, and the preset must allow the tool."""
-    preset = runtime.preset(trace.preset)
+    """Sub-agents never start sub-agents, and the trace's permissions must allow the tool."""
+    preset = runtime.permissions(trace)
     if trace.mode != "main" or not preset.allows(call.name):
         raise ToolError(
             f"tool {call.name!r} is not allowed for preset {preset.name!r} in a {trace.mode} "
@@ -102,7 +114,7 @@ def _check_may_spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> None:
 
 
 def _goal(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
-    if not runtime.preset(trace.preset).allows("goal"):
+    if not runtime.permissions(trace).allows("goal"):
         return ToolResult(title="goal refused", output="tool 'goal' is not allowed", is_error=True)
     tree = trace.goals.model_copy(deep=True)
     try:
@@ -129,12 +141,13 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         arguments = call.parsed_arguments()
     except ValueError as exc:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
-    result = runtime.tools.execute(call.name, arguments, ctx, runtime.preset(trace.preset))
-    runtime.hooks.tool_finished(trace, call.name, result)
-    return result
+    return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
 
 
 def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -> None:
+    # A tool may have read one of the worker's secrets (a file, a response): never stored.
+    scrub = runtime.redactor.values_only
+    memory = scrub(result.long_term_memory) if result.long_term_memory else None
     event = Event(
         kind="message",
         trace_id=trace.trace_id,
@@ -147,8 +160,8 @@ def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -
             role="tool",
             tool_call_id=call.id,
             name=call.name,
-            content=result.output,
-            long_term_memory=result.long_term_memory,
+            content=scrub(result.output),
+            long_term_memory=memory,
             metadata={"title": result.title, "is_error": result.is_error},
         ),
         event,

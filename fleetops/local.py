@@ -22,21 +22,26 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from pydantic import BaseModel, ValidationError
 
 from fleet.errors import ConfigError
 from fleet.redis_server import start_redis_server
 from fleet.redis_store import redact_url
 from fleet.settings import Settings
+from fleetops.discovery import (
+    PING_TIMEOUT_S,
+    STATE_DIR,
+    UP_FILE,
+    UpState,
+    fleet_env,
+    read_state,
+    redis_answers,
+)
 from fleetops.doctor import check_broker, ping_workers
 
-STATE_DIR = ".fleet"
-UP_FILE = "up.json"
 LOCK_FILE = "up.lock"
 REDIS_DIR = "redis"
 LOG_DIR = "logs"
 LOOPBACK = "127.0.0.1"
-PING_TIMEOUT_S = 1.0
 READY_TIMEOUT_S = 60.0
 """How long `fleet up` waits for its workers to answer before saying so and going on."""
 STOP_TIMEOUT_S = 10.0
@@ -45,20 +50,6 @@ POLL_INTERVAL_S = 0.2
 _PR_SET_PDEATHSIG = 1
 
 Say = Callable[[str], None]
-
-
-class UpState(BaseModel):
-    """`.fleet/up.json`: what the running `fleet up` started."""
-
-    pid: int
-    redis_url: str
-    embedded_redis_pid: int | None = None
-    worker_pids: list[int] = []
-    flower_url: str | None = None
-    flower_pid: int | None = None
-    started_at_ms: int
-    ready: bool = False
-    """Every worker answered a ping (written early too: a killed run leaves its Redis pid)."""
 
 
 @dataclass(frozen=True)
@@ -83,53 +74,6 @@ class Child:
     log_path: Path
 
 
-def discover_redis_url(
-    directory: Path | None = None, env: Mapping[str, str] | None = None
-) -> str | None:
-    """The Redis of a `fleet up` running in `directory` (default: cwd), if it answers.
-
-    None when `FLEET_REDIS_URL` is set (it wins), or no live `fleet up` state is there.
-    """
-    env = os.environ if env is None else env
-    if env.get("FLEET_REDIS_URL"):
-        return None
-    state = read_state((directory or Path.cwd()) / STATE_DIR)
-    if state is None or not redis_answers(state.redis_url):
-        return None
-    return state.redis_url
-
-
-def fleet_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """`Settings.from_env`, on the Redis of this directory's `fleet up` when no URL is set."""
-    values = dict(os.environ if env is None else env)
-    discovered = discover_redis_url(env=values)
-    if discovered:
-        values["FLEET_REDIS_URL"] = discovered
-    return Settings.from_env(values)
-
-
-def fleet_env(settings: Settings) -> dict[str, str]:
-    """The current environment, pointed at these settings' Redis and broker."""
-    return {
-        **os.environ,
-        "FLEET_REDIS_URL": settings.redis_url,
-        "FLEET_BROKER_URL": settings.broker_url,
-    }
-
-
-def redis_answers(url: str, timeout_s: float = PING_TIMEOUT_S) -> bool:
-    """Whether a Redis at `url` answers PING."""
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=None
-    )
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
 def check_port_free(port: int, what: str, host: str = LOOPBACK) -> None:
     """`ConfigError` if something listens on `host:port`."""
     with socket.socket() as sock:
@@ -138,14 +82,6 @@ def check_port_free(port: int, what: str, host: str = LOOPBACK) -> None:
             sock.bind((host, port))
         except OSError as exc:
             raise ConfigError(f"port {port} for {what} is busy: {exc.strerror or exc}") from None
-
-
-def read_state(state_dir: Path) -> UpState | None:
-    """The `up.json` in `state_dir`, or None if there is none (or it is unreadable)."""
-    try:
-        return UpState.model_validate_json((state_dir / UP_FILE).read_bytes())
-    except (OSError, ValidationError):
-        return None
 
 
 def _write_state(state_dir: Path, state: UpState) -> None:

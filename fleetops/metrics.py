@@ -10,8 +10,6 @@ queue alone cannot see the work that workers already took off it.
 
 from __future__ import annotations
 
-import argparse
-import functools
 import json
 import logging
 from collections import Counter
@@ -23,7 +21,7 @@ from typing import Any, Literal, get_args
 import redis
 
 from fleet import keys
-from fleet.errors import ConfigError
+from fleet.keys import CounterName
 from fleet.models import Status, now_ms
 from fleet.redis_store import connect, redact_url
 from fleet.settings import Settings
@@ -39,9 +37,6 @@ MAX_TRACES_SCANNED = 20_000
 BATCH = 1_000
 """Trace hashes read per pipeline round trip."""
 REDIS_SCHEMES = ("redis", "rediss", "unix")
-
-CounterName = Literal["lease_expiries", "resumes"]
-"""The fields of `keys.COUNTERS`."""
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -223,19 +218,6 @@ def _counter(counters: Mapping[str, float], name: CounterName, help_text: str) -
     return Family(f"fleet_{name}_total", "counter", help_text, {(): counters.get(name, 0.0)})
 
 
-@functools.lru_cache(maxsize=4)
-def _counter_client(redis_url: str) -> redis.Redis:
-    return connect(redis_url)
-
-
-def count_event(redis_url: str, counter: CounterName, by: int = 1) -> None:
-    """Add `by` to a fleet-wide counter in `keys.COUNTERS`; best effort, never raises."""
-    try:
-        _counter_client(redis_url).hincrby(keys.COUNTERS, counter, by)
-    except redis.RedisError:
-        log.warning("fleet counter %r not updated", counter, exc_info=True)
-
-
 def make_server(metrics: FleetMetrics, address: str, port: int) -> ThreadingHTTPServer:
     """An HTTP server answering `/metrics` (and `/healthz`, which reads nothing)."""
 
@@ -269,37 +251,3 @@ def _scrape(metrics: FleetMetrics) -> tuple[int, bytes]:
         where = redact_url(metrics.settings.redis_url)
         log.warning("scrape failed: %s", type(exc).__name__)
         return 503, f"cannot read the fleet at {where}: {type(exc).__name__}\n".encode()
-
-
-def register(commands: Any) -> None:
-    """Add `fleet metrics` and `fleet probe`."""
-    from fleetops.cli.ops import port_number
-    from workers import probes
-
-    parser = commands.add_parser("metrics", help="serve Prometheus metrics of the fleet")
-    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT)
-    parser.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
-    parser.set_defaults(handler=run_metrics)
-    probes.register(commands)
-
-
-def run_metrics(args: argparse.Namespace) -> int:
-    """`fleet metrics`: serve until interrupted."""
-    from fleetops.local import fleet_settings
-
-    metrics = FleetMetrics(fleet_settings())
-    try:
-        server = make_server(metrics, args.address, args.port)
-    except OSError as exc:
-        metrics.close()
-        raise ConfigError(f"cannot serve metrics on {args.address}:{args.port}: {exc}") from None
-    where = redact_url(metrics.settings.redis_url)
-    print(f"fleet metrics on http://{args.address}:{args.port}/metrics ({where})", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        metrics.close()
-    return 0

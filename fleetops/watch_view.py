@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.control import subtree
 from fleet.models import Event, Trace
 from fleet.store import TraceStore
+from fleetops.cli.output import printable
 
 if TYPE_CHECKING:
     from fleet.client import Fleet
@@ -66,10 +67,8 @@ def node_of(trace: Trace, last_tool: str | None = None) -> Node:
 def row_text(node: Node) -> str:
     """`researcher  running  it 3  1,204 tok  last read_file  ID`."""
     tool = f"  last {node.last_tool}" if node.last_tool else ""
-    return (
-        f"{node.label}  {node.status}  it {node.iteration}  {node.tokens:,} tok{tool}"
-        f"  {node.trace_id}"
-    )
+    row = f"{node.label}  {node.status}  it {node.iteration}  {node.tokens:,} tok{tool}"
+    return printable(f"{row}  {node.trace_id}")
 
 
 class TreeState:
@@ -162,11 +161,11 @@ def _label(node: Node, short_id: bool = False) -> Any:
 
     shown_id = "@" + node.trace_id.rsplit("@", 1)[-1] if short_id else node.trace_id
     text = Text()
-    text.append(node.label, style="bold")
+    text.append(printable(node.label), style="bold")
     text.append(f"  {node.status}", style=STATUS_STYLE.get(node.status, ""))
     text.append(f"  it {node.iteration}  {node.tokens:,} tok")
     if node.last_tool:
-        text.append(f"  last {node.last_tool}", style="italic")
+        text.append(f"  last {printable(node.last_tool)}", style="italic")
     text.append(f"  {shown_id}", style="dim")
     return text
 

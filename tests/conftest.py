@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,11 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["FLEET_ALLOW_SCRIPTED"] = "1"
     roots = (tempfile.gettempdir(), str(Path.cwd()))
     os.environ.setdefault("FLEET_WORKSPACE_ROOTS", os.pathsep.join(roots))
+    # A shell without job control starts background jobs with SIGINT ignored, and the
+    # CLI processes the tests interrupt would inherit that: restore the default so the
+    # Ctrl-C tests test the CLI, not how the suite was launched.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -86,9 +86,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_process(redis_url: str, *args: str, **env: str) -> Iterator[str]:
-    """`fleet serve` as a real process on a free port; yields its loopback base URL."""
-    port = free_port()
+def serve_process(redis_url: str, *args: str, port: int | None = None, **env: str) -> Iterator[str]:
+    """`fleet serve` as a real process (on a free port by default); yields its base URL."""
+    port = port or free_port()
     environ = {k: v for k, v in os.environ.items() if k != "FLEET_SERVE_TOKEN"}
     process = subprocess.Popen(
         [sys.executable, "-m", "fleetops.cli.main", "serve", "--port", str(port), *args],

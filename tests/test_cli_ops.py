@@ -18,7 +18,8 @@ import redis
 from fleet.errors import ConfigError
 from fleet.redis_server import free_port
 from fleetops.cli.ops import flower_env, parse_queues, worker_argv
-from fleetops.local import STATE_DIR, UP_FILE, UpState, check_port_free, read_state
+from fleetops.discovery import STATE_DIR, UP_FILE, UpState, read_state
+from fleetops.local import check_port_free
 from tests.procs import pid_alive, start_worker, wait_for_workers
 from workers.app import QUEUES
 

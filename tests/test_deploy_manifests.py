@@ -25,6 +25,7 @@ import yaml
 
 from fleetops.cli.main import build_parser
 from fleetops.cli.ops import flower_env, worker_argv
+from fleetops.cli.serve import MIN_TOKEN_CHARS, serve_token
 from workers.app import QUEUES
 from workers.probes import SOFT_SHUTDOWN_WINDOW_S
 
@@ -35,7 +36,7 @@ COMPOSE = DEPLOY / "docker-compose.yml"
 COMPOSE_SCHEMA = Path(__file__).parent / "schemas" / "compose-spec.json"
 K8S_VERSION = "1.30.0"
 IMAGE = "agent-fleet"
-EXTERNAL_SECRETS = {"fleet-redis", "fleet-flower", "fleet-provider-keys"}
+EXTERNAL_SECRETS = {"fleet-redis", "fleet-flower", "fleet-serve", "fleet-provider-keys"}
 """Secrets the user creates (docs/operations.md); everything else must be in the build."""
 KUSTOMIZATIONS = sorted(K8S.glob("**/kustomization.yaml"))
 MANIFESTS = sorted(p for p in K8S.glob("**/*.yaml") if p.name != "kustomization.yaml")
@@ -93,6 +94,8 @@ def check_fleet_command(argv: list[str]) -> None:
         worker_argv(args)  # unknown queues, --autoscale with threads: ConfigError
     if args.command == "flower":
         flower_env(args.address, args.basic_auth, {"FLOWER_BASIC_AUTH": "user:secret"})
+    if args.command == "serve":
+        serve_token(args.address, {"FLEET_SERVE_TOKEN": "t" * MIN_TOKEN_CHARS})
 
 
 # -- Compose -------------------------------------------------------------------
@@ -138,6 +141,15 @@ def test_compose_flower_listens_beyond_loopback_only_with_basic_auth() -> None:
     example = (DEPLOY / "example.env").read_text()
     assert re.search(r"^FLOWER_BASIC_AUTH=\S+:\S+$", example, re.MULTILINE)
     assert all(p.startswith("127.0.0.1:") for p in flower["ports"])
+
+
+def test_compose_serve_listens_beyond_loopback_only_with_a_token() -> None:
+    serve = compose_services()["serve"]
+    assert serve["command"][:3] == ["serve", "--address", "0.0.0.0"]
+    assert all(p.startswith("127.0.0.1:") for p in serve["ports"])
+    example = (DEPLOY / "example.env").read_text()
+    token = re.search(r"^FLEET_SERVE_TOKEN=(\S+)$", example, re.MULTILINE)
+    assert token and len(token.group(1)) >= MIN_TOKEN_CHARS
 
 
 def test_the_env_file_is_ignored_and_the_example_holds_no_key() -> None:
@@ -325,6 +337,27 @@ def test_flower_is_one_replica_behind_basic_auth_from_a_secret() -> None:
     services = {s["metadata"]["name"]: s for s in objects_of("Service", objects)}
     labels = flower["spec"]["template"]["metadata"]["labels"]
     assert services["fleet-flower"]["spec"]["selector"].items() <= labels.items()
+
+
+def test_serve_takes_its_token_from_a_secret_and_is_probed_without_it() -> None:
+    objects = base_objects()
+    (serve,) = [d for d in objects_of("Deployment", objects) if component(d) == "serve"]
+    (container,) = pod_containers(serve)
+    token = {e["name"]: e for e in container["env"]}["FLEET_SERVE_TOKEN"]
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "fleet-serve", "key": "token"}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"  # no data, no token
+    services = {s["metadata"]["name"]: s for s in objects_of("Service", objects)}
+    labels = serve["spec"]["template"]["metadata"]["labels"]
+    assert services["fleet-serve"]["spec"]["selector"].items() <= labels.items()
+
+
+def test_the_grafana_dashboard_links_a_trace_id_to_the_live_page() -> None:
+    dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["trace_id"]["type"] == "textbox"
+    (link,) = dashboard["links"]
+    assert link["url"] == "${serve_url}/?trace=${trace_id:percentencode}"
 
 
 def kubernetes_commands(objects: list[dict[str, Any]]) -> Iterator[list[str]]:

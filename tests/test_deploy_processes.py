@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import yaml
@@ -202,9 +203,14 @@ def test_the_compose_services_run_an_explore_across_queue_workers(
     compose.start(
         "metrics", with_option(compose.services["metrics"]["command"], "--port", str(metrics_port))
     )
+    serve_port = free_port()
+    compose.start(
+        "serve", with_option(compose.services["serve"]["command"], "--port", str(serve_port))
+    )
     compose.wait_ready(*workers)
     wait_until(lambda: http_get(port, "/healthcheck", None)[0] == 200, 30, "Flower")
     wait_until(lambda: http_get(metrics_port, "/healthz", None)[0] == 200, 30, "metrics")
+    wait_until(lambda: http_get(serve_port, "/healthz", None)[0] == 200, 30, "fleet serve")
 
     result = finished_run(fleet_run(compose))
 
@@ -218,6 +224,11 @@ def test_the_compose_services_run_an_explore_across_queue_workers(
 
     wait_until(lambda: {"main", "explore"} <= ran_on(), 15, "Flower to list tasks per worker")
     assert flower.process.poll() is None
+    traces = f"http://127.0.0.1:{serve_port}/api/traces/{result['trace_id']}"
+    assert httpx.get(traces, timeout=5).status_code == 401, "fleet serve needs its token"
+    bearer = {"Authorization": f"Bearer {compose.env['FLEET_SERVE_TOKEN']}"}
+    shown = httpx.get(traces, headers=bearer, timeout=5).json()
+    assert [c["status"] for c in shown["collaborators"]] == ["completed"] * 4
     status, text = http_get(metrics_port, "/metrics", None)
     assert status == 200 and 'fleet_traces{status="completed"} 5' in text.decode()
     explore = workers[QUEUE_SERVICES.index("explore")]

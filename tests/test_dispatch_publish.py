@@ -12,7 +12,7 @@ import redis
 from celery._state import _set_task_join_will_block
 
 from fleet.models import Trace
-from fleet.subagents import SpawnRequest
+from fleet.runtime import SpawnRequest
 from workers.app import app, one_pipeline
 from workers.dispatch import CeleryDispatcher
 

@@ -12,9 +12,9 @@ from fleet.api import LocalFleet, TaskSpec, create_root
 from fleet.lifecycle import AlreadyCollected, Settled, Waiting
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace
-from fleet.runtime import Runtime
+from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
-from fleet.subagents import SpawnRequest, spawn
+from fleet.subagents import spawn
 from fleet.testing import ScriptedModel
 
 

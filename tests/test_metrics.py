@@ -26,7 +26,6 @@ from fleet.settings import Settings
 from fleetops.metrics import (
     Family,
     FleetMetrics,
-    count_event,
     kombu_queue_lengths,
     make_server,
     redis_queue_lengths,
@@ -193,7 +192,8 @@ def test_every_metric_the_dashboard_and_the_scalers_query_is_exported(redis_url:
 
 
 def test_a_counter_that_cannot_be_written_is_only_logged() -> None:
-    count_event("redis://127.0.0.1:1/0", "resumes")  # nothing listens on port 1
+    with RedisStore.from_url("redis://127.0.0.1:1/0") as store:  # nothing listens on port 1
+        store.count("resumes")
 
 
 def test_a_scrape_without_redis_is_an_error_response_not_a_crash() -> None:

@@ -182,6 +182,7 @@ def test_with_a_token_the_api_needs_it(store: TraceStore) -> None:
         good = {"Authorization": f"Bearer {TOKEN}"}
         assert http.get("/api/traces/t1", headers=good).json()["trace"]["trace_id"] == "t1"
         assert http.get("/").status_code == 200  # the page itself holds no data
+        assert http.get("/healthz").json() == {"ok": True}  # nor do probes
 
 
 def test_without_a_token_a_foreign_host_is_refused(api: httpx.Client, store: TraceStore) -> None:

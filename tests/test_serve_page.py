@@ -10,6 +10,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -18,9 +19,10 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
-from tests.fleetkit import client, explore_script, fleet_settings
+from fleet.client import Fleet
+from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
-from tests.servekit import serve_process
+from tests.servekit import free_port, serve_process
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +65,11 @@ def statuses(browser: webdriver.Chrome) -> dict[str, str]:
     }
 
 
-def test_the_page_grows_the_tree_live_and_shows_messages(
+def page_value(browser: webdriver.Chrome, name: str) -> Any:
+    return browser.execute_script(f"return window.fleetPage.{name}")
+
+
+def test_the_page_grows_the_tree_live_resumes_its_stream_and_shows_messages(
     redis_url: str, browser: webdriver.Chrome, tmp_path: Path
 ) -> None:
     with redis.Redis.from_url(redis_url) as admin:
@@ -71,40 +77,50 @@ def test_the_page_grows_the_tree_live_and_shows_messages(
     settings = fleet_settings(redis_url, tmp_path)
     model = explore_script(tmp_path / "model.yaml", BRANCHES, latency_ms=50, branch_turns=2)
     fleet = client(settings)
-    handle = fleet.submit(f"survey {HOSTILE}", model=model)
-    root = handle.trace_id
-    with serve_process(redis_url) as url:
+    root = fleet.submit(f"survey {HOSTILE}", model=model).trace_id
+    wait = WebDriverWait(browser, 30, poll_frequency=0.1)
+    port = free_port()
+    with serve_process(redis_url, port=port) as url:
         browser.get(f"{url}/?trace={root}")
-        wait = WebDriverWait(browser, 30, poll_frequency=0.1)
         wait.until(lambda b: statuses(b).get(root) == "queued")
         browser.execute_script("window.sameDocument = true;")
         assert len(statuses(browser)) == 1  # no branch yet: no worker runs
-        with start_worker(
-            redis_url, concurrency=8, env_extra={"FLEET_WORKSPACE": str(tmp_path)}
-        ) as w:
-            wait_for_workers(redis_url, [w.name], timeout_s=30)
+    # The service is gone: the page's event stream dropped. The tree runs on meanwhile.
+    worker_env = {"FLEET_WORKSPACE": str(tmp_path)}
+    with start_worker(redis_url, concurrency=8, env_extra=worker_env) as worker:
+        wait_for_workers(redis_url, [worker.name], timeout_s=30)
+        wait_until(lambda: len(fleet.store.children(root)) == BRANCHES, 30, "the branches")
+        with serve_process(redis_url, port=port) as url:  # back: the page reconnects
             wait.until(lambda b: len(statuses(b)) == 1 + BRANCHES)
             wait.until(lambda b: set(statuses(b).values()) == {"completed"})
-        assert browser.execute_script("return window.sameDocument === true") is True  # no reload
-        shown = statuses(browser)
-        branches = sorted(t for t in shown if t != root)
-        assert branches == sorted(fleet.store.children(root))
-        root_node = browser.find_element(By.CSS_SELECTOR, f'.node[data-trace-id="{root}"]')
-        task = root_node.find_element(By.CSS_SELECTOR, ".node-task").text
-        assert task.endswith(HOSTILE)  # shown as text, not markup
-        assert browser.find_elements(By.CSS_SELECTOR, "img") == []
-        assert browser.title != "pwned"
-        facts = root_node.find_element(By.CSS_SELECTOR, ".node-facts").text
-        stats = fleet.trace(root).stats
-        assert f"{stats.prompt_tokens + stats.completion_tokens} tokens" in facts
-        assert "last tool agent" in facts and "iteration 2" in facts
-        collaborators = root_node.find_elements(By.CSS_SELECTOR, ".collaborators li")
-        assert [c.text.split(":")[0] for c in collaborators] == [
-            f"explore-{i:03d} [agent, completed]" for i in range(1, BRANCHES + 1)
-        ]
-        first = browser.find_element(
-            By.CSS_SELECTOR, f'.node[data-trace-id="{branches[0]}"] .node-head'
-        )
-        first.click()
-        wait = WebDriverWait(browser, 10, poll_frequency=0.1)
-        wait.until(lambda b: "done: Branch 1" in b.find_element(By.ID, "message-list").text)
+            stream = fleet.store.read_events(root, count=10_000)
+            # Every event once: nothing lost while disconnected, nothing shown twice.
+            wait.until(lambda b: page_value(b, "events") == len(stream))
+            assert page_value(browser, "lastEventId") == stream[-1][0]
+            assert page_value(browser, "reconnects") >= 1
+            assert browser.execute_script("return window.sameDocument === true") is True
+            check_the_tree(browser, fleet, root)
+            first = browser.find_elements(By.CSS_SELECTOR, ".node .children .node-head")[0]
+            first.click()
+            wait.until(lambda b: "done: Branch 1" in b.find_element(By.ID, "message-list").text)
+
+
+def check_the_tree(browser: webdriver.Chrome, fleet: Fleet, root: str) -> None:
+    """Order, escaping, facts and collaborators of the finished tree as shown."""
+    shown = [
+        n.get_attribute("data-trace-id") for n in browser.find_elements(By.CSS_SELECTOR, ".node")
+    ]
+    assert shown == [root, *sorted(fleet.store.children(root))]
+    root_node = browser.find_element(By.CSS_SELECTOR, f'.node[data-trace-id="{root}"]')
+    task = root_node.find_element(By.CSS_SELECTOR, ".node-task").text
+    assert task.endswith(HOSTILE)  # shown as text, not markup
+    assert browser.find_elements(By.CSS_SELECTOR, "img") == []
+    assert browser.title != "pwned"
+    facts = root_node.find_element(By.CSS_SELECTOR, ".node-facts").text
+    stats = fleet.trace(root).stats
+    assert f"{stats.prompt_tokens + stats.completion_tokens} tokens" in facts
+    assert "last tool agent" in facts and "iteration 2" in facts
+    collaborators = root_node.find_elements(By.CSS_SELECTOR, ".collaborators li")
+    assert [c.text.split(":")[0] for c in collaborators] == [
+        f"explore-{i:03d} [agent, completed]" for i in range(1, BRANCHES + 1)
+    ]

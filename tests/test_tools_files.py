@@ -7,7 +7,8 @@ import pytest
 
 from fleet.errors import ToolError
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.files import edit_file, glob, grep, list_dir, read_file, write_file
+from fleet.tools.files import edit_file, list_dir, read_file, write_file
+from fleet.tools.search import glob, grep
 from fleet.tools.workspace import resolve_in_workspace, truncate
 
 

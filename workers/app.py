@@ -166,7 +166,10 @@ def one_pipeline(app: Celery) -> Iterator[None]:
 
 def create_app(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
     """A configured app; `workers.tasks` registers the tasks on import."""
-    app = FleetCelery("fleet", set_as_current=set_as_current)
+    # Every event this app sends (Flower reads them) has its text fields redacted.
+    app = FleetCelery(
+        "fleet", set_as_current=set_as_current, events="workers.naming:RedactingEvents"
+    )
     app.conf.update(make_config(settings or Settings.from_env()))
     return app
 

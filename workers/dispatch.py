@@ -8,8 +8,7 @@ from celery import Celery, chord
 from celery.canvas import Signature
 
 from fleet.models import Trace
-from fleet.runtime import Runtime
-from fleet.subagents import SpawnRequest
+from fleet.runtime import Runtime, SpawnRequest
 from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
 from workers.naming import shadow_name, task_repr

@@ -11,14 +11,12 @@ wedged, so its heartbeat thread no longer runs.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -110,26 +108,3 @@ def check(
     if age_s > max_age_s:
         return f"heartbeat is {age_s:.0f} s old (limit {max_age_s:g} s)"
     return None
-
-
-def register(commands: Any) -> None:
-    """Add `fleet probe`."""
-    probe = commands.add_parser("probe", help="liveness/readiness probe of a worker container")
-    probe.add_argument("--ready", action="store_true", help="check readiness instead")
-    probe.add_argument(
-        "--max-age-s",
-        type=float,
-        default=DEFAULT_MAX_AGE_S,
-        help=f"liveness: the oldest heartbeat that passes (default {DEFAULT_MAX_AGE_S:g})",
-    )
-    probe.set_defaults(handler=run_probe)
-
-
-def run_probe(args: argparse.Namespace) -> int:
-    """`fleet probe`: 0 when the probe passes, 1 (with the reason) when not."""
-    reason = check(probe_dir(), ready=args.ready, max_age_s=args.max_age_s)
-    if reason is None:
-        print("ok")
-        return 0
-    print(reason)
-    return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from fleet.otel import make_hooks
 from fleet.redis_store import RedisStore
 from fleet.runtime import Runtime
 from fleet.settings import Settings
@@ -22,7 +23,8 @@ def get_runtime() -> Runtime:
         if _runtime is None:
             settings = Settings.from_env()
             store = RedisStore.from_url(settings.redis_url)
-            _runtime = Runtime.build(settings, store, CeleryDispatcher())
+            hooks = make_hooks(settings, store)  # no-op unless OTEL_* asks for traces
+            _runtime = Runtime.build(settings, store, CeleryDispatcher(), hooks=hooks)
         return _runtime
 
 
@@ -33,3 +35,11 @@ def reset_runtime() -> None:
         if _runtime is not None and isinstance(_runtime.store, RedisStore):
             _runtime.store.close()
         _runtime = None
+
+
+def flush_hooks() -> None:
+    """Send what the hooks buffered (spans) before this process exits."""
+    with _lock:
+        runtime = _runtime
+    if runtime is not None:
+        runtime.hooks.flush()

@@ -1,22 +1,33 @@
-"""Worker lifecycle: fresh runtime after fork, a sweeper per worker, container probe files."""
+"""Worker lifecycle: redacted logs, fresh runtime after fork, a sweeper, container probe files."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from celery.signals import (
+    worker_init,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
     worker_shutting_down,
 )
 
+from fleet.redact import install_log_redaction, process_redactor
 from workers import probes
-from workers.runtime import draining, reset_runtime
+from workers.runtime import draining, flush_hooks, reset_runtime
 from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
+
+
+@worker_init.connect
+def _redact_logs(**_: Any) -> None:
+    # Every log line of the worker (Celery's own task-failure lines and their tracebacks
+    # included) has the process's secrets and credential shapes masked; pool children
+    # inherit the record factory across fork.
+    install_log_redaction(process_redactor())
 
 
 @worker_process_init.connect
@@ -64,3 +75,10 @@ def _stop_sweeper(**_: Any) -> None:
 def _stop_heartbeat(**_: Any) -> None:
     if _heartbeat is not None:
         _heartbeat.stop()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_hooks(**_: Any) -> None:
+    # Spans wait in a batch: send them before the process goes (a pool child may skip atexit).
+    flush_hooks()

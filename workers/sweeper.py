@@ -7,7 +7,6 @@ import os
 import threading
 
 from fleet.control import claim_dead_runs
-from fleetops.metrics import count_event
 from workers.dispatch import send
 from workers.runtime import get_runtime
 
@@ -24,7 +23,7 @@ def sweep_once() -> list[str]:
         send(runtime.store.get_trace(trace_id), recovered=True)
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
     if claimed:
-        count_event(runtime.settings.redis_url, "lease_expiries", len(claimed))
+        runtime.store.count("lease_expiries", len(claimed))
     return claimed
 
 

@@ -12,7 +12,6 @@ from fleet import lifecycle
 from fleet.lifecycle import AlreadyCollected, Settled, Settlement, Waiting
 from fleet.runner import Runner, RunResult, run_safely
 from fleet.settings import Settings
-from fleetops.metrics import count_event
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send, start_window, tree_schedule
 from workers.runtime import draining, get_runtime
@@ -136,4 +135,4 @@ def resume(trace_id: str) -> None:
     trace = runtime.store.get_trace(trace_id)
     priority = tree_schedule(runtime, trace.root_trace_id).priority
     send(trace, "fleet.resume_agent", priority=priority)
-    count_event(runtime.settings.redis_url, "resumes")
+    runtime.store.count("resumes")

@@ -20,6 +20,7 @@ from fleet.llm.openai import DEFAULT_TIMEOUT_S, normalise_tool_call_id
 from fleet.llm.pricing import ModelPricing, cost_usd
 from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
+from fleet.redact import SHAPES_ONLY, Redactor
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
@@ -147,6 +148,7 @@ class AnthropicClient:
         retry: RetryPolicy = DEFAULT_RETRY,
         provider: str = "anthropic",
         api_key_env: str = "ANTHROPIC_API_KEY",
+        redactor: Redactor = SHAPES_ONLY,
     ) -> None:
         """Build a client.
 
@@ -161,6 +163,7 @@ class AnthropicClient:
             retry: backoff policy for 429, 5xx and network errors.
             provider: name used in error messages.
             api_key_env: the env var the key came from, named in auth errors.
+            redactor: masks the process's secrets in error texts; this key is added.
         """
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -168,6 +171,7 @@ class AnthropicClient:
         self.provider = provider
         self._api_key = api_key
         self._api_key_env = api_key_env
+        self._redactor = redactor.with_values([api_key])
         self._timeout_s = timeout_s
         self._pricing = pricing
         self._retry = retry
@@ -228,6 +232,7 @@ class AnthropicClient:
             provider=self.provider,
             api_key_env=self._api_key_env,
             policy=self._retry,
+            redactor=self._redactor,
         )
         return self.parse_response(response)
 

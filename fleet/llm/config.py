@@ -36,13 +36,14 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from fleet import trust
+from fleet import trust, yamlsafe
 from fleet.errors import ConfigError
 from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.pricing import ModelPricing
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
+from fleet.redact import Redactor
 
 CONFIG_FILE = "fleet.yaml"
 CONFIG_PATH_ENV = "FLEET_CONFIG"
@@ -157,7 +158,7 @@ def _read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        return yaml.safe_load(text)
+        return yamlsafe.load(text, str(path))  # bounded: size, depth, aliases
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
@@ -357,6 +358,7 @@ def make_client(
         scripted_model = importlib.import_module("fleet.testing").ScriptedModel
         return cast(LLMClient, scripted_model.from_file(Path(target.model)))
     key = _api_key(target, env)
+    redactor = Redactor.from_env(env)  # every secret of the process, not just this key
     if target.kind == "anthropic":
         return AnthropicClient(
             target.base_url,
@@ -365,6 +367,7 @@ def make_client(
             pricing=target.pricing,
             provider=target.provider,
             api_key_env=target.api_key_env,
+            redactor=redactor,
             retry=retry,
         )
     return OpenAIClient(
@@ -374,5 +377,6 @@ def make_client(
         pricing=target.pricing,
         provider=target.provider,
         api_key_env=target.api_key_env,
+        redactor=redactor,
         retry=retry,
     )

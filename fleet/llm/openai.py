@@ -20,6 +20,7 @@ from fleet.llm.base import LLMResponse, ToolCall, Usage, check_model_requests_al
 from fleet.llm.pricing import ModelPricing, cost_usd
 from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
+from fleet.redact import SHAPES_ONLY, Redactor
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -91,6 +92,7 @@ class OpenAIClient:
         retry: RetryPolicy = DEFAULT_RETRY,
         provider: str = "openai",
         api_key_env: str = "OPENAI_API_KEY",
+        redactor: Redactor = SHAPES_ONLY,
     ) -> None:
         """Build a client; `api_key` may be empty for a local server.
 
@@ -104,12 +106,14 @@ class OpenAIClient:
             retry: backoff policy for 429, 5xx and network errors.
             provider: name used in error messages.
             api_key_env: the env var the key came from, named in auth errors.
+            redactor: masks the process's secrets in error texts; this key is added.
         """
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.provider = provider
         self._api_key = api_key
         self._api_key_env = api_key_env
+        self._redactor = redactor.with_values([api_key])
         self._timeout_s = timeout_s
         self._pricing = pricing
         self._retry = retry
@@ -168,6 +172,7 @@ class OpenAIClient:
             provider=self.provider,
             api_key_env=self._api_key_env,
             policy=self._retry,
+            redactor=self._redactor,
         )
         return self.parse_response(response)
 

@@ -23,6 +23,7 @@ from fleet.errors import (
     TransientLLMError,
 )
 from fleet.llm.ratelimit import OVERLOAD_STATUS
+from fleet.redact import SHAPES_ONLY, Redactor
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 """Retryable 4xx codes; every 5xx (Anthropic's 529 "overloaded" included) is retried too."""
@@ -85,27 +86,33 @@ def retry_after_s(headers: Mapping[str, str], now_s: float) -> float | None:
     return None
 
 
-def error_detail(response: httpx.Response) -> str:
-    """The provider's error message on one short line (`error.message` of the JSON body)."""
+def error_detail(response: httpx.Response, redactor: Redactor = SHAPES_ONLY) -> str:
+    """The provider's error message on one short line (`error.message` of the JSON body).
+
+    Redacted before it is cut: a server may echo the request's `Authorization` header or
+    key anywhere in its body, and a cut must not leave half a key behind.
+    """
     try:
         body = response.json()
         detail = str(body["error"]["message"])
     except (ValueError, KeyError, TypeError):
         detail = response.text
-    detail = " ".join(detail.split())
+    detail = redactor(" ".join(detail.split()))
     if len(detail) > ERROR_DETAIL_MAX_CHARS:
         detail = detail[:ERROR_DETAIL_MAX_CHARS] + "..."
     return detail or "(empty body)"
 
 
-def non_retryable_error(response: httpx.Response, provider: str, api_key_env: str) -> FleetError:
-    """The exception for a 4xx a retry cannot fix."""
+def non_retryable_error(
+    response: httpx.Response, provider: str, api_key_env: str, redactor: Redactor = SHAPES_ONLY
+) -> FleetError:
+    """The exception for a 4xx a retry cannot fix, its provider text redacted."""
     status = response.status_code
     if status in (401, 403):
         # The body is left out on purpose: OpenAI echoes part of a rejected key in it.
         where = f"check {api_key_env}" if api_key_env else "the provider needs an API key"
         return ConfigError(f"{provider} rejected the API key (HTTP {status}): {where}")
-    detail = error_detail(response)
+    detail = error_detail(response, redactor)
     if status in CONFIG_STATUS:
         return ConfigError(
             f"{provider} returned HTTP {status} (check base_url and model name): {detail}"
@@ -124,8 +131,12 @@ def send_with_retry(
     provider: str,
     api_key_env: str,
     policy: RetryPolicy = DEFAULT_RETRY,
+    redactor: Redactor = SHAPES_ONLY,
 ) -> httpx.Response:
     """Call `send` until it gives a 2xx response, retrying what a retry may fix.
+
+    Every provider text that goes into an error passes through `redactor` (the client's
+    own key and the process's secrets) first.
 
     Raises:
         TransientLLMError: every attempt failed in a retryable way.
@@ -137,7 +148,7 @@ def send_with_retry(
         try:
             response = send()
         except RETRYABLE_EXCEPTIONS as exc:
-            failure = " ".join(f"{type(exc).__name__}: {exc}".split())
+            failure = redactor(" ".join(f"{type(exc).__name__}: {exc}".split()))
             delay_s = backoff_s(attempt, policy)
         except httpx.HTTPError as exc:
             # Never the text: httpx quotes the offending header, API key included.
@@ -149,8 +160,8 @@ def send_with_retry(
             if response.is_success:
                 return response
             if not is_retryable_status(response.status_code):
-                raise non_retryable_error(response, provider, api_key_env)
-            failure = f"HTTP {response.status_code}: {error_detail(response)}"
+                raise non_retryable_error(response, provider, api_key_env, redactor)
+            failure = f"HTTP {response.status_code}: {error_detail(response, redactor)}"
             asked_s = retry_after_s(response.headers, policy.clock())
             if policy.hand_back_overload and response.status_code in OVERLOAD_STATUS:
                 raise ProviderOverloaded(

@@ -14,6 +14,7 @@ import inspect
 import logging
 import operator
 import re
+import threading
 import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -23,12 +24,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from fleet.errors import ConfigError, ToolError
 from fleet.presets import AgentPreset
-from fleet.tools import files, shell, skills, web
+from fleet.tools import files, search, shell, skills, web
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.workspace import truncate
 
 ToolFunction = Callable[..., ToolResult]
 """`fn(ctx: ToolContext, **arguments) -> ToolResult`."""
+TOOL_TIMEOUT_GRACE_S = 2.0
+"""How long past `tool_timeout_s` a tool that limits itself may take to report it."""
 
 _log = logging.getLogger(__name__)
 _REQUIRED: Any = inspect.Parameter.empty
@@ -155,7 +158,7 @@ class ToolRegistry:
         if problems:
             return _error_result(name, "refused", f"invalid arguments: {'; '.join(problems)}")
         try:
-            result = spec.fn(ctx, **values)
+            result = _call_bounded(name, spec.fn, ctx, values)
         except ToolError as exc:
             return _error_result(name, "failed", str(exc))
         except Exception as exc:  # a tool bug goes back to the model, the loop goes on
@@ -188,8 +191,8 @@ def default_registry() -> ToolRegistry:
     reading: tuple[ToolFunction, ...] = (
         files.read_file,
         files.list_dir,
-        files.glob,
-        files.grep,
+        search.glob,
+        search.grep,
         web.web_fetch,
         skills.skill,
     )
@@ -332,6 +335,34 @@ def _bind(
             reason = "; ".join(error["msg"] for error in exc.errors()[:3])
             problems.append(f"argument {param.name!r}: {reason}")
     return values, problems
+
+
+def _call_bounded(
+    name: str, fn: ToolFunction, ctx: ToolContext, values: dict[str, Any]
+) -> ToolResult:
+    """`fn(ctx, **values)`, or `ToolError` once `ctx.tool_timeout_s` (plus grace) passed.
+
+    Every built-in tool stops itself at `tool_timeout_s` (bash and grep kill their child,
+    glob and web_fetch check a deadline); this is the backstop for whatever does not, so
+    the agent loop and its worker slot move on. A Python thread cannot be killed: a tool
+    stuck in it keeps running in the background until it returns.
+    """
+    outcome: list[ToolResult | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn(ctx, **values))
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name=f"tool:{name}", daemon=True)
+    thread.start()
+    thread.join(ctx.tool_timeout_s + TOOL_TIMEOUT_GRACE_S)
+    if not outcome:
+        raise ToolError(f"tool {name!r} did not finish within {ctx.tool_timeout_s:g}s")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _error_result(name: str, outcome: str, message: str) -> ToolResult:

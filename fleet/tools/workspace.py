@@ -42,6 +42,16 @@ def resolve_in_workspace(root: Path, path: str) -> Path:
     return resolved
 
 
+def lexical_parts(root: Path, base: Path, path: str) -> tuple[str, ...]:
+    """The components of `path` below `base`, `..` folded; `ToolError` when that leaves it."""
+    if "\x00" in path:
+        raise ToolError(f"path {path!r} contains a NUL byte")
+    lexical = _lexical_path(root, base, path)
+    if lexical is None:
+        raise ToolError(f"path {path!r} leaves the workspace")
+    return lexical.relative_to(base).parts
+
+
 def _lexical_path(root: Path, base: Path, path: str) -> Path | None:
     """`path` joined to `base` with `..` folded, or None when that lands outside."""
     raw = Path(path or ".")

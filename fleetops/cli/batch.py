@@ -33,6 +33,8 @@ from fleet.errors import ConfigError
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
+from fleetops.cli.args import positive_int
+from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 PLAIN_STATUS_EVERY_S = 10.0
@@ -42,8 +44,6 @@ SHOWN_FAILURES = 10
 
 def register(commands: Any) -> None:
     """Add `fleet batch`."""
-    from fleetops.cli.ops import positive_int
-
     parser = commands.add_parser("batch", help="run many tasks from a JSONL or YAML file")
     parser.add_argument("file", type=Path, help="JSONL (one object per line) or YAML (a list)")
     parser.add_argument("--out", type=Path, help="append one JSON line per finished task here")
@@ -75,7 +75,7 @@ def _positive_float(text: str) -> float:
 
 def run_batch_command(args: argparse.Namespace) -> int:
     """Validate every entry, then run the batch with progress; see the module doc for exits."""
-    from fleetops.cli.run import fleet_settings
+    from fleetops.discovery import fleet_settings
 
     if args.resume and args.out is None:
         raise ConfigError("--resume needs --out (the results file to continue)")
@@ -156,7 +156,7 @@ class PlainProgress(BatchHooks):
         width = len(str(self.total))
         error = f"  {_one_line(result.error)}" if result.error else ""
         line = f"[{done:>{width}}/{self.total}] {result.status:<9} {result.id}  {result.trace_id}"
-        print(line + error, flush=True)
+        print(printable(line + error), flush=True)
 
     def progress(self, counts: BatchCounts) -> None:
         """A counts line every PLAIN_STATUS_EVERY_S."""
@@ -212,7 +212,7 @@ class RichProgress(BatchHooks):
         self._finished += 1
         if result.status != "completed":
             line = f"✗ {result.id} {result.status}: {_one_line(result.error or '')}"
-            self.live.console.print(line, style="red", markup=False, highlight=False)
+            self.live.console.print(printable(line), style="red", markup=False, highlight=False)
 
     def progress(self, counts: BatchCounts) -> None:
         """Move the bar and refresh the counts."""
@@ -258,7 +258,8 @@ def print_summary(rows: Iterable[Mapping[str, Any]], elapsed_s: float, ran: int)
     console.print(table)
     failures = [row for row in rows if row["status"] != "completed"][:SHOWN_FAILURES]
     for row in failures:
-        console.print(f"✗ {row['id']} {row['status']}: {_one_line(row.get('error') or '')}")
+        line = f"✗ {row['id']} {row['status']}: {_one_line(row.get('error') or '')}"
+        console.print(printable(line), markup=False, highlight=False)
 
 
 def _stat(row: Mapping[str, Any], name: str) -> float:

@@ -16,9 +16,9 @@ from fleet.errors import ConfigError
 from fleet.runtime import operator_config
 from fleet.settings import Settings
 from fleet.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV
-from fleetops.cli.output import render_tree
+from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
-from fleetops.local import discover_redis_url, read_state
+from fleetops.discovery import discover_redis_url, read_state
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
 DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
@@ -97,5 +97,5 @@ def submit_and_show(fleet: Fleet, task: str, model: str) -> int:
     show_progress(handle.events(timeout_s=600), handle.trace_id)
     trace = fleet.trace(handle.trace_id)
     print("\n".join(render_tree(fleet.store, trace)))
-    print(f"\nanswer:\n{trace.answer or trace.error}")
+    print(f"\nanswer:\n{printable(trace.answer or trace.error or '')}")
     return 0 if trace.status == "completed" else 1

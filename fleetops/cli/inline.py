@@ -5,18 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 from fleet.api import LocalFleet
 from fleet.settings import Settings
 from fleetops.cli.output import report
-
-
-def register(commands: Any) -> None:
-    """Add `run` (the fleet plug-in replaces its handler when installed)."""
-    parser = commands.add_parser("run", help="run a task (in-process with --inline)")
-    add_run_arguments(parser)
-    parser.set_defaults(handler=run_inline)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

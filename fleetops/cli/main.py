@@ -1,29 +1,32 @@
-"""`fleet`: the command line. Fleet commands (up, worker, ...) plug in from `fleetops.cli.ops`."""
+"""`fleet`: the command line, composed of the command modules of `fleetops.cli`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
 
 from fleet.errors import ConfigError, FleetError, TraceNotFound
-from fleetops.cli import inline, traces
+from fleet.redact import process_redactor
+from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
+from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 Handler = Callable[[argparse.Namespace], int]
 
 
+COMMANDS = (run, traces, batch, ops, serve, metrics, demo)
+"""Each module adds its own commands; none replaces another's. Celery and the servers are
+imported inside the handlers, so `fleet --help` and `fleet run --inline` stay fast."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The parser with the runtime's commands and every installed plug-in's."""
+    """The parser with every command."""
     parser = argparse.ArgumentParser(prog="fleet", description="Run LLM sub-agents as jobs.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    inline.register(commands)
-    traces.register(commands)
-    for plugin in entry_points(group="fleet.commands"):
-        plugin.load()(commands)
+    for module in COMMANDS:
+        module.register(commands)
     return parser
 
 
@@ -44,14 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def fail(message: str, code: int) -> int:
-    """Print `fleet: error: message` and return the exit code."""
-    print(f"fleet: error: {message}", file=sys.stderr)
+    """Print `fleet: error: message` (secrets masked, on one safe line); the exit code."""
+    print(f"fleet: error: {printable(process_redactor()(message))}", file=sys.stderr)
     return code
-
-
-def print_json(value: object) -> None:
-    """Machine-readable output on stdout."""
-    print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
 if __name__ == "__main__":

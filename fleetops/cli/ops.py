@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import ipaddress
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleet.errors import ConfigError
+from fleetops.cli.args import is_loopback, port_number, positive_int
 
 if TYPE_CHECKING:
     from fleetops.doctor import Check
@@ -27,39 +27,11 @@ FLOWER_AUTH_ENV = "FLOWER_BASIC_AUTH"
 
 
 def register(commands: Any) -> None:
-    """Add `up`, `worker`, `flower` and `doctor`, then the fleet's `run`/`watch`/`stop`."""
+    """Add `up`, `worker`, `flower` and `doctor`."""
     _add_up(commands)
     _add_worker(commands)
     _add_flower(commands)
     _add_doctor(commands)
-    from fleetops import metrics
-    from fleetops.cli import demo, serve
-    from fleetops.cli import run as cli_run
-
-    cli_run.register(commands)
-    serve.register(commands)
-    demo.register(commands)
-    metrics.register(commands)
-    importlib.import_module("fleetops.cli.batch").register(commands)
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
-def port_number(text: str) -> int:
-    """An argparse type: a TCP port."""
-    value = positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
-    return value
 
 
 def autoscale(text: str) -> str:
@@ -159,7 +131,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 
 def run_worker(args: argparse.Namespace) -> int:
     """`fleet worker`: one worker in this process (gevent: exec'd, it must patch first)."""
-    from fleetops.local import fleet_env, fleet_settings
+    from fleetops.discovery import fleet_env, fleet_settings
 
     argv = worker_argv(args)
     settings = fleet_settings()
@@ -179,16 +151,6 @@ def _exec_celery(argv: list[str], env: dict[str, str]) -> NoReturn:
     command = [sys.executable, "-m", "celery", "--app", "workers.app:app", *argv]
     sys.stdout.flush()
     os.execve(sys.executable, command, env)
-
-
-def is_loopback(address: str) -> bool:
-    """Whether Flower would listen on loopback only ('' means every interface)."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def flower_env(address: str, basic_auth: str | None, env: dict[str, str]) -> dict[str, str]:
@@ -217,7 +179,8 @@ def flower_env(address: str, basic_auth: str | None, env: dict[str, str]) -> dic
 
 def run_flower(args: argparse.Namespace) -> int:
     """`fleet flower`: replaces this process with Flower on the fleet's broker."""
-    from fleetops.local import check_port_free, fleet_env, fleet_settings
+    from fleetops.discovery import fleet_env, fleet_settings
+    from fleetops.local import check_port_free
 
     env = flower_env(args.address, args.basic_auth, fleet_env(fleet_settings()))
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
@@ -228,8 +191,8 @@ def run_flower(args: argparse.Namespace) -> int:
 def run_doctor(args: argparse.Namespace) -> int:
     """`fleet doctor`: 0 when the fleet can run a task, 1 when not, 2 when unreachable."""
     from fleetops import doctor
-    from fleetops.cli.main import print_json
-    from fleetops.local import fleet_settings
+    from fleetops.cli.output import print_json
+    from fleetops.discovery import fleet_settings
 
     checks = doctor.run_checks(fleet_settings())
     ready = doctor.is_ready(checks)

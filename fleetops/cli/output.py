@@ -1,14 +1,44 @@
-"""How results are printed: the `--json` object and the human tree."""
+"""How results are printed: the `--json` object and the human tree.
+
+Model text is untrusted, and a terminal obeys what it prints: an OSC 52 sequence writes
+the clipboard, OSC 0 the window title, CSI sequences move the cursor and repaint what was
+already shown. `printable` strips every escape sequence and control character from text
+before it is printed for a person; `dumps` escapes them (C1 and bidi controls too, which
+`json.dumps(ensure_ascii=False)` leaves raw) for `--json`.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
 from fleet.budget import budget_state
 from fleet.models import Trace
 from fleet.store import TraceStore
+
+_ESCAPE = re.compile(
+    r"\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC ... BEL/ST (title, clipboard, links)
+    r"|\x1b[P^_X][^\x1b\x9c]*(?:\x1b\\|\x9c)?"  # DCS/PM/APC/SOS ... ST
+    r"|\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: colours, cursor moves, erase
+    r"|\x9b[0-?]*[ -/]*[@-~]?|\x9d[^\x07\x9c]*(?:\x07|\x9c)?"  # the 8-bit CSI and OSC
+    r"|\x1b[ -/]*[0-~]?"  # any other escape
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""C0 (but tab and newline), DEL, C1, and the bidi overrides that reorder what is shown."""
+_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` without escape sequences or control characters (tab and newline stay)."""
+    return _CONTROL.sub("", _ESCAPE.sub("", text))
+
+
+def dumps(value: object) -> str:
+    """Indented JSON, non-ASCII kept readable, every control character escaped."""
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def result_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
@@ -94,16 +124,21 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
 
 
 def _one_line(text: str, limit: int = 160) -> str:
-    flat = " ".join(text.split())
+    flat = " ".join(printable(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def report(store: TraceStore, trace: Trace, *, as_json: bool) -> int:
     """Print a finished run (the answer, or the JSON object); exit 0 only if it completed."""
     if as_json:
-        print(json.dumps(result_object(store, trace), indent=2, ensure_ascii=False))
+        print(dumps(result_object(store, trace)))
     elif trace.status == "completed":
-        print(trace.answer or "")
+        print(printable(trace.answer or ""))
     else:
-        print(f"{trace.status}: {trace.error}", file=sys.stderr)
+        print(printable(f"{trace.status}: {trace.error}"), file=sys.stderr)
     return 0 if trace.status == "completed" else 1
+
+
+def print_json(value: object) -> None:
+    """Machine-readable output on stdout, control characters escaped."""
+    print(dumps(value))

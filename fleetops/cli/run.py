@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -12,18 +11,19 @@ from fleet.budget import Budget
 from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.models import Event
-from fleet.settings import Settings
-from fleetops.cli.inline import run_inline
-from fleetops.cli.output import report
+from fleetops.cli.inline import add_run_arguments, run_inline
+from fleetops.cli.output import printable, report
+from fleetops.discovery import fleet_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
 def register(commands: Any) -> None:
-    """Make `run` go through the fleet unless --inline; add `watch` and `stop`."""
-    run_parser = commands.choices["run"]
-    run_parser.set_defaults(handler=run)
+    """Add `run` (through the fleet, or in this process with --inline), `watch`, `stop`."""
+    run_parser = commands.add_parser("run", help="run a task (in-process with --inline)")
+    add_run_arguments(run_parser)
     add_control_arguments(run_parser)
+    run_parser.set_defaults(handler=run)
     watch_parser = commands.add_parser("watch", help="follow a trace tree live")
     watch_parser.add_argument("trace_id")
     watch_parser.add_argument("--timeout-s", type=float, default=None)
@@ -35,7 +35,7 @@ def register(commands: Any) -> None:
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     """`--budget-*` and `--max-concurrent`: what the tree may spend, how wide it may run."""
-    from fleetops.cli.ops import positive_int
+    from fleetops.cli.args import positive_int
 
     group = parser.add_argument_group("tree budget and fan-out (see docs/limits.md)")
     group.add_argument("--budget-tokens", type=positive_int, metavar="N")
@@ -67,18 +67,6 @@ def budget_of(args: argparse.Namespace) -> Budget | None:
         wall_s=args.budget_wall_s,
     )
     return None if budget.empty else budget
-
-
-def fleet_settings() -> Settings:
-    """Settings from the environment, or the Redis of a `fleet up` in this directory."""
-    if "FLEET_REDIS_URL" not in os.environ:
-        from fleetops.local import discover_redis_url
-
-        url = discover_redis_url()
-        if url:
-            env = {**os.environ, "FLEET_REDIS_URL": url}
-            return Settings.from_env(env)
-    return Settings.from_env()
 
 
 def connect() -> Fleet:
@@ -133,7 +121,7 @@ def show_progress(events: Iterable[Event], root: str) -> None:
     for event in events:
         line = progress_line(event, root)
         if line:
-            print(line, file=sys.stderr, flush=True)
+            print(printable(line), file=sys.stderr, flush=True)
 
 
 def progress_line(event: Event, root: str) -> str | None:

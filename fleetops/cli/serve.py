@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from fleet.errors import ConfigError
+from fleetops.cli.args import is_loopback, port_number
 
 DEFAULT_SERVE_PORT = 8600
 TOKEN_ENV = "FLEET_SERVE_TOKEN"
@@ -15,8 +16,6 @@ MIN_TOKEN_CHARS = 16
 
 def register(commands: Any) -> None:
     """Add `serve`."""
-    from fleetops.cli.ops import port_number
-
     serve = commands.add_parser("serve", help="HTTP trace API and a live page of a trace tree")
     serve.add_argument("--port", type=port_number, default=DEFAULT_SERVE_PORT)
     serve.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
@@ -30,8 +29,6 @@ def serve_token(address: str, env: dict[str, str]) -> str | None:
         ConfigError: a non-loopback address without a token, or a token too short to resist
             guessing.
     """
-    from fleetops.cli.ops import is_loopback
-
     token = env.get(TOKEN_ENV) or None
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         raise ConfigError(f"{TOKEN_ENV} must be at least {MIN_TOKEN_CHARS} characters")

@@ -7,7 +7,8 @@ from typing import Any
 
 from fleet.settings import Settings
 from fleet.store import TraceStore
-from fleetops.cli.output import list_object, render_tree, trace_object
+from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
+from fleetops.discovery import fleet_settings
 
 
 def register(commands: Any) -> None:
@@ -29,7 +30,7 @@ def open_store(settings: Settings | None = None) -> TraceStore:
     """The Redis store named by FLEET_REDIS_URL, checked to answer."""
     from fleet.redis_store import RedisStore
 
-    settings = settings or Settings.from_env()
+    settings = settings or fleet_settings()
     store = RedisStore.from_url(settings.redis_url)
     store.ping()
     return store
@@ -37,8 +38,6 @@ def open_store(settings: Settings | None = None) -> TraceStore:
 
 def show_trace(args: argparse.Namespace) -> int:
     """Print one trace tree."""
-    from fleetops.cli.main import print_json
-
     store = open_store()
     trace = store.get_trace(args.trace_id)
     if args.json:
@@ -50,8 +49,6 @@ def show_trace(args: argparse.Namespace) -> int:
 
 def list_traces(args: argparse.Namespace) -> int:
     """Print recent traces, root traces only unless --all."""
-    from fleetops.cli.main import print_json
-
     store = open_store()
     rows = [t for t in store.list_traces(args.limit * 10) if args.all or not t.parent_trace_id]
     rows = rows[: args.limit]
@@ -59,5 +56,6 @@ def list_traces(args: argparse.Namespace) -> int:
         print_json([list_object(t) for t in rows])
     else:
         for t in rows:
-            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {' '.join(t.task.split())[:80]}")
+            task = " ".join(printable(t.task).split())[:80]
+            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {task}")
     return 0

@@ -230,6 +230,13 @@ class EventsHandler(_Base):
                 return
 
 
+class HealthHandler(_Base):
+    """`GET /healthz`: the process answers (probes; no data, so no token)."""
+
+    def get(self) -> None:
+        self.reply({"ok": True})
+
+
 class PageHandler(_Base):
     """`/`: the live page (static; it reads everything through the API)."""
 
@@ -257,6 +264,7 @@ def make_app(config: ServeConfig) -> tornado.web.Application:
     return tornado.web.Application(
         [
             (r"/", PageHandler, base),
+            (r"/healthz", HealthHandler, base),
             (r"/static/(app\.js|app\.css)", StaticHandler, {"path": str(STATIC_DIR)}),
             (r"/api/traces", TracesHandler, base),
             (r"/api/traces/([^/]+)", TraceHandler, base),

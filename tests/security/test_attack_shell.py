@@ -13,7 +13,8 @@ from tests.security.conftest import HardenedFleet, run_forged, steps_script, too
 pytestmark = pytest.mark.integration
 
 READ_WORKER_ENV = (
-    "tr '\\0' '\\n' < /proc/$PPID/environ; tr '\\0' '\\n' < /proc/1/environ;"
+    "umount -l /proc; umount /proc;"  # as root: try to uncover the host's /proc first
+    " tr '\\0' '\\n' < /proc/$PPID/environ; tr '\\0' '\\n' < /proc/1/environ;"
     " for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done; env;"
     " cat /proc/self/../$PPID/environ; ls /proc | head -50"
 )

@@ -74,7 +74,9 @@ function makeNode(id, parentId) {
   node.append(head, el("div", "node-task"), el("div", "node-facts"));
   node.append(el("ul", "collaborators"), el("ul", "children"));
   const container = parentId ? childList(parentId) : $("tree-root");
-  container.append(node);
+  // Ids sort as they were spawned (explore-001, -002, ...): keep that order on screen.
+  const next = Array.from(container.children).find((other) => other.dataset.traceId > id);
+  container.insertBefore(node, next || null);
   return node;
 }
 
@@ -161,6 +163,7 @@ async function follow(root) {
       if (response.status === 401) { $("auth").hidden = false; return; }
       if (!response.ok) throw new Error("event stream: HTTP " + response.status);
       setConn("live");
+      showError("");
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
       for (;;) {

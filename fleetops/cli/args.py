@@ -1,0 +1,35 @@
+"""Argument types and checks shared by the `fleet` commands."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port."""
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return value
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a server would listen on loopback only ('' means every interface)."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,64 @@
+"""Route 7: a provider that echoes the Authorization / x-api-key header in an error body.
+
+Attack: an OpenAI-compatible server (or an Anthropic one) answers 400/404/500 with a body
+quoting the request headers. On main the body's text went into `trace.error` whole, so
+`Bearer sk-...` landed in Redis and in `fleet trace show`. Control: `fleet.redact` — every
+provider text is redacted (the client's key, every secret of the process, auth-header and
+key shapes) before it becomes an exception, and `Runner.finish` redacts `trace.error` again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import fleet.llm.base
+from fleet.api import LocalFleet
+from fleet.settings import Settings
+from tests.security.echo import echo_server
+
+OPENAI_KEY = "sk-live-0pen41SECRETvalue1234567890"
+ANTHROPIC_KEY = "sk-ant-api03-ANTHR0PICsecret0987654321"
+
+
+def _fleet(tmp_path: Path, base_url: str) -> LocalFleet:
+    config = tmp_path / "operator" / "fleet.yaml"
+    config.parent.mkdir()
+    config.write_text(
+        "providers:\n"
+        f"  evil: {{kind: openai, base_url: '{base_url}/v1', api_key_env: OPENAI_API_KEY}}\n"
+        f"  evilant: {{kind: anthropic, base_url: '{base_url}', api_key_env: ANTHROPIC_API_KEY}}\n"
+    )
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    env = {
+        "OPENAI_API_KEY": OPENAI_KEY,
+        "ANTHROPIC_API_KEY": ANTHROPIC_KEY,
+        "FLEET_CONFIG": str(config),
+        "FLEET_WORKSPACE": str(workspace),
+        "FLEET_WORKSPACE_ROOTS": str(workspace),
+    }
+    return LocalFleet.from_settings(Settings.from_env(env))
+
+
+@pytest.mark.parametrize("status", [400, 404, 500])
+@pytest.mark.parametrize("model", ["evil:gpt-x", "evilant:claude-x"])
+def test_an_echoed_key_never_reaches_the_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: int, model: str
+) -> None:
+    monkeypatch.setattr(fleet.llm.base, "ALLOW_MODEL_REQUESTS", True)  # loopback only
+    with echo_server(status) as server:
+        local = _fleet(tmp_path, server.url)
+        trace = local.run("hello", model=model)
+    assert server.requests, "the client did reach the attacker's server"
+    sent = server.requests[0]
+    assert OPENAI_KEY in sent.get("Authorization", "") or ANTHROPIC_KEY in sent.get(
+        "x-api-key", ""
+    ), "the key was sent (so the echo holds it)"
+    assert trace.status == "failed"
+    assert f"HTTP {status}" in (trace.error or "")
+    stored = local.store.get_trace(trace.trace_id).model_dump_json()
+    for key in (OPENAI_KEY, ANTHROPIC_KEY, OPENAI_KEY[8:30], ANTHROPIC_KEY[14:34]):
+        assert key not in stored
+    assert "[redacted]" in (trace.error or "")
