@@ -152,7 +152,9 @@ def test_an_interactive_tree_is_not_starved_by_a_big_batch_tree(
     # shared CI machine matters less).
     small = explore_script(tmp_path / "small.yaml", 3, latency_ms=500)
     idle_s = min(elapsed_s(fleet.submit("quick look", model=small).wait(60)) for _ in range(2))
-    big = explore_script(tmp_path / "big.yaml", BIG, latency_ms=500)
+    # Real models vary: without jitter every batch branch would end in the same instant and
+    # free the slots in waves a whole call apart.
+    big = explore_script(tmp_path / "big.yaml", BIG, latency_ms=250, jitter_ms=500)
     batch = fleet.submit("survey everything", model=big, priority="batch")
     wait_until(
         lambda: len(fleet.store.children(batch.trace_id)) == BIG,
