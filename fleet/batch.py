@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleet.api import TaskSpec, create_root
-from fleet.budget import Budget
+from fleet.budget import Budget, budget_state
 from fleet.errors import TraceNotFound
 from fleet.models import TERMINAL, Event, Trace
 from fleet.runtime import Runtime
@@ -87,10 +87,12 @@ class BatchResult:
     answer: str | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
+    budget: Mapping[str, Any] | None = None
+    """The tree's budget (limit, used, reserved) when it had one."""
 
     def to_json(self) -> dict[str, Any]:
         """The results-file object."""
-        return {
+        out = {
             "id": self.id,
             "trace_id": self.trace_id,
             "status": self.status,
@@ -98,6 +100,9 @@ class BatchResult:
             "stats": dict(self.stats),
             "error": self.error,
         }
+        if self.budget is not None:
+            out["budget"] = dict(self.budget)
+        return out
 
 
 @dataclass(frozen=True)
@@ -350,6 +355,7 @@ class _Window:
             answer=trace.answer,
             stats=trace.stats.model_dump(),
             error=error,
+            budget=state.to_json() if (state := budget_state(self.store, trace.trace_id)) else None,
         )
 
     def _count(self, pending: int) -> None:

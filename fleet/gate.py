@@ -9,10 +9,11 @@ the provider for the whole fleet.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from fleet.budget import UNBUDGETED, Budgets, Exhausted, Reserved
 from fleet.errors import ProviderOverloaded
@@ -20,7 +21,7 @@ from fleet.limits import CHARS_PER_TOKEN, Limiter, Scope, estimate_tokens, scope
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, resolve_target
 from fleet.llm.pricing import cost_usd
-from fleet.models import Trace
+from fleet.models import Message, Trace
 from fleet.store import TraceStore
 
 DEFAULT_OUTPUT_BOOKING = 4096
@@ -164,3 +165,24 @@ class Gate:
         self.after(go, None, None)
         pause_s = self.limiter.overloaded(go.scopes, exc.retry_after_s)
         return Wait(pause_s, f"overloaded ({exc.status})")
+
+
+FINAL_NOTE = (
+    "The budget of this task is used up: this is your last turn. Do not call any tool. "
+    "Answer now, as well as you can, from what you and your sub-agents have found so far, "
+    "and say what is missing."
+)
+
+
+def last_answer(path: list[Message]) -> str | None:
+    """The most recent assistant text on the path: what a run cut short has to show."""
+    for message in reversed(path):
+        if message.role == "assistant" and message.content:
+            return message.content
+    return None
+
+
+def request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
+    """The size of a request, for the token estimate a call books."""
+    text = sum(len(m.content or "") + len(json.dumps(m.tool_calls or "")) for m in path)
+    return text + len(json.dumps(tools))

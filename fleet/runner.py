@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -14,7 +13,7 @@ from typing import Any, Literal, assert_never
 from fleet import lifecycle
 from fleet.context import first_messages, injection
 from fleet.errors import FleetError, ProviderOverloaded
-from fleet.gate import Go, Spent, Wait
+from fleet.gate import FINAL_NOTE, Go, Spent, Wait, last_answer, request_chars
 from fleet.history import (
     SUB_AGENT_TOOLS,
     healed_result,
@@ -260,7 +259,7 @@ class Runner:
         trace = snapshot.trace
         model_name = self.runtime.model_name(trace.model, trace.preset)
         tools = tool_schemas(self.runtime, trace)
-        chars = _request_chars(main_path(snapshot.messages, trace.head_sequence), tools)
+        chars = request_chars(main_path(snapshot.messages, trace.head_sequence), tools)
         verdict = self.runtime.gate.before(trace, model_name, chars)
         if not isinstance(verdict, Go):
             return verdict
@@ -380,27 +379,6 @@ def _recorded(trace: Trace, message: Message) -> Trace:
     update = {"iteration": trace.iteration + 1, "stats": stats}
     update |= {"head_sequence": message.sequence, "last_sequence": message.sequence}
     return trace.model_copy(update=update)
-
-
-FINAL_NOTE = (
-    "The budget of this task is used up: this is your last turn. Do not call any tool. "
-    "Answer now, as well as you can, from what you and your sub-agents have found so far, "
-    "and say what is missing."
-)
-
-
-def last_answer(path: list[Message]) -> str | None:
-    """The most recent assistant text on the path: what a run cut short has to show."""
-    for message in reversed(path):
-        if message.role == "assistant" and message.content:
-            return message.content
-    return None
-
-
-def _request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
-    """The size of a request, for the token estimate a call books."""
-    text = sum(len(m.content or "") + len(json.dumps(m.tool_calls or "")) for m in path)
-    return text + len(json.dumps(tools))
 
 
 def _terminal(status: Status) -> Outcome:

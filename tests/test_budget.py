@@ -163,3 +163,34 @@ def test_budgets_need_the_redis_store(tmp_path: Path) -> None:
     local = LocalFleet.from_settings(Settings(workspace=tmp_path), clients={"m": ScriptedModel()})
     with pytest.raises(ConfigError, match="budgets need the Redis store"):
         create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=1)))
+
+
+def test_trace_show_has_the_budget_limit_used_and_reserved(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    from fleetops.cli.output import render_tree, trace_object
+
+    local = LocalFleet.from_settings(
+        Settings(workspace=tmp_path), store=RedisStore(redis_client), clients={"m": ScriptedModel()}
+    )
+    root = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=1000)))
+    shown = trace_object(local.store, root)["budget"]
+    assert shown["limit"]["tokens"] == 1000
+    assert shown["used"] == {"tokens": 0, "usd": 0.0, "sub_agents": 0}
+    assert shown["reserved"]["tokens"] == 100  # the root's final turn, set aside
+    assert "budget: 0/1000 tokens (+100 reserved)" in "\n".join(render_tree(local.store, root))
+
+
+def test_a_batch_entry_carries_its_budget() -> None:
+    from fleet.batch import BatchResult
+    from fleet.batch_file import BatchInputError, build_entries
+    from fleetops.cli.batch import budget_text
+
+    (entry,) = build_entries([(1, {"task": "t", "budget": {"tokens": 500, "usd": 0.5}})], "b")
+    assert entry.budget == Budget(tokens=500, usd=0.5)
+    with pytest.raises(BatchInputError, match="b:1:"):
+        build_entries([(1, {"task": "t", "budget": {"tokens": -5}})], "b")
+    spent = {"limit": {"tokens": 500}, "used": {"tokens": 480}, "exhausted": "tokens"}
+    result = BatchResult("e", "tid", "completed", budget=spent)
+    assert budget_text(result) == "  budget 480/500 tok (ran out: tokens)"
+    assert result.to_json()["budget"] == spent

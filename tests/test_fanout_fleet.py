@@ -82,11 +82,20 @@ def run_events(fleet: Fleet, root_id: str) -> dict[str, int]:
     return counts
 
 
+def run_started_ms(fleet: Fleet, root_id: str) -> dict[str, int]:
+    """When each trace of the tree was (last) set running."""
+    return {
+        event.trace_id: event.at_ms
+        for _, event in fleet.store.read_events(root_id, count=100_000)
+        if event.kind == "trace" and event.status == "running"
+    }
+
+
 def test_max_concurrent_bounds_running_branches_and_no_slot_waits(
     fleet: Fleet, tmp_path: Path
 ) -> None:
-    branches, window = 60, 10
-    model = explore_script(tmp_path / "m.yaml", branches, latency_ms=30)
+    branches, window, latency_ms = 100, 10, 30
+    model = explore_script(tmp_path / "m.yaml", branches, latency_ms=latency_ms)
     handle = fleet.submit("survey", model=model, max_concurrent=window)
     sampler = RunningSampler(fleet, handle.trace_id)
     try:
@@ -98,10 +107,15 @@ def test_max_concurrent_bounds_running_branches_and_no_slot_waits(
     assert statuses == ["completed"] * branches
     assert sampler.samples > 20
     assert 1 <= sampler.peak <= window, sampler.peak
-    # Every branch ran in one go: waiting for the window held no worker slot.
+    # Every branch ran in one go (never handed back), and its task took its two model calls
+    # and little more: waiting for the window held no worker slot.
     counts = run_events(fleet, trace.trace_id)
-    children = fleet.store.children(trace.trace_id)
-    assert [counts.get(c) for c in children] == [1] * branches
+    children = [fleet.trace(c) for c in fleet.store.children(trace.trace_id)]
+    assert [counts.get(c.trace_id) for c in children] == [1] * branches
+    started = run_started_ms(fleet, trace.trace_id)
+    held_s = [((c.finished_at_ms or 0) - started[c.trace_id]) / 1000 for c in children]
+    print(f"branch run: max {max(held_s):.2f} s for 2 calls of {latency_ms} ms")
+    assert max(held_s) < 2 * latency_ms / 1000 + 1.0
 
 
 def test_an_explore_wider_than_max_branches_is_refused_to_the_model(
