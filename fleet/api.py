@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet import ids
+from fleet import human, ids
 from fleet.budget import Budget
+from fleet.conversation import continue_trace
 from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError
 from fleet.llm.base import LLMClient
@@ -120,11 +121,34 @@ class LocalFleet:
         )
         return cls(runtime)
 
-    def run(self, task: str, *, model: str | None = None, preset: str = "default") -> Trace:
-        """Create a root trace, run it to the end, return it."""
-        trace = create_root(self.runtime, TaskSpec(task=task, model=model, preset=preset))
-        run_to_end(Runner(self.runtime), trace.trace_id)
-        return self.store.get_trace(trace.trace_id)
+    def run(
+        self,
+        task: str,
+        *,
+        model: str | None = None,
+        preset: str = "default",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Trace:
+        """Create a root trace, run it until it ends or waits on a person, return it."""
+        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata)
+        trace = create_root(self.runtime, spec)
+        return self._run(trace.trace_id)
+
+    def continue_trace(
+        self, trace_id: str, message: str, after_sequence: int | None = None
+    ) -> Trace:
+        """Continue a finished root with `message` (after message `after_sequence`), run it."""
+        continue_trace(self.runtime, trace_id, message, after_sequence)
+        return self._run(trace_id)
+
+    def reply(self, trace_id: str, answer: str) -> Trace:
+        """Answer the question a trace waits on and run it on."""
+        human.reply(self.runtime, trace_id, answer)
+        return self._run(trace_id)
+
+    def _run(self, trace_id: str) -> Trace:
+        run_to_end(Runner(self.runtime), trace_id)
+        return self.store.get_trace(trace_id)
 
 
 def _redis_store(url: str) -> TraceStore:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from fleet.api import TaskSpec, create_root
 from fleet.budget import Budget, budget_state
 from fleet.errors import TraceNotFound
+from fleet.human import waiting_on
 from fleet.models import TERMINAL, Event, Trace
 from fleet.runtime import Runtime
 from fleet.store import TraceStore
@@ -83,10 +84,13 @@ class BatchResult:
     id: str
     trace_id: str
     status: str
-    """The root's terminal status (completed, failed, stopped); `failed` if the trace is gone."""
+    """The root's terminal status (completed, failed, stopped); `failed` if the trace is gone;
+    `waiting` when it asked a person (`fleet reply` resumes it)."""
     answer: str | None = None
     stats: Mapping[str, Any] = field(default_factory=dict)
     error: str | None = None
+    question: str | None = None
+    """What the root asked a person, when it ended the batch `waiting`."""
     budget: Mapping[str, Any] | None = None
     """The tree's budget (limit, used, reserved) when it had one."""
 
@@ -99,7 +103,7 @@ class BatchResult:
             "answer": self.answer,
             "stats": dict(self.stats),
             "error": self.error,
-        }
+        } | ({"question": self.question} if self.question is not None else {})
         if self.budget is not None:
             out["budget"] = dict(self.budget)
         return out
@@ -136,6 +140,8 @@ class BatchCounts:
     """Completed."""
     failed: int = 0
     """Failed, stopped or timed out."""
+    waiting: int = 0
+    """Waiting on a person (`ask_human`): left for `fleet reply`, no longer followed."""
     running: int = 0
     """Roots a worker runs (or that wait on their sub-agents)."""
     queued: int = 0
@@ -306,6 +312,8 @@ class _Window:
             del self.slots[result.trace_id]
             if result.status == "completed":
                 self.counts.done += 1
+            elif result.question is not None:
+                self.counts.waiting += 1
             else:
                 self.counts.failed += 1
         self._count(pending)
@@ -337,7 +345,8 @@ class _Window:
         self._checked_s = time.monotonic()
         for slot in self.slots.values():
             if not slot.ended:
-                slot.ended = self.store.get_trace(slot.trace_id).is_terminal
+                trace = self.store.get_trace(slot.trace_id)
+                slot.ended = trace.is_terminal or waiting_on(trace) is not None
 
     def _result(self, slot: _Slot) -> BatchResult:
         try:
@@ -355,6 +364,7 @@ class _Window:
             answer=trace.answer,
             stats=trace.stats.model_dump(),
             error=error,
+            question=(waiting_on(trace) or {}).get("question"),
             budget=state.to_json() if (state := budget_state(self.store, trace.trace_id)) else None,
         )
 
@@ -369,8 +379,8 @@ class _Window:
 def _apply(slot: _Slot, event: Event) -> None:
     """Fold one event of the root's tree into its slot."""
     if event.trace_id == slot.trace_id:
-        if event.kind == "finish":
-            slot.ended = True
+        if event.kind == "finish" or _asks_a_person(event):
+            slot.ended = True  # a question ends the slot: the batch goes on, `fleet reply` resumes
         elif event.kind == "trace" and event.status:
             slot.status = event.status
         return
@@ -378,3 +388,11 @@ def _apply(slot: _Slot, event: Event) -> None:
         slot.children.discard(event.trace_id)
     elif event.kind in ("collaborator", "trace") and event.status in ("queued", "running"):
         slot.children.add(event.trace_id)
+
+
+def _asks_a_person(event: Event) -> bool:
+    return (
+        event.kind == "collaborator"
+        and event.status == "waiting"
+        and event.data.get("type") == "human"
+    )

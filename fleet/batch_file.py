@@ -90,6 +90,8 @@ def parse_jsonl(text: str) -> list[tuple[int, object]]:
             items.append((number, json.loads(line)))
         except json.JSONDecodeError as exc:
             items.append((number, Unreadable(f"invalid JSON: {exc.msg} (column {exc.colno})")))
+        except RecursionError:  # `[[[[...` a hundred thousand deep: refused, not a traceback
+            items.append((number, Unreadable("invalid JSON: nested too deeply")))
     return items
 
 

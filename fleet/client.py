@@ -9,16 +9,19 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleet import human
 from fleet.api import TaskSpec, create_root
 from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.batch_file import check_entries, entries_from
 from fleet.budget import Budget
+from fleet.conversation import continue_trace, stamp, turn_of
 from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError, FleetError
+from fleet.human import waiting_traces
 from fleet.lifecycle import stop_subtree
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
-from fleet.settings import Settings
+from fleet.settings import Settings, process_settings
 from fleet.store import TraceStore
 from fleet.trees import Priority
 
@@ -30,8 +33,11 @@ class Backend(Protocol):
         """Start running this (already persisted) root trace somewhere in the fleet."""
         ...
 
-    def revoke(self, trace_ids: list[str]) -> None:
-        """Drop queued tasks of these traces (best effort; the stop flag is the guarantee)."""
+    def revoke(self, stamps: list[str]) -> None:
+        """Drop queued tasks stamped with these values (`fleet.conversation.stamp`).
+
+        Best effort; the stop flag is the guarantee.
+        """
         ...
 
 
@@ -50,10 +56,12 @@ class Handle:
 
     trace_id: str
     fleet: Fleet
+    turn: int = 0
+    """Which run of the root this handle follows (a continue starts a new one)."""
 
     def wait(self, timeout_s: float | None = None) -> Trace:
         """Block until the trace ends; `TimeoutError` after `timeout_s`."""
-        return self.fleet.wait(self.trace_id, timeout_s)
+        return self.fleet.wait(self.trace_id, timeout_s, turn=self.turn)
 
     def trace(self) -> Trace:
         """The trace as it is now."""
@@ -61,7 +69,7 @@ class Handle:
 
     def events(self, timeout_s: float | None = None) -> Iterator[Event]:
         """The tree's events as they happen, until the root finishes."""
-        return self.fleet.events(self.trace_id, timeout_s)
+        return self.fleet.events(self.trace_id, timeout_s, turn=self.turn)
 
 
 class Fleet:
@@ -78,7 +86,7 @@ class Fleet:
         """Connect to FLEET_REDIS_URL / FLEET_BROKER_URL; `ConfigError` if Redis is down."""
         from fleet.redis_store import RedisStore
 
-        settings = settings or Settings.from_env()
+        settings = settings or process_settings()
         store = RedisStore.from_url(settings.redis_url)
         store.ping()
         runtime = Runtime.build(settings, store, InProcessDispatcher())
@@ -160,15 +168,45 @@ class Fleet:
 
     def stop(self, trace_id: str) -> list[str]:
         """Stop a trace and its subtree; returns the ids that were told to stop."""
+        turn = turn_of(self.store.get_trace(trace_id))
         ids = stop_subtree(self.runtime, trace_id)
-        self.backend.revoke(ids)
+        self.backend.revoke([stamp(t, turn) for t in ids])
         return ids
 
-    def events(self, trace_id: str, timeout_s: float | None = None) -> Iterator[Event]:
-        """Events of the trace's tree until it finishes (or `TimeoutError`)."""
+    def continue_trace(
+        self, trace_id: str, message: str, after_sequence: int | None = None
+    ) -> Handle:
+        """Continue a finished root with a new user message and run it on any worker.
+
+        With `after_sequence` the conversation first goes back to that message (rewind);
+        the old branch stays in the trace. `ConversationError` names what does not fit.
+        """
+        trace = continue_trace(self.runtime, trace_id, message, after_sequence)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
+    def reply(self, trace_id: str, answer: str) -> Handle:
+        """Answer the question a trace waits on (`ask_human`); it resumes on any worker."""
+        trace = human.reply(self.runtime, trace_id, answer)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
+    def waiting(self, limit: int = 50) -> list[Trace]:
+        """Traces waiting on a person, newest first."""
+        return waiting_traces(self.store, limit)
+
+    def events(
+        self, trace_id: str, timeout_s: float | None = None, *, turn: int = 0
+    ) -> Iterator[Event]:
+        """Events of the trace's tree until it finishes (or `TimeoutError`).
+
+        With `turn`, the events of that run of a continued root: earlier runs (and their
+        `finish`) are skipped up to the event that started it.
+        """
         root = self.store.get_trace(trace_id).root_trace_id
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         cursor = "0"
+        skipping = turn > 0
         while True:
             # Ended already: its last events (its own `finish` included) are still to be read.
             finished = self.store.get_trace(trace_id).is_terminal
@@ -177,17 +215,24 @@ class Fleet:
             batch = self.store.read_events(root, cursor, block_ms=1000)
             for entry_id, event in batch:
                 cursor = entry_id
+                if skipping:
+                    skipping = not _starts_turn(event, trace_id, turn)
+                    continue
                 yield event
                 if event.kind == "finish" and event.trace_id == trace_id:
                     return
             if finished and not batch:
                 return  # its `finish` fell off the capped stream
 
-    def wait(self, trace_id: str, timeout_s: float | None = None) -> Trace:
-        """Block until the trace ends, reading its event stream."""
-        for _ in self.events(trace_id, timeout_s):
+    def wait(self, trace_id: str, timeout_s: float | None = None, *, turn: int = 0) -> Trace:
+        """Block until the trace ends, reading its event stream (of run `turn`)."""
+        for _ in self.events(trace_id, timeout_s, turn=turn):
             pass
         trace = self.store.get_trace(trace_id)
         if not trace.is_terminal:
             raise FleetError(f"trace {trace_id!r} ended its event stream in {trace.status!r}")
         return trace
+
+
+def _starts_turn(event: Event, trace_id: str, turn: int) -> bool:
+    return event.kind == "trace" and event.trace_id == trace_id and event.data.get("turn") == turn

@@ -18,6 +18,10 @@ class TraceNotFound(FleetError):
     """No trace with this id in the store."""
 
 
+class TraceExists(FleetError):
+    """A trace with this id is in the store already (ids are never reused)."""
+
+
 class InvalidTraceId(TraceNotFound):
     """A string that cannot be a trace id (outside `[A-Za-z0-9@._-]{1,512}`): nothing is read."""
 
@@ -49,6 +53,14 @@ class ModelRequestsDisabled(FleetError):
 
 class ToolError(FleetError):
     """A tool refused or failed; the message goes back to the model as the tool result."""
+
+
+class ConversationError(FleetError):
+    """A continue, rewind or reply that does not apply: wrong trace, status or sequence."""
+
+
+class ContextOverflow(FleetError):
+    """The conversation does not fit the model's context window even with outputs elided."""
 
 
 class BudgetExceeded(FleetError):

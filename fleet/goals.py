@@ -21,6 +21,8 @@ class Goal(BaseModel):
     parent_id: str | None = None
     status: GoalStatus = "pending"
     summary: str = ""
+    sub_trace_ids: list[str] = Field(default_factory=list)
+    """The sub-agents (delegate, explore, evaluate traces) that worked on this goal."""
 
 
 class GoalTree(BaseModel):

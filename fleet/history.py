@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from fleet.llm.base import LLMResponse
 from fleet.models import Message
 
 SUB_AGENT_TOOLS = frozenset({"agent", "evaluate"})
@@ -76,3 +77,18 @@ def recent_calls(path: list[Message], count: int) -> list[tuple[str, str]]:
             if len(seen) == count:
                 return list(reversed(seen))
     return list(reversed(seen))
+
+
+def fresh_call_ids(response: LLMResponse, messages: list[Message], salt: int) -> LLMResponse:
+    """The response with tool call ids unique in the trace (all branches).
+
+    After a rewind a model may hand out an id it used on the old branch, and a tool
+    result, like the once-mark of its collected children, is keyed by that id.
+    """
+    used = {str(c["id"]) for m in messages for c in m.tool_calls or []}
+    if not any(c.id in used for c in response.tool_calls):
+        return response
+    calls = tuple(
+        replace(c, id=f"{c.id}~{salt}") if c.id in used else c for c in response.tool_calls
+    )
+    return replace(response, tool_calls=calls)

@@ -16,8 +16,6 @@ PREFIX = "fleet"
 TRACE_TTL_S = 7 * 24 * 3600
 """How long a finished trace and everything under it stays readable."""
 
-LEASE_TTL_MS = 20_000
-"""A runner's lease; renewed by its heartbeat every LEASE_TTL_MS / 4."""
 
 STOP_TTL_S = TRACE_TTL_S
 EVENTS_MAXLEN = 10_000
@@ -84,6 +82,10 @@ TRACES = f"{PREFIX}:traces"
 
 RUNNING = f"{PREFIX}:running"
 """Sorted set: trace ids in status running, scored by their lease deadline in ms."""
+
+HUMAN_WAITS = f"{PREFIX}:human-waits"
+"""Sorted set, no TTL: trace ids waiting on a person (`ask_human`), scored by the deadline in
+ms after which the wait ends with a timeout result; a reply removes its entry."""
 
 USAGE = f"{PREFIX}:usage"
 """Hash, no TTL: fleet-wide model usage for `fleet metrics`, one field per `{kind}:{model}`

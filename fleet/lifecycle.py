@@ -29,6 +29,7 @@ from fleet.history import main_path, open_turn
 from fleet.models import Collaborator, CollaboratorStatus, Event, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.store import TraceStore
+from fleet.writes import TraceWrite
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,13 @@ Settlement = Settled | Waiting | AlreadyCollected
 # -- the trace's own status -------------------------------------------------------------
 
 
-def start(runtime: Runtime, trace: Trace) -> Trace:
-    """`running`: a runner took the trace (first run or resume)."""
-    return _set_status(runtime.store, trace, "running")
+def start(runtime: Runtime, trace: Trace, write: TraceWrite | None = None) -> Trace:
+    """`running`: a runner took the trace (first run or resume).
+
+    With `write`, the change joins that batch (the caller applies it) instead of being
+    written now; likewise for `finish`.
+    """
+    return _set_status(runtime.store, trace, "running", write)
 
 
 def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
@@ -109,14 +114,20 @@ def finish(
     answer: str | None = None,
     error: str | None = None,
     reason: str,
+    trace: Trace | None = None,
+    write: TraceWrite | None = None,
 ) -> Trace:
     """A terminal status with its `stop_reason`; the parent's entry and the events follow.
+
+    `trace`: the trace as it is now, when the caller holds it (a runner does); else it is
+    read. `write`: the caller's own writes to this trace, applied here in the same step
+    (before the finish's own, after the fence check).
 
     Returns:
         The trace as written (no second read).
     """
     store = runtime.store
-    before = store.get_trace(trace_id)
+    before = trace if trace is not None else store.get_trace(trace_id)
     finished = now_ms()
     redactor = runtime.redactor  # an error may quote a provider body or an exception
     fields = {
@@ -130,7 +141,13 @@ def finish(
     data = {"reason": reason, "name": before.name or before.mode}
     event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
     trace = before.model_copy(update=fields)
-    if trace.parent_trace_id:
+    if write is not None:
+        write.update(None if trace.parent_trace_id else event, **fields)
+        if trace.parent_trace_id:
+            _mirror(runtime, trace.parent_trace_id, trace, write)
+            write.emit(event)  # after the parent's entry: a watcher sees the entry first
+        store.apply(write)
+    elif trace.parent_trace_id:
         store.update_trace(trace_id, **fields)
         _mirror(runtime, trace.parent_trace_id, trace)
         store.emit(trace.root_trace_id, event)
@@ -177,16 +194,23 @@ def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
     for tid in ids:
         store.request_stop(tid)
     for tid in ids:
-        if store.get_trace(tid).status in ("queued", "waiting"):
+        trace = store.get_trace(tid)
+        if trace.status in ("queued", "waiting"):
             finish(runtime, tid, "stopped", error="stop requested", reason="stop")
+            _stop_person(runtime, trace)
     return ids
 
 
 # -- a parent's collaborator entries ---------------------------------------------------
 
 
-def announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
-    """A new (or reopened) child shows in its parent's collaborators as `running`."""
+def announce(
+    runtime: Runtime, parent: Trace, child: Trace, write: TraceWrite | None = None
+) -> None:
+    """A new (or reopened) child shows in its parent's collaborators as `running`.
+
+    With `write` (the parent's), the entry joins that batch; the caller applies it.
+    """
     entry = Collaborator(
         name=child.name,
         trace_id=child.trace_id,
@@ -195,10 +219,12 @@ def announce(runtime: Runtime, parent: Trace, child: Trace) -> None:
         mode=child.mode,
         tool_call_id=child.parent_tool_call_id,
     )
-    _put_collaborator(runtime.store, parent.trace_id, child, entry, "queued")
+    _put_collaborator(runtime.store, parent.trace_id, child, entry, "queued", write)
 
 
-def _mirror(runtime: Runtime, parent_trace_id: str, child: Trace) -> None:
+def _mirror(
+    runtime: Runtime, parent_trace_id: str, child: Trace, write: TraceWrite | None = None
+) -> None:
     """The child's status and answer, copied into its parent's entry (idempotent)."""
     status: CollaboratorStatus = "running"
     if child.status in ("completed", "failed", "stopped"):
@@ -215,20 +241,116 @@ def _mirror(runtime: Runtime, parent_trace_id: str, child: Trace) -> None:
         tool_call_id=child.parent_tool_call_id,
         stats=child.stats,
     )
-    _put_collaborator(runtime.store, parent_trace_id, child, entry, status)
+    _put_collaborator(runtime.store, parent_trace_id, child, entry, status, write)
 
 
 def _put_collaborator(
-    store: TraceStore, parent_trace_id: str, child: Trace, entry: Collaborator, shown: str
+    store: TraceStore,
+    parent_trace_id: str,
+    child: Trace,
+    entry: Collaborator,
+    shown: str,
+    write: TraceWrite | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """The one write of a collaborator entry, with its event, atomic per child."""
+    data = {"parent_trace_id": parent_trace_id, "name": entry.name, "mode": child.mode}
     event = Event(
-        kind="collaborator",
-        trace_id=child.trace_id,
-        status=shown,
-        data={"parent_trace_id": parent_trace_id, "name": entry.name, "mode": child.mode},
+        kind="collaborator", trace_id=child.trace_id, status=shown, data=data | (extra or {})
     )
-    store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
+    if write is not None:
+        write.put_collaborator(parent_trace_id, entry, event)
+    else:
+        store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
+
+
+# -- conversations: a continued root, a wait on a person ---------------------------------
+
+PERSON_KEY = "waiting_on"
+"""Trace metadata while a person is asked: tool_call_id, question, asked_at_ms, deadline_ms."""
+
+
+def reopen_root(
+    runtime: Runtime, trace: Trace, metadata: dict[str, Any], data: dict[str, Any]
+) -> Trace:
+    """A finished root takes a new user turn (continue/rewind): `queued`, answer cleared.
+
+    `iteration` restarts (max_iterations counts per user turn) and the stop flag of an
+    earlier `fleet stop` is lowered. `data` goes with the `trace` event (the turn number).
+    """
+    fields: dict[str, Any] = {"status": "queued", "answer": None, "output": None}
+    fields |= {"error": None, "finished_at_ms": None, "iteration": 0, "metadata": metadata}
+    event = Event(kind="trace", trace_id=trace.trace_id, status="queued", data=data)
+    runtime.store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, **fields)
+    runtime.store.clear_stop(trace.trace_id)
+    return trace.model_copy(update=fields)
+
+
+def wait_on_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> Trace:
+    """`waiting` on a person (`ask_human`): no runner, a `{human, waiting}` collaborator.
+
+    The question goes into the trace's metadata first, then into the entry and its event,
+    so whoever sees the event can reply at once.
+    """
+    metadata = {**trace.metadata, PERSON_KEY: waiting}
+    event = Event(kind="trace", trace_id=trace.trace_id, status="waiting", data={"on": "human"})
+    runtime.store.update_trace_and_emit(
+        trace.trace_id, trace.root_trace_id, event, status="waiting", metadata=metadata
+    )
+    question = str(waiting["question"])
+    put_person(runtime, trace, str(waiting["tool_call_id"]), "waiting", question)
+    return trace.model_copy(update={"status": "waiting", "metadata": metadata})
+
+
+def person_answered(
+    runtime: Runtime, trace: Trace, status: CollaboratorStatus, summary: str
+) -> Trace:
+    """The wait ended with a tool result (a reply, a timeout): `queued` for any worker."""
+    waiting = trace.metadata.get(PERSON_KEY) or {}
+    runtime.store.forget_human_wait(trace.trace_id)
+    metadata = {k: v for k, v in trace.metadata.items() if k != PERSON_KEY}
+    put_person(runtime, trace, str(waiting.get("tool_call_id")), status, summary)
+    event = Event(kind="trace", trace_id=trace.trace_id, status="queued", data={"on": "human"})
+    runtime.store.update_trace_and_emit(
+        trace.trace_id, trace.root_trace_id, event, status="queued", metadata=metadata
+    )
+    return trace.model_copy(update={"status": "queued", "metadata": metadata})
+
+
+def human_id(tool_call_id: str) -> str:
+    """The collaborator key of the person asked by one `ask_human` call."""
+    return f"human:{tool_call_id}"
+
+
+def put_person(
+    runtime: Runtime, trace: Trace, tool_call_id: str, status: CollaboratorStatus, summary: str
+) -> None:
+    """The asked person's entry in the asking trace's collaborators, with its event."""
+    entry = Collaborator(
+        name="human",
+        type="human",
+        trace_id=human_id(tool_call_id),
+        status=status,
+        summary=summary[:PERSON_SUMMARY_CHARS],
+        mode=trace.mode,
+        tool_call_id=tool_call_id,
+    )
+    extra: dict[str, Any] = {"type": "human"}
+    if status == "waiting":
+        extra["question"] = summary
+    _put_collaborator(runtime.store, trace.trace_id, trace, entry, status, extra=extra)
+
+
+PERSON_SUMMARY_CHARS = 4000
+
+
+def _stop_person(runtime: Runtime, trace: Trace) -> None:
+    """A stopped trace no longer waits on a person: the entry says so, the deadline goes."""
+    waiting = trace.metadata.get(PERSON_KEY)
+    if trace.status != "waiting" or not isinstance(waiting, dict):
+        return
+    runtime.store.forget_human_wait(trace.trace_id)
+    put_person(runtime, trace, str(waiting["tool_call_id"]), "stopped", "stop requested")
 
 
 # -- settling a tool call from its children --------------------------------------------
@@ -240,15 +362,18 @@ def settle(
     """Write ended children into the parent: their entries and one tool result, once.
 
     The entries are idempotent; the tool message is written at most once per call
-    (atomically with its mark), so duplicate or concurrent collectors are harmless.
+    (atomically with its mark), so duplicate or concurrent collectors are harmless. The
+    children are read in one step and their entries written in one step.
     """
     store = runtime.store
-    children = [store.get_trace(c) for c in child_ids]
+    children = store.get_traces(child_ids)
     pending = tuple(c.trace_id for c in children if not c.is_terminal)
     if pending:
         return Waiting(pending)
+    entries = TraceWrite(parent_trace_id, children[0].root_trace_id)
     for child in children:
-        _mirror(runtime, parent_trace_id, child)
+        _mirror(runtime, parent_trace_id, child, entries)
+    store.apply(entries)
     message = result_message(parent_trace_id, tool_call_id, children)
     if len(children) == 1:
         remember(store, children[0], message.content or "")
@@ -278,20 +403,25 @@ def settle_from_child(runtime: Runtime, child_id: str) -> Settlement:
 
 def call_children(store: TraceStore, parent_trace_id: str, tool_call_id: str) -> list[str]:
     """The children one tool call of the parent spawned, in creation order."""
-    kids = [store.get_trace(c) for c in store.children(parent_trace_id)]
+    kids = store.get_traces(store.children(parent_trace_id))
     return [k.trace_id for k in kids if k.parent_tool_call_id == tool_call_id]
 
 
 def turn_complete(store: TraceStore, trace_id: str) -> bool:
     """True when every tool call of the trace's last assistant turn has a result."""
-    trace = store.get_trace(trace_id)
-    return open_turn(main_path(store.messages(trace_id), trace.head_sequence)) is None
+    snapshot = store.snapshot(trace_id)  # the trace and its messages from one instant
+    return open_turn(main_path(snapshot.messages, snapshot.trace.head_sequence)) is None
 
 
-def _set_status(store: TraceStore, trace: Trace, status: Status) -> Trace:
+def _set_status(
+    store: TraceStore, trace: Trace, status: Status, write: TraceWrite | None = None
+) -> Trace:
     """Write a non-terminal status with its `trace` event (nothing when it is already so)."""
     if trace.status == status:
         return trace
     event = Event(kind="trace", trace_id=trace.trace_id, status=status)
-    store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
+    if write is not None:
+        write.update(event, status=status)
+    else:
+        store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
     return trace.model_copy(update={"status": status})

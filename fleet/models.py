@@ -51,6 +51,8 @@ class Collaborator(_Model):
     mode: Mode = "delegate"
     tool_call_id: str | None = None
     stats: TraceStats = Field(default_factory=TraceStats)
+    output: dict[str, Any] | None = None
+    """The child's validated structured answer (evaluate verdict, `output_schema`)."""
     updated_at_ms: int = Field(default_factory=now_ms)
 
 
@@ -125,6 +127,8 @@ class Trace(_Model):
     ceiling: ToolCeiling = Field(default_factory=ToolCeiling)
     """Inherited from the parent: this trace's tools are its preset's within this."""
     answer: str | None = None
+    output: dict[str, Any] | None = None
+    """The final answer as a validated object, for presets with an output schema."""
     error: str | None = None
     iteration: int = 0
     head_sequence: int | None = None
@@ -144,7 +148,7 @@ class Trace(_Model):
 class Event(_Model):
     """One entry of a trace tree's event stream."""
 
-    kind: Literal["trace", "message", "collaborator", "finish", "stop"]
+    kind: Literal["trace", "message", "collaborator", "finish", "stop", "context"]
     trace_id: str
     status: str | None = None
     data: dict[str, Any] = Field(default_factory=dict)

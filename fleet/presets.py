@@ -33,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from pydantic_core import ErrorDetails
 
-from fleet import yamlsafe
+from fleet import trust, yamlsafe
 from fleet.budget import Budget, BudgetIn
 from fleet.errors import ConfigError
 
@@ -44,6 +44,7 @@ READ_TOOLS = frozenset({"read_file", "list_dir", "glob", "grep"})
 TOOL_NAMES = frozenset(
     READ_TOOLS
     | {"write_file", "edit_file", "bash", "web_fetch", "skill", "goal", "agent", "evaluate"}
+    | {"ask_human"}
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})
@@ -254,6 +255,7 @@ def load_presets(
     env: Mapping[str, str] | None = None,
     *,
     known_tools: Collection[str] = TOOL_NAMES,
+    workspace_roots: Collection[Path] = (),
 ) -> dict[str, AgentPreset]:
     """The built-in presets plus every `*.md` preset file in the agents folder.
 
@@ -262,10 +264,11 @@ def load_presets(
             and without it only the built-ins are returned.
         env: Environment to read; None means `os.environ`.
         known_tools: Tool names preset files may mention.
+        workspace_roots: Where agents can write; the folder must lie outside all of them.
 
     Raises:
-        ConfigError: The folder is missing, a file is malformed, or two files define
-            the same name.
+        ConfigError: The folder is missing or inside a workspace root, a file is
+            malformed, or two files define the same name.
     """
     presets = dict(BUILTIN_PRESETS)
     folder = agents_dir or _folder_from_env(os.environ if env is None else env)
@@ -273,6 +276,12 @@ def load_presets(
         return presets
     if not folder.is_dir():
         raise ConfigError(f"agents folder {str(folder)!r} does not exist")
+    if trust.under_roots(folder, workspace_roots):
+        # An agent could write a preset there (a writing `explore.md`, a tool-rich helper).
+        raise ConfigError(
+            f"agents folder {str(folder)!r} is inside a workspace root, where agents can"
+            f" write; move it out of {trust.WORKSPACE_ROOTS_ENV}"
+        )
     origin: dict[str, Path] = {}
     for path in sorted(folder.glob("*.md")):
         preset = load_preset_file(path, known_tools)

@@ -135,6 +135,103 @@ redis.call('ZREM', KEYS[2], ARGV[2])
 return 1
 """
 
+# A `TraceWrite` (fleet.writes) in one step: its ops in order, and the stop flag read at the
+# end, so the runner's next turn needs no read of its own. TTLs are refreshed (once per key)
+# by a write that sets fields (a status change, a finish) or creates the messages hash: a
+# trace's keys then live TRACE_TTL_S past its last status change, as with a write per call
+# (a run is bounded by the task time limit; a wait writes nothing either way).
+# KEYS: trace, stats, messages, events, usage, lease, running index, stop[, parent's
+# collaborators, parent's collaborator order: with a `collab` op]
+# ARGV: ttl_s, events maxlen, ops: a JSON array of arrays of strings, one per op:
+#   {'set', {field, JSON value, ...}, event JSON or ''}
+#   {'add', message JSON without sequence and parent_sequence, event JSON before and after
+#    its sequence ('' for no event), iteration ('' for no model turn), updated_at_ms,
+#    prompt_tokens, completion_tokens, cost_usd, model ('' for no usage)}
+#   {'stats', name, 'i' or 'f', delta, ...}
+#   {'collab', child trace id, Collaborator JSON, event JSON or ''}
+#   {'emit', event JSON}
+#   {'release', owner, trace id}
+# Returns {{sequence, parent JSON} per appended message, stop flag}, or nil for no trace.
+APPLY = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local stored, events, collabs, refresh = {}, false, false, false
+local function emit(e)
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'e', e)
+  events = true
+end
+local function incr(key, field, delta, float)
+  if delta == '0' then return end
+  redis.call(float and 'HINCRBYFLOAT' or 'HINCRBY', key, field, delta)
+end
+local function add(op)
+  local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
+  local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
+  local head = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
+  redis.call('HSET', KEYS[3], seq, head .. string.sub(op[2], 2))
+  if seq == 1 then refresh = true end
+  if op[5] == '' then
+    redis.call('HSET', KEYS[1], 'head_sequence', seq)
+  else
+    redis.call('HSET', KEYS[1], 'head_sequence', seq, 'iteration', op[5], 'updated_at_ms', op[6])
+    redis.call('HINCRBY', KEYS[2], 'messages', 1)
+    incr(KEYS[2], 'prompt_tokens', op[7])
+    incr(KEYS[2], 'completion_tokens', op[8])
+    incr(KEYS[2], 'cost_usd', op[9], true)
+  end
+  if op[10] ~= '' then
+    redis.call('HINCRBY', KEYS[5], 'prompt_tokens:' .. op[10], op[7])
+    redis.call('HINCRBY', KEYS[5], 'completion_tokens:' .. op[10], op[8])
+    redis.call('HINCRBYFLOAT', KEYS[5], 'cost_usd:' .. op[10], op[9])
+  end
+  if op[3] ~= '' then emit(op[3] .. seq .. op[4]) end
+  stored[#stored + 1] = {seq, parent}
+end
+for _, op in ipairs(cjson.decode(ARGV[3])) do
+  local kind = op[1]
+  if kind == 'add' then
+    add(op)
+  elseif kind == 'set' then
+    redis.call('HSET', KEYS[1], unpack(op[2]))
+    refresh = true
+    if op[3] ~= '' then emit(op[3]) end
+  elseif kind == 'stats' then
+    for i = 2, #op, 3 do incr(KEYS[2], op[i], op[i + 2], op[i + 1] == 'f') end
+  elseif kind == 'collab' then
+    if redis.call('HSET', KEYS[9], op[2], op[3]) == 1 then redis.call('RPUSH', KEYS[10], op[2]) end
+    collabs = true
+    if op[4] ~= '' then emit(op[4]) end
+  elseif kind == 'emit' then
+    emit(op[2])
+  elseif kind == 'release' and redis.call('GET', KEYS[6]) == op[2] then
+    redis.call('DEL', KEYS[6])
+    redis.call('ZREM', KEYS[7], op[3])
+  end
+end
+if refresh then
+  for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
+  if events then redis.call('EXPIRE', KEYS[4], ARGV[1]) end
+end
+if collabs then
+  redis.call('EXPIRE', KEYS[9], ARGV[1])
+  redis.call('EXPIRE', KEYS[10], ARGV[1])
+end
+return {stored, redis.call('EXISTS', KEYS[8])}
+"""
+
+# The lease, then the trace as `snapshot` reads it, in one step: a runner's first round trip.
+# KEYS: lease, running index, trace, stats, messages, stop. ARGV: owner, ttl_ms, deadline_ms,
+# trace id. Returns -1 for no trace (nothing taken), 0 when another runner holds the lease,
+# else {trace hash, stats hash, messages hash, stop flag} with each hash as a flat list.
+BEGIN_RUN = """
+if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return {redis.call('HGETALL', KEYS[3]), redis.call('HGETALL', KEYS[4]),
+        redis.call('HGETALL', KEYS[5]), redis.call('EXISTS', KEYS[6])}
+"""
+
 # -- provider limits (fleet.limits) ---------------------------------------------
 # A scope is a provider+key or a model alias. Requests and tokens are paced by GCRA with no
 # burst (each admission books the next free time: `rtat`/`ttat`), so bookings are handed

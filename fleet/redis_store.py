@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
 import redis
 
-from fleet import keys, redis_scripts
-from fleet.errors import ConfigError, TraceNotFound
+from fleet import keys, redis_scripts, redis_writes
+from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
+from fleet.writes import TraceWrite, WriteResult
 
 SOCKET_TIMEOUT_S = 30.0
 """Read timeout of `from_url` clients; blocking event reads are clamped below it."""
@@ -88,6 +89,8 @@ class RedisStore:
         self._append_once = client.register_script(redis_scripts.APPEND_ONCE)
         self._record = client.register_script(redis_scripts.RECORD_TURN)
         self._put_collaborator = client.register_script(redis_scripts.PUT_COLLABORATOR)
+        self._apply = client.register_script(redis_scripts.APPLY)
+        self._begin = client.register_script(redis_scripts.BEGIN_RUN)
         self._acquire = client.register_script(redis_scripts.ACQUIRE_LEASE)
         self._renew = client.register_script(redis_scripts.RENEW_LEASE)
         self._release = client.register_script(redis_scripts.RELEASE_LEASE)
@@ -132,27 +135,29 @@ class RedisStore:
     # -- traces --------------------------------------------------------------
 
     def create_trace(self, trace: Trace) -> None:
-        fields = _encode(trace.model_dump(mode="json", exclude={"stats"}))
-        stats: list[str | float] = [
-            item for pair in trace.stats.model_dump().items() for item in pair
-        ]
-        script_keys = [keys.trace(trace.trace_id), keys.stats(trace.trace_id), keys.TRACES]
-        if trace.parent_trace_id:
-            script_keys.append(keys.children(trace.parent_trace_id))
-        args: list[str | float] = [
-            trace.trace_id,
-            trace.created_at_ms,
-            keys.TRACE_TTL_S,
-            len(fields),
-        ]
-        if not self._create(keys=script_keys, args=[*args, *fields, *stats]):
-            raise ValueError(f"trace {trace.trace_id!r} already exists")
+        script_keys, args = _create_call(trace)
+        if not self._create(keys=script_keys, args=args):
+            raise TraceExists(f"trace {trace.trace_id!r} already exists")
+
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        pipe = self._client.pipeline(transaction=False)
+        for trace in traces:
+            script_keys, args = _create_call(trace)
+            self._create(keys=script_keys, args=args, client=pipe)
+        return [bool(created) for created in pipe.execute()]
 
     def get_trace(self, trace_id: str) -> Trace:
         trace = self._get_traces([trace_id])[0]
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return trace
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        found = self._get_traces(list(trace_ids))
+        for trace_id, trace in zip(trace_ids, found, strict=True):
+            if trace is None:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+        return [t for t in found if t is not None]
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
         self._update_trace(trace_id, None, fields)
@@ -188,6 +193,28 @@ class RedisStore:
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return TraceSnapshot(trace, _decode_messages(stored), bool(stop))
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        script_keys = [keys.lease(trace_id), keys.RUNNING, *_own_keys(trace_id)]
+        script_keys.append(keys.stop(trace_id))
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
+        reply = self._begin(keys=script_keys, args=args)
+        if reply == -1:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        if reply == 0:
+            return None
+        data, stats, stored, stop = reply
+        pairs = redis_writes.pairs
+        trace = _decode_trace(pairs(data), pairs(stats))
+        assert trace is not None, "BEGIN_RUN returned an empty trace"
+        return TraceSnapshot(trace, _decode_messages(pairs(stored)), bool(stop))
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        script_keys, args = redis_writes.apply_call(write)
+        result = redis_writes.apply_result(write, self._apply(keys=script_keys, args=args))
+        if result is None:
+            raise TraceNotFound(f"no trace {write.trace_id!r}")
+        return result
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         traces: list[Trace] = []
@@ -316,6 +343,18 @@ class RedisStore:
     def stop_requested(self, trace_id: str) -> bool:
         return bool(self._client.exists(keys.stop(trace_id)))
 
+    def clear_stop(self, trace_id: str) -> None:
+        self._client.delete(keys.stop(trace_id))
+
+    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
+        self._client.zadd(keys.HUMAN_WAITS, {trace_id: deadline_ms})
+
+    def expired_human_waits(self, at_ms: int) -> list[str]:
+        return [str(i) for i in self._client.zrangebyscore(keys.HUMAN_WAITS, "-inf", f"({at_ms}")]
+
+    def forget_human_wait(self, trace_id: str) -> bool:
+        return self._client.zrem(keys.HUMAN_WAITS, trace_id) == 1
+
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
         return bool(self._acquire(keys=[keys.lease(trace_id), keys.RUNNING], args=args))
@@ -359,6 +398,17 @@ class RedisStore:
             self._client.hincrby(keys.COUNTERS, counter, by)
         except redis.RedisError:  # a metric must never fail the work it counts
             log.warning("fleet counter %r not updated", counter, exc_info=True)
+
+
+def _create_call(trace: Trace) -> tuple[list[str], list[str | float]]:
+    """The KEYS and ARGV of CREATE_TRACE."""
+    fields = _encode(trace.model_dump(mode="json", exclude={"stats"}))
+    stats: list[str | float] = [item for pair in trace.stats.model_dump().items() for item in pair]
+    script_keys = [keys.trace(trace.trace_id), keys.stats(trace.trace_id), keys.TRACES]
+    if trace.parent_trace_id:
+        script_keys.append(keys.children(trace.parent_trace_id))
+    args: list[str | float] = [trace.trace_id, trace.created_at_ms, keys.TRACE_TTL_S, len(fields)]
+    return script_keys, [*args, *fields, *stats]
 
 
 def _stored(message: Message, reply: Any) -> Message:

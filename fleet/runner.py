@@ -16,18 +16,21 @@ from fleet.errors import FleetError, ProviderOverloaded
 from fleet.gate import FINAL_NOTE, Go, Spent, Wait, last_answer, request_chars
 from fleet.history import (
     SUB_AGENT_TOOLS,
+    fresh_call_ids,
     healed_result,
     main_path,
     open_turn,
     recent_calls,
     to_wire,
 )
+from fleet.human import ASK_HUMAN, still_waiting
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.store import TraceSnapshot
 from fleet.toolcalls import execute_turn, tool_schemas
+from fleet.writes import TraceWrite, WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -105,59 +108,66 @@ class Runner:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
         owner = uuid.uuid4().hex
         while True:
-            if not self.store.acquire_lease(trace_id, owner, self.runtime.settings.lease_ttl_ms):
+            snapshot = self.store.begin_run(trace_id, owner, self.runtime.settings.lease_ttl_ms)
+            if snapshot is None:
                 return RunResult(trace_id, "busy")
+            held = _Held(owner, Heartbeat(self.runtime, trace_id, owner))
             try:
-                with Heartbeat(self.runtime, trace_id, owner) as heartbeat:
-                    outcome = self._drive(trace_id, heartbeat)
+                with held.heartbeat:
+                    outcome = self._drive(snapshot, held)
             finally:
-                self.store.release_lease(trace_id, owner)
+                if not held.released:
+                    self.store.release_lease(trace_id, owner)
             if isinstance(outcome, Wait):
                 return RunResult(trace_id, "throttled", outcome.retry_in_s)
             # A collect that finished while we held the lease could not resume us: look again.
             if outcome != "waiting" or not lifecycle.turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
 
-    def _drive(self, trace_id: str, heartbeat: Heartbeat) -> Outcome | Wait:
-        snapshot = self.store.snapshot(trace_id)
+    def _drive(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
         if snapshot.trace.is_terminal:
             return _terminal(snapshot.trace.status)
         hooks = self.runtime.hooks
         hooks.run_started(snapshot.trace)
         try:
-            outcome = self._drive_open(snapshot, heartbeat)
+            outcome = self._drive_open(snapshot, held)
         except BaseException as exc:
             hooks.run_ended(snapshot.trace, "crashed", exc)
             raise
         hooks.run_ended(snapshot.trace, "throttled" if isinstance(outcome, Wait) else outcome)
         return outcome
 
-    def _drive_open(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome | Wait:
-        trace_id = snapshot.trace.trace_id
-        trace = lifecycle.start(self.runtime, snapshot.trace)
+    def _drive_open(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
+        start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
+        trace = lifecycle.start(self.runtime, snapshot.trace, start)
         try:
             self.runtime.workspace_of(trace)
         except FleetError as exc:  # a forged or stale workspace: fail before any model call
-            return self.finish(trace_id, "failed", error=str(exc), reason="error")
-        if not self._prepare(trace, snapshot.messages):
+            self.store.apply(start)
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        fresh = not main_path(snapshot.messages, trace.head_sequence)
+        for message in first_messages(self.runtime, trace) if fresh else ():
+            start.append(message)
+        # Status and first messages in one step; a fresh trace's first turn needs no read.
+        written = self.store.apply(start) if start.ops else None
+        following: TraceSnapshot | None = None
+        if fresh and written is not None:
+            following = _advanced(TraceSnapshot(trace, snapshot.messages, False), written)
+        elif not fresh and not self._prepare(trace, snapshot.messages):
             lifecycle.wait(self.runtime, trace)
             return "waiting"
-        started_ms = now_ms()
+        held.started_ms = now_ms()
         try:
-            return self._loop(trace_id, heartbeat)
+            return self._loop(trace.trace_id, held, following)
         except FleetError as exc:  # TransientLLMError too: the client already retried it
-            return self.finish(trace_id, "failed", error=str(exc), reason="error")
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         finally:
-            self.store.add_stats(trace_id, duration_ms=now_ms() - started_ms)
+            if not held.released:  # a finish in one step wrote its duration already
+                self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
 
     def _prepare(self, trace: Trace, messages: list[Message]) -> bool:
-        """Write the first messages or heal the open turn; False while children still run."""
-        path = main_path(messages, trace.head_sequence)
-        if not path:
-            for message in first_messages(self.runtime, trace):
-                self.store.append_message(message)
-            return True
-        turn = open_turn(path)
+        """Heal a resumed trace's open turn; False while its children still run."""
+        turn = open_turn(main_path(messages, trace.head_sequence))
         if turn is None:
             return True
         waiting = False
@@ -168,8 +178,11 @@ class Runner:
     def _settle(self, trace: Trace, call: dict[str, Any]) -> bool:
         """Collect or heal one unanswered call; True if its children are still running."""
         call_id = str(call["id"])
+        name = str(call["function"]["name"])
+        if name == ASK_HUMAN and still_waiting(trace, call_id):
+            return True  # a person has not answered yet: a redelivered run waits again
         kids: list[str] = []
-        if call["function"]["name"] in SUB_AGENT_TOOLS:
+        if name in SUB_AGENT_TOOLS:
             kids = lifecycle.call_children(self.store, trace.trace_id, call_id)
         if kids:
             # Their collect was lost (or is still to come): settle it here if they all ended.
@@ -186,30 +199,49 @@ class Runner:
         self.store.append_message(healed_result(trace.trace_id, call, sub_id))
         return False
 
-    def _loop(self, trace_id: str, heartbeat: Heartbeat) -> Outcome | Wait:
+    def _loop(self, trace_id: str, held: _Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
         while True:
-            snapshot = self.store.snapshot(trace_id)  # trace, messages and stop flag: 1 read
-            if (ended := self._between_turns(snapshot, heartbeat)) is not None:
+            if snapshot is None:  # trace, messages and stop flag: 1 read
+                snapshot = self.store.snapshot(trace_id)
+            if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
-            turn = self._turn(snapshot, heartbeat)
-            if not isinstance(turn, tuple):
+            turn = self._turn(snapshot, held.heartbeat)
+            if not isinstance(turn, _Turn):
                 return self._no_turn(snapshot, turn)
-            step, trace = turn
-            match step:
+            match turn.step:
                 case Finish(answer=answer, reason=reason):
-                    return self.finish(trace_id, "completed", answer=answer, reason=reason)
+                    return self._end(held, turn, "completed", answer=answer, reason=reason)
                 case DoomLoop(call=call, repeats=repeats):
                     error = (
                         f"doom loop: {call.name!r} called {repeats} times with the same arguments"
                     )
-                    return self.finish(trace_id, "failed", error=error, reason="doom_loop")
+                    return self._end(held, turn, "failed", error=error, reason="doom_loop")
                 case CallTools(calls=calls):
-                    if not execute_turn(self.runtime, trace, calls):
+                    after = self._tools(turn, calls)
+                    if after == "waiting":
                         return "waiting"
-                    if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
-                        lifecycle.start(self.runtime, self.store.get_trace(trace_id))
+                    snapshot = after
                 case _:
-                    assert_never(step)
+                    assert_never(turn.step)
+
+    def _tools(
+        self, turn: _Turn, calls: tuple[ToolCall, ...]
+    ) -> TraceSnapshot | Literal["waiting"] | None:
+        """Store the model turn, run its tools; the snapshot after them, if known without a read.
+
+        `waiting` while sub-agents run; None when the trace must be read again.
+        """
+        # The model turn is stored before its tools run: a crash heals them on resume.
+        stored = self.store.apply(turn.write).messages
+        tools = execute_turn(self.runtime, turn.trace, calls)
+        if tools.waiting:
+            return "waiting"
+        if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
+            lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
+            return None
+        if tools.written is None or stored != turn.messages[-1:]:
+            return None  # another write changed the trace (a goal): read it
+        return _advanced(TraceSnapshot(turn.trace, turn.messages, False), tools.written)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -246,49 +278,59 @@ class Runner:
             case _:
                 assert_never(why)
 
-    def _turn(
-        self, snapshot: TraceSnapshot, heartbeat: Heartbeat
-    ) -> tuple[Step, Trace] | Wait | Spent | None:
-        """One model call, persisted, what to do about it, and the trace as recorded.
+    def _turn(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> _Turn | Wait | Spent | None:
+        """One model call and what to do about it; the turn is not written yet.
 
         None when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
         provider limit did not admit the call, `Spent` when the tree's budget is used up:
         nothing of this turn is written either.
         """
-        trace = snapshot.trace
+        trace, messages = snapshot.trace, snapshot.messages
         model_name = self.runtime.model_name(trace.model, trace.preset)
         tools = tool_schemas(self.runtime, trace)
-        chars = request_chars(main_path(snapshot.messages, trace.head_sequence), tools)
+        chars = request_chars(main_path(messages, trace.head_sequence), tools)
         verdict = self.runtime.gate.before(trace, model_name, chars)
         if not isinstance(verdict, Go):
             return verdict
-        path = self._path_for_call(trace, snapshot.messages, final=verdict.budget.final)
+        if (note := self._note(trace, final=verdict.budget.final)) is not None:
+            stored = self.store.append_message(note)
+            messages = [*messages, stored]
+            trace = trace.model_copy(
+                update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
+            )
+        path = main_path(messages, trace.head_sequence)
         response = self._call(trace, model_name, verdict, to_wire(path), tools)
         if isinstance(response, Wait):
             return response
         self.runtime.hooks.model_responded(trace, response)
         if heartbeat.lost.is_set():
             return None
-        recorded = self._record(trace, response, model_name)
-        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
-            return Finish(response.content or "(no answer)", reason="budget"), recorded
+        response = fresh_call_ids(response, messages, trace.last_sequence + 1)
+        message = self._model_message(trace, response, model_name)
+        event = Event(
+            kind="message",
+            trace_id=trace.trace_id,
+            data={
+                "role": "assistant",
+                "tools": [c["function"]["name"] for c in message.tool_calls or ()],
+            },
+        )
+        write = TraceWrite(trace.trace_id, trace.root_trace_id)
+        write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
-        return decide_next(response, recent_calls(path, repeats - 1), repeats), recorded
+        step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
+        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
+            step = Finish(response.content or "(no answer)", reason="budget")
+        return _Turn(step, _recorded(trace, message), [*messages, message], write)
 
-    def _path_for_call(
-        self, trace: Trace, messages: list[Message], *, final: bool
-    ) -> list[Message]:
-        """The conversation to send, with this turn's note (injection or budget) appended."""
-        head = trace.head_sequence  # read at the top of this turn; a note moves it
-        note = injection(self.runtime, trace)
-        if final:
-            note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
-            note.metadata["injected"] = True
-        if note is not None:
-            stored = self.store.append_message(note)
-            head, messages = stored.sequence, [*messages, stored]
-        return main_path(messages, head)
+    def _note(self, trace: Trace, *, final: bool) -> Message | None:
+        """What this turn adds before the call: the budget's last word, or an injection."""
+        if not final:
+            return injection(self.runtime, trace)
+        note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
+        note.metadata["injected"] = True
+        return note
 
     def _call(
         self,
@@ -322,35 +364,37 @@ class Runner:
         gate.after(go, response, int((time.monotonic() - started) * 1000))
         return response
 
-    def _record(self, trace: Trace, response: LLMResponse, model_name: str) -> Trace:
-        """Persist the turn in one store call; the trace as it now is, without a read."""
+    def _model_message(self, trace: Trace, response: LLMResponse, model_name: str) -> Message:
+        """The model's turn as the store will number it: only our lease's holder appends."""
         # The model's text is untrusted: whatever it learnt of our secrets is not persisted.
         scrub = self.runtime.redactor.values_only
         calls = [
             ToolCall(id=c.id, name=scrub(c.name), arguments=scrub(c.arguments))
             for c in response.tool_calls
         ]
-        event = Event(
-            kind="message",
+        return Message(
             trace_id=trace.trace_id,
-            data={"role": "assistant", "tools": [c.name for c in calls]},
+            sequence=trace.last_sequence + 1,
+            parent_sequence=trace.head_sequence,
+            role="assistant",
+            content=scrub(response.content) if response.content else response.content,
+            tool_calls=[c.to_openai() for c in calls] or None,
+            model=model_name,
+            prompt_tokens=response.usage.prompt_tokens,
+            completion_tokens=response.usage.completion_tokens,
+            cost_usd=response.usage.cost_usd,
         )
-        message = self.store.record_turn(
-            trace.root_trace_id,
-            Message(
-                trace_id=trace.trace_id,
-                role="assistant",
-                content=scrub(response.content) if response.content else response.content,
-                tool_calls=[c.to_openai() for c in calls] or None,
-                model=model_name,
-                prompt_tokens=response.usage.prompt_tokens,
-                completion_tokens=response.usage.completion_tokens,
-                cost_usd=response.usage.cost_usd,
-            ),
-            event,
-            iteration=trace.iteration + 1,
+
+    def _end(self, held: _Held, turn: _Turn, status: Status, **outcome: Any) -> Outcome:
+        """The last model turn, the finish, the duration and the lease's release: one step."""
+        turn.write.add_stats(duration_ms=now_ms() - held.started_ms)
+        turn.write.release_lease(held.owner)
+        trace_id = turn.trace.trace_id
+        lifecycle.finish(
+            self.runtime, trace_id, status, trace=turn.trace, write=turn.write, **outcome
         )
-        return _recorded(trace, message)
+        held.released = True
+        return _terminal(status)
 
     def finish(
         self,
@@ -364,6 +408,38 @@ class Runner:
         """End the run in a terminal status (see `lifecycle.finish`)."""
         lifecycle.finish(self.runtime, trace_id, status, answer=answer, error=error, reason=reason)
         return _terminal(status)
+
+
+@dataclass
+class _Held:
+    """A run's hold on its trace."""
+
+    owner: str
+    heartbeat: Heartbeat
+    started_ms: int = 0
+    released: bool = False
+    """The lease was given up (with the duration written) in the run's last write."""
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """A model call's outcome, and the write that stores it."""
+
+    step: Step
+    trace: Trace
+    """The trace as it is once `write` is applied."""
+    messages: list[Message]
+    """Every message once `write` is applied."""
+    write: TraceWrite
+
+
+def _advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
+    """The snapshot after a write appended these messages (as a fresh read would show it)."""
+    trace = snapshot.trace
+    if written.messages:
+        last = written.messages[-1].sequence
+        trace = trace.model_copy(update={"head_sequence": last, "last_sequence": last})
+    return TraceSnapshot(trace, [*snapshot.messages, *written.messages], written.stop_requested)
 
 
 def _recorded(trace: Trace, message: Message) -> Trace:

@@ -110,7 +110,9 @@ class Runtime:
             dispatcher=dispatcher,
             settings=settings,
             config=config,
-            presets=load_presets(settings.agents_dir, settings.env),
+            presets=load_presets(
+                settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
+            ),
             tools=default_registry(),
             gate=Gate.for_store(store, config, settings.env),
             trees=_trees(store),

@@ -1,7 +1,15 @@
-"""One frozen settings object, read from the environment once."""
+"""One frozen settings object, read from the environment once per process.
+
+`process_settings()` is this process's object (workers, the CLI, `Fleet.from_env()`);
+`Settings.from_env(env)` builds one from any mapping (tests, `fleet up`'s children).
+Every variable read here is in `ENV_NAMES`, and docs/configuration.md documents each one
+(tests/test_settings_docs.py compares the two). A new variable: a field with a docstring,
+a line in `from_env`, its name in `ENV_NAMES`, a row in docs/configuration.md.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -12,6 +20,37 @@ from fleet.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 OTEL_CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+OTEL_TRACING_ENVS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+)
+ENV_NAMES = (
+    "FLEET_REDIS_URL",
+    "FLEET_BROKER_URL",
+    "FLEET_WORKSPACE",
+    "FLEET_ALLOW_SHELL",
+    "FLEET_AGENTS_DIR",
+    "FLEET_SKILLS_DIR",
+    "FLEET_CONFIG",
+    "FLEET_MODEL",
+    "FLEET_LEASE_TTL_MS",
+    trust.WORKSPACE_ROOTS_ENV,
+    trust.ALLOW_SCRIPTED_ENV,
+    trust.API_KEY_ENVS_ENV,
+    "FLEET_SHELL_ENV",
+    "FLEET_WEB_ALLOW",
+    "FLEET_TOOL_TIMEOUT_S",
+    "FLEET_HUMAN_TIMEOUT_S",
+    "FLEET_SWEEP_INTERVAL_S",
+    "FLEET_PROBE_DIR",
+    "FLEET_SERVE_TOKEN",
+    *OTEL_TRACING_ENVS,
+    OTEL_CAPTURE_CONTENT_ENV,
+)
+"""Every environment variable `Settings.from_env` reads (provider keys and base URLs are
+read by `fleet.llm.config` from `Settings.env`, named by fleet.yaml)."""
 
 
 @dataclass(frozen=True)
@@ -48,12 +87,20 @@ class Settings:
     """FLEET_TOOL_TIMEOUT_S: wall-clock limit of one tool call."""
     max_branches: int = 1000
     """FLEET_MAX_BRANCHES: most branches one explore call may ask for (a preset may lower it)."""
+    human_timeout_s: int = 24 * 3600
+    """FLEET_HUMAN_TIMEOUT_S: how long an `ask_human` question waits before the agent goes on."""
     otel_tracing: bool = False
     """OpenTelemetry configured the standard way (an OTLP endpoint or OTEL_TRACES_EXPORTER,
     and not OTEL_SDK_DISABLED): runs, model and tool calls become spans (`fleet.otel`)."""
     otel_capture_content: bool = False
     """OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true: spans carry prompts,
     completions and tool arguments/results (off by default: they may be sensitive)."""
+    sweep_interval_s: float = 10.0
+    """FLEET_SWEEP_INTERVAL_S: how often each worker looks for runs whose lease expired."""
+    probe_dir: Path = Path("/tmp")
+    """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
+    serve_token: str | None = field(default=None, repr=False)
+    """FLEET_SERVE_TOKEN: the bearer token `fleet serve` requires (needed off loopback)."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -86,14 +133,29 @@ class Settings:
             web_allow=_names(env.get("FLEET_WEB_ALLOW")),
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
             max_branches=int(_positive(env, "FLEET_MAX_BRANCHES", 1000)),
+            human_timeout_s=int(_positive(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600)),
             otel_tracing=_otel_tracing(env),
             otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
+            sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 10.0),
+            probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
+            serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             env=env,
         )
 
     def with_workspace(self, workspace: Path) -> Settings:
         """A copy whose workspace is checked: a readable directory under a workspace root."""
         return replace(self, workspace=check_workspace(workspace, self.workspace_roots))
+
+
+@functools.cache
+def process_settings() -> Settings:
+    """The settings of this process, read from `os.environ` on first use."""
+    return Settings.from_env()
+
+
+def forget_process_settings() -> None:
+    """Read the environment again on next use (after a fork or when tests change it)."""
+    process_settings.cache_clear()
 
 
 def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleet.errors import TraceNotFound
+from fleet.errors import TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
+from fleet.writes import TraceWrite, WriteResult, apply_one_by_one
 
 STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
 
@@ -33,11 +35,19 @@ class TraceStore(Protocol):
     """Where traces, messages, collaborators and events live."""
 
     def create_trace(self, trace: Trace) -> None:
-        """Persist a new trace (and index it under its parent); an existing id is an error."""
+        """Persist a new trace (and index it under its parent); `TraceExists` if the id is taken."""
+        ...
+
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        """`create_trace` for each, in one step; False where the id already existed."""
         ...
 
     def get_trace(self, trace_id: str) -> Trace:
         """The trace with its current stats; `TraceNotFound` if missing."""
+        ...
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        """Several traces in one read, in order; `TraceNotFound` names the first missing."""
         ...
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
@@ -52,6 +62,18 @@ class TraceStore(Protocol):
 
     def snapshot(self, trace_id: str) -> TraceSnapshot:
         """The trace, all its messages and its stop flag, read together."""
+        ...
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        """`acquire_lease`, then `snapshot`, in one step; None when another runner holds it.
+
+        Raises:
+            TraceNotFound: no such trace (and no lease was taken).
+        """
+        ...
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        """Every op of the write, in order, as one atomic step; then the stop flag."""
         ...
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
@@ -120,6 +142,22 @@ class TraceStore(Protocol):
         """Whether a stop was requested for this trace."""
         ...
 
+    def clear_stop(self, trace_id: str) -> None:
+        """Lower the stop flag (a stopped root is being continued)."""
+        ...
+
+    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
+        """Remember that this trace waits on a person until `deadline_ms`."""
+        ...
+
+    def expired_human_waits(self, at_ms: int) -> list[str]:
+        """Traces whose wait on a person passed its deadline before `at_ms`."""
+        ...
+
+    def forget_human_wait(self, trace_id: str) -> bool:
+        """Drop a trace's wait from the index; True for the one caller that removed it."""
+        ...
+
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         """Take the runner lease if free (or already ours); index it as running."""
         ...
@@ -177,17 +215,30 @@ class MemoryStore:
         self._running: dict[str, int] = {}
         self._collected: set[tuple[str, str]] = set()
         self._cache: dict[str, tuple[str, int]] = {}
+        self._human_waits: dict[str, int] = {}
         self._counters: dict[str, int] = defaultdict(int)
 
     def create_trace(self, trace: Trace) -> None:
         with self._lock:
             if trace.trace_id in self._traces:
-                raise ValueError(f"trace {trace.trace_id!r} already exists")
+                raise TraceExists(f"trace {trace.trace_id!r} already exists")
             data = trace.model_dump(mode="json", exclude={"stats"})
             self._traces[trace.trace_id] = data
             self._stats[trace.trace_id] = trace.stats.model_dump()
             if trace.parent_trace_id:
                 self._children[trace.parent_trace_id].append(trace.trace_id)
+
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        created = []
+        with self._lock:
+            for trace in traces:
+                try:
+                    self.create_trace(trace)
+                except TraceExists:
+                    created.append(False)
+                else:
+                    created.append(True)
+        return created
 
     def get_trace(self, trace_id: str) -> Trace:
         with self._lock:
@@ -196,6 +247,10 @@ class MemoryStore:
                 raise TraceNotFound(f"no trace {trace_id!r}")
             stats = TraceStats.model_validate(self._stats[trace_id])
             return Trace.model_validate({**data, "stats": stats})
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        with self._lock:
+            return [self.get_trace(t) for t in trace_ids]
 
     def update_trace(self, trace_id: str, **fields: Any) -> None:
         fields.setdefault("updated_at_ms", now_ms())
@@ -217,6 +272,20 @@ class MemoryStore:
             return TraceSnapshot(
                 self.get_trace(trace_id), self.messages(trace_id), self.stop_requested(trace_id)
             )
+
+    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+        with self._lock:
+            if trace_id not in self._traces:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+            if not self.acquire_lease(trace_id, owner, ttl_ms):
+                return None
+            return self.snapshot(trace_id)
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        with self._lock:
+            if write.trace_id not in self._traces:
+                raise TraceNotFound(f"no trace {write.trace_id!r}")
+            return apply_one_by_one(self, write)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:
@@ -314,6 +383,22 @@ class MemoryStore:
     def stop_requested(self, trace_id: str) -> bool:
         with self._lock:
             return trace_id in self._stops
+
+    def clear_stop(self, trace_id: str) -> None:
+        with self._lock:
+            self._stops.discard(trace_id)
+
+    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
+        with self._lock:
+            self._human_waits[trace_id] = deadline_ms
+
+    def expired_human_waits(self, at_ms: int) -> list[str]:
+        with self._lock:
+            return [t for t, deadline in self._human_waits.items() if deadline < at_ms]
+
+    def forget_human_wait(self, trace_id: str) -> bool:
+        with self._lock:
+            return self._human_waits.pop(trace_id, None) is not None
 
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         with self._lock:

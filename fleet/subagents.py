@@ -8,11 +8,13 @@ from typing import Any
 
 from fleet import ids, lifecycle
 from fleet.cache import CacheScope, cache_key
-from fleet.errors import ToolError
+from fleet.conversation import TURN_KEY, turn_of
+from fleet.errors import ToolError, TraceExists
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Mode, ToolCeiling, Trace
 from fleet.runtime import Runtime, SpawnRequest
+from fleet.writes import TraceWrite
 
 AGENT_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -78,8 +80,10 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
         children = [_evaluate_child(runtime, parent, call.id, args)]
     else:
         children = _agent_children(runtime, parent, call.id, args)
+    entries = TraceWrite(parent.trace_id, parent.root_trace_id)  # every entry in one step
     for child in children:
-        lifecycle.announce(runtime, parent, child)
+        lifecycle.announce(runtime, parent, child, entries)
+    runtime.store.apply(entries)
     return SpawnRequest(
         parent_trace_id=parent.trace_id,
         root_trace_id=parent.root_trace_id,
@@ -106,12 +110,11 @@ def _agent_children(
         return [_child(runtime, parent, call_id, spec, common)]
     if isinstance(task, list) and task and all(isinstance(t, str) and t for t in task):
         per_branch = _branch_messages(messages, len(task))
-        return [
-            _child(
-                runtime, parent, call_id, _ChildSpec("explore", "explore", t, i, messages), common
-            )
+        specs = [
+            _ChildSpec("explore", "explore", t, i, messages)
             for i, (t, messages) in enumerate(zip(task, per_branch, strict=True), start=1)
         ]
+        return _children(runtime, parent, call_id, specs, common)
     raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
 
 
@@ -198,7 +201,46 @@ class _ChildSpec:
 
 
 def _child(
-    runtime: Runtime, parent: Trace, call_id: str, spec: _ChildSpec, common: dict[str, Any]
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    spec: _ChildSpec,
+    common: dict[str, Any],
+    first_attempt: int = 1,
+) -> Trace:
+    for attempt in range(first_attempt, 100):
+        trace = _child_trace(runtime, parent, call_id, spec, common, attempt)
+        try:
+            runtime.store.create_trace(trace)
+        except TraceExists:  # a sibling (or a retry of this call) took the id: next attempt
+            continue
+        return trace
+    raise ToolError(f"{spec.mode}: could not allocate a sub-trace id")
+
+
+def _children(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    specs: list[_ChildSpec],
+    common: dict[str, Any],
+) -> list[Trace]:
+    """Create the children in one step; an id already taken tries the next attempt number."""
+    traces = [_child_trace(runtime, parent, call_id, spec, common, 1) for spec in specs]
+    created = runtime.store.create_traces(traces)
+    return [
+        trace if ok else _child(runtime, parent, call_id, spec, common, first_attempt=2)
+        for trace, ok, spec in zip(traces, created, specs, strict=True)
+    ]
+
+
+def _child_trace(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    spec: _ChildSpec,
+    common: dict[str, Any],
+    attempt: int,
 ) -> Trace:
     mode, preset, index = spec.mode, spec.preset, spec.index
     name = f"{mode}-{index:03d}" if index is not None else mode
@@ -210,30 +252,22 @@ def _child(
     if common.get("extra"):
         context["extra"] = common["extra"]
     model = child_model(runtime, parent, preset)
-    ceiling = child_ceiling(runtime, parent)
-    for attempt in range(1, 100):
-        trace = Trace(
-            trace_id=ids.child_id(parent.trace_id, mode, index, attempt),
-            root_trace_id=parent.root_trace_id,
-            parent_trace_id=parent.trace_id,
-            mode=mode,
-            task=runtime.redactor.values_only(spec.task),  # the model wrote it
-            name=name,
-            preset=preset,
-            model=model,
-            workspace=parent.workspace,
-            parent_tool_call_id=call_id,
-            context=context,
-            skills=common.get("skills") or [],
-            metadata=_metadata(runtime, parent, call_id, common),
-            ceiling=ceiling,
-        )
-        try:
-            runtime.store.create_trace(trace)
-        except ValueError:
-            continue
-        return trace
-    raise ToolError(f"{mode}: could not allocate a sub-trace id")
+    return Trace(
+        trace_id=ids.child_id(parent.trace_id, mode, index, attempt),
+        root_trace_id=parent.root_trace_id,
+        parent_trace_id=parent.trace_id,
+        mode=mode,
+        task=spec.task,  # masked by toolcalls._persisted
+        name=name,
+        preset=preset,
+        model=model,
+        workspace=parent.workspace,
+        parent_tool_call_id=call_id,
+        context=context,
+        skills=common.get("skills") or [],
+        metadata=_metadata(runtime, parent, call_id, common),
+        ceiling=child_ceiling(runtime, parent),
+    )
 
 
 def _check_messages(messages: Any) -> list[dict[str, str]]:
@@ -272,8 +306,10 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
 def _metadata(
     runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
 ) -> dict[str, Any]:
-    """A new child's metadata: its cache key, and its parent's tracing context if any."""
+    """A new child's metadata: its cache key, its parent's tracing context, the turn."""
     metadata = dict(common.get("cache") or {})
     if otel := runtime.hooks.child_context(parent, call_id):
         metadata["otel"] = otel
+    if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn
+        metadata[TURN_KEY] = turn
     return metadata

@@ -216,7 +216,8 @@ def _render(
     if "raise" in step:
         raise ModelBehaviorError(f"scripted failure: {step['raise']}")
     last_tool = next((str(m["content"]) for m in reversed(messages) if m["role"] == "tool"), "")
-    fill = {"task": task, "last_tool": last_tool, "turn": turn}
+    last_user = next((str(m["content"]) for m in reversed(messages) if m["role"] == "user"), "")
+    fill = {"task": task, "last_tool": last_tool, "last_user": last_user, "turn": turn}
     tool_calls = tuple(
         ToolCall(
             id=f"call_{turn}_{i}",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from fleet import lifecycle
 from fleet.cache import delegate_preset
@@ -10,11 +12,14 @@ from fleet.errors import ToolError
 from fleet.fanout import check_spawn
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
+from fleet.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
 from fleet.llm.base import ToolCall
 from fleet.models import Event, Message, Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.registry import ToolRegistry
+from fleet.writes import TraceWrite, WriteResult
 
 _GOAL = {
     "type": "function",
@@ -26,13 +31,36 @@ _GOAL = {
 }
 
 
+_SCHEMAS: WeakKeyDictionary[ToolRegistry, dict[tuple[str, ...], list[dict[str, Any]]]]
+_SCHEMAS = WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class ToolTurn:
+    """How one assistant turn's tool calls ended."""
+
+    waiting: bool
+    """Some sub-agent is still running: the run ends `waiting`, the collect resumes it."""
+    written: WriteResult | None
+    """The results as written in one step (with the stop flag), when they are the only
+    change to the trace; None when something else changed it too (a spawn, a goal), so
+    the runner reads it again."""
+
+
 def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
-    """The tools this trace's model is offered: what its preset and mode allow."""
+    """The tools this trace's model is offered: what its preset and mode allow.
+
+    The registry's schemas are deep-copied once per registry and tool set, not per turn;
+    the dicts are shared between turns and threads, so callers must not change them.
+    """
     preset = runtime.permissions(trace)
-    names = runtime.tools.names_for(preset)
+    names = tuple(runtime.tools.names_for(preset))
     if not runtime.settings.allow_shell:
-        names = [n for n in names if n != "bash"]
-    schemas = runtime.tools.schemas(names)
+        names = tuple(n for n in names if n != "bash")
+    cached = _SCHEMAS.setdefault(runtime.tools, {})
+    if names not in cached:
+        cached[names] = runtime.tools.schemas(names)
+    schemas = list(cached[names])
     if preset.allows("goal"):
         schemas.append(_GOAL)
     if trace.mode == "main":
@@ -40,34 +68,71 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
         # it (and `spawn` refuses a writing child if the model calls it anyway).
         offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
         schemas += [s for s in offered if preset.allows(s["function"]["name"])]
+    if may_ask(preset, trace):
+        schemas.append(ASK_HUMAN_SCHEMA)
     return schemas
 
 
-def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:
-    """Run the calls in order; sub-agents go to the dispatcher last.
+def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> ToolTurn:
+    """Run the calls in order, write their results in one step; sub-agents go last.
+
+    A question to a person (`ask_human`) is put after every other result is written.
 
     Returns:
-        True when every call has its result (the loop goes on), False while waiting.
+        Whether the run waits on sub-agents or a person, and what was written.
     """
     spawns: list[tuple[ToolCall, SpawnRequest]] = []
+    results = TraceWrite(trace.trace_id, trace.root_trace_id)
+    question: tuple[ToolCall, str] | None = None
     for call in calls:
         runtime.hooks.tool_started(trace, call)
-        if call.name in SUB_AGENT_TOOLS:
-            outcome = _sub_agents(runtime, trace, call)
+        if call.name == ASK_HUMAN:
+            asked = _question(runtime, trace, _persisted(runtime, call), first=question is None)
+            if isinstance(asked, str):
+                question = (call, asked)
+                continue
+            result = asked
+        elif call.name in SUB_AGENT_TOOLS:
+            outcome = _sub_agents(runtime, trace, _persisted(runtime, call))
             if isinstance(outcome, SpawnRequest):
                 spawns.append((call, outcome))
                 continue
             result = outcome
         elif call.name == "goal":
-            result = _goal(runtime, trace, call)
+            result = _goal(runtime, trace, _persisted(runtime, call))
         else:
             result = _plain(runtime, trace, call)
-        _write(runtime, trace, call, result)
+        _write(runtime, results, call, result)
         runtime.hooks.tool_finished(trace, call, result)
+    written = runtime.store.apply(results) if results.ops else None
+    if question is not None:
+        ask(runtime, trace, question[0].id, question[1])
+        runtime.hooks.tool_finished(trace, question[0], None)
     if not spawns:
-        return True  # every call above wrote its result
+        if question is not None:
+            return ToolTurn(waiting=True, written=None)
+        changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
+        return ToolTurn(waiting=False, written=None if changed else written)
     _dispatch(runtime, trace, spawns)
-    return lifecycle.turn_complete(runtime.store, trace.trace_id)
+    return ToolTurn(not lifecycle.turn_complete(runtime.store, trace.trace_id), None)
+
+
+def _question(runtime: Runtime, trace: Trace, call: ToolCall, *, first: bool) -> str | ToolResult:
+    """The question to put to a person, or a refusal (one question per turn)."""
+    if not first:
+        return ToolResult(title="ask_human refused", output="one question per turn", is_error=True)
+    return question_of(runtime, trace, call)
+
+
+def _persisted(runtime: Runtime, call: ToolCall) -> ToolCall:
+    """The call with the worker's secrets masked in its arguments.
+
+    For the calls whose arguments are stored rather than run: a child's task, messages
+    and context, a goal's description. The model wrote them; what it learnt of our
+    secrets is not kept.
+    """
+    arguments = runtime.redactor.values_only(call.arguments)
+    return call if arguments == call.arguments else replace(call, arguments=arguments)
 
 
 def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
@@ -144,19 +209,18 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
 
 
-def _write(runtime: Runtime, trace: Trace, call: ToolCall, result: ToolResult) -> None:
+def _write(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
     # A tool may have read one of the worker's secrets (a file, a response): never stored.
     scrub = runtime.redactor.values_only
     memory = scrub(result.long_term_memory) if result.long_term_memory else None
     event = Event(
         kind="message",
-        trace_id=trace.trace_id,
+        trace_id=results.trace_id,
         data={"role": "tool", "tool": call.name, "is_error": result.is_error},
     )
-    runtime.store.record_turn(
-        trace.root_trace_id,
+    results.append(
         Message(
-            trace_id=trace.trace_id,
+            trace_id=results.trace_id,
             role="tool",
             tool_call_id=call.id,
             name=call.name,

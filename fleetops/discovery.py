@@ -14,7 +14,7 @@ from pathlib import Path
 import redis
 from pydantic import BaseModel, ValidationError
 
-from fleet.settings import Settings
+from fleet.settings import Settings, process_settings
 
 STATE_DIR = ".fleet"
 UP_FILE = "up.json"
@@ -52,11 +52,13 @@ def discover_redis_url(
 
 
 def fleet_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """`Settings.from_env`, on the Redis of this directory's `fleet up` when no URL is set."""
+    """The process's settings, on the Redis of this directory's `fleet up` when no URL is set."""
     values = dict(os.environ if env is None else env)
     discovered = discover_redis_url(env=values)
     if discovered:
         values["FLEET_REDIS_URL"] = discovered
+    elif env is None:
+        return process_settings()
     return Settings.from_env(values)
 
 

@@ -201,7 +201,10 @@ def assert_tree_stopped(fleet: Fleet, root_id: str) -> None:
 def test_stop_on_the_root_stops_every_descendant(
     url: str, workspace: Path, fleet: Fleet, tmp_path: Path
 ) -> None:
-    model = survey_script(tmp_path / "m.yaml", 6, latency_ms=200, turns=10)
+    # 10 turns of 1 s (10 s a branch): `fleet stop` starts well before a branch could end,
+    # even on a loaded machine; a working stop ends them after their current turn. (More
+    # turns would not help: an explore branch stops at max_iterations=15.)
+    model = survey_script(tmp_path / "m.yaml", 6, latency_ms=1000, turns=10)
     handle = fleet.submit("survey", model=model)
     wait_until(lambda: all_branches_running(fleet, handle.trace_id, 6), 30, "branches to run")
     result = fleet_cli(["stop", handle.trace_id], cli_env(url, workspace))
@@ -213,7 +216,7 @@ def test_stop_on_the_root_stops_every_descendant(
 def test_sigint_stops_the_run_and_exits_130(
     url: str, workspace: Path, fleet: Fleet, tmp_path: Path
 ) -> None:
-    model = survey_script(tmp_path / "m.yaml", 4, latency_ms=200, turns=10)
+    model = survey_script(tmp_path / "m.yaml", 4, latency_ms=1000, turns=10)
     run = subprocess.Popen(
         [*FLEET, "run", "--model", model, "interrupted survey"],
         env=cli_env(url, workspace),

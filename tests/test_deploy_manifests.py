@@ -8,7 +8,9 @@ line with the real CLI parser.
 
 from __future__ import annotations
 
+import base64
 import copy
+import ipaddress
 import json
 import re
 import shutil
@@ -132,7 +134,25 @@ def test_compose_redis_persists_every_second_and_never_evicts() -> None:
     command = " ".join(redis["command"])
     for setting in ("--appendonly yes", "--appendfsync everysec", "--maxmemory-policy noeviction"):
         assert setting in command
-    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+
+
+def test_compose_redis_requires_the_password_from_the_env_file() -> None:
+    redis = compose_services()["redis"]
+    assert redis["command"][:2] == ["sh", "-c"]
+    # Compose turns `$$` into `$`: the shell reads the password from fleet.env, and an
+    # empty one stops Redis from starting (`:?`).
+    assert '--requirepass "$${REDIS_PASSWORD:?' in redis["command"][2]
+    assert redis["env_file"] == [{"path": "fleet.env", "required": True}]
+    check = redis["healthcheck"]["test"]
+    assert check[0] == "CMD-SHELL" and 'REDISCLI_AUTH="$$REDIS_PASSWORD"' in check[1]
+    assert " -a " not in check[1], "the password never goes on argv"
+    example = dict(
+        line.split("=", 1)
+        for line in (DEPLOY / "example.env").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert example["REDIS_PASSWORD"] == "", "no default password: the user must set one"
+    assert re.fullmatch(r"redis://:PASSWORD@redis:6379/\d+", example["FLEET_REDIS_URL"])
 
 
 def test_compose_flower_listens_beyond_loopback_only_with_basic_auth() -> None:
@@ -424,3 +444,100 @@ def test_each_kustomization_builds_into_valid_objects_whose_references_resolve(
     assert commands
     for argv in commands:
         check_fleet_command(argv)
+
+
+# -- Redis passwords and the network policy --------------------------------------
+
+
+def test_every_overlay_with_its_own_redis_requires_a_password_from_the_secret() -> None:
+    dev = kustomize(K8S / "overlays" / "dev")
+    (redis,) = [d for d in objects_of("Deployment", dev) if component(d) == "redis"]
+    (container,) = pod_containers(redis)
+    assert container["command"] == ["sh", "-c"]
+    assert '--requirepass "${REDIS_PASSWORD:?' in container["args"][0]
+    env = {e["name"]: e for e in container["env"]}
+    ref = env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert ref["key"] == "password" and ref["name"].startswith("fleet-redis")
+    assert "REDISCLI_AUTH" in container["readinessProbe"]["exec"]["command"][2]
+    (secret,) = [
+        s for s in objects_of("Secret", dev) if s["metadata"]["name"].startswith("fleet-redis")
+    ]
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data["password"] and data["url"].startswith(f"redis://:{data['password']}@")
+    # prod brings its own Redis: no in-cluster one, and the URL is the user's Secret.
+    prod = kustomize(K8S / "overlays" / "prod")
+    assert not [d for d in objects_of("Deployment", prod) if component(d) == "redis"]
+    assert "rediss://:PASSWORD@" in (K8S / "overlays" / "prod" / "kustomization.yaml").read_text()
+
+
+METADATA = ipaddress.ip_address("169.254.169.254")
+
+
+def allowed(block: dict[str, Any], address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether an ipBlock lets `address` through."""
+    network = ipaddress.ip_network(block["cidr"])
+    if address.version != network.version or address not in network:
+        return False
+    return not any(
+        address in ipaddress.ip_network(e)
+        for e in block.get("except", [])
+        if ipaddress.ip_network(e).version == address.version
+    )
+
+
+def test_workers_reach_dns_redis_and_public_https_never_the_metadata_service() -> None:
+    for overlay in ("base", "overlays/dev", "overlays/prod"):
+        objects = kustomize(K8S / overlay)
+        policies = {p["metadata"]["name"]: p["spec"] for p in objects_of("NetworkPolicy", objects)}
+        spec = policies["fleet-workers"]
+        workers = [d for d in objects_of("Deployment", objects) if component(d) == "worker"]
+        assert len(workers) == len(QUEUES)
+        for deployment in workers:
+            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            assert spec["podSelector"]["matchLabels"].items() <= labels.items()
+        assert set(spec["policyTypes"]) == {"Ingress", "Egress"} and spec["ingress"] == []
+        ports = {(p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"]}
+        assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 6379), ("TCP", 6380), ("TCP", 443)}
+        blocks = [peer["ipBlock"] for r in spec["egress"] for peer in r["to"] if "ipBlock" in peer]
+        for address in (METADATA, ipaddress.ip_address("fd00:ec2::254")):
+            assert not any(allowed(block, address) for block in blocks), address
+        https = next(r for r in spec["egress"] if r["ports"] == [{"protocol": "TCP", "port": 443}])
+        public = [peer["ipBlock"] for peer in https["to"]]
+        assert any(allowed(b, ipaddress.ip_address("104.18.7.192")) for b in public)
+        for private in ("10.0.0.5", "172.16.1.1", "192.168.1.1", "100.64.0.1", "127.0.0.1"):
+            assert not any(allowed(b, ipaddress.ip_address(private)) for b in public), private
+
+
+def selects(spec: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy's podSelector (matchLabels and `In` expressions) picks a pod."""
+    selector = spec["podSelector"]
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    return all(
+        labels.get(e["key"]) in e["values"]
+        for e in selector.get("matchExpressions", [])
+        if e["operator"] == "In"
+    )
+
+
+def test_the_consoles_reach_only_dns_and_redis() -> None:
+    objects = kustomize(K8S / "overlays" / "prod")
+    policies = {p["metadata"]["name"]: p["spec"] for p in objects_of("NetworkPolicy", objects)}
+    spec = policies["fleet-consoles"]
+    consoles = [
+        d
+        for d in objects_of("Deployment", objects)
+        if component(d) in ("flower", "metrics", "serve")
+    ]
+    assert {component(d) for d in consoles} == {"flower", "metrics", "serve"}
+    for deployment in objects_of("Deployment", objects):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selects(spec, labels) == (deployment in consoles), deployment["metadata"]["name"]
+        ports = {p["containerPort"] for c in pod_containers(deployment) for p in c.get("ports", [])}
+        if deployment in consoles:
+            allowed_in = {p["port"] for rule in spec["ingress"] for p in rule["ports"]}
+            assert ports <= allowed_in
+    egress = {(p["protocol"], p["port"]) for rule in spec["egress"] for p in rule["ports"]}
+    assert egress == {("UDP", 53), ("TCP", 53), ("TCP", 6379), ("TCP", 6380)}
+    blocks = [peer["ipBlock"] for r in spec["egress"] for peer in r["to"] if "ipBlock" in peer]
+    assert not any(allowed(block, METADATA) for block in blocks)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from fleet.api import LocalFleet
 from fleet.settings import Settings
@@ -29,3 +34,27 @@ def test_interactive_trees_go_first_on_either_broker() -> None:
     amqp = make_config(Settings(broker_url=amqp_url))
     assert amqp["task_queue_max_priority"] == 10
     assert "task_queue_max_priority" not in make_config(Settings(broker_url=redis_url))
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--budget-tokens", "0"], "--budget-tokens: must be at least 1"),
+        (["--budget-usd", "free"], "--budget-usd: not a number"),
+        (["--max-concurrent", "-2"], "--max-concurrent: must be at least 1"),
+        (["--inline", "--budget-tokens", "100"], "need the fleet (drop --inline)"),
+    ],
+)
+def test_bad_budget_options_are_one_line_and_exit_2(argv: list[str], problem: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_REDIS")}
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetops.cli.main", "run", "a task", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr
+    assert problem in lines[-1]

@@ -174,3 +174,28 @@ def test_tracing_off_loads_no_tracing_code(tmp_path: Path) -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
     )
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
+def test_a_continued_delegate_runs_under_the_call_that_continued_it(tmp_path: Path) -> None:
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+        task = next(str(m["content"]) for m in messages if m["role"] == "user")
+        turns = sum(m["role"] == "assistant" for m in messages)
+        if task.startswith("helper"):
+            return text(f"helped {turns}")
+        if turns == 0:
+            return call("agent", task="helper: look")
+        if turns == 1:
+            sub = str(messages[-1]["content"]).split("sub_trace_id: ")[1].split()[0]
+            return call("agent", task="helper: again", continue_from=sub)
+        return text("done")
+
+    runtime, exporter = traced(tmp_path, test=ScriptedModel(function=respond))
+    root = run(runtime, "main task", "test")
+    assert runtime.store.get_trace(root).status == "completed"
+    spans = exporter.get_finished_spans()
+    first_call, second_call = [s for s in spans if s.name == "execute_tool agent"]
+    first_run, second_run = by_name(spans, "invoke_agent delegate")
+    assert first_run.parent is not None and second_run.parent is not None
+    assert first_run.parent.span_id == first_call.context.span_id
+    assert second_run.parent.span_id == second_call.context.span_id
+    assert len({s.context.trace_id for s in spans}) == 1

@@ -266,6 +266,7 @@ def test_unknown_preset_is_a_config_error(tmp_path: Path, bad: str) -> None:
 def test_cached_delegate_is_answered_from_the_store(tmp_path: Path) -> None:
     agents = tmp_path / "agents"
     agents.mkdir()
+    (tmp_path / "ws").mkdir()
     (agents / "lookup.md").write_text(
         "---\nname: lookup\ndescription: looks things up\ntools: [read_file]\n"
         "cache: {ttl_s: 600, keys: [task]}\n---\nLook it up.\n"
@@ -280,7 +281,7 @@ def test_cached_delegate_is_answered_from_the_store(tmp_path: Path) -> None:
 
     model = ScriptedModel(function=respond)
     local = LocalFleet.from_settings(
-        Settings(workspace=tmp_path, agents_dir=agents, env={}), clients={"test": model}
+        Settings(workspace=tmp_path / "ws", agents_dir=agents, env={}), clients={"test": model}
     )
     first = local.run("ask", model="test")
     second = local.run("ask again", model="test")
@@ -294,13 +295,14 @@ def test_cached_delegate_is_answered_from_the_store(tmp_path: Path) -> None:
 def test_a_sub_agent_runs_on_its_presets_model(tmp_path: Path) -> None:
     agents = tmp_path / "agents"
     agents.mkdir()
+    (tmp_path / "ws").mkdir()
     (agents / "cheap.md").write_text(
         "---\nname: cheap\ndescription: a cheaper helper\nmodel: cheapmodel\n---\nHelp.\n"
     )
     main_model = ScriptedModel([call("agent", task="sub job", agent_type="cheap"), "done"])
     cheap = ScriptedModel(["cheap answer"])
     local = LocalFleet.from_settings(
-        Settings(workspace=tmp_path, agents_dir=agents, env={}),
+        Settings(workspace=tmp_path / "ws", agents_dir=agents, env={}),
         clients={"test": main_model, "cheapmodel": cheap},
     )
     trace = local.run("delegate cheaply", model="test")
@@ -332,12 +334,13 @@ def test_a_stop_during_the_model_call_reaches_the_children_it_spawns(tmp_path: P
 def test_a_read_only_preset_is_not_offered_writing_tools(tmp_path: Path) -> None:
     agents = tmp_path / "agents"
     agents.mkdir()
+    (tmp_path / "ws").mkdir()
     (agents / "looker.md").write_text(
         "---\nname: looker\ndescription: looks\nread_only: true\n---\nLook only.\n"
     )
     model = ScriptedModel(["ok"])
     local = LocalFleet.from_settings(
-        Settings(workspace=tmp_path, agents_dir=agents, env={}), clients={"test": model}
+        Settings(workspace=tmp_path / "ws", agents_dir=agents, env={}), clients={"test": model}
     )
     local.run("look", model="test", preset="looker")
     offered = {t["function"]["name"] for t in model.tools_seen[0]}

@@ -15,6 +15,7 @@ from fleet.api import TaskSpec, create_root
 from fleet.dispatch import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
 from fleet.models import Collaborator, Event, Trace
+from fleet.redis_store import RedisStore
 from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
@@ -93,11 +94,11 @@ def test_waiting_lists_only_traces_waiting_on_a_person(
     ("path", "status", "says"),
     [
         ("/api/traces/no-such-trace", 404, "no trace 'no-such-trace'"),
-        ("/api/traces/bad%20id%3Cx%3E", 400, "not of the form"),
-        ("/api/traces/..%2F..%2Fetc", 400, "not of the form"),
+        ("/api/traces/bad%20id%3Cx%3E", 400, "invalid trace id"),
+        ("/api/traces/..%2F..%2Fetc", 400, "invalid trace id"),
         ("/api/traces?status=bogus", 400, "status 'bogus'"),
         ("/api/traces?limit=0", 400, "limit '0'"),
-        ("/api/traces?root=a%0Ab", 400, "not of the form"),
+        ("/api/traces?root=a%0Ab", 400, "invalid trace id"),
         ("/api/traces?sort=x", 400, "unknown query argument"),
         ("/api/traces/no-such-trace/messages", 404, "no trace"),
         ("/api/traces/no-such-trace/events", 404, "no trace"),
@@ -222,3 +223,12 @@ def test_serve_refuses_to_listen_beyond_loopback_without_a_real_token(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fleet: error: ")
     assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_unreachable_redis_is_a_503_that_names_no_url() -> None:
+    store = RedisStore.from_url("redis://:hunter2-password@127.0.0.1:1/0")
+    with serving(config(store)) as url, httpx.Client(base_url=url, timeout=30) as http:
+        for path in ("/api/traces", "/api/traces/t1", "/api/traces/t1/events"):
+            response = http.get(path)
+            assert response.status_code == 503, path
+            assert response.json() == {"error": "the trace store (Redis) is unreachable"}

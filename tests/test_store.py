@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from fleet import keys
-from fleet.errors import ConfigError, TraceNotFound
+from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.goals import GoalTree
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 from fleet.redis_server import free_port
@@ -80,7 +80,7 @@ def test_create_and_get_round_trip_exactly(store: TraceStore) -> None:
 
 def test_create_existing_id_is_an_error(store: TraceStore) -> None:
     store.create_trace(make_trace())
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(TraceExists, match="already exists"):
         store.create_trace(make_trace(task="again"))
 
 

@@ -13,7 +13,7 @@ from celery.backends.redis import RedisBackend
 from kombu.entity import Queue
 from kombu.messaging import Producer
 
-from fleet.settings import Settings
+from fleet.settings import Settings, process_settings
 from fleet.trees import Priority
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
@@ -101,6 +101,11 @@ def make_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+PIPELINE_FLUSH_COMMANDS = 64
+"""`one_pipeline` flushes every this many commands (a header message and its task-sent
+event are two), so the first branches start while the rest of a large chord is built."""
+
+
 class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
     """Celery's Redis result backend, which subscribes to nothing while `one_pipeline` sends.
 
@@ -156,7 +161,7 @@ def one_pipeline(app: Celery) -> Iterator[None]:
     if not isinstance(app, FleetCelery):
         yield
         return
-    with app.producer_or_acquire() as producer, producer.batch():
+    with app.producer_or_acquire() as producer, producer.batch(PIPELINE_FLUSH_COMMANDS):
         app._pipelined.producer = producer
         try:
             yield
@@ -170,7 +175,7 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
     app = FleetCelery(
         "fleet", set_as_current=set_as_current, events="workers.naming:RedactingEvents"
     )
-    app.conf.update(make_config(settings or Settings.from_env()))
+    app.conf.update(make_config(settings or process_settings()))
     return app
 
 

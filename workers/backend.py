@@ -20,11 +20,11 @@ class CeleryBackend:
         """`fleet.run_agent(trace_id)` on the queue of the trace's mode, at its priority."""
         send(trace, via=self.app, priority=priority)
 
-    def revoke(self, trace_ids: list[str]) -> None:
-        """Discard queued tasks stamped with any of these traces as parent or root."""
+    def revoke(self, stamps: list[str]) -> None:
+        """Discard queued tasks stamped with any of these values as parent or root."""
         control = self.app.control
-        control.revoke_by_stamped_headers({"parent_trace_id": trace_ids}, timeout=1.0)
-        control.revoke_by_stamped_headers({"root_trace_id": trace_ids}, timeout=1.0)
+        control.revoke_by_stamped_headers({"parent_trace_id": stamps}, timeout=1.0)
+        control.revoke_by_stamped_headers({"root_trace_id": stamps}, timeout=1.0)
 
 
 def make_backend(settings: Settings) -> CeleryBackend:

@@ -7,6 +7,7 @@ from typing import Any
 from celery import Celery, chord
 from celery.canvas import Signature
 
+from fleet.conversation import stamp, turn_of
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
@@ -14,8 +15,12 @@ from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
 from workers.naming import shadow_name, task_repr
 
 
-def stamps(parent_trace_id: str, root_trace_id: str) -> dict[str, Any]:
-    """Signature options that stamp a task with the tree it belongs to.
+def stamps(parent_trace_id: str, root_trace_id: str, turn: int = 0) -> dict[str, Any]:
+    """Signature options that stamp a task with the tree (and the root's turn) it belongs to.
+
+    A continued root's tasks carry turn-qualified values (`fleet.conversation.stamp`): a
+    worker remembers revoked stamps until it restarts, so a stop of an earlier turn must
+    not discard the next one.
 
     What a `StampingVisitor` would leave in each signature's options (the stamps and
     `stamped_headers`), set directly: visiting a chord deep-copies the stamps twice per
@@ -24,8 +29,8 @@ def stamps(parent_trace_id: str, root_trace_id: str) -> dict[str, Any]:
     """
     return {
         "stamped_headers": ["parent_trace_id", "root_trace_id"],
-        "parent_trace_id": parent_trace_id,
-        "root_trace_id": root_trace_id,
+        "parent_trace_id": stamp(parent_trace_id, turn) if parent_trace_id else "",
+        "root_trace_id": stamp(root_trace_id, turn),
     }
 
 
@@ -48,7 +53,7 @@ def run_signature(
             "argsrepr": task_repr(trace),
             "shadow": shadow_name(trace),
             "priority": message_priority(priority, sender.conf.broker_url),
-            **stamps(trace.parent_trace_id or "", trace.root_trace_id),
+            **stamps(trace.parent_trace_id or "", trace.root_trace_id, turn_of(trace)),
         },
         immutable=True,
         app=sender,
@@ -90,7 +95,8 @@ class CeleryDispatcher:
             start_window(runtime, request.root_trace_id, new=request.children)
             return
         header = [run_signature(c, priority=schedule.priority) for c in request.children]
-        tree = stamps(request.parent_trace_id, request.root_trace_id)
+        turn = turn_of(request.children[0])
+        tree = stamps(request.parent_trace_id, request.root_trace_id, turn)
         # No child ids in the body or errback: every header message embeds both, so a list
         # of N ids would make an explore of N branches move O(N^2) bytes. `collect` reads
         # the ids from the header results instead.

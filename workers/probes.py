@@ -15,13 +15,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 PROBE_DIR_ENV = "FLEET_PROBE_DIR"
-DEFAULT_PROBE_DIR = "/tmp"
+"""Where the probe files live (`Settings.probe_dir`, default /tmp)."""
 ALIVE_FILE = "fleet-worker-alive"
 """Touched every HEARTBEAT_INTERVAL_S by the worker's heartbeat thread."""
 READY_FILE = "fleet-worker-ready"
@@ -37,12 +36,6 @@ so the window is one turn: a model request (the HTTP clients time out at 120 s) 
 tool calls. Compose's `stop_grace_period` and Kubernetes' `terminationGracePeriodSeconds`
 must be longer; past them the worker is killed and the sweeper re-enqueues its traces once
 their leases expire, repeating only the turn that was cut off."""
-
-
-def probe_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where the probe files live: `$FLEET_PROBE_DIR`, else /tmp."""
-    env = os.environ if env is None else env
-    return Path(env.get(PROBE_DIR_ENV) or DEFAULT_PROBE_DIR)
 
 
 class HeartbeatFile:

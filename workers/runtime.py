@@ -7,7 +7,7 @@ import threading
 from fleet.otel import make_hooks
 from fleet.redis_store import RedisStore
 from fleet.runtime import Runtime
-from fleet.settings import Settings
+from fleet.settings import forget_process_settings, process_settings
 from workers.dispatch import CeleryDispatcher
 
 _lock = threading.Lock()
@@ -21,7 +21,7 @@ def get_runtime() -> Runtime:
     global _runtime
     with _lock:
         if _runtime is None:
-            settings = Settings.from_env()
+            settings = process_settings()
             store = RedisStore.from_url(settings.redis_url)
             hooks = make_hooks(settings, store)  # no-op unless OTEL_* asks for traces
             _runtime = Runtime.build(settings, store, CeleryDispatcher(), hooks=hooks)
@@ -29,8 +29,9 @@ def get_runtime() -> Runtime:
 
 
 def reset_runtime() -> None:
-    """Forget the runtime (after fork, or when tests change the environment)."""
+    """Forget the runtime and the settings (after fork, or when tests change the environment)."""
     global _runtime
+    forget_process_settings()
     with _lock:
         if _runtime is not None and isinstance(_runtime.store, RedisStore):
             _runtime.store.close()

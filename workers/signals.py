@@ -14,6 +14,7 @@ from celery.signals import (
 )
 
 from fleet.redact import install_log_redaction, process_redactor
+from fleet.settings import process_settings
 from workers import probes
 from workers.runtime import draining, flush_hooks, reset_runtime
 from workers.sweeper import Sweeper
@@ -39,7 +40,7 @@ def _after_fork(**_: Any) -> None:
 @worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     global _sweeper
-    _sweeper = Sweeper()
+    _sweeper = Sweeper(process_settings().sweep_interval_s)
     _sweeper.start()
 
 
@@ -47,15 +48,15 @@ def _start_sweeper(**_: Any) -> None:
 def _report_ready(**_: Any) -> None:
     # `fleet probe`: liveness from a heartbeat file, readiness once the worker consumes.
     global _heartbeat
-    _heartbeat = probes.HeartbeatFile(probes.probe_dir())
+    _heartbeat = probes.HeartbeatFile(process_settings().probe_dir)
     _heartbeat.start()
-    probes.mark_ready(probes.probe_dir())
+    probes.mark_ready(process_settings().probe_dir)
 
 
 @worker_shutting_down.connect
 def _report_draining(**_: Any) -> None:
     # Not ready while draining; the heartbeat goes on, so liveness never kills a drain.
-    probes.mark_ready(probes.probe_dir(), ready=False)
+    probes.mark_ready(process_settings().probe_dir, ready=False)
 
 
 @worker_shutting_down.connect

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from fleet.control import claim_dead_runs
+from fleet.human import time_out_waits
 from workers.dispatch import send
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
-
-DEFAULT_SWEEP_INTERVAL_S = 10.0
 
 
 def sweep_once() -> list[str]:
@@ -24,16 +22,18 @@ def sweep_once() -> list[str]:
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
     if claimed:
         runtime.store.count("lease_expiries", len(claimed))
+    for trace_id in time_out_waits(runtime):
+        send(runtime.store.get_trace(trace_id))
+        log.warning("%s: no reply from a person in time; resumed without one", trace_id)
     return claimed
 
 
 class Sweeper:
     """A daemon thread calling `sweep_once` every `interval_s`."""
 
-    def __init__(self, interval_s: float | None = None) -> None:
-        """Interval from FLEET_SWEEP_INTERVAL_S unless given."""
-        env = os.environ.get("FLEET_SWEEP_INTERVAL_S")
-        self.interval_s = interval_s or float(env or DEFAULT_SWEEP_INTERVAL_S)
+    def __init__(self, interval_s: float) -> None:
+        """Sweep every `interval_s` (`Settings.sweep_interval_s`)."""
+        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fleet-sweeper", daemon=True)
 

@@ -11,12 +11,12 @@ from celery.exceptions import Ignore
 from fleet import lifecycle
 from fleet.lifecycle import AlreadyCollected, Settled, Settlement, Waiting
 from fleet.runner import Runner, RunResult, run_safely
-from fleet.settings import Settings
+from fleet.settings import process_settings
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send, start_window, tree_schedule
 from workers.runtime import draining, get_runtime
 
-LEASE_RETRY_S = Settings.from_env().lease_ttl_ms / 1000
+LEASE_RETRY_S = process_settings().lease_ttl_ms / 1000
 """A lost runner's lease lapses within one TTL (it is renewed every quarter of it): a task
 retried after its worker was lost comes back once the lease is free, and a recovered branch
 waiting on its siblings looks again this often."""

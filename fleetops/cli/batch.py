@@ -251,6 +251,8 @@ def counts_text(counts: BatchCounts) -> str:
         f"queued {counts.queued + counts.pending}",
         f"sub-agents {counts.sub_agents}",
     ]
+    if counts.waiting:
+        parts.insert(2, f"waiting {counts.waiting}")
     return "  ".join(parts)
 
 
@@ -275,7 +277,8 @@ def print_summary(rows: Iterable[Mapping[str, Any]], elapsed_s: float, ran: int)
     console.print(table)
     failures = [row for row in rows if row["status"] != "completed"][:SHOWN_FAILURES]
     for row in failures:
-        line = f"✗ {row['id']} {row['status']}: {_one_line(row.get('error') or '')}"
+        why = row.get("error") or (f"asks: {row['question']}" if row.get("question") else "")
+        line = f"✗ {row['id']} {row['status']}: {_one_line(why)}"
         console.print(printable(line), markup=False, highlight=False)
 
 

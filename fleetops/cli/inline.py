@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import os
+import sys
 from pathlib import Path
+from typing import Any
 
 from fleet.api import LocalFleet
-from fleet.settings import Settings
-from fleetops.cli.output import report
+from fleet.errors import ConfigError
+from fleet.human import TIMEOUT_KEY, waiting_on
+from fleet.settings import process_settings
+from fleetops.cli.output import printable, report
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by inline and fleet runs."""
-    parser.add_argument("task", help="what the main agent should do")
+    parser.add_argument(
+        "task", help="what the main agent should do (with --continue: the new message)"
+    )
     parser.add_argument("--inline", action="store_true", help="run in this process")
     parser.add_argument("--model", help="provider:model, an alias, or scripted:FILE.yaml")
     parser.add_argument("--preset", default="default", help="agent preset (default: default)")
@@ -24,13 +29,63 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout-s", type=float, default=None, help="give up waiting after this long"
     )
+    parser.add_argument(
+        "--continue",
+        dest="continue_id",
+        metavar="TRACE_ID",
+        help="continue this finished root with the message instead of starting a new one",
+    )
+    parser.add_argument(
+        "--after-sequence",
+        type=int,
+        metavar="N",
+        help="with --continue: first go back to message N (rewind; the old branch stays)",
+    )
+    parser.add_argument(
+        "--human-timeout-s",
+        type=positive_int,
+        metavar="S",
+        help="how long an ask_human question waits for `fleet reply` before the agent goes on",
+    )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1: {text!r}")
+    return int(text)
+
+
+def check_run_arguments(args: argparse.Namespace) -> None:
+    """Options that only make sense together; `ConfigError` otherwise."""
+    if args.after_sequence is not None and not args.continue_id:
+        raise ConfigError("--after-sequence needs --continue TRACE_ID")
+    if args.continue_id and (args.model or args.preset != "default" or args.workspace):
+        raise ConfigError("--continue keeps the trace's model, preset and workspace")
+
+
+def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
+    """Trace metadata from the run options."""
+    return {TIMEOUT_KEY: args.human_timeout_s} if args.human_timeout_s else {}
 
 
 def run_inline(args: argparse.Namespace) -> int:
     """Run the task in-process and print the answer (or the JSON object)."""
-    settings = Settings.from_env()
-    if args.workspace is not None or "FLEET_WORKSPACE" in os.environ:
+    check_run_arguments(args)
+    settings = process_settings()
+    if args.workspace is not None or "FLEET_WORKSPACE" in settings.env:
         settings = settings.with_workspace(args.workspace or settings.workspace)
-    local = LocalFleet.from_settings(settings, redis=bool(os.environ.get("FLEET_REDIS_URL")))
-    trace = local.run(args.task, model=args.model, preset=args.preset)
+    redis = bool(settings.env.get("FLEET_REDIS_URL"))
+    if args.continue_id and not redis:
+        raise ConfigError("--inline --continue needs the trace's store: set FLEET_REDIS_URL")
+    local = LocalFleet.from_settings(settings, redis=redis)
+    if args.continue_id:
+        trace = local.continue_trace(args.continue_id, args.task, args.after_sequence)
+    else:
+        metadata = run_metadata(args)
+        trace = local.run(args.task, model=args.model, preset=args.preset, metadata=metadata)
+    question = waiting_on(trace)
+    if question is not None:
+        print(printable(f"? {question['question']}"), file=sys.stderr)
+        print(f"waiting: answer with `fleet reply {trace.trace_id} ANSWER`", file=sys.stderr)
     return report(local.store, trace, as_json=args.json)

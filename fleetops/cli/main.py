@@ -6,8 +6,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from fleet.errors import ConfigError, FleetError, TraceNotFound
+from fleet.errors import ConfigError, ConversationError, FleetError, TraceNotFound
 from fleet.redact import process_redactor
+from fleet.settings import forget_process_settings
 from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
 from fleetops.cli.output import printable
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, and map errors to one line on stderr and an exit code."""
+    forget_process_settings()  # one command, one reading of the environment (tests run many)
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
@@ -40,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fleet: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (ConfigError, TraceNotFound) as exc:
+    except (ConfigError, TraceNotFound, ConversationError) as exc:
         return fail(str(exc), EXIT_BAD_INPUT)
     except FleetError as exc:
         return fail(str(exc), EXIT_FAILED)

@@ -7,6 +7,7 @@ from typing import Any
 
 from fleet.errors import ConfigError
 from fleet.redis_store import redact_url
+from fleet.settings import process_settings
 from fleetops.cli.args import port_number
 from fleetops.discovery import fleet_settings
 from fleetops.metrics import DEFAULT_PORT
@@ -58,7 +59,8 @@ def _add_probe(commands: Any) -> None:
 
 def run_probe(args: argparse.Namespace) -> int:
     """`fleet probe`: 0 when the probe passes, 1 (with the reason) when not."""
-    reason = probes.check(probes.probe_dir(), ready=args.ready, max_age_s=args.max_age_s)
+    probe_dir = process_settings().probe_dir
+    reason = probes.check(probe_dir, ready=args.ready, max_age_s=args.max_age_s)
     if reason is None:
         print("ok")
         return 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from fleet.errors import ConfigError
+from fleet.settings import forget_process_settings
 from fleetops.cli.args import is_loopback, port_number, positive_int
 
 if TYPE_CHECKING:
@@ -136,6 +137,7 @@ def run_worker(args: argparse.Namespace) -> int:
     argv = worker_argv(args)
     settings = fleet_settings()
     os.environ.update(fleet_env(settings))  # the runtime and pool children read them
+    forget_process_settings()  # ... and this process reads them again on first use
     if args.pool == "gevent":
         if importlib.util.find_spec("gevent") is None:
             raise ConfigError("the gevent pool needs gevent: pip install gevent")
@@ -185,7 +187,10 @@ def run_flower(args: argparse.Namespace) -> int:
     env = flower_env(args.address, args.basic_auth, fleet_env(fleet_settings()))
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
     check_port_free(args.port, "Flower", host=host)
-    _exec_celery(["flower", f"--port={args.port}", f"--address={args.address}"], env)
+    # Through fleetops.flower: /metrics behind the same login, no task text in its labels.
+    command = [sys.executable, "-m", "fleetops.flower", f"--port={args.port}"]
+    sys.stdout.flush()
+    os.execve(sys.executable, [*command, f"--address={args.address}"], env)
 
 
 def run_doctor(args: argparse.Namespace) -> int:

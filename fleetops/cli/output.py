@@ -15,6 +15,8 @@ import sys
 from typing import Any
 
 from fleet.budget import budget_state
+from fleet.conversation import branches, turn_of
+from fleet.human import waiting_on
 from fleet.models import Trace
 from fleet.store import TraceStore
 
@@ -47,7 +49,9 @@ def result_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
         "trace_id": trace.trace_id,
         "status": trace.status,
         "answer": trace.answer,
+        "output": trace.output,
         "error": trace.error,
+        "question": (waiting_on(trace) or {}).get("question"),
         "collaborators": [
             {"name": c.name, "trace_id": c.trace_id, "status": c.status, "summary": c.summary}
             for c in store.collaborators(trace.trace_id)
@@ -78,11 +82,15 @@ def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
         "model": trace.model,
         "task": trace.task,
         "answer": trace.answer,
+        "output": trace.output,
         "error": trace.error,
+        "waiting_on": waiting_on(trace),
         "iteration": trace.iteration,
         "stats": trace.stats.model_dump(),
         "stop_reason": trace.metadata.get("stop_reason"),
         "budget": _budget_json(store, trace),
+        "goals": trace.goals.model_dump(mode="json")["goals"],
+        "branches": _branches(store, trace),
         "collaborators": [c.model_dump(mode="json") for c in store.collaborators(trace.trace_id)],
         "children": [
             trace_object(store, store.get_trace(child)) for child in store.children(trace.trace_id)
@@ -98,6 +106,7 @@ def list_object(trace: Trace) -> dict[str, Any]:
         "status": trace.status,
         "mode": trace.mode,
         "task": trace.task,
+        "question": (waiting_on(trace) or {}).get("question"),
         "created_at_ms": trace.created_at_ms,
     }
 
@@ -116,10 +125,40 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         lines.append(f"{indent}  {state.line()}")
     if trace.answer:
         lines.append(f"{indent}  answer: {_one_line(trace.answer)}")
+    if trace.output is not None:
+        lines.append(f"{indent}  output: {_one_line(json.dumps(trace.output))}")
     if trace.error:
         lines.append(f"{indent}  error: {_one_line(trace.error)}")
+    lines += _detail_lines(store, trace, indent + "  ")
     for child in store.children(trace.trace_id):
         lines += render_tree(store, store.get_trace(child), indent + "  ")
+    return lines
+
+
+def _branches(store: TraceStore, trace: Trace) -> list[dict[str, Any]]:
+    """The message tree's branches of a root (sub-traces: none, to keep `show` cheap)."""
+    if trace.parent_trace_id is not None:
+        return []
+    return branches(store.messages(trace.trace_id), trace.head_sequence)
+
+
+def _detail_lines(store: TraceStore, trace: Trace, indent: str) -> list[str]:
+    """Goals with their sub-traces, a person's question, and branches of a continued root."""
+    lines = []
+    for goal in trace.goals.goals:
+        subs = f"  sub-traces: {', '.join(goal.sub_trace_ids)}" if goal.sub_trace_ids else ""
+        lines.append(f"{indent}goal {goal.id} [{goal.status}] {_one_line(goal.description)}{subs}")
+    for person in (c for c in store.collaborators(trace.trace_id) if c.type == "human"):
+        lines.append(f"{indent}human [{person.status}]: {_one_line(person.summary)}")
+    found = _branches(store, trace)
+    if len(found) > 1 or turn_of(trace) > 0:
+        lines.append(f"{indent}conversation: {len(found)} branch(es)")
+        for branch in found:
+            mark = "*" if branch["main"] else "-"
+            turns = ", ".join(
+                f"#{t['sequence']} {_one_line(t['content'], 40)!r}" for t in branch["user_turns"]
+            )
+            lines.append(f"{indent}{mark} to #{branch['leaf_sequence']}: {turns}")
     return lines
 
 
@@ -128,14 +167,21 @@ def _one_line(text: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+EXIT_WAITING = 3
+"""`fleet run` ended while the trace waits on a person (`fleet reply` resumes it)."""
+
+
 def report(store: TraceStore, trace: Trace, *, as_json: bool) -> int:
-    """Print a finished run (the answer, or the JSON object); exit 0 only if it completed."""
+    """Print a run (the answer, or the JSON object); exit 0 only if it completed."""
+    waiting = waiting_on(trace) is not None
     if as_json:
         print(dumps(result_object(store, trace)))
     elif trace.status == "completed":
         print(printable(trace.answer or ""))
-    else:
+    elif not waiting:
         print(printable(f"{trace.status}: {trace.error}"), file=sys.stderr)
+    if waiting:
+        return EXIT_WAITING
     return 0 if trace.status == "completed" else 1
 
 

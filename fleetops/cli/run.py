@@ -9,9 +9,9 @@ from typing import Any
 
 from fleet.budget import Budget
 from fleet.client import Fleet
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, ConversationError
 from fleet.models import Event
-from fleetops.cli.inline import add_run_arguments, run_inline
+from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
 
@@ -31,6 +31,12 @@ def register(commands: Any) -> None:
     stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
     stop_parser.add_argument("trace_id")
     stop_parser.set_defaults(handler=stop)
+    reply_parser = commands.add_parser(
+        "reply", help="answer the question a trace waits on (ask_human); it resumes"
+    )
+    reply_parser.add_argument("trace_id")
+    reply_parser.add_argument("answer")
+    reply_parser.set_defaults(handler=reply)
 
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,24 +81,32 @@ def connect() -> Fleet:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Submit, stream progress to stderr, print the answer (or --json)."""
+    """Submit (or continue), stream progress to stderr, print the answer (or --json)."""
     if args.inline:
         if budget_of(args) or args.max_concurrent:
             raise ConfigError("--budget-* and --max-concurrent need the fleet (drop --inline)")
         return run_inline(args)
+    check_run_arguments(args)
+    if args.continue_id and (budget_of(args) or args.max_concurrent):
+        raise ConfigError("--continue keeps the tree's budget and --max-concurrent")
     fleet = connect()
     require_workers(fleet, "fleet.main")
-    handle = fleet.submit(
-        args.task,
-        model=args.model,
-        preset=args.preset,
-        workspace=args.workspace,
-        budget=budget_of(args),
-        max_concurrent=args.max_concurrent,
-    )
-    print(f"submitted {handle.trace_id}", file=sys.stderr)
+    if args.continue_id:
+        handle = fleet.continue_trace(args.continue_id, args.task, args.after_sequence)
+        print(f"continued {handle.trace_id}", file=sys.stderr)
+    else:
+        handle = fleet.submit(
+            args.task,
+            model=args.model,
+            preset=args.preset,
+            workspace=args.workspace,
+            metadata=run_metadata(args) or None,
+            budget=budget_of(args),
+            max_concurrent=args.max_concurrent,
+        )
+        print(f"submitted {handle.trace_id}", file=sys.stderr)
     try:
-        show_progress(handle.events(args.timeout_s), handle.trace_id)
+        show_progress(handle.events(args.timeout_s), handle.trace_id, Asker(fleet))
     except KeyboardInterrupt:
         fleet.stop(handle.trace_id)
         print(f"interrupted: stopped {handle.trace_id}", file=sys.stderr)
@@ -116,17 +130,57 @@ def require_workers(fleet: Fleet, queue: str) -> None:
         )
 
 
-def show_progress(events: Iterable[Event], root: str) -> None:
-    """One line per sub-agent start and finish, on stderr."""
+def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None) -> None:
+    """One line per sub-agent start and finish, on stderr; questions go to `asker`."""
     for event in events:
         line = progress_line(event, root)
         if line:
             print(printable(line), file=sys.stderr, flush=True)
+        if asker is not None and _is_question(event, root):
+            asker.ask(root, str(event.data.get("question", "")))
+
+
+def _is_question(event: Event, root: str) -> bool:
+    return (
+        event.kind == "collaborator"
+        and event.status == "waiting"
+        and event.data.get("type") == "human"
+        and event.trace_id == root
+    )
+
+
+class Asker:
+    """Answers a question on a terminal (then the run goes on), else says how to answer it."""
+
+    def __init__(self, fleet: Fleet, *, interactive: bool | None = None) -> None:
+        """`interactive` defaults to whether stdin is a terminal."""
+        self.fleet = fleet
+        self.interactive = sys.stdin.isatty() if interactive is None else interactive
+
+    def ask(self, trace_id: str, question: str) -> None:
+        """Prompt for the reply and send it; off a terminal, wait for `fleet reply`."""
+        hint = f"waiting for `fleet reply {trace_id} ANSWER`"
+        if not self.interactive:
+            print(hint, file=sys.stderr, flush=True)
+            return
+        try:
+            answer = ""
+            while not answer.strip():
+                answer = input("reply> ")
+        except EOFError:
+            print(f"\n{hint}", file=sys.stderr, flush=True)
+            return
+        try:
+            self.fleet.reply(trace_id, answer)
+        except ConversationError as exc:  # answered elsewhere meanwhile
+            print(f"fleet: {exc}", file=sys.stderr, flush=True)
 
 
 def progress_line(event: Event, root: str) -> str | None:
     """A human line for the events worth showing, else None."""
     name = event.data.get("name") or event.trace_id.rsplit("@", 1)[-1]
+    if event.data.get("type") == "human" and event.status == "waiting":
+        return f"? {event.data.get('question', '')}"
     if event.kind == "collaborator" and event.status == "queued":
         return f"  + {name} started ({event.trace_id})"
     if event.kind == "finish" and event.trace_id != root:
@@ -153,6 +207,14 @@ def watch(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(f"{final.trace_id} {final.status}")
     return EXIT_OK if final.status == "completed" else EXIT_FAILED
+
+
+def reply(args: argparse.Namespace) -> int:
+    """Answer a waiting trace; any worker resumes it."""
+    fleet = connect()
+    fleet.reply(args.trace_id, args.answer)
+    print(f"replied: {args.trace_id} resumes")
+    return EXIT_OK
 
 
 def stop(args: argparse.Namespace) -> int:

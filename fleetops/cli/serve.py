@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from fleet.errors import ConfigError
@@ -41,12 +40,14 @@ def serve_token(address: str, env: dict[str, str]) -> str | None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until interrupted."""
-    from fleetops.cli.run import connect
+    from fleet.client import Fleet
+    from fleetops.discovery import fleet_settings
     from fleetops.local import check_port_free
     from fleetops.serve.app import ServeConfig, serve_forever
 
-    token = serve_token(args.address, dict(os.environ))
-    fleet = connect()
+    settings = fleet_settings()
+    token = serve_token(args.address, dict(settings.env))
+    fleet = Fleet.from_env(settings)
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
     check_port_free(args.port, "fleet serve", host=host)
     config = ServeConfig(store=fleet.store, stop=fleet.stop, token=token)

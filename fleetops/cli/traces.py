@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from fleet.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
@@ -22,6 +23,9 @@ def register(commands: Any) -> None:
     listing = sub.add_parser("list", help="traces, newest first")
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--all", action="store_true", help="include sub-traces")
+    listing.add_argument(
+        "--waiting", action="store_true", help="only traces waiting on a person (ask_human)"
+    )
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(handler=list_traces)
 
@@ -50,12 +54,17 @@ def show_trace(args: argparse.Namespace) -> int:
 def list_traces(args: argparse.Namespace) -> int:
     """Print recent traces, root traces only unless --all."""
     store = open_store()
-    rows = [t for t in store.list_traces(args.limit * 10) if args.all or not t.parent_trace_id]
+    if args.waiting:
+        rows = waiting_traces(store, args.limit)
+    else:
+        rows = [t for t in store.list_traces(args.limit * 10) if args.all or not t.parent_trace_id]
     rows = rows[: args.limit]
     if args.json:
         print_json([list_object(t) for t in rows])
     else:
         for t in rows:
-            task = " ".join(printable(t.task).split())[:80]
-            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {task}")
+            question = (waiting_on(t) or {}).get("question")
+            text = f"? {question}" if args.waiting and question else t.task
+            shown = " ".join(printable(text).split())[:80]
+            print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {shown}")
     return 0

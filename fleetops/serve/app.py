@@ -10,7 +10,9 @@ import asyncio
 import functools
 import hmac
 import json
+import logging
 import signal
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,15 +20,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import redis
 import tornado.httpserver
 import tornado.web
 from tornado.iostream import StreamClosedError
 
-from fleet.errors import TraceNotFound
+from fleet.errors import InvalidTraceId, TraceNotFound
 from fleet.store import TraceStore
 from fleetops.serve import queries
 from fleetops.serve.queries import BadRequest
 
+log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).with_name("static")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 PAGE_CSP = (
@@ -47,8 +51,9 @@ class ServeConfig:
     """When set, every API request must carry `Authorization: Bearer <token>`."""
     max_streams: int = 32
     """Open event streams at once; one more gets 503."""
-    stream_block_ms: int = 5000
-    """How long one read of the event stream waits before a keep-alive comment."""
+    stream_block_ms: int = 2000
+    """How long one read of the event stream waits before a keep-alive comment; also how
+    long a stop may wait on a stream's blocked read."""
 
 
 class ApiError(tornado.web.HTTPError):
@@ -94,10 +99,13 @@ class _Base(tornado.web.RequestHandler):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(pool or self.pool, fn, *args)
-        except BadRequest as exc:
+        except (BadRequest, InvalidTraceId) as exc:
             raise ApiError(400, str(exc)) from None
         except TraceNotFound as exc:
             raise ApiError(404, str(exc)) from None
+        except redis.exceptions.RedisError as exc:  # no URL in it: it may hold a password
+            log.warning("trace store unreachable: %s", type(exc).__name__)
+            raise ApiError(503, "the trace store (Redis) is unreachable") from None
 
     def reply(self, value: Any) -> None:
         self.set_header("Content-Type", "application/json")
@@ -256,8 +264,6 @@ class StaticHandler(tornado.web.StaticFileHandler):
 
 def make_app(config: ServeConfig) -> tornado.web.Application:
     """The routes; ids are checked by the handlers so a bad one gets a 400 that says why."""
-    import threading
-
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="serve-api")
     streams = ThreadPoolExecutor(max_workers=config.max_streams, thread_name_prefix="serve-sse")
     base = {"config": config, "pool": pool}
@@ -273,6 +279,7 @@ def make_app(config: ServeConfig) -> tornado.web.Application:
             (r"/api/traces/([^/]+)/stop", StopHandler, base),
         ],
         stream_slots=threading.BoundedSemaphore(config.max_streams),
+        pools=(pool, streams),
         xheaders=False,
     )
 
@@ -287,11 +294,14 @@ def serve_forever(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stopping.set)
-        server = tornado.httpserver.HTTPServer(make_app(config))
+        app = make_app(config)
+        server = tornado.httpserver.HTTPServer(app)
         server.listen(port, address)
         shown = f"[{address}]" if ":" in address else address
         ready(f"http://{shown or '0.0.0.0'}:{port}/")
         await stopping.wait()
         server.stop()
+        for pool in app.settings["pools"]:  # a blocked stream read ends within its block_ms
+            pool.shutdown(wait=False, cancel_futures=True)
 
     asyncio.run(main())

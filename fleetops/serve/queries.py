@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 
+from fleet import ids
 from fleet.control import subtree
-from fleet.errors import FleetError
+from fleet.errors import FleetError, InvalidTraceId
 from fleet.models import Message, Status, Trace
 from fleet.store import TraceStore
 
-TRACE_ID = re.compile(r"^[A-Za-z0-9@._-]{1,512}$")
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 """A Redis stream entry id, as SSE `id:` lines carry it and `Last-Event-ID` returns it."""
 MAX_LIMIT = 1000
@@ -25,10 +25,11 @@ class BadRequest(FleetError):
 
 
 def check_trace_id(trace_id: str) -> str:
-    """The id if it looks like a trace id, else `BadRequest` (nothing is read for it)."""
-    if not TRACE_ID.match(trace_id):
-        raise BadRequest(f"trace id {trace_id[:80]!r} is not of the form [A-Za-z0-9@._-]+")
-    return trace_id
+    """The id if it can be a trace id (`fleet.ids`), else `BadRequest`: nothing is read."""
+    try:
+        return ids.check_trace_id(trace_id)
+    except InvalidTraceId as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def check_event_id(event_id: str) -> str:

@@ -117,6 +117,15 @@ def test_a_yaml_alias_bomb_in_batch_metadata_is_refused_at_once(tmp_path: Path) 
     assert "alias" in result.stderr.decode()
 
 
+def test_json_nested_past_the_recursion_limit_is_one_line(tmp_path: Path) -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "deep.jsonl").write_text(
+        '{"task": "fine"}\n{"task": "x", "metadata": {"a": ' + deep + "}}\n"
+    )
+    result = _cli(["batch", "--dry-run", "deep.jsonl"], {}, tmp_path)
+    _one_line_error(result, "deep.jsonl:2: invalid JSON: nested too deeply")
+
+
 def test_anchors_that_share_a_block_still_load(tmp_path: Path) -> None:
     shared = "meta: &m {team: core, owner: ops}\ntasks:\n" + "".join(
         f"  - {{task: t{i}, metadata: *m}}\n" for i in range(50)

@@ -62,3 +62,36 @@ def test_an_echoed_key_never_reaches_the_trace(
     for key in (OPENAI_KEY, ANTHROPIC_KEY, OPENAI_KEY[8:30], ANTHROPIC_KEY[14:34]):
         assert key not in stored
     assert "[redacted]" in (trace.error or "")
+
+
+def test_what_a_model_learnt_of_a_secret_is_not_stored(tmp_path: Path) -> None:
+    """The model's own output is untrusted too: a child's task, context and a goal it writes
+    with a worker secret in them are stored masked (known values of the worker's env)."""
+    from fleet.testing import ScriptedModel, call, text
+
+    secret = "wK8pQ2vN7xL4mR9sT1yZ"
+    model = ScriptedModel(
+        function=lambda messages, tools: (
+            text("child done")
+            if any("Child" in str(m["content"]) for m in messages if m["role"] == "user")
+            else call("agent", task=f"Child: use {secret}", context={"token": secret})
+            if sum(m["role"] == "assistant" for m in messages) == 0
+            else call("goal", action="add", description=f"leak {secret}")
+            if sum(m["role"] == "assistant" for m in messages) == 1
+            else text(f"final {secret}")
+        )
+    )
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    settings = Settings(workspace=workspace, env={"DEPLOY_TOKEN": secret})
+    local = LocalFleet.from_settings(settings, clients={"test": model})
+    trace = local.run("start", model="test")
+    stored = [local.store.get_trace(trace.trace_id).model_dump_json()]
+    stored += [
+        local.store.get_trace(c).model_dump_json() for c in local.store.children(trace.trace_id)
+    ]
+    stored += [m.model_dump_json() for m in local.store.messages(trace.trace_id)]
+    assert trace.status == "completed" and len(stored) > 3
+    assert all(secret not in text_ for text_ in stored)
+    assert "leak [redacted]" in stored[0], "the goal was stored, masked"
+    assert "Child: use [redacted]" in stored[1], "the child's task was stored, masked"

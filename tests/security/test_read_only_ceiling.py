@@ -18,7 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fleet.api import LocalFleet
+from fleet.errors import ConfigError
 from fleet.llm.base import LLMResponse
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
@@ -130,3 +133,14 @@ def test_no_child_gets_a_tool_its_parent_lacks(tmp_path: Path) -> None:
     assert not (tmp_path / "ws" / "pwned.txt").exists()
     assert child.ceiling.allowed == ["agent", "read_file"]
     assert trace.status == "completed"
+
+
+def test_an_agents_folder_an_agent_could_write_to_is_refused(tmp_path: Path) -> None:
+    """The preset files themselves are operator input: not inside a workspace root."""
+    workspace = tmp_path / "ws"
+    agents = workspace / ".fleet" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "explore.md").write_text(WRITING_EXPLORE)  # what an agent's write_file did
+    settings = Settings(workspace=workspace, agents_dir=agents, env={})
+    with pytest.raises(ConfigError, match="inside a workspace root"):
+        LocalFleet.from_settings(settings, clients={"test": ScriptedModel([])})

@@ -1,0 +1,195 @@
+"""A batch of writes to one trace, applied in order as one atomic step.
+
+A runner's turn writes several things: the model's message and its event, its usage,
+tool results, a status, a finish, the parent's collaborator entry. `TraceWrite` collects
+them and `TraceStore.apply` runs them together: on Redis one Lua script, one round trip
+(`fleet.redis_scripts.APPLY`), which also answers whether a stop was requested, so the
+next turn needs no read of its own.
+
+    write = TraceWrite(trace.trace_id, trace.root_trace_id)
+    write.append(message, event, iteration=3)
+    write.update(Event(kind="trace", ...), status="running")
+    result = store.apply(write)        # result.messages[0].sequence, result.stop_requested
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fleet.models import Collaborator, Event, Message
+
+
+@dataclass(frozen=True)
+class SetFields:
+    """Overwrite top-level trace fields (as `update_trace`), with an optional event."""
+
+    fields: dict[str, Any]
+    event: Event | None = None
+
+
+@dataclass(frozen=True)
+class Append:
+    """Append a message (as `append_message`); with `event`, as `record_turn`."""
+
+    message: Message
+    event: Event | None = None
+    iteration: int | None = None
+    """Set for a model turn: its usage goes to the stats and the iteration is set."""
+
+
+@dataclass(frozen=True)
+class AddStats:
+    """Add to TraceStats fields (as `add_stats`)."""
+
+    deltas: dict[str, float]
+
+
+@dataclass(frozen=True)
+class PutCollaborator:
+    """Insert or replace one child's entry in its parent (as `put_collaborator`)."""
+
+    parent_trace_id: str
+    collaborator: Collaborator
+    event: Event | None = None
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Append an event to the tree's stream."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class ReleaseLease:
+    """Give the trace's lease up if `owner` holds it (as `release_lease`)."""
+
+    owner: str
+
+
+WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease
+
+
+@dataclass
+class TraceWrite:
+    """Writes to one trace (and its parent's collaborator entry), in order."""
+
+    trace_id: str
+    root_trace_id: str
+    ops: list[WriteOp] = field(default_factory=list)
+
+    def update(self, event: Event | None = None, /, **fields: Any) -> TraceWrite:
+        """Overwrite these fields; emit `event` with them."""
+        self.ops.append(SetFields(fields, event))
+        return self
+
+    def append(
+        self, message: Message, event: Event | None = None, *, iteration: int | None = None
+    ) -> TraceWrite:
+        """Append a message; its event gets `data["sequence"]`."""
+        if message.trace_id != self.trace_id:
+            raise ValueError(f"message of {message.trace_id!r} in a write to {self.trace_id!r}")
+        if iteration is not None and event is None:
+            raise ValueError("a model turn (iteration) needs its event")
+        self.ops.append(Append(message, event, iteration))
+        return self
+
+    def add_stats(self, **deltas: float) -> TraceWrite:
+        """Add to the trace's stats."""
+        self.ops.append(AddStats(deltas))
+        return self
+
+    def put_collaborator(
+        self, parent_trace_id: str, collaborator: Collaborator, event: Event | None = None
+    ) -> TraceWrite:
+        """Write this trace's entry into its parent's collaborators."""
+        parents = {op.parent_trace_id for op in self.ops if isinstance(op, PutCollaborator)}
+        if parents - {parent_trace_id}:
+            raise ValueError("one write puts collaborators into one parent only")
+        self.ops.append(PutCollaborator(parent_trace_id, collaborator, event))
+        return self
+
+    def emit(self, event: Event) -> TraceWrite:
+        """Append an event to the tree's stream."""
+        self.ops.append(Emit(event))
+        return self
+
+    def release_lease(self, owner: str) -> TraceWrite:
+        """Give the lease up at the end of the write."""
+        self.ops.append(ReleaseLease(owner))
+        return self
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What `TraceStore.apply` reports."""
+
+    messages: list[Message]
+    """The appended messages as stored (sequence, parent_sequence), in write order."""
+    stop_requested: bool
+    """Whether a stop was requested for the trace, as of the write."""
+
+
+class SingleWrites(Protocol):
+    """The single-purpose TraceStore methods a write is made of."""
+
+    def update_trace(self, trace_id: str, **fields: Any) -> None: ...  # noqa: D102
+
+    def update_trace_and_emit(  # noqa: D102
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+    ) -> None: ...
+
+    def append_message(self, message: Message) -> Message: ...  # noqa: D102
+
+    def record_turn(  # noqa: D102
+        self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
+    ) -> Message: ...
+
+    def add_stats(self, trace_id: str, **deltas: float) -> None: ...  # noqa: D102
+
+    def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None: ...  # noqa: D102
+
+    def put_collaborator_and_emit(  # noqa: D102
+        self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
+    ) -> None: ...
+
+    def emit(self, root_trace_id: str, event: Event) -> str: ...  # noqa: D102
+
+    def release_lease(self, trace_id: str, owner: str) -> None: ...  # noqa: D102
+
+    def stop_requested(self, trace_id: str) -> bool: ...  # noqa: D102
+
+
+def apply_one_by_one(store: SingleWrites, write: TraceWrite) -> WriteResult:
+    """Apply a write through the store's single-purpose methods, in order.
+
+    `MemoryStore.apply` holds its lock around this, which makes it one atomic step; the
+    Redis store runs the same ops in one script instead.
+    """
+    stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
+    return WriteResult(stored, store.stop_requested(write.trace_id))
+
+
+def _apply_op(store: SingleWrites, write: TraceWrite, op: WriteOp) -> Message | None:
+    root = write.root_trace_id
+    match op:
+        case Append(message=message, event=None):
+            return store.append_message(message)
+        case Append(message=message, event=Event() as event, iteration=iteration):
+            return store.record_turn(root, message, event, iteration=iteration)
+        case SetFields(fields=fields, event=None):
+            store.update_trace(write.trace_id, **fields)
+        case SetFields(fields=fields, event=Event() as event):
+            store.update_trace_and_emit(write.trace_id, root, event, **fields)
+        case AddStats(deltas=deltas):
+            store.add_stats(write.trace_id, **deltas)
+        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=None):
+            store.put_collaborator(parent, entry)
+        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=Event() as event):
+            store.put_collaborator_and_emit(parent, root, entry, event)
+        case Emit(event=event):
+            store.emit(root, event)
+        case ReleaseLease(owner=owner):
+            store.release_lease(write.trace_id, owner)
+    return None

@@ -1,0 +1,81 @@
+"""Every environment variable is read into `Settings` and documented in docs/configuration.md."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from fleet.settings import ENV_NAMES, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("fleet", "workers", "fleetops")
+NOT_CONFIGURATION = {"FLEET_SHELL_CALL"}
+"""Set by the fleet for a child process (bash's marker), never read as configuration."""
+
+
+def documented() -> set[str]:
+    """The first-column names of the variables table in docs/configuration.md."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    section = text.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {name for row in rows for name in re.findall(r"`([A-Z0-9_]+)`", row.split("|")[1])}
+
+
+def named_in_code() -> dict[str, str]:
+    """Every FLEET_* string constant in the packages, with one place it appears."""
+    found: dict[str, str] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    if re.fullmatch(r"FLEET_[A-Z0-9_]+", node.value):
+                        found.setdefault(node.value, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_the_settings_and_the_documentation_name_the_same_variables() -> None:
+    assert set(ENV_NAMES) == documented()
+    assert len(ENV_NAMES) == len(set(ENV_NAMES))
+
+
+def test_no_fleet_variable_is_read_outside_the_settings() -> None:
+    stray = {n: where for n, where in named_in_code().items() if n not in ENV_NAMES}
+    assert set(stray) <= NOT_CONFIGURATION, stray
+
+
+def test_every_variable_reaches_its_field() -> None:
+    # A value for each name changes the settings: none of them is listed but ignored.
+    values = {
+        "FLEET_REDIS_URL": "redis://r:1/0",
+        "FLEET_BROKER_URL": "amqp://b//",
+        "FLEET_WORKSPACE": "/tmp",
+        "FLEET_ALLOW_SHELL": "1",
+        "FLEET_AGENTS_DIR": "/agents",
+        "FLEET_SKILLS_DIR": "/skills",
+        "FLEET_CONFIG": "/etc/fleet.yaml",
+        "FLEET_MODEL": "openai:m",
+        "FLEET_LEASE_TTL_MS": "1234",
+        "FLEET_WORKSPACE_ROOTS": "/tmp:/srv",
+        "FLEET_ALLOW_SCRIPTED": "1",
+        "FLEET_API_KEY_ENVS": "ROUTER_KEY",
+        "FLEET_SHELL_ENV": "PROJECT",
+        "FLEET_WEB_ALLOW": "wiki.internal",
+        "FLEET_TOOL_TIMEOUT_S": "7",
+        "FLEET_HUMAN_TIMEOUT_S": "600",
+        "FLEET_SWEEP_INTERVAL_S": "3",
+        "FLEET_PROBE_DIR": "/probes",
+        "FLEET_SERVE_TOKEN": "t" * 20,
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
+    }
+    base = Settings.from_env({})
+    for name, value in values.items():
+        assert Settings.from_env({name: value}) != base, name
+    # The OTEL switches that only turn tracing off: set together with one that turns it on.
+    on = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+    assert Settings.from_env(on).otel_tracing
+    assert Settings.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318"}).otel_tracing
+    assert not Settings.from_env({**on, "OTEL_SDK_DISABLED": "true"}).otel_tracing
+    exercised = {*values, *on, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"}
+    assert exercised == set(ENV_NAMES)
