@@ -87,6 +87,15 @@ class Meter:
         stats = self.client.info("commandstats")
         return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
 
+    def redis_cpu_s(self) -> float:
+        """CPU seconds the redis-server process has used (user + system, all threads)."""
+        cpu = self.client.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+    def redis_bytes(self) -> int:
+        """Memory Redis holds for data (`used_memory`)."""
+        return int(self.client.info("memory")["used_memory"])
+
     def wait(self, done: Callable[[], float | None], timeout_s: float = RUN_TIMEOUT_S) -> float:
         """Poll `done` (one Redis command) until it returns an end time."""
         deadline = time.monotonic() + timeout_s

@@ -26,10 +26,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet.api import TaskSpec, create_root  # noqa: E402
-from fleet.dispatch import InProcessDispatcher  # noqa: E402
 from fleet.hooks import NO_HOOKS, Hooks  # noqa: E402
+from fleet.inprocess import InProcessDispatcher  # noqa: E402
 from fleet.otel_spans import OtelHooks  # noqa: E402
+from fleet.roots import TaskSpec, create_root  # noqa: E402
 from fleet.runner import Runner  # noqa: E402
 from fleet.runtime import Runtime  # noqa: E402
 from fleet.settings import Settings  # noqa: E402

@@ -36,6 +36,10 @@ class Row:
     """Peak extra worker RSS during a fleet run."""
     bare_s: float = 0.0
     """HTTP rows: a chord of the branches' calls only, sent by the client (no root calls)."""
+    redis_us: float = 0.0
+    """Redis CPU per branch (µs), fleet."""
+    redis_kib: float = 0.0
+    """Redis memory a fleet run leaves per branch (KiB), kept for the traces' TTL."""
 
     @classmethod
     def of(
@@ -62,6 +66,8 @@ class Row:
             peer_cpu_ms=med(1000 * s.cpu_s / n for s in peer),
             rss_bytes=med(s.rss_bytes for s in fleet),
             bare_s=med(s.seconds for s in bare) if bare else 0.0,
+            redis_us=med(1e6 * s.redis_cpu_s / n for s in fleet),
+            redis_kib=med(s.redis_bytes / n / 1024 for s in fleet),
         )
 
     def ratio(self, versus: str = "peer") -> float:
@@ -72,7 +78,7 @@ class Row:
 HEADER = (
     f"{'kind':>8} {'N':>5} {'L ms':>5} {'fleet s':>8} {'peer s':>7} {'ideal s':>8} "
     f"{'f/peer':>6} {'f/ideal':>7} {'cmds/br':>7} {'peer cmds':>9} {'cpu ms/br':>9} "
-    f"{'peer cpu':>8} {'rss MiB':>7} {'f/bare':>6}  load"
+    f"{'peer cpu':>8} {'rss MiB':>7} {'f/bare':>6} {'redis us/br':>11} {'KiB/br':>6}  load"
 )
 
 
@@ -83,7 +89,8 @@ def format_row(row: Row) -> str:
         f"{row.kind:>8} {row.n:>5} {row.latency_ms:>5} {row.fleet_s:>8.3f} {row.peer_s:>7.3f} "
         f"{row.ideal_s:>8.3f} {row.ratio():>6.2f} {ideal} {row.cmds:>7.1f} "
         f"{row.peer_cmds:>9.1f} {row.cpu_ms:>9.2f} {row.peer_cpu_ms:>8.2f} "
-        f"{row.rss_bytes / MIB:>7.1f} {bare}  {load()}"
+        f"{row.rss_bytes / MIB:>7.1f} {bare} {row.redis_us:>11.0f} {row.redis_kib:>6.1f}  "
+        f"{load()}"
     )
 
 

@@ -25,25 +25,35 @@ from workers.app import app
 
 @dataclass(frozen=True)
 class Sample:
-    """One run: wall seconds, Redis commands, worker CPU seconds, peak extra worker RSS."""
+    """One run: wall seconds, Redis commands, worker CPU seconds, peak extra worker RSS,
+    Redis CPU seconds, and the Redis memory the run left behind (what its TTLs keep)."""
 
     seconds: float
     commands: int
     cpu_s: float
     rss_bytes: int
+    redis_cpu_s: float = 0.0
+    redis_bytes: int = 0
 
 
 def _measured(
     meter: Meter, pids: list[int], start_and_wait: Callable[[], tuple[float, float]]
 ) -> Sample:
     """Run `start_and_wait` (-> start, end clock) under the meters, until the queues drain."""
-    before = meter.total()
+    before, redis_cpu, redis_bytes = meter.total(), meter.redis_cpu_s(), meter.redis_bytes()
     meter.polls = 0
     with Usage(pids) as usage:
         start, end = start_and_wait()
         quiesce(meter.client)
     commands = meter.total() - before - meter.polls
-    return Sample(end - start, commands, usage.cpu_s, usage.rss_peak - usage.rss_start)
+    return Sample(
+        end - start,
+        commands,
+        usage.cpu_s,
+        usage.rss_peak - usage.rss_start,
+        meter.redis_cpu_s() - redis_cpu,
+        meter.redis_bytes() - redis_bytes,
+    )
 
 
 def fleet_run(fleet: Fleet, meter: Meter, pids: list[int], task: str, model: str) -> Sample:

@@ -7,19 +7,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Fleet", "LocalFleet"]
+__all__ = ["Fleet", "InProcessFleet"]
 
 if TYPE_CHECKING:
-    from fleet.api import LocalFleet
     from fleet.client import Fleet
+    from fleet.inprocess import InProcessFleet
 
 
 def __getattr__(name: str) -> Any:
     # Lazy so `import fleet` stays cheap and `fleet.models` does not pull in httpx.
-    if name == "LocalFleet":
-        from fleet.api import LocalFleet
+    if name == "InProcessFleet":
+        from fleet.inprocess import InProcessFleet
 
-        return LocalFleet
+        return InProcessFleet
     if name == "Fleet":
         from fleet.client import Fleet
 

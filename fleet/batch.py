@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleet.api import TaskSpec, create_root
 from fleet.budget import Budget, budget_state
 from fleet.errors import TraceNotFound
 from fleet.human import waiting_on
 from fleet.models import TERMINAL, Event, Trace
+from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime
 from fleet.store import TraceStore
 from fleet.trees import Priority

@@ -10,20 +10,24 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleet import human
-from fleet.api import TaskSpec, create_root
 from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.batch_file import check_entries, entries_from
 from fleet.budget import Budget
 from fleet.conversation import continue_trace, stamp, turn_of
-from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError, FleetError
 from fleet.human import waiting_traces
+from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
 from fleet.models import Event, Mode, Trace
+from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.store import TraceStore
 from fleet.trees import Priority
+from fleet.watchdog import QueueWatch
+
+OUTAGE_RETRY_S = 1.0
+"""How often `Fleet.events` tries again while Redis cannot be reached."""
 
 
 class Backend(Protocol):
@@ -37,6 +41,13 @@ class Backend(Protocol):
         """Drop queued tasks stamped with these values (`fleet.conversation.stamp`).
 
         Best effort; the stop flag is the guarantee.
+        """
+        ...
+
+    def queue(self, mode: Mode) -> str | None:
+        """The queue traces of this mode run on (what workers announce they consume).
+
+        None when the backend runs traces without a queue (threads in this process).
         """
         ...
 
@@ -198,21 +209,36 @@ class Fleet:
     def events(
         self, trace_id: str, timeout_s: float | None = None, *, turn: int = 0
     ) -> Iterator[Event]:
-        """Events of the trace's tree until it finishes (or `TimeoutError`).
+        """Events of the trace's tree until it finishes.
 
         With `turn`, the events of that run of a continued root: earlier runs (and their
         `finish`) are skipped up to the event that started it.
+
+        Raises:
+            TimeoutError: `timeout_s` passed first.
+            NoLiveWorkers: no live worker consumed a queue the trace needs for
+                `Settings.no_worker_timeout_s`; the trace is left as it is.
         """
         root = self.store.get_trace(trace_id).root_trace_id
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        watch = QueueWatch(
+            self.store, trace_id, self.backend.queue, self.runtime.settings.no_worker_timeout_s
+        )
         cursor = "0"
         skipping = turn > 0
         while True:
-            # Ended already: its last events (its own `finish` included) are still to be read.
-            finished = self.store.get_trace(trace_id).is_terminal
-            if not finished and deadline is not None and time.monotonic() > deadline:
+            late = deadline is not None and time.monotonic() > deadline
+            try:
+                finished, batch = self._poll(trace_id, root, cursor, watch)
+            except Exception as exc:  # Redis away (a restart, the network): wait for it
+                if not self.store.unavailable(exc):
+                    raise
+                if late:
+                    raise TimeoutError(f"trace {trace_id!r}: Redis unreachable") from None
+                time.sleep(OUTAGE_RETRY_S)
+                continue
+            if not finished and late:
                 raise TimeoutError(f"trace {trace_id!r} still running after {timeout_s} s")
-            batch = self.store.read_events(root, cursor, block_ms=1000)
             for entry_id, event in batch:
                 cursor = entry_id
                 if skipping:
@@ -223,6 +249,19 @@ class Fleet:
                     return
             if finished and not batch:
                 return  # its `finish` fell off the capped stream
+
+    def _poll(
+        self, trace_id: str, root: str, cursor: str, watch: QueueWatch
+    ) -> tuple[bool, list[tuple[str, Event]]]:
+        """Whether the trace ended, and the events after `cursor` (waiting up to 1 s).
+
+        Ended already: its last events (its `finish` included) are still to be read.
+        """
+        finished = self.store.get_trace(trace_id).is_terminal
+        batch = self.store.read_events(root, cursor, block_ms=1000)
+        if not finished:
+            watch.check()
+        return finished, batch
 
     def wait(self, trace_id: str, timeout_s: float | None = None, *, turn: int = 0) -> Trace:
         """Block until the trace ends, reading its event stream (of run `turn`)."""

@@ -65,3 +65,11 @@ class ContextOverflow(FleetError):
 
 class BudgetExceeded(FleetError):
     """A tree's budget (tokens, usd, sub-agents, depth or wall time) is spent."""
+
+
+class LeaseLost(FleetError):
+    """A runner's write was refused: its lease lapsed and another runner may own the trace."""
+
+
+class NoLiveWorkers(FleetError):
+    """No live worker has consumed a queue a trace waits on for too long (it is left as is)."""

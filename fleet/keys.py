@@ -16,6 +16,9 @@ PREFIX = "fleet"
 TRACE_TTL_S = 7 * 24 * 3600
 """How long a finished trace and everything under it stays readable."""
 
+LEASE_TTL_MS = 5_000
+"""A runner's lease (default of `Settings.lease_ttl_ms`); the worker's one heartbeat thread
+(`fleet.leases.LeaseKeeper`) renews every lease it holds every LEASE_TTL_MS / 5."""
 
 STOP_TTL_S = TRACE_TTL_S
 EVENTS_MAXLEN = 10_000
@@ -67,6 +70,19 @@ def lease(trace_id: str) -> str:
     return f"{PREFIX}:lease:{check_trace_id(trace_id)}"
 
 
+def worker(node: str) -> str:
+    """String with PX TTL (the lease TTL): a live worker's presence, JSON `WorkerPresence`."""
+    return f"{PREFIX}:worker:{node}"
+
+
+def consumers(queue: str) -> str:
+    """Sorted set: node names of the workers consuming `queue`, scored by presence deadline.
+
+    In ms; entries dead for a minute are trimmed by every heartbeat.
+    """
+    return f"{PREFIX}:consumers:{queue}"
+
+
 def collected(trace_id: str, tool_call_id: str) -> str:
     """String: set once when a tool call's children were collected (dedupes redelivery)."""
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collected:{tool_call_id}"
@@ -95,6 +111,11 @@ COUNTERS = f"{PREFIX}:counters"
 """Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
 CounterName = Literal["lease_expiries", "resumes"]
 """The fields of `COUNTERS`: runs re-enqueued after their lease expired, parents resumed."""
+
+OUTBOX = f"{PREFIX}:outbox"
+"""Sorted set, no TTL: work to hand to the queue (`fleet.outbox` entries: a spawn whose
+children are created but not yet dispatched, a recovered run not yet re-sent), scored by
+when a sweeper may do it (ms)."""
 
 
 # -- provider limits and tree budgets (fleet.limits, fleet.budget) -----------

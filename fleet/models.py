@@ -153,3 +153,14 @@ class Event(_Model):
     status: str | None = None
     data: dict[str, Any] = Field(default_factory=dict)
     at_ms: int = Field(default_factory=now_ms)
+
+
+class WorkerPresence(_Model):
+    """A live worker as its heartbeat announces it (`fleet:worker:{node}`)."""
+
+    node: str
+    """The Celery node name (`name@host`)."""
+    queues: list[str]
+    host: str = ""
+    pid: int = 0
+    started_at_ms: int = Field(default_factory=now_ms)

@@ -135,6 +135,72 @@ redis.call('ZREM', KEYS[2], ARGV[2])
 return 1
 """
 
+# KEYS: running index, then one lease per held trace. ARGV: ttl_ms, deadline_ms, then an
+# owner and a trace id per lease. Returns 1 per lease still ours (renewed), else 0.
+RENEW_LEASES = """
+local renewed = {}
+for i = 2, #KEYS do
+  local owner, trace = ARGV[2 * i - 1], ARGV[2 * i]
+  if redis.call('GET', KEYS[i]) == owner then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    redis.call('ZADD', KEYS[1], ARGV[2], trace)
+    renewed[i - 1] = 1
+  else
+    renewed[i - 1] = 0
+  end
+end
+return renewed
+"""
+
+# KEYS: stats. ARGV: ttl_s, then name, kind (i: HINCRBY, f: HINCRBYFLOAT), delta triples.
+ADD_STATS = """
+for i = 2, #ARGV, 3 do
+  if ARGV[i + 1] == 'f' then
+    redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 2])
+  else
+    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 2])
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+"""
+
+# KEYS: events. ARGV: ttl_s, maxlen, event JSON. Returns the entry id.
+EMIT = """
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return id
+"""
+
+# KEYS: a sorted set scored by due time (ms). ARGV: now_ms, next due ms, limit.
+# Members due by now are pushed back to the next due time and returned: each to one caller,
+# and one that caller fails to finish comes due again.
+CLAIM_DUE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
+return due
+"""
+
+# Prepended to a write script for a runner's fenced store: KEYS[1] is the runner's lease and
+# ARGV[1] its owner token; both are taken off before the script proper runs. The lease check
+# and the write are one atomic step, so a runner whose lease lapsed (a frozen VM, a long GC)
+# cannot write into a trace another runner took over, not even in the instant after a check.
+FENCE = """
+local lease_key = table.remove(KEYS, 1)
+local lease_owner = table.remove(ARGV, 1)
+if redis.call('GET', lease_key) ~= lease_owner then
+  return redis.error_reply('FENCED the lease is not held by this runner')
+end
+"""
+
+FENCED_PREFIX = "FENCED"
+"""The start of the error a fenced script returns when the lease is not the caller's."""
+
+
+def fenced(script: str) -> str:
+    """The script behind the lease check of `FENCE`."""
+    return FENCE + script
+
+
 # A `TraceWrite` (fleet.writes) in one step: its ops in order, and the stop flag read at the
 # end, so the runner's next turn needs no read of its own. TTLs are refreshed (once per key)
 # by a write that sets fields (a status change, a finish) or creates the messages hash: a

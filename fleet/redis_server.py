@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -81,7 +82,10 @@ def find_redis_server() -> str:
 
 
 def start_redis_server(
-    port: int | None = None, data_dir: Path | None = None, appendonly: bool = False
+    port: int | None = None,
+    data_dir: Path | None = None,
+    appendonly: bool = False,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> RedisServer:
     """Start redis-server and return once it answers PING.
 
@@ -90,6 +94,7 @@ def start_redis_server(
         data_dir: Where the append-only file and the log go; None uses a temporary
             directory that `stop` removes.
         appendonly: Persist every write to an append-only file under `data_dir`.
+        preexec_fn: Run in the child before exec (e.g. to die with its parent).
 
     Raises:
         ConfigError: No redis-server binary, or it did not come up.
@@ -100,7 +105,7 @@ def start_redis_server(
     directory.mkdir(parents=True, exist_ok=True)
     for _ in range(_PORT_ATTEMPTS if port is None else 1):
         chosen = port if port is not None else free_port()
-        process = _spawn(executable, chosen, directory.resolve(), appendonly)
+        process = _spawn(executable, chosen, directory.resolve(), appendonly, preexec_fn)
         server = RedisServer(process, chosen, directory)
         if _wait_until_ready(server, STARTUP_TIMEOUT_S):
             server.owns_data_dir = owns_data_dir
@@ -116,7 +121,11 @@ def start_redis_server(
 
 
 def _spawn(
-    executable: str, port: int, directory: Path, appendonly: bool
+    executable: str,
+    port: int,
+    directory: Path,
+    appendonly: bool,
+    preexec_fn: Callable[[], None] | None,
 ) -> subprocess.Popen[bytes]:
     args = [executable, "--port", str(port), "--bind", HOST, "--save", ""]
     args += ["--appendonly", "yes" if appendonly else "no", "--dir", str(directory)]
@@ -130,6 +139,7 @@ def _spawn(
             cwd=directory,
             # Its own session: a terminal's Ctrl-C must reach `fleet up`, which stops Redis last.
             start_new_session=True,
+            preexec_fn=preexec_fn,
         )
 
 

@@ -8,6 +8,7 @@ must decode responses (`decode_responses=True`); `RedisStore.from_url` builds on
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -18,9 +19,9 @@ from urllib.parse import urlsplit
 import redis
 
 from fleet import keys, redis_scripts, redis_writes
-from fleet.errors import ConfigError, TraceExists, TraceNotFound
+from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
-from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
+from fleet.models import Collaborator, Event, Message, Trace, TraceStats, WorkerPresence, now_ms
 from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
 from fleet.writes import TraceWrite, WriteResult
 
@@ -35,6 +36,8 @@ BLOCK_MARGIN_MS = 1_000
 """How far below the socket timeout a blocking XREAD must return."""
 
 _FLOAT_STATS = frozenset({"cost_usd"})
+CONSUMER_TRIM_MS = 60_000
+"""A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
 log = logging.getLogger(__name__)
 
@@ -83,13 +86,19 @@ class RedisStore:
         self._owns_client = owns_client
         timeout_s = kwargs.get("socket_timeout")
         self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
-        self._create = client.register_script(redis_scripts.CREATE_TRACE)
-        self._update = client.register_script(redis_scripts.UPDATE_TRACE)
-        self._append = client.register_script(redis_scripts.APPEND_MESSAGE)
-        self._append_once = client.register_script(redis_scripts.APPEND_ONCE)
-        self._record = client.register_script(redis_scripts.RECORD_TURN)
-        self._put_collaborator = client.register_script(redis_scripts.PUT_COLLABORATOR)
-        self._apply = client.register_script(redis_scripts.APPLY)
+        self._fence: tuple[str, str, str] | None = None
+        """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
+        self._create = _Script(client, redis_scripts.CREATE_TRACE)
+        self._update = _Script(client, redis_scripts.UPDATE_TRACE)
+        self._append = _Script(client, redis_scripts.APPEND_MESSAGE)
+        self._append_once = _Script(client, redis_scripts.APPEND_ONCE)
+        self._record = _Script(client, redis_scripts.RECORD_TURN)
+        self._put_collaborator = _Script(client, redis_scripts.PUT_COLLABORATOR)
+        self._apply = _Script(client, redis_scripts.APPLY)
+        self._add_stats = _Script(client, redis_scripts.ADD_STATS)
+        self._emit = _Script(client, redis_scripts.EMIT)
+        self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)
+        self._claim_due = client.register_script(redis_scripts.CLAIM_DUE)
         self._begin = client.register_script(redis_scripts.BEGIN_RUN)
         self._acquire = client.register_script(redis_scripts.ACQUIRE_LEASE)
         self._renew = client.register_script(redis_scripts.RENEW_LEASE)
@@ -116,6 +125,28 @@ class RedisStore:
                 reason = reason.replace(password, "***")
             raise ConfigError(f"cannot reach Redis at {redact_url(self._url)!r}: {reason}") from exc
 
+    def fenced(self, trace_id: str, owner: str) -> RedisStore:
+        """A view sharing this client whose write scripts first check `owner`'s lease."""
+        view = copy.copy(self)
+        view._owns_client = False
+        view._fence = (trace_id, keys.lease(trace_id), owner)
+        return view
+
+    def _script(
+        self, script: _Script, script_keys: list[str], args: Sequence[Any], client: Any = None
+    ) -> Any:
+        """Run a write script, behind the lease check when this is a fenced view."""
+        if self._fence is None:
+            return script.plain(keys=script_keys, args=args, client=client)
+        trace_id, lease_key, owner = self._fence
+        fenced_keys, fenced_args = [lease_key, *script_keys], [owner, *args]
+        if client is not None:  # a pipeline: its reply is checked by `_unfenced`
+            return script.fenced(keys=fenced_keys, args=fenced_args, client=client)
+        try:
+            return script.fenced(keys=fenced_keys, args=fenced_args)
+        except redis.ResponseError as exc:
+            raise _lease_lost(trace_id, exc) from None
+
     def close(self) -> None:
         """Close the client if this store created it."""
         if self._owns_client:
@@ -136,15 +167,16 @@ class RedisStore:
 
     def create_trace(self, trace: Trace) -> None:
         script_keys, args = _create_call(trace)
-        if not self._create(keys=script_keys, args=args):
+        if not self._script(self._create, script_keys, args):
             raise TraceExists(f"trace {trace.trace_id!r} already exists")
 
     def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
         pipe = self._client.pipeline(transaction=False)
         for trace in traces:
             script_keys, args = _create_call(trace)
-            self._create(keys=script_keys, args=args, client=pipe)
-        return [bool(created) for created in pipe.execute()]
+            self._script(self._create, script_keys, args, client=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        return [bool(_unfenced(self._fence, created)) for created in replies]
 
     def get_trace(self, trace_id: str) -> Trace:
         trace = self._get_traces([trace_id])[0]
@@ -179,7 +211,7 @@ class RedisStore:
         if emit is not None:
             script_keys.append(keys.events(emit[0]))
             args[2] = emit[1].model_dump_json()
-        if not self._update(keys=script_keys, args=[*args, *_encode(patch)]):
+        if not self._script(self._update, script_keys, [*args, *_encode(patch)]):
             raise TraceNotFound(f"no trace {trace_id!r}")
 
     def snapshot(self, trace_id: str) -> TraceSnapshot:
@@ -211,7 +243,7 @@ class RedisStore:
 
     def apply(self, write: TraceWrite) -> WriteResult:
         script_keys, args = redis_writes.apply_call(write)
-        result = redis_writes.apply_result(write, self._apply(keys=script_keys, args=args))
+        result = redis_writes.apply_result(write, self._script(self._apply, script_keys, args))
         if result is None:
             raise TraceNotFound(f"no trace {write.trace_id!r}")
         return result
@@ -253,7 +285,7 @@ class RedisStore:
             script_keys.append(keys.USAGE)
             args += [message.model, message.prompt_tokens, message.completion_tokens]
             args.append(message.cost_usd)
-        return _stored(message, self._append(keys=script_keys, args=args))
+        return _stored(message, self._script(self._append, script_keys, args))
 
     def record_turn(
         self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
@@ -269,7 +301,7 @@ class RedisStore:
         if message.model:  # a model turn: its usage also counts fleet-wide (`fleet metrics`)
             script_keys.append(keys.USAGE)
             args.append(message.model)
-        return _stored(message, self._record(keys=script_keys, args=args))
+        return _stored(message, self._script(self._record, script_keys, args))
 
     def messages(self, trace_id: str) -> list[Message]:
         return _decode_messages(self._client.hgetall(keys.messages(trace_id)))
@@ -281,22 +313,19 @@ class RedisStore:
         for name in deltas:
             if name not in STATS_FIELDS:
                 raise ValueError(f"unknown stats field {name!r}")
-        key = keys.stats(trace_id)
-        pipe = self._client.pipeline()  # MULTI: all deltas land together
+        args: list[str | float] = [keys.TRACE_TTL_S]
         for name, delta in deltas.items():
-            if name in _FLOAT_STATS:
-                pipe.hincrbyfloat(key, name, delta)
-            else:
-                pipe.hincrby(key, name, _whole(name, delta))
-        pipe.expire(key, keys.TRACE_TTL_S)
-        pipe.execute()
+            float_stat = name in _FLOAT_STATS
+            args += [name, "f" if float_stat else "i", delta if float_stat else _whole(name, delta)]
+        self._script(self._add_stats, [keys.stats(trace_id)], args)  # all deltas land together
 
     # -- collaborators and events --------------------------------------------
 
     def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
-        self._put_collaborator(
-            keys=[keys.collaborators(parent_trace_id), keys.collaborator_order(parent_trace_id)],
-            args=[keys.TRACE_TTL_S, collaborator.trace_id, collaborator.model_dump_json()],
+        self._script(
+            self._put_collaborator,
+            [keys.collaborators(parent_trace_id), keys.collaborator_order(parent_trace_id)],
+            [keys.TRACE_TTL_S, collaborator.trace_id, collaborator.model_dump_json()],
         )
 
     def put_collaborator_and_emit(
@@ -309,7 +338,7 @@ class RedisStore:
         ]
         args: list[str | int] = [keys.TRACE_TTL_S, collaborator.trace_id]
         args += [collaborator.model_dump_json(), keys.EVENTS_MAXLEN, event.model_dump_json()]
-        self._put_collaborator(keys=script_keys, args=args)
+        self._script(self._put_collaborator, script_keys, args)
 
     def collaborators(self, parent_trace_id: str) -> list[Collaborator]:
         pipe = self._client.pipeline()
@@ -319,12 +348,8 @@ class RedisStore:
         return [Collaborator.model_validate_json(entries[c]) for c in order if c in entries]
 
     def emit(self, root_trace_id: str, event: Event) -> str:
-        key = keys.events(root_trace_id)
-        pipe = self._client.pipeline(transaction=False)
-        pipe.xadd(key, {"e": event.model_dump_json()}, maxlen=keys.EVENTS_MAXLEN, approximate=True)
-        pipe.expire(key, keys.TRACE_TTL_S)
-        entry_id, _ = pipe.execute()
-        return str(entry_id)
+        args = [keys.TRACE_TTL_S, keys.EVENTS_MAXLEN, event.model_dump_json()]
+        return str(self._script(self._emit, [keys.events(root_trace_id)], args))
 
     def read_events(
         self, root_trace_id: str, after: str = "0", *, block_ms: int | None = None, count: int = 500
@@ -372,6 +397,54 @@ class RedisStore:
     def forget_running(self, trace_id: str) -> bool:
         return self._client.zrem(keys.RUNNING, trace_id) == 1
 
+    def unavailable(self, exc: BaseException) -> bool:
+        # BusyLoadingError (a restarted Redis reading its file) is a ConnectionError too.
+        return isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+
+    def lease_holder(self, trace_id: str) -> str | None:
+        holder = self._client.get(keys.lease(trace_id))
+        return None if holder is None else str(holder)
+
+    # -- worker heartbeat, presence, outbox -----------------------------------
+
+    def beat(
+        self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
+    ) -> list[bool]:
+        now = now_ms()
+        pipe = self._client.pipeline(transaction=False)
+        if leases:
+            lease_keys = [keys.lease(trace_id) for trace_id, _ in leases]
+            args: list[str | int] = [ttl_ms, now + ttl_ms]
+            args += [item for trace_id, owner in leases for item in (owner, trace_id)]
+            self._renew_all(keys=[keys.RUNNING, *lease_keys], args=args, client=pipe)
+        if presence is not None:
+            pipe.set(keys.worker(presence.node), presence.model_dump_json(), px=ttl_ms)
+            for queue in presence.queues:
+                pipe.zadd(keys.consumers(queue), {presence.node: now + ttl_ms})
+                pipe.zremrangebyscore(keys.consumers(queue), "-inf", now - CONSUMER_TRIM_MS)
+        replies = pipe.execute()
+        return [bool(r) for r in replies[0]] if leases else []
+
+    def drop_presence(self, presence: WorkerPresence) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.delete(keys.worker(presence.node))
+        for queue in presence.queues:
+            pipe.zrem(keys.consumers(queue), presence.node)
+        pipe.execute()
+
+    def live_consumers(self, queue: str) -> list[str]:
+        return [str(n) for n in self._client.zrangebyscore(keys.consumers(queue), now_ms(), "+inf")]
+
+    def outbox_put(self, entry: str, due_ms: int) -> None:
+        self._client.zadd(keys.OUTBOX, {entry: due_ms})
+
+    def outbox_done(self, entry: str) -> None:
+        self._client.zrem(keys.OUTBOX, entry)
+
+    def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
+        due = self._claim_due(keys=[keys.OUTBOX], args=[at_ms, at_ms + retry_ms, limit])
+        return [str(m) for m in due]
+
     def append_collected(self, message: Message) -> Message | None:
         if message.tool_call_id is None:
             raise ValueError("append_collected needs a tool result (tool_call_id)")
@@ -380,7 +453,7 @@ class RedisStore:
             *_own_keys(message.trace_id),
             keys.collected(message.trace_id, message.tool_call_id),
         ]
-        reply = self._append_once(keys=script_keys, args=[keys.TRACE_TTL_S, body])
+        reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
         return None if reply == 0 else _stored(message, reply)
 
     def cache_get(self, key: str) -> str | None:
@@ -456,3 +529,25 @@ def _stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
         (entries,) = reply.values()
         return list(entries[0]) if entries and isinstance(entries[0], list) else list(entries)
     return list(reply[0][1])
+
+
+class _Script:
+    """A write script registered twice: as it is, and behind the lease check (`fenced`)."""
+
+    def __init__(self, client: redis.Redis, source: str) -> None:
+        self.plain = client.register_script(source)
+        self.fenced = client.register_script(redis_scripts.fenced(source))
+
+
+def _lease_lost(trace_id: str, exc: redis.ResponseError) -> Exception:
+    """`LeaseLost` for a fenced script's refusal; any other script error as it is."""
+    if str(exc).startswith(redis_scripts.FENCED_PREFIX):
+        return LeaseLost(f"the lease of {trace_id!r} is no longer held by this runner")
+    return exc
+
+
+def _unfenced(fence: tuple[str, str, str] | None, reply: Any) -> Any:
+    """A pipelined script's reply, raising what `_script` would have raised."""
+    if isinstance(reply, redis.ResponseError):
+        raise _lease_lost(fence[0] if fence else "", reply)
+    return reply

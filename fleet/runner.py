@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -12,7 +14,7 @@ from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
 from fleet.context import first_messages, injection
-from fleet.errors import FleetError, ProviderOverloaded
+from fleet.errors import FleetError, LeaseLost, ProviderOverloaded, TransientLLMError
 from fleet.gate import FINAL_NOTE, Go, Spent, Wait, last_answer, request_chars
 from fleet.history import (
     SUB_AGENT_TOOLS,
@@ -24,6 +26,7 @@ from fleet.history import (
     to_wire,
 )
 from fleet.human import ASK_HUMAN, still_waiting
+from fleet.leases import HeldLease
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
@@ -34,13 +37,27 @@ from fleet.writes import TraceWrite, WriteResult
 
 log = logging.getLogger(__name__)
 
+_HOST = socket.gethostname()
+TRANSIENT_RETRIES_KEY = "transient_retries"
+"""Trace metadata: how often a provider error handed the run back to be run later."""
+FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
+
 Outcome = Literal[
-    "completed", "failed", "stopped", "waiting", "busy", "lost", "yielded", "throttled"
+    "completed",
+    "failed",
+    "stopped",
+    "waiting",
+    "busy",
+    "lost",
+    "yielded",
+    "throttled",
+    "interrupted",
 ]
 """`busy`: another runner holds the trace. `lost`: our lease was taken over.
 `yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
 `throttled`: a provider limit said "not now"; the trace is queued again, to be run in
-`RunResult.retry_in_s`."""
+`RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
+was left to lapse, and a sweeper resumes the trace once the store is back."""
 
 
 @dataclass(frozen=True)
@@ -51,37 +68,6 @@ class RunResult:
     outcome: Outcome
     retry_in_s: float = 0.0
     """For `throttled`: when the trace may ask again (its booked turn, or a pause's end)."""
-
-
-class Heartbeat:
-    """Renews the runner's lease in the background; `lost` is set if renewal fails."""
-
-    def __init__(self, runtime: Runtime, trace_id: str, owner: str) -> None:
-        """Prepare; `start` begins renewing every quarter of the lease TTL."""
-        self._store = runtime.store
-        self._ttl_ms = runtime.settings.lease_ttl_ms
-        self._trace_id = trace_id
-        self._owner = owner
-        self._done = threading.Event()
-        self.lost = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease:{trace_id}", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._done.wait(self._ttl_ms / 4000):
-            try:
-                if not self._store.renew_lease(self._trace_id, self._owner, self._ttl_ms):
-                    self.lost.set()
-                    return
-            except Exception:  # a blip in Redis must not kill the run; the next beat retries
-                log.warning("lease renewal of %r failed", self._trace_id, exc_info=True)
 
 
 class Runner:
@@ -106,16 +92,21 @@ class Runner:
 
     def run(self, trace_id: str) -> RunResult:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
-        owner = uuid.uuid4().hex
+        owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
             snapshot = self.store.begin_run(trace_id, owner, self.runtime.settings.lease_ttl_ms)
             if snapshot is None:
                 return RunResult(trace_id, "busy")
-            held = _Held(owner, Heartbeat(self.runtime, trace_id, owner))
-            try:
-                with held.heartbeat:
-                    outcome = self._drive(snapshot, held)
-            finally:
+            with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
+                held = _Held(owner, lease)
+                try:
+                    outcome = self._fenced(snapshot, held)
+                except Exception as exc:
+                    # Unreachable store: keep the lease (and the running index entry) so
+                    # that it lapses and a sweeper resumes the trace once the store is back.
+                    if not held.released and not self.store.unavailable(exc):
+                        self.store.release_lease(trace_id, owner)
+                    raise
                 if not held.released:
                     self.store.release_lease(trace_id, owner)
             if isinstance(outcome, Wait):
@@ -123,6 +114,21 @@ class Runner:
             # A collect that finished while we held the lease could not resume us: look again.
             if outcome != "waiting" or not lifecycle.turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
+
+    def _fenced(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
+        """Drive the trace writing only through a store fenced by our lease.
+
+        Every write checks the lease inside its Lua script, so a runner that comes back
+        from a freeze after its lease was taken over writes nothing (`LeaseLost`): `lost`.
+        """
+        trace_id = snapshot.trace.trace_id
+        fenced = Runner(self.runtime.fenced(trace_id, held.owner), should_yield=self.should_yield)
+        try:
+            return fenced._drive(snapshot, held)
+        except LeaseLost:
+            log.warning("run of %r stopped: its lease was taken over", trace_id)
+            held.released = True  # not ours to release any more
+            return "lost"
 
     def _drive(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
         if snapshot.trace.is_terminal:
@@ -159,11 +165,16 @@ class Runner:
         held.started_ms = now_ms()
         try:
             return self._loop(trace.trace_id, held, following)
-        except FleetError as exc:  # TransientLLMError too: the client already retried it
+        except LeaseLost:
+            raise
+        except TransientLLMError as exc:  # the client retried it: the task may, later
+            return self._retry_later(trace.trace_id, exc)
+        except FleetError as exc:
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         finally:
             if not held.released:  # a finish in one step wrote its duration already
-                self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
+                with contextlib.suppress(LeaseLost):
+                    self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
 
     def _prepare(self, trace: Trace, messages: list[Message]) -> bool:
         """Heal a resumed trace's open turn; False while its children still run."""
@@ -243,7 +254,7 @@ class Runner:
             return None  # another write changed the trace (a goal): read it
         return _advanced(TraceSnapshot(turn.trace, turn.messages, False), tools.written)
 
-    def _between_turns(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> Outcome | None:
+    def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
         trace = snapshot.trace
         max_iterations = self.runtime.preset(trace.preset).max_iterations
@@ -258,6 +269,24 @@ class Runner:
             error = f"stopped after max_iterations={max_iterations}"
             return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
         return None
+
+    def _retry_later(self, trace_id: str, exc: TransientLLMError) -> Outcome | Wait:
+        """A provider error the client's retries did not fix: queued again to run later.
+
+        At most `Settings.transient_retries` times per trace (counted in its metadata,
+        so a worker restart does not reset it); then the trace fails with the error.
+        """
+        trace = self.store.get_trace(trace_id)
+        tries = int(trace.metadata.get(TRANSIENT_RETRIES_KEY, 0))
+        if tries >= self.runtime.settings.transient_retries:
+            error = f"{exc} (gave up after {tries} re-runs)"
+            return self.finish(trace_id, "failed", error=error, reason="error")
+        metadata = {**trace.metadata, TRANSIENT_RETRIES_KEY: tries + 1}
+        self.store.update_trace(trace_id, metadata=metadata)
+        lifecycle.requeue(self.runtime, trace)
+        delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
+        log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
+        return Wait(delay_s, "provider error")
 
     def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
         """No model call this time; what happens instead.
@@ -278,7 +307,7 @@ class Runner:
             case _:
                 assert_never(why)
 
-    def _turn(self, snapshot: TraceSnapshot, heartbeat: Heartbeat) -> _Turn | Wait | Spent | None:
+    def _turn(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> _Turn | Wait | Spent | None:
         """One model call and what to do about it; the turn is not written yet.
 
         None when the lease was lost during the model call: another runner may own the
@@ -415,7 +444,7 @@ class _Held:
     """A run's hold on its trace."""
 
     owner: str
-    heartbeat: Heartbeat
+    heartbeat: HeldLease
     started_ms: int = 0
     released: bool = False
     """The lease was given up (with the duration written) in the run's last write."""
@@ -471,6 +500,9 @@ def run_safely(runner: Runner, trace_id: str) -> RunResult:
     try:
         return runner.run(trace_id)
     except Exception as exc:  # the envelope *is* the error handling for branches
+        if runner.store.unavailable(exc):
+            log.warning("run of %r interrupted, the store is unreachable: %s", trace_id, exc)
+            return RunResult(trace_id, "interrupted")
         log.exception("run of %r crashed", trace_id)
         error = f"{type(exc).__name__}: {exc}"
         lifecycle.fail(runner.runtime, trace_id, error=error, reason="crash")

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from fleet.gate import Gate
 from fleet.hooks import NO_HOOKS, Hooks
+from fleet.leases import LeaseKeeper
 from fleet.llm.base import LLMClient
 from fleet.llm.config import (
     FleetConfig,
@@ -50,7 +51,7 @@ class SpawnRequest:
 class Dispatcher(Protocol):
     """Runs the children of one tool call and, when they are done, has them settled.
 
-    Implementations: `fleet.dispatch.InProcessDispatcher` (threads in this process) and
+    Implementations: `fleet.inprocess.InProcessDispatcher` (threads in this process) and
     `workers.dispatch.CeleryDispatcher` (a chord whose body settles the call).
     """
 
@@ -89,6 +90,8 @@ class Runtime:
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
+    leases: LeaseKeeper | None = None
+    """The process's one heartbeat; `build` makes it (it starts with the first lease)."""
     redactor: Redactor = SHAPES_ONLY
     """Masks this process's secrets in everything a run writes (see fleet.redact)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -118,8 +121,19 @@ class Runtime:
             trees=_trees(store),
             hooks=hooks,
             clients=dict(clients or {}),
+            leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=Redactor.from_env(settings.env),
         )
+
+    def fenced(self, trace_id: str, owner: str) -> Runtime:
+        """A copy whose store writes only while `owner` holds the lease of `trace_id`."""
+        return replace(self, store=self.store.fenced(trace_id, owner))
+
+    def lease_keeper(self) -> LeaseKeeper:
+        """The heartbeat that renews this process's leases."""
+        if self.leases is None:
+            raise RuntimeError("Runtime built without a LeaseKeeper: use Runtime.build")
+        return self.leases
 
     def preset(self, name: str) -> AgentPreset:
         """The preset, or `ConfigError` listing the known ones."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fleet import trust
+from fleet import keys, trust
 from fleet.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -36,6 +36,8 @@ ENV_NAMES = (
     "FLEET_CONFIG",
     "FLEET_MODEL",
     "FLEET_LEASE_TTL_MS",
+    "FLEET_NO_WORKER_TIMEOUT_S",
+    "FLEET_TRANSIENT_RETRIES",
     trust.WORKSPACE_ROOTS_ENV,
     trust.ALLOW_SCRIPTED_ENV,
     trust.API_KEY_ENVS_ENV,
@@ -70,7 +72,14 @@ class Settings:
     inject_every_turns: int = 10
     """Every this many turns the plan and active collaborators are re-injected."""
     doom_loop_repeats: int = 3
-    lease_ttl_ms: int = 20_000
+    lease_ttl_ms: int = keys.LEASE_TTL_MS
+    """FLEET_LEASE_TTL_MS: a runner whose heartbeat stops is presumed dead this long after."""
+    transient_retries: int = 3
+    """FLEET_TRANSIENT_RETRIES: how often a run whose model call failed after the client's
+    own retries (5xx, 429, timeouts) is handed back and run again later, before it fails."""
+    no_worker_timeout_s: float = 30.0
+    """FLEET_NO_WORKER_TIMEOUT_S: `fleet run`/`Fleet.wait` give up (exit 2, trace left
+    resumable) when no live worker has consumed the queue the trace waits on for this long."""
     summary_chars: int = 400
     """How much of a child's answer goes into its collaborator summary."""
     workspace_roots: tuple[Path, ...] = ()
@@ -96,8 +105,8 @@ class Settings:
     otel_capture_content: bool = False
     """OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true: spans carry prompts,
     completions and tool arguments/results (off by default: they may be sensitive)."""
-    sweep_interval_s: float = 10.0
-    """FLEET_SWEEP_INTERVAL_S: how often each worker looks for runs whose lease expired."""
+    sweep_interval_s: float = 1.0
+    """FLEET_SWEEP_INTERVAL_S: how often each worker looks for lapsed leases and lost spawns."""
     probe_dir: Path = Path("/tmp")
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
@@ -123,7 +132,9 @@ class Settings:
             skills_dir=_path(env.get("FLEET_SKILLS_DIR")),
             config_path=_path(env.get("FLEET_CONFIG")),
             model=env.get("FLEET_MODEL") or None,
-            lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", "20000")),
+            lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS)),
+            no_worker_timeout_s=_positive(env, "FLEET_NO_WORKER_TIMEOUT_S", 30.0),
+            transient_retries=int(env.get("FLEET_TRANSIENT_RETRIES") or 3),
             # Default: where this process started, and the operator's FLEET_WORKSPACE.
             workspace_roots=trust.parse_roots(
                 env.get(trust.WORKSPACE_ROOTS_ENV), (Path.cwd(), workspace)
@@ -137,7 +148,7 @@ class Settings:
             human_timeout_s=int(_positive(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600)),
             otel_tracing=_otel_tracing(env),
             otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
-            sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 10.0),
+            sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 1.0),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             env=env,

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fleet.errors import TraceExists, TraceNotFound
+from fleet.errors import LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
-from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
+from fleet.models import Collaborator, Event, Message, Trace, TraceStats, WorkerPresence, now_ms
 from fleet.writes import TraceWrite, WriteResult, apply_one_by_one
 
 STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
@@ -174,6 +175,58 @@ class TraceStore(Protocol):
         """Traces indexed as running whose lease deadline passed before `at_ms`."""
         ...
 
+    def lease_holder(self, trace_id: str) -> str | None:
+        """The owner of the trace's live lease, if any."""
+        ...
+
+    def unavailable(self, exc: BaseException) -> bool:
+        """Whether `exc` means the store could not be reached just now (not a bug).
+
+        A run interrupted so keeps its lease until it lapses, and a sweeper resumes it.
+        """
+        ...
+
+    def fenced(self, trace_id: str, owner: str) -> TraceStore:
+        """A view of the store whose writes first check that `owner` holds the lease.
+
+        The check and the write are one atomic step; a write whose lease is not `owner`'s
+        raises `LeaseLost` and changes nothing. Reads are as usual.
+        """
+        ...
+
+    def beat(
+        self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
+    ) -> list[bool]:
+        """One heartbeat of a worker process, in one round trip.
+
+        Renews every `(trace_id, owner)` lease it holds and announces `presence`.
+        Returns one bool per lease: still ours.
+        """
+        ...
+
+    def drop_presence(self, presence: WorkerPresence) -> None:
+        """The worker is going away: no longer count it as a consumer of its queues."""
+        ...
+
+    def live_consumers(self, queue: str) -> list[str]:
+        """Node names of the workers whose heartbeat says they consume `queue` now."""
+        ...
+
+    def outbox_put(self, entry: str, due_ms: int) -> None:
+        """Record work to hand to the queue (`fleet.outbox`), due at `due_ms` unless done."""
+        ...
+
+    def outbox_done(self, entry: str) -> None:
+        """The entry's work was handed to the queue."""
+        ...
+
+    def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
+        """Entries due by `at_ms`, each given to one caller.
+
+        An entry the caller does not mark done comes due again `retry_ms` later.
+        """
+        ...
+
     def forget_running(self, trace_id: str) -> bool:
         """Drop a trace from the running index; True for the one caller that removed it."""
         ...
@@ -217,9 +270,23 @@ class MemoryStore:
         self._cache: dict[str, tuple[str, int]] = {}
         self._human_waits: dict[str, int] = {}
         self._counters: dict[str, int] = defaultdict(int)
+        self._presence: dict[str, tuple[WorkerPresence, int]] = {}
+        self._outbox: dict[str, int] = {}
+        self._fence: tuple[str, str] | None = None
+        """(trace id, owner) in a `fenced` view: writes need that lease."""
+
+    def _check_fence(self) -> None:
+        """`LeaseLost` unless this view's runner holds its lease (call under the lock)."""
+        if self._fence is None:
+            return
+        trace_id, owner = self._fence
+        holder = self._leases.get(trace_id)
+        if holder is None or holder[0] != owner or holder[1] <= now_ms():
+            raise LeaseLost(f"the lease of {trace_id!r} is no longer held by this runner")
 
     def create_trace(self, trace: Trace) -> None:
         with self._lock:
+            self._check_fence()
             if trace.trace_id in self._traces:
                 raise TraceExists(f"trace {trace.trace_id!r} already exists")
             data = trace.model_dump(mode="json", exclude={"stats"})
@@ -258,6 +325,7 @@ class MemoryStore:
             {**self.get_trace(trace_id).model_dump(), **fields}
         ).model_dump(mode="json", include=set(fields))
         with self._lock:
+            self._check_fence()
             self._traces[trace_id].update(patch)
 
     def update_trace_and_emit(
@@ -285,7 +353,10 @@ class MemoryStore:
         with self._lock:
             if write.trace_id not in self._traces:
                 raise TraceNotFound(f"no trace {write.trace_id!r}")
-            return apply_one_by_one(self, write)
+            self._check_fence()  # once for the whole write, as the Redis script does: a
+            plain = copy.copy(self)  # write may release the lease before its last op
+            plain._fence = None
+            return apply_one_by_one(plain, write)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:
@@ -298,6 +369,7 @@ class MemoryStore:
 
     def append_message(self, message: Message) -> Message:
         with self._lock:
+            self._check_fence()
             data = self._traces.get(message.trace_id)
             if data is None:
                 raise TraceNotFound(f"no trace {message.trace_id!r}")
@@ -336,6 +408,7 @@ class MemoryStore:
 
     def add_stats(self, trace_id: str, **deltas: float) -> None:
         with self._lock:
+            self._check_fence()
             row = self._stats[trace_id]
             for name, delta in deltas.items():
                 if name not in STATS_FIELDS:
@@ -344,6 +417,7 @@ class MemoryStore:
 
     def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
         with self._lock:
+            self._check_fence()
             self._collaborators[parent_trace_id][collaborator.trace_id] = collaborator
 
     def put_collaborator_and_emit(
@@ -359,6 +433,7 @@ class MemoryStore:
 
     def emit(self, root_trace_id: str, event: Event) -> str:
         with self._lock:
+            self._check_fence()
             stream = self._events[root_trace_id]
             entry_id = f"{len(stream) + 1}-0"
             stream.append((entry_id, event))
@@ -440,6 +515,7 @@ class MemoryStore:
             raise ValueError("append_collected needs a tool result (tool_call_id)")
         with self._lock:
             key = (message.trace_id, message.tool_call_id)
+            self._check_fence()
             if message.trace_id in self._traces and key in self._collected:
                 return None
             stored = self.append_message(message)  # the lock is re-entrant
@@ -458,3 +534,53 @@ class MemoryStore:
     def count(self, counter: CounterName, by: int = 1) -> None:
         with self._lock:
             self._counters[counter] += by
+
+    def unavailable(self, exc: BaseException) -> bool:
+        return False
+
+    def lease_holder(self, trace_id: str) -> str | None:
+        with self._lock:
+            holder = self._leases.get(trace_id)
+            return holder[0] if holder and holder[1] > now_ms() else None
+
+    def fenced(self, trace_id: str, owner: str) -> MemoryStore:
+        view = copy.copy(self)  # shares every table and the lock
+        view._fence = (trace_id, owner)
+        return view
+
+    def beat(
+        self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
+    ) -> list[bool]:
+        renewed = [self.renew_lease(trace_id, owner, ttl_ms) for trace_id, owner in leases]
+        if presence is not None:
+            with self._lock:
+                self._presence[presence.node] = (presence, now_ms() + ttl_ms)
+        return renewed
+
+    def drop_presence(self, presence: WorkerPresence) -> None:
+        with self._lock:
+            self._presence.pop(presence.node, None)
+
+    def live_consumers(self, queue: str) -> list[str]:
+        with self._lock:
+            now = now_ms()
+            return sorted(
+                node
+                for node, (presence, deadline) in self._presence.items()
+                if deadline > now and queue in presence.queues
+            )
+
+    def outbox_put(self, entry: str, due_ms: int) -> None:
+        with self._lock:
+            self._outbox[entry] = due_ms
+
+    def outbox_done(self, entry: str) -> None:
+        with self._lock:
+            self._outbox.pop(entry, None)
+
+    def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
+        with self._lock:
+            due = sorted((d, entry) for entry, d in self._outbox.items() if d <= at_ms)[:limit]
+            for _, entry in due:
+                self._outbox[entry] = at_ms + retry_ms
+            return [entry for _, entry in due]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from fleet import lifecycle
+from fleet import lifecycle, outbox
 from fleet.cache import delegate_preset
 from fleet.errors import ToolError
 from fleet.fanout import check_spawn
@@ -14,7 +15,7 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
 from fleet.llm.base import ToolCall
-from fleet.models import Event, Message, Trace
+from fleet.models import Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.tools.base import ToolContext, ToolResult
@@ -30,6 +31,8 @@ _GOAL = {
     },
 }
 
+
+log = logging.getLogger(__name__)
 
 _SCHEMAS: WeakKeyDictionary[ToolRegistry, dict[tuple[str, ...], list[dict[str, Any]]]]
 _SCHEMAS = WeakKeyDictionary()
@@ -142,9 +145,26 @@ def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest 
         if (cached := _cached(runtime, trace, call)) is not None:
             return cached
         check_spawn(runtime, trace, call)
-        return spawn(runtime, trace, call)
+        return _spawn(runtime, trace, call)
     except ToolError as exc:
         return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
+
+
+def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
+    """Create the children, recorded in the outbox first when a task queue runs them.
+
+    If this process dies (or the broker refuses the chord) between creating the children
+    and handing them over, a sweeper finds the entry and dispatches them (`fleet.outbox`).
+    """
+    if not runtime.dispatcher.children_survive_restart:
+        return spawn(runtime, trace, call)
+    entry = outbox.spawn_entry(trace.trace_id, call.id)
+    runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
+    try:
+        return spawn(runtime, trace, call)
+    except ToolError:
+        runtime.store.outbox_done(entry)  # no child was created
+        raise
 
 
 def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnRequest]]) -> None:
@@ -152,8 +172,27 @@ def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, Spawn
     # Stopped while this turn's model call ran: the new children start stopped.
     lifecycle.wait(runtime, trace, [c for _, request in spawns for c in request.child_ids])
     for call, request in spawns:
-        runtime.dispatcher.dispatch(runtime, request)
+        _hand_over(runtime, trace, request)
         runtime.hooks.tool_finished(trace, call, None)
+
+
+def _hand_over(runtime: Runtime, trace: Trace, request: SpawnRequest) -> None:
+    """Dispatch; on a task queue, a refused chord stays in the outbox for a sweeper."""
+    if not runtime.dispatcher.children_survive_restart:
+        runtime.dispatcher.dispatch(runtime, request)
+        return
+    try:
+        runtime.dispatcher.dispatch(runtime, request)
+    except Exception:  # the broker refused: the outbox entry stays, a sweeper sends them
+        count = len(request.children)
+        log.warning(
+            "dispatch of %d children of %r failed; a sweeper will retry",
+            count,
+            trace.trace_id,
+            exc_info=True,
+        )
+        return
+    runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))
 
 
 def _cached(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:

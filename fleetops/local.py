@@ -7,7 +7,6 @@ commands in this directory find its Redis: `discover_redis_url`).
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import signal
@@ -18,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,14 @@ from fleetops.discovery import (
     redis_answers,
 )
 from fleetops.doctor import check_broker, ping_workers
+from fleetops.supervisor import (
+    SUPERVISOR_PID_ENV,
+    Child,
+    die_with_parent,
+    spawn,
+    stop_all,
+    supervise,
+)
 
 LOCK_FILE = "up.lock"
 REDIS_DIR = "redis"
@@ -44,10 +52,8 @@ LOG_DIR = "logs"
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 """How long `fleet up` waits for its workers to answer before saying so and going on."""
-STOP_TIMEOUT_S = 10.0
-"""Warm shutdown gets this long; then SIGKILL (the sweeper resumes what was cut off)."""
-POLL_INTERVAL_S = 0.2
-_PR_SET_PDEATHSIG = 1
+LEFTOVER_EXIT_TIMEOUT_S = 10.0
+"""How long a new `fleet up` waits for the Redis of a killed one to finish shutting down."""
 
 Say = Callable[[str], None]
 
@@ -63,15 +69,6 @@ class UpOptions:
     redis_port: int | None = None
     """Port of the embedded Redis; None picks a free one."""
     directory: Path = Path(".")
-
-
-@dataclass
-class Child:
-    """A process `fleet up` started, in its own process group."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
 
 
 def check_port_free(port: int, what: str, host: str = LOOPBACK) -> None:
@@ -112,62 +109,11 @@ def up_lock(state_dir: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: SIGTERM it when `fleet up` dies, even by SIGKILL.
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def spawn(name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> Child:
-    """Start `argv` in its own process group, output appended to `log_path`."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:  # the child keeps its own descriptor
-        process = subprocess.Popen(
-            argv,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # safe: `fleet up` runs no other threads
-        )
-    return Child(name, process, log_path)
-
-
-def stop_all(children: list[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """SIGTERM every child's group, wait up to `timeout_s` in all, SIGKILL the rest."""
-    running = [c for c in children if c.process.poll() is None]
-    for child in running:
-        _signal_group(child, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for child in running:
-        try:
-            child.process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(child, signal.SIGKILL)  # the leader is unreaped: the group is ours
-            child.process.wait()
-
-
-def _signal_group(child: Child, signum: int) -> None:
-    try:
-        os.killpg(child.process.pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def log_tail(path: Path, lines: int = 3) -> str:
-    """The last lines of a log, joined on one line."""
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "no log"
-    return " | ".join(text[-lines:]) or "empty log"
-
-
 def run_up(options: UpOptions, say: Say) -> int:
-    """Start the fleet, supervise it until Ctrl-C/SIGTERM or a child dies, stop it all.
+    """Start the fleet and keep it running until Ctrl-C/SIGTERM, then stop it all.
 
-    Returns 0 after a requested stop, 1 when a child died on its own.
+    A child that dies is restarted with backoff (`fleetops.supervisor`); its siblings go on.
+    Returns 0 after a requested stop, 1 when a worker died before it ever got ready.
 
     Raises:
         ConfigError: a busy port, another `fleet up` here, or Redis would not start.
@@ -197,74 +143,107 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     stack.enter_context(up_lock(state_dir))
     if options.flower:
         check_port_free(options.flower_port, "Flower")
-    redis_url, redis_pid = _open_redis(options, state_dir, stack, say)
+    redis_url, redis_child = _open_redis(options, state_dir, stack, say)
     settings = Settings.from_env({**os.environ, "FLEET_REDIS_URL": redis_url})
     if settings.broker_url != redis_url:
         check_broker(settings.broker_url)  # FLEET_BROKER_URL: RabbitMQ, say
-    env = {**fleet_env(settings), "PYTHONUNBUFFERED": "1"}
+    env = {**fleet_env(settings), "PYTHONUNBUFFERED": "1", SUPERVISOR_PID_ENV: str(os.getpid())}
     children: list[Child] = []
     stack.callback(stop_all, children)  # before Redis stops: workers ack on the way out
     workers = _start_workers(options, state_dir, env, children, say)
     flower_url = _start_flower(options, state_dir, env, children, say)
-    state = UpState(
-        pid=os.getpid(),
-        redis_url=redis_url,
-        embedded_redis_pid=redis_pid,
-        worker_pids=[c.process.pid for c in workers.values()],
-        flower_url=flower_url,
-        flower_pid=children[-1].process.pid if flower_url else None,
-        started_at_ms=int(time.time() * 1000),
-    )
-    _write_state(state_dir, state)
+
+    def state(ready: bool) -> UpState:
+        return UpState(
+            pid=os.getpid(),
+            redis_url=redis_url,
+            embedded_redis_pid=redis_child.pid if redis_child else None,
+            worker_pids=[c.pid for c in workers.values()],
+            flower_url=flower_url,
+            flower_pid=children[-1].pid if flower_url else None,
+            started_at_ms=int(time.time() * 1000),
+            ready=ready,
+        )
+
+    _write_state(state_dir, state(ready=False))
     if died := _wait_ready(settings.broker_url, workers, say):
         say(died)
         return 1
     say(f"ready in {time.monotonic() - started_s:.1f} s; submit from another terminal with:")
     submit = 'fleet run --model scripted:examples/explore.yaml "..."'
     say(f"  FLEET_REDIS_URL={redact_url(redis_url)} {submit}")
-    say("Ctrl-C stops everything started here")
-    _write_state(state_dir, state.model_copy(update={"ready": True}))
-    return _supervise(children, say)
+    say("Ctrl-C stops everything started here; a process that dies is restarted")
+    _write_state(state_dir, state(ready=True))
+    supervised = ([redis_child] if redis_child else []) + children
+    supervise(supervised, say, on_restart=lambda: _write_state(state_dir, state(ready=True)))
+    return 0  # not reached: supervise returns by KeyboardInterrupt
 
 
 def _open_redis(
     options: UpOptions, state_dir: Path, stack: ExitStack, say: Say
-) -> tuple[str, int | None]:
-    """FLEET_REDIS_URL if it answers, else an embedded redis-server persisting under `.fleet/`."""
+) -> tuple[str, Child | None]:
+    """FLEET_REDIS_URL if it answers; else an embedded redis-server, supervised.
+
+    The embedded one persists under `.fleet/redis/` (append-only, fsync every second) and
+    is restarted on the same port and file if it dies.
+    """
     url = os.environ.get("FLEET_REDIS_URL")
     if url and redis_answers(url):
         say(f"redis     {redact_url(url)} (FLEET_REDIS_URL)")
         return url, None
     if url:
         say(f"redis     {redact_url(url)} does not answer: starting an embedded one")
-    _refuse_leftover_redis(state_dir)
+    _wait_for_leftover_redis(state_dir)
     if options.redis_port is not None:
         check_port_free(options.redis_port, "Redis")
-    server = start_redis_server(options.redis_port, state_dir / REDIS_DIR, appendonly=True)
-    stack.callback(server.stop)
+    start = partial(
+        start_redis_server,
+        data_dir=state_dir / REDIS_DIR,
+        appendonly=True,
+        preexec_fn=die_with_parent,
+    )
+    server = start(options.redis_port)
+
+    def restart() -> subprocess.Popen[bytes]:
+        return start(server.port).process  # the same port: workers reconnect to it
+
+    child = Child("redis", restart, state_dir / REDIS_DIR / "redis-server.log", server.process)
+    stack.callback(lambda: stop_all([child]))  # last: registered before the workers'
     say(f"redis     {server.url} (embedded, pid {server.process.pid}, data {server.data_dir})")
-    return server.url, server.process.pid
+    return server.url, child
 
 
-def _refuse_leftover_redis(state_dir: Path) -> None:
-    """Two servers on one append-only file would corrupt it: refuse if a killed run left one."""
+def _wait_for_leftover_redis(state_dir: Path) -> None:
+    """Two servers on one append-only file would corrupt it.
+
+    The Redis of a `fleet up` that was killed gets SIGTERM from the kernel and shuts down
+    within seconds: wait for that; refuse only if it still runs after
+    `LEFTOVER_EXIT_TIMEOUT_S` (or its `fleet up` is somehow still alive).
+    """
     state = read_state(state_dir)
     if state is None or state.embedded_redis_pid is None:
         return
-    client = redis.Redis.from_url(
-        state.redis_url, socket_connect_timeout=PING_TIMEOUT_S, retry=None
-    )
-    try:
-        pid = client.info("server").get("process_id")
-    except redis.RedisError:
-        return
-    finally:
-        client.close()
-    if pid == state.embedded_redis_pid:
+    deadline = time.monotonic() + LEFTOVER_EXIT_TIMEOUT_S
+    while _leftover_answers(state) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _leftover_answers(state):
+        pid = state.embedded_redis_pid
         raise ConfigError(
             f"the embedded Redis of an earlier `fleet up` still runs on {state.redis_url}"
             f" (pid {pid}): stop it with `kill {pid}` first"
         )
+
+
+def _leftover_answers(state: UpState) -> bool:
+    client = redis.Redis.from_url(
+        state.redis_url, socket_connect_timeout=PING_TIMEOUT_S, retry=None
+    )
+    try:
+        return bool(client.info("server").get("process_id") == state.embedded_redis_pid)
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
 
 
 def _start_workers(
@@ -278,10 +257,10 @@ def _start_workers(
         log_path = state_dir / LOG_DIR / f"worker-{i}.log"
         argv = [sys.executable, "-m", "fleetops.cli.main", "worker", "--hostname", name]
         argv += ["--concurrency", str(options.concurrency)] if options.concurrency else []
-        child = spawn(f"worker {i}", argv, env, log_path)
+        child = Child.launch(f"worker {i}", partial(spawn, argv, env, log_path), log_path)
         children.append(child)
         workers[name] = child
-        say(f"worker {i:<3}{name} (pid {child.process.pid}, log {log_path})")
+        say(f"worker {i:<3}{name} (pid {child.pid}, log {log_path})")
     return workers
 
 
@@ -291,41 +270,28 @@ def _start_flower(
     if not options.flower:
         return None
     log_path = state_dir / LOG_DIR / "flower.log"
-    argv = [sys.executable, "-m", "fleetops.cli.main", "flower", "--port", str(options.flower_port)]
-    flower = spawn("flower", argv, env, log_path)
+    argv = [sys.executable, "-m", "fleetops.cli.main", "flower"]
+    argv += ["--port", str(options.flower_port)]
+    flower = Child.launch("flower", partial(spawn, argv, env, log_path), log_path)
     children.append(flower)
     url = f"http://{LOOPBACK}:{options.flower_port}"
-    say(f"flower    {url} (pid {flower.process.pid}, log {log_path})")
+    say(f"flower    {url} (pid {flower.pid}, log {log_path})")
     return url
 
 
 def _wait_ready(broker_url: str, workers: dict[str, Child], say: Say) -> str | None:
-    """Wait until every worker answers a ping; returns why not if one of them died."""
+    """Wait until every worker answers a ping; why not, if one died before it got ready.
+
+    A worker that dies before it ever consumed is not restarted: that is a configuration
+    problem (an import error, a bad queue), and its log says which.
+    """
     deadline = time.monotonic() + READY_TIMEOUT_S
     waiting = set(workers)
     while waiting and time.monotonic() < deadline:
-        if died := _first_death(list(workers.values())):
-            return died
+        for child in workers.values():
+            if died := child.death():
+                return f"{died} (log {child.log_path})"
         waiting -= ping_workers(broker_url)
     if waiting:
         say(f"still waiting for {', '.join(sorted(waiting))} after {READY_TIMEOUT_S:.0f} s")
     return None
-
-
-def _first_death(children: list[Child]) -> str | None:
-    for child in children:
-        code = child.process.poll()
-        if code is not None:
-            return (
-                f"{child.name} (pid {child.process.pid}) exited with code {code}:"
-                f" {log_tail(child.log_path)} (log {child.log_path})"
-            )
-    return None
-
-
-def _supervise(children: list[Child], say: Say) -> int:
-    """Block until a signal (KeyboardInterrupt) or a child's death (exit 1)."""
-    while (died := _first_death(children)) is None:
-        time.sleep(POLL_INTERVAL_S)
-    say(died)
-    return 1

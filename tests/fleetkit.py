@@ -66,7 +66,7 @@ def fleet_settings(redis_url: str, workspace: Path, **env: str) -> Settings:
 def client(settings: Settings) -> Fleet:
     """A `Fleet` client with the Celery backend."""
     from fleet.client import load_backend
-    from fleet.dispatch import InProcessDispatcher
+    from fleet.inprocess import InProcessDispatcher
 
     store = RedisStore.from_url(settings.redis_url)
     runtime = Runtime.build(settings, store, InProcessDispatcher())

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import redis
 
-from fleet.api import TaskSpec, create_root
 from fleet.batch import BatchEntry, BatchOptions, ResumeState, run_batch
 from fleet.batch_file import (
     BatchInputError,
@@ -28,11 +27,12 @@ from fleet.batch_file import (
 )
 from fleet.batch_journal import ResultsJournal, sidecar_path
 from fleet.client import Fleet
-from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError
+from fleet.inprocess import InProcessDispatcher
 from fleet.llm.base import LLMResponse
-from fleet.models import Trace
+from fleet.models import Mode, Trace
 from fleet.redis_store import RedisStore
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner, run_safely
 from fleet.runtime import Runtime
 from fleet.settings import Settings
@@ -188,6 +188,9 @@ class ThreadBackend:
 
     def revoke(self, trace_ids: list[str]) -> None:
         pass
+
+    def queue(self, mode: Mode) -> None:
+        return None  # threads here: no queue to be served
 
 
 def unfinished_roots(runtime: Runtime) -> int:

@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from fleet import keys
-from fleet.api import LocalFleet, TaskSpec, create_root
+from fleet.inprocess import InProcessFleet
+from fleet.roots import TaskSpec, create_root
 from fleet.budget import Budget, Budgets, Exhausted, Reserved, parse_budget
 from fleet.errors import ConfigError
 from fleet.llm.base import LLMResponse, ToolCall, Usage
@@ -129,7 +130,9 @@ def test_a_tree_stops_at_its_budget_and_answers_from_what_it_has(
 ) -> None:
     settings = Settings(workspace=tmp_path)
     model = ScriptedModel(function=tree_model)
-    local = LocalFleet.from_settings(settings, store=RedisStore(redis_client), clients={"m": model})
+    local = InProcessFleet.from_settings(
+        settings, store=RedisStore(redis_client), clients={"m": model}
+    )
     spec = TaskSpec("survey", model="m", budget=Budget(tokens=BUDGET_TOKENS))
     root = create_root(local.runtime, spec)
     run_to_end(Runner(local.runtime), root.trace_id)
@@ -160,7 +163,9 @@ def test_a_tree_stops_at_its_budget_and_answers_from_what_it_has(
 
 
 def test_budgets_need_the_redis_store(tmp_path: Path) -> None:
-    local = LocalFleet.from_settings(Settings(workspace=tmp_path), clients={"m": ScriptedModel()})
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), clients={"m": ScriptedModel()}
+    )
     with pytest.raises(ConfigError, match="budgets need the Redis store"):
         create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=1)))
 
@@ -170,7 +175,7 @@ def test_trace_show_has_the_budget_limit_used_and_reserved(
 ) -> None:
     from fleetops.cli.output import render_tree, trace_object
 
-    local = LocalFleet.from_settings(
+    local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path), store=RedisStore(redis_client), clients={"m": ScriptedModel()}
     )
     root = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=1000)))

@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from fleet.api import LocalFleet
 from fleet.conversation import branches
-from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConversationError, TraceNotFound
 from fleet.human import human_id, time_out_waits, waiting_on
+from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.models import now_ms
 from fleet.runtime import Runtime
@@ -20,10 +19,10 @@ from fleet.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 
 
-def local_fleet(store: TraceStore, workspace: Path, model: ScriptedModel) -> LocalFleet:
+def local_fleet(store: TraceStore, workspace: Path, model: ScriptedModel) -> InProcessFleet:
     settings = Settings(workspace=workspace, env={})
     runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"test": model})
-    return LocalFleet(runtime)
+    return InProcessFleet(runtime)
 
 
 def users(messages: list[dict[str, Any]]) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.api import LocalFleet
+from fleet.inprocess import InProcessFleet
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
 from workers.app import make_config, message_priority
@@ -18,7 +18,7 @@ from workers.app import make_config, message_priority
 def test_an_explore_wider_than_max_branches_is_a_tool_error(tmp_path: Path) -> None:
     model = ScriptedModel([call("agent", task=["a", "b", "c", "d"]), text("gave up")])
     settings = Settings(workspace=tmp_path, max_branches=3)
-    local = LocalFleet.from_settings(settings, clients={"m": model})
+    local = InProcessFleet.from_settings(settings, clients={"m": model})
     trace = local.run("survey", model="m")
     assert trace.status == "completed" and local.store.children(trace.trace_id) == []
     refusal = next(m for m in local.store.messages(trace.trace_id) if m.role == "tool")

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from fleet import lifecycle
-from fleet.api import LocalFleet, TaskSpec, create_root
+from fleet.inprocess import InProcessFleet
 from fleet.lifecycle import AlreadyCollected, Settled, Waiting
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace
+from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.subagents import spawn
@@ -32,7 +33,7 @@ class HeldDispatcher:
 
 def parent_with_calls(tmp_path: Path, *call_ids: str) -> tuple[Runtime, Trace, list[SpawnRequest]]:
     """A waiting root whose last turn made one `agent` call per id; children still queued."""
-    local = LocalFleet.from_settings(
+    local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path, env={}, summary_chars=12),
         clients={"test": ScriptedModel([])},
         dispatcher=HeldDispatcher(),

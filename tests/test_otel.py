@@ -16,11 +16,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fleet import otel
-from fleet.api import TaskSpec, create_root
-from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError
 from fleet.hooks import NO_HOOKS
+from fleet.inprocess import InProcessDispatcher
 from fleet.otel_spans import OtelHooks
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings

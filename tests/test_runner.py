@@ -8,16 +8,17 @@ from typing import Any
 
 import pytest
 
-from fleet.api import LocalFleet, TaskSpec, create_root
+from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.models import Message
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, calls, text
 
 
-def make_fleet(workspace: Path, model: ScriptedModel, **settings: Any) -> LocalFleet:
-    return LocalFleet.from_settings(
+def make_fleet(workspace: Path, model: ScriptedModel, **settings: Any) -> InProcessFleet:
+    return InProcessFleet.from_settings(
         Settings(workspace=workspace, env={}, **settings), clients={"test": model}
     )
 
@@ -280,7 +281,7 @@ def test_cached_delegate_is_answered_from_the_store(tmp_path: Path) -> None:
         return text(str(messages[-1]["content"]))
 
     model = ScriptedModel(function=respond)
-    local = LocalFleet.from_settings(
+    local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path / "ws", agents_dir=agents, env={}), clients={"test": model}
     )
     first = local.run("ask", model="test")
@@ -301,7 +302,7 @@ def test_a_sub_agent_runs_on_its_presets_model(tmp_path: Path) -> None:
     )
     main_model = ScriptedModel([call("agent", task="sub job", agent_type="cheap"), "done"])
     cheap = ScriptedModel(["cheap answer"])
-    local = LocalFleet.from_settings(
+    local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path / "ws", agents_dir=agents, env={}),
         clients={"test": main_model, "cheapmodel": cheap},
     )
@@ -313,7 +314,7 @@ def test_a_sub_agent_runs_on_its_presets_model(tmp_path: Path) -> None:
 
 
 def test_a_stop_during_the_model_call_reaches_the_children_it_spawns(tmp_path: Path) -> None:
-    holder: dict[str, LocalFleet] = {}
+    holder: dict[str, InProcessFleet] = {}
 
     def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         if task_of(messages).startswith("branch"):
@@ -339,7 +340,7 @@ def test_a_read_only_preset_is_not_offered_writing_tools(tmp_path: Path) -> None
         "---\nname: looker\ndescription: looks\nread_only: true\n---\nLook only.\n"
     )
     model = ScriptedModel(["ok"])
-    local = LocalFleet.from_settings(
+    local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path / "ws", agents_dir=agents, env={}), clients={"test": model}
     )
     local.run("look", model="test", preset="looker")

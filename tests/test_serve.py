@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet.api import TaskSpec, create_root
-from fleet.dispatch import InProcessDispatcher
+from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
 from fleet.models import Collaborator, Event, Trace
 from fleet.redis_store import RedisStore
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings

@@ -10,8 +10,9 @@ from fleet.settings import ENV_NAMES, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fleet", "workers", "fleetops")
-NOT_CONFIGURATION = {"FLEET_SHELL_CALL"}
-"""Set by the fleet for a child process (bash's marker), never read as configuration."""
+NOT_CONFIGURATION = {"FLEET_SHELL_CALL", "FLEET_SUPERVISOR_PID"}
+"""Set by the fleet for a child process (bash's marker; `fleet up`'s pid for its workers),
+never read as configuration."""
 
 
 def documented() -> set[str]:
@@ -56,6 +57,8 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_CONFIG": "/etc/fleet.yaml",
         "FLEET_MODEL": "openai:m",
         "FLEET_LEASE_TTL_MS": "1234",
+        "FLEET_NO_WORKER_TIMEOUT_S": "5",
+        "FLEET_TRANSIENT_RETRIES": "7",
         "FLEET_WORKSPACE_ROOTS": "/tmp:/srv",
         "FLEET_ALLOW_SCRIPTED": "1",
         "FLEET_API_KEY_ENVS": "ROUTER_KEY",

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -270,3 +271,24 @@ def test_edit_file_refuses_non_utf8(ws: Path, ctx: ToolContext) -> None:
     with pytest.raises(ToolError, match=r"not UTF-8"):
         edit_file(ctx, "latin.txt", "caf", "bar")
     assert (ws / "latin.txt").read_bytes() == b"caf\xe9\n"
+
+
+def test_a_symlink_loop_is_an_error_not_a_hang(ws: Path, ctx: ToolContext) -> None:
+    (ws / "a").symlink_to("b")
+    (ws / "b").symlink_to("a")
+    with pytest.raises(ToolError, match=r"too many symbolic links"):
+        read_file(ctx, "a/x.txt")
+
+
+def test_a_fifo_is_refused_without_blocking(ws: Path, ctx: ToolContext) -> None:
+    os.mkfifo(ws / "pipe")
+    with pytest.raises(ToolError, match=r"not a regular file"):
+        read_file(ctx, "pipe")
+
+
+def test_relative_symlinks_and_dotdot_inside_are_walked(ws: Path, ctx: ToolContext) -> None:
+    (ws / "src" / "up").symlink_to("..", target_is_directory=True)
+    assert "line 1" in read_file(ctx, "src/up/notes.txt").output
+    (ws / "src" / "far").symlink_to("../..", target_is_directory=True)
+    with pytest.raises(ToolError, match=r"leaves the workspace"):
+        read_file(ctx, "src/far/outside/secret.txt")

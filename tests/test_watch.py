@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from fleet.api import TaskSpec, create_root
 from fleet.client import Fleet
-from fleet.dispatch import InProcessDispatcher
+from fleet.inprocess import InProcessDispatcher
 from fleet.redis_store import RedisStore
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings

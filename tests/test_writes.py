@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from fleet import keys as fleet_keys
-from fleet.api import LocalFleet
 from fleet.errors import TraceNotFound
+from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.models import Collaborator, Event, Message, Trace
 from fleet.redis_store import RedisStore
@@ -151,7 +151,7 @@ def test_every_key_a_run_leaves_expires(redis_client: redis.Redis, tmp_path: Pat
             return call("list_dir", path=".")
         return call("agent", task=["branch 1", "branch 2"])
 
-    local = LocalFleet.from_settings(
+    local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path, env={}),
         store=RedisStore(redis_client),
         clients={"test": ScriptedModel(function=respond)},

@@ -149,14 +149,15 @@ class FleetCelery(Celery):  # type: ignore[misc]
 
 @contextmanager
 def one_pipeline(app: Celery) -> Iterator[None]:
-    """Everything this thread sends through `app` inside the block goes out in one pipeline.
+    """Everything this thread sends through `app` inside the block goes out in pipelines.
 
     Celery's group publishes each header message (and its task-sent event) with a round
     trip of its own; in a worker whose other threads run the first branches, each round
     trip waits for the GIL again. kombu's `Producer.batch` buffers the publishes of one
-    producer (Redis: a non-transactional pipeline, flushed when the block ends, discarded
-    if it raises), and `FleetCelery.producer_or_acquire` hands every send in the block that
-    producer. Elsewhere (another app class, a transport without batches) sends go one by one.
+    producer (Redis: a non-transactional pipeline, flushed every PIPELINE_FLUSH_COMMANDS
+    and when the block ends; what is not flushed yet is discarded if the block raises), and
+    `FleetCelery.producer_or_acquire` hands every send in the block that producer.
+    Elsewhere (another app class, a transport without batches) sends go one by one.
     """
     if not isinstance(app, FleetCelery):
         yield

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fleet.models import Trace
+from fleet.models import Mode, Trace
 from fleet.settings import Settings
 from fleet.trees import Priority
-from workers.app import create_app
+from workers.app import QUEUE_BY_MODE, create_app
 from workers.dispatch import send
 
 
@@ -25,6 +25,10 @@ class CeleryBackend:
         control = self.app.control
         control.revoke_by_stamped_headers({"parent_trace_id": stamps}, timeout=1.0)
         control.revoke_by_stamped_headers({"root_trace_id": stamps}, timeout=1.0)
+
+    def queue(self, mode: Mode) -> str:
+        """`fleet.{mode}`."""
+        return QUEUE_BY_MODE[mode]
 
 
 def make_backend(settings: Settings) -> CeleryBackend:

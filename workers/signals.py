@@ -1,7 +1,9 @@
-"""Worker lifecycle: redacted logs, fresh runtime after fork, a sweeper, container probe files."""
+"""Worker lifecycle: redacted logs, fresh runtime after fork, sweeper, heartbeat, probes."""
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 from celery.signals import (
@@ -13,10 +15,11 @@ from celery.signals import (
     worker_shutting_down,
 )
 
+from fleet.models import WorkerPresence
 from fleet.redact import install_log_redaction, process_redactor
 from fleet.settings import process_settings
 from workers import probes
-from workers.runtime import draining, flush_hooks, reset_runtime
+from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
@@ -35,6 +38,19 @@ def _redact_logs(**_: Any) -> None:
 def _after_fork(**_: Any) -> None:
     # Redis connections must not be shared across fork.
     reset_runtime()
+
+
+@worker_ready.connect
+def _announce(sender: Any = None, **_: Any) -> None:
+    # Presence in Redis: `fleet run` learns from one read that a queue has a live consumer.
+    queues = sorted(q.name for q in getattr(getattr(sender, "task_consumer", None), "queues", []))
+    presence = WorkerPresence(
+        node=str(getattr(sender, "hostname", "") or socket.gethostname()),
+        queues=queues,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+    )
+    get_runtime().lease_keeper().announce(presence)
 
 
 @worker_ready.connect
@@ -57,6 +73,12 @@ def _report_ready(**_: Any) -> None:
 def _report_draining(**_: Any) -> None:
     # Not ready while draining; the heartbeat goes on, so liveness never kills a drain.
     probes.mark_ready(process_settings().probe_dir, ready=False)
+
+
+@worker_shutting_down.connect
+def _withdraw(**_: Any) -> None:
+    # No new work comes to a draining worker: clients must not count it as a consumer.
+    get_runtime().lease_keeper().withdraw()
 
 
 @worker_shutting_down.connect

@@ -1,16 +1,29 @@
-"""Finds traces whose runner died (lease expired) and re-enqueues them: one per worker."""
+"""Each worker's sweeper: re-enqueues runs whose runner died, dispatches what the outbox owes.
+
+Every `Settings.sweep_interval_s` (1 s) it makes two reads — the running traces whose lease
+deadline passed, the outbox entries that are due — and acts only on what they return, so an
+idle fleet of W workers costs Redis 2·W cheap commands per second.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 
+from fleet import outbox
 from fleet.control import claim_dead_runs
 from fleet.human import time_out_waits
+from fleet.models import now_ms
 from workers.dispatch import send
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
+
+NOT_RIPE_RETRY_MS = 1_000
+"""A spawn whose spawner still holds its lease is looked at again this much later."""
+OUTBOX_RETRY_MS = 10_000
+"""An entry a sweeper claimed but could not finish (broker away, sweeper died) comes back
+this much later."""
 
 
 def sweep_once() -> list[str]:
@@ -18,7 +31,12 @@ def sweep_once() -> list[str]:
     runtime = get_runtime()
     claimed = claim_dead_runs(runtime.store)
     for trace_id in claimed:
-        send(runtime.store.get_trace(trace_id), recovered=True)
+        try:
+            send(runtime.store.get_trace(trace_id), recovered=True)
+        except Exception:  # the broker is away: the outbox keeps it for a later sweep
+            log.warning("re-enqueue of %s failed; kept in the outbox", trace_id, exc_info=True)
+            runtime.store.outbox_put(outbox.run_entry(trace_id), now_ms() + OUTBOX_RETRY_MS)
+            continue
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
     if claimed:
         runtime.store.count("lease_expiries", len(claimed))
@@ -28,8 +46,25 @@ def sweep_once() -> list[str]:
     return claimed
 
 
+def sweep_outbox() -> list[str]:
+    """Send a recovered run for what each due outbox entry still owes; the ids sent."""
+    store = get_runtime().store
+    sent: list[str] = []
+    for entry in store.outbox_claim(now_ms(), OUTBOX_RETRY_MS):
+        runs = outbox.runs_for(store, entry)
+        if runs is None:  # its spawner still holds the lease: look again soon
+            store.outbox_put(entry, now_ms() + NOT_RIPE_RETRY_MS)
+            continue
+        for trace_id in runs:
+            send(store.get_trace(trace_id), recovered=True)
+            log.warning("dispatched %s for outbox entry %r", trace_id, entry)
+        sent += runs
+        store.outbox_done(entry)
+    return sent
+
+
 class Sweeper:
-    """A daemon thread calling `sweep_once` every `interval_s`."""
+    """A daemon thread sweeping every `interval_s`."""
 
     def __init__(self, interval_s: float) -> None:
         """Sweep every `interval_s` (`Settings.sweep_interval_s`)."""
@@ -47,7 +82,8 @@ class Sweeper:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
-                sweep_once()
-            except Exception:  # Redis or broker blips must not kill the sweeper
-                log.warning("sweep failed", exc_info=True)
+            for sweep in (sweep_once, sweep_outbox):
+                try:
+                    sweep()
+                except Exception:  # Redis or broker blips must not kill the sweeper
+                    log.warning("%s failed", sweep.__name__, exc_info=True)

@@ -122,18 +122,26 @@ def shell_env(env: Mapping[str, str], extra_names: tuple[str, ...] = ()) -> dict
 def sandbox_prefix() -> tuple[str, ...] | None:
     """The argv prefix of the namespace sandbox, or None when this host refuses it.
 
-    Probed once per process by running `true` inside it.
+    Probed once per process by running `true` inside it: as root without a user namespace
+    first (it keeps the workspace's file ownership simple), then with one.
     """
     unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     if not unshare or not setpriv:
         return None
-    user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
-    prefix = (unshare, *user, "--pid", "--fork", "--kill-child", "--mount", "--mount-proc")
-    prefix += ("--", setpriv, *_DROP_CAPS, "--")
-    probe = subprocess.run(
-        [*prefix, "true"], capture_output=True, timeout=10, env={"PATH": DEFAULT_PATH}
-    )
-    return prefix if probe.returncode == 0 else None
+    namespaces = ("--pid", "--fork", "--kill-child", "--mount", "--mount-proc")
+    drop = ("--", setpriv, *_DROP_CAPS, "--")
+    userns = ("--user", "--map-root-user")
+    for user in [(), userns] if os.geteuid() == 0 else [userns]:
+        prefix = (unshare, *user, *namespaces, *drop)
+        try:
+            probe = subprocess.run(
+                [*prefix, "true"], capture_output=True, timeout=10, env={"PATH": DEFAULT_PATH}
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if probe.returncode == 0:
+            return prefix
+    return None
 
 
 @functools.cache

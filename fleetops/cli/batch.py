@@ -28,8 +28,8 @@ from fleet.batch import (
 )
 from fleet.batch_file import check_entries, load_entries, with_defaults
 from fleet.batch_journal import ResultsJournal
-from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError
+from fleet.inprocess import InProcessDispatcher
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleet.api import LocalFleet
 from fleet.errors import ConfigError
 from fleet.human import TIMEOUT_KEY, waiting_on
+from fleet.inprocess import InProcessFleet
 from fleet.settings import process_settings
 from fleetops.cli.output import printable, report
 
@@ -78,7 +78,7 @@ def run_inline(args: argparse.Namespace) -> int:
     redis = bool(settings.env.get("FLEET_REDIS_URL"))
     if args.continue_id and not redis:
         raise ConfigError("--inline --continue needs the trace's store: set FLEET_REDIS_URL")
-    local = LocalFleet.from_settings(settings, redis=redis)
+    local = InProcessFleet.from_settings(settings, redis=redis)
     if args.continue_id:
         trace = local.continue_trace(args.continue_id, args.task, args.after_sequence)
     else:

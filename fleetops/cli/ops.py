@@ -133,11 +133,13 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 def run_worker(args: argparse.Namespace) -> int:
     """`fleet worker`: one worker in this process (gevent: exec'd, it must patch first)."""
     from fleetops.discovery import fleet_env, fleet_settings
+    from fleetops.supervisor import guard_orphan
 
     argv = worker_argv(args)
     settings = fleet_settings()
     os.environ.update(fleet_env(settings))  # the runtime and pool children read them
     forget_process_settings()  # ... and this process reads them again on first use
+    guard_orphan()  # under `fleet up`: never outlive it by more than a short drain
     if args.pool == "gevent":
         if importlib.util.find_spec("gevent") is None:
             raise ConfigError("the gevent pool needs gevent: pip install gevent")

@@ -9,13 +9,13 @@ from typing import Any
 
 from fleet.budget import Budget
 from fleet.client import Fleet
-from fleet.errors import ConfigError, ConversationError
+from fleet.errors import ConfigError, ConversationError, NoLiveWorkers
 from fleet.models import Event
 from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_FAILED, EXIT_NO_WORKERS, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def register(commands: Any) -> None:
@@ -114,14 +114,21 @@ def run(args: argparse.Namespace) -> int:
     except TimeoutError as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except NoLiveWorkers as exc:  # the trace stays as it is: a worker started later resumes it
+        print(f"fleet: error: {exc}", file=sys.stderr)
+        return EXIT_NO_WORKERS
     return report(fleet.store, fleet.trace(handle.trace_id), as_json=args.json)
 
 
 def require_workers(fleet: Fleet, queue: str) -> None:
-    """`ConfigError` unless some worker consumes `queue` (a clear error beats a hang)."""
+    """`ConfigError` unless some worker consumes `queue` (a clear error beats a hang).
+
+    Worker heartbeats in Redis answer in one read; the Celery broadcast (a second's wait
+    for replies) is asked only when they name no consumer (a worker of an older version).
+    """
     from workers.backend import CeleryBackend
 
-    if not isinstance(fleet.backend, CeleryBackend):
+    if not isinstance(fleet.backend, CeleryBackend) or fleet.store.live_consumers(queue):
         return
     replies = fleet.backend.app.control.inspect(timeout=1.0).active_queues() or {}
     if not any(q.get("name") == queue for queues in replies.values() for q in queues):

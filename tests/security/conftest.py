@@ -38,7 +38,11 @@ class HardenedFleet:
 
 @pytest.fixture(scope="module")
 def hardened(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HardenedFleet]:
-    """One worker process holding every secret of `SECRET_ENV`, roots = one temp folder."""
+    """One worker process holding every secret of `SECRET_ENV`, roots = one temp folder.
+
+    Module-scoped, not session: its task events are PUBLISHes on the shared Redis server,
+    and tests that count server-wide command stats must not see them.
+    """
     url = urlsplit(redis_url)._replace(path=f"/{SECURITY_DB}").geturl()
     root = tmp_path_factory.mktemp("root").resolve()
     with redis.Redis.from_url(url) as admin:

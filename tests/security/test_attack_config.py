@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import fleet.llm.base
-from fleet.api import LocalFleet
 from fleet.errors import ConfigError
+from fleet.inprocess import InProcessFleet
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
 from tests.security.attacker import SECRET_ENV, Attacker, attacker_server
@@ -50,11 +50,11 @@ def test_a_fleet_yaml_written_by_an_agent_is_never_loaded(
     writer = ScriptedModel(
         [call("write_file", path="fleet.yaml", content=evil_yaml(attacker.url)), text("ok")]
     )
-    LocalFleet.from_settings(settings, clients={"w": writer}).run("write it", model="w")
+    InProcessFleet.from_settings(settings, clients={"w": writer}).run("write it", model="w")
     assert (tmp_path / "fleet.yaml").is_file()  # the write itself is legitimate
 
     with pytest.raises(ConfigError, match="no model configured"):
-        LocalFleet.from_settings(Settings.from_env(worker_env(tmp_path))).run("next task")
+        InProcessFleet.from_settings(Settings.from_env(worker_env(tmp_path))).run("next task")
 
     assert attacker.requests == []
     assert not attacker.saw(STEAL)
@@ -74,7 +74,7 @@ def test_fleet_config_inside_a_workspace_root_is_refused(
     )
 
     with pytest.raises(ConfigError) as caught:
-        LocalFleet.from_settings(Settings.from_env(env)).run("task")
+        InProcessFleet.from_settings(Settings.from_env(env)).run("task")
 
     message = str(caught.value)
     assert "inside a workspace root" in message and str(config) in message
@@ -100,9 +100,9 @@ def test_api_key_env_names_only_variables_the_operator_allows(
     )
 
     with pytest.raises(ConfigError, match="api_key_env 'AWS_SECRET_ACCESS_KEY' is not allowed"):
-        LocalFleet.from_settings(Settings.from_env(env)).run("task")
+        InProcessFleet.from_settings(Settings.from_env(env)).run("task")
     assert attacker.requests == []
 
     allowed = {**env, "FLEET_API_KEY_ENVS": "AWS_SECRET_ACCESS_KEY"}  # the operator's say
-    trace = LocalFleet.from_settings(Settings.from_env(allowed)).run("task")
+    trace = InProcessFleet.from_settings(Settings.from_env(allowed)).run("task")
     assert trace.status == "completed" and len(attacker.requests) == 1

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleet.api import LocalFleet
+from fleet.inprocess import InProcessFleet
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, calls, text
 
@@ -27,7 +27,7 @@ def run_tools(workspace: Path, *turns: object) -> list[tuple[bool, str]]:
     """Run a main agent through `turns` (scripted responses); (is_error, output) per tool."""
     model = ScriptedModel([*turns, text("done")])  # type: ignore[list-item]
     settings = Settings.from_env({"FLEET_WORKSPACE": str(workspace)})
-    local = LocalFleet.from_settings(settings, clients={"m": model})
+    local = InProcessFleet.from_settings(settings, clients={"m": model})
     trace = local.run("work", model="m")
     tools = [m for m in local.store.messages(trace.trace_id) if m.role == "tool"]
     return [(bool(m.metadata.get("is_error")), m.content or "") for m in tools]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fleet.api import LocalFleet
+from fleet.inprocess import InProcessFleet
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, calls, text
 from fleet.tools.base import ToolContext
@@ -46,7 +46,7 @@ def fetch_all(tmp_path: Path, urls: list[str], allow: str = "") -> list[tuple[bo
     """A main agent that web_fetches every url in one turn; (is_error, output) per call."""
     model = ScriptedModel([calls(*[("web_fetch", {"url": url}) for url in urls]), text("fetched")])
     env = {"FLEET_WORKSPACE": str(tmp_path), "FLEET_WEB_ALLOW": allow}
-    local = LocalFleet.from_settings(Settings.from_env(env), clients={"m": model})
+    local = InProcessFleet.from_settings(Settings.from_env(env), clients={"m": model})
     trace = local.run("read these pages", model="m")
     tools = [m for m in local.store.messages(trace.trace_id) if m.role == "tool"]
     return [(bool(m.metadata.get("is_error")), m.content or "") for m in tools]

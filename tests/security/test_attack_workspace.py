@@ -12,8 +12,9 @@ import pytest
 import redis
 import yaml
 
-from fleet.api import LocalFleet, TaskSpec, create_root
 from fleet.errors import ConfigError
+from fleet.inprocess import InProcessFleet
+from fleet.roots import TaskSpec, create_root
 from fleet.settings import Settings
 from tests.security.attacker import SECRET, SECRET_ENV, leaked, redis_text
 from tests.security.conftest import HardenedFleet, run_forged
@@ -94,7 +95,7 @@ def test_the_python_api_refuses_a_workspace_outside_the_roots(tmp_path: Path) ->
     """Route: `Fleet.submit(workspace="/")` created a root trace over `/`.
     Control: `create_root` checks the roots; nothing is stored."""
     settings = Settings.from_env({"FLEET_WORKSPACE": str(tmp_path), "FLEET_ALLOW_SCRIPTED": "1"})
-    local = LocalFleet.from_settings(settings)
+    local = InProcessFleet.from_settings(settings)
     for outside in (Path("/"), tmp_path.parent, tmp_path / ".." / ".."):
         with pytest.raises(ConfigError, match="outside FLEET_WORKSPACE_ROOTS"):
             create_root(local.runtime, TaskSpec("t", f"scripted:{EXAMPLE}", workspace=outside))
@@ -150,7 +151,7 @@ def test_scripted_models_load_only_when_the_operator_enables_them(tmp_path: Path
     script = tmp_path / "steal.yaml"
     script.write_text(yaml.safe_dump(STEAL_ENVIRON))
     env = {"FLEET_WORKSPACE": str(tmp_path), "FLEET_ALLOW_SCRIPTED": "0"}
-    local = LocalFleet.from_settings(Settings.from_env(env))
+    local = InProcessFleet.from_settings(Settings.from_env(env))
 
     with pytest.raises(ConfigError, match="scripted models are disabled"):
         local.run("steal", model=f"scripted:{script}")

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from fleet.api import LocalFleet
 from fleet.errors import ConfigError
+from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.presets import load_presets
 from fleet.settings import Settings
@@ -58,15 +58,15 @@ def _agents(tmp_path: Path, keys: str, prompt: str = "Forecast.") -> Path:
 
 def _run(
     store: MemoryStore, workspace: Path, agents: Path, model: ScriptedModel, name: str = "test"
-) -> tuple[LocalFleet, str]:
+) -> tuple[InProcessFleet, str]:
     workspace.mkdir(exist_ok=True)
     settings = Settings(workspace=workspace, agents_dir=agents, env={})
-    local = LocalFleet.from_settings(settings, store=store, clients={name: model})
+    local = InProcessFleet.from_settings(settings, store=store, clients={name: model})
     trace = local.run("ask the weather", model=name)
     return local, trace.trace_id
 
 
-def _was_cached(local: LocalFleet, trace_id: str) -> bool:
+def _was_cached(local: InProcessFleet, trace_id: str) -> bool:
     """A hit answers the call without starting a sub-agent."""
     return local.store.children(trace_id) == []
 

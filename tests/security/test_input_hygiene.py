@@ -74,8 +74,8 @@ def _one_line_error(result: subprocess.CompletedProcess[bytes], what: str) -> No
 def test_a_trace_id_naming_another_key_is_refused(
     redis_url: str, tmp_path: Path, argv: list[str]
 ) -> None:
-    from fleet.api import TaskSpec, create_root
-    from fleet.dispatch import InProcessDispatcher
+    from fleet.inprocess import InProcessDispatcher
+    from fleet.roots import TaskSpec, create_root
     from fleet.runtime import Runtime
     from fleet.settings import Settings
 

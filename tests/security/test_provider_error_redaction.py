@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import fleet.llm.base
-from fleet.api import LocalFleet
+from fleet.inprocess import InProcessFleet
 from fleet.settings import Settings
 from tests.security.echo import echo_server
 
@@ -22,7 +22,7 @@ OPENAI_KEY = "sk-live-0pen41SECRETvalue1234567890"
 ANTHROPIC_KEY = "sk-ant-api03-ANTHR0PICsecret0987654321"
 
 
-def _fleet(tmp_path: Path, base_url: str) -> LocalFleet:
+def _fleet(tmp_path: Path, base_url: str) -> InProcessFleet:
     config = tmp_path / "operator" / "fleet.yaml"
     config.parent.mkdir()
     config.write_text(
@@ -39,7 +39,7 @@ def _fleet(tmp_path: Path, base_url: str) -> LocalFleet:
         "FLEET_WORKSPACE": str(workspace),
         "FLEET_WORKSPACE_ROOTS": str(workspace),
     }
-    return LocalFleet.from_settings(Settings.from_env(env))
+    return InProcessFleet.from_settings(Settings.from_env(env))
 
 
 @pytest.mark.parametrize("status", [400, 404, 500])
@@ -84,7 +84,7 @@ def test_what_a_model_learnt_of_a_secret_is_not_stored(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     settings = Settings(workspace=workspace, env={"DEPLOY_TOKEN": secret})
-    local = LocalFleet.from_settings(settings, clients={"test": model})
+    local = InProcessFleet.from_settings(settings, clients={"test": model})
     trace = local.run("start", model="test")
     stored = [local.store.get_trace(trace.trace_id).model_dump_json()]
     stored += [

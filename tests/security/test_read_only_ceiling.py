@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from fleet.api import LocalFleet
 from fleet.errors import ConfigError
+from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
@@ -50,7 +50,7 @@ def _hostile(spawn: LLMResponse) -> ScriptedModel:
     return ScriptedModel(function=respond)
 
 
-def _fleet(tmp_path: Path, model: ScriptedModel, presets: dict[str, str]) -> LocalFleet:
+def _fleet(tmp_path: Path, model: ScriptedModel, presets: dict[str, str]) -> InProcessFleet:
     agents = tmp_path / "agents"
     agents.mkdir()
     for name, body in presets.items():
@@ -58,7 +58,7 @@ def _fleet(tmp_path: Path, model: ScriptedModel, presets: dict[str, str]) -> Loc
     workspace = tmp_path / "ws"
     workspace.mkdir()
     settings = Settings(workspace=workspace, agents_dir=agents, env={})
-    return LocalFleet.from_settings(settings, clients={"test": model})
+    return InProcessFleet.from_settings(settings, clients={"test": model})
 
 
 def _offered(model: ScriptedModel, request: int) -> set[str]:
@@ -143,4 +143,4 @@ def test_an_agents_folder_an_agent_could_write_to_is_refused(tmp_path: Path) -> 
     (agents / "explore.md").write_text(WRITING_EXPLORE)  # what an agent's write_file did
     settings = Settings(workspace=workspace, agents_dir=agents, env={})
     with pytest.raises(ConfigError, match="inside a workspace root"):
-        LocalFleet.from_settings(settings, clients={"test": ScriptedModel([])})
+        InProcessFleet.from_settings(settings, clients={"test": ScriptedModel([])})

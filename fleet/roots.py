@@ -1,4 +1,7 @@
-"""The Python surface: create root traces, run them in-process, or submit them to a fleet."""
+"""Root traces: a task checked (preset, model, workspace) and persisted `queued`.
+
+Both `fleet.inprocess.InProcessFleet` and the remote `fleet.client.Fleet` create roots here.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet import human, ids
+from fleet import ids
 from fleet.budget import Budget
-from fleet.conversation import continue_trace
-from fleet.dispatch import InProcessDispatcher
 from fleet.errors import ConfigError
-from fleet.llm.base import LLMClient
 from fleet.models import Event, Mode, Trace
-from fleet.otel import make_hooks
-from fleet.runner import Runner, run_to_end
-from fleet.runtime import Dispatcher, Runtime
-from fleet.settings import Settings
-from fleet.store import MemoryStore, TraceStore
+from fleet.runtime import Runtime
 from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
 
 
@@ -89,71 +85,3 @@ def _portable(model: str) -> str:
     if model.startswith("scripted:"):
         return "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
     return model
-
-
-class LocalFleet:
-    """A whole agent tree in this process: explore branches run in threads."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        """Wrap a runtime; see `from_settings` for the usual construction."""
-        self.runtime = runtime
-        self.store = runtime.store
-
-    @classmethod
-    def from_settings(
-        cls,
-        settings: Settings,
-        *,
-        redis: bool = False,
-        store: TraceStore | None = None,
-        clients: Mapping[str, LLMClient] | None = None,
-        dispatcher: Dispatcher | None = None,
-    ) -> LocalFleet:
-        """In-memory store unless `redis` (FLEET_REDIS_URL) or a store is given."""
-        if store is None:
-            store = _redis_store(settings.redis_url) if redis else MemoryStore()
-        runtime = Runtime.build(
-            settings,
-            store,
-            dispatcher or InProcessDispatcher(),
-            clients=clients,
-            hooks=make_hooks(settings, store),
-        )
-        return cls(runtime)
-
-    def run(
-        self,
-        task: str,
-        *,
-        model: str | None = None,
-        preset: str = "default",
-        metadata: Mapping[str, Any] | None = None,
-    ) -> Trace:
-        """Create a root trace, run it until it ends or waits on a person, return it."""
-        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata)
-        trace = create_root(self.runtime, spec)
-        return self._run(trace.trace_id)
-
-    def continue_trace(
-        self, trace_id: str, message: str, after_sequence: int | None = None
-    ) -> Trace:
-        """Continue a finished root with `message` (after message `after_sequence`), run it."""
-        continue_trace(self.runtime, trace_id, message, after_sequence)
-        return self._run(trace_id)
-
-    def reply(self, trace_id: str, answer: str) -> Trace:
-        """Answer the question a trace waits on and run it on."""
-        human.reply(self.runtime, trace_id, answer)
-        return self._run(trace_id)
-
-    def _run(self, trace_id: str) -> Trace:
-        run_to_end(Runner(self.runtime), trace_id)
-        return self.store.get_trace(trace_id)
-
-
-def _redis_store(url: str) -> TraceStore:
-    from fleet.redis_store import RedisStore
-
-    store = RedisStore.from_url(url)
-    store.ping()
-    return store

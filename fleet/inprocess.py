@@ -1,0 +1,113 @@
+"""A whole agent tree in this process: `InProcessFleet` and its `InProcessDispatcher`.
+
+The remote counterpart is `fleet.client.Fleet` (a running Celery fleet). The `Dispatcher`
+Protocol lives in `fleet.runtime`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fleet import human, lifecycle
+from fleet.conversation import continue_trace
+from fleet.llm.base import LLMClient
+from fleet.models import Trace
+from fleet.otel import make_hooks
+from fleet.roots import TaskSpec, create_root
+from fleet.runner import Runner, run_to_end
+from fleet.runtime import Dispatcher, Runtime, SpawnRequest
+from fleet.settings import Settings
+from fleet.store import MemoryStore, TraceStore
+
+
+class InProcessDispatcher:
+    """Runs children in this process: explore branches concurrently in threads."""
+
+    children_survive_restart = False
+
+    def __init__(self, max_parallel: int = 16) -> None:
+        """`max_parallel` caps the threads of one explore."""
+        self.max_parallel = max_parallel
+
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        """Run every child to its end, then collect them into the parent."""
+        runner = Runner(runtime)
+        ids = list(request.child_ids)
+        if len(ids) == 1:
+            run_to_end(runner, ids[0])
+        else:
+            with ThreadPoolExecutor(min(len(ids), self.max_parallel), "fleet-branch") as pool:
+                list(pool.map(lambda child: run_to_end(runner, child), ids))
+        # Every child ran to its end here, so this settles the call (a child whose runner
+        # lost its lease leaves it `Waiting`: nothing of it would be true yet).
+        lifecycle.settle(runtime, request.parent_trace_id, request.tool_call_id, ids)
+
+
+class InProcessFleet:
+    """A whole agent tree in this process: explore branches run in threads."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        """Wrap a runtime; see `from_settings` for the usual construction."""
+        self.runtime = runtime
+        self.store = runtime.store
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        redis: bool = False,
+        store: TraceStore | None = None,
+        clients: Mapping[str, LLMClient] | None = None,
+        dispatcher: Dispatcher | None = None,
+    ) -> InProcessFleet:
+        """In-memory store unless `redis` (FLEET_REDIS_URL) or a store is given."""
+        if store is None:
+            store = _redis_store(settings.redis_url) if redis else MemoryStore()
+        runtime = Runtime.build(
+            settings,
+            store,
+            dispatcher or InProcessDispatcher(),
+            clients=clients,
+            hooks=make_hooks(settings, store),
+        )
+        return cls(runtime)
+
+    def run(
+        self,
+        task: str,
+        *,
+        model: str | None = None,
+        preset: str = "default",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Trace:
+        """Create a root trace, run it until it ends or waits on a person, return it."""
+        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata)
+        trace = create_root(self.runtime, spec)
+        return self._run(trace.trace_id)
+
+    def continue_trace(
+        self, trace_id: str, message: str, after_sequence: int | None = None
+    ) -> Trace:
+        """Continue a finished root with `message` (after message `after_sequence`), run it."""
+        continue_trace(self.runtime, trace_id, message, after_sequence)
+        return self._run(trace_id)
+
+    def reply(self, trace_id: str, answer: str) -> Trace:
+        """Answer the question a trace waits on and run it on."""
+        human.reply(self.runtime, trace_id, answer)
+        return self._run(trace_id)
+
+    def _run(self, trace_id: str) -> Trace:
+        run_to_end(Runner(self.runtime), trace_id)
+        return self.store.get_trace(trace_id)
+
+
+def _redis_store(url: str) -> TraceStore:
+    from fleet.redis_store import RedisStore
+
+    store = RedisStore.from_url(url)
+    store.ping()
+    return store

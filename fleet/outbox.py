@@ -1,0 +1,48 @@
+"""Work that must reach the task queue even if the process that owed it dies first.
+
+A spawn records `spawn {parent} {tool_call_id}` before it creates the children and clears
+it once the dispatcher has handed them to the queue; a recovered run whose re-send failed
+(broker away) records `run {trace_id}`. Every worker's sweeper claims due entries
+(`TraceStore.outbox_claim`: each to one sweeper, back again later if that one dies too) and
+asks `runs_for` what to send. So children created by a runner that died before its chord
+went out, or whose chord the broker refused, still run, and their parent still resumes.
+"""
+
+from __future__ import annotations
+
+from fleet.store import TraceStore
+
+SPAWN = "spawn"
+RUN = "run"
+
+
+def spawn_entry(parent_trace_id: str, tool_call_id: str) -> str:
+    """The outbox entry of one sub-agent call's children."""
+    return f"{SPAWN} {parent_trace_id} {tool_call_id}"
+
+
+def run_entry(trace_id: str) -> str:
+    """The outbox entry of one recovered run to re-send."""
+    return f"{RUN} {trace_id}"
+
+
+def runs_for(store: TraceStore, entry: str) -> list[str] | None:
+    """The traces to send a recovered run for; None while the entry is not ripe yet.
+
+    A spawn is ripe once its parent's runner let go of the lease (it died, or it went on
+    waiting after the broker refused the chord). A recovered run of a child collects its
+    tool call once every sibling has ended, so when all children ended already one run of
+    any of them completes the parent's turn.
+    """
+    kind, _, rest = entry.partition(" ")
+    if kind == RUN:
+        return [] if store.get_trace(rest).is_terminal else [rest]
+    parent_id, _, call_id = rest.partition(" ")
+    if kind != SPAWN or not call_id:
+        return []  # not ours (an older format): drop it
+    if store.lease_holder(parent_id) is not None:
+        return None
+    kids = [store.get_trace(c) for c in store.children(parent_id)]
+    kids = [k for k in kids if k.parent_tool_call_id == call_id]
+    pending = [k.trace_id for k in kids if not k.is_terminal]
+    return pending or [k.trace_id for k in kids[:1]]
