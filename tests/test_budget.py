@@ -10,12 +10,12 @@ import pytest
 import redis
 
 from fleet import keys
-from fleet.inprocess import InProcessFleet
-from fleet.roots import TaskSpec, create_root
 from fleet.budget import Budget, Budgets, Exhausted, Reserved, parse_budget
 from fleet.errors import ConfigError
+from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.redis_store import RedisStore
+from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner, run_to_end
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel
