@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -155,7 +156,7 @@ def two_workers(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> It
         fleet.store.close()
 
 
-BIG = 200
+BIG = 300
 
 
 def test_an_interactive_tree_is_not_starved_by_a_big_batch_tree(
@@ -165,7 +166,10 @@ def test_an_interactive_tree_is_not_starved_by_a_big_batch_tree(
     # Model latency dominates both trees, as it does with real models (and CPU noise on a
     # shared CI machine matters less).
     small = explore_script(tmp_path / "small.yaml", 3, latency_ms=500)
-    idle_s = min(elapsed_s(fleet.submit("quick look", model=small).wait(60)) for _ in range(2))
+    # Medians of three runs each: a shared CI machine's noise hits single runs.
+    idle_s = statistics.median(
+        elapsed_s(fleet.submit("quick look", model=small).wait(60)) for _ in range(3)
+    )
     # Real models vary: without jitter every batch branch would end in the same instant and
     # free the slots in waves a whole call apart.
     big = explore_script(tmp_path / "big.yaml", BIG, latency_ms=250, jitter_ms=500)
@@ -176,9 +180,10 @@ def test_an_interactive_tree_is_not_starved_by_a_big_batch_tree(
         "the batch tree to spawn its branches",
     )
     time.sleep(0.3)  # let the branches fill the workers' slots and the queue
-    busy = fleet.submit("quick look", model=small).wait(60)
-    assert busy.status == "completed"
+    runs = [fleet.submit("quick look", model=small).wait(60) for _ in range(3)]
+    assert {r.status for r in runs} == {"completed"}
     assert not fleet.trace(batch.trace_id).is_terminal, "the batch tree was still running"
-    print(f"3-branch tree: idle {idle_s:.2f} s, beside a big batch tree {elapsed_s(busy):.2f} s")
-    assert elapsed_s(busy) <= 1.5 * idle_s, (elapsed_s(busy), idle_s)
+    busy_s = statistics.median(elapsed_s(r) for r in runs)
+    print(f"3-branch tree: idle {idle_s:.2f} s, beside a big batch tree {busy_s:.2f} s")
+    assert busy_s <= 1.5 * idle_s, (busy_s, idle_s)
     fleet.stop(batch.trace_id)
