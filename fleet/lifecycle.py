@@ -122,10 +122,14 @@ def finish(
     answer: str | None = None,
     error: str | None = None,
     reason: str,
+    output: dict[str, Any] | None = None,
     trace: Trace | None = None,
     write: TraceWrite | None = None,
 ) -> Trace:
     """A terminal status with its `stop_reason`; the parent's entry and the events follow.
+
+    `output`: the answer's validated object (`fleet.structured`), for the trace and the
+    parent's collaborator entry.
 
     `trace`: the trace as it is now, when the caller holds it (a runner does); else it is
     read. `write`: the caller's own writes to this trace, applied here in the same step
@@ -142,6 +146,7 @@ def finish(
         "status": status,
         "answer": redactor.values_only(answer) if answer else answer,
         "error": redactor(error) if error else error,
+        "output": output,
         "finished_at_ms": finished,
         "updated_at_ms": finished,
         "metadata": {**before.metadata, "stop_reason": reason},
@@ -230,6 +235,7 @@ def _mirror(
         mode=child.mode,
         tool_call_id=child.parent_tool_call_id,
         stats=child.stats,
+        output=child.output if child.status == "completed" else None,
     )
     _put_collaborator(runtime.store, parent_trace_id, child, entry, status, write)
 
