@@ -146,7 +146,7 @@ def finish(
         "status": status,
         "answer": redactor.values_only(answer) if answer else answer,
         "error": redactor(error) if error else error,
-        "output": output,
+        "output": redactor.values_in(output) if output else output,
         "finished_at_ms": finished,
         "updated_at_ms": finished,
         "metadata": {**before.metadata, "stop_reason": reason},
