@@ -11,6 +11,9 @@ prompt.
     max_iterations: 20
     read_only: true
     cache: {ttl_s: 3600, keys: [task]}
+    budget: {tokens: 200000, usd: 2.0, sub_agents: 50}   # default for trees rooted here
+    max_branches: 40                                     # per explore call
+    max_concurrent: 10                                   # children running at once
     ---
     You are a careful researcher ...
 """
@@ -21,7 +24,7 @@ import hashlib
 import os
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -31,7 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from pydantic_core import ErrorDetails
 
 from fleet import trust, yamlsafe
+from fleet.budget import Budget, BudgetIn
 from fleet.errors import ConfigError
+from fleet.structured import check_schema
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
@@ -75,7 +80,15 @@ class AgentPreset:
     cache_ttl_s: int | None = None
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
+    output_schema: Mapping[str, Any] | None = field(default=None, hash=False)
+    """JSON Schema the final answer must meet (`fleet.structured`); None: free text."""
     """Arguments of the `agent` call whose values make up the cache key."""
+    budget: Budget | None = None
+    """Default budget of a tree whose root runs this preset (the submitter's wins)."""
+    max_branches: int | None = None
+    """Most branches one explore call of this agent may ask for (else the fleet default)."""
+    max_concurrent: int | None = None
+    """Default for how many children of a tree rooted here run at once."""
 
     def allows(self, tool: str) -> bool:
         """Whether this preset lets the agent call `tool`."""
@@ -132,13 +145,13 @@ not verified in the workspace.
 
 Answer in exactly this shape:
 
-VERDICT: pass|fail
+VERDICT: pass|fail|partial
 REASONS:
 - what meets the goal and what does not, with evidence (paths, lines, outputs)
 SUGGESTIONS:
 - concrete changes that would make the work pass, or make it better
 
-Write `VERDICT: pass` only if every part of the goal is met."""
+Write `VERDICT: pass` only if every part of the goal is met, `partial` if some of it is."""
 
 BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
     {
@@ -197,6 +210,10 @@ class _PresetFrontmatter(BaseModel):
     skills: list[str] = Field(default_factory=list)
     read_only: bool = False
     cache: _CacheSection | None = None
+    output_schema: dict[str, Any] | None = None
+    budget: BudgetIn | None = None
+    max_branches: PositiveInt | None = None
+    max_concurrent: PositiveInt | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -214,6 +231,8 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         front = _validate(_parse_yaml(header), default_name=path.stem)
         _check_tools(front, known_tools)
         _check_cache_keys(front)
+        if front.output_schema is not None:
+            check_schema(front.output_schema, "frontmatter")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -231,6 +250,10 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         read_only=front.read_only,
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
+        output_schema=front.output_schema,
+        budget=front.budget.to_budget() if front.budget else None,
+        max_branches=front.max_branches,
+        max_concurrent=front.max_concurrent,
     )
 
 

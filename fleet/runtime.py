@@ -26,6 +26,7 @@ from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
+from fleet.trees import Trees
 from fleet.trust import check_workspace_root
 
 
@@ -83,7 +84,9 @@ class Runtime:
     presets: Mapping[str, AgentPreset]
     tools: ToolRegistry
     gate: Gate
-    """Provider limits in front of every model call (no limiter for the in-memory store)."""
+    """Budgets and provider limits in front of every model call (none for the memory store)."""
+    trees: Trees | None = None
+    """Each tree's schedule and run window (Redis store only)."""
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
@@ -115,6 +118,7 @@ class Runtime:
             ),
             tools=default_registry(),
             gate=Gate.for_store(store, config, settings.env),
+            trees=_trees(store),
             hooks=hooks,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
@@ -134,6 +138,11 @@ class Runtime:
     def preset(self, name: str) -> AgentPreset:
         """The preset, or `ConfigError` listing the known ones."""
         return get_preset(self.presets, name)
+
+    def context_window(self, model_name: str) -> int | None:
+        """The `context_window` of a model alias in fleet.yaml, if it has one."""
+        alias = self.config.models.get(model_name)
+        return alias.context_window if alias is not None else None
 
     def permissions(self, trace: Trace) -> AgentPreset:
         """What `trace` may do: its preset within the ceiling it inherited.
@@ -189,3 +198,9 @@ class Runtime:
                     retry=retry,
                 )
             return self.clients[model_name]
+
+
+def _trees(store: TraceStore) -> Trees | None:
+    from fleet.redis_store import RedisStore
+
+    return Trees(store.client) if isinstance(store, RedisStore) else None
