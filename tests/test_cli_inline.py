@@ -164,3 +164,26 @@ def test_a_redis_url_of_another_scheme_is_one_line_without_the_url(
     err = capsys.readouterr().err.strip()
     assert err.startswith("fleet: error: FLEET_REDIS_URL must start with redis://"), err
     assert len(err.splitlines()) == 1 and "hunter2" not in err
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("FLEET_LEASE_TTL_MS", "5s"),
+        ("FLEET_TRANSIENT_RETRIES", "-1"),
+        ("FLEET_MAX_BRANCHES", "0.5"),
+        ("FLEET_TOOL_TIMEOUT_S", "soon"),
+    ],
+)
+def test_a_malformed_number_in_the_environment_is_one_line(
+    clean_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    value: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert main(["trace", "list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fleet: error: {name}={value!r}: expected a "), err
+    assert len(err.splitlines()) == 1
