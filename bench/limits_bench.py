@@ -200,7 +200,7 @@ def requests_runs(url: str, tmp: Path, args: Any) -> None:
         }
         for label, provider in (
             ("same limit in fleet.yaml", limited),
-            ("no limits: (each worker backs off)", {"kind": "openai", "base_url": base}),
+            ("no limits: (429s pause the fleet)", {"kind": "openai", "base_url": base}),
         ):
             with fleet_on(url, tmp, {"fake": provider}, {}, args) as fleet:
                 run = explore_run(fleet, "fake:m", label, server, lambda s: (s.answered) / rate)
@@ -226,7 +226,7 @@ def tokens_runs(url: str, tmp: Path, args: Any) -> None:
         models = {"big": {"provider": "fake", "name": "m", "max_output_tokens": completion}}
         for label, provider in (
             ("same limit in fleet.yaml", limited),
-            ("no limits: (each worker backs off)", {"kind": "openai", "base_url": base}),
+            ("no limits: (429s pause the fleet)", {"kind": "openai", "base_url": base}),
         ):
             with fleet_on(url, tmp, {"fake": provider}, models, args) as fleet:
                 run = explore_run(fleet, "big", label, server, lambda s: s.tokens / tokens_s)
@@ -251,10 +251,13 @@ def fairness(url: str, tmp: Path, args: Any) -> None:
                 time.sleep(0.1)
             time.sleep(1.0)
             busy = [elapsed(fleet.submit("quick", model=small).wait(600)) for _ in range(3)]
+            kids = [fleet.trace(c) for c in fleet.store.children(tree.trace_id)]
+            ended = sum(k.is_terminal for k in kids)
             label = "big tree at batch priority" if priority == "batch" else "big tree, no priority"
             mid = statistics.median(busy)
             print(
                 f"{label:<30} idle {idle:5.2f} s  beside it {mid:6.2f} s  ratio {mid / idle:5.2f}x"
+                f"  (big tree: {ended}/{big_n} branches ended by then)"
             )
             fleet.stop(tree.trace_id)
             time.sleep(2.0)
