@@ -201,3 +201,11 @@ def window_running(root_trace_id: str) -> str:
 def window_pending(root_trace_id: str) -> str:
     """List: children of this tree waiting for a run slot, in spawn order (per-root window)."""
     return f"{PREFIX}:window:{root_trace_id}:pending"
+
+
+def tree(root_trace_id: str) -> str:
+    """Hash: how a tree is scheduled, TRACE_TTL_S; absent for a tree with defaults.
+
+    `max_concurrent` (children running at once), `priority` (interactive | batch).
+    """
+    return f"{PREFIX}:tree:{root_trace_id}"

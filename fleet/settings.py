@@ -44,6 +44,7 @@ ENV_NAMES = (
     "FLEET_SHELL_ENV",
     "FLEET_WEB_ALLOW",
     "FLEET_TOOL_TIMEOUT_S",
+    "FLEET_MAX_BRANCHES",
     "FLEET_HUMAN_TIMEOUT_S",
     "FLEET_SWEEP_INTERVAL_S",
     "FLEET_PROBE_DIR",
@@ -94,6 +95,8 @@ class Settings:
     """FLEET_WEB_ALLOW: hosts or CIDRs web_fetch may reach although not public."""
     tool_timeout_s: float = 30.0
     """FLEET_TOOL_TIMEOUT_S: wall-clock limit of one tool call."""
+    max_branches: int = 1000
+    """FLEET_MAX_BRANCHES: most branches one explore call may ask for (a preset may lower it)."""
     human_timeout_s: int = 24 * 3600
     """FLEET_HUMAN_TIMEOUT_S: how long an `ask_human` question waits before the agent goes on."""
     otel_tracing: bool = False
@@ -141,6 +144,7 @@ class Settings:
             shell_env=_names(env.get("FLEET_SHELL_ENV")),
             web_allow=_names(env.get("FLEET_WEB_ALLOW")),
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
+            max_branches=int(_positive(env, "FLEET_MAX_BRANCHES", 1000)),
             human_timeout_s=int(_positive(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600)),
             otel_tracing=_otel_tracing(env),
             otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),

@@ -156,7 +156,7 @@ class PlainProgress(BatchHooks):
         width = len(str(self.total))
         error = f"  {_one_line(result.error)}" if result.error else ""
         line = f"[{done:>{width}}/{self.total}] {result.status:<9} {result.id}  {result.trace_id}"
-        print(printable(line + error), flush=True)
+        print(printable(line + budget_text(result) + error), flush=True)
 
     def progress(self, counts: BatchCounts) -> None:
         """A counts line every PLAIN_STATUS_EVERY_S."""
@@ -213,6 +213,9 @@ class RichProgress(BatchHooks):
         if result.status != "completed":
             line = f"✗ {result.id} {result.status}: {_one_line(result.error or '')}"
             self.live.console.print(printable(line), style="red", markup=False, highlight=False)
+        elif budget := budget_text(result):
+            line = f"✓ {result.id}{budget}"
+            self.live.console.print(printable(line), style="yellow", markup=False, highlight=False)
 
     def progress(self, counts: BatchCounts) -> None:
         """Move the bar and refresh the counts."""
@@ -223,6 +226,20 @@ class RichProgress(BatchHooks):
             completed=counts.done + counts.failed + counts.skipped,
             rate=f"{self._finished / elapsed_s:.1f}/s",
         )
+
+
+def budget_text(result: BatchResult) -> str:
+    """`  budget 31200/40000 tok (budget)` for a task that had a budget, else ""."""
+    if not result.budget:
+        return ""
+    used, limit = result.budget["used"], result.budget["limit"]
+    parts = []
+    if limit.get("tokens") is not None:
+        parts.append(f"{used['tokens']}/{limit['tokens']} tok")
+    if limit.get("usd") is not None:
+        parts.append(f"${used['usd']:.4f}/${limit['usd']:g}")
+    ran_out = f" (ran out: {result.budget['exhausted']})" if result.budget.get("exhausted") else ""
+    return f"  budget {' '.join(parts)}{ran_out}" if parts or ran_out else ""
 
 
 def counts_text(counts: BatchCounts) -> str:
