@@ -257,6 +257,11 @@ class Budgets:
             return f"budget: sub-agents may not go deeper than depth {depth - 1}"
         return f"budget: the tree's {why} budget is spent; answer with what you have"
 
+    def deadline_ms(self, root_trace_id: str) -> int | None:
+        """When the tree's `wall_s` runs out (ms), if it has one: a wait on a person ends then."""
+        value = self._client.hget(keys.budget(root_trace_id), "deadline_ms")
+        return None if value is None else int(float(value))
+
     def state(self, root_trace_id: str) -> BudgetState | None:
         """The tree's budget now, or None if it has none."""
         pipe = self._client.pipeline()

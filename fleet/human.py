@@ -88,6 +88,11 @@ def ask(runtime: Runtime, trace: Trace, tool_call_id: str, question: str) -> Tra
     timeout_s = int(trace.metadata.get(TIMEOUT_KEY) or runtime.settings.human_timeout_s)
     asked = now_ms()
     deadline_ms = asked + timeout_s * 1000
+    budgets = runtime.gate.budgets
+    wall_ms = budgets.deadline_ms(trace.root_trace_id) if budgets is not None else None
+    ends = "timeout"
+    if wall_ms is not None and wall_ms < deadline_ms:  # the tree's wall_s budget ends it first
+        deadline_ms, ends = max(wall_ms, asked), "budget"
     waiting = {
         "kind": "human",
         "tool_call_id": tool_call_id,
@@ -95,6 +100,7 @@ def ask(runtime: Runtime, trace: Trace, tool_call_id: str, question: str) -> Tra
         "asked_at_ms": asked,
         "deadline_ms": deadline_ms,
         "timeout_s": timeout_s,
+        "ends": ends,
     }
     # Indexed first: a wait is never left without its deadline (the sweeper ignores an
     # entry whose trace no longer waits).
@@ -191,10 +197,13 @@ def time_out_waits(runtime: Runtime, at_ms: int | None = None) -> list[str]:
             waiting = waiting_on(store.get_trace(trace_id)) or {}
         except TraceNotFound:  # expired with its TTL; nothing to resume
             continue
+        reason = str(waiting.get("ends") or "timeout")
         text = (
             f"No reply from a person within {waiting.get('timeout_s', '?')} s. Go on "
             "without it; say in your final answer what you still need from them."
         )
-        if end_wait(runtime, trace_id, reason="timeout", text=text) is not None:
+        if reason == "budget":
+            text = "The tree's time budget (wall_s) ran out before a person replied."
+        if end_wait(runtime, trace_id, reason=reason, text=text) is not None:
             resumed.append(trace_id)
     return resumed

@@ -311,3 +311,15 @@ def test_fleet_batch_records_the_question_and_the_trace_stays_resumable(
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert (row["status"], row["question"]) == ("waiting", "Which colour?")
     assert fleet.reply(row["trace_id"], "red").wait(timeout_s=TIMEOUT_S).answer == "painted it red"
+
+
+def test_a_wall_time_budget_ends_a_wait_on_a_person(fleet: Fleet, tmp_path: Path) -> None:
+    from fleet.budget import Budget
+
+    handle = fleet.submit("paint the porch", model=ask_script(tmp_path), budget=Budget(wall_s=2))
+    wait_until(lambda: bool(fleet.waiting()), TIMEOUT_S, "the question")
+    assert waiting_on(fleet.trace(handle.trace_id))["ends"] == "budget"  # type: ignore[index]
+    done = handle.wait(timeout_s=TIMEOUT_S)  # a sweeper ends the wait when wall_s runs out
+    assert done.status == "completed" and done.metadata["stop_reason"] == "budget", done
+    person = fleet.store.collaborators(done.trace_id)[0]
+    assert person.status == "failed" and "time budget" in person.summary
