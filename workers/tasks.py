@@ -46,8 +46,10 @@ def run_agent(
     runtime = get_runtime()
     result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
     hand_back(self, result)
-    if windowed and result.outcome in ("completed", "failed", "stopped"):
+    ended = result.outcome in ("completed", "failed", "stopped")
+    if ended and (windowed or recovered):  # a sweeper's re-send does not say `windowed`
         start_window(runtime, runtime.store.get_trace(trace_id).root_trace_id, ended=trace_id)
+    if ended and windowed:
         resume_settled(lifecycle.settle_from_child(runtime, trace_id))
     if recovered:
         after_recovery(self, lifecycle.settle_from_child(runtime, trace_id))
