@@ -8,8 +8,9 @@ import redis
 from celery import Task
 from celery.exceptions import Ignore
 
-from fleet import lifecycle
+from fleet import lifecycle, outbox
 from fleet.lifecycle import AlreadyCollected, Settled, Settlement, Waiting
+from fleet.models import now_ms
 from fleet.runner import Runner, RunResult, run_safely
 from fleet.settings import process_settings
 from workers.app import MAX_WORKER_LOST_RETRIES, app
@@ -42,8 +43,8 @@ def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, s
     runtime = get_runtime()
     result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
     hand_back(self, result)
-    if recovered:
-        after_recovery(self, lifecycle.settle_from_child(runtime, trace_id))
+    if recovered and result.outcome != "interrupted":  # else the sweeper comes back
+        after_recovery(trace_id, lifecycle.settle_from_child(runtime, trace_id))
     return envelope(result)
 
 
@@ -60,6 +61,10 @@ def hand_back(task: Task, result: RunResult) -> None:
     if result.outcome == "yielded":
         requeue(task)
     if result.outcome == "throttled":
+        # The countdown lives in this worker's memory: the outbox sends the run again if
+        # the worker dies (or loses its broker) before it is due.
+        due_ms = now_ms() + int(result.retry_in_s * 1000) + 2 * get_runtime().settings.lease_ttl_ms
+        get_runtime().store.outbox_put(outbox.run_entry(result.trace_id), due_ms)
         requeue(task, countdown_s=result.retry_in_s)
 
 
@@ -99,14 +104,19 @@ def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     lifecycle.fail(get_runtime(), parent_trace_id, error=error, reason="chord_failed")
 
 
-def after_recovery(task: Task, settlement: Settlement) -> None:
+def after_recovery(trace_id: str, settlement: Settlement) -> None:
     """A recovered run settles its own call (a lost worker's chord never runs its body).
 
     The sibling that ends last may have reported to that chord, so while some still run
-    this task comes back once per lease TTL.
+    the call goes to the outbox: a sweeper settles it once all ended (looking every lease
+    TTL). In Redis, not a countdown task a dying worker would take with it.
     """
     if isinstance(settlement, Waiting):
-        raise task.retry(countdown=LEASE_RETRY_S, max_retries=None)
+        runtime = get_runtime()
+        child = runtime.store.get_trace(trace_id)
+        entry = outbox.settle_entry(child.parent_trace_id or "", child.parent_tool_call_id or "")
+        runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
+        return
     resume_settled(settlement)
 
 
