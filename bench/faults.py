@@ -491,7 +491,10 @@ def run(names: list[str], options: Options, say: Callable[[str], None] = print) 
     say(" | ".join(HEADER))
     for name in names:
         started_s = time.monotonic()
-        result = SCENARIOS[name](options)
+        try:
+            result = SCENARIOS[name](options)
+        except Exception as exc:  # a harness step timed out: report it, go on with the rest
+            result = Row(name, runs=1, lost=1, notes=[f"{type(exc).__name__}: {exc}"])
         for row in result if isinstance(result, list) else [result]:
             rows.append(row)
             say(" | ".join(row.cells()) + f"   ({time.monotonic() - started_s:.0f} s)")

@@ -5,13 +5,15 @@ first `collect()`s the connection (dropping its client) and then closes it; clos
 channel restores the unacked messages through that client, which is gone: AttributeError,
 "Unrecoverable error", and the worker exits instead of reconnecting (seen here on every
 Redis restart with work in flight). With this, the close skips the restore and the worker
-reconnects. What those messages carried is not lost: their traces' leases lapse and the
-sweeper re-enqueues them, and waits that relied on a countdown are kept in the outbox.
+reconnects (a task finishing on its old channel skips its ack too). What those messages
+carried is not lost: their traces' leases lapse and the sweeper re-enqueues them, and
+waits that relied on a countdown are kept in the outbox.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kombu.transport.redis import QoS
@@ -22,21 +24,30 @@ _installed = False
 
 
 def install() -> None:
-    """Make `QoS.restore_unacked` survive a connection whose client is already gone."""
+    """Make the Redis QoS survive a channel whose connection was already collected.
+
+    `restore_unacked` (on close), `ack` and `reject` (a task that ran across the loss
+    finishing on its old channel) then log instead of raising.
+    """
     global _installed
     if _installed:
         return
-    original = QoS.restore_unacked
+    for name in ("restore_unacked", "ack", "reject"):
+        setattr(QoS, name, _tolerant(name, getattr(QoS, name)))
+    _installed = True
 
-    def restore_unacked(self: Any, client: Any = None) -> Any:
+
+def _tolerant(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return original(self, client)
-        except AttributeError:  # the broken connection lost its client before this close
+            return method(self, *args, **kwargs)
+        except AttributeError:  # the broken connection lost its client before this call
             log.warning(
-                "broker connection lost: %d unacknowledged message(s) left for recovery",
+                "broker connection lost: %s skipped (%d unacknowledged message(s) are left"
+                " to the sweeper and the visibility timeout)",
+                name,
                 len(self._delivered),
             )
             return None
 
-    QoS.restore_unacked = restore_unacked  # type: ignore[method-assign]
-    _installed = True
+    return call
