@@ -99,9 +99,16 @@ def collect(results: list[dict[str, str]], parent_trace_id: str, tool_call_id: s
 
 @app.task(name="fleet.collect_failed")
 def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
-    """Errback of a broken chord: the parent must not wait forever."""
-    error = f"sub-agent chord for {tool_call_id!r} failed"
-    lifecycle.fail(get_runtime(), parent_trace_id, error=error, reason="chord_failed")
+    """Errback of a broken chord: settle the call from the children's own state.
+
+    Branches never raise (their envelope carries their outcome), so a header "failed" only
+    when its worker lost Redis or the broker; the children still end, and the call is
+    settled once they all have (now, or by a sweeper from the outbox).
+    """
+    runtime = get_runtime()
+    children = lifecycle.call_children(runtime.store, parent_trace_id, tool_call_id)
+    settlement = lifecycle.settle(runtime, parent_trace_id, tool_call_id, children)
+    settle_later(parent_trace_id, tool_call_id, settlement)
 
 
 def after_recovery(trace_id: str, settlement: Settlement) -> None:
@@ -111,10 +118,15 @@ def after_recovery(trace_id: str, settlement: Settlement) -> None:
     the call goes to the outbox: a sweeper settles it once all ended (looking every lease
     TTL). In Redis, not a countdown task a dying worker would take with it.
     """
+    child = get_runtime().store.get_trace(trace_id)
+    settle_later(child.parent_trace_id or "", child.parent_tool_call_id or "", settlement)
+
+
+def settle_later(parent_trace_id: str, tool_call_id: str, settlement: Settlement) -> None:
+    """Resume the parent if settled; while children still run, leave it to a sweeper."""
     if isinstance(settlement, Waiting):
         runtime = get_runtime()
-        child = runtime.store.get_trace(trace_id)
-        entry = outbox.settle_entry(child.parent_trace_id or "", child.parent_tool_call_id or "")
+        entry = outbox.settle_entry(parent_trace_id, tool_call_id)
         runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
         return
     resume_settled(settlement)
