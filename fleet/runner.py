@@ -293,8 +293,10 @@ class Runner:
         return Wait(delay_s, "provider error")
 
     def _overloaded(self, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
-        """Back off an overloaded provider, but not forever: a provider that stays down
-        fails the trace (through `_retry_later`) after OVERLOADS_PER_RETRY × the budget.
+        """Back off an overloaded provider, but not forever.
+
+        A provider that stays down fails the trace (through `_retry_later`) after
+        OVERLOADS_PER_RETRY × `transient_retries` pauses.
         """
         wait = self.runtime.gate.overloaded(go, exc)  # re-raises without a limiter
         count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
