@@ -91,12 +91,16 @@ class Bench:
         ideal = statistics.median(asyncio_run(n, latency_ms, True) for _ in range(repeat))
         return Row.of("http", n, latency_ms, fleet, peer, ideal, bare)
 
-    def one_completion(self, latency_ms: int, repeat: int) -> tuple[float, float]:
-        """Medians of `fleet run` through the fleet and `--inline`, alternated."""
+    def one_completion(self, latency_ms: int, repeat: int) -> tuple[float, float, float]:
+        """`fleet run` through the fleet and `--inline`, alternated: medians of each and of
+        the pairs' differences (process start times under load vary more than the gap)."""
         model = f"{HTTP_PROVIDER}:lat{latency_ms}"
-        fleet = [cli_run(self.env, model, inline=False) for _ in range(repeat)]
-        inline = [cli_run(self.env, model, inline=True) for _ in range(repeat)]
-        return statistics.median(fleet), statistics.median(inline)
+        pairs = [
+            (cli_run(self.env, model, inline=False), cli_run(self.env, model, inline=True))
+            for _ in range(max(repeat, 3))
+        ]
+        med = statistics.median
+        return med(f for f, _ in pairs), med(i for _, i in pairs), med(f - i for f, i in pairs)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

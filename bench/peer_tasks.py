@@ -28,6 +28,7 @@ from fleet.presets import BUILTIN_PRESETS
 from fleet.tools.registry import default_registry
 from workers.app import QUEUE_BY_MODE, app
 
+RETRIES = 3
 _lock = threading.Lock()
 _http: list[httpx.Client] = []
 _TOOLS = default_registry().schemas(["read_file", "glob", "grep", "list_dir"])
@@ -42,7 +43,13 @@ def _client() -> httpx.Client:
 
 def _complete(base_url: str, model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
     body = {"model": model, "messages": messages, "tools": _TOOLS, "tool_choice": "auto"}
-    response = _client().post(f"{base_url}/chat/completions", json=body)
+    for attempt in range(RETRIES):  # as the fleet's client retries a dropped connection
+        try:
+            response = _client().post(f"{base_url}/chat/completions", json=body)
+            break
+        except httpx.TransportError:
+            if attempt == RETRIES - 1:
+                raise
     response.raise_for_status()
     message: dict[str, Any] = response.json()["choices"][0]["message"]
     return message
@@ -69,7 +76,18 @@ def http_root(base_url: str, model: str, task: str, body_id: str) -> None:
 
 @app.task(name="bench.http_branch")  # type: ignore[untyped-decorator]
 def http_branch(base_url: str, model: str, task: str) -> str:
-    """Two completions with a `list_dir` run between them, like a fleet branch."""
+    """Two completions with a `list_dir` run between them, like a fleet branch.
+
+    An error comes back as the answer, as a fleet branch's envelope does: the chord body
+    must run whatever a branch met.
+    """
+    try:
+        return _branch(base_url, model, task)
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        return f"error: {type(exc).__name__}: {exc}"
+
+
+def _branch(base_url: str, model: str, task: str) -> str:
     messages = [_system(), {"role": "user", "content": task}]
     first = _complete(base_url, model, messages)
     call = first["tool_calls"][0]

@@ -5,11 +5,12 @@ Writing it (and the collaborator entries) is `fleet.lifecycle.settle`'s job.
 
 from __future__ import annotations
 
+import json
 import re
 
 from fleet.models import Message, Trace
 
-_VERDICT = re.compile(r"VERDICT:\s*(pass|fail)", re.I)
+_VERDICT = re.compile(r"VERDICT:\s*(pass|fail|partial)", re.I)
 
 
 def result_message(parent_trace_id: str, tool_call_id: str, children: list[Trace]) -> Message:
@@ -31,7 +32,7 @@ def render_result(children: list[Trace]) -> str:
         child = children[0]
         head = f"[{child.status}] sub_trace_id: {child.trace_id}"
         if child.mode == "evaluate":
-            head += f"\nverdict: {verdict(child.answer)}"
+            head += f"\nverdict: {verdict(child)}"
         return f"{head}\n\n{_body(child)}"
     done = sum(c.status == "completed" for c in children)
     lines = [f"Explore finished: {len(children)} branches, {done} completed."]
@@ -42,16 +43,21 @@ def render_result(children: list[Trace]) -> str:
     return "\n".join(lines)
 
 
-def verdict(answer: str | None) -> str:
-    """`pass`, `fail` or `unknown`, from an evaluator's answer."""
-    match = _VERDICT.search(answer or "")
+def verdict(child: Trace) -> str:
+    """`pass`, `fail`, `partial` or `unknown`: the evaluator's validated verdict, if any."""
+    if child.output is not None and isinstance(child.output.get("verdict"), str):
+        return str(child.output["verdict"])
+    match = _VERDICT.search(child.answer or "")
     return match.group(1).lower() if match else "unknown"
 
 
 def _body(child: Trace) -> str:
-    if child.status == "completed":
-        return child.answer or "(no answer)"
-    return f"error: {child.error or child.status}"
+    """The answer; a structured one as its JSON (the parent parses that, not prose)."""
+    if child.status != "completed":
+        return f"error: {child.error or child.status}"
+    if child.output is not None:
+        return "```json\n" + json.dumps(child.output, ensure_ascii=False, indent=2) + "\n```"
+    return child.answer or "(no answer)"
 
 
 def _short(children: list[Trace]) -> str:

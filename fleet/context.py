@@ -6,6 +6,7 @@ import json
 
 from fleet.models import Message, Role, Trace
 from fleet.runtime import Runtime
+from fleet.structured import VERDICT_SCHEMA, instruction, schema_for
 
 BASE_PROMPT = (
     "You are an agent working in the workspace {workspace}. Use the tools to inspect and "
@@ -24,6 +25,9 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     skills = [*preset.skills, *trace.skills]
     if skills:
         system += "\n\nLoad these skills with the `skill` tool when useful: " + ", ".join(skills)
+    schema = schema_for(preset.output_schema, preset.name, trace)
+    if schema is not None and schema is not VERDICT_SCHEMA:  # the judge's prompt has its own
+        system += "\n\n" + instruction(schema)
     out = [Message(trace_id=trace.trace_id, role="system", content=system)]
     for item in trace.context.get("messages") or []:
         role: Role = "assistant" if item.get("role") == "assistant" else "user"

@@ -88,6 +88,12 @@ class GoalTree(BaseModel):
                 pending[0].status = "in_progress"
         return goal
 
+    def link(self, goal_id: str, sub_trace_ids: list[str]) -> Goal:
+        """Record that these sub-traces worked on the goal (each id once, in order)."""
+        goal = self.get(goal_id)
+        goal.sub_trace_ids += [t for t in sub_trace_ids if t not in goal.sub_trace_ids]
+        return goal
+
     def render(self) -> str:
         """The plan as Markdown, for injection into the context."""
         if not self.goals:
@@ -98,6 +104,8 @@ class GoalTree(BaseModel):
             indent = "  " * goal.id.count(".")
             focus = " (focus)" if goal.id == self.focus_id else ""
             tail = f" — {goal.summary}" if goal.summary else ""
+            if goal.sub_trace_ids:  # the latest few: enough to `continue_from` one
+                tail += f" [sub-traces: {', '.join(goal.sub_trace_ids[-3:])}]"
             mark = marks[goal.status]
             lines.append(f"{indent}- [{mark}] {goal.id} {goal.description}{focus}{tail}")
         return "\n".join(lines)

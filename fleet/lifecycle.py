@@ -26,7 +26,15 @@ from fleet.cache import remember
 from fleet.collect import result_message
 from fleet.control import subtree
 from fleet.history import main_path, open_turn
-from fleet.models import Collaborator, CollaboratorStatus, Event, Status, Trace, now_ms
+from fleet.models import (
+    Collaborator,
+    CollaboratorStatus,
+    Event,
+    Status,
+    Trace,
+    TracePatch,
+    now_ms,
+)
 from fleet.runtime import Runtime
 from fleet.store import TraceStore
 from fleet.writes import TraceWrite
@@ -98,7 +106,7 @@ def reopen(
 
     `otel`: the new call's tracing context (`Hooks.child_context`), which its runs continue.
     """
-    fields: dict[str, Any] = {"status": "queued", "parent_tool_call_id": tool_call_id}
+    fields: TracePatch = {"status": "queued", "parent_tool_call_id": tool_call_id}
     fields |= {"answer": None, "error": None}
     if otel:
         fields["metadata"] = {**child.metadata, "otel": otel}
@@ -114,10 +122,14 @@ def finish(
     answer: str | None = None,
     error: str | None = None,
     reason: str,
+    output: dict[str, Any] | None = None,
     trace: Trace | None = None,
     write: TraceWrite | None = None,
 ) -> Trace:
     """A terminal status with its `stop_reason`; the parent's entry and the events follow.
+
+    `output`: the answer's validated object (`fleet.structured`), for the trace and the
+    parent's collaborator entry.
 
     `trace`: the trace as it is now, when the caller holds it (a runner does); else it is
     read. `write`: the caller's own writes to this trace, applied here in the same step
@@ -130,10 +142,11 @@ def finish(
     before = trace if trace is not None else store.get_trace(trace_id)
     finished = now_ms()
     redactor = runtime.redactor  # an error may quote a provider body or an exception
-    fields = {
+    fields: TracePatch = {
         "status": status,
         "answer": redactor.values_only(answer) if answer else answer,
         "error": redactor(error) if error else error,
+        "output": redactor.values_in(output) if output else output,
         "finished_at_ms": finished,
         "updated_at_ms": finished,
         "metadata": {**before.metadata, "stop_reason": reason},
@@ -222,6 +235,7 @@ def _mirror(
         mode=child.mode,
         tool_call_id=child.parent_tool_call_id,
         stats=child.stats,
+        output=child.output if child.status == "completed" else None,
     )
     _put_collaborator(runtime.store, parent_trace_id, child, entry, status, write)
 
@@ -260,7 +274,7 @@ def reopen_root(
     `iteration` restarts (max_iterations counts per user turn) and the stop flag of an
     earlier `fleet stop` is lowered. `data` goes with the `trace` event (the turn number).
     """
-    fields: dict[str, Any] = {"status": "queued", "answer": None, "output": None}
+    fields: TracePatch = {"status": "queued", "answer": None, "output": None}
     fields |= {"error": None, "finished_at_ms": None, "iteration": 0, "metadata": metadata}
     event = Event(kind="trace", trace_id=trace.trace_id, status="queued", data=data)
     runtime.store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, **fields)

@@ -7,7 +7,7 @@ These are pydantic models because they cross the edge into Redis and task messag
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -143,6 +143,34 @@ class Trace(_Model):
     def is_terminal(self) -> bool:
         """True once the trace completed, failed or was stopped."""
         return self.status in TERMINAL
+
+
+class TracePatch(TypedDict, total=False):
+    """The fields of a `Trace` an update may write (the store's `update_trace`).
+
+    Identity (`trace_id`, `root_trace_id`, `parent_trace_id`, `mode`, `task`, `created_at_ms`)
+    and `stats` (added to with `add_stats`) are never overwritten.
+    """
+
+    status: Status
+    name: str
+    preset: str
+    model: str | None
+    workspace: str | None
+    parent_tool_call_id: str | None
+    context: dict[str, Any]
+    skills: list[str]
+    metadata: dict[str, Any]
+    ceiling: ToolCeiling
+    answer: str | None
+    output: dict[str, Any] | None
+    error: str | None
+    iteration: int
+    head_sequence: int | None
+    last_sequence: int
+    goals: GoalTree
+    updated_at_ms: int
+    finished_at_ms: int | None
 
 
 class Event(_Model):

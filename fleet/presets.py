@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -32,6 +32,7 @@ from pydantic_core import ErrorDetails
 
 from fleet import trust, yamlsafe
 from fleet.errors import ConfigError
+from fleet.structured import check_schema
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
@@ -75,6 +76,8 @@ class AgentPreset:
     cache_ttl_s: int | None = None
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
+    output_schema: Mapping[str, Any] | None = field(default=None, hash=False)
+    """JSON Schema the final answer must meet (`fleet.structured`); None: free text."""
     """Arguments of the `agent` call whose values make up the cache key."""
 
     def allows(self, tool: str) -> bool:
@@ -132,13 +135,13 @@ not verified in the workspace.
 
 Answer in exactly this shape:
 
-VERDICT: pass|fail
+VERDICT: pass|fail|partial
 REASONS:
 - what meets the goal and what does not, with evidence (paths, lines, outputs)
 SUGGESTIONS:
 - concrete changes that would make the work pass, or make it better
 
-Write `VERDICT: pass` only if every part of the goal is met."""
+Write `VERDICT: pass` only if every part of the goal is met, `partial` if some of it is."""
 
 BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
     {
@@ -197,6 +200,7 @@ class _PresetFrontmatter(BaseModel):
     skills: list[str] = Field(default_factory=list)
     read_only: bool = False
     cache: _CacheSection | None = None
+    output_schema: dict[str, Any] | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -214,6 +218,8 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         front = _validate(_parse_yaml(header), default_name=path.stem)
         _check_tools(front, known_tools)
         _check_cache_keys(front)
+        if front.output_schema is not None:
+            check_schema(front.output_schema, "frontmatter")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -231,6 +237,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         read_only=front.read_only,
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
+        output_schema=front.output_schema,
     )
 
 

@@ -159,6 +159,16 @@ class Redactor:
             return text
         return self._pattern.sub(REDACTED, text)
 
+    def values_in(self, value: Any) -> Any:
+        """A JSON-like value (a structured answer, a context) with known values masked."""
+        if isinstance(value, str):
+            return self.values_only(value)
+        if isinstance(value, dict):
+            return {self.values_only(str(k)): self.values_in(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.values_in(item) for item in value]
+        return value
+
     def contains_secret(self, text: str) -> bool:
         """Whether redaction would change `text`."""
         return self(text) != text

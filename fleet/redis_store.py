@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import urlsplit
 
 import redis
@@ -21,7 +21,16 @@ import redis
 from fleet import keys, redis_scripts, redis_writes
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
-from fleet.models import Collaborator, Event, Message, Trace, TraceStats, WorkerPresence, now_ms
+from fleet.models import (
+    Collaborator,
+    Event,
+    Message,
+    Trace,
+    TracePatch,
+    TraceStats,
+    WorkerPresence,
+    now_ms,
+)
 from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
 from fleet.writes import TraceWrite, WriteResult
 
@@ -191,13 +200,13 @@ class RedisStore:
                 raise TraceNotFound(f"no trace {trace_id!r}")
         return [t for t in found if t is not None]
 
-    def update_trace(self, trace_id: str, **fields: Any) -> None:
-        self._update_trace(trace_id, None, fields)
+    def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None:
+        self._update_trace(trace_id, None, dict(fields))
 
     def update_trace_and_emit(
-        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Unpack[TracePatch]
     ) -> None:
-        self._update_trace(trace_id, (root_trace_id, event), fields)
+        self._update_trace(trace_id, (root_trace_id, event), dict(fields))
 
     def _update_trace(
         self, trace_id: str, emit: tuple[str, Event] | None, fields: dict[str, Any]

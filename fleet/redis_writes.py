@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from fleet import keys
@@ -25,11 +26,11 @@ FLOAT_STATS = frozenset({"cost_usd"})
 _PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
 
 
-def encode_fields(fields: dict[str, Any]) -> list[str]:
+def encode_fields(fields: Mapping[str, Any]) -> list[str]:
     """Validated trace fields as HSET items, each value as JSON (`updated_at_ms` added)."""
-    fields = {"updated_at_ms": now_ms(), **fields}
-    patch = Trace.model_validate({**_PLACEHOLDER, **fields}).model_dump(
-        mode="json", include=set(fields)
+    values = {"updated_at_ms": now_ms(), **fields}
+    patch = Trace.model_validate({**_PLACEHOLDER, **values}).model_dump(
+        mode="json", include=set(values)
     )
     return [item for k, v in patch.items() for item in (k, json.dumps(v, ensure_ascii=False))]
 

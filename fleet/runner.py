@@ -16,6 +16,8 @@ from typing import Any, Literal, assert_never
 from fleet import lifecycle
 from fleet.context import first_messages, injection
 from fleet.errors import FleetError, LeaseLost, ProviderOverloaded, TransientLLMError
+from fleet.fit import fit
+from fleet.fit import record as record_fit
 from fleet.gate import Go, Wait
 from fleet.history import (
     SUB_AGENT_TOOLS,
@@ -33,6 +35,7 @@ from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.store import TraceSnapshot
+from fleet.structured import Accepted, Checked, Correct, Rejected, check_final, schema_for
 from fleet.toolcalls import execute_turn, tool_schemas
 from fleet.writes import TraceWrite, WriteResult
 
@@ -225,7 +228,12 @@ class Runner:
                 return self._handed_back(snapshot.trace, turn)
             match turn.step:
                 case Finish(answer=answer):
-                    return self._end(held, turn, "completed", answer=answer, reason="final_answer")
+                    checked = self._check(turn, answer)
+                    if isinstance(checked, Correct):
+                        self._correct(turn, checked.message)
+                        snapshot = None  # read again: the answer and the correction were written
+                        continue
+                    return self._final(held, turn, answer, checked)
                 case DoomLoop(call=call, repeats=repeats):
                     error = (
                         f"doom loop: {call.name!r} called {repeats} times with the same arguments"
@@ -336,7 +344,11 @@ class Runner:
                 update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
             )
         path = main_path(messages, trace.head_sequence)
-        response = self._call(trace, model_name, verdict, to_wire(path), tools)
+        window = self.runtime.context_window(model_name)
+        fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
+        if fitted.elided and window is not None:
+            trace = record_fit(self.store, trace, fitted, window)
+        response = self._call(trace, model_name, verdict, fitted.messages, tools)
         if isinstance(response, Wait):
             return response
         self.runtime.hooks.model_responded(trace, response)
@@ -410,6 +422,36 @@ class Runner:
             completion_tokens=response.usage.completion_tokens,
             cost_usd=response.usage.cost_usd,
         )
+
+    def _check(self, turn: _Turn, answer: str) -> Checked:
+        """Whether the final answer meets the trace's output schema (if it has one)."""
+        preset = self.runtime.preset(turn.trace.preset)
+        schema = schema_for(preset.output_schema, preset.name, turn.trace)
+        path = main_path(turn.messages, turn.trace.head_sequence)
+        return check_final(schema, turn.trace, self.runtime.redactor.values_only(answer), path)
+
+    def _correct(self, turn: _Turn, message: Message) -> None:
+        """Store the rejected answer and the correction after it; the next turn re-reads."""
+        self.store.apply(turn.write)
+        event = Event(
+            kind="message", trace_id=turn.trace.trace_id, data={"role": "user", "correction": True}
+        )
+        self.store.record_turn(turn.trace.root_trace_id, message, event)
+
+    def _final(self, held: _Held, turn: _Turn, answer: str, checked: Checked) -> Outcome:
+        match checked:
+            case Accepted(output=output):
+                return self._end(
+                    held, turn, "completed", answer=answer, output=output, reason="final_answer"
+                )
+            case Rejected(error=error):
+                return self._end(
+                    held, turn, "failed", answer=answer, error=error, reason="output_schema"
+                )
+            case Correct():
+                raise AssertionError("a correction is sent, not finished")
+            case _:
+                assert_never(checked)
 
     def _end(self, held: _Held, turn: _Turn, status: Status, **outcome: Any) -> Outcome:
         """The last model turn, the finish, the duration and the lease's release: one step."""

@@ -135,6 +135,11 @@ class Runtime:
         """The preset, or `ConfigError` listing the known ones."""
         return get_preset(self.presets, name)
 
+    def context_window(self, model_name: str) -> int | None:
+        """The `context_window` of a model alias in fleet.yaml, if it has one."""
+        alias = self.config.models.get(model_name)
+        return alias.context_window if alias is not None else None
+
     def permissions(self, trace: Trace) -> AgentPreset:
         """What `trace` may do: its preset within the ceiling it inherited.
 

@@ -7,11 +7,20 @@ import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Unpack
 
 from fleet.errors import LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
-from fleet.models import Collaborator, Event, Message, Trace, TraceStats, WorkerPresence, now_ms
+from fleet.models import (
+    Collaborator,
+    Event,
+    Message,
+    Trace,
+    TracePatch,
+    TraceStats,
+    WorkerPresence,
+    now_ms,
+)
 from fleet.writes import TraceWrite, WriteResult, apply_one_by_one
 
 STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
@@ -51,12 +60,12 @@ class TraceStore(Protocol):
         """Several traces in one read, in order; `TraceNotFound` names the first missing."""
         ...
 
-    def update_trace(self, trace_id: str, **fields: Any) -> None:
+    def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None:
         """Overwrite these top-level fields only (other writers' fields are untouched)."""
         ...
 
     def update_trace_and_emit(
-        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Unpack[TracePatch]
     ) -> None:
         """`update_trace` and `emit` in one atomic step."""
         ...
@@ -319,7 +328,7 @@ class MemoryStore:
         with self._lock:
             return [self.get_trace(t) for t in trace_ids]
 
-    def update_trace(self, trace_id: str, **fields: Any) -> None:
+    def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None:
         fields.setdefault("updated_at_ms", now_ms())
         patch = Trace.model_validate(
             {**self.get_trace(trace_id).model_dump(), **fields}
@@ -329,7 +338,7 @@ class MemoryStore:
             self._traces[trace_id].update(patch)
 
     def update_trace_and_emit(
-        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Unpack[TracePatch]
     ) -> None:
         with self._lock:
             self.update_trace(trace_id, **fields)

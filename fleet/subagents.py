@@ -10,6 +10,7 @@ from fleet import ids, lifecycle
 from fleet.cache import CacheScope, cache_key
 from fleet.conversation import TURN_KEY, turn_of
 from fleet.errors import ToolError, TraceExists
+from fleet.goals import GoalTree
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Mode, ToolCeiling, Trace
@@ -83,6 +84,8 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
     entries = TraceWrite(parent.trace_id, parent.root_trace_id)  # every entry in one step
     for child in children:
         lifecycle.announce(runtime, parent, child, entries)
+    if (goals := _linked_goals(runtime, parent, call, args, children)) is not None:
+        entries.update(goals=goals)
     runtime.store.apply(entries)
     return SpawnRequest(
         parent_trace_id=parent.trace_id,
@@ -92,6 +95,23 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
         mode=children[0].mode,
         children=tuple(children),
     )
+
+
+def _linked_goals(
+    runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any], children: list[Trace]
+) -> GoalTree | None:
+    """The parent's plan with these children linked to their goal; None if there is none.
+
+    The goal is evaluate's `target_goal_id`, else the focused one. The plan is read
+    again: a `goal` call earlier in the same turn may have changed it.
+    """
+    goals = runtime.store.get_trace(parent.trace_id).goals
+    target = args.get("target_goal_id") if call.name == "evaluate" else None
+    goal_id = str(target or goals.focus_id or "")
+    if not goal_id or goal_id not in {g.id for g in goals.goals}:
+        return None
+    goals.link(goal_id, [c.trace_id for c in children])
+    return goals
 
 
 def _agent_children(

@@ -15,16 +15,16 @@ next turn needs no read of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, Unpack
 
-from fleet.models import Collaborator, Event, Message
+from fleet.models import Collaborator, Event, Message, TracePatch
 
 
 @dataclass(frozen=True)
 class SetFields:
     """Overwrite top-level trace fields (as `update_trace`), with an optional event."""
 
-    fields: dict[str, Any]
+    fields: TracePatch
     event: Event | None = None
 
 
@@ -79,7 +79,7 @@ class TraceWrite:
     root_trace_id: str
     ops: list[WriteOp] = field(default_factory=list)
 
-    def update(self, event: Event | None = None, /, **fields: Any) -> TraceWrite:
+    def update(self, event: Event | None = None, /, **fields: Unpack[TracePatch]) -> TraceWrite:
         """Overwrite these fields; emit `event` with them."""
         self.ops.append(SetFields(fields, event))
         return self
@@ -134,10 +134,10 @@ class WriteResult:
 class SingleWrites(Protocol):
     """The single-purpose TraceStore methods a write is made of."""
 
-    def update_trace(self, trace_id: str, **fields: Any) -> None: ...  # noqa: D102
+    def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None: ...  # noqa: D102
 
     def update_trace_and_emit(  # noqa: D102
-        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Any
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Unpack[TracePatch]
     ) -> None: ...
 
     def append_message(self, message: Message) -> Message: ...  # noqa: D102

@@ -193,7 +193,7 @@ def test_stop_ends_the_wait_and_continue_heals_the_question(
 def test_read_only_presets_cannot_ask_a_person(
     store: TraceStore, tmp_path: Path, preset: str
 ) -> None:
-    model = ScriptedModel([call("ask_human", question="may I?"), text("done")])
+    model = ScriptedModel([call("ask_human", question="may I?"), text("VERDICT: pass")])
     local = local_fleet(store, tmp_path, model)
     trace = local.run("look around", model="test", preset=preset)
     assert trace.status == "completed", "the refusal went back to the model"

@@ -134,3 +134,11 @@ def test_log_records_and_tracebacks_are_redacted(caplog: pytest.LogCaptureFixtur
         assert "RuntimeError: auth failed for [redacted]" in text
     finally:
         install_log_redaction(Redactor())
+
+
+def test_values_in_a_json_value_are_masked_keys_included() -> None:
+    secret = ENV["GH_PAT"]
+    value = {"token": secret, "list": [1, f"x{secret}", {secret: True}], "n": None}
+    masked = Redactor.from_env(ENV).values_in(value)
+    assert secret not in repr(masked)
+    assert masked["list"][0] == 1 and masked["n"] is None and masked["token"] == REDACTED

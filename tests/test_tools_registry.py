@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -7,6 +8,7 @@ import pytest
 
 from fleet.errors import ConfigError, ToolError
 from fleet.presets import BUILTIN_PRESETS, AgentPreset
+from fleet.tools import registry as registry_module
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.registry import (
     ToolRegistry,
@@ -266,6 +268,26 @@ def test_execute_caps_output(registry: ToolRegistry, tmp_path: Path) -> None:
     small = ToolContext(workspace=tmp_path, output_limit_chars=50)
     result = registry.execute("chatty", {}, small, DEFAULT)
     assert result.output == "y" * 50 + "\n… [truncated 950 chars]"
+
+
+def test_a_tool_that_never_returns_gives_the_slot_back(
+    registry: ToolRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+
+    def stuck(ctx: ToolContext) -> ToolResult:
+        """Wait for ever, as a custom tool with a bug would."""
+        release.wait(30)
+        return ToolResult(title="late", output="late")
+
+    registry.register(stuck, read_only=True)
+    monkeypatch.setattr(registry_module, "TOOL_TIMEOUT_GRACE_S", 0.1)
+    try:
+        result = registry.execute("stuck", {}, ToolContext(tmp_path, tool_timeout_s=0.2), DEFAULT)
+    finally:
+        release.set()
+    assert result.is_error
+    assert result.output == "tool 'stuck' did not finish within 0.2s"
 
 
 def test_execute_unknown_tool(registry: ToolRegistry, ctx: ToolContext) -> None:

@@ -99,6 +99,9 @@ class ModelConfig(BaseModel):
     """Sent as `max_tokens` on every call; what a budget or token limit books for the answer."""
     limits: RateLimits | None = None
     """For this alias alone, on top of its provider's."""
+    context_window: PositiveInt | None = None
+    """Tokens the model takes per request; requests are fitted under `context_threshold`
+    of it (`fleet.fit`). None: requests are sent as built."""
 
 
 class FleetConfig(BaseModel):
@@ -112,6 +115,8 @@ class FleetConfig(BaseModel):
     default_model: str | None = None
     model_overrides: dict[str, str] = Field(default_factory=dict)
     """Preset name -> model name, for presets that need a different model."""
+    context_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
+    """Share of a model's `context_window` a request may fill before tool outputs are elided."""
 
 
 @dataclass(frozen=True)

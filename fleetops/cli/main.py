@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleet.errors import ConfigError, ConversationError, FleetError, TraceNotFound
-from fleet.redact import process_redactor
+from fleet.redact import install_log_redaction, process_redactor
 from fleet.settings import forget_process_settings
 from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
 from fleetops.cli.output import printable
@@ -37,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
+    process_redactor.cache_clear()  # this command's environment, like the settings
+    install_log_redaction(process_redactor())  # whatever a command logs, secrets masked
     try:
         return handler(args)
     except KeyboardInterrupt:

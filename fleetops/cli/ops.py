@@ -1,4 +1,4 @@
-"""`fleet up|worker|flower|doctor`: the `fleet.commands` plug-in that runs the fleet.
+"""`fleet up|worker|flower|doctor`: the commands that run a fleet (registered by `cli.main`).
 
 Celery is imported inside the handlers, so `fleet --help` and `fleet run --inline` stay fast.
 """

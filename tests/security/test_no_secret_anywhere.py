@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import secrets
 import subprocess
 import sys
@@ -248,22 +247,19 @@ def _cli(fleet: Fleet, name: str, *args: str, timeout_s: float = RUN_TIMEOUT_S) 
         Its stdout.
     """
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    # 1 GiB of address space (a YAML bomb that got through fails instead of swapping), set
+    # by the shell: commands run side by side in threads, where preexec_fn is unsafe.
+    limit = f'ulimit -v {MEMORY_LIMIT_BYTES // 1024} && exec "$@"'
     result = subprocess.run(
-        [sys.executable, "-m", "fleetops.cli.main", *args],
+        ["sh", "-c", limit, "fleet", sys.executable, "-m", "fleetops.cli.main", *args],
         env={**clean, **fleet.env},
         cwd=fleet.root,
         capture_output=True,
         timeout=timeout_s,
-        preexec_fn=_limit_memory,
     )
     out, err = (result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace"))
     fleet.shown[f"cli {name} (exit {result.returncode})"] = out + err
     return out
-
-
-def _limit_memory() -> None:
-    """1 GiB of address space: a YAML bomb that got through would fail, not swap."""
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
 
 def _forge_on_slash(fleet: Fleet, script: Path) -> str:
