@@ -13,16 +13,18 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleet.budget import Budget, budget_state
 from fleet.errors import TraceNotFound
 from fleet.human import waiting_on
 from fleet.models import TERMINAL, Event, Trace
 from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime
 from fleet.store import TraceStore
+from fleet.trees import Priority
 
 
 class BatchClient(Protocol):
@@ -38,8 +40,8 @@ class BatchClient(Protocol):
         """Where the roots and their events are read."""
         ...
 
-    def enqueue(self, trace: Trace) -> None:
-        """Start running a persisted root somewhere in the fleet."""
+    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
+        """Start running a persisted root somewhere in the fleet (batches: `batch`)."""
         ...
 
     def stop(self, trace_id: str) -> list[str]:
@@ -71,6 +73,8 @@ class BatchEntry:
     model: str | None = None
     workspace: Path | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    budget: Budget | None = None
+    """What this entry's whole tree may spend."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +91,12 @@ class BatchResult:
     error: str | None = None
     question: str | None = None
     """What the root asked a person, when it ended the batch `waiting`."""
+    budget: Mapping[str, Any] | None = None
+    """The tree's budget (limit, used, reserved) when it had one."""
 
     def to_json(self) -> dict[str, Any]:
         """The results-file object."""
-        return {
+        out = {
             "id": self.id,
             "trace_id": self.trace_id,
             "status": self.status,
@@ -98,6 +104,9 @@ class BatchResult:
             "stats": dict(self.stats),
             "error": self.error,
         } | ({"question": self.question} if self.question is not None else {})
+        if self.budget is not None:
+            out["budget"] = dict(self.budget)
+        return out
 
 
 @dataclass(frozen=True)
@@ -263,9 +272,10 @@ class _Window:
         spec = TaskSpec(
             entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
         )
+        spec = replace(spec, budget=entry.budget, priority="batch")
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)
-        self.fleet.enqueue(trace)
+        self.fleet.enqueue(trace, "batch")
         self.slots[trace.trace_id] = _Slot(entry, trace.trace_id)
 
     def attach(self, entry: BatchEntry, trace_id: str) -> None:
@@ -283,7 +293,7 @@ class _Window:
             return
         slot.status = trace.status
         if trace.status == "queued":
-            self.fleet.enqueue(trace)
+            self.fleet.enqueue(trace, "batch")
         slot.ended = trace.is_terminal
 
     def step(self, pending: int) -> list[BatchResult]:
@@ -355,6 +365,7 @@ class _Window:
             stats=trace.stats.model_dump(),
             error=error,
             question=(waiting_on(trace) or {}).get("question"),
+            budget=state.to_json() if (state := budget_state(self.store, trace.trace_id)) else None,
         )
 
     def _count(self, pending: int) -> None:

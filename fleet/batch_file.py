@@ -1,8 +1,9 @@
 """Batch files: JSONL or YAML, every entry validated before anything is submitted.
 
 A batch file holds one task per entry: `task` (required), and optionally `id`, `preset`,
-`model`, `workspace`, `metadata` (YAML: a list, or a `tasks:` list; JSONL: one object per
-line; a bare string is a task). Problems read `FILE:LINE: reason`; ids default to `line-N`.
+`model`, `workspace`, `metadata`, `budget: {tokens, usd, sub_agents}` (YAML: a list, or a
+`tasks:` list; JSONL: one object per line; a bare string is a task). Problems read
+`FILE:LINE: reason`; ids default to `line-N`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from fleet import yamlsafe
 from fleet.batch import BatchEntry
+from fleet.budget import BudgetIn
 from fleet.errors import ConfigError
 from fleet.runtime import Runtime
 
-ENTRY_KEYS = ("id", "task", "preset", "model", "workspace", "metadata")
+ENTRY_KEYS = ("id", "task", "preset", "model", "workspace", "metadata", "budget")
 YAML_SUFFIXES = frozenset({".yaml", ".yml"})
 
 
@@ -49,6 +51,7 @@ class _EntryIn(BaseModel):
     model: StrictStr | None = None
     workspace: StrictStr | None = None
     metadata: dict[str, Any] | None = None
+    budget: BudgetIn | None = None
 
 
 # -- parsing -----------------------------------------------------------------
@@ -180,6 +183,7 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         model=wire.model,
         workspace=Path(wire.workspace).expanduser() if wire.workspace else None,
         metadata=metadata,
+        budget=wire.budget.to_budget() if wire.budget else None,
     )
 
 

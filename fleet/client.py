@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from fleet import human
 from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.batch_file import check_entries, entries_from
+from fleet.budget import Budget
 from fleet.conversation import continue_trace, stamp, turn_of
 from fleet.errors import ConfigError, FleetError
 from fleet.human import waiting_traces
@@ -22,6 +23,7 @@ from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.store import TraceStore
+from fleet.trees import Priority
 from fleet.watchdog import QueueWatch
 
 OUTAGE_RETRY_S = 1.0
@@ -31,7 +33,7 @@ OUTAGE_RETRY_S = 1.0
 class Backend(Protocol):
     """What a task queue must do for the client; `workers` provides the Celery one."""
 
-    def enqueue(self, trace: Trace) -> None:
+    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
         """Start running this (already persisted) root trace somewhere in the fleet."""
         ...
 
@@ -110,16 +112,32 @@ class Fleet:
         workspace: Path | None = None,
         metadata: dict[str, Any] | None = None,
         mode: Mode = "main",
+        budget: Budget | None = None,
+        max_concurrent: int | None = None,
+        priority: Priority = "interactive",
     ) -> Handle:
-        """Create a root trace and enqueue it on its mode's queue."""
+        """Create a root trace and enqueue it on its mode's queue.
+
+        Args:
+            task: What the agent should do.
+            model: Model name or alias; else the preset's, the config's default.
+            preset: Agent preset of the root.
+            workspace: Workspace root (must lie under FLEET_WORKSPACE_ROOTS).
+            metadata: Free-form data kept on the trace.
+            mode: `main` (may spawn sub-agents), or a single `delegate`/`explore`/`evaluate`.
+            budget: What the whole tree may spend (`fleet.budget.Budget`); see docs/limits.md.
+            max_concurrent: Children of the tree running at once.
+            priority: `batch` trees are served after `interactive` ones.
+        """
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
+        spec = replace(spec, budget=budget, max_concurrent=max_concurrent, priority=priority)
         trace = create_root(self.runtime, spec)
-        self.enqueue(trace)
+        self.enqueue(trace, priority)
         return Handle(trace.trace_id, self)
 
-    def enqueue(self, trace: Trace) -> None:
+    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
         """Run an already persisted root (a created or a re-attached batch entry)."""
-        self.backend.enqueue(trace)
+        self.backend.enqueue(trace, priority)
 
     def delegate(self, task: str, **options: Any) -> Handle:
         """One sub-agent with full tools, no main agent around it."""

@@ -53,6 +53,8 @@ def verdict(child: Trace) -> str:
 
 def _body(child: Trace) -> str:
     """The answer; a structured one as its JSON (the parent parses that, not prose)."""
+    if child.status != "completed" and child.answer:  # cut short by the tree's budget
+        return f"{child.error or child.status}; partial result:\n{child.answer}"
     if child.status != "completed":
         return f"error: {child.error or child.status}"
     if child.output is not None:

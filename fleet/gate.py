@@ -1,22 +1,27 @@
-"""Before and after every model call: the provider limits every worker shares.
+"""Before and after every model call: the tree's budget, then the provider limits.
 
 The runner asks `Gate.before` ahead of each call and gets `Go` (send, after a wait of at
-most a second) or `Wait` (hand the trace back; ask again in `retry_in_s`). After the call,
-`Gate.after` settles what was booked with what was used; a 429/503/529 goes to
-`Gate.overloaded`, which pauses the provider for the whole fleet.
+most a second), `Wait` (hand the trace back; ask again in `retry_in_s`) or `Spent` (the
+tree's budget is used up: stop with what you have). After the call, `Gate.after` settles
+what was booked with what was used; a 429/503/529 goes to `Gate.overloaded`, which pauses
+the provider for the whole fleet.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
+from fleet.budget import UNBUDGETED, Budgets, Exhausted, Reserved
 from fleet.errors import ProviderOverloaded
-from fleet.limits import Limiter, Scope, estimate_tokens, scopes_for
+from fleet.limits import CHARS_PER_TOKEN, Limiter, Scope, estimate_tokens, scopes_for
 from fleet.llm.base import LLMResponse
-from fleet.llm.config import FleetConfig
+from fleet.llm.config import FleetConfig, resolve_target
+from fleet.llm.pricing import cost_usd
+from fleet.models import Message, Trace
 from fleet.store import TraceStore
 
 DEFAULT_OUTPUT_BOOKING = 4096
@@ -33,6 +38,10 @@ class Go:
     max_output_tokens: int | None
     """What to send as `max_tokens` (None: the provider's default)."""
     wait_s: float = 0.0
+    root_trace_id: str = ""
+    budget: Reserved = UNBUDGETED
+    """`budget.final`: the root's one last turn, after the tree's budget ran out."""
+    model_name: str = ""
     kind: Literal["go"] = "go"
 
 
@@ -45,18 +54,31 @@ class Wait:
     kind: Literal["wait"] = "wait"
 
 
-Verdict = Go | Wait
+@dataclass(frozen=True)
+class Spent:
+    """The tree's budget is used up (`reason`: tokens, usd or wall_s): stop here."""
+
+    reason: str
+    kind: Literal["spent"] = "spent"
+
+
+Verdict = Go | Wait | Spent
 
 
 class Gate:
     """Provider limits in front of the model calls of one process."""
 
     def __init__(
-        self, config: FleetConfig, env: Mapping[str, str], limiter: Limiter | None = None
+        self,
+        config: FleetConfig,
+        env: Mapping[str, str],
+        limiter: Limiter | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
-        """No `limiter` (in-process runs): every call goes at once."""
+        """No `limiter` or `budgets` (the in-memory store): every call goes at once."""
         self.config = config
         self.limiter = limiter
+        self.budgets = budgets
         self._env = env
         self._scopes: dict[str, tuple[Scope, ...]] = {}
         self._lock = threading.Lock()
@@ -66,8 +88,9 @@ class Gate:
         """A gate on the store's Redis, or none for the in-memory store."""
         from fleet.redis_store import RedisStore
 
-        limiter = Limiter(store.client) if isinstance(store, RedisStore) else None
-        return cls(config, env, limiter)
+        if not isinstance(store, RedisStore):
+            return cls(config, env)
+        return cls(config, env, Limiter(store.client), Budgets(store.client))
 
     def scopes(self, model_name: str) -> tuple[Scope, ...]:
         """The scopes of a model, resolved once per process."""
@@ -84,27 +107,54 @@ class Gate:
         alias = self.config.models.get(model_name)
         return alias.max_output_tokens if alias is not None else None
 
-    def before(self, holder: str, model_name: str, request_chars: int) -> Verdict:
-        """Book the call of `holder` (a trace id): one Redis round trip when limited."""
+    def before(self, trace: Trace, model_name: str, request_chars: int) -> Verdict:
+        """Reserve the tree's budget, then book the provider: a round trip for each in use."""
         max_output = self.max_output_tokens(model_name)
-        est = estimate_tokens(request_chars, max_output or DEFAULT_OUTPUT_BOOKING)
-        scopes = self.scopes(model_name)
-        go = Go(holder, scopes, est, max_output)
-        if self.limiter is None or not scopes:
+        output = max_output or DEFAULT_OUTPUT_BOOKING
+        est = estimate_tokens(request_chars, output)
+        root = trace.root_trace_id
+        go = Go(trace.trace_id, self.scopes(model_name), est, max_output, 0.0, root)
+        go = replace(go, model_name=model_name)
+        if self.budgets is not None:
+            usd = self.cost(model_name, request_chars // CHARS_PER_TOKEN, output)
+            reservation = self.budgets.reserve(trace.trace_id, root, est, usd)
+            if isinstance(reservation, Exhausted):
+                return Spent(reservation.reason)
+            go = replace(go, budget=reservation)
+        if self.limiter is None or not go.scopes:
             return go
-        admission = self.limiter.admit(holder, scopes, est)
+        admission = self.limiter.admit(go.holder, go.scopes, est)
         if admission.kind == "refused":
+            self._refund(go)
             return Wait(admission.retry_in_s, admission.reason)
-        return Go(holder, scopes, est, max_output, admission.wait_s)
+        return replace(go, wait_s=admission.wait_s)
+
+    def cost(self, model_name: str, prompt_tokens: int, completion_tokens: int) -> float:
+        """What a call of this size costs on this model (0.0 when the price is unknown)."""
+        try:
+            target = resolve_target(self.config, model_name)
+        except Exception:  # a test's client under a name the config cannot resolve
+            return 0.0
+        return cost_usd(target.model, prompt_tokens, completion_tokens, target.pricing)
+
+    def _refund(self, go: Go) -> None:
+        if self.budgets is not None and go.budget.budgeted:
+            self.budgets.settle(go.holder, go.root_trace_id, 0, 0.0)
 
     def after(self, go: Go, response: LLMResponse | None, duration_ms: int | None) -> None:
         """Settle the booking: real usage (None: the call failed, refund it) and headers."""
+        if response is None:
+            self._refund(go)
+        elif self.budgets is not None and go.budget.budgeted:
+            usage = response.usage
+            used = usage.prompt_tokens + usage.completion_tokens
+            self.budgets.settle(go.holder, go.root_trace_id, used, usage.cost_usd)
         if self.limiter is None or not go.scopes:
             return
-        used = None
+        used_tokens = None
         if response is not None:
-            used = response.usage.prompt_tokens + response.usage.completion_tokens
-        self.limiter.settle(go.holder, go.scopes, go.est_tokens, used, duration_ms)
+            used_tokens = response.usage.prompt_tokens + response.usage.completion_tokens
+        self.limiter.settle(go.holder, go.scopes, go.est_tokens, used_tokens, duration_ms)
         if response is not None:
             self.limiter.observe(go.scopes, response.rate)
 
@@ -115,3 +165,24 @@ class Gate:
         self.after(go, None, None)
         pause_s = self.limiter.overloaded(go.scopes, exc.retry_after_s)
         return Wait(pause_s, f"overloaded ({exc.status})")
+
+
+FINAL_NOTE = (
+    "The budget of this task is used up: this is your last turn. Do not call any tool. "
+    "Answer now, as well as you can, from what you and your sub-agents have found so far, "
+    "and say what is missing."
+)
+
+
+def last_answer(path: list[Message]) -> str | None:
+    """The most recent assistant text on the path: what a run cut short has to show."""
+    for message in reversed(path):
+        if message.role == "assistant" and message.content:
+            return message.content
+    return None
+
+
+def request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
+    """The size of a request, for the token estimate a call books."""
+    text = sum(len(m.content or "") + len(json.dumps(m.tool_calls or "")) for m in path)
+    return text + len(json.dumps(tools))

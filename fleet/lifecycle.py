@@ -177,6 +177,22 @@ def fail(runtime: Runtime, trace_id: str, *, error: str, reason: str) -> Trace |
     return finish(runtime, trace_id, "failed", error=error, reason=reason)
 
 
+def stop_for_budget(runtime: Runtime, trace: Trace, partial: str | None, why: str) -> Trace:
+    """The tree's budget ran out (`why`: tokens, usd, wall_s): end with what there is.
+
+    A branch ends `stopped` with its last text as a partial answer, so its parent collects
+    it; a root ends `completed` (its final answer was its set-aside last turn). Either way
+    the `stop_reason` is "budget".
+    """
+    if trace.parent_trace_id:
+        error = f"cut by the tree's budget ({why})"
+        return finish(
+            runtime, trace.trace_id, "stopped", answer=partial, error=error, reason="budget"
+        )
+    answer = partial or f"(the tree's {why} budget ran out before an answer)"
+    return finish(runtime, trace.trace_id, "completed", answer=answer, reason="budget")
+
+
 def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
     """Raise the stop flag on a trace and every descendant.
 
@@ -227,6 +243,8 @@ def _mirror(
     if child.status in ("completed", "failed", "stopped"):
         status = child.status
     summary = child.answer if child.status == "completed" else (child.error or child.status)
+    if child.status == "stopped" and child.answer:  # cut short, with a partial answer
+        summary = f"{summary}: {child.answer}"
     entry = Collaborator(
         name=child.name or child.mode,
         trace_id=child.trace_id,

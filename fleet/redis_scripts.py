@@ -457,3 +457,104 @@ redis.call('HINCRBY', KEYS[3], ARGV[4] .. ':' .. ARGV[3], 1)
 return 1
 """
 )
+
+# -- tree budgets (fleet.budget) ---------------------------------------------------------
+# Each model call reserves its estimate before it is sent; the reservations in flight are
+# one field per trace in `held`, so a run redelivered after a crash replaces its own. A call
+# is admitted only if used + held + the root's set-aside final turn + its estimate fit.
+
+# KEYS: budget, held. ARGV: trace id, est tokens, est usd, '1' for the root, ttl s
+# Returns {1, 'ok'|'none'}: go (none: the tree has no budget); {2, why}: the root's one
+# final turn (the set-aside moves into `held`); {0, why, newly}: spent, stop here
+# (newly = 1 when this call found the budget spent).
+BUDGET_RESERVE = (
+    _NOW
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {1, 'none', 0} end
+local id, est, usd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local function get(f) return tonumber(redis.call('HGET', KEYS[1], f)) end
+redis.call('HDEL', KEYS[2], id)
+local why, newly = redis.call('HGET', KEYS[1], 'exhausted'), 0
+if not why then
+  local tokens, dollars = 0, 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
+    local t, d = string.match(v, '(%S+) (%S+)')
+    tokens, dollars = tokens + tonumber(t), dollars + tonumber(d)
+  end
+  local limit_tokens, limit_usd = get('limit_tokens'), get('limit_usd')
+  local deadline = get('deadline_ms')
+  local spent_tokens = (get('used_tokens') or 0) + tokens + (get('final_tokens') or 0) + est
+  local spent_usd = (get('used_usd') or 0) + dollars + (get('final_usd') or 0) + usd
+  if deadline and now >= deadline then why = 'wall_s'
+  elseif limit_tokens and spent_tokens > limit_tokens then why = 'tokens'
+  elseif limit_usd and spent_usd > limit_usd then why = 'usd' end
+  if why then
+    redis.call('HSET', KEYS[1], 'exhausted', why)
+    newly = 1
+  end
+end
+if why then
+  if ARGV[4] == '1' and redis.call('HGET', KEYS[1], 'final_used') ~= '1' then
+    local final = (get('final_tokens') or 0) .. ' ' .. (get('final_usd') or 0)
+    redis.call('HSET', KEYS[1], 'final_used', '1', 'final_tokens', 0, 'final_usd', 0)
+    redis.call('HSET', KEYS[2], id, final)
+    redis.call('EXPIRE', KEYS[2], ARGV[5])
+    return {2, why, newly}
+  end
+  return {0, why, newly}
+end
+redis.call('HSET', KEYS[2], id, est .. ' ' .. usd)
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return {1, 'ok', 0}
+"""
+)
+
+# The call is over: its reservation goes, what it really used is added.
+# KEYS: budget, held. ARGV: trace id, used tokens, used usd
+BUDGET_SETTLE = """
+redis.call('HDEL', KEYS[2], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'used_tokens', ARGV[2])
+  redis.call('HINCRBYFLOAT', KEYS[1], 'used_usd', ARGV[3])
+end
+return 1
+"""
+
+# Sub-agents about to be spawned: counted against `sub_agents`, refused when the tree is
+# spent or the children would be deeper than `depth`.
+# KEYS: budget. ARGV: children, their depth
+# Returns {1, ''}: spawn; {0, why, left}: refuse (left: sub-agents still allowed).
+BUDGET_SPAWN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {1, '', 0} end
+local function get(f) return tonumber(redis.call('HGET', KEYS[1], f)) end
+local why = redis.call('HGET', KEYS[1], 'exhausted')
+if why then return {0, why, 0} end
+local depth = get('limit_depth')
+if depth and tonumber(ARGV[2]) > depth then return {0, 'depth', 0} end
+local limit, used = get('limit_sub_agents'), get('used_sub_agents') or 0
+if limit and used + tonumber(ARGV[1]) > limit then return {0, 'sub_agents', limit - used} end
+redis.call('HINCRBY', KEYS[1], 'used_sub_agents', ARGV[1])
+return {1, '', 0}
+"""
+
+# -- bounded fan-out (fleet.fanout) -------------------------------------------------------
+
+# A tree's run window: children wait in `pending` and at most `limit` hold a slot in
+# `running`. Releases the slot of a child that ended, queues new children, and hands out
+# the free slots in spawn order. KEYS: running, pending.
+# ARGV: limit, ttl s, child that ended ('' for none), new child ids...
+# Returns the children to start now.
+WINDOW = """
+if ARGV[3] ~= '' then redis.call('SREM', KEYS[1], ARGV[3]) end
+for i = 4, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+local started = {}
+while redis.call('SCARD', KEYS[1]) < tonumber(ARGV[1]) do
+  local id = redis.call('LPOP', KEYS[2])
+  if not id then break end
+  redis.call('SADD', KEYS[1], id)
+  started[#started + 1] = id
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return started
+"""

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from fleet import ids
+from fleet.budget import Budget
 from fleet.errors import ConfigError
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
+from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,12 @@ class TaskSpec:
     workspace: Path | None = None
     mode: Mode = "main"
     metadata: Mapping[str, Any] | None = None
+    budget: Budget | None = None
+    """What the whole tree may spend; the preset's budget fills what it leaves open."""
+    max_concurrent: int | None = None
+    """Children of the tree running at once (else the preset's, else unbounded)."""
+    priority: Priority = "interactive"
+    """`batch` trees are served after `interactive` ones."""
 
 
 def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
@@ -52,9 +60,24 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         workspace=str(workspace.workspace),
         metadata=dict(spec.metadata or {}),
     )
+    _control(runtime, spec, trace_id)
     runtime.store.create_trace(trace)
     runtime.store.emit(trace_id, Event(kind="trace", trace_id=trace_id, status="queued"))
     return trace
+
+
+def _control(runtime: Runtime, spec: TaskSpec, trace_id: str) -> None:
+    """The tree's budget and schedule, written before its root exists (workers see them)."""
+    preset = runtime.preset(spec.preset)
+    budget = (spec.budget or Budget()).over(preset.budget)
+    schedule = Schedule(spec.max_concurrent or preset.max_concurrent, spec.priority)
+    budgets, trees = runtime.gate.budgets, runtime.trees
+    if not budget.empty:
+        if budgets is None:
+            raise ConfigError("budgets need the Redis store: run through the fleet")
+        budgets.create(trace_id, budget)
+    if schedule != DEFAULT_SCHEDULE and trees is not None:
+        trees.create(trace_id, schedule)
 
 
 def _portable(model: str) -> str:

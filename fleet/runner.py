@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -18,7 +17,7 @@ from fleet.context import first_messages, injection
 from fleet.errors import FleetError, LeaseLost, ProviderOverloaded, TransientLLMError
 from fleet.fit import fit
 from fleet.fit import record as record_fit
-from fleet.gate import Go, Wait
+from fleet.gate import FINAL_NOTE, Go, Spent, Wait, last_answer, request_chars
 from fleet.history import (
     SUB_AGENT_TOOLS,
     fresh_call_ids,
@@ -35,7 +34,7 @@ from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.store import TraceSnapshot
-from fleet.structured import Accepted, Checked, Correct, Rejected, check_final, schema_for
+from fleet.structured import Accepted, Correct, Rejected, check_final, schema_for
 from fleet.toolcalls import execute_turn, tool_schemas
 from fleet.writes import TraceWrite, WriteResult
 
@@ -224,16 +223,13 @@ class Runner:
             if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
             turn = self._turn(snapshot, held.heartbeat)
-            if turn is None or isinstance(turn, Wait):
-                return self._handed_back(snapshot.trace, turn)
+            if not isinstance(turn, _Turn):
+                return self._no_turn(snapshot, turn)
             match turn.step:
-                case Finish(answer=answer):
-                    checked = self._check(turn, answer)
-                    if isinstance(checked, Correct):
-                        self._correct(turn, checked.message)
-                        snapshot = None  # read again: the answer and the correction were written
-                        continue
-                    return self._final(held, turn, answer, checked)
+                case Finish(answer=answer, reason=reason):
+                    if (ended := self._answer(held, turn, answer, reason)) is not None:
+                        return ended
+                    snapshot = None  # the answer and a correction were written: read again
                 case DoomLoop(call=call, repeats=repeats):
                     error = (
                         f"doom loop: {call.name!r} called {repeats} times with the same arguments"
@@ -313,31 +309,41 @@ class Runner:
         self.store.update_trace(trace.trace_id, metadata={**trace.metadata, OVERLOADS_KEY: count})
         return wait
 
-    def _handed_back(self, trace: Trace, wait: Wait | None) -> Outcome | Wait:
-        """Lease lost (None), or a limit said "not now": queued again, to come back later."""
-        if wait is None:
-            return "lost"
-        lifecycle.requeue(self.runtime, trace)
-        return wait
+    def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
+        """No model call this time; what happens instead.
 
-    def _turn(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> _Turn | Wait | None:
+        Lease lost (None): let go. A limit said "not now": queued again, to come back
+        later. The tree's budget is spent: end with what we have.
+        """
+        match why:
+            case None:
+                return "lost"
+            case Wait():
+                lifecycle.requeue(self.runtime, snapshot.trace)
+                return why
+            case Spent(reason=reason):
+                partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
+                ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
+                return _terminal(ended.status)
+            case _:
+                assert_never(why)
+
+    def _turn(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> _Turn | Wait | Spent | None:
         """One model call and what to do about it; the turn is not written yet.
 
         None when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
-        provider limit did not admit the call: nothing of this turn is written either.
+        provider limit did not admit the call, `Spent` when the tree's budget is used up:
+        nothing of this turn is written either.
         """
         trace, messages = snapshot.trace, snapshot.messages
         model_name = self.runtime.model_name(trace.model, trace.preset)
         tools = tool_schemas(self.runtime, trace)
-        verdict = self.runtime.gate.before(
-            trace.trace_id,
-            model_name,
-            _request_chars(main_path(messages, trace.head_sequence), tools),
-        )
-        if isinstance(verdict, Wait):
+        chars = request_chars(main_path(messages, trace.head_sequence), tools)
+        verdict = self.runtime.gate.before(trace, model_name, chars)
+        if not isinstance(verdict, Go):
             return verdict
-        if (note := injection(self.runtime, trace)) is not None:
+        if (note := self._note(trace, final=verdict.budget.final)) is not None:
             stored = self.store.append_message(note)
             messages = [*messages, stored]
             trace = trace.model_copy(
@@ -367,8 +373,18 @@ class Runner:
         write = TraceWrite(trace.trace_id, trace.root_trace_id)
         write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
-        step = decide_next(response, recent_calls(path, repeats - 1), repeats)
+        step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
+        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
+            step = Finish(response.content or "(no answer)", reason="budget")
         return _Turn(step, _recorded(trace, message), [*messages, message], write)
+
+    def _note(self, trace: Trace, *, final: bool) -> Message | None:
+        """What this turn adds before the call: the budget's last word, or an injection."""
+        if not final:
+            return injection(self.runtime, trace)
+        note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
+        note.metadata["injected"] = True
+        return note
 
     def _call(
         self,
@@ -423,33 +439,33 @@ class Runner:
             cost_usd=response.usage.cost_usd,
         )
 
-    def _check(self, turn: _Turn, answer: str) -> Checked:
-        """Whether the final answer meets the trace's output schema (if it has one)."""
+    def _answer(self, held: _Held, turn: _Turn, answer: str, reason: str) -> Outcome | None:
+        """Finish with the answer; None after a correction (it missed its output schema).
+
+        The budget's last turn stands as it is: there is no budget left to correct it.
+        """
         preset = self.runtime.preset(turn.trace.preset)
         schema = schema_for(preset.output_schema, preset.name, turn.trace)
         path = main_path(turn.messages, turn.trace.head_sequence)
-        return check_final(schema, turn.trace, self.runtime.redactor.values_only(answer), path)
-
-    def _correct(self, turn: _Turn, message: Message) -> None:
-        """Store the rejected answer and the correction after it; the next turn re-reads."""
-        self.store.apply(turn.write)
-        event = Event(
-            kind="message", trace_id=turn.trace.trace_id, data={"role": "user", "correction": True}
+        answered = self.runtime.redactor.values_only(answer)
+        checked = (
+            Accepted(None)
+            if reason == "budget"
+            else check_final(schema, turn.trace, answered, path)
         )
-        self.store.record_turn(turn.trace.root_trace_id, message, event)
-
-    def _final(self, held: _Held, turn: _Turn, answer: str, checked: Checked) -> Outcome:
         match checked:
             case Accepted(output=output):
-                return self._end(
-                    held, turn, "completed", answer=answer, output=output, reason="final_answer"
-                )
+                outcome = {"answer": answer, "output": output, "reason": reason}
+                return self._end(held, turn, "completed", **outcome)
             case Rejected(error=error):
-                return self._end(
-                    held, turn, "failed", answer=answer, error=error, reason="output_schema"
-                )
-            case Correct():
-                raise AssertionError("a correction is sent, not finished")
+                outcome = {"answer": answer, "error": error, "reason": "output_schema"}
+                return self._end(held, turn, "failed", **outcome)
+            case Correct(message=message):
+                self.store.apply(turn.write)
+                data = {"role": "user", "correction": True}
+                event = Event(kind="message", trace_id=turn.trace.trace_id, data=data)
+                self.store.record_turn(turn.trace.root_trace_id, message, event)
+                return None
             case _:
                 assert_never(checked)
 
@@ -523,12 +539,6 @@ def _recorded(trace: Trace, message: Message) -> Trace:
     update = {"iteration": trace.iteration + 1, "stats": stats}
     update |= {"head_sequence": message.sequence, "last_sequence": message.sequence}
     return trace.model_copy(update=update)
-
-
-def _request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
-    """The size of a request, for the token estimate a call books."""
-    text = sum(len(m.content or "") + len(json.dumps(m.tool_calls or "")) for m in path)
-    return text + len(json.dumps(tools))
 
 
 def _terminal(status: Status) -> Outcome:

@@ -26,6 +26,7 @@ from fleet.redact import SHAPES_ONLY, Redactor
 from fleet.settings import Settings
 from fleet.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
+from fleet.trees import Trees
 from fleet.trust import check_workspace_root
 
 
@@ -83,7 +84,9 @@ class Runtime:
     presets: Mapping[str, AgentPreset]
     tools: ToolRegistry
     gate: Gate
-    """Provider limits in front of every model call (no limiter for the in-memory store)."""
+    """Budgets and provider limits in front of every model call (none for the memory store)."""
+    trees: Trees | None = None
+    """Each tree's schedule and run window (Redis store only)."""
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
@@ -115,6 +118,7 @@ class Runtime:
             ),
             tools=default_registry(),
             gate=Gate.for_store(store, config, settings.env),
+            trees=_trees(store),
             hooks=hooks,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
@@ -194,3 +198,9 @@ class Runtime:
                     retry=retry,
                 )
             return self.clients[model_name]
+
+
+def _trees(store: TraceStore) -> Trees | None:
+    from fleet.redis_store import RedisStore
+
+    return Trees(store.client) if isinstance(store, RedisStore) else None

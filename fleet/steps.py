@@ -14,6 +14,8 @@ class Finish:
     """The model gave a final answer."""
 
     answer: str
+    reason: str = "final_answer"
+    """The `stop_reason` recorded: `budget` for the root's set-aside last turn."""
     kind: Literal["finish"] = "finish"
 
 

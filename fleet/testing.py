@@ -9,6 +9,7 @@ resumed trace picks up where it stopped.
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
 import time
@@ -79,13 +80,19 @@ class ScriptedModel:
         *,
         function: ModelFunction | None = None,
         latency_ms: int = 0,
+        jitter_ms: int = 0,
     ) -> None:
-        """Answer from `responses` in order, or from `function(messages, tools)`."""
+        """Answer from `responses` in order, or from `function(messages, tools)`.
+
+        Each answer takes `latency_ms` plus up to `jitter_ms` more (uniformly random), as
+        real models vary.
+        """
         self._queue: deque[LLMResponse] = deque(
             text(r) if isinstance(r, str) else r for r in responses
         )
         self._function = function
         self._latency_ms = latency_ms
+        self._jitter_ms = jitter_ms
         self._lock = threading.Lock()
         self.requests: list[list[dict[str, Any]]] = []
         """Every conversation this model was sent, for assertions."""
@@ -111,7 +118,9 @@ class ScriptedModel:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError(f"scripted model {str(path)!r}: invalid YAML{where}") from None
         script = Script.parse(data, str(path))
-        return cls(function=script.respond, latency_ms=script.latency_ms)
+        return cls(
+            function=script.respond, latency_ms=script.latency_ms, jitter_ms=script.jitter_ms
+        )
 
     def complete(
         self,
@@ -126,8 +135,8 @@ class ScriptedModel:
             self.requests.append([dict(m) for m in messages])
             self.tools_seen.append([dict(t) for t in tools])
             response = self._next(messages, tools)
-        if self._latency_ms:
-            time.sleep(self._latency_ms / 1000)
+        if self._latency_ms or self._jitter_ms:
+            time.sleep((self._latency_ms + random.random() * self._jitter_ms) / 1000)
         return response
 
     def _next(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
@@ -156,6 +165,7 @@ class Script:
 
     rules: tuple[_Rule, ...]
     latency_ms: int = 0
+    jitter_ms: int = 0
 
     @classmethod
     def parse(cls, data: object, where: str) -> Script:
@@ -175,10 +185,11 @@ class Script:
             for j, step in enumerate(raw["steps"]):
                 _check_step(step, f"{where}: scripts[{i}].steps[{j}]")
             rules.append(_Rule(pattern, tuple(raw["steps"])))
-        latency_ms = data.get("latency_ms", 0)
-        if not isinstance(latency_ms, int):
-            raise ConfigError(f"{where}: latency_ms must be an integer")
-        return cls(tuple(rules), latency_ms)
+        latency_ms, jitter_ms = data.get("latency_ms", 0), data.get("jitter_ms", 0)
+        for name, value in (("latency_ms", latency_ms), ("jitter_ms", jitter_ms)):
+            if not isinstance(value, int):
+                raise ConfigError(f"{where}: {name} must be an integer")
+        return cls(tuple(rules), latency_ms, jitter_ms)
 
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         """The response for this conversation."""

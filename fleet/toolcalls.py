@@ -10,6 +10,7 @@ from weakref import WeakKeyDictionary
 from fleet import lifecycle, outbox
 from fleet.cache import delegate_preset
 from fleet.errors import ToolError
+from fleet.fanout import check_spawn
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
@@ -143,6 +144,7 @@ def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest 
         _check_may_spawn(runtime, trace, call)
         if (cached := _cached(runtime, trace, call)) is not None:
             return cached
+        check_spawn(runtime, trace, call)
         return _spawn(runtime, trace, call)
     except ToolError as exc:
         return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)

@@ -151,6 +151,29 @@ def usage_families(client: redis.Redis) -> list[Family]:
     ]
 
 
+_LIMIT_FAMILIES = {
+    "admitted": ("fleet_limit_admissions_total", "Model calls the fleet-wide limiter let through."),
+    "waited": ("fleet_limit_waits_total", "Model calls told to wait (handed back), by scope."),
+    "overloaded": ("fleet_provider_overloads_total", "429/503/529 answers seen, by provider."),
+    "exhausted": ("fleet_limit_pauses_total", "Pauses from rate-limit headers saying none left."),
+    "budget_exhausted": ("fleet_budget_exhaustions_total", "Trees stopped by their budget."),
+}
+
+
+def limit_families(client: redis.Redis) -> list[Family]:
+    """Provider limits and tree budgets, from `keys.LIMIT_STATS` (`what:scope` counts)."""
+    samples: dict[str, dict[Labels, float]] = {what: {} for what in _LIMIT_FAMILIES}
+    for name, value in client.hgetall(keys.LIMIT_STATS).items():
+        what, _, scope = str(name).partition(":")
+        if what in samples:
+            label = "reason" if what == "budget_exhausted" else "scope"
+            samples[what][((label, scope),)] = float(value)
+    return [
+        Family(metric, "counter", help_text, samples[what])
+        for what, (metric, help_text) in _LIMIT_FAMILIES.items()
+    ]
+
+
 class FleetMetrics:
     """Reads the fleet's Redis (and its broker) once per scrape; safe to share by threads."""
 
@@ -202,6 +225,7 @@ class FleetMetrics:
                 {(("status", s),): float(statuses[s]) for s in get_args(Status)},
             ),
             *usage_families(self._store),
+            *limit_families(self._store),
             _counter(counters, "lease_expiries", "Runs re-enqueued after their lease expired."),
             _counter(counters, "resumes", "Parents resumed after their sub-agents were collected."),
         ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from fleet.budget import budget_state
 from fleet.control import subtree
 from fleet.models import Event, Trace
 from fleet.store import TraceStore
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 MAX_CHILDREN_SHOWN = 20
 """Per parent in the live tree; the rest are summed up in one line."""
 REFRESH_PER_S = 4
+BUDGET_EVERY_S = 0.5
+"""The tree's budget is re-read at most this often while events come in."""
 BLOCK_MS = 1000
 """One blocking read of the event stream; the deadline is checked between reads."""
 STATUS_STYLE = {
@@ -83,6 +86,19 @@ class TreeState:
         self.children: dict[str, list[str]] = defaultdict(list)
         for tid in subtree(store, trace_id):
             self._add(store.get_trace(tid), _last_tool(store, tid))
+        self.root = store.get_trace(trace_id).root_trace_id
+        self.budget = ""
+        """The tree's budget line (`budget: used/limit tokens ...`), or "" without one."""
+        self._budget_read_s = 0.0
+        self.read_budget()
+
+    def read_budget(self, every_s: float = 0.0) -> None:
+        """Re-read the tree's budget, at most once per `every_s`."""
+        if time.monotonic() - self._budget_read_s < every_s:
+            return
+        self._budget_read_s = time.monotonic()
+        state = budget_state(self.store, self.root)
+        self.budget = state.line() if state else ""
 
     def _add(self, trace: Trace, last_tool: str | None) -> Node:
         node = node_of(trace, last_tool)
@@ -107,6 +123,8 @@ class TreeState:
             last_tool = ", ".join(str(t) for t in tools)
         if event.kind in ("trace", "finish") and event.status:
             trace = trace.model_copy(update={"status": event.status})
+        if event.kind in ("message", "finish"):
+            self.read_budget(every_s=BUDGET_EVERY_S)
         with self.lock:
             return self._add(trace, last_tool)
 
@@ -116,6 +134,7 @@ class TreeState:
             trace = self.store.get_trace(trace_id)
             with self.lock:
                 self._add(trace, node.last_tool)
+        self.read_budget()
 
     def depth(self, trace_id: str) -> int:
         """0 for the watched trace, 1 for its children, ..."""
@@ -135,10 +154,13 @@ def _last_tool(store: TraceStore, trace_id: str) -> str | None:
 
 def render(state: TreeState) -> Any:
     """The rich Tree of the state (children beyond MAX_CHILDREN_SHOWN summed up)."""
+    from rich.text import Text
     from rich.tree import Tree
 
     with state.lock:
         tree = Tree(_label(state.nodes[state.top]))
+        if state.budget:
+            tree.add(Text(printable(state.budget), style="yellow"))
         _grow(state, state.top, tree)
     return tree
 
@@ -211,11 +233,14 @@ class PlainTree:
         return None
 
     def changed(self, node: Node, depth: int) -> None:
-        """Print the node's row if it differs from the last one printed."""
+        """Print the node's row (and the tree's budget) if it differs from the last printed."""
         row = row_text(node)
         if self.said.get(node.trace_id) != row:
             self.said[node.trace_id] = row
             print("  " * depth + row, flush=True)
+        if self.state.budget and self.said.get("") != self.state.budget:
+            self.said[""] = self.state.budget
+            print(printable(self.state.budget), flush=True)
 
 
 def watch_trace(fleet: Fleet, trace_id: str, timeout_s: float | None, *, live: bool) -> Trace:

@@ -121,7 +121,9 @@ class RateLimitedProvider:
     def answer(self, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         """Status, body and headers for one request."""
         response = self.script.respond(request["messages"], request.get("tools") or [])
-        prompt = len(json.dumps(request["messages"])) // CHARS_PER_TOKEN
+        # Like real providers, the tool definitions count as prompt tokens too.
+        prompt = len(json.dumps(request["messages"]) + json.dumps(request.get("tools") or []))
+        prompt //= CHARS_PER_TOKEN
         completion = self.completion_tokens or response.usage.completion_tokens
         wait_s = self.requests.take(1) if self.requests else 0.0
         if not wait_s and self.tokens:

@@ -22,6 +22,7 @@ def explore_script(
     *,
     fail: int | None = None,
     latency_ms: int = 0,
+    jitter_ms: int = 0,
     branch_turns: int = 1,
 ) -> str:
     """Write a scripted model for a main agent that explores `branches` tasks."""
@@ -45,7 +46,8 @@ def explore_script(
             ],
         }
     )
-    path.write_text(yaml.safe_dump({"latency_ms": latency_ms, "scripts": scripts}))
+    script = {"latency_ms": latency_ms, "jitter_ms": jitter_ms, "scripts": scripts}
+    path.write_text(yaml.safe_dump(script))
     return f"scripted:{path}"
 
 

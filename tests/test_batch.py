@@ -38,6 +38,7 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
+from fleet.trees import Priority
 from tests.fleetkit import client, fleet_settings
 
 MODEL = "test-model"
@@ -180,7 +181,7 @@ class ThreadBackend:
         self.enqueued: list[str] = []
         self.peak_unfinished = 0
 
-    def enqueue(self, trace: Trace) -> None:
+    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
         self.enqueued.append(trace.trace_id)
         self.peak_unfinished = max(self.peak_unfinished, unfinished_roots(self.runtime))
         self.pool.submit(run_safely, Runner(self.runtime), trace.trace_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,9 @@ from workers.app import app, one_pipeline
 from workers.dispatch import CeleryDispatcher
 
 pytestmark = pytest.mark.integration
+
+NO_TREES = SimpleNamespace(trees=None)
+"""The one part of a runtime the dispatcher reads: trees without a schedule (chords)."""
 
 
 @pytest.fixture
@@ -57,7 +61,7 @@ def commands(client: redis.Redis) -> dict[str, int]:
 
 
 def test_every_header_task_carries_the_tree_stamps(sender: redis.Redis) -> None:
-    CeleryDispatcher().dispatch(None, request(3))  # type: ignore[arg-type]
+    CeleryDispatcher().dispatch(NO_TREES, request(3))  # type: ignore[arg-type]
     messages = queued(sender, "fleet.explore")
     assert [m["headers"]["argsrepr"].split("'")[1] for m in messages] == [
         "root@explore-001",
@@ -78,7 +82,7 @@ def test_every_header_task_carries_the_tree_stamps(sender: redis.Redis) -> None:
 
 def test_the_header_goes_out_in_one_pipeline_without_subscriptions(sender: redis.Redis) -> None:
     before = commands(sender)
-    CeleryDispatcher().dispatch(None, request(40))  # type: ignore[arg-type]
+    CeleryDispatcher().dispatch(NO_TREES, request(40))  # type: ignore[arg-type]
     after = commands(sender)
     sent = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     assert sent.get("cmdstat_lpush") == 40  # every header message

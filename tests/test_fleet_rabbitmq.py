@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 from kombu.connection import Connection
-from kombu.entity import Queue
 
 from fleet.client import Fleet
 from tests.fleetkit import explore_script, wait_until
@@ -54,15 +53,14 @@ def rabbitmq_answers(url: str) -> bool:
 
 
 def purge_fleet_queues(url: str) -> None:
-    """Empty the fleet's queues: the vhost outlives test runs. Fails if others consume them."""
+    """Delete the fleet's queues: the vhost outlives test runs, and the workers declare them
+    afresh (priority queues: an older declaration without `x-max-priority` would clash).
+    Fails if others consume them."""
     with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
         channel = conn.channel()
         for name in QUEUES:
-            queue = Queue(name, channel=channel)
-            queue.declare()
-            queue.purge()
-            _, _, consumers = channel.queue_declare(name, passive=True)
-            assert consumers == 0, f"{consumers} consumer(s) on {name!r} at {url}: a stray worker"
+            # if_unused: the broker refuses (PRECONDITION_FAILED) while a stray worker consumes it
+            channel.queue_delete(name, if_unused=True)
         channel.close()
 
 

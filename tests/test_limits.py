@@ -203,3 +203,24 @@ def test_an_overload_is_handed_back_at_once_when_the_fleet_limits() -> None:
         send_with_retry(lambda: busy, provider="p", api_key_env="K", policy=policy)
     assert caught.value.status == 529 and caught.value.retry_after_s == 1.5
     assert slept == [], "no thread sleeps on an overload"
+
+
+def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
+    limiter: Limiter, redis_client: redis.Redis
+) -> None:
+    from fleet.budget import Budget, Budgets
+    from fleetops.metrics import limit_families, render
+
+    s = (scope(max_concurrency=1),)
+    limiter.admit("a", s, 1)
+    limiter.admit("b", s, 1)
+    limiter.overloaded(s, retry_after_s=0.5)
+    budgets = Budgets(redis_client)
+    budgets.create("root", Budget(tokens=10))
+    budgets.reserve("x", "root", 100, 0.0)
+    text = render(limit_families(redis_client))
+    name = s[0].name
+    assert f'fleet_limit_admissions_total{{scope="{name}"}} 1' in text
+    assert f'fleet_limit_waits_total{{scope="{name}"}} 1' in text
+    assert f'fleet_provider_overloads_total{{scope="{name}"}} 1' in text
+    assert 'fleet_budget_exhaustions_total{reason="tokens"} 1' in text

@@ -65,6 +65,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_SHELL_ENV": "PROJECT",
         "FLEET_WEB_ALLOW": "wiki.internal",
         "FLEET_TOOL_TIMEOUT_S": "7",
+        "FLEET_MAX_BRANCHES": "40",
         "FLEET_HUMAN_TIMEOUT_S": "600",
         "FLEET_SWEEP_INTERVAL_S": "3",
         "FLEET_PROBE_DIR": "/probes",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleet.models import Mode, Trace
 from fleet.settings import Settings
+from fleet.trees import Priority
 from workers.app import QUEUE_BY_MODE, create_app
 from workers.dispatch import send
 
@@ -15,9 +16,9 @@ class CeleryBackend:
         """A client app of its own on the settings' broker (the worker's app stays as it is)."""
         self.app = create_app(settings, set_as_current=False)
 
-    def enqueue(self, trace: Trace) -> None:
-        """`fleet.run_agent(trace_id)` on the queue of the trace's mode."""
-        send(trace, via=self.app)
+    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
+        """`fleet.run_agent(trace_id)` on the queue of the trace's mode, at its priority."""
+        send(trace, via=self.app, priority=priority)
 
     def revoke(self, stamps: list[str]) -> None:
         """Discard queued tasks stamped with any of these values as parent or root."""

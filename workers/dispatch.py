@@ -10,7 +10,8 @@ from celery.canvas import Signature
 from fleet.conversation import stamp, turn_of
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
-from workers.app import QUEUE_BY_MODE, app, one_pipeline
+from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
+from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
 from workers.naming import shadow_name, task_repr
 
 
@@ -39,8 +40,10 @@ def run_signature(
     *,
     via: Celery | None = None,
     kwargs: dict[str, Any] | None = None,
+    priority: Priority = "interactive",
 ) -> Signature:
     """`fleet.run_agent(trace_id)` on its mode's queue, readable in Flower, stamped."""
+    sender = via or app
     return Signature(
         task,
         args=(trace.trace_id,),
@@ -49,21 +52,27 @@ def run_signature(
         options={
             "argsrepr": task_repr(trace),
             "shadow": shadow_name(trace),
+            "priority": message_priority(priority, sender.conf.broker_url),
             **stamps(trace.parent_trace_id or "", trace.root_trace_id, turn_of(trace)),
         },
         immutable=True,
-        app=via or app,
+        app=sender,
     )
 
 
 def send(
-    trace: Trace, task: str = "fleet.run_agent", *, via: Celery | None = None, **kwargs: Any
+    trace: Trace,
+    task: str = "fleet.run_agent",
+    *,
+    via: Celery | None = None,
+    priority: Priority = "interactive",
+    **kwargs: Any,
 ) -> None:
     """Send one run/resume task for a trace, stamped with its parent and root ids.
 
     `via`: the app (broker) to send with; the worker's own app by default.
     """
-    signature = run_signature(trace, task, via=via, kwargs=kwargs)
+    signature = run_signature(trace, task, via=via, kwargs=kwargs, priority=priority)
     # Outside a chord nobody reads the result: don't store it, and don't make the sender
     # subscribe to its result channel (the Redis backend does that for every send).
     signature.apply_async(ignore_result=True)
@@ -77,9 +86,15 @@ class CeleryDispatcher:
     def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
         """Send `chord(run_agent per child)(collect)` stamped with the tree's ids.
 
-        Every header message and its task-sent event go out in one pipeline.
+        Every header message and its task-sent event go out in one pipeline. A tree with
+        `max_concurrent` has no chord: its children enter the tree's run window, and the
+        one that ends last settles the call (`fleet.run_agent(windowed=True)`).
         """
-        header = [run_signature(child) for child in request.children]
+        schedule = tree_schedule(runtime, request.root_trace_id)
+        if schedule.max_concurrent:
+            start_window(runtime, request.root_trace_id, new=request.children)
+            return
+        header = [run_signature(c, priority=schedule.priority) for c in request.children]
         turn = turn_of(request.children[0])
         tree = stamps(request.parent_trace_id, request.root_trace_id, turn)
         # No child ids in the body or errback: every header message embeds both, so a list
@@ -105,3 +120,23 @@ class CeleryDispatcher:
         )
         with one_pipeline(app):  # and no result subscriptions: see SendOnlyRedisBackend
             chord(header, body).apply_async()
+
+
+def tree_schedule(runtime: Runtime, root_trace_id: str) -> Schedule:
+    """The tree's max_concurrent and priority (defaults without the Redis store)."""
+    return runtime.trees.schedule(root_trace_id) if runtime.trees else DEFAULT_SCHEDULE
+
+
+def start_window(
+    runtime: Runtime, root_trace_id: str, *, ended: str = "", new: tuple[Trace, ...] = ()
+) -> None:
+    """Free `ended`'s run slot, queue `new` children, send every child whose turn it is."""
+    schedule = tree_schedule(runtime, root_trace_id)
+    if runtime.trees is None or not schedule.max_concurrent:
+        return
+    ids = tuple(c.trace_id for c in new)
+    known = {c.trace_id: c for c in new}
+    started = runtime.trees.window(root_trace_id, schedule.max_concurrent, ended=ended, new=ids)
+    for child_id in started:
+        child = known.get(child_id) or runtime.store.get_trace(child_id)
+        send(child, priority=schedule.priority, windowed=True)

@@ -14,7 +14,7 @@ from fleet.models import now_ms
 from fleet.runner import Runner, RunResult, run_safely
 from fleet.settings import process_settings
 from workers.app import MAX_WORKER_LOST_RETRIES, app
-from workers.dispatch import send
+from workers.dispatch import send, start_window, tree_schedule
 from workers.runtime import draining, get_runtime
 
 LEASE_RETRY_S = process_settings().lease_ttl_ms / 1000
@@ -34,15 +34,22 @@ def envelope(result: RunResult) -> dict[str, str]:
     max_retries=MAX_WORKER_LOST_RETRIES,
     default_retry_delay=LEASE_RETRY_S,
 )
-def run_agent(self: Task, trace_id: str, recovered: bool = False) -> dict[str, str]:
+def run_agent(
+    self: Task, trace_id: str, recovered: bool = False, windowed: bool = False
+) -> dict[str, str]:
     """Run a trace (main agent or branch) until it finishes or waits on children.
 
     `busy` returns too, retry or not: a retry after a lost worker waits out the lost lease,
     so another live runner holds the trace; a sweeper recovered it, and that run settles.
+    `windowed`: a child of a tree with `max_concurrent` (no chord): when it ends it starts
+    the next waiting child and, if it was the last of its call, settles the call.
     """
     runtime = get_runtime()
     result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
     hand_back(self, result)
+    if windowed and result.outcome in ("completed", "failed", "stopped"):
+        start_window(runtime, runtime.store.get_trace(trace_id).root_trace_id, ended=trace_id)
+        resume_settled(lifecycle.settle_from_child(runtime, trace_id))
     if recovered and result.outcome != "interrupted":  # else the sweeper comes back
         after_recovery(trace_id, lifecycle.settle_from_child(runtime, trace_id))
     return envelope(result)
@@ -147,5 +154,7 @@ def resume_settled(settlement: Settlement) -> bool:
 def resume(trace_id: str) -> None:
     """Enqueue `resume_agent` on the trace's queue."""
     runtime = get_runtime()
-    send(runtime.store.get_trace(trace_id), "fleet.resume_agent")
+    trace = runtime.store.get_trace(trace_id)
+    priority = tree_schedule(runtime, trace.root_trace_id).priority
+    send(trace, "fleet.resume_agent", priority=priority)
     runtime.store.count("resumes")

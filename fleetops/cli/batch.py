@@ -33,7 +33,7 @@ from fleet.inprocess import InProcessDispatcher
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
-from fleetops.cli.args import positive_int
+from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -56,21 +56,11 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue --out: skip finished ids, follow submitted"
     )
-    parser.add_argument("--timeout-s", type=_positive_float, help="stop a task running this long")
+    parser.add_argument("--timeout-s", type=positive_float, help="stop a task running this long")
     parser.add_argument("--dry-run", action="store_true", help="validate FILE, submit nothing")
     parser.add_argument("--model", help="model for entries that name none")
     parser.add_argument("--preset", help="preset for entries that name none (default: default)")
     parser.set_defaults(handler=run_batch_command)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
 
 
 def run_batch_command(args: argparse.Namespace) -> int:
@@ -156,7 +146,7 @@ class PlainProgress(BatchHooks):
         width = len(str(self.total))
         error = f"  {_one_line(result.error)}" if result.error else ""
         line = f"[{done:>{width}}/{self.total}] {result.status:<9} {result.id}  {result.trace_id}"
-        print(printable(line + error), flush=True)
+        print(printable(line + budget_text(result) + error), flush=True)
 
     def progress(self, counts: BatchCounts) -> None:
         """A counts line every PLAIN_STATUS_EVERY_S."""
@@ -213,6 +203,9 @@ class RichProgress(BatchHooks):
         if result.status != "completed":
             line = f"✗ {result.id} {result.status}: {_one_line(result.error or '')}"
             self.live.console.print(printable(line), style="red", markup=False, highlight=False)
+        elif budget := budget_text(result):
+            line = f"✓ {result.id}{budget}"
+            self.live.console.print(printable(line), style="yellow", markup=False, highlight=False)
 
     def progress(self, counts: BatchCounts) -> None:
         """Move the bar and refresh the counts."""
@@ -223,6 +216,20 @@ class RichProgress(BatchHooks):
             completed=counts.done + counts.failed + counts.skipped,
             rate=f"{self._finished / elapsed_s:.1f}/s",
         )
+
+
+def budget_text(result: BatchResult) -> str:
+    """`  budget 31200/40000 tok (budget)` for a task that had a budget, else ""."""
+    if not result.budget:
+        return ""
+    used, limit = result.budget["used"], result.budget["limit"]
+    parts = []
+    if limit.get("tokens") is not None:
+        parts.append(f"{used['tokens']}/{limit['tokens']} tok")
+    if limit.get("usd") is not None:
+        parts.append(f"${used['usd']:.4f}/${limit['usd']:g}")
+    ran_out = f" (ran out: {result.budget['exhausted']})" if result.budget.get("exhausted") else ""
+    return f"  budget {' '.join(parts)}{ran_out}" if parts or ran_out else ""
 
 
 def counts_text(counts: BatchCounts) -> str:

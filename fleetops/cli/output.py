@@ -14,6 +14,7 @@ import re
 import sys
 from typing import Any
 
+from fleet.budget import budget_state
 from fleet.conversation import branches, turn_of
 from fleet.human import waiting_on
 from fleet.models import Trace
@@ -56,7 +57,17 @@ def result_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
             for c in store.collaborators(trace.trace_id)
         ],
         "stats": trace.stats.model_dump(),
+        "stop_reason": trace.metadata.get("stop_reason"),
+        "budget": _budget_json(store, trace),
     }
+
+
+def _budget_json(store: TraceStore, trace: Trace) -> dict[str, Any] | None:
+    """A root's budget (limit, used, reserved); None for a child or a tree without one."""
+    if trace.parent_trace_id:
+        return None
+    state = budget_state(store, trace.trace_id)
+    return state.to_json() if state else None
 
 
 def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
@@ -76,6 +87,8 @@ def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
         "waiting_on": waiting_on(trace),
         "iteration": trace.iteration,
         "stats": trace.stats.model_dump(),
+        "stop_reason": trace.metadata.get("stop_reason"),
+        "budget": _budget_json(store, trace),
         "goals": trace.goals.model_dump(mode="json")["goals"],
         "branches": _branches(store, trace),
         "collaborators": [c.model_dump(mode="json") for c in store.collaborators(trace.trace_id)],
@@ -106,6 +119,10 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         f"{stats.messages} msgs, {stats.prompt_tokens + stats.completion_tokens} tokens"
     )
     lines = [line, f"{indent}  task: {_one_line(trace.task)}"]
+    if reason := trace.metadata.get("stop_reason"):
+        lines[0] += f"  (stop_reason: {reason})"
+    if not trace.parent_trace_id and (state := budget_state(store, trace.trace_id)):
+        lines.append(f"{indent}  {state.line()}")
     if trace.answer:
         lines.append(f"{indent}  answer: {_one_line(trace.answer)}")
     if trace.output is not None:

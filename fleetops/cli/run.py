@@ -7,9 +7,11 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from fleet.budget import Budget
 from fleet.client import Fleet
 from fleet.errors import ConfigError, ConversationError, NoLiveWorkers
 from fleet.models import Event
+from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
@@ -21,10 +23,11 @@ def register(commands: Any) -> None:
     """Add `run` (through the fleet, or in this process with --inline), `watch`, `stop`."""
     run_parser = commands.add_parser("run", help="run a task (in-process with --inline)")
     add_run_arguments(run_parser)
+    add_control_arguments(run_parser)
     run_parser.set_defaults(handler=run)
     watch_parser = commands.add_parser("watch", help="follow a trace tree live")
     watch_parser.add_argument("trace_id")
-    watch_parser.add_argument("--timeout-s", type=float, default=None)
+    watch_parser.add_argument("--timeout-s", type=positive_float, default=None)
     watch_parser.set_defaults(handler=watch)
     stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
     stop_parser.add_argument("trace_id")
@@ -37,6 +40,29 @@ def register(commands: Any) -> None:
     reply_parser.set_defaults(handler=reply)
 
 
+def add_control_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--budget-*` and `--max-concurrent`: what the tree may spend, how wide it may run."""
+    group = parser.add_argument_group("tree budget and fan-out (see docs/limits.md)")
+    group.add_argument("--budget-tokens", type=positive_int, metavar="N")
+    group.add_argument("--budget-usd", type=positive_float, metavar="X")
+    group.add_argument("--budget-sub-agents", type=positive_int, metavar="N")
+    group.add_argument("--budget-wall-s", type=positive_float, metavar="S")
+    group.add_argument(
+        "--max-concurrent", type=positive_int, metavar="N", help="children running at once"
+    )
+
+
+def budget_of(args: argparse.Namespace) -> Budget | None:
+    """The budget the command line asked for, if any."""
+    budget = Budget(
+        tokens=args.budget_tokens,
+        usd=args.budget_usd,
+        sub_agents=args.budget_sub_agents,
+        wall_s=args.budget_wall_s,
+    )
+    return None if budget.empty else budget
+
+
 def connect() -> Fleet:
     """A fleet client, checked to reach Redis."""
     return Fleet.from_env(fleet_settings())
@@ -45,8 +71,12 @@ def connect() -> Fleet:
 def run(args: argparse.Namespace) -> int:
     """Submit (or continue), stream progress to stderr, print the answer (or --json)."""
     if args.inline:
+        if budget_of(args) or args.max_concurrent:
+            raise ConfigError("--budget-* and --max-concurrent need the fleet (drop --inline)")
         return run_inline(args)
     check_run_arguments(args)
+    if args.continue_id and (budget_of(args) or args.max_concurrent):
+        raise ConfigError("--continue keeps the tree's budget and --max-concurrent")
     fleet = connect()
     require_workers(fleet, "fleet.main")
     if args.continue_id:
@@ -59,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
             preset=args.preset,
             workspace=args.workspace,
             metadata=run_metadata(args) or None,
+            budget=budget_of(args),
+            max_concurrent=args.max_concurrent,
         )
         print(f"submitted {handle.trace_id}", file=sys.stderr)
     try:

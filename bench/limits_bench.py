@@ -1,0 +1,289 @@
+"""Provider limits, tree budgets and fair sharing at full size, with their baselines.
+
+python bench/limits_bench.py [--only overhead,requests,tokens,fairness] [--branches 200]
+                             [--rate 20] [--workers 2] [--concurrency 50]
+
+Starts its own redis-server, a local OpenAI-wire server that enforces its own limit (429 +
+retry-after-ms beyond it: tests/fake_provider.py) and worker processes, then reports:
+
+- overhead: the limiter's cost per model call (round trips and microseconds for admit +
+  settle, budget reserve + settle) next to the no-limit path (a model without `limits:`).
+- requests: an explore of N branches against a server limited to R requests/s, once with
+  the same limit in fleet.yaml and once without (each worker backs off its own 429s, as
+  before): branches completed, share of 429s, wall time against the limit-bound minimum.
+- tokens: the same with the server limited by tokens/s and large completions.
+- fairness: a 3-branch interactive tree alone, then beside a big batch tree; the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from fleet.budget import Budget, Budgets  # noqa: E402
+from fleet.client import Fleet  # noqa: E402
+from fleet.gate import Gate  # noqa: E402
+from fleet.limits import Limiter, Scope  # noqa: E402
+from fleet.llm.base import LLMResponse, Usage  # noqa: E402
+from fleet.llm.config import FleetConfig, RateLimits  # noqa: E402
+from fleet.models import Trace  # noqa: E402
+from fleet.redis_server import start_redis_server  # noqa: E402
+from fleet.settings import Settings  # noqa: E402
+from fleet.testing import Script  # noqa: E402
+from tests.fake_provider import RateLimitedProvider  # noqa: E402
+from tests.fleetkit import explore_script  # noqa: E402
+from tests.procs import WorkerProcess, start_worker, wait_for_workers  # noqa: E402
+
+CALLS = 5000
+
+
+def overhead(url: str) -> None:
+    """Microseconds and round trips per model call on the limiter's paths."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    limiter = Limiter(client)
+    limited = (Scope("provider:bench:k", RateLimits(requests_per_minute=10**9), True),)
+    plain = (Scope("provider:bench:k2", RateLimits(), True),)
+    budgets = Budgets(client)
+    budgets.create("root", Budget(tokens=10**12))
+    rows = [
+        ("no limits (scripted or no scope)", lambda i: None, 0),
+        ("reference: one PING round trip", lambda i: client.ping(), 0),
+        ("pause check only (provider, no limits:)", _admit_settle(limiter, plain), 2),
+        ("requests/min limit", _admit_settle(limiter, limited), 2),
+        ("limit + tree budget", _with_budget(limiter, limited, budgets), 4),
+    ]
+    print("\n## Overhead per model call (one thread, local Redis)")
+    print("# wall: client-side us per call; lua: us Redis spent in the scripts per call")
+    print(f"{'path':<42} {'round trips':>11} {'wall us':>9} {'lua us':>8}")
+    for name, step, trips in rows:
+        calls_before, usec_before = _evalsha(client)
+        started = time.perf_counter()
+        for i in range(CALLS):
+            step(i)
+        us = (time.perf_counter() - started) / CALLS * 1e6
+        calls_after, usec_after = _evalsha(client)
+        seen = (calls_after - calls_before) / CALLS
+        lua = (usec_after - usec_before) / CALLS
+        print(f"{name:<42} {seen:>5.1f} ({trips})  {us:>9.1f} {lua:>8.1f}")
+    gate = Gate(FleetConfig(), {}, None)
+    trace = Trace(trace_id="t", root_trace_id="t", task="x")
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        go = gate.before(trace, "scripted:x", 4000)
+        gate.after(go, LLMResponse("x", usage=Usage(10, 10)), 1)  # type: ignore[arg-type]
+    us = (time.perf_counter() - started) / CALLS * 1e6
+    print(f"{'Gate.before+after, no Redis (Python only)':<42} {0:>5.1f} (0)  {us:>9.1f}")
+
+
+def _admit_settle(limiter: Limiter, scopes: tuple[Scope, ...]) -> Any:
+    def step(i: int) -> None:
+        limiter.admit(f"t{i % 100}", scopes, 1000)
+        limiter.settle(f"t{i % 100}", scopes, 1000, 900, 5)
+
+    return step
+
+
+def _with_budget(limiter: Limiter, scopes: tuple[Scope, ...], budgets: Budgets) -> Any:
+    admit = _admit_settle(limiter, scopes)
+
+    def step(i: int) -> None:
+        budgets.reserve(f"t{i % 100}", "root", 1000, 0.001)
+        admit(i)
+        budgets.settle(f"t{i % 100}", "root", 900, 0.001)
+
+    return step
+
+
+def _evalsha(client: redis.Redis) -> tuple[int, int]:
+    """Script calls so far, and the microseconds Redis spent in them."""
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)), int(stats.get("usec", 0))
+
+
+@dataclass
+class Run:
+    label: str
+    branches: int
+    completed: int
+    answered: int
+    refused: int
+    elapsed_s: float
+    bound_s: float
+
+    def line(self) -> str:
+        share = self.refused / max(1, self.answered + self.refused)
+        ratio = self.elapsed_s / self.bound_s if self.bound_s else float("nan")
+        return (
+            f"{self.label:<34} {self.completed:>4}/{self.branches:<4} {share:>7.1%} "
+            f"{self.elapsed_s:>8.1f} {self.bound_s:>8.1f} {ratio:>6.2f}x"
+        )
+
+
+HEADER = f"{'run':<34} {'done':>9} {'429s':>7} {'wall s':>8} {'bound s':>8} {'ratio':>7}"
+
+
+@contextlib.contextmanager
+def fleet_on(
+    url: str, tmp: Path, providers: dict[str, Any], models: dict[str, Any], args: Any
+) -> Iterator[Fleet]:
+    """Workers (fresh, so they read this fleet.yaml) and a client."""
+    config = tmp / f"fleet-{time.monotonic_ns()}.yaml"
+    config.write_text(yaml.safe_dump({"providers": providers, "models": models}))
+    workspace = tmp / "workspace"
+    workspace.mkdir(exist_ok=True)
+    env = {
+        "FLEET_CONFIG": str(config),
+        "FLEET_WORKSPACE": str(workspace),
+        "FLEET_WORKSPACE_ROOTS": str(workspace),
+        "FLEET_ALLOW_SCRIPTED": "1",
+    }
+    with contextlib.ExitStack() as stack:
+        procs: list[WorkerProcess] = [
+            stack.enter_context(start_worker(url, concurrency=args.concurrency, env_extra=env))
+            for _ in range(args.workers)
+        ]
+        wait_for_workers(url, [p.name for p in procs], timeout_s=60)
+        settings = Settings.from_env({"FLEET_REDIS_URL": url, **env})
+        fleet = Fleet.from_env(settings)
+        yield fleet
+
+
+def brain(tmp: Path, branches: int) -> Script:
+    model = explore_script(tmp / f"brain-{branches}.yaml", branches, branch_turns=0)
+    path = model.removeprefix("scripted:")
+    return Script.parse(yaml.safe_load(Path(path).read_text()), path)
+
+
+def elapsed(trace: Trace) -> float:
+    return ((trace.finished_at_ms or 0) - trace.created_at_ms) / 1000
+
+
+def explore_run(
+    fleet: Fleet, model: str, label: str, server: RateLimitedProvider, bound: Any
+) -> Run:
+    server.stats.answered = server.stats.refused = server.stats.tokens = 0
+    trace = fleet.submit("survey", model=model).wait(timeout_s=1800)
+    done = sum(c.status == "completed" for c in fleet.store.collaborators(trace.trace_id))
+    kids = len(fleet.store.children(trace.trace_id))
+    stats = server.stats
+    return Run(label, kids, done, stats.answered, stats.refused, elapsed(trace), bound(stats))
+
+
+def requests_runs(url: str, tmp: Path, args: Any) -> None:
+    n, rate = args.branches, args.rate
+    print(
+        f"\n## {n} branches, server limited to {rate:g} requests/s "
+        f"({args.workers} workers x {args.concurrency} threads)"
+    )
+    print(HEADER)
+    with RateLimitedProvider(brain(tmp, n), requests_per_s=rate, latency_s=0.05) as server:
+        base = f"{server.url}/v1"
+        limited = {
+            "kind": "openai",
+            "base_url": base,
+            "limits": {"requests_per_minute": int(rate * 60)},
+        }
+        for label, provider in (
+            ("same limit in fleet.yaml", limited),
+            ("no limits: (429s pause the fleet)", {"kind": "openai", "base_url": base}),
+        ):
+            with fleet_on(url, tmp, {"fake": provider}, {}, args) as fleet:
+                run = explore_run(fleet, "fake:m", label, server, lambda s: (s.answered) / rate)
+                print(run.line(), flush=True)
+
+
+def tokens_runs(url: str, tmp: Path, args: Any) -> None:
+    n, tokens_s, completion = args.branches, args.tokens_rate, 2000
+    print(
+        f"\n## {n} branches answering {completion} tokens each, server limited to "
+        f"{tokens_s:g} tokens/s"
+    )
+    print(HEADER)
+    with RateLimitedProvider(
+        brain(tmp, n), tokens_per_s=tokens_s, completion_tokens=completion, latency_s=0.05
+    ) as server:
+        base = f"{server.url}/v1"
+        limited = {
+            "kind": "openai",
+            "base_url": base,
+            "limits": {"tokens_per_minute": int(tokens_s * 60)},
+        }
+        models = {"big": {"provider": "fake", "name": "m", "max_output_tokens": completion}}
+        for label, provider in (
+            ("same limit in fleet.yaml", limited),
+            ("no limits: (429s pause the fleet)", {"kind": "openai", "base_url": base}),
+        ):
+            with fleet_on(url, tmp, {"fake": provider}, models, args) as fleet:
+                run = explore_run(fleet, "big", label, server, lambda s: s.tokens / tokens_s)
+                print(run.line(), flush=True)
+
+
+def fairness(url: str, tmp: Path, args: Any) -> None:
+    big_n = args.big
+    print(
+        f"\n## A 3-branch interactive tree beside a {big_n}-branch batch tree "
+        "(scripted model, 500 ms per call; batch calls 250-750 ms)"
+    )
+    with fleet_on(url, tmp, {}, {}, args) as fleet:
+        small = explore_script(tmp / "small.yaml", 3, latency_ms=500)
+        big = explore_script(tmp / "big.yaml", big_n, latency_ms=250, jitter_ms=500)
+        idle = statistics.median(
+            elapsed(fleet.submit("quick", model=small).wait(120)) for _ in range(3)
+        )
+        for priority in ("batch", "interactive"):
+            tree = fleet.submit("big survey", model=big, priority=priority)
+            while len(fleet.store.children(tree.trace_id)) < big_n:
+                time.sleep(0.1)
+            time.sleep(1.0)
+            busy = [elapsed(fleet.submit("quick", model=small).wait(600)) for _ in range(3)]
+            kids = [fleet.trace(c) for c in fleet.store.children(tree.trace_id)]
+            ended = sum(k.is_terminal for k in kids)
+            label = "big tree at batch priority" if priority == "batch" else "big tree, no priority"
+            mid = statistics.median(busy)
+            print(
+                f"{label:<30} idle {idle:5.2f} s  beside it {mid:6.2f} s  ratio {mid / idle:5.2f}x"
+                f"  (big tree: {ended}/{big_n} branches ended by then)"
+            )
+            fleet.stop(tree.trace_id)
+            time.sleep(2.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", default="overhead,requests,tokens,fairness")
+    parser.add_argument("--branches", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=20.0, help="requests/s of the server")
+    parser.add_argument("--tokens-rate", type=float, default=40_000.0, help="tokens/s")
+    parser.add_argument("--big", type=int, default=1000, help="branches of the batch tree")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=50)
+    args = parser.parse_args()
+    parts = set(args.only.split(","))
+    with start_redis_server() as server, tempfile.TemporaryDirectory(prefix="limits-") as tmp:
+        if "overhead" in parts:
+            overhead(server.url)
+        if "requests" in parts:
+            requests_runs(server.url, Path(tmp), args)
+        if "tokens" in parts:
+            tokens_runs(server.url, Path(tmp), args)
+        if "fairness" in parts:
+            fairness(server.url, Path(tmp), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Tree budgets: the Lua against a real Redis, and a whole tree stopping at its budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from fleet import keys
+from fleet.budget import Budget, Budgets, Exhausted, Reserved, parse_budget
+from fleet.errors import ConfigError
+from fleet.inprocess import InProcessFleet
+from fleet.llm.base import LLMResponse, ToolCall, Usage
+from fleet.redis_store import RedisStore
+from fleet.roots import TaskSpec, create_root
+from fleet.runner import Runner, run_to_end
+from fleet.settings import Settings
+from fleet.testing import ScriptedModel
+
+ROOT = "root"
+
+
+@pytest.fixture
+def budgets(redis_client: redis.Redis) -> Budgets:
+    return Budgets(redis_client)
+
+
+def test_calls_reserve_until_the_budget_and_the_root_keeps_a_final_turn(
+    budgets: Budgets,
+) -> None:
+    budgets.create(ROOT, Budget(tokens=1000))  # 100 set aside for the root's last turn
+    assert budgets.reserve("a", ROOT, 300, 0.0) == Reserved()
+    assert budgets.reserve("b", ROOT, 300, 0.0) == Reserved()
+    assert budgets.reserve("c", ROOT, 300, 0.0) == Reserved()  # 900 + 100 final: full
+    assert budgets.reserve("d", ROOT, 1, 0.0) == Exhausted("tokens")
+    assert budgets.reserve("a", ROOT, 1, 0.0) == Exhausted("tokens"), "spent for everyone"
+    assert budgets.reserve(ROOT, ROOT, 5000, 0.0) == Reserved(final=True)
+    assert budgets.reserve(ROOT, ROOT, 1, 0.0) == Exhausted("tokens"), "one final turn only"
+    state = budgets.state(ROOT)
+    assert state is not None and state.exhausted == "tokens"
+    # In flight: b and c. A trace asking again gives up its earlier reservation (a, and the
+    # root's final turn), and the final turn is no longer set aside.
+    assert state.reserved_tokens == 300 + 300
+
+
+def test_settling_replaces_the_reservation_with_real_usage(budgets: Budgets) -> None:
+    budgets.create(ROOT, Budget(tokens=10_000, usd=1.0))
+    budgets.reserve("a", ROOT, 4000, 0.2)
+    state = budgets.state(ROOT)
+    assert state is not None
+    assert (state.used_tokens, state.reserved_tokens) == (0, 4000 + 1000)
+    budgets.settle("a", ROOT, 1234, 0.05)
+    state = budgets.state(ROOT)
+    assert state is not None
+    assert (state.used_tokens, state.reserved_tokens) == (1234, 1000)
+    assert state.used_usd == pytest.approx(0.05)
+    assert state.to_json()["limit"]["tokens"] == 10_000
+
+
+def test_a_rerun_after_a_crash_replaces_its_own_reservation(budgets: Budgets) -> None:
+    budgets.create(ROOT, Budget(tokens=1000))
+    budgets.reserve("a", ROOT, 800, 0.0)  # the worker died during this call
+    assert budgets.reserve("a", ROOT, 800, 0.0) == Reserved(), "not counted twice"
+
+
+def test_usd_and_wall_time_end_a_tree_too(budgets: Budgets, redis_client: redis.Redis) -> None:
+    budgets.create("r1", Budget(usd=1.0))
+    assert budgets.reserve("a", "r1", 10, 0.85) == Reserved()
+    assert budgets.reserve("b", "r1", 10, 0.1) == Exhausted("usd")
+    budgets.create("r2", Budget(wall_s=60))
+    redis_client.hset(keys.budget("r2"), "deadline_ms", 1)  # as if the minute had passed
+    assert budgets.reserve("a", "r2", 10, 0.0) == Exhausted("wall_s")
+
+
+def test_sub_agents_and_depth_are_counted_at_spawn(budgets: Budgets) -> None:
+    budgets.create(ROOT, Budget(sub_agents=5, depth=1))
+    assert budgets.spawn(ROOT, 3, depth=1) is None
+    refusal = budgets.spawn(ROOT, 3, depth=1)
+    assert refusal is not None and "2 more sub-agent" in refusal
+    assert budgets.spawn(ROOT, 2, depth=1) is None
+    deeper = budgets.spawn(ROOT, 1, depth=2)
+    assert deeper is not None and "depth" in deeper
+
+
+def test_a_tree_without_budget_costs_no_reservation(
+    budgets: Budgets, redis_client: redis.Redis
+) -> None:
+    assert budgets.reserve("a", "free", 10**9, 10**6) == Reserved(budgeted=False)
+    assert not redis_client.exists(keys.budget("free"), keys.budget_held("free"))
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"tokens": -1}, "budget.tokens"),
+        ({"tokens": "many"}, "budget.tokens"),
+        ({"dollars": 3}, "budget.dollars: unknown setting"),
+        ([1, 2], "budget must be a mapping"),
+    ],
+)
+def test_bad_budgets_name_the_field(data: object, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        parse_budget(data, "batch.yaml:3")
+
+
+BRANCHES, BRANCH_TOKENS, BUDGET_TOKENS = 20, 4_500, 40_000
+
+
+def tree_model(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+    """The root explores 20 branches, then sums up; each branch answers with a large usage."""
+    task = next(str(m["content"]) for m in messages if m["role"] == "user")
+    turn = sum(1 for m in messages if m["role"] == "assistant")
+    prompt = len(json.dumps(messages)) // 4
+    if task.startswith("Branch"):
+        usage = Usage(prompt_tokens=prompt, completion_tokens=BRANCH_TOKENS - prompt)
+        return LLMResponse(content=f"found: {task}", usage=usage)
+    if turn == 0:
+        tasks = [f"Branch {i}" for i in range(1, BRANCHES + 1)]
+        call = ToolCall("call_1", "agent", json.dumps({"task": tasks}))
+        return LLMResponse(content=None, tool_calls=(call,), usage=Usage(prompt, 50))
+    last_tool = next(str(m["content"]) for m in reversed(messages) if m["role"] == "tool")
+    return LLMResponse(content=f"summary of what came back:\n{last_tool}", usage=Usage(prompt, 200))
+
+
+def test_a_tree_stops_at_its_budget_and_answers_from_what_it_has(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    settings = Settings(workspace=tmp_path)
+    model = ScriptedModel(function=tree_model)
+    local = InProcessFleet.from_settings(
+        settings, store=RedisStore(redis_client), clients={"m": model}
+    )
+    spec = TaskSpec("survey", model="m", budget=Budget(tokens=BUDGET_TOKENS))
+    root = create_root(local.runtime, spec)
+    run_to_end(Runner(local.runtime), root.trace_id)
+    store = local.store
+    trace = store.get_trace(root.trace_id)
+    assert trace.status == "completed", trace.error
+    assert trace.metadata["stop_reason"] == "budget"
+    branches = [store.get_trace(c) for c in store.children(root.trace_id)]
+    spent = sum(t.stats.prompt_tokens + t.stats.completion_tokens for t in [trace, *branches])
+    state = local.runtime.gate.budgets.state(root.trace_id)  # type: ignore[union-attr]
+    assert state is not None and state.used_tokens == spent
+    # The documented bound: the input estimate books one token per 3 characters, which is
+    # more than this model counts (1 per 4), and answers stay under the booked 4096, so
+    # only the root's final turn can go past its set-aside.
+    assert spent <= BUDGET_TOKENS + trace.stats.completion_tokens, (spent, BUDGET_TOKENS)
+    done = [b for b in branches if b.status == "completed"]
+    cut = [b for b in branches if b.status == "stopped"]
+    assert len(done) + len(cut) == BRANCHES and done and cut
+    assert all(b.metadata["stop_reason"] == "budget" for b in cut)
+    for branch in done:
+        assert f"found: {branch.task}" in (trace.answer or "")
+    entries = {c.trace_id: c for c in store.collaborators(root.trace_id)}
+    for branch in cut:
+        assert entries[branch.trace_id].status == "stopped"
+        assert "cut by the tree's budget (tokens)" in entries[branch.trace_id].summary
+    final_note = [m for m in store.messages(root.trace_id) if m.role == "user"][-1]
+    assert "budget of this task is used up" in (final_note.content or "")
+
+
+def test_budgets_need_the_redis_store(tmp_path: Path) -> None:
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), clients={"m": ScriptedModel()}
+    )
+    with pytest.raises(ConfigError, match="budgets need the Redis store"):
+        create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=1)))
+
+
+def test_trace_show_has_the_budget_limit_used_and_reserved(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    from fleetops.cli.output import render_tree, trace_object
+
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), store=RedisStore(redis_client), clients={"m": ScriptedModel()}
+    )
+    root = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=1000)))
+    shown = trace_object(local.store, root)["budget"]
+    assert shown["limit"]["tokens"] == 1000
+    assert shown["used"] == {"tokens": 0, "usd": 0.0, "sub_agents": 0}
+    assert shown["reserved"]["tokens"] == 100  # the root's final turn, set aside
+    assert "budget: 0/1000 tokens (+100 reserved)" in "\n".join(render_tree(local.store, root))
+
+
+def test_a_batch_entry_carries_its_budget() -> None:
+    from fleet.batch import BatchResult
+    from fleet.batch_file import BatchInputError, build_entries
+    from fleetops.cli.batch import budget_text
+
+    (entry,) = build_entries([(1, {"task": "t", "budget": {"tokens": 500, "usd": 0.5}})], "b")
+    assert entry.budget == Budget(tokens=500, usd=0.5)
+    with pytest.raises(BatchInputError, match="b:1:"):
+        build_entries([(1, {"task": "t", "budget": {"tokens": -5}})], "b")
+    spent = {"limit": {"tokens": 500}, "used": {"tokens": 480}, "exhausted": "tokens"}
+    result = BatchResult("e", "tid", "completed", budget=spent)
+    assert budget_text(result) == "  budget 480/500 tok (ran out: tokens)"
+    assert result.to_json()["budget"] == spent
