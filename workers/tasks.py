@@ -12,6 +12,7 @@ from fleet import lifecycle, outbox
 from fleet.lifecycle import AlreadyCollected, Settled, Settlement, Waiting
 from fleet.models import now_ms
 from fleet.runner import Runner, RunResult, run_safely
+from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send, start_window, tree_schedule
@@ -47,12 +48,18 @@ def run_agent(
     runtime = get_runtime()
     result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
     hand_back(self, result)
+    after_run(runtime, result, recovered=recovered, windowed=windowed)
+    return envelope(result)
+
+
+def after_run(runtime: Runtime, result: RunResult, *, recovered: bool, windowed: bool) -> None:
+    """A windowed child starts the next one; a recovered run settles its own call."""
+    trace_id = result.trace_id
     if windowed and result.outcome in ("completed", "failed", "stopped"):
         start_window(runtime, runtime.store.get_trace(trace_id).root_trace_id, ended=trace_id)
         resume_settled(lifecycle.settle_from_child(runtime, trace_id))
     if recovered and result.outcome != "interrupted":  # else the sweeper comes back
         after_recovery(trace_id, lifecycle.settle_from_child(runtime, trace_id))
-    return envelope(result)
 
 
 @app.task(name="fleet.resume_agent", bind=True, max_retries=MAX_WORKER_LOST_RETRIES)
