@@ -55,8 +55,10 @@ def fit(
     Raises:
         ContextOverflow: it cannot fit even with every tool output elided.
     """
+    if window is None:  # nothing to fit: no estimate either
+        return Fitted(messages, 0, 0, 0)
     before = estimate_tokens(messages, tools)
-    if window is None or before <= window * threshold:
+    if before <= window * threshold:
         return Fitted(messages, 0, before, before)
     budget_chars = int(window * threshold) * CHARS_PER_TOKEN
     out = [dict(m) for m in messages]

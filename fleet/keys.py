@@ -27,7 +27,7 @@ EVENTS_MAXLEN = 10_000
 
 def trace(trace_id: str) -> str:
     """Hash: one field per top-level Trace attribute, each a JSON value."""
-    return f"{PREFIX}:trace:{trace_id}"
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
 
 def messages(trace_id: str) -> str:
@@ -168,7 +168,7 @@ def limit_ticket(trace_id: str) -> str:
 
     Fields `at` (ms) and `e1..eN` (its scopes' epochs); TTL until `at` + LIMIT_TICKET_GRACE_MS.
     """
-    return f"{PREFIX}:limit-ticket:{trace_id}"
+    return f"{PREFIX}:limit-ticket:{check_trace_id(trace_id)}"
 
 
 LIMIT_STATS = f"{PREFIX}:limit-stats"
@@ -182,7 +182,7 @@ def budget(root_trace_id: str) -> str:
     `limit_*` and `used_*` (tokens, usd, sub_agents), `final` (tokens set aside for the root's
     last turn), `exhausted` (why the tree stopped).
     """
-    return f"{PREFIX}:budget:{root_trace_id}"
+    return f"{PREFIX}:budget:{check_trace_id(root_trace_id)}"
 
 
 def budget_held(root_trace_id: str) -> str:
@@ -190,17 +190,17 @@ def budget_held(root_trace_id: str) -> str:
 
     One field per trace, so a run redelivered after a crash replaces its own reservation.
     """
-    return f"{PREFIX}:budget:{root_trace_id}:held"
+    return f"{PREFIX}:budget:{check_trace_id(root_trace_id)}:held"
 
 
 def window_running(root_trace_id: str) -> str:
     """Set: the children of this tree that hold one of its `max_concurrent` run slots."""
-    return f"{PREFIX}:window:{root_trace_id}:running"
+    return f"{PREFIX}:window:{check_trace_id(root_trace_id)}:running"
 
 
 def window_pending(root_trace_id: str) -> str:
     """List: children of this tree waiting for a run slot, in spawn order (per-root window)."""
-    return f"{PREFIX}:window:{root_trace_id}:pending"
+    return f"{PREFIX}:window:{check_trace_id(root_trace_id)}:pending"
 
 
 def tree(root_trace_id: str) -> str:
@@ -208,4 +208,4 @@ def tree(root_trace_id: str) -> str:
 
     `max_concurrent` (children running at once), `priority` (interactive | batch).
     """
-    return f"{PREFIX}:tree:{root_trace_id}"
+    return f"{PREFIX}:tree:{check_trace_id(root_trace_id)}"

@@ -37,6 +37,10 @@ SECRET_NAME = re.compile(
 )
 """Environment variable names whose values are treated as secrets."""
 
+NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
+"""The shell's working directories: `*PWD*` names a password elsewhere (`DB_PWD`), but
+masking these would blank the current directory out of every path in every message."""
+
 _KEY_PREFIX = re.compile(
     r"(?<![A-Za-z0-9])(?:"
     r"(?:sk|pk|rk)-[A-Za-z0-9_\-]{6,}|sk_[A-Za-z0-9_\-]{6,}|gh[pousr]_[A-Za-z0-9_]{6,}"
@@ -73,7 +77,7 @@ _PASSWORD_PARAM = re.compile(
 
 def is_secret_name(name: str) -> bool:
     """Whether an environment variable name marks its value as a secret."""
-    return bool(SECRET_NAME.search(name))
+    return name.upper() not in NOT_SECRET_NAMES and bool(SECRET_NAME.search(name))
 
 
 def secret_values(env: Mapping[str, str]) -> set[str]:

@@ -34,7 +34,7 @@ from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.store import TraceSnapshot
-from fleet.structured import Accepted, Checked, Correct, Rejected, check_final, schema_for
+from fleet.structured import Accepted, Correct, Rejected, check_final, schema_for
 from fleet.toolcalls import execute_turn, tool_schemas
 from fleet.writes import TraceWrite, WriteResult
 
@@ -44,6 +44,9 @@ _HOST = socket.gethostname()
 TRANSIENT_RETRIES_KEY = "transient_retries"
 """Trace metadata: how often a provider error handed the run back to be run later."""
 FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
+OVERLOADS_KEY = "overloads"
+"""Trace metadata: how often a provider's 429/503/529 handed the run back (fleet pause)."""
+OVERLOADS_PER_RETRY = 10
 
 Outcome = Literal[
     "completed",
@@ -224,12 +227,9 @@ class Runner:
                 return self._no_turn(snapshot, turn)
             match turn.step:
                 case Finish(answer=answer, reason=reason):
-                    checked = self._check(turn, answer, reason)
-                    if isinstance(checked, Correct):
-                        self._correct(turn, checked.message)
-                        snapshot = None  # read again: the answer and the correction were written
-                        continue
-                    return self._final(held, turn, answer, checked, reason)
+                    if (ended := self._answer(held, turn, answer, reason)) is not None:
+                        return ended
+                    snapshot = None  # the answer and a correction were written: read again
                 case DoomLoop(call=call, repeats=repeats):
                     error = (
                         f"doom loop: {call.name!r} called {repeats} times with the same arguments"
@@ -295,6 +295,19 @@ class Runner:
         delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
         log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
         return Wait(delay_s, "provider error")
+
+    def _overloaded(self, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
+        """Back off an overloaded provider, but not forever.
+
+        A provider that stays down fails the trace (through `_retry_later`) after
+        OVERLOADS_PER_RETRY × `transient_retries` pauses.
+        """
+        wait = self.runtime.gate.overloaded(go, exc)  # re-raises without a limiter
+        count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
+        if count > OVERLOADS_PER_RETRY * self.runtime.settings.transient_retries:
+            raise exc
+        self.store.update_trace(trace.trace_id, metadata={**trace.metadata, OVERLOADS_KEY: count})
+        return wait
 
     def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
         """No model call this time; what happens instead.
@@ -397,7 +410,7 @@ class Runner:
             )
         except ProviderOverloaded as exc:
             hooks.model_failed(trace, exc)
-            return gate.overloaded(go, exc)
+            return self._overloaded(trace, go, exc)
         except BaseException as exc:
             hooks.model_failed(trace, exc)
             gate.after(go, None, None)
@@ -426,40 +439,33 @@ class Runner:
             cost_usd=response.usage.cost_usd,
         )
 
-    def _check(self, turn: _Turn, answer: str, reason: str) -> Checked:
-        """Whether the final answer meets the trace's output schema (if it has one).
+    def _answer(self, held: _Held, turn: _Turn, answer: str, reason: str) -> Outcome | None:
+        """Finish with the answer; None after a correction (it missed its output schema).
 
         The budget's last turn stands as it is: there is no budget left to correct it.
         """
-        if reason == "budget":
-            return Accepted(None)
         preset = self.runtime.preset(turn.trace.preset)
         schema = schema_for(preset.output_schema, preset.name, turn.trace)
         path = main_path(turn.messages, turn.trace.head_sequence)
-        return check_final(schema, turn.trace, self.runtime.redactor.values_only(answer), path)
-
-    def _correct(self, turn: _Turn, message: Message) -> None:
-        """Store the rejected answer and the correction after it; the next turn re-reads."""
-        self.store.apply(turn.write)
-        event = Event(
-            kind="message", trace_id=turn.trace.trace_id, data={"role": "user", "correction": True}
+        answered = self.runtime.redactor.values_only(answer)
+        checked = (
+            Accepted(None)
+            if reason == "budget"
+            else check_final(schema, turn.trace, answered, path)
         )
-        self.store.record_turn(turn.trace.root_trace_id, message, event)
-
-    def _final(
-        self, held: _Held, turn: _Turn, answer: str, checked: Checked, reason: str
-    ) -> Outcome:
         match checked:
             case Accepted(output=output):
-                return self._end(
-                    held, turn, "completed", answer=answer, output=output, reason=reason
-                )
+                outcome = {"answer": answer, "output": output, "reason": reason}
+                return self._end(held, turn, "completed", **outcome)
             case Rejected(error=error):
-                return self._end(
-                    held, turn, "failed", answer=answer, error=error, reason="output_schema"
-                )
-            case Correct():
-                raise AssertionError("a correction is sent, not finished")
+                outcome = {"answer": answer, "error": error, "reason": "output_schema"}
+                return self._end(held, turn, "failed", **outcome)
+            case Correct(message=message):
+                self.store.apply(turn.write)
+                data = {"role": "user", "correction": True}
+                event = Event(kind="message", trace_id=turn.trace.trace_id, data=data)
+                self.store.record_turn(turn.trace.root_trace_id, message, event)
+                return None
             case _:
                 assert_never(checked)
 

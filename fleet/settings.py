@@ -14,11 +14,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fleet import keys, trust
 from fleet.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 OTEL_CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 OTEL_TRACING_ENVS = (
     "OTEL_SDK_DISABLED",
@@ -121,7 +123,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read FLEET_* variables; the mapping is kept for model/provider lookup."""
         env = dict(os.environ if env is None else env)
-        redis_url = env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL)
+        redis_url = _redis_url(env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL))
         workspace = Path(env.get("FLEET_WORKSPACE") or Path.cwd()).expanduser()
         return cls(
             redis_url=redis_url,
@@ -132,9 +134,9 @@ class Settings:
             skills_dir=_path(env.get("FLEET_SKILLS_DIR")),
             config_path=_path(env.get("FLEET_CONFIG")),
             model=env.get("FLEET_MODEL") or None,
-            lease_ttl_ms=int(env.get("FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS)),
+            lease_ttl_ms=_count(env, "FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS),
             no_worker_timeout_s=_positive(env, "FLEET_NO_WORKER_TIMEOUT_S", 30.0),
-            transient_retries=int(env.get("FLEET_TRANSIENT_RETRIES") or 3),
+            transient_retries=_count(env, "FLEET_TRANSIENT_RETRIES", 3, minimum=0),
             # Default: where this process started, and the operator's FLEET_WORKSPACE.
             workspace_roots=trust.parse_roots(
                 env.get(trust.WORKSPACE_ROOTS_ENV), (Path.cwd(), workspace)
@@ -144,7 +146,7 @@ class Settings:
             shell_env=_names(env.get("FLEET_SHELL_ENV")),
             web_allow=_names(env.get("FLEET_WEB_ALLOW")),
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
-            max_branches=int(_positive(env, "FLEET_MAX_BRANCHES", 1000)),
+            max_branches=_count(env, "FLEET_MAX_BRANCHES", 1000),
             human_timeout_s=int(_positive(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600)),
             otel_tracing=_otel_tracing(env),
             otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
@@ -180,6 +182,21 @@ def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:
     return resolved
 
 
+def _redis_url(url: str) -> str:
+    """FLEET_REDIS_URL as given, if redis-py takes its scheme.
+
+    Raises:
+        ConfigError: another scheme; the message names the scheme, never the URL (it may
+            hold a password).
+    """
+    scheme = urlsplit(url).scheme
+    if url and scheme not in REDIS_SCHEMES:
+        raise ConfigError(
+            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (not {scheme!r})"
+        )
+    return url
+
+
 def _names(value: str | None) -> tuple[str, ...]:
     """A comma- or whitespace-separated list of names."""
     return tuple(n for n in (value or "").replace(",", " ").split() if n)
@@ -196,6 +213,15 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:
         raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
     return value
+
+
+def _count(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+    text = (env.get(name) or "").strip()
+    if not text:
+        return default
+    if not text.isdecimal() or int(text) < minimum:
+        raise ConfigError(f"{name}={text!r}: expected a whole number >= {minimum}")
+    return int(text)
 
 
 def _otel_tracing(env: Mapping[str, str]) -> bool:

@@ -118,3 +118,72 @@ def test_subprocess_error_has_no_traceback(clean_env: Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         "fleet: error: unknown preset 'nope' (known: default, explore, analyst, evaluate)"
     ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--inline", "--timeout-s", "-1", "task"],
+        ["run", "--timeout-s", "0", "task"],
+        ["watch", "--timeout-s", "nan", "some-trace"],
+        ["batch", "tasks.jsonl", "--out", "r.jsonl", "--timeout-s", "inf"],
+        ["probe", "--max-age-s", "-5"],
+    ],
+)
+def test_a_time_limit_must_be_a_positive_number(
+    clean_env: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert "must be more than 0" in capsys.readouterr().err
+
+
+def test_a_reader_that_closes_early_gets_no_traceback(clean_env: Path) -> None:
+    """`fleet run --inline --json ... | head -c 1`: the pipe closes before the answer."""
+    argv = ["run", "--inline", "--json", "--model", f"scripted:{EXAMPLE}", "survey"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "fleetops.cli.main", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "FLEET_ALLOW_SCRIPTED": "1"},
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # before the run has printed anything
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://:hunter2hunter2@redis:6379/0"])
+def test_a_redis_url_of_another_scheme_is_one_line_without_the_url(
+    clean_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    monkeypatch.setenv("FLEET_REDIS_URL", url)
+    assert main(["trace", "list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fleet: error: FLEET_REDIS_URL must start with redis://"), err
+    assert len(err.splitlines()) == 1 and "hunter2" not in err
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("FLEET_LEASE_TTL_MS", "5s"),
+        ("FLEET_TRANSIENT_RETRIES", "-1"),
+        ("FLEET_MAX_BRANCHES", "0.5"),
+        ("FLEET_TOOL_TIMEOUT_S", "soon"),
+    ],
+)
+def test_a_malformed_number_in_the_environment_is_one_line(
+    clean_env: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    value: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert main(["trace", "list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"fleet: error: {name}={value!r}: expected a "), err
+    assert len(err.splitlines()) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
 import re
@@ -21,6 +22,7 @@ from fleet import keys
 from fleet.client import Fleet
 from fleet.conversation import branches
 from fleet.human import waiting_on
+from fleetops.serve.queries import TraceFilter, list_traces
 from tests.fleetkit import wait_until
 from tests.procs import WorkerProcess, read_until_exit
 from tests.test_fleet_recovery import database_url, fleet_client, start_workers
@@ -197,6 +199,8 @@ def test_ask_human_waits_holding_nothing_and_fleet_reply_resumes(
         wait_until(lambda: no_task_running(control), TIMEOUT_S, "no task to run")
         listed = cli(url, workspace, "trace", "list", "--waiting")
         assert f"{trace.trace_id}  waiting" in listed.stdout and "? Which colour?" in listed.stdout
+        api = list_traces(fleet.store, TraceFilter(waiting=True))  # `fleet serve`'s ?waiting=1
+        assert [t["trace_id"] for t in api] == [trace.trace_id]
         replied = cli(url, workspace, "reply", trace.trace_id, "green")
         assert replied.returncode == 0, replied.stderr
         out, err = run.communicate(timeout=TIMEOUT_S)
@@ -286,3 +290,24 @@ def test_reply_or_continue_that_does_not_apply_writes_nothing(
     )
     assert state() == before
     fleet.stop(asking.trace_id)
+
+
+def test_fleet_batch_records_the_question_and_the_trace_stays_resumable(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = script(
+        tmp_path / "b.yaml",
+        [
+            {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
+            {"content": "painted it {last_tool}"},
+        ],
+    )
+    lines = [{"id": "ask", "task": "paint the roof"}]
+    batch = tmp_path / "tasks.jsonl"
+    batch.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    out = tmp_path / "results.jsonl"
+    result = cli(url, workspace, "batch", str(batch), "--out", str(out), "--model", model)
+    assert result.returncode == 1, result.stderr  # not every task completed
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (row["status"], row["question"]) == ("waiting", "Which colour?")
+    assert fleet.reply(row["trace_id"], "red").wait(timeout_s=TIMEOUT_S).answer == "painted it red"

@@ -27,6 +27,7 @@ ENV = {
     "PATH": "/usr/bin:/bin",
     "HOME": "/home/fleet",
     "SHORT_TOKEN": "abc",
+    "PWD": "/srv/fleet/workspace",
 }
 
 
@@ -43,6 +44,8 @@ ENV = {
         ("PATH", False),
         ("HOME", False),
         ("FLEET_WORKSPACE", False),
+        ("PWD", False),
+        ("OLDPWD", False),
     ],
 )
 def test_secret_names(name: str, secret: bool) -> None:
@@ -55,6 +58,7 @@ def test_secret_values_take_named_values_url_passwords_and_connection_keys() -> 
         assert ENV[name] in values
     assert {"s3cretpassw0rd", "abc123def456", "QmFzZTY0S2V5PT0="} <= values
     assert "/usr/bin:/bin" not in values and "abc" not in values, "short or not secret"
+    assert "/srv/fleet/workspace" not in values, "the shell's working directory is no password"
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from fleet.inprocess import InProcessDispatcher
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.store import MemoryStore
-from fleetops.cli.args import positive_int
+from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -56,21 +56,11 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue --out: skip finished ids, follow submitted"
     )
-    parser.add_argument("--timeout-s", type=_positive_float, help="stop a task running this long")
+    parser.add_argument("--timeout-s", type=positive_float, help="stop a task running this long")
     parser.add_argument("--dry-run", action="store_true", help="validate FILE, submit nothing")
     parser.add_argument("--model", help="model for entries that name none")
     parser.add_argument("--preset", help="preset for entries that name none (default: default)")
     parser.set_defaults(handler=run_batch_command)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
 
 
 def run_batch_command(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from fleet.errors import ConfigError
 from fleet.human import TIMEOUT_KEY, waiting_on
 from fleet.inprocess import InProcessFleet
 from fleet.settings import process_settings
+from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.output import printable, report
 
 
@@ -27,7 +28,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
-        "--timeout-s", type=float, default=None, help="give up waiting after this long"
+        "--timeout-s", type=positive_float, default=None, help="give up waiting after this long"
     )
     parser.add_argument(
         "--continue",
@@ -47,13 +48,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="how long an ask_human question waits for `fleet reply` before the agent goes on",
     )
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1: {text!r}")
-    return int(text)
 
 
 def check_run_arguments(args: argparse.Namespace) -> None:

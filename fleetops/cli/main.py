@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -44,10 +45,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fleet: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return reader_gone()
     except (ConfigError, TraceNotFound, ConversationError) as exc:
         return fail(str(exc), EXIT_BAD_INPUT)
     except FleetError as exc:
         return fail(str(exc), EXIT_FAILED)
+
+
+def reader_gone() -> int:
+    """The reader of stdout left early (`fleet trace list --json | head`): stop quietly.
+
+    stdout goes to /dev/null, so the interpreter's last flush raises nothing either.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_FAILED
 
 
 def fail(message: str, code: int) -> int:

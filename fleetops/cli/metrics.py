@@ -8,7 +8,7 @@ from typing import Any
 from fleet.errors import ConfigError
 from fleet.redis_store import redact_url
 from fleet.settings import process_settings
-from fleetops.cli.args import port_number
+from fleetops.cli.args import port_number, positive_float
 from fleetops.discovery import fleet_settings
 from fleetops.metrics import DEFAULT_PORT
 from workers import probes
@@ -50,7 +50,7 @@ def _add_probe(commands: Any) -> None:
     probe.add_argument("--ready", action="store_true", help="check readiness instead")
     probe.add_argument(
         "--max-age-s",
-        type=float,
+        type=positive_float,
         default=probes.DEFAULT_MAX_AGE_S,
         help=f"liveness: the oldest heartbeat that passes (default {probes.DEFAULT_MAX_AGE_S:g})",
     )

@@ -11,6 +11,7 @@ from fleet.budget import Budget
 from fleet.client import Fleet
 from fleet.errors import ConfigError, ConversationError, NoLiveWorkers
 from fleet.models import Event
+from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
@@ -26,7 +27,7 @@ def register(commands: Any) -> None:
     run_parser.set_defaults(handler=run)
     watch_parser = commands.add_parser("watch", help="follow a trace tree live")
     watch_parser.add_argument("trace_id")
-    watch_parser.add_argument("--timeout-s", type=float, default=None)
+    watch_parser.add_argument("--timeout-s", type=positive_float, default=None)
     watch_parser.set_defaults(handler=watch)
     stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
     stop_parser.add_argument("trace_id")
@@ -41,8 +42,6 @@ def register(commands: Any) -> None:
 
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     """`--budget-*` and `--max-concurrent`: what the tree may spend, how wide it may run."""
-    from fleetops.cli.args import positive_int
-
     group = parser.add_argument_group("tree budget and fan-out (see docs/limits.md)")
     group.add_argument("--budget-tokens", type=positive_int, metavar="N")
     group.add_argument("--budget-usd", type=positive_float, metavar="X")
@@ -51,17 +50,6 @@ def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--max-concurrent", type=positive_int, metavar="N", help="children running at once"
     )
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0: {text!r}")
-    return value
 
 
 def budget_of(args: argparse.Namespace) -> Budget | None:
