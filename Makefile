@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: all check lint typecheck test demo format bench clean
+.PHONY: all check lint typecheck test demo format bench faults clean
 all: check
 check: lint typecheck test
 
@@ -34,6 +34,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/explore_bench.py --quick
+
+# Fault injection (docs/reliability.md): every scenario x 20 runs, ~40 min; not part of `make`.
+faults: $(STAMP)
+	$(PY) bench/faults.py --runs 20
 
 clean:
 	rm -rf $(VENV) .fleet .mypy_cache .ruff_cache .pytest_cache

@@ -14,6 +14,7 @@ from fleet.store import TraceStore
 
 SPAWN = "spawn"
 RUN = "run"
+SETTLE = "settle"
 
 
 def spawn_entry(parent_trace_id: str, tool_call_id: str) -> str:
@@ -26,6 +27,22 @@ def run_entry(trace_id: str) -> str:
     return f"{RUN} {trace_id}"
 
 
+def settle_entry(parent_trace_id: str, tool_call_id: str) -> str:
+    """The outbox entry of a tool call to settle once all its children ended.
+
+    Kept in Redis rather than as a countdown task: a worker holding a countdown in memory
+    may die or lose its broker connection, and then the countdown is gone.
+    """
+    return f"{SETTLE} {parent_trace_id} {tool_call_id}"
+
+
+def parse(entry: str) -> tuple[str, str, str]:
+    """(kind, trace id, tool call id or '')."""
+    kind, _, rest = entry.partition(" ")
+    trace_id, _, call_id = rest.partition(" ")
+    return kind, trace_id, call_id
+
+
 def runs_for(store: TraceStore, entry: str) -> list[str] | None:
     """The traces to send a recovered run for; None while the entry is not ripe yet.
 
@@ -34,10 +51,12 @@ def runs_for(store: TraceStore, entry: str) -> list[str] | None:
     tool call once every sibling has ended, so when all children ended already one run of
     any of them completes the parent's turn.
     """
-    kind, _, rest = entry.partition(" ")
-    if kind == RUN:
-        return [] if store.get_trace(rest).is_terminal else [rest]
-    parent_id, _, call_id = rest.partition(" ")
+    kind, trace_id, call_id = parse(entry)
+    if kind == RUN:  # unless it ended, or a live runner has it (its countdown came through)
+        if store.get_trace(trace_id).is_terminal or store.lease_holder(trace_id):
+            return []
+        return [trace_id]
+    parent_id = trace_id
     if kind != SPAWN or not call_id:
         return []  # not ours (an older format): drop it
     if store.lease_holder(parent_id) is not None:

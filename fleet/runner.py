@@ -44,6 +44,9 @@ _HOST = socket.gethostname()
 TRANSIENT_RETRIES_KEY = "transient_retries"
 """Trace metadata: how often a provider error handed the run back to be run later."""
 FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
+OVERLOADS_KEY = "overloads"
+"""Trace metadata: how often a provider's 429/503/529 handed the run back (fleet pause)."""
+OVERLOADS_PER_RETRY = 10
 
 Outcome = Literal[
     "completed",
@@ -293,6 +296,19 @@ class Runner:
         log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
         return Wait(delay_s, "provider error")
 
+    def _overloaded(self, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
+        """Back off an overloaded provider, but not forever.
+
+        A provider that stays down fails the trace (through `_retry_later`) after
+        OVERLOADS_PER_RETRY × `transient_retries` pauses.
+        """
+        wait = self.runtime.gate.overloaded(go, exc)  # re-raises without a limiter
+        count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
+        if count > OVERLOADS_PER_RETRY * self.runtime.settings.transient_retries:
+            raise exc
+        self.store.update_trace(trace.trace_id, metadata={**trace.metadata, OVERLOADS_KEY: count})
+        return wait
+
     def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
         """No model call this time; what happens instead.
 
@@ -394,7 +410,7 @@ class Runner:
             )
         except ProviderOverloaded as exc:
             hooks.model_failed(trace, exc)
-            return gate.overloaded(go, exc)
+            return self._overloaded(trace, go, exc)
         except BaseException as exc:
             hooks.model_failed(trace, exc)
             gate.after(go, None, None)

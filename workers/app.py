@@ -15,6 +15,7 @@ from kombu.messaging import Producer
 
 from fleet.settings import Settings, process_settings
 from fleet.trees import Priority
+from workers import kombu_fix
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
 QUEUE_BY_MODE = {
@@ -180,6 +181,7 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
     return app
 
 
+kombu_fix.install()  # a worker must reconnect when Redis restarts, not exit
 app = create_app()
 
 app.conf.imports = ("workers.tasks", "workers.signals")

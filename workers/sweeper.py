@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from fleet import outbox
+from fleet import lifecycle, outbox
 from fleet.control import claim_dead_runs
 from fleet.human import time_out_waits
 from fleet.models import now_ms
@@ -51,6 +51,9 @@ def sweep_outbox() -> list[str]:
     store = get_runtime().store
     sent: list[str] = []
     for entry in store.outbox_claim(now_ms(), OUTBOX_RETRY_MS):
+        if entry.startswith(outbox.SETTLE + " "):
+            settle_due(entry)
+            continue
         runs = outbox.runs_for(store, entry)
         if runs is None:  # its spawner still holds the lease: look again soon
             store.outbox_put(entry, now_ms() + NOT_RIPE_RETRY_MS)
@@ -61,6 +64,21 @@ def sweep_outbox() -> list[str]:
         sent += runs
         store.outbox_done(entry)
     return sent
+
+
+def settle_due(entry: str) -> None:
+    """Settle a recovered child's tool call once every child ended; else look again later."""
+    from workers.tasks import resume_settled  # the tasks module imports this one
+
+    runtime = get_runtime()
+    _, parent_id, call_id = outbox.parse(entry)
+    children = lifecycle.call_children(runtime.store, parent_id, call_id)
+    settlement = lifecycle.settle(runtime, parent_id, call_id, children)
+    if isinstance(settlement, lifecycle.Waiting):
+        runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
+        return
+    resume_settled(settlement)
+    runtime.store.outbox_done(entry)
 
 
 class Sweeper:

@@ -8,9 +8,11 @@ import redis
 from celery import Task
 from celery.exceptions import Ignore
 
-from fleet import lifecycle
+from fleet import lifecycle, outbox
 from fleet.lifecycle import AlreadyCollected, Settled, Settlement, Waiting
+from fleet.models import now_ms
 from fleet.runner import Runner, RunResult, run_safely
+from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send, start_window, tree_schedule
@@ -46,12 +48,20 @@ def run_agent(
     runtime = get_runtime()
     result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
     hand_back(self, result)
-    if windowed and result.outcome in ("completed", "failed", "stopped"):
-        start_window(runtime, runtime.store.get_trace(trace_id).root_trace_id, ended=trace_id)
-        resume_settled(lifecycle.settle_from_child(runtime, trace_id))
-    if recovered:
-        after_recovery(self, lifecycle.settle_from_child(runtime, trace_id))
+    after_run(runtime, result, recovered=recovered, windowed=windowed)
     return envelope(result)
+
+
+def after_run(runtime: Runtime, result: RunResult, *, recovered: bool, windowed: bool) -> None:
+    """A windowed child starts the next one; a recovered run settles its own call."""
+    trace_id = result.trace_id
+    ended = result.outcome in ("completed", "failed", "stopped")
+    if ended and (windowed or recovered):  # a sweeper's re-send does not say `windowed`
+        start_window(runtime, runtime.store.get_trace(trace_id).root_trace_id, ended=trace_id)
+    if ended and windowed:
+        resume_settled(lifecycle.settle_from_child(runtime, trace_id))
+    if recovered and result.outcome != "interrupted":  # else the sweeper comes back
+        after_recovery(trace_id, lifecycle.settle_from_child(runtime, trace_id))
 
 
 @app.task(name="fleet.resume_agent", bind=True, max_retries=MAX_WORKER_LOST_RETRIES)
@@ -67,6 +77,10 @@ def hand_back(task: Task, result: RunResult) -> None:
     if result.outcome == "yielded":
         requeue(task)
     if result.outcome == "throttled":
+        # The countdown lives in this worker's memory: the outbox sends the run again if
+        # the worker dies (or loses its broker) before it is due.
+        due_ms = now_ms() + int(result.retry_in_s * 1000) + 2 * get_runtime().settings.lease_ttl_ms
+        get_runtime().store.outbox_put(outbox.run_entry(result.trace_id), due_ms)
         requeue(task, countdown_s=result.retry_in_s)
 
 
@@ -101,19 +115,36 @@ def collect(results: list[dict[str, str]], parent_trace_id: str, tool_call_id: s
 
 @app.task(name="fleet.collect_failed")
 def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
-    """Errback of a broken chord: the parent must not wait forever."""
-    error = f"sub-agent chord for {tool_call_id!r} failed"
-    lifecycle.fail(get_runtime(), parent_trace_id, error=error, reason="chord_failed")
+    """Errback of a broken chord: settle the call from the children's own state.
+
+    Branches never raise (their envelope carries their outcome), so a header "failed" only
+    when its worker lost Redis or the broker; the children still end, and the call is
+    settled once they all have (now, or by a sweeper from the outbox).
+    """
+    runtime = get_runtime()
+    children = lifecycle.call_children(runtime.store, parent_trace_id, tool_call_id)
+    settlement = lifecycle.settle(runtime, parent_trace_id, tool_call_id, children)
+    settle_later(parent_trace_id, tool_call_id, settlement)
 
 
-def after_recovery(task: Task, settlement: Settlement) -> None:
+def after_recovery(trace_id: str, settlement: Settlement) -> None:
     """A recovered run settles its own call (a lost worker's chord never runs its body).
 
     The sibling that ends last may have reported to that chord, so while some still run
-    this task comes back once per lease TTL.
+    the call goes to the outbox: a sweeper settles it once all ended (looking every lease
+    TTL). In Redis, not a countdown task a dying worker would take with it.
     """
+    child = get_runtime().store.get_trace(trace_id)
+    settle_later(child.parent_trace_id or "", child.parent_tool_call_id or "", settlement)
+
+
+def settle_later(parent_trace_id: str, tool_call_id: str, settlement: Settlement) -> None:
+    """Resume the parent if settled; while children still run, leave it to a sweeper."""
     if isinstance(settlement, Waiting):
-        raise task.retry(countdown=LEASE_RETRY_S, max_retries=None)
+        runtime = get_runtime()
+        entry = outbox.settle_entry(parent_trace_id, tool_call_id)
+        runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
+        return
     resume_settled(settlement)
 
 

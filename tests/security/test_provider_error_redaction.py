@@ -38,6 +38,7 @@ def _fleet(tmp_path: Path, base_url: str) -> InProcessFleet:
         "FLEET_CONFIG": str(config),
         "FLEET_WORKSPACE": str(workspace),
         "FLEET_WORKSPACE_ROOTS": str(workspace),
+        "FLEET_TRANSIENT_RETRIES": "0",  # a 500 fails the run at once, not after re-runs
     }
     return InProcessFleet.from_settings(Settings.from_env(env))
 
