@@ -40,8 +40,12 @@ def sweep_once() -> list[str]:
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
     if claimed:
         runtime.store.count("lease_expiries", len(claimed))
-    for trace_id in time_out_waits(runtime):
-        send(runtime.store.get_trace(trace_id))
+    for trace_id in time_out_waits(runtime):  # answered and queued: it must be sent
+        try:
+            send(runtime.store.get_trace(trace_id))
+        except Exception:  # the broker is away: the outbox keeps it for a later sweep
+            runtime.store.outbox_put(outbox.run_entry(trace_id), now_ms() + OUTBOX_RETRY_MS)
+            continue
         log.warning("%s: no reply from a person in time; resumed without one", trace_id)
     return claimed
 
