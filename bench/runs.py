@@ -98,23 +98,7 @@ def chord_run(meter: Meter, pids: list[int], n: int, latency_ms: int) -> Sample:
     """`chord(N x bench.sleep(2L), bench.done)`: the scripted rows' peer."""
     seconds = 2 * latency_ms / 1000
     header = [sleep_tasks.sleep.si(seconds).set(queue="fleet.explore") for _ in range(n)]
-    body = sleep_tasks.done.s().set(queue="fleet.main")
-    results: list[Any] = []
-
-    def run() -> tuple[float, float]:
-        start = time.time()
-        results.append(chord(header, body).apply_async())
-        return start, meter.wait(_body_time(meter, results[0].id))
-
-    sample = _measured(meter, pids, run)
-    # The group barrier registered every header result as pending, and nothing here drains
-    # them: drop them now, so they unsubscribe while Redis still runs (Celery has no API).
-    for mapping in app.backend._pending_results:
-        for header_result in results[0].parent.results:
-            mapping.pop(header_result.id, None)
-    results.clear()
-    gc.collect()
-    return sample
+    return _chord_sample(meter, pids, header, sleep_tasks.done.s().set(queue="fleet.main"))
 
 
 def http_chord_run(meter: Meter, pids: list[int], base_url: str, task: str, model: str) -> Sample:
@@ -141,7 +125,11 @@ def bare_http_chord_run(meter: Meter, pids: list[int], base_url: str, n: int, mo
         )
         for i in range(1, n + 1)
     ]
-    body = sleep_tasks.done.s().set(queue="fleet.main")
+    return _chord_sample(meter, pids, header, sleep_tasks.done.s().set(queue="fleet.main"))
+
+
+def _chord_sample(meter: Meter, pids: list[int], header: list[Any], body: Any) -> Sample:
+    """One measured `chord(header, body)` sent from here, its pending results dropped after."""
     results: list[Any] = []
 
     def run() -> tuple[float, float]:
@@ -150,6 +138,8 @@ def bare_http_chord_run(meter: Meter, pids: list[int], base_url: str, n: int, mo
         return start, meter.wait(_body_time(meter, results[0].id))
 
     sample = _measured(meter, pids, run)
+    # The group barrier registered every header result as pending, and nothing here drains
+    # them: drop them now, so they unsubscribe while Redis still runs (Celery has no API).
     for mapping in app.backend._pending_results:
         for header_result in results[0].parent.results:
             mapping.pop(header_result.id, None)

@@ -9,12 +9,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleet import human
+from fleet import human, lifecycle
 from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.batch_file import check_entries, entries_from
 from fleet.budget import Budget
 from fleet.conversation import continue_trace, stamp, turn_of
-from fleet.errors import ConfigError, FleetError
+from fleet.errors import BrokerUnavailable, ConfigError, FleetError
 from fleet.human import waiting_traces
 from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
@@ -132,7 +132,11 @@ class Fleet:
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
         spec = replace(spec, budget=budget, max_concurrent=max_concurrent, priority=priority)
         trace = create_root(self.runtime, spec)
-        self.enqueue(trace, priority)
+        try:
+            self.enqueue(trace, priority)
+        except BrokerUnavailable as exc:  # no task will ever run it: not left `queued`
+            lifecycle.fail(self.runtime, trace.trace_id, error=str(exc), reason="not_enqueued")
+            raise
         return Handle(trace.trace_id, self)
 
     def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:

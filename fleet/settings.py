@@ -147,7 +147,7 @@ class Settings:
             web_allow=_names(env.get("FLEET_WEB_ALLOW")),
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
             max_branches=_count(env, "FLEET_MAX_BRANCHES", 1000),
-            human_timeout_s=int(_positive(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600)),
+            human_timeout_s=_count(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600),
             otel_tracing=_otel_tracing(env),
             otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
             sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 1.0),
@@ -192,7 +192,8 @@ def _redis_url(url: str) -> str:
     scheme = urlsplit(url).scheme
     if url and scheme not in REDIS_SCHEMES:
         raise ConfigError(
-            f"FLEET_REDIS_URL must start with redis://, rediss:// or unix:// (not {scheme!r})"
+            "FLEET_REDIS_URL must start with redis://, rediss:// or unix://"
+            + (f" (not {scheme}://)" if scheme else "")
         )
     return url
 

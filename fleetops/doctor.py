@@ -12,6 +12,7 @@ import redis
 
 from fleet.errors import ConfigError
 from fleet.llm.config import resolve_model_name, validate_model
+from fleet.presets import load_presets
 from fleet.redis_store import redact_url
 from fleet.runtime import operator_config
 from fleet.settings import Settings
@@ -142,6 +143,20 @@ def check_model(settings: Settings) -> Check:
     return Check("model", "ok", name)
 
 
+def check_presets(settings: Settings) -> Check:
+    """The agents folder (FLEET_AGENTS_DIR) loads as `fleet run` would load it here.
+
+    A warning, like the model's: workers read their own environment.
+    """
+    try:
+        presets = load_presets(
+            settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
+        )
+    except ConfigError as exc:
+        return Check("presets", "warn", str(exc))
+    return Check("presets", "ok", ", ".join(presets))
+
+
 def run_checks(settings: Settings) -> list[Check]:
     """Every check, in report order.
 
@@ -150,7 +165,7 @@ def run_checks(settings: Settings) -> list[Check]:
     """
     checks = [check_redis(settings.redis_url), check_broker(settings.broker_url)]
     checks += check_queues(workers_by_queue(settings.broker_url))
-    checks.append(check_model(settings))
+    checks += [check_model(settings), check_presets(settings)]
     return checks
 
 

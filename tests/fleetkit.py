@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -104,3 +105,28 @@ def thread_worker(concurrency: int = 32) -> Iterator[Any]:
         # backend must not subscribe to every task's result channel (start_worker unsets it).
         _set_task_join_will_block(True)
         yield worker
+
+
+@contextlib.contextmanager
+def celery_fleet(
+    redis_url: str, workspace: Path, monkeypatch: Any, concurrency: int = 32
+) -> Iterator[Fleet]:
+    """A client and one in-process threads worker (`thread_worker`) on this Redis.
+
+    `monkeypatch`: the test's, so FLEET_REDIS_URL and FLEET_WORKSPACE go back afterwards.
+    """
+    from workers.app import app
+    from workers.runtime import reset_runtime
+
+    monkeypatch.setenv("FLEET_REDIS_URL", redis_url)
+    monkeypatch.setenv("FLEET_WORKSPACE", str(workspace))
+    app.conf.broker_url = redis_url
+    app.conf.result_backend = redis_url
+    reset_runtime()
+    with thread_worker(concurrency=concurrency):
+        fleet = client(fleet_settings(redis_url, workspace))
+        yield fleet
+    assert isinstance(fleet.store, RedisStore)
+    fleet.store.close()
+    reset_runtime()
+    gc.collect()  # Celery's pending AsyncResults unsubscribe while their Redis still answers

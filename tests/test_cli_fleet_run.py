@@ -136,6 +136,21 @@ def test_run_on_an_unreachable_redis_is_one_line(workspace: Path) -> None:
     assert "127.0.0.1:1" in line
 
 
+def test_run_on_an_unreachable_broker_is_one_line_and_leaves_no_queued_root(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    # Live workers announced in Redis, so only the publish can find the broker gone.
+    broker = f"amqp://fleet:brokerpass1@127.0.0.1:{free_port()}//"
+    env = cli_env(url, workspace, FLEET_BROKER_URL=broker)
+    model = explore_script(tmp_path / "m.yaml", 1)
+    line = assert_one_line_error(fleet_cli(["run", "--model", model, "broker-down"], env))
+    assert "cannot reach the broker at 'amqp://fleet@127.0.0.1:" in line
+    assert "brokerpass1" not in line
+    roots = [t for t in fleet.store.list_traces(limit=50) if t.task == "broker-down"]
+    ended = [(t.status, t.metadata.get("stop_reason")) for t in roots]
+    assert ended == [("failed", "not_enqueued")]
+
+
 def test_run_without_a_worker_on_the_main_queue_is_one_line(
     redis_url: str, workspace: Path, tmp_path: Path
 ) -> None:

@@ -172,6 +172,7 @@ def test_a_redis_url_of_another_scheme_is_one_line_without_the_url(
         ("FLEET_LEASE_TTL_MS", "5s"),
         ("FLEET_TRANSIENT_RETRIES", "-1"),
         ("FLEET_MAX_BRANCHES", "0.5"),
+        ("FLEET_HUMAN_TIMEOUT_S", "0.5"),
         ("FLEET_TOOL_TIMEOUT_S", "soon"),
     ],
 )

@@ -17,8 +17,10 @@ import redis
 
 from fleet.errors import ConfigError
 from fleet.redis_server import free_port
+from fleet.settings import Settings
 from fleetops.cli.ops import flower_env, parse_queues, worker_argv
 from fleetops.discovery import STATE_DIR, UP_FILE, UpState, read_state
+from fleetops.doctor import check_presets
 from fleetops.local import check_port_free
 from tests.procs import pid_alive, start_worker, wait_for_workers
 from workers.app import QUEUES
@@ -209,3 +211,15 @@ def test_worker_autoscale_needs_a_resizable_pool() -> None:
     assert "--concurrency" not in worker_args("-P", "prefork", "--autoscale", "8,2")
     with pytest.raises(ConfigError, match="autoscale"):
         worker_args("--autoscale", "8,2")
+
+
+def test_doctor_warns_about_an_agents_folder_fleet_run_would_refuse(tmp_path: Path) -> None:
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "bad.md").write_text("---\nname: bad\ntools: [nope]\n---\nBody.\n")
+    roots = {"FLEET_WORKSPACE_ROOTS": str(tmp_path / "ws")}
+    missing = check_presets(Settings.from_env({**roots, "FLEET_AGENTS_DIR": "/nonexistent"}))
+    assert missing.status == "warn"
+    assert missing.detail == "agents folder '/nonexistent' does not exist"
+    bad = check_presets(Settings.from_env({**roots, "FLEET_AGENTS_DIR": str(tmp_path / "agents")}))
+    assert bad.status == "warn" and "unknown tool 'nope'" in bad.detail
+    assert check_presets(Settings.from_env(roots)).status == "ok"

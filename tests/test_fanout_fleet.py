@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import statistics
 import threading
 import time
@@ -15,7 +14,7 @@ import redis
 from fleet.client import Fleet
 from fleet.models import Trace
 from fleet.redis_store import RedisStore
-from tests.fleetkit import client, explore_script, fleet_settings, thread_worker, wait_until
+from tests.fleetkit import celery_fleet, client, explore_script, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 
 pytestmark = [
@@ -33,21 +32,8 @@ def fleet(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Fleet]:
     """A client and one in-process threads worker on a flushed Redis."""
-    from workers.app import app
-    from workers.runtime import reset_runtime
-
-    monkeypatch.setenv("FLEET_REDIS_URL", redis_url)
-    monkeypatch.setenv("FLEET_WORKSPACE", str(tmp_path))
-    app.conf.broker_url = redis_url
-    app.conf.result_backend = redis_url
-    reset_runtime()
-    with thread_worker(concurrency=WORKER_THREADS):
-        fleet = client(fleet_settings(redis_url, tmp_path))
+    with celery_fleet(redis_url, tmp_path, monkeypatch, WORKER_THREADS) as fleet:
         yield fleet
-    assert isinstance(fleet.store, RedisStore)
-    fleet.store.close()
-    reset_runtime()
-    gc.collect()
 
 
 class RunningSampler:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,8 +9,7 @@ import pytest
 import redis
 
 from fleet.client import Fleet
-from fleet.redis_store import RedisStore
-from tests.fleetkit import client, explore_script, fleet_settings, thread_worker, wait_until
+from tests.fleetkit import celery_fleet, explore_script, wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,21 +24,8 @@ def fleet(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Fleet]:
     """A client and one in-process threads worker on a flushed Redis."""
-    from workers.app import app
-    from workers.runtime import reset_runtime
-
-    monkeypatch.setenv("FLEET_REDIS_URL", redis_url)
-    monkeypatch.setenv("FLEET_WORKSPACE", str(tmp_path))
-    app.conf.broker_url = redis_url
-    app.conf.result_backend = redis_url
-    reset_runtime()
-    with thread_worker():
-        fleet = client(fleet_settings(redis_url, tmp_path))
+    with celery_fleet(redis_url, tmp_path, monkeypatch) as fleet:
         yield fleet
-    assert isinstance(fleet.store, RedisStore)
-    fleet.store.close()
-    reset_runtime()
-    gc.collect()  # Celery's pending AsyncResults unsubscribe while their Redis still answers
 
 
 def test_explore_runs_as_a_chord_and_collects_every_branch(fleet: Fleet, tmp_path: Path) -> None:

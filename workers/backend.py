@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from kombu.exceptions import OperationalError
+
+from fleet.errors import BrokerUnavailable
 from fleet.models import Mode, Trace
+from fleet.redis_store import redact_url
 from fleet.settings import Settings
 from fleet.trees import Priority
 from workers.app import QUEUE_BY_MODE, create_app
@@ -17,8 +21,17 @@ class CeleryBackend:
         self.app = create_app(settings, set_as_current=False)
 
     def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
-        """`fleet.run_agent(trace_id)` on the queue of the trace's mode, at its priority."""
-        send(trace, via=self.app, priority=priority)
+        """`fleet.run_agent(trace_id)` on the queue of the trace's mode, at its priority.
+
+        Raises:
+            BrokerUnavailable: kombu gave up reaching the broker (after its publish retries).
+        """
+        try:
+            send(trace, via=self.app, priority=priority)
+        except OperationalError as exc:
+            url = redact_url(self.app.conf.broker_url)
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise BrokerUnavailable(f"cannot reach the broker at {url!r}: {reason}") from None
 
     def revoke(self, stamps: list[str]) -> None:
         """Discard queued tasks stamped with any of these values as parent or root."""

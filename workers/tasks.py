@@ -55,8 +55,10 @@ def run_agent(
 def after_run(runtime: Runtime, result: RunResult, *, recovered: bool, windowed: bool) -> None:
     """A windowed child starts the next one; a recovered run settles its own call."""
     trace_id = result.trace_id
-    if windowed and result.outcome in ("completed", "failed", "stopped"):
+    ended = result.outcome in ("completed", "failed", "stopped")
+    if ended and (windowed or recovered):  # a sweeper's re-send does not say `windowed`
         start_window(runtime, runtime.store.get_trace(trace_id).root_trace_id, ended=trace_id)
+    if ended and windowed:
         resume_settled(lifecycle.settle_from_child(runtime, trace_id))
     if recovered and result.outcome != "interrupted":  # else the sweeper comes back
         after_recovery(trace_id, lifecycle.settle_from_child(runtime, trace_id))
