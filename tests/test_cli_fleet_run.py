@@ -157,7 +157,18 @@ def test_run_without_a_worker_on_the_main_queue_is_one_line(
     env = cli_env(database_url(redis_url, EMPTY_DB), workspace)
     model = explore_script(tmp_path / "m.yaml", 1)
     line = assert_one_line_error(fleet_cli(["run", "--model", model, "survey"], env))
-    assert "'fleet.main'" in line
+    assert f"'fleet.main' on '{database_url(redis_url, EMPTY_DB)}'" in line, "names where it looked"
+
+
+def test_run_with_no_live_worker_and_no_broker_is_one_line(
+    redis_url: str, workspace: Path, tmp_path: Path
+) -> None:
+    broker = f"amqp://fleet:brokerpass1@127.0.0.1:{free_port()}//"
+    env = cli_env(database_url(redis_url, EMPTY_DB), workspace, FLEET_BROKER_URL=broker)
+    model = explore_script(tmp_path / "m.yaml", 1)
+    line = assert_one_line_error(fleet_cli(["run", "--model", model, "survey"], env))
+    assert "cannot reach the broker at 'amqp://fleet@127.0.0.1:" in line
+    assert "brokerpass1" not in line
 
 
 def test_trace_show_and_list_as_json(

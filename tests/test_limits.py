@@ -24,14 +24,18 @@ def limiter(redis_client: redis.Redis) -> Limiter:
 
 def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
     s = (scope(requests_per_minute=600),)  # one every 100 ms
-    waits = []
+    turns, waits = [], []
     for i in range(5):
+        asked_at = time.monotonic()
         admission = limiter.admit(f"t{i}", s, 10)
         assert isinstance(admission, Admitted)
         waits.append(admission.wait_s)
+        # When the turn comes, on this clock: a loaded machine may take a while between
+        # two asks, and the wait shrinks by that much; the turns stay 100 ms apart.
+        turns.append(asked_at + admission.wait_s)
     assert waits[0] == 0
-    steps = [b - a for a, b in zip(waits, waits[1:], strict=False)]
-    assert all(0.08 <= step <= 0.11 for step in steps), waits
+    steps = [b - a for a, b in zip(turns, turns[1:], strict=False)]
+    assert all(0.07 <= step <= 0.13 for step in steps), (waits, steps)
 
 
 def test_a_turn_beyond_the_short_wait_is_booked_and_kept(

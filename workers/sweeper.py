@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 NOT_RIPE_RETRY_MS = 1_000
 """A spawn whose spawner still holds its lease is looked at again this much later."""
+STRANDED_AFTER_LEASES = 2
+"""A child still `queued` this many lease TTLs after its last change, while a recovered
+sibling waits on it, is presumed stranded in a lost worker's prefetch."""
 OUTBOX_RETRY_MS = 10_000
 """An entry a sweeper claimed but could not finish (broker away, sweeper died) comes back
 this much later."""
@@ -79,10 +82,31 @@ def settle_due(entry: str) -> None:
     children = lifecycle.call_children(runtime.store, parent_id, call_id)
     settlement = lifecycle.settle(runtime, parent_id, call_id, children)
     if isinstance(settlement, lifecycle.Waiting):
+        resend_stranded(settlement.pending)
         runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
         return
     resume_settled(settlement)
     runtime.store.outbox_done(entry)
+
+
+def resend_stranded(pending: tuple[str, ...]) -> None:
+    """Send again the siblings of a recovered branch that stayed `queued`, unleased.
+
+    A worker that died had received them (prefetch) but not started them: their messages
+    come back only after the visibility timeout. A copy that arrives late finds the trace
+    running or ended and returns. Each is sent at most once per STRANDED_AFTER_LEASES TTLs.
+    """
+    store = get_runtime().store
+    stale_ms = now_ms() - STRANDED_AFTER_LEASES * get_runtime().settings.lease_ttl_ms
+    for child in store.get_traces(list(pending)):
+        if child.status != "queued" or child.updated_at_ms > stale_ms:
+            continue
+        if store.lease_holder(child.trace_id) is None:
+            store.update_trace(child.trace_id, updated_at_ms=now_ms())
+            send(child, recovered=True)
+            log.warning(
+                "re-sent %s: queued, unleased, its sibling's worker was lost", child.trace_id
+            )
 
 
 class Sweeper:

@@ -9,8 +9,9 @@ from typing import Any
 
 from fleet.budget import Budget
 from fleet.client import Fleet
-from fleet.errors import ConfigError, ConversationError, NoLiveWorkers
+from fleet.errors import BrokerUnavailable, ConfigError, ConversationError, NoLiveWorkers
 from fleet.models import Event
+from fleet.redis_store import redact_url
 from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report
@@ -114,14 +115,22 @@ def require_workers(fleet: Fleet, queue: str) -> None:
     Worker heartbeats in Redis answer in one read; the Celery broadcast (a second's wait
     for replies) is asked only when they name no consumer (a worker of an older version).
     """
+    from kombu.exceptions import OperationalError
+
     from workers.backend import CeleryBackend
 
     if not isinstance(fleet.backend, CeleryBackend) or fleet.store.live_consumers(queue):
         return
-    replies = fleet.backend.app.control.inspect(timeout=1.0).active_queues() or {}
+    broker = redact_url(fleet.backend.app.conf.broker_url)
+    try:
+        replies = fleet.backend.app.control.inspect(timeout=1.0).active_queues() or {}
+    except OperationalError as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise BrokerUnavailable(f"cannot reach the broker at {broker!r}: {reason}") from None
     if not any(q.get("name") == queue for queues in replies.values() for q in queues):
         raise ConfigError(
-            f"no worker consumes queue {queue!r} (start one with `fleet up` or `fleet worker`)"
+            f"no worker consumes queue {queue!r} on {broker!r} (start one with `fleet up`"
+            " or `fleet worker`, or point FLEET_REDIS_URL at a running fleet)"
         )
 
 
