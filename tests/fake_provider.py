@@ -28,6 +28,20 @@ CHARS_PER_TOKEN = 4
 """How this server counts prompt tokens (the client's estimate must not be lower)."""
 
 
+def send_json(
+    handler: BaseHTTPRequestHandler, status: int, body: Any, headers: dict[str, str]
+) -> None:
+    """Answer one request with `body` as JSON, as a provider's API does."""
+    payload = json.dumps(body).encode()
+    handler.send_response(status)
+    for name, value in headers.items():
+        handler.send_header(name, value)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
 class Bucket:
     """A token bucket: `rate_per_s` refill, at most `capacity` stored; thread-safe."""
 
@@ -166,14 +180,7 @@ def _handler_for(fake: RateLimitedProvider) -> type[BaseHTTPRequestHandler]:
                 status, body, headers = fake.answer(json.loads(raw))
             except Exception as exc:  # a script that cannot answer: a 400 the client reports
                 status, body, headers = 400, {"error": {"message": str(exc)}}, {}
-            payload = json.dumps(body).encode()
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            send_json(self, status, body, headers)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

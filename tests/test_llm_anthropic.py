@@ -19,6 +19,7 @@ from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import ToolCall
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.retry import RetryPolicy
+from tests.fake_provider import send_json
 
 KEY = "sk-ant-test-SECRET-0123456789"
 
@@ -66,14 +67,7 @@ def _handler_for(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
             headers = {name.lower(): value for name, value in self.headers.items()}
             fake.seen.append(Seen(self.path, headers, json.loads(raw)))
             reply = fake.replies.popleft()
-            payload = json.dumps(reply.body).encode()
-            self.send_response(reply.status)
-            for name, value in reply.headers.items():
-                self.send_header(name, value)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            send_json(self, reply.status, reply.body, reply.headers)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -20,6 +20,7 @@ import fleet.llm.base
 from fleet.errors import ConfigError, TransientLLMError
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.retry import RetryPolicy, backoff_s, retry_after_s, send_with_retry
+from tests.fake_provider import send_json
 
 NOW_S = 1_700_000_000.0
 
@@ -74,14 +75,7 @@ def _handler_for(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
             if reply.hang:
                 fake.released.wait(timeout=10)
                 return
-            payload = json.dumps(reply.body).encode()
-            self.send_response(reply.status)
-            for name, value in reply.headers.items():
-                self.send_header(name, value)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            send_json(self, reply.status, reply.body, reply.headers)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
