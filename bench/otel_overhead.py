@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleet.hooks import NO_HOOKS, Hooks  # noqa: E402
 from fleet.inprocess import InProcessDispatcher  # noqa: E402
+from fleet.memory_store import MemoryStore  # noqa: E402
 from fleet.otel_spans import OtelHooks  # noqa: E402
 from fleet.roots import TaskSpec, create_root  # noqa: E402
 from fleet.runner import Runner  # noqa: E402
 from fleet.runtime import Runtime  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
-from fleet.store import MemoryStore  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 
 

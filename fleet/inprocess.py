@@ -13,13 +13,14 @@ from typing import Any
 from fleet import human, lifecycle
 from fleet.conversation import continue_trace
 from fleet.llm.base import LLMClient
+from fleet.memory_store import MemoryStore
 from fleet.models import Trace
 from fleet.otel import make_hooks
 from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner, run_to_end
 from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
-from fleet.store import MemoryStore, TraceStore
+from fleet.store import TraceStore
 
 
 class InProcessDispatcher:

@@ -24,7 +24,7 @@ import yaml
 from fleet import yamlsafe
 from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage
-from fleet.store import MemoryStore
+from fleet.memory_store import MemoryStore
 
 __all__ = ["MemoryStore", "ScriptedModel", "call", "text"]
 

@@ -12,9 +12,10 @@ import pytest
 import redis
 
 import fleet.llm.base
+from fleet.memory_store import MemoryStore
 from fleet.redis_server import start_redis_server
 from fleet.redis_store import RedisStore, connect
-from fleet.store import MemoryStore, TraceStore
+from fleet.store import TraceStore
 
 REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"
 """A Redis to test against instead of a private redis-server; its database is flushed."""

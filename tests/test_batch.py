@@ -30,13 +30,13 @@ from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessDispatcher
 from fleet.llm.base import LLMResponse
+from fleet.memory_store import MemoryStore
 from fleet.models import Mode, Trace
 from fleet.redis_store import RedisStore
 from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner, run_safely
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 from fleet.trees import Priority
 from tests.fleetkit import client, fleet_settings

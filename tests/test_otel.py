@@ -19,12 +19,12 @@ from fleet import otel
 from fleet.errors import ConfigError
 from fleet.hooks import NO_HOOKS
 from fleet.inprocess import InProcessDispatcher
+from fleet.memory_store import MemoryStore
 from fleet.otel_spans import OtelHooks
 from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 from tests.fleetkit import explore_script
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from fleet.errors import TransientLLMError
 from fleet.llm.base import LLMResponse
+from fleet.memory_store import MemoryStore
 from fleet.roots import TaskSpec, create_root
 from fleet.runner import TRANSIENT_RETRIES_KEY, Runner, run_safely
-from fleet.store import MemoryStore
 from fleet.testing import ScriptedModel
 from fleet.writes import TraceWrite, WriteResult
 from tests.test_runner import make_fleet

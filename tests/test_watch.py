@@ -14,12 +14,12 @@ from rich.console import Console
 
 from fleet.client import Fleet
 from fleet.inprocess import InProcessDispatcher
+from fleet.memory_store import MemoryStore
 from fleet.redis_store import RedisStore
 from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.store import MemoryStore
 from fleetops.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 from tests.fleetkit import client, explore_script, fleet_settings
 from tests.procs import read_until_exit

@@ -30,9 +30,9 @@ from fleet.batch_file import check_entries, load_entries, with_defaults
 from fleet.batch_journal import ResultsJournal
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessDispatcher
+from fleet.memory_store import MemoryStore
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.store import MemoryStore
 from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.output import printable
 

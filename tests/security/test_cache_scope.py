@@ -21,9 +21,9 @@ import pytest
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
+from fleet.memory_store import MemoryStore
 from fleet.presets import load_presets
 from fleet.settings import Settings
-from fleet.store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 
 
