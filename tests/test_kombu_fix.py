@@ -99,3 +99,26 @@ def test_publish_consume_and_ack_keep_working_across_a_redis_restart(
         server.stop()
         with start_redis_server(port, data_dir, appendonly=True):
             round_trip(2)
+
+
+def test_a_declared_entity_is_not_declared_again_until_the_connection_is_renewed(
+    server: RedisServer,
+) -> None:
+    kombu_fix.install()
+    queue = Queue("kombu-fix", Exchange("kombu-fix", type="direct"), routing_key="kombu-fix")
+    binding = "_kombu.binding.kombu-fix"
+    with Connection(server.url) as conn:
+        producer = Producer(conn.default_channel)
+        assert producer.maybe_declare(queue, retry=True) is True
+        with conn.default_channel.conn_or_acquire() as client:
+            assert client.exists(binding)
+            client.flushall()  # the broker lost its data: the cache does not know yet
+            assert producer.maybe_declare(queue, retry=True) is False
+            assert producer.maybe_declare(queue) is False
+            assert not client.exists(binding)
+        conn.close()  # a reconnect clears kombu's cache of declared entities
+        conn.connect()
+        producer = Producer(conn.default_channel)
+        assert producer.maybe_declare(queue, retry=True) is True
+        with conn.default_channel.conn_or_acquire() as client:
+            assert client.exists(binding)

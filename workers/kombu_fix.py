@@ -18,6 +18,14 @@ object cost more than the command it sent: 9-16 % of a worker's CPU in an explor
 (`py-spy --gil`). The client holds no connection of its own (each command borrows one
 from the pool, which is thread-safe), so one client per pool does the same; a pool kombu
 replaces (after fork, on close, on reconnect: a new channel) gets a new client.
+
+**A declaration check per publish that copied or wrapped what it checked.** Every publish
+names the entities it needs declared (Celery: the task queue and exchange; events: the
+event exchange), and kombu's `maybe_declare` first binds each entity to the channel (a copy
+of the unbound event exchange per event) or, with `retry` (every task message), wraps the
+check in `Connection.ensure`, and only then looks in the connection's cache of what it
+already declared. The cache is looked at first here; kombu clears it whenever the
+connection closes or reconnects, so anything not in it takes kombu's own path.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from kombu.messaging import Producer
 from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.redis import QoS
 
@@ -40,7 +49,8 @@ def install() -> None:
 
     The QoS's `restore_unacked` (on close), `ack` and `reject` (a task that ran across the
     loss finishing on its old channel) then log instead of raising; `conn_or_acquire`
-    reuses one client per connection pool.
+    reuses one client per connection pool; `Producer.maybe_declare` looks in the cache of
+    declared entities before anything else.
     """
     global _installed
     if _installed:
@@ -48,6 +58,7 @@ def install() -> None:
     for name in ("restore_unacked", "ack", "reject"):
         setattr(QoS, name, _tolerant(name, getattr(QoS, name)))
     RedisChannel.conn_or_acquire = _conn_or_acquire  # type: ignore[method-assign]
+    Producer.maybe_declare = _cached_first(Producer.maybe_declare)  # type: ignore[method-assign]
     _installed = True
 
 
@@ -79,3 +90,14 @@ def _conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
         # Two threads may both build one here: either is a valid client of this pool.
         shared = self._fleet_pool_client = self._create_client()
     yield shared
+
+
+def _cached_first(maybe_declare: Callable[..., Any]) -> Callable[..., Any]:
+    def declare(self: Any, entity: Any, retry: bool = False, **retry_policy: Any) -> Any:
+        if entity and entity.can_cache_declaration:
+            transport = getattr(self.channel, "connection", None)  # None: channel closed
+            if transport is not None and hash(entity) in transport.client.declared_entities:
+                return False  # what kombu's own check returns for a declared entity
+        return maybe_declare(self, entity, retry, **retry_policy)
+
+    return declare
