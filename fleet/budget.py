@@ -32,7 +32,7 @@ from typing import Any, Literal, cast
 import redis
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveFloat, ValidationError
 
-from fleet import keys, redis_scripts
+from fleet import keys, limit_scripts
 from fleet.errors import ConfigError
 from fleet.models import now_ms
 
@@ -186,9 +186,9 @@ class Budgets:
     def __init__(self, client: redis.Redis) -> None:
         """Register the scripts."""
         self._client = client
-        self._reserve = client.register_script(redis_scripts.BUDGET_RESERVE)
-        self._settle = client.register_script(redis_scripts.BUDGET_SETTLE)
-        self._spawn = client.register_script(redis_scripts.BUDGET_SPAWN)
+        self._reserve = client.register_script(limit_scripts.BUDGET_RESERVE)
+        self._settle = client.register_script(limit_scripts.BUDGET_SETTLE)
+        self._spawn = client.register_script(limit_scripts.BUDGET_SPAWN)
         self._known: dict[str, bool] = {}
         self._lock = threading.Lock()
 

@@ -109,10 +109,14 @@ class LeaseKeeper:
         if not held and presence is None:
             return
         renewed = self.store.beat([(h.trace_id, h.owner) for h in held], self.ttl_ms, presence)
-        for lease, ours in zip(held, renewed, strict=True):
-            if not ours:
-                log.warning("lease of %s lost: another runner may own it now", lease.trace_id)
-                lease.lost.set()
+        with self._lock:  # a run that ended meanwhile released its lease: nothing was lost
+            lost = [h for h, ours in zip(held, renewed, strict=True) if not ours and self._holds(h)]
+        for lease in lost:
+            log.warning("lease of %s lost: another runner may own it now", lease.trace_id)
+            lease.lost.set()
+
+    def _holds(self, lease: HeldLease) -> bool:
+        return self._held.get((lease.trace_id, lease.owner)) is lease
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

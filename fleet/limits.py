@@ -1,8 +1,8 @@
 """Provider limits shared by every worker: requests/min, tokens/min and concurrency in Redis.
 
 Each model call with a limit is admitted before it is sent and settled after it
-(`Limiter.admit` / `Limiter.settle`), one Lua script each (`fleet.redis_scripts`). A scope is
-a provider and its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALIAS`), each with
+(`Limiter.admit` / `Limiter.settle`), one Lua script each (`fleet.limit_scripts`). A scope
+is a provider and its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALIAS`), each with
 the `limits:` of fleet.yaml. The provider scope exists even without `limits:`: a 429/503/529
 pauses it for every worker (`Limiter.pause`), and rate-limit headers that say nothing is left
 do the same (`Limiter.observe`). A call that no scope limits books nothing: it only checks
@@ -25,7 +25,7 @@ from typing import Literal
 
 import redis
 
-from fleet import keys, redis_scripts
+from fleet import keys, limit_scripts
 from fleet.llm.config import FleetConfig, RateLimits, resolve_target
 from fleet.llm.ratelimit import RateSignal
 
@@ -122,9 +122,9 @@ class Limiter:
         """Register the scripts; `max_wait_s` bounds a worker thread's sleep."""
         self._client = client
         self._max_wait_ms = int(max_wait_s * 1000)
-        self._admit = client.register_script(redis_scripts.LIMIT_ADMIT)
-        self._settle = client.register_script(redis_scripts.LIMIT_SETTLE)
-        self._pause = client.register_script(redis_scripts.LIMIT_PAUSE)
+        self._admit = client.register_script(limit_scripts.LIMIT_ADMIT)
+        self._settle = client.register_script(limit_scripts.LIMIT_SETTLE)
+        self._pause = client.register_script(limit_scripts.LIMIT_PAUSE)
 
     def admit(self, holder: str, scopes: tuple[Scope, ...], est_tokens: int) -> Admission:
         """Book a call of `est_tokens` for `holder` (a trace id) in every scope: one round trip."""

@@ -11,7 +11,7 @@ from typing import Literal
 
 import redis
 
-from fleet import keys, redis_scripts
+from fleet import keys, limit_scripts
 
 Priority = Literal["interactive", "batch"]
 
@@ -33,7 +33,7 @@ class Trees:
     def __init__(self, client: redis.Redis) -> None:
         """Register the script; schedules are cached (they never change after submit)."""
         self._client = client
-        self._window = client.register_script(redis_scripts.WINDOW)
+        self._window = client.register_script(limit_scripts.WINDOW)
         self._cache: dict[str, Schedule] = {}
         self._lock = threading.Lock()
 
