@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import redis
 
 from fleet import keys, redis_scripts, redis_writes
-from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
+from fleet.errors import ConfigError, LeaseLost, RedisUnreachable, TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import (
     Collaborator,
@@ -132,7 +132,9 @@ class RedisStore:
             password = urlsplit(self._url).password
             if password:  # belt and braces: no redis-py message should carry it
                 reason = reason.replace(password, "***")
-            raise ConfigError(f"cannot reach Redis at {redact_url(self._url)!r}: {reason}") from exc
+            raise RedisUnreachable(
+                f"cannot reach Redis at {redact_url(self._url)!r}: {reason}"
+            ) from exc
 
     def fenced(self, trace_id: str, owner: str) -> RedisStore:
         """A view sharing this client whose write scripts first check `owner`'s lease."""
