@@ -192,24 +192,26 @@ def phases(store: TraceStore, root_id: str, submitted_ms: int) -> str:
     the root started, its first model turn stored, the children created (their `queued`
     entries), the first and last branch started, the last branch done, the collect (the
     root's tool result), the root resumed (running again), its final turn, the root done.
+    A mark whose events the store does not write is left out.
     """
     events = [e for _, e in store.read_events(root_id, count=1_000_000)]
     root = [e for e in events if e.trace_id == root_id]
     kids = [e for e in events if e.trace_id != root_id]
     running = [e.at_ms for e in root if e.kind == "trace" and e.status == "running"]
     turns = [e.at_ms for e in root if e.kind == "message" and e.data.get("role") == "assistant"]
+    starts = [e.at_ms for e in kids if e.kind == "trace" and e.status == "running"]
     marks = {
-        "root started": running[0],
-        "first turn": turns[0],
-        "spawned": max(e.at_ms for e in kids if e.kind == "collaborator" and e.status == "queued"),
-        "first branch": min(e.at_ms for e in kids if e.kind == "trace" and e.status == "running"),
-        "last branch": max(e.at_ms for e in kids if e.kind == "trace" and e.status == "running"),
-        "all done": max(e.at_ms for e in kids if e.kind == "finish"),
-        "collected": next(
+        "root started": running[:1],
+        "first turn": turns[:1],
+        "spawned": [e.at_ms for e in kids if e.kind == "collaborator" and e.status == "queued"],
+        "first branch": starts and [min(starts)],
+        "last branch": starts,
+        "all done": [e.at_ms for e in kids if e.kind == "finish"],
+        "collected": [
             e.at_ms for e in root if e.kind == "message" and e.data.get("role") == "tool"
-        ),
-        "resumed": running[-1],
-        "final turn": turns[-1],
-        "root done": next(e.at_ms for e in root if e.kind == "finish"),
+        ][:1],
+        "resumed": running[-1:],
+        "final turn": turns[-1:],
+        "root done": [e.at_ms for e in root if e.kind == "finish"][:1],
     }
-    return "  ".join(f"{k} {(ms - submitted_ms) / 1000:.3f}" for k, ms in marks.items())
+    return "  ".join(f"{k} {(max(ms) - submitted_ms) / 1000:.3f}" for k, ms in marks.items() if ms)
