@@ -225,7 +225,8 @@ class MemoryStore:
 
     def request_stop(self, trace_id: str) -> None:
         with self._lock:
-            self._stops.add(trace_id)
+            if trace_id in self._traces:  # as in Redis, where the flag is a field of the trace
+                self._stops.add(trace_id)
 
     def stop_requested(self, trace_id: str) -> bool:
         with self._lock:

@@ -471,13 +471,20 @@ class Runner:
 
     def _end(self, held: _Held, turn: _Turn, status: Status, **outcome: Any) -> Outcome:
         """The last model turn, the finish, the duration and the lease's release: one step."""
-        turn.write.add_stats(duration_ms=now_ms() - held.started_ms)
+        duration_ms = now_ms() - held.started_ms
+        turn.write.add_stats(duration_ms=duration_ms)
         turn.write.release_lease(held.owner)
-        trace_id = turn.trace.trace_id
-        lifecycle.finish(
-            self.runtime, trace_id, status, trace=turn.trace, write=turn.write, **outcome
-        )
-        held.released = True
+        stats = turn.trace.stats
+        stats = stats.model_copy(update={"duration_ms": stats.duration_ms + duration_ms})
+        trace = turn.trace.model_copy(update={"stats": stats})  # as the write leaves it
+        held.released = True  # before the write: a heartbeat meanwhile finds it gone, rightly
+        try:
+            lifecycle.finish(
+                self.runtime, trace.trace_id, status, trace=trace, write=turn.write, **outcome
+            )
+        except BaseException:
+            held.released = False
+            raise
         return _terminal(status)
 
     def finish(
@@ -501,8 +508,15 @@ class _Held:
     owner: str
     heartbeat: HeldLease
     started_ms: int = 0
-    released: bool = False
-    """The lease was given up (with the duration written) in the run's last write."""
+
+    @property
+    def released(self) -> bool:
+        """The lease was given up (with the duration written) in the run's last write."""
+        return self.heartbeat.released
+
+    @released.setter
+    def released(self, value: bool) -> None:
+        self.heartbeat.released = value
 
 
 @dataclass(frozen=True)

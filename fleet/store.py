@@ -139,7 +139,7 @@ class TraceStore(Protocol):
         ...
 
     def request_stop(self, trace_id: str) -> None:
-        """Raise the stop flag that runners check between turns."""
+        """Raise the stop flag that runners check between turns (none for a missing trace)."""
         ...
 
     def stop_requested(self, trace_id: str) -> bool:
