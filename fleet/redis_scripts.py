@@ -10,10 +10,25 @@ are set where a key is created and refreshed when a trace changes status (not to
 
 from __future__ import annotations
 
+# `redis.call(command, key, items...)` in chunks: Lua's unpack stops at ~8000 values (an
+# explore may be wider). Returns the first chunk's reply.
+_BULK = """
+local function bulk(command, key, items)
+  local first
+  for j = 1, #items, 4000 do
+    local reply = redis.call(command, key, unpack(items, j, math.min(j + 3999, #items)))
+    first = first or reply
+  end
+  return first
+end
+"""
+
 # KEYS: traces index, then per trace: its hash, its parent's children (its hash if none).
 # ARGV: ttl_s, then per trace: trace id, created_at_ms, '1' with a parent else '', n, n
 # field/value items. Returns 1 per trace created, 0 per id that existed (left untouched).
-CREATE_TRACES = """
+CREATE_TRACES = (
+    _BULK
+    + """
 local created, indexed, children = {}, {}, {}
 local i = 2
 for t = 2, #KEYS, 2 do
@@ -35,20 +50,22 @@ for t = 2, #KEYS, 2 do
   end
   i = i + 4 + n
 end
-if #indexed > 0 then redis.call('ZADD', KEYS[1], unpack(indexed)) end
+if #indexed > 0 then bulk('ZADD', KEYS[1], indexed) end
 for key, kids in pairs(children) do
-  redis.call('ZADD', key, unpack(kids))
+  bulk('ZADD', key, kids)
   redis.call('EXPIRE', key, ARGV[1])
 end
 return created
 """
+)
 
 # A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write).
 # KEYS: trace, messages, events, usage, lease, running index[, the parent's collaborators,
 # collaborator order: with a `collab` op]
-# ARGV: ttl_s, events maxlen, then the ops, each as kind, n, then its n arguments:
+# ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, then the ops, each as
+# kind, n, then its n arguments:
 #   set     event JSON or '', then field, JSON value, ... (a status other than running
-#           refreshes the TTLs of the trace, its messages and the tree's events)
+#           refreshes the TTLs of the trace and its messages; the root's, the tree's events)
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
 #           its sequence ('' for no event); iteration ('' for no model turn: else its usage
 #           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
@@ -62,12 +79,14 @@ return created
 # two fields are spliced into the caller's JSON text (cjson would turn [] into {}). Stats
 # are the `stats` field (TraceStats JSON), added to here.
 # Returns {{sequence, parent JSON} per appended message, stop flag}, or nil for no trace.
-APPLY = """
-local ttl, maxlen = ARGV[1], ARGV[2]
+APPLY = (
+    _BULK
+    + """
+local ttl, maxlen, root = ARGV[1], ARGV[2], ARGV[3] == '1'
 local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop')
 if not state[1] then return false end
 local last, head = tonumber(state[1]), state[2]
-local fields, bodies, stored = {}, {}, {}
+local fields, bodies, stored, listed = {}, {}, {}, {}
 local stats, refresh, moved, entries = nil, false, false, false
 local function emit(e) redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'e', e) end
 local function stat(name, delta)
@@ -113,7 +132,7 @@ end
 local function collab(a)
   if ARGV[a + 4] == '1' then entries = true end
   if redis.call('HSET', KEYS[7], ARGV[a + 1], ARGV[a + 2]) == 1 then
-    if redis.call('RPUSH', KEYS[8], ARGV[a + 1]) == 1 then entries = true end
+    listed[#listed + 1] = ARGV[a + 1]
   end
   if ARGV[a + 3] ~= '' then emit(ARGV[a + 3]) end
 end
@@ -124,7 +143,7 @@ local function release(a)
   end
 end
 local first = last
-local i = 3
+local i = 4
 while i <= #ARGV do
   local kind, n = ARGV[i], tonumber(ARGV[i + 1])
   local a = i + 1
@@ -138,7 +157,7 @@ while i <= #ARGV do
   end
   i = a + n + 1
 end
-if #bodies > 0 then redis.call('HSET', KEYS[2], unpack(bodies)) end
+if #bodies > 0 then bulk('HSET', KEYS[2], bodies) end
 if moved then fields['head_sequence'] = head end
 if last ~= first then fields['last_sequence'] = last end
 if stats then fields['stats'] = cjson.encode(stats) end
@@ -148,8 +167,13 @@ for name, value in pairs(fields) do
   items[#items + 1] = value
 end
 if #items > 0 then redis.call('HSET', KEYS[1], unpack(items)) end
+if #listed > 0 and bulk('RPUSH', KEYS[8], listed) == math.min(#listed, 4000) then
+  entries = true
+end
 if refresh then
-  for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ttl) end
+  redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('EXPIRE', KEYS[2], ttl)
+  if root then redis.call('EXPIRE', KEYS[3], ttl) end
 elseif first == 0 and last > 0 then
   redis.call('EXPIRE', KEYS[2], ttl)
 end
@@ -159,6 +183,7 @@ if entries then
 end
 return {stored, state[4] and 1 or 0}
 """
+)
 
 # A tool call's collected result, at most once: the mark and the message in one step, so a
 # collector killed halfway leaves neither. KEYS: trace, messages, collected mark.
@@ -196,7 +221,7 @@ return 1
 # The trace as `snapshot` reads it, then the lease, in one step: a runner's first round
 # trip. KEYS: trace, lease, running index, messages. ARGV: owner, ttl_ms, deadline_ms,
 # trace id. Returns -1 for no trace (nothing taken), 0 when another runner holds the lease,
-# else {trace hash, messages hash}, each as a flat list.
+# else {trace hash, messages hash}, each as a flat list (a trace without messages: no read).
 BEGIN_RUN = """
 local trace = redis.call('HGETALL', KEYS[1])
 if #trace == 0 then return -1 end
@@ -205,6 +230,9 @@ if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 end
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+for i = 1, #trace, 2 do
+  if trace[i] == 'last_sequence' and trace[i + 1] == '0' then return {trace, {}} end
+end
 return {trace, redis.call('HGETALL', KEYS[4])}
 """
 

@@ -115,7 +115,8 @@ def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[st
     parents = [op.parent_trace_id for op in write.ops if isinstance(op, PutCollaborator)]
     if parents:
         script_keys += [keys.collaborators(parents[0]), keys.collaborator_order(parents[0])]
-    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN)]
+    root = "1" if trace_id == write.root_trace_id else ""
+    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root]
     for op in write.ops:
         args += _op(op, write, fenced_by)
     return script_keys, args
