@@ -35,7 +35,7 @@ from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.store import TraceSnapshot
 from fleet.structured import Accepted, Correct, Rejected, check_final, schema_for
-from fleet.toolcalls import execute_turn, tool_schemas
+from fleet.toolcalls import execute_turn, plain_only, tool_schemas
 from fleet.writes import TraceWrite, WriteResult
 
 log = logging.getLogger(__name__)
@@ -250,17 +250,23 @@ class Runner:
 
         `waiting` while sub-agents run; None when the trace must be read again.
         """
-        # The model turn is stored before its tools run: a crash heals them on resume.
-        stored = self.store.apply(turn.write).messages
-        tools = execute_turn(self.runtime, turn.trace, calls)
+        # The model turn is stored before its tools run: a crash heals them on resume. A
+        # read-only turn of plain tools is stored with their results (`plain_only`).
+        together = plain_only(self.runtime, turn.trace, calls)
+        stored = [] if together else self.store.apply(turn.write).messages
+        tools = execute_turn(self.runtime, turn.trace, calls, turn.write if together else None)
+        written = tools.written
+        if together and written is not None:
+            stored, rest = written.messages[:1], written.messages[1:]
+            written = WriteResult(rest, written.stop_requested)
         if tools.waiting:
             return "waiting"
         if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
             lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
             return None
-        if tools.written is None or stored != turn.messages[-1:]:
+        if written is None or stored != turn.messages[-1:]:
             return None  # another write changed the trace (a goal): read it
-        return _advanced(TraceSnapshot(turn.trace, turn.messages, False), tools.written)
+        return _advanced(TraceSnapshot(turn.trace, turn.messages, False), written)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
