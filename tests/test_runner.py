@@ -383,7 +383,7 @@ class WriteLog(MemoryStore):
         self.appends: list[tuple[str, list[str]]] = []
 
     def apply(self, write: TraceWrite) -> WriteResult:
-        roles = [op.message.role for op in write.ops if isinstance(op, Append)]
+        roles: list[str] = [op.message.role for op in write.ops if isinstance(op, Append)]
         self.appends.append((write.trace_id, roles))
         return super().apply(write)
 
