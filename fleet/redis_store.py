@@ -22,50 +22,17 @@ from fleet import keys, redis_scripts, redis_writes
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
+from fleet.redis_connect import connect, redact_url
 from fleet.redis_writes import decode_messages, decode_trace, pairs, stored_message
 from fleet.store import TraceSnapshot
 from fleet.writes import TraceWrite, WriteResult
 
-SOCKET_TIMEOUT_S = 30.0
-"""Read timeout of `from_url` clients; blocking event reads are clamped below it."""
-CONNECT_TIMEOUT_S = 5.0
-HEALTH_CHECK_INTERVAL_S = 30
-MAX_CONNECTIONS = 100
-"""Connections per client; further threads wait up to POOL_TIMEOUT_S for one."""
-POOL_TIMEOUT_S = 20.0
 BLOCK_MARGIN_MS = 1_000
 """How far below the socket timeout a blocking XREAD must return."""
 
 CONSUMER_TRIM_MS = 60_000
 """A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
 log = logging.getLogger(__name__)
-
-
-def connect(url: str) -> redis.Redis:
-    """A client as the store wants it: decoded replies, timeouts and health checks.
-
-    Its pool makes a thread wait for a free connection instead of failing past the cap.
-    """
-    pool = redis.BlockingConnectionPool.from_url(
-        url,
-        decode_responses=True,
-        max_connections=MAX_CONNECTIONS,
-        timeout=POOL_TIMEOUT_S,
-        health_check_interval=HEALTH_CHECK_INTERVAL_S,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_keepalive=True,
-    )
-    return redis.Redis.from_pool(pool)
-
-
-def redact_url(url: str) -> str:
-    """The URL without its password (in the userinfo or a `password=` query), safe to print."""
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    user = f"{parts.username}@" if parts.username else ""
-    query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("password="))
-    return f"{parts.scheme}://{user}{host}{parts.path}" + (f"?{query}" if query else "")
 
 
 class RedisStore:

@@ -15,8 +15,9 @@ from fleet import keys
 from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.goals import GoalTree
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
+from fleet.redis_connect import redact_url
 from fleet.redis_server import free_port
-from fleet.redis_store import RedisStore, redact_url
+from fleet.redis_store import RedisStore
 from fleet.store import TraceStore
 
 T = TypeVar("T")
