@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fleet import ids
 from fleet.cache import remember
 from fleet.collect import result_message
 from fleet.control import subtree
@@ -36,7 +37,7 @@ from fleet.models import (
     now_ms,
 )
 from fleet.runtime import Runtime
-from fleet.store import TraceStore
+from fleet.store import StartRun, TraceStore
 from fleet.writes import TraceWrite
 
 
@@ -80,6 +81,15 @@ def start(runtime: Runtime, trace: Trace, write: TraceWrite | None = None) -> Tr
     written now; likewise for `finish`.
     """
     return _set_status(runtime.store, trace, "running", write)
+
+
+def starting(trace_id: str) -> StartRun:
+    """`running`, for `TraceStore.begin_run` to write with the lease when it reads the trace.
+
+    The root is guessed from the id; a trace of another root is started by `start` instead.
+    """
+    event = Event(kind="trace", trace_id=trace_id, status="running")
+    return StartRun(ids.root_of(trace_id), event)
 
 
 def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:

@@ -218,10 +218,13 @@ redis.call('HSET', KEYS[1], 'stop', '1')
 return 1
 """
 
-# The trace as `snapshot` reads it, then the lease, in one step: a runner's first round
-# trip. KEYS: trace, lease, running index, messages. ARGV: owner, ttl_ms, deadline_ms,
-# trace id. Returns -1 for no trace (nothing taken), 0 when another runner holds the lease,
-# else {trace hash, messages hash}, each as a flat list (a trace without messages: no read).
+# The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
+# trip. A queued or waiting trace of the given root is set running with its event first.
+# KEYS: trace, lease, running index, messages, the guessed root's events
+# ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
+# start), the running event JSON, updated_at_ms
+# Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
+# {trace hash, messages hash}, each as a flat list (a trace without messages: no read).
 BEGIN_RUN = """
 local trace = redis.call('HGETALL', KEYS[1])
 if #trace == 0 then return -1 end
@@ -230,9 +233,17 @@ if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 end
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
-for i = 1, #trace, 2 do
-  if trace[i] == 'last_sequence' and trace[i + 1] == '0' then return {trace, {}} end
+local at = {}
+for i = 1, #trace, 2 do at[trace[i]] = i + 1 end
+local status = trace[at['status']]
+if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6]
+    and (status == '"queued"' or status == '"waiting"') then
+  redis.call('HSET', KEYS[1], 'status', '"running"', 'updated_at_ms', ARGV[8])
+  trace[at['status']] = '"running"'
+  if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
 end
+if trace[at['last_sequence']] == '0' then return {trace, {}} end
 return {trace, redis.call('HGETALL', KEYS[4])}
 """
 

@@ -10,6 +10,7 @@ does.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from collections.abc import Sequence
 from types import TracebackType
@@ -24,7 +25,7 @@ from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
 from fleet.redis_connect import connect, redact_url
 from fleet.redis_writes import decode_messages, decode_trace, pairs, stored_message
-from fleet.store import TraceSnapshot
+from fleet.store import StartRun, TraceSnapshot
 from fleet.writes import TraceWrite, WriteResult
 
 BLOCK_MARGIN_MS = 1_000
@@ -160,10 +161,15 @@ class RedisStore:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return TraceSnapshot(trace, decode_messages(stored), redis_writes.STOP_FIELD in data)
 
-    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+    def begin_run(
+        self, trace_id: str, owner: str, ttl_ms: int, start: StartRun | None = None
+    ) -> TraceSnapshot | None:
+        root = start.root_trace_id if start else trace_id
         script_keys = [keys.trace(trace_id), keys.lease(trace_id), keys.RUNNING]
-        script_keys.append(keys.messages(trace_id))
-        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
+        script_keys += [keys.messages(trace_id), keys.events(root)]
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id, keys.EVENTS_MAXLEN]
+        args.append(json.dumps(root) if start else "")
+        args += [start.event.model_dump_json() if start else "", now_ms()]
         reply = self._begin(keys=script_keys, args=args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")

@@ -26,7 +26,7 @@ from fleet.history import (
 )
 from fleet.leases import HeldLease
 from fleet.llm.base import ToolCall
-from fleet.models import Event, Status, now_ms
+from fleet.models import Event, Status, Trace, now_ms
 from fleet.resume import heal
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
@@ -42,11 +42,12 @@ from fleet.turns import (
     hand_back,
     model_message,
     note,
+    numbered,
     recorded,
     terminal,
 )
 from fleet.turns import RunResult as RunResult  # re-exported: hosts import it from here
-from fleet.writes import TraceWrite, WriteResult
+from fleet.writes import Append, TraceWrite, WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,8 @@ class Runner:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
         owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
-            snapshot = self.store.begin_run(trace_id, owner, self.runtime.settings.lease_ttl_ms)
+            ttl_ms = self.runtime.settings.lease_ttl_ms
+            snapshot = self.store.begin_run(trace_id, owner, ttl_ms, lifecycle.starting(trace_id))
             if snapshot is None:
                 return RunResult(trace_id, "busy")
             with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
@@ -128,22 +130,15 @@ class Runner:
 
     def _drive_open(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
-        trace = lifecycle.start(self.runtime, snapshot.trace, start)
+        trace = lifecycle.start(self.runtime, snapshot.trace, start)  # begin_run did, mostly
         try:
             self.runtime.workspace_of(trace)
         except FleetError as exc:  # a forged or stale workspace: fail before any model call
-            self.store.apply(start)
+            if start.ops:
+                self.store.apply(start)
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
-        fresh = not main_path(snapshot.messages, trace.head_sequence)
-        for message in first_messages(self.runtime, trace) if fresh else ():
-            start.append(message)
-        # Status and first messages in one step; a fresh trace's first turn needs no read.
-        written = self.store.apply(start) if start.ops else None
-        following: TraceSnapshot | None = None
-        if fresh and written is not None:
-            following = advanced(TraceSnapshot(trace, snapshot.messages, False), written)
-        elif not fresh and not heal(self.runtime, trace, snapshot.messages):
-            lifecycle.wait(self.runtime, trace)
+        following = self._opening(snapshot, trace, start, held)
+        if following == "waiting":
             return "waiting"
         held.started_ms = now_ms()
         try:
@@ -159,13 +154,35 @@ class Runner:
                 with contextlib.suppress(LeaseLost):
                     self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
 
+    def _opening(
+        self, snapshot: TraceSnapshot, trace: Trace, start: TraceWrite, held: Held
+    ) -> TraceSnapshot | Literal["waiting"] | None:
+        """What the first turn starts from; `waiting` while a resumed trace's children run.
+
+        A fresh trace's first messages, numbered as the store will number them, are written
+        with its first model turn (`held.pending`): no write and no read before the call.
+        A resumed trace's open turn is healed first; its first turn reads it again (None).
+        """
+        if not main_path(snapshot.messages, trace.head_sequence):
+            trace, first = numbered(trace, first_messages(self.runtime, trace))
+            for message in first:
+                start.append(message)
+            held.pending = start
+            return TraceSnapshot(trace, [*snapshot.messages, *first], snapshot.stop_requested)
+        if start.ops:
+            self.store.apply(start)
+        if not heal(self.runtime, trace, snapshot.messages):
+            lifecycle.wait(self.runtime, trace)
+            return "waiting"
+        return None
+
     def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
         while True:
             if snapshot is None:  # trace, messages and stop flag: 1 read
                 snapshot = self.store.snapshot(trace_id)
             if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
-            turn = self._turn(snapshot, held.heartbeat)
+            turn = self._turn(snapshot, held)
             if not isinstance(turn, Turn):
                 return self._no_turn(snapshot, turn)
             match turn.step:
@@ -196,18 +213,19 @@ class Runner:
         # The model turn is stored before its tools run: a crash heals them on resume. A
         # read-only turn of plain tools is stored with their results (`plain_only`).
         together = plain_only(self.runtime, turn.trace, calls)
+        own = sum(isinstance(op, Append) for op in turn.write.ops)  # with any first messages
         stored = [] if together else self.store.apply(turn.write).messages
         tools = execute_turn(self.runtime, turn.trace, calls, turn.write if together else None)
         written = tools.written
         if together and written is not None:
-            stored, rest = written.messages[:1], written.messages[1:]
+            stored, rest = written.messages[:own], written.messages[own:]
             written = WriteResult(rest, written.stop_requested)
         if tools.waiting:
             return "waiting"
         if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
             lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
             return None
-        if written is None or stored != turn.messages[-1:]:
+        if written is None or stored[-1:] != turn.messages[-1:]:
             return None  # another write changed the trace (a goal): read it
         return advanced(TraceSnapshot(turn.trace, turn.messages, False), written)
 
@@ -254,7 +272,7 @@ class Runner:
             case _:
                 assert_never(why)
 
-    def _turn(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Turn | Wait | Spent | None:
+    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | None:
         """One model call and what to do about it; the turn is not written yet.
 
         None when the lease was lost during the model call: another runner may own the
@@ -270,6 +288,9 @@ class Runner:
         if not isinstance(verdict, Go):
             return verdict
         if (extra := note(self.runtime, trace, final=verdict.budget.final)) is not None:
+            if held.pending is not None:  # the first messages go first
+                self.store.apply(held.pending)
+                held.pending = None
             stored = self.store.append_message(extra)
             messages = [*messages, stored]
             trace = trace.model_copy(
@@ -284,7 +305,7 @@ class Runner:
         if isinstance(response, Wait):
             return response
         self.runtime.hooks.model_responded(trace, response)
-        if heartbeat.lost.is_set():
+        if held.heartbeat.lost.is_set():
             return None
         response = fresh_call_ids(response, messages, trace.last_sequence + 1)
         message = model_message(self.runtime, trace, response, model_name)
@@ -296,7 +317,8 @@ class Runner:
                 "tools": [c["function"]["name"] for c in message.tool_calls or ()],
             },
         )
-        write = TraceWrite(trace.trace_id, trace.root_trace_id)
+        write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
+        held.pending = None
         write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
         step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)

@@ -77,6 +77,8 @@ class Held:
     owner: str
     heartbeat: HeldLease
     started_ms: int = 0
+    pending: TraceWrite | None = None
+    """Writes that wait for the next model turn's (a fresh trace's first messages)."""
 
     @property
     def released(self) -> bool:
@@ -107,6 +109,17 @@ def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
         last = written.messages[-1].sequence
         trace = trace.model_copy(update={"head_sequence": last, "last_sequence": last})
     return TraceSnapshot(trace, [*snapshot.messages, *written.messages], written.stop_requested)
+
+
+def numbered(trace: Trace, messages: list[Message]) -> tuple[Trace, list[Message]]:
+    """Messages as the store numbers them when appended after the head, and the trace then."""
+    out: list[Message] = []
+    head, last = trace.head_sequence, trace.last_sequence
+    for message in messages:
+        last += 1
+        out.append(message.model_copy(update={"sequence": last, "parent_sequence": head}))
+        head = last
+    return trace.model_copy(update={"head_sequence": head, "last_sequence": last}), out
 
 
 def recorded(trace: Trace, message: Message) -> Trace:

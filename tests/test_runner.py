@@ -389,7 +389,10 @@ class WriteLog(MemoryStore):
 
 
 def test_a_read_only_turn_of_plain_tools_is_stored_with_their_results(tmp_path: Path) -> None:
-    """A branch's model turn and its list_dir result: one write; a main agent's: two."""
+    """A branch's model turn and its list_dir result: one write; a main agent's: two.
+
+    A fresh trace's first messages (system, task) are written with its first model turn.
+    """
     log = WriteLog()
 
     def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
@@ -408,9 +411,17 @@ def test_a_read_only_turn_of_plain_tools_is_stored_with_their_results(tmp_path: 
     )
     assert local.run("survey", model="test").status == "completed"
     branch = next(t for t, _ in log.appends if "@explore" in t)
-    assert [roles for t, roles in log.appends if t == branch and "tool" in roles] == [
-        ["assistant", "tool"]
+    # The branch's first messages wait for its first model turn, which waits for its tool.
+    assert [roles for t, roles in log.appends if t == branch and roles] == [
+        ["system", "user", "assistant", "tool"],
+        ["assistant"],
     ]
     assert local.run("look", model="test").status == "completed"
     main = log.appends[-1][0]
-    assert [roles for t, roles in log.appends if t == main][1:3] == [["assistant"], ["tool"]]
+    assert [roles for t, roles in log.appends if t == main and roles] == [
+        ["system", "user", "assistant"],
+        ["tool"],
+        ["assistant"],
+        ["tool"],
+        ["assistant"],
+    ]
