@@ -6,6 +6,8 @@ from urllib.parse import urlsplit
 
 import redis
 
+from fleet.errors import ConfigError
+
 SOCKET_TIMEOUT_S = 30.0
 """Read timeout of `from_url` clients; blocking event reads are clamped below it."""
 CONNECT_TIMEOUT_S = 5.0
@@ -40,3 +42,12 @@ def redact_url(url: str) -> str:
     user = f"{parts.username}@" if parts.username else ""
     query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("password="))
     return f"{parts.scheme}://{user}{host}{parts.path}" + (f"?{query}" if query else "")
+
+
+def unreachable(url: str, exc: BaseException) -> ConfigError:
+    """`ConfigError` naming the (password-free) URL of a Redis that could not be reached."""
+    reason = str(exc) or type(exc).__name__
+    password = urlsplit(url).password
+    if password:  # belt and braces: no redis-py message should carry it
+        reason = reason.replace(password, "***")
+    return ConfigError(f"cannot reach Redis at {redact_url(url)!r}: {reason}")

@@ -15,7 +15,6 @@ import logging
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Unpack
-from urllib.parse import urlsplit
 
 import redis
 
@@ -23,7 +22,7 @@ from fleet import keys, redis_scripts, redis_writes
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
-from fleet.redis_connect import connect, redact_url
+from fleet.redis_connect import connect, unreachable
 from fleet.redis_writes import decode_messages, decode_trace, pairs, stored_message
 from fleet.store import StartRun, TraceSnapshot
 from fleet.writes import TraceWrite, WriteResult
@@ -81,11 +80,7 @@ class RedisStore:
         try:
             self._client.ping()
         except redis.RedisError as exc:
-            reason = str(exc) or type(exc).__name__
-            password = urlsplit(self._url).password
-            if password:  # belt and braces: no redis-py message should carry it
-                reason = reason.replace(password, "***")
-            raise ConfigError(f"cannot reach Redis at {redact_url(self._url)!r}: {reason}") from exc
+            raise unreachable(self._url, exc) from exc
 
     def fenced(self, trace_id: str, owner: str) -> RedisStore:
         """A view sharing this client whose write scripts first check `owner`'s lease."""
@@ -236,22 +231,19 @@ class RedisStore:
     # -- collaborators and events --------------------------------------------
 
     def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
-        self._script(
-            self._put_collaborator,
-            [keys.collaborators(parent_trace_id), keys.collaborator_order(parent_trace_id)],
-            [keys.TRACE_TTL_S, collaborator.trace_id, collaborator.model_dump_json()],
-        )
+        self._put_entry(parent_trace_id, collaborator, None)
 
     def put_collaborator_and_emit(
         self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
     ) -> None:
-        script_keys = [
-            keys.collaborators(parent_trace_id),
-            keys.collaborator_order(parent_trace_id),
-            keys.events(root_trace_id),
-        ]
-        args: list[str | int] = [keys.TRACE_TTL_S, collaborator.trace_id]
-        args += [collaborator.model_dump_json(), keys.EVENTS_MAXLEN, event.model_dump_json()]
+        self._put_entry(parent_trace_id, collaborator, (root_trace_id, event))
+
+    def _put_entry(self, parent: str, entry: Collaborator, emit: tuple[str, Event] | None) -> None:
+        script_keys = [keys.collaborators(parent), keys.collaborator_order(parent)]
+        args: list[str | int] = [keys.TRACE_TTL_S, entry.trace_id, entry.model_dump_json()]
+        if emit is not None:
+            script_keys.append(keys.events(emit[0]))
+            args += [keys.EVENTS_MAXLEN, emit[1].model_dump_json()]
         self._script(self._put_collaborator, script_keys, args)
 
     def collaborators(self, parent_trace_id: str) -> list[Collaborator]:

@@ -1,4 +1,7 @@
-"""A resumed trace's open turn: collected from its children, or healed.
+"""How a run opens its trace: a fresh one's first messages, a resumed one's open turn.
+
+A fresh trace's system and task messages are numbered here and wait for its first model
+turn's write. A resumed trace's open turn is collected from its children, or healed.
 
 A run that starts on a trace whose last assistant turn has calls without results (a crash,
 a lost collect, a redelivery) settles each: a person not answered yet waits again;
@@ -8,13 +11,40 @@ sub-agents that all ended are collected here; anything else gets a synthetic res
 
 from __future__ import annotations
 
-from typing import Any, assert_never
+from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
+from fleet.context import first_messages
 from fleet.history import SUB_AGENT_TOOLS, healed_result, main_path, open_turn
 from fleet.human import ASK_HUMAN, still_waiting
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime
+from fleet.store import TraceSnapshot
+from fleet.turns import Held, numbered
+from fleet.writes import TraceWrite
+
+
+def opening(
+    runtime: Runtime, snapshot: TraceSnapshot, trace: Trace, start: TraceWrite, held: Held
+) -> TraceSnapshot | Literal["waiting"] | None:
+    """What the first turn starts from; `waiting` while a resumed trace's children run.
+
+    A fresh trace's first messages, numbered as the store will number them, are written
+    with its first model turn (`held.pending`): no write and no read before the call.
+    A resumed trace's open turn is healed first; its first turn reads it again (None).
+    """
+    if not main_path(snapshot.messages, trace.head_sequence):
+        trace, first = numbered(trace, first_messages(runtime, trace))
+        for message in first:
+            start.append(message)
+        held.pending = start
+        return TraceSnapshot(trace, [*snapshot.messages, *first], snapshot.stop_requested)
+    if start.ops:
+        runtime.store.apply(start)
+    if not heal(runtime, trace, snapshot.messages):
+        lifecycle.wait(runtime, trace)
+        return "waiting"
+    return None
 
 
 def heal(runtime: Runtime, trace: Trace, messages: list[Message]) -> bool:

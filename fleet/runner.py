@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
-from fleet.context import first_messages
 from fleet.errors import FleetError, LeaseLost, TransientLLMError
 from fleet.fit import fit
 from fleet.fit import record as record_fit
@@ -26,8 +25,8 @@ from fleet.history import (
 )
 from fleet.leases import HeldLease
 from fleet.llm.base import ToolCall
-from fleet.models import Event, Status, Trace, now_ms
-from fleet.resume import heal
+from fleet.models import Event, Status, now_ms
+from fleet.resume import opening
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.store import TraceSnapshot
@@ -42,7 +41,6 @@ from fleet.turns import (
     hand_back,
     model_message,
     note,
-    numbered,
     recorded,
     terminal,
 )
@@ -137,7 +135,7 @@ class Runner:
             if start.ops:
                 self.store.apply(start)
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
-        following = self._opening(snapshot, trace, start, held)
+        following = opening(self.runtime, snapshot, trace, start, held)
         if following == "waiting":
             return "waiting"
         held.started_ms = now_ms()
@@ -153,28 +151,6 @@ class Runner:
             if not held.released:  # a finish in one step wrote its duration already
                 with contextlib.suppress(LeaseLost):
                     self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
-
-    def _opening(
-        self, snapshot: TraceSnapshot, trace: Trace, start: TraceWrite, held: Held
-    ) -> TraceSnapshot | Literal["waiting"] | None:
-        """What the first turn starts from; `waiting` while a resumed trace's children run.
-
-        A fresh trace's first messages, numbered as the store will number them, are written
-        with its first model turn (`held.pending`): no write and no read before the call.
-        A resumed trace's open turn is healed first; its first turn reads it again (None).
-        """
-        if not main_path(snapshot.messages, trace.head_sequence):
-            trace, first = numbered(trace, first_messages(self.runtime, trace))
-            for message in first:
-                start.append(message)
-            held.pending = start
-            return TraceSnapshot(trace, [*snapshot.messages, *first], snapshot.stop_requested)
-        if start.ops:
-            self.store.apply(start)
-        if not heal(self.runtime, trace, snapshot.messages):
-            lifecycle.wait(self.runtime, trace)
-            return "waiting"
-        return None
 
     def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
         while True:
