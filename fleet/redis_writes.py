@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet import keys
-from fleet.models import Event, Message, Trace, TraceStats, now_ms
-from fleet.store import STATS_FIELDS, with_sequence
+from fleet.models import Event, Message, Trace, now_ms
+from fleet.store import STATS_FIELDS
 from fleet.writes import (
     AddStats,
     Append,
@@ -67,11 +67,13 @@ def _append(op: Append) -> list[str]:
     body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
     head = tail = ""
     if op.event is not None:
-        # The script writes the sequence where the placeholder -1 stood.
-        text = with_sequence(op.event, -1).model_dump_json()
-        head, found, tail = text.partition('"sequence":-1')
-        assert found, "the event JSON lost its sequence placeholder"
-        head += found[:-2]
+        # The script writes the sequence first in the event's data (ids and kinds have no
+        # quotes or braces, so the first `"data":{` is the data's).
+        text = op.event.model_dump_json()
+        head, found, tail = text.partition('"data":{')
+        assert found, "an event without its data"
+        head += found + '"sequence":'
+        tail = ("," if op.event.data else "") + tail
     usage = [str(message.prompt_tokens), str(message.completion_tokens), repr(message.cost_usd)]
     iteration = "" if op.iteration is None else str(op.iteration)
     model = message.model or ""  # a model's message: its usage also counts fleet-wide
@@ -128,11 +130,15 @@ def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
         return None
     stored, stop = reply
     appended = [op.message for op in write.ops if isinstance(op, Append)]
-    messages = [
-        message.model_copy(update={"sequence": int(seq), "parent_sequence": json.loads(parent)})
-        for message, (seq, parent) in zip(appended, stored, strict=True)
-    ]
-    return WriteResult(messages, bool(stop))
+    return WriteResult([_numbered(m, n) for m, n in zip(appended, stored, strict=True)], bool(stop))
+
+
+def _numbered(message: Message, stored: list[Any]) -> Message:
+    """The message with the sequence and parent the script gave it (a copy if they differ)."""
+    sequence, parent = int(stored[0]), json.loads(stored[1])
+    if (message.sequence, message.parent_sequence) == (sequence, parent):
+        return message  # numbered by its writer as the store numbered it
+    return message.model_copy(update={"sequence": sequence, "parent_sequence": parent})
 
 
 def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
@@ -176,9 +182,9 @@ def decode_trace(data: Mapping[str, str]) -> Trace | None:
     """The trace hash as a Trace (stats included); None for an empty (missing) hash."""
     if not data:
         return None
-    fields = {name: json.loads(value) for name, value in data.items() if name != STOP_FIELD}
-    fields["stats"] = TraceStats.model_validate(fields.get("stats") or {})
-    return Trace.model_validate(fields)
+    # The values are JSON texts already: one JSON object of them, parsed by pydantic at once.
+    text = ",".join(f'"{name}":{value}' for name, value in data.items() if name != STOP_FIELD)
+    return Trace.model_validate_json("{" + text + "}")
 
 
 def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
