@@ -86,7 +86,7 @@ local ttl, maxlen, root = ARGV[1], ARGV[2], ARGV[3] == '1'
 local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop')
 if not state[1] then return false end
 local last, head = tonumber(state[1]), state[2]
-local fields, bodies, stored, listed = {}, {}, {}, {}
+local fields, bodies, stored, kids, children = {}, {}, {}, {}, {}
 local stats, refresh, moved, entries = nil, false, false, false
 local function emit(e) redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'e', e) end
 local function stat(name, delta)
@@ -131,10 +131,32 @@ local function set(a, n)
 end
 local function collab(a)
   if ARGV[a + 4] == '1' then entries = true end
-  if redis.call('HSET', KEYS[7], ARGV[a + 1], ARGV[a + 2]) == 1 then
-    listed[#listed + 1] = ARGV[a + 1]
-  end
+  if not children[ARGV[a + 1]] then kids[#kids + 1] = ARGV[a + 1] end
+  children[ARGV[a + 1]] = ARGV[a + 2]
   if ARGV[a + 3] ~= '' then emit(ARGV[a + 3]) end
+end
+-- The entries in one HSET; the new ones listed in the order list once, in first-added order.
+local function put_entries()
+  local listed = {}
+  if #kids == 1 then
+    if redis.call('HSET', KEYS[7], kids[1], children[kids[1]]) == 1 then listed = kids end
+  else
+    local items = {}
+    for j = 1, #kids, 4000 do
+      local known = redis.call('HMGET', KEYS[7], unpack(kids, j, math.min(j + 3999, #kids)))
+      for k = 1, #known do
+        if not known[k] then listed[#listed + 1] = kids[j + k - 1] end
+      end
+    end
+    for _, id in ipairs(kids) do
+      items[#items + 1] = id
+      items[#items + 1] = children[id]
+    end
+    bulk('HSET', KEYS[7], items)
+  end
+  if #listed > 0 and bulk('RPUSH', KEYS[8], listed) == math.min(#listed, 4000) then
+    entries = true
+  end
 end
 local function release(a)
   if ARGV[a + 3] == '1' or redis.call('GET', KEYS[5]) == ARGV[a + 1] then
@@ -167,9 +189,7 @@ for name, value in pairs(fields) do
   items[#items + 1] = value
 end
 if #items > 0 then redis.call('HSET', KEYS[1], unpack(items)) end
-if #listed > 0 and bulk('RPUSH', KEYS[8], listed) == math.min(#listed, 4000) then
-  entries = true
-end
+if #kids > 0 then put_entries() end
 if refresh then
   redis.call('EXPIRE', KEYS[1], ttl)
   redis.call('EXPIRE', KEYS[2], ttl)

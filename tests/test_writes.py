@@ -174,3 +174,19 @@ def test_create_traces_creates_what_is_new(store: TraceStore) -> None:
     assert store.create_traces(batch) == [True, False, True]
     assert sorted(store.children("root")) == ["new-1", "new-2", "taken"]
     assert store.get_trace("taken").task == "do", "an existing trace was overwritten"
+
+
+def test_one_write_of_many_entries_lists_each_new_child_once(store: TraceStore) -> None:
+    """A spawn's entries, some new and one written twice, next to an existing one."""
+    make(store, "p")
+    store.put_collaborator("p", Collaborator(name="a", trace_id="p@a"))
+    write = TraceWrite("p", "root")
+    for child, summary in [("p@b", "one"), ("p@a", "again"), ("p@c", ""), ("p@b", "two")]:
+        write.put_collaborator("p", Collaborator(name=child, trace_id=child, summary=summary))
+    store.apply(write)
+    entries = store.collaborators("p")
+    assert [(c.trace_id, c.summary) for c in entries] == [
+        ("p@a", "again"),
+        ("p@b", "two"),
+        ("p@c", ""),
+    ]
