@@ -202,7 +202,7 @@ class RedisStore:
         return [str(i) for i in self._client.zrange(keys.children(trace_id), 0, -1)]
 
     def _get_traces(self, trace_ids: list[str]) -> list[Trace | None]:
-        pipe = self._client.pipeline(transaction=False)  # each hash is read in one step
+        pipe = self._client.pipeline()  # MULTI: every trace as of one instant
         for trace_id in trace_ids:
             pipe.hgetall(keys.trace(trace_id))
         return [decode_trace(data) for data in pipe.execute()]

@@ -50,8 +50,8 @@ class RunningSampler:
     def _sample(self) -> None:
         store = self.fleet.store
         while not self._done.is_set():
-            children = store.children(self.root_id)
-            running = sum(store.get_trace(c).status == "running" for c in children)
+            children = store.children(self.root_id)  # their statuses as of one instant:
+            running = sum(t.status == "running" for t in store.get_traces(children))
             self.peak = max(self.peak, running)
             self.samples += 1
 
