@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from fleet import yamlsafe
 from fleet.batch import BatchEntry
-from fleet.budget import BudgetIn
+from fleet.budget import Budget, BudgetIn
 from fleet.errors import ConfigError
+from fleet.roots import check_budget
 from fleet.runtime import Runtime
 
 ENTRY_KEYS = ("id", "task", "preset", "model", "workspace", "metadata", "budget")
@@ -242,10 +243,10 @@ def check_entries(runtime: Runtime, entries: Sequence[BatchEntry], where: str) -
     Raises:
         BatchInputError: naming the line of every entry `create_root` would refuse.
     """
-    seen: dict[tuple[str, str | None, Path | None], str | None] = {}
+    seen: dict[tuple[str, str | None, Path | None, Budget | None], str | None] = {}
     problems: list[tuple[int, str]] = []
     for entry in entries:
-        key = (entry.preset or "default", entry.model, entry.workspace)
+        key = (entry.preset or "default", entry.model, entry.workspace, entry.budget)
         if key not in seen:
             seen[key] = _check_one(runtime, *key)
         if (reason := seen[key]) is not None:
@@ -255,13 +256,18 @@ def check_entries(runtime: Runtime, entries: Sequence[BatchEntry], where: str) -
 
 
 def _check_one(
-    runtime: Runtime, preset: str, model: str | None, workspace: Path | None
+    runtime: Runtime,
+    preset: str,
+    model: str | None,
+    workspace: Path | None,
+    budget: Budget | None,
 ) -> str | None:
     try:
-        runtime.preset(preset)
+        spec_preset = runtime.preset(preset)
         name = runtime.model_name(model, preset)
         runtime.check_model(name)
         runtime.settings.with_workspace(workspace or runtime.settings.workspace)
+        check_budget(runtime, name, (budget or Budget()).over(spec_preset.budget))
     except ConfigError as exc:
         return str(exc)
     return None

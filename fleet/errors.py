@@ -14,6 +14,10 @@ class ConfigError(FleetError):
     """Bad configuration: unknown preset or model, missing key, malformed fleet.yaml."""
 
 
+class RedisUnreachable(ConfigError):
+    """The trace store's Redis did not answer (the message names no password)."""
+
+
 class BrokerUnavailable(ConfigError):
     """The broker could not be reached or refused a task (the message names no password)."""
 

@@ -178,10 +178,46 @@ class Redactor:
         return self(text) != text
 
 
+_SHAPE_MARKS = (
+    "=",
+    "://",
+    "k-",
+    "k_",
+    "gh",
+    "github_pat_",
+    "xox",
+    "hf_",
+    "glpat-",
+    "akia",
+    "aiza",
+    "eyj",
+    "authorization",
+    "api-key",
+    "x-auth-token",
+    "cookie",
+    "bearer",
+    "basic",
+)
+"""A text no shape above can match contains none of these, lower-cased: every match holds
+`=` (a parameter), `://` (a URL), a header name, a scheme, or a key prefix (`sk-` and
+`sk_` hold `k-`/`k_`, `ghp_` holds `gh`). Keep in step with the shapes. Only for ASCII
+text: the patterns' IGNORECASE also folds a few other letters (`ſ` matches `s`)."""
+
+
 def redact_shapes(text: str) -> str:
     """Mask what looks like a credential: auth headers, URL passwords, key formats."""
     if not text:
         return text
+    # One C-level substring scan per mark is ~5x cheaper than the five patterns, and the
+    # ids, names and short texts that make up most of what is redacted hold none of them.
+    if text.isascii():
+        folded = text.lower()
+        if not any(mark in folded for mark in _SHAPE_MARKS):
+            return text
+    return _redact_each_shape(text)
+
+
+def _redact_each_shape(text: str) -> str:
     text = _HEADER.sub(_header_repl, text)
     text = _SCHEME_TOKEN.sub(_scheme_repl, text)
     text = _URL_USERINFO.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)

@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from fleet.errors import ConfigError
+from fleet.errors import RedisUnreachable
 
 SOCKET_TIMEOUT_S = 30.0
 """Read timeout of `from_url` clients; blocking event reads are clamped below it."""
@@ -44,10 +44,10 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{user}{host}{parts.path}" + (f"?{query}" if query else "")
 
 
-def unreachable(url: str, exc: BaseException) -> ConfigError:
-    """`ConfigError` naming the (password-free) URL of a Redis that could not be reached."""
+def unreachable(url: str, exc: BaseException) -> RedisUnreachable:
+    """`RedisUnreachable` naming the (password-free) URL of a Redis that could not be reached."""
     reason = str(exc) or type(exc).__name__
     password = urlsplit(url).password
     if password:  # belt and braces: no redis-py message should carry it
         reason = reason.replace(password, "***")
-    return ConfigError(f"cannot reach Redis at {redact_url(url)!r}: {reason}")
+    return RedisUnreachable(f"cannot reach Redis at {redact_url(url)!r}: {reason}")

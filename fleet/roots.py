@@ -5,14 +5,16 @@ Both `fleet.inprocess.InProcessFleet` and the remote `fleet.client.Fleet` create
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleet import ids
-from fleet.budget import Budget
+from fleet.budget import FINAL_SHARE, Budget
 from fleet.errors import ConfigError
+from fleet.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
 from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
@@ -60,13 +62,13 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         workspace=str(workspace.workspace),
         metadata=dict(spec.metadata or {}),
     )
-    _control(runtime, spec, trace_id)
+    _control(runtime, spec, model, trace_id)
     runtime.store.create_trace(trace)
     runtime.store.emit(trace_id, Event(kind="trace", trace_id=trace_id, status="queued"))
     return trace
 
 
-def _control(runtime: Runtime, spec: TaskSpec, trace_id: str) -> None:
+def _control(runtime: Runtime, spec: TaskSpec, model: str, trace_id: str) -> None:
     """The tree's budget and schedule, written before its root exists (workers see them)."""
     preset = runtime.preset(spec.preset)
     budget = (spec.budget or Budget()).over(preset.budget)
@@ -75,9 +77,39 @@ def _control(runtime: Runtime, spec: TaskSpec, trace_id: str) -> None:
     if not budget.empty:
         if budgets is None:
             raise ConfigError("budgets need the Redis store: run through the fleet")
+        check_budget(runtime, model, budget)
         budgets.create(trace_id, budget)
     if schedule != DEFAULT_SCHEDULE and trees is not None:
         trees.create(trace_id, schedule)
+
+
+def check_budget(runtime: Runtime, model: str, budget: Budget) -> None:
+    """Refuse a budget that cannot pay for a single model call of `model`.
+
+    Every call books its longest answer (`max_output_tokens`, else the default booking)
+    and a tenth of the budget is set aside for the root's last turn, so a smaller budget
+    would admit no call: the tree would end at once with no answer. Only that lower bound
+    is checked here; the prompt's own tokens are booked per call on the worker.
+
+    Raises:
+        ConfigError: naming the budget, what one call books, and the way out.
+    """
+    booking = runtime.gate.max_output_tokens(model) or DEFAULT_OUTPUT_BOOKING
+    usable = 1 - FINAL_SHARE
+    if budget.tokens is not None and budget.tokens * usable < booking:
+        need = math.ceil(booking / usable)
+        raise ConfigError(
+            f"budget tokens {budget.tokens} cannot pay for one call of {model!r}: each call"
+            f" books its longest answer ({booking} tokens) and a tenth is kept for the last"
+            f" turn; give at least {need}, or set max_output_tokens on the model in fleet.yaml"
+        )
+    cost = runtime.gate.cost(model, 0, booking)
+    if budget.usd is not None and cost > 0 and budget.usd * usable < cost:
+        raise ConfigError(
+            f"budget usd {budget.usd} cannot pay for one call of {model!r}: its longest answer"
+            f" ({booking} tokens) books ${cost:.4f} and a tenth is kept for the last turn;"
+            f" give at least ${cost / usable:.4f}, or set max_output_tokens in fleet.yaml"
+        )
 
 
 def _portable(model: str) -> str:

@@ -1,8 +1,10 @@
-"""How every command finds the fleet: `FLEET_REDIS_URL`, else this directory's `fleet up`.
+"""How every command finds the fleet: `FLEET_REDIS_URL`, else the nearest `fleet up`.
 
 `fleet up` writes `.fleet/up.json` (what it started); `fleet_settings()` is the one way a
 command (run, watch, stop, trace, batch, serve, metrics, doctor, worker, flower) builds
-its settings, so `fleet trace list` looks at the same Redis as `fleet run`.
+its settings, so `fleet trace list` looks at the same Redis as `fleet run`. Like git with
+`.git`, a command run in a subdirectory finds the `fleet up` of the directory above it;
+like git's `safe.directory`, it trusts only a state file the user owns.
 """
 
 from __future__ import annotations
@@ -45,10 +47,36 @@ def discover_redis_url(
     env = os.environ if env is None else env
     if env.get("FLEET_REDIS_URL"):
         return None
-    state = read_state((directory or Path.cwd()) / STATE_DIR)
+    state_dir = find_state_dir(directory or Path.cwd())
+    state = read_state(state_dir) if state_dir else None
     if state is None or not redis_answers(state.redis_url):
         return None
     return state.redis_url
+
+
+def find_state_dir(start: Path) -> Path | None:
+    """The nearest `.fleet/` with an `up.json` the current user owns, in `start` or above."""
+    for directory in (start, *start.parents):
+        state_file = directory / STATE_DIR / UP_FILE
+        try:
+            owner = state_file.stat().st_uid
+        except OSError:
+            continue
+        if owner == os.geteuid():
+            return state_file.parent
+    return None
+
+
+def no_fleet_hint(env: Mapping[str, str] | None = None, directory: Path | None = None) -> str:
+    """Why a command looked at the default Redis: '' when a URL was set or a `fleet up` found."""
+    env = os.environ if env is None else env
+    here = directory or Path.cwd()
+    if env.get("FLEET_REDIS_URL") or find_state_dir(here):
+        return ""
+    return (
+        f"FLEET_REDIS_URL is not set and no `fleet up` runs in {here} or above it:"
+        " start one with `fleet up`, or set FLEET_REDIS_URL"
+    )
 
 
 def fleet_settings(env: Mapping[str, str] | None = None) -> Settings:

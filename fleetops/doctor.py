@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import redis
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, RedisUnreachable
 from fleet.llm.config import resolve_model_name, validate_model
 from fleet.presets import load_presets
 from fleet.redis_connect import redact_url
@@ -53,7 +53,7 @@ def check_redis(url: str) -> Check:
         version = client.info("server").get("redis_version", "?")
     except redis.RedisError as exc:
         reason = str(exc) or type(exc).__name__
-        raise ConfigError(f"cannot reach Redis at {redact_url(url)!r}: {reason}") from None
+        raise RedisUnreachable(f"cannot reach Redis at {redact_url(url)!r}: {reason}") from None
     finally:
         client.close()
     return Check("redis", "ok", f"{redact_url(url)} (Redis {version}, {elapsed_ms:.1f} ms)")

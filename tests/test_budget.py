@@ -178,12 +178,45 @@ def test_trace_show_has_the_budget_limit_used_and_reserved(
     local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path), store=RedisStore(redis_client), clients={"m": ScriptedModel()}
     )
-    root = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=1000)))
+    root = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=10_000)))
     shown = trace_object(local.store, root)["budget"]
-    assert shown["limit"]["tokens"] == 1000
+    assert shown["limit"]["tokens"] == 10_000
     assert shown["used"] == {"tokens": 0, "usd": 0.0, "sub_agents": 0}
-    assert shown["reserved"]["tokens"] == 100  # the root's final turn, set aside
-    assert "budget: 0/1000 tokens (+100 reserved)" in "\n".join(render_tree(local.store, root))
+    assert shown["reserved"]["tokens"] == 1000  # the root's final turn, set aside
+    assert "budget: 0/10000 tokens (+1000 reserved)" in "\n".join(render_tree(local.store, root))
+
+
+def test_a_budget_smaller_than_one_call_is_refused_before_anything_is_written(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """One call books its longest answer (4096 by default) and a tenth is kept for the end."""
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), store=RedisStore(redis_client), clients={"m": ScriptedModel()}
+    )
+    before = set(redis_client.keys("*"))
+
+    with pytest.raises(ConfigError) as refused:
+        create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=4551)))
+
+    message = str(refused.value)
+    assert "budget tokens 4551" in message and "4552" in message and "\n" not in message
+    assert set(redis_client.keys("*")) == before  # no root, no budget hash
+    fits = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=4552)))
+    assert local.store.get_trace(fits.trace_id).status == "queued"
+
+
+def test_a_batch_line_whose_budget_cannot_pay_for_one_call_is_named(tmp_path: Path) -> None:
+    from fleet.batch_file import BatchInputError, build_entries, check_entries
+
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), clients={"m": ScriptedModel()}
+    )
+    tiny = {"task": "x", "model": "m", "budget": {"tokens": 9}}
+    lines = [(1, {"task": "ok", "model": "m"}), (2, {"task": "t", "model": "m"}), (3, tiny)]
+    entries = build_entries(lines, "b")
+
+    with pytest.raises(BatchInputError, match=r"^b:3: budget tokens 9 cannot pay for one call"):
+        check_entries(local.runtime, entries, "b")
 
 
 def test_a_batch_entry_carries_its_budget() -> None:

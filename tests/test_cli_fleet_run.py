@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 from fleet.client import Fleet
@@ -343,3 +344,17 @@ def test_flower_lists_the_fan_out_with_trace_ids_and_no_key(
         except subprocess.TimeoutExpired:
             os.killpg(flower.pid, signal.SIGKILL)
             flower.wait()
+
+
+def test_a_budget_below_one_call_is_one_line_and_submits_nothing(
+    url: str, workspace: Path, tmp_path: Path
+) -> None:
+    client = redis.Redis.from_url(url)
+    before = set(client.keys("fleet:trace:*")) | set(client.keys("fleet:budget:*"))
+    model = failing_script(tmp_path / "m.yaml")
+    argv = ["run", "--model", model, "--budget-tokens", "1000", "survey"]
+
+    line = assert_one_line_error(fleet_cli(argv, cli_env(url, workspace)))
+
+    assert "budget tokens 1000 cannot pay for one call" in line and "4552" in line
+    assert set(client.keys("fleet:trace:*")) | set(client.keys("fleet:budget:*")) == before

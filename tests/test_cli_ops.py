@@ -124,6 +124,10 @@ def test_up_starts_redis_and_a_worker_and_sigint_stops_them(tmp_path: Path) -> N
         assert "another `fleet up` is running" in assert_one_line_error(second)
         doctor = fleet(["doctor"], clean_env(), tmp_path)  # finds the Redis via up.json
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        below = tmp_path / "src" / "deep"
+        below.mkdir(parents=True)
+        listed = fleet(["trace", "list", "--json"], clean_env(), below)  # like git: looks up
+        assert listed.returncode == 0, listed.stdout + listed.stderr
 
         up.send_signal(signal.SIGINT)
         output, _ = up.communicate(timeout=60)

@@ -99,7 +99,7 @@ def test_a_killed_worker_is_redelivered_by_rabbitmq_and_collected_once(
         victims: list[Running] = []
 
         def a_worker_runs_branches() -> bool:
-            running = running_branches(fleet, conn)
+            running = running_branches(fleet, conn, mine)
             victims[:] = [r for r in running if r.worker == mine[0].name]
             return bool(victims)
 
@@ -111,10 +111,10 @@ def test_a_killed_worker_is_redelivered_by_rabbitmq_and_collected_once(
             f"rabbitmq, whole worker killed: root done {time.monotonic() - killed_at:.1f} s later"
         )
         assert_collected_once(fleet, root.trace_id, 20)
-        redelivered = {m.task_id: m for m in task_metas(conn)}
+        redelivered = {m.trace_id: m for m in task_metas(conn)}
         for victim in victims:  # redelivered at once: the lost lease was still held
-            assert redelivered[victim.task_id].worker != mine[0].name
-            assert redelivered[victim.task_id].result["outcome"] == "busy"
+            assert redelivered[victim.trace_id].worker != mine[0].name
+            assert redelivered[victim.trace_id].result["outcome"] == "busy"
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from fleet import keys
 from fleet.client import Fleet
 from fleet.models import now_ms
 from fleet.redis_store import RedisStore
@@ -186,28 +187,33 @@ def test_an_explore_spreads_over_two_worker_processes(
 
 @dataclass(frozen=True)
 class Running:
-    """A branch some pool process is running right now."""
+    """A branch some process is running right now."""
 
     trace_id: str
     task: str
     iteration: int
-    task_id: str
     pid: int
     worker: str
 
 
-def running_branches(fleet: Fleet, conn: redis.Redis) -> list[Running]:
-    """Branches under way: started tasks (pid, worker) whose trace is past its first turn."""
+def running_branches(
+    fleet: Fleet, conn: redis.Redis, workers: list[WorkerProcess]
+) -> list[Running]:
+    """Branches under way, past their first turn: the process holding each one's lease.
+
+    A lease's owner is `host:pid:token`; the pid is a worker (threads pool) or one of its
+    pool processes (prefork).
+    """
     found = []
-    for meta in task_metas(conn):
-        if meta.status != "STARTED" or not isinstance(meta.result, dict):
+    for trace_id in map(str, conn.zrange(keys.RUNNING, 0, -1)):  # a decode_responses client
+        owner = conn.get(keys.lease(trace_id))
+        if not owner:
             continue
-        trace = fleet.trace(meta.trace_id)
-        if trace.status == "running" and trace.iteration >= 1:
-            pid = meta.result["pid"]
-            found.append(
-                Running(trace.trace_id, trace.task, trace.iteration, meta.task_id, pid, meta.worker)
-            )
+        pid = int(str(owner).split(":")[1])
+        worker = next((w for w in workers if pid == w.pid or pid in w.child_pids()), None)
+        trace = fleet.trace(trace_id)
+        if worker is not None and trace.status == "running" and trace.iteration >= 1:
+            found.append(Running(trace.trace_id, trace.task, trace.iteration, pid, worker.name))
     return found
 
 
@@ -225,7 +231,8 @@ def test_a_killed_pool_process_is_retried_and_each_branch_collected_once(
 
         def pool_process_runs_a_branch() -> bool:
             pool = set(worker.child_pids())
-            victims[:] = [r for r in running_branches(fleet, conn) if r.pid in pool]
+            running = running_branches(fleet, conn, [worker])
+            victims[:] = [r for r in running if r.pid in pool]
             return bool(victims)
 
         wait_until(pool_process_runs_a_branch, RUN_TIMEOUT_S, "a pool process mid-branch")
@@ -245,13 +252,13 @@ def test_a_killed_pool_process_is_retried_and_each_branch_collected_once(
         # Celery's retry of the lost task may come after a recovered run collected: then it
         # completes the chord late, and its body must find the explore collected already.
         def retried_and_chord_done() -> bool:
-            retry = [m for m in task_metas(conn) if m.task_id == victim.task_id]
+            retry = [m for m in task_metas(conn) if m.trace_id == victim.trace_id]
             bodies = task_metas(conn, "fleet.collect")
             return retry[0].status == "SUCCESS" and [b.status for b in bodies] == ["SUCCESS"]
 
         wait_until(retried_and_chord_done, RUN_TIMEOUT_S, "the retry and the chord body")
         assert_collected_once(fleet, trace.trace_id, 20)
-    (retried,) = [m for m in task_metas(conn) if m.task_id == victim.task_id]
+    (retried,) = [m for m in task_metas(conn) if m.trace_id == victim.trace_id]
     assert retried.retries >= 1 and retried.worker == worker.name
     print(f"pool process killed: root completed {elapsed_s:.1f} s later")
 
@@ -293,7 +300,7 @@ def test_a_killed_worker_is_recovered_by_the_survivor_within_the_lease_bound(
         slow: list[Running] = []
 
         def one_runs_the_slow_branch_and_the_other_is_busy_mid_turn() -> bool:
-            running = running_branches(fleet, conn)
+            running = running_branches(fleet, conn, workers)
             slow[:] = [r for r in running if r.task.startswith("Branch 1 ")]
             if not slow:
                 return False

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from fleet.client import Fleet
 from fleet.models import Trace
@@ -191,3 +192,31 @@ def test_task_repr_and_shadow_name_carry_mode_ids_and_words() -> None:
         f" task='Fix the tests with token {REDACTED} please and …'"
     )
     assert shadow_name(child) == "fleet.delegate: Fix the tests with token …"
+
+
+@pytest.mark.integration
+def test_a_running_branch_is_started_in_flower_from_its_event_not_the_result_backend(
+    flower: httpx.Client, fleet: Fleet, worker_url: str, tmp_path: Path
+) -> None:
+    # `task_track_started` is off (no STARTED result per task): Flower's state comes from
+    # the task-started event all the same.
+    wait_until(
+        lambda: hears(flower, fleet, explore_script(tmp_path / "probe.yaml", 1)),
+        SEEN_TIMEOUT_S,
+        "Flower to hear events",
+    )
+    root = fleet.submit(
+        "survey slowly", model=explore_script(tmp_path / "m.yaml", 2, latency_ms=1500)
+    )
+    started: list[dict[str, Any]] = []
+
+    def a_branch_started() -> bool:
+        tasks = tasks_of(flower, root.trace_id).values()
+        started[:] = [t for t in tasks if t["state"] == "STARTED" and "mode=explore" in t["args"]]
+        return bool(started)
+
+    wait_until(a_branch_started, SEEN_TIMEOUT_S, "a branch STARTED in Flower")
+    with redis.Redis.from_url(worker_url) as conn:
+        assert conn.get(f"celery-task-meta-{started[0]['uuid']}") is None, "no STARTED result"
+        assert fleet.trace(started[0]["args"].split("'")[1]).status in ("queued", "running")
+    assert root.wait(timeout_s=60).status == "completed"

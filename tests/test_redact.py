@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import random
 
 import pytest
 
 from fleet.redact import (
     REDACTED,
     Redactor,
+    _redact_each_shape,
     install_log_redaction,
     is_secret_name,
     redact_shapes,
@@ -146,3 +148,74 @@ def test_values_in_a_json_value_are_masked_keys_included() -> None:
     masked = Redactor.from_env(ENV).values_in(value)
     assert secret not in repr(masked)
     assert masked["list"][0] == 1 and masked["n"] is None and masked["token"] == REDACTED
+
+
+SHAPE_FRAGMENTS = [
+    "Authorization: ",
+    "PROXY-AUTHORIZATION=",
+    "x-api-key",
+    "Api-Key: ",
+    "X-Auth-Token:",
+    "Cookie=",
+    "cookie: ",
+    "eyJhbGciOi.eyJzdWIiOiIx.c2ln",
+    "sk_live0abcdef",
+    "redis://u:pw0abc@h",
+    "xoxb-abcdefgh",
+    "AKIAQWERTYUIOPZXCVBN",
+    "AIzaQWERTYUIOPZXCVBNMQWERTY",
+    "github_pat_abcdefgh",
+    "Bearer ",
+    "BASIC ",
+    "basic ",
+    "token ",
+    "https://",
+    "redis://u:",
+    "@host",
+    "?password=",
+    "&Sig=",
+    ";key=",
+    "sk-",
+    "PK-",
+    "rk-",
+    "sk_",
+    "ghp_",
+    "GHO_",
+    "github_pat_",
+    "xoxb-",
+    "hf_",
+    "glpat-",
+    "AKIA",
+    "AIza",
+    "eyJ",
+    ".",
+    "'",
+    '"',
+    " ",
+    ":",
+    "=",
+    "-",
+    "_",
+    "abcdefgh",
+    "ABCDEFGHIJKLMNOPQRSTUV",
+    "12345678",
+    "z9",
+    "Baſic ",
+    "K",
+    "é",
+]
+
+
+def test_the_shape_pre_check_never_skips_a_text_a_shape_matches() -> None:
+    rng = random.Random(14)
+    texts = [
+        "".join(rng.choice(SHAPE_FRAGMENTS) for _ in range(rng.randint(1, 8)))
+        for _ in range(20_000)
+    ]
+    changed = 0
+    for text in texts:
+        full = _redact_each_shape(text)
+        assert redact_shapes(text) == full, text
+        changed += full != text
+    assert changed > 2_000, "the corpus exercises the shapes"
+    assert redact_shapes("Baſic abcdefgh12345") == _redact_each_shape("Baſic abcdefgh12345")

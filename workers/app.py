@@ -89,7 +89,9 @@ def make_config(settings: Settings) -> dict[str, Any]:
         "worker_timer_precision": TIMER_PRECISION_S,
         "task_time_limit": MAX_RUN_S,
         "task_soft_time_limit": SOFT_LIMIT_S,
-        "task_track_started": True,
+        # No STARTED result per task (a GET and a SETEX + PUBLISH): Flower and `celery
+        # inspect active` know a task started from its task-started event.
+        "task_track_started": False,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "result_expires": 24 * 3600,

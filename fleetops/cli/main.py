@@ -7,7 +7,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from fleet.errors import ConfigError, ConversationError, FleetError, TraceNotFound
+from fleet.errors import (
+    ConfigError,
+    ConversationError,
+    FleetError,
+    RedisUnreachable,
+    TraceNotFound,
+)
 from fleet.redact import install_log_redaction, process_redactor
 from fleet.settings import forget_process_settings
 from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
@@ -47,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return reader_gone()
+    except RedisUnreachable as exc:
+        return fail(with_hint(str(exc)), EXIT_BAD_INPUT)
     except (ConfigError, TraceNotFound, ConversationError) as exc:
         return fail(str(exc), EXIT_BAD_INPUT)
     except FleetError as exc:
@@ -62,6 +70,14 @@ def reader_gone() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return EXIT_FAILED
+
+
+def with_hint(message: str) -> str:
+    """`message`, and why the command looked where it did when nobody told it where."""
+    from fleetops.discovery import no_fleet_hint
+
+    hint = no_fleet_hint()
+    return f"{message} ({hint})" if hint else message
 
 
 def fail(message: str, code: int) -> int:
