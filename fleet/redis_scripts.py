@@ -294,21 +294,27 @@ return 1
 """
 
 # KEYS: running index, then one lease per held trace. ARGV: ttl_ms, deadline_ms, then an
-# owner and a trace id per lease. Returns 1 per lease still ours (renewed), else 0.
-RENEW_LEASES = """
-local renewed = {}
+# owner and a trace id per lease. Returns 1 per lease still ours (renewed), else 0. One
+# heartbeat renews every lease of a worker process: 2 commands per lease, one ZADD for all.
+RENEW_LEASES = (
+    _BULK
+    + """
+local renewed, indexed = {}, {}
 for i = 2, #KEYS do
   local owner, trace = ARGV[2 * i - 1], ARGV[2 * i]
   if redis.call('GET', KEYS[i]) == owner then
     redis.call('PEXPIRE', KEYS[i], ARGV[1])
-    redis.call('ZADD', KEYS[1], ARGV[2], trace)
+    indexed[#indexed + 1] = ARGV[2]
+    indexed[#indexed + 1] = trace
     renewed[i - 1] = 1
   else
     renewed[i - 1] = 0
   end
 end
+if #indexed > 0 then bulk('ZADD', KEYS[1], indexed) end
 return renewed
 """
+)
 
 # KEYS: events. ARGV: ttl_s, maxlen, event JSON. Returns the entry id.
 EMIT = """
