@@ -42,7 +42,8 @@ def workers(
         for i in range(count):
             name = f"bench{i}.{os.getpid()}@{socket.gethostname()}"
             argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker"]
-            argv += ["-I", "bench.sleep_tasks,bench.peer_tasks", "-Q", ",".join(QUEUES), "-E"]
+            imports = ",".join(["bench.sleep_tasks", "bench.peer_tasks", *_extra_imports()])
+            argv += ["-I", imports, "-Q", ",".join(QUEUES), "-E"]
             argv += ["-P", pool, "-c", str(concurrency), "-n", name, "--loglevel", "WARNING"]
             log_path = Path(tempfile.mkstemp(prefix="bench-worker-", suffix=".log")[1])
             with log_path.open("wb") as log:
@@ -58,6 +59,11 @@ def workers(
             started.append(stack.enter_context(WorkerProcess(process, name, log_path)))
         wait_for_workers(app, [w.name for w in started], timeout_s=60)
         yield started
+
+
+def _extra_imports() -> list[str]:
+    """`BENCH_WORKER_IMPORTS` (comma-separated modules): probes a worker should load too."""
+    return [m for m in os.environ.get("BENCH_WORKER_IMPORTS", "").split(",") if m]
 
 
 @contextmanager

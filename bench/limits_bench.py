@@ -6,8 +6,9 @@ python bench/limits_bench.py [--only overhead,requests,tokens,fairness] [--branc
 Starts its own redis-server, a local OpenAI-wire server that enforces its own limit (429 +
 retry-after-ms beyond it: tests/fake_provider.py) and worker processes, then reports:
 
-- overhead: the limiter's cost per model call (round trips and microseconds for admit +
-  settle, budget reserve + settle) next to the no-limit path (a model without `limits:`).
+- overhead: the gate's cost per model call (round trips, commands and microseconds of
+  `Gate.before` + `Gate.after`) on each path: no provider, a provider without `limits:`
+  (its pause check only), a limited one (admit + settle), each with and without a budget.
 - requests: an explore of N branches against a server limited to R requests/s, once with
   the same limit in fleet.yaml and once without (each worker backs off its own 429s, as
   before): branches completed, share of 429s, wall time against the limit-bound minimum.
@@ -30,16 +31,17 @@ from typing import Any
 
 import redis
 import yaml
+from redis.connection import AbstractConnection
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fleet.budget import Budget, Budgets  # noqa: E402
 from fleet.client import Fleet  # noqa: E402
-from fleet.gate import Gate  # noqa: E402
-from fleet.limits import Limiter, Scope  # noqa: E402
+from fleet.gate import Gate, Go  # noqa: E402
+from fleet.limits import Limiter  # noqa: E402
 from fleet.llm.base import LLMResponse, Usage  # noqa: E402
-from fleet.llm.config import FleetConfig, RateLimits  # noqa: E402
+from fleet.llm.config import FleetConfig, ProviderConfig, RateLimits  # noqa: E402
 from fleet.models import Trace  # noqa: E402
 from fleet.redis_server import start_redis_server  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
@@ -52,61 +54,76 @@ CALLS = 5000
 
 
 def overhead(url: str) -> None:
-    """Microseconds and round trips per model call on the limiter's paths."""
+    """Round trips, commands and microseconds per model call through `Gate.before/after`."""
     client = redis.Redis.from_url(url, decode_responses=True)
     client.flushdb()
-    limiter = Limiter(client)
-    limited = (Scope("provider:bench:k", RateLimits(requests_per_minute=10**9), True),)
-    plain = (Scope("provider:bench:k2", RateLimits(), True),)
-    budgets = Budgets(client)
-    budgets.create("root", Budget(tokens=10**12))
+    huge = RateLimits(requests_per_minute=10**9)
+    config = FleetConfig(
+        providers={
+            "plain": ProviderConfig(kind="openai", base_url="http://127.0.0.1:9/v1"),
+            "paced": ProviderConfig(kind="openai", base_url="http://127.0.0.1:9/v1", limits=huge),
+        }
+    )
+    gate = Gate(config, {}, Limiter(client), Budgets(client))
+    assert gate.budgets is not None
+    gate.budgets.create("budgeted", Budget(tokens=10**12))
     rows = [
-        ("no limits (scripted or no scope)", lambda i: None, 0),
-        ("reference: one PING round trip", lambda i: client.ping(), 0),
-        ("pause check only (provider, no limits:)", _admit_settle(limiter, plain), 2),
-        ("requests/min limit", _admit_settle(limiter, limited), 2),
-        ("limit + tree budget", _with_budget(limiter, limited, budgets), 4),
+        ("scripted model (no provider)", "scripted:x", "free", 0),
+        ("provider without limits: (pause check)", "plain:m", "free", 1),
+        ("  + tree budget (check in the reservation)", "plain:m", "budgeted", 2),
+        ("requests/min limit (admit + settle)", "paced:m", "free", 2),
+        ("  + tree budget", "paced:m", "budgeted", 4),
     ]
-    print("\n## Overhead per model call (one thread, local Redis)")
-    print("# wall: client-side us per call; lua: us Redis spent in the scripts per call")
-    print(f"{'path':<42} {'round trips':>11} {'wall us':>9} {'lua us':>8}")
-    for name, step, trips in rows:
-        calls_before, usec_before = _evalsha(client)
-        started = time.perf_counter()
-        for i in range(CALLS):
-            step(i)
-        us = (time.perf_counter() - started) / CALLS * 1e6
-        calls_after, usec_after = _evalsha(client)
-        seen = (calls_after - calls_before) / CALLS
-        lua = (usec_after - usec_before) / CALLS
-        print(f"{name:<42} {seen:>5.1f} ({trips})  {us:>9.1f} {lua:>8.1f}")
-    gate = Gate(FleetConfig(), {}, None)
-    trace = Trace(trace_id="t", root_trace_id="t", task="x")
+    print("\n## Overhead per model call through Gate.before + Gate.after (one thread, local Redis)")
+    print("# wall: client-side us per call; lua: us Redis spent in scripts per call")
+    print(f"{'path':<44} {'round trips':>11} {'commands':>8} {'wall us':>9} {'lua us':>8}")
+    ping = _per_call(client, lambda i: client.ping())
+    print(f"{'reference: one PING':<44} {ping[0]:>5.1f}       {ping[1]:>8.1f} {ping[2]:>9.1f}")
+    for name, model, root, trips in rows:
+
+        def step(i: int, model: str = model, root: str = root) -> None:
+            trace = Trace(trace_id=f"{root}@explore-{i % 100:03d}", root_trace_id=root, task="x")
+            go = gate.before(trace, model, 4000)
+            assert isinstance(go, Go), go
+            gate.after(go, LLMResponse("x", usage=Usage(10, 10)), 5)
+
+        step(0)  # loads the scripts, learns whether the tree has a budget
+        seen, cmds, us, lua = _per_call(client, step)
+        print(f"{name:<44} {seen:>5.1f} ({trips})  {cmds:>8.1f} {us:>9.1f} {lua:>8.1f}")
+
+
+def _per_call(client: redis.Redis, step: Any) -> tuple[float, float, float, float]:
+    """Round trips, commands, wall us and Lua us per call of `step`, over CALLS calls."""
+    calls_before, usec_before = _evalsha(client)
+    commands_before = _commands(client)
+    trips_before = _TRIPS[0]
     started = time.perf_counter()
-    for _ in range(CALLS):
-        go = gate.before(trace, "scripted:x", 4000)
-        gate.after(go, LLMResponse("x", usage=Usage(10, 10)), 1)  # type: ignore[arg-type]
+    for i in range(CALLS):
+        step(i)
     us = (time.perf_counter() - started) / CALLS * 1e6
-    print(f"{'Gate.before+after, no Redis (Python only)':<42} {0:>5.1f} (0)  {us:>9.1f}")
+    trips = (_TRIPS[0] - trips_before) / CALLS
+    commands = (_commands(client) - commands_before) / CALLS
+    _calls_after, usec_after = _evalsha(client)
+    return trips, commands, us, (usec_after - usec_before) / CALLS
 
 
-def _admit_settle(limiter: Limiter, scopes: tuple[Scope, ...]) -> Any:
-    def step(i: int) -> None:
-        limiter.admit(f"t{i % 100}", scopes, 1000)
-        limiter.settle(f"t{i % 100}", scopes, 1000, 900, 5)
-
-    return step
+_TRIPS = [0]
+_send = AbstractConnection.send_packed_command
 
 
-def _with_budget(limiter: Limiter, scopes: tuple[Scope, ...], budgets: Budgets) -> Any:
-    admit = _admit_settle(limiter, scopes)
+def _counted(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+    """Count round trips: one packed send per command or pipeline."""
+    _TRIPS[0] += 1
+    _send(self, *args, **kwargs)  # type: ignore[no-untyped-call]
 
-    def step(i: int) -> None:
-        budgets.reserve(f"t{i % 100}", "root", 1000, 0.001)
-        admit(i)
-        budgets.settle(f"t{i % 100}", "root", 900, 0.001)
 
-    return step
+AbstractConnection.send_packed_command = _counted  # type: ignore[method-assign]
+
+
+def _commands(client: redis.Redis) -> int:
+    """Commands run so far (INFO itself excluded; commands inside scripts included)."""
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
 
 
 def _evalsha(client: redis.Redis) -> tuple[int, int]:

@@ -59,11 +59,13 @@ def _measured(
 def fleet_run(fleet: Fleet, meter: Meter, pids: list[int], task: str, model: str) -> Sample:
     """Submit a root and wait for its `finished_at_ms`."""
     trace_ids: list[str] = []
+    starts: list[float] = []
 
     def run() -> tuple[float, float]:
         start = time.time()
         handle = fleet.submit(task, model=model)
         trace_ids.append(handle.trace_id)
+        starts.append(start)
         key = f"fleet:trace:{handle.trace_id}"
 
         def finished() -> float | None:
@@ -77,7 +79,8 @@ def fleet_run(fleet: Fleet, meter: Meter, pids: list[int], task: str, model: str
     if trace.status != "completed":
         raise RuntimeError(f"fleet run ended {trace.status!r}: {trace.error}")
     if os.environ.get("BENCH_PHASES"):
-        print(f"#   phases (s): {phases(fleet.store, trace_ids[0])}", flush=True)
+        where = phases(fleet.store, trace_ids[0], int(starts[0] * 1000))
+        print(f"#   phases (s): {where}", flush=True)
     return sample
 
 
@@ -182,17 +185,33 @@ def cli_run(env: Mapping[str, str], model: str, *, inline: bool) -> float:
     return seconds
 
 
-def phases(store: TraceStore, root_id: str) -> str:
-    """Where a fleet run's time went, from the stored timestamps (seconds after the root)."""
-    root = store.get_trace(root_id)
-    kids = [store.get_trace(c) for c in store.children(root_id)]
-    starts = [store.messages(k.trace_id)[0].created_at_ms for k in kids]
-    ends = [k.finished_at_ms or 0 for k in kids]
+def phases(store: TraceStore, root_id: str, submitted_ms: int) -> str:
+    """Where a fleet run's time went, from the tree's event stream (seconds after submit).
+
+    Each mark is the first (or last) event of its kind, at the time the event was made:
+    the root started, its first model turn stored, the children created (their `queued`
+    entries), the first and last branch started, the last branch done, the collect (the
+    root's tool result), the root resumed (running again), its final turn, the root done.
+    A mark whose events the store does not write is left out.
+    """
+    events = [e for _, e in store.read_events(root_id, count=1_000_000)]
+    root = [e for e in events if e.trace_id == root_id]
+    kids = [e for e in events if e.trace_id != root_id]
+    running = [e.at_ms for e in root if e.kind == "trace" and e.status == "running"]
+    turns = [e.at_ms for e in root if e.kind == "message" and e.data.get("role") == "assistant"]
+    starts = [e.at_ms for e in kids if e.kind == "trace" and e.status == "running"]
     marks = {
-        "all spawned": max(k.created_at_ms for k in kids),
-        "first branch started": min(starts),
-        "all started": max(starts),
-        "all done": max(ends),
-        "root done": root.finished_at_ms or 0,
+        "root started": running[:1],
+        "first turn": turns[:1],
+        "spawned": [e.at_ms for e in kids if e.kind == "collaborator" and e.status == "queued"],
+        "first branch": starts and [min(starts)],
+        "last branch": starts,
+        "all done": [e.at_ms for e in kids if e.kind == "finish"],
+        "collected": [
+            e.at_ms for e in root if e.kind == "message" and e.data.get("role") == "tool"
+        ][:1],
+        "resumed": running[-1:],
+        "final turn": turns[-1:],
+        "root done": [e.at_ms for e in root if e.kind == "finish"][:1],
     }
-    return "  ".join(f"{k} {(ms - root.created_at_ms) / 1000:.2f}" for k, ms in marks.items())
+    return "  ".join(f"{k} {(max(ms) - submitted_ms) / 1000:.3f}" for k, ms in marks.items() if ms)

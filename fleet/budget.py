@@ -25,7 +25,7 @@ what the root's final turn uses beyond its set-aside. For a model without
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, cast
 
@@ -168,7 +168,15 @@ class Exhausted:
     kind: Literal["exhausted"] = "exhausted"
 
 
-Reservation = Reserved | Exhausted
+@dataclass(frozen=True)
+class Paused:
+    """The call's provider is paused fleet-wide (checked in the same step): nothing reserved."""
+
+    retry_in_s: float
+    kind: Literal["paused"] = "paused"
+
+
+Reservation = Reserved | Exhausted | Paused
 UNBUDGETED = Reserved(budgeted=False)
 
 
@@ -217,16 +225,27 @@ class Budgets:
         return known
 
     def reserve(
-        self, trace_id: str, root_trace_id: str, est_tokens: int, est_usd: float
+        self,
+        trace_id: str,
+        root_trace_id: str,
+        est_tokens: int,
+        est_usd: float,
+        pause_keys: Sequence[str] = (),
     ) -> Reservation:
-        """Reserve one call's estimate; `Exhausted` once the tree is spent."""
+        """Reserve one call's estimate; `Exhausted` once the tree is spent.
+
+        `pause_keys`: provider pauses (`fleet.limits.pause_keys`) checked in the same script,
+        for a call the limiter does not book: while one is set, `Paused` and no reservation.
+        """
         if not self.has(root_trace_id):
             return UNBUDGETED
-        script_keys = [keys.budget(root_trace_id), keys.budget_held(root_trace_id)]
+        script_keys = [keys.budget(root_trace_id), keys.budget_held(root_trace_id), *pause_keys]
         is_root = "1" if trace_id == root_trace_id else "0"
         args: list[str | int] = [trace_id, est_tokens, repr(float(est_usd)), is_root]
         args.append(keys.TRACE_TTL_S)
         ok, why, newly = self._reserve(keys=script_keys, args=args)
+        if int(ok) == 3:
+            return Paused(int(why) / 1000)
         if int(ok) == 1:
             return Reserved(budgeted=why != "none")
         if int(ok) == 2:

@@ -5,6 +5,11 @@ most a second), `Wait` (hand the trace back; ask again in `retry_in_s`) or `Spen
 tree's budget is used up: stop with what you have). After the call, `Gate.after` settles
 what was booked with what was used; a 429/503/529 goes to `Gate.overloaded`, which pauses
 the provider for the whole fleet.
+
+Round trips per call, before + after: a provider without `limits:` only checks its pause
+(1 + 0; inside the budget's reservation script when the tree has a budget: 1 + 1); a
+limited one books and settles (2, plus 2 with a budget); `scripted:` models have no
+provider (0, or 1 + 1 with a budget).
 """
 
 from __future__ import annotations
@@ -15,9 +20,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from fleet.budget import UNBUDGETED, Budgets, Exhausted, Reserved
+from fleet.budget import UNBUDGETED, Budgets, Exhausted, Paused, Reserved
 from fleet.errors import ProviderOverloaded
-from fleet.limits import CHARS_PER_TOKEN, Limiter, Scope, estimate_tokens, scopes_for
+from fleet.limits import (
+    CHARS_PER_TOKEN,
+    Limiter,
+    Scope,
+    booked,
+    estimate_tokens,
+    pause_keys,
+    scopes_for,
+)
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, resolve_target
 from fleet.llm.pricing import cost_usd
@@ -42,6 +55,8 @@ class Go:
     budget: Reserved = UNBUDGETED
     """`budget.final`: the root's one last turn, after the tree's budget ran out."""
     model_name: str = ""
+    booked: bool = False
+    """The limiter booked this call (a scope has limits): `after` settles the booking."""
     kind: Literal["go"] = "go"
 
 
@@ -108,26 +123,41 @@ class Gate:
         return alias.max_output_tokens if alias is not None else None
 
     def before(self, trace: Trace, model_name: str, request_chars: int) -> Verdict:
-        """Reserve the tree's budget, then book the provider: a round trip for each in use."""
+        """Reserve the tree's budget, then book the provider (or only check its pause)."""
         max_output = self.max_output_tokens(model_name)
         output = max_output or DEFAULT_OUTPUT_BOOKING
         est = estimate_tokens(request_chars, output)
         root = trace.root_trace_id
         go = Go(trace.trace_id, self.scopes(model_name), est, max_output, 0.0, root)
         go = replace(go, model_name=model_name)
-        if self.budgets is not None:
+        limited = self.limiter is not None and booked(go.scopes)
+        # A call nothing books checks only its provider's pause: in the budget's script if
+        # the tree has a budget (one round trip for both), else with one command below.
+        pauses = pause_keys(go.scopes) if self.limiter is not None and not limited else []
+        if self.budgets is not None and self.budgets.has(root):
             usd = self.cost(model_name, request_chars // CHARS_PER_TOKEN, output)
-            reservation = self.budgets.reserve(trace.trace_id, root, est, usd)
-            if isinstance(reservation, Exhausted):
-                return Spent(reservation.reason)
-            go = replace(go, budget=reservation)
+            match self.budgets.reserve(trace.trace_id, root, est, usd, pauses):
+                case Exhausted(reason=reason):
+                    return Spent(reason)
+                case Paused(retry_in_s=retry_in_s):
+                    self._count_waited(go.scopes)
+                    return Wait(retry_in_s, "pause")
+                case Reserved() as reservation:
+                    go, pauses = replace(go, budget=reservation), []
         if self.limiter is None or not go.scopes:
             return go
+        if not limited:
+            paused = self.limiter.paused(go.scopes) if pauses else None
+            return go if paused is None else Wait(paused.retry_in_s, paused.reason)
         admission = self.limiter.admit(go.holder, go.scopes, est)
         if admission.kind == "refused":
             self._refund(go)
             return Wait(admission.retry_in_s, admission.reason)
-        return replace(go, wait_s=admission.wait_s)
+        return replace(go, wait_s=admission.wait_s, booked=True)
+
+    def _count_waited(self, scopes: tuple[Scope, ...]) -> None:
+        if self.limiter is not None:
+            self.limiter.count_waited(scopes)
 
     def cost(self, model_name: str, prompt_tokens: int, completion_tokens: int) -> float:
         """What a call of this size costs on this model (0.0 when the price is unknown)."""
@@ -154,7 +184,8 @@ class Gate:
         used_tokens = None
         if response is not None:
             used_tokens = response.usage.prompt_tokens + response.usage.completion_tokens
-        self.limiter.settle(go.holder, go.scopes, go.est_tokens, used_tokens, duration_ms)
+        if go.booked:  # an unbooked call has nothing to give back
+            self.limiter.settle(go.holder, go.scopes, go.est_tokens, used_tokens, duration_ms)
         if response is not None:
             self.limiter.observe(go.scopes, response.rate)
 

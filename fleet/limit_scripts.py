@@ -171,28 +171,37 @@ return 1
 # one field per trace in `held`, so a run redelivered after a crash replaces its own. A call
 # is admitted only if used + held + the root's set-aside final turn + its estimate fit.
 
-# KEYS: budget, held. ARGV: trace id, est tokens, est usd, '1' for the root, ttl s
-# Returns {1, 'ok'|'none'}: go (none: the tree has no budget); {2, why}: the root's one
-# final turn (the set-aside moves into `held`); {0, why, newly}: spent, stop here
-# (newly = 1 when this call found the budget spent).
+# KEYS: budget, held, then the provider pause keys of a call the limiter does not book.
+# ARGV: trace id, est tokens, est usd, '1' for the root, ttl s
+# Returns {3, ms}: the provider is paused for ms more, nothing reserved; {1, 'ok'|'none'}:
+# go (none: the tree has no budget); {2, why}: the root's one final turn (the set-aside
+# moves into `held`); {0, why, newly}: spent, stop here (newly = 1 when this call found the
+# budget spent).
 BUDGET_RESERVE = (
     _NOW
     + """
+local paused = 0
+for i = 3, #KEYS do
+  local left = redis.call('PTTL', KEYS[i])
+  if left > paused then paused = left end
+end
+if paused > 0 then return {3, paused, 0} end
 if redis.call('EXISTS', KEYS[1]) == 0 then return {1, 'none', 0} end
 local id, est, usd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local function get(f) return tonumber(redis.call('HGET', KEYS[1], f)) end
+local f = redis.call('HMGET', KEYS[1], 'exhausted', 'limit_tokens', 'limit_usd',
+  'deadline_ms', 'used_tokens', 'used_usd', 'final_tokens', 'final_usd', 'final_used')
+local final_tokens, final_usd = tonumber(f[7]) or 0, tonumber(f[8]) or 0
 redis.call('HDEL', KEYS[2], id)
-local why, newly = redis.call('HGET', KEYS[1], 'exhausted'), 0
+local why, newly = f[1], 0
 if not why then
   local tokens, dollars = 0, 0
   for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
     local t, d = string.match(v, '(%S+) (%S+)')
     tokens, dollars = tokens + tonumber(t), dollars + tonumber(d)
   end
-  local limit_tokens, limit_usd = get('limit_tokens'), get('limit_usd')
-  local deadline = get('deadline_ms')
-  local spent_tokens = (get('used_tokens') or 0) + tokens + (get('final_tokens') or 0) + est
-  local spent_usd = (get('used_usd') or 0) + dollars + (get('final_usd') or 0) + usd
+  local limit_tokens, limit_usd, deadline = tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
+  local spent_tokens = (tonumber(f[5]) or 0) + tokens + final_tokens + est
+  local spent_usd = (tonumber(f[6]) or 0) + dollars + final_usd + usd
   if deadline and now >= deadline then why = 'wall_s'
   elseif limit_tokens and spent_tokens > limit_tokens then why = 'tokens'
   elseif limit_usd and spent_usd > limit_usd then why = 'usd' end
@@ -202,8 +211,8 @@ if not why then
   end
 end
 if why then
-  if ARGV[4] == '1' and redis.call('HGET', KEYS[1], 'final_used') ~= '1' then
-    local final = (get('final_tokens') or 0) .. ' ' .. (get('final_usd') or 0)
+  if ARGV[4] == '1' and f[9] ~= '1' then
+    local final = final_tokens .. ' ' .. final_usd
     redis.call('HSET', KEYS[1], 'final_used', '1', 'final_tokens', 0, 'final_usd', 0)
     redis.call('HSET', KEYS[2], id, final)
     redis.call('EXPIRE', KEYS[2], ARGV[5])

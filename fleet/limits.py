@@ -1,11 +1,12 @@
 """Provider limits shared by every worker: requests/min, tokens/min and concurrency in Redis.
 
-Each model call is admitted before it is sent and settled after it (`Limiter.admit` /
-`Limiter.settle`), one Lua script each (`fleet.limit_scripts`). A scope is a provider and
-its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALIAS`), each with the `limits:`
-of fleet.yaml. The provider scope exists even without `limits:`: a 429/503/529 pauses it for
-every worker (`Limiter.pause`), and rate-limit headers that say nothing is left do the same
-(`Limiter.observe`).
+Each model call with a limit is admitted before it is sent and settled after it
+(`Limiter.admit` / `Limiter.settle`), one Lua script each (`fleet.limit_scripts`). A scope
+is a provider and its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALIAS`), each with
+the `limits:` of fleet.yaml. The provider scope exists even without `limits:`: a 429/503/529
+pauses it for every worker (`Limiter.pause`), and rate-limit headers that say nothing is left
+do the same (`Limiter.observe`). A call that no scope limits books nothing: it only checks
+that pause (`Limiter.paused`, one command), and settles nothing.
 
 Pacing is GCRA without burst: each admission books the next free time of every scope it
 needs, so calls are spread evenly at the configured rate and booked in arrival order. An
@@ -50,6 +51,12 @@ class Scope:
     provider: bool
     """Provider scopes take pauses and header corrections (they are per key)."""
 
+    @property
+    def limited(self) -> bool:
+        """True when fleet.yaml sets a rate or concurrency limit here: calls are booked."""
+        lim = self.limits
+        return bool(lim.requests_per_minute or lim.tokens_per_minute or lim.max_concurrency)
+
     def args(self) -> list[str | int]:
         """The script's per-scope arguments: name, requests/min, tokens/min, max concurrency."""
         lim = self.limits
@@ -93,6 +100,16 @@ def scopes_for(config: FleetConfig, model_name: str, env: Mapping[str, str]) -> 
     return tuple(scopes)
 
 
+def booked(scopes: tuple[Scope, ...]) -> bool:
+    """Whether a call in these scopes is booked (admit + settle) or only checks the pause."""
+    return any(scope.limited for scope in scopes)
+
+
+def pause_keys(scopes: tuple[Scope, ...]) -> list[str]:
+    """The pause keys a call in these scopes must respect (provider scopes only)."""
+    return [keys.limit_pause(scope.name) for scope in scopes if scope.provider]
+
+
 def estimate_tokens(request_chars: int, max_output_tokens: int) -> int:
     """What a call books before it is sent: its input estimate plus the longest answer."""
     return math.ceil(request_chars / CHARS_PER_TOKEN) + max_output_tokens
@@ -126,6 +143,35 @@ class Limiter:
         if reason == "rate":  # come back a little early and sleep the rest of the way
             wait_s -= self._max_wait_ms / 2000
         return Refused(max(wait_s, 0.001), str(reason))
+
+    def paused(self, scopes: tuple[Scope, ...]) -> Refused | None:
+        """The fast path of a call no limit books: is its provider paused? One command.
+
+        A pause set by any worker's 429/503/529 (or exhausted headers) holds this call back
+        as it would a booked one; nothing else is read or written.
+        """
+        names = pause_keys(scopes)
+        if not names:
+            return None
+        if len(names) == 1:
+            left_ms = [self._client.pttl(names[0])]
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.pttl(name)
+            left_ms = pipe.execute()
+        longest_ms = max(int(left) for left in left_ms)
+        if longest_ms <= 0:
+            return None
+        self.count_waited(scopes)
+        return Refused(longest_ms / 1000, "pause")
+
+    def count_waited(self, scopes: tuple[Scope, ...]) -> None:
+        """Count a call held back by a pause, as `admit` does (`fleet metrics`)."""
+        pipe = self._client.pipeline(transaction=False)
+        for scope in scopes:
+            pipe.hincrby(keys.LIMIT_STATS, f"waited:{scope.name}", 1)
+        pipe.execute()
 
     def settle(
         self,

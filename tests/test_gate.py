@@ -1,0 +1,154 @@
+"""The gate in front of every model call, against a real Redis: what each path costs.
+
+A provider without `limits:` books nothing, but a 429 any worker sees pauses it for the
+whole fleet: its calls check only that pause (one command), folded into the budget's
+reservation when the tree has a budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from fleet import keys
+from fleet.budget import Budget, Budgets
+from fleet.errors import ProviderOverloaded
+from fleet.gate import Gate, Go, Wait
+from fleet.limits import Limiter
+from fleet.llm.base import LLMResponse, Usage
+from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
+from fleet.models import Trace
+from fleet.redis_store import connect
+
+pytestmark = pytest.mark.integration
+
+CONFIG = FleetConfig(
+    providers={
+        "plain": ProviderConfig(kind="openai", base_url="http://127.0.0.1:9/v1"),
+        "paced": ProviderConfig(
+            kind="openai",
+            base_url="http://127.0.0.1:9/v1",
+            limits=RateLimits(max_concurrency=1),
+        ),
+    },
+    models={
+        "plain-fast": ModelConfig(
+            provider="plain", name="m", limits=RateLimits(requests_per_minute=6000)
+        ),
+    },
+)
+ROOT = "20260101T000000-root01"
+
+
+def gate_on(client: redis.Redis) -> Gate:
+    """A worker's gate: its own Redis client, the shared limiter and budgets."""
+    return Gate(CONFIG, {}, Limiter(client), Budgets(client))
+
+
+def branch(i: int, root: str = ROOT) -> Trace:
+    return Trace(trace_id=f"{root}@explore-{i:03d}", root_trace_id=root, task="look")
+
+
+def answer() -> LLMResponse:
+    return LLMResponse("done", usage=Usage(prompt_tokens=100, completion_tokens=20))
+
+
+@pytest.fixture
+def workers(redis_client: redis.Redis, redis_url: str) -> Iterator[tuple[Gate, Gate]]:
+    """Two workers' gates, each on its own connection to the same Redis."""
+    other = connect(redis_url)
+    yield gate_on(redis_client), gate_on(other)
+    other.close()
+
+
+def commands(client: redis.Redis, step: Callable[[], Any]) -> dict[str, int]:
+    """The Redis commands `step` ran (from INFO commandstats), by name."""
+
+    def calls() -> dict[str, int]:
+        stats = client.info("commandstats")
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+    before = calls()
+    step()
+    after = calls()
+    ran = {k: n - before.get(k, 0) for k, n in after.items() if k != "info"}
+    return {k: n for k, n in ran.items() if n}
+
+
+def test_a_provider_without_limits_checks_only_its_pause(
+    workers: tuple[Gate, Gate], redis_client: redis.Redis
+) -> None:
+    gate, _ = workers
+    gate.before(branch(0), "plain:m", 300)  # the first call of a tree asks if it has a budget
+    verdicts: list[Any] = []
+    ran = commands(redis_client, lambda: verdicts.append(gate.before(branch(1), "plain:m", 300)))
+    assert ran == {"pttl": 1}
+    go = verdicts[0]
+    assert isinstance(go, Go) and not go.booked and go.wait_s == 0
+    assert commands(redis_client, lambda: gate.after(go, answer(), 200)) == {}
+    assert commands(redis_client, lambda: gate.after(go, None, None)) == {}, "nothing to refund"
+
+
+def test_an_unlimited_provider_sees_a_pause_set_by_another_workers_429(
+    workers: tuple[Gate, Gate], redis_client: redis.Redis
+) -> None:
+    first, second = workers
+    go = first.before(branch(1), "plain:m", 300)
+    assert isinstance(go, Go)
+    busy = ProviderOverloaded("HTTP 429", status=429, retry_after_s=2.0)
+    assert first.overloaded(go, busy) == Wait(2.0, "overloaded (429)")
+    held = second.before(branch(2), "plain:m", 300)  # another worker, another trace
+    assert isinstance(held, Wait) and held.reason == "pause"
+    assert 1.0 < held.retry_in_s <= 2.0
+    scope = go.scopes[0].name
+    assert first.limiter is not None
+    assert first.limiter.stats()[f"waited:{scope}"] == 1
+    redis_client.delete(keys.limit_pause(scope))  # as if the pause had run out
+    assert isinstance(second.before(branch(2), "plain:m", 300), Go)
+
+
+def test_with_a_budget_the_pause_check_rides_on_the_reservation(
+    workers: tuple[Gate, Gate], redis_client: redis.Redis
+) -> None:
+    gate, other = workers
+    assert gate.budgets is not None
+    gate.budgets.create(ROOT, Budget(tokens=1_000_000))
+    warm = gate.before(branch(0), "plain:m", 300)  # learns the tree has a budget, loads scripts
+    assert isinstance(warm, Go)
+    gate.after(warm, answer(), 200)
+    verdicts: list[Any] = []
+    ran = commands(redis_client, lambda: verdicts.append(gate.before(branch(1), "plain:m", 300)))
+    assert ran.get("evalsha") == 1 and "pttl" in ran, ran  # the reservation script, once
+    go = verdicts[0]
+    assert isinstance(go, Go) and go.budget.budgeted and not go.booked
+    assert commands(redis_client, lambda: gate.after(go, answer(), 200)).get("evalsha") == 1
+    state = gate.budgets.state(ROOT)
+    assert state is not None and state.used_tokens == 240
+    # Paused by another worker's 429: the call is held back and reserves nothing.
+    paused = other.before(branch(7), "plain:m", 300)
+    assert isinstance(paused, Go)
+    other.overloaded(paused, ProviderOverloaded("HTTP 429", status=429, retry_after_s=5.0))
+    held = gate.before(branch(2), "plain:m", 300)
+    assert isinstance(held, Wait) and held.reason == "pause" and held.retry_in_s > 4.0
+    assert redis_client.hkeys(keys.budget_held(ROOT)) == []
+
+
+def test_a_limit_on_the_provider_or_the_alias_books_and_settles(
+    workers: tuple[Gate, Gate], redis_client: redis.Redis
+) -> None:
+    gate, other = workers
+    go = gate.before(branch(1), "paced:m", 300)
+    assert isinstance(go, Go) and go.booked
+    full = other.before(branch(2), "paced:m", 300)
+    assert isinstance(full, Wait) and full.reason == "concurrency"
+    gate.after(go, answer(), 200)  # gives the one slot back
+    assert isinstance(other.before(branch(2), "paced:m", 300), Go)
+    # An alias with limits on a provider without: booked in both scopes, pause included.
+    alias = gate.before(branch(3), "plain-fast", 300)
+    assert isinstance(alias, Go) and alias.booked and len(alias.scopes) == 2
+    gate.overloaded(alias, ProviderOverloaded("HTTP 529", status=529, retry_after_s=3.0))
+    held = other.before(branch(4), "plain-fast", 300)
+    assert isinstance(held, Wait) and held.reason == "pause"
