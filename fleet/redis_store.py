@@ -22,7 +22,11 @@ from fleet import keys, redis_scripts, redis_writes
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
-from fleet.redis_connect import connect, unreachable
+
+# connect and redact_url lived here before redis_connect: still importable from here.
+from fleet.redis_connect import connect as connect
+from fleet.redis_connect import redact_url as redact_url
+from fleet.redis_connect import unreachable
 from fleet.redis_writes import decode_messages, decode_trace, pairs, stored_message
 from fleet.store import StartRun, TraceSnapshot
 from fleet.writes import TraceWrite, WriteResult
