@@ -438,8 +438,14 @@ def settle(
 
 
 def _same(entry: Collaborator) -> dict[str, Any]:
-    """What makes two entries of a child the same (not when they were written)."""
-    return entry.model_dump(exclude={"updated_at_ms"})
+    """What makes two entries of a child the same (not when they were written).
+
+    The cost is compared to the nano-dollar: the runner sums it in Python, Redis stores
+    the sum with 14 significant digits.
+    """
+    same = entry.model_dump(exclude={"updated_at_ms"})
+    same["stats"]["cost_usd"] = round(entry.stats.cost_usd, 9)
+    return same
 
 
 def settle_from_child(runtime: Runtime, child_id: str) -> Settlement:

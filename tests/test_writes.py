@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import redis
 from fleet import keys as fleet_keys
 from fleet.errors import TraceNotFound
 from fleet.inprocess import InProcessFleet
-from fleet.llm.base import LLMResponse
+from fleet.llm.base import LLMResponse, Usage
 from fleet.models import Collaborator, Event, Message, Trace
 from fleet.redis_store import RedisStore
 from fleet.settings import Settings
@@ -190,3 +191,31 @@ def test_one_write_of_many_entries_lists_each_new_child_once(store: TraceStore) 
         ("p@b", "two"),
         ("p@c", ""),
     ]
+
+
+def test_a_collect_leaves_the_entries_a_finish_wrote(store: TraceStore, tmp_path: Path) -> None:
+    """Each branch's finish wrote its entry (costs summed as floats): the collect adds none."""
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        task = next(str(m["content"]) for m in messages if m["role"] == "user")
+        if task.startswith("branch"):
+            if any(m["role"] == "tool" for m in messages):
+                return replace(text("done"), usage=Usage(7, 3, cost_usd=0.2))
+            return replace(call("list_dir", path="."), usage=Usage(7, 3, cost_usd=0.1))
+        if any(m["role"] == "tool" for m in messages):
+            return text("summary")
+        return call("agent", task=["branch 1", "branch 2", "branch 3"])
+
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path, env={}),
+        store=store,
+        clients={"test": ScriptedModel(function=respond)},
+    )
+    trace = local.run("survey", model="test")
+    assert trace.status == "completed"
+    entries = local.store.collaborators(trace.trace_id)
+    assert [round(c.stats.cost_usd, 9) for c in entries] == [0.3] * 3
+    assert all(c.stats.duration_ms >= 0 and c.status == "completed" for c in entries)
+    events = [e for _, e in local.store.read_events(trace.trace_id)]
+    announced = [(e.trace_id, e.status) for e in events if e.kind == "collaborator"]
+    assert [status for _, status in announced] == ["queued"] * 3, "the collect rewrote entries"
