@@ -42,4 +42,4 @@ def child_id(parent: str, mode: str, index: int | None = None, attempt: int = 1)
 
 def root_of(trace_id: str) -> str:
     """The root a fleet-made trace id names (`{root}@...@...`); a guess for ids made elsewhere."""
-    return trace_id.split("@", 1)[0]
+    return trace_id.split("@", 1)[0] or trace_id

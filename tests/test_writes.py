@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from fleet import keys as fleet_keys
+from fleet import lifecycle
 from fleet.errors import TraceNotFound
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse, Usage
@@ -219,3 +220,21 @@ def test_a_collect_leaves_the_entries_a_finish_wrote(store: TraceStore, tmp_path
     events = [e for _, e in local.store.read_events(trace.trace_id)]
     announced = [(e.trace_id, e.status) for e in events if e.kind == "collaborator"]
     assert [status for _, status in announced] == ["queued"] * 3, "the collect rewrote entries"
+
+
+@pytest.mark.parametrize("trace_id", ["t", "root@child", "@odd", "odd@"])
+def test_begin_run_starts_a_trace_of_the_root_its_id_names(
+    store: TraceStore, trace_id: str
+) -> None:
+    """Queued -> running with its event in the lease's step; another root's trace is left."""
+    root = trace_id.split("@")[0] or trace_id
+    store.create_trace(Trace(trace_id=trace_id, root_trace_id=root, task="do"))
+    store.create_trace(Trace(trace_id="x@y", root_trace_id="elsewhere", task="do"))
+    for tid in (trace_id, "x@y"):
+        snapshot = store.begin_run(tid, "me", 10_000, lifecycle.starting(tid))
+        assert snapshot is not None
+    assert store.get_trace(trace_id).status == "running"
+    assert store.get_trace("x@y").status == "queued", "a guess that missed wrote nothing"
+    events = [(e.kind, e.status) for _, e in store.read_events(root)]
+    assert events == [("trace", "running")]
+    assert store.read_events("x") == [] and store.read_events("elsewhere") == []
