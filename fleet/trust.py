@@ -36,7 +36,10 @@ def parse_roots(value: str | None, defaults: Iterable[Path]) -> tuple[Path, ...]
 
 def under_roots(path: Path, roots: Iterable[Path]) -> bool:
     """Whether the real `path` is one of `roots` or inside one (symlinks followed)."""
-    real = path.expanduser().resolve()
+    return _real_under(path.expanduser().resolve(), roots)
+
+
+def _real_under(real: Path, roots: Iterable[Path]) -> bool:
     return any(real.is_relative_to(root.resolve()) for root in roots)
 
 
@@ -46,7 +49,7 @@ def check_workspace_root(path: Path, roots: tuple[Path, ...]) -> Path:
     The message names the workspace and the variable to change, never file contents.
     """
     real = path.expanduser().resolve()
-    if not under_roots(real, roots):
+    if not _real_under(real, roots):  # resolved once: this runs before every tool turn
         allowed = os.pathsep.join(str(r) for r in roots) or "(none)"
         raise ConfigError(
             f"workspace {str(path)!r} is outside {WORKSPACE_ROOTS_ENV} ({allowed});"

@@ -177,7 +177,7 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
     """A configured app; `workers.tasks` registers the tasks on import."""
     # Every event this app sends (Flower reads them) has its text fields redacted.
     app = FleetCelery(
-        "fleet", set_as_current=set_as_current, events="workers.naming:RedactingEvents"
+        "fleet", set_as_current=set_as_current, events="workers.events:RedactingEvents"
     )
     app.conf.update(make_config(settings or process_settings()))
     return app

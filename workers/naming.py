@@ -6,23 +6,18 @@ length, every secret this process knows and every credential shape redacted firs
 `"sk-live-..."`, `(key=...)` or `token:'...'` go whatever quotes surround them), then any
 word that still looks like a credential (a long random string) masked.
 
-`RedactingEvents` is the last layer: every event this process sends (task-sent,
-received, started, failed with its exception and traceback, succeeded with its result)
-has its text fields redacted before it leaves, whoever built them.
+`workers.events.RedactingEvents` is the last layer: every event this process sends has its
+text fields redacted before it leaves, whoever built them.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
-
-from celery.app.events import Events
-from celery.events.dispatcher import EventDispatcher
 
 from fleet.models import Trace
 from fleet.redact import REDACTED, Redactor, process_redactor
 
-__all__ = ["REDACTED", "RedactingEvents", "first_words", "looks_secret", "shadow_name", "task_repr"]
+__all__ = ["REDACTED", "first_words", "looks_secret", "shadow_name", "task_repr"]
 
 TASK_WORDS = 8
 MAX_WORD_CHARS = 24
@@ -72,31 +67,3 @@ def task_repr(trace: Trace) -> str:
 def shadow_name(trace: Trace) -> str:
     """The name Flower lists instead of `fleet.run_agent`."""
     return f"fleet.{trace.mode}: {first_words(trace.task, 5)}"
-
-
-def redact_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    """An event's fields with every text value redacted (ids and numbers pass unchanged)."""
-    redactor = process_redactor()
-    return {k: redactor(v) if isinstance(v, str) else v for k, v in fields.items()}
-
-
-class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
-    """Celery's event dispatcher, redacting each event's text fields before sending."""
-
-    def send(self, type: str, *args: Any, **fields: Any) -> Any:
-        """See `EventDispatcher.send`."""
-        options = {k: fields.pop(k) for k in _SEND_OPTIONS if k in fields}
-        return super().send(type, *args, **options, **redact_fields(fields))
-
-    def publish(self, type: str, fields: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        """See `EventDispatcher.publish` (the client's `task-sent` goes this way)."""
-        return super().publish(type, redact_fields(fields), *args, **kwargs)
-
-
-_SEND_OPTIONS = ("blind", "utcoffset", "retry", "retry_policy", "Event")
-
-
-class RedactingEvents(Events):  # type: ignore[misc]
-    """`app.events` whose dispatchers are `RedactingDispatcher`s."""
-
-    dispatcher_cls = "workers.naming:RedactingDispatcher"

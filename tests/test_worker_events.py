@@ -1,0 +1,77 @@
+"""A worker's task events, as an event consumer receives them: all there, in batches."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from fleet.client import Fleet
+from fleet.redis_store import RedisStore
+from tests.fleetkit import client, explore_script, fleet_settings, wait_until
+from workers.events import EVENT_FLUSH_INTERVAL_S
+
+pytestmark = pytest.mark.integration
+
+BRANCHES = 12
+
+
+@pytest.fixture
+def fleet(worker_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = client(fleet_settings(worker_url, tmp_path))
+    yield fleet
+    assert isinstance(fleet.store, RedisStore)
+    fleet.store.close()
+
+
+def event_messages(pubsub: Any) -> list[list[dict[str, Any]]]:
+    """The task events of each event message received so far (kombu's fanout on Redis)."""
+    batches = []
+    while (raw := pubsub.get_message(timeout=0.01)) is not None:
+        if raw["type"] != "pmessage":
+            continue
+        envelope = json.loads(raw["data"])
+        body = envelope["body"]
+        if envelope["properties"].get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        events = json.loads(body)
+        events = events if isinstance(events, list) else [events]
+        batches.append([e for e in events if e["type"].startswith("task-")])
+    return [b for b in batches if b]
+
+
+def test_every_task_event_arrives_and_they_come_batched(
+    fleet: Fleet, worker_url: str, tmp_path: Path
+) -> None:
+    with redis.Redis.from_url(worker_url) as conn, conn.pubsub() as pubsub:
+        pubsub.psubscribe("*celeryev*")
+        root = fleet.submit("survey", model=explore_script(tmp_path / "m.yaml", BRANCHES))
+        assert root.wait(timeout_s=60).status == "completed"
+        done_s = time.monotonic()
+        batches: list[list[dict[str, Any]]] = []
+        kinds: dict[str, set[str]] = defaultdict(set)
+
+        def every_task_received_started_and_succeeded() -> bool:
+            for batch in event_messages(pubsub):
+                batches.append(batch)
+                for event in batch:
+                    kinds[event["uuid"]].add(event["type"])
+            ended = {"task-received", "task-started", "task-succeeded"}
+            runs = [u for u, k in kinds.items() if "task-received" in k]
+            # the root, its branches, the chord body, the resume
+            return len(runs) >= BRANCHES + 3 and all(kinds[u] >= ended for u in runs)
+
+        wait_until(every_task_received_started_and_succeeded, 10.0, "every task's events")
+        tail_s = time.monotonic() - done_s
+    worker_events = [e for b in batches for e in b if e["type"] != "task-sent"]
+    worker_batches = [b for b in batches if b[0]["type"] != "task-sent"]
+    assert len(worker_events) >= 3 * (BRANCHES + 3)
+    assert len(worker_batches) < len(worker_events) / 2, "published in batches"
+    assert tail_s < 10 * EVENT_FLUSH_INTERVAL_S + 2.0, "the last ones did not wait for more"

@@ -1,0 +1,100 @@
+"""The app's event dispatcher: every event redacted; a worker's task events sent in batches.
+
+**Redacted.** Every event this process sends (task-sent, received, started, failed with its
+exception and traceback, succeeded with its result) has its text fields redacted before it
+leaves, whoever built them: the last layer behind `workers.naming`.
+
+**Batched.** A worker buffers its task events and Celery publishes the buffer (one
+`task.multi` message) on the next turn of the event loop: with a hundred threads finishing
+tasks, that was a PUBLISH, a JSON envelope and a kombu message for every one or two events,
+about a tenth of a busy worker's CPU. Here the loop publishes at most every
+`EVENT_FLUSH_INTERVAL_S` (sooner when `buffer_limit` events wait, as in Celery); a flush
+asked for earlier is put off with a timer of the worker's event loop, so no event waits
+longer than that, and closing the dispatcher (shutdown, reconnect) publishes what waits.
+Flower and every other event consumer see the same events, at most that much later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery.app.events import Events
+from celery.events.dispatcher import EventDispatcher
+from kombu.asynchronous import get_event_loop
+
+from fleet.redact import process_redactor
+
+EVENT_FLUSH_INTERVAL_S = 0.1
+"""The longest a worker's task event waits in its buffer (Flower sees it that much later)."""
+
+_SEND_OPTIONS = ("blind", "utcoffset", "retry", "retry_policy", "Event")
+
+
+def redact_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """An event's fields with every text value redacted (ids and numbers pass unchanged)."""
+    redactor = process_redactor()
+    return {k: redactor(v) if isinstance(v, str) else v for k, v in fields.items()}
+
+
+class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
+    """Celery's event dispatcher: fields redacted, a worker's task events batched."""
+
+    def __init__(
+        self, *args: Any, on_send_buffered: Callable[[], None] | None = None, **kwargs: Any
+    ) -> None:
+        """As `EventDispatcher`; `on_send_buffered` (the worker's) is asked once per batch."""
+        self._ask_loop = on_send_buffered
+        self._asked = False
+        self._flushed_at_s = 0.0
+        ask = self._ask_for_flush if on_send_buffered is not None else None
+        super().__init__(*args, on_send_buffered=ask, **kwargs)
+
+    def send(self, type: str, *args: Any, **fields: Any) -> Any:
+        """See `EventDispatcher.send`."""
+        options = {k: fields.pop(k) for k in _SEND_OPTIONS if k in fields}
+        return super().send(type, *args, **options, **redact_fields(fields))
+
+    def publish(self, type: str, fields: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """See `EventDispatcher.publish` (the client's `task-sent` goes this way)."""
+        return super().publish(type, redact_fields(fields), *args, **kwargs)
+
+    def flush(self, errors: bool = True, groups: bool = True) -> None:
+        """Publish the buffered events, or on the event loop, once the interval has passed."""
+        loop = get_event_loop()
+        wait_s = self._flushed_at_s + EVENT_FLUSH_INTERVAL_S - time.monotonic()
+        if groups and self.buffer_group and wait_s > 0 and loop and self._loop_may_wait():
+            loop.call_later(wait_s, self.flush)
+            groups = False
+        elif groups:
+            # Cleared before the buffer is copied: an event buffered from here on asks again.
+            self._asked = False
+            self._flushed_at_s = time.monotonic()
+        super().flush(errors=errors, groups=groups)
+
+    def close(self) -> None:
+        """Publish what is buffered, then close (see `EventDispatcher.close`)."""
+        self._flushed_at_s = 0.0
+        super().flush()
+        super().close()
+
+    def _ask_for_flush(self) -> None:
+        # Any thread, after buffering an event: one request to the loop per batch.
+        if not self._asked and self._ask_loop is not None:
+            self._asked = True
+            self._ask_loop()
+
+    def _loop_may_wait(self) -> bool:
+        # The loop's timer is not thread-safe: only the loop's own thread (the worker's main
+        # thread) schedules; a pool thread flushes because the buffer is full.
+        waiting = sum(len(events) for events in self._group_buffer.values())
+        on_loop = threading.current_thread() is threading.main_thread()
+        return on_loop and waiting < self.buffer_limit
+
+
+class RedactingEvents(Events):  # type: ignore[misc]
+    """`app.events` whose dispatchers are `RedactingDispatcher`s."""
+
+    dispatcher_cls = "workers.events:RedactingDispatcher"
