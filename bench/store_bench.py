@@ -86,7 +86,7 @@ class Meter:
         cpu = time.process_time()
         yield
         self.cpu_s[name] += time.process_time() - cpu
-        self.round_trips[name] += _round_trips - trips - 1  # the INFO that follows
+        self.round_trips[name] += _round_trips - trips
         delta = self._stats() - before
         self.commands[name] += sum(delta.values())
         self.by_command.setdefault(name, Counter()).update(delta)

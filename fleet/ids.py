@@ -38,3 +38,8 @@ def child_id(parent: str, mode: str, index: int | None = None, attempt: int = 1)
     """`{parent}@explore-{i:03d}-{timestamp}-001`, `{parent}@delegate-{timestamp}-001`."""
     branch = f"-{index:03d}" if index is not None else ""
     return f"{parent}@{mode}{branch}-{_stamp()}-{attempt:03d}"
+
+
+def root_of(trace_id: str) -> str:
+    """The root a fleet-made trace id names (`{root}@...@...`); a guess for ids made elsewhere."""
+    return trace_id.split("@", 1)[0] or trace_id

@@ -20,24 +20,22 @@ LEASE_TTL_MS = 5_000
 """A runner's lease (default of `Settings.lease_ttl_ms`); the worker's one heartbeat thread
 (`fleet.leases.LeaseKeeper`) renews every lease it holds every LEASE_TTL_MS / 5."""
 
-STOP_TTL_S = TRACE_TTL_S
 EVENTS_MAXLEN = 10_000
 """Approximate cap of one trace tree's event stream."""
 
 
 def trace(trace_id: str) -> str:
-    """Hash: one field per top-level Trace attribute, each a JSON value."""
+    """Hash: one field per top-level Trace attribute, each a JSON value.
+
+    `stats` (TraceStats) is added to inside the write scripts; `stop` ("1") is present while
+    a stop is requested (runners check it between turns) and is not a Trace attribute.
+    """
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
 
 def messages(trace_id: str) -> str:
     """Hash: sequence -> Message JSON."""
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}:messages"
-
-
-def stats(trace_id: str) -> str:
-    """Hash: TraceStats fields, incremented atomically (HINCRBY / HINCRBYFLOAT)."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stats"
 
 
 def collaborators(trace_id: str) -> str:
@@ -58,11 +56,6 @@ def children(trace_id: str) -> str:
 def events(root_trace_id: str) -> str:
     """Stream: the events of a whole trace tree, read by watch/run/batch."""
     return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:events"
-
-
-def stop(trace_id: str) -> str:
-    """String: present when a stop was requested; runners check it between turns."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stop"
 
 
 def lease(trace_id: str) -> str:

@@ -36,6 +36,8 @@ class HeldLease:
     owner: str
     lost: threading.Event = field(default_factory=threading.Event)
     """Set when a renewal found the lease no longer ours; the runner then writes nothing."""
+    released: bool = False
+    """The runner gave the lease up (in its last write): a renewal that fails is no loss."""
 
 
 class LeaseKeeper:
@@ -110,7 +112,11 @@ class LeaseKeeper:
             return
         renewed = self.store.beat([(h.trace_id, h.owner) for h in held], self.ttl_ms, presence)
         with self._lock:  # a run that ended meanwhile released its lease: nothing was lost
-            lost = [h for h, ours in zip(held, renewed, strict=True) if not ours and self._holds(h)]
+            lost = [
+                h
+                for h, ours in zip(held, renewed, strict=True)
+                if not ours and not h.released and self._holds(h)
+            ]
         for lease in lost:
             log.warning("lease of %s lost: another runner may own it now", lease.trace_id)
             lease.lost.set()

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fleet import ids
 from fleet.cache import remember
 from fleet.collect import result_message
 from fleet.control import subtree
@@ -36,7 +37,7 @@ from fleet.models import (
     now_ms,
 )
 from fleet.runtime import Runtime
-from fleet.store import TraceStore
+from fleet.store import StartRun, TraceStore
 from fleet.writes import TraceWrite
 
 
@@ -80,6 +81,15 @@ def start(runtime: Runtime, trace: Trace, write: TraceWrite | None = None) -> Tr
     written now; likewise for `finish`.
     """
     return _set_status(runtime.store, trace, "running", write)
+
+
+def starting(trace_id: str) -> StartRun:
+    """`running`, for `TraceStore.begin_run` to write with the lease when it reads the trace.
+
+    The root is guessed from the id; a trace of another root is started by `start` instead.
+    """
+    event = Event(kind="trace", trace_id=trace_id, status="running")
+    return StartRun(ids.root_of(trace_id), event)
 
 
 def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
@@ -152,17 +162,19 @@ def finish(
         "metadata": {**before.metadata, "stop_reason": reason},
     }
     data = {"reason": reason, "name": before.name or before.mode}
+    if before.parent_trace_id:  # the event stands for the parent's entry too: no event of its own
+        data |= {"parent_trace_id": before.parent_trace_id, "mode": before.mode}
     event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
     trace = before.model_copy(update=fields)
     if write is not None:
         write.update(None if trace.parent_trace_id else event, **fields)
         if trace.parent_trace_id:
-            _mirror(runtime, trace.parent_trace_id, trace, write)
-            write.emit(event)  # after the parent's entry: a watcher sees the entry first
+            _mirror(runtime, trace.parent_trace_id, trace, write, announce=False)
+            write.emit(event)  # after the parent's entry: a watcher sees the entry written
         store.apply(write)
     elif trace.parent_trace_id:
         store.update_trace(trace_id, **fields)
-        _mirror(runtime, trace.parent_trace_id, trace)
+        _mirror(runtime, trace.parent_trace_id, trace, announce=False)
         store.emit(trace.root_trace_id, event)
     else:  # the root: its finish event is the last word, so it goes with the write
         store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
@@ -236,16 +248,31 @@ def announce(
 
 
 def _mirror(
-    runtime: Runtime, parent_trace_id: str, child: Trace, write: TraceWrite | None = None
+    runtime: Runtime,
+    parent_trace_id: str,
+    child: Trace,
+    write: TraceWrite | None = None,
+    *,
+    announce: bool = True,
 ) -> None:
-    """The child's status and answer, copied into its parent's entry (idempotent)."""
+    """The child's status and answer, copied into its parent's entry (idempotent).
+
+    `announce=False`: no `collaborator` event (the child's `finish` event says it).
+    """
+    entry = mirrored(runtime, child)
+    store = runtime.store
+    _put_collaborator(store, parent_trace_id, child, entry, entry.status, write, quiet=not announce)
+
+
+def mirrored(runtime: Runtime, child: Trace) -> Collaborator:
+    """The parent's entry for this child as it is now."""
     status: CollaboratorStatus = "running"
     if child.status in ("completed", "failed", "stopped"):
         status = child.status
     summary = child.answer if child.status == "completed" else (child.error or child.status)
     if child.status == "stopped" and child.answer:  # cut short, with a partial answer
         summary = f"{summary}: {child.answer}"
-    entry = Collaborator(
+    return Collaborator(
         name=child.name or child.mode,
         trace_id=child.trace_id,
         status=status,
@@ -255,7 +282,6 @@ def _mirror(
         stats=child.stats,
         output=child.output if child.status == "completed" else None,
     )
-    _put_collaborator(runtime.store, parent_trace_id, child, entry, status, write)
 
 
 def _put_collaborator(
@@ -266,6 +292,8 @@ def _put_collaborator(
     shown: str,
     write: TraceWrite | None = None,
     extra: dict[str, Any] | None = None,
+    *,
+    quiet: bool = False,
 ) -> None:
     """The one write of a collaborator entry, with its event, atomic per child."""
     data = {"parent_trace_id": parent_trace_id, "name": entry.name, "mode": child.mode}
@@ -273,7 +301,9 @@ def _put_collaborator(
         kind="collaborator", trace_id=child.trace_id, status=shown, data=data | (extra or {})
     )
     if write is not None:
-        write.put_collaborator(parent_trace_id, entry, event)
+        write.put_collaborator(parent_trace_id, entry, None if quiet else event)
+    elif quiet:
+        store.put_collaborator(parent_trace_id, entry)
     else:
         store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
 
@@ -384,10 +414,16 @@ def settle(
     pending = tuple(c.trace_id for c in children if not c.is_terminal)
     if pending:
         return Waiting(pending)
+    # Each child's finish wrote its entry; what a lost finish or a later change left
+    # behind is written again here (with its event), the rest is left as it is.
+    written = {c.trace_id: _same(c) for c in store.collaborators(parent_trace_id)}
     entries = TraceWrite(parent_trace_id, children[0].root_trace_id)
     for child in children:
-        _mirror(runtime, parent_trace_id, child, entries)
-    store.apply(entries)
+        entry = mirrored(runtime, child)
+        if written.get(child.trace_id) != _same(entry):
+            _put_collaborator(store, parent_trace_id, child, entry, entry.status, entries)
+    if entries.ops:
+        store.apply(entries)
     message = result_message(parent_trace_id, tool_call_id, children)
     if len(children) == 1:
         remember(store, children[0], message.content or "")
@@ -399,6 +435,17 @@ def settle(
         Event(kind="message", trace_id=parent_trace_id, data={"role": "tool"}),
     )
     return Settled(parent_trace_id, tool_call_id, turn_complete(store, parent_trace_id))
+
+
+def _same(entry: Collaborator) -> dict[str, Any]:
+    """What makes two entries of a child the same (not when they were written).
+
+    The cost is compared to the nano-dollar: the runner sums it in Python, Redis stores
+    the sum with 14 significant digits.
+    """
+    same = entry.model_dump(exclude={"updated_at_ms"})
+    same["stats"]["cost_usd"] = round(entry.stats.cost_usd, 9)
+    return same
 
 
 def settle_from_child(runtime: Runtime, child_id: str) -> Settlement:

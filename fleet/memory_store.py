@@ -20,7 +20,7 @@ from fleet.models import (
     WorkerPresence,
     now_ms,
 )
-from fleet.store import STATS_FIELDS, TraceSnapshot, with_sequence
+from fleet.store import STATS_FIELDS, StartRun, TraceSnapshot, starts, with_sequence
 from fleet.writes import TraceWrite, WriteResult, apply_one_by_one
 
 
@@ -113,12 +113,18 @@ class MemoryStore:
                 self.get_trace(trace_id), self.messages(trace_id), self.stop_requested(trace_id)
             )
 
-    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+    def begin_run(
+        self, trace_id: str, owner: str, ttl_ms: int, start: StartRun | None = None
+    ) -> TraceSnapshot | None:
         with self._lock:
-            if trace_id not in self._traces:
+            data = self._traces.get(trace_id)
+            if data is None:
                 raise TraceNotFound(f"no trace {trace_id!r}")
             if not self.acquire_lease(trace_id, owner, ttl_ms):
                 return None
+            if start is not None and starts(data, start):
+                data.update(status="running", updated_at_ms=now_ms())
+                self.emit(start.root_trace_id, start.event)
             return self.snapshot(trace_id)
 
     def apply(self, write: TraceWrite) -> WriteResult:
@@ -225,7 +231,8 @@ class MemoryStore:
 
     def request_stop(self, trace_id: str) -> None:
         with self._lock:
-            self._stops.add(trace_id)
+            if trace_id in self._traces:  # as in Redis, where the flag is a field of the trace
+                self._stops.add(trace_id)
 
     def stop_requested(self, trace_id: str) -> bool:
         with self._lock:

@@ -1,105 +1,226 @@
 """The Lua scripts of `RedisStore`: each is one atomic round trip on the keys in `fleet.keys`.
 
-Event stream writes (XADD + EXPIRE) ride along in the script of the write they describe, so
-a write and its event cost one round trip and land together.
+A trace's writes go through `APPLY` (a `fleet.writes.TraceWrite`: fields, messages, stats,
+events, the parent's collaborator entry, the lease's release, in order), so a write and
+its events cost one round trip and land together. What a write costs Redis is counted in
+commands: the trace hash is read once (`HMGET`: existence, numbering, stats, stop flag)
+and written once (`HSET`), every appended message of a write goes in one `HSET`, and TTLs
+are set where a key is created and refreshed when a trace changes status (not to running).
 """
 
 from __future__ import annotations
 
-# KEYS: trace, stats, traces index[, parent's children]
-# ARGV: trace id, created_at_ms, ttl_s, n, n trace field/value items, stats field/value items
-CREATE_TRACE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local n = tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], unpack(ARGV, 5, 4 + n))
-redis.call('HSET', KEYS[2], unpack(ARGV, 5 + n))
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-if KEYS[4] then redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1]) end
-for i, key in ipairs(KEYS) do
-  if i ~= 3 then redis.call('EXPIRE', key, ARGV[3]) end
+# `redis.call(command, key, items...)` in chunks: Lua's unpack stops at ~8000 values (an
+# explore may be wider). Returns the first chunk's reply.
+_BULK = """
+local function bulk(command, key, items)
+  local first
+  for j = 1, #items, 4000 do
+    local reply = redis.call(command, key, unpack(items, j, math.min(j + 3999, #items)))
+    first = first or reply
+  end
+  return first
 end
-return 1
 """
 
-# KEYS: trace, stats, messages[, events]
-# ARGV: ttl_s, events maxlen, event JSON ('' without KEYS[4]), field/value items
-UPDATE_TRACE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
-if KEYS[4] then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[3])
-  redis.call('EXPIRE', KEYS[4], ARGV[1])
-end
-return 1
-"""
-
-# KEYS: trace, stats, messages[, usage]. ARGV: ttl_s, message JSON without sequence and
-# parent_sequence[, model, prompt_tokens, completion_tokens, cost_usd: a model turn's usage].
-# The two fields are spliced into the caller's JSON text: cjson would turn [] into {}.
-_MESSAGE_BODY = """
-local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
-local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
-local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
-redis.call('HSET', KEYS[3], seq, body .. string.sub(ARGV[2], 2))
-redis.call('HSET', KEYS[1], 'head_sequence', seq)
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
-"""
-
-APPEND_MESSAGE = (
-    "if redis.call('EXISTS', KEYS[1]) == 0 then return false end"
-    + _MESSAGE_BODY
+# KEYS: traces index, then per trace: its hash, its parent's children (its hash if none).
+# ARGV: ttl_s, then per trace: trace id, created_at_ms, '1' with a parent else '', n, n
+# field/value items. Returns 1 per trace created, 0 per id that existed (left untouched).
+CREATE_TRACES = (
+    _BULK
     + """
-if KEYS[4] then
-  redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. ARGV[3], ARGV[4])
-  redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. ARGV[3], ARGV[5])
-  redis.call('HINCRBYFLOAT', KEYS[4], 'cost_usd:' .. ARGV[3], ARGV[6])
+local created, indexed, children = {}, {}, {}
+local i = 2
+for t = 2, #KEYS, 2 do
+  local id, at, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 3])
+  if redis.call('EXISTS', KEYS[t]) == 1 then
+    created[#created + 1] = 0
+  else
+    redis.call('HSET', KEYS[t], unpack(ARGV, i + 4, i + 3 + n))
+    redis.call('EXPIRE', KEYS[t], ARGV[1])
+    indexed[#indexed + 1] = at
+    indexed[#indexed + 1] = id
+    if ARGV[i + 2] == '1' then
+      local kids = children[KEYS[t + 1]] or {}
+      kids[#kids + 1] = at
+      kids[#kids + 1] = id
+      children[KEYS[t + 1]] = kids
+    end
+    created[#created + 1] = 1
+  end
+  i = i + 4 + n
 end
-return {seq, parent}
+if #indexed > 0 then bulk('ZADD', KEYS[1], indexed) end
+for key, kids in pairs(children) do
+  bulk('ZADD', key, kids)
+  redis.call('EXPIRE', key, ARGV[1])
+end
+return created
+"""
+)
+
+# A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write).
+# KEYS: trace, messages, events, usage, lease, running index[, the parent's collaborators,
+# collaborator order: with a `collab` op]
+# ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, then the ops, each as
+# kind, n, then its n arguments:
+#   set     event JSON or '', then field, JSON value, ... (a status other than running
+#           refreshes the TTLs of the trace and its messages; the root's, the tree's events)
+#   add     message JSON without sequence and parent_sequence; event JSON before and after
+#           its sequence ('' for no event); iteration ('' for no model turn: else its usage
+#           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
+#           model ('' for no fleet-wide usage)
+#   stats   name, delta, ...
+#   collab  child trace id, Collaborator JSON, event JSON or '', '1' when the parent writes
+#           its own entries (their TTLs are refreshed; a child's entry only sets them new)
+#   emit    event JSON
+#   release owner, trace id, '1' when the fence already checked that owner this step
+# Messages are numbered here from the hash's `last_sequence` and hung under its head; the
+# two fields are spliced into the caller's JSON text (cjson would turn [] into {}). Stats
+# are the `stats` field (TraceStats JSON), added to here.
+# Returns {{sequence, parent JSON} per appended message, stop flag}, or nil for no trace.
+APPLY = (
+    _BULK
+    + """
+local ttl, maxlen, root = ARGV[1], ARGV[2], ARGV[3] == '1'
+local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop')
+if not state[1] then return false end
+local last, head = tonumber(state[1]), state[2]
+local fields, bodies, stored, kids, children = {}, {}, {}, {}, {}
+local stats, refresh, moved, entries = nil, false, false, false
+local function emit(e) redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'e', e) end
+local function stat(name, delta)
+  if tonumber(delta) == 0 then return end
+  stats = stats or cjson.decode(state[3] or '{}')
+  stats[name] = (stats[name] or 0) + tonumber(delta)
+end
+local function usage(model, prompt, completion, cost)
+  if model == '' then return end
+  if prompt ~= '0' then redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. model, prompt) end
+  if completion ~= '0' then
+    redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. model, completion)
+  end
+  if tonumber(cost) ~= 0 then redis.call('HINCRBYFLOAT', KEYS[4], 'cost_usd:' .. model, cost) end
+end
+local function add(a)
+  last = last + 1
+  bodies[#bodies + 1] = last
+  bodies[#bodies + 1] = '{"sequence":' .. last .. ',"parent_sequence":' .. head .. ','
+    .. string.sub(ARGV[a + 1], 2)
+  stored[#stored + 1] = {last, head}
+  head, moved = tostring(last), true
+  if ARGV[a + 4] ~= '' then
+    fields['iteration'], fields['updated_at_ms'] = ARGV[a + 4], ARGV[a + 5]
+    stat('messages', 1)
+    stat('prompt_tokens', ARGV[a + 6])
+    stat('completion_tokens', ARGV[a + 7])
+    stat('cost_usd', ARGV[a + 8])
+  end
+  usage(ARGV[a + 9], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+  if ARGV[a + 2] ~= '' then emit(ARGV[a + 2] .. last .. ARGV[a + 3]) end
+end
+local function set(a, n)
+  for j = a + 2, a + n, 2 do
+    local name, value = ARGV[j], ARGV[j + 1]
+    fields[name] = value
+    if name == 'head_sequence' then head, moved = value, false end
+    if name == 'last_sequence' then last = tonumber(value) end
+    if name == 'status' and value ~= '"running"' then refresh = true end
+  end
+  if ARGV[a + 1] ~= '' then emit(ARGV[a + 1]) end
+end
+local function collab(a)
+  if ARGV[a + 4] == '1' then entries = true end
+  if not children[ARGV[a + 1]] then kids[#kids + 1] = ARGV[a + 1] end
+  children[ARGV[a + 1]] = ARGV[a + 2]
+  if ARGV[a + 3] ~= '' then emit(ARGV[a + 3]) end
+end
+-- The entries in one HSET; the new ones listed in the order list once, in first-added order.
+local function put_entries()
+  local listed = {}
+  if #kids == 1 then
+    if redis.call('HSET', KEYS[7], kids[1], children[kids[1]]) == 1 then listed = kids end
+  else
+    local items = {}
+    for j = 1, #kids, 4000 do
+      local known = redis.call('HMGET', KEYS[7], unpack(kids, j, math.min(j + 3999, #kids)))
+      for k = 1, #known do
+        if not known[k] then listed[#listed + 1] = kids[j + k - 1] end
+      end
+    end
+    for _, id in ipairs(kids) do
+      items[#items + 1] = id
+      items[#items + 1] = children[id]
+    end
+    bulk('HSET', KEYS[7], items)
+  end
+  if #listed > 0 and bulk('RPUSH', KEYS[8], listed) == math.min(#listed, 4000) then
+    entries = true
+  end
+end
+local function release(a)
+  if ARGV[a + 3] == '1' or redis.call('GET', KEYS[5]) == ARGV[a + 1] then
+    redis.call('DEL', KEYS[5])
+    redis.call('ZREM', KEYS[6], ARGV[a + 2])
+  end
+end
+local first = last
+local i = 4
+while i <= #ARGV do
+  local kind, n = ARGV[i], tonumber(ARGV[i + 1])
+  local a = i + 1
+  if kind == 'add' then add(a)
+  elseif kind == 'set' then set(a, n)
+  elseif kind == 'stats' then
+    for j = a + 1, a + n, 2 do stat(ARGV[j], ARGV[j + 1]) end
+  elseif kind == 'collab' then collab(a)
+  elseif kind == 'emit' then emit(ARGV[a + 1])
+  elseif kind == 'release' then release(a)
+  end
+  i = a + n + 1
+end
+if #bodies > 0 then bulk('HSET', KEYS[2], bodies) end
+if moved then fields['head_sequence'] = head end
+if last ~= first then fields['last_sequence'] = last end
+if stats then fields['stats'] = cjson.encode(stats) end
+local items = {}
+for name, value in pairs(fields) do
+  items[#items + 1] = name
+  items[#items + 1] = value
+end
+if #items > 0 then redis.call('HSET', KEYS[1], unpack(items)) end
+if #kids > 0 then put_entries() end
+if refresh then
+  redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('EXPIRE', KEYS[2], ttl)
+  if root then redis.call('EXPIRE', KEYS[3], ttl) end
+elseif first == 0 and last > 0 then
+  redis.call('EXPIRE', KEYS[2], ttl)
+end
+if entries then
+  redis.call('EXPIRE', KEYS[7], ttl)
+  redis.call('EXPIRE', KEYS[8], ttl)
+end
+return {stored, state[4] and 1 or 0}
 """
 )
 
 # A tool call's collected result, at most once: the mark and the message in one step, so a
-# collector killed halfway leaves neither. KEYS: trace, stats, messages, collected mark.
+# collector killed halfway leaves neither. KEYS: trace, messages, collected mark.
 # ARGV: ttl_s, message JSON without sequence and parent_sequence. Returns 0 if collected.
-APPEND_ONCE = (
-    """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[1]) then return 0 end
-"""
-    + _MESSAGE_BODY
-    + "return {seq, parent}\n"
-)
-
-# APPEND_MESSAGE plus the message's event, and for a model turn its stats and iteration.
-# KEYS: trace, stats, messages, events[, usage]
-# ARGV: ttl_s, events maxlen, message JSON without sequence and parent_sequence, event JSON
-# before and after its sequence, iteration ('' for no model turn), updated_at_ms,
-# prompt_tokens, completion_tokens, cost_usd[, model: with KEYS[5]]
-RECORD_TURN = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
-local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
+APPEND_ONCE = """
+local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence')
+if not state[1] then return false end
+if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+local seq, parent = tonumber(state[1]) + 1, state[2]
 local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
-redis.call('HSET', KEYS[3], seq, body .. string.sub(ARGV[3], 2))
-redis.call('HSET', KEYS[1], 'head_sequence', seq)
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[4] .. seq .. ARGV[5])
-if ARGV[6] ~= '' then
-  redis.call('HSET', KEYS[1], 'iteration', ARGV[6], 'updated_at_ms', ARGV[7])
-  redis.call('HINCRBY', KEYS[2], 'messages', 1)
-  redis.call('HINCRBY', KEYS[2], 'prompt_tokens', ARGV[8])
-  redis.call('HINCRBY', KEYS[2], 'completion_tokens', ARGV[9])
-  redis.call('HINCRBYFLOAT', KEYS[2], 'cost_usd', ARGV[10])
-end
-for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
-if KEYS[5] then
-  redis.call('HINCRBY', KEYS[5], 'prompt_tokens:' .. ARGV[11], ARGV[8])
-  redis.call('HINCRBY', KEYS[5], 'completion_tokens:' .. ARGV[11], ARGV[9])
-  redis.call('HINCRBYFLOAT', KEYS[5], 'cost_usd:' .. ARGV[11], ARGV[10])
-end
+redis.call('HSET', KEYS[2], seq, body .. string.sub(ARGV[2], 2))
+redis.call('HSET', KEYS[1], 'last_sequence', seq, 'head_sequence', seq)
+if seq == 1 then redis.call('EXPIRE', KEYS[2], ARGV[1]) end
 return {seq, parent}
 """
 
+# A collaborator entry on its own (a person's, a finish outside a runner): atomic per child.
 # KEYS: collaborators, collaborator order[, events]
 # ARGV: ttl_s, child trace id, Collaborator JSON[, events maxlen, event JSON: with KEYS[3]]
 PUT_COLLABORATOR = """
@@ -110,11 +231,48 @@ if KEYS[3] then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'e', AR
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
 """
 
+# KEYS: trace. Returns 1 if the trace exists (its stop flag is now raised), else 0.
+REQUEST_STOP = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'stop', '1')
+return 1
+"""
+
+# The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
+# trip. A queued or waiting trace of the given root is set running with its event first.
+# KEYS: trace, lease, running index, messages, the guessed root's events
+# ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
+# start), the running event JSON, updated_at_ms
+# Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
+# {trace hash, messages hash}, each as a flat list (a trace without messages: no read).
+BEGIN_RUN = """
+local trace = redis.call('HGETALL', KEYS[1])
+if #trace == 0 then return -1 end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+end
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+local at = {}
+for i = 1, #trace, 2 do at[trace[i]] = i + 1 end
+local status = trace[at['status']]
+if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6]
+    and (status == '"queued"' or status == '"waiting"') then
+  redis.call('HSET', KEYS[1], 'status', '"running"', 'updated_at_ms', ARGV[8])
+  trace[at['status']] = '"running"'
+  if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
+end
+if trace[at['last_sequence']] == '0' then return {trace, {}} end
+return {trace, redis.call('HGETALL', KEYS[4])}
+"""
+
 # KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
 ACQUIRE_LEASE = """
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return 1
 """
@@ -136,33 +294,27 @@ return 1
 """
 
 # KEYS: running index, then one lease per held trace. ARGV: ttl_ms, deadline_ms, then an
-# owner and a trace id per lease. Returns 1 per lease still ours (renewed), else 0.
-RENEW_LEASES = """
-local renewed = {}
+# owner and a trace id per lease. Returns 1 per lease still ours (renewed), else 0. One
+# heartbeat renews every lease of a worker process: 2 commands per lease, one ZADD for all.
+RENEW_LEASES = (
+    _BULK
+    + """
+local renewed, indexed = {}, {}
 for i = 2, #KEYS do
   local owner, trace = ARGV[2 * i - 1], ARGV[2 * i]
   if redis.call('GET', KEYS[i]) == owner then
     redis.call('PEXPIRE', KEYS[i], ARGV[1])
-    redis.call('ZADD', KEYS[1], ARGV[2], trace)
+    indexed[#indexed + 1] = ARGV[2]
+    indexed[#indexed + 1] = trace
     renewed[i - 1] = 1
   else
     renewed[i - 1] = 0
   end
 end
+if #indexed > 0 then bulk('ZADD', KEYS[1], indexed) end
 return renewed
 """
-
-# KEYS: stats. ARGV: ttl_s, then name, kind (i: HINCRBY, f: HINCRBYFLOAT), delta triples.
-ADD_STATS = """
-for i = 2, #ARGV, 3 do
-  if ARGV[i + 1] == 'f' then
-    redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 2])
-  else
-    redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 2])
-  end
-end
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-"""
+)
 
 # KEYS: events. ARGV: ttl_s, maxlen, event JSON. Returns the entry id.
 EMIT = """
@@ -199,101 +351,3 @@ FENCED_PREFIX = "FENCED"
 def fenced(script: str) -> str:
     """The script behind the lease check of `FENCE`."""
     return FENCE + script
-
-
-# A `TraceWrite` (fleet.writes) in one step: its ops in order, and the stop flag read at the
-# end, so the runner's next turn needs no read of its own. TTLs are refreshed (once per key)
-# by a write that sets fields (a status change, a finish) or creates the messages hash: a
-# trace's keys then live TRACE_TTL_S past its last status change, as with a write per call
-# (a run is bounded by the task time limit; a wait writes nothing either way).
-# KEYS: trace, stats, messages, events, usage, lease, running index, stop[, parent's
-# collaborators, parent's collaborator order: with a `collab` op]
-# ARGV: ttl_s, events maxlen, ops: a JSON array of arrays of strings, one per op:
-#   {'set', {field, JSON value, ...}, event JSON or ''}
-#   {'add', message JSON without sequence and parent_sequence, event JSON before and after
-#    its sequence ('' for no event), iteration ('' for no model turn), updated_at_ms,
-#    prompt_tokens, completion_tokens, cost_usd, model ('' for no usage)}
-#   {'stats', name, 'i' or 'f', delta, ...}
-#   {'collab', child trace id, Collaborator JSON, event JSON or ''}
-#   {'emit', event JSON}
-#   {'release', owner, trace id}
-# Returns {{sequence, parent JSON} per appended message, stop flag}, or nil for no trace.
-APPLY = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local stored, events, collabs, refresh = {}, false, false, false
-local function emit(e)
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'e', e)
-  events = true
-end
-local function incr(key, field, delta, float)
-  if delta == '0' then return end
-  redis.call(float and 'HINCRBYFLOAT' or 'HINCRBY', key, field, delta)
-end
-local function add(op)
-  local seq = redis.call('HINCRBY', KEYS[1], 'last_sequence', 1)
-  local parent = redis.call('HGET', KEYS[1], 'head_sequence') or 'null'
-  local head = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
-  redis.call('HSET', KEYS[3], seq, head .. string.sub(op[2], 2))
-  if seq == 1 then refresh = true end
-  if op[5] == '' then
-    redis.call('HSET', KEYS[1], 'head_sequence', seq)
-  else
-    redis.call('HSET', KEYS[1], 'head_sequence', seq, 'iteration', op[5], 'updated_at_ms', op[6])
-    redis.call('HINCRBY', KEYS[2], 'messages', 1)
-    incr(KEYS[2], 'prompt_tokens', op[7])
-    incr(KEYS[2], 'completion_tokens', op[8])
-    incr(KEYS[2], 'cost_usd', op[9], true)
-  end
-  if op[10] ~= '' then
-    redis.call('HINCRBY', KEYS[5], 'prompt_tokens:' .. op[10], op[7])
-    redis.call('HINCRBY', KEYS[5], 'completion_tokens:' .. op[10], op[8])
-    redis.call('HINCRBYFLOAT', KEYS[5], 'cost_usd:' .. op[10], op[9])
-  end
-  if op[3] ~= '' then emit(op[3] .. seq .. op[4]) end
-  stored[#stored + 1] = {seq, parent}
-end
-for _, op in ipairs(cjson.decode(ARGV[3])) do
-  local kind = op[1]
-  if kind == 'add' then
-    add(op)
-  elseif kind == 'set' then
-    redis.call('HSET', KEYS[1], unpack(op[2]))
-    refresh = true
-    if op[3] ~= '' then emit(op[3]) end
-  elseif kind == 'stats' then
-    for i = 2, #op, 3 do incr(KEYS[2], op[i], op[i + 2], op[i + 1] == 'f') end
-  elseif kind == 'collab' then
-    if redis.call('HSET', KEYS[9], op[2], op[3]) == 1 then redis.call('RPUSH', KEYS[10], op[2]) end
-    collabs = true
-    if op[4] ~= '' then emit(op[4]) end
-  elseif kind == 'emit' then
-    emit(op[2])
-  elseif kind == 'release' and redis.call('GET', KEYS[6]) == op[2] then
-    redis.call('DEL', KEYS[6])
-    redis.call('ZREM', KEYS[7], op[3])
-  end
-end
-if refresh then
-  for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[1]) end
-  if events then redis.call('EXPIRE', KEYS[4], ARGV[1]) end
-end
-if collabs then
-  redis.call('EXPIRE', KEYS[9], ARGV[1])
-  redis.call('EXPIRE', KEYS[10], ARGV[1])
-end
-return {stored, redis.call('EXISTS', KEYS[8])}
-"""
-
-# The lease, then the trace as `snapshot` reads it, in one step: a runner's first round trip.
-# KEYS: lease, running index, trace, stats, messages, stop. ARGV: owner, ttl_ms, deadline_ms,
-# trace id. Returns -1 for no trace (nothing taken), 0 when another runner holds the lease,
-# else {trace hash, stats hash, messages hash, stop flag} with each hash as a flat list.
-BEGIN_RUN = """
-if redis.call('EXISTS', KEYS[3]) == 0 then return -1 end
-local holder = redis.call('GET', KEYS[1])
-if holder and holder ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-return {redis.call('HGETALL', KEYS[3]), redis.call('HGETALL', KEYS[4]),
-        redis.call('HGETALL', KEYS[5]), redis.call('EXISTS', KEYS[6])}
-"""

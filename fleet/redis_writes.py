@@ -1,14 +1,18 @@
-"""`TraceWrite` to the keys and arguments of `redis_scripts.APPLY`, and its reply back."""
+"""What `RedisStore` sends to its scripts, and what it reads back, decoded.
+
+A `TraceWrite` as the ARGV of `redis_scripts.APPLY`, new traces as `CREATE_TRACES`'
+arguments; the trace and messages hashes and the event stream as models.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet import keys
-from fleet.models import Event, Trace, now_ms
-from fleet.store import STATS_FIELDS, with_sequence
+from fleet.models import Event, Message, Trace, now_ms
+from fleet.store import STATS_FIELDS
 from fleet.writes import (
     AddStats,
     Append,
@@ -22,6 +26,8 @@ from fleet.writes import (
 )
 
 FLOAT_STATS = frozenset({"cost_usd"})
+STOP_FIELD = "stop"
+"""The trace hash's field that is present ("1") while a stop is requested; not a Trace field."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
 _PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
 
@@ -42,16 +48,13 @@ def whole(name: str, delta: float) -> int:
     raise ValueError(f"stats field {name!r} counts whole units, got {delta!r}")
 
 
-def stats_items(deltas: dict[str, float]) -> list[str]:
-    """name, kind (`i` or `f`), delta triples for the scripts' stats loops."""
+def stats_items(deltas: Mapping[str, float]) -> list[str]:
+    """name, delta pairs for APPLY's `stats` op (checked: known fields, whole counts)."""
     items: list[str] = []
     for name, delta in deltas.items():
         if name not in STATS_FIELDS:
             raise ValueError(f"unknown stats field {name!r}")
-        if name in FLOAT_STATS:
-            items += [name, "f", repr(float(delta))]
-        else:
-            items += [name, "i", str(whole(name, delta))]
+        items += [name, repr(float(delta)) if name in FLOAT_STATS else str(whole(name, delta))]
     return items
 
 
@@ -64,51 +67,61 @@ def _append(op: Append) -> list[str]:
     body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
     head = tail = ""
     if op.event is not None:
-        # The script writes the sequence where the placeholder -1 stood.
-        text = with_sequence(op.event, -1).model_dump_json()
-        head, found, tail = text.partition('"sequence":-1')
-        assert found, "the event JSON lost its sequence placeholder"
-        head += found[:-2]
+        # The script writes the sequence first in the event's data (ids and kinds have no
+        # quotes or braces, so the first `"data":{` is the data's).
+        text = op.event.model_dump_json()
+        head, found, tail = text.partition('"data":{')
+        assert found, "an event without its data"
+        head += found + '"sequence":'
+        tail = ("," if op.event.data else "") + tail
     usage = [str(message.prompt_tokens), str(message.completion_tokens), repr(message.cost_usd)]
     iteration = "" if op.iteration is None else str(op.iteration)
     model = message.model or ""  # a model's message: its usage also counts fleet-wide
-    return ["add", body, head, tail, iteration, json.dumps(now_ms()), *usage, model]
+    return ["add", "9", body, head, tail, iteration, str(now_ms()), *usage, model]
 
 
-def _op(op: WriteOp, trace_id: str) -> list[Any]:
+def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None) -> list[str]:
     match op:
         case Append():
             return _append(op)
         case SetFields(fields=fields, event=event):
-            return ["set", encode_fields(fields), _event(event)]
+            items = encode_fields(fields)
+            return ["set", str(len(items) + 1), _event(event), *items]
         case AddStats(deltas=deltas):
-            return ["stats", *stats_items(deltas)]
-        case PutCollaborator(collaborator=entry, event=event):
-            return ["collab", entry.trace_id, entry.model_dump_json(), _event(event)]
+            items = stats_items(deltas)
+            return ["stats", str(len(items)), *items]
+        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=event):
+            own = "1" if parent == write.trace_id else ""
+            return ["collab", "4", entry.trace_id, entry.model_dump_json(), _event(event), own]
         case Emit(event=event):
-            return ["emit", event.model_dump_json()]
+            return ["emit", "1", event.model_dump_json()]
         case ReleaseLease(owner=owner):
-            return ["release", owner, trace_id]
+            return ["release", "3", owner, write.trace_id, "1" if owner == fenced_by else ""]
 
 
-def apply_call(write: TraceWrite) -> tuple[list[str], list[str | int]]:
-    """The KEYS and ARGV of `APPLY` for this write."""
+def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[str], list[str]]:
+    """The KEYS and ARGV of `APPLY` for this write.
+
+    `fenced_by`: the owner a fenced store checks the lease of in the same script, whose
+    release needs no second check.
+    """
     trace_id = write.trace_id
     script_keys = [
         keys.trace(trace_id),
-        keys.stats(trace_id),
         keys.messages(trace_id),
         keys.events(write.root_trace_id),
         keys.USAGE,
         keys.lease(trace_id),
         keys.RUNNING,
-        keys.stop(trace_id),
     ]
     parents = [op.parent_trace_id for op in write.ops if isinstance(op, PutCollaborator)]
     if parents:
         script_keys += [keys.collaborators(parents[0]), keys.collaborator_order(parents[0])]
-    ops = json.dumps([_op(op, trace_id) for op in write.ops], ensure_ascii=False)
-    return script_keys, [keys.TRACE_TTL_S, keys.EVENTS_MAXLEN, ops]
+    root = "1" if trace_id == write.root_trace_id else ""
+    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root]
+    for op in write.ops:
+        args += _op(op, write, fenced_by)
+    return script_keys, args
 
 
 def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
@@ -117,13 +130,68 @@ def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
         return None
     stored, stop = reply
     appended = [op.message for op in write.ops if isinstance(op, Append)]
-    messages = [
-        message.model_copy(update={"sequence": int(seq), "parent_sequence": json.loads(parent)})
-        for message, (seq, parent) in zip(appended, stored, strict=True)
-    ]
-    return WriteResult(messages, bool(stop))
+    return WriteResult([_numbered(m, n) for m, n in zip(appended, stored, strict=True)], bool(stop))
+
+
+def _numbered(message: Message, stored: list[Any]) -> Message:
+    """The message with the sequence and parent the script gave it (a copy if they differ)."""
+    sequence, parent = int(stored[0]), json.loads(stored[1])
+    if (message.sequence, message.parent_sequence) == (sequence, parent):
+        return message  # numbered by its writer as the store numbered it
+    return message.model_copy(update={"sequence": sequence, "parent_sequence": parent})
+
+
+def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
+    """The KEYS and ARGV of `CREATE_TRACES`."""
+    script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S)]
+    for trace in traces:
+        fields = encode(trace.model_dump(mode="json"))
+        parent = trace.parent_trace_id
+        script_keys += [keys.trace(trace.trace_id), keys.children(parent or trace.trace_id)]
+        args += [trace.trace_id, str(trace.created_at_ms), "1" if parent else "", str(len(fields))]
+        args += fields
+    return script_keys, args
+
+
+def stored_message(message: Message, reply: Any) -> Message | None:
+    """The message as a numbering script stored it (`[sequence, parent JSON]`); None: no trace."""
+    if reply is None:
+        return None
+    sequence, parent = reply
+    return message.model_copy(
+        update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
+    )
+
+
+def encode(fields: Mapping[str, Any]) -> list[str]:
+    """Field/value items for HSET, each value as JSON."""
+    return [item for k, v in fields.items() for item in (k, json.dumps(v, ensure_ascii=False))]
 
 
 def pairs(flat: list[Any]) -> dict[str, str]:
     """A hash as a Lua script returns it (field, value, ...) as a dict."""
     return dict(zip(flat[0::2], flat[1::2], strict=True))
+
+
+def decode_messages(stored: Mapping[Any, Any]) -> list[Message]:
+    """The messages hash, by sequence."""
+    return [Message.model_validate_json(stored[s]) for s in sorted(stored, key=int)]
+
+
+def decode_trace(data: Mapping[str, str]) -> Trace | None:
+    """The trace hash as a Trace (stats included); None for an empty (missing) hash."""
+    if not data:
+        return None
+    # The values are JSON texts already: one JSON object of them, parsed by pydantic at once.
+    text = ",".join(f'"{name}":{value}' for name, value in data.items() if name != STOP_FIELD)
+    return Trace.model_validate_json("{" + text + "}")
+
+
+def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """The entries of the one stream an XREAD read; RESP2 and RESP3 shape the reply apart."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        (entries,) = reply.values()
+        return list(entries[0]) if entries and isinstance(entries[0], list) else list(entries)
+    return list(reply[0][1])

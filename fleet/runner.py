@@ -9,71 +9,47 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
-from fleet.context import first_messages, injection
-from fleet.errors import FleetError, LeaseLost, ProviderOverloaded, TransientLLMError
+from fleet.errors import FleetError, LeaseLost, TransientLLMError
 from fleet.fit import fit
 from fleet.fit import record as record_fit
-from fleet.gate import FINAL_NOTE, Go, Spent, Wait, last_answer, request_chars
+from fleet.gate import Go, Spent, Wait, last_answer, request_chars
 from fleet.history import (
     SUB_AGENT_TOOLS,
     fresh_call_ids,
-    healed_result,
     main_path,
-    open_turn,
     recent_calls,
     to_wire,
 )
-from fleet.human import ASK_HUMAN, still_waiting
 from fleet.leases import HeldLease
-from fleet.llm.base import LLMResponse, ToolCall
-from fleet.models import Event, Message, Status, Trace, now_ms
+from fleet.llm.base import ToolCall
+from fleet.models import Event, Status, now_ms
+from fleet.resume import opening
 from fleet.runtime import Runtime
 from fleet.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.store import TraceSnapshot
 from fleet.structured import Accepted, Correct, Rejected, check_final, schema_for
-from fleet.toolcalls import execute_turn, tool_schemas
-from fleet.writes import TraceWrite, WriteResult
+from fleet.toolcalls import execute_turn, plain_only, tool_schemas
+from fleet.turns import (
+    Held,
+    Outcome,
+    Turn,
+    advanced,
+    call_model,
+    hand_back,
+    model_message,
+    note,
+    recorded,
+    terminal,
+)
+from fleet.turns import RunResult as RunResult  # re-exported: hosts import it from here
+from fleet.writes import Append, TraceWrite, WriteResult
 
 log = logging.getLogger(__name__)
 
 _HOST = socket.gethostname()
-TRANSIENT_RETRIES_KEY = "transient_retries"
-"""Trace metadata: how often a provider error handed the run back to be run later."""
-FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
-OVERLOADS_KEY = "overloads"
-"""Trace metadata: how often a provider's 429/503/529 handed the run back (fleet pause)."""
-OVERLOADS_PER_RETRY = 10
-
-Outcome = Literal[
-    "completed",
-    "failed",
-    "stopped",
-    "waiting",
-    "busy",
-    "lost",
-    "yielded",
-    "throttled",
-    "interrupted",
-]
-"""`busy`: another runner holds the trace. `lost`: our lease was taken over.
-`yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
-`throttled`: a provider limit said "not now"; the trace is queued again, to be run in
-`RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
-was left to lapse, and a sweeper resumes the trace once the store is back."""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """How one `Runner.run` call ended. `busy`: another runner holds the trace."""
-
-    trace_id: str
-    outcome: Outcome
-    retry_in_s: float = 0.0
-    """For `throttled`: when the trace may ask again (its booked turn, or a pause's end)."""
 
 
 class Runner:
@@ -100,11 +76,12 @@ class Runner:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
         owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
-            snapshot = self.store.begin_run(trace_id, owner, self.runtime.settings.lease_ttl_ms)
+            ttl_ms = self.runtime.settings.lease_ttl_ms
+            snapshot = self.store.begin_run(trace_id, owner, ttl_ms, lifecycle.starting(trace_id))
             if snapshot is None:
                 return RunResult(trace_id, "busy")
             with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
-                held = _Held(owner, lease)
+                held = Held(owner, lease)
                 try:
                     outcome = self._fenced(snapshot, held)
                 except Exception as exc:
@@ -121,7 +98,7 @@ class Runner:
             if outcome != "waiting" or not lifecycle.turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
 
-    def _fenced(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
+    def _fenced(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         """Drive the trace writing only through a store fenced by our lease.
 
         Every write checks the lease inside its Lua script, so a runner that comes back
@@ -136,9 +113,9 @@ class Runner:
             held.released = True  # not ours to release any more
             return "lost"
 
-    def _drive(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
+    def _drive(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         if snapshot.trace.is_terminal:
-            return _terminal(snapshot.trace.status)
+            return terminal(snapshot.trace.status)
         hooks = self.runtime.hooks
         hooks.run_started(snapshot.trace)
         try:
@@ -149,24 +126,17 @@ class Runner:
         hooks.run_ended(snapshot.trace, "throttled" if isinstance(outcome, Wait) else outcome)
         return outcome
 
-    def _drive_open(self, snapshot: TraceSnapshot, held: _Held) -> Outcome | Wait:
+    def _drive_open(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
-        trace = lifecycle.start(self.runtime, snapshot.trace, start)
+        trace = lifecycle.start(self.runtime, snapshot.trace, start)  # begin_run did, mostly
         try:
             self.runtime.workspace_of(trace)
         except FleetError as exc:  # a forged or stale workspace: fail before any model call
-            self.store.apply(start)
+            if start.ops:
+                self.store.apply(start)
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
-        fresh = not main_path(snapshot.messages, trace.head_sequence)
-        for message in first_messages(self.runtime, trace) if fresh else ():
-            start.append(message)
-        # Status and first messages in one step; a fresh trace's first turn needs no read.
-        written = self.store.apply(start) if start.ops else None
-        following: TraceSnapshot | None = None
-        if fresh and written is not None:
-            following = _advanced(TraceSnapshot(trace, snapshot.messages, False), written)
-        elif not fresh and not self._prepare(trace, snapshot.messages):
-            lifecycle.wait(self.runtime, trace)
+        following = opening(self.runtime, snapshot, trace, start, held)
+        if following == "waiting":
             return "waiting"
         held.started_ms = now_ms()
         try:
@@ -182,48 +152,14 @@ class Runner:
                 with contextlib.suppress(LeaseLost):
                     self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
 
-    def _prepare(self, trace: Trace, messages: list[Message]) -> bool:
-        """Heal a resumed trace's open turn; False while its children still run."""
-        turn = open_turn(main_path(messages, trace.head_sequence))
-        if turn is None:
-            return True
-        waiting = False
-        for call in turn.missing:
-            waiting |= self._settle(trace, call)
-        return not waiting
-
-    def _settle(self, trace: Trace, call: dict[str, Any]) -> bool:
-        """Collect or heal one unanswered call; True if its children are still running."""
-        call_id = str(call["id"])
-        name = str(call["function"]["name"])
-        if name == ASK_HUMAN and still_waiting(trace, call_id):
-            return True  # a person has not answered yet: a redelivered run waits again
-        kids: list[str] = []
-        if name in SUB_AGENT_TOOLS:
-            kids = lifecycle.call_children(self.store, trace.trace_id, call_id)
-        if kids:
-            # Their collect was lost (or is still to come): settle it here if they all ended.
-            match lifecycle.settle(self.runtime, trace.trace_id, call_id, kids):
-                case lifecycle.Settled() | lifecycle.AlreadyCollected():
-                    return False
-                case lifecycle.Waiting() if self.runtime.dispatcher.children_survive_restart:
-                    return True
-                case lifecycle.Waiting():
-                    pass  # they died with this process: heal the call below
-                case unreachable:
-                    assert_never(unreachable)
-        sub_id = kids[0] if kids else None
-        self.store.append_message(healed_result(trace.trace_id, call, sub_id))
-        return False
-
-    def _loop(self, trace_id: str, held: _Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
+    def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
         while True:
             if snapshot is None:  # trace, messages and stop flag: 1 read
                 snapshot = self.store.snapshot(trace_id)
             if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
-            turn = self._turn(snapshot, held.heartbeat)
-            if not isinstance(turn, _Turn):
+            turn = self._turn(snapshot, held)
+            if not isinstance(turn, Turn):
                 return self._no_turn(snapshot, turn)
             match turn.step:
                 case Finish(answer=answer, reason=reason):
@@ -244,23 +180,30 @@ class Runner:
                     assert_never(turn.step)
 
     def _tools(
-        self, turn: _Turn, calls: tuple[ToolCall, ...]
+        self, turn: Turn, calls: tuple[ToolCall, ...]
     ) -> TraceSnapshot | Literal["waiting"] | None:
         """Store the model turn, run its tools; the snapshot after them, if known without a read.
 
         `waiting` while sub-agents run; None when the trace must be read again.
         """
-        # The model turn is stored before its tools run: a crash heals them on resume.
-        stored = self.store.apply(turn.write).messages
-        tools = execute_turn(self.runtime, turn.trace, calls)
+        # The model turn is stored before its tools run: a crash heals them on resume. A
+        # read-only turn of plain tools is stored with their results (`plain_only`).
+        together = plain_only(self.runtime, turn.trace, calls)
+        own = sum(isinstance(op, Append) for op in turn.write.ops)  # with any first messages
+        stored = [] if together else self.store.apply(turn.write).messages
+        tools = execute_turn(self.runtime, turn.trace, calls, turn.write if together else None)
+        written = tools.written
+        if together and written is not None:
+            stored, rest = written.messages[:own], written.messages[own:]
+            written = WriteResult(rest, written.stop_requested)
         if tools.waiting:
             return "waiting"
         if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
             lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
             return None
-        if tools.written is None or stored != turn.messages[-1:]:
+        if written is None or stored[-1:] != turn.messages[-1:]:
             return None  # another write changed the trace (a goal): read it
-        return _advanced(TraceSnapshot(turn.trace, turn.messages, False), tools.written)
+        return advanced(TraceSnapshot(turn.trace, turn.messages, False), written)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -279,35 +222,12 @@ class Runner:
         return None
 
     def _retry_later(self, trace_id: str, exc: TransientLLMError) -> Outcome | Wait:
-        """A provider error the client's retries did not fix: queued again to run later.
-
-        At most `Settings.transient_retries` times per trace (counted in its metadata,
-        so a worker restart does not reset it); then the trace fails with the error.
-        """
-        trace = self.store.get_trace(trace_id)
-        tries = int(trace.metadata.get(TRANSIENT_RETRIES_KEY, 0))
-        if tries >= self.runtime.settings.transient_retries:
-            error = f"{exc} (gave up after {tries} re-runs)"
-            return self.finish(trace_id, "failed", error=error, reason="error")
-        metadata = {**trace.metadata, TRANSIENT_RETRIES_KEY: tries + 1}
-        self.store.update_trace(trace_id, metadata=metadata)
-        lifecycle.requeue(self.runtime, trace)
-        delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
-        log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
-        return Wait(delay_s, "provider error")
-
-    def _overloaded(self, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
-        """Back off an overloaded provider, but not forever.
-
-        A provider that stays down fails the trace (through `_retry_later`) after
-        OVERLOADS_PER_RETRY × `transient_retries` pauses.
-        """
-        wait = self.runtime.gate.overloaded(go, exc)  # re-raises without a limiter
-        count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
-        if count > OVERLOADS_PER_RETRY * self.runtime.settings.transient_retries:
-            raise exc
-        self.store.update_trace(trace.trace_id, metadata={**trace.metadata, OVERLOADS_KEY: count})
-        return wait
+        """A provider error the client's retries did not fix: queued again, or failed."""
+        match hand_back(self.runtime, trace_id, exc):
+            case Wait() as wait:
+                return wait
+            case error:
+                return self.finish(trace_id, "failed", error=error, reason="error")
 
     def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
         """No model call this time; what happens instead.
@@ -324,11 +244,11 @@ class Runner:
             case Spent(reason=reason):
                 partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
                 ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
-                return _terminal(ended.status)
+                return terminal(ended.status)
             case _:
                 assert_never(why)
 
-    def _turn(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> _Turn | Wait | Spent | None:
+    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | None:
         """One model call and what to do about it; the turn is not written yet.
 
         None when the lease was lost during the model call: another runner may own the
@@ -343,8 +263,11 @@ class Runner:
         verdict = self.runtime.gate.before(trace, model_name, chars)
         if not isinstance(verdict, Go):
             return verdict
-        if (note := self._note(trace, final=verdict.budget.final)) is not None:
-            stored = self.store.append_message(note)
+        if (extra := note(self.runtime, trace, final=verdict.budget.final)) is not None:
+            if held.pending is not None:  # the first messages go first
+                self.store.apply(held.pending)
+                held.pending = None
+            stored = self.store.append_message(extra)
             messages = [*messages, stored]
             trace = trace.model_copy(
                 update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
@@ -354,14 +277,14 @@ class Runner:
         fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
         if fitted.elided and window is not None:
             trace = record_fit(self.store, trace, fitted, window)
-        response = self._call(trace, model_name, verdict, fitted.messages, tools)
+        response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
         if isinstance(response, Wait):
             return response
         self.runtime.hooks.model_responded(trace, response)
-        if heartbeat.lost.is_set():
+        if held.heartbeat.lost.is_set():
             return None
         response = fresh_call_ids(response, messages, trace.last_sequence + 1)
-        message = self._model_message(trace, response, model_name)
+        message = model_message(self.runtime, trace, response, model_name)
         event = Event(
             kind="message",
             trace_id=trace.trace_id,
@@ -370,76 +293,16 @@ class Runner:
                 "tools": [c["function"]["name"] for c in message.tool_calls or ()],
             },
         )
-        write = TraceWrite(trace.trace_id, trace.root_trace_id)
+        write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
+        held.pending = None
         write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
         step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
         if verdict.budget.final:  # the root's last turn: whatever it says is the answer
             step = Finish(response.content or "(no answer)", reason="budget")
-        return _Turn(step, _recorded(trace, message), [*messages, message], write)
+        return Turn(step, recorded(trace, message), [*messages, message], write)
 
-    def _note(self, trace: Trace, *, final: bool) -> Message | None:
-        """What this turn adds before the call: the budget's last word, or an injection."""
-        if not final:
-            return injection(self.runtime, trace)
-        note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
-        note.metadata["injected"] = True
-        return note
-
-    def _call(
-        self,
-        trace: Trace,
-        model_name: str,
-        go: Go,
-        wire: list[dict[str, Any]],
-        tools: list[dict[str, Any]],
-    ) -> LLMResponse | Wait:
-        """The model call on its booked turn, settled with the gate whatever happens."""
-        if go.wait_s > 0:
-            time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
-        hooks = self.runtime.hooks
-        hooks.turn_started(trace, trace.iteration)
-        hooks.model_requested(trace, model_name, wire)
-        gate, started = self.runtime.gate, time.monotonic()
-        try:
-            response = self.runtime.client(model_name).complete(
-                wire,
-                tools,
-                temperature=self.runtime.preset(trace.preset).temperature,
-                max_output_tokens=go.max_output_tokens,
-            )
-        except ProviderOverloaded as exc:
-            hooks.model_failed(trace, exc)
-            return self._overloaded(trace, go, exc)
-        except BaseException as exc:
-            hooks.model_failed(trace, exc)
-            gate.after(go, None, None)
-            raise
-        gate.after(go, response, int((time.monotonic() - started) * 1000))
-        return response
-
-    def _model_message(self, trace: Trace, response: LLMResponse, model_name: str) -> Message:
-        """The model's turn as the store will number it: only our lease's holder appends."""
-        # The model's text is untrusted: whatever it learnt of our secrets is not persisted.
-        scrub = self.runtime.redactor.values_only
-        calls = [
-            ToolCall(id=c.id, name=scrub(c.name), arguments=scrub(c.arguments))
-            for c in response.tool_calls
-        ]
-        return Message(
-            trace_id=trace.trace_id,
-            sequence=trace.last_sequence + 1,
-            parent_sequence=trace.head_sequence,
-            role="assistant",
-            content=scrub(response.content) if response.content else response.content,
-            tool_calls=[c.to_openai() for c in calls] or None,
-            model=model_name,
-            prompt_tokens=response.usage.prompt_tokens,
-            completion_tokens=response.usage.completion_tokens,
-            cost_usd=response.usage.cost_usd,
-        )
-
-    def _answer(self, held: _Held, turn: _Turn, answer: str, reason: str) -> Outcome | None:
+    def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
         """Finish with the answer; None after a correction (it missed its output schema).
 
         The budget's last turn stands as it is: there is no budget left to correct it.
@@ -469,16 +332,23 @@ class Runner:
             case _:
                 assert_never(checked)
 
-    def _end(self, held: _Held, turn: _Turn, status: Status, **outcome: Any) -> Outcome:
+    def _end(self, held: Held, turn: Turn, status: Status, **outcome: Any) -> Outcome:
         """The last model turn, the finish, the duration and the lease's release: one step."""
-        turn.write.add_stats(duration_ms=now_ms() - held.started_ms)
+        duration_ms = now_ms() - held.started_ms
+        turn.write.add_stats(duration_ms=duration_ms)
         turn.write.release_lease(held.owner)
-        trace_id = turn.trace.trace_id
-        lifecycle.finish(
-            self.runtime, trace_id, status, trace=turn.trace, write=turn.write, **outcome
-        )
-        held.released = True
-        return _terminal(status)
+        stats = turn.trace.stats
+        stats = stats.model_copy(update={"duration_ms": stats.duration_ms + duration_ms})
+        trace = turn.trace.model_copy(update={"stats": stats})  # as the write leaves it
+        held.released = True  # before the write: a heartbeat meanwhile finds it gone, rightly
+        try:
+            lifecycle.finish(
+                self.runtime, trace.trace_id, status, trace=trace, write=turn.write, **outcome
+            )
+        except BaseException:
+            held.released = False
+            raise
+        return terminal(status)
 
     def finish(
         self,
@@ -491,60 +361,7 @@ class Runner:
     ) -> Outcome:
         """End the run in a terminal status (see `lifecycle.finish`)."""
         lifecycle.finish(self.runtime, trace_id, status, answer=answer, error=error, reason=reason)
-        return _terminal(status)
-
-
-@dataclass
-class _Held:
-    """A run's hold on its trace."""
-
-    owner: str
-    heartbeat: HeldLease
-    started_ms: int = 0
-    released: bool = False
-    """The lease was given up (with the duration written) in the run's last write."""
-
-
-@dataclass(frozen=True)
-class _Turn:
-    """A model call's outcome, and the write that stores it."""
-
-    step: Step
-    trace: Trace
-    """The trace as it is once `write` is applied."""
-    messages: list[Message]
-    """Every message once `write` is applied."""
-    write: TraceWrite
-
-
-def _advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
-    """The snapshot after a write appended these messages (as a fresh read would show it)."""
-    trace = snapshot.trace
-    if written.messages:
-        last = written.messages[-1].sequence
-        trace = trace.model_copy(update={"head_sequence": last, "last_sequence": last})
-    return TraceSnapshot(trace, [*snapshot.messages, *written.messages], written.stop_requested)
-
-
-def _recorded(trace: Trace, message: Message) -> Trace:
-    """The trace after `record_turn` wrote this model turn (as a fresh read would show it)."""
-    stats = trace.stats.model_copy(
-        update={
-            "messages": trace.stats.messages + 1,
-            "prompt_tokens": trace.stats.prompt_tokens + message.prompt_tokens,
-            "completion_tokens": trace.stats.completion_tokens + message.completion_tokens,
-            "cost_usd": trace.stats.cost_usd + message.cost_usd,
-        }
-    )
-    update = {"iteration": trace.iteration + 1, "stats": stats}
-    update |= {"head_sequence": message.sequence, "last_sequence": message.sequence}
-    return trace.model_copy(update=update)
-
-
-def _terminal(status: Status) -> Outcome:
-    if status == "completed" or status == "failed" or status == "stopped":
-        return status
-    raise ValueError(f"{status!r} is not terminal")
+        return terminal(status)
 
 
 def run_safely(runner: Runner, trace_id: str) -> RunResult:

@@ -30,6 +30,24 @@ class TraceSnapshot:
     stop_requested: bool
 
 
+@dataclass(frozen=True)
+class StartRun:
+    """How `begin_run` starts a trace it finds `queued` or `waiting`, in the same step.
+
+    It sets the trace `running` and appends `event` to `root_trace_id`'s stream; only when
+    the trace belongs to that root (a guess from the trace id, checked there). Else nothing
+    is written and the caller starts the trace itself.
+    """
+
+    root_trace_id: str
+    event: Event
+
+
+def starts(data: dict[str, object], start: StartRun) -> bool:
+    """Whether `begin_run` sets this trace (its stored fields) running, as the script decides."""
+    return data["status"] in ("queued", "waiting") and data["root_trace_id"] == start.root_trace_id
+
+
 def with_sequence(event: Event, sequence: int) -> Event:
     """The event of an appended message, its `data` naming the message's sequence."""
     return event.model_copy(update={"data": {**event.data, "sequence": sequence}})
@@ -68,8 +86,13 @@ class TraceStore(Protocol):
         """The trace, all its messages and its stop flag, read together."""
         ...
 
-    def begin_run(self, trace_id: str, owner: str, ttl_ms: int) -> TraceSnapshot | None:
+    def begin_run(
+        self, trace_id: str, owner: str, ttl_ms: int, start: StartRun | None = None
+    ) -> TraceSnapshot | None:
         """`acquire_lease`, then `snapshot`, in one step; None when another runner holds it.
+
+        With `start`, a queued or waiting trace is set running first (see `StartRun`); the
+        snapshot shows it so.
 
         Raises:
             TraceNotFound: no such trace (and no lease was taken).
@@ -139,7 +162,7 @@ class TraceStore(Protocol):
         ...
 
     def request_stop(self, trace_id: str) -> None:
-        """Raise the stop flag that runners check between turns."""
+        """Raise the stop flag that runners check between turns (none for a missing trace)."""
         ...
 
     def stop_requested(self, trace_id: str) -> bool:

@@ -76,16 +76,19 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     return schemas
 
 
-def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> ToolTurn:
+def execute_turn(
+    runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...], turn: TraceWrite | None = None
+) -> ToolTurn:
     """Run the calls in order, write their results in one step; sub-agents go last.
 
     A question to a person (`ask_human`) is put after every other result is written.
+    `turn`: the model turn's own write, not applied yet; the results join it (one step).
 
     Returns:
         Whether the run waits on sub-agents or a person, and what was written.
     """
     spawns: list[tuple[ToolCall, SpawnRequest]] = []
-    results = TraceWrite(trace.trace_id, trace.root_trace_id)
+    results = turn or TraceWrite(trace.trace_id, trace.root_trace_id)
     question: tuple[ToolCall, str] | None = None
     for call in calls:
         runtime.hooks.tool_started(trace, call)
@@ -118,6 +121,18 @@ def execute_turn(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) ->
         return ToolTurn(waiting=False, written=None if changed else written)
     _dispatch(runtime, trace, spawns)
     return ToolTurn(not lifecycle.turn_complete(runtime.store, trace.trace_id), None)
+
+
+def plain_only(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:
+    """Whether a model turn may be stored with its tools' results, in one step.
+
+    For a read-only trace whose calls are all plain tools: a crash while they run loses
+    the model turn too, and the run calls the model again, which changes nothing outside.
+    A turn that may write, spawn, plan or ask is stored before its tools run, so that a
+    crash leaves its calls to be healed on resume instead.
+    """
+    special = SUB_AGENT_TOOLS | {ASK_HUMAN, "goal"}
+    return runtime.permissions(trace).read_only and not any(c.name in special for c in calls)
 
 
 def _question(runtime: Runtime, trace: Trace, call: ToolCall, *, first: bool) -> str | ToolResult:

@@ -24,8 +24,8 @@ from typing import Any
 import redis
 
 from fleet.errors import ConfigError
+from fleet.redis_connect import redact_url
 from fleet.redis_server import start_redis_server
-from fleet.redis_store import redact_url
 from fleet.settings import Settings
 from fleetops.discovery import (
     PING_TIMEOUT_S,

@@ -23,7 +23,7 @@ import redis
 from fleet import keys
 from fleet.keys import CounterName
 from fleet.models import Status, now_ms
-from fleet.redis_store import connect, redact_url
+from fleet.redis_connect import connect, redact_url
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,9 @@ import redis
 
 import fleet.llm.base
 from fleet.memory_store import MemoryStore
+from fleet.redis_connect import connect
 from fleet.redis_server import start_redis_server
-from fleet.redis_store import RedisStore, connect
+from fleet.redis_store import RedisStore
 from fleet.store import TraceStore
 
 REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"

@@ -21,7 +21,7 @@ from fleet.limits import Limiter
 from fleet.llm.base import LLMResponse, Usage
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
 from fleet.models import Trace
-from fleet.redis_store import connect
+from fleet.redis_connect import connect
 
 pytestmark = pytest.mark.integration
 

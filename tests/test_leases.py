@@ -186,7 +186,7 @@ def test_a_runner_that_lost_its_lease_during_the_model_call_writes_nothing(
     assert result.outcome == "lost"
     after = local.store.snapshot(root.trace_id)
     assert before.messages == []
-    assert [m.role for m in after.messages] == ["system", "user"]  # written before the freeze
+    assert after.messages == []  # the first messages go with the first turn: none written
     assert after.trace.status == "running" and after.trace.iteration == 0
     assert after.trace.stats.messages == 0 and after.trace.stats.duration_ms == 0
     assert local.store.lease_holder(root.trace_id) == "survivor"

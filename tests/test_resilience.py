@@ -10,8 +10,9 @@ from fleet.errors import TransientLLMError
 from fleet.llm.base import LLMResponse
 from fleet.memory_store import MemoryStore
 from fleet.roots import TaskSpec, create_root
-from fleet.runner import TRANSIENT_RETRIES_KEY, Runner, run_safely
+from fleet.runner import Runner, run_safely
 from fleet.testing import ScriptedModel
+from fleet.turns import TRANSIENT_RETRIES_KEY
 from fleet.writes import TraceWrite, WriteResult
 from tests.test_runner import make_fleet
 

@@ -10,11 +10,13 @@ import pytest
 
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
+from fleet.memory_store import MemoryStore
 from fleet.models import Message
 from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, calls, text
+from fleet.writes import Append, TraceWrite, WriteResult
 
 
 def make_fleet(workspace: Path, model: ScriptedModel, **settings: Any) -> InProcessFleet:
@@ -371,3 +373,55 @@ def test_continue_from_a_doom_looped_child_heals_its_open_call_first(tmp_path: P
     child_requests = [r for r in model.requests if task_of(r) == "sub job"]
     roles = [m["role"] for m in child_requests[-1]]
     assert roles[-3:] == ["assistant", "tool", "user"], roles
+
+
+class WriteLog(MemoryStore):
+    """A MemoryStore that notes, per applied write, the roles of the messages it appends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends: list[tuple[str, list[str]]] = []
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        roles: list[str] = [op.message.role for op in write.ops if isinstance(op, Append)]
+        self.appends.append((write.trace_id, roles))
+        return super().apply(write)
+
+
+def test_a_read_only_turn_of_plain_tools_is_stored_with_their_results(tmp_path: Path) -> None:
+    """A branch's model turn and its list_dir result: one write; a main agent's: two.
+
+    A fresh trace's first messages (system, task) are written with its first model turn.
+    """
+    log = WriteLog()
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        if turns(messages) == 0:
+            if task_of(messages) == "survey":
+                return call("agent", task=["branch 1"])
+            return call("list_dir", path=".")
+        if turns(messages) == 1 and task_of(messages) == "look":
+            return call("list_dir", path=".")
+        return text("done")
+
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path, env={}),
+        store=log,
+        clients={"test": ScriptedModel(function=respond)},
+    )
+    assert local.run("survey", model="test").status == "completed"
+    branch = next(t for t, _ in log.appends if "@explore" in t)
+    # The branch's first messages wait for its first model turn, which waits for its tool.
+    assert [roles for t, roles in log.appends if t == branch and roles] == [
+        ["system", "user", "assistant", "tool"],
+        ["assistant"],
+    ]
+    assert local.run("look", model="test").status == "completed"
+    main = log.appends[-1][0]
+    assert [roles for t, roles in log.appends if t == main and roles] == [
+        ["system", "user", "assistant"],
+        ["tool"],
+        ["assistant"],
+        ["tool"],
+        ["assistant"],
+    ]

@@ -15,8 +15,9 @@ from fleet import keys
 from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.goals import GoalTree
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
+from fleet.redis_connect import redact_url
 from fleet.redis_server import free_port
-from fleet.redis_store import RedisStore, redact_url
+from fleet.redis_store import RedisStore
 from fleet.store import TraceStore
 
 T = TypeVar("T")
@@ -327,10 +328,17 @@ def test_blocking_read_times_out_empty(store: TraceStore) -> None:
 
 
 def test_stop_flag(store: TraceStore) -> None:
+    store.create_trace(make_trace("t1"))
+    store.create_trace(make_trace("t2"))
     assert not store.stop_requested("t1")
     store.request_stop("t1")
     assert store.stop_requested("t1")
     assert not store.stop_requested("t2")
+    assert store.get_trace("t1").task == "do", "the flag is no Trace field: the trace still reads"
+    store.clear_stop("t1")
+    assert not store.stop_requested("t1")
+    store.request_stop("ghost")  # a trace that does not exist has no flag to raise
+    assert not store.stop_requested("ghost")
 
 
 def test_lease_has_one_owner(store: TraceStore) -> None:
@@ -394,7 +402,7 @@ def test_redis_store_refreshes_ttls_and_prunes_expired_traces(redis_client: redi
     store.create_trace(make_trace("t1", parent_trace_id="p", created_at_ms=1))
     store.create_trace(make_trace("t2", created_at_ms=2))
     store.append_message(user("t1"))
-    for key in [keys.trace("t1"), keys.stats("t1"), keys.messages("t1"), keys.children("p")]:
+    for key in [keys.trace("t1"), keys.messages("t1"), keys.children("p")]:
         assert 0 < redis_client.ttl(key) <= keys.TRACE_TTL_S
     redis_client.delete(keys.trace("t2"))  # as if its TTL ran out
     assert [t.trace_id for t in store.list_traces()] == ["t1"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -9,9 +10,10 @@ import pytest
 import redis
 
 from fleet import keys as fleet_keys
+from fleet import lifecycle
 from fleet.errors import TraceNotFound
 from fleet.inprocess import InProcessFleet
-from fleet.llm.base import LLMResponse
+from fleet.llm.base import LLMResponse, Usage
 from fleet.models import Collaborator, Event, Message, Trace
 from fleet.redis_store import RedisStore
 from fleet.settings import Settings
@@ -174,3 +176,65 @@ def test_create_traces_creates_what_is_new(store: TraceStore) -> None:
     assert store.create_traces(batch) == [True, False, True]
     assert sorted(store.children("root")) == ["new-1", "new-2", "taken"]
     assert store.get_trace("taken").task == "do", "an existing trace was overwritten"
+
+
+def test_one_write_of_many_entries_lists_each_new_child_once(store: TraceStore) -> None:
+    """A spawn's entries, some new and one written twice, next to an existing one."""
+    make(store, "p")
+    store.put_collaborator("p", Collaborator(name="a", trace_id="p@a"))
+    write = TraceWrite("p", "root")
+    for child, summary in [("p@b", "one"), ("p@a", "again"), ("p@c", ""), ("p@b", "two")]:
+        write.put_collaborator("p", Collaborator(name=child, trace_id=child, summary=summary))
+    store.apply(write)
+    entries = store.collaborators("p")
+    assert [(c.trace_id, c.summary) for c in entries] == [
+        ("p@a", "again"),
+        ("p@b", "two"),
+        ("p@c", ""),
+    ]
+
+
+def test_a_collect_leaves_the_entries_a_finish_wrote(store: TraceStore, tmp_path: Path) -> None:
+    """Each branch's finish wrote its entry (costs summed as floats): the collect adds none."""
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        task = next(str(m["content"]) for m in messages if m["role"] == "user")
+        if task.startswith("branch"):
+            if any(m["role"] == "tool" for m in messages):
+                return replace(text("done"), usage=Usage(7, 3, cost_usd=0.2))
+            return replace(call("list_dir", path="."), usage=Usage(7, 3, cost_usd=0.1))
+        if any(m["role"] == "tool" for m in messages):
+            return text("summary")
+        return call("agent", task=["branch 1", "branch 2", "branch 3"])
+
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path, env={}),
+        store=store,
+        clients={"test": ScriptedModel(function=respond)},
+    )
+    trace = local.run("survey", model="test")
+    assert trace.status == "completed"
+    entries = local.store.collaborators(trace.trace_id)
+    assert [round(c.stats.cost_usd, 9) for c in entries] == [0.3] * 3
+    assert all(c.stats.duration_ms >= 0 and c.status == "completed" for c in entries)
+    events = [e for _, e in local.store.read_events(trace.trace_id)]
+    announced = [(e.trace_id, e.status) for e in events if e.kind == "collaborator"]
+    assert [status for _, status in announced] == ["queued"] * 3, "the collect rewrote entries"
+
+
+@pytest.mark.parametrize("trace_id", ["t", "root@child", "@odd", "odd@"])
+def test_begin_run_starts_a_trace_of_the_root_its_id_names(
+    store: TraceStore, trace_id: str
+) -> None:
+    """Queued -> running with its event in the lease's step; another root's trace is left."""
+    root = trace_id.split("@")[0] or trace_id
+    store.create_trace(Trace(trace_id=trace_id, root_trace_id=root, task="do"))
+    store.create_trace(Trace(trace_id="x@y", root_trace_id="elsewhere", task="do"))
+    for tid in (trace_id, "x@y"):
+        snapshot = store.begin_run(tid, "me", 10_000, lifecycle.starting(tid))
+        assert snapshot is not None
+    assert store.get_trace(trace_id).status == "running"
+    assert store.get_trace("x@y").status == "queued", "a guess that missed wrote nothing"
+    events = [(e.kind, e.status) for _, e in store.read_events(root)]
+    assert events == [("trace", "running")]
+    assert store.read_events("x") == [] and store.read_events("elsewhere") == []

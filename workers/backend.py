@@ -6,7 +6,7 @@ from kombu.exceptions import OperationalError
 
 from fleet.errors import BrokerUnavailable
 from fleet.models import Mode, Trace
-from fleet.redis_store import redact_url
+from fleet.redis_connect import redact_url
 from fleet.settings import Settings
 from fleet.trees import Priority
 from workers.app import QUEUE_BY_MODE, create_app

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from fleet.errors import ConfigError
-from fleet.redis_store import redact_url
+from fleet.redis_connect import redact_url
 from fleet.settings import process_settings
 from fleetops.cli.args import port_number, positive_float
 from fleetops.discovery import fleet_settings
