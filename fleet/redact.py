@@ -179,7 +179,15 @@ class Redactor:
 
 
 _SHAPE_MARKS = (
-    "=",
+    "password=",
+    "passwd=",
+    "pwd=",
+    "token=",
+    "key=",
+    "secret=",
+    "sig=",
+    "signature=",
+    "auth=",
     "://",
     "k-",
     "k_",
@@ -199,9 +207,10 @@ _SHAPE_MARKS = (
     "basic",
 )
 """A text no shape above can match contains none of these, lower-cased: every match holds
-`=` (a parameter), `://` (a URL), a header name, a scheme, or a key prefix (`sk-` and
-`sk_` hold `k-`/`k_`, `ghp_` holds `gh`). Keep in step with the shapes. Only for ASCII
-text: the patterns' IGNORECASE also folds a few other letters (`ſ` matches `s`)."""
+a parameter (`key=` also in `api_key=`, `token=` in `access_token=`), `://` (a URL), a
+header name, a scheme, or a key prefix (`sk-` and `sk_` hold `k-`/`k_`, `ghp_` holds
+`gh`). Keep in step with the shapes (tests/test_redact.py fails for a missing mark). Only
+for ASCII text: the patterns' IGNORECASE also folds a few other letters (`ſ` matches `s`)."""
 
 
 def redact_shapes(text: str) -> str:

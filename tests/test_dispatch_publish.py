@@ -86,7 +86,7 @@ def test_the_header_goes_out_in_one_pipeline_without_subscriptions(sender: redis
     after = commands(sender)
     sent = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     assert sent.get("cmdstat_lpush") == 40  # every header message
-    assert sent.get("cmdstat_publish") == 40  # and its task-sent event
+    assert sent.get("cmdstat_publish") == 2  # their task-sent events, 32 per message
     assert "cmdstat_subscribe" not in sent, "the sender subscribed to header results"
     assert sender.pubsub_channels("celery-task-meta-*") == []
     assert len(sender.lrange("fleet.explore", 0, -1)) == 40
@@ -97,3 +97,21 @@ def test_a_failing_block_sends_nothing(sender: redis.Redis) -> None:
         app.send_task("fleet.run_agent", args=("x",), queue="fleet.explore")
         raise RuntimeError("before the flush")
     assert sender.llen("fleet.explore") == 0
+
+
+def test_every_header_task_has_its_task_sent_event_in_a_batch(sender: redis.Redis) -> None:
+    with sender.pubsub() as pubsub:
+        pubsub.psubscribe("*celeryev*")
+        pubsub.get_message(timeout=1.0)  # the subscription's confirmation
+        CeleryDispatcher().dispatch(NO_TREES, request(40))  # type: ignore[arg-type]
+        batches = []
+        while (raw := pubsub.get_message(timeout=0.5)) is not None:
+            envelope = json.loads(raw["data"])
+            batches.append(json.loads(base64.b64decode(envelope["body"])))
+    assert [len(b) for b in batches] == [32, 8]
+    events = [e for b in batches for e in b]
+    assert {e["type"] for e in events} == {"task-sent"}
+    ids = {m["headers"]["id"] for m in queued(sender, "fleet.explore")}
+    assert {e["uuid"] for e in events} == ids
+    assert all(e["args"].startswith("('root@explore-") for e in events)  # argsrepr, redacted
+    assert all(e["queue"] == "fleet.explore" for e in events)

@@ -15,7 +15,7 @@ from kombu.messaging import Producer
 
 from fleet.settings import Settings, process_settings
 from fleet.trees import Priority
-from workers import kombu_fix
+from workers import events, kombu_fix
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
 QUEUE_BY_MODE = {
@@ -168,7 +168,8 @@ def one_pipeline(app: Celery) -> Iterator[None]:
     with app.producer_or_acquire() as producer, producer.batch(PIPELINE_FLUSH_COMMANDS):
         app._pipelined.producer = producer
         try:
-            yield
+            with events.hold_sent_events(app, producer):  # task-sent events in batches too
+                yield
         finally:
             del app._pipelined.producer
 

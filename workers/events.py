@@ -12,13 +12,16 @@ about a tenth of a busy worker's CPU. Here the loop publishes at most every
 asked for earlier is put off with a timer of the worker's event loop, so no event waits
 longer than that, and closing the dispatcher (shutdown, reconnect) publishes what waits.
 Flower and every other event consumer see the same events, at most that much later.
+A worker sending a chord header (`workers.app.one_pipeline`) holds the header's task-sent
+events the same way: one message per SENT_EVENTS_PER_MESSAGE instead of one per task.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from celery.app.events import Events
@@ -29,6 +32,13 @@ from fleet.redact import process_redactor
 
 EVENT_FLUSH_INTERVAL_S = 0.1
 """The longest a worker's task event waits in its buffer (Flower sees it that much later)."""
+
+SENT_EVENTS_PER_MESSAGE = 32
+"""A chord header's task-sent events go out in messages of this many (see `hold_sent_events`):
+half a `workers.app.PIPELINE_FLUSH_COMMANDS`, so each event leaves with its task's message."""
+
+HELD_ATTRIBUTE = "fleet_held_sent_events"
+"""The list a producer holds its task-sent events in while `hold_sent_events` is on."""
 
 _SEND_OPTIONS = ("blind", "utcoffset", "retry", "retry_policy", "Event")
 
@@ -57,9 +67,28 @@ class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
         options = {k: fields.pop(k) for k in _SEND_OPTIONS if k in fields}
         return super().send(type, *args, **options, **redact_fields(fields))
 
-    def publish(self, type: str, fields: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        """See `EventDispatcher.publish` (the client's `task-sent` goes this way)."""
-        return super().publish(type, redact_fields(fields), *args, **kwargs)
+    def publish(self, type: str, fields: dict[str, Any], producer: Any, **kwargs: Any) -> Any:
+        """See `EventDispatcher.publish` (every sender's `task-sent` goes this way).
+
+        A producer that holds task-sent events (`hold_sent_events`) gets them as one
+        `task.multi` message per SENT_EVENTS_PER_MESSAGE, as a worker sends its own.
+        """
+        fields = redact_fields(fields)
+        held: list[Any] | None = getattr(producer, HELD_ATTRIBUTE, None)
+        if type != "task-sent" or held is None:
+            return super().publish(type, fields, producer, **kwargs)
+        held.append(self._prepare_event(type, fields, blind=kwargs.get("blind", False)))
+        if len(held) >= SENT_EVENTS_PER_MESSAGE:
+            self.publish_held(producer)
+        return None
+
+    def publish_held(self, producer: Any) -> None:
+        """Send the task-sent events `producer` holds, in one message."""
+        held: list[Any] = getattr(producer, HELD_ATTRIBUTE)
+        if held:
+            with self.mutex:
+                self._publish(list(held), producer, "task.multi")
+            held.clear()
 
     def flush(self, errors: bool = True, groups: bool = True) -> None:
         """Publish the buffered events, or on the event loop, once the interval has passed."""
@@ -98,3 +127,21 @@ class RedactingEvents(Events):  # type: ignore[misc]
     """`app.events` whose dispatchers are `RedactingDispatcher`s."""
 
     dispatcher_cls = "workers.events:RedactingDispatcher"
+
+
+@contextmanager
+def hold_sent_events(app: Any, producer: Any) -> Iterator[None]:
+    """Inside the block, `producer`'s task-sent events go out in batches; the rest at the end.
+
+    If the block raises, the events not sent yet are dropped with it (the task messages
+    they describe may not have left either); Flower learns of those tasks when a worker
+    receives them.
+    """
+    setattr(producer, HELD_ATTRIBUTE, [])
+    try:
+        yield
+        publish_held = getattr(app.amqp._event_dispatcher, "publish_held", None)
+        if publish_held is not None:  # else nothing was held: another dispatcher class
+            publish_held(producer)
+    finally:
+        delattr(producer, HELD_ATTRIBUTE)
