@@ -254,10 +254,24 @@ class Budgets:
             self._client.hincrby(keys.LIMIT_STATS, f"budget_exhausted:{why}", 1)
         return Exhausted(str(why))
 
-    def settle(self, trace_id: str, root_trace_id: str, used_tokens: int, used_usd: float) -> None:
-        """Replace the call's reservation by its real usage (0 for a call that failed)."""
+    def settle(
+        self,
+        trace_id: str,
+        root_trace_id: str,
+        used_tokens: int,
+        used_usd: float,
+        *,
+        final_refund: bool = False,
+    ) -> None:
+        """Replace the call's reservation by its real usage (0 for a call that failed).
+
+        `final_refund`: the root's final turn did not go out (handed back, failed): its
+        set-aside goes back, so the root gets that turn when it asks again.
+        """
         script_keys = [keys.budget(root_trace_id), keys.budget_held(root_trace_id)]
-        self._settle(keys=script_keys, args=[trace_id, used_tokens, repr(float(used_usd))])
+        args: list[str | int] = [trace_id, used_tokens, repr(float(used_usd))]
+        args.append("1" if final_refund else "0")
+        self._settle(keys=script_keys, args=args)
 
     def spawn(self, root_trace_id: str, children: int, depth: int) -> str | None:
         """Count `children` new sub-agents at `depth`; a refusal for the model, or None."""

@@ -168,8 +168,10 @@ class Gate:
         return cost_usd(target.model, prompt_tokens, completion_tokens, target.pricing)
 
     def _refund(self, go: Go) -> None:
+        """Nothing was used: the reservation goes (a final turn's set-aside comes back)."""
         if self.budgets is not None and go.budget.budgeted:
-            self.budgets.settle(go.holder, go.root_trace_id, 0, 0.0)
+            final = go.budget.final
+            self.budgets.settle(go.holder, go.root_trace_id, 0, 0.0, final_refund=final)
 
     def after(self, go: Go, response: LLMResponse | None, duration_ms: int | None) -> None:
         """Settle the booking: real usage (None: the call failed, refund it) and headers."""

@@ -25,17 +25,13 @@ EVENTS_MAXLEN = 10_000
 
 
 def trace(trace_id: str) -> str:
-    """Hash: one field per top-level Trace attribute, each a JSON value.
+    """Hash: one field per top-level Trace attribute, each a JSON value, and its messages.
 
-    `stats` (TraceStats) is added to inside the write scripts; `stop` ("1") is present while
-    a stop is requested (runners check it between turns) and is not a Trace attribute.
+    `stats` (TraceStats) is added to inside the write scripts; `m:{sequence}` holds each
+    message (Message JSON); `stop` ("1") is present while a stop is requested (runners check
+    it between turns). Messages and the stop flag are not Trace attributes.
     """
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
-
-
-def messages(trace_id: str) -> str:
-    """Hash: sequence -> Message JSON."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:messages"
 
 
 def collaborators(trace_id: str) -> str:

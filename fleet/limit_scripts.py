@@ -226,11 +226,18 @@ return {1, 'ok', 0}
 """
 )
 
-# The call is over: its reservation goes, what it really used is added.
-# KEYS: budget, held. ARGV: trace id, used tokens, used usd
+# The call is over: its reservation goes, what it really used is added. A refunded final
+# turn (the root's last call never went out: a limit handed it back, the call failed) puts
+# the set-aside back, so the root still gets that turn when it asks again.
+# KEYS: budget, held. ARGV: trace id, used tokens, used usd, '1' to give a final turn back
 BUDGET_SETTLE = """
+local held = ARGV[4] == '1' and redis.call('HGET', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if redis.call('EXISTS', KEYS[1]) == 1 then
+  if held then
+    local t, d = string.match(held, '(%S+) (%S+)')
+    redis.call('HSET', KEYS[1], 'final_used', '0', 'final_tokens', t, 'final_usd', d)
+  end
   redis.call('HINCRBY', KEYS[1], 'used_tokens', ARGV[2])
   redis.call('HINCRBYFLOAT', KEYS[1], 'used_usd', ARGV[3])
 end

@@ -4,8 +4,9 @@ A trace's writes go through `APPLY` (a `fleet.writes.TraceWrite`: fields, messag
 events, the parent's collaborator entry, the lease's release, in order), so a write and
 its events cost one round trip and land together. What a write costs Redis is counted in
 commands: the trace hash is read once (`HMGET`: existence, numbering, stats, stop flag)
-and written once (`HSET`), every appended message of a write goes in one `HSET`, and TTLs
-are set where a key is created and refreshed when a trace changes status (not to running).
+and written once (`HSET`: its fields and the write's messages, which are fields of it),
+and TTLs are set where a key is created and refreshed when a trace changes status (not
+to running).
 """
 
 from __future__ import annotations
@@ -60,12 +61,12 @@ return created
 )
 
 # A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write).
-# KEYS: trace, messages, events, usage, lease, running index[, the parent's collaborators,
-# collaborator order: with a `collab` op]
+# KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
+# order: with a `collab` op]
 # ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, then the ops, each as
 # kind, n, then its n arguments:
 #   set     event JSON or '', then field, JSON value, ... (a status other than running
-#           refreshes the TTLs of the trace and its messages; the root's, the tree's events)
+#           refreshes the trace's TTL, messages included; the root's, the tree's events)
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
 #           its sequence ('' for no event); iteration ('' for no model turn: else its usage
 #           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
@@ -75,9 +76,10 @@ return created
 #           its own entries (their TTLs are refreshed; a child's entry only sets them new)
 #   emit    event JSON
 #   release owner, trace id, '1' when the fence already checked that owner this step
-# Messages are numbered here from the hash's `last_sequence` and hung under its head; the
-# two fields are spliced into the caller's JSON text (cjson would turn [] into {}). Stats
-# are the `stats` field (TraceStats JSON), added to here.
+# Messages are fields `m:{sequence}` of the trace hash, numbered here from its
+# `last_sequence` and hung under its head; the two fields are spliced into the caller's
+# JSON text (cjson would turn [] into {}). Stats are the `stats` field (TraceStats JSON),
+# added to here.
 # Returns {{sequence, parent JSON} per appended message, stop flag}, or nil for no trace.
 APPLY = (
     _BULK
@@ -88,7 +90,7 @@ if not state[1] then return false end
 local last, head = tonumber(state[1]), state[2]
 local fields, bodies, stored, kids, children = {}, {}, {}, {}, {}
 local stats, refresh, moved, entries = nil, false, false, false
-local function emit(e) redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'e', e) end
+local function emit(e) redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'e', e) end
 local function stat(name, delta)
   if tonumber(delta) == 0 then return end
   stats = stats or cjson.decode(state[3] or '{}')
@@ -96,15 +98,15 @@ local function stat(name, delta)
 end
 local function usage(model, prompt, completion, cost)
   if model == '' then return end
-  if prompt ~= '0' then redis.call('HINCRBY', KEYS[4], 'prompt_tokens:' .. model, prompt) end
+  if prompt ~= '0' then redis.call('HINCRBY', KEYS[3], 'prompt_tokens:' .. model, prompt) end
   if completion ~= '0' then
-    redis.call('HINCRBY', KEYS[4], 'completion_tokens:' .. model, completion)
+    redis.call('HINCRBY', KEYS[3], 'completion_tokens:' .. model, completion)
   end
-  if tonumber(cost) ~= 0 then redis.call('HINCRBYFLOAT', KEYS[4], 'cost_usd:' .. model, cost) end
+  if tonumber(cost) ~= 0 then redis.call('HINCRBYFLOAT', KEYS[3], 'cost_usd:' .. model, cost) end
 end
 local function add(a)
   last = last + 1
-  bodies[#bodies + 1] = last
+  bodies[#bodies + 1] = 'm:' .. last
   bodies[#bodies + 1] = '{"sequence":' .. last .. ',"parent_sequence":' .. head .. ','
     .. string.sub(ARGV[a + 1], 2)
   stored[#stored + 1] = {last, head}
@@ -139,11 +141,11 @@ end
 local function put_entries()
   local listed = {}
   if #kids == 1 then
-    if redis.call('HSET', KEYS[7], kids[1], children[kids[1]]) == 1 then listed = kids end
+    if redis.call('HSET', KEYS[6], kids[1], children[kids[1]]) == 1 then listed = kids end
   else
     local items = {}
     for j = 1, #kids, 4000 do
-      local known = redis.call('HMGET', KEYS[7], unpack(kids, j, math.min(j + 3999, #kids)))
+      local known = redis.call('HMGET', KEYS[6], unpack(kids, j, math.min(j + 3999, #kids)))
       for k = 1, #known do
         if not known[k] then listed[#listed + 1] = kids[j + k - 1] end
       end
@@ -152,16 +154,16 @@ local function put_entries()
       items[#items + 1] = id
       items[#items + 1] = children[id]
     end
-    bulk('HSET', KEYS[7], items)
+    bulk('HSET', KEYS[6], items)
   end
-  if #listed > 0 and bulk('RPUSH', KEYS[8], listed) == math.min(#listed, 4000) then
+  if #listed > 0 and bulk('RPUSH', KEYS[7], listed) == math.min(#listed, 4000) then
     entries = true
   end
 end
 local function release(a)
-  if ARGV[a + 3] == '1' or redis.call('GET', KEYS[5]) == ARGV[a + 1] then
-    redis.call('DEL', KEYS[5])
-    redis.call('ZREM', KEYS[6], ARGV[a + 2])
+  if ARGV[a + 3] == '1' or redis.call('GET', KEYS[4]) == ARGV[a + 1] then
+    redis.call('DEL', KEYS[4])
+    redis.call('ZREM', KEYS[5], ARGV[a + 2])
   end
 end
 local first = last
@@ -179,44 +181,39 @@ while i <= #ARGV do
   end
   i = a + n + 1
 end
-if #bodies > 0 then bulk('HSET', KEYS[2], bodies) end
 if moved then fields['head_sequence'] = head end
 if last ~= first then fields['last_sequence'] = last end
 if stats then fields['stats'] = cjson.encode(stats) end
-local items = {}
+local items = bodies
 for name, value in pairs(fields) do
   items[#items + 1] = name
   items[#items + 1] = value
 end
-if #items > 0 then redis.call('HSET', KEYS[1], unpack(items)) end
+if #items > 0 then bulk('HSET', KEYS[1], items) end
 if #kids > 0 then put_entries() end
 if refresh then
   redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('EXPIRE', KEYS[2], ttl)
-  if root then redis.call('EXPIRE', KEYS[3], ttl) end
-elseif first == 0 and last > 0 then
-  redis.call('EXPIRE', KEYS[2], ttl)
+  if root then redis.call('EXPIRE', KEYS[2], ttl) end
 end
 if entries then
+  redis.call('EXPIRE', KEYS[6], ttl)
   redis.call('EXPIRE', KEYS[7], ttl)
-  redis.call('EXPIRE', KEYS[8], ttl)
 end
 return {stored, state[4] and 1 or 0}
 """
 )
 
 # A tool call's collected result, at most once: the mark and the message in one step, so a
-# collector killed halfway leaves neither. KEYS: trace, messages, collected mark.
+# collector killed halfway leaves neither. KEYS: trace, collected mark.
 # ARGV: ttl_s, message JSON without sequence and parent_sequence. Returns 0 if collected.
 APPEND_ONCE = """
 local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence')
 if not state[1] then return false end
-if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[1]) then return 0 end
 local seq, parent = tonumber(state[1]) + 1, state[2]
 local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
-redis.call('HSET', KEYS[2], seq, body .. string.sub(ARGV[2], 2))
-redis.call('HSET', KEYS[1], 'last_sequence', seq, 'head_sequence', seq)
-if seq == 1 then redis.call('EXPIRE', KEYS[2], ARGV[1]) end
+redis.call('HSET', KEYS[1], 'm:' .. seq, body .. string.sub(ARGV[2], 2),
+  'last_sequence', seq, 'head_sequence', seq)
 return {seq, parent}
 """
 
@@ -240,11 +237,11 @@ return 1
 
 # The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
 # trip. A queued or waiting trace of the given root is set running with its event first.
-# KEYS: trace, lease, running index, messages, the guessed root's events
+# KEYS: trace, lease, running index, the guessed root's events
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms
-# Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
-# {trace hash, messages hash}, each as a flat list (a trace without messages: no read).
+# Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else the
+# trace hash (its messages included) as a flat list.
 BEGIN_RUN = """
 local trace = redis.call('HGETALL', KEYS[1])
 if #trace == 0 then return -1 end
@@ -261,10 +258,9 @@ if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6]
   redis.call('HSET', KEYS[1], 'status', '"running"', 'updated_at_ms', ARGV[8])
   trace[at['status']] = '"running"'
   if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
 end
-if trace[at['last_sequence']] == '0' then return {trace, {}} end
-return {trace, redis.call('HGETALL', KEYS[4])}
+return trace
 """
 
 # KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id

@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
 import redis
 
@@ -27,7 +27,7 @@ from fleet.models import Collaborator, Event, Message, Trace, TracePatch, Worker
 from fleet.redis_connect import connect as connect
 from fleet.redis_connect import redact_url as redact_url
 from fleet.redis_connect import unreachable
-from fleet.redis_writes import decode_messages, decode_trace, pairs, stored_message
+from fleet.redis_writes import decode_fields, decode_messages, decode_trace, pairs, stored_message
 from fleet.store import StartRun, TraceSnapshot
 from fleet.writes import TraceWrite, WriteResult
 
@@ -151,21 +151,18 @@ class RedisStore:
         self.apply(TraceWrite(trace_id, root_trace_id).update(event, **fields))
 
     def snapshot(self, trace_id: str) -> TraceSnapshot:
-        pipe = self._client.pipeline()  # MULTI: one instant, one round trip
-        pipe.hgetall(keys.trace(trace_id))
-        pipe.hgetall(keys.messages(trace_id))
-        data, stored = pipe.execute()
+        data = self._hash(trace_id)  # the messages are in it
         trace = decode_trace(data)
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
-        return TraceSnapshot(trace, decode_messages(stored), redis_writes.STOP_FIELD in data)
+        return TraceSnapshot(trace, decode_messages(data), redis_writes.STOP_FIELD in data)
 
     def begin_run(
         self, trace_id: str, owner: str, ttl_ms: int, start: StartRun | None = None
     ) -> TraceSnapshot | None:
         root = start.root_trace_id if start else trace_id
         script_keys = [keys.trace(trace_id), keys.lease(trace_id), keys.RUNNING]
-        script_keys += [keys.messages(trace_id), keys.events(root)]
+        script_keys.append(keys.events(root))
         args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id, keys.EVENTS_MAXLEN]
         args.append(json.dumps(root) if start else "")
         args += [start.event.model_dump_json() if start else "", now_ms()]
@@ -174,10 +171,10 @@ class RedisStore:
             raise TraceNotFound(f"no trace {trace_id!r}")
         if reply == 0:
             return None
-        data, stored = pairs(reply[0]), pairs(reply[1])
+        data = pairs(reply)
         trace = decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
-        return TraceSnapshot(trace, decode_messages(stored), redis_writes.STOP_FIELD in data)
+        return TraceSnapshot(trace, decode_messages(data), redis_writes.STOP_FIELD in data)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
@@ -207,9 +204,9 @@ class RedisStore:
 
     def _get_traces(self, trace_ids: list[str]) -> list[Trace | None]:
         pipe = self._client.pipeline()  # MULTI: every trace as of one instant
-        for trace_id in trace_ids:
-            pipe.hgetall(keys.trace(trace_id))
-        return [decode_trace(data) for data in pipe.execute()]
+        for trace_id in trace_ids:  # the trace's fields, not its messages
+            pipe.hmget(keys.trace(trace_id), redis_writes.TRACE_FIELDS)
+        return [decode_fields(values) for values in pipe.execute()]
 
     # -- messages and stats --------------------------------------------------
 
@@ -224,7 +221,10 @@ class RedisStore:
         return self.apply(write.append(message, event, iteration=iteration)).messages[0]
 
     def messages(self, trace_id: str) -> list[Message]:
-        return decode_messages(self._client.hgetall(keys.messages(trace_id)))
+        return decode_messages(self._hash(trace_id))
+
+    def _hash(self, trace_id: str) -> dict[str, str]:
+        return cast(dict[str, str], self._client.hgetall(keys.trace(trace_id)))
 
     def set_head(self, trace_id: str, sequence: int | None) -> None:
         self.update_trace(trace_id, head_sequence=sequence)
@@ -361,8 +361,7 @@ class RedisStore:
             raise ValueError("append_collected needs a tool result (tool_call_id)")
         body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
         trace_id = message.trace_id
-        script_keys = [keys.trace(trace_id), keys.messages(trace_id)]
-        script_keys.append(keys.collected(trace_id, message.tool_call_id))
+        script_keys = [keys.trace(trace_id), keys.collected(trace_id, message.tool_call_id)]
         reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
         if reply == 0:
             return None

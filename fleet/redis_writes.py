@@ -1,7 +1,7 @@
 """What `RedisStore` sends to its scripts, and what it reads back, decoded.
 
 A `TraceWrite` as the ARGV of `redis_scripts.APPLY`, new traces as `CREATE_TRACES`'
-arguments; the trace and messages hashes and the event stream as models.
+arguments; the trace hash (its messages included) and the event stream as models.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from fleet.writes import (
 FLOAT_STATS = frozenset({"cost_usd"})
 STOP_FIELD = "stop"
 """The trace hash's field that is present ("1") while a stop is requested; not a Trace field."""
+MESSAGE_FIELD = "m:"
+"""The prefix of the trace hash's message fields: `m:{sequence}` -> Message JSON."""
+TRACE_FIELDS = tuple(Trace.model_fields)
+"""The trace hash's fields a Trace is read from (its messages are left where they are)."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
 _PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
 
@@ -108,7 +112,6 @@ def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[st
     trace_id = write.trace_id
     script_keys = [
         keys.trace(trace_id),
-        keys.messages(trace_id),
         keys.events(write.root_trace_id),
         keys.USAGE,
         keys.lease(trace_id),
@@ -173,9 +176,12 @@ def pairs(flat: list[Any]) -> dict[str, str]:
     return dict(zip(flat[0::2], flat[1::2], strict=True))
 
 
-def decode_messages(stored: Mapping[Any, Any]) -> list[Message]:
-    """The messages hash, by sequence."""
-    return [Message.model_validate_json(stored[s]) for s in sorted(stored, key=int)]
+def decode_messages(data: Mapping[str, str]) -> list[Message]:
+    """The messages in a trace hash, by sequence."""
+    found = {
+        int(k[len(MESSAGE_FIELD) :]): v for k, v in data.items() if k.startswith(MESSAGE_FIELD)
+    }
+    return [Message.model_validate_json(found[s]) for s in sorted(found)]
 
 
 def decode_trace(data: Mapping[str, str]) -> Trace | None:
@@ -183,8 +189,17 @@ def decode_trace(data: Mapping[str, str]) -> Trace | None:
     if not data:
         return None
     # The values are JSON texts already: one JSON object of them, parsed by pydantic at once.
-    text = ",".join(f'"{name}":{value}' for name, value in data.items() if name != STOP_FIELD)
+    text = ",".join(
+        f'"{name}":{value}'
+        for name, value in data.items()
+        if name != STOP_FIELD and not name.startswith(MESSAGE_FIELD)
+    )
     return Trace.model_validate_json("{" + text + "}")
+
+
+def decode_fields(values: Sequence[str | None]) -> Trace | None:
+    """A Trace from an HMGET of TRACE_FIELDS; None when the hash is gone."""
+    return decode_trace({k: v for k, v in zip(TRACE_FIELDS, values, strict=True) if v is not None})
 
 
 def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:

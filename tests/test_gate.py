@@ -16,7 +16,7 @@ import redis
 from fleet import keys
 from fleet.budget import Budget, Budgets
 from fleet.errors import ProviderOverloaded
-from fleet.gate import Gate, Go, Wait
+from fleet.gate import Gate, Go, Spent, Wait
 from fleet.limits import Limiter
 from fleet.llm.base import LLMResponse, Usage
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
@@ -152,3 +152,26 @@ def test_a_limit_on_the_provider_or_the_alias_books_and_settles(
     gate.overloaded(alias, ProviderOverloaded("HTTP 529", status=529, retry_after_s=3.0))
     held = other.before(branch(4), "plain-fast", 300)
     assert isinstance(held, Wait) and held.reason == "pause"
+
+
+def test_the_roots_final_turn_survives_a_limit_that_hands_it_back(
+    workers: tuple[Gate, Gate],
+) -> None:
+    gate, other = workers
+    assert gate.budgets is not None
+    root = "20260101T000000-final1"
+    gate.budgets.create(root, Budget(tokens=1000))  # 100 of it set aside for the last turn
+    spent = gate.before(branch(1, root), "paced:m", 300)  # books 4096+: the tree is spent
+    assert isinstance(spent, Spent)
+    busy = other.before(branch(9, "20260101T000000-other1"), "paced:m", 300)
+    assert isinstance(busy, Go) and busy.booked  # holds the provider's one slot
+    last = Trace(trace_id=root, root_trace_id=root, task="survey")
+    held = gate.before(last, "paced:m", 300)
+    assert isinstance(held, Wait) and held.reason == "concurrency"
+    other.after(busy, answer(), 100)
+    again = gate.before(last, "paced:m", 300)  # the set-aside was given back
+    assert isinstance(again, Go) and again.budget.final
+    gate.after(again, answer(), 100)
+    state = gate.budgets.state(root)
+    assert state is not None and state.used_tokens == 120 and state.reserved_tokens == 0
+    assert isinstance(gate.before(last, "paced:m", 300), Spent), "one final turn only"

@@ -20,7 +20,7 @@ TRACE_KEYS: list[Callable[..., str]] = [
 
 def test_there_are_trace_keys() -> None:
     names = {fn.__name__ for fn in TRACE_KEYS}
-    assert {"trace", "messages", "events", "lease", "budget", "tree"} <= names
+    assert {"trace", "collaborators", "events", "lease", "budget", "tree"} <= names
 
 
 @pytest.mark.parametrize("fn", TRACE_KEYS, ids=lambda fn: fn.__name__)

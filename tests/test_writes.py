@@ -162,7 +162,7 @@ def test_every_key_a_run_leaves_expires(redis_client: redis.Redis, tmp_path: Pat
     assert trace.status == "completed"
     assert len(local.store.collaborators(trace.trace_id)) == 2
     keys = [str(k) for k in redis_client.scan_iter(f"{fleet_keys.PREFIX}:trace:*")]
-    assert len(keys) > 10
+    assert len(keys) >= 8  # 3 traces (messages inside), events, entries, order, children, mark
     assert {k: redis_client.ttl(k) for k in keys if redis_client.ttl(k) < 0} == {}
 
 
