@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import random
+import string
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -12,13 +14,14 @@ from typing import Any
 
 import pytest
 import redis
+from celery.app import trace as celery_trace
+from celery.utils.saferepr import saferepr
 
+import workers.app  # noqa: F401  (installs the patches)
 from fleet.client import Fleet
 from fleet.redis_store import RedisStore
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
-from workers.events import EVENT_FLUSH_INTERVAL_S
-
-pytestmark = pytest.mark.integration
+from workers.events import EVENT_FLUSH_INTERVAL_S, result_repr
 
 BRANCHES = 12
 
@@ -47,6 +50,7 @@ def event_messages(pubsub: Any) -> list[list[dict[str, Any]]]:
     return [b for b in batches if b]
 
 
+@pytest.mark.integration
 def test_every_task_event_arrives_and_they_come_batched(
     fleet: Fleet, worker_url: str, tmp_path: Path
 ) -> None:
@@ -75,3 +79,29 @@ def test_every_task_event_arrives_and_they_come_batched(
     assert len(worker_events) >= 3 * (BRANCHES + 3)
     assert len(worker_batches) < len(worker_events) / 2, "published in batches"
     assert tail_s < 10 * EVENT_FLUSH_INTERVAL_S + 2.0, "the last ones did not wait for more"
+
+
+def test_a_results_shown_repr_is_celerys_saferepr() -> None:
+    rng = random.Random(14)
+    plain = string.ascii_letters + string.digits + " @._-:'\"\\\n\té€{}"
+    results: list[Any] = [
+        {"trace_id": "root@explore-001-1700000000000-001", "outcome": "completed"},
+        {"k": "x" * 2000},
+        None,
+        [1, "a"],
+        {"n": 1},
+        {1: "a"},
+        "text",
+    ]
+    for _ in range(5_000):
+        results.append(
+            {
+                "".join(rng.choice(plain) for _ in range(rng.randint(0, 10))): "".join(
+                    rng.choice(plain) for _ in range(rng.randint(0, 40))
+                )
+                for _ in range(rng.randint(0, 3))
+            }
+        )
+    for result in results:
+        assert result_repr(result, 1024) == saferepr(result, 1024), result
+    assert celery_trace.saferepr is result_repr  # installed with the app

@@ -185,6 +185,7 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
 
 
 kombu_fix.install()  # a worker must reconnect when Redis restarts, not exit
+events.install()  # a cheaper repr of a run's result for its task-succeeded event
 app = create_app()
 
 app.conf.imports = ("workers.tasks", "workers.signals")

