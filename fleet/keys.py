@@ -34,6 +34,19 @@ def trace(trace_id: str) -> str:
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
 
+LEGACY_TRACE_PARTS = ("messages", "stats", "stop")
+"""Keys of layout 1 (up to wave 2) that layout 2 folded into the trace hash: `fleet migrate`
+moves them (`fleet:trace:{id}:messages` hash seq -> Message JSON, `…:stats` hash of counters,
+`…:stop` string)."""
+
+
+def legacy_trace_part(trace_id: str, part: str) -> str:
+    """A layout-1 key of a trace: `part` is one of LEGACY_TRACE_PARTS."""
+    if part not in LEGACY_TRACE_PARTS:
+        raise ValueError(f"not a layout-1 trace key: {part!r}")
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:{part}"
+
+
 def collaborators(trace_id: str) -> str:
     """Hash: child trace id -> Collaborator JSON (one field per child: atomic per child)."""
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborators"
