@@ -34,17 +34,27 @@ def trace(trace_id: str) -> str:
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
 
-LEGACY_TRACE_PARTS = ("messages", "stats", "stop")
-"""Keys of layout 1 (up to wave 2) that layout 2 folded into the trace hash: `fleet migrate`
-moves them (`fleet:trace:{id}:messages` hash seq -> Message JSON, `…:stats` hash of counters,
-`…:stop` string)."""
+# Layout 1 (up to wave 2) kept these three apart from the trace hash; layout 2 folded them in
+# (`m:{sequence}`, `stats`, `stop`). Only `fleet migrate` (fleetops/migrate.py) reads them.
 
 
-def legacy_trace_part(trace_id: str, part: str) -> str:
-    """A layout-1 key of a trace: `part` is one of LEGACY_TRACE_PARTS."""
-    if part not in LEGACY_TRACE_PARTS:
-        raise ValueError(f"not a layout-1 trace key: {part!r}")
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:{part}"
+def legacy_messages(trace_id: str) -> str:
+    """Layout 1: hash sequence -> Message JSON."""
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:messages"
+
+
+def legacy_stats(trace_id: str) -> str:
+    """Layout 1: hash of TraceStats counters (HINCRBY / HINCRBYFLOAT)."""
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stats"
+
+
+def legacy_stop(trace_id: str) -> str:
+    """Layout 1: string, present while a stop was requested."""
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stop"
+
+
+LEGACY_SUFFIXES = ("messages", "stats", "stop")
+"""The last part of each layout-1 key, in the order `fleet migrate` passes them."""
 
 
 def collaborators(trace_id: str) -> str:

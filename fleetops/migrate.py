@@ -19,6 +19,7 @@ import redis
 
 from fleet import keys
 from fleet.errors import InvalidTraceId
+from fleet.ids import check_trace_id
 
 MOVE_TRACE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end
@@ -68,11 +69,11 @@ def legacy_trace_ids(client: redis.Redis) -> tuple[set[str], int]:
     found: set[str] = set()
     skipped = 0
     prefix = f"{keys.PREFIX}:trace:"
-    for part in keys.LEGACY_TRACE_PARTS:
+    for part in keys.LEGACY_SUFFIXES:
         for key in client.scan_iter(match=f"{prefix}*:{part}", count=SCAN_COUNT):
             trace_id = key.removeprefix(prefix).removesuffix(f":{part}")
             try:
-                keys.legacy_trace_part(trace_id, part)
+                check_trace_id(trace_id)
             except InvalidTraceId:
                 skipped += 1
                 continue
@@ -86,7 +87,11 @@ def migrate(client: redis.Redis, dry_run: bool = False) -> Migration:
     done = Migration(skipped=skipped)
     move = client.register_script(MOVE_TRACE)
     for trace_id in sorted(trace_ids):
-        parts = [keys.legacy_trace_part(trace_id, part) for part in keys.LEGACY_TRACE_PARTS]
+        parts = [
+            keys.legacy_messages(trace_id),
+            keys.legacy_stats(trace_id),
+            keys.legacy_stop(trace_id),
+        ]
         if dry_run:
             alive = bool(client.exists(keys.trace(trace_id)))
             done.traces += alive

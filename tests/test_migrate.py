@@ -24,13 +24,13 @@ def _old_trace(client: redis.Redis, store: RedisStore, trace_id: str) -> Trace:
         Message(trace_id=trace_id, role="system", content="sys", sequence=1),
         Message(trace_id=trace_id, role="user", content="hello", sequence=2, parent_sequence=1),
     ]
-    old = keys.legacy_trace_part(trace_id, "messages")
+    old = keys.legacy_messages(trace_id)
     client.hset(old, mapping={str(m.sequence): m.model_dump_json() for m in messages})
     client.hset(
-        keys.legacy_trace_part(trace_id, "stats"),
+        keys.legacy_stats(trace_id),
         mapping={"messages": 2, "prompt_tokens": 120, "completion_tokens": 7, "cost_usd": 0.0125},
     )
-    client.set(keys.legacy_trace_part(trace_id, "stop"), "1")
+    client.set(keys.legacy_stop(trace_id), "1")
     return trace
 
 
@@ -49,7 +49,8 @@ def test_a_layout_1_trace_reads_whole_after_migrate(redis_client: redis.Redis) -
     assert (stats.messages, stats.prompt_tokens, stats.completion_tokens) == (2, 120, 7)
     assert abs(stats.cost_usd - 0.0125) < 1e-12
     assert store.stop_requested("r1")
-    assert not any(redis_client.exists(keys.legacy_trace_part("r1", p)) for p in ("messages",))
+    legacy = [keys.legacy_messages("r1"), keys.legacy_stats("r1"), keys.legacy_stop("r1")]
+    assert not any(redis_client.exists(key) for key in legacy)
     assert redis_client.ttl(keys.trace("r1")) > 0
     again = migrate(redis_client)
     assert (again.traces, again.messages) == (0, 0)  # idempotent
@@ -70,9 +71,9 @@ def test_what_the_new_version_wrote_meanwhile_is_kept(redis_client: redis.Redis)
 
 
 def test_expired_traces_and_foreign_keys_are_left_alone(redis_client: redis.Redis) -> None:
-    redis_client.hset(keys.legacy_trace_part("gone", "messages"), "1", "{}")
+    redis_client.hset(keys.legacy_messages("gone"), "1", "{}")
     redis_client.set("fleet:trace:not an id:messages", "x")  # hostile names: no id, no move
-    redis_client.set(keys.legacy_trace_part("odd", "messages"), "a string, not a hash")
+    redis_client.set(keys.legacy_messages("odd"), "a string, not a hash")
     RedisStore(redis_client).create_trace(
         Trace(trace_id="odd", root_trace_id="odd", task="t", name="main")
     )
@@ -80,7 +81,7 @@ def test_expired_traces_and_foreign_keys_are_left_alone(redis_client: redis.Redi
     done = migrate(redis_client)
 
     assert (done.traces, done.expired, done.skipped) == (0, 1, 2)
-    assert redis_client.exists(keys.legacy_trace_part("gone", "messages"))  # its TTL ends it
+    assert redis_client.exists(keys.legacy_messages("gone"))  # its TTL ends it
     assert redis_client.get("fleet:trace:not an id:messages") == "x"
 
 
