@@ -212,7 +212,8 @@ def running_branches(
         pid = int(str(owner).split(":")[1])
         worker = next((w for w in workers if pid == w.pid or pid in w.child_pids()), None)
         trace = fleet.trace(trace_id)
-        if worker is not None and trace.status == "running" and trace.iteration >= 1:
+        branch = trace.parent_trace_id is not None  # the root runs under a lease too
+        if worker is not None and branch and trace.status == "running" and trace.iteration >= 1:
             found.append(Running(trace.trace_id, trace.task, trace.iteration, pid, worker.name))
     return found
 

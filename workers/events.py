@@ -8,7 +8,7 @@ leaves, whoever built them: the last layer behind `workers.naming`.
 `task.multi` message) on the next turn of the event loop: with a hundred threads finishing
 tasks, that was a PUBLISH, a JSON envelope and a kombu message for every one or two events,
 about a tenth of a busy worker's CPU. Here the loop publishes at most every
-`EVENT_FLUSH_INTERVAL_S` (sooner when `buffer_limit` events wait, as in Celery); a flush
+`EVENT_FLUSH_INTERVAL_S` (sooner when EVENT_BUFFER_LIMIT events wait); a flush
 asked for earlier is put off with a timer of the worker's event loop, so no event waits
 longer than that, and closing the dispatcher (shutdown, reconnect) publishes what waits.
 Flower and every other event consumer see the same events, at most that much later.
@@ -32,6 +32,10 @@ from fleet.redact import process_redactor
 
 EVENT_FLUSH_INTERVAL_S = 0.1
 """The longest a worker's task event waits in its buffer (Flower sees it that much later)."""
+
+EVENT_BUFFER_LIMIT = 100
+"""A buffer this full is published at once, by the thread that filled it (Celery's default
+is 24: a busy worker reached it every 30 ms, so its pool threads did most of the flushing)."""
 
 SENT_EVENTS_PER_MESSAGE = 32
 """A chord header's task-sent events go out in messages of this many (see `hold_sent_events`):
@@ -60,6 +64,7 @@ class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
         self._asked = False
         self._flushed_at_s = 0.0
         ask = self._ask_for_flush if on_send_buffered is not None else None
+        kwargs.setdefault("buffer_limit", EVENT_BUFFER_LIMIT)
         super().__init__(*args, on_send_buffered=ask, **kwargs)
 
     def send(self, type: str, *args: Any, **fields: Any) -> Any:
