@@ -34,6 +34,29 @@ def trace(trace_id: str) -> str:
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
 
+# Layout 1 (up to wave 2) kept these three apart from the trace hash; layout 2 folded them in
+# (`m:{sequence}`, `stats`, `stop`). Only `fleet migrate` (fleetops/migrate.py) reads them.
+
+
+def legacy_messages(trace_id: str) -> str:
+    """Layout 1: hash sequence -> Message JSON."""
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:messages"
+
+
+def legacy_stats(trace_id: str) -> str:
+    """Layout 1: hash of TraceStats counters (HINCRBY / HINCRBYFLOAT)."""
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stats"
+
+
+def legacy_stop(trace_id: str) -> str:
+    """Layout 1: string, present while a stop was requested."""
+    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:stop"
+
+
+LEGACY_SUFFIXES = ("messages", "stats", "stop")
+"""The last part of each layout-1 key, in the order `fleet migrate` passes them."""
+
+
 def collaborators(trace_id: str) -> str:
     """Hash: child trace id -> Collaborator JSON (one field per child: atomic per child)."""
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborators"

@@ -28,11 +28,12 @@ FLOWER_AUTH_ENV = "FLOWER_BASIC_AUTH"
 
 
 def register(commands: Any) -> None:
-    """Add `up`, `worker`, `flower` and `doctor`."""
+    """Add `up`, `worker`, `flower`, `doctor` and `migrate`."""
     _add_up(commands)
     _add_worker(commands)
     _add_flower(commands)
     _add_doctor(commands)
+    _add_migrate(commands)
 
 
 def autoscale(text: str) -> str:
@@ -85,6 +86,14 @@ def _add_doctor(commands: Any) -> None:
     doctor = commands.add_parser("doctor", help="check Redis, broker, workers and model config")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
     doctor.set_defaults(handler=run_doctor)
+
+
+def _add_migrate(commands: Any) -> None:
+    migrate = commands.add_parser(
+        "migrate", help="move traces an earlier version wrote into this version's layout"
+    )
+    migrate.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    migrate.set_defaults(handler=run_migrate)
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -230,3 +239,20 @@ def _print_checks(checks: list[Check]) -> None:
     width = max(len(check.name) for check in checks)
     for check in checks:
         print(f"{check.name:<{width}}  {check.status:<4}  {check.detail}")
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    """`fleet migrate`: see `fleetops.migrate`."""
+    import redis
+
+    from fleet.redis_connect import connect, unreachable
+    from fleetops.discovery import fleet_settings
+    from fleetops.migrate import migrate
+
+    url = fleet_settings().redis_url
+    try:
+        done = migrate(connect(url), dry_run=args.dry_run)
+    except redis.RedisError as exc:
+        raise unreachable(url, exc) from None
+    print(done.line(args.dry_run))
+    return 0
