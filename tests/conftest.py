@@ -7,6 +7,7 @@ import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -17,6 +18,9 @@ from fleet.redis_connect import connect
 from fleet.redis_server import start_redis_server
 from fleet.redis_store import RedisStore
 from fleet.store import TraceStore
+
+if TYPE_CHECKING:
+    from fleet.client import Fleet
 
 REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"
 """A Redis to test against instead of a private redis-server; its database is flushed."""
@@ -76,3 +80,14 @@ def worker_url(redis_url: str) -> Iterator[str]:
     with start_worker(redis_url, concurrency=16) as worker:
         wait_for_workers(redis_url, [worker.name], timeout_s=30)
         yield redis_url
+
+
+@pytest.fixture
+def worker_fleet(worker_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    """A `Fleet` client of `worker_url`'s worker (workspace `tmp_path`), closed afterwards."""
+    from tests.fleetkit import client, fleet_settings
+
+    fleet = client(fleet_settings(worker_url, tmp_path))
+    yield fleet
+    assert isinstance(fleet.store, RedisStore)
+    fleet.store.close()

@@ -17,8 +17,7 @@ import redis
 from fleet.client import Fleet
 from fleet.models import Trace
 from fleet.redis_server import free_port
-from fleet.redis_store import RedisStore
-from tests.fleetkit import client, explore_script, fleet_settings, wait_until
+from tests.fleetkit import explore_script, wait_until
 from workers.app import QUEUES
 from workers.naming import REDACTED, first_words, shadow_name, task_repr
 
@@ -76,11 +75,8 @@ def flower(worker_url: str, tmp_path: Path) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture
-def fleet(worker_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = client(fleet_settings(worker_url, tmp_path))
-    yield fleet
-    assert isinstance(fleet.store, RedisStore)
-    fleet.store.close()
+def fleet(worker_fleet: Fleet) -> Fleet:
+    return worker_fleet
 
 
 def tasks_of(http: httpx.Client, trace_id: str) -> dict[str, dict[str, Any]]:

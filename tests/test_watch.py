@@ -6,7 +6,6 @@ import os
 import pty
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,13 +14,12 @@ from rich.console import Console
 from fleet.client import Fleet
 from fleet.inprocess import InProcessDispatcher
 from fleet.memory_store import MemoryStore
-from fleet.redis_store import RedisStore
 from fleet.roots import TaskSpec, create_root
 from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleetops.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
-from tests.fleetkit import client, explore_script, fleet_settings
+from tests.fleetkit import explore_script
 from tests.procs import read_until_exit
 
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
@@ -98,11 +96,8 @@ def test_watching_a_branch_shows_only_its_subtree(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def fleet(worker_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = client(fleet_settings(worker_url, tmp_path))
-    yield fleet
-    assert isinstance(fleet.store, RedisStore)
-    fleet.store.close()
+def fleet(worker_fleet: Fleet) -> Fleet:
+    return worker_fleet
 
 
 def watch_env(url: str) -> dict[str, str]:

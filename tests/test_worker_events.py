@@ -8,7 +8,6 @@ import random
 import string
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +18,15 @@ from celery.utils.saferepr import saferepr
 
 import workers.app  # noqa: F401  (installs the patches)
 from fleet.client import Fleet
-from fleet.redis_store import RedisStore
-from tests.fleetkit import client, explore_script, fleet_settings, wait_until
+from tests.fleetkit import explore_script, wait_until
 from workers.events import EVENT_FLUSH_INTERVAL_S, result_repr
 
 BRANCHES = 12
 
 
 @pytest.fixture
-def fleet(worker_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = client(fleet_settings(worker_url, tmp_path))
-    yield fleet
-    assert isinstance(fleet.store, RedisStore)
-    fleet.store.close()
+def fleet(worker_fleet: Fleet) -> Fleet:
+    return worker_fleet
 
 
 def event_messages(pubsub: Any) -> list[list[dict[str, Any]]]:
