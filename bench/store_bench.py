@@ -4,7 +4,7 @@ python bench/store_bench.py [--branches 200] [--repeat 3] [--by-command]
 
 An explore as a worker fleet runs it, without Celery: the root's first run (its spawn
 turn: create the children, announce them, wait), each branch's `Runner.run` (2 scripted
-model calls, `list_dir` between them), the collect (`lifecycle.settle`, as the chord body
+model calls, `list_dir` between them), the collect (`settling.settle`, as the chord body
 calls it) and the root's resume. Per branch, for each phase and in total: Redis commands
 (INFO commandstats delta: commands inside Lua scripts count), round trips (redis-py
 `send_packed_command` calls: a pipeline is one) and CPU of this process
@@ -31,7 +31,9 @@ from redis.connection import Connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet import lifecycle  # noqa: E402
+from fleet import (
+    settling,
+)
 from fleet.redis_server import start_redis_server  # noqa: E402
 from fleet.redis_store import RedisStore  # noqa: E402
 from fleet.roots import TaskSpec, create_root  # noqa: E402
@@ -103,10 +105,10 @@ def one_explore(runtime: Runtime, recorder: Recorder, model: str, meter: Meter) 
         with meter.phase("branch"):
             assert runner.run(child).outcome == "completed"
     with meter.phase("collect"):
-        settled = lifecycle.settle(
+        settled = settling.settle(
             runtime, request.parent_trace_id, request.tool_call_id, request.child_ids
         )
-        assert isinstance(settled, lifecycle.Settled) and settled.turn_complete
+        assert isinstance(settled, settling.Settled) and settled.turn_complete
     with meter.phase("resume"):
         assert runner.run(root.trace_id).outcome == "completed"
     return len(request.child_ids)

@@ -1,6 +1,6 @@
 """What a parent reads of its finished children: the tool result, rendered.
 
-Writing it (and the collaborator entries) is `fleet.lifecycle.settle`'s job.
+Writing it (and the collaborator entries) is `fleet.settling.settle`'s job.
 """
 
 from __future__ import annotations

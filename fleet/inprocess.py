@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fleet import human, lifecycle
+from fleet import human, settling
 from fleet.conversation import continue_trace
 from fleet.llm.base import LLMClient
 from fleet.memory_store import MemoryStore
@@ -43,7 +43,7 @@ class InProcessDispatcher:
                 list(pool.map(lambda child: run_to_end(runner, child), ids))
         # Every child ran to its end here, so this settles the call (a child whose runner
         # lost its lease leaves it `Waiting`: nothing of it would be true yet).
-        lifecycle.settle(runtime, request.parent_trace_id, request.tool_call_id, ids)
+        settling.settle(runtime, request.parent_trace_id, request.tool_call_id, ids)
 
 
 class InProcessFleet:

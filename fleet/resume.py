@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, assert_never
 
-from fleet import lifecycle
+from fleet import lifecycle, settling
 from fleet.context import first_messages
 from fleet.history import SUB_AGENT_TOOLS, healed_result, main_path, open_turn
 from fleet.human import ASK_HUMAN, still_waiting
@@ -66,15 +66,15 @@ def _settle(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> bool:
         return True  # a person has not answered yet: a redelivered run waits again
     kids: list[str] = []
     if name in SUB_AGENT_TOOLS:
-        kids = lifecycle.call_children(runtime.store, trace.trace_id, call_id)
+        kids = settling.call_children(runtime.store, trace.trace_id, call_id)
     if kids:
         # Their collect was lost (or is still to come): settle it here if they all ended.
-        match lifecycle.settle(runtime, trace.trace_id, call_id, kids):
-            case lifecycle.Settled() | lifecycle.AlreadyCollected():
+        match settling.settle(runtime, trace.trace_id, call_id, kids):
+            case settling.Settled() | settling.AlreadyCollected():
                 return False
-            case lifecycle.Waiting() if runtime.dispatcher.children_survive_restart:
+            case settling.Waiting() if runtime.dispatcher.children_survive_restart:
                 return True
-            case lifecycle.Waiting():
+            case settling.Waiting():
                 pass  # they died with this process: heal the call below
             case unreachable:
                 assert_never(unreachable)

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal, assert_never
 
-from fleet import lifecycle
+from fleet import lifecycle, settling
 from fleet.errors import FleetError, LeaseLost, TransientLLMError
 from fleet.fit import fit
 from fleet.fit import record as record_fit
@@ -95,7 +95,7 @@ class Runner:
             if isinstance(outcome, Wait):
                 return RunResult(trace_id, "throttled", outcome.retry_in_s)
             # A collect that finished while we held the lease could not resume us: look again.
-            if outcome != "waiting" or not lifecycle.turn_complete(self.store, trace_id):
+            if outcome != "waiting" or not settling.turn_complete(self.store, trace_id):
                 return RunResult(trace_id, outcome)
 
     def _fenced(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from fleet import lifecycle, outbox
+from fleet import lifecycle, outbox, settling
 from fleet.cache import delegate_preset
 from fleet.errors import ToolError
 from fleet.fanout import check_spawn
@@ -120,7 +120,7 @@ def execute_turn(
         changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
         return ToolTurn(waiting=False, written=None if changed else written)
     _dispatch(runtime, trace, spawns)
-    return ToolTurn(not lifecycle.turn_complete(runtime.store, trace.trace_id), None)
+    return ToolTurn(not settling.turn_complete(runtime.store, trace.trace_id), None)
 
 
 def plain_only(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from fleet import lifecycle
+from fleet import lifecycle, settling
 from fleet.inprocess import InProcessFleet
-from fleet.lifecycle import AlreadyCollected, Settled, Waiting
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace
 from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
+from fleet.settling import AlreadyCollected, Settled, Waiting
 from fleet.subagents import spawn
 from fleet.testing import ScriptedModel
 
@@ -66,7 +66,7 @@ def test_settle_waits_while_a_child_runs_and_writes_nothing(tmp_path: Path) -> N
     first, second = request.child_ids
     lifecycle.finish(runtime, first, "completed", answer="done", reason="final_answer")
 
-    outcome = lifecycle.settle(runtime, parent.trace_id, "c1", request.child_ids)
+    outcome = settling.settle(runtime, parent.trace_id, "c1", request.child_ids)
 
     assert outcome == Waiting(pending=(second,))
     assert not [m for m in runtime.store.messages(parent.trace_id) if m.role == "tool"]
@@ -81,27 +81,27 @@ def test_settle_writes_the_result_once_and_says_when_the_turn_is_complete(
     end_all(runtime, one)
     end_all(runtime, two)
 
-    first = lifecycle.settle(runtime, parent.trace_id, "c1", one.child_ids)
-    again = lifecycle.settle(runtime, parent.trace_id, "c1", one.child_ids)
-    last = lifecycle.settle(runtime, parent.trace_id, "c2", two.child_ids)
+    first = settling.settle(runtime, parent.trace_id, "c1", one.child_ids)
+    again = settling.settle(runtime, parent.trace_id, "c1", one.child_ids)
+    last = settling.settle(runtime, parent.trace_id, "c2", two.child_ids)
 
     assert first == Settled(parent.trace_id, "c1", turn_complete=False)
     assert again == AlreadyCollected()
     assert last == Settled(parent.trace_id, "c2", turn_complete=True)
     results = [m for m in runtime.store.messages(parent.trace_id) if m.role == "tool"]
     assert [m.tool_call_id for m in results] == ["c1", "c2"]
-    assert lifecycle.turn_complete(runtime.store, parent.trace_id)
+    assert settling.turn_complete(runtime.store, parent.trace_id)
 
 
 def test_settle_from_a_child_finds_its_siblings(tmp_path: Path) -> None:
     runtime, parent, (request,) = parent_with_calls(tmp_path, "c1")
     first, second = request.child_ids
     lifecycle.finish(runtime, first, "failed", error="boom", reason="crash")
-    assert lifecycle.settle_from_child(runtime, first) == Waiting(pending=(second,))
+    assert settling.settle_from_child(runtime, first) == Waiting(pending=(second,))
     lifecycle.finish(runtime, second, "completed", answer="ok", reason="final_answer")
-    assert lifecycle.settle_from_child(runtime, first) == Settled(parent.trace_id, "c1", True)
-    assert lifecycle.settle_from_child(runtime, second) == AlreadyCollected()
-    assert lifecycle.settle_from_child(runtime, parent.trace_id) == AlreadyCollected()
+    assert settling.settle_from_child(runtime, first) == Settled(parent.trace_id, "c1", True)
+    assert settling.settle_from_child(runtime, second) == AlreadyCollected()
+    assert settling.settle_from_child(runtime, parent.trace_id) == AlreadyCollected()
 
 
 def test_finish_mirrors_the_child_into_its_parents_entry(tmp_path: Path) -> None:

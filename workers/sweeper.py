@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from fleet import lifecycle, outbox
+from fleet import outbox, settling
 from fleet.control import claim_dead_runs
 from fleet.human import time_out_waits
 from fleet.models import now_ms
@@ -79,9 +79,9 @@ def settle_due(entry: str) -> None:
 
     runtime = get_runtime()
     _, parent_id, call_id = outbox.parse(entry)
-    children = lifecycle.call_children(runtime.store, parent_id, call_id)
-    settlement = lifecycle.settle(runtime, parent_id, call_id, children)
-    if isinstance(settlement, lifecycle.Waiting):
+    children = settling.call_children(runtime.store, parent_id, call_id)
+    settlement = settling.settle(runtime, parent_id, call_id, children)
+    if isinstance(settlement, settling.Waiting):
         resend_stranded(settlement.pending)
         runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
         return

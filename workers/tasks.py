@@ -8,12 +8,12 @@ import redis
 from celery import Task
 from celery.exceptions import Ignore
 
-from fleet import lifecycle, outbox
-from fleet.lifecycle import AlreadyCollected, Settled, Settlement, Waiting
+from fleet import outbox, settling
 from fleet.models import now_ms
 from fleet.runner import Runner, RunResult, run_safely
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
+from fleet.settling import AlreadyCollected, Settled, Settlement, Waiting
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send, start_window, tree_schedule
 from workers.runtime import draining, get_runtime
@@ -59,9 +59,9 @@ def after_run(runtime: Runtime, result: RunResult, *, recovered: bool, windowed:
     if ended and (windowed or recovered):  # a sweeper's re-send does not say `windowed`
         start_window(runtime, runtime.store.get_trace(trace_id).root_trace_id, ended=trace_id)
     if ended and windowed:
-        resume_settled(lifecycle.settle_from_child(runtime, trace_id))
+        resume_settled(settling.settle_from_child(runtime, trace_id))
     if recovered and result.outcome != "interrupted":  # else the sweeper comes back
-        after_recovery(trace_id, lifecycle.settle_from_child(runtime, trace_id))
+        after_recovery(trace_id, settling.settle_from_child(runtime, trace_id))
 
 
 @app.task(name="fleet.resume_agent", bind=True, max_retries=MAX_WORKER_LOST_RETRIES)
@@ -109,7 +109,7 @@ def collect(results: list[dict[str, str]], parent_trace_id: str, tool_call_id: s
     `Waiting` (a lost branch was re-enqueued) leaves it to that branch when it ends.
     """
     child_ids = [r["trace_id"] for r in results]
-    settlement = lifecycle.settle(get_runtime(), parent_trace_id, tool_call_id, child_ids)
+    settlement = settling.settle(get_runtime(), parent_trace_id, tool_call_id, child_ids)
     return resume_settled(settlement)
 
 
@@ -122,8 +122,8 @@ def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     settled once they all have (now, or by a sweeper from the outbox).
     """
     runtime = get_runtime()
-    children = lifecycle.call_children(runtime.store, parent_trace_id, tool_call_id)
-    settlement = lifecycle.settle(runtime, parent_trace_id, tool_call_id, children)
+    children = settling.call_children(runtime.store, parent_trace_id, tool_call_id)
+    settlement = settling.settle(runtime, parent_trace_id, tool_call_id, children)
     settle_later(parent_trace_id, tool_call_id, settlement)
 
 
