@@ -76,6 +76,9 @@ def test_every_header_task_carries_the_tree_stamps(sender: redis.Redis) -> None:
         body = json.loads(base64.b64decode(message["body"]))
         collect = body[2]["chord"]
         assert collect["task"] == "fleet.collect" and collect["args"] == ["root", "call_1"]
+        # What the fleet's join (workers.join) needs: runs store no result, the size.
+        assert headers["ignore_result"] is True
+        assert collect["options"]["chord_size"] == 3
         assert collect["options"]["root_trace_id"] == "root"
         assert collect["options"]["link_error"][0]["options"]["parent_trace_id"] == "root"
 
@@ -90,6 +93,7 @@ def test_the_header_goes_out_in_one_pipeline_without_subscriptions(sender: redis
     assert "cmdstat_subscribe" not in sent, "the sender subscribed to header results"
     assert sender.pubsub_channels("celery-task-meta-*") == []
     assert len(sender.lrange("fleet.explore", 0, -1)) == 40
+    assert list(sender.scan_iter("celery-taskset-meta-*")) == [], "no size key: see workers.join"
 
 
 def test_a_failing_block_sends_nothing(sender: redis.Redis) -> None:

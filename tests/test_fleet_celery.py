@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from fleet.client import Fleet
 from tests.fleetkit import celery_fleet, explore_script, wait_until
+from workers import join
 
 pytestmark = [
     pytest.mark.integration,
@@ -50,6 +53,47 @@ def test_dispatching_leaves_no_result_subscriptions(
     trace = fleet.submit("survey", model=model).wait(timeout_s=60)
     assert trace.status == "completed"
     assert redis_client.pubsub_channels("celery-task-meta-*") == []
+
+
+def stored_results(conn: redis.Redis) -> list[dict[str, Any]]:
+    """Every task result in the backend (`result_extended`: with the task's name)."""
+    return [json.loads(conn.get(key) or "{}") for key in conn.scan_iter("celery-task-meta-*")]
+
+
+def test_branches_store_no_result_and_the_fleet_join_leaves_only_its_mark(
+    fleet: Fleet, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    model = explore_script(tmp_path / "m.yaml", 12)
+    trace = fleet.submit("survey", model=model).wait(timeout_s=60)
+    assert trace.status == "completed"
+    wait_until(lambda: stored_results(redis_client) != [], 10, "the chord body's result")
+    assert [r["name"] for r in stored_results(redis_client)] == ["fleet.collect"]
+    (mark,) = redis_client.scan_iter("celery-taskset-meta-*")  # no parts, no `.s` size key
+    assert mark.endswith(join.CLAIM_SUFFIX) and redis_client.get(mark) == "done"
+    assert redis_client.ttl(mark) > 0
+
+
+def test_a_plain_chord_keeps_celerys_join(fleet: Fleet, redis_client: redis.Redis) -> None:
+    from celery import chord
+
+    from workers.app import app
+
+    def accumulate(*args: Any, **kwargs: Any) -> Any:  # Celery's builtin: returns its args
+        return app.signature("celery.accumulate", args, kwargs, queue="fleet.main")
+
+    header = [accumulate(i, index=0).set(immutable=True) for i in range(5)]
+    body = chord(header, accumulate()).apply_async()
+
+    def body_done() -> bool:
+        raw = redis_client.get(f"celery-task-meta-{body.id}")
+        return raw is not None and json.loads(raw)["status"] == "SUCCESS"
+
+    wait_until(body_done, 30, "the plain chord's body")
+    assert json.loads(redis_client.get(f"celery-task-meta-{body.id}") or "")["result"] == [
+        [0, 1, 2, 3, 4]
+    ]
+    assert sum(r["name"] == "celery.accumulate" for r in stored_results(redis_client)) == 6
+    assert redis_client.get(f"celery-taskset-meta-{body.parent.id}.c") == "done", "Celery's join"
 
 
 def test_a_raising_branch_leaves_its_siblings(fleet: Fleet, tmp_path: Path) -> None:

@@ -24,12 +24,12 @@ from tests.test_fleet_recovery import (
     FAST_RECOVERY,
     RUN_TIMEOUT_S,
     Running,
+    TaskEvents,
     assert_collected_once,
     database_url,
     fleet_client,
     running_branches,
     start_workers,
-    task_metas,
 )
 from workers.app import QUEUES
 
@@ -84,8 +84,16 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("workspace")
 
 
+@pytest.fixture
+def task_events(broker_url: str) -> Iterator[TaskEvents]:
+    """Recording from before the test's workers start (their events go through RabbitMQ)."""
+    recorder = TaskEvents(broker_url)
+    yield recorder
+    recorder.close()
+
+
 def test_a_killed_worker_is_redelivered_by_rabbitmq_and_collected_once(
-    broker_url: str, url: str, workspace: Path, tmp_path: Path
+    broker_url: str, url: str, workspace: Path, tmp_path: Path, task_events: TaskEvents
 ) -> None:
     # RabbitMQ hands a dead consumer's unacked headers to the survivor at once; they find
     # the dead runner's lease still held and return, and the sweeper's recovery collects.
@@ -111,10 +119,14 @@ def test_a_killed_worker_is_redelivered_by_rabbitmq_and_collected_once(
             f"rabbitmq, whole worker killed: root done {time.monotonic() - killed_at:.1f} s later"
         )
         assert_collected_once(fleet, root.trace_id, 20)
-        redelivered = {m.trace_id: m for m in task_metas(conn)}
+        wait_until(
+            lambda: all(r.succeeded for r in task_events.runs()), 10, "every run's success event"
+        )
+        # The chord's header tasks, not the sweepers' recovered runs of the same traces.
+        redelivered = {r.trace_id: r for r in task_events.runs() if not r.recovered}
         for victim in victims:  # redelivered at once: the lost lease was still held
-            assert redelivered[victim.trace_id].worker != mine[0].name
-            assert redelivered[victim.trace_id].result["outcome"] == "busy"
+            assert redelivered[victim.trace_id].worker not in ("", mine[0].name)
+            assert redelivered[victim.trace_id].outcome == "busy"
 
 
 @pytest.fixture(scope="module")
@@ -133,14 +145,16 @@ def fleet(
 
 
 def test_an_explore_through_rabbitmq_spreads_over_two_workers(
-    fleet: Fleet, url: str, workers: list[WorkerProcess], tmp_path: Path
+    fleet: Fleet, workers: list[WorkerProcess], task_events: TaskEvents, tmp_path: Path
 ) -> None:
     model = explore_script(tmp_path / "m.yaml", 20, latency_ms=100)
     trace = fleet.submit("survey", model=model).wait(timeout_s=RUN_TIMEOUT_S)
     assert_collected_once(fleet, trace.trace_id, 20)
     branches = set(fleet.store.children(trace.trace_id))
-    with redis.Redis.from_url(url, decode_responses=True) as conn:
-        ran_on = {m.trace_id: m.worker for m in task_metas(conn) if m.trace_id in branches}
+    wait_until(
+        lambda: all(r.succeeded for r in task_events.runs()), 10, "every run's success event"
+    )
+    ran_on = {r.trace_id: r.worker for r in task_events.runs() if r.trace_id in branches}
     assert set(ran_on) == branches
     assert set(ran_on.values()) == {w.name for w in workers}
 

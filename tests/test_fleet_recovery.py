@@ -4,13 +4,15 @@ a lost worker. Workers run with a 3 s lease and a 1 s sweep, so recovery takes s
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from celery import Celery
 
 from fleet import keys
 from fleet.client import Fleet
@@ -65,41 +68,86 @@ def fleet_client(broker_url: str, redis_url: str, workspace: Path) -> Iterator[F
 
 @dataclass(frozen=True)
 class TaskMeta:
-    """A task's entry in the result backend (`result_extended`: name, args, worker)."""
+    """A task's entry in the result backend (`result_extended`: name, status)."""
 
     task_id: str
     name: str
     status: str
-    args: list[Any]
-    worker: str
-    retries: int
-    result: Any
-
-    @property
-    def trace_id(self) -> str:
-        """The trace a run task ran (its one argument)."""
-        return str(self.args[0])
 
 
-def task_metas(conn: redis.Redis, name: str = "fleet.run_agent") -> list[TaskMeta]:
-    """Every stored task of this name (chord members store results; lone sends don't)."""
+def task_metas(conn: redis.Redis, name: str) -> list[TaskMeta]:
+    """Every stored task of this name (chord bodies store results; run tasks don't)."""
     metas = []
     for key in conn.scan_iter("celery-task-meta-*"):
         raw = conn.get(key)
         meta = json.loads(raw) if raw else {}
-        if meta.get("name") == name and meta.get("args"):
-            metas.append(
-                TaskMeta(
-                    task_id=meta["task_id"],
-                    name=name,
-                    status=meta["status"],
-                    args=meta["args"],
-                    worker=meta.get("worker") or "",
-                    retries=int(meta.get("retries") or 0),
-                    result=meta.get("result"),
-                )
-            )
+        if meta.get("name") == name:
+            metas.append(TaskMeta(task_id=meta["task_id"], name=name, status=meta["status"]))
     return metas
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """A run task (`fleet.run_agent`, `resume_agent`) as its workers' task events tell it."""
+
+    task_id: str
+    trace_id: str
+    recovered: bool
+    """Sent by a sweeper (`recovered=True`), not by a chord or a submit."""
+    retries: int
+    """The highest retry count a worker received it with."""
+    worker: str = ""
+    """The node that reported it succeeded ("" while none has)."""
+    outcome: str = ""
+    """The outcome its envelope reported."""
+
+    @property
+    def succeeded(self) -> bool:
+        return bool(self.worker)
+
+
+class TaskEvents:
+    """The task events of the workers on one broker, recorded from a thread as they come.
+
+    Run tasks store no result, so which worker ran which trace, and how often a task was
+    retried, come from what every worker tells Flower: a run's task-received event carries
+    its id, retry count and `argsrepr` (the trace id first, quoted), its task-succeeded
+    event the node that ran it. Recorded with Celery's own `EventReceiver`, as Flower does,
+    on Redis and RabbitMQ alike.
+    """
+
+    def __init__(self, broker_url: str) -> None:
+        self._app = Celery("fleet-tests-events", broker=broker_url, set_as_current=False)
+        self._conn = self._app.connection_for_read()
+        self._events: list[dict[str, Any]] = []
+        self._receiver = self._app.events.Receiver(self._conn, handlers={"*": self._events.append})
+        listening = threading.Event()
+        self._receiver.on_consume_ready = lambda *_, **__: listening.set()
+        self._thread = threading.Thread(target=self._receiver.capture, kwargs={"wakeup": False})
+        self._thread.start()
+        if not listening.wait(STARTUP_TIMEOUT_S):
+            raise TimeoutError("the event receiver did not start")
+
+    def close(self) -> None:
+        self._receiver.should_stop = True
+        self._thread.join()
+        self._conn.release()
+        self._app.close()
+
+    def runs(self) -> list[TaskRun]:
+        """Every run task received so far, by task id (a retry or redelivery is the same)."""
+        runs: dict[str, TaskRun] = {}
+        for event in list(self._events):
+            run = runs.get(event.get("uuid", ""))
+            if event["type"] == "task-received" and str(event["args"])[:2] in ("('", "['"):
+                retries = max(int(event.get("retries") or 0), run.retries if run else 0)
+                trace_id = run.trace_id if run else str(event["args"]).split("'")[1]
+                recovered = "'recovered': True" in str(event["kwargs"])
+                runs[event["uuid"]] = TaskRun(event["uuid"], trace_id, recovered, retries)
+            elif event["type"] == "task-succeeded" and run is not None:
+                outcome = ast.literal_eval(event["result"])["outcome"]  # repr of the envelope
+                runs[run.task_id] = replace(run, worker=event["hostname"], outcome=outcome)
+        return list(runs.values())
 
 
 def reenqueued_at_ms(log: str, trace_id: str) -> int:
@@ -170,8 +218,16 @@ def conn(url: str) -> Iterator[redis.Redis]:
         yield c
 
 
+@pytest.fixture
+def task_events(url: str) -> Iterator[TaskEvents]:
+    """Recording from before the workers start."""
+    recorder = TaskEvents(url)
+    yield recorder
+    recorder.close()
+
+
 def test_an_explore_spreads_over_two_worker_processes(
-    url: str, conn: redis.Redis, tmp_path: Path
+    url: str, task_events: TaskEvents, tmp_path: Path
 ) -> None:
     model = explore_script(tmp_path / "m.yaml", 20, latency_ms=100)
     with contextlib.ExitStack() as stack:
@@ -180,7 +236,10 @@ def test_an_explore_spreads_over_two_worker_processes(
         trace = fleet.submit("survey", model=model).wait(timeout_s=RUN_TIMEOUT_S)
         assert_collected_once(fleet, trace.trace_id, 20)
         branches = fleet.store.children(trace.trace_id)
-    ran_on = {m.trace_id: m.worker for m in task_metas(conn)}
+        wait_until(
+            lambda: all(r.succeeded for r in task_events.runs()), 10, "every run's success event"
+        )
+    ran_on = {r.trace_id: r.worker for r in task_events.runs() if r.trace_id != trace.trace_id}
     assert set(ran_on) == set(branches)
     assert set(ran_on.values()) == {a.name, b.name}, "both workers ran branches"
 
@@ -219,7 +278,7 @@ def running_branches(
 
 
 def test_a_killed_pool_process_is_retried_and_each_branch_collected_once(
-    url: str, conn: redis.Redis, tmp_path: Path
+    url: str, conn: redis.Redis, task_events: TaskEvents, tmp_path: Path
 ) -> None:
     model = explore_script(tmp_path / "m.yaml", 20, latency_ms=300, branch_turns=2)
     with contextlib.ExitStack() as stack:
@@ -253,13 +312,15 @@ def test_a_killed_pool_process_is_retried_and_each_branch_collected_once(
         # Celery's retry of the lost task may come after a recovered run collected: then it
         # completes the chord late, and its body must find the explore collected already.
         def retried_and_chord_done() -> bool:
-            retry = [m for m in task_metas(conn) if m.trace_id == victim.trace_id]
+            retry = [r for r in task_events.runs() if r.trace_id == victim.trace_id and r.retries]
             bodies = task_metas(conn, "fleet.collect")
-            return retry[0].status == "SUCCESS" and [b.status for b in bodies] == ["SUCCESS"]
+            return bool(retry) and retry[0].succeeded and [b.status for b in bodies] == ["SUCCESS"]
 
         wait_until(retried_and_chord_done, RUN_TIMEOUT_S, "the retry and the chord body")
         assert_collected_once(fleet, trace.trace_id, 20)
-    (retried,) = [m for m in task_metas(conn) if m.trace_id == victim.trace_id]
+    # The victim's chord header task, retried under its own id (the sweeper's recovered run
+    # of the same trace is a task of its own, never retried).
+    (retried,) = [r for r in task_events.runs() if r.trace_id == victim.trace_id and r.retries]
     assert retried.retries >= 1 and retried.worker == worker.name
     print(f"pool process killed: root completed {elapsed_s:.1f} s later")
 

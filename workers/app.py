@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 from celery import Celery
@@ -15,7 +16,7 @@ from kombu.messaging import Producer
 
 from fleet.settings import Settings, process_settings
 from fleet.trees import Priority
-from workers import events, kombu_fix
+from workers import events, join, kombu_fix
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
 QUEUE_BY_MODE = {
@@ -110,7 +111,7 @@ event are two), so the first branches start while the rest of a large chord is b
 
 
 class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
-    """Celery's Redis result backend, which subscribes to nothing while `one_pipeline` sends.
+    """Celery's Redis result backend: no subscriptions while sending; the fleet's own join.
 
     Sending a chord registers every header result with the sender's backend (the
     `GroupResult` that `apply_chord` builds, and the group's barrier), and each
@@ -119,7 +120,40 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
     `one_pipeline` waits on those results (the chord body runs from the header tasks'
     own counter), so registrations made there are dropped; everywhere else (`get`, `then`)
     this is `RedisBackend`.
+
+    A chord whose body is `fleet.collect` with its size in its options
+    (`workers.join.is_fleet_join`) is joined by `workers.join`: nothing is written when it
+    is sent (no `.s` size key, no saved group), one small script per header part. Every
+    other chord gets Celery's join.
     """
+
+    _fleet_group: str | None = None
+    """The group of the fleet chord this thread is sending (its size key is not written)."""
+
+    @cached_property
+    def fleet_join_script(self) -> Any:
+        """`workers.join.PART_RETURN`, registered on this backend's client."""
+        return self.client.register_script(join.PART_RETURN)
+
+    def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
+        """Celery's, except for a fleet chord: nothing to save, and no size key to write."""
+        if join.is_fleet_join(body):
+            self._fleet_group = header_result_args[0]
+            return
+        self._fleet_group = None
+        super().apply_chord(header_result_args, body, **kwargs)
+
+    def set_chord_size(self, group_id: str, chord_size: int) -> None:
+        """Celery's `.s` key, which only Celery's join reads: not for a fleet chord."""
+        if group_id != self._fleet_group:
+            super().set_chord_size(group_id, chord_size)
+
+    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
+        """A header task ended (any state, its result stored or not): count it in its chord."""
+        if join.is_fleet_join(request.chord):
+            join.part_returned(self, request, state, result)
+        else:
+            super().on_chord_part_return(request, state, result, **kwargs)
 
     def add_pending_result(
         self, result: Any, weak: bool = False, start_drainer: bool = True

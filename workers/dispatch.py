@@ -11,6 +11,7 @@ from fleet.conversation import stamp, turn_of
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
+from workers import join
 from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
 from workers.naming import shadow_name, task_repr
 
@@ -53,6 +54,8 @@ def run_signature(
             "argsrepr": task_repr(trace),
             "shadow": shadow_name(trace),
             "priority": message_priority(priority, sender.conf.broker_url),
+            # Nobody reads a run's stored result: a chord's join takes its part as it ends.
+            "ignore_result": True,
             **stamps(trace.parent_trace_id or "", trace.root_trace_id, turn_of(trace)),
         },
         immutable=True,
@@ -106,6 +109,7 @@ class CeleryDispatcher:
             queue=QUEUE_BY_MODE["main"],
             options={
                 "argsrepr": f"collect {request.parent_trace_id} {request.tool_call_id}",
+                join.SIZE_OPTION: len(header),  # the fleet's join (workers.join) counts to it
                 **tree,
             },
         )

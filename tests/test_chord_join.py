@@ -1,0 +1,203 @@
+"""The fleet's chord join (`workers.join`) on a real Redis: each part once, the body once.
+
+Header parts are reported as a worker reports them (`app.backend.on_chord_part_return` with
+the task's request), and the body is published to the real broker queue it is sent to.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import states
+from celery._state import _set_task_join_will_block
+from celery.app.task import Context
+from celery.canvas import Signature
+
+from tests.fleetkit import wait_until
+from workers import join
+from workers.app import app
+
+pytestmark = pytest.mark.integration
+
+BODY_QUEUE = "fleet.main"
+
+
+@pytest.fixture
+def conn(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    """The workers' app on this (emptied) Redis as broker and backend, as in a worker."""
+    app.conf.broker_url = app.conf.result_backend = redis_url
+    _set_task_join_will_block(True)
+    yield redis_client
+    _set_task_join_will_block(False)
+
+
+def chord_body(size: int | None, task: str = join.BODY_TASK) -> dict[str, Any]:
+    """A chord body as a header message carries it: collect, its errback, the size option."""
+    options: dict[str, Any] = {"task_id": str(uuid.uuid4()), "argsrepr": "collect root call_1"}
+    if size is not None:
+        options[join.SIZE_OPTION] = size
+    body = Signature(task, args=("root", "call_1"), queue=BODY_QUEUE, options=options, app=app)
+    # Not registered in this process: Celery sends it as a task, so the test sees it queued.
+    body.link_error(Signature("tests.errback", args=("root",), queue=BODY_QUEUE, immutable=True))
+    return dict(json.loads(json.dumps(body)))
+
+
+class Chord:
+    """One chord's header parts, reported like a worker does when each header task ends."""
+
+    def __init__(self, size: int | None, task: str = join.BODY_TASK) -> None:
+        self.group_id = str(uuid.uuid4())
+        self.body = chord_body(size, task)
+        self.task_ids = [str(uuid.uuid4()) for _ in range(size or 1)]
+
+    def trace_id(self, index: int) -> str:
+        return f"root@explore-{index + 1:03d}"
+
+    def request(self, index: int) -> Context:
+        """Header task `index`'s request, as its worker has it."""
+        return Context(
+            id=self.task_ids[index],
+            group=self.group_id,
+            group_index=index,
+            chord=self.body,
+            args=[self.trace_id(index)],
+        )
+
+    def result(self, index: int) -> dict[str, str]:
+        return {"trace_id": self.trace_id(index), "outcome": "completed"}
+
+    def report(self, index: int, state: str = states.SUCCESS) -> None:
+        """Header task `index` ended in `state` (a redelivered copy reports the same)."""
+        result: Any = self.result(index)
+        if state != states.SUCCESS:
+            result = RuntimeError("worker lost Redis")
+        app.backend.on_chord_part_return(self.request(index), state, result)
+
+    def keys(self, conn: redis.Redis) -> list[str]:
+        return sorted(conn.scan_iter(f"celery-taskset-meta-{self.group_id}*"))
+
+
+def queued(conn: redis.Redis, task: str) -> list[list[Any]]:
+    """The args of every message of `task` waiting in the body queue, oldest first."""
+    found = []
+    for raw in reversed(conn.lrange(BODY_QUEUE, 0, -1)):
+        message = json.loads(raw)
+        if message["headers"]["task"] == task:
+            found.append(json.loads(base64.b64decode(message["body"]))[0])
+    return found
+
+
+def bodies(conn: redis.Redis) -> list[list[str]]:
+    """The trace ids each queued collect was sent with."""
+    return [[r["trace_id"] for r in args[0]] for args in queued(conn, join.BODY_TASK)]
+
+
+def test_each_part_counts_once_and_the_last_sends_the_body_in_header_order(
+    conn: redis.Redis,
+) -> None:
+    chord = Chord(3)
+    chord.report(2)
+    chord.report(2)  # redelivered: same task id
+    chord.report(0)
+    assert bodies(conn) == [], "two of three parts"
+    chord.report(1)
+    assert bodies(conn) == [[chord.trace_id(0), chord.trace_id(1), chord.trace_id(2)]]
+    (args,) = queued(conn, join.BODY_TASK)
+    assert args[1:] == ["root", "call_1"]
+
+
+def test_a_copy_of_a_part_after_the_body_was_sent_sends_nothing(conn: redis.Redis) -> None:
+    chord = Chord(2)
+    chord.report(0)
+    chord.report(1)
+    chord.report(1)
+    chord.report(0)
+    assert len(bodies(conn)) == 1
+    assert chord.keys(conn) == [join.claim_key(app.backend, chord.group_id)], "only the mark"
+    one = Chord(1)
+    one.report(0)
+    one.report(0)
+    one.report(0)
+    assert len(bodies(conn)) == 2, "a chord of one fires once too"
+    assert one.keys(conn) == [join.claim_key(app.backend, one.group_id)]
+
+
+def test_a_claimer_lost_before_sending_leaves_the_body_to_a_later_copy(
+    conn: redis.Redis,
+) -> None:
+    chord = Chord(2)
+    chord.report(0)
+    backend = app.backend
+    claim = join.claim_key(backend, chord.group_id)
+    part = join.part_of(chord.request(1), states.SUCCESS, chord.result(1))
+    keys = [join.parts_key(backend, chord.group_id), claim]
+    args = [chord.task_ids[1], part, 2, join.ttl_s(backend), join.JOIN_CLAIM_S]
+    assert backend.fleet_join_script(keys=keys, args=args), "claimed; its worker dies here"
+    chord.report(1)  # a copy while the claim holds
+    assert bodies(conn) == []
+    conn.pexpire(claim, 1)  # the claim's lease lapses
+    wait_until(lambda: not conn.exists(claim), 5, "the claim to lapse")
+    chord.report(1)  # a copy after it: redelivered (acks_late) or retried
+    assert bodies(conn) == [[chord.trace_id(0), chord.trace_id(1)]]
+
+
+def test_two_hundred_parts_at_once_send_one_body_with_every_trace(conn: redis.Redis) -> None:
+    chord = Chord(200)
+    start = threading.Barrier(200)
+
+    def header_task(index: int) -> None:
+        start.wait()
+        chord.report(index)
+        chord.report(index)  # and a redelivered copy
+
+    threads = [threading.Thread(target=header_task, args=(i,)) for i in range(200)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert bodies(conn) == [[chord.trace_id(i) for i in range(200)]]
+
+
+def test_every_join_key_has_a_ttl(conn: redis.Redis) -> None:
+    ttl_s = join.ttl_s(app.backend)
+    chord = Chord(2)
+    chord.report(0)
+    (parts,) = chord.keys(conn)
+    assert parts == join.parts_key(app.backend, chord.group_id)
+    assert 0 < conn.ttl(parts) <= ttl_s
+    chord.report(1)
+    (claim,) = chord.keys(conn)
+    assert conn.get(claim) == "done"
+    assert 0 < conn.ttl(claim) <= ttl_s
+    assert all(conn.ttl(k) > 0 for k in conn.scan_iter("celery-*")), "nothing kept for ever"
+
+
+def test_a_failed_part_runs_the_errback_once_not_the_body(conn: redis.Redis) -> None:
+    chord = Chord(3)
+    chord.report(0)
+    chord.report(1, states.FAILURE)
+    chord.report(2)
+    chord.report(1, states.FAILURE)
+    assert bodies(conn) == []
+    assert queued(conn, "tests.errback") == [["root"]], "Celery's errback path, once"
+    body_id = chord.body["options"]["task_id"]
+    meta = app.backend.get_task_meta(body_id)
+    assert meta["status"] == states.FAILURE
+    assert "root@explore-002" in str(meta["result"]), meta
+
+
+def test_other_chords_keep_celerys_join(conn: redis.Redis) -> None:
+    for chord in (Chord(None, task="bench.done"), Chord(None)):  # no size: an older sender
+        app.backend.set_chord_size(chord.group_id, 1)
+        chord.report(0)
+        assert join.parts_key(app.backend, chord.group_id) not in chord.keys(conn)
+        assert queued(conn, chord.body["task"])[-1][0] == [
+            {"trace_id": chord.trace_id(0), "outcome": "completed"}
+        ], "Celery's join sent the body with the stored results"

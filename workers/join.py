@@ -1,0 +1,175 @@
+"""The fleet's chord join: one small script per header part, for chords whose body is collect.
+
+Celery's Redis join (`RedisBackend.on_chord_part_return`) serves any chord: it stores every
+header result, then per part runs a script of ~13 commands (a done-marker `GET`, `SISMEMBER`,
+`ZADD`, `SADD`, `ZCOUNT`, 5 `EXPIRE`, 2 `GET` of the size keys) and decodes every result to
+hand them to the body. The fleet's chord (`workers.dispatch.CeleryDispatcher.dispatch`:
+header `fleet.run_agent` per child, body `fleet.collect(parent_trace_id, tool_call_id)`,
+errback `fleet.collect_failed`) needs only each header's trace id, and its collect is
+exactly-once on its own (`fleet.settling.settle`: the tool result is written with its
+once-mark). So its headers store no result (`ignore_result`) and their parts are joined
+here, with the size the sender put in the body's options (`SIZE_OPTION`: Celery 5.7 no
+longer carries `chord_size` in the message and keeps the size in a `.s` key instead, which
+this join never reads, so `SendOnlyRedisBackend` does not write it for these chords).
+
+A part (`PART_RETURN`): recorded once per header task id (a redelivered or re-sent header,
+`requeue` and Celery's retry keep the id, counts once), counted, and when the count reaches
+the size the body is claimed (`SET NX` with a lease of JOIN_CLAIM_S) and the parts are
+returned. The claimer publishes the body (`collect([{"trace_id": ...}, ...], parent,
+call)`, the shape Celery's join gave it, in header order), then marks the chord done and
+deletes its parts in one transaction. As in Celery's join, a claimer that dies before
+publishing leaves the parts: a redelivered part after the lease claims and publishes again.
+A header part in a failure state (FAILURE, REVOKED) counts like any other; when the chord
+is complete the body is not sent and its errback runs through Celery's own
+`chord_error_from_stack`, as Celery's join does on such a part.
+
+Every other chord (the bench's peer chords, a user's chords on this app) and a fleet chord
+sent without the size (a sender of an older release) keep Celery's join untouched.
+
+Keys. They are Celery group keys, so they live here rather than in `fleet/keys.py`: named
+by a Celery group id with the backend's `celery-taskset-meta-` prefix (and its
+`global_keyprefix`), with Celery's `result_chord_expires` (else `result_expires`, 24 h
+here) as TTL, and only the Celery binding knows them:
+
+- `celery-taskset-meta-{group}.fj`: hash, header task id -> JSON `[group_index, trace_id,
+  failure or null]`; TTL refreshed with every new part; deleted once the body is sent.
+- `celery-taskset-meta-{group}.fc`: string, `claimed` (JOIN_CLAIM_S) while the body is being
+  sent, then `done` (TTL): set after the parts are gone, so it outlives them and a late
+  copy of a part (even of a chord of one) finds the chord done and fires nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from celery import states
+from celery.canvas import Signature, maybe_signature
+from celery.exceptions import ChordError
+
+logger = logging.getLogger(__name__)
+
+BODY_TASK = "fleet.collect"
+"""The body of the chords joined here."""
+
+SIZE_OPTION = "chord_size"
+"""The body's option holding the number of header tasks (set by the sender)."""
+
+PARTS_SUFFIX = ".fj"
+CLAIM_SUFFIX = ".fc"
+
+JOIN_CLAIM_S = 10
+"""How long a claimer has to publish the body before a later copy of a part may (Celery's
+join claim: twice its default `result_chord_join_timeout`)."""
+
+DEFAULT_TTL_S = 24 * 3600
+"""The join keys' TTL when the backend has no `chord_expires` (results never expire)."""
+
+FAILURE_CHARS = 300
+"""A failed part's exception, as kept for the errback's ChordError message."""
+
+PART_RETURN = """
+local parts, claim = KEYS[1], KEYS[2]
+local task_id, part, size, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local added = redis.call('HSETNX', parts, task_id, part)
+local count = redis.call('HLEN', parts)
+if added == 1 then
+    -- A first part, or a late copy of one after the body was sent: the claim tells.
+    if count == 1 and redis.call('EXISTS', claim) == 1 then
+        redis.call('DEL', parts)
+        return false
+    end
+    redis.call('EXPIRE', parts, ttl)
+end
+if count < size or not redis.call('SET', claim, 'claimed', 'NX', 'EX', ARGV[5]) then
+    return false
+end
+return redis.call('HVALS', parts)
+"""
+"""Record a part once per task id; on the last one claim the body and return every part."""
+
+
+def is_fleet_join(body: Any) -> bool:
+    """A chord body (signature or its message dict) that this join handles."""
+    if not isinstance(body, dict) or body.get("task") != BODY_TASK:
+        return False
+    return SIZE_OPTION in (body.get("options") or {})
+
+
+def parts_key(backend: Any, group_id: str) -> str:
+    """The hash of a chord's recorded parts."""
+    return _group_key(backend, group_id, PARTS_SUFFIX)
+
+
+def claim_key(backend: Any, group_id: str) -> str:
+    """The body's claim, then the chord's done marker."""
+    return _group_key(backend, group_id, CLAIM_SUFFIX)
+
+
+def _group_key(backend: Any, group_id: str, suffix: str) -> str:
+    key = backend.get_key_for_group(group_id, suffix)  # bytes (Celery's `key_t`)
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
+def ttl_s(backend: Any) -> int:
+    """Celery's chord key TTL (`result_chord_expires`, else `result_expires`)."""
+    return int(backend.chord_expires or DEFAULT_TTL_S)
+
+
+def part_of(request: Any, state: str, result: Any) -> str:
+    """What a header part leaves: its header index, its trace id, why it failed (or null).
+
+    A run returns its envelope (`{trace_id, outcome}`: what `collect` reads); a part that
+    failed (or anything else) has the trace id of the run's one argument.
+    """
+    failure = repr(result)[:FAILURE_CHARS] if state in states.PROPAGATE_STATES else None
+    envelope = result if isinstance(result, dict) and failure is None else {}
+    trace_id = envelope.get("trace_id") or (request.args or [""])[0]
+    return json.dumps([request.group_index, str(trace_id), failure])
+
+
+def part_returned(backend: Any, request: Any, state: str, result: Any) -> None:
+    """Record one header part; the part that completes the chord sends its body (or errback)."""
+    group_id, task_id = request.group, request.id
+    if not group_id or not task_id:
+        return
+    body = request.chord
+    group_keys = [parts_key(backend, group_id), claim_key(backend, group_id)]
+    size = int(body["options"][SIZE_OPTION])
+    args = [task_id, part_of(request, state, result), size, ttl_s(backend), JOIN_CLAIM_S]
+    parts = backend.fleet_join_script(keys=group_keys, args=args, client=backend.client)
+    if not parts:
+        return
+    try:
+        fire(backend, body, sorted_parts(parts))
+    finally:
+        with backend.client.pipeline(transaction=True) as pipe:
+            pipe.set(group_keys[1], "done", ex=ttl_s(backend)).delete(group_keys[0]).execute()
+
+
+def sorted_parts(raw: list[Any]) -> list[list[Any]]:
+    """The parts in header order (a part without an index last)."""
+    parts = [json.loads(value) for value in raw]
+    return sorted(parts, key=lambda p: (p[0] is None, p[0] or 0))
+
+
+def fire(backend: Any, body: dict[str, Any], parts: list[list[Any]]) -> None:
+    """Send the body with every header's trace id, or run its errback if a part failed."""
+    options = {k: v for k, v in body["options"].items() if k != SIZE_OPTION}
+    callback: Signature = maybe_signature({**body, "options": options}, app=backend.app)
+    failed = [p for p in parts if p[2] is not None]
+    if failed:
+        index, trace_id, failure = failed[0]
+        try:  # Celery's errback path records the body's failure from the current exception
+            raise ChordError(f"Dependency {index} (trace {trace_id!r}) raised {failure}")
+        except ChordError as error:
+            logger.error("Chord of %r failed: %s", body.get("args"), error)
+            backend.chord_error_from_stack(callback, error)
+        return
+    results = [{"trace_id": trace_id} for _, trace_id, _ in parts]
+    try:
+        backend.app.amqp._retry_publish(callback.delay, results)
+    except Exception as exc:  # as Celery's join: a body that cannot be sent fails the chord
+        logger.exception("Chord body %r could not be sent: %r", body.get("args"), exc)
+        backend.chord_error_from_stack(callback, ChordError(f"Callback error: {exc!r}"))
