@@ -20,6 +20,9 @@ from celery._state import _set_task_join_will_block
 from celery.app.task import Context
 from celery.canvas import Signature
 
+from fleet import keys as fleet_keys
+from fleet import outbox
+from fleet.models import now_ms
 from tests.fleetkit import wait_until
 from workers import join
 from workers.app import app
@@ -139,13 +142,47 @@ def test_a_claimer_lost_before_sending_leaves_the_body_to_a_later_copy(
     part = join.part_of(chord.request(1), states.SUCCESS, chord.result(1))
     keys = [join.parts_key(backend, chord.group_id), claim]
     args = [chord.task_ids[1], part, 2, join.ttl_s(backend), join.JOIN_CLAIM_S]
-    assert backend.fleet_join_script(keys=keys, args=args), "claimed; its worker dies here"
+    owed = outbox.settle_entry("root", "call_1")
+    claimed_at_ms = now_ms()
+    args += [owed, claimed_at_ms + join.OWED_AFTER_MS]
+    script = backend.fleet_join_script
+    assert script(keys=[*keys, fleet_keys.OUTBOX], args=args), "claimed; its worker dies here"
     chord.report(1)  # a copy while the claim holds
     assert bodies(conn) == []
+    due_ms = conn.zscore(fleet_keys.OUTBOX, owed)
+    assert due_ms == claimed_at_ms + join.OWED_AFTER_MS, "the call is owed to a sweeper"
     conn.pexpire(claim, 1)  # the claim's lease lapses
     wait_until(lambda: not conn.exists(claim), 5, "the claim to lapse")
     chord.report(1)  # a copy after it: redelivered (acks_late) or retried
     assert bodies(conn) == [[chord.trace_id(0), chord.trace_id(1)]]
+    assert conn.zscore(fleet_keys.OUTBOX, owed) is None, "the body is out: nothing owed"
+
+
+def test_a_body_sent_owes_nothing_and_a_failed_send_stays_owed(
+    conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chord = Chord(2)
+    chord.report(0)
+    chord.report(1)
+    assert len(bodies(conn)) == 1
+    assert conn.zcard(fleet_keys.OUTBOX) == 0
+    dying = Chord(1)
+
+    class WorkerKilled(BaseException):
+        """The claimer's send is cut short (a SIGKILL would not even mark the chord done)."""
+
+    def die(*_: Any) -> None:
+        raise WorkerKilled
+
+    monkeypatch.setattr(join, "fire", die)
+    with pytest.raises(WorkerKilled):
+        join.part_returned(app.backend, dying.request(0), states.SUCCESS, dying.result(0))
+    monkeypatch.undo()
+    owed = outbox.settle_entry("root", "call_1")
+    assert conn.zscore(fleet_keys.OUTBOX, owed) is not None, "a sweeper settles the call"
+    assert len(bodies(conn)) == 1, "and no body went out for it"
+    dying.report(0)  # a copy of its part
+    assert len(bodies(conn)) == 1, "the sweeper's settlement is the only one"
 
 
 def test_two_hundred_parts_at_once_send_one_body_with_every_trace(conn: redis.Redis) -> None:

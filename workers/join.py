@@ -19,6 +19,10 @@ returned. The claimer publishes the body (`collect([{"trace_id": ...}, ...], par
 call)`, the shape Celery's join gave it, in header order), then marks the chord done and
 deletes its parts in one transaction. As in Celery's join, a claimer that dies before
 publishing leaves the parts: a redelivered part after the lease claims and publishes again.
+Unlike Celery's, the claim also owes the call to the fleet's outbox until the chord is
+marked done (`owed_settlement`): a copy of the part may come back while the claim still
+holds (it then fires nothing), or only after the visibility timeout, and a sweeper settles
+the call from the children's own state meanwhile.
 A header part in a failure state (FAILURE, REVOKED) counts like any other; when the chord
 is complete the body is not sent and its errback runs through Celery's own
 `chord_error_from_stack`, as Celery's join does on such a part.
@@ -48,6 +52,9 @@ from celery import states
 from celery.canvas import Signature, maybe_signature
 from celery.exceptions import ChordError
 
+from fleet import keys, outbox
+from fleet.models import now_ms
+
 logger = logging.getLogger(__name__)
 
 BODY_TASK = "fleet.collect"
@@ -62,6 +69,10 @@ CLAIM_SUFFIX = ".fc"
 JOIN_CLAIM_S = 10
 """How long a claimer has to publish the body before a later copy of a part may (Celery's
 join claim: twice its default `result_chord_join_timeout`)."""
+
+OWED_AFTER_MS = 2 * JOIN_CLAIM_S * 1000
+"""When a sweeper settles a call whose claimer did not mark its chord done (see
+`owed_settlement`): after a later copy of a part could have claimed it."""
 
 DEFAULT_TTL_S = 24 * 3600
 """The join keys' TTL when the backend has no `chord_expires` (results never expire)."""
@@ -85,9 +96,11 @@ end
 if count < size or not redis.call('SET', claim, 'claimed', 'NX', 'EX', ARGV[5]) then
     return false
 end
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[6])
 return redis.call('HVALS', parts)
 """
-"""Record a part once per task id; on the last one claim the body and return every part."""
+"""Record a part once per task id; on the last one claim the body, owe its settlement to the
+outbox (`owed`, due `due_ms`) and return every part."""
 
 
 def is_fleet_join(body: Any) -> bool:
@@ -137,15 +150,37 @@ def part_returned(backend: Any, request: Any, state: str, result: Any) -> None:
     body = request.chord
     group_keys = [parts_key(backend, group_id), claim_key(backend, group_id)]
     size = int(body["options"][SIZE_OPTION])
+    owed = owed_settlement(body)
     args = [task_id, part_of(request, state, result), size, ttl_s(backend), JOIN_CLAIM_S]
-    parts = backend.fleet_join_script(keys=group_keys, args=args, client=backend.client)
+    args += [owed, now_ms() + OWED_AFTER_MS]
+    script_keys = [*group_keys, keys.OUTBOX]
+    parts = backend.fleet_join_script(keys=script_keys, args=args, client=backend.client)
     if not parts:
         return
+    sent = False
     try:
         fire(backend, body, sorted_parts(parts))
-    finally:
+        sent = True
+    finally:  # unsent (the send raised): still done here, and the call stays owed
         with backend.client.pipeline(transaction=True) as pipe:
-            pipe.set(group_keys[1], "done", ex=ttl_s(backend)).delete(group_keys[0]).execute()
+            pipe.set(group_keys[1], "done", ex=ttl_s(backend)).delete(group_keys[0])
+            if sent:
+                pipe.zrem(keys.OUTBOX, owed)
+            pipe.execute()
+
+
+def owed_settlement(body: dict[str, Any]) -> str:
+    """The outbox entry that settles the body's call if the claimer dies before it is sent.
+
+    From the claim until the body is out and the chord marked done, the call is owed to
+    the outbox (`fleet.outbox.settle_entry`, in the claim's script): a claimer that dies
+    there (its part comes back only after the visibility timeout, or within the claim,
+    when it fires nothing) leaves the call to a sweeper, which settles it from the
+    children's own state. Settling is exactly-once, so a body that did go out and the
+    sweeper cannot both collect.
+    """
+    parent_trace_id, tool_call_id = body["args"][:2]
+    return outbox.settle_entry(str(parent_trace_id), str(tool_call_id))
 
 
 def sorted_parts(raw: list[Any]) -> list[list[Any]]:
