@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
+from celery import chord
 from celery._state import _set_task_join_will_block
+from celery.canvas import Signature
 
 from fleet.models import Trace
 from fleet.runtime import SpawnRequest
 from workers.app import app, one_pipeline
-from workers.dispatch import CeleryDispatcher
+from workers.chords import send_chord
+from workers.dispatch import CeleryDispatcher, run_signature
 
 pytestmark = pytest.mark.integration
 
@@ -119,3 +123,60 @@ def test_every_header_task_has_its_task_sent_event_in_a_batch(sender: redis.Redi
     assert {e["uuid"] for e in events} == ids
     assert all(e["args"].startswith("('root@explore-") for e in events)  # argsrepr, redacted
     assert all(e["queue"] == "fleet.explore" for e in events)
+
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def canonical(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with their bodies decoded and every id numbered by first appearance."""
+    ids: dict[str, str] = {}
+    decoded = [dict(m, body=json.loads(base64.b64decode(m["body"]))) for m in messages]
+    text = UUID.sub(lambda m: ids.setdefault(m.group(0), f"id{len(ids)}"), json.dumps(decoded))
+    return list(json.loads(text))
+
+
+def celery_chord(header: list[Signature], body: Signature) -> None:
+    """What `send_chord` stands for, sent the way Celery's canvas sends it."""
+    with one_pipeline(app):
+        chord(header, body).apply_async()
+
+
+def fleet_chord(header: list[Signature], body: Signature) -> None:
+    with one_pipeline(app):
+        send_chord(app, header, body)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_send_chord_sends_what_a_celery_chord_sends(sender: redis.Redis, size: int) -> None:
+    sent = []
+    for send in (celery_chord, fleet_chord):
+        sender.flushdb()
+        children = request(size).children
+        header = [run_signature(c) for c in children]
+        body = Signature("fleet.collect", args=("root", "call_1"), queue="fleet.main")
+        body.link_error(Signature("fleet.collect_failed", args=("root",), immutable=True))
+        send(header, body)
+        messages = queued(sender, "fleet.explore")
+        group_id = messages[0]["headers"]["group"]
+        chord_size = sender.get(f"celery-taskset-meta-{group_id}.s")
+        keys = sorted(UUID.sub("ID", str(k)) for k in sender.keys("*"))
+        sent.append((canonical(messages), chord_size, keys))
+    celery, fleet = sent
+    assert fleet[0] == celery[0]  # headers, properties, the body with the frozen chord body
+    assert fleet[0][-1]["headers"]["group_index"] == size - 1
+    assert fleet[0][0]["body"][2]["chord"]["options"]["link_error"][0]["task"] == (
+        "fleet.collect_failed"
+    )
+    assert fleet[1] == celery[1] == str(size)  # the chord's size in the backend
+    assert fleet[2] == celery[2]  # and no other key
+
+
+def test_an_empty_header_sends_the_body_at_once(sender: redis.Redis) -> None:
+    sent = []
+    for send in (celery_chord, fleet_chord):
+        sender.flushdb()
+        send([], Signature("fleet.collect", args=("root", "call_1"), queue="fleet.main"))
+        sent.append(canonical(queued(sender, "fleet.main")))
+    assert sent[1] == sent[0]
+    assert sent[1][0]["body"][0] == [[], "root", "call_1"]  # no results, then its own args

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery, chord
+from celery import Celery
 from celery.canvas import Signature
 
 from fleet.conversation import stamp, turn_of
@@ -13,6 +13,7 @@ from fleet.runtime import Runtime, SpawnRequest
 from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from workers import join
 from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
+from workers.chords import send_chord
 from workers.naming import shadow_name, task_repr
 
 
@@ -123,7 +124,7 @@ class CeleryDispatcher:
             )
         )
         with one_pipeline(app):  # and no result subscriptions: see SendOnlyRedisBackend
-            chord(header, body).apply_async()
+            send_chord(app, header, body)
 
 
 def tree_schedule(runtime: Runtime, root_trace_id: str) -> Schedule:
