@@ -216,6 +216,31 @@ def last_answer(path: list[Message]) -> str | None:
 
 
 def request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
-    """The size of a request, for the token estimate a call books."""
-    text = sum(len(m.content or "") + len(json.dumps(m.tool_calls or "")) for m in path)
-    return text + len(json.dumps(tools))
+    """The size of a request, for the token estimate a call books.
+
+    The length `json.dumps` gives the tool calls and the tools, without encoding every
+    schema each turn: the schemas are shared between turns (`tool_schemas`), so each one's
+    length is kept (a message without tool calls counts as `""`, 2 characters, as before).
+    """
+    text = sum(
+        len(m.content or "") + (len(json.dumps(m.tool_calls)) if m.tool_calls else 2) for m in path
+    )
+    separators = 2 * len(tools) if tools else 2  # "[", "]" and ", " between schemas
+    return text + separators + sum(_schema_chars(schema) for schema in tools)
+
+
+_SCHEMA_CHARS: dict[int, tuple[dict[str, Any], int]] = {}
+"""id of a schema -> (the schema, kept so its id stays its own; its encoded length)."""
+_SCHEMA_CHARS_MAX = 1024
+
+
+def _schema_chars(schema: dict[str, Any]) -> int:
+    """`len(json.dumps(schema))`, remembered for a schema dict that is shared."""
+    known = _SCHEMA_CHARS.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
+    chars = len(json.dumps(schema))
+    if len(_SCHEMA_CHARS) >= _SCHEMA_CHARS_MAX:  # schemas built per call: never reused
+        _SCHEMA_CHARS.clear()
+    _SCHEMA_CHARS[id(schema)] = (schema, chars)
+    return chars
