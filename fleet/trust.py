@@ -14,6 +14,7 @@ keep each of them inside what the operator set in the environment:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -40,7 +41,17 @@ def under_roots(path: Path, roots: Iterable[Path]) -> bool:
 
 
 def _real_under(real: Path, roots: Iterable[Path]) -> bool:
-    return any(real.is_relative_to(root.resolve()) for root in roots)
+    return any(real.is_relative_to(root) for root in _real_roots(tuple(roots)))
+
+
+@functools.lru_cache(maxsize=32)
+def _real_roots(roots: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The operator's roots as real paths, resolved once per process.
+
+    Settings are read once; a root later swapped for a symlink keeps its first real path,
+    the stricter check. The workspace itself is resolved at every check.
+    """
+    return tuple(root.resolve() for root in roots)
 
 
 def check_workspace_root(path: Path, roots: tuple[Path, ...]) -> Path:

@@ -16,6 +16,7 @@ from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
 from fleet.roots import TaskSpec, create_root
 from fleet.settings import Settings
+from fleet.trust import check_workspace_root
 from tests.security.attacker import SECRET, SECRET_ENV, leaked, redis_text
 from tests.security.conftest import HardenedFleet, run_forged
 
@@ -157,3 +158,19 @@ def test_scripted_models_load_only_when_the_operator_enables_them(tmp_path: Path
         local.run("steal", model=f"scripted:{script}")
     with pytest.raises(ConfigError, match="scripted models are disabled"):
         local.runtime.client(f"scripted:{script}")  # a forged trace reaches the worker here
+
+
+def test_a_workspace_swapped_for_a_symlink_after_a_check_is_refused(tmp_path: Path) -> None:
+    """Route: the roots are resolved once per process now; a workspace that passed a check
+    and is then replaced by a symlink out of the root must still be refused (the workspace
+    itself is resolved at every check). A root named through a symlink admits its inside."""
+    real_root = tmp_path / "real"
+    (real_root / "ws").mkdir(parents=True)
+    via_link = tmp_path / "root-link"
+    via_link.symlink_to(real_root)
+    roots = (via_link,)
+    assert check_workspace_root(via_link / "ws", roots) == real_root / "ws"
+    (real_root / "ws").rmdir()
+    (real_root / "ws").symlink_to("/")
+    with pytest.raises(ConfigError, match="outside FLEET_WORKSPACE_ROOTS"):
+        check_workspace_root(via_link / "ws", roots)
