@@ -17,6 +17,7 @@ from celery.canvas import Signature
 
 from fleet.models import Trace
 from fleet.runtime import SpawnRequest
+from workers import join
 from workers.app import app, one_pipeline
 from workers.chords import send_chord
 from workers.dispatch import CeleryDispatcher, run_signature
@@ -147,14 +148,19 @@ def fleet_chord(header: list[Signature], body: Signature) -> None:
         send_chord(app, header, body)
 
 
-@pytest.mark.parametrize("size", [1, 3])
-def test_send_chord_sends_what_a_celery_chord_sends(sender: redis.Redis, size: int) -> None:
+@pytest.mark.parametrize(("size", "fleet_join"), [(1, False), (3, False), (3, True)])
+def test_send_chord_sends_what_a_celery_chord_sends(
+    sender: redis.Redis, size: int, fleet_join: bool
+) -> None:
+    """Celery's join (a `.s` size key) or the fleet's (the size in the body, no key)."""
     sent = []
     for send in (celery_chord, fleet_chord):
         sender.flushdb()
         children = request(size).children
         header = [run_signature(c) for c in children]
-        body = Signature("fleet.collect", args=("root", "call_1"), queue="fleet.main")
+        options = {join.SIZE_OPTION: size} if fleet_join else {}
+        body = Signature("fleet.collect", args=("root", "call_1"), options=options)
+        body.set(queue="fleet.main")
         body.link_error(Signature("fleet.collect_failed", args=("root",), immutable=True))
         send(header, body)
         messages = queued(sender, "fleet.explore")
@@ -168,7 +174,8 @@ def test_send_chord_sends_what_a_celery_chord_sends(sender: redis.Redis, size: i
     assert fleet[0][0]["body"][2]["chord"]["options"]["link_error"][0]["task"] == (
         "fleet.collect_failed"
     )
-    assert fleet[1] == celery[1] == str(size)  # the chord's size in the backend
+    # The chord's size in the backend: Celery's key, or none for the fleet's join.
+    assert fleet[1] == celery[1] == (None if fleet_join else str(size))
     assert fleet[2] == celery[2]  # and no other key
 
 
