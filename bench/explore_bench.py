@@ -11,7 +11,9 @@ process(es) (the fleet's Celery app and queues, plus `bench.sleep_tasks` and
 - scripted rows, for each N and model latency L: the fleet (a main agent exploring N
   branches on a scripted model of L ms per call; each branch makes 2 calls, list_dir then
   an answer; the root makes 2) against `chord(N x bench.sleep(2L), bench.done)` and
-  against asyncio (`ideal` = the root's two calls around a gather of the branches' two);
+  against asyncio (`ideal` = the root's two calls around a gather of the branches' two),
+  and against `bench.sleep_root` (`f/same`: a plain root task making the root's two calls,
+  its chord of N x sleep(2L) sent from the worker, as a Celery user would write the tree);
 - HTTP rows, for each N at the HTTP latency: the same explore with the model served over
   HTTP by the local server, against `bench.http_root`, a plain chord whose tasks make the
   same completions with httpx (see bench/peer_tasks.py);
@@ -49,6 +51,7 @@ from bench.runs import (  # noqa: E402
     cli_run,
     fleet_run,
     http_chord_run,
+    rooted_chord_run,
 )
 from fleet.client import Fleet  # noqa: E402
 from fleet.redis_server import start_redis_server  # noqa: E402
@@ -70,14 +73,15 @@ class Bench:
         model = explore_script(
             self.tmp / f"explore-{n}-{latency_ms}.yaml", n, latency_ms=latency_ms
         )
-        fleet, peer = [], []
+        fleet, peer, same = [], [], []
         for _ in range(repeat):
             fleet.append(
                 fleet_run(self.fleet, self.meter, self.pids, "survey the workspace", model)
             )
             peer.append(chord_run(self.meter, self.pids, n, latency_ms))
+            same.append(rooted_chord_run(self.meter, self.pids, n, latency_ms))
         ideal = statistics.median(asyncio_run(n, latency_ms, True) for _ in range(repeat))
-        return Row.of("scripted", n, latency_ms, fleet, peer, ideal)
+        return Row.of("scripted", n, latency_ms, fleet, peer, ideal, same=same)
 
     def http(self, n: int, latency_ms: int, repeat: int) -> Row:
         task, model = f"survey the workspace in {n} branches", f"lat{latency_ms}"

@@ -104,15 +104,31 @@ def chord_run(meter: Meter, pids: list[int], n: int, latency_ms: int) -> Sample:
     return _chord_sample(meter, pids, header, sleep_tasks.done.s().set(queue="fleet.main"))
 
 
+def rooted_chord_run(meter: Meter, pids: list[int], n: int, latency_ms: int) -> Sample:
+    """`bench.sleep_root`: the fleet run's calls (the root's two too), the chord sent from a
+    worker: the scripted rows' same-calls peer."""
+    seconds = latency_ms / 1000
+    return _rooted_sample(
+        meter, pids, sleep_tasks.sleep_root, lambda body_id: (n, seconds, body_id)
+    )
+
+
 def http_chord_run(meter: Meter, pids: list[int], base_url: str, task: str, model: str) -> Sample:
     """`bench.http_root`: the same completions as the fleet run, in a plain chord."""
+    return _rooted_sample(
+        meter, pids, peer_tasks.http_root, lambda body_id: (base_url, model, task, body_id)
+    )
+
+
+def _rooted_sample(
+    meter: Meter, pids: list[int], root: Any, args: Callable[[str], tuple[Any, ...]]
+) -> Sample:
+    """One measured root task that sends its chord from the worker; ends when the body ran."""
     body_id = str(uuid.uuid4())
 
     def run() -> tuple[float, float]:
         start = time.time()
-        peer_tasks.http_root.apply_async(
-            (base_url, model, task, body_id), queue="fleet.main", ignore_result=True
-        )
+        root.apply_async(args(body_id), queue="fleet.main", ignore_result=True)
         return start, meter.wait(_body_time(meter, body_id))
 
     sample = _measured(meter, pids, run)
