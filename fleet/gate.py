@@ -7,7 +7,8 @@ what was booked with what was used; a 429/503/529 goes to `Gate.overloaded`, whi
 the provider for the whole fleet.
 
 Round trips per call, before + after: a provider without `limits:` only checks its pause
-(1 + 0; inside the budget's reservation script when the tree has a budget: 1 + 1); a
+(0 + 0 when the runner's last store round trip before the call read it, see `pauses_for`;
+else 1 + 0; inside the budget's reservation script when the tree has a budget: 1 + 1); a
 limited one books and settles (2, plus 2 with a budget); `scripted:` models have no
 provider (0, or 1 + 1 with a budget).
 """
@@ -25,6 +26,7 @@ from fleet.errors import ProviderOverloaded
 from fleet.limits import (
     CHARS_PER_TOKEN,
     Limiter,
+    Refused,
     Scope,
     booked,
     estimate_tokens,
@@ -36,6 +38,7 @@ from fleet.llm.config import FleetConfig, resolve_target
 from fleet.llm.pricing import cost_usd
 from fleet.models import Message, Trace
 from fleet.store import TraceStore
+from fleet.writes import PauseRead
 
 DEFAULT_OUTPUT_BOOKING = 4096
 """Tokens booked for the answer of a model without `max_output_tokens` in fleet.yaml."""
@@ -117,13 +120,45 @@ class Gate:
                     self._scopes[model_name] = ()
             return self._scopes[model_name]
 
+    def pauses_for(self, model_name: str, root_trace_id: str) -> tuple[str, ...]:
+        """The pause keys a call of this model would check with a command of its own.
+
+        The runner reads them in its last store round trip before the call and hands the
+        read to `before`. None to read for a booked call (its admission checks them), a
+        budgeted tree's (the reservation does), or without a limiter.
+        """
+        if self.limiter is None:
+            return ()
+        scopes = self.scopes(model_name)
+        if booked(scopes) or (self.budgets is not None and self.budgets.has(root_trace_id)):
+            return ()
+        return tuple(pause_keys(scopes))
+
+    def known_pauses(self) -> tuple[str, ...]:
+        """The pause keys of every model this process called unbooked: `begin_run` reads them.
+
+        Before a trace is read its model is not known; a worker calls few models, and the
+        first call of one in a process checks its pause with a command of its own.
+        """
+        if self.limiter is None:
+            return ()
+        with self._lock:
+            resolved = list(self._scopes.values())
+        return tuple(dict.fromkeys(k for s in resolved if not booked(s) for k in pause_keys(s)))
+
     def max_output_tokens(self, model_name: str) -> int | None:
         """fleet.yaml's `max_output_tokens` of this alias, if any."""
         alias = self.config.models.get(model_name)
         return alias.max_output_tokens if alias is not None else None
 
-    def before(self, trace: Trace, model_name: str, request_chars: int) -> Verdict:
-        """Reserve the tree's budget, then book the provider (or only check its pause)."""
+    def before(
+        self, trace: Trace, model_name: str, request_chars: int, read: PauseRead | None = None
+    ) -> Verdict:
+        """Reserve the tree's budget, then book the provider (or only check its pause).
+
+        `read`: the pauses the runner's last store round trip read; an unbooked call that
+        finds its pause keys there checks nothing more.
+        """
         max_output = self.max_output_tokens(model_name)
         output = max_output or DEFAULT_OUTPUT_BOOKING
         est = estimate_tokens(request_chars, output)
@@ -147,13 +182,23 @@ class Gate:
         if self.limiter is None or not go.scopes:
             return go
         if not limited:
-            paused = self.limiter.paused(go.scopes) if pauses else None
+            paused = self._paused(go.scopes, pauses, read) if pauses else None
             return go if paused is None else Wait(paused.retry_in_s, paused.reason)
         admission = self.limiter.admit(go.holder, go.scopes, est)
         if admission.kind == "refused":
             self._refund(go)
             return Wait(admission.retry_in_s, admission.reason)
         return replace(go, wait_s=admission.wait_s, booked=True)
+
+    def _paused(
+        self, scopes: tuple[Scope, ...], pauses: list[str], read: PauseRead | None
+    ) -> Refused | None:
+        """The pause check of an unbooked call: from the runner's read, else a command."""
+        assert self.limiter is not None
+        left_s = read.left_s(pauses) if read is not None else None
+        if left_s is None:
+            return self.limiter.paused(scopes)
+        return self.limiter.held(scopes, left_s)
 
     def _count_waited(self, scopes: tuple[Scope, ...]) -> None:
         if self.limiter is not None:

@@ -6,7 +6,9 @@ is a provider and its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALI
 the `limits:` of fleet.yaml. The provider scope exists even without `limits:`: a 429/503/529
 pauses it for every worker (`Limiter.pause`), and rate-limit headers that say nothing is left
 do the same (`Limiter.observe`). A call that no scope limits books nothing: it only checks
-that pause (`Limiter.paused`, one command), and settles nothing.
+that pause, and settles nothing. The runner has the pause read by its last store round trip
+before the call (`fleet.writes.PauseRead`; `Limiter.held`); without one it costs a command
+of its own (`Limiter.paused`).
 
 Pacing is GCRA without burst: each admission books the next free time of every scope it
 needs, so calls are spread evenly at the configured rate and booked in arrival order. An
@@ -160,11 +162,17 @@ class Limiter:
             for name in names:
                 pipe.pttl(name)
             left_ms = pipe.execute()
-        longest_ms = max(int(left) for left in left_ms)
-        if longest_ms <= 0:
+        return self.held(scopes, max(int(left) for left in left_ms) / 1000)
+
+    def held(self, scopes: tuple[Scope, ...], pause_left_s: float) -> Refused | None:
+        """A call no limit books, whose provider pause runs `pause_left_s` more: not now.
+
+        None when the pause is over (0 or less); else the wait is counted (`fleet metrics`).
+        """
+        if pause_left_s <= 0:
             return None
         self.count_waited(scopes)
-        return Refused(longest_ms / 1000, "pause")
+        return Refused(pause_left_s, "pause")
 
     def count_waited(self, scopes: tuple[Scope, ...]) -> None:
         """Count a call held back by a pause, as `admit` does (`fleet metrics`)."""

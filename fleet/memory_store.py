@@ -114,9 +114,14 @@ class MemoryStore:
             )
 
     def begin_run(
-        self, trace_id: str, owner: str, ttl_ms: int, start: StartRun | None = None
+        self,
+        trace_id: str,
+        owner: str,
+        ttl_ms: int,
+        start: StartRun | None = None,
+        pauses: Sequence[str] = (),
     ) -> TraceSnapshot | None:
-        with self._lock:
+        with self._lock:  # no provider pauses here: a gate on this store has no limiter
             data = self._traces.get(trace_id)
             if data is None:
                 raise TraceNotFound(f"no trace {trace_id!r}")

@@ -60,17 +60,18 @@ return created
 """
 )
 
-# A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write).
+# A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write) and the
+# PTTLs of the pause keys it reads (for the model call after it).
 # KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
-# order: with a `collab` op]
-# ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, then the ops, each as
-# kind, n, then its n arguments:
+# order: with a `collab` op], then the np pause keys
+# ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, np, then the ops, each
+# as kind, n, then its n arguments:
 #   set     event JSON or '', then field, JSON value, ... (a status other than running
 #           refreshes the trace's TTL, messages included; the root's, the tree's events)
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
 #           its sequence ('' for no event); iteration ('' for no model turn: else its usage
 #           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
-#           model ('' for no fleet-wide usage)
+#           model ('' for no fleet-wide usage: else it is added to the trace's `uncounted`)
 #   stats   name, delta, ...
 #   collab  child trace id, Collaborator JSON, event JSON or '', '1' when the parent writes
 #           its own entries (their TTLs are refreshed; a child's entry only sets them new)
@@ -79,17 +80,23 @@ return created
 # Messages are fields `m:{sequence}` of the trace hash, numbered here from its
 # `last_sequence` and hung under its head; the two fields are spliced into the caller's
 # JSON text (cjson would turn [] into {}). Stats are the `stats` field (TraceStats JSON),
-# added to here.
-# Returns {{sequence, parent JSON} per appended message, stop flag}, or nil for no trace.
+# added to here. The fleet-wide usage of model turns (`fleet metrics`) waits in the trace's
+# `uncounted` field ({model: [prompt, completion, cost]}) and goes to KEYS[3] when the
+# trace changes status other than to running (a run's last write: finish, waiting, queued
+# again), the field deleted in the same step: each call is counted once, and the calls of
+# a run that died are counted by the next write that ends a run of the trace.
+# Returns {{sequence, parent JSON} per appended message, stop flag, {PTTL per pause key}},
+# or nil for no trace.
 APPLY = (
     _BULK
     + """
-local ttl, maxlen, root = ARGV[1], ARGV[2], ARGV[3] == '1'
-local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop')
+local ttl, maxlen, root, np = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
+local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop',
+  'uncounted')
 if not state[1] then return false end
 local last, head = tonumber(state[1]), state[2]
 local fields, bodies, stored, kids, children = {}, {}, {}, {}, {}
-local stats, refresh, moved, entries = nil, false, false, false
+local stats, uncounted, refresh, moved, entries = nil, nil, false, false, false
 local function emit(e) redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'e', e) end
 local function stat(name, delta)
   if tonumber(delta) == 0 then return end
@@ -98,11 +105,27 @@ local function stat(name, delta)
 end
 local function usage(model, prompt, completion, cost)
   if model == '' then return end
-  if prompt ~= '0' then redis.call('HINCRBY', KEYS[3], 'prompt_tokens:' .. model, prompt) end
-  if completion ~= '0' then
-    redis.call('HINCRBY', KEYS[3], 'completion_tokens:' .. model, completion)
+  uncounted = uncounted or cjson.decode(state[5] or '{}')
+  local u = uncounted[model] or {0, 0, 0}
+  u[1], u[2], u[3] = u[1] + tonumber(prompt), u[2] + tonumber(completion), u[3] + tonumber(cost)
+  uncounted[model] = u
+end
+-- The run's usage, fleet-wide, once: what its turns (and a dead run's) left uncounted.
+local function count_usage()
+  if not (uncounted or state[5]) then return end
+  for model, u in pairs(uncounted or cjson.decode(state[5])) do
+    if u[1] ~= 0 then
+      redis.call('HINCRBY', KEYS[3], 'prompt_tokens:' .. model, string.format('%d', u[1]))
+    end
+    if u[2] ~= 0 then
+      redis.call('HINCRBY', KEYS[3], 'completion_tokens:' .. model, string.format('%d', u[2]))
+    end
+    if u[3] ~= 0 then
+      redis.call('HINCRBYFLOAT', KEYS[3], 'cost_usd:' .. model, string.format('%.14g', u[3]))
+    end
   end
-  if tonumber(cost) ~= 0 then redis.call('HINCRBYFLOAT', KEYS[3], 'cost_usd:' .. model, cost) end
+  if state[5] then redis.call('HDEL', KEYS[1], 'uncounted') end
+  uncounted = nil
 end
 local function add(a)
   last = last + 1
@@ -167,7 +190,7 @@ local function release(a)
   end
 end
 local first = last
-local i = 4
+local i = 5
 while i <= #ARGV do
   local kind, n = ARGV[i], tonumber(ARGV[i + 1])
   local a = i + 1
@@ -181,9 +204,11 @@ while i <= #ARGV do
   end
   i = a + n + 1
 end
+if refresh then count_usage() end
 if moved then fields['head_sequence'] = head end
 if last ~= first then fields['last_sequence'] = last end
 if stats then fields['stats'] = cjson.encode(stats) end
+if uncounted then fields['uncounted'] = cjson.encode(uncounted) end
 local items = bodies
 for name, value in pairs(fields) do
   items[#items + 1] = name
@@ -199,7 +224,9 @@ if entries then
   redis.call('EXPIRE', KEYS[6], ttl)
   redis.call('EXPIRE', KEYS[7], ttl)
 end
-return {stored, state[4] and 1 or 0}
+local pauses = {}
+for k = #KEYS - np + 1, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
+return {stored, state[4] and 1 or 0, pauses}
 """
 )
 
@@ -237,11 +264,11 @@ return 1
 
 # The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
 # trip. A queued or waiting trace of the given root is set running with its event first.
-# KEYS: trace, lease, running index, the guessed root's events
+# KEYS: trace, lease, running index, the guessed root's events, then pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms
-# Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else the
-# trace hash (its messages included) as a flat list.
+# Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
+# {the trace hash (its messages included) as a flat list, {PTTL per pause key}}.
 BEGIN_RUN = """
 local trace = redis.call('HGETALL', KEYS[1])
 if #trace == 0 then return -1 end
@@ -260,7 +287,9 @@ if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6]
   if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
 end
-return trace
+local pauses = {}
+for k = 5, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
+return {trace, pauses}
 """
 
 # KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id

@@ -29,7 +29,7 @@ from fleet.redis_connect import redact_url as redact_url
 from fleet.redis_connect import unreachable
 from fleet.redis_writes import decode_fields, decode_messages, decode_trace, pairs, stored_message
 from fleet.store import StartRun, TraceSnapshot
-from fleet.writes import TraceWrite, WriteResult
+from fleet.writes import PauseRead, TraceWrite, WriteResult
 
 BLOCK_MARGIN_MS = 1_000
 """How far below the socket timeout a blocking XREAD must return."""
@@ -158,11 +158,16 @@ class RedisStore:
         return TraceSnapshot(trace, decode_messages(data), redis_writes.STOP_FIELD in data)
 
     def begin_run(
-        self, trace_id: str, owner: str, ttl_ms: int, start: StartRun | None = None
+        self,
+        trace_id: str,
+        owner: str,
+        ttl_ms: int,
+        start: StartRun | None = None,
+        pauses: Sequence[str] = (),
     ) -> TraceSnapshot | None:
         root = start.root_trace_id if start else trace_id
         script_keys = [keys.trace(trace_id), keys.lease(trace_id), keys.RUNNING]
-        script_keys.append(keys.events(root))
+        script_keys += [keys.events(root), *pauses]
         args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id, keys.EVENTS_MAXLEN]
         args.append(json.dumps(root) if start else "")
         args += [start.event.model_dump_json() if start else "", now_ms()]
@@ -171,10 +176,12 @@ class RedisStore:
             raise TraceNotFound(f"no trace {trace_id!r}")
         if reply == 0:
             return None
-        data = pairs(reply)
+        data = pairs(reply[0])
         trace = decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
-        return TraceSnapshot(trace, decode_messages(data), redis_writes.STOP_FIELD in data)
+        read = PauseRead.of(pauses, reply[1]) if pauses else None
+        stop = redis_writes.STOP_FIELD in data
+        return TraceSnapshot(trace, decode_messages(data), stop, read)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None

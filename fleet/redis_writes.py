@@ -17,6 +17,7 @@ from fleet.writes import (
     AddStats,
     Append,
     Emit,
+    PauseRead,
     PutCollaborator,
     ReleaseLease,
     SetFields,
@@ -30,6 +31,9 @@ STOP_FIELD = "stop"
 """The trace hash's field that is present ("1") while a stop is requested; not a Trace field."""
 MESSAGE_FIELD = "m:"
 """The prefix of the trace hash's message fields: `m:{sequence}` -> Message JSON."""
+UNCOUNTED_FIELD = "uncounted"
+"""The trace hash's field of model usage not yet in `keys.USAGE`; not a Trace field."""
+_NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD})
 TRACE_FIELDS = tuple(Trace.model_fields)
 """The trace hash's fields a Trace is read from (its messages are left where they are)."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
@@ -120,20 +124,23 @@ def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[st
     parents = [op.parent_trace_id for op in write.ops if isinstance(op, PutCollaborator)]
     if parents:
         script_keys += [keys.collaborators(parents[0]), keys.collaborator_order(parents[0])]
+    script_keys += write.pauses
     root = "1" if trace_id == write.root_trace_id else ""
-    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root]
+    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(write.pauses))]
     for op in write.ops:
         args += _op(op, write, fenced_by)
     return script_keys, args
 
 
 def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
-    """The stored messages and the stop flag; None when the trace does not exist."""
+    """The stored messages, the stop flag and the pauses read; None when there is no trace."""
     if reply is None:
         return None
-    stored, stop = reply
+    stored, stop, ttls = reply
     appended = [op.message for op in write.ops if isinstance(op, Append)]
-    return WriteResult([_numbered(m, n) for m, n in zip(appended, stored, strict=True)], bool(stop))
+    messages = [_numbered(m, n) for m, n in zip(appended, stored, strict=True)]
+    pauses = PauseRead.of(write.pauses, ttls) if write.pauses else None
+    return WriteResult(messages, bool(stop), pauses)
 
 
 def _numbered(message: Message, stored: list[Any]) -> Message:
@@ -192,7 +199,7 @@ def decode_trace(data: Mapping[str, str]) -> Trace | None:
     text = ",".join(
         f'"{name}":{value}'
         for name, value in data.items()
-        if name != STOP_FIELD and not name.startswith(MESSAGE_FIELD)
+        if name not in _NOT_TRACE_FIELDS and not name.startswith(MESSAGE_FIELD)
     )
     return Trace.model_validate_json("{" + text + "}")
 

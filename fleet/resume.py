@@ -31,14 +31,19 @@ def opening(
 
     A fresh trace's first messages, numbered as the store will number them, are written
     with its first model turn (`held.pending`): no write and no read before the call.
-    A resumed trace's open turn is healed first; its first turn reads it again (None).
+    A resumed trace with nothing to heal goes on from `begin_run`'s read (its collected
+    results are in it); one whose open turn is healed here reads it again first (None).
     """
-    if not main_path(snapshot.messages, trace.head_sequence):
+    path = main_path(snapshot.messages, trace.head_sequence)
+    if not path:
         trace, first = numbered(trace, first_messages(runtime, trace))
         for message in first:
             start.append(message)
         held.pending = start
-        return TraceSnapshot(trace, [*snapshot.messages, *first], snapshot.stop_requested)
+        messages = [*snapshot.messages, *first]
+        return TraceSnapshot(trace, messages, snapshot.stop_requested, snapshot.pauses)
+    if not start.ops and open_turn(path) is None:
+        return TraceSnapshot(trace, snapshot.messages, snapshot.stop_requested, snapshot.pauses)
     if start.ops:
         runtime.store.apply(start)
     if not heal(runtime, trace, snapshot.messages):

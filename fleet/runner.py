@@ -77,7 +77,8 @@ class Runner:
         owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
             ttl_ms = self.runtime.settings.lease_ttl_ms
-            snapshot = self.store.begin_run(trace_id, owner, ttl_ms, lifecycle.starting(trace_id))
+            start, pauses = lifecycle.starting(trace_id), self.runtime.gate.known_pauses()
+            snapshot = self.store.begin_run(trace_id, owner, ttl_ms, start, pauses)
             if snapshot is None:
                 return RunResult(trace_id, "busy")
             with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
@@ -191,11 +192,12 @@ class Runner:
         together = plain_only(self.runtime, turn.trace, calls)
         own = sum(isinstance(op, Append) for op in turn.write.ops)  # with any first messages
         stored = [] if together else self.store.apply(turn.write).messages
-        tools = execute_turn(self.runtime, turn.trace, calls, turn.write if together else None)
+        own_write = turn.write if together else None
+        tools = execute_turn(self.runtime, turn.trace, calls, own_write, pauses=turn.pauses)
         written = tools.written
         if together and written is not None:
             stored, rest = written.messages[:own], written.messages[own:]
-            written = WriteResult(rest, written.stop_requested)
+            written = WriteResult(rest, written.stop_requested, written.pauses)
         if tools.waiting:
             return "waiting"
         if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
@@ -260,7 +262,7 @@ class Runner:
         model_name = self.runtime.model_name(trace.model, trace.preset)
         tools = tool_schemas(self.runtime, trace)
         chars = request_chars(main_path(messages, trace.head_sequence), tools)
-        verdict = self.runtime.gate.before(trace, model_name, chars)
+        verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses)
         if not isinstance(verdict, Go):
             return verdict
         if (extra := note(self.runtime, trace, final=verdict.budget.final)) is not None:
@@ -300,7 +302,8 @@ class Runner:
         step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
         if verdict.budget.final:  # the root's last turn: whatever it says is the answer
             step = Finish(response.content or "(no answer)", reason="budget")
-        return Turn(step, recorded(trace, message), [*messages, message], write)
+        pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
+        return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
 
     def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
         """Finish with the answer; None after a correction (it missed its output schema).

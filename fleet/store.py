@@ -15,7 +15,7 @@ from fleet.models import (
     TracePatch,
     WorkerPresence,
 )
-from fleet.writes import TraceWrite, WriteResult
+from fleet.writes import PauseRead, TraceWrite, WriteResult
 
 STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
 
@@ -28,6 +28,8 @@ class TraceSnapshot:
     messages: list[Message]
     """Every message of the trace (all branches), by sequence."""
     stop_requested: bool
+    pauses: PauseRead | None = None
+    """Provider pauses read in the same step (`begin_run`, a write), for the next call."""
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,18 @@ class TraceStore(Protocol):
         ...
 
     def begin_run(
-        self, trace_id: str, owner: str, ttl_ms: int, start: StartRun | None = None
+        self,
+        trace_id: str,
+        owner: str,
+        ttl_ms: int,
+        start: StartRun | None = None,
+        pauses: Sequence[str] = (),
     ) -> TraceSnapshot | None:
         """`acquire_lease`, then `snapshot`, in one step; None when another runner holds it.
 
         With `start`, a queued or waiting trace is set running first (see `StartRun`); the
-        snapshot shows it so.
+        snapshot shows it so. `pauses`: provider pause keys read in the same step, for the
+        first model call (`TraceSnapshot.pauses`; the in-memory store has none).
 
         Raises:
             TraceNotFound: no such trace (and no lease was taken).

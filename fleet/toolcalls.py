@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -77,18 +78,24 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
 
 
 def execute_turn(
-    runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...], turn: TraceWrite | None = None
+    runtime: Runtime,
+    trace: Trace,
+    calls: tuple[ToolCall, ...],
+    turn: TraceWrite | None = None,
+    *,
+    pauses: Sequence[str] = (),
 ) -> ToolTurn:
     """Run the calls in order, write their results in one step; sub-agents go last.
 
     A question to a person (`ask_human`) is put after every other result is written.
     `turn`: the model turn's own write, not applied yet; the results join it (one step).
+    `pauses`: provider pause keys the results' write reads for the next model call.
 
     Returns:
         Whether the run waits on sub-agents or a person, and what was written.
     """
     spawns: list[tuple[ToolCall, SpawnRequest]] = []
-    results = turn or TraceWrite(trace.trace_id, trace.root_trace_id)
+    results = (turn or TraceWrite(trace.trace_id, trace.root_trace_id)).read_pauses(pauses)
     question: tuple[ToolCall, str] | None = None
     for call in calls:
         runtime.hooks.tool_started(trace, call)

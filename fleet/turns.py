@@ -100,6 +100,8 @@ class Turn:
     messages: list[Message]
     """Every message once `write` is applied."""
     write: TraceWrite
+    pauses: tuple[str, ...] = ()
+    """The pause keys the next model call checks: the turn's last write reads them."""
 
 
 def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
@@ -108,7 +110,8 @@ def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
     if written.messages:
         last = written.messages[-1].sequence
         trace = trace.model_copy(update={"head_sequence": last, "last_sequence": last})
-    return TraceSnapshot(trace, [*snapshot.messages, *written.messages], written.stop_requested)
+    messages = [*snapshot.messages, *written.messages]
+    return TraceSnapshot(trace, messages, written.stop_requested, written.pauses)
 
 
 def numbered(trace: Trace, messages: list[Message]) -> tuple[Trace, list[Message]]:

@@ -10,10 +10,15 @@ next turn needs no read of its own.
     write.append(message, event, iteration=3)
     write.update(Event(kind="trace", ...), status="running")
     result = store.apply(write)        # result.messages[0].sequence, result.stop_requested
+
+A write can also read provider pauses (`TraceWrite.pauses`: `fleet.limits.pause_keys`) for
+the model call that follows it, so that call needs no round trip of its own to check them.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Unpack
 
@@ -71,6 +76,34 @@ class ReleaseLease:
 WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease
 
 
+@dataclass(frozen=True)
+class PauseRead:
+    """Provider pauses as a store round trip read them, for the model call after it.
+
+    The pause keys are set by any worker's 429/503/529: a call that goes by this read sees
+    another worker's pause as of that round trip (micro- to milliseconds before the call),
+    not as of the call itself.
+    """
+
+    left_ms: Mapping[str, int]
+    """Pause key -> its PTTL when read (0 or less: not paused)."""
+    read_at_s: float
+    """`time.monotonic()` when the reply came."""
+
+    @classmethod
+    def of(cls, pause_keys: Sequence[str], ttls_ms: Sequence[object]) -> PauseRead:
+        """The read of these keys, with the PTTLs a script returned for them, in order."""
+        left = {key: int(str(ttl)) for key, ttl in zip(pause_keys, ttls_ms, strict=True)}
+        return cls(left, time.monotonic())
+
+    def left_s(self, pause_keys: Sequence[str]) -> float | None:
+        """Seconds the longest of these pauses still runs (0.0: none); None if one was not read."""
+        if any(key not in self.left_ms for key in pause_keys):
+            return None
+        longest_ms = max((self.left_ms[key] for key in pause_keys), default=0)
+        return max(0.0, longest_ms / 1000 - (time.monotonic() - self.read_at_s))
+
+
 @dataclass
 class TraceWrite:
     """Writes to one trace (and its parent's collaborator entry), in order."""
@@ -78,6 +111,8 @@ class TraceWrite:
     trace_id: str
     root_trace_id: str
     ops: list[WriteOp] = field(default_factory=list)
+    pauses: tuple[str, ...] = ()
+    """Pause keys to read in the same step (`WriteResult.pauses`): the next call's."""
 
     def update(self, event: Event | None = None, /, **fields: Unpack[TracePatch]) -> TraceWrite:
         """Overwrite these fields; emit `event` with them."""
@@ -120,6 +155,11 @@ class TraceWrite:
         self.ops.append(ReleaseLease(owner))
         return self
 
+    def read_pauses(self, pause_keys: Sequence[str]) -> TraceWrite:
+        """Read these provider pauses in the same step, for the model call after the write."""
+        self.pauses = tuple(dict.fromkeys([*self.pauses, *pause_keys]))
+        return self
+
 
 @dataclass(frozen=True)
 class WriteResult:
@@ -129,6 +169,8 @@ class WriteResult:
     """The appended messages as stored (sequence, parent_sequence), in write order."""
     stop_requested: bool
     """Whether a stop was requested for the trace, as of the write."""
+    pauses: PauseRead | None = None
+    """The write's `pauses`, as of the write (None: none read; the in-memory store)."""
 
 
 class SingleWrites(Protocol):

@@ -185,6 +185,17 @@ def assert_collected_once(fleet: Fleet, root_id: str, branches: int) -> None:
     assert all(fleet.trace(c).status == "completed" for c in children)
 
 
+def usage_tokens(conn: redis.Redis) -> int:
+    """Every token `fleet metrics` counted so far (all models, prompt and completion)."""
+    return sum(int(value) for name, value in conn.hgetall(keys.USAGE).items() if "tokens:" in name)
+
+
+def tree_tokens(fleet: Fleet, root_id: str) -> int:
+    """The tokens of every model call the tree recorded (its traces' stats)."""
+    traces = [fleet.trace(t) for t in [root_id, *fleet.store.children(root_id)]]
+    return sum(t.stats.prompt_tokens + t.stats.completion_tokens for t in traces)
+
+
 def start_workers(
     stack: contextlib.ExitStack, url: str, count: int, **options: Any
 ) -> list[WorkerProcess]:
@@ -286,6 +297,7 @@ def test_a_killed_pool_process_is_retried_and_each_branch_collected_once(
             stack, url, 1, pool="prefork", concurrency=4, env_extra=worker_env(tmp_path)
         )
         fleet = stack.enter_context(fleet_client(url, url, tmp_path))
+        counted = usage_tokens(conn)
         handle = fleet.submit("survey", model=model)
         victims: list[Running] = []
 
@@ -318,6 +330,8 @@ def test_a_killed_pool_process_is_retried_and_each_branch_collected_once(
 
         wait_until(retried_and_chord_done, RUN_TIMEOUT_S, "the retry and the chord body")
         assert_collected_once(fleet, trace.trace_id, 20)
+        # The killed run's calls were counted by its resumed run, none of them twice.
+        assert usage_tokens(conn) - counted == tree_tokens(fleet, trace.trace_id)
     # The victim's chord header task, retried under its own id (the sweeper's recovered run
     # of the same trace is a task of its own, never retried).
     (retried,) = [r for r in task_events.runs() if r.trace_id == victim.trace_id and r.retries]

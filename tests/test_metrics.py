@@ -133,9 +133,12 @@ def test_rabbitmq_queue_lengths_survive_queues_that_were_never_declared() -> Non
             connection.default_channel.queue_delete(declared)
 
 
-def test_model_turns_add_to_the_fleet_wide_usage(redis_client: redis.Redis) -> None:
+def test_model_turns_add_to_the_fleet_wide_usage_when_the_run_ends(
+    redis_client: redis.Redis,
+) -> None:
     store = RedisStore(redis_client)
     store.create_trace(Trace(trace_id="t", root_trace_id="t", task="x"))
+    store.update_trace("t", status="running")
     for _ in range(2):
         store.append_message(
             Message(
@@ -148,12 +151,17 @@ def test_model_turns_add_to_the_fleet_wide_usage(redis_client: redis.Redis) -> N
             )
         )
     store.append_message(Message(trace_id="t", role="tool", content="no model, no usage"))
+    assert usage_families(redis_client)[0].samples == {}, "counted when the run ends"
+    assert redis_client.hexists(keys.trace("t"), "uncounted")
+    store.update_trace("t", status="completed")  # the run's last write
+    store.update_trace("t", status="completed")  # nothing left to count
     tokens, cost = usage_families(redis_client)
     assert tokens.samples == {
         (("kind", "prompt"), ("model", MODEL)): 20.0,
         (("kind", "completion"), ("model", MODEL)): 8.0,
     }
     assert cost.samples == {(("model", MODEL),): pytest.approx(0.0025)}
+    assert not redis_client.hexists(keys.trace("t"), "uncounted"), "a trace at rest has none"
 
 
 def test_running_traces_count_by_the_queue_of_their_mode(redis_client: redis.Redis) -> None:

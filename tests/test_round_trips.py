@@ -1,0 +1,225 @@
+"""What a branch costs the store in round trips, and the usage `fleet metrics` counts.
+
+In one process against a real Redis, the runner as a worker runs it: a provider without
+`limits:` has its pause read by the run's own store round trips (no `PTTL` of its own), yet
+still holds back for a pause another worker set; the fleet-wide usage is counted once per
+run, and a run killed midway leaves its calls to the next run of the trace to count.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.connection import Connection
+
+from fleet import keys
+from fleet.budget import Budgets
+from fleet.gate import Gate
+from fleet.limits import Limiter
+from fleet.llm.base import LLMResponse
+from fleet.llm.config import FleetConfig, ProviderConfig
+from fleet.redis_connect import connect
+from fleet.redis_store import RedisStore
+from fleet.roots import TaskSpec, create_root
+from fleet.runner import Runner
+from fleet.runtime import Runtime, SpawnRequest
+from fleet.settings import Settings
+from fleet.testing import ScriptedModel, call, text
+from fleetops.metrics import usage_families
+
+pytestmark = pytest.mark.integration
+
+MODEL = "plain:m"
+CONFIG = FleetConfig(
+    providers={"plain": ProviderConfig(kind="openai", base_url="http://127.0.0.1:9/v1")}
+)
+
+
+class Recorder:
+    """A dispatcher that keeps the spawn (a worker fleet would send a chord)."""
+
+    children_survive_restart = False
+
+    def __init__(self) -> None:
+        self.requests: list[SpawnRequest] = []
+
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        self.requests.append(request)
+
+
+class Killed(BaseException):
+    """The worker dies here: nothing after it runs (not even the runner's handlers)."""
+
+
+def turns(messages: list[dict[str, Any]]) -> int:
+    return sum(m["role"] == "assistant" for m in messages)
+
+
+def explorer(branches: int, on_call: Callable[[str, int], None] = lambda task, n: None) -> Any:
+    """Main agent explores; each branch lists the directory, then answers."""
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        task = next(str(m["content"]) for m in messages if m["role"] == "user")
+        on_call(task, turns(messages))
+        if task.startswith("branch"):
+            return call("list_dir", path=".") if turns(messages) == 0 else text(f"found: {task}")
+        if turns(messages) == 0:
+            return call("agent", task=[f"branch {i}" for i in range(branches)])
+        return text("summary")
+
+    return ScriptedModel(function=respond)
+
+
+def worker_runtime(store: RedisStore, tmp_path: Path, model: Any) -> tuple[Runtime, Recorder]:
+    """A worker's runtime whose model goes through provider `plain` (no `limits:`)."""
+    recorder = Recorder()
+    runtime = Runtime.build(Settings(workspace=tmp_path, env={}), store, recorder)
+    gate = Gate(CONFIG, {}, Limiter(store.client), Budgets(store.client))
+    return replace(runtime, config=CONFIG, gate=gate, clients={MODEL: model}), recorder
+
+
+@pytest.fixture
+def meter() -> Iterator[Counter[int]]:
+    """Round trips (a pipeline is one) by the thread that made them."""
+    trips: Counter[int] = Counter()
+    send = Connection.send_packed_command
+
+    def counting(self: Connection, command: Any, check_health: bool = True) -> None:
+        trips[threading.get_ident()] += 1
+        send(self, command, check_health)
+
+    Connection.send_packed_command = counting  # type: ignore[method-assign,assignment]
+    yield trips
+    Connection.send_packed_command = send  # type: ignore[method-assign]
+
+
+def commands(client: redis.Redis) -> Counter[str]:
+    stats = client.info("commandstats")
+    return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
+
+
+def spawned(runtime: Runtime, recorder: Recorder, branches: int) -> SpawnRequest:
+    root = create_root(runtime, TaskSpec("survey", MODEL, mode="main"))
+    assert Runner(runtime).run(root.trace_id).outcome == "waiting"
+    (request,) = recorder.requests
+    assert len(request.child_ids) == branches
+    return request
+
+
+def test_a_branch_on_a_provider_without_limits_makes_three_round_trips(
+    redis_client: redis.Redis, tmp_path: Path, meter: Counter[int]
+) -> None:
+    store = RedisStore(redis_client)
+    runtime, recorder = worker_runtime(store, tmp_path, explorer(6))
+    request = spawned(runtime, recorder, 6)
+    runner, me = Runner(runtime), threading.get_ident()
+    before, trips = commands(redis_client), []
+    for child in request.child_ids:
+        meter[me] = 0
+        assert runner.run(child).outcome == "completed"
+        trips.append(meter[me])
+    ran = commands(redis_client) - before
+    # begin_run, the first turn with its tool's result, the last turn with the finish: each
+    # reads the provider's pause for the call after it; the root's run had learnt the model.
+    assert trips == [3] * 6
+    assert ran["pttl"] == 6 * 2, "two calls per branch, each pause read inside a script"
+    assert ran["evalsha"] == 6 * 3 and ran["hincrby"] == 6 * 2, "usage counted once per run"
+
+
+def test_a_worker_that_never_called_the_model_checks_its_pause_once(
+    redis_client: redis.Redis, tmp_path: Path, meter: Counter[int]
+) -> None:
+    store = RedisStore(redis_client)
+    runtime, recorder = worker_runtime(store, tmp_path, explorer(1))
+    (child,) = spawned(runtime, recorder, 1).child_ids
+    fresh, _ = worker_runtime(store, tmp_path, explorer(1))  # another process: knows no model
+    me = threading.get_ident()
+    meter[me] = 0
+    assert Runner(fresh).run(child).outcome == "completed"
+    # begin_run could not know the model: its first call asks whether the tree has a budget
+    # and checks the pause on its own (EXISTS, PTTL); the write before the next call reads it.
+    assert meter[me] == 3 + 2
+
+
+def test_an_unlimited_provider_holds_back_for_a_pause_another_worker_set(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RedisStore(redis_client)
+    other = connect(redis_url)
+    elsewhere = Limiter(other)
+    alone: list[str] = []
+    paused = Limiter.paused
+
+    def checked_alone(self: Limiter, scopes: Any) -> Any:
+        alone.append(scopes[0].name)
+        return paused(self, scopes)
+
+    monkeypatch.setattr(Limiter, "paused", checked_alone)
+
+    def overloaded_elsewhere(task: str, made: int) -> None:
+        """While branch 0 makes its first call, another worker's call gets a 429."""
+        if task == "branch 0" and made == 0:
+            elsewhere.overloaded(runtime.gate.scopes(MODEL), retry_after_s=30.0)
+
+    runtime, recorder = worker_runtime(store, tmp_path, explorer(2, overloaded_elsewhere))
+    request = spawned(runtime, recorder, 2)
+    first, second = request.child_ids
+    alone.clear()  # the root's first call: this process did not know the model yet
+    # The pause came during the call: the write of its tool result read it for the next.
+    held = Runner(runtime).run(first)
+    assert held.outcome == "throttled" and 25.0 < held.retry_in_s <= 30.0
+    assert store.get_trace(first).stats.messages == 1
+    # A run that starts later reads it with its lease.
+    again = Runner(runtime).run(second)
+    assert again.outcome == "throttled" and 25.0 < again.retry_in_s <= 30.0
+    assert store.get_trace(second).stats.messages == 0, "no call was made"
+    assert alone == [], "both pauses were read by the runs' own round trips"
+    scope = runtime.gate.scopes(MODEL)[0].name
+    assert elsewhere.stats()[f"waited:{scope}"] == 2
+    other.delete(keys.limit_pause(scope))  # the pause ran out
+    assert Runner(runtime).run(first).outcome == "completed"
+    assert Runner(runtime).run(second).outcome == "completed"
+    assert alone == []
+    other.close()
+
+
+def usage(client: redis.Redis) -> dict[str, float]:
+    tokens, _ = usage_families(client)
+    return {dict(labels)["kind"]: value for labels, value in tokens.samples.items()}
+
+
+def test_a_run_killed_midway_counts_every_call_once_when_resumed(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    store = RedisStore(redis_client)
+    dies = [True]
+
+    def killed_in_the_last_call(task: str, made: int) -> None:
+        if task == "branch 0" and made == 1 and dies:
+            dies.clear()
+            raise Killed
+
+    runtime, recorder = worker_runtime(store, tmp_path, explorer(1, killed_in_the_last_call))
+    request = spawned(runtime, recorder, 1)
+    (child,) = request.child_ids
+    counted_root = usage(redis_client)  # the root's first run ended waiting: counted
+    with pytest.raises(Killed):
+        Runner(runtime).run(child)
+    assert usage(redis_client) == counted_root, "the dead run's call waits in its trace"
+    redis_client.delete(keys.lease(child))  # its lease lapses; the sweeper re-sends it
+    assert Runner(runtime).run(child).outcome == "completed"
+    assert Runner(runtime).run(child).outcome == "completed", "a late duplicate counts nothing"
+    traces = [store.get_trace(request.root_trace_id), store.get_trace(child)]
+    assert store.get_trace(child).stats.messages == 2
+    assert usage(redis_client) == {
+        "prompt": sum(t.stats.prompt_tokens for t in traces),
+        "completion": sum(t.stats.completion_tokens for t in traces),
+    }
+    assert not redis_client.hexists(keys.trace(child), "uncounted")
