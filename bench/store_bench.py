@@ -1,6 +1,6 @@
 """What the fleet's own store writes cost an explore branch, in one process, on a real Redis.
 
-python bench/store_bench.py [--branches 200] [--repeat 3] [--by-command]
+python bench/store_bench.py [--branches 200] [--repeat 3] [--by-command] [--provider]
 
 An explore as a worker fleet runs it, without Celery: the root's first run (its spawn
 turn: create the children, announce them, wait), each branch's `Runner.run` (2 scripted
@@ -9,7 +9,9 @@ calls it) and the root's resume. Per branch, for each phase and in total: Redis 
 (INFO commandstats delta: commands inside Lua scripts count), round trips (redis-py
 `send_packed_command` calls: a pipeline is one) and CPU of this process
 (`time.process_time`). The root's phases are divided by the number of branches. Runs
-alternate nothing: compare trees by running this back to back.
+alternate nothing: compare trees by running this back to back. `--provider`: the scripted
+model answers as `plain:m`, a model of a provider without `limits:`, so each call passes the
+provider gate (its pause check) as an HTTP model's would.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fleet import (
     settling,
 )
+from fleet.budget import Budgets  # noqa: E402
+from fleet.gate import Gate  # noqa: E402
+from fleet.limits import Limiter  # noqa: E402
+from fleet.llm.config import FleetConfig, ProviderConfig, make_client  # noqa: E402
 from fleet.redis_server import start_redis_server  # noqa: E402
 from fleet.redis_store import RedisStore  # noqa: E402
 from fleet.roots import TaskSpec, create_root  # noqa: E402
@@ -43,6 +49,17 @@ from fleet.settings import Settings  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 
 PHASES = ("spawn", "branch", "collect", "resume")
+PROVIDER_MODEL = "plain:m"
+PROVIDER_CONFIG = FleetConfig(
+    providers={"plain": ProviderConfig(kind="openai", base_url="http://127.0.0.1:9/v1")}
+)
+
+
+def on_provider(runtime: Runtime, gate: Gate, script: str) -> tuple[Runtime, str]:
+    """The runtime with `script` answering as a model of a provider without limits."""
+    client = make_client(runtime.config, script, {}, allow_scripted=True)
+    clients = {PROVIDER_MODEL: client}
+    return replace(runtime, config=PROVIDER_CONFIG, gate=gate, clients=clients), PROVIDER_MODEL
 
 
 class Recorder:
@@ -119,6 +136,7 @@ def main() -> None:
     parser.add_argument("--branches", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--by-command", action="store_true", help="per-command counts")
+    parser.add_argument("--provider", action="store_true", help="calls pass the provider gate")
     args = parser.parse_args()
     Connection.send_packed_command = _counting_send  # type: ignore[method-assign]
     server = start_redis_server()
@@ -130,12 +148,17 @@ def main() -> None:
             settings = Settings(workspace=workdir, allow_scripted=True)
             runtime = Runtime.build(settings, store, recorder)
             warm = explore_script(workdir / "warm.yaml", 20)
-            one_explore(runtime, recorder, warm, Meter(store.client))  # scripts, imports
             model = explore_script(workdir / "model.yaml", args.branches)
+            warmed, measured = runtime, runtime
+            if args.provider:
+                gate = Gate(PROVIDER_CONFIG, {}, Limiter(store.client), Budgets(store.client))
+                warmed, warm = on_provider(runtime, gate, warm)
+                measured, model = on_provider(runtime, gate, model)
+            one_explore(warmed, recorder, warm, Meter(store.client))  # scripts, imports
             last = Meter(store.client)
             for _ in range(args.repeat):
                 meter = Meter(store.client)
-                n = one_explore(runtime, recorder, model, meter)
+                n = one_explore(measured, recorder, model, meter)
                 rows.append(_row(meter, n))
                 last = meter
     finally:
