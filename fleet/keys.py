@@ -29,7 +29,9 @@ def trace(trace_id: str) -> str:
 
     `stats` (TraceStats) is added to inside the write scripts; `m:{sequence}` holds each
     message (Message JSON); `stop` ("1") is present while a stop is requested (runners check
-    it between turns). Messages and the stop flag are not Trace attributes.
+    it between turns); `uncounted` (`{model: [prompt, completion, cost]}`) holds the usage of
+    model turns not yet added to USAGE, while a run has some. Messages, the stop flag and
+    `uncounted` are not Trace attributes.
     """
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
@@ -117,7 +119,9 @@ ms after which the wait ends with a timeout result; a reply removes its entry.""
 
 USAGE = f"{PREFIX}:usage"
 """Hash, no TTL: fleet-wide model usage for `fleet metrics`, one field per `{kind}:{model}`
-(kind prompt_tokens, completion_tokens or cost_usd); added to with each model turn."""
+(kind prompt_tokens, completion_tokens or cost_usd); added to once per run, by the write
+that ends it (a status other than running), from the trace's `uncounted` field: a run that
+died leaves its calls there for the trace's next run to add."""
 
 COUNTERS = f"{PREFIX}:counters"
 """Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""

@@ -147,10 +147,11 @@ class Limiter:
         return Refused(max(wait_s, 0.001), str(reason))
 
     def paused(self, scopes: tuple[Scope, ...]) -> Refused | None:
-        """The fast path of a call no limit books: is its provider paused? One command.
+        """Is the provider of a call no limit books paused? One command of its own.
 
-        A pause set by any worker's 429/503/529 (or exhausted headers) holds this call back
-        as it would a booked one; nothing else is read or written.
+        For a call whose runner did not read the pause in its last store round trip (see
+        `held`). A pause set by any worker's 429/503/529 (or exhausted headers) holds this
+        call back as it would a booked one; nothing else is read or written.
         """
         names = pause_keys(scopes)
         if not names:
