@@ -99,6 +99,8 @@ class Gate:
         self.budgets = budgets
         self._env = env
         self._scopes: dict[str, tuple[Scope, ...]] = {}
+        self._tree_pauses: dict[str, tuple[str, ...]] = {}
+        """Root trace id -> the pause keys its last call in this process checked."""
         self._lock = threading.Lock()
 
     @classmethod
@@ -130,19 +132,26 @@ class Gate:
         if self.limiter is None:
             return ()
         scopes = self.scopes(model_name)
-        if booked(scopes) or (self.budgets is not None and self.budgets.has(root_trace_id)):
-            return ()
-        return tuple(pause_keys(scopes))
+        budgeted = self.budgets is not None and self.budgets.has(root_trace_id)
+        found = () if booked(scopes) or budgeted else tuple(pause_keys(scopes))
+        with self._lock:
+            if len(self._tree_pauses) > 100_000:  # a long-lived worker sees many trees
+                self._tree_pauses.clear()
+            self._tree_pauses[root_trace_id] = found
+        return found
 
-    def known_pauses(self) -> tuple[str, ...]:
-        """The pause keys of every model this process called unbooked: `begin_run` reads them.
+    def known_pauses(self, root_trace_id: str) -> tuple[str, ...]:
+        """The pause keys `begin_run` reads for a trace of this tree, before its model is known.
 
-        Before a trace is read its model is not known; a worker calls few models, and the
-        first call of one in a process checks its pause with a command of its own.
+        Those its tree's last call in this process checked; for a tree new here, those of
+        every model this process called unbooked (a worker calls few). A call whose keys
+        are not among them (the first of a model in a process) checks with a command.
         """
         if self.limiter is None:
             return ()
         with self._lock:
+            if root_trace_id in self._tree_pauses:
+                return self._tree_pauses[root_trace_id]
             resolved = list(self._scopes.values())
         return tuple(dict.fromkeys(k for s in resolved if not booked(s) for k in pause_keys(s)))
 

@@ -77,7 +77,8 @@ class Runner:
         owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
             ttl_ms = self.runtime.settings.lease_ttl_ms
-            start, pauses = lifecycle.starting(trace_id), self.runtime.gate.known_pauses()
+            start = lifecycle.starting(trace_id)
+            pauses = self.runtime.gate.known_pauses(start.root_trace_id)
             snapshot = self.store.begin_run(trace_id, owner, ttl_ms, start, pauses)
             if snapshot is None:
                 return RunResult(trace_id, "busy")

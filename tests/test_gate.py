@@ -136,6 +136,20 @@ def test_with_a_budget_the_pause_check_rides_on_the_reservation(
     assert redis_client.hkeys(keys.budget_held(ROOT)) == []
 
 
+def test_a_run_reads_the_pauses_its_next_call_checks_alone(workers: tuple[Gate, Gate]) -> None:
+    gate, _ = workers
+    other_root = "20260101T000000-root02"
+    assert gate.known_pauses(ROOT) == (), "no model called here yet: nothing to guess"
+    assert isinstance(gate.before(branch(0), "plain:m", 300), Go)
+    pause = keys.limit_pause(gate.scopes("plain:m")[0].name)
+    assert gate.known_pauses(other_root) == (pause,), "a tree new here: every unbooked model's"
+    assert gate.pauses_for("plain:m", ROOT) == (pause,)
+    assert gate.known_pauses(ROOT) == (pause,)
+    # A booked call checks the pause in its admission: nothing for the runner to read.
+    assert gate.pauses_for("plain-fast", other_root) == ()
+    assert gate.known_pauses(other_root) == (), "what this tree's last call here checked"
+
+
 def test_a_limit_on_the_provider_or_the_alias_books_and_settles(
     workers: tuple[Gate, Gate], redis_client: redis.Redis
 ) -> None:
