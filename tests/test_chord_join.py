@@ -185,6 +185,26 @@ def test_a_body_sent_owes_nothing_and_a_failed_send_stays_owed(
     assert len(bodies(conn)) == 1, "the sweeper's settlement is the only one"
 
 
+@app.task(name="tests.settle_later_errback")  # type: ignore[untyped-decorator]
+def settle_later_errback(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
+    """As `fleet.collect_failed` with a child still pending: owes the call to the outbox."""
+    entry = outbox.settle_entry(parent_trace_id, tool_call_id)
+    app.backend.client.zadd(fleet_keys.OUTBOX, {entry: now_ms()})
+
+
+def test_an_errback_run_inline_keeps_the_call_owed(conn: redis.Redis) -> None:
+    chord = Chord(2)
+    # Registered here, so Celery runs the errback inline (as the fleet's `collect_failed`
+    # runs in a worker), in the thread that reported the last part.
+    chord.body["options"]["link_error"][0]["task"] = "tests.settle_later_errback"
+    chord.body["options"]["link_error"][0]["args"] = ["root", "call_1"]
+    chord.report(0, states.REVOKED)
+    chord.report(1)
+    assert bodies(conn) == []
+    owed = outbox.settle_entry("root", "call_1")
+    assert conn.zscore(fleet_keys.OUTBOX, owed) is not None, "the errback's entry survives"
+
+
 def test_two_hundred_parts_at_once_send_one_body_with_every_trace(conn: redis.Redis) -> None:
     chord = Chord(200)
     start = threading.Barrier(200)

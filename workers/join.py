@@ -68,7 +68,10 @@ CLAIM_SUFFIX = ".fc"
 
 JOIN_CLAIM_S = 10
 """How long a claimer has to publish the body before a later copy of a part may (Celery's
-join claim: twice its default `result_chord_join_timeout`)."""
+join claim: twice its default `result_chord_join_timeout`). Unlike Celery's, it is not
+extended while the publish retries: a publish slower than this (broker failover) can let a
+late copy send a second `collect`, and the outbox's sweeper settle after OWED_AFTER_MS;
+both are harmless because settling a call is exactly-once (`fleet.settling.settle`)."""
 
 OWED_AFTER_MS = 2 * JOIN_CLAIM_S * 1000
 """When a sweeper settles a call whose claimer did not mark its chord done (see
@@ -159,9 +162,8 @@ def part_returned(backend: Any, request: Any, state: str, result: Any) -> None:
         return
     sent = False
     try:
-        fire(backend, body, sorted_parts(parts))
-        sent = True
-    finally:  # unsent (the send raised): still done here, and the call stays owed
+        sent = fire(backend, body, sorted_parts(parts))
+    finally:  # unsent (the errback ran, or the send failed): done, and the call stays owed
         with backend.client.pipeline(transaction=True) as pipe:
             pipe.set(group_keys[1], "done", ex=ttl_s(backend)).delete(group_keys[0])
             if sent:
@@ -189,8 +191,8 @@ def sorted_parts(raw: list[Any]) -> list[list[Any]]:
     return sorted(parts, key=lambda p: (p[0] is None, p[0] or 0))
 
 
-def fire(backend: Any, body: dict[str, Any], parts: list[list[Any]]) -> None:
-    """Send the body with every header's trace id, or run its errback if a part failed."""
+def fire(backend: Any, body: dict[str, Any], parts: list[list[Any]]) -> bool:
+    """Send the body with every header's trace id (True), or run its errback if a part failed."""
     options = {k: v for k, v in body["options"].items() if k != SIZE_OPTION}
     callback: Signature = maybe_signature({**body, "options": options}, app=backend.app)
     failed = [p for p in parts if p[2] is not None]
@@ -201,10 +203,12 @@ def fire(backend: Any, body: dict[str, Any], parts: list[list[Any]]) -> None:
         except ChordError as error:
             logger.error("Chord of %r failed: %s", body.get("args"), error)
             backend.chord_error_from_stack(callback, error)
-        return
+        return False  # the errback may have owed the call to the outbox itself: keep it
     results = [{"trace_id": trace_id} for _, trace_id, _ in parts]
     try:
         backend.app.amqp._retry_publish(callback.delay, results)
     except Exception as exc:  # as Celery's join: a body that cannot be sent fails the chord
         logger.exception("Chord body %r could not be sent: %r", body.get("args"), exc)
         backend.chord_error_from_stack(callback, ChordError(f"Callback error: {exc!r}"))
+        return False
+    return True
