@@ -185,7 +185,7 @@ def test_a_body_sent_owes_nothing_and_a_failed_send_stays_owed(
     assert len(bodies(conn)) == 1, "the sweeper's settlement is the only one"
 
 
-@app.task(name="tests.settle_later_errback")  # type: ignore[untyped-decorator]
+@app.task(name="tests.settle_later_errback")
 def settle_later_errback(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     """As `fleet.collect_failed` with a child still pending: owes the call to the outbox."""
     entry = outbox.settle_entry(parent_trace_id, tool_call_id)
