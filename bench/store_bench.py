@@ -44,9 +44,9 @@ from fleet.redis_server import start_redis_server  # noqa: E402
 from fleet.redis_store import RedisStore  # noqa: E402
 from fleet.roots import TaskSpec, create_root  # noqa: E402
 from fleet.runner import Runner  # noqa: E402
-from fleet.runtime import Runtime, SpawnRequest  # noqa: E402
+from fleet.runtime import Runtime  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
-from tests.fleetkit import explore_script  # noqa: E402
+from tests.fleetkit import RecordingDispatcher, explore_script  # noqa: E402
 
 PHASES = ("spawn", "branch", "collect", "resume")
 PROVIDER_MODEL = "plain:m"
@@ -60,18 +60,6 @@ def on_provider(runtime: Runtime, gate: Gate, script: str) -> tuple[Runtime, str
     client = make_client(runtime.config, script, {}, allow_scripted=True)
     clients = {PROVIDER_MODEL: client}
     return replace(runtime, config=PROVIDER_CONFIG, gate=gate, clients=clients), PROVIDER_MODEL
-
-
-class Recorder:
-    """A dispatcher that keeps what it was handed (a worker fleet would send a chord)."""
-
-    children_survive_restart = False
-
-    def __init__(self) -> None:
-        self.requests: list[SpawnRequest] = []
-
-    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
-        self.requests.append(request)
 
 
 _round_trips = 0
@@ -111,7 +99,7 @@ class Meter:
         self.by_command.setdefault(name, Counter()).update(delta)
 
 
-def one_explore(runtime: Runtime, recorder: Recorder, model: str, meter: Meter) -> int:
+def one_explore(runtime: Runtime, recorder: RecordingDispatcher, model: str, meter: Meter) -> int:
     """An explore's phases, metered; returns the number of branches."""
     root = create_root(runtime, TaskSpec("survey", model))
     runner = Runner(runtime)
@@ -144,7 +132,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp, RedisStore.from_url(server.url) as store:
             workdir = Path(tmp)
-            recorder = Recorder()
+            recorder = RecordingDispatcher()
             settings = Settings(workspace=workdir, allow_scripted=True)
             runtime = Runtime.build(settings, store, recorder)
             warm = explore_script(workdir / "warm.yaml", 20)

@@ -13,7 +13,7 @@ import yaml
 
 from fleet.client import Fleet
 from fleet.redis_store import RedisStore
-from fleet.runtime import Runtime
+from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
 
 
@@ -130,3 +130,19 @@ def celery_fleet(
     fleet.store.close()
     reset_runtime()
     gc.collect()  # Celery's pending AsyncResults unsubscribe while their Redis still answers
+
+
+class RecordingDispatcher:
+    """A dispatcher that keeps every spawn it is handed and runs nothing.
+
+    A task queue that has not run the children yet (`children_survive_restart=True`), or
+    a process that would have run them itself.
+    """
+
+    def __init__(self, children_survive_restart: bool = False) -> None:
+        self.children_survive_restart = children_survive_restart
+        self.requests: list[SpawnRequest] = []
+
+    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
+        """Keep the request."""
+        self.requests.append(request)

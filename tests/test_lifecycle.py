@@ -17,18 +17,7 @@ from fleet.settings import Settings
 from fleet.settling import AlreadyCollected, Settled, Waiting
 from fleet.subagents import spawn
 from fleet.testing import ScriptedModel
-
-
-class HeldDispatcher:
-    """Keeps the children it is handed (a task queue that has not run them yet)."""
-
-    children_survive_restart = True
-
-    def __init__(self) -> None:
-        self.requests: list[SpawnRequest] = []
-
-    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
-        self.requests.append(request)
+from tests.fleetkit import RecordingDispatcher
 
 
 def parent_with_calls(tmp_path: Path, *call_ids: str) -> tuple[Runtime, Trace, list[SpawnRequest]]:
@@ -36,7 +25,7 @@ def parent_with_calls(tmp_path: Path, *call_ids: str) -> tuple[Runtime, Trace, l
     local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path, env={}, summary_chars=12),
         clients={"test": ScriptedModel([])},
-        dispatcher=HeldDispatcher(),
+        dispatcher=RecordingDispatcher(children_survive_restart=True),
     )
     runtime = local.runtime
     root = create_root(runtime, TaskSpec(task="work", model="test"))

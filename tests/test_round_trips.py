@@ -33,6 +33,7 @@ from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
 from fleetops.metrics import usage_families
+from tests.fleetkit import RecordingDispatcher
 
 pytestmark = pytest.mark.integration
 
@@ -40,18 +41,6 @@ MODEL = "plain:m"
 CONFIG = FleetConfig(
     providers={"plain": ProviderConfig(kind="openai", base_url="http://127.0.0.1:9/v1")}
 )
-
-
-class Recorder:
-    """A dispatcher that keeps the spawn (a worker fleet would send a chord)."""
-
-    children_survive_restart = False
-
-    def __init__(self) -> None:
-        self.requests: list[SpawnRequest] = []
-
-    def dispatch(self, runtime: Runtime, request: SpawnRequest) -> None:
-        self.requests.append(request)
 
 
 class Killed(BaseException):
@@ -77,9 +66,11 @@ def explorer(branches: int, on_call: Callable[[str, int], None] = lambda task, n
     return ScriptedModel(function=respond)
 
 
-def worker_runtime(store: RedisStore, tmp_path: Path, model: Any) -> tuple[Runtime, Recorder]:
+def worker_runtime(
+    store: RedisStore, tmp_path: Path, model: Any
+) -> tuple[Runtime, RecordingDispatcher]:
     """A worker's runtime whose model goes through provider `plain` (no `limits:`)."""
-    recorder = Recorder()
+    recorder = RecordingDispatcher()
     runtime = Runtime.build(Settings(workspace=tmp_path, env={}), store, recorder)
     gate = Gate(CONFIG, {}, Limiter(store.client), Budgets(store.client))
     return replace(runtime, config=CONFIG, gate=gate, clients={MODEL: model}), recorder
@@ -105,7 +96,7 @@ def commands(client: redis.Redis) -> Counter[str]:
     return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
 
 
-def spawned(runtime: Runtime, recorder: Recorder, branches: int) -> SpawnRequest:
+def spawned(runtime: Runtime, recorder: RecordingDispatcher, branches: int) -> SpawnRequest:
     root = create_root(runtime, TaskSpec("survey", MODEL, mode="main"))
     assert Runner(runtime).run(root.trace_id).outcome == "waiting"
     (request,) = recorder.requests
