@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -288,6 +290,48 @@ def test_a_tool_that_never_returns_gives_the_slot_back(
         release.set()
     assert result.is_error
     assert result.output == "tool 'stuck' did not finish within 0.2s"
+
+
+def where(ctx: ToolContext) -> ToolResult:
+    """Name the thread it runs in."""
+    return ToolResult(title="where", output=threading.current_thread().name)
+
+
+def test_a_bounded_tool_runs_in_the_agents_thread(tmp_path: Path) -> None:
+    """No thread start per call for a tool that ends itself; the backstop for the rest."""
+    registry = ToolRegistry()
+    registry.register(where, read_only=True, bounded=True)
+    registry.register(where, name="where_else", read_only=True)
+    ctx = ToolContext(tmp_path)
+    here = threading.current_thread().name
+    assert registry.execute("where", {}, ctx, DEFAULT).output == here
+    assert registry.execute("where_else", {}, ctx, DEFAULT).output == "tool:where_else"
+
+
+def test_only_self_limiting_built_ins_skip_the_backstop() -> None:
+    """A shell's grandchildren, a DNS lookup or a FIFO as a skill file are outside the
+    tools' own limits: bash, web_fetch and skill keep their thread."""
+    registry = default_registry()
+    bounded = {name for name in registry.names() if registry.get(name).bounded}
+    files_and_search = {"read_file", "list_dir", "glob", "grep", "write_file", "edit_file"}
+    assert bounded == files_and_search
+
+
+def test_a_fifo_planted_for_a_bounded_tool_does_not_hold_the_slot(tmp_path: Path) -> None:
+    """An agent's FIFO in the workspace: the bounded file tools refuse it at once."""
+    os.mkfifo(tmp_path / "pipe")
+    registry = default_registry()
+    ctx = ToolContext(tmp_path, tool_timeout_s=0.5)
+    for name, arguments in (
+        ("read_file", {"path": "pipe"}),
+        ("edit_file", {"path": "pipe", "old_text": "a", "new_text": "b"}),
+        ("write_file", {"path": "pipe", "content": "x"}),
+        ("grep", {"pattern": "x"}),
+    ):
+        started = time.monotonic()
+        result = registry.execute(name, arguments, ctx, DEFAULT)
+        assert time.monotonic() - started < 5, name
+        assert result.is_error == (name != "grep"), (name, result.output)  # grep skips it
 
 
 def test_execute_unknown_tool(registry: ToolRegistry, ctx: ToolContext) -> None:

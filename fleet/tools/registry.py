@@ -66,6 +66,8 @@ class ToolSpec:
     fn: ToolFunction | None
     """None for tools the runner executes itself (`agent`, `evaluate`, `goal`)."""
     params: tuple[_Param, ...] = ()
+    bounded: bool = False
+    """The tool ends itself within `tool_timeout_s`: it runs in the agent's thread."""
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-calling form."""
@@ -79,7 +81,14 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, ToolSpec] = {}
 
-    def register(self, fn: ToolFunction, *, name: str | None = None, read_only: bool) -> None:
+    def register(
+        self,
+        fn: ToolFunction,
+        *,
+        name: str | None = None,
+        read_only: bool,
+        bounded: bool = False,
+    ) -> None:
         """Add a typed tool function.
 
         Args:
@@ -87,6 +96,10 @@ class ToolRegistry:
                 type hint and an entry in the docstring's Args section.
             name: Tool name; defaults to the function's name.
             read_only: Whether the tool leaves the workspace unchanged.
+            bounded: The tool ends itself within `ctx.tool_timeout_s` whatever its
+                arguments, so it runs in the agent's own thread. Otherwise (the default)
+                it runs in a thread of its own that the agent gives up on 2 s past the
+                limit, which costs a thread start per call.
 
         Raises:
             TypeError: The signature or docstring cannot describe a tool.
@@ -102,7 +115,7 @@ class ToolRegistry:
             "additionalProperties": False,
         }
         self._tools[tool_name] = ToolSpec(
-            tool_name, description, parameters, read_only, fn, tuple(params)
+            tool_name, description, parameters, read_only, fn, tuple(params), bounded
         )
 
     def register_schema(
@@ -158,7 +171,10 @@ class ToolRegistry:
         if problems:
             return _error_result(name, "refused", f"invalid arguments: {'; '.join(problems)}")
         try:
-            result = _call_bounded(name, spec.fn, ctx, values)
+            if spec.bounded:
+                result = spec.fn(ctx, **values)
+            else:
+                result = _call_bounded(name, spec.fn, ctx, values)
         except ToolError as exc:
             return _error_result(name, "failed", str(exc))
         except Exception as exc:  # a tool bug goes back to the model, the loop goes on
@@ -185,22 +201,30 @@ class ToolRegistry:
             raise TypeError(f"tool {name!r} is already registered")
 
 
+BUILT_IN: tuple[tuple[ToolFunction, bool, bool], ...] = (
+    # (tool, read_only, bounded). Bounded: workspace file work that ends by itself
+    # (capped sizes and entry counts, non-blocking opens of regular files only, glob's
+    # deadline, grep's child killed at the limit) runs without a thread of its own, which
+    # cost a tenth of a branch's worker CPU. The rest keep the backstop: a shell's
+    # grandchildren, DNS lookups and a skill file's plain `read_text` (a FIFO blocks it)
+    # are outside their own limits.
+    (files.read_file, True, True),
+    (files.list_dir, True, True),
+    (search.glob, True, True),
+    (search.grep, True, True),
+    (web.web_fetch, True, False),
+    (skills.skill, True, False),
+    (files.write_file, False, True),
+    (files.edit_file, False, True),
+    (shell.bash, False, False),
+)
+
+
 def default_registry() -> ToolRegistry:
     """A registry holding every built-in tool."""
     registry = ToolRegistry()
-    reading: tuple[ToolFunction, ...] = (
-        files.read_file,
-        files.list_dir,
-        search.glob,
-        search.grep,
-        web.web_fetch,
-        skills.skill,
-    )
-    writing: tuple[ToolFunction, ...] = (files.write_file, files.edit_file, shell.bash)
-    for fn in reading:
-        registry.register(fn, read_only=True)
-    for fn in writing:
-        registry.register(fn, read_only=False)
+    for fn, read_only, bounded in BUILT_IN:
+        registry.register(fn, read_only=read_only, bounded=bounded)
     return registry
 
 
@@ -342,10 +366,10 @@ def _call_bounded(
 ) -> ToolResult:
     """`fn(ctx, **values)`, or `ToolError` once `ctx.tool_timeout_s` (plus grace) passed.
 
-    Every built-in tool stops itself at `tool_timeout_s` (bash and grep kill their child,
-    glob and web_fetch check a deadline); this is the backstop for whatever does not, so
-    the agent loop and its worker slot move on. A Python thread cannot be killed: a tool
-    stuck in it keeps running in the background until it returns.
+    For tools not registered `bounded`: custom tools, and the built-ins whose limits do
+    not cover everything they wait on (`bash`, `web_fetch`, `skill`); the backstop that
+    lets the agent loop and its worker slot move on. A Python thread cannot be killed: a
+    tool stuck in it keeps running in the background until it returns.
     """
     outcome: list[ToolResult | BaseException] = []
 
