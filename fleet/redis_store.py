@@ -24,9 +24,9 @@ from fleet.keys import CounterName
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
 
 # connect and redact_url lived here before redis_connect: still importable from here.
+from fleet.redis_connect import Lua, unreachable
 from fleet.redis_connect import connect as connect
 from fleet.redis_connect import redact_url as redact_url
-from fleet.redis_connect import unreachable
 from fleet.redis_writes import decode_fields, decode_messages, decode_trace, pairs, stored_message
 from fleet.store import StartRun, TraceSnapshot
 from fleet.writes import PauseRead, TraceWrite, WriteResult
@@ -56,18 +56,18 @@ class RedisStore:
         self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
         self._fence: tuple[str, str, str] | None = None
         """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
-        self._create = _Script(client, redis_scripts.CREATE_TRACES)
-        self._append_once = _Script(client, redis_scripts.APPEND_ONCE)
-        self._put_collaborator = _Script(client, redis_scripts.PUT_COLLABORATOR)
-        self._apply = _Script(client, redis_scripts.APPLY)
-        self._emit = _Script(client, redis_scripts.EMIT)
-        self._request_stop = client.register_script(redis_scripts.REQUEST_STOP)
-        self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)
-        self._claim_due = client.register_script(redis_scripts.CLAIM_DUE)
-        self._begin = client.register_script(redis_scripts.BEGIN_RUN)
-        self._acquire = client.register_script(redis_scripts.ACQUIRE_LEASE)
-        self._renew = client.register_script(redis_scripts.RENEW_LEASE)
-        self._release = client.register_script(redis_scripts.RELEASE_LEASE)
+        self._create = _Script(redis_scripts.CREATE_TRACES)
+        self._append_once = _Script(redis_scripts.APPEND_ONCE)
+        self._put_collaborator = _Script(redis_scripts.PUT_COLLABORATOR)
+        self._apply = _Script(redis_scripts.APPLY)
+        self._emit = _Script(redis_scripts.EMIT)
+        self._request_stop = Lua(redis_scripts.REQUEST_STOP)
+        self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)  # in a pipeline
+        self._claim_due = Lua(redis_scripts.CLAIM_DUE)
+        self._begin = Lua(redis_scripts.BEGIN_RUN)
+        self._acquire = Lua(redis_scripts.ACQUIRE_LEASE)
+        self._renew = Lua(redis_scripts.RENEW_LEASE)
+        self._release = Lua(redis_scripts.RELEASE_LEASE)
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -96,10 +96,10 @@ class RedisStore:
     def _script(self, script: _Script, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a write script, behind the lease check when this is a fenced view."""
         if self._fence is None:
-            return script.plain(keys=script_keys, args=args)
+            return script.plain(self._client, script_keys, args)
         trace_id, lease_key, owner = self._fence
         try:
-            return script.fenced(keys=[lease_key, *script_keys], args=[owner, *args])
+            return script.fenced(self._client, [lease_key, *script_keys], [owner, *args])
         except redis.ResponseError as exc:
             raise _lease_lost(trace_id, exc) from None
 
@@ -171,7 +171,7 @@ class RedisStore:
         args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id, keys.EVENTS_MAXLEN]
         args.append(json.dumps(root) if start else "")
         args += [start.event.model_dump_json() if start else "", now_ms()]
-        reply = self._begin(keys=script_keys, args=args)
+        reply = self._begin(self._client, script_keys, args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")
         if reply == 0:
@@ -281,7 +281,7 @@ class RedisStore:
     # -- stop, leases, collection, cache -------------------------------------
 
     def request_stop(self, trace_id: str) -> None:
-        self._request_stop(keys=[keys.trace(trace_id)])
+        self._request_stop(self._client, [keys.trace(trace_id)], ())
 
     def stop_requested(self, trace_id: str) -> bool:
         return bool(self._client.hexists(keys.trace(trace_id), redis_writes.STOP_FIELD))
@@ -300,14 +300,14 @@ class RedisStore:
 
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
-        return bool(self._acquire(keys=[keys.lease(trace_id), keys.RUNNING], args=args))
+        return bool(self._acquire(self._client, [keys.lease(trace_id), keys.RUNNING], args))
 
     def renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
-        return bool(self._renew(keys=[keys.lease(trace_id), keys.RUNNING], args=args))
+        return bool(self._renew(self._client, [keys.lease(trace_id), keys.RUNNING], args))
 
     def release_lease(self, trace_id: str, owner: str) -> None:
-        self._release(keys=[keys.lease(trace_id), keys.RUNNING], args=[owner, trace_id])
+        self._release(self._client, [keys.lease(trace_id), keys.RUNNING], [owner, trace_id])
 
     def expired_leases(self, at_ms: int) -> list[str]:
         return [str(i) for i in self._client.zrangebyscore(keys.RUNNING, "-inf", f"({at_ms}")]
@@ -360,7 +360,7 @@ class RedisStore:
         self._client.zrem(keys.OUTBOX, entry)
 
     def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
-        due = self._claim_due(keys=[keys.OUTBOX], args=[at_ms, at_ms + retry_ms, limit])
+        due = self._claim_due(self._client, [keys.OUTBOX], [at_ms, at_ms + retry_ms, limit])
         return [str(m) for m in due]
 
     def append_collected(self, message: Message) -> Message | None:
@@ -397,9 +397,9 @@ class RedisStore:
 class _Script:
     """A write script registered twice: as it is, and behind the lease check (`fenced`)."""
 
-    def __init__(self, client: redis.Redis, source: str) -> None:
-        self.plain = client.register_script(source)
-        self.fenced = client.register_script(redis_scripts.fenced(source))
+    def __init__(self, source: str) -> None:
+        self.plain = Lua(source)
+        self.fenced = Lua(redis_scripts.fenced(source))
 
 
 def _lease_lost(trace_id: str, exc: redis.ResponseError) -> Exception:

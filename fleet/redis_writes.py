@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
+
+from pydantic import TypeAdapter
 
 from fleet import keys
 from fleet.models import Event, Message, Trace, now_ms
@@ -38,15 +40,27 @@ TRACE_FIELDS = tuple(Trace.model_fields)
 """The trace hash's fields a Trace is read from (its messages are left where they are)."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
 _PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
+# Each Trace field on its own (no field has constraints beyond its type): an update
+# validates only the fields it writes, not a whole placeholder Trace with its defaults.
+_FIELD_TYPES: dict[str, TypeAdapter[Any]] = {
+    name: TypeAdapter(cast(Any, info.annotation)) for name, info in Trace.model_fields.items()
+}
+_FIELD_ORDER = {name: i for i, name in enumerate(Trace.model_fields)}
+_to_json = json.JSONEncoder(ensure_ascii=False).encode
+"""`json.dumps(value, ensure_ascii=False)` without building an encoder per call."""
 
 
 def encode_fields(fields: Mapping[str, Any]) -> list[str]:
     """Validated trace fields as HSET items, each value as JSON (`updated_at_ms` added)."""
     values = {"updated_at_ms": now_ms(), **fields}
-    patch = Trace.model_validate({**_PLACEHOLDER, **values}).model_dump(
-        mode="json", include=set(values)
-    )
-    return [item for k, v in patch.items() for item in (k, json.dumps(v, ensure_ascii=False))]
+    if not values.keys() <= _FIELD_ORDER.keys():  # Trace's own error names the stranger
+        Trace.model_validate({**_PLACEHOLDER, **values})
+    items: list[str] = []
+    for name in sorted(values, key=_FIELD_ORDER.__getitem__):  # as Trace.model_dump orders them
+        adapter = _FIELD_TYPES[name]
+        value = adapter.dump_python(adapter.validate_python(values[name]), mode="json")
+        items += [name, _to_json(value)]
+    return items
 
 
 def whole(name: str, delta: float) -> int:
@@ -175,7 +189,7 @@ def stored_message(message: Message, reply: Any) -> Message | None:
 
 def encode(fields: Mapping[str, Any]) -> list[str]:
     """Field/value items for HSET, each value as JSON."""
-    return [item for k, v in fields.items() for item in (k, json.dumps(v, ensure_ascii=False))]
+    return [item for k, v in fields.items() for item in (k, _to_json(v))]
 
 
 def pairs(flat: list[Any]) -> dict[str, str]:

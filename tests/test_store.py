@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 import redis
+from pydantic import ValidationError
 
 from fleet import keys
 from fleet.errors import ConfigError, TraceExists, TraceNotFound
@@ -434,3 +435,28 @@ def test_redact_url(url: str, redacted: str) -> None:
 def test_redis_store_needs_decoded_responses(redis_url: str) -> None:
     with redis.Redis.from_url(redis_url) as raw, pytest.raises(ConfigError):
         RedisStore(raw)
+
+
+def test_redis_store_scripts_survive_a_script_flush(redis_client: redis.Redis) -> None:
+    """A restarted or flushed Redis has lost the scripts: each is loaded again on NOSCRIPT."""
+    store = RedisStore(redis_client)
+    store.create_trace(make_trace("t1"))
+    fenced = store.fenced("t1", "me")
+    redis_client.script_flush()
+    assert store.begin_run("t1", "me", 10_000) is not None  # BEGIN_RUN
+    redis_client.script_flush()
+    assert fenced.append_message(user("t1")).sequence == 1  # APPLY behind the lease check
+    redis_client.script_flush()
+    store.release_lease("t1", "me")
+    assert store.lease_holder("t1") is None
+
+
+def test_update_trace_validates_only_trace_fields(store: TraceStore) -> None:
+    store.create_trace(make_trace("t1"))
+    with pytest.raises(ValidationError):
+        store.update_trace("t1", status="sleeping")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        store.update_trace("t1", colour="red")  # type: ignore[call-arg]
+    store.update_trace("t1", status="running", metadata={"k": "é"}, head_sequence=None)
+    trace = store.get_trace("t1")
+    assert (trace.status, trace.metadata, trace.head_sequence) == ("running", {"k": "é"}, None)
