@@ -172,8 +172,8 @@ class Gate:
         output = max_output or DEFAULT_OUTPUT_BOOKING
         est = estimate_tokens(request_chars, output)
         root = trace.root_trace_id
-        go = Go(trace.trace_id, self.scopes(model_name), est, max_output, 0.0, root)
-        go = replace(go, model_name=model_name)
+        scopes = self.scopes(model_name)
+        go = Go(trace.trace_id, scopes, est, max_output, root_trace_id=root, model_name=model_name)
         limited = self.limiter is not None and booked(go.scopes)
         # A call nothing books checks only its provider's pause: in the budget's script if
         # the tree has a budget (one round trip for both), else with one command below.

@@ -107,12 +107,12 @@ class AgentPreset:
         tools = self.allowed_tools
         if allowed is not None:
             tools = frozenset(allowed) if tools is None else tools & frozenset(allowed)
-        return replace(
-            self,
-            allowed_tools=tools,
-            denied_tools=self.denied_tools | frozenset(denied),
-            read_only=self.read_only or read_only,
-        )
+        denied_tools = self.denied_tools | frozenset(denied)
+        read_only = self.read_only or read_only
+        cut = (tools, denied_tools, read_only)
+        if cut == (self.allowed_tools, self.denied_tools, self.read_only):
+            return self  # within the ceiling already (an explore branch, each tool call): no copy
+        return replace(self, allowed_tools=tools, denied_tools=denied_tools, read_only=read_only)
 
     def fingerprint(self) -> str:
         """A digest of every setting and the prompt: a changed preset is a new preset."""
