@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 import redis
 from celery import chord
-from celery._state import _set_task_join_will_block
+from celery._state import _set_task_join_will_block, _task_stack
 from celery.canvas import Signature
+from celery.signals import before_task_publish
 
 from fleet.models import Trace
 from fleet.runtime import SpawnRequest
 from workers import join
-from workers.app import app, one_pipeline
+from workers.app import MAX_RUN_S, SOFT_LIMIT_S, app, one_pipeline
 from workers.chords import send_chord
 from workers.dispatch import CeleryDispatcher, run_signature
 
@@ -129,12 +130,16 @@ def test_every_header_task_has_its_task_sent_event_in_a_batch(sender: redis.Redi
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
+def numbered(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`value` with every id numbered by first appearance."""
+    ids: dict[str, str] = {}
+    text = UUID.sub(lambda m: ids.setdefault(m.group(0), f"id{len(ids)}"), json.dumps(value))
+    return list(json.loads(text))
+
+
 def canonical(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages with their bodies decoded and every id numbered by first appearance."""
-    ids: dict[str, str] = {}
-    decoded = [dict(m, body=json.loads(base64.b64decode(m["body"]))) for m in messages]
-    text = UUID.sub(lambda m: ids.setdefault(m.group(0), f"id{len(ids)}"), json.dumps(decoded))
-    return list(json.loads(text))
+    return numbered([dict(m, body=json.loads(base64.b64decode(m["body"]))) for m in messages])
 
 
 def celery_chord(header: list[Signature], body: Signature) -> None:
@@ -148,35 +153,145 @@ def fleet_chord(header: list[Signature], body: Signature) -> None:
         send_chord(app, header, body)
 
 
+def collect_body(size: int, fleet_join: bool) -> Signature:
+    options = {join.SIZE_OPTION: size} if fleet_join else {}
+    body = Signature("fleet.collect", args=("root", "call_1"), options=options)
+    body.set(queue="fleet.main")
+    body.link_error(Signature("fleet.collect_failed", args=("root",), immutable=True))
+    return body
+
+
+Sent = tuple[list[dict[str, Any]], Any, list[str], list[dict[str, Any]]]
+"""The header messages (every priority's queue), the `.s` size key, every key, the events."""
+
+EVENT_CLOCK = ("timestamp", "clock", "local_received", "utcoffset", "pid")
+
+
+def sent_by(send: Any, client: redis.Redis, make_header: Any, body: Signature, queue: str) -> Sent:
+    """What one way of sending a chord leaves in Redis and says in its task-sent events."""
+    client.flushdb()
+    header = make_header()
+    with client.pubsub() as pubsub:
+        pubsub.psubscribe("*celeryev*")
+        pubsub.get_message(timeout=1.0)  # the subscription's confirmation
+        send(header, body)
+        events = []
+        while (raw := pubsub.get_message(timeout=0.2)) is not None:
+            events += json.loads(base64.b64decode(json.loads(raw["data"])["body"]))
+    lists = sorted(str(k) for k in client.keys(f"{queue}*"))
+    messages = [m for key in lists for m in queued(client, key)]
+    group_id = messages[0]["headers"]["group"]
+    chord_size = client.get(f"celery-taskset-meta-{group_id}.s")
+    keys = sorted(UUID.sub("ID", str(k)) for k in client.keys("*"))
+    for event in events:
+        for field in EVENT_CLOCK:
+            event.pop(field, None)
+    return canonical(messages), chord_size, keys, numbered(events)
+
+
+def assert_same_chord(client: redis.Redis, make_header: Any, body: Signature) -> Sent:
+    """`send_chord` and Celery's canvas sent the same: returns what `send_chord` sent."""
+    celery = sent_by(celery_chord, client, make_header, body.clone(), "fleet.explore")
+    fleet = sent_by(fleet_chord, client, make_header, body.clone(), "fleet.explore")
+    assert fleet[0] == celery[0]  # headers, properties, the body with the frozen chord body
+    assert fleet[1] == celery[1]  # the chord's size key (Celery's join) or none
+    assert fleet[2] == celery[2]  # and no other key
+    assert fleet[3] == celery[3]  # a task-sent event per header, with the same fields
+    assert len(fleet[3]) == len(fleet[0])
+    return fleet
+
+
 @pytest.mark.parametrize(("size", "fleet_join"), [(1, False), (3, False), (3, True)])
 def test_send_chord_sends_what_a_celery_chord_sends(
     sender: redis.Redis, size: int, fleet_join: bool
 ) -> None:
     """Celery's join (a `.s` size key) or the fleet's (the size in the body, no key)."""
-    sent = []
-    for send in (celery_chord, fleet_chord):
-        sender.flushdb()
-        children = request(size).children
-        header = [run_signature(c) for c in children]
-        options = {join.SIZE_OPTION: size} if fleet_join else {}
-        body = Signature("fleet.collect", args=("root", "call_1"), options=options)
-        body.set(queue="fleet.main")
-        body.link_error(Signature("fleet.collect_failed", args=("root",), immutable=True))
-        send(header, body)
-        messages = queued(sender, "fleet.explore")
-        group_id = messages[0]["headers"]["group"]
-        chord_size = sender.get(f"celery-taskset-meta-{group_id}.s")
-        keys = sorted(UUID.sub("ID", str(k)) for k in sender.keys("*"))
-        sent.append((canonical(messages), chord_size, keys))
-    celery, fleet = sent
-    assert fleet[0] == celery[0]  # headers, properties, the body with the frozen chord body
+    children = request(size).children
+    fleet = assert_same_chord(
+        sender, lambda: [run_signature(c) for c in children], collect_body(size, fleet_join)
+    )
     assert fleet[0][-1]["headers"]["group_index"] == size - 1
     assert fleet[0][0]["body"][2]["chord"]["options"]["link_error"][0]["task"] == (
         "fleet.collect_failed"
     )
     # The chord's size in the backend: Celery's key, or none for the fleet's join.
-    assert fleet[1] == celery[1] == (None if fleet_join else str(size))
-    assert fleet[2] == celery[2]  # and no other key
+    assert fleet[1] == (None if fleet_join else str(size))
+
+
+def test_headers_from_the_template_at_a_batch_priority(sender: redis.Redis) -> None:
+    """A batch tree's headers go to the priority list of their queue, as Celery's do."""
+    children = request(4).children
+    fleet = assert_same_chord(
+        sender,
+        lambda: [run_signature(c, priority="batch") for c in children],
+        collect_body(4, True),
+    )
+    assert {m["properties"]["priority"] for m in fleet[0]} == {6}
+    assert sender.llen("fleet.explore") == 0  # all on kombu's list for priority 6
+
+
+def test_headers_that_differ_from_the_first_are_sent_by_celery(sender: redis.Redis) -> None:
+    """Other kwargs, options, task, or no stamps: each such header goes through send_task."""
+    children = request(6).children
+
+    def mixed() -> list[Signature]:
+        header = [run_signature(c) for c in children]
+        header[1] = run_signature(children[1], kwargs={"windowed": True})
+        header[2] = run_signature(children[2], priority="batch")
+        header[3] = run_signature(children[3], "fleet.resume_agent")
+        header[4].options.pop("shadow")
+        return header
+
+    fleet = assert_same_chord(sender, mixed, collect_body(6, True))
+    assert [m["headers"]["group_index"] for m in fleet[0]] == [0, 1, 3, 4, 5, 2]  # by list
+
+
+def test_headers_sent_inside_a_task_carry_its_root_and_parent(sender: redis.Redis) -> None:
+    """A worker's root dispatches from inside its task: Celery's root and parent ids."""
+    task = app.tasks["celery.backend_cleanup"]
+    task.push_request(id="the-parent-task", root_id="the-root-task", called_directly=False)
+    _task_stack.push(task)
+    try:
+        children = request(3).children
+        fleet = assert_same_chord(
+            sender, lambda: [run_signature(c) for c in children], collect_body(3, True)
+        )
+    finally:
+        _task_stack.pop()
+        task.pop_request()
+    assert {m["headers"]["root_id"] for m in fleet[0]} == {"the-root-task"}
+    assert {m["headers"]["parent_id"] for m in fleet[0]} == {"the-parent-task"}
+
+
+def test_headers_of_a_registered_task_carry_its_time_limits(sender: redis.Redis) -> None:
+    """In a worker the header's task is registered: `send_task` adds its options."""
+    import workers.tasks  # noqa: F401  (registers fleet.run_agent with its time limits)
+
+    children = request(3).children
+    fleet = assert_same_chord(
+        sender, lambda: [run_signature(c) for c in children], collect_body(3, True)
+    )
+    assert {tuple(m["headers"]["timelimit"]) for m in fleet[0]} == {(MAX_RUN_S, SOFT_LIMIT_S)}
+
+
+def test_a_publish_signal_receiver_sees_every_header(sender: redis.Redis) -> None:
+    """With a receiver (an OTel instrumentation adds headers there), no template."""
+    seen: list[str] = []
+
+    def receiver(headers: dict[str, Any], **_: Any) -> None:
+        seen.append(headers["id"])
+        headers["traceparent"] = "00-trace-span-01"
+
+    before_task_publish.connect(receiver, weak=False)
+    try:
+        children = request(3).children
+        fleet = assert_same_chord(
+            sender, lambda: [run_signature(c) for c in children], collect_body(3, True)
+        )
+    finally:
+        before_task_publish.disconnect(receiver)
+    assert len(seen) == 6  # three headers, sent twice
+    assert all(m["headers"]["traceparent"] == "00-trace-span-01" for m in fleet[0])
 
 
 def test_an_empty_header_sends_the_body_at_once(sender: redis.Redis) -> None:

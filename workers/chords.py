@@ -7,7 +7,10 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.canvas import Signature
+from kombu.messaging import Producer
 from kombu.utils.uuid import uuid
+
+from workers.header_messages import HeaderTemplate, first_publish, publish_signals_connected
 
 
 def send_chord(app: Celery, header: Sequence[Signature], body: Signature) -> str:
@@ -21,10 +24,13 @@ def send_chord(app: Celery, header: Sequence[Signature], body: Signature) -> str
     in every header message as `chord`; each header message carries the group id, its
     `group_index` and the task's own options (queue, priority, stamps, argsrepr, shadow);
     the backend's `apply_chord` runs before the first message is sent and
-    `set_chord_size` before the last; `app.send_task` publishes each message with its
+    `set_chord_size` before the last; `app.send_task` publishes the first message with its
     task-sent event and Celery's publish signals, through the thread's producer (the
-    `one_pipeline` one in a dispatch). Unlike the canvas, nothing is added to the sending
-    task's result trail (`request.children`): no reader.
+    `one_pipeline` one in a dispatch), and every later header that differs from the first
+    only in its ids, args, `argsrepr`, `shadow` and stamps is published from the first's
+    message (`workers.header_messages`: in a Redis publish batch with no receiver of the
+    publish signals; any other header goes through `send_task`). Unlike the canvas,
+    nothing is added to the sending task's result trail (`request.children`): no reader.
 
     An empty header sends the body at once with no results, as the canvas does. `body` is
     frozen in place. Returns the group id.
@@ -37,24 +43,55 @@ def send_chord(app: Celery, header: Sequence[Signature], body: Signature) -> str
         return group_id
     app.backend.apply_chord((group_id, [app.AsyncResult(t) for t in task_ids]), body)
     last = len(header) - 1
+    template: HeaderTemplate | None = None
     with app.producer_or_acquire() as producer:
         for index, (signature, task_id) in enumerate(zip(header, task_ids, strict=True)):
-            task = app.tasks.get(signature.task)  # None: a task this process does not know
+            options = header_options(signature, app.tasks.get(signature.task))
             if index == last:  # the group's send sets the size just before its last task
                 app.backend.set_chord_size(group_id, len(header))
-            app.send_task(
-                signature.task,
-                signature.args,
-                signature.kwargs,
-                task_id=task_id,
-                producer=producer,
-                group_id=group_id,
-                group_index=index,
-                chord=body,
-                add_to_parent=False,
-                **header_options(signature, task),
-            )
+            if template is not None and template.fits(signature, options):
+                template.publish(signature, options, task_id, index)
+            elif index == 0 and templates_apply(producer):
+                with first_publish(producer) as published:
+                    send_header(app, producer, signature, options, task_id, index, body)
+                if published:
+                    template = HeaderTemplate.of(app, producer, signature, options, published[0])
+            else:
+                send_header(app, producer, signature, options, task_id, index, body)
     return group_id
+
+
+def templates_apply(producer: Producer) -> bool:
+    """Headers from a template: in a Redis publish batch, with no publish signal receivers."""
+    batch = getattr(producer._batch_local, "current", None)
+    transport = producer.connection.transport
+    return (
+        batch is not None and transport.driver_type == "redis" and not publish_signals_connected()
+    )
+
+
+def send_header(
+    app: Celery,
+    producer: Producer,
+    signature: Signature,
+    options: dict[str, Any],
+    task_id: str,
+    index: int,
+    body: Signature,
+) -> None:
+    """One header message (and its task-sent event) through Celery's `send_task`."""
+    app.send_task(
+        signature.task,
+        signature.args,
+        signature.kwargs,
+        task_id=task_id,
+        producer=producer,
+        group_id=body.options["group_id"],
+        group_index=index,
+        chord=body,
+        add_to_parent=False,
+        **options,
+    )
 
 
 def header_options(signature: Signature, task: Task | None) -> dict[str, Any]:
