@@ -209,8 +209,13 @@ _SHAPE_MARKS = (
 """A text no shape above can match contains none of these, lower-cased: every match holds
 a parameter (`key=` also in `api_key=`, `token=` in `access_token=`), `://` (a URL), a
 header name, a scheme, or a key prefix (`sk-` and `sk_` hold `k-`/`k_`, `ghp_` holds
-`gh`). Keep in step with the shapes (tests/test_redact.py fails for a missing mark). Only
-for ASCII text: the patterns' IGNORECASE also folds a few other letters (`ſ` matches `s`)."""
+`gh`). Keep in step with the shapes (tests/test_redact.py fails for a missing mark)."""
+
+_FOLD_TO_ASCII = str.maketrans({"İ": "i", "ı": "i", "ſ": "s", "K": "k"})
+"""The only non-ASCII letters the patterns' IGNORECASE matches to ASCII ones (`ſ` matches
+`s`; a test scans every code point): mapped to them before lower-casing, so a non-ASCII
+text (`…` in a capped name, a curly quote) is checked for the marks too. Lower-casing
+alone would miss `ſ` and `ı`, and turn `İ` into two characters."""
 
 
 def redact_shapes(text: str) -> str:
@@ -219,10 +224,9 @@ def redact_shapes(text: str) -> str:
         return text
     # One C-level substring scan per mark is ~5x cheaper than the five patterns, and the
     # ids, names and short texts that make up most of what is redacted hold none of them.
-    if text.isascii():
-        folded = text.lower()
-        if not any(mark in folded for mark in _SHAPE_MARKS):
-            return text
+    folded = (text if text.isascii() else text.translate(_FOLD_TO_ASCII)).lower()
+    if not any(mark in folded for mark in _SHAPE_MARKS):
+        return text
     return _redact_each_shape(text)
 
 

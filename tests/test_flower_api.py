@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from fleet.models import Trace
 from fleet.redis_server import free_port
 from tests.fleetkit import explore_script, wait_until
 from workers.app import QUEUES
-from workers.naming import REDACTED, first_words, shadow_name, task_repr
+from workers.naming import REDACTED, first_words, shadow_name, task_names, task_repr
 
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 SECRET = "sk-live-abcdefghijklmnopqrstuvwx"
@@ -188,6 +189,17 @@ def test_task_repr_and_shadow_name_carry_mode_ids_and_words() -> None:
         f" task='Fix the tests with token {REDACTED} please and …'"
     )
     assert shadow_name(child) == "fleet.delegate: Fix the tests with token …"
+    assert task_names(child) == (task_repr(child), shadow_name(child))
+
+
+def test_task_names_are_task_repr_and_shadow_name() -> None:
+    """One masking pass for both names gives what two passes give."""
+    rng = random.Random(14)
+    words = ["a", "use", "sk-proj-abcdefghijklmnop", "key=x", "…", "x" * 30, "Aİza", "(", SECRET]
+    for _ in range(2_000):
+        task = " ".join(rng.choice(words) for _ in range(rng.randint(0, 12)))
+        child = Trace(trace_id="R@explore-001", root_trace_id="R", mode="explore", task=task)
+        assert task_names(child) == (task_repr(child), shadow_name(child)), task
 
 
 @pytest.mark.integration

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import random
+import re
+import sys
 
 import pytest
 
 from fleet.redact import (
+    _FOLD_TO_ASCII,
     REDACTED,
     Redactor,
     _redact_each_shape,
@@ -212,6 +215,14 @@ SHAPE_FRAGMENTS = [
     "Baſic ",
     "K",
     "é",
+    "…",
+    "“",
+    "authorİzation: ",
+    "İ",
+    "ı",
+    "Aİza",
+    "ſig=",
+    "coOKİE=",
 ]
 
 
@@ -228,3 +239,18 @@ def test_the_shape_pre_check_never_skips_a_text_a_shape_matches() -> None:
         changed += full != text
     assert changed > 2_000, "the corpus exercises the shapes"
     assert redact_shapes("Baſic abcdefgh12345") == _redact_each_shape("Baſic abcdefgh12345")
+    assert (
+        redact_shapes("authorİzation: x1")
+        == _redact_each_shape("authorİzation: x1")
+        != ("authorİzation: x1")
+    )
+
+
+def test_the_pre_check_folds_every_letter_ignorecase_matches_to_ascii() -> None:
+    """Every non-ASCII character a pattern's IGNORECASE takes for an ASCII letter."""
+    letter = re.compile("[a-z]", re.IGNORECASE)
+    for code in range(128, sys.maxunicode + 1):
+        char = chr(code)
+        if letter.match(char):
+            folded = char.translate(_FOLD_TO_ASCII).lower()
+            assert len(folded) == 1 and folded.isascii(), hex(code)

@@ -14,7 +14,7 @@ from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from workers import join
 from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
 from workers.chords import send_chord
-from workers.naming import shadow_name, task_repr
+from workers.naming import task_names
 
 
 def stamps(parent_trace_id: str, root_trace_id: str, turn: int = 0) -> dict[str, Any]:
@@ -46,14 +46,15 @@ def run_signature(
 ) -> Signature:
     """`fleet.run_agent(trace_id)` on its mode's queue, readable in Flower, stamped."""
     sender = via or app
+    argsrepr, shadow = task_names(trace)
     return Signature(
         task,
         args=(trace.trace_id,),
         kwargs=kwargs or {},
         queue=QUEUE_BY_MODE[trace.mode],
         options={
-            "argsrepr": task_repr(trace),
-            "shadow": shadow_name(trace),
+            "argsrepr": argsrepr,
+            "shadow": shadow,
             "priority": message_priority(priority, sender.conf.broker_url),
             # Nobody reads a run's stored result: a chord's join takes its part as it ends.
             "ignore_result": True,

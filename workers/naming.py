@@ -17,9 +17,10 @@ import re
 from fleet.models import Trace
 from fleet.redact import REDACTED, Redactor, process_redactor
 
-__all__ = ["REDACTED", "first_words", "looks_secret", "shadow_name", "task_repr"]
+__all__ = ["REDACTED", "first_words", "looks_secret", "shadow_name", "task_names", "task_repr"]
 
 TASK_WORDS = 8
+SHADOW_WORDS = 5
 MAX_WORD_CHARS = 24
 """A single 'word' (no spaces) cannot smuggle a whole prompt."""
 MAX_WORDS_CHARS = 80
@@ -44,26 +45,49 @@ def looks_secret(word: str) -> bool:
 
 def first_words(text: str, words: int = TASK_WORDS, redactor: Redactor | None = None) -> str:
     """The first few words of a task, on one line, credentials masked, length capped."""
+    return _head(*_shown_words(text, words, redactor), words)
+
+
+def _shown_words(text: str, words: int, redactor: Redactor | None) -> tuple[list[str], int]:
+    """The first `words` words as shown (masked, capped), and how many words there are."""
     parts = (redactor or process_redactor())(text).split()
-    shown = [REDACTED if looks_secret(w) else _cap(w) for w in parts[:words]]
-    head = " ".join(shown)
+    return [REDACTED if looks_secret(w) else _cap(w) for w in parts[:words]], len(parts)
+
+
+def _head(shown: list[str], total: int, words: int) -> str:
+    """The first `words` of the shown words, capped, with `…` when some were left out."""
+    head = " ".join(shown[:words])
     if len(head) > MAX_WORDS_CHARS:
         return head[: MAX_WORDS_CHARS - 2].rstrip() + " …"
-    return head + (" …" if len(parts) > words else "")
+    return head + (" …" if total > words else "")
 
 
 def _cap(word: str) -> str:
     return word if len(word) <= MAX_WORD_CHARS else word[: MAX_WORD_CHARS - 1] + "…"
 
 
+def task_names(trace: Trace) -> tuple[str, str]:
+    """`task_repr` and `shadow_name` together: the task's words are masked once for both."""
+    shown, total = _shown_words(trace.task, TASK_WORDS, None)
+    return _task_repr(trace, _head(shown, total, TASK_WORDS)), _shadow(
+        trace, _head(shown, total, SHADOW_WORDS)
+    )
+
+
 def task_repr(trace: Trace) -> str:
     """`argsrepr`: ids and the first words of the task."""
-    parent = trace.parent_trace_id or "-"
-    return (
-        f"({trace.trace_id!r}) mode={trace.mode} parent={parent} task={first_words(trace.task)!r}"
-    )
+    return _task_repr(trace, first_words(trace.task))
 
 
 def shadow_name(trace: Trace) -> str:
     """The name Flower lists instead of `fleet.run_agent`."""
-    return f"fleet.{trace.mode}: {first_words(trace.task, 5)}"
+    return _shadow(trace, first_words(trace.task, SHADOW_WORDS))
+
+
+def _task_repr(trace: Trace, words: str) -> str:
+    parent = trace.parent_trace_id or "-"
+    return f"({trace.trace_id!r}) mode={trace.mode} parent={parent} task={words!r}"
+
+
+def _shadow(trace: Trace, words: str) -> str:
+    return f"fleet.{trace.mode}: {words}"
