@@ -206,6 +206,18 @@ def test_grep_with_include_and_max(ws: Path, ctx: ToolContext) -> None:
     assert "stopped at max_matches" in capped.title
 
 
+def test_grep_caps_the_matches_its_caller_parses(ws: Path, ctx: ToolContext) -> None:
+    """grep runs in the agent's thread (registered bounded): only its child is killed at
+    the limit, and every line the child printed is parsed afterwards. A model's
+    `max_matches=10**9` over a large workspace made that parse ~1.5x the child's own time
+    (1M lines: child 1.9 s, then 2.9 s in the agent's thread), past FLEET_TOOL_TIMEOUT_S."""
+    (ws / "big.txt").write_text("x\n" * 20_000)
+    result = grep(ctx, "^x$", max_matches=10**9)
+    shown = int(result.title.split(": ")[1].split()[0])
+    assert shown <= 10_000, result.title
+    assert "stopped at max_matches" in result.title
+
+
 def test_grep_skips_binary_and_reports_bad_regex(ws: Path, ctx: ToolContext) -> None:
     (ws / "blob.bin").write_bytes(b"line 1\x00\x01")
     assert "blob.bin" not in grep(ctx, "line 1").output
