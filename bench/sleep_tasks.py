@@ -5,12 +5,25 @@ Kept out of `workers/` on purpose: production workers never register them.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
+import redis
 from celery import chord
 
+from fleet.redis_connect import Lua, connect
 from workers.app import QUEUE_BY_MODE, app
+
+DURABLE_WRITE = Lua(
+    "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]);"
+    " redis.call('XADD', KEYS[2], 'MAXLEN', '~', '1000', '*', 'event', ARGV[3]);"
+    " redis.call('EXPIRE', KEYS[1], 600); return 1"
+)
+"""A store write's shape: a field of the task's hash, an event, the key's TTL."""
+WRITE_BYTES = 900
+"""About what a fleet branch's writes carry each (messages, fields, events)."""
+_store: list[redis.Redis] = []
 
 
 @app.task(name="bench.sleep")  # type: ignore[untyped-decorator]
@@ -44,3 +57,17 @@ def sleep_body(results: list[Any], seconds: float) -> float:
     if seconds > 0:
         time.sleep(seconds)
     return time.time()
+
+
+@app.task(name="bench.durable_sleep")  # type: ignore[untyped-decorator]
+def durable_sleep(seconds: float, key: str) -> None:
+    """`bench.sleep` plus a branch's three store round trips (begin, after the first call,
+    the finish): the floor under a fleet branch of Celery and the writes it must make."""
+    if not _store:
+        _store.append(connect(os.environ["FLEET_REDIS_URL"]))
+    payload = "x" * WRITE_BYTES
+    for step in range(3):
+        keys = [f"bench:durable:{key}", "bench:durable:events"]
+        DURABLE_WRITE(_store[0], keys, [f"m:{step}", payload, f'{{"step": {step}}}'])
+        if step < 2 and seconds > 0:
+            time.sleep(seconds / 2)
