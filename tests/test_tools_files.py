@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ToolError
+from fleet.tools import files as files_module
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.files import edit_file, list_dir, read_file, write_file
 from fleet.tools.search import glob, grep
@@ -178,6 +179,31 @@ def test_list_dir(ws: Path, ctx: ToolContext) -> None:
     (ws / "alias.txt").symlink_to(ws / "notes.txt")
     result = list_dir(ctx, ".")
     assert result.output.splitlines() == ["alias.txt@", "notes.txt", "src/"]
+    assert result.title == ". (3 entries)"
+
+
+def test_list_dir_stops_reading_a_huge_folder(
+    ws: Path, ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It runs in the agent's thread: a folder of millions is read only so far."""
+    monkeypatch.setattr(files_module, "MAX_LIST_SCAN", 5)
+    monkeypatch.setattr(files_module, "MAX_LIST_ENTRIES", 3)
+    for i in range(10):
+        (ws / "src" / f"f{i}").write_text("")
+    result = list_dir(ctx, "src")
+    lines = result.output.splitlines()
+    assert len(lines) == 5  # 3 shown, "… and more", the stop
+    assert lines[-2:] == ["… and more", "(stopped reading after 5 entries; use glob to narrow)"]
+    assert result.title == "src (more than 5 entries)"
+
+
+def test_list_dir_of_a_folder_at_the_scan_limit_is_whole(
+    ws: Path, ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files_module, "MAX_LIST_SCAN", 3)
+    (ws / "a").write_text("")  # with notes.txt and src/: exactly the limit
+    result = list_dir(ctx, ".")
+    assert result.output.splitlines() == ["a", "notes.txt", "src/"]
     assert result.title == ". (3 entries)"
 
 

@@ -7,6 +7,7 @@ component with `O_NOFOLLOW`, never through a file with other hard links.
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import BinaryIO
 
@@ -18,6 +19,9 @@ from fleet.tools.workspace import truncate
 MAX_READ_BYTES = 10_000_000
 """Larger files are refused by `read_file`/`edit_file`; `grep` or `bash` suit them."""
 MAX_LIST_ENTRIES = 1_000
+MAX_LIST_SCAN = 200_000
+"""`list_dir` reads at most this many entries (as `glob` looks at most at as many): it runs
+in the agent's thread, and a folder of millions must not hold it."""
 
 
 def read_file(
@@ -61,15 +65,21 @@ def list_dir(ctx: ToolContext, path: str = ".") -> ToolResult:
     folder = open_dir(ctx.workspace, path)
     try:
         with os.scandir(folder.fd) as found:
-            entries = sorted(found, key=lambda entry: entry.name)
+            read = list(itertools.islice(found, MAX_LIST_SCAN + 1))
+            entries = sorted(read[:MAX_LIST_SCAN], key=lambda entry: entry.name)
             shown = [_entry_label(entry) for entry in entries[:MAX_LIST_ENTRIES]]
     finally:
         os.close(folder.fd)
+    stopped = len(read) > MAX_LIST_SCAN
     if len(entries) > MAX_LIST_ENTRIES:
-        shown.append(f"… and {len(entries) - MAX_LIST_ENTRIES} more")
+        more = "more" if stopped else f"{len(entries) - MAX_LIST_ENTRIES} more"
+        shown.append(f"… and {more}")
+    if stopped:
+        shown.append(f"(stopped reading after {MAX_LIST_SCAN} entries; use glob to narrow)")
     output = "\n".join(shown) if shown else "(empty folder)"
+    count = f"more than {MAX_LIST_SCAN}" if stopped else str(len(entries))
     return ToolResult(
-        title=f"{folder.rel} ({len(entries)} entries)",
+        title=f"{folder.rel} ({count} entries)",
         output=truncate(output, ctx.output_limit_chars),
     )
 
