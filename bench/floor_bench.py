@@ -33,10 +33,15 @@ from celery._state import _set_task_join_will_block
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import sleep_tasks  # noqa: E402
 from bench.explore_bench import environment  # noqa: E402
 from bench.harness import Meter, openai_server, workers  # noqa: E402
-from bench.runs import Sample, _chord_sample, chord_run, fleet_run, rooted_chord_run  # noqa: E402
+from bench.runs import (  # noqa: E402
+    Sample,
+    chord_run,
+    durable_chord_run,
+    fleet_run,
+    rooted_chord_run,
+)
 from fleet.client import Fleet  # noqa: E402
 from fleet.redis_server import start_redis_server  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
@@ -48,17 +53,10 @@ def columns(
     fleet: Fleet, meter: Meter, pids: list[int], model: str, n: int
 ) -> dict[str, Callable[[], Sample]]:
     """One measured run of each column."""
-
-    def floor() -> Sample:
-        header = [
-            sleep_tasks.durable_sleep.si(0, str(i)).set(queue="fleet.explore") for i in range(n)
-        ]
-        return _chord_sample(meter, pids, header, sleep_tasks.done.s().set(queue="fleet.main"))
-
     return {
         "fleet": lambda: fleet_run(fleet, meter, pids, "survey the workspace", model),
         "plain": lambda: chord_run(meter, pids, n, 0),
-        "floor": floor,
+        "floor": lambda: durable_chord_run(meter, pids, n, 0),
         "same": lambda: rooted_chord_run(meter, pids, n, 0),
     }
 

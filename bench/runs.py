@@ -104,6 +104,16 @@ def chord_run(meter: Meter, pids: list[int], n: int, latency_ms: int) -> Sample:
     return _chord_sample(meter, pids, header, sleep_tasks.done.s().set(queue="fleet.main"))
 
 
+def durable_chord_run(meter: Meter, pids: list[int], n: int, latency_ms: int) -> Sample:
+    """`chord(N x bench.durable_sleep(2L), bench.done)`: the plain chord plus each task's
+    three store round trips (bench/floor_bench.py's floor)."""
+    seconds = 2 * latency_ms / 1000
+    header = [
+        sleep_tasks.durable_sleep.si(seconds, str(i)).set(queue="fleet.explore") for i in range(n)
+    ]
+    return _chord_sample(meter, pids, header, sleep_tasks.done.s().set(queue="fleet.main"))
+
+
 def rooted_chord_run(meter: Meter, pids: list[int], n: int, latency_ms: int) -> Sample:
     """`bench.sleep_root`: the fleet run's calls (the root's two too), the chord sent from a
     worker: the scripted rows' same-calls peer."""
