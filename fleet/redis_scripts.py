@@ -11,6 +11,31 @@ to running).
 
 from __future__ import annotations
 
+# A counted join's part (a host's barrier: the Celery binding's chord join,
+# `workers.join`): `member`'s part recorded once; when `size` parts are in, the body is
+# claimed (`claim` SET NX with a lease of `claim_s`), owed to `outbox` (`owed` due at
+# `due_ms`) and every part returned; else false. A first part finding the claim there is a
+# late copy after the body was sent: it is dropped. `APPLY`'s `part` op and
+# `workers.join.PART_RETURN` both run it.
+JOIN_PART = """
+local function join_part(parts, claim, outbox, member, part, size, ttl, claim_s, owed, due_ms)
+  local added = redis.call('HSETNX', parts, member, part)
+  local count = redis.call('HLEN', parts)
+  if added == 1 then
+    if count == 1 and redis.call('EXISTS', claim) == 1 then
+      redis.call('DEL', parts)
+      return false
+    end
+    redis.call('EXPIRE', parts, ttl)
+  end
+  if count < tonumber(size) or not redis.call('SET', claim, 'claimed', 'NX', 'EX', claim_s) then
+    return false
+  end
+  redis.call('ZADD', outbox, due_ms, owed)
+  return redis.call('HVALS', parts)
+end
+"""
+
 # `redis.call(command, key, items...)` in chunks: Lua's unpack stops at ~8000 values (an
 # explore may be wider). Returns the first chunk's reply.
 _BULK = """
@@ -63,7 +88,8 @@ return created
 # A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write) and the
 # PTTLs of the pause keys it reads (for the model call after it).
 # KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
-# order: with a `collab` op], then the np pause keys
+# order: with a `collab` op][, a join's parts, claim and outbox: with a `part` op], then the
+# np pause keys
 # ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, np, then the ops, each
 # as kind, n, then its n arguments:
 #   set     event JSON or '', then field, JSON value, ... (a status other than running
@@ -77,6 +103,7 @@ return created
 #           its own entries (their TTLs are refreshed; a child's entry only sets them new)
 #   emit    event JSON
 #   release owner, trace id, '1' when the fence already checked that owner this step
+#   part    index of the join's first key, then `join_part`'s arguments from `member`
 # Messages are fields `m:{sequence}` of the trace hash, numbered here from its
 # `last_sequence` and hung under its head; the two fields are spliced into the caller's
 # JSON text (cjson would turn [] into {}). Stats are the `stats` field (TraceStats JSON),
@@ -85,10 +112,11 @@ return created
 # trace changes status other than to running (a run's last write: finish, waiting, queued
 # again), the field deleted in the same step: each call is counted once, and the calls of
 # a run that died are counted by the next write that ends a run of the trace.
-# Returns {{sequence, parent JSON} per appended message, stop flag, {PTTL per pause key}},
-# or nil for no trace.
+# Returns {{sequence, parent JSON} per appended message, stop flag, {PTTL per pause key},
+# the join's parts when a `part` op completed and claimed it (else nil)}, or nil for no trace.
 APPLY = (
     _BULK
+    + JOIN_PART
     + """
 local ttl, maxlen, root, np = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop',
@@ -97,6 +125,7 @@ if not state[1] then return false end
 local last, head = tonumber(state[1]), state[2]
 local fields, bodies, stored, kids, children = {}, {}, {}, {}, {}
 local stats, uncounted, refresh, moved, entries = nil, nil, false, false, false
+local joined = false
 local function emit(e) redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'e', e) end
 local function stat(name, delta)
   if tonumber(delta) == 0 then return end
@@ -201,6 +230,9 @@ while i <= #ARGV do
   elseif kind == 'collab' then collab(a)
   elseif kind == 'emit' then emit(ARGV[a + 1])
   elseif kind == 'release' then release(a)
+  elseif kind == 'part' then
+    local k = tonumber(ARGV[a + 1])
+    joined = join_part(KEYS[k], KEYS[k + 1], KEYS[k + 2], unpack(ARGV, a + 2, a + n))
   end
   i = a + n + 1
 end
@@ -226,7 +258,7 @@ if entries then
 end
 local pauses = {}
 for k = #KEYS - np + 1, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
-return {stored, state[4] and 1 or 0, pauses}
+return {stored, state[4] and 1 or 0, pauses, joined}
 """
 )
 

@@ -19,6 +19,7 @@ from fleet.writes import (
     AddStats,
     Append,
     Emit,
+    JoinPart,
     PauseRead,
     PutCollaborator,
     ReleaseLease,
@@ -102,7 +103,7 @@ def _append(op: Append) -> list[str]:
     return ["add", "9", body, head, tail, iteration, str(now_ms()), *usage, model]
 
 
-def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None) -> list[str]:
+def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, join_at: int) -> list[str]:
     match op:
         case Append():
             return _append(op)
@@ -119,6 +120,10 @@ def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None) -> list[str]:
             return ["emit", "1", event.model_dump_json()]
         case ReleaseLease(owner=owner):
             return ["release", "3", owner, write.trace_id, "1" if owner == fenced_by else ""]
+        case JoinPart():  # its keys are in KEYS from `join_at` on
+            due_ms = now_ms() + op.owed_after_ms
+            values = [op.member, op.part, op.size, op.ttl_s, op.claim_s, op.owed, due_ms]
+            return ["part", "8", str(join_at), *map(str, values)]
 
 
 def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[str], list[str]]:
@@ -138,11 +143,15 @@ def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[st
     parents = [op.parent_trace_id for op in write.ops if isinstance(op, PutCollaborator)]
     if parents:
         script_keys += [keys.collaborators(parents[0]), keys.collaborator_order(parents[0])]
+    join_at = len(script_keys) + 1
+    for op in write.ops:
+        if isinstance(op, JoinPart):  # one per write (`TraceWrite.join_part`)
+            script_keys += [op.parts_key, op.claim_key, op.outbox_key]
     script_keys += write.pauses
     root = "1" if trace_id == write.root_trace_id else ""
     args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(write.pauses))]
     for op in write.ops:
-        args += _op(op, write, fenced_by)
+        args += _op(op, write, fenced_by, join_at)
     return script_keys, args
 
 
@@ -150,7 +159,10 @@ def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
     """The stored messages, the stop flag and the pauses read; None when there is no trace."""
     if reply is None:
         return None
-    stored, stop, ttls = reply
+    stored, stop, ttls, joined = reply
+    for op in write.ops:
+        if isinstance(op, JoinPart):
+            op.recorded, op.parts = True, joined or None
     appended = [op.message for op in write.ops if isinstance(op, Append)]
     messages = [_numbered(m, n) for m, n in zip(appended, stored, strict=True)]
     pauses = PauseRead.of(write.pauses, ttls) if write.pauses else None

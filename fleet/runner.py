@@ -45,7 +45,7 @@ from fleet.turns import (
     terminal,
 )
 from fleet.turns import RunResult as RunResult  # re-exported: hosts import it from here
-from fleet.writes import Append, TraceWrite, WriteResult
+from fleet.writes import Append, JoinPart, TraceWrite, WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class Runner:
         runtime: Runtime,
         *,
         should_yield: Callable[[], bool] = lambda: False,
+        join: JoinPart | None = None,
     ) -> None:
         """Create a runner.
 
@@ -67,10 +68,13 @@ class Runner:
             runtime: The shared infrastructure.
             should_yield: Checked between turns; when true the run stops, its trace goes back
                 to `queued` and `run` returns `yielded` so the host can re-enqueue it.
+            join: The host's join part of this run, counted by the write that ends the
+                trace (`JoinPart.recorded` tells the host whether it was).
         """
         self.runtime = runtime
         self.store = runtime.store
         self.should_yield = should_yield
+        self.join = join
 
     def run(self, trace_id: str) -> RunResult:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
@@ -107,7 +111,8 @@ class Runner:
         from a freeze after its lease was taken over writes nothing (`LeaseLost`): `lost`.
         """
         trace_id = snapshot.trace.trace_id
-        fenced = Runner(self.runtime.fenced(trace_id, held.owner), should_yield=self.should_yield)
+        fenced_runtime = self.runtime.fenced(trace_id, held.owner)
+        fenced = Runner(fenced_runtime, should_yield=self.should_yield, join=self.join)
         try:
             return fenced._drive(snapshot, held)
         except LeaseLost:
@@ -341,6 +346,8 @@ class Runner:
         duration_ms = now_ms() - held.started_ms
         turn.write.add_stats(duration_ms=duration_ms)
         turn.write.release_lease(held.owner)
+        if self.join is not None and not self.join.recorded:
+            turn.write.join_part(self.join)
         stats = turn.trace.stats
         stats = stats.model_copy(update={"duration_ms": stats.duration_ms + duration_ms})
         trace = turn.trace.model_copy(update={"stats": stats})  # as the write leaves it

@@ -73,7 +73,34 @@ class ReleaseLease:
     owner: str
 
 
-WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease
+@dataclass(eq=False)
+class JoinPart:
+    """Count this run in a host's join, in the write that ends the run (Redis stores only).
+
+    A host whose runs are parts of a barrier (the Celery binding's chord join,
+    `workers.join`) records a run's part in the run's last write instead of a round trip
+    of its own after it. The keys and values are the host's; the store runs
+    `fleet.redis_scripts.JOIN_PART` on them and reports back here, once the write is
+    applied: `recorded`, and `parts` when this part completed the join and claimed it (the
+    host then sends what the join waited for).
+    """
+
+    parts_key: str
+    claim_key: str
+    outbox_key: str
+    member: str
+    part: str
+    size: int
+    ttl_s: int
+    claim_s: int
+    owed: str
+    owed_after_ms: int
+    """The claim owes `owed` to the outbox due this long after the write (not after now)."""
+    recorded: bool = False
+    parts: list[str] | None = None
+
+
+WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease | JoinPart
 
 
 @dataclass(frozen=True)
@@ -155,6 +182,13 @@ class TraceWrite:
         self.ops.append(ReleaseLease(owner))
         return self
 
+    def join_part(self, part: JoinPart) -> TraceWrite:
+        """Count the run in its host's join in the same step (one per write)."""
+        if any(isinstance(op, JoinPart) for op in self.ops):
+            raise ValueError("one write counts one join part")
+        self.ops.append(part)
+        return self
+
     def read_pauses(self, pause_keys: Sequence[str]) -> TraceWrite:
         """Read these provider pauses in the same step, for the model call after the write."""
         self.pauses = tuple(dict.fromkeys([*self.pauses, *pause_keys]))
@@ -209,6 +243,8 @@ def apply_one_by_one(store: SingleWrites, write: TraceWrite) -> WriteResult:
     `MemoryStore.apply` holds its lock around this, which makes it one atomic step; the
     Redis store runs the same ops in one script instead.
     """
+    if any(isinstance(op, JoinPart) for op in write.ops):  # its keys are a Redis host's
+        raise TypeError("a join part needs a Redis store (fleet.redis_store.RedisStore)")
     stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
     return WriteResult(stored, store.stop_requested(write.trace_id))
 

@@ -22,7 +22,11 @@ from celery.canvas import Signature
 
 from fleet import keys as fleet_keys
 from fleet import outbox
-from fleet.models import now_ms
+from fleet.errors import LeaseLost
+from fleet.memory_store import MemoryStore
+from fleet.models import Trace, now_ms
+from fleet.redis_store import RedisStore
+from fleet.writes import TraceWrite
 from tests.fleetkit import wait_until
 from workers import join
 from workers.app import app
@@ -146,7 +150,7 @@ def test_a_claimer_lost_before_sending_leaves_the_body_to_a_later_copy(
     claimed_at_ms = now_ms()
     args += [owed, claimed_at_ms + join.OWED_AFTER_MS]
     script = backend.fleet_join_script
-    assert script(keys=[*keys, fleet_keys.OUTBOX], args=args), "claimed; its worker dies here"
+    assert script(backend.client, [*keys, fleet_keys.OUTBOX], args), "claimed; its worker dies here"
     chord.report(1)  # a copy while the claim holds
     assert bodies(conn) == []
     due_ms = conn.zscore(fleet_keys.OUTBOX, owed)
@@ -258,3 +262,105 @@ def test_other_chords_keep_celerys_join(conn: redis.Redis) -> None:
         assert queued(conn, chord.body["task"])[-1][0] == [
             {"trace_id": chord.trace_id(0), "outcome": "completed"}
         ], "Celery's join sent the body with the stored results"
+
+
+# A run counts its part in the write that ends its trace (`join.count_in_run`).
+
+
+@pytest.fixture
+def store(conn: redis.Redis, redis_url: str) -> Iterator[RedisStore]:
+    with RedisStore.from_url(redis_url) as trace_store:
+        yield trace_store
+
+
+def run_ends(store: RedisStore, chord: Chord, index: int, redis_url: str) -> Context:
+    """Header `index`'s run ends its trace, its part counted in that write; its request."""
+    trace_id = chord.trace_id(index)
+    store.create_trace(Trace(trace_id=trace_id, root_trace_id="root", task="branch"))
+    request = chord.request(index)
+    part = join.count_in_run(app.backend, request, redis_url)
+    assert part is not None and not part.recorded
+    write = TraceWrite(trace_id, "root").update(status="completed").join_part(part)
+    store.apply(write)
+    assert part.recorded, "the write counted it"
+    return request
+
+
+def ended(request: Context, chord: Chord, index: int) -> None:
+    """The task returns: Celery reports its part as for any header."""
+    app.backend.on_chord_part_return(request, states.SUCCESS, chord.result(index))
+
+
+def test_a_part_counted_by_the_runs_last_write_counts_once(
+    conn: redis.Redis, store: RedisStore, redis_url: str
+) -> None:
+    chord = Chord(3)
+    request = run_ends(store, chord, 0, redis_url)
+    ended(request, chord, 0)
+    assert conn.hlen(join.parts_key(app.backend, chord.group_id)) == 1
+    chord.report(0)  # a redelivered copy after the run ended: reported the usual way
+    chord.report(1)
+    assert bodies(conn) == [], "two parts of three, whichever way they were counted"
+    chord.report(2)
+    assert bodies(conn) == [[chord.trace_id(i) for i in range(3)]]
+
+
+def test_the_write_that_completes_the_chord_sends_the_body_through_its_task(
+    conn: redis.Redis, store: RedisStore, redis_url: str
+) -> None:
+    chord = Chord(2)
+    chord.report(1)
+    request = run_ends(store, chord, 0, redis_url)
+    part = getattr(request, join.COUNTED_ATTR)
+    assert part.parts is not None and len(part.parts) == 2, "the write claimed the body"
+    owed = join.owed_settlement(chord.body)
+    assert conn.zscore(fleet_keys.OUTBOX, owed) is not None, "owed until the body is out"
+    assert bodies(conn) == [], "a task that dies here leaves the call to the outbox"
+    ended(request, chord, 0)
+    assert bodies(conn) == [[chord.trace_id(0), chord.trace_id(1)]]
+    assert conn.zscore(fleet_keys.OUTBOX, owed) is None
+    assert chord.keys(conn) == [join.claim_key(app.backend, chord.group_id)], "marked done"
+    ended(request, chord, 0)  # Celery reporting the same request twice sends nothing more
+    chord.report(0)
+    assert len(bodies(conn)) == 1
+
+
+def test_a_fenced_write_counts_nothing_and_the_part_is_reported_after(
+    conn: redis.Redis, store: RedisStore, redis_url: str
+) -> None:
+    chord = Chord(1)
+    trace_id = chord.trace_id(0)
+    store.create_trace(Trace(trace_id=trace_id, root_trace_id="root", task="branch"))
+    request = chord.request(0)
+    part = join.count_in_run(app.backend, request, redis_url)
+    assert part is not None
+    write = TraceWrite(trace_id, "root").update(status="completed").join_part(part)
+    with pytest.raises(LeaseLost):  # the lease went to another runner: the write is refused
+        store.fenced(trace_id, "not-the-owner").apply(write)
+    assert not part.recorded
+    assert chord.keys(conn) == [], "the refused write left no part"
+    ended(request, chord, 0)
+    assert bodies(conn) == [[trace_id]]
+
+
+def test_a_store_on_another_redis_than_the_join_counts_no_part_in_the_run(
+    conn: redis.Redis, redis_url: str
+) -> None:
+    chord = Chord(1)
+    request = chord.request(0)
+    assert join.count_in_run(app.backend, request, redis_url + "1") is None
+    assert not hasattr(request, join.COUNTED_ATTR)
+    assert join.count_in_run(app.backend, Context(id="t", args=["x"]), redis_url) is None
+
+
+def test_a_join_part_needs_a_redis_store() -> None:
+    part = join.join_part(app.backend, Chord(1).request(0), states.SUCCESS, None)
+    assert part is not None
+    write = TraceWrite("t", "t").join_part(part)
+    with pytest.raises(ValueError, match="one join part"):
+        write.join_part(part)
+    memory = MemoryStore()
+    memory.create_trace(Trace(trace_id="t", root_trace_id="t", task="main"))
+    with pytest.raises(TypeError, match="Redis store"):
+        memory.apply(write.update(status="completed"))
+    assert memory.get_trace("t").status == "queued", "refused before any op"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import cached_property
 from typing import Any
 
 from celery import Celery
@@ -14,6 +13,7 @@ from celery.backends.redis import RedisBackend
 from kombu.entity import Queue
 from kombu.messaging import Producer
 
+from fleet.redis_connect import Lua
 from fleet.settings import Settings, process_settings
 from fleet.trees import Priority
 from workers import events, join, kombu_fix
@@ -130,10 +130,8 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
     _fleet_group: str | None = None
     """The group of the fleet chord this thread is sending (its size key is not written)."""
 
-    @cached_property
-    def fleet_join_script(self) -> Any:
-        """`workers.join.PART_RETURN`, registered on this backend's client."""
-        return self.client.register_script(join.PART_RETURN)
+    fleet_join_script = Lua(join.PART_RETURN)
+    """`workers.join.PART_RETURN`: `fleet_join_script(backend.client, keys, args)`."""
 
     def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
         """Celery's, except for a fleet chord: nothing to save, and no size key to write."""

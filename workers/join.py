@@ -52,8 +52,9 @@ from celery import states
 from celery.canvas import Signature, maybe_signature
 from celery.exceptions import ChordError
 
-from fleet import keys, outbox
+from fleet import keys, outbox, redis_scripts
 from fleet.models import now_ms
+from fleet.writes import JoinPart
 
 logger = logging.getLogger(__name__)
 
@@ -83,25 +84,10 @@ DEFAULT_TTL_S = 24 * 3600
 FAILURE_CHARS = 300
 """A failed part's exception, as kept for the errback's ChordError message."""
 
-PART_RETURN = """
-local parts, claim = KEYS[1], KEYS[2]
-local task_id, part, size, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local added = redis.call('HSETNX', parts, task_id, part)
-local count = redis.call('HLEN', parts)
-if added == 1 then
-    -- A first part, or a late copy of one after the body was sent: the claim tells.
-    if count == 1 and redis.call('EXISTS', claim) == 1 then
-        redis.call('DEL', parts)
-        return false
-    end
-    redis.call('EXPIRE', parts, ttl)
-end
-if count < size or not redis.call('SET', claim, 'claimed', 'NX', 'EX', ARGV[5]) then
-    return false
-end
-redis.call('ZADD', KEYS[3], ARGV[7], ARGV[6])
-return redis.call('HVALS', parts)
-"""
+COUNTED_ATTR = "fleet_join_part"
+"""The request attribute holding the part a run counted in its last write (`count_in_run`)."""
+
+PART_RETURN = redis_scripts.JOIN_PART + "return join_part(KEYS[1], KEYS[2], KEYS[3], unpack(ARGV))"
 """Record a part once per task id; on the last one claim the body, owe its settlement to the
 outbox (`owed`, due `due_ms`) and return every part."""
 
@@ -146,20 +132,70 @@ def part_of(request: Any, state: str, result: Any) -> str:
 
 
 def part_returned(backend: Any, request: Any, state: str, result: Any) -> None:
-    """Record one header part; the part that completes the chord sends its body (or errback)."""
+    """Record one header part; the part that completes the chord sends its body (or errback).
+
+    A run that counted its part in its last write (`count_in_run`) has nothing to record;
+    the parts its write claimed are sent once (Celery may report a request twice: a
+    failure while reporting success is reported too).
+    """
+    counted = getattr(request, COUNTED_ATTR, None)
+    if counted is not None and counted.recorded:
+        parts, counted.parts = counted.parts, None
+    else:
+        part = join_part(backend, request, state, result)
+        if part is None:
+            return
+        args = [part.member, part.part, part.size, part.ttl_s, part.claim_s, part.owed]
+        args.append(now_ms() + part.owed_after_ms)
+        script_keys = [part.parts_key, part.claim_key, part.outbox_key]
+        parts = backend.fleet_join_script(backend.client, script_keys, args)
+    if parts:
+        send_body(backend, request.group, request.chord, parts)
+
+
+def join_part(backend: Any, request: Any, state: str, result: Any) -> JoinPart | None:
+    """The part a header task leaves in its chord's join; None outside a fleet chord."""
     group_id, task_id = request.group, request.id
-    if not group_id or not task_id:
-        return
+    if not group_id or not task_id or not is_fleet_join(request.chord):
+        return None
     body = request.chord
+    return JoinPart(
+        parts_key=parts_key(backend, group_id),
+        claim_key=claim_key(backend, group_id),
+        outbox_key=keys.OUTBOX,
+        member=task_id,
+        part=part_of(request, state, result),
+        size=int(body["options"][SIZE_OPTION]),
+        ttl_s=ttl_s(backend),
+        claim_s=JOIN_CLAIM_S,
+        owed=owed_settlement(body),
+        owed_after_ms=OWED_AFTER_MS,
+    )
+
+
+def count_in_run(backend: Any, request: Any, store_url: str) -> JoinPart | None:
+    """The part a run should count in its last write (`fleet.writes.JoinPart`), if any.
+
+    A run that ends its trace returns its envelope: its part is known before it ends
+    (a success, with the run's trace id), so the write that ends the trace records it, and
+    `part_returned` then only sends the body when that write completed the chord: one
+    round trip less per branch. Only where the join's keys and the store share one Redis
+    (the result backend is the store's URL, as `workers.app` configures it). A run that
+    does not end its trace (it waits, yields, is throttled, loses its lease, or fails
+    outside the runner) writes no part, and `part_returned` records it as before; a part
+    recorded twice (a redelivery after the run ended) counts once, by its task id.
+    """
+    if getattr(backend, "url", None) != store_url:
+        return None
+    part = join_part(backend, request, states.SUCCESS, None)
+    if part is not None:
+        setattr(request, COUNTED_ATTR, part)
+    return part
+
+
+def send_body(backend: Any, group_id: str, body: dict[str, Any], parts: list[Any]) -> None:
+    """The claimer's send: the body (or the errback), then the chord marked done."""
     group_keys = [parts_key(backend, group_id), claim_key(backend, group_id)]
-    size = int(body["options"][SIZE_OPTION])
-    owed = owed_settlement(body)
-    args = [task_id, part_of(request, state, result), size, ttl_s(backend), JOIN_CLAIM_S]
-    args += [owed, now_ms() + OWED_AFTER_MS]
-    script_keys = [*group_keys, keys.OUTBOX]
-    parts = backend.fleet_join_script(keys=script_keys, args=args, client=backend.client)
-    if not parts:
-        return
     sent = False
     try:
         sent = fire(backend, body, sorted_parts(parts))
@@ -167,7 +203,7 @@ def part_returned(backend: Any, request: Any, state: str, result: Any) -> None:
         with backend.client.pipeline(transaction=True) as pipe:
             pipe.set(group_keys[1], "done", ex=ttl_s(backend)).delete(group_keys[0])
             if sent:
-                pipe.zrem(keys.OUTBOX, owed)
+                pipe.zrem(keys.OUTBOX, owed_settlement(body))
             pipe.execute()
 
 

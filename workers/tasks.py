@@ -14,6 +14,7 @@ from fleet.runner import Runner, RunResult, run_safely
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from fleet.settling import AlreadyCollected, Settled, Settlement, Waiting
+from workers import join
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send, start_window, tree_schedule
 from workers.runtime import draining, get_runtime
@@ -46,7 +47,8 @@ def run_agent(
     the next waiting child and, if it was the last of its call, settles the call.
     """
     runtime = get_runtime()
-    result = run_safely(Runner(runtime, should_yield=draining.is_set), trace_id)
+    part = join.count_in_run(self.backend, self.request, runtime.settings.redis_url)
+    result = run_safely(Runner(runtime, should_yield=draining.is_set, join=part), trace_id)
     hand_back(self, result)
     after_run(runtime, result, recovered=recovered, windowed=windowed)
     return envelope(result)
