@@ -123,7 +123,7 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
 
     A chord whose body is `fleet.collect` with its size in its options
     (`workers.join.is_fleet_join`) is joined by `workers.join`: nothing is written when it
-    is sent (no `.s` size key, no saved group), one small script per header part. Every
+    is sent (no `.s` size key, no saved group), each header part counted once. Every
     other chord gets Celery's join.
     """
 

@@ -1,4 +1,4 @@
-"""The fleet's chord join: one small script per header part, for chords whose body is collect.
+"""The fleet's chord join: each header part counted once, for chords whose body is collect.
 
 Celery's Redis join (`RedisBackend.on_chord_part_return`) serves any chord: it stores every
 header result, then per part runs a script of ~13 commands (a done-marker `GET`, `SISMEMBER`,
@@ -11,6 +11,12 @@ once-mark). So its headers store no result (`ignore_result`) and their parts are
 here, with the size the sender put in the body's options (`SIZE_OPTION`: Celery 5.7 no
 longer carries `chord_size` in the message and keeps the size in a `.s` key instead, which
 this join never reads, so `SendOnlyRedisBackend` does not write it for these chords).
+
+A run that ends its trace counts its own part in the write that ends it (`count_in_run`:
+the runner's last `APPLY` runs the same Lua, `fleet.redis_scripts.JOIN_PART`), so a
+branch's part costs no round trip of its own; `part_returned` then only sends the body if
+that write claimed it. Every other part (a run that waits, yields, is throttled or fenced,
+a task that failed) is recorded when Celery reports it, as below.
 
 A part (`PART_RETURN`): recorded once per header task id (a redelivered or re-sent header,
 `requeue` and Celery's retry keep the id, counts once), counted, and when the count reaches
