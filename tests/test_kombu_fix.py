@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kombu.asynchronous import Hub, set_event_loop
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
+from redis.connection import Connection as RedisConnection
 
 from fleet.redis_server import RedisServer, start_redis_server
 from workers import kombu_fix
@@ -122,3 +124,107 @@ def test_a_declared_entity_is_not_declared_again_until_the_connection_is_renewed
         assert producer.maybe_declare(queue, retry=True) is True
         with conn.default_channel.conn_or_acquire() as client:
             assert client.exists(binding)
+
+
+def deliver(conn: Connection, queue: Queue, count: int) -> list[Any]:
+    """`count` messages published and taken unacked (each in the channel's unacked index)."""
+    channel = conn.default_channel
+    producer = Producer(channel)
+    for n in range(count):
+        producer.publish(
+            {"n": n}, exchange=queue.exchange, routing_key=queue.routing_key, declare=[queue]
+        )
+    messages = [queue(channel).get(no_ack=False) for _ in range(count)]
+    assert all(m is not None for m in messages)
+    return messages
+
+
+def unacked(channel: Any) -> tuple[int, int]:
+    with channel.conn_or_acquire() as client:
+        return client.zcard(channel.unacked_index_key), client.hlen(channel.unacked_key)
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    """An event loop as a worker's, this thread its loop thread (as `create_loop` sets)."""
+    loop = Hub()
+    set_event_loop(loop)
+    loop._loop_thread = threading.get_ident()
+    yield loop
+    set_event_loop(None)
+    loop.close()
+
+
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sent: list[int] = []
+    send = RedisConnection.send_packed_command
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(1)
+        return send(self, *args, **kwargs)
+
+    monkeypatch.setattr(RedisConnection, "send_packed_command", counting)
+    return sent
+
+
+def test_acks_on_the_loop_thread_reach_redis_in_one_pipeline_on_the_next_turn(
+    server: RedisServer, hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kombu_fix.install()
+    queue = Queue("acks", Exchange("acks", type="direct"), routing_key="acks")
+    with Connection(server.url) as conn:
+        messages = deliver(conn, queue, 5)
+        channel = conn.default_channel
+        assert unacked(channel) == (5, 5)
+        sent = round_trips(monkeypatch)
+        for message in messages:
+            message.ack()
+        assert sent == [], "acked in memory only, so far"
+        assert {m.delivery_tag for m in messages} <= channel.qos._dirty, "acked in memory"
+        hub.run_once()  # the loop's next turn
+        assert len(sent) == 1, "the five acks' removals in one round trip"
+        assert unacked(channel) == (0, 0)
+
+
+def test_an_ack_off_the_loop_thread_reaches_redis_at_once(server: RedisServer, hub: Hub) -> None:
+    kombu_fix.install()
+    queue = Queue("acks-off", Exchange("acks-off", type="direct"), routing_key="acks-off")
+    with Connection(server.url) as conn:
+        (message,) = deliver(conn, queue, 1)
+        worker = threading.Thread(target=message.ack)
+        worker.start()
+        worker.join()
+        assert unacked(conn.default_channel) == (0, 0)
+
+
+def test_a_restore_writes_the_pending_acks_first_and_restores_only_the_unacked(
+    server: RedisServer, hub: Hub
+) -> None:
+    kombu_fix.install()
+    queue = Queue("acks-close", Exchange("acks-close", type="direct"), routing_key="acks-close")
+    with Connection(server.url) as conn:
+        done, running = deliver(conn, queue, 2)
+        done.ack()  # pending: the loop has not turned
+        channel = conn.default_channel
+        channel.qos.restore_unacked()  # what closing the channel does
+        assert unacked(channel) == (0, 0)
+        with channel.conn_or_acquire() as client:
+            assert client.llen("acks-close") == 1, "the unacked message is back, the acked not"
+        again = queue(channel).get(no_ack=True)
+        assert again is not None and again.payload == running.payload
+
+
+def test_pending_acks_that_cannot_be_written_are_logged_and_left_to_the_visibility_timeout(
+    server: RedisServer, hub: Hub, caplog: pytest.LogCaptureFixture
+) -> None:
+    kombu_fix.install()
+    queue = Queue("acks-lost", Exchange("acks-lost", type="direct"), routing_key="acks-lost")
+    with Connection(server.url) as conn:
+        (message,) = deliver(conn, queue, 1)
+        message.ack()
+        channel = conn.default_channel
+        server.stop()
+        with caplog.at_level("WARNING", logger="workers.kombu_fix"):
+            kombu_fix.flush_acks(channel.qos)  # what the loop's next turn runs
+        assert "1 ack(s) not written to the broker" in caplog.text
+        assert not getattr(channel.qos, kombu_fix.PENDING_ACKS, None)

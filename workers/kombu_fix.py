@@ -1,4 +1,4 @@
-"""Two kombu 5.7 Redis-transport behaviours, patched where kombu defines them.
+"""Four kombu 5.7 Redis-transport behaviours, patched where kombu defines them.
 
 **A lost broker connection crashed the worker.** When the broker goes away while a worker
 holds unacknowledged messages, Celery's consumer first `collect()`s the connection
@@ -26,16 +26,30 @@ of the unbound event exchange per event) or, with `retry` (every task message), 
 check in `Connection.ensure`, and only then looks in the connection's cache of what it
 already declared. The cache is looked at first here; kombu clears it whenever the
 connection closes or reconnects, so anything not in it takes kombu's own path.
+
+**A round trip per ack.** Each ack of a task message removed its two unacked-index
+entries with a pipeline of its own (`ZREM` + `HDEL`): with acks_late, one round trip per
+task in the event loop's thread, whose acks the pool's threads hand to it
+(`Consumer.call_soon_ack`). An ack on the loop's thread now acks in memory at once (the
+prefetch window opens as before) and the Redis removals of every ack of that loop turn go
+in one pipeline on the next turn (`flush_acks`), before the channel restores anything on
+close. A worker that dies in between leaves those entries to the visibility timeout: the
+messages come back once, as they would had it died just before acking (at least once; a
+fleet run finds its trace ended, and its part counts once).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
+from kombu.asynchronous import get_event_loop
 from kombu.messaging import Producer
+from kombu.transport import virtual
 from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.redis import QoS
 
@@ -48,13 +62,16 @@ def install() -> None:
     """Patch kombu's Redis transport (idempotent).
 
     The QoS's `restore_unacked` (on close), `ack` and `reject` (a task that ran across the
-    loss finishing on its old channel) then log instead of raising; `conn_or_acquire`
+    loss finishing on its old channel) then log instead of raising; acks on the event
+    loop's thread go to Redis once per loop turn, flushed before a restore; `conn_or_acquire`
     reuses one client per connection pool; `Producer.maybe_declare` looks in the cache of
     declared entities before anything else.
     """
     global _installed
     if _installed:
         return
+    QoS.ack = _batched(QoS.ack)  # type: ignore[method-assign]
+    QoS.restore_unacked = _flushed_first(QoS.restore_unacked)  # type: ignore[method-assign]
     for name in ("restore_unacked", "ack", "reject"):
         setattr(QoS, name, _tolerant(name, getattr(QoS, name)))
     RedisChannel.conn_or_acquire = _conn_or_acquire  # type: ignore[method-assign]
@@ -74,6 +91,53 @@ def _tolerant(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
                 len(self._delivered),
             )
             return None
+
+    return call
+
+
+PENDING_ACKS = "_fleet_pending_acks"
+"""The QoS attribute listing the delivery tags acked in memory, not yet in Redis."""
+
+
+def _batched(ack: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, delivery_tag: str) -> Any:
+        loop = get_event_loop()
+        if loop is None or threading.get_ident() != getattr(loop, "_loop_thread", None):
+            return ack(self, delivery_tag)  # off the loop: as kombu does, at once
+        pending: list[str] = self.__dict__.setdefault(PENDING_ACKS, [])
+        if not pending:
+            loop.call_soon(flush_acks, self)
+        pending.append(delivery_tag)
+        return virtual.QoS.ack(self, delivery_tag)
+
+    return call
+
+
+def flush_acks(qos: Any) -> None:
+    """Remove the acked messages' unacked-index entries, in one pipeline.
+
+    Redis unreachable: the entries stay, and the visibility timeout brings those messages
+    back (logged), as an ack that failed would have.
+    """
+    tags: list[str] = qos.__dict__.pop(PENDING_ACKS, None) or []
+    if not tags:
+        return
+    try:
+        with qos.pipe_or_acquire() as pipe:
+            pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags).execute()
+    except (redis.RedisError, AttributeError, OSError) as exc:  # AttributeError: client gone
+        log.warning(
+            "%d ack(s) not written to the broker (%s): the visibility timeout redelivers"
+            " those messages",
+            len(tags),
+            exc,
+        )
+
+
+def _flushed_first(restore_unacked: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        flush_acks(self)
+        return restore_unacked(self, *args, **kwargs)
 
     return call
 
