@@ -3,9 +3,11 @@ Redis restart (a real redis-server)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,7 +169,23 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sent
 
 
-def test_acks_on_the_loop_thread_reach_redis_in_one_pipeline_on_the_next_turn(
+def test_a_delivered_message_is_recorded_unacked_as_kombu_records_it(
+    server: RedisServer,
+) -> None:
+    kombu_fix.install()
+    queue = Queue("append", Exchange("append", type="direct"), routing_key="append")
+    with Connection(server.url) as conn:
+        before = time.time()
+        (message,) = deliver(conn, queue, 1)
+        channel = conn.default_channel
+        with channel.conn_or_acquire() as client:
+            tag = message.delivery_tag
+            assert before <= client.zscore(channel.unacked_index_key, tag) <= time.time()
+            stored = json.loads(client.hget(channel.unacked_key, tag))
+        assert stored == [message._raw, "append", "append"], "kombu's own layout"
+
+
+def test_acks_on_the_loop_thread_reach_redis_in_one_script_on_the_next_turn(
     server: RedisServer, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     kombu_fix.install()
@@ -176,6 +194,8 @@ def test_acks_on_the_loop_thread_reach_redis_in_one_pipeline_on_the_next_turn(
         messages = deliver(conn, queue, 5)
         channel = conn.default_channel
         assert unacked(channel) == (5, 5)
+        with channel.conn_or_acquire() as client:
+            client.script_load(kombu_fix.REMOVE_UNACKED.source)  # count the acks' trips only
         sent = round_trips(monkeypatch)
         for message in messages:
             message.ack()
