@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from kombu.asynchronous import Hub, set_event_loop
 from kombu.connection import Connection
 from kombu.entity import Exchange, Queue
@@ -248,3 +249,19 @@ def test_pending_acks_that_cannot_be_written_are_logged_and_left_to_the_visibili
             kombu_fix.flush_acks(channel.qos)  # what the loop's next turn runs
         assert "1 ack(s) not written to the broker" in caplog.text
         assert not getattr(channel.qos, kombu_fix.PENDING_ACKS, None)
+
+
+def test_with_a_global_key_prefix_the_unacked_entries_are_kombus_own_prefixed_keys(
+    server: RedisServer, hub: Hub
+) -> None:
+    kombu_fix.install()
+    queue = Queue("prefixed", Exchange("prefixed", type="direct"), routing_key="prefixed")
+    options = {"global_keyprefix": "pre:"}
+    with Connection(server.url, transport_options=options) as conn:
+        (message,) = deliver(conn, queue, 1)
+        with redis.Redis.from_url(server.url) as plain:
+            assert plain.hlen("pre:unacked") == 1 and plain.zcard("pre:unacked_index") == 1
+            assert plain.hlen("unacked") == 0, "nothing under the unprefixed key"
+            message.ack()
+            hub.run_once()
+            assert plain.hlen("pre:unacked") == 0 and plain.zcard("pre:unacked_index") == 0

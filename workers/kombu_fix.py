@@ -82,7 +82,7 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    QoS.append = _append  # type: ignore[method-assign]
+    QoS.append = _scripted_append(QoS.append)  # type: ignore[method-assign]
     QoS.ack = _batched(QoS.ack)  # type: ignore[method-assign]
     QoS.restore_unacked = _flushed_first(QoS.restore_unacked)  # type: ignore[method-assign]
     for name in ("restore_unacked", "ack", "reject"):
@@ -119,14 +119,24 @@ REMOVE_UNACKED = Lua(
 """KEYS: unacked index, unacked hash. ARGV: delivery tags (at most a loop turn's acks)."""
 
 
-def _append(self: Any, message: Any, delivery_tag: str) -> None:
-    """`QoS.append` as kombu has it (the same entries), in one script instead of MULTI."""
-    delivery = message.delivery_info
-    payload = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
-    with self.channel.conn_or_acquire() as client:
-        script_keys = [self.unacked_index_key, self.unacked_key]
-        APPEND_UNACKED(client, script_keys, [delivery_tag, repr(time.time()), payload])
-    virtual.QoS.append(self, message, delivery_tag)
+def _scripted_append(append: Callable[..., Any]) -> Callable[..., Any]:
+    def call(self: Any, message: Any, delivery_tag: str) -> None:
+        """`QoS.append` as kombu has it (the same entries), in one script instead of MULTI.
+
+        With a `global_keyprefix` kombu's own (its prefixed client prefixes only the first
+        key of an EVALSHA).
+        """
+        if self.channel.global_keyprefix:
+            return append(self, message, delivery_tag)  # type: ignore[no-any-return]
+        delivery = message.delivery_info
+        payload = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.channel.conn_or_acquire() as client:
+            script_keys = [self.unacked_index_key, self.unacked_key]
+            APPEND_UNACKED(client, script_keys, [delivery_tag, repr(time.time()), payload])
+        virtual.QoS.append(self, message, delivery_tag)
+        return None
+
+    return call
 
 
 PENDING_ACKS = "_fleet_pending_acks"
@@ -157,6 +167,10 @@ def flush_acks(qos: Any) -> None:
     if not tags:
         return
     try:
+        if qos.channel.global_keyprefix:  # kombu's prefixed pipeline (see `_scripted_append`)
+            with qos.pipe_or_acquire() as pipe:
+                pipe.zrem(qos.unacked_index_key, *tags).hdel(qos.unacked_key, *tags).execute()
+            return
         with qos.channel.conn_or_acquire() as client:
             REMOVE_UNACKED(client, [qos.unacked_index_key, qos.unacked_key], tags)
     except (redis.RedisError, AttributeError, OSError) as exc:  # AttributeError: client gone
