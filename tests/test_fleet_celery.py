@@ -13,6 +13,7 @@ import redis
 from fleet.client import Fleet
 from tests.fleetkit import celery_fleet, explore_script, wait_until
 from workers import join
+from workers.app import SendOnlyRedisBackend
 
 pytestmark = [
     pytest.mark.integration,
@@ -71,6 +72,18 @@ def test_branches_store_no_result_and_the_fleet_join_leaves_only_its_mark(
     (mark,) = redis_client.scan_iter("celery-taskset-meta-*")  # no parts, no `.s` size key
     assert mark.endswith(join.CLAIM_SUFFIX) and redis_client.get(mark) == "done"
     assert redis_client.ttl(mark) > 0
+
+
+def test_each_branch_counts_its_part_in_the_write_that_ends_it(
+    fleet: Fleet, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    redis_client.script_flush()  # scripts are per server: run since this flush, or not
+    model = explore_script(tmp_path / "m.yaml", 12)
+    trace = fleet.submit("survey", model=model).wait(timeout_s=60)
+    assert trace.status == "completed"
+    assert len(fleet.store.collaborators(trace.trace_id)) == 12
+    part_return = SendOnlyRedisBackend.fleet_join_script.sha
+    assert redis_client.script_exists(part_return) == [False], "no part needed a report"
 
 
 def test_a_plain_chord_keeps_celerys_join(fleet: Fleet, redis_client: redis.Redis) -> None:
