@@ -120,6 +120,7 @@ def _agent_children(
     task = args.get("task")
     messages = args.get("messages")
     common = {"skills": list(args.get("skills") or []), "extra": args.get("context")}
+    common["ceiling"] = _ceiling_fields(runtime, parent)
     if isinstance(task, str) and task.strip():
         preset = str(args.get("agent_type") or "default")
         _check_preset(runtime, parent, preset)
@@ -205,6 +206,7 @@ def _evaluate_child(runtime: Runtime, parent: Trace, call_id: str, args: dict[st
         "`VERDICT: pass` or `VERDICT: fail`, then concrete suggestions."
     )
     common: dict[str, Any] = {"skills": [], "extra": args.get("context")}
+    common["ceiling"] = _ceiling_fields(runtime, parent)
     spec = _ChildSpec("evaluate", "evaluate", task, None, args.get("messages"))
     return _child(runtime, parent, call_id, spec, common)
 
@@ -286,8 +288,17 @@ def _child_trace(
         context=context,
         skills=common.get("skills") or [],
         metadata=_metadata(runtime, parent, call_id, common),
-        ceiling=child_ceiling(runtime, parent),
+        ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
     )
+
+
+def _ceiling_fields(runtime: Runtime, parent: Trace) -> dict[str, Any]:
+    """`child_ceiling` as the fields every child of one call is given, worked out once.
+
+    A dict, not the model: each child validates its own `ToolCeiling` (and lists) from it,
+    so no two children share a mutable ceiling.
+    """
+    return child_ceiling(runtime, parent).model_dump()
 
 
 def _check_messages(messages: Any) -> list[dict[str, str]]:

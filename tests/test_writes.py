@@ -238,3 +238,11 @@ def test_begin_run_starts_a_trace_of_the_root_its_id_names(
     events = [(e.kind, e.status) for _, e in store.read_events(root)]
     assert events == [("trace", "running")]
     assert store.read_events("x") == [] and store.read_events("elsewhere") == []
+
+
+def test_a_write_puts_collaborators_into_one_parent_only() -> None:
+    entry = Collaborator(name="a", trace_id="c1")
+    write = TraceWrite("c1", "root").put_collaborator("p", entry).put_collaborator("p", entry)
+    with pytest.raises(ValueError, match="one parent only"):
+        write.put_collaborator("q", entry)
+    assert len(write.ops) == 2
