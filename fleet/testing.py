@@ -148,9 +148,34 @@ class ScriptedModel:
 
 
 @dataclass(frozen=True)
+class _Step:
+    raw: dict[str, Any]
+    calls: tuple[tuple[str, str], ...] | None
+    """Each tool call's name and arguments JSON, and (last) all the arguments as JSON, for
+    the usage: the same every turn, so encoded once. None when an argument is no JSON (a
+    YAML date): the call fails as it always did, when the step is used."""
+
+    @classmethod
+    def of(cls, raw: dict[str, Any]) -> _Step:
+        try:
+            calls = _encoded_calls(raw)
+        except (TypeError, ValueError):
+            return cls(raw, None)
+        return cls(raw, calls)
+
+
+def _encoded_calls(step: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The step's tool calls as (name, arguments JSON), then ("", every arguments' JSON)."""
+    calls = [
+        (c["name"], json.dumps(c.get("arguments") or {})) for c in step.get("tool_calls") or []
+    ]
+    return (*calls, ("", json.dumps([arguments for _, arguments in calls])))
+
+
+@dataclass(frozen=True)
 class _Rule:
     pattern: re.Pattern[str]
-    steps: tuple[dict[str, Any], ...]
+    steps: tuple[_Step, ...]
 
 
 @dataclass(frozen=True)
@@ -184,7 +209,7 @@ class Script:
                 raise ConfigError(f"{where}: scripts[{i}].steps is empty")
             for j, step in enumerate(raw["steps"]):
                 _check_step(step, f"{where}: scripts[{i}].steps[{j}]")
-            rules.append(_Rule(pattern, tuple(raw["steps"])))
+            rules.append(_Rule(pattern, tuple(_Step.of(step) for step in raw["steps"])))
         latency_ms, jitter_ms = data.get("latency_ms", 0), data.get("jitter_ms", 0)
         for name, value in (("latency_ms", latency_ms), ("jitter_ms", jitter_ms)):
             if not isinstance(value, int):
@@ -210,29 +235,33 @@ def _check_step(step: object, where: str) -> None:
             raise ConfigError(f"{where}: each tool call needs a 'name'")
 
 
-def _render(
-    step: dict[str, Any], task: str, turn: int, messages: list[dict[str, Any]]
-) -> LLMResponse:
-    if "raise" in step:
-        raise ModelBehaviorError(f"scripted failure: {step['raise']}")
-    last_tool = next((str(m["content"]) for m in reversed(messages) if m["role"] == "tool"), "")
-    last_user = next((str(m["content"]) for m in reversed(messages) if m["role"] == "user"), "")
-    fill = {"task": task, "last_tool": last_tool, "last_user": last_user, "turn": turn}
+def _render(step: _Step, task: str, turn: int, messages: list[dict[str, Any]]) -> LLMResponse:
+    raw = step.raw
+    if "raise" in raw:
+        raise ModelBehaviorError(f"scripted failure: {raw['raise']}")
+    *calls, (_, arguments) = step.calls if step.calls is not None else _encoded_calls(raw)
     tool_calls = tuple(
-        ToolCall(
-            id=f"call_{turn}_{i}",
-            name=c["name"],
-            arguments=json.dumps(c.get("arguments") or {}),
-        )
-        for i, c in enumerate(step.get("tool_calls") or [])
+        ToolCall(id=f"call_{turn}_{i}", name=name, arguments=arguments_json)
+        for i, (name, arguments_json) in enumerate(calls)
     )
-    content = step.get("content")
+    content = raw.get("content")
     if content is not None:
-        content = str(content).format_map(_Default(fill))
-    body = (content or "") + json.dumps([c.arguments for c in tool_calls])
+        content = str(content).format_map(_Fill(task, turn, messages))
+    body = (content or "") + arguments
     return LLMResponse(content=content, tool_calls=tool_calls, usage=_usage(body), model="scripted")
 
 
-class _Default(dict[str, Any]):
+class _Fill(dict[str, Any]):
+    """A step's template fields; `last_tool` and `last_user` are looked for only if used."""
+
+    def __init__(self, task: str, turn: int, messages: list[dict[str, Any]]) -> None:
+        super().__init__(task=task, turn=turn)
+        self._messages = messages
+
     def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+        role = {"last_tool": "tool", "last_user": "user"}.get(key)
+        if role is None:
+            return "{" + key + "}"
+        found = (str(m["content"]) for m in reversed(self._messages) if m["role"] == role)
+        self[key] = value = next(found, "")
+        return value
