@@ -267,7 +267,8 @@ class Runner:
         trace, messages = snapshot.trace, snapshot.messages
         model_name = self.runtime.model_name(trace.model, trace.preset)
         tools = tool_schemas(self.runtime, trace)
-        chars = request_chars(main_path(messages, trace.head_sequence), tools)
+        path = main_path(messages, trace.head_sequence)
+        chars = request_chars(path, tools)
         verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses)
         if not isinstance(verdict, Go):
             return verdict
@@ -280,7 +281,7 @@ class Runner:
             trace = trace.model_copy(
                 update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
             )
-        path = main_path(messages, trace.head_sequence)
+            path = main_path(messages, trace.head_sequence)
         window = self.runtime.context_window(model_name)
         fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
         if fitted.elided and window is not None:

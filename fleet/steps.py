@@ -52,10 +52,11 @@ def decide_next(
     if not response.tool_calls:
         return Finish(response.content or "")
     current = [(c.name, c.arguments) for c in response.tool_calls]
-    combined = [(n, _canonical(a)) for n, a in previous_calls + current]
-    tail = combined[-repeats:]
-    if len(tail) == repeats and len(set(tail)) == 1:
-        return DoomLoop(response.tool_calls[-1], repeats)
+    tail = (previous_calls + current)[-repeats:]
+    # Arguments are compared (parsed and encoded again) only for a full run of one name.
+    if len(tail) == repeats and len({n for n, _ in tail}) == 1:
+        if len({_canonical(a) for _, a in tail}) == 1:
+            return DoomLoop(response.tool_calls[-1], repeats)
     return CallTools(response.tool_calls)
 
 

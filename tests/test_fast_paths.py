@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fleet import redis_writes
+from fleet import redis_writes, steps
 from fleet.goals import GoalTree
 from fleet.inprocess import InProcessDispatcher
 from fleet.llm.base import LLMResponse, ToolCall, Usage
@@ -21,6 +21,7 @@ from fleet.memory_store import MemoryStore
 from fleet.models import ToolCeiling, Trace, TraceStats
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.steps import CallTools, DoomLoop, Finish, Step
 from fleet.subagents import child_ceiling, spawn
 from fleet.testing import ScriptedModel
 from fleet.writes import TraceWrite
@@ -185,3 +186,51 @@ def test_a_yaml_script_answers_as_it_did(tmp_path: Path) -> None:
     )
     with pytest.raises(TypeError, match="not JSON serializable"):  # when used, as it was
         model.complete([{"role": "user", "content": "dated"}], [])
+
+
+def _decide_as_before(
+    response: LLMResponse, previous_calls: list[tuple[str, str]], repeats: int
+) -> Step:
+    """`decide_next` as it was: every call's arguments made canonical."""
+    if not response.tool_calls:
+        return Finish(response.content or "")
+    current = [(c.name, c.arguments) for c in response.tool_calls]
+    combined = [(n, steps._canonical(a)) for n, a in previous_calls + current]
+    tail = combined[-repeats:]
+    if len(tail) == repeats and len(set(tail)) == 1:
+        return DoomLoop(response.tool_calls[-1], repeats)
+    return CallTools(response.tool_calls)
+
+
+_LS = ("list_dir", '{"path": "."}')
+_LS_SPACED = ("list_dir", '{ "path" :"." }')
+_LS_OTHER = ("list_dir", '{"path": "src"}')
+_READ = ("read_file", '{"path": "."}')
+_BAD = ("list_dir", "{not json")
+
+
+@pytest.mark.parametrize("repeats", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize(
+    ("previous", "current"),
+    [
+        ([], []),
+        ([], [_LS]),
+        ([_LS], [_LS]),
+        ([_LS, _LS], [_LS]),
+        ([_LS, _LS_SPACED], [_LS]),
+        ([_LS, _LS_OTHER], [_LS]),
+        ([_READ, _LS], [_LS]),
+        ([_LS], [_LS, _LS]),
+        ([_LS, _LS], [_LS, _READ]),
+        ([_BAD, _BAD], [_BAD]),
+        ([_BAD, _LS], [_LS]),
+        ([("list_dir", "")], [("list_dir", "{}"), ("list_dir", "")]),
+    ],
+)
+def test_decide_next_decides_as_before(
+    previous: list[tuple[str, str]], current: list[tuple[str, str]], repeats: int
+) -> None:
+    calls = tuple(ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(current))
+    response = LLMResponse(content="done", tool_calls=calls)
+    expected = _decide_as_before(response, previous, repeats)
+    assert steps.decide_next(response, previous, repeats) == expected
