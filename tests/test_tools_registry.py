@@ -399,3 +399,12 @@ def test_external_schemas_are_listed_but_run_by_the_runner(
         registry.execute("agent", {"task": "x"}, ctx, DEFAULT)
     refused = registry.execute("agent", {"task": "x"}, ctx, EXPLORE)
     assert refused.output == "tool 'agent' is not allowed for preset 'explore'"
+
+
+def test_names_for_sees_a_tool_registered_after_it_was_asked() -> None:
+    registry = default_registry()
+    preset = AgentPreset(name="reader", read_only=True)
+    before = registry.names_for(preset)
+    before.append("mutated")  # each answer is the caller's own list
+    registry.register_schema("lookup", "Look up.", {"type": "object"}, read_only=True)
+    assert registry.names_for(preset) == [*before[:-1], "lookup"]

@@ -75,11 +75,16 @@ class ToolSpec:
         return {"type": "function", "function": {**function, "parameters": self.parameters}}
 
 
+_NAMES_FOR_MAX = 256
+
+
 class ToolRegistry:
     """Tools by name, with their schemas; executes calls under a preset."""
 
     def __init__(self) -> None:
         self._tools: dict[str, ToolSpec] = {}
+        self._names_for: dict[tuple[Any, ...], tuple[str, ...]] = {}
+        """`names_for` by (tools registered, allowed, denied, read_only): asked every turn."""
 
     def register(
         self,
@@ -133,11 +138,19 @@ class ToolRegistry:
 
     def names_for(self, preset: AgentPreset) -> list[str]:
         """The tools `preset` may call; a read-only preset loses every writing tool."""
-        return [
-            spec.name
-            for spec in self._tools.values()
-            if preset.allows(spec.name) and (spec.read_only or not preset.read_only)
-        ]
+        # Tools are only ever added, so their number tells a stale answer from a fresh one.
+        key = (len(self._tools), preset.allowed_tools, preset.denied_tools, preset.read_only)
+        names = self._names_for.get(key)
+        if names is None:
+            names = tuple(
+                spec.name
+                for spec in self._tools.values()
+                if preset.allows(spec.name) and (spec.read_only or not preset.read_only)
+            )
+            if len(self._names_for) >= _NAMES_FOR_MAX:  # ceilings read from forged traces
+                self._names_for.clear()
+            self._names_for[key] = names
+        return list(names)
 
     def get(self, name: str) -> ToolSpec:
         """The spec of tool `name`; unknown names raise `ConfigError`."""
