@@ -163,7 +163,10 @@ def test_a_yaml_script_answers_as_it_did(tmp_path: Path) -> None:
     path = tmp_path / "script.yaml"
     path.write_text(SCRIPT)
     model = ScriptedModel.from_file(path)
-    first = [{"role": "system", "content": "s"}, {"role": "user", "content": "when x"}]
+    first: list[dict[str, Any]] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "when x"},
+    ]
     assert model.complete(first, []) == LLMResponse(
         content=None,
         tool_calls=(
@@ -173,7 +176,7 @@ def test_a_yaml_script_answers_as_it_did(tmp_path: Path) -> None:
         usage=Usage(prompt_tokens=10, completion_tokens=7),  # len('["{\\"path\\"...]') // 4
         model="scripted",
     )
-    later = [
+    later: list[dict[str, Any]] = [
         *first,
         {"role": "assistant", "content": None},
         {"role": "tool", "content": "one"},
