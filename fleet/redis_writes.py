@@ -140,9 +140,7 @@ def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, join_at: int) -> 
         case ReleaseLease(owner=owner):
             return ["release", "3", owner, write.trace_id, "1" if owner == fenced_by else ""]
         case JoinPart():  # its keys are in KEYS from `join_at` on
-            due_ms = now_ms() + op.owed_after_ms
-            values = [op.member, op.part, op.size, op.ttl_s, op.claim_s, op.owed, due_ms]
-            return ["part", "8", str(join_at), *map(str, values)]
+            return ["part", "8", str(join_at), *op.args()]
 
 
 def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[str], list[str]]:
@@ -165,7 +163,7 @@ def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[st
     join_at = len(script_keys) + 1
     for op in write.ops:
         if isinstance(op, JoinPart):  # one per write (`TraceWrite.join_part`)
-            script_keys += [op.parts_key, op.claim_key, op.outbox_key]
+            script_keys += op.keys
     script_keys += write.pauses
     root = "1" if trace_id == write.root_trace_id else ""
     args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(write.pauses))]

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, Unpack
 
-from fleet.models import Collaborator, Event, Message, TracePatch
+from fleet.models import Collaborator, Event, Message, TracePatch, now_ms
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,17 @@ class JoinPart:
     """The claim owes `owed` to the outbox due this long after the write (not after now)."""
     recorded: bool = False
     parts: list[str] | None = None
+
+    @property
+    def keys(self) -> list[str]:
+        """`JOIN_PART`'s keys: the parts, the claim, the outbox."""
+        return [self.parts_key, self.claim_key, self.outbox_key]
+
+    def args(self) -> list[str]:
+        """`JOIN_PART`'s arguments from `member` on, the owed entry due from now."""
+        due_ms = now_ms() + self.owed_after_ms
+        values = [self.member, self.part, self.size, self.ttl_s, self.claim_s, self.owed, due_ms]
+        return [str(value) for value in values]
 
 
 WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease | JoinPart

@@ -59,7 +59,6 @@ from celery.canvas import Signature, maybe_signature
 from celery.exceptions import ChordError
 
 from fleet import keys, outbox, redis_scripts
-from fleet.models import now_ms
 from fleet.writes import JoinPart
 
 logger = logging.getLogger(__name__)
@@ -151,10 +150,7 @@ def part_returned(backend: Any, request: Any, state: str, result: Any) -> None:
         part = join_part(backend, request, state, result)
         if part is None:
             return
-        args = [part.member, part.part, part.size, part.ttl_s, part.claim_s, part.owed]
-        args.append(now_ms() + part.owed_after_ms)
-        script_keys = [part.parts_key, part.claim_key, part.outbox_key]
-        parts = backend.fleet_join_script(backend.client, script_keys, args)
+        parts = backend.fleet_join_script(backend.client, part.keys, part.args())
     if parts:
         send_body(backend, request.group, request.chord, parts)
 
