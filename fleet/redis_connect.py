@@ -46,10 +46,15 @@ class Lua:
     On a plain `redis.Redis` client (`_lean`) the EVALSHA goes straight to a connection of
     the client's pool: redis-py's per-command wrappers (its retry closure, the deprecation
     check around `get_connection`, the observability records) cost more than sending the
-    command, ~35 of ~105 us of CPU per call here. A connection or timeout error there drops
-    that connection and runs the call again on redis-py's own path (its retries and
-    backoff), as redis-py would have retried it. Any other client (a pipeline, a
-    single-connection client, fakeredis, a subclass) takes redis-py's path from the start.
+    command, ~35 of ~105 us of CPU per call here. A connection lost there is dropped, and
+    what follows is what redis-py would do, never more:
+    - lost while *sending*, the script did not run: it is sent again on redis-py's own path;
+    - lost while *reading the reply*, it may have run (an `APPLY` twice appends a turn
+      twice): the error is raised, unless the connection's own retry policy retries such
+      errors, in which case the call goes to redis-py's path, which resends it as redis-py
+      would. The store's clients (`connect`) and kombu's retry nothing.
+    Any other client (a pipeline, a single-connection client, fakeredis, a subclass) takes
+    redis-py's path from the start.
     A restarted or flushed Redis answers NOSCRIPT: the script is loaded and run once more.
     """
 
@@ -72,13 +77,35 @@ class Lua:
         pool = client.connection_pool
         connection = _take(pool)
         try:
-            connection.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
-            return connection.read_response()
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            if _sent(connection, ("EVALSHA", self.sha, len(keys), *keys, *args)):
+                return connection.read_response()
+        except LOST as error:  # the reply was lost: the script may have run
             connection.disconnect()
+            if not _retried(connection, error):
+                raise
         finally:
             pool.release(connection)
         return client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+LOST = (redis.ConnectionError, redis.TimeoutError, OSError)
+"""What a lost or stalled connection raises (redis-py's retry policies name the same)."""
+
+
+def _sent(connection: Any, command: tuple[Any, ...]) -> bool:
+    """Whether `command` went out; if not, it did not run and the connection is dropped."""
+    try:
+        connection.send_command(*command)
+    except LOST:
+        connection.disconnect()
+        return False
+    return True
+
+
+def _retried(connection: Any, error: Exception) -> bool:
+    """Whether redis-py would send a command again after `error` on `connection`."""
+    retry = connection.retry
+    return bool(retry.get_retries() != 0 and isinstance(error, retry._supported_errors))
 
 
 def _take(pool: redis.ConnectionPool) -> Any:

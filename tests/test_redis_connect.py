@@ -1,13 +1,21 @@
 """`fleet.redis_connect.Lua` on a real Redis: straight to a pooled connection, the same
-replies and errors as redis-py's EVALSHA, no connection kept, a dropped one retried."""
+replies and errors as redis-py's EVALSHA, no connection kept, a dropped one replaced, a
+lost reply raised as redis-py raises it (never resent behind the caller's back)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+import socket
+import threading
+import time
+import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from fleet.redis_connect import Lua, connect
 
@@ -88,21 +96,145 @@ def test_a_pipeline_queues_the_call_as_redis_py_does(client: redis.Redis) -> Non
         assert pipe.execute()[0][2] == 1
 
 
-def test_a_connection_lost_mid_call_is_dropped_and_the_call_runs_on_redis_pys_path(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+COUNTS = Lua("return redis.call('INCR', KEYS[1])")
+
+
+class ReplyCutter:
+    """A TCP proxy in front of Redis that can lose the reply to the next EVALSHA.
+
+    The command reaches Redis and runs; then both sides of that connection are closed
+    before the reply is relayed, as when a connection drops mid-call.
+    """
+
+    def __init__(self, redis_url: str) -> None:
+        target = urlsplit(redis_url)
+        self.target = (target.hostname or "127.0.0.1", target.port or 6379)
+        self.db = target.path
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.armed = threading.Event()
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.listener.getsockname()[1]}{self.db}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return
+            far = socket.create_connection(self.target)
+            muted = threading.Event()
+            threading.Thread(target=self._replies, args=(far, near, muted), daemon=True).start()
+            threading.Thread(target=self._commands, args=(near, far, muted), daemon=True).start()
+
+    def _commands(self, near: socket.socket, far: socket.socket, muted: threading.Event) -> None:
+        while chunk := _recv(near):
+            if b"EVALSHA" in chunk and self.armed.is_set():
+                self.armed.clear()
+                muted.set()
+            far.sendall(chunk)
+            if muted.is_set():
+                time.sleep(0.2)  # Redis runs it; its reply is read and dropped
+                self.cuts += 1
+                for end in (near, far):
+                    end.shutdown(socket.SHUT_RDWR)
+                    end.close()
+                return
+
+    def _replies(self, far: socket.socket, near: socket.socket, muted: threading.Event) -> None:
+        while chunk := _recv(far):
+            if muted.is_set():
+                continue
+            try:
+                near.sendall(chunk)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _recv(end: socket.socket) -> bytes:
+    try:
+        return end.recv(65536)
+    except OSError:
+        return b""
+
+
+@pytest.fixture
+def cutter(redis_url: str) -> Iterator[ReplyCutter]:
+    proxy = ReplyCutter(redis_url)
+    yield proxy
+    proxy.close()
+
+
+def with_retries(url: str, retries: int) -> redis.Redis:
+    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), retries))
+
+
+def test_a_reply_lost_mid_call_is_raised_and_the_script_is_not_sent_again(
+    cutter: ReplyCutter, redis_url: str
 ) -> None:
-    client.script_load(ECHO.source)
-    read = redis.connection.AbstractConnection.read_response
+    key = f"lean-cut-{uuid.uuid4().hex}"
+    with connect(cutter.url) as client, redis.Redis.from_url(redis_url) as direct:
+        assert COUNTS(client, [key], []) == 1  # loaded; the pool holds one connection
+        cutter.armed.set()
+        with pytest.raises(redis.ConnectionError):
+            COUNTS(client, [key], [])
+        assert cutter.cuts == 1
+        assert int(direct.get(key) or 0) == 2, "ran once for the lost reply, never resent"
+        assert in_use(client.connection_pool) == 0
+        assert COUNTS(client, [key], []) == 3, "the pool serves a new connection"
+        direct.delete(key)
+
+
+def test_a_reply_lost_mid_call_is_sent_again_when_the_clients_policy_retries(
+    cutter: ReplyCutter, redis_url: str
+) -> None:
+    key = f"lean-cut-{uuid.uuid4().hex}"
+    with with_retries(cutter.url, 1) as client, redis.Redis.from_url(redis_url) as direct:
+        assert COUNTS(client, [key], []) == 1
+        cutter.armed.set()
+        assert COUNTS(client, [key], []) == 3, "redis-py's own retry resent it, as it would"
+        assert cutter.cuts == 1
+        assert in_use(client.connection_pool) == 0
+        direct.delete(key)
+
+
+def test_the_lean_path_and_redis_pys_agree_on_a_lost_reply(
+    cutter: ReplyCutter, redis_url: str
+) -> None:
+    """The comparison the rule comes from: redis-py with no retries raises as well."""
+    key = f"lean-cut-{uuid.uuid4().hex}"
+    with connect(cutter.url) as client, redis.Redis.from_url(redis_url) as direct:
+        client.script_load(COUNTS.source)
+        cutter.armed.set()
+        with pytest.raises(redis.ConnectionError):
+            client.evalsha(COUNTS.sha, 1, key)
+        assert int(direct.get(key) or 0) == 1
+        direct.delete(key)
+
+
+def test_a_connection_lost_while_sending_is_dropped_and_the_call_runs_once_on_redis_pys_path(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    key = f"lean-send-{uuid.uuid4().hex}"
+    client.script_load(COUNTS.source)
+    send = redis.connection.AbstractConnection.send_packed_command
     lost: list[Any] = []
 
-    def read_once_lost(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def send_once_lost(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not lost:
             lost.append((self, self._sock))
-            raise redis.ConnectionError("Connection closed by server.")
-        return read(self, *args, **kwargs)
+            raise redis.ConnectionError("Error 32 while writing to socket. Broken pipe.")
+        return send(self, *args, **kwargs)
 
-    monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", read_once_lost)
-    assert ECHO(client, ["k"], ["a", 7])[2] == 7
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send_once_lost)
+    assert COUNTS(client, [key], []) == 1, "not sent the first time, run once the second"
     connection, broken = lost[0]
     assert connection._sock is not broken, "the broken socket was dropped, not reused"
     assert in_use(client.connection_pool) == 0
+    client.delete(key)
