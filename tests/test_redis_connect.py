@@ -4,11 +4,11 @@ lost reply raised as redis-py raises it (never resent behind the caller's back).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
