@@ -81,12 +81,17 @@ class ScriptedModel:
         function: ModelFunction | None = None,
         latency_ms: int = 0,
         jitter_ms: int = 0,
+        keep: int | None = None,
     ) -> None:
         """Answer from `responses` in order, or from `function(messages, tools)`.
 
         Each answer takes `latency_ms` plus up to `jitter_ms` more (uniformly random), as
-        real models vary.
+        real models vary. `requests` and `tools_seen` keep the last `keep` calls (all of
+        them by default, for a test's assertions; none for a model loaded from a file,
+        which a long-lived worker may ask millions of times).
         """
+        if keep is not None and keep < 0:
+            raise ValueError(f"keep must be None or at least 0, not {keep}")
         self._queue: deque[LLMResponse] = deque(
             text(r) if isinstance(r, str) else r for r in responses
         )
@@ -94,6 +99,7 @@ class ScriptedModel:
         self._latency_ms = latency_ms
         self._jitter_ms = jitter_ms
         self._lock = threading.Lock()
+        self._keep = keep
         self.requests: list[list[dict[str, Any]]] = []
         """Every conversation this model was sent, for assertions."""
         self.tools_seen: list[list[dict[str, Any]]] = []
@@ -119,7 +125,10 @@ class ScriptedModel:
             raise ConfigError(f"scripted model {str(path)!r}: invalid YAML{where}") from None
         script = Script.parse(data, str(path))
         return cls(
-            function=script.respond, latency_ms=script.latency_ms, jitter_ms=script.jitter_ms
+            function=script.respond,
+            latency_ms=script.latency_ms,
+            jitter_ms=script.jitter_ms,
+            keep=0,
         )
 
     def complete(
@@ -132,12 +141,19 @@ class ScriptedModel:
     ) -> LLMResponse:
         """Return the next scripted response."""
         with self._lock:
-            self.requests.append([dict(m) for m in messages])
-            self.tools_seen.append([dict(t) for t in tools])
+            self._record(messages, tools)
             response = self._next(messages, tools)
         if self._latency_ms or self._jitter_ms:
             time.sleep((self._latency_ms + random.random() * self._jitter_ms) / 1000)
         return response
+
+    def _record(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        if self._keep == 0:
+            return
+        self.requests.append([dict(m) for m in messages])
+        self.tools_seen.append([dict(t) for t in tools])
+        if self._keep is not None and len(self.requests) > self._keep:
+            del self.requests[0], self.tools_seen[0]
 
     def _next(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         if self._function is not None:

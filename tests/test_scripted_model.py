@@ -1,0 +1,56 @@
+"""`ScriptedModel`'s record of what it was asked: all of it for a test, none in a worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.llm.base import LLMResponse
+from fleet.testing import ScriptedModel, text
+
+SCRIPT = "scripts:\n  - match: '.*'\n    steps:\n      - content: 'turn {turn} of {task}'\n"
+TOOLS = [{"type": "function", "function": {"name": "list_dir", "parameters": {}}}]
+
+
+def ask(model: ScriptedModel, task: str) -> LLMResponse:
+    return model.complete(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": task}], TOOLS
+    )
+
+
+def echo(messages: list[dict[str, Any]], _: list[dict[str, Any]]) -> LLMResponse:
+    return text(str(messages[-1]["content"]))
+
+
+def test_a_model_loaded_from_a_file_answers_without_keeping_what_it_was_asked(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "script.yaml"
+    path.write_text(SCRIPT)
+    model = ScriptedModel.from_file(path)
+    answers = {ask(model, f"task {i}").content for i in range(1000)}
+    assert answers == {f"turn 0 of task {i}" for i in range(1000)}
+    assert model.requests == [] and model.tools_seen == []
+
+
+def test_a_test_model_keeps_every_request_and_tool_list() -> None:
+    model = ScriptedModel(function=echo)
+    for i in range(300):
+        ask(model, f"task {i}")
+    assert [r[-1]["content"] for r in model.requests] == [f"task {i}" for i in range(300)]
+    assert len(model.tools_seen) == 300 and model.tools_seen[0] == TOOLS
+
+
+def test_keep_holds_only_the_last_calls_in_order() -> None:
+    model = ScriptedModel(function=echo, keep=2)
+    for i in range(5):
+        ask(model, f"task {i}")
+    assert [r[-1]["content"] for r in model.requests] == ["task 3", "task 4"]
+    assert len(model.tools_seen) == 2
+
+
+def test_a_negative_keep_is_refused() -> None:
+    with pytest.raises(ValueError, match="keep must be None or at least 0, not -1"):
+        ScriptedModel(function=echo, keep=-1)
