@@ -46,14 +46,15 @@ class Lua:
     On a plain `redis.Redis` client (`_lean`) the EVALSHA goes straight to a connection of
     the client's pool: redis-py's per-command wrappers (its retry closure, the deprecation
     check around `get_connection`, the observability records) cost more than sending the
-    command, ~35 of ~105 us of CPU per call here. A connection lost there is dropped, and
-    what follows is what redis-py would do, never more:
-    - lost while *sending*, the script did not run: it is sent again on redis-py's own path;
+    command, ~35 of ~105 us of CPU per call here. Only a connection whose `Retry` retries
+    nothing (the store's clients, `connect`, and kombu's) is used so; one lost there is
+    dropped and:
+    - lost while *sending*, the script did not run: it is sent once more on redis-py's own
+      path (where redis-py would have raised; harmless, as nothing ran);
     - lost while *reading the reply*, it may have run (an `APPLY` twice appends a turn
-      twice): the error is raised, unless the connection's own retry policy retries such
-      errors, in which case the call goes to redis-py's path, which resends it as redis-py
-      would. The store's clients (`connect`) and kombu's retry nothing.
-    Any other client (a pipeline, a single-connection client, fakeredis, a subclass) takes
+      twice): the error is raised, as redis-py raises it.
+    Any other client (one whose policy retries, so that redis-py decides what is resent and
+    how often; a pipeline, a single-connection client, fakeredis, a subclass) takes
     redis-py's path from the start.
     A restarted or flushed Redis answers NOSCRIPT: the script is loaded and run once more.
     """
@@ -77,12 +78,10 @@ class Lua:
         pool = client.connection_pool
         connection = _take(pool)
         try:
-            if _sent(connection, ("EVALSHA", self.sha, len(keys), *keys, *args)):
-                return connection.read_response()
-        except LOST as error:  # the reply was lost: the script may have run
-            connection.disconnect()
-            if not _retried(connection, error):
-                raise
+            if connection.retry.get_retries() == 0 and _sent(
+                connection, ("EVALSHA", self.sha, len(keys), *keys, *args)
+            ):
+                return connection.read_response()  # a lost reply raises: it may have run
         finally:
             pool.release(connection)
         return client.evalsha(self.sha, len(keys), *keys, *args)
@@ -100,12 +99,6 @@ def _sent(connection: Any, command: tuple[Any, ...]) -> bool:
         connection.disconnect()
         return False
     return True
-
-
-def _retried(connection: Any, error: Exception) -> bool:
-    """Whether redis-py would send a command again after `error` on `connection`."""
-    retry = connection.retry
-    return bool(retry.get_retries() != 0 and isinstance(error, retry._supported_errors))
 
 
 def _take(pool: redis.ConnectionPool) -> Any:

@@ -101,9 +101,9 @@ class ScriptedModel:
         self._lock = threading.Lock()
         self._keep = keep
         self.requests: list[list[dict[str, Any]]] = []
-        """Every conversation this model was sent, for assertions."""
+        """The conversations this model was sent (the last `keep`), for assertions."""
         self.tools_seen: list[list[dict[str, Any]]] = []
-        """The tool schemas offered with each request."""
+        """The tool schemas offered with each of those requests."""
 
     @classmethod
     def from_file(cls, path: Path) -> ScriptedModel:

@@ -4,9 +4,9 @@ lost reply raised as redis-py raises it (never resent behind the caller's back).
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -100,10 +100,11 @@ COUNTS = Lua("return redis.call('INCR', KEYS[1])")
 
 
 class ReplyCutter:
-    """A TCP proxy in front of Redis that can lose the reply to the next EVALSHA.
+    """A TCP proxy in front of Redis that can lose the replies to the next EVALSHAs.
 
-    The command reaches Redis and runs; then both sides of that connection are closed
-    before the reply is relayed, as when a connection drops mid-call.
+    `cut(n)`: each of the next `n` EVALSHAs reaches Redis and runs; its reply is read and
+    dropped, and both sides of that connection are closed, as when a connection drops
+    mid-call.
     """
 
     def __init__(self, redis_url: str) -> None:
@@ -111,13 +112,19 @@ class ReplyCutter:
         self.target = (target.hostname or "127.0.0.1", target.port or 6379)
         self.db = target.path
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.armed = threading.Event()
+        self.lock = threading.Lock()
+        self.to_cut = 0
         self.cuts = 0
+        self.ends: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.listener.getsockname()[1]}{self.db}"
+
+    def cut(self, n: int = 1) -> None:
+        with self.lock:
+            self.to_cut = n
 
     def _accept(self) -> None:
         while True:
@@ -126,35 +133,68 @@ class ReplyCutter:
             except OSError:
                 return
             far = socket.create_connection(self.target)
+            with self.lock:
+                self.ends += [near, far]
+            dropped = threading.Event()
             muted = threading.Event()
-            threading.Thread(target=self._replies, args=(far, near, muted), daemon=True).start()
-            threading.Thread(target=self._commands, args=(near, far, muted), daemon=True).start()
+            threading.Thread(
+                target=self._replies, args=(far, near, muted, dropped), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._commands, args=(near, far, muted, dropped), daemon=True
+            ).start()
 
-    def _commands(self, near: socket.socket, far: socket.socket, muted: threading.Event) -> None:
-        while chunk := _recv(near):
-            if b"EVALSHA" in chunk and self.armed.is_set():
-                self.armed.clear()
-                muted.set()
-            far.sendall(chunk)
-            if muted.is_set():
-                time.sleep(0.2)  # Redis runs it; its reply is read and dropped
-                self.cuts += 1
-                for end in (near, far):
-                    end.shutdown(socket.SHUT_RDWR)
-                    end.close()
-                return
+    def _commands(
+        self,
+        near: socket.socket,
+        far: socket.socket,
+        muted: threading.Event,
+        dropped: threading.Event,
+    ) -> None:
+        try:
+            while chunk := _recv(near):
+                with self.lock:
+                    if b"EVALSHA" in chunk and self.to_cut:
+                        self.to_cut -= 1
+                        muted.set()
+                far.sendall(chunk)
+                if muted.is_set():
+                    assert dropped.wait(10), "Redis ran the script and answered"
+                    with self.lock:
+                        self.cuts += 1
+                    return
+        finally:
+            _close(near, far)
 
-    def _replies(self, far: socket.socket, near: socket.socket, muted: threading.Event) -> None:
-        while chunk := _recv(far):
-            if muted.is_set():
-                continue
-            try:
+    def _replies(
+        self,
+        far: socket.socket,
+        near: socket.socket,
+        muted: threading.Event,
+        dropped: threading.Event,
+    ) -> None:
+        try:
+            while chunk := _recv(far):
+                if muted.is_set():
+                    dropped.set()
+                    continue
                 near.sendall(chunk)
-            except OSError:
-                return
+        except OSError:
+            pass
+        finally:
+            _close(near, far)
 
     def close(self) -> None:
-        self.listener.close()
+        _close(self.listener)  # shut down first: a bare close leaves accept() waiting
+        with self.lock:
+            _close(*self.ends)
+
+
+def _close(*ends: socket.socket) -> None:
+    for end in ends:
+        with contextlib.suppress(OSError):
+            end.shutdown(socket.SHUT_RDWR)
+        end.close()
 
 
 def _recv(end: socket.socket) -> bytes:
@@ -172,6 +212,7 @@ def cutter(redis_url: str) -> Iterator[ReplyCutter]:
 
 
 def with_retries(url: str, retries: int) -> redis.Redis:
+    """A client that retries lost connections, as `redis.Redis(host=...)` does by default."""
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), retries))
 
 
@@ -181,7 +222,7 @@ def test_a_reply_lost_mid_call_is_raised_and_the_script_is_not_sent_again(
     key = f"lean-cut-{uuid.uuid4().hex}"
     with connect(cutter.url) as client, redis.Redis.from_url(redis_url) as direct:
         assert COUNTS(client, [key], []) == 1  # loaded; the pool holds one connection
-        cutter.armed.set()
+        cutter.cut()
         with pytest.raises(redis.ConnectionError):
             COUNTS(client, [key], [])
         assert cutter.cuts == 1
@@ -197,9 +238,25 @@ def test_a_reply_lost_mid_call_is_sent_again_when_the_clients_policy_retries(
     key = f"lean-cut-{uuid.uuid4().hex}"
     with with_retries(cutter.url, 1) as client, redis.Redis.from_url(redis_url) as direct:
         assert COUNTS(client, [key], []) == 1
-        cutter.armed.set()
+        cutter.cut()
         assert COUNTS(client, [key], []) == 3, "redis-py's own retry resent it, as it would"
         assert cutter.cuts == 1
+        assert in_use(client.connection_pool) == 0
+        direct.delete(key)
+
+
+def test_a_client_whose_policy_retries_runs_the_script_as_often_as_redis_py_would(
+    cutter: ReplyCutter, redis_url: str
+) -> None:
+    """One try and one retry: twice, every reply lost; never a try of the lean path's own."""
+    key = f"lean-cut-{uuid.uuid4().hex}"
+    with with_retries(cutter.url, 1) as client, redis.Redis.from_url(redis_url) as direct:
+        client.script_load(COUNTS.source)
+        cutter.cut(5)
+        with pytest.raises(redis.ConnectionError):
+            COUNTS(client, [key], [])
+        assert int(direct.get(key) or 0) == 2
+        assert cutter.cuts == 2
         assert in_use(client.connection_pool) == 0
         direct.delete(key)
 
@@ -211,7 +268,7 @@ def test_the_lean_path_and_redis_pys_agree_on_a_lost_reply(
     key = f"lean-cut-{uuid.uuid4().hex}"
     with connect(cutter.url) as client, redis.Redis.from_url(redis_url) as direct:
         client.script_load(COUNTS.source)
-        cutter.armed.set()
+        cutter.cut()
         with pytest.raises(redis.ConnectionError):
             client.evalsha(COUNTS.sha, 1, key)
         assert int(direct.get(key) or 0) == 1
