@@ -254,15 +254,22 @@ def put_collaborator(
     *,
     quiet: bool = False,
 ) -> None:
-    """The one write of a collaborator entry, with its event, atomic per child."""
+    """The one write of a collaborator entry, with its event, atomic per child.
+
+    `quiet`: no event (a child's `finish` event stands for it), and none is built.
+    """
+    if quiet:
+        if write is not None:
+            write.put_collaborator(parent_trace_id, entry, None)
+        else:
+            store.put_collaborator(parent_trace_id, entry)
+        return
     data = {"parent_trace_id": parent_trace_id, "name": entry.name, "mode": child.mode}
     event = Event(
         kind="collaborator", trace_id=child.trace_id, status=shown, data=data | (extra or {})
     )
     if write is not None:
-        write.put_collaborator(parent_trace_id, entry, None if quiet else event)
-    elif quiet:
-        store.put_collaborator(parent_trace_id, entry)
+        write.put_collaborator(parent_trace_id, entry, event)
     else:
         store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
 
