@@ -211,74 +211,87 @@ def cutter(redis_url: str) -> Iterator[ReplyCutter]:
     proxy.close()
 
 
+class Runs:
+    """How many times `COUNTS` ran on one key, read past the proxy."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.key = f"lean-{uuid.uuid4().hex}"
+        self.direct = redis.Redis.from_url(redis_url)
+
+    def __call__(self) -> int:
+        return int(self.direct.get(self.key) or 0)
+
+
+@pytest.fixture
+def runs(redis_url: str) -> Iterator[Runs]:
+    counted = Runs(redis_url)
+    yield counted
+    counted.direct.delete(counted.key)
+    counted.direct.close()
+
+
 def with_retries(url: str, retries: int) -> redis.Redis:
     """A client that retries lost connections, as `redis.Redis(host=...)` does by default."""
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), retries))
 
 
 def test_a_reply_lost_mid_call_is_raised_and_the_script_is_not_sent_again(
-    cutter: ReplyCutter, redis_url: str
+    cutter: ReplyCutter, runs: Runs
 ) -> None:
-    key = f"lean-cut-{uuid.uuid4().hex}"
-    with connect(cutter.url) as client, redis.Redis.from_url(redis_url) as direct:
+    key = runs.key
+    with connect(cutter.url) as client:
         assert COUNTS(client, [key], []) == 1  # loaded; the pool holds one connection
         cutter.cut()
         with pytest.raises(redis.ConnectionError):
             COUNTS(client, [key], [])
         assert cutter.cuts == 1
-        assert int(direct.get(key) or 0) == 2, "ran once for the lost reply, never resent"
+        assert runs() == 2, "ran once for the lost reply, never resent"
         assert in_use(client.connection_pool) == 0
         assert COUNTS(client, [key], []) == 3, "the pool serves a new connection"
-        direct.delete(key)
 
 
 def test_a_reply_lost_mid_call_is_sent_again_when_the_clients_policy_retries(
-    cutter: ReplyCutter, redis_url: str
+    cutter: ReplyCutter, runs: Runs
 ) -> None:
-    key = f"lean-cut-{uuid.uuid4().hex}"
-    with with_retries(cutter.url, 1) as client, redis.Redis.from_url(redis_url) as direct:
+    key = runs.key
+    with with_retries(cutter.url, 1) as client:
         assert COUNTS(client, [key], []) == 1
         cutter.cut()
         assert COUNTS(client, [key], []) == 3, "redis-py's own retry resent it, as it would"
         assert cutter.cuts == 1
         assert in_use(client.connection_pool) == 0
-        direct.delete(key)
 
 
 def test_a_client_whose_policy_retries_runs_the_script_as_often_as_redis_py_would(
-    cutter: ReplyCutter, redis_url: str
+    cutter: ReplyCutter, runs: Runs
 ) -> None:
     """One try and one retry: twice, every reply lost; never a try of the lean path's own."""
-    key = f"lean-cut-{uuid.uuid4().hex}"
-    with with_retries(cutter.url, 1) as client, redis.Redis.from_url(redis_url) as direct:
+    key = runs.key
+    with with_retries(cutter.url, 1) as client:
         client.script_load(COUNTS.source)
         cutter.cut(5)
         with pytest.raises(redis.ConnectionError):
             COUNTS(client, [key], [])
-        assert int(direct.get(key) or 0) == 2
+        assert runs() == 2
         assert cutter.cuts == 2
         assert in_use(client.connection_pool) == 0
-        direct.delete(key)
 
 
-def test_the_lean_path_and_redis_pys_agree_on_a_lost_reply(
-    cutter: ReplyCutter, redis_url: str
-) -> None:
+def test_the_lean_path_and_redis_pys_agree_on_a_lost_reply(cutter: ReplyCutter, runs: Runs) -> None:
     """The comparison the rule comes from: redis-py with no retries raises as well."""
-    key = f"lean-cut-{uuid.uuid4().hex}"
-    with connect(cutter.url) as client, redis.Redis.from_url(redis_url) as direct:
+    key = runs.key
+    with connect(cutter.url) as client:
         client.script_load(COUNTS.source)
         cutter.cut()
         with pytest.raises(redis.ConnectionError):
             client.evalsha(COUNTS.sha, 1, key)
-        assert int(direct.get(key) or 0) == 1
-        direct.delete(key)
+        assert runs() == 1
 
 
 def test_a_connection_lost_while_sending_is_dropped_and_the_call_runs_once_on_redis_pys_path(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch, redis_url: str
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch, runs: Runs
 ) -> None:
-    key = f"lean-send-{uuid.uuid4().hex}"
+    key = runs.key
     client.script_load(COUNTS.source)
     send = redis.connection.AbstractConnection.send_packed_command
     lost: list[Any] = []
@@ -294,4 +307,4 @@ def test_a_connection_lost_while_sending_is_dropped_and_the_call_runs_once_on_re
     connection, broken = lost[0]
     assert connection._sock is not broken, "the broken socket was dropped, not reused"
     assert in_use(client.connection_pool) == 0
-    client.delete(key)
+    assert runs() == 1
