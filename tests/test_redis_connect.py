@@ -9,6 +9,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -99,6 +100,18 @@ def test_a_pipeline_queues_the_call_as_redis_py_does(client: redis.Redis) -> Non
 COUNTS = Lua("return redis.call('INCR', KEYS[1])")
 
 
+@dataclass
+class Link:
+    """One proxied connection: the client's side, Redis's side, and whether it is cut."""
+
+    near: socket.socket
+    far: socket.socket
+    muted: threading.Event = field(default_factory=threading.Event)
+    """The next reply is to be dropped."""
+    dropped: threading.Event = field(default_factory=threading.Event)
+    """It was: Redis ran the command and answered."""
+
+
 class ReplyCutter:
     """A TCP proxy in front of Redis that can lose the replies to the next EVALSHAs.
 
@@ -135,54 +148,37 @@ class ReplyCutter:
             far = socket.create_connection(self.target)
             with self.lock:
                 self.ends += [near, far]
-            dropped = threading.Event()
-            muted = threading.Event()
-            threading.Thread(
-                target=self._replies, args=(far, near, muted, dropped), daemon=True
-            ).start()
-            threading.Thread(
-                target=self._commands, args=(near, far, muted, dropped), daemon=True
-            ).start()
+            link = Link(near, far)
+            threading.Thread(target=self._replies, args=(link,), daemon=True).start()
+            threading.Thread(target=self._commands, args=(link,), daemon=True).start()
 
-    def _commands(
-        self,
-        near: socket.socket,
-        far: socket.socket,
-        muted: threading.Event,
-        dropped: threading.Event,
-    ) -> None:
+    def _commands(self, link: Link) -> None:
         try:
-            while chunk := _recv(near):
+            while chunk := _recv(link.near):
                 with self.lock:
                     if b"EVALSHA" in chunk and self.to_cut:
                         self.to_cut -= 1
-                        muted.set()
-                far.sendall(chunk)
-                if muted.is_set():
-                    assert dropped.wait(10), "Redis ran the script and answered"
+                        link.muted.set()
+                link.far.sendall(chunk)
+                if link.muted.is_set():
+                    assert link.dropped.wait(10), "Redis ran the script and answered"
                     with self.lock:
                         self.cuts += 1
                     return
         finally:
-            _close(near, far)
+            _close(link.near, link.far)
 
-    def _replies(
-        self,
-        far: socket.socket,
-        near: socket.socket,
-        muted: threading.Event,
-        dropped: threading.Event,
-    ) -> None:
+    def _replies(self, link: Link) -> None:
         try:
-            while chunk := _recv(far):
-                if muted.is_set():
-                    dropped.set()
+            while chunk := _recv(link.far):
+                if link.muted.is_set():
+                    link.dropped.set()
                     continue
-                near.sendall(chunk)
+                link.near.sendall(chunk)
         except OSError:
             pass
         finally:
-            _close(near, far)
+            _close(link.near, link.far)
 
     def close(self) -> None:
         _close(self.listener)  # shut down first: a bare close leaves accept() waiting
