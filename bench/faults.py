@@ -49,9 +49,9 @@ from bench.fault_rig import (
 from fleet.client import Fleet
 from fleet.errors import FleetError
 from fleet.models import Trace
-from fleet.redis_store import RedisStore
 from fleet.settings import Settings
-from fleet.store import TraceStore
+from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
 
 BRANCHES, TURNS, LATENCY_MS = 8, 3, 700
 RUN_TIMEOUT_S = 120.0
@@ -445,8 +445,8 @@ def _down_for_good(the_rig: Rig) -> tuple[TreeCheck | None, float]:
 ORPHAN_SPAWNER = """
 import os, sys
 from pathlib import Path
-from fleet.redis_store import RedisStore
-from fleet.runner import Runner
+from fleet.storage.redis_store import RedisStore
+from fleet.loop.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 
@@ -464,7 +464,7 @@ Runner(runtime).run(trace_id)
 
 def orphaned_spawn(options: Options) -> Row:
     """The process running the root dies between creating the branches and sending them."""
-    from fleet.roots import TaskSpec, create_root
+    from fleet.conversation.roots import TaskSpec, create_root
 
     row = Row("spawner dies before the chord")
     with rig() as (the_rig, _):

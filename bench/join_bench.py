@@ -6,7 +6,7 @@ In one process, on a real Redis (a private redis-server), the workers' app's bac
 handed every header part of one chord of `--parts` the way Celery's tracer hands it a
 succeeded task (`mark_as_done` with the task's request): for a plain chord (the result
 stored, Celery's Redis join with its size key) and for a fleet chord (`ignore_result`, the
-body `fleet.collect` with `chord_size`: `workers.join`). Each ends by sending its body to
+body `fleet.children.collect` with `chord_size`: `workers.join`). Each ends by sending its body to
 the broker. Per part: Redis commands (INFO commandstats delta, commands inside Lua scripts
 count), round trips (redis-py `send_packed_command` calls) and this process's CPU
 (`time.process_time`), medians over `--rounds` rounds that alternate the two.
@@ -31,7 +31,7 @@ from redis.connection import Connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet.redis_server import start_redis_server  # noqa: E402
+from fleet.storage.redis_server import start_redis_server  # noqa: E402
 from workers import join  # noqa: E402
 from workers.app import app  # noqa: E402
 

@@ -26,14 +26,14 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet.hooks import NO_HOOKS, Hooks  # noqa: E402
+from fleet.conversation.roots import TaskSpec, create_root  # noqa: E402
 from fleet.inprocess import InProcessDispatcher  # noqa: E402
-from fleet.memory_store import MemoryStore  # noqa: E402
-from fleet.otel_spans import OtelHooks  # noqa: E402
-from fleet.roots import TaskSpec, create_root  # noqa: E402
-from fleet.runner import Runner  # noqa: E402
+from fleet.loop.runner import Runner  # noqa: E402
+from fleet.observe.hooks import NO_HOOKS, Hooks  # noqa: E402
+from fleet.observe.otel_spans import OtelHooks  # noqa: E402
 from fleet.runtime import Runtime  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
+from fleet.storage.memory_store import MemoryStore  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from celery import chord
 
-from fleet.context import BASE_PROMPT
+from fleet.loop.context import BASE_PROMPT
 from fleet.presets import BUILTIN_PRESETS
 from fleet.tools.registry import default_registry
 from workers.app import QUEUE_BY_MODE, app

@@ -19,7 +19,7 @@ from celery.result import AsyncResult
 from bench import peer_tasks, sleep_tasks
 from bench.harness import Meter, Usage, quiesce
 from fleet.client import Fleet
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 from workers.app import app
 
 

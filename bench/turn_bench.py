@@ -34,9 +34,9 @@ PHASES = ("spawn", "branch", "collect")
 
 def one_explore(runtime: Any, recorder: Any, model: str) -> dict[str, float]:
     """CPU ms per branch of each phase of one explore."""
-    from fleet import settling
-    from fleet.roots import TaskSpec, create_root
-    from fleet.runner import Runner
+    from fleet.children import settling
+    from fleet.conversation.roots import TaskSpec, create_root
+    from fleet.loop.runner import Runner
 
     root = create_root(runtime, TaskSpec("survey", model))
     runner = Runner(runtime)
@@ -61,10 +61,10 @@ def one_explore(runtime: Any, recorder: Any, model: str) -> dict[str, float]:
 
 def measure(branches: int, rounds: int, profile: Path | None = None) -> list[dict[str, float]]:
     """`rounds` explores of `branches` branches after a warm-up; CPU ms per branch each."""
-    from fleet.redis_server import start_redis_server
-    from fleet.redis_store import RedisStore
     from fleet.runtime import Runtime
     from fleet.settings import Settings
+    from fleet.storage.redis_server import start_redis_server
+    from fleet.storage.redis_store import RedisStore
     from tests.fleetkit import RecordingDispatcher, explore_script
 
     rows: list[dict[str, float]] = []

@@ -9,22 +9,23 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleet import human, lifecycle
-from fleet.batch import BatchEntry, BatchOptions, BatchResult, run_batch
-from fleet.batch_file import check_entries, entries_from
-from fleet.budget import Budget
-from fleet.conversation import continue_trace, stamp, turn_of
+from fleet import lifecycle
+from fleet.batch.file import check_entries, entries_from
+from fleet.batch.run import BatchEntry, BatchOptions, BatchResult, run_batch
+from fleet.conversation import human
+from fleet.conversation.continuation import continue_trace, stamp, turn_of
+from fleet.conversation.human import waiting_traces
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable, ConfigError, FleetError
-from fleet.human import waiting_traces
 from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
+from fleet.limits.budget import Budget
+from fleet.limits.trees import Priority
 from fleet.models import Event, Mode, Trace
-from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
-from fleet.store import TraceStore
-from fleet.trees import Priority
-from fleet.watchdog import QueueWatch
+from fleet.storage.store import TraceStore
+from fleet.storage.watchdog import QueueWatch
 
 OUTAGE_RETRY_S = 1.0
 """How often `Fleet.events` tries again while Redis cannot be reached."""
@@ -38,7 +39,7 @@ class Backend(Protocol):
         ...
 
     def revoke(self, stamps: list[str]) -> None:
-        """Drop queued tasks stamped with these values (`fleet.conversation.stamp`).
+        """Drop queued tasks stamped with these values (`fleet.conversation.continuation.stamp`).
 
         Best effort; the stop flag is the guarantee.
         """
@@ -95,7 +96,7 @@ class Fleet:
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> Fleet:
         """Connect to FLEET_REDIS_URL / FLEET_BROKER_URL; `ConfigError` if Redis is down."""
-        from fleet.redis_store import RedisStore
+        from fleet.storage.redis_store import RedisStore
 
         settings = settings or process_settings()
         store = RedisStore.from_url(settings.redis_url)
@@ -125,7 +126,8 @@ class Fleet:
             workspace: Workspace root (must lie under FLEET_WORKSPACE_ROOTS).
             metadata: Free-form data kept on the trace.
             mode: `main` (may spawn sub-agents), or a single `delegate`/`explore`/`evaluate`.
-            budget: What the whole tree may spend (`fleet.budget.Budget`); see docs/limits.md.
+            budget: What the whole tree may spend (`fleet.limits.budget.Budget`); see
+                docs/limits.md.
             max_concurrent: Children of the tree running at once.
             priority: `batch` trees are served after `interactive` ones.
         """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleet.models import now_ms
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 
 
 def subtree(store: TraceStore, trace_id: str) -> list[str]:

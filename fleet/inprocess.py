@@ -10,17 +10,18 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fleet import human, settling
-from fleet.conversation import continue_trace
+from fleet.children import settling
+from fleet.conversation import human
+from fleet.conversation.continuation import continue_trace
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.llm.base import LLMClient
-from fleet.memory_store import MemoryStore
+from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Trace
-from fleet.otel import make_hooks
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner, run_to_end
+from fleet.observe.otel import make_hooks
 from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
-from fleet.store import TraceStore
+from fleet.storage.memory_store import MemoryStore
+from fleet.storage.store import TraceStore
 
 
 class InProcessDispatcher:
@@ -107,7 +108,7 @@ class InProcessFleet:
 
 
 def _redis_store(url: str) -> TraceStore:
-    from fleet.redis_store import RedisStore
+    from fleet.storage.redis_store import RedisStore
 
     store = RedisStore.from_url(url)
     store.ping()

@@ -6,7 +6,7 @@ yielded run goes back to `queued`, a reopened child (`continue_from`) from termi
 collaborator entries, so a new transition (a budget stop, a wait on a person) is added
 here, once, for the runner, both dispatchers and the Celery tasks alike.
 
-Settling a tool call from its children (`fleet.settling`) writes the entries through
+Settling a tool call from its children (`fleet.children.settling`) writes the entries through
 `put_collaborator` here.
 """
 
@@ -27,8 +27,8 @@ from fleet.models import (
     now_ms,
 )
 from fleet.runtime import Runtime
-from fleet.store import StartRun, TraceStore
-from fleet.writes import TraceWrite
+from fleet.storage.store import StartRun, TraceStore
+from fleet.storage.writes import TraceWrite
 
 # -- the trace's own status -------------------------------------------------------------
 
@@ -97,7 +97,7 @@ def finish(
 ) -> Trace:
     """A terminal status with its `stop_reason`; the parent's entry and the events follow.
 
-    `output`: the answer's validated object (`fleet.structured`), for the trace and the
+    `output`: the answer's validated object (`fleet.loop.structured`), for the trace and the
     parent's collaborator entry.
 
     `trace`: the trace as it is now, when the caller holds it (a runner does); else it is

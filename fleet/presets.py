@@ -33,10 +33,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from pydantic_core import ErrorDetails
 
-from fleet import trust, yamlsafe
-from fleet.budget import Budget, BudgetIn
 from fleet.errors import ConfigError
-from fleet.structured import check_schema
+from fleet.limits.budget import Budget, BudgetIn
+from fleet.loop.structured import check_schema
+from fleet.security import trust, yamlsafe
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
@@ -81,7 +81,7 @@ class AgentPreset:
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
     output_schema: Mapping[str, Any] | None = field(default=None, hash=False)
-    """JSON Schema the final answer must meet (`fleet.structured`); None: free text."""
+    """JSON Schema the final answer must meet (`fleet.loop.structured`); None: free text."""
     """Arguments of the `agent` call whose values make up the cache key."""
     budget: Budget | None = None
     """Default budget of a tree whose root runs this preset (the submitter's wins)."""

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
-from fleet.gate import Gate
-from fleet.hooks import NO_HOOKS, Hooks
-from fleet.leases import LeaseKeeper
+from fleet.limits.gate import Gate
+from fleet.limits.trees import Trees
 from fleet.llm.base import LLMClient
 from fleet.llm.config import (
     FleetConfig,
@@ -21,13 +20,14 @@ from fleet.llm.config import (
 )
 from fleet.llm.retry import DEFAULT_RETRY
 from fleet.models import Mode, Trace
+from fleet.observe.hooks import NO_HOOKS, Hooks
 from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
-from fleet.redact import SHAPES_ONLY, Redactor
+from fleet.security.redact import SHAPES_ONLY, Redactor
+from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
-from fleet.store import TraceStore
+from fleet.storage.leases import LeaseKeeper
+from fleet.storage.store import TraceStore
 from fleet.tools.registry import ToolRegistry, default_registry
-from fleet.trees import Trees
-from fleet.trust import check_workspace_root
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Runtime:
     leases: LeaseKeeper | None = None
     """The process's one heartbeat; `build` makes it (it starts with the first lease)."""
     redactor: Redactor = SHAPES_ONLY
-    """Masks this process's secrets in everything a run writes (see fleet.redact)."""
+    """Masks this process's secrets in everything a run writes (see fleet.security.redact)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -201,6 +201,6 @@ class Runtime:
 
 
 def _trees(store: TraceStore) -> Trees | None:
-    from fleet.redis_store import RedisStore
+    from fleet.storage.redis_store import RedisStore
 
     return Trees(store.client) if isinstance(store, RedisStore) else None

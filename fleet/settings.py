@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from fleet import keys, trust
 from fleet.errors import ConfigError
+from fleet.security import trust
+from fleet.storage import keys
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -85,7 +86,7 @@ class Settings:
     summary_chars: int = 400
     """How much of a child's answer goes into its collaborator summary."""
     workspace_roots: tuple[Path, ...] = ()
-    """FLEET_WORKSPACE_ROOTS: every workspace must lie under one (see `fleet.trust`).
+    """FLEET_WORKSPACE_ROOTS: every workspace must lie under one (see `fleet.security.trust`).
     Left empty, the only root is `workspace` itself."""
     allow_scripted: bool = False
     """FLEET_ALLOW_SCRIPTED=1: `scripted:FILE` models may load (tests, demos)."""
@@ -103,7 +104,7 @@ class Settings:
     """FLEET_HUMAN_TIMEOUT_S: how long an `ask_human` question waits before the agent goes on."""
     otel_tracing: bool = False
     """OpenTelemetry configured the standard way (an OTLP endpoint or OTEL_TRACES_EXPORTER,
-    and not OTEL_SDK_DISABLED): runs, model and tool calls become spans (`fleet.otel`)."""
+    and not OTEL_SDK_DISABLED): runs, model and tool calls become spans (`fleet.observe.otel`)."""
     otel_capture_content: bool = False
     """OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true: spans carry prompts,
     completions and tool arguments/results (off by default: they may be sensitive)."""

@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from fleet import yamlsafe
 from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage
-from fleet.memory_store import MemoryStore
+from fleet.security import yamlsafe
+from fleet.storage.memory_store import MemoryStore
 
 __all__ = ["MemoryStore", "ScriptedModel", "call", "text"]
 

@@ -13,9 +13,9 @@ import redis
 from fleet.errors import ConfigError, RedisUnreachable
 from fleet.llm.config import resolve_model_name, validate_model
 from fleet.presets import load_presets
-from fleet.redis_connect import redact_url
 from fleet.runtime import operator_config
 from fleet.settings import Settings
+from fleet.storage.redis_connect import redact_url
 from workers.app import QUEUES
 
 CONNECT_TIMEOUT_S = 2.0

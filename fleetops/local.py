@@ -24,9 +24,9 @@ from typing import Any
 import redis
 
 from fleet.errors import ConfigError
-from fleet.redis_connect import redact_url
-from fleet.redis_server import start_redis_server
 from fleet.settings import Settings
+from fleet.storage.redis_connect import redact_url
+from fleet.storage.redis_server import start_redis_server
 from fleetops.discovery import (
     PING_TIMEOUT_S,
     STATE_DIR,

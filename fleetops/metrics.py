@@ -20,11 +20,11 @@ from typing import Any, Literal, get_args
 
 import redis
 
-from fleet import keys
-from fleet.keys import CounterName
 from fleet.models import Status, now_ms
-from fleet.redis_connect import connect, redact_url
 from fleet.settings import Settings
+from fleet.storage import keys
+from fleet.storage.keys import CounterName
+from fleet.storage.redis_connect import connect, redact_url
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import redis
 
-from fleet import keys
 from fleet.errors import InvalidTraceId
 from fleet.ids import check_trace_id
+from fleet.storage import keys
 
 MOVE_TRACE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {-1, 0} end

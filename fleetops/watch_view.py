@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from fleet.budget import budget_state
 from fleet.control import subtree
+from fleet.limits.budget import budget_state
 from fleet.models import Event, Trace
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 from fleetops.cli.output import printable
 
 if TYPE_CHECKING:

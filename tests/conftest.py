@@ -13,11 +13,11 @@ import pytest
 import redis
 
 import fleet.llm.base
-from fleet.memory_store import MemoryStore
-from fleet.redis_connect import connect
-from fleet.redis_server import start_redis_server
-from fleet.redis_store import RedisStore
-from fleet.store import TraceStore
+from fleet.storage.memory_store import MemoryStore
+from fleet.storage.redis_connect import connect
+from fleet.storage.redis_server import start_redis_server
+from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
 
 if TYPE_CHECKING:
     from fleet.client import Fleet

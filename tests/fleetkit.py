@@ -12,9 +12,9 @@ from typing import Any
 import yaml
 
 from fleet.client import Fleet
-from fleet.redis_store import RedisStore
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
+from fleet.storage.redis_store import RedisStore
 
 
 def explore_script(

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from fleet.batch import BatchEntry, BatchOptions, ResumeState, run_batch
-from fleet.batch_file import (
+from fleet.batch.file import (
     BatchInputError,
     build_entries,
     check_entries,
@@ -25,20 +24,21 @@ from fleet.batch_file import (
     load_entries,
     with_defaults,
 )
-from fleet.batch_journal import ResultsJournal, sidecar_path
+from fleet.batch.journal import ResultsJournal, sidecar_path
+from fleet.batch.run import BatchEntry, BatchOptions, ResumeState, run_batch
 from fleet.client import Fleet
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessDispatcher
+from fleet.limits.trees import Priority
 from fleet.llm.base import LLMResponse
-from fleet.memory_store import MemoryStore
+from fleet.loop.runner import Runner, run_safely
 from fleet.models import Mode, Trace
-from fleet.redis_store import RedisStore
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner, run_safely
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.storage.memory_store import MemoryStore
+from fleet.storage.redis_store import RedisStore
 from fleet.testing import ScriptedModel, call, text
-from fleet.trees import Priority
 from tests.fleetkit import client, fleet_settings
 
 MODEL = "test-model"

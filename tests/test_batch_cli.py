@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from fleet.batch_journal import sidecar_path
+from fleet.batch.journal import sidecar_path
 from fleet.models import Trace
-from fleet.redis_store import RedisStore
+from fleet.storage.redis_store import RedisStore
 from tests.fleetkit import wait_until
 from tests.procs import read_until_exit, start_worker, wait_for_workers
 

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 import redis
 
-from fleet import keys
-from fleet.budget import Budget, Budgets, Exhausted, Reserved, parse_budget
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
+from fleet.limits.budget import Budget, Budgets, Exhausted, Reserved, parse_budget
 from fleet.llm.base import LLMResponse, ToolCall, Usage
-from fleet.redis_store import RedisStore
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner, run_to_end
+from fleet.loop.runner import Runner, run_to_end
 from fleet.settings import Settings
+from fleet.storage import keys
+from fleet.storage.redis_store import RedisStore
 from fleet.testing import ScriptedModel
 
 ROOT = "root"
@@ -206,7 +206,7 @@ def test_a_budget_smaller_than_one_call_is_refused_before_anything_is_written(
 
 
 def test_a_batch_line_whose_budget_cannot_pay_for_one_call_is_named(tmp_path: Path) -> None:
-    from fleet.batch_file import BatchInputError, build_entries, check_entries
+    from fleet.batch.file import BatchInputError, build_entries, check_entries
 
     local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path), clients={"m": ScriptedModel()}
@@ -220,8 +220,8 @@ def test_a_batch_line_whose_budget_cannot_pay_for_one_call_is_named(tmp_path: Pa
 
 
 def test_a_batch_entry_carries_its_budget() -> None:
-    from fleet.batch import BatchResult
-    from fleet.batch_file import BatchInputError, build_entries
+    from fleet.batch.file import BatchInputError, build_entries
+    from fleet.batch.run import BatchResult
     from fleetops.cli.batch import budget_text
 
     (entry,) = build_entries([(1, {"task": "t", "budget": {"tokens": 500, "usd": 0.5}})], "b")

@@ -20,13 +20,13 @@ from celery._state import _set_task_join_will_block
 from celery.app.task import Context
 from celery.canvas import Signature
 
-from fleet import keys as fleet_keys
-from fleet import outbox
 from fleet.errors import LeaseLost
-from fleet.memory_store import MemoryStore
 from fleet.models import Trace, now_ms
-from fleet.redis_store import RedisStore
-from fleet.writes import TraceWrite
+from fleet.storage import keys as fleet_keys
+from fleet.storage import outbox
+from fleet.storage.memory_store import MemoryStore
+from fleet.storage.redis_store import RedisStore
+from fleet.storage.writes import TraceWrite
 from tests.fleetkit import wait_until
 from workers import join
 from workers.app import app

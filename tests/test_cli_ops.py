@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from fleet.errors import ConfigError
-from fleet.redis_server import free_port
 from fleet.settings import Settings
+from fleet.storage.redis_server import free_port
 from fleetops.cli.ops import flower_env, parse_queues, worker_argv
 from fleetops.discovery import STATE_DIR, UP_FILE, UpState, read_state
 from fleetops.doctor import check_presets

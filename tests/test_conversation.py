@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from fleet.conversation import branches
+from fleet.conversation.continuation import branches
+from fleet.conversation.human import human_id, time_out_waits, waiting_on
 from fleet.errors import ConversationError, TraceNotFound
-from fleet.human import human_id, time_out_waits, waiting_on
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.models import now_ms
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 
 
@@ -146,7 +146,7 @@ def test_ask_human_waits_then_reply_resumes(store: TraceStore, tmp_path: Path) -
 
 
 def test_a_second_reply_is_refused(store: TraceStore, tmp_path: Path) -> None:
-    from fleet import human
+    from fleet.conversation import human
 
     local = local_fleet(store, tmp_path, ScriptedModel(function=asker))
     trace = local.run("paint the shed", model="test")
@@ -224,9 +224,9 @@ def test_a_delegate_cannot_ask_a_person(store: TraceStore, tmp_path: Path) -> No
 
 
 def test_a_batch_records_the_question_and_leaves_the_trace_resumable(tmp_path: Path) -> None:
-    from fleet.batch import BatchEntry, BatchOptions, run_batch
+    from fleet.batch.run import BatchEntry, BatchOptions, run_batch
     from fleet.client import Fleet
-    from fleet.memory_store import MemoryStore
+    from fleet.storage.memory_store import MemoryStore
     from tests.test_batch import ThreadBackend
 
     def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:

@@ -18,10 +18,10 @@ import redis
 import yaml
 from celery import Celery
 
-from fleet import keys
 from fleet.client import Fleet
-from fleet.conversation import branches
-from fleet.human import waiting_on
+from fleet.conversation.continuation import branches
+from fleet.conversation.human import waiting_on
+from fleet.storage import keys
 from fleetops.serve.queries import TraceFilter, list_traces
 from tests.fleetkit import wait_until
 from tests.procs import WorkerProcess, read_until_exit
@@ -314,7 +314,7 @@ def test_fleet_batch_records_the_question_and_the_trace_stays_resumable(
 
 
 def test_a_wall_time_budget_ends_a_wait_on_a_person(fleet: Fleet, tmp_path: Path) -> None:
-    from fleet.budget import Budget
+    from fleet.limits.budget import Budget
 
     handle = fleet.submit("paint the porch", model=ask_script(tmp_path), budget=Budget(wall_s=2))
     wait_until(lambda: bool(fleet.waiting()), TIMEOUT_S, "the question")

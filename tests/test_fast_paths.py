@@ -13,18 +13,19 @@ from typing import Any
 
 import pytest
 
-from fleet import redis_writes, steps
+from fleet.children.subagents import child_ceiling, spawn
 from fleet.goals import GoalTree
 from fleet.inprocess import InProcessDispatcher
 from fleet.llm.base import LLMResponse, ToolCall, Usage
-from fleet.memory_store import MemoryStore
+from fleet.loop import steps
+from fleet.loop.steps import CallTools, DoomLoop, Finish, Step
 from fleet.models import ToolCeiling, Trace, TraceStats
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.steps import CallTools, DoomLoop, Finish, Step
-from fleet.subagents import child_ceiling, spawn
+from fleet.storage import redis_writes
+from fleet.storage.memory_store import MemoryStore
+from fleet.storage.writes import TraceWrite
 from fleet.testing import ScriptedModel
-from fleet.writes import TraceWrite
 
 VALUES: list[Any] = [
     "",

@@ -22,10 +22,10 @@ import pytest
 import redis
 from celery import Celery
 
-from fleet import keys
 from fleet.client import Fleet
 from fleet.models import now_ms
-from fleet.redis_store import RedisStore
+from fleet.storage import keys
+from fleet.storage.redis_store import RedisStore
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from tests.procs import WorkerProcess, pid_alive, start_worker, wait_for_workers
 

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 import redis
 
-from fleet import keys
-from fleet.budget import Budget, Budgets
 from fleet.errors import ProviderOverloaded
-from fleet.gate import Gate, Go, Spent, Wait
-from fleet.limits import Limiter
+from fleet.limits.budget import Budget, Budgets
+from fleet.limits.gate import Gate, Go, Spent, Wait
+from fleet.limits.providers import Limiter
 from fleet.llm.base import LLMResponse, Usage
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
 from fleet.models import Trace
-from fleet.redis_connect import connect
+from fleet.storage import keys
+from fleet.storage.redis_connect import connect
 
 pytestmark = pytest.mark.integration
 

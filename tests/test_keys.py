@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from fleet import keys
 from fleet.errors import InvalidTraceId
+from fleet.storage import keys
 
 TRACE_KEYS: list[Callable[..., str]] = [
     fn

@@ -20,7 +20,7 @@ from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
 from redis.connection import Connection as RedisConnection
 
-from fleet.redis_server import RedisServer, start_redis_server
+from fleet.storage.redis_server import RedisServer, start_redis_server
 from workers import kombu_fix
 
 pytestmark = pytest.mark.integration

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import LeaseLost
-from fleet.leases import LeaseKeeper
 from fleet.llm.base import LLMResponse
+from fleet.loop.runner import Runner
 from fleet.models import Collaborator, Event, Message, WorkerPresence, now_ms
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner
-from fleet.store import TraceStore
+from fleet.storage.leases import LeaseKeeper
+from fleet.storage.store import TraceStore
+from fleet.storage.writes import TraceWrite
 from fleet.testing import ScriptedModel
-from fleet.writes import TraceWrite
 from tests.test_runner import make_fleet
 from tests.test_store import make_trace, run_concurrently, user, wait_until
 

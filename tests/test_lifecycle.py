@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from fleet import lifecycle, settling
+from fleet import lifecycle
+from fleet.children import settling
+from fleet.children.settling import AlreadyCollected, Settled, Waiting
+from fleet.children.subagents import spawn
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace
-from fleet.roots import TaskSpec, create_root
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
-from fleet.settling import AlreadyCollected, Settled, Waiting
-from fleet.subagents import spawn
 from fleet.testing import ScriptedModel
 from tests.fleetkit import RecordingDispatcher
 

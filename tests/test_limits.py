@@ -7,10 +7,10 @@ import time
 import pytest
 import redis
 
-from fleet import keys
-from fleet.limits import Admitted, Limiter, Refused, Scope, estimate_tokens, scopes_for
+from fleet.limits.providers import Admitted, Limiter, Refused, Scope, estimate_tokens, scopes_for
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
 from fleet.llm.ratelimit import Budget, RateSignal, parse_duration_s, rate_signal
+from fleet.storage import keys
 
 
 def scope(name: str = "provider:p:k", **limits: int) -> Scope:
@@ -212,7 +212,7 @@ def test_an_overload_is_handed_back_at_once_when_the_fleet_limits() -> None:
 def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
     limiter: Limiter, redis_client: redis.Redis
 ) -> None:
-    from fleet.budget import Budget, Budgets
+    from fleet.limits.budget import Budget, Budgets
     from fleetops.metrics import limit_families, render
 
     s = (scope(max_concurrency=1),)

@@ -15,8 +15,8 @@ import pytest
 import redis
 import yaml
 
-from fleet.budget import Budget
 from fleet.client import Fleet
+from fleet.limits.budget import Budget
 from fleet.models import Trace
 from fleet.testing import Script
 from tests.fake_provider import RateLimitedProvider

@@ -19,10 +19,10 @@ import pytest
 import redis
 import yaml
 
-from fleet import keys
 from fleet.models import Message, Mode, Trace
-from fleet.redis_store import RedisStore
 from fleet.settings import Settings
+from fleet.storage import keys
+from fleet.storage.redis_store import RedisStore
 from fleetops.metrics import (
     Family,
     FleetMetrics,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import redis
 
-from fleet import keys
 from fleet.models import Message, Trace
-from fleet.redis_store import RedisStore
+from fleet.storage import keys
+from fleet.storage.redis_store import RedisStore
 from fleetops.migrate import migrate
 
 

@@ -15,16 +15,16 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from fleet import otel
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
-from fleet.hooks import NO_HOOKS
 from fleet.inprocess import InProcessDispatcher
-from fleet.memory_store import MemoryStore
-from fleet.otel_spans import OtelHooks
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner
+from fleet.loop.runner import Runner
+from fleet.observe import otel
+from fleet.observe.hooks import NO_HOOKS
+from fleet.observe.otel_spans import OtelHooks
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.storage.memory_store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 from tests.fleetkit import explore_script
 
@@ -165,9 +165,9 @@ def test_tracing_off_loads_no_tracing_code(tmp_path: Path) -> None:
     # what tracing adds (our spans, the trace SDK, an exporter) must stay unloaded.
     probe = (
         "import sys; import workers.tasks; from workers.runtime import get_runtime; "
-        "from fleet.hooks import NO_HOOKS; assert get_runtime().hooks is NO_HOOKS; "
+        "from fleet.observe.hooks import NO_HOOKS; assert get_runtime().hooks is NO_HOOKS; "
         "print(sorted(m for m in sys.modules if m.startswith(("
-        "'fleet.otel_spans', 'opentelemetry.sdk.trace', 'opentelemetry.exporter'))))"
+        "'fleet.observe.otel_spans', 'opentelemetry.sdk.trace', 'opentelemetry.exporter'))))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     done = subprocess.run(

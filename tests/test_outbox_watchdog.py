@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from fleet.loop.runner import Runner
 from fleet.models import Trace
-from fleet.redis_store import RedisStore
-from fleet.runner import Runner
 from fleet.runtime import Runtime, SpawnRequest
-from fleet.store import TraceStore
+from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
 from tests.fleetkit import fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 from tests.test_cli_ops import FLEET, clean_env
@@ -51,10 +51,10 @@ class RefusingDispatcher:
 SPAWN_AND_DIE = """
 import sys
 from pathlib import Path
-from fleet.redis_store import RedisStore
-from fleet.runner import Runner
+from fleet.storage.redis_store import RedisStore
+from fleet.loop.runner import Runner
 from fleet.runtime import Runtime
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 from tests.fleetkit import fleet_settings
 from tests.test_outbox_watchdog import RefusingDispatcher
 
@@ -105,7 +105,7 @@ def test_orphaned_children_are_dispatched_and_the_parent_completes(
 
 
 def _create_root(runtime: Runtime, model: str) -> str:
-    from fleet.roots import TaskSpec, create_root
+    from fleet.conversation.roots import TaskSpec, create_root
 
     trace: Trace = create_root(runtime, TaskSpec(task="survey", model=model))
     return trace.trace_id

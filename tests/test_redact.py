@@ -1,4 +1,4 @@
-"""fleet.redact: known secret values and credential shapes masked, ordinary text kept."""
+"""fleet.security.redact: known secret values and credential shapes masked, ordinary text kept."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fleet.redact import (
+from fleet.security.redact import (
     _FOLD_TO_ASCII,
     REDACTED,
     Redactor,

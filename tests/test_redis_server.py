@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from fleet.errors import ConfigError
-from fleet.redis_server import find_redis_server, start_redis_server
+from fleet.storage.redis_server import find_redis_server, start_redis_server
 
 
 def test_starts_on_a_free_port_and_stop_kills_it() -> None:

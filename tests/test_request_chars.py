@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from fleet.gate import request_chars
-from fleet.human import ASK_HUMAN_SCHEMA
+from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA
+from fleet.conversation.human import ASK_HUMAN_SCHEMA
+from fleet.limits.gate import request_chars
 from fleet.models import Message
-from fleet.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA
 from fleet.tools.registry import default_registry
 
 

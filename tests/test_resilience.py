@@ -6,14 +6,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TransientLLMError
 from fleet.llm.base import LLMResponse
-from fleet.memory_store import MemoryStore
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner, run_safely
+from fleet.loop.runner import Runner, run_safely
+from fleet.loop.turns import TRANSIENT_RETRIES_KEY
+from fleet.storage.memory_store import MemoryStore
+from fleet.storage.writes import TraceWrite, WriteResult
 from fleet.testing import ScriptedModel
-from fleet.turns import TRANSIENT_RETRIES_KEY
-from fleet.writes import TraceWrite, WriteResult
 from tests.test_runner import make_fleet
 
 

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
-from fleet.memory_store import MemoryStore
+from fleet.loop.runner import Runner
 from fleet.models import Message
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner
 from fleet.settings import Settings
+from fleet.storage.memory_store import MemoryStore
+from fleet.storage.writes import Append, TraceWrite, WriteResult
 from fleet.testing import ScriptedModel, call, calls, text
-from fleet.writes import Append, TraceWrite, WriteResult
 
 
 def make_fleet(workspace: Path, model: ScriptedModel, **settings: Any) -> InProcessFleet:
@@ -192,7 +192,7 @@ def test_healed_agent_call_names_its_sub_trace(tmp_path: Path) -> None:
     local = make_fleet(tmp_path, model)
     root = create_root(local.runtime, TaskSpec(task="work", model="test"))
     # Simulate a crash right after the child was created: its dispatcher never ran.
-    from fleet.subagents import spawn
+    from fleet.children.subagents import spawn
 
     store = local.store
     for m in ("sys", "work"):

@@ -11,15 +11,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
+from fleet.loop.runner import Runner
 from fleet.models import Collaborator, Event, Trace
-from fleet.redis_store import RedisStore
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.store import TraceStore
+from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
 from fleetops.serve.app import ServeConfig
 from tests.fleetkit import explore_script
 from tests.servekit import read_sse, serving

@@ -12,14 +12,14 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from fleet import keys
 from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.goals import GoalTree
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
-from fleet.redis_connect import redact_url
-from fleet.redis_server import free_port
-from fleet.redis_store import RedisStore
-from fleet.store import TraceStore
+from fleet.storage import keys
+from fleet.storage.redis_connect import redact_url
+from fleet.storage.redis_server import free_port
+from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
 
 T = TypeVar("T")
 

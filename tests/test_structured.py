@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from fleet.errors import ConfigError, ContextOverflow
-from fleet.fit import estimate_tokens, fit
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, ModelConfig
+from fleet.loop.fit import estimate_tokens, fit
+from fleet.loop.structured import VERDICT_SCHEMA, parse
 from fleet.presets import AgentPreset, load_preset_file
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.store import TraceStore
-from fleet.structured import VERDICT_SCHEMA, parse
+from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 
 SCHEMA = {

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fleet.client import Fleet
-from fleet.fit import estimate_tokens
+from fleet.loop.fit import estimate_tokens
 from fleet.testing import Script
 from tests.fake_provider import RateLimitedProvider
 from tests.fleetkit import client, fleet_settings

@@ -12,12 +12,12 @@ import pytest
 from rich.console import Console
 
 from fleet.client import Fleet
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessDispatcher
-from fleet.memory_store import MemoryStore
-from fleet.roots import TaskSpec, create_root
-from fleet.runner import Runner
+from fleet.loop.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.storage.memory_store import MemoryStore
 from fleetops.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 from tests.fleetkit import explore_script
 from tests.procs import read_until_exit

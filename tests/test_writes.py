@@ -9,17 +9,17 @@ from typing import Any
 import pytest
 import redis
 
-from fleet import keys as fleet_keys
 from fleet import lifecycle
 from fleet.errors import TraceNotFound
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse, Usage
 from fleet.models import Collaborator, Event, Message, Trace
-from fleet.redis_store import RedisStore
 from fleet.settings import Settings
-from fleet.store import TraceStore
+from fleet.storage import keys as fleet_keys
+from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
+from fleet.storage.writes import TraceWrite, apply_one_by_one
 from fleet.testing import ScriptedModel, call, text
-from fleet.writes import TraceWrite, apply_one_by_one
 
 
 def make(store: TraceStore, trace_id: str, parent: str | None = None) -> Trace:

@@ -13,9 +13,9 @@ from celery.backends.redis import RedisBackend
 from kombu.entity import Queue
 from kombu.messaging import Producer
 
-from fleet.redis_connect import Lua
+from fleet.limits.trees import Priority
 from fleet.settings import Settings, process_settings
-from fleet.trees import Priority
+from fleet.storage.redis_connect import Lua
 from workers import events, join, kombu_fix
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
@@ -121,7 +121,7 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
     own counter), so registrations made there are dropped; everywhere else (`get`, `then`)
     this is `RedisBackend`.
 
-    A chord whose body is `fleet.collect` with its size in its options
+    A chord whose body is `fleet.children.collect` with its size in its options
     (`workers.join.is_fleet_join`) is joined by `workers.join`: nothing is written when it
     is sent (no `.s` size key, no saved group), each header part counted once. Every
     other chord gets Celery's join.

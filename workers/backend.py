@@ -5,10 +5,10 @@ from __future__ import annotations
 from kombu.exceptions import OperationalError
 
 from fleet.errors import BrokerUnavailable
+from fleet.limits.trees import Priority
 from fleet.models import Mode, Trace
-from fleet.redis_connect import redact_url
 from fleet.settings import Settings
-from fleet.trees import Priority
+from fleet.storage.redis_connect import redact_url
 from workers.app import QUEUE_BY_MODE, create_app
 from workers.dispatch import send
 

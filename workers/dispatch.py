@@ -7,10 +7,10 @@ from typing import Any
 from celery import Celery
 from celery.canvas import Signature
 
-from fleet.conversation import stamp, turn_of
+from fleet.conversation.continuation import stamp, turn_of
+from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
-from fleet.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from workers import join
 from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
 from workers.chords import send_chord
@@ -20,7 +20,8 @@ from workers.naming import task_names
 def stamps(parent_trace_id: str, root_trace_id: str, turn: int = 0) -> dict[str, Any]:
     """Signature options that stamp a task with the tree (and the root's turn) it belongs to.
 
-    A continued root's tasks carry turn-qualified values (`fleet.conversation.stamp`): a
+    A continued root's tasks carry turn-qualified values
+    (`fleet.conversation.continuation.stamp`): a
     worker remembers revoked stamps until it restarts, so a stop of an earlier turn must
     not discard the next one.
 

@@ -4,16 +4,16 @@ Celery's Redis join (`RedisBackend.on_chord_part_return`) serves any chord: it s
 header result, then per part runs a script of ~13 commands (a done-marker `GET`, `SISMEMBER`,
 `ZADD`, `SADD`, `ZCOUNT`, 5 `EXPIRE`, 2 `GET` of the size keys) and decodes every result to
 hand them to the body. The fleet's chord (`workers.dispatch.CeleryDispatcher.dispatch`:
-header `fleet.run_agent` per child, body `fleet.collect(parent_trace_id, tool_call_id)`,
+header `fleet.run_agent` per child, body `fleet.children.collect(parent_trace_id, tool_call_id)`,
 errback `fleet.collect_failed`) needs only each header's trace id, and its collect is
-exactly-once on its own (`fleet.settling.settle`: the tool result is written with its
+exactly-once on its own (`fleet.children.settling.settle`: the tool result is written with its
 once-mark). So its headers store no result (`ignore_result`) and their parts are joined
 here, with the size the sender put in the body's options (`SIZE_OPTION`: Celery 5.7 no
 longer carries `chord_size` in the message and keeps the size in a `.s` key instead, which
 this join never reads, so `SendOnlyRedisBackend` does not write it for these chords).
 
 A run that ends its trace counts its own part in the write that ends it (`count_in_run`:
-the runner's last `APPLY` runs the same Lua, `fleet.redis_scripts.JOIN_PART`), so a
+the runner's last `APPLY` runs the same Lua, `fleet.storage.redis_scripts.JOIN_PART`), so a
 branch's part costs no round trip of its own; `part_returned` then only sends the body if
 that write claimed it. Every other part (a run that waits, yields, is throttled or fenced,
 a task that failed) is recorded when Celery reports it, as below.
@@ -36,7 +36,7 @@ is complete the body is not sent and its errback runs through Celery's own
 Every other chord (the bench's peer chords, a user's chords on this app) and a fleet chord
 sent without the size (a sender of an older release) keep Celery's join untouched.
 
-Keys. They are Celery group keys, so they live here rather than in `fleet/keys.py`: named
+Keys. They are Celery group keys, so they live here rather than in `fleet/storage/keys.py`: named
 by a Celery group id with the backend's `celery-taskset-meta-` prefix (and its
 `global_keyprefix`), with Celery's `result_chord_expires` (else `result_expires`, 24 h
 here) as TTL, and only the Celery binding knows them:
@@ -58,8 +58,8 @@ from celery import states
 from celery.canvas import Signature, maybe_signature
 from celery.exceptions import ChordError
 
-from fleet import keys, outbox, redis_scripts
-from fleet.writes import JoinPart
+from fleet.storage import keys, outbox, redis_scripts
+from fleet.storage.writes import JoinPart
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ JOIN_CLAIM_S = 10
 join claim: twice its default `result_chord_join_timeout`). Unlike Celery's, it is not
 extended while the publish retries: a publish slower than this (broker failover) can let a
 late copy send a second `collect`, and the outbox's sweeper settle after OWED_AFTER_MS;
-both are harmless because settling a call is exactly-once (`fleet.settling.settle`)."""
+both are harmless because settling a call is exactly-once (`fleet.children.settling.settle`)."""
 
 OWED_AFTER_MS = 2 * JOIN_CLAIM_S * 1000
 """When a sweeper settles a call whose claimer did not mark its chord done (see
@@ -176,7 +176,7 @@ def join_part(backend: Any, request: Any, state: str, result: Any) -> JoinPart |
 
 
 def count_in_run(backend: Any, request: Any, store_url: str) -> JoinPart | None:
-    """The part a run should count in its last write (`fleet.writes.JoinPart`), if any.
+    """The part a run should count in its last write (`fleet.storage.writes.JoinPart`), if any.
 
     A run that ends its trace returns its envelope: its part is known before it ends
     (a success, with the run's trace id), so the write that ends the trace records it, and
@@ -213,7 +213,7 @@ def owed_settlement(body: dict[str, Any]) -> str:
     """The outbox entry that settles the body's call if the claimer dies before it is sent.
 
     From the claim until the body is out and the chord marked done, the call is owed to
-    the outbox (`fleet.outbox.settle_entry`, in the claim's script): a claimer that dies
+    the outbox (`fleet.storage.outbox.settle_entry`, in the claim's script): a claimer that dies
     there (its part comes back only after the visibility timeout, or within the claim,
     when it fires nothing) leaves the call to a sweeper, which settles it from the
     children's own state. Settling is exactly-once, so a body that did go out and the

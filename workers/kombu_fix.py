@@ -63,7 +63,7 @@ from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.redis import QoS
 from kombu.utils.json import dumps
 
-from fleet.redis_connect import Lua
+from fleet.storage.redis_connect import Lua
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from fleet.otel import make_hooks
-from fleet.redis_store import RedisStore
+from fleet.observe.otel import make_hooks
 from fleet.runtime import Runtime
 from fleet.settings import forget_process_settings, process_settings
+from fleet.storage.redis_store import RedisStore
 from workers.dispatch import CeleryDispatcher
 
 _lock = threading.Lock()

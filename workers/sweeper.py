@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 
-from fleet import outbox, settling
+from fleet.children import settling
 from fleet.control import claim_dead_runs
-from fleet.human import time_out_waits
+from fleet.conversation.human import time_out_waits
 from fleet.models import now_ms
+from fleet.storage import outbox
 from workers.dispatch import send
 from workers.runtime import get_runtime
 

@@ -8,12 +8,13 @@ import redis
 from celery import Task
 from celery.exceptions import Ignore
 
-from fleet import outbox, settling
+from fleet.children import settling
+from fleet.children.settling import AlreadyCollected, Settled, Settlement, Waiting
+from fleet.loop.runner import Runner, RunResult, run_safely
 from fleet.models import now_ms
-from fleet.runner import Runner, RunResult, run_safely
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
-from fleet.settling import AlreadyCollected, Settled, Settlement, Waiting
+from fleet.storage import outbox
 from workers import join
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send, start_window, tree_schedule

@@ -20,7 +20,7 @@ from fleet.llm.openai import DEFAULT_TIMEOUT_S, normalise_tool_call_id
 from fleet.llm.pricing import ModelPricing, cost_usd
 from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
-from fleet.redact import SHAPES_ONLY, Redactor
+from fleet.security.redact import SHAPES_ONLY, Redactor
 
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_OUTPUT_TOKENS = 4096

@@ -3,7 +3,7 @@
 `fleet.yaml` comes from the operator only: an explicit path, else `$FLEET_CONFIG`. There is
 no fallback to `./fleet.yaml`, and a file inside a workspace root is refused: a worker's
 working directory is a workspace, and an agent that can write a config there could point
-the next runtime at its own endpoint with any variable as the key (see `fleet.trust`)::
+the next runtime at its own endpoint with any variable as the key (see `fleet.security.trust`)::
 
     providers:
       local: {kind: openai, base_url: "http://localhost:11434/v1"}
@@ -36,14 +36,14 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from fleet import trust, yamlsafe
 from fleet.errors import ConfigError
 from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.pricing import ModelPricing
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
-from fleet.redact import Redactor
+from fleet.security import trust, yamlsafe
+from fleet.security.redact import Redactor
 
 CONFIG_FILE = "fleet.yaml"
 CONFIG_PATH_ENV = "FLEET_CONFIG"
@@ -101,7 +101,7 @@ class ModelConfig(BaseModel):
     """For this alias alone, on top of its provider's."""
     context_window: PositiveInt | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
-    of it (`fleet.fit`). None: requests are sent as built."""
+    of it (`fleet.loop.fit`). None: requests are sent as built."""
 
 
 class FleetConfig(BaseModel):

@@ -20,7 +20,7 @@ from fleet.llm.base import LLMResponse, ToolCall, Usage, check_model_requests_al
 from fleet.llm.pricing import ModelPricing, cost_usd
 from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
-from fleet.redact import SHAPES_ONLY, Redactor
+from fleet.security.redact import SHAPES_ONLY, Redactor
 
 DEFAULT_TIMEOUT_S = 120.0
 

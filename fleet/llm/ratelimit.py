@@ -4,7 +4,7 @@ OpenAI-compatible servers send `x-ratelimit-{limit,remaining,reset}-{requests,to
 (reset as a duration: `1s`, `6m0s`, `120ms`); Anthropic sends
 `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`
 (reset as an RFC 3339 time). Both send `retry-after` (and OpenAI `retry-after-ms`) with a
-429. `fleet.limits` turns these into fleet-wide pauses and corrections.
+429. `fleet.limits.providers` turns these into fleet-wide pauses and corrections.
 """
 
 from __future__ import annotations

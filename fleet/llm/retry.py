@@ -23,7 +23,7 @@ from fleet.errors import (
     TransientLLMError,
 )
 from fleet.llm.ratelimit import OVERLOAD_STATUS
-from fleet.redact import SHAPES_ONLY, Redactor
+from fleet.security.redact import SHAPES_ONLY, Redactor
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 """Retryable 4xx codes; every 5xx (Anthropic's 529 "overloaded" included) is retried too."""

@@ -15,7 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fleet.batch import (
+from fleet.batch.file import check_entries, load_entries, with_defaults
+from fleet.batch.journal import ResultsJournal
+from fleet.batch.run import (
     DEFAULT_MAX_IN_FLIGHT,
     BatchCounts,
     BatchEntry,
@@ -26,13 +28,11 @@ from fleet.batch import (
     ResumeState,
     run_batch,
 )
-from fleet.batch_file import check_entries, load_entries, with_defaults
-from fleet.batch_journal import ResultsJournal
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessDispatcher
-from fleet.memory_store import MemoryStore
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.storage.memory_store import MemoryStore
 from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.output import printable
 

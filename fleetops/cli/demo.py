@@ -14,8 +14,8 @@ from typing import Any
 from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.runtime import operator_config
+from fleet.security.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV
 from fleet.settings import Settings
-from fleet.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
 from fleetops.discovery import discover_redis_url, read_state

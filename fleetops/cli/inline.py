@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fleet.conversation.human import TIMEOUT_KEY, waiting_on
 from fleet.errors import ConfigError
-from fleet.human import TIMEOUT_KEY, waiting_on
 from fleet.inprocess import InProcessFleet
 from fleet.settings import process_settings
 from fleetops.cli.args import positive_float, positive_int

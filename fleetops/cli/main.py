@@ -14,7 +14,7 @@ from fleet.errors import (
     RedisUnreachable,
     TraceNotFound,
 )
-from fleet.redact import install_log_redaction, process_redactor
+from fleet.security.redact import install_log_redaction, process_redactor
 from fleet.settings import forget_process_settings
 from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
 from fleetops.cli.output import printable

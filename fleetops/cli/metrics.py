@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 
 from fleet.errors import ConfigError
-from fleet.redis_connect import redact_url
 from fleet.settings import process_settings
+from fleet.storage.redis_connect import redact_url
 from fleetops.cli.args import port_number, positive_float
 from fleetops.discovery import fleet_settings
 from fleetops.metrics import DEFAULT_PORT

@@ -245,7 +245,7 @@ def run_migrate(args: argparse.Namespace) -> int:
     """`fleet migrate`: see `fleetops.migrate`."""
     import redis
 
-    from fleet.redis_connect import connect, unreachable
+    from fleet.storage.redis_connect import connect, unreachable
     from fleetops.discovery import fleet_settings
     from fleetops.migrate import migrate
 

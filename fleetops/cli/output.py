@@ -14,11 +14,11 @@ import re
 import sys
 from typing import Any
 
-from fleet.budget import budget_state
-from fleet.conversation import branches, turn_of
-from fleet.human import waiting_on
+from fleet.conversation.continuation import branches, turn_of
+from fleet.conversation.human import waiting_on
+from fleet.limits.budget import budget_state
 from fleet.models import Trace
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 
 _ESCAPE = re.compile(
     r"\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC ... BEL/ST (title, clipboard, links)

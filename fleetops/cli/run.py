@@ -7,11 +7,11 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from fleet.budget import Budget
 from fleet.client import Fleet
 from fleet.errors import BrokerUnavailable, ConfigError, ConversationError, NoLiveWorkers
+from fleet.limits.budget import Budget
 from fleet.models import Event
-from fleet.redis_connect import redact_url
+from fleet.storage.redis_connect import redact_url
 from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fleet.human import waiting_on, waiting_traces
+from fleet.conversation.human import waiting_on, waiting_traces
 from fleet.settings import Settings
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
 from fleetops.discovery import fleet_settings
 
@@ -32,7 +32,7 @@ def register(commands: Any) -> None:
 
 def open_store(settings: Settings | None = None) -> TraceStore:
     """The Redis store named by FLEET_REDIS_URL, checked to answer."""
-    from fleet.redis_store import RedisStore
+    from fleet.storage.redis_store import RedisStore
 
     settings = settings or fleet_settings()
     store = RedisStore.from_url(settings.redis_url)

@@ -26,7 +26,7 @@ import tornado.web
 from tornado.iostream import StreamClosedError
 
 from fleet.errors import InvalidTraceId, TraceNotFound
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 from fleetops.serve import queries
 from fleetops.serve.queries import BadRequest
 

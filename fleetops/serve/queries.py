@@ -11,7 +11,7 @@ from fleet import ids
 from fleet.control import subtree
 from fleet.errors import FleetError, InvalidTraceId
 from fleet.models import Message, Status, Trace
-from fleet.store import TraceStore
+from fleet.storage.store import TraceStore
 
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 """A Redis stream entry id, as SSE `id:` lines carry it and `Last-Event-ID` returns it."""

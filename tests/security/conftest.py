@@ -14,8 +14,8 @@ import yaml
 
 from fleet import ids
 from fleet.models import Trace
-from fleet.redis_store import RedisStore
 from fleet.settings import Settings
+from fleet.storage.redis_store import RedisStore
 from tests.fleetkit import wait_until
 from tests.procs import start_worker, wait_for_workers
 from tests.security.attacker import SECRET_ENV

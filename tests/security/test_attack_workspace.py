@@ -12,11 +12,11 @@ import pytest
 import redis
 import yaml
 
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
-from fleet.roots import TaskSpec, create_root
+from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
-from fleet.trust import check_workspace_root
 from tests.security.attacker import SECRET, SECRET_ENV, leaked, redis_text
 from tests.security.conftest import HardenedFleet, run_forged
 

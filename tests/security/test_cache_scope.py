@@ -5,7 +5,7 @@ Attacks (each answered from the wrong entry on main):
 - the same call on another model, or after the preset file changed, got the old answer;
 - seed-style `keys: [city, forecast_type]` read as null in every call, so a Paris query was
   answered with Beijing's result; unknown key names were not rejected.
-Controls: `fleet.cache.cache_key` hashes the workspace, the child's model and tool ceiling
+Controls: `fleet.children.cache.cache_key` hashes the workspace, the child's model and tool ceiling
 and `AgentPreset.fingerprint()` with the chosen arguments; `load_preset_file` rejects a
 `cache.keys` name that is not an `agent` argument (`ConfigError` naming it), and
 `context.FIELD` selects one field of the call's `context`.
@@ -21,9 +21,9 @@ import pytest
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
-from fleet.memory_store import MemoryStore
 from fleet.presets import load_presets
 from fleet.settings import Settings
+from fleet.storage.memory_store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 
 

@@ -7,9 +7,9 @@ Attacks (on main):
   aliases of the one before) expanded to 9**9 values when validated: memory exhausted;
 - a model answer with OSC 52 (write the clipboard) and OSC 0 (set the window title)
   reached the terminal raw through `fleet run` and `fleet trace show`.
-Controls: `fleet.ids.check_trace_id`, applied in `fleet.keys` (every key built from a trace
+Controls: `fleet.ids.check_trace_id`, applied in `fleet.storage.keys` (every key built from a trace
 id) so the CLI, the API, the client and the tasks all refuse with one line
-(`InvalidTraceId`, exit 2); `fleet.yamlsafe` (size, depth and alias expansion checked on
+(`InvalidTraceId`, exit 2); `fleet.security.yamlsafe` (size, depth and alias expansion checked on
 the composed node graph before anything is constructed) for batch files, presets,
 fleet.yaml and scripts; `fleetops.cli.output.printable`/`dumps` on everything printed.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import TraceNotFound
-from fleet.redis_store import RedisStore
+from fleet.storage.redis_store import RedisStore
 from fleet.testing import ScriptedModel
 
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
@@ -74,8 +74,8 @@ def _one_line_error(result: subprocess.CompletedProcess[bytes], what: str) -> No
 def test_a_trace_id_naming_another_key_is_refused(
     redis_url: str, tmp_path: Path, argv: list[str]
 ) -> None:
+    from fleet.conversation.roots import TaskSpec, create_root
     from fleet.inprocess import InProcessDispatcher
-    from fleet.roots import TaskSpec, create_root
     from fleet.runtime import Runtime
     from fleet.settings import Settings
 

@@ -1,0 +1,346 @@
+"""The `agent` and `evaluate` tools: turning a call into child traces for a dispatcher."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fleet import ids, lifecycle
+from fleet.children.cache import CacheScope, cache_key
+from fleet.conversation.continuation import TURN_KEY, turn_of
+from fleet.errors import ToolError, TraceExists
+from fleet.goals import GoalTree
+from fleet.history import healed_result, main_path, open_turn
+from fleet.llm.base import ToolCall
+from fleet.models import Message, Mode, ToolCeiling, Trace
+from fleet.runtime import Runtime, SpawnRequest
+from fleet.storage.writes import TraceWrite
+
+AGENT_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "agent",
+        "description": (
+            "Start sub-agents. A string `task` delegates to one sub-agent with full tools "
+            "(it cannot start sub-agents itself). A list of tasks explores: one read-only "
+            "sub-agent per item, run in parallel, results summarised together."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "task": {
+                    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+                },
+                "messages": {
+                    "type": "array",
+                    "description": "Context messages: one list shared, or one list per branch.",
+                    "items": {},
+                },
+                "continue_from": {"type": "string", "description": "A delegate sub_trace_id."},
+                "agent_type": {"type": "string", "description": "Preset for a delegate."},
+                "skills": {"type": "array", "items": {"type": "string"}},
+                "context": {"type": "object"},
+            },
+            "required": ["task"],
+        },
+    },
+}
+
+EVALUATE_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "evaluate",
+        "description": "Ask a read-only judge whether a goal is met; returns a verdict.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "messages": {"type": "array", "items": {}},
+                "target_goal_id": {"type": "string"},
+                "continue_from": {"type": "string"},
+                "context": {"type": "object"},
+            },
+        },
+    },
+}
+
+
+def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
+    """Create (or reopen) the child traces of an `agent`/`evaluate` call.
+
+    Raises:
+        ToolError: Bad arguments; the message goes back to the model.
+    """
+    try:
+        args = call.parsed_arguments()
+    except ValueError as exc:
+        raise ToolError(f"{call.name}: arguments are not a JSON object ({exc})") from None
+    if args.get("continue_from"):
+        children = [_reopen(runtime, parent, call, args)]
+    elif call.name == "evaluate":
+        children = [_evaluate_child(runtime, parent, call.id, args)]
+    else:
+        children = _agent_children(runtime, parent, call.id, args)
+    entries = TraceWrite(parent.trace_id, parent.root_trace_id)  # every entry in one step
+    for child in children:
+        lifecycle.announce(runtime, parent, child, entries)
+    if (goals := _linked_goals(runtime, parent, call, args, children)) is not None:
+        entries.update(goals=goals)
+    runtime.store.apply(entries)
+    return SpawnRequest(
+        parent_trace_id=parent.trace_id,
+        root_trace_id=parent.root_trace_id,
+        tool_call_id=call.id,
+        tool_name=call.name,
+        mode=children[0].mode,
+        children=tuple(children),
+    )
+
+
+def _linked_goals(
+    runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any], children: list[Trace]
+) -> GoalTree | None:
+    """The parent's plan with these children linked to their goal; None if there is none.
+
+    The goal is evaluate's `target_goal_id`, else the focused one. The plan is read
+    again: a `goal` call earlier in the same turn may have changed it.
+    """
+    goals = runtime.store.get_trace(parent.trace_id).goals
+    target = args.get("target_goal_id") if call.name == "evaluate" else None
+    goal_id = str(target or goals.focus_id or "")
+    if not goal_id or goal_id not in {g.id for g in goals.goals}:
+        return None
+    goals.link(goal_id, [c.trace_id for c in children])
+    return goals
+
+
+def _agent_children(
+    runtime: Runtime, parent: Trace, call_id: str, args: dict[str, Any]
+) -> list[Trace]:
+    task = args.get("task")
+    messages = args.get("messages")
+    common = {"skills": list(args.get("skills") or []), "extra": args.get("context")}
+    common["ceiling"] = _ceiling_fields(runtime, parent)
+    if isinstance(task, str) and task.strip():
+        preset = str(args.get("agent_type") or "default")
+        _check_preset(runtime, parent, preset)
+        chosen = runtime.preset(preset)
+        if key := delegate_cache_key(runtime, parent, preset, args):
+            common["cache"] = {"cache_key": key, "cache_ttl_s": chosen.cache_ttl_s}
+        spec = _ChildSpec("delegate", preset, task, None, messages)
+        return [_child(runtime, parent, call_id, spec, common)]
+    if isinstance(task, list) and task and all(isinstance(t, str) and t for t in task):
+        per_branch = _branch_messages(messages, len(task))
+        specs = [
+            _ChildSpec("explore", "explore", t, i, messages)
+            for i, (t, messages) in enumerate(zip(task, per_branch, strict=True), start=1)
+        ]
+        return _children(runtime, parent, call_id, specs, common)
+    raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
+
+
+def _check_preset(runtime: Runtime, parent: Trace, preset: str) -> None:
+    if preset not in runtime.presets:
+        known = ", ".join(sorted(runtime.presets))
+        raise ToolError(f"agent: unknown agent_type {preset!r} (known: {known})")
+    if runtime.permissions(parent).read_only and not runtime.preset(preset).read_only:
+        raise ToolError(
+            f"agent: this trace is read-only and may start only read-only sub-agents;"
+            f" preset {preset!r} can write"
+        )
+
+
+def child_ceiling(runtime: Runtime, parent: Trace) -> ToolCeiling:
+    """What a child of `parent` may do at most: everything the parent may, nothing more."""
+    allowed = runtime.permissions(parent)
+    tools = None if allowed.allowed_tools is None else sorted(allowed.allowed_tools)
+    return ToolCeiling(
+        allowed=tools, denied=sorted(allowed.denied_tools), read_only=allowed.read_only
+    )
+
+
+def child_model(runtime: Runtime, parent: Trace, preset: str) -> str | None:
+    """The child's model: its preset's `model:`, fleet.yaml's override for it, the parent's."""
+    chosen = runtime.preset(preset)
+    return chosen.model or runtime.config.model_overrides.get(preset) or parent.model
+
+
+def delegate_cache_key(
+    runtime: Runtime, parent: Trace, preset: str, args: dict[str, Any]
+) -> str | None:
+    """The cache key of a delegate call from `parent`, or None if its preset does not cache.
+
+    Everything that changes the answer is in it: the workspace, the child's model and
+    tool ceiling, the preset's whole content and the call's chosen arguments.
+    """
+    return cache_key(
+        runtime.preset(preset),
+        args,
+        CacheScope(
+            workspace=parent.workspace or str(runtime.settings.workspace),
+            model=child_model(runtime, parent, preset) or "",
+            ceiling=child_ceiling(runtime, parent).model_dump_json(),
+        ),
+    )
+
+
+def _branch_messages(messages: Any, branches: int) -> list[Any]:
+    """1-D messages are shared by every branch; 2-D give one list per branch."""
+    if not messages:
+        return [None] * branches
+    if not isinstance(messages, list):
+        raise ToolError("agent: `messages` must be a list")
+    if all(isinstance(m, list) for m in messages):
+        if len(messages) != branches:
+            raise ToolError(f"agent: {len(messages)} message lists for {branches} tasks")
+        return list(messages)
+    return [messages] * branches
+
+
+def _evaluate_child(runtime: Runtime, parent: Trace, call_id: str, args: dict[str, Any]) -> Trace:
+    goal_id = args.get("target_goal_id") or parent.goals.focus_id
+    goal = parent.goals.get(str(goal_id)).description if goal_id else parent.task
+    task = (
+        f"Evaluate whether this goal has been met.\n\nGoal: {goal}\n\n"
+        "Inspect the workspace and the messages given. Answer with a line "
+        "`VERDICT: pass` or `VERDICT: fail`, then concrete suggestions."
+    )
+    common: dict[str, Any] = {"skills": [], "extra": args.get("context")}
+    common["ceiling"] = _ceiling_fields(runtime, parent)
+    spec = _ChildSpec("evaluate", "evaluate", task, None, args.get("messages"))
+    return _child(runtime, parent, call_id, spec, common)
+
+
+@dataclass(frozen=True)
+class _ChildSpec:
+    """What differs between the children of one call."""
+
+    mode: Mode
+    preset: str
+    task: str
+    index: int | None
+    messages: Any
+
+
+def _child(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    spec: _ChildSpec,
+    common: dict[str, Any],
+    first_attempt: int = 1,
+) -> Trace:
+    for attempt in range(first_attempt, 100):
+        trace = _child_trace(runtime, parent, call_id, spec, common, attempt)
+        try:
+            runtime.store.create_trace(trace)
+        except TraceExists:  # a sibling (or a retry of this call) took the id: next attempt
+            continue
+        return trace
+    raise ToolError(f"{spec.mode}: could not allocate a sub-trace id")
+
+
+def _children(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    specs: list[_ChildSpec],
+    common: dict[str, Any],
+) -> list[Trace]:
+    """Create the children in one step; an id already taken tries the next attempt number."""
+    traces = [_child_trace(runtime, parent, call_id, spec, common, 1) for spec in specs]
+    created = runtime.store.create_traces(traces)
+    return [
+        trace if ok else _child(runtime, parent, call_id, spec, common, first_attempt=2)
+        for trace, ok, spec in zip(traces, created, specs, strict=True)
+    ]
+
+
+def _child_trace(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    spec: _ChildSpec,
+    common: dict[str, Any],
+    attempt: int,
+) -> Trace:
+    mode, preset, index = spec.mode, spec.preset, spec.index
+    name = f"{mode}-{index:03d}" if index is not None else mode
+    if mode == "delegate" and preset != "default":
+        name = preset
+    context: dict[str, Any] = {}
+    if spec.messages:
+        context["messages"] = _check_messages(spec.messages)
+    if common.get("extra"):
+        context["extra"] = common["extra"]
+    model = child_model(runtime, parent, preset)
+    return Trace(
+        trace_id=ids.child_id(parent.trace_id, mode, index, attempt),
+        root_trace_id=parent.root_trace_id,
+        parent_trace_id=parent.trace_id,
+        mode=mode,
+        task=spec.task,  # masked by toolcalls._persisted
+        name=name,
+        preset=preset,
+        model=model,
+        workspace=parent.workspace,
+        parent_tool_call_id=call_id,
+        context=context,
+        skills=common.get("skills") or [],
+        metadata=_metadata(runtime, parent, call_id, common),
+        ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
+    )
+
+
+def _ceiling_fields(runtime: Runtime, parent: Trace) -> dict[str, Any]:
+    """`child_ceiling` as the fields every child of one call is given, worked out once.
+
+    A dict, not the model: each child validates its own `ToolCeiling` (and lists) from it,
+    so no two children share a mutable ceiling.
+    """
+    return child_ceiling(runtime, parent).model_dump()
+
+
+def _check_messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+    ):
+        raise ToolError("`messages` items must be objects with a string `content`")
+    return [{"role": str(m.get("role", "user")), "content": m["content"]} for m in messages]
+
+
+def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any]) -> Trace:
+    """`continue_from`: hand an earlier delegate/evaluate sub-trace a new message."""
+    if isinstance(args.get("task"), list):
+        raise ToolError("agent: continue_from works with a single task, not an explore list")
+    sub_id = str(args["continue_from"])
+    store = runtime.store
+    child = store.get_trace(sub_id) if sub_id in store.children(parent.trace_id) else None
+    if child is None:
+        raise ToolError(f"{call.name}: {sub_id!r} is not a sub-trace of this trace")
+    if not child.is_terminal:
+        raise ToolError(f"{call.name}: {sub_id!r} is still {child.status}")
+    text = str(args.get("task") or "Continue, taking the new context into account.")
+    if args.get("context"):
+        text += "\n\nContext:\n" + json.dumps(args["context"], ensure_ascii=False)
+    # A child that ended mid-turn (doom loop, crash) gets its open calls answered first:
+    # providers refuse a user message between tool calls and their results.
+    turn = open_turn(main_path(store.messages(sub_id), child.head_sequence))
+    for missing in turn.missing if turn else ():
+        store.append_message(healed_result(sub_id, missing, None))
+    store.append_message(Message(trace_id=sub_id, role="user", content=text))
+    otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
+    lifecycle.reopen(runtime, child, call.id, otel=otel)
+    return store.get_trace(sub_id)
+
+
+def _metadata(
+    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
+) -> dict[str, Any]:
+    """A new child's metadata: its cache key, its parent's tracing context, the turn."""
+    metadata = dict(common.get("cache") or {})
+    if otel := runtime.hooks.child_context(parent, call_id):
+        metadata["otel"] = otel
+    if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn
+        metadata[TURN_KEY] = turn
+    return metadata

@@ -1,0 +1,5 @@
+"""Conversations around a root: creating it, continuing or rewinding it, asking a person.
+
+Owns root creation (`roots`), continue and rewind (`continuation`) and `ask_human` with its
+reply and timeouts (`human`).
+"""

@@ -1,0 +1,119 @@
+"""Root traces: a task checked (preset, model, workspace) and persisted `queued`.
+
+Both `fleet.inprocess.InProcessFleet` and the remote `fleet.client.Fleet` create roots here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet import ids
+from fleet.errors import ConfigError
+from fleet.limits.budget import FINAL_SHARE, Budget
+from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
+from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
+from fleet.models import Event, Mode, Trace
+from fleet.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task to run as a root trace."""
+
+    task: str
+    model: str | None = None
+    preset: str = "default"
+    workspace: Path | None = None
+    mode: Mode = "main"
+    metadata: Mapping[str, Any] | None = None
+    budget: Budget | None = None
+    """What the whole tree may spend; the preset's budget fills what it leaves open."""
+    max_concurrent: int | None = None
+    """Children of the tree running at once (else the preset's, else unbounded)."""
+    priority: Priority = "interactive"
+    """`batch` trees are served after `interactive` ones."""
+
+
+def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
+    """Validate the spec (preset, model, workspace) and persist a queued root trace.
+
+    Raises:
+        ConfigError: Unknown preset or model, missing API key, bad workspace.
+    """
+    if not spec.task.strip():
+        raise ConfigError("the task is empty")
+    runtime.preset(spec.preset)
+    model = runtime.model_name(spec.model, spec.preset)
+    runtime.check_model(model)
+    workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
+    trace_id = ids.root_id()
+    trace = Trace(
+        trace_id=trace_id,
+        root_trace_id=trace_id,
+        mode=spec.mode,
+        task=spec.task,
+        name="main",
+        preset=spec.preset,
+        model=_portable(model),
+        workspace=str(workspace.workspace),
+        metadata=dict(spec.metadata or {}),
+    )
+    _control(runtime, spec, model, trace_id)
+    runtime.store.create_trace(trace)
+    runtime.store.emit(trace_id, Event(kind="trace", trace_id=trace_id, status="queued"))
+    return trace
+
+
+def _control(runtime: Runtime, spec: TaskSpec, model: str, trace_id: str) -> None:
+    """The tree's budget and schedule, written before its root exists (workers see them)."""
+    preset = runtime.preset(spec.preset)
+    budget = (spec.budget or Budget()).over(preset.budget)
+    schedule = Schedule(spec.max_concurrent or preset.max_concurrent, spec.priority)
+    budgets, trees = runtime.gate.budgets, runtime.trees
+    if not budget.empty:
+        if budgets is None:
+            raise ConfigError("budgets need the Redis store: run through the fleet")
+        check_budget(runtime, model, budget)
+        budgets.create(trace_id, budget)
+    if schedule != DEFAULT_SCHEDULE and trees is not None:
+        trees.create(trace_id, schedule)
+
+
+def check_budget(runtime: Runtime, model: str, budget: Budget) -> None:
+    """Refuse a budget that cannot pay for a single model call of `model`.
+
+    Every call books its longest answer (`max_output_tokens`, else the default booking)
+    and a tenth of the budget is set aside for the root's last turn, so a smaller budget
+    would admit no call: the tree would end at once with no answer. Only that lower bound
+    is checked here; the prompt's own tokens are booked per call on the worker.
+
+    Raises:
+        ConfigError: naming the budget, what one call books, and the way out.
+    """
+    booking = runtime.gate.max_output_tokens(model) or DEFAULT_OUTPUT_BOOKING
+    usable = 1 - FINAL_SHARE
+    if budget.tokens is not None and budget.tokens * usable < booking:
+        need = math.ceil(booking / usable)
+        raise ConfigError(
+            f"budget tokens {budget.tokens} cannot pay for one call of {model!r}: each call"
+            f" books its longest answer ({booking} tokens) and a tenth is kept for the last"
+            f" turn; give at least {need}, or set max_output_tokens on the model in fleet.yaml"
+        )
+    cost = runtime.gate.cost(model, 0, booking)
+    if budget.usd is not None and cost > 0 and budget.usd * usable < cost:
+        raise ConfigError(
+            f"budget usd {budget.usd} cannot pay for one call of {model!r}: its longest answer"
+            f" ({booking} tokens) books ${cost:.4f} and a tenth is kept for the last turn;"
+            f" give at least ${cost / usable:.4f}, or set max_output_tokens in fleet.yaml"
+        )
+
+
+def _portable(model: str) -> str:
+    """`scripted:rel.yaml` becomes absolute so a worker in another directory finds it."""
+    if model.startswith("scripted:"):
+        return "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
+    return model

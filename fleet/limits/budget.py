@@ -1,0 +1,344 @@
+"""Tree budgets: what a whole delegation tree may spend, reserved before every model call.
+
+A root may carry a `Budget(tokens, usd, sub_agents, depth, wall_s)`. Its state is one Redis
+hash per root (`keys.budget`), shared by every branch on every worker:
+
+- Before each model call a trace reserves its estimate (input estimate + the longest
+  answer, and that in USD); the call goes only if `used + reserved + final + estimate`
+  fits. The reservations in flight are one field per trace (`keys.budget_held`).
+- After the call its reservation is replaced by what it really used.
+- A tenth of the tokens/usd is set aside up front for the root's one final turn (`final`).
+- When a reservation does not fit (or `wall_s` has passed) the tree is `exhausted`: every
+  later reservation is refused, branches end `stopped` (stop_reason "budget") after the
+  call they are in, spawning stops, and the root gets its final turn (the set-aside) to
+  answer from what it has, then ends `completed` with stop_reason "budget".
+
+**Overshoot bound.** Admission guarantees used + reserved <= limit. A call overshoots its
+reservation only by what its real usage exceeds its estimate: the answer cannot (the
+estimate books `max_output_tokens`, which is sent as `max_tokens`), the input estimate
+books one token per 3 characters (English runs ~4). So the tree's spend is at most the
+limit plus, over the calls in flight when it ran out, their input under-estimates, plus
+what the root's final turn uses beyond its set-aside. For a model without
+`max_output_tokens` in fleet.yaml, 4096 is booked and a longer answer adds its excess.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, cast
+
+import redis
+from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveFloat, ValidationError
+
+from fleet.errors import ConfigError
+from fleet.limits import limit_scripts
+from fleet.models import now_ms
+from fleet.storage import keys
+
+FINAL_SHARE = 0.1
+"""Share of a token/usd budget set aside for the root's final turn."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one tree may spend. None means no limit on that dimension."""
+
+    tokens: int | None = None
+    """Prompt + completion tokens of every model call in the tree."""
+    usd: float | None = None
+    """Cost of those calls (fleet.yaml prices or the built-in table)."""
+    sub_agents: int | None = None
+    """Children the tree may spawn in all."""
+    depth: int | None = None
+    """How deep sub-agents may go below the root (0: none at all)."""
+    wall_s: float | None = None
+    """Seconds from submission until the tree stops spending."""
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing is limited."""
+        return self == Budget()
+
+    def over(self, default: Budget | None) -> Budget:
+        """A copy with `default` filling the dimensions this one leaves open."""
+        if default is None:
+            return self
+        mine, theirs = asdict(self), asdict(default)
+        return Budget(**{k: theirs[k] if v is None else v for k, v in mine.items()})
+
+
+class BudgetIn(BaseModel):
+    """A budget as written in a batch entry, preset file or API call (validated edge)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tokens: NonNegativeInt | None = None
+    usd: PositiveFloat | int | None = None
+    sub_agents: NonNegativeInt | None = None
+    depth: NonNegativeInt | None = None
+    wall_s: PositiveFloat | int | None = None
+
+    def to_budget(self) -> Budget:
+        """The dataclass used inside."""
+        return Budget(
+            tokens=self.tokens,
+            usd=None if self.usd is None else float(self.usd),
+            sub_agents=self.sub_agents,
+            depth=self.depth,
+            wall_s=None if self.wall_s is None else float(self.wall_s),
+        )
+
+
+def parse_budget(data: object, where: str) -> Budget:
+    """A `budget:` mapping (tokens, usd, sub_agents, depth, wall_s).
+
+    Raises:
+        ConfigError: one line naming `where` and the bad field.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: budget must be a mapping of tokens, usd, sub_agents")
+    try:
+        return BudgetIn.model_validate(dict(data)).to_budget()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(p) for p in error["loc"])
+        message = "unknown setting" if error["type"] == "extra_forbidden" else error["msg"]
+        raise ConfigError(f"{where}: budget.{field}: {message}") from None
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """A tree's budget as `fleet trace show` prints it: limit, used, reserved."""
+
+    limit: Budget
+    used_tokens: int
+    used_usd: float
+    used_sub_agents: int
+    reserved_tokens: int
+    """In flight now, plus the root's final turn while it is still set aside."""
+    reserved_usd: float
+    exhausted: str | None
+    """Why the tree stopped spending (tokens, usd, wall_s), or None."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The `budget` object of `fleet trace show --json`."""
+        return {
+            "limit": asdict(self.limit),
+            "used": {
+                "tokens": self.used_tokens,
+                "usd": round(self.used_usd, 6),
+                "sub_agents": self.used_sub_agents,
+            },
+            "reserved": {"tokens": self.reserved_tokens, "usd": round(self.reserved_usd, 6)},
+            "exhausted": self.exhausted,
+        }
+
+    def line(self) -> str:
+        """One human line: `budget: 31200/40000 tokens (+5000 reserved), ...`."""
+        parts = []
+        lim = self.limit
+        if lim.tokens is not None:
+            parts.append(
+                f"{self.used_tokens}/{lim.tokens} tokens (+{self.reserved_tokens} reserved)"
+            )
+        if lim.usd is not None:
+            parts.append(f"${self.used_usd:.4f}/${lim.usd:g}")
+        if lim.sub_agents is not None:
+            parts.append(f"{self.used_sub_agents}/{lim.sub_agents} sub-agents")
+        if self.exhausted:
+            parts.append(f"exhausted: {self.exhausted}")
+        return "budget: " + (", ".join(parts) or "no limits")
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """Go: the estimate is reserved. `final`: this is the root's last, set-aside turn."""
+
+    final: bool = False
+    budgeted: bool = True
+    kind: Literal["reserved"] = "reserved"
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """The tree's budget is spent: stop after what you have."""
+
+    reason: str
+    kind: Literal["exhausted"] = "exhausted"
+
+
+@dataclass(frozen=True)
+class Paused:
+    """The call's provider is paused fleet-wide (checked in the same step): nothing reserved."""
+
+    retry_in_s: float
+    kind: Literal["paused"] = "paused"
+
+
+Reservation = Reserved | Exhausted | Paused
+UNBUDGETED = Reserved(budgeted=False)
+
+
+class Budgets:
+    """Every tree's budget on one Redis (decoded responses)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        """Register the scripts."""
+        self._client = client
+        self._reserve = client.register_script(limit_scripts.BUDGET_RESERVE)
+        self._settle = client.register_script(limit_scripts.BUDGET_SETTLE)
+        self._spawn = client.register_script(limit_scripts.BUDGET_SPAWN)
+        self._known: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def create(self, root_trace_id: str, budget: Budget) -> None:
+        """Write a new tree's budget (before its root is enqueued)."""
+        fields: dict[str, Any] = {}
+        for name in ("tokens", "usd", "sub_agents", "depth"):
+            value = getattr(budget, name)
+            if value is not None:
+                fields[f"limit_{name}"] = value
+        if budget.wall_s is not None:
+            fields["limit_wall_s"] = budget.wall_s
+            fields["deadline_ms"] = now_ms() + int(budget.wall_s * 1000)
+        if budget.tokens is not None:
+            fields["final_tokens"] = int(budget.tokens * FINAL_SHARE)
+        if budget.usd is not None:
+            fields["final_usd"] = budget.usd * FINAL_SHARE
+        fields |= {"used_tokens": 0, "used_usd": 0, "used_sub_agents": 0}
+        pipe = self._client.pipeline()
+        pipe.hset(keys.budget(root_trace_id), mapping=cast(Any, fields))
+        pipe.expire(keys.budget(root_trace_id), keys.TRACE_TTL_S)
+        pipe.execute()
+
+    def has(self, root_trace_id: str) -> bool:
+        """Whether the tree has a budget; asked of Redis once per tree and process."""
+        with self._lock:
+            known = self._known.get(root_trace_id)
+        if known is None:
+            known = bool(self._client.exists(keys.budget(root_trace_id)))
+            with self._lock:
+                if len(self._known) > 100_000:  # a long-lived worker sees many trees
+                    self._known.clear()
+                self._known[root_trace_id] = known
+        return known
+
+    def reserve(
+        self,
+        trace_id: str,
+        root_trace_id: str,
+        est_tokens: int,
+        est_usd: float,
+        pause_keys: Sequence[str] = (),
+    ) -> Reservation:
+        """Reserve one call's estimate; `Exhausted` once the tree is spent.
+
+        `pause_keys`: provider pauses (`fleet.limits.providers.pause_keys`) checked in the same
+        script, for a call the limiter does not book: while one is set, `Paused` and no
+        reservation.
+        """
+        if not self.has(root_trace_id):
+            return UNBUDGETED
+        script_keys = [keys.budget(root_trace_id), keys.budget_held(root_trace_id), *pause_keys]
+        is_root = "1" if trace_id == root_trace_id else "0"
+        args: list[str | int] = [trace_id, est_tokens, repr(float(est_usd)), is_root]
+        args.append(keys.TRACE_TTL_S)
+        ok, why, newly = self._reserve(keys=script_keys, args=args)
+        if int(ok) == 3:
+            return Paused(int(why) / 1000)
+        if int(ok) == 1:
+            return Reserved(budgeted=why != "none")
+        if int(ok) == 2:
+            return Reserved(final=True)
+        if int(newly):
+            self._client.hincrby(keys.LIMIT_STATS, f"budget_exhausted:{why}", 1)
+        return Exhausted(str(why))
+
+    def settle(
+        self,
+        trace_id: str,
+        root_trace_id: str,
+        used_tokens: int,
+        used_usd: float,
+        *,
+        final_refund: bool = False,
+    ) -> None:
+        """Replace the call's reservation by its real usage (0 for a call that failed).
+
+        `final_refund`: the root's final turn did not go out (handed back, failed): its
+        set-aside goes back, so the root gets that turn when it asks again.
+        """
+        script_keys = [keys.budget(root_trace_id), keys.budget_held(root_trace_id)]
+        args: list[str | int] = [trace_id, used_tokens, repr(float(used_usd))]
+        args.append("1" if final_refund else "0")
+        self._settle(keys=script_keys, args=args)
+
+    def spawn(self, root_trace_id: str, children: int, depth: int) -> str | None:
+        """Count `children` new sub-agents at `depth`; a refusal for the model, or None."""
+        if not self.has(root_trace_id):
+            return None
+        reply = self._spawn(keys=[keys.budget(root_trace_id)], args=[children, depth])
+        ok, why, left = int(reply[0]), str(reply[1]), int(reply[2])
+        if ok:
+            return None
+        if why == "sub_agents":
+            return (
+                f"budget: this tree may start {left} more sub-agent(s); "
+                f"this call asks for {children}"
+            )
+        if why == "depth":
+            return f"budget: sub-agents may not go deeper than depth {depth - 1}"
+        return f"budget: the tree's {why} budget is spent; answer with what you have"
+
+    def deadline_ms(self, root_trace_id: str) -> int | None:
+        """When the tree's `wall_s` runs out (ms), if it has one: a wait on a person ends then."""
+        value = self._client.hget(keys.budget(root_trace_id), "deadline_ms")
+        return None if value is None else int(float(value))
+
+    def state(self, root_trace_id: str) -> BudgetState | None:
+        """The tree's budget now, or None if it has none."""
+        pipe = self._client.pipeline()
+        pipe.hgetall(keys.budget(root_trace_id))
+        pipe.hvals(keys.budget_held(root_trace_id))
+        data, held = pipe.execute()
+        if not data:
+            return None
+        return _state(data, held)
+
+
+def _state(data: Mapping[str, str], held: list[str]) -> BudgetState:
+    def num(name: str) -> float | None:
+        return float(data[name]) if name in data else None
+
+    pairs = [v.split() for v in held]
+    limit = Budget(
+        tokens=_int(num("limit_tokens")),
+        usd=num("limit_usd"),
+        sub_agents=_int(num("limit_sub_agents")),
+        depth=_int(num("limit_depth")),
+        wall_s=num("limit_wall_s"),
+    )
+    return BudgetState(
+        limit=limit,
+        used_tokens=int(num("used_tokens") or 0),
+        used_usd=num("used_usd") or 0.0,
+        used_sub_agents=int(num("used_sub_agents") or 0),
+        reserved_tokens=int(sum(float(p[0]) for p in pairs) + (num("final_tokens") or 0)),
+        reserved_usd=sum(float(p[1]) for p in pairs) + (num("final_usd") or 0.0),
+        exhausted=data.get("exhausted"),
+    )
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def budget_state(store: object, root_trace_id: str) -> BudgetState | None:
+    """A tree's budget from a trace store (None for the in-memory store or no budget)."""
+    from fleet.storage.redis_store import RedisStore
+
+    if not isinstance(store, RedisStore):
+        return None
+    return Budgets(store.client).state(root_trace_id)

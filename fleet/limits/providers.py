@@ -1,0 +1,233 @@
+"""Provider limits shared by every worker: requests/min, tokens/min and concurrency in Redis.
+
+Each model call with a limit is admitted before it is sent and settled after it
+(`Limiter.admit` / `Limiter.settle`), one Lua script each (`fleet.limits.limit_scripts`). A scope
+is a provider and its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALIAS`), each with
+the `limits:` of fleet.yaml. The provider scope exists even without `limits:`: a 429/503/529
+pauses it for every worker (`Limiter.pause`), and rate-limit headers that say nothing is left
+do the same (`Limiter.observe`). A call that no scope limits books nothing: it only checks
+that pause, and settles nothing. The runner has the pause read by its last store round trip
+before the call (`fleet.storage.writes.PauseRead`; `Limiter.held`); without one it costs a command
+of its own (`Limiter.paused`).
+
+Pacing is GCRA without burst: each admission books the next free time of every scope it
+needs, so calls are spread evenly at the configured rate and booked in arrival order. An
+admission more than `max_wait_s` away is kept as a ticket for the trace; the caller hands the
+trace back (the worker re-enqueues it with a countdown) and takes its booked turn when it
+returns. No worker thread sleeps longer than `max_wait_s` on a limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+from fleet.limits import limit_scripts
+from fleet.llm.config import FleetConfig, RateLimits, resolve_target
+from fleet.llm.ratelimit import RateSignal
+from fleet.storage import keys
+
+NO_LIMITS = RateLimits()
+
+MAX_WAIT_S = 1.0
+"""The longest a worker thread sleeps for its booked turn; later turns hand the trace back."""
+SLOT_TTL_S = 300.0
+"""A concurrency slot lapses this long after admission if its holder never settles (died)."""
+OVERLOAD_PAUSE_S = 1.0
+"""How long a 429/503/529 without retry-after pauses the provider."""
+CHARS_PER_TOKEN = 3
+"""Input estimate: one token per 3 characters of the request (English runs ~4: it over-books
+a little rather than under-books)."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One thing that is limited: a provider+key or a model alias."""
+
+    name: str
+    limits: RateLimits
+    provider: bool
+    """Provider scopes take pauses and header corrections (they are per key)."""
+
+    @property
+    def limited(self) -> bool:
+        """True when fleet.yaml sets a rate or concurrency limit here: calls are booked."""
+        lim = self.limits
+        return bool(lim.requests_per_minute or lim.tokens_per_minute or lim.max_concurrency)
+
+    def args(self) -> list[str | int]:
+        """The script's per-scope arguments: name, requests/min, tokens/min, max concurrency."""
+        lim = self.limits
+        per_min = [lim.requests_per_minute, lim.tokens_per_minute, lim.max_concurrency]
+        return [self.name, *(v or 0 for v in per_min)]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """Go, after `wait_s` (at most `MAX_WAIT_S`): the booked turn."""
+
+    wait_s: float
+    kind: Literal["admitted"] = "admitted"
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Not now: ask again in `retry_in_s` (a pause, a full concurrency line, a later turn)."""
+
+    retry_in_s: float
+    reason: str
+    kind: Literal["refused"] = "refused"
+
+
+Admission = Admitted | Refused
+
+
+def scopes_for(config: FleetConfig, model_name: str, env: Mapping[str, str]) -> tuple[Scope, ...]:
+    """The scopes a call to `model_name` counts against; none for `scripted:` models."""
+    target = resolve_target(config, model_name)
+    if target.kind == "scripted":
+        return ()
+    provider = config.providers[target.provider]
+    key = env.get(target.api_key_env, "") if target.api_key_env else ""
+    # A digest, never the key: scope names show up in Redis and in `fleet metrics`.
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12] if key else "nokey"
+    scopes = [Scope(f"provider:{target.provider}:{digest}", provider.limits or NO_LIMITS, True)]
+    alias = config.models.get(model_name)
+    if alias is not None and alias.limits is not None:
+        scopes.append(Scope(f"model:{model_name}", alias.limits, False))
+    return tuple(scopes)
+
+
+def booked(scopes: tuple[Scope, ...]) -> bool:
+    """Whether a call in these scopes is booked (admit + settle) or only checks the pause."""
+    return any(scope.limited for scope in scopes)
+
+
+def pause_keys(scopes: tuple[Scope, ...]) -> list[str]:
+    """The pause keys a call in these scopes must respect (provider scopes only)."""
+    return [keys.limit_pause(scope.name) for scope in scopes if scope.provider]
+
+
+def estimate_tokens(request_chars: int, max_output_tokens: int) -> int:
+    """What a call books before it is sent: its input estimate plus the longest answer."""
+    return math.ceil(request_chars / CHARS_PER_TOKEN) + max_output_tokens
+
+
+class Limiter:
+    """The fleet-wide limiter on one Redis (decoded responses)."""
+
+    def __init__(self, client: redis.Redis, *, max_wait_s: float = MAX_WAIT_S) -> None:
+        """Register the scripts; `max_wait_s` bounds a worker thread's sleep."""
+        self._client = client
+        self._max_wait_ms = int(max_wait_s * 1000)
+        self._admit = client.register_script(limit_scripts.LIMIT_ADMIT)
+        self._settle = client.register_script(limit_scripts.LIMIT_SETTLE)
+        self._pause = client.register_script(limit_scripts.LIMIT_PAUSE)
+
+    def admit(self, holder: str, scopes: tuple[Scope, ...], est_tokens: int) -> Admission:
+        """Book a call of `est_tokens` for `holder` (a trace id) in every scope: one round trip."""
+        script_keys = [keys.limit_ticket(holder), keys.LIMIT_STATS]
+        args: list[str | int] = [holder, est_tokens, self._max_wait_ms, int(SLOT_TTL_S * 1000)]
+        args += [keys.LIMIT_TICKET_GRACE_MS, keys.LIMIT_LINE_STALE_MS, keys.LIMIT_STATE_TTL_S]
+        for scope in scopes:
+            name = scope.name
+            script_keys += [keys.limit_state(name), keys.limit_slots(name), keys.limit_line(name)]
+            script_keys += [keys.limit_seen(name), keys.limit_pause(name)]
+            args += scope.args()
+        ok, wait_ms, reason = self._admit(keys=script_keys, args=args)
+        wait_s = int(wait_ms) / 1000
+        if int(ok) == 1:
+            return Admitted(wait_s)
+        if reason == "rate":  # come back a little early and sleep the rest of the way
+            wait_s -= self._max_wait_ms / 2000
+        return Refused(max(wait_s, 0.001), str(reason))
+
+    def paused(self, scopes: tuple[Scope, ...]) -> Refused | None:
+        """Is the provider of a call no limit books paused? One command of its own.
+
+        For a call whose runner did not read the pause in its last store round trip (see
+        `held`). A pause set by any worker's 429/503/529 (or exhausted headers) holds this
+        call back as it would a booked one; nothing else is read or written.
+        """
+        names = pause_keys(scopes)
+        if not names:
+            return None
+        if len(names) == 1:
+            left_ms = [self._client.pttl(names[0])]
+        else:
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.pttl(name)
+            left_ms = pipe.execute()
+        return self.held(scopes, max(int(left) for left in left_ms) / 1000)
+
+    def held(self, scopes: tuple[Scope, ...], pause_left_s: float) -> Refused | None:
+        """A call no limit books, whose provider pause runs `pause_left_s` more: not now.
+
+        None when the pause is over (0 or less); else the wait is counted (`fleet metrics`).
+        """
+        if pause_left_s <= 0:
+            return None
+        self.count_waited(scopes)
+        return Refused(pause_left_s, "pause")
+
+    def count_waited(self, scopes: tuple[Scope, ...]) -> None:
+        """Count a call held back by a pause, as `admit` does (`fleet metrics`)."""
+        pipe = self._client.pipeline(transaction=False)
+        for scope in scopes:
+            pipe.hincrby(keys.LIMIT_STATS, f"waited:{scope.name}", 1)
+        pipe.execute()
+
+    def settle(
+        self,
+        holder: str,
+        scopes: tuple[Scope, ...],
+        est_tokens: int,
+        used_tokens: int | None,
+        duration_ms: int | None,
+    ) -> None:
+        """Give the slot back and correct the token booking by what the call really used.
+
+        `used_tokens` None (the call failed before the provider counted it) refunds the
+        whole booking; `duration_ms` None leaves the mean call time alone.
+        """
+        script_keys: list[str] = []
+        args: list[str | int] = [holder, est_tokens, used_tokens or 0]
+        args += [-1 if duration_ms is None else duration_ms, keys.LIMIT_STATE_TTL_S]
+        for scope in scopes:
+            script_keys += [keys.limit_state(scope.name), keys.limit_slots(scope.name)]
+            args.append(scope.limits.tokens_per_minute or 0)
+        self._settle(keys=script_keys, args=args)
+
+    def pause(self, scope: Scope, pause_s: float, why: str = "paused") -> None:
+        """Hold every worker back from this provider for `pause_s`; bookings start after it."""
+        script_keys = [keys.limit_state(scope.name), keys.limit_pause(scope.name)]
+        script_keys.append(keys.LIMIT_STATS)
+        args: list[str | int] = [math.ceil(pause_s * 1000), keys.LIMIT_STATE_TTL_S]
+        self._pause(keys=script_keys, args=[*args, scope.name, why])
+
+    def overloaded(self, scopes: tuple[Scope, ...], retry_after_s: float | None) -> float:
+        """A 429/503/529: pause the provider scopes; the seconds to wait before asking again."""
+        pause_s = OVERLOAD_PAUSE_S if retry_after_s is None else max(retry_after_s, 0.001)
+        for scope in scopes:
+            if scope.provider:
+                self.pause(scope, pause_s, "overloaded")
+        return pause_s
+
+    def observe(self, scopes: tuple[Scope, ...], signal: RateSignal | None) -> None:
+        """Headers saying the provider has nothing left pause it until one unit is back."""
+        pause_s = signal.pause_s() if signal is not None else None
+        if not pause_s:
+            return
+        for scope in scopes:
+            if scope.provider:
+                self.pause(scope, pause_s, "exhausted")
+
+    def stats(self) -> dict[str, int]:
+        """`{what}:{scope}` -> count, for `fleet metrics`."""
+        return {str(k): int(v) for k, v in self._client.hgetall(keys.LIMIT_STATS).items()}

@@ -1,0 +1,63 @@
+"""What a trace's model sees besides the conversation: first messages and injections."""
+
+from __future__ import annotations
+
+import json
+
+from fleet.loop.structured import VERDICT_SCHEMA, instruction, schema_for
+from fleet.models import Message, Role, Trace
+from fleet.runtime import Runtime
+
+BASE_PROMPT = (
+    "You are an agent working in the workspace {workspace}. Use the tools to inspect and "
+    "change it; paths are relative to the workspace. When you are done, answer without "
+    "calling a tool: that answer is your result."
+)
+
+
+def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
+    """System prompt, any context messages the parent passed, then the task."""
+    preset = runtime.preset(trace.preset)
+    workspace = trace.workspace or str(runtime.settings.workspace)
+    system = BASE_PROMPT.format(workspace=workspace)
+    if preset.system_prompt:
+        system = f"{system}\n\n{preset.system_prompt}"
+    skills = [*preset.skills, *trace.skills]
+    if skills:
+        system += "\n\nLoad these skills with the `skill` tool when useful: " + ", ".join(skills)
+    schema = schema_for(preset.output_schema, preset.name, trace)
+    if schema is not None and schema is not VERDICT_SCHEMA:  # the judge's prompt has its own
+        system += "\n\n" + instruction(schema)
+    out = [Message(trace_id=trace.trace_id, role="system", content=system)]
+    for item in trace.context.get("messages") or []:
+        role: Role = "assistant" if item.get("role") == "assistant" else "user"
+        out.append(Message(trace_id=trace.trace_id, role=role, content=item["content"]))
+    task = trace.task
+    if trace.context.get("extra"):
+        task += "\n\nContext:\n" + json.dumps(trace.context["extra"], ensure_ascii=False)
+    out.append(Message(trace_id=trace.trace_id, role="user", content=task))
+    return out
+
+
+def injection(runtime: Runtime, trace: Trace) -> Message | None:
+    """Every N turns, the plan and `## Active Collaborators` as a user message."""
+    every = runtime.settings.inject_every_turns
+    if trace.iteration == 0 or every <= 0 or trace.iteration % every:
+        return None
+    blocks = [trace.goals.render(), collaborators_block(runtime, trace.trace_id)]
+    body = "\n\n".join(b for b in blocks if b)
+    if not body:
+        return None
+    return Message(trace_id=trace.trace_id, role="user", content=body, metadata={"injected": True})
+
+
+def collaborators_block(runtime: Runtime, trace_id: str) -> str:
+    """`## Active Collaborators` with one line per collaborator."""
+    entries = runtime.store.collaborators(trace_id)
+    if not entries:
+        return ""
+    lines = ["## Active Collaborators"]
+    for c in entries:
+        summary = " ".join(c.summary.split())[:160]
+        lines.append(f"- {c.name} [{c.type}, {c.status}]: {summary}")
+    return "\n".join(lines)

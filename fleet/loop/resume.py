@@ -1,0 +1,89 @@
+"""How a run opens its trace: a fresh one's first messages, a resumed one's open turn.
+
+A fresh trace's system and task messages are numbered here and wait for its first model
+turn's write. A resumed trace's open turn is collected from its children, or healed.
+
+A run that starts on a trace whose last assistant turn has calls without results (a crash,
+a lost collect, a redelivery) settles each: a person not answered yet waits again;
+sub-agents that all ended are collected here; anything else gets a synthetic result (for
+`agent`/`evaluate` naming the sub-trace, so the model can `continue_from` it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, assert_never
+
+from fleet import lifecycle
+from fleet.children import settling
+from fleet.conversation.human import ASK_HUMAN, still_waiting
+from fleet.history import SUB_AGENT_TOOLS, healed_result, main_path, open_turn
+from fleet.loop.context import first_messages
+from fleet.loop.turns import Held, numbered
+from fleet.models import Message, Trace
+from fleet.runtime import Runtime
+from fleet.storage.store import TraceSnapshot
+from fleet.storage.writes import TraceWrite
+
+
+def opening(
+    runtime: Runtime, snapshot: TraceSnapshot, trace: Trace, start: TraceWrite, held: Held
+) -> TraceSnapshot | Literal["waiting"] | None:
+    """What the first turn starts from; `waiting` while a resumed trace's children run.
+
+    A fresh trace's first messages, numbered as the store will number them, are written
+    with its first model turn (`held.pending`): no write and no read before the call.
+    A resumed trace with nothing to heal goes on from `begin_run`'s read (its collected
+    results are in it); one whose open turn is healed here reads it again first (None).
+    """
+    path = main_path(snapshot.messages, trace.head_sequence)
+    if not path:
+        trace, first = numbered(trace, first_messages(runtime, trace))
+        for message in first:
+            start.append(message)
+        held.pending = start
+        messages = [*snapshot.messages, *first]
+        return TraceSnapshot(trace, messages, snapshot.stop_requested, snapshot.pauses)
+    if not start.ops and open_turn(path) is None:
+        return TraceSnapshot(trace, snapshot.messages, snapshot.stop_requested, snapshot.pauses)
+    if start.ops:
+        runtime.store.apply(start)
+    if not heal(runtime, trace, snapshot.messages):
+        lifecycle.wait(runtime, trace)
+        return "waiting"
+    return None
+
+
+def heal(runtime: Runtime, trace: Trace, messages: list[Message]) -> bool:
+    """Heal a resumed trace's open turn; False while its children still run."""
+    turn = open_turn(main_path(messages, trace.head_sequence))
+    if turn is None:
+        return True
+    waiting = False
+    for call in turn.missing:
+        waiting |= _settle(runtime, trace, call)
+    return not waiting
+
+
+def _settle(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> bool:
+    """Collect or heal one unanswered call; True if its children are still running."""
+    call_id = str(call["id"])
+    name = str(call["function"]["name"])
+    if name == ASK_HUMAN and still_waiting(trace, call_id):
+        return True  # a person has not answered yet: a redelivered run waits again
+    kids: list[str] = []
+    if name in SUB_AGENT_TOOLS:
+        kids = settling.call_children(runtime.store, trace.trace_id, call_id)
+    if kids:
+        # Their collect was lost (or is still to come): settle it here if they all ended.
+        match settling.settle(runtime, trace.trace_id, call_id, kids):
+            case settling.Settled() | settling.AlreadyCollected():
+                return False
+            case settling.Waiting() if runtime.dispatcher.children_survive_restart:
+                return True
+            case settling.Waiting():
+                pass  # they died with this process: heal the call below
+            case unreachable:
+                assert_never(unreachable)
+    sub_id = kids[0] if kids else None
+    runtime.store.append_message(healed_result(trace.trace_id, call, sub_id))
+    return False

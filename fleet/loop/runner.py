@@ -1,0 +1,406 @@
+"""The agent loop: one runner for main agents and sub-agents, in-process or on a worker."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal, assert_never
+
+from fleet import lifecycle
+from fleet.children import settling
+from fleet.errors import FleetError, LeaseLost, TransientLLMError
+from fleet.history import (
+    SUB_AGENT_TOOLS,
+    fresh_call_ids,
+    main_path,
+    recent_calls,
+    to_wire,
+)
+from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
+from fleet.llm.base import ToolCall
+from fleet.loop.fit import fit
+from fleet.loop.fit import record as record_fit
+from fleet.loop.resume import opening
+from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
+from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
+from fleet.loop.toolcalls import execute_turn, plain_only, tool_schemas
+from fleet.loop.turns import (
+    Held,
+    Outcome,
+    Turn,
+    advanced,
+    call_model,
+    hand_back,
+    model_message,
+    note,
+    recorded,
+    terminal,
+)
+from fleet.loop.turns import RunResult as RunResult  # re-exported: hosts import it from here
+from fleet.models import Event, Status, now_ms
+from fleet.runtime import Runtime
+from fleet.storage.leases import HeldLease
+from fleet.storage.store import TraceSnapshot
+from fleet.storage.writes import Append, JoinPart, TraceWrite, WriteResult
+
+log = logging.getLogger(__name__)
+
+_HOST = socket.gethostname()
+
+
+class Runner:
+    """Runs a trace until it finishes, waits on sub-agents, or is stopped."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        should_yield: Callable[[], bool] = lambda: False,
+        join: JoinPart | None = None,
+    ) -> None:
+        """Create a runner.
+
+        Args:
+            runtime: The shared infrastructure.
+            should_yield: Checked between turns; when true the run stops, its trace goes back
+                to `queued` and `run` returns `yielded` so the host can re-enqueue it.
+            join: The host's join part of this run, counted by the write that ends the
+                trace (`JoinPart.recorded` tells the host whether it was).
+        """
+        self.runtime = runtime
+        self.store = runtime.store
+        self.should_yield = should_yield
+        self.join = join
+
+    def run(self, trace_id: str) -> RunResult:
+        """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
+        owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
+        while True:
+            ttl_ms = self.runtime.settings.lease_ttl_ms
+            start = lifecycle.starting(trace_id)
+            pauses = self.runtime.gate.known_pauses(start.root_trace_id)
+            snapshot = self.store.begin_run(trace_id, owner, ttl_ms, start, pauses)
+            if snapshot is None:
+                return RunResult(trace_id, "busy")
+            with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
+                held = Held(owner, lease)
+                try:
+                    outcome = self._fenced(snapshot, held)
+                except Exception as exc:
+                    # Unreachable store: keep the lease (and the running index entry) so
+                    # that it lapses and a sweeper resumes the trace once the store is back.
+                    if not held.released and not self.store.unavailable(exc):
+                        self.store.release_lease(trace_id, owner)
+                    raise
+                if not held.released:
+                    self.store.release_lease(trace_id, owner)
+            if isinstance(outcome, Wait):
+                return RunResult(trace_id, "throttled", outcome.retry_in_s)
+            # A collect that finished while we held the lease could not resume us: look again.
+            if outcome != "waiting" or not settling.turn_complete(self.store, trace_id):
+                return RunResult(trace_id, outcome)
+
+    def _fenced(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
+        """Drive the trace writing only through a store fenced by our lease.
+
+        Every write checks the lease inside its Lua script, so a runner that comes back
+        from a freeze after its lease was taken over writes nothing (`LeaseLost`): `lost`.
+        """
+        trace_id = snapshot.trace.trace_id
+        fenced_runtime = self.runtime.fenced(trace_id, held.owner)
+        fenced = Runner(fenced_runtime, should_yield=self.should_yield, join=self.join)
+        try:
+            return fenced._drive(snapshot, held)
+        except LeaseLost:
+            log.warning("run of %r stopped: its lease was taken over", trace_id)
+            held.released = True  # not ours to release any more
+            return "lost"
+
+    def _drive(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
+        if snapshot.trace.is_terminal:
+            return terminal(snapshot.trace.status)
+        hooks = self.runtime.hooks
+        hooks.run_started(snapshot.trace)
+        try:
+            outcome = self._drive_open(snapshot, held)
+        except BaseException as exc:
+            hooks.run_ended(snapshot.trace, "crashed", exc)
+            raise
+        hooks.run_ended(snapshot.trace, "throttled" if isinstance(outcome, Wait) else outcome)
+        return outcome
+
+    def _drive_open(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
+        start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
+        trace = lifecycle.start(self.runtime, snapshot.trace, start)  # begin_run did, mostly
+        try:
+            self.runtime.workspace_of(trace)
+        except FleetError as exc:  # a forged or stale workspace: fail before any model call
+            if start.ops:
+                self.store.apply(start)
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        following = opening(self.runtime, snapshot, trace, start, held)
+        if following == "waiting":
+            return "waiting"
+        held.started_ms = now_ms()
+        try:
+            return self._loop(trace.trace_id, held, following)
+        except LeaseLost:
+            raise
+        except TransientLLMError as exc:  # the client retried it: the task may, later
+            return self._retry_later(trace.trace_id, exc)
+        except FleetError as exc:
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        finally:
+            if not held.released:  # a finish in one step wrote its duration already
+                with contextlib.suppress(LeaseLost):
+                    self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
+
+    def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
+        while True:
+            if snapshot is None:  # trace, messages and stop flag: 1 read
+                snapshot = self.store.snapshot(trace_id)
+            if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
+                return ended
+            turn = self._turn(snapshot, held)
+            if not isinstance(turn, Turn):
+                return self._no_turn(snapshot, turn)
+            match turn.step:
+                case Finish(answer=answer, reason=reason):
+                    if (ended := self._answer(held, turn, answer, reason)) is not None:
+                        return ended
+                    snapshot = None  # the answer and a correction were written: read again
+                case DoomLoop(call=call, repeats=repeats):
+                    error = (
+                        f"doom loop: {call.name!r} called {repeats} times with the same arguments"
+                    )
+                    return self._end(held, turn, "failed", error=error, reason="doom_loop")
+                case CallTools(calls=calls):
+                    after = self._tools(turn, calls)
+                    if after == "waiting":
+                        return "waiting"
+                    snapshot = after
+                case _:
+                    assert_never(turn.step)
+
+    def _tools(
+        self, turn: Turn, calls: tuple[ToolCall, ...]
+    ) -> TraceSnapshot | Literal["waiting"] | None:
+        """Store the model turn, run its tools; the snapshot after them, if known without a read.
+
+        `waiting` while sub-agents run; None when the trace must be read again.
+        """
+        # The model turn is stored before its tools run: a crash heals them on resume. A
+        # read-only turn of plain tools is stored with their results (`plain_only`).
+        together = plain_only(self.runtime, turn.trace, calls)
+        own = sum(isinstance(op, Append) for op in turn.write.ops)  # with any first messages
+        stored = [] if together else self.store.apply(turn.write).messages
+        own_write = turn.write if together else None
+        tools = execute_turn(self.runtime, turn.trace, calls, own_write, pauses=turn.pauses)
+        written = tools.written
+        if together and written is not None:
+            stored, rest = written.messages[:own], written.messages[own:]
+            written = WriteResult(rest, written.stop_requested, written.pauses)
+        if tools.waiting:
+            return "waiting"
+        if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
+            lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
+            return None
+        if written is None or stored[-1:] != turn.messages[-1:]:
+            return None  # another write changed the trace (a goal): read it
+        return advanced(TraceSnapshot(turn.trace, turn.messages, False), written)
+
+    def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
+        """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
+        trace = snapshot.trace
+        max_iterations = self.runtime.preset(trace.preset).max_iterations
+        if heartbeat.lost.is_set():
+            return "lost"
+        if self.should_yield():
+            lifecycle.requeue(self.runtime, trace)
+            return "yielded"
+        if snapshot.stop_requested:
+            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
+        if trace.iteration >= max_iterations:
+            error = f"stopped after max_iterations={max_iterations}"
+            return self.finish(trace.trace_id, "failed", error=error, reason="max_iterations")
+        return None
+
+    def _retry_later(self, trace_id: str, exc: TransientLLMError) -> Outcome | Wait:
+        """A provider error the client's retries did not fix: queued again, or failed."""
+        match hand_back(self.runtime, trace_id, exc):
+            case Wait() as wait:
+                return wait
+            case error:
+                return self.finish(trace_id, "failed", error=error, reason="error")
+
+    def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
+        """No model call this time; what happens instead.
+
+        Lease lost (None): let go. A limit said "not now": queued again, to come back
+        later. The tree's budget is spent: end with what we have.
+        """
+        match why:
+            case None:
+                return "lost"
+            case Wait():
+                lifecycle.requeue(self.runtime, snapshot.trace)
+                return why
+            case Spent(reason=reason):
+                partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
+                ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
+                return terminal(ended.status)
+            case _:
+                assert_never(why)
+
+    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | None:
+        """One model call and what to do about it; the turn is not written yet.
+
+        None when the lease was lost during the model call: another runner may own the
+        trace now, so nothing of this turn is written and no tool runs. `Wait` when a
+        provider limit did not admit the call, `Spent` when the tree's budget is used up:
+        nothing of this turn is written either.
+        """
+        trace, messages = snapshot.trace, snapshot.messages
+        model_name = self.runtime.model_name(trace.model, trace.preset)
+        tools = tool_schemas(self.runtime, trace)
+        path = main_path(messages, trace.head_sequence)
+        chars = request_chars(path, tools)
+        verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses)
+        if not isinstance(verdict, Go):
+            return verdict
+        if (extra := note(self.runtime, trace, final=verdict.budget.final)) is not None:
+            if held.pending is not None:  # the first messages go first
+                self.store.apply(held.pending)
+                held.pending = None
+            stored = self.store.append_message(extra)
+            messages = [*messages, stored]
+            trace = trace.model_copy(
+                update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
+            )
+            path = main_path(messages, trace.head_sequence)
+        window = self.runtime.context_window(model_name)
+        fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
+        if fitted.elided and window is not None:
+            trace = record_fit(self.store, trace, fitted, window)
+        response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
+        if isinstance(response, Wait):
+            return response
+        self.runtime.hooks.model_responded(trace, response)
+        if held.heartbeat.lost.is_set():
+            return None
+        response = fresh_call_ids(response, messages, trace.last_sequence + 1)
+        message = model_message(self.runtime, trace, response, model_name)
+        event = Event(
+            kind="message",
+            trace_id=trace.trace_id,
+            data={
+                "role": "assistant",
+                "tools": [c["function"]["name"] for c in message.tool_calls or ()],
+            },
+        )
+        write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
+        held.pending = None
+        write.append(message, event, iteration=trace.iteration + 1)
+        repeats = self.runtime.settings.doom_loop_repeats
+        step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
+        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
+            step = Finish(response.content or "(no answer)", reason="budget")
+        pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
+        return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
+
+    def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
+        """Finish with the answer; None after a correction (it missed its output schema).
+
+        The budget's last turn stands as it is: there is no budget left to correct it.
+        """
+        preset = self.runtime.preset(turn.trace.preset)
+        schema = schema_for(preset.output_schema, preset.name, turn.trace)
+        path = main_path(turn.messages, turn.trace.head_sequence)
+        answered = self.runtime.redactor.values_only(answer)
+        checked = (
+            Accepted(None)
+            if reason == "budget"
+            else check_final(schema, turn.trace, answered, path)
+        )
+        match checked:
+            case Accepted(output=output):
+                outcome = {"answer": answer, "output": output, "reason": reason}
+                return self._end(held, turn, "completed", **outcome)
+            case Rejected(error=error):
+                outcome = {"answer": answer, "error": error, "reason": "output_schema"}
+                return self._end(held, turn, "failed", **outcome)
+            case Correct(message=message):
+                self.store.apply(turn.write)
+                data = {"role": "user", "correction": True}
+                event = Event(kind="message", trace_id=turn.trace.trace_id, data=data)
+                self.store.record_turn(turn.trace.root_trace_id, message, event)
+                return None
+            case _:
+                assert_never(checked)
+
+    def _end(self, held: Held, turn: Turn, status: Status, **outcome: Any) -> Outcome:
+        """The last model turn, the finish, the duration and the lease's release: one step."""
+        duration_ms = now_ms() - held.started_ms
+        turn.write.add_stats(duration_ms=duration_ms)
+        turn.write.release_lease(held.owner)
+        if self.join is not None and not self.join.recorded:
+            turn.write.join_part(self.join)
+        stats = turn.trace.stats
+        stats = stats.model_copy(update={"duration_ms": stats.duration_ms + duration_ms})
+        trace = turn.trace.model_copy(update={"stats": stats})  # as the write leaves it
+        held.released = True  # before the write: a heartbeat meanwhile finds it gone, rightly
+        try:
+            lifecycle.finish(
+                self.runtime, trace.trace_id, status, trace=trace, write=turn.write, **outcome
+            )
+        except BaseException:
+            held.released = False
+            raise
+        return terminal(status)
+
+    def finish(
+        self,
+        trace_id: str,
+        status: Status,
+        *,
+        answer: str | None = None,
+        error: str | None = None,
+        reason: str,
+    ) -> Outcome:
+        """End the run in a terminal status (see `lifecycle.finish`)."""
+        lifecycle.finish(self.runtime, trace_id, status, answer=answer, error=error, reason=reason)
+        return terminal(status)
+
+
+def run_safely(runner: Runner, trace_id: str) -> RunResult:
+    """Run a child and never raise: an unexpected error marks the trace failed instead.
+
+    Branch tasks use this so the chord body always runs and siblings are never lost.
+    """
+    try:
+        return runner.run(trace_id)
+    except Exception as exc:  # the envelope *is* the error handling for branches
+        if runner.store.unavailable(exc):
+            log.warning("run of %r interrupted, the store is unreachable: %s", trace_id, exc)
+            return RunResult(trace_id, "interrupted")
+        log.exception("run of %r crashed", trace_id)
+        error = f"{type(exc).__name__}: {exc}"
+        lifecycle.fail(runner.runtime, trace_id, error=error, reason="crash")
+        return RunResult(trace_id, "failed")
+
+
+def run_to_end(runner: Runner, trace_id: str) -> RunResult:
+    """`run_safely` for in-process hosts: a throttled run sleeps out its wait and goes on.
+
+    Only for threads that are not worker slots (inline runs, the in-process dispatcher).
+    """
+    while True:
+        result = run_safely(runner, trace_id)
+        if result.outcome != "throttled":
+            return result
+        time.sleep(result.retry_in_s)

@@ -1,0 +1,295 @@
+"""One assistant turn's tool calls: plain tools, the goal tool, and sub-agents."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from fleet import lifecycle
+from fleet.children import settling
+from fleet.children.cache import delegate_preset
+from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
+from fleet.conversation.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
+from fleet.errors import ToolError
+from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
+from fleet.history import SUB_AGENT_TOOLS
+from fleet.limits.fanout import check_spawn
+from fleet.llm.base import ToolCall
+from fleet.models import Event, Message, Trace, now_ms
+from fleet.runtime import Runtime, SpawnRequest
+from fleet.storage import outbox
+from fleet.storage.writes import TraceWrite, WriteResult
+from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.registry import ToolRegistry
+
+_GOAL = {
+    "type": "function",
+    "function": {
+        "name": "goal",
+        "description": "Manage your plan: add, focus, done, abandon or show goals.",
+        "parameters": GOAL_TOOL_SCHEMA,
+    },
+}
+
+
+log = logging.getLogger(__name__)
+
+_SCHEMAS: WeakKeyDictionary[ToolRegistry, dict[tuple[str, ...], list[dict[str, Any]]]]
+_SCHEMAS = WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class ToolTurn:
+    """How one assistant turn's tool calls ended."""
+
+    waiting: bool
+    """Some sub-agent is still running: the run ends `waiting`, the collect resumes it."""
+    written: WriteResult | None
+    """The results as written in one step (with the stop flag), when they are the only
+    change to the trace; None when something else changed it too (a spawn, a goal), so
+    the runner reads it again."""
+
+
+def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
+    """The tools this trace's model is offered: what its preset and mode allow.
+
+    The registry's schemas are deep-copied once per registry and tool set, not per turn;
+    the dicts are shared between turns and threads, so callers must not change them.
+    """
+    preset = runtime.permissions(trace)
+    names = tuple(runtime.tools.names_for(preset))
+    if not runtime.settings.allow_shell:
+        names = tuple(n for n in names if n != "bash")
+    cached = _SCHEMAS.setdefault(runtime.tools, {})
+    if names not in cached:
+        cached[names] = runtime.tools.schemas(names)
+    schemas = list(cached[names])
+    if preset.allows("goal"):
+        schemas.append(_GOAL)
+    if trace.mode == "main":
+        # `agent` delegates to writing presets by default: a read-only trace is not offered
+        # it (and `spawn` refuses a writing child if the model calls it anyway).
+        offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
+        schemas += [s for s in offered if preset.allows(s["function"]["name"])]
+    if may_ask(preset, trace):
+        schemas.append(ASK_HUMAN_SCHEMA)
+    return schemas
+
+
+def execute_turn(
+    runtime: Runtime,
+    trace: Trace,
+    calls: tuple[ToolCall, ...],
+    turn: TraceWrite | None = None,
+    *,
+    pauses: Sequence[str] = (),
+) -> ToolTurn:
+    """Run the calls in order, write their results in one step; sub-agents go last.
+
+    A question to a person (`ask_human`) is put after every other result is written.
+    `turn`: the model turn's own write, not applied yet; the results join it (one step).
+    `pauses`: provider pause keys the results' write reads for the next model call.
+
+    Returns:
+        Whether the run waits on sub-agents or a person, and what was written.
+    """
+    spawns: list[tuple[ToolCall, SpawnRequest]] = []
+    results = (turn or TraceWrite(trace.trace_id, trace.root_trace_id)).read_pauses(pauses)
+    question: tuple[ToolCall, str] | None = None
+    for call in calls:
+        runtime.hooks.tool_started(trace, call)
+        if call.name == ASK_HUMAN:
+            asked = _question(runtime, trace, _persisted(runtime, call), first=question is None)
+            if isinstance(asked, str):
+                question = (call, asked)
+                continue
+            result = asked
+        elif call.name in SUB_AGENT_TOOLS:
+            outcome = _sub_agents(runtime, trace, _persisted(runtime, call))
+            if isinstance(outcome, SpawnRequest):
+                spawns.append((call, outcome))
+                continue
+            result = outcome
+        elif call.name == "goal":
+            result = _goal(runtime, trace, _persisted(runtime, call))
+        else:
+            result = _plain(runtime, trace, call)
+        _write(runtime, results, call, result)
+        runtime.hooks.tool_finished(trace, call, result)
+    written = runtime.store.apply(results) if results.ops else None
+    if question is not None:
+        ask(runtime, trace, question[0].id, question[1])
+        runtime.hooks.tool_finished(trace, question[0], None)
+    if not spawns:
+        if question is not None:
+            return ToolTurn(waiting=True, written=None)
+        changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
+        return ToolTurn(waiting=False, written=None if changed else written)
+    _dispatch(runtime, trace, spawns)
+    return ToolTurn(not settling.turn_complete(runtime.store, trace.trace_id), None)
+
+
+def plain_only(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:
+    """Whether a model turn may be stored with its tools' results, in one step.
+
+    For a read-only trace whose calls are all plain tools: a crash while they run loses
+    the model turn too, and the run calls the model again, which changes nothing outside.
+    A turn that may write, spawn, plan or ask is stored before its tools run, so that a
+    crash leaves its calls to be healed on resume instead.
+    """
+    special = SUB_AGENT_TOOLS | {ASK_HUMAN, "goal"}
+    return runtime.permissions(trace).read_only and not any(c.name in special for c in calls)
+
+
+def _question(runtime: Runtime, trace: Trace, call: ToolCall, *, first: bool) -> str | ToolResult:
+    """The question to put to a person, or a refusal (one question per turn)."""
+    if not first:
+        return ToolResult(title="ask_human refused", output="one question per turn", is_error=True)
+    return question_of(runtime, trace, call)
+
+
+def _persisted(runtime: Runtime, call: ToolCall) -> ToolCall:
+    """The call with the worker's secrets masked in its arguments.
+
+    For the calls whose arguments are stored rather than run: a child's task, messages
+    and context, a goal's description. The model wrote them; what it learnt of our
+    secrets is not kept.
+    """
+    arguments = runtime.redactor.values_only(call.arguments)
+    return call if arguments == call.arguments else replace(call, arguments=arguments)
+
+
+def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
+    """Children to dispatch, or the result at once (cached answer, refusal)."""
+    try:
+        _check_may_spawn(runtime, trace, call)
+        if (cached := _cached(runtime, trace, call)) is not None:
+            return cached
+        check_spawn(runtime, trace, call)
+        return _spawn(runtime, trace, call)
+    except ToolError as exc:
+        return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
+
+
+def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
+    """Create the children, recorded in the outbox first when a task queue runs them.
+
+    If this process dies (or the broker refuses the chord) between creating the children
+    and handing them over, a sweeper finds the entry and dispatches them (`fleet.storage.outbox`).
+    """
+    if not runtime.dispatcher.children_survive_restart:
+        return spawn(runtime, trace, call)
+    entry = outbox.spawn_entry(trace.trace_id, call.id)
+    runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
+    try:
+        return spawn(runtime, trace, call)
+    except ToolError:
+        runtime.store.outbox_done(entry)  # no child was created
+        raise
+
+
+def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnRequest]]) -> None:
+    # Waiting is written before dispatch: a fast chord may collect before we return.
+    # Stopped while this turn's model call ran: the new children start stopped.
+    lifecycle.wait(runtime, trace, [c for _, request in spawns for c in request.child_ids])
+    for call, request in spawns:
+        _hand_over(runtime, trace, request)
+        runtime.hooks.tool_finished(trace, call, None)
+
+
+def _hand_over(runtime: Runtime, trace: Trace, request: SpawnRequest) -> None:
+    """Dispatch; on a task queue, a refused chord stays in the outbox for a sweeper."""
+    if not runtime.dispatcher.children_survive_restart:
+        runtime.dispatcher.dispatch(runtime, request)
+        return
+    try:
+        runtime.dispatcher.dispatch(runtime, request)
+    except Exception:  # the broker refused: the outbox entry stays, a sweeper sends them
+        count = len(request.children)
+        log.warning(
+            "dispatch of %d children of %r failed; a sweeper will retry",
+            count,
+            trace.trace_id,
+            exc_info=True,
+        )
+        return
+    runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))
+
+
+def _cached(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:
+    """A delegate call answered from the result cache of its preset, if any."""
+    found = delegate_preset(call)
+    if found is None or found[0] not in runtime.presets:
+        return None
+    key = delegate_cache_key(runtime, trace, found[0], found[1])
+    hit = runtime.store.cache_get(key) if key else None
+    if hit is None:
+        return None
+    return ToolResult(title="agent (cached)", output=hit, metadata={"cached": True})
+
+
+def _check_may_spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> None:
+    """Sub-agents never start sub-agents, and the trace's permissions must allow the tool."""
+    preset = runtime.permissions(trace)
+    if trace.mode != "main" or not preset.allows(call.name):
+        raise ToolError(
+            f"tool {call.name!r} is not allowed for preset {preset.name!r} in a {trace.mode} "
+            "trace (sub-agents cannot start sub-agents)"
+        )
+
+
+def _goal(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
+    if not runtime.permissions(trace).allows("goal"):
+        return ToolResult(title="goal refused", output="tool 'goal' is not allowed", is_error=True)
+    tree = trace.goals.model_copy(deep=True)
+    try:
+        output = apply_goal_action(tree, call.parsed_arguments())
+    except (ToolError, ValueError) as exc:
+        return ToolResult(title="goal error", output=str(exc), is_error=True)
+    runtime.store.update_trace(trace.trace_id, goals=tree)
+    return ToolResult(title="goal", output=output)
+
+
+def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
+    settings = runtime.settings
+    ctx = ToolContext(
+        workspace=runtime.workspace_of(trace),  # ConfigError outside the roots: trace fails
+        trace_id=trace.trace_id,
+        preset=trace.preset,
+        allow_shell=settings.allow_shell,
+        skills_dirs=tuple(p for p in (settings.skills_dir,) if p is not None),
+        shell_env=settings.shell_env,
+        web_allow=settings.web_allow,
+        tool_timeout_s=settings.tool_timeout_s,
+    )
+    try:
+        arguments = call.parsed_arguments()
+    except ValueError as exc:
+        return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
+    return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
+
+
+def _write(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
+    # A tool may have read one of the worker's secrets (a file, a response): never stored.
+    scrub = runtime.redactor.values_only
+    memory = scrub(result.long_term_memory) if result.long_term_memory else None
+    event = Event(
+        kind="message",
+        trace_id=results.trace_id,
+        data={"role": "tool", "tool": call.name, "is_error": result.is_error},
+    )
+    results.append(
+        Message(
+            trace_id=results.trace_id,
+            role="tool",
+            tool_call_id=call.id,
+            name=call.name,
+            content=scrub(result.output),
+            long_term_memory=memory,
+            metadata={"title": result.title, "is_error": result.is_error},
+        ),
+        event,
+    )

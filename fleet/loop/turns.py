@@ -1,0 +1,238 @@
+"""One model turn of a run: the call, the message it stores, the trace after it.
+
+The call goes on its booked turn and is settled with the gate; the message is numbered as
+the store will number it; the trace after a write is known without reading it again.
+
+The runner (`fleet.loop.runner`) drives the loop; these are its pieces that need no loop, and
+how a run ends (`Outcome`, `RunResult`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fleet import lifecycle
+from fleet.errors import ProviderOverloaded, TransientLLMError
+from fleet.limits.gate import FINAL_NOTE, Go, Wait
+from fleet.llm.base import LLMResponse, ToolCall
+from fleet.loop.context import injection
+from fleet.loop.steps import Step
+from fleet.models import Message, Status, Trace
+from fleet.runtime import Runtime
+from fleet.storage.leases import HeldLease
+from fleet.storage.store import TraceSnapshot
+from fleet.storage.writes import TraceWrite, WriteResult
+
+TRANSIENT_RETRIES_KEY = "transient_retries"
+"""Trace metadata: how often a provider error handed the run back to be run later."""
+FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
+OVERLOADS_KEY = "overloads"
+"""Trace metadata: how often a provider's 429/503/529 handed the run back (fleet pause)."""
+OVERLOADS_PER_RETRY = 10
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal[
+    "completed",
+    "failed",
+    "stopped",
+    "waiting",
+    "busy",
+    "lost",
+    "yielded",
+    "throttled",
+    "interrupted",
+]
+"""`busy`: another runner holds the trace. `lost`: our lease was taken over.
+`yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
+`throttled`: a provider limit said "not now"; the trace is queued again, to be run in
+`RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
+was left to lapse, and a sweeper resumes the trace once the store is back."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How one `Runner.run` call ended. `busy`: another runner holds the trace."""
+
+    trace_id: str
+    outcome: Outcome
+    retry_in_s: float = 0.0
+    """For `throttled`: when the trace may ask again (its booked turn, or a pause's end)."""
+
+
+def terminal(status: Status) -> Outcome:
+    """The outcome of a run that ended the trace in this status."""
+    if status == "completed" or status == "failed" or status == "stopped":
+        return status
+    raise ValueError(f"{status!r} is not terminal")
+
+
+@dataclass
+class Held:
+    """A run's hold on its trace."""
+
+    owner: str
+    heartbeat: HeldLease
+    started_ms: int = 0
+    pending: TraceWrite | None = None
+    """Writes that wait for the next model turn's (a fresh trace's first messages)."""
+
+    @property
+    def released(self) -> bool:
+        """The lease was given up (with the duration written) in the run's last write."""
+        return self.heartbeat.released
+
+    @released.setter
+    def released(self, value: bool) -> None:
+        self.heartbeat.released = value
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A model call's outcome, and the write that stores it."""
+
+    step: Step
+    trace: Trace
+    """The trace as it is once `write` is applied."""
+    messages: list[Message]
+    """Every message once `write` is applied."""
+    write: TraceWrite
+    pauses: tuple[str, ...] = ()
+    """The pause keys the next model call checks: the turn's last write reads them."""
+
+
+def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
+    """The snapshot after a write appended these messages (as a fresh read would show it)."""
+    trace = snapshot.trace
+    if written.messages:
+        last = written.messages[-1].sequence
+        trace = trace.model_copy(update={"head_sequence": last, "last_sequence": last})
+    messages = [*snapshot.messages, *written.messages]
+    return TraceSnapshot(trace, messages, written.stop_requested, written.pauses)
+
+
+def numbered(trace: Trace, messages: list[Message]) -> tuple[Trace, list[Message]]:
+    """Messages as the store numbers them when appended after the head, and the trace then."""
+    out: list[Message] = []
+    head, last = trace.head_sequence, trace.last_sequence
+    for message in messages:
+        last += 1
+        out.append(message.model_copy(update={"sequence": last, "parent_sequence": head}))
+        head = last
+    return trace.model_copy(update={"head_sequence": head, "last_sequence": last}), out
+
+
+def recorded(trace: Trace, message: Message) -> Trace:
+    """The trace after `record_turn` wrote this model turn (as a fresh read would show it)."""
+    stats = trace.stats.model_copy(
+        update={
+            "messages": trace.stats.messages + 1,
+            "prompt_tokens": trace.stats.prompt_tokens + message.prompt_tokens,
+            "completion_tokens": trace.stats.completion_tokens + message.completion_tokens,
+            "cost_usd": trace.stats.cost_usd + message.cost_usd,
+        }
+    )
+    update = {"iteration": trace.iteration + 1, "stats": stats}
+    update |= {"head_sequence": message.sequence, "last_sequence": message.sequence}
+    return trace.model_copy(update=update)
+
+
+def note(runtime: Runtime, trace: Trace, *, final: bool) -> Message | None:
+    """What this turn adds before the call: the budget's last word, or an injection."""
+    if not final:
+        return injection(runtime, trace)
+    note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
+    note.metadata["injected"] = True
+    return note
+
+
+def call_model(
+    runtime: Runtime,
+    trace: Trace,
+    model_name: str,
+    go: Go,
+    wire: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+) -> LLMResponse | Wait:
+    """The model call on its booked turn, settled with the gate whatever happens."""
+    if go.wait_s > 0:
+        time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
+    hooks = runtime.hooks
+    hooks.turn_started(trace, trace.iteration)
+    hooks.model_requested(trace, model_name, wire)
+    gate, started = runtime.gate, time.monotonic()
+    try:
+        response = runtime.client(model_name).complete(
+            wire,
+            tools,
+            temperature=runtime.preset(trace.preset).temperature,
+            max_output_tokens=go.max_output_tokens,
+        )
+    except ProviderOverloaded as exc:
+        hooks.model_failed(trace, exc)
+        return _overloaded(runtime, trace, go, exc)
+    except BaseException as exc:
+        hooks.model_failed(trace, exc)
+        gate.after(go, None, None)
+        raise
+    gate.after(go, response, int((time.monotonic() - started) * 1000))
+    return response
+
+
+def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
+    """Back off an overloaded provider, but not forever.
+
+    A provider that stays down fails the trace (through the runner's retries) after
+    OVERLOADS_PER_RETRY × `transient_retries` pauses.
+    """
+    wait = runtime.gate.overloaded(go, exc)  # re-raises without a limiter
+    count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
+    if count > OVERLOADS_PER_RETRY * runtime.settings.transient_retries:
+        raise exc
+    runtime.store.update_trace(trace.trace_id, metadata={**trace.metadata, OVERLOADS_KEY: count})
+    return wait
+
+
+def model_message(
+    runtime: Runtime, trace: Trace, response: LLMResponse, model_name: str
+) -> Message:
+    """The model's turn as the store will number it: only our lease's holder appends."""
+    # The model's text is untrusted: whatever it learnt of our secrets is not persisted.
+    scrub = runtime.redactor.values_only
+    calls = [
+        ToolCall(id=c.id, name=scrub(c.name), arguments=scrub(c.arguments))
+        for c in response.tool_calls
+    ]
+    return Message(
+        trace_id=trace.trace_id,
+        sequence=trace.last_sequence + 1,
+        parent_sequence=trace.head_sequence,
+        role="assistant",
+        content=scrub(response.content) if response.content else response.content,
+        tool_calls=[c.to_openai() for c in calls] or None,
+        model=model_name,
+        prompt_tokens=response.usage.prompt_tokens,
+        completion_tokens=response.usage.completion_tokens,
+        cost_usd=response.usage.cost_usd,
+    )
+
+
+def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | str:
+    """A provider error the client's retries did not fix: queued again to run later.
+
+    At most `Settings.transient_retries` times per trace (counted in its metadata, so a
+    worker restart does not reset it); then the error to fail the trace with.
+    """
+    trace = runtime.store.get_trace(trace_id)
+    tries = int(trace.metadata.get(TRANSIENT_RETRIES_KEY, 0))
+    if tries >= runtime.settings.transient_retries:
+        return f"{exc} (gave up after {tries} re-runs)"
+    metadata = {**trace.metadata, TRANSIENT_RETRIES_KEY: tries + 1}
+    runtime.store.update_trace(trace_id, metadata=metadata)
+    lifecycle.requeue(runtime, trace)
+    delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
+    log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
+    return Wait(delay_s, "provider error")

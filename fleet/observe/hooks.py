@@ -1,0 +1,62 @@
+"""Cross-cutting concerns as hooks with typed no-op methods (metrics, tracing, cost).
+
+The runner calls them around each run, model call and tool call; `fleet.observe.otel` turns them
+into OpenTelemetry spans. A hook must not raise: it runs inside the agent loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.llm.base import LLMResponse, ToolCall
+from fleet.models import Trace
+from fleet.tools.base import ToolResult
+
+
+class Hooks:
+    """Subclass and override what you need; every method is a no-op here."""
+
+    def run_started(self, trace: Trace) -> None:
+        """A runner took the trace: its first run, a resume, or a redelivery."""
+
+    def run_ended(self, trace: Trace, outcome: str, error: BaseException | None = None) -> None:
+        """That run let go (`outcome` as in `RunResult`, or `crashed` with the `error`)."""
+
+    def turn_started(self, trace: Trace, iteration: int) -> None:
+        """Before each model call."""
+
+    def model_requested(self, trace: Trace, model: str, messages: list[dict[str, Any]]) -> None:
+        """Right before the model call, with the model's name and the messages sent."""
+
+    def model_responded(self, trace: Trace, response: LLMResponse) -> None:
+        """After each model call, with its usage."""
+
+    def model_failed(self, trace: Trace, error: BaseException) -> None:
+        """The model call raised (after the client's own retries)."""
+
+    def tool_started(self, trace: Trace, call: ToolCall) -> None:
+        """Before a tool call of the model's turn runs (sub-agent calls included)."""
+
+    def tool_finished(self, trace: Trace, call: ToolCall, result: ToolResult | None) -> None:
+        """After each tool call, refused ones included.
+
+        `result` is None for an `agent`/`evaluate` call handed to sub-agents: its result
+        arrives when they are collected, in another run.
+        """
+
+    def child_context(self, parent: Trace, tool_call_id: str) -> dict[str, str]:
+        """Propagation fields for a child that this tool call spawns, kept on the child.
+
+        Stored under the child's `metadata["otel"]`, so a run of the child on any machine,
+        redelivered or resumed, continues its parent's distributed trace.
+        """
+        return {}
+
+    def run_finished(self, trace: Trace) -> None:
+        """When a run ends in a terminal status."""
+
+    def flush(self) -> None:
+        """Before the process exits: send whatever is buffered."""
+
+
+NO_HOOKS = Hooks()

@@ -1,0 +1,1 @@
+"""Trust boundaries: what comes from the operator (`trust`), secret redaction, safe YAML."""

@@ -1,0 +1,410 @@
+"""The Lua scripts of `RedisStore`: each one atomic round trip on the keys of `fleet.storage.keys`.
+
+A trace's writes go through `APPLY` (a `fleet.storage.writes.TraceWrite`: fields, messages, stats,
+events, the parent's collaborator entry, the lease's release, in order), so a write and
+its events cost one round trip and land together. What a write costs Redis is counted in
+commands: the trace hash is read once (`HMGET`: existence, numbering, stats, stop flag)
+and written once (`HSET`: its fields and the write's messages, which are fields of it),
+and TTLs are set where a key is created and refreshed when a trace changes status (not
+to running).
+"""
+
+from __future__ import annotations
+
+# A counted join's part (a host's barrier: the Celery binding's chord join,
+# `workers.join`): `member`'s part recorded once; when `size` parts are in, the body is
+# claimed (`claim` SET NX with a lease of `claim_s`), owed to `outbox` (`owed` due at
+# `due_ms`) and every part returned; else false. A first part finding the claim there is a
+# late copy after the body was sent: it is dropped. `APPLY`'s `part` op and
+# `workers.join.PART_RETURN` both run it.
+JOIN_PART = """
+local function join_part(parts, claim, outbox, member, part, size, ttl, claim_s, owed, due_ms)
+  local added = redis.call('HSETNX', parts, member, part)
+  local count = redis.call('HLEN', parts)
+  if added == 1 then
+    if count == 1 and redis.call('EXISTS', claim) == 1 then
+      redis.call('DEL', parts)
+      return false
+    end
+    redis.call('EXPIRE', parts, ttl)
+  end
+  if count < tonumber(size) or not redis.call('SET', claim, 'claimed', 'NX', 'EX', claim_s) then
+    return false
+  end
+  redis.call('ZADD', outbox, due_ms, owed)
+  return redis.call('HVALS', parts)
+end
+"""
+
+# `redis.call(command, key, items...)` in chunks: Lua's unpack stops at ~8000 values (an
+# explore may be wider). Returns the first chunk's reply.
+_BULK = """
+local function bulk(command, key, items)
+  local first
+  for j = 1, #items, 4000 do
+    local reply = redis.call(command, key, unpack(items, j, math.min(j + 3999, #items)))
+    first = first or reply
+  end
+  return first
+end
+"""
+
+# KEYS: traces index, then per trace: its hash, its parent's children (its hash if none).
+# ARGV: ttl_s, then per trace: trace id, created_at_ms, '1' with a parent else '', n, n
+# field/value items. Returns 1 per trace created, 0 per id that existed (left untouched).
+CREATE_TRACES = (
+    _BULK
+    + """
+local created, indexed, children = {}, {}, {}
+local i = 2
+for t = 2, #KEYS, 2 do
+  local id, at, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 3])
+  if redis.call('EXISTS', KEYS[t]) == 1 then
+    created[#created + 1] = 0
+  else
+    redis.call('HSET', KEYS[t], unpack(ARGV, i + 4, i + 3 + n))
+    redis.call('EXPIRE', KEYS[t], ARGV[1])
+    indexed[#indexed + 1] = at
+    indexed[#indexed + 1] = id
+    if ARGV[i + 2] == '1' then
+      local kids = children[KEYS[t + 1]] or {}
+      kids[#kids + 1] = at
+      kids[#kids + 1] = id
+      children[KEYS[t + 1]] = kids
+    end
+    created[#created + 1] = 1
+  end
+  i = i + 4 + n
+end
+if #indexed > 0 then bulk('ZADD', KEYS[1], indexed) end
+for key, kids in pairs(children) do
+  bulk('ZADD', key, kids)
+  redis.call('EXPIRE', key, ARGV[1])
+end
+return created
+"""
+)
+
+# A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write) and the
+# PTTLs of the pause keys it reads (for the model call after it).
+# KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
+# order: with a `collab` op][, a join's parts, claim and outbox: with a `part` op], then the
+# np pause keys
+# ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, np, then the ops, each
+# as kind, n, then its n arguments:
+#   set     event JSON or '', then field, JSON value, ... (a status other than running
+#           refreshes the trace's TTL, messages included; the root's, the tree's events)
+#   add     message JSON without sequence and parent_sequence; event JSON before and after
+#           its sequence ('' for no event); iteration ('' for no model turn: else its usage
+#           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
+#           model ('' for no fleet-wide usage: else it is added to the trace's `uncounted`)
+#   stats   name, delta, ...
+#   collab  child trace id, Collaborator JSON, event JSON or '', '1' when the parent writes
+#           its own entries (their TTLs are refreshed; a child's entry only sets them new)
+#   emit    event JSON
+#   release owner, trace id, '1' when the fence already checked that owner this step
+#   part    index of the join's first key, then `join_part`'s arguments from `member`
+# Messages are fields `m:{sequence}` of the trace hash, numbered here from its
+# `last_sequence` and hung under its head; the two fields are spliced into the caller's
+# JSON text (cjson would turn [] into {}). Stats are the `stats` field (TraceStats JSON),
+# added to here. The fleet-wide usage of model turns (`fleet metrics`) waits in the trace's
+# `uncounted` field ({model: [prompt, completion, cost]}) and goes to KEYS[3] when the
+# trace changes status other than to running (a run's last write: finish, waiting, queued
+# again), the field deleted in the same step: each call is counted once, and the calls of
+# a run that died are counted by the next write that ends a run of the trace.
+# Returns {{sequence, parent JSON} per appended message, stop flag, {PTTL per pause key},
+# the join's parts when a `part` op completed and claimed it (else nil)}, or nil for no trace.
+APPLY = (
+    _BULK
+    + JOIN_PART
+    + """
+local ttl, maxlen, root, np = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
+local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop',
+  'uncounted')
+if not state[1] then return false end
+local last, head = tonumber(state[1]), state[2]
+local fields, bodies, stored, kids, children = {}, {}, {}, {}, {}
+local stats, uncounted, refresh, moved, entries = nil, nil, false, false, false
+local joined = false
+local function emit(e) redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'e', e) end
+local function stat(name, delta)
+  if tonumber(delta) == 0 then return end
+  stats = stats or cjson.decode(state[3] or '{}')
+  stats[name] = (stats[name] or 0) + tonumber(delta)
+end
+local function usage(model, prompt, completion, cost)
+  if model == '' then return end
+  uncounted = uncounted or cjson.decode(state[5] or '{}')
+  local u = uncounted[model] or {0, 0, 0}
+  u[1], u[2], u[3] = u[1] + tonumber(prompt), u[2] + tonumber(completion), u[3] + tonumber(cost)
+  uncounted[model] = u
+end
+-- The run's usage, fleet-wide, once: what its turns (and a dead run's) left uncounted.
+local function count_usage()
+  if not (uncounted or state[5]) then return end
+  for model, u in pairs(uncounted or cjson.decode(state[5])) do
+    if u[1] ~= 0 then
+      redis.call('HINCRBY', KEYS[3], 'prompt_tokens:' .. model, string.format('%d', u[1]))
+    end
+    if u[2] ~= 0 then
+      redis.call('HINCRBY', KEYS[3], 'completion_tokens:' .. model, string.format('%d', u[2]))
+    end
+    if u[3] ~= 0 then
+      redis.call('HINCRBYFLOAT', KEYS[3], 'cost_usd:' .. model, string.format('%.14g', u[3]))
+    end
+  end
+  if state[5] then redis.call('HDEL', KEYS[1], 'uncounted') end
+  uncounted = nil
+end
+local function add(a)
+  last = last + 1
+  bodies[#bodies + 1] = 'm:' .. last
+  bodies[#bodies + 1] = '{"sequence":' .. last .. ',"parent_sequence":' .. head .. ','
+    .. string.sub(ARGV[a + 1], 2)
+  stored[#stored + 1] = {last, head}
+  head, moved = tostring(last), true
+  if ARGV[a + 4] ~= '' then
+    fields['iteration'], fields['updated_at_ms'] = ARGV[a + 4], ARGV[a + 5]
+    stat('messages', 1)
+    stat('prompt_tokens', ARGV[a + 6])
+    stat('completion_tokens', ARGV[a + 7])
+    stat('cost_usd', ARGV[a + 8])
+  end
+  usage(ARGV[a + 9], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+  if ARGV[a + 2] ~= '' then emit(ARGV[a + 2] .. last .. ARGV[a + 3]) end
+end
+local function set(a, n)
+  for j = a + 2, a + n, 2 do
+    local name, value = ARGV[j], ARGV[j + 1]
+    fields[name] = value
+    if name == 'head_sequence' then head, moved = value, false end
+    if name == 'last_sequence' then last = tonumber(value) end
+    if name == 'status' and value ~= '"running"' then refresh = true end
+  end
+  if ARGV[a + 1] ~= '' then emit(ARGV[a + 1]) end
+end
+local function collab(a)
+  if ARGV[a + 4] == '1' then entries = true end
+  if not children[ARGV[a + 1]] then kids[#kids + 1] = ARGV[a + 1] end
+  children[ARGV[a + 1]] = ARGV[a + 2]
+  if ARGV[a + 3] ~= '' then emit(ARGV[a + 3]) end
+end
+-- The entries in one HSET; the new ones listed in the order list once, in first-added order.
+local function put_entries()
+  local listed = {}
+  if #kids == 1 then
+    if redis.call('HSET', KEYS[6], kids[1], children[kids[1]]) == 1 then listed = kids end
+  else
+    local items = {}
+    for j = 1, #kids, 4000 do
+      local known = redis.call('HMGET', KEYS[6], unpack(kids, j, math.min(j + 3999, #kids)))
+      for k = 1, #known do
+        if not known[k] then listed[#listed + 1] = kids[j + k - 1] end
+      end
+    end
+    for _, id in ipairs(kids) do
+      items[#items + 1] = id
+      items[#items + 1] = children[id]
+    end
+    bulk('HSET', KEYS[6], items)
+  end
+  if #listed > 0 and bulk('RPUSH', KEYS[7], listed) == math.min(#listed, 4000) then
+    entries = true
+  end
+end
+local function release(a)
+  if ARGV[a + 3] == '1' or redis.call('GET', KEYS[4]) == ARGV[a + 1] then
+    redis.call('DEL', KEYS[4])
+    redis.call('ZREM', KEYS[5], ARGV[a + 2])
+  end
+end
+local first = last
+local i = 5
+while i <= #ARGV do
+  local kind, n = ARGV[i], tonumber(ARGV[i + 1])
+  local a = i + 1
+  if kind == 'add' then add(a)
+  elseif kind == 'set' then set(a, n)
+  elseif kind == 'stats' then
+    for j = a + 1, a + n, 2 do stat(ARGV[j], ARGV[j + 1]) end
+  elseif kind == 'collab' then collab(a)
+  elseif kind == 'emit' then emit(ARGV[a + 1])
+  elseif kind == 'release' then release(a)
+  elseif kind == 'part' then
+    local k = tonumber(ARGV[a + 1])
+    joined = join_part(KEYS[k], KEYS[k + 1], KEYS[k + 2], unpack(ARGV, a + 2, a + n))
+  end
+  i = a + n + 1
+end
+if refresh then count_usage() end
+if moved then fields['head_sequence'] = head end
+if last ~= first then fields['last_sequence'] = last end
+if stats then fields['stats'] = cjson.encode(stats) end
+if uncounted then fields['uncounted'] = cjson.encode(uncounted) end
+local items = bodies
+for name, value in pairs(fields) do
+  items[#items + 1] = name
+  items[#items + 1] = value
+end
+if #items > 0 then bulk('HSET', KEYS[1], items) end
+if #kids > 0 then put_entries() end
+if refresh then
+  redis.call('EXPIRE', KEYS[1], ttl)
+  if root then redis.call('EXPIRE', KEYS[2], ttl) end
+end
+if entries then
+  redis.call('EXPIRE', KEYS[6], ttl)
+  redis.call('EXPIRE', KEYS[7], ttl)
+end
+local pauses = {}
+for k = #KEYS - np + 1, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
+return {stored, state[4] and 1 or 0, pauses, joined}
+"""
+)
+
+# A tool call's collected result, at most once: the mark and the message in one step, so a
+# collector killed halfway leaves neither. KEYS: trace, collected mark.
+# ARGV: ttl_s, message JSON without sequence and parent_sequence. Returns 0 if collected.
+APPEND_ONCE = """
+local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence')
+if not state[1] then return false end
+if not redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+local seq, parent = tonumber(state[1]) + 1, state[2]
+local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
+redis.call('HSET', KEYS[1], 'm:' .. seq, body .. string.sub(ARGV[2], 2),
+  'last_sequence', seq, 'head_sequence', seq)
+return {seq, parent}
+"""
+
+# A collaborator entry on its own (a person's, a finish outside a runner): atomic per child.
+# KEYS: collaborators, collaborator order[, events]
+# ARGV: ttl_s, child trace id, Collaborator JSON[, events maxlen, event JSON: with KEYS[3]]
+PUT_COLLABORATOR = """
+if redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[2])
+end
+if KEYS[3] then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'e', ARGV[5]) end
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
+"""
+
+# KEYS: trace. Returns 1 if the trace exists (its stop flag is now raised), else 0.
+REQUEST_STOP = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'stop', '1')
+return 1
+"""
+
+# The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
+# trip. A queued or waiting trace of the given root is set running with its event first.
+# KEYS: trace, lease, running index, the guessed root's events, then pause keys to read
+# ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
+# start), the running event JSON, updated_at_ms
+# Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
+# {the trace hash (its messages included) as a flat list, {PTTL per pause key}}.
+BEGIN_RUN = """
+local trace = redis.call('HGETALL', KEYS[1])
+if #trace == 0 then return -1 end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+end
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+local at = {}
+for i = 1, #trace, 2 do at[trace[i]] = i + 1 end
+local status = trace[at['status']]
+if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6]
+    and (status == '"queued"' or status == '"waiting"') then
+  redis.call('HSET', KEYS[1], 'status', '"running"', 'updated_at_ms', ARGV[8])
+  trace[at['status']] = '"running"'
+  if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
+end
+local pauses = {}
+for k = 5, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
+return {trace, pauses}
+"""
+
+# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
+ACQUIRE_LEASE = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
+RENEW_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+
+# KEYS: lease, running index. ARGV: owner, trace id
+RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+"""
+
+# KEYS: running index, then one lease per held trace. ARGV: ttl_ms, deadline_ms, then an
+# owner and a trace id per lease. Returns 1 per lease still ours (renewed), else 0. One
+# heartbeat renews every lease of a worker process: 2 commands per lease, one ZADD for all.
+RENEW_LEASES = (
+    _BULK
+    + """
+local renewed, indexed = {}, {}
+for i = 2, #KEYS do
+  local owner, trace = ARGV[2 * i - 1], ARGV[2 * i]
+  if redis.call('GET', KEYS[i]) == owner then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    indexed[#indexed + 1] = ARGV[2]
+    indexed[#indexed + 1] = trace
+    renewed[i - 1] = 1
+  else
+    renewed[i - 1] = 0
+  end
+end
+if #indexed > 0 then bulk('ZADD', KEYS[1], indexed) end
+return renewed
+"""
+)
+
+# KEYS: events. ARGV: ttl_s, maxlen, event JSON. Returns the entry id.
+EMIT = """
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return id
+"""
+
+# KEYS: a sorted set scored by due time (ms). ARGV: now_ms, next due ms, limit.
+# Members due by now are pushed back to the next due time and returned: each to one caller,
+# and one that caller fails to finish comes due again.
+CLAIM_DUE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
+for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
+return due
+"""
+
+# Prepended to a write script for a runner's fenced store: KEYS[1] is the runner's lease and
+# ARGV[1] its owner token; both are taken off before the script proper runs. The lease check
+# and the write are one atomic step, so a runner whose lease lapsed (a frozen VM, a long GC)
+# cannot write into a trace another runner took over, not even in the instant after a check.
+FENCE = """
+local lease_key = table.remove(KEYS, 1)
+local lease_owner = table.remove(ARGV, 1)
+if redis.call('GET', lease_key) ~= lease_owner then
+  return redis.error_reply('FENCED the lease is not held by this runner')
+end
+"""
+
+FENCED_PREFIX = "FENCED"
+"""The start of the error a fenced script returns when the lease is not the caller's."""
+
+
+def fenced(script: str) -> str:
+    """The script behind the lease check of `FENCE`."""
+    return FENCE + script

@@ -1,0 +1,415 @@
+"""The Redis TraceStore: MemoryStore's contract on the schema in `fleet.storage.keys`.
+
+Every write to a trace is a `TraceWrite` run by one Lua script (`redis_scripts.APPLY`); the
+single-purpose writes (append_message, update_trace, add_stats, record_turn, the `*_and_emit`
+writes that carry their event along) are one-op writes. Reads are one pipeline each. The
+client must decode responses (`decode_responses=True`); `RedisStore.from_url` builds one that
+does.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Unpack, cast
+
+import redis
+
+from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
+from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
+from fleet.storage import keys, redis_scripts, redis_writes
+from fleet.storage.keys import CounterName
+
+# connect and redact_url lived here before redis_connect: still importable from here.
+from fleet.storage.redis_connect import Lua, unreachable
+from fleet.storage.redis_connect import connect as connect
+from fleet.storage.redis_connect import redact_url as redact_url
+from fleet.storage.redis_writes import (
+    decode_fields,
+    decode_messages,
+    decode_trace,
+    pairs,
+    stored_message,
+)
+from fleet.storage.store import StartRun, TraceSnapshot
+from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
+
+BLOCK_MARGIN_MS = 1_000
+"""How far below the socket timeout a blocking XREAD must return."""
+
+CONSUMER_TRIM_MS = 60_000
+"""A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
+log = logging.getLogger(__name__)
+
+
+class RedisStore:
+    """A TraceStore on Redis, safe to share between threads."""
+
+    def __init__(
+        self, client: redis.Redis, *, url: str | None = None, owns_client: bool = False
+    ) -> None:
+        """Wrap a client that decodes responses; `owns_client` makes `close` close it."""
+        kwargs = client.connection_pool.connection_kwargs
+        if not kwargs.get("decode_responses"):
+            raise ConfigError("RedisStore needs a client with decode_responses=True")
+        self._client = client
+        self._url = url or f"redis://{kwargs.get('host')}:{kwargs.get('port')}/{kwargs.get('db')}"
+        self._owns_client = owns_client
+        timeout_s = kwargs.get("socket_timeout")
+        self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
+        self._fence: tuple[str, str, str] | None = None
+        """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
+        self._create = _Script(redis_scripts.CREATE_TRACES)
+        self._append_once = _Script(redis_scripts.APPEND_ONCE)
+        self._put_collaborator = _Script(redis_scripts.PUT_COLLABORATOR)
+        self._apply = _Script(redis_scripts.APPLY)
+        self._emit = _Script(redis_scripts.EMIT)
+        self._request_stop = Lua(redis_scripts.REQUEST_STOP)
+        self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)  # in a pipeline
+        self._claim_due = Lua(redis_scripts.CLAIM_DUE)
+        self._begin = Lua(redis_scripts.BEGIN_RUN)
+        self._acquire = Lua(redis_scripts.ACQUIRE_LEASE)
+        self._renew = Lua(redis_scripts.RENEW_LEASE)
+        self._release = Lua(redis_scripts.RELEASE_LEASE)
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        """A store with its own client (see `connect`); `close` closes it."""
+        return cls(connect(url), url=url, owns_client=True)
+
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis client, for other fleet-wide state on the same server (limits, budgets)."""
+        return self._client
+
+    def ping(self) -> None:
+        """Pre-flight check: `ConfigError` naming the (password-free) URL if Redis is away."""
+        try:
+            self._client.ping()
+        except redis.RedisError as exc:
+            raise unreachable(self._url, exc) from exc
+
+    def fenced(self, trace_id: str, owner: str) -> RedisStore:
+        """A view sharing this client whose write scripts first check `owner`'s lease."""
+        view = copy.copy(self)
+        view._owns_client = False
+        view._fence = (trace_id, keys.lease(trace_id), owner)
+        return view
+
+    def _script(self, script: _Script, script_keys: list[str], args: Sequence[Any]) -> Any:
+        """Run a write script, behind the lease check when this is a fenced view."""
+        if self._fence is None:
+            return script.plain(self._client, script_keys, args)
+        trace_id, lease_key, owner = self._fence
+        try:
+            return script.fenced(self._client, [lease_key, *script_keys], [owner, *args])
+        except redis.ResponseError as exc:
+            raise _lease_lost(trace_id, exc) from None
+
+    def close(self) -> None:
+        """Close the client if this store created it."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> RedisStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- traces --------------------------------------------------------------
+
+    def create_trace(self, trace: Trace) -> None:
+        if not self.create_traces([trace])[0]:
+            raise TraceExists(f"trace {trace.trace_id!r} already exists")
+
+    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+        script_keys, args = redis_writes.create_call(traces)
+        return [bool(created) for created in self._script(self._create, script_keys, args)]
+
+    def get_trace(self, trace_id: str) -> Trace:
+        trace = self._get_traces([trace_id])[0]
+        if trace is None:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        return trace
+
+    def get_traces(self, trace_ids: Sequence[str]) -> list[Trace]:
+        found = self._get_traces(list(trace_ids))
+        for trace_id, trace in zip(trace_ids, found, strict=True):
+            if trace is None:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+        return [t for t in found if t is not None]
+
+    def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None:
+        self.apply(TraceWrite(trace_id, trace_id).update(None, **fields))
+
+    def update_trace_and_emit(
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Unpack[TracePatch]
+    ) -> None:
+        self.apply(TraceWrite(trace_id, root_trace_id).update(event, **fields))
+
+    def snapshot(self, trace_id: str) -> TraceSnapshot:
+        data = self._hash(trace_id)  # the messages are in it
+        trace = decode_trace(data)
+        if trace is None:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        return TraceSnapshot(trace, decode_messages(data), redis_writes.STOP_FIELD in data)
+
+    def begin_run(
+        self,
+        trace_id: str,
+        owner: str,
+        ttl_ms: int,
+        start: StartRun | None = None,
+        pauses: Sequence[str] = (),
+    ) -> TraceSnapshot | None:
+        root = start.root_trace_id if start else trace_id
+        script_keys = [keys.trace(trace_id), keys.lease(trace_id), keys.RUNNING]
+        script_keys += [keys.events(root), *pauses]
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id, keys.EVENTS_MAXLEN]
+        args.append(json.dumps(root) if start else "")
+        args += [start.event.model_dump_json() if start else "", now_ms()]
+        reply = self._begin(self._client, script_keys, args)
+        if reply == -1:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        if reply == 0:
+            return None
+        data = pairs(reply[0])
+        trace = decode_trace(data)
+        assert trace is not None, "BEGIN_RUN returned an empty trace"
+        read = PauseRead.of(pauses, reply[1]) if pauses else None
+        stop = redis_writes.STOP_FIELD in data
+        return TraceSnapshot(trace, decode_messages(data), stop, read)
+
+    def apply(self, write: TraceWrite) -> WriteResult:
+        fenced_by = self._fence[2] if self._fence else None
+        script_keys, args = redis_writes.apply_call(write, fenced_by)
+        result = redis_writes.apply_result(write, self._script(self._apply, script_keys, args))
+        if result is None:
+            raise TraceNotFound(f"no trace {write.trace_id!r}")
+        return result
+
+    def list_traces(self, limit: int = 50) -> list[Trace]:
+        traces: list[Trace] = []
+        start = 0
+        while len(traces) < limit:
+            ids = [str(i) for i in self._client.zrevrange(keys.TRACES, start, start + limit - 1)]
+            if not ids:
+                break
+            found = self._get_traces(ids)
+            expired = [i for i, trace in zip(ids, found, strict=True) if trace is None]
+            if expired:  # their hashes hit the TTL; the index has no TTL of its own
+                self._client.zrem(keys.TRACES, *expired)
+            start += len(ids) - len(expired)
+            traces.extend(trace for trace in found if trace is not None)
+        return traces[:limit]
+
+    def children(self, trace_id: str) -> list[str]:
+        return [str(i) for i in self._client.zrange(keys.children(trace_id), 0, -1)]
+
+    def _get_traces(self, trace_ids: list[str]) -> list[Trace | None]:
+        pipe = self._client.pipeline()  # MULTI: every trace as of one instant
+        for trace_id in trace_ids:  # the trace's fields, not its messages
+            pipe.hmget(keys.trace(trace_id), redis_writes.TRACE_FIELDS)
+        return [decode_fields(values) for values in pipe.execute()]
+
+    # -- messages and stats --------------------------------------------------
+
+    def append_message(self, message: Message) -> Message:
+        write = TraceWrite(message.trace_id, message.trace_id).append(message)
+        return self.apply(write).messages[0]
+
+    def record_turn(
+        self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
+    ) -> Message:
+        write = TraceWrite(message.trace_id, root_trace_id)
+        return self.apply(write.append(message, event, iteration=iteration)).messages[0]
+
+    def messages(self, trace_id: str) -> list[Message]:
+        return decode_messages(self._hash(trace_id))
+
+    def _hash(self, trace_id: str) -> dict[str, str]:
+        return cast(dict[str, str], self._client.hgetall(keys.trace(trace_id)))
+
+    def set_head(self, trace_id: str, sequence: int | None) -> None:
+        self.update_trace(trace_id, head_sequence=sequence)
+
+    def add_stats(self, trace_id: str, **deltas: float) -> None:
+        self.apply(TraceWrite(trace_id, trace_id).add_stats(**deltas))  # all land together
+
+    # -- collaborators and events --------------------------------------------
+
+    def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
+        self._put_entry(parent_trace_id, collaborator, None)
+
+    def put_collaborator_and_emit(
+        self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
+    ) -> None:
+        self._put_entry(parent_trace_id, collaborator, (root_trace_id, event))
+
+    def _put_entry(self, parent: str, entry: Collaborator, emit: tuple[str, Event] | None) -> None:
+        script_keys = [keys.collaborators(parent), keys.collaborator_order(parent)]
+        args: list[str | int] = [keys.TRACE_TTL_S, entry.trace_id, entry.model_dump_json()]
+        if emit is not None:
+            script_keys.append(keys.events(emit[0]))
+            args += [keys.EVENTS_MAXLEN, emit[1].model_dump_json()]
+        self._script(self._put_collaborator, script_keys, args)
+
+    def collaborators(self, parent_trace_id: str) -> list[Collaborator]:
+        pipe = self._client.pipeline()
+        pipe.lrange(keys.collaborator_order(parent_trace_id), 0, -1)
+        pipe.hgetall(keys.collaborators(parent_trace_id))
+        order, entries = pipe.execute()
+        return [Collaborator.model_validate_json(entries[c]) for c in order if c in entries]
+
+    def emit(self, root_trace_id: str, event: Event) -> str:
+        args = [keys.TRACE_TTL_S, keys.EVENTS_MAXLEN, event.model_dump_json()]
+        return str(self._script(self._emit, [keys.events(root_trace_id)], args))
+
+    def read_events(
+        self, root_trace_id: str, after: str = "0", *, block_ms: int | None = None, count: int = 500
+    ) -> list[tuple[str, Event]]:
+        block = block_ms or None  # 0 means "don't block", as in MemoryStore, not "forever"
+        if block is not None and self._max_block_ms is not None:
+            block = max(1, min(block, self._max_block_ms))  # a longer wait hits the read timeout
+        reply = self._client.xread({keys.events(root_trace_id): after}, count=count, block=block)
+        entries = redis_writes.stream_entries(reply)
+        return [(str(i), Event.model_validate_json(f["e"])) for i, f in entries]
+
+    # -- stop, leases, collection, cache -------------------------------------
+
+    def request_stop(self, trace_id: str) -> None:
+        self._request_stop(self._client, [keys.trace(trace_id)], ())
+
+    def stop_requested(self, trace_id: str) -> bool:
+        return bool(self._client.hexists(keys.trace(trace_id), redis_writes.STOP_FIELD))
+
+    def clear_stop(self, trace_id: str) -> None:
+        self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
+
+    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
+        self._client.zadd(keys.HUMAN_WAITS, {trace_id: deadline_ms})
+
+    def expired_human_waits(self, at_ms: int) -> list[str]:
+        return [str(i) for i in self._client.zrangebyscore(keys.HUMAN_WAITS, "-inf", f"({at_ms}")]
+
+    def forget_human_wait(self, trace_id: str) -> bool:
+        return self._client.zrem(keys.HUMAN_WAITS, trace_id) == 1
+
+    def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
+        return bool(self._acquire(self._client, [keys.lease(trace_id), keys.RUNNING], args))
+
+    def renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
+        return bool(self._renew(self._client, [keys.lease(trace_id), keys.RUNNING], args))
+
+    def release_lease(self, trace_id: str, owner: str) -> None:
+        self._release(self._client, [keys.lease(trace_id), keys.RUNNING], [owner, trace_id])
+
+    def expired_leases(self, at_ms: int) -> list[str]:
+        return [str(i) for i in self._client.zrangebyscore(keys.RUNNING, "-inf", f"({at_ms}")]
+
+    def forget_running(self, trace_id: str) -> bool:
+        return self._client.zrem(keys.RUNNING, trace_id) == 1
+
+    def unavailable(self, exc: BaseException) -> bool:
+        # BusyLoadingError (a restarted Redis reading its file) is a ConnectionError too.
+        return isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+
+    def lease_holder(self, trace_id: str) -> str | None:
+        holder = self._client.get(keys.lease(trace_id))
+        return None if holder is None else str(holder)
+
+    # -- worker heartbeat, presence, outbox -----------------------------------
+
+    def beat(
+        self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
+    ) -> list[bool]:
+        now = now_ms()
+        pipe = self._client.pipeline(transaction=False)
+        if leases:
+            lease_keys = [keys.lease(trace_id) for trace_id, _ in leases]
+            args: list[str | int] = [ttl_ms, now + ttl_ms]
+            args += [item for trace_id, owner in leases for item in (owner, trace_id)]
+            self._renew_all(keys=[keys.RUNNING, *lease_keys], args=args, client=pipe)
+        if presence is not None:
+            pipe.set(keys.worker(presence.node), presence.model_dump_json(), px=ttl_ms)
+            for queue in presence.queues:
+                pipe.zadd(keys.consumers(queue), {presence.node: now + ttl_ms})
+                pipe.zremrangebyscore(keys.consumers(queue), "-inf", now - CONSUMER_TRIM_MS)
+        replies = pipe.execute()
+        return [bool(r) for r in replies[0]] if leases else []
+
+    def drop_presence(self, presence: WorkerPresence) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.delete(keys.worker(presence.node))
+        for queue in presence.queues:
+            pipe.zrem(keys.consumers(queue), presence.node)
+        pipe.execute()
+
+    def live_consumers(self, queue: str) -> list[str]:
+        return [str(n) for n in self._client.zrangebyscore(keys.consumers(queue), now_ms(), "+inf")]
+
+    def outbox_put(self, entry: str, due_ms: int) -> None:
+        self._client.zadd(keys.OUTBOX, {entry: due_ms})
+
+    def outbox_done(self, entry: str) -> None:
+        self._client.zrem(keys.OUTBOX, entry)
+
+    def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
+        due = self._claim_due(self._client, [keys.OUTBOX], [at_ms, at_ms + retry_ms, limit])
+        return [str(m) for m in due]
+
+    def append_collected(self, message: Message) -> Message | None:
+        if message.tool_call_id is None:
+            raise ValueError("append_collected needs a tool result (tool_call_id)")
+        body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
+        trace_id = message.trace_id
+        script_keys = [keys.trace(trace_id), keys.collected(trace_id, message.tool_call_id)]
+        reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
+        if reply == 0:
+            return None
+        stored = stored_message(message, reply)
+        if stored is None:
+            raise TraceNotFound(f"no trace {trace_id!r}")
+        return stored
+
+    def cache_get(self, key: str) -> str | None:
+        value = self._client.get(key)
+        return None if value is None else str(value)
+
+    def cache_set(self, key: str, value: str, ttl_s: int) -> None:
+        if ttl_s <= 0:  # already expired; Redis refuses EX 0
+            self._client.delete(key)
+        else:
+            self._client.set(key, value, ex=ttl_s)
+
+    def count(self, counter: CounterName, by: int = 1) -> None:
+        try:
+            self._client.hincrby(keys.COUNTERS, counter, by)
+        except redis.RedisError:  # a metric must never fail the work it counts
+            log.warning("fleet counter %r not updated", counter, exc_info=True)
+
+
+class _Script:
+    """A write script registered twice: as it is, and behind the lease check (`fenced`)."""
+
+    def __init__(self, source: str) -> None:
+        self.plain = Lua(source)
+        self.fenced = Lua(redis_scripts.fenced(source))
+
+
+def _lease_lost(trace_id: str, exc: redis.ResponseError) -> Exception:
+    """`LeaseLost` for a fenced script's refusal; any other script error as it is."""
+    if str(exc).startswith(redis_scripts.FENCED_PREFIX):
+        return LeaseLost(f"the lease of {trace_id!r} is no longer held by this runner")
+    return exc

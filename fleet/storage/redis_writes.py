@@ -1,0 +1,262 @@
+"""What `RedisStore` sends to its scripts, and what it reads back, decoded.
+
+A `TraceWrite` as the ARGV of `redis_scripts.APPLY`, new traces as `CREATE_TRACES`'
+arguments; the trace hash (its messages included) and the event stream as models.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from json.encoder import encode_basestring
+from typing import Any, cast
+
+from pydantic import TypeAdapter
+
+from fleet.models import Event, Message, Trace, now_ms
+from fleet.storage import keys
+from fleet.storage.store import STATS_FIELDS
+from fleet.storage.writes import (
+    AddStats,
+    Append,
+    Emit,
+    JoinPart,
+    PauseRead,
+    PutCollaborator,
+    ReleaseLease,
+    SetFields,
+    TraceWrite,
+    WriteOp,
+    WriteResult,
+)
+
+FLOAT_STATS = frozenset({"cost_usd"})
+STOP_FIELD = "stop"
+"""The trace hash's field that is present ("1") while a stop is requested; not a Trace field."""
+MESSAGE_FIELD = "m:"
+"""The prefix of the trace hash's message fields: `m:{sequence}` -> Message JSON."""
+UNCOUNTED_FIELD = "uncounted"
+"""The trace hash's field of model usage not yet in `keys.USAGE`; not a Trace field."""
+_NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD})
+TRACE_FIELDS = tuple(Trace.model_fields)
+"""The trace hash's fields a Trace is read from (its messages are left where they are)."""
+# The required Trace fields, so that an update's fields validate without reading the trace.
+_PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
+# Each Trace field on its own (no field has constraints beyond its type): an update
+# validates only the fields it writes, not a whole placeholder Trace with its defaults.
+_FIELD_TYPES: dict[str, TypeAdapter[Any]] = {
+    name: TypeAdapter(cast(Any, info.annotation)) for name, info in Trace.model_fields.items()
+}
+_FIELD_ORDER = {name: i for i, name in enumerate(Trace.model_fields)}
+_encode_json = json.JSONEncoder(ensure_ascii=False).encode
+_SCALARS: dict[type, Callable[[Any], str]] = {
+    str: encode_basestring,  # what the encoder itself does with a str
+    int: int.__repr__,  # and with an int (a bool is not one here: its type is bool)
+    bool: lambda value: "true" if value else "false",
+    type(None): lambda _: "null",
+    dict: lambda value: _encode_json(value) if value else "{}",  # context, metadata: often {}
+    list: lambda value: _encode_json(value) if value else "[]",
+}
+
+
+def _to_json(value: Any) -> str:
+    """`json.dumps(value, ensure_ascii=False)`, the same text, without its per-call set-up.
+
+    Most trace fields are strings, ids, counts and empty dicts or lists: those skip the
+    encoder, which builds its C encoder anew for every value that is not a str (~1.4 us; a
+    new trace has 28 fields).
+    """
+    scalar = _SCALARS.get(type(value))
+    return scalar(value) if scalar is not None else _encode_json(value)
+
+
+def encode_fields(fields: Mapping[str, Any]) -> list[str]:
+    """Validated trace fields as HSET items, each value as JSON (`updated_at_ms` added)."""
+    values = {"updated_at_ms": now_ms(), **fields}
+    if not values.keys() <= _FIELD_ORDER.keys():  # Trace's own error names the stranger
+        Trace.model_validate({**_PLACEHOLDER, **values})
+    items: list[str] = []
+    for name in sorted(values, key=_FIELD_ORDER.__getitem__):  # as Trace.model_dump orders them
+        adapter = _FIELD_TYPES[name]
+        value = adapter.dump_python(adapter.validate_python(values[name]), mode="json")
+        items += [name, _to_json(value)]
+    return items
+
+
+def whole(name: str, delta: float) -> int:
+    """A stats delta that must count whole units."""
+    if isinstance(delta, int) or float(delta).is_integer():
+        return int(delta)
+    raise ValueError(f"stats field {name!r} counts whole units, got {delta!r}")
+
+
+def stats_items(deltas: Mapping[str, float]) -> list[str]:
+    """name, delta pairs for APPLY's `stats` op (checked: known fields, whole counts)."""
+    items: list[str] = []
+    for name, delta in deltas.items():
+        if name not in STATS_FIELDS:
+            raise ValueError(f"unknown stats field {name!r}")
+        items += [name, repr(float(delta)) if name in FLOAT_STATS else str(whole(name, delta))]
+    return items
+
+
+def _event(event: Event | None) -> str:
+    return "" if event is None else event.model_dump_json()
+
+
+def _append(op: Append) -> list[str]:
+    message = op.message
+    body = message.model_dump_json(exclude={"sequence", "parent_sequence"})
+    head = tail = ""
+    if op.event is not None:
+        # The script writes the sequence first in the event's data (ids and kinds have no
+        # quotes or braces, so the first `"data":{` is the data's).
+        text = op.event.model_dump_json()
+        head, found, tail = text.partition('"data":{')
+        assert found, "an event without its data"
+        head += found + '"sequence":'
+        tail = ("," if op.event.data else "") + tail
+    usage = [str(message.prompt_tokens), str(message.completion_tokens), repr(message.cost_usd)]
+    iteration = "" if op.iteration is None else str(op.iteration)
+    model = message.model or ""  # a model's message: its usage also counts fleet-wide
+    return ["add", "9", body, head, tail, iteration, str(now_ms()), *usage, model]
+
+
+def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, join_at: int) -> list[str]:
+    match op:
+        case Append():
+            return _append(op)
+        case SetFields(fields=fields, event=event):
+            items = encode_fields(fields)
+            return ["set", str(len(items) + 1), _event(event), *items]
+        case AddStats(deltas=deltas):
+            items = stats_items(deltas)
+            return ["stats", str(len(items)), *items]
+        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=event):
+            own = "1" if parent == write.trace_id else ""
+            return ["collab", "4", entry.trace_id, entry.model_dump_json(), _event(event), own]
+        case Emit(event=event):
+            return ["emit", "1", event.model_dump_json()]
+        case ReleaseLease(owner=owner):
+            return ["release", "3", owner, write.trace_id, "1" if owner == fenced_by else ""]
+        case JoinPart():  # its keys are in KEYS from `join_at` on
+            return ["part", "8", str(join_at), *op.args()]
+
+
+def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[str], list[str]]:
+    """The KEYS and ARGV of `APPLY` for this write.
+
+    `fenced_by`: the owner a fenced store checks the lease of in the same script, whose
+    release needs no second check.
+    """
+    trace_id = write.trace_id
+    script_keys = [
+        keys.trace(trace_id),
+        keys.events(write.root_trace_id),
+        keys.USAGE,
+        keys.lease(trace_id),
+        keys.RUNNING,
+    ]
+    parents = [op.parent_trace_id for op in write.ops if isinstance(op, PutCollaborator)]
+    if parents:
+        script_keys += [keys.collaborators(parents[0]), keys.collaborator_order(parents[0])]
+    join_at = len(script_keys) + 1
+    for op in write.ops:
+        if isinstance(op, JoinPart):  # one per write (`TraceWrite.join_part`)
+            script_keys += op.keys
+    script_keys += write.pauses
+    root = "1" if trace_id == write.root_trace_id else ""
+    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(write.pauses))]
+    for op in write.ops:
+        args += _op(op, write, fenced_by, join_at)
+    return script_keys, args
+
+
+def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
+    """The stored messages, the stop flag and the pauses read; None when there is no trace."""
+    if reply is None:
+        return None
+    stored, stop, ttls, joined = reply
+    for op in write.ops:
+        if isinstance(op, JoinPart):
+            op.recorded, op.parts = True, joined or None
+    appended = [op.message for op in write.ops if isinstance(op, Append)]
+    messages = [_numbered(m, n) for m, n in zip(appended, stored, strict=True)]
+    pauses = PauseRead.of(write.pauses, ttls) if write.pauses else None
+    return WriteResult(messages, bool(stop), pauses)
+
+
+def _numbered(message: Message, stored: list[Any]) -> Message:
+    """The message with the sequence and parent the script gave it (a copy if they differ)."""
+    sequence, parent = int(stored[0]), json.loads(stored[1])
+    if (message.sequence, message.parent_sequence) == (sequence, parent):
+        return message  # numbered by its writer as the store numbered it
+    return message.model_copy(update={"sequence": sequence, "parent_sequence": parent})
+
+
+def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
+    """The KEYS and ARGV of `CREATE_TRACES`."""
+    script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S)]
+    for trace in traces:
+        fields = encode(trace.model_dump(mode="json"))
+        parent = trace.parent_trace_id
+        script_keys += [keys.trace(trace.trace_id), keys.children(parent or trace.trace_id)]
+        args += [trace.trace_id, str(trace.created_at_ms), "1" if parent else "", str(len(fields))]
+        args += fields
+    return script_keys, args
+
+
+def stored_message(message: Message, reply: Any) -> Message | None:
+    """The message as a numbering script stored it (`[sequence, parent JSON]`); None: no trace."""
+    if reply is None:
+        return None
+    sequence, parent = reply
+    return message.model_copy(
+        update={"sequence": int(sequence), "parent_sequence": json.loads(parent)}
+    )
+
+
+def encode(fields: Mapping[str, Any]) -> list[str]:
+    """Field/value items for HSET, each value as JSON."""
+    return [item for k, v in fields.items() for item in (k, _to_json(v))]
+
+
+def pairs(flat: list[Any]) -> dict[str, str]:
+    """A hash as a Lua script returns it (field, value, ...) as a dict."""
+    return dict(zip(flat[0::2], flat[1::2], strict=True))
+
+
+def decode_messages(data: Mapping[str, str]) -> list[Message]:
+    """The messages in a trace hash, by sequence."""
+    found = {
+        int(k[len(MESSAGE_FIELD) :]): v for k, v in data.items() if k.startswith(MESSAGE_FIELD)
+    }
+    return [Message.model_validate_json(found[s]) for s in sorted(found)]
+
+
+def decode_trace(data: Mapping[str, str]) -> Trace | None:
+    """The trace hash as a Trace (stats included); None for an empty (missing) hash."""
+    if not data:
+        return None
+    # The values are JSON texts already: one JSON object of them, parsed by pydantic at once.
+    text = ",".join(
+        f'"{name}":{value}'
+        for name, value in data.items()
+        if name not in _NOT_TRACE_FIELDS and not name.startswith(MESSAGE_FIELD)
+    )
+    return Trace.model_validate_json("{" + text + "}")
+
+
+def decode_fields(values: Sequence[str | None]) -> Trace | None:
+    """A Trace from an HMGET of TRACE_FIELDS; None when the hash is gone."""
+    return decode_trace({k: v for k, v in zip(TRACE_FIELDS, values, strict=True) if v is not None})
+
+
+def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """The entries of the one stream an XREAD read; RESP2 and RESP3 shape the reply apart."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        (entries,) = reply.values()
+        return list(entries[0]) if entries and isinstance(entries[0], list) else list(entries)
+    return list(reply[0][1])

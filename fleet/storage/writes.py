@@ -1,0 +1,295 @@
+"""A batch of writes to one trace, applied in order as one atomic step.
+
+A runner's turn writes several things: the model's message and its event, its usage,
+tool results, a status, a finish, the parent's collaborator entry. `TraceWrite` collects
+them and `TraceStore.apply` runs them together: on Redis one Lua script, one round trip
+(`fleet.storage.redis_scripts.APPLY`), which also answers whether a stop was requested, so the
+next turn needs no read of its own.
+
+    write = TraceWrite(trace.trace_id, trace.root_trace_id)
+    write.append(message, event, iteration=3)
+    write.update(Event(kind="trace", ...), status="running")
+    result = store.apply(write)        # result.messages[0].sequence, result.stop_requested
+
+A write can also read provider pauses (`TraceWrite.pauses`: `fleet.limits.providers.pause_keys`) for
+the model call that follows it, so that call needs no round trip of its own to check them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, Unpack
+
+from fleet.models import Collaborator, Event, Message, TracePatch, now_ms
+
+
+@dataclass(frozen=True)
+class SetFields:
+    """Overwrite top-level trace fields (as `update_trace`), with an optional event."""
+
+    fields: TracePatch
+    event: Event | None = None
+
+
+@dataclass(frozen=True)
+class Append:
+    """Append a message (as `append_message`); with `event`, as `record_turn`."""
+
+    message: Message
+    event: Event | None = None
+    iteration: int | None = None
+    """Set for a model turn: its usage goes to the stats and the iteration is set."""
+
+
+@dataclass(frozen=True)
+class AddStats:
+    """Add to TraceStats fields (as `add_stats`)."""
+
+    deltas: dict[str, float]
+
+
+@dataclass(frozen=True)
+class PutCollaborator:
+    """Insert or replace one child's entry in its parent (as `put_collaborator`)."""
+
+    parent_trace_id: str
+    collaborator: Collaborator
+    event: Event | None = None
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Append an event to the tree's stream."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class ReleaseLease:
+    """Give the trace's lease up if `owner` holds it (as `release_lease`)."""
+
+    owner: str
+
+
+@dataclass(eq=False)
+class JoinPart:
+    """Count this run in a host's join, in the write that ends the run (Redis stores only).
+
+    A host whose runs are parts of a barrier (the Celery binding's chord join,
+    `workers.join`) records a run's part in the run's last write instead of a round trip
+    of its own after it. The keys and values are the host's; the store runs
+    `fleet.storage.redis_scripts.JOIN_PART` on them and reports back here, once the write is
+    applied: `recorded`, and `parts` when this part completed the join and claimed it (the
+    host then sends what the join waited for).
+    """
+
+    parts_key: str
+    claim_key: str
+    outbox_key: str
+    member: str
+    part: str
+    size: int
+    ttl_s: int
+    claim_s: int
+    owed: str
+    owed_after_ms: int
+    """The claim owes `owed` to the outbox due this long after the write (not after now)."""
+    recorded: bool = False
+    parts: list[str] | None = None
+
+    @property
+    def keys(self) -> list[str]:
+        """`JOIN_PART`'s keys: the parts, the claim, the outbox."""
+        return [self.parts_key, self.claim_key, self.outbox_key]
+
+    def args(self) -> list[str]:
+        """`JOIN_PART`'s arguments from `member` on, the owed entry due from now."""
+        due_ms = now_ms() + self.owed_after_ms
+        values = [self.member, self.part, self.size, self.ttl_s, self.claim_s, self.owed, due_ms]
+        return [str(value) for value in values]
+
+
+WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease | JoinPart
+
+
+@dataclass(frozen=True)
+class PauseRead:
+    """Provider pauses as a store round trip read them, for the model call after it.
+
+    The pause keys are set by any worker's 429/503/529: a call that goes by this read sees
+    another worker's pause as of that round trip (micro- to milliseconds before the call),
+    not as of the call itself.
+    """
+
+    left_ms: Mapping[str, int]
+    """Pause key -> its PTTL when read (0 or less: not paused)."""
+    read_at_s: float
+    """`time.monotonic()` when the reply came."""
+
+    @classmethod
+    def of(cls, pause_keys: Sequence[str], ttls_ms: Sequence[object]) -> PauseRead:
+        """The read of these keys, with the PTTLs a script returned for them, in order."""
+        left = {key: int(str(ttl)) for key, ttl in zip(pause_keys, ttls_ms, strict=True)}
+        return cls(left, time.monotonic())
+
+    def left_s(self, pause_keys: Sequence[str]) -> float | None:
+        """Seconds the longest of these pauses still runs (0.0: none); None if one was not read."""
+        if any(key not in self.left_ms for key in pause_keys):
+            return None
+        longest_ms = max((self.left_ms[key] for key in pause_keys), default=0)
+        return max(0.0, longest_ms / 1000 - (time.monotonic() - self.read_at_s))
+
+
+@dataclass
+class TraceWrite:
+    """Writes to one trace (and its parent's collaborator entry), in order."""
+
+    trace_id: str
+    root_trace_id: str
+    ops: list[WriteOp] = field(default_factory=list)
+    pauses: tuple[str, ...] = ()
+    """Pause keys to read in the same step (`WriteResult.pauses`): the next call's."""
+    _parent: str | None = field(default=None, init=False, repr=False, compare=False)
+    """The parent whose collaborators `ops` write, if any: checked per entry without a
+    scan of every op (a spawn of 1000 children puts 1000 entries in one write)."""
+
+    def __post_init__(self) -> None:
+        for op in self.ops:
+            if isinstance(op, PutCollaborator):
+                self._check_parent(op.parent_trace_id)
+
+    def _check_parent(self, parent_trace_id: str) -> None:
+        if self._parent is not None and self._parent != parent_trace_id:
+            raise ValueError("one write puts collaborators into one parent only")
+        self._parent = parent_trace_id
+
+    def update(self, event: Event | None = None, /, **fields: Unpack[TracePatch]) -> TraceWrite:
+        """Overwrite these fields; emit `event` with them."""
+        self.ops.append(SetFields(fields, event))
+        return self
+
+    def append(
+        self, message: Message, event: Event | None = None, *, iteration: int | None = None
+    ) -> TraceWrite:
+        """Append a message; its event gets `data["sequence"]`."""
+        if message.trace_id != self.trace_id:
+            raise ValueError(f"message of {message.trace_id!r} in a write to {self.trace_id!r}")
+        if iteration is not None and event is None:
+            raise ValueError("a model turn (iteration) needs its event")
+        self.ops.append(Append(message, event, iteration))
+        return self
+
+    def add_stats(self, **deltas: float) -> TraceWrite:
+        """Add to the trace's stats."""
+        self.ops.append(AddStats(deltas))
+        return self
+
+    def put_collaborator(
+        self, parent_trace_id: str, collaborator: Collaborator, event: Event | None = None
+    ) -> TraceWrite:
+        """Write this trace's entry into its parent's collaborators."""
+        self._check_parent(parent_trace_id)
+        self.ops.append(PutCollaborator(parent_trace_id, collaborator, event))
+        return self
+
+    def emit(self, event: Event) -> TraceWrite:
+        """Append an event to the tree's stream."""
+        self.ops.append(Emit(event))
+        return self
+
+    def release_lease(self, owner: str) -> TraceWrite:
+        """Give the lease up at the end of the write."""
+        self.ops.append(ReleaseLease(owner))
+        return self
+
+    def join_part(self, part: JoinPart) -> TraceWrite:
+        """Count the run in its host's join in the same step (one per write)."""
+        if any(isinstance(op, JoinPart) for op in self.ops):
+            raise ValueError("one write counts one join part")
+        self.ops.append(part)
+        return self
+
+    def read_pauses(self, pause_keys: Sequence[str]) -> TraceWrite:
+        """Read these provider pauses in the same step, for the model call after the write."""
+        self.pauses = tuple(dict.fromkeys([*self.pauses, *pause_keys]))
+        return self
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What `TraceStore.apply` reports."""
+
+    messages: list[Message]
+    """The appended messages as stored (sequence, parent_sequence), in write order."""
+    stop_requested: bool
+    """Whether a stop was requested for the trace, as of the write."""
+    pauses: PauseRead | None = None
+    """The write's `pauses`, as of the write (None: none read; the in-memory store)."""
+
+
+class SingleWrites(Protocol):
+    """The single-purpose TraceStore methods a write is made of."""
+
+    def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None: ...  # noqa: D102
+
+    def update_trace_and_emit(  # noqa: D102
+        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Unpack[TracePatch]
+    ) -> None: ...
+
+    def append_message(self, message: Message) -> Message: ...  # noqa: D102
+
+    def record_turn(  # noqa: D102
+        self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
+    ) -> Message: ...
+
+    def add_stats(self, trace_id: str, **deltas: float) -> None: ...  # noqa: D102
+
+    def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None: ...  # noqa: D102
+
+    def put_collaborator_and_emit(  # noqa: D102
+        self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
+    ) -> None: ...
+
+    def emit(self, root_trace_id: str, event: Event) -> str: ...  # noqa: D102
+
+    def release_lease(self, trace_id: str, owner: str) -> None: ...  # noqa: D102
+
+    def stop_requested(self, trace_id: str) -> bool: ...  # noqa: D102
+
+
+def apply_one_by_one(store: SingleWrites, write: TraceWrite) -> WriteResult:
+    """Apply a write through the store's single-purpose methods, in order.
+
+    `MemoryStore.apply` holds its lock around this, which makes it one atomic step; the
+    Redis store runs the same ops in one script instead.
+    """
+    if any(isinstance(op, JoinPart) for op in write.ops):  # its keys are a Redis host's
+        raise TypeError("a join part needs a Redis store (fleet.storage.redis_store.RedisStore)")
+    stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
+    return WriteResult(stored, store.stop_requested(write.trace_id))
+
+
+def _apply_op(store: SingleWrites, write: TraceWrite, op: WriteOp) -> Message | None:
+    root = write.root_trace_id
+    match op:
+        case Append(message=message, event=None):
+            return store.append_message(message)
+        case Append(message=message, event=Event() as event, iteration=iteration):
+            return store.record_turn(root, message, event, iteration=iteration)
+        case SetFields(fields=fields, event=None):
+            store.update_trace(write.trace_id, **fields)
+        case SetFields(fields=fields, event=Event() as event):
+            store.update_trace_and_emit(write.trace_id, root, event, **fields)
+        case AddStats(deltas=deltas):
+            store.add_stats(write.trace_id, **deltas)
+        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=None):
+            store.put_collaborator(parent, entry)
+        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=Event() as event):
+            store.put_collaborator_and_emit(parent, root, entry, event)
+        case Emit(event=event):
+            store.emit(root, event)
+        case ReleaseLease(owner=owner):
+            store.release_lease(write.trace_id, owner)
+    return None
