@@ -54,12 +54,19 @@ def starting(trace_id: str) -> StartRun:
 def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
     """`waiting` on sub-agents: written before they are dispatched (a fast one may end first).
 
-    A trace told to stop while its model call ran passes the stop on to `children`.
+    A trace told to stop while its model call ran ends here, `stopped`, with the `children`
+    that call spawned: nothing would ever run them (workers discard their tasks as revoked,
+    so their chord never joins) and the trace would wait on them for ever. The status is
+    written before the flag is read, and `stop_subtree` raises the flag before it reads the
+    status, so a stop racing this call is seen by one side or the other.
+
+    Returns:
+        The trace `waiting`, or `stopped` with its children.
     """
     waiting = _set_status(runtime.store, trace, "waiting")
     if children and runtime.store.stop_requested(trace.trace_id):
-        for child_id in children:
-            runtime.store.request_stop(child_id)
+        stop_subtree(runtime, trace.trace_id)
+        return runtime.store.get_trace(trace.trace_id)
     return waiting
 
 
@@ -168,7 +175,9 @@ def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
     """Raise the stop flag on a trace and every descendant.
 
     Traces no runner holds (queued, waiting) are finished `stopped` here, because a revoked
-    chord never runs its body; running ones stop themselves between turns.
+    chord never runs its body; running ones stop themselves between turns. Children are
+    finished before their parents, so the root's finish event, which ends `fleet run`'s
+    wait, comes after every entry it shows.
 
     Returns:
         Every trace id in the subtree, parents first.
@@ -177,7 +186,7 @@ def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
     ids = subtree(store, trace_id)
     for tid in ids:
         store.request_stop(tid)
-    for tid in ids:
+    for tid in reversed(ids):
         trace = store.get_trace(tid)
         if trace.status in ("queued", "waiting"):
             finish(runtime, tid, "stopped", error="stop requested", reason="stop")
@@ -291,6 +300,7 @@ def reopen_root(
     fields: TracePatch = {"status": "queued", "answer": None, "output": None}
     fields |= {"error": None, "finished_at_ms": None, "iteration": 0, "metadata": metadata}
     event = Event(kind="trace", trace_id=trace.trace_id, status="queued", data=data)
+    runtime.store.track_tree(trace.trace_id)
     runtime.store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, **fields)
     runtime.store.clear_stop(trace.trace_id)
     return trace.model_copy(update=fields)

@@ -50,6 +50,8 @@ ENV_NAMES = (
     "FLEET_MAX_BRANCHES",
     "FLEET_HUMAN_TIMEOUT_S",
     "FLEET_SWEEP_INTERVAL_S",
+    "FLEET_STUCK_AFTER_S",
+    "FLEET_OWNER_CHECK_INTERVAL_S",
     "FLEET_PROBE_DIR",
     "FLEET_SERVE_TOKEN",
     *OTEL_TRACING_ENVS,
@@ -110,6 +112,10 @@ class Settings:
     completions and tool arguments/results (off by default: they may be sensitive)."""
     sweep_interval_s: float = 1.0
     """FLEET_SWEEP_INTERVAL_S: how often each worker looks for lapsed leases and lost spawns."""
+    stuck_after_s: float = 15.0
+    """FLEET_STUCK_AFTER_S: how long a tree must be quiet before the owner check walks it."""
+    owner_check_interval_s: float = 5.0
+    """FLEET_OWNER_CHECK_INTERVAL_S: how often one worker of the fleet runs the owner check."""
     probe_dir: Path = Path("/tmp")
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
@@ -152,6 +158,8 @@ class Settings:
             otel_tracing=_otel_tracing(env),
             otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
             sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 1.0),
+            stuck_after_s=_positive(env, "FLEET_STUCK_AFTER_S", 15.0),
+            owner_check_interval_s=_positive(env, "FLEET_OWNER_CHECK_INTERVAL_S", 5.0),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             env=env,

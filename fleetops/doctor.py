@@ -157,6 +157,26 @@ def check_presets(settings: Settings) -> Check:
     return Check("presets", "ok", ", ".join(presets))
 
 
+def check_owners(settings: Settings, shown: int = 5) -> Check:
+    """Traces nothing moves (`fleet.owners`), as the workers' owner check would find them."""
+    from fleet import owners
+    from fleet.models import now_ms
+    from fleet.storage.owner_index import owner_index
+    from fleet.storage.redis_store import RedisStore
+
+    store = RedisStore.from_url(settings.redis_url)
+    try:
+        quiet_ms = int(settings.stuck_after_s * 1000)
+        found = owners.check(store, owner_index(store), now_ms(), quiet_ms, forget=False)
+    finally:
+        store.close()
+    if not found:
+        return Check("stuck traces", "ok", "none: every open trace has an owner")
+    listed = "; ".join(f"{r.trace.trace_id} ({r.why})" for r in found[:shown])
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    return Check("stuck traces", "warn", f"{len(found)} without an owner: {listed}{more}")
+
+
 def run_checks(settings: Settings) -> list[Check]:
     """Every check, in report order.
 
@@ -165,7 +185,7 @@ def run_checks(settings: Settings) -> list[Check]:
     """
     checks = [check_redis(settings.redis_url), check_broker(settings.broker_url)]
     checks += check_queues(workers_by_queue(settings.broker_url))
-    checks += [check_model(settings), check_presets(settings)]
+    checks += [check_model(settings), check_presets(settings), check_owners(settings)]
     return checks
 
 

@@ -228,6 +228,9 @@ class FleetMetrics:
             *limit_families(self._store),
             _counter(counters, "lease_expiries", "Runs re-enqueued after their lease expired."),
             _counter(counters, "resumes", "Parents resumed after their sub-agents were collected."),
+            _counter(
+                counters, "stuck_traces", "Non-terminal traces the owner check found unowned."
+            ),
         ]
 
 

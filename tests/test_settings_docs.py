@@ -68,6 +68,8 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_MAX_BRANCHES": "40",
         "FLEET_HUMAN_TIMEOUT_S": "600",
         "FLEET_SWEEP_INTERVAL_S": "3",
+        "FLEET_STUCK_AFTER_S": "7",
+        "FLEET_OWNER_CHECK_INTERVAL_S": "2",
         "FLEET_PROBE_DIR": "/probes",
         "FLEET_SERVE_TOKEN": "t" * 20,
         "OTEL_TRACES_EXPORTER": "console",

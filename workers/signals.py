@@ -56,7 +56,8 @@ def _announce(sender: Any = None, **_: Any) -> None:
 @worker_ready.connect
 def _start_sweeper(**_: Any) -> None:
     global _sweeper
-    _sweeper = Sweeper(process_settings().sweep_interval_s)
+    settings = process_settings()
+    _sweeper = Sweeper(settings.sweep_interval_s, settings.owner_check_interval_s)
     _sweeper.start()
 
 

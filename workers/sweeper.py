@@ -2,13 +2,16 @@
 
 Every `Settings.sweep_interval_s` (1 s) it makes two reads — the running traces whose lease
 deadline passed, the outbox entries that are due — and acts only on what they return, so an
-idle fleet of W workers costs Redis 2·W cheap commands per second.
+idle fleet of W workers costs Redis 2·W cheap commands per second. Every
+`Settings.owner_check_interval_s` (5 s) it also asks for the fleet's owner check
+(`workers.owner_check`), which one worker runs.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from fleet.children import settling
 from fleet.control import claim_dead_runs
@@ -16,6 +19,7 @@ from fleet.conversation.human import time_out_waits
 from fleet.models import now_ms
 from fleet.storage import outbox
 from workers.dispatch import send
+from workers.owner_check import check_owners
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -110,12 +114,18 @@ def resend_stranded(pending: tuple[str, ...]) -> None:
             )
 
 
+def sweep_owners() -> list[str]:
+    """The fleet's owner check, if this worker holds its claim; the trace ids remedied."""
+    return [r.trace.trace_id for r in check_owners(get_runtime())]
+
+
 class Sweeper:
     """A daemon thread sweeping every `interval_s`."""
 
-    def __init__(self, interval_s: float) -> None:
-        """Sweep every `interval_s` (`Settings.sweep_interval_s`)."""
+    def __init__(self, interval_s: float, owner_check_interval_s: float = 5.0) -> None:
+        """Sweep every `interval_s`, and ask for the owner check every `owner_check_interval_s`."""
         self.interval_s = interval_s
+        self.owner_check_interval_s = owner_check_interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fleet-sweeper", daemon=True)
 
@@ -128,8 +138,13 @@ class Sweeper:
         self._stop.set()
 
     def _loop(self) -> None:
+        next_owner_check_s = 0.0
         while not self._stop.wait(self.interval_s):
-            for sweep in (sweep_once, sweep_outbox):
+            sweeps = [sweep_once, sweep_outbox]
+            if time.monotonic() >= next_owner_check_s:
+                sweeps.append(sweep_owners)
+                next_owner_check_s = time.monotonic() + self.owner_check_interval_s
+            for sweep in sweeps:
                 try:
                     sweep()
                 except Exception:  # Redis or broker blips must not kill the sweeper

@@ -63,6 +63,7 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         metadata=dict(spec.metadata or {}),
     )
     _control(runtime, spec, model, trace_id)
+    runtime.store.track_tree(trace_id)  # first: a crash leaves an id the check drops
     runtime.store.create_trace(trace)
     runtime.store.emit(trace_id, Event(kind="trace", trace_id=trace_id, status="queued"))
     return trace

@@ -193,11 +193,21 @@ def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
 
 def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnRequest]]) -> None:
     # Waiting is written before dispatch: a fast chord may collect before we return.
-    # Stopped while this turn's model call ran: the new children start stopped.
-    lifecycle.wait(runtime, trace, [c for _, request in spawns for c in request.child_ids])
+    # Stopped while this turn's model call ran: the trace and its new children end stopped.
+    children = [c for _, request in spawns for c in request.child_ids]
+    stopped = lifecycle.wait(runtime, trace, children).is_terminal
     for call, request in spawns:
-        _hand_over(runtime, trace, request)
+        if stopped:
+            _drop(runtime, trace, request)
+        else:
+            _hand_over(runtime, trace, request)
         runtime.hooks.tool_finished(trace, call, None)
+
+
+def _drop(runtime: Runtime, trace: Trace, request: SpawnRequest) -> None:
+    """Children born stopped are not sent; their outbox entry, if any, is done."""
+    if runtime.dispatcher.children_survive_restart:
+        runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))
 
 
 def _hand_over(runtime: Runtime, trace: Trace, request: SpawnRequest) -> None:

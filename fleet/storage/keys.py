@@ -125,8 +125,17 @@ died leaves its calls there for the trace's next run to add."""
 
 COUNTERS = f"{PREFIX}:counters"
 """Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
-CounterName = Literal["lease_expiries", "resumes"]
-"""The fields of `COUNTERS`: runs re-enqueued after their lease expired, parents resumed."""
+CounterName = Literal["lease_expiries", "resumes", "stuck_traces"]
+"""The fields of `COUNTERS`: runs re-enqueued after their lease expired, parents resumed,
+non-terminal traces the owner check found with nothing to move them (`fleet.owners`)."""
+
+OPEN_TREES = f"{PREFIX}:open-trees"
+"""Sorted set, no TTL: root trace ids whose tree may still have a non-terminal trace, scored
+by when they were (re)opened in ms; the owner check (`fleet.owners`) removes a tree once
+every trace of it ended, or once its root is gone (expired)."""
+
+OWNER_CHECK = f"{PREFIX}:owner-check"
+"""String with TTL: which worker runs the fleet's owner check this interval (SET NX PX)."""
 
 OUTBOX = f"{PREFIX}:outbox"
 """Sorted set, no TTL: work to hand to the queue (`fleet.storage.outbox` entries: a spawn whose

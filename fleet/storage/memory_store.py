@@ -44,6 +44,7 @@ class MemoryStore:
         self._counters: dict[str, int] = defaultdict(int)
         self._presence: dict[str, tuple[WorkerPresence, int]] = {}
         self._outbox: dict[str, int] = {}
+        self._open_trees: dict[str, int] = {}
         self._fence: tuple[str, str] | None = None
         """(trace id, owner) in a `fenced` view: writes need that lease."""
 
@@ -140,6 +141,25 @@ class MemoryStore:
             plain = copy.copy(self)  # write may release the lease before its last op
             plain._fence = None
             return apply_one_by_one(plain, write)
+
+    def track_tree(self, root_trace_id: str) -> None:
+        with self._lock:
+            self._open_trees[root_trace_id] = now_ms()
+
+    def tracked_trees(self) -> list[str]:
+        """The open-trees index, oldest first (`owner_index.MemoryOwnerIndex`)."""
+        with self._lock:
+            return sorted(self._open_trees, key=self._open_trees.__getitem__)
+
+    def untrack_tree(self, root_trace_id: str) -> None:
+        """Drop a tree from the open-trees index."""
+        with self._lock:
+            self._open_trees.pop(root_trace_id, None)
+
+    def outbox_pending(self, entries: Sequence[str]) -> list[bool]:
+        """Whether each outbox entry is pending."""
+        with self._lock:
+            return [e in self._outbox for e in entries]
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:

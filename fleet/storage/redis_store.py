@@ -197,6 +197,9 @@ class RedisStore:
             raise TraceNotFound(f"no trace {write.trace_id!r}")
         return result
 
+    def track_tree(self, root_trace_id: str) -> None:
+        self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})
+
     def list_traces(self, limit: int = 50) -> list[Trace]:
         traces: list[Trace] = []
         start = 0

@@ -111,6 +111,10 @@ class TraceStore(Protocol):
         """Every op of the write, in order, as one atomic step; then the stop flag."""
         ...
 
+    def track_tree(self, root_trace_id: str) -> None:
+        """Index a root whose tree is open (created or continued), for the owner check."""
+        ...
+
     def list_traces(self, limit: int = 50) -> list[Trace]:
         """Newest first."""
         ...

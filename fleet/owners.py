@@ -1,0 +1,242 @@
+"""Every non-terminal trace has an owner; the check that finds one without and says what heals it.
+
+What moves a trace that has not ended (its *owner*):
+
+- `running`: its runner's lease; once the lease lapses, the lease index the sweeper claims
+  from (`TraceStore.expired_leases`).
+- `queued`: a message on its queue or a worker's countdown (a throttled run also has an
+  outbox `run` entry), or a pending outbox entry of its spawn.
+- `waiting` on a person: the person, and the wait's deadline.
+- `waiting` on children: a child that has not ended, or the outbox entry that settles them.
+- any trace told to stop: its runner, if one holds the lease; else nothing, so the stop
+  itself is finished here.
+
+`unowned` reads one tree that has been quiet (no event) for `quiet_ms` and returns a
+`Remedy` for each trace none of these moves. The host applies it (`workers.sweeper`): a
+message can only be known to be absent by the broker, so `Resend` asks the host to send the
+run again only if the trace's queue holds nothing; a duplicate run is harmless (the lease
+and the status decide who runs). After `MAX_HEALS` remedies a trace that is still unowned
+fails, with an error saying what it lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from fleet.errors import TraceNotFound
+from fleet.history import main_path, open_turn
+from fleet.lifecycle import PERSON_KEY
+from fleet.models import Trace
+from fleet.storage import outbox
+from fleet.storage.store import TraceStore
+
+MAX_HEALS = 3
+"""Remedies per trace before it fails as lost."""
+HEALS_KEY = "owner_heals"
+"""Trace metadata: how many remedies the owner check applied to it."""
+
+
+class OwnerIndex(Protocol):
+    """What the check reads beyond the trace store (`fleet.storage.owner_index`)."""
+
+    def open_trees(self, limit: int) -> list[str]: ...  # noqa: D102
+    def untrack_tree(self, root_trace_id: str) -> None: ...  # noqa: D102
+    def outbox_has(self, entries: Sequence[str]) -> list[bool]: ...  # noqa: D102
+    def last_event_ms(self, root_trace_id: str) -> int | None: ...  # noqa: D102
+    def claim_check(self, owner: str, ttl_ms: int) -> bool: ...  # noqa: D102
+
+
+@dataclass(frozen=True)
+class Resend:
+    """Send the trace's run again (recovered) if its queue holds no message."""
+
+    trace: Trace
+    why: str
+    kind: Literal["resend"] = "resend"
+
+
+@dataclass(frozen=True)
+class Settle:
+    """Every child of the parent's open call ended: settle the call and resume the parent."""
+
+    trace: Trace
+    tool_call_id: str
+    why: str
+    kind: Literal["settle"] = "settle"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Told to stop, and no runner holds it: finish the stop (`lifecycle.stop_subtree`)."""
+
+    trace: Trace
+    why: str
+    kind: Literal["stop"] = "stop"
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Healed `MAX_HEALS` times and still unowned: fail it, saying what was lost."""
+
+    trace: Trace
+    why: str
+    kind: Literal["fail"] = "fail"
+
+
+Remedy = Resend | Settle | Stop | Fail
+
+
+@dataclass(frozen=True)
+class TreeState:
+    """One read of a tree: its traces, which are leased, and the outbox entries pending."""
+
+    traces: dict[str, Trace]
+    children: dict[str, list[str]]
+    leased: frozenset[str]
+    lapsed: frozenset[str]
+    """Running traces whose lease expired: the sweeper re-enqueues them."""
+    stops: frozenset[str]
+    pending: frozenset[str]
+    """Outbox entries (`fleet.storage.outbox`) of this tree that are pending."""
+    quiet_before_ms: int
+    """A trace changed at or after this instant is left alone: something may be moving it."""
+
+
+def check(
+    store: TraceStore,
+    index: OwnerIndex,
+    at_ms: int,
+    quiet_ms: int,
+    limit: int = 1_000,
+    *,
+    forget: bool = True,
+) -> list[Remedy]:
+    """The remedies of every open tree quiet for `quiet_ms`.
+
+    With `forget` (the workers' check), trees that ended leave the index; `fleet doctor`
+    only reads.
+    """
+    remedies: list[Remedy] = []
+    for root in index.open_trees(limit):
+        last_ms = index.last_event_ms(root)
+        if last_ms is not None and at_ms - last_ms < quiet_ms:
+            continue  # it is moving
+        if tree_ended(store, root):
+            if forget:
+                index.untrack_tree(root)
+            continue
+        remedies += unowned(store, index, root, at_ms, quiet_ms)
+    return remedies
+
+
+def unowned(
+    store: TraceStore, index: OwnerIndex, root_trace_id: str, at_ms: int, quiet_ms: int
+) -> list[Remedy]:
+    """A remedy for each non-terminal trace of the tree that nothing moves."""
+    state = read_tree(store, index, root_trace_id, at_ms, quiet_ms)
+    remedies: list[Remedy] = []
+    for trace in state.traces.values():
+        if not trace.is_terminal and (found := _remedy(store, state, trace)) is not None:
+            remedies.append(_or_fail(found))
+    return remedies
+
+
+def read_tree(
+    store: TraceStore, index: OwnerIndex, root_trace_id: str, at_ms: int, quiet_ms: int
+) -> TreeState:
+    """The tree as the check sees it (a walk from the root, then one read per concern)."""
+    traces: dict[str, Trace] = {}
+    children: dict[str, list[str]] = {}
+    frontier = [root_trace_id]
+    while frontier:
+        found = store.get_traces(frontier)
+        traces.update((t.trace_id, t) for t in found)
+        frontier = []
+        for trace in found:
+            children[trace.trace_id] = store.children(trace.trace_id)
+            frontier += children[trace.trace_id]
+    open_ids = [t for t, trace in traces.items() if not trace.is_terminal]
+    entries = [e for t in open_ids for e in _entries(traces[t], traces, children)]
+    pending = {e for e, has in zip(entries, index.outbox_has(entries), strict=True) if has}
+    lapsed = set(store.expired_leases(at_ms)) & set(open_ids)
+    return TreeState(
+        traces=traces,
+        children=children,
+        leased=frozenset(t for t in open_ids if store.lease_holder(t) is not None),
+        lapsed=frozenset(lapsed),
+        stops=frozenset(t for t in open_ids if store.stop_requested(t)),
+        pending=frozenset(pending),
+        quiet_before_ms=at_ms - quiet_ms,
+    )
+
+
+def _entries(trace: Trace, traces: dict[str, Trace], children: dict[str, list[str]]) -> list[str]:
+    """The outbox entries that would own this trace: its run, its spawn, its settling."""
+    found = [outbox.run_entry(trace.trace_id)]
+    if trace.parent_trace_id and trace.parent_tool_call_id:
+        found.append(outbox.spawn_entry(trace.parent_trace_id, trace.parent_tool_call_id))
+        found.append(outbox.settle_entry(trace.parent_trace_id, trace.parent_tool_call_id))
+    kids = [traces[c] for c in children.get(trace.trace_id, []) if c in traces]
+    for call in sorted({k.parent_tool_call_id for k in kids if k.parent_tool_call_id}):
+        found.append(outbox.spawn_entry(trace.trace_id, call))
+        found.append(outbox.settle_entry(trace.trace_id, call))
+    return found
+
+
+def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
+    tid = trace.trace_id
+    if trace.updated_at_ms >= state.quiet_before_ms:
+        return None  # changed lately (or a remedy was just applied): give it time
+    if tid in state.leased or tid in state.lapsed or _owned_by_outbox(state, trace):
+        return None
+    if tid in state.stops:
+        return Stop(trace, "told to stop, and no runner holds it")
+    if trace.status == "running":
+        return Resend(trace, "running, but no runner holds its lease")
+    if trace.status == "queued":
+        return Resend(trace, "queued, with nothing in the outbox for it")
+    return _waiting(store, state, trace)
+
+
+def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
+    if PERSON_KEY in trace.metadata:
+        return None  # a person (and the wait's deadline) owns it
+    kids = [state.traces[c] for c in state.children.get(trace.trace_id, []) if c in state.traces]
+    if any(not k.is_terminal for k in kids):
+        return None  # live children own it
+    snapshot = store.snapshot(trace.trace_id)
+    turn = open_turn(main_path(snapshot.messages, snapshot.trace.head_sequence))
+    if turn is None:
+        return Resend(trace, "waiting, with every tool call answered")
+    spawned = {k.parent_tool_call_id for k in kids}
+    for call in turn.missing:
+        if call["id"] in spawned:
+            return Settle(trace, str(call["id"]), "waiting on children that all ended")
+    return Resend(trace, "waiting on a tool call that has no children (lost before the spawn)")
+
+
+def _owned_by_outbox(state: TreeState, trace: Trace) -> bool:
+    return any(e in state.pending for e in _entries(trace, state.traces, state.children))
+
+
+def _or_fail(remedy: Remedy) -> Remedy:
+    heals = int(remedy.trace.metadata.get(HEALS_KEY, 0))
+    if heals < MAX_HEALS or isinstance(remedy, Stop):
+        return remedy
+    return Fail(remedy.trace, f"lost: {remedy.why}; still so after {heals} attempts to heal it")
+
+
+def tree_ended(store: TraceStore, root_trace_id: str) -> bool:
+    """True when the root and every descendant ended (or the root is gone)."""
+    frontier = [root_trace_id]
+    while frontier:
+        try:
+            found = store.get_traces(frontier)
+        except TraceNotFound:  # expired, or its id was indexed just before a crash
+            return True
+        if any(not t.is_terminal for t in found):
+            return False
+        frontier = [c for t in found for c in store.children(t.trace_id)]
+    return True
