@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: all check lint typecheck test demo format bench faults clean
+.PHONY: all check lint typecheck test demo format bench faults chaos clean
 all: check
 check: lint typecheck test
 
@@ -38,6 +38,10 @@ bench: $(STAMP)
 # Fault injection (docs/reliability.md): every scenario x 20 runs, ~40 min; not part of `make`.
 faults: $(STAMP)
 	$(PY) bench/faults.py --runs 20
+
+# Randomised lifecycle (docs/reliability.md): >= 500 faults at random instants, ~25 min.
+chaos: $(STAMP)
+	$(PY) bench/chaos.py --faults 500
 
 clean:
 	rm -rf $(VENV) .fleet .mypy_cache .ruff_cache .pytest_cache
