@@ -25,7 +25,7 @@ from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore
-from fleet.storage.watchdog import QueueWatch
+from fleet.storage.watchdog import QueueWatch, check_served
 
 OUTAGE_RETRY_S = 1.0
 """How often `Fleet.events` tries again while Redis cannot be reached."""
@@ -133,6 +133,8 @@ class Fleet:
         """
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
         spec = replace(spec, budget=budget, max_concurrent=max_concurrent, priority=priority)
+        chosen = (workspace or self.runtime.settings.workspace).expanduser().resolve()
+        check_served(self.store, self.backend.queue(mode), chosen)
         trace = create_root(self.runtime, spec)
         try:
             self.enqueue(trace, priority)

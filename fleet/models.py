@@ -191,4 +191,7 @@ class WorkerPresence(_Model):
     queues: list[str]
     host: str = ""
     pid: int = 0
+    roots: list[str] = Field(default_factory=list)
+    """The worker's workspace roots (`FLEET_WORKSPACE_ROOTS`): a client refuses a workspace
+    that no live worker of its queue would accept. Empty from a worker that predates it."""
     started_at_ms: int = Field(default_factory=now_ms)

@@ -49,6 +49,7 @@ def _announce(sender: Any = None, **_: Any) -> None:
         queues=queues,
         host=socket.gethostname(),
         pid=os.getpid(),
+        roots=[str(r) for r in process_settings().workspace_roots],
     )
     get_runtime().lease_keeper().announce(presence)
 

@@ -365,6 +365,12 @@ class MemoryStore:
         with self._lock:
             self._presence.pop(presence.node, None)
 
+    def presences(self, nodes: Sequence[str]) -> list[WorkerPresence]:
+        with self._lock:
+            now = now_ms()
+            found = [self._presence.get(n) for n in nodes]
+            return [p for p, deadline in (f for f in found if f) if deadline > now]
+
     def live_consumers(self, queue: str) -> list[str]:
         with self._lock:
             now = now_ms()

@@ -359,6 +359,12 @@ class RedisStore:
             pipe.zrem(keys.consumers(queue), presence.node)
         pipe.execute()
 
+    def presences(self, nodes: Sequence[str]) -> list[WorkerPresence]:
+        if not nodes:
+            return []
+        found = self._client.mget([keys.worker(n) for n in nodes])
+        return [WorkerPresence.model_validate_json(raw) for raw in found if raw is not None]
+
     def live_consumers(self, queue: str) -> list[str]:
         return [str(n) for n in self._client.zrangebyscore(keys.consumers(queue), now_ms(), "+inf")]
 

@@ -246,6 +246,10 @@ class TraceStore(Protocol):
         """The worker is going away: no longer count it as a consumer of its queues."""
         ...
 
+    def presences(self, nodes: Sequence[str]) -> list[WorkerPresence]:
+        """What each live worker of `nodes` announced (a node gone since is left out)."""
+        ...
+
     def live_consumers(self, queue: str) -> list[str]:
         """Node names of the workers whose heartbeat says they consume `queue` now."""
         ...

@@ -9,13 +9,16 @@ resumed), and raises `NoLiveWorkers` once one of those has gone unserved for `ti
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import get_args
 
-from fleet.errors import NoLiveWorkers
+from fleet.errors import ConfigError, NoLiveWorkers
 from fleet.models import Mode
+from fleet.security import trust
 from fleet.storage.store import TraceStore
 
 CHECK_INTERVAL_S = 2.0
@@ -64,3 +67,31 @@ class QueueWatch:
                 needed.add(self.queue_of(trace.mode))
                 frontier += self.store.children(trace.trace_id)
         return needed
+
+
+def check_served(store: TraceStore, queue: str | None, workspace: Path) -> None:
+    """Refuse a workspace no live worker of `queue` accepts, before anything is written.
+
+    Workers announce their workspace roots (`WorkerPresence.roots`). When none is live, or
+    none announced roots, this says nothing: `QueueWatch` speaks about a missing worker.
+
+    Raises:
+        ConfigError: naming the workspace, the queue and the roots its workers accept.
+    """
+    if queue is None:
+        return
+    announced = [p for p in store.presences(store.live_consumers(queue)) if p.roots]
+    if not announced:
+        return
+    for presence in announced:
+        try:
+            trust.check_workspace_root(workspace, tuple(Path(r) for r in presence.roots))
+        except ConfigError:
+            continue
+        return
+    roots = os.pathsep.join(sorted({r for p in announced for r in p.roots}))
+    raise ConfigError(
+        f"workspace {str(workspace)!r} is outside the workspace roots of every live worker on"
+        f" {queue!r} ({roots}); start them with {trust.WORKSPACE_ROOTS_ENV} covering it, or"
+        " use a workspace under one of those roots"
+    )
