@@ -50,6 +50,7 @@ from fleet.client import Fleet
 from fleet.errors import FleetError
 from fleet.models import Trace
 from fleet.settings import Settings
+from fleet.storage.redis_server import start_redis_server
 from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
 
@@ -390,6 +391,29 @@ def redis_restart(options: Options) -> Row:
     return row
 
 
+def redis_kill(options: Options) -> Row:
+    """SIGKILL Redis mid-explore (append-only, fsync every second), then start it again.
+
+    Up to a second of acknowledged writes is gone: a turn, an entry, a finish. The runs
+    that wrote them find the store behind them; the owner check heals what nothing moves.
+    """
+    row = Row("Redis SIGKILL (AOF everysec)")
+    with rig(extra_env={"FLEET_STUCK_AFTER_S": "5"}) as (the_rig, _):
+        model = survey_model(the_rig.workspace / "m.json", BRANCHES, TURNS, LATENCY_MS)
+        for _ in range(options.runs):
+            root_id = submit(the_rig, model)
+            before = mid_run(the_rig.observer, root_id)
+            server = the_rig.redis.server
+            server.process.kill()
+            server.process.wait()
+            the_rig.redis.server = start_redis_server(
+                the_rig.redis.port, the_rig.redis.data_dir, appendonly=True
+            )
+            recovery = wait_progress(the_rig.observer, before, time.monotonic())
+            row.add(finish(the_rig, root_id), recovery)
+    return row
+
+
 def broker_outage(options: Options) -> Row:
     """Redis (broker and store) unreachable for `outage_s`, for workers and client alike."""
     row = Row(f"broker + store unreachable {options.outage_s:.0f} s")
@@ -486,6 +510,7 @@ SCENARIOS: dict[str, Callable[[Options], Row | list[Row]]] = {
     "worker-kill": kill_independent,
     "freeze": freeze,
     "redis-restart": redis_restart,
+    "redis-kill": redis_kill,
     "outage": broker_outage,
     "provider": provider_errors,
     "orphan": orphaned_spawn,

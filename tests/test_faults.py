@@ -19,7 +19,9 @@ QUICK = replace(faults.QUICK, runs=1)
 
 # worker SIGKILL (independent and under `fleet up`) and the orphaned spawn have their own
 # tests: test_fleet_recovery.py, test_supervisor.py, test_outbox_watchdog.py.
-@pytest.mark.parametrize("scenario", ["freeze", "redis-restart", "outage", "provider"])
+@pytest.mark.parametrize(
+    "scenario", ["freeze", "redis-restart", "redis-kill", "outage", "provider"]
+)
 def test_nothing_is_lost_or_doubled(scenario: str) -> None:
     rows = faults.run([scenario], QUICK, say=print)
     for row in rows:
