@@ -101,6 +101,22 @@ def tree_ended(store: TraceStore, root_id: str) -> bool:
     )
 
 
+def describe(store: TraceStore, root_id: str) -> str:
+    """A stuck tree, trace by trace: what an operator would look at first."""
+    lines = [f"stuck tree {root_id}:"]
+    for trace_id in [root_id, *store.children(root_id)]:
+        trace = store.get_trace(trace_id)
+        holder = store.lease_holder(trace_id)
+        stop = store.stop_requested(trace_id)
+        lines.append(
+            f"  {trace_id} {trace.status} it={trace.iteration} lease={holder} stop={stop}"
+            f" updated={trace.updated_at_ms} meta={trace.metadata}"
+        )
+    for entry in store.collaborators(root_id):
+        lines.append(f"  entry {entry.trace_id} {entry.status}")
+    return "\n".join(lines)
+
+
 def retried(action: Callable[[], str], attempts: int = 50) -> str:
     """`action`, again while Redis is coming back from a fault."""
     for _ in range(attempts - 1):
@@ -114,8 +130,9 @@ def retried(action: Callable[[], str], attempts: int = 50) -> str:
 class Chaos:
     """Injects the faults of one run into a rig."""
 
-    def __init__(self, the_rig: Rig, options: Options) -> None:
+    def __init__(self, the_rig: Rig, options: Options, say: Callable[[str], None]) -> None:
         """Draw from `options.seed`."""
+        self.say = say
         self.rig = the_rig
         self.options = options
         self.random = random.Random(options.seed)
@@ -135,6 +152,7 @@ class Chaos:
         started_s = time.monotonic()
         for at_s, kind in plan:
             time.sleep(max(0.0, started_s + at_s - time.monotonic()))
+            self.say(f"  {kind} at {at_s:.2f} s")
             self._inject(kind, roots)
         self._replace_dead_workers()
         self._check(roots, started_s)
@@ -184,6 +202,7 @@ class Chaos:
                 )
             except TimeoutError:
                 self.table.stuck.append(root_id)
+                self.say(describe(store, root_id))
                 continue
             self.table.slowest_s = max(self.table.slowest_s, time.monotonic() - started_s)
             try:
@@ -199,7 +218,7 @@ def run(options: Options, say: Callable[[str], None] = print) -> Table:
     """Rounds until `options.faults` faults were injected."""
     with rig(extra_env=CHAOS_ENV) as (the_rig, _):
         model = survey_model(the_rig.workspace / "m.json", BRANCHES, TURNS, LATENCY_MS)
-        chaos = Chaos(the_rig, options)
+        chaos = Chaos(the_rig, options, say)
         while sum(chaos.table.injected.values()) < options.faults:
             chaos.round(model)
             table = chaos.table

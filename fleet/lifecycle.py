@@ -194,6 +194,17 @@ def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
     return ids
 
 
+def end_stopped(runtime: Runtime, trace_id: str) -> None:
+    """A trace told to stop that no runner holds ends `stopped`, whatever its status says.
+
+    `stop_subtree` leaves a `running` trace to its runner; when the owner check found
+    none (it died, and its lease went with a Redis that lost its last writes), this ends it.
+    """
+    stop_subtree(runtime, trace_id)
+    if not runtime.store.get_trace(trace_id).is_terminal:
+        finish(runtime, trace_id, "stopped", error="stop requested", reason="stop")
+
+
 # -- a parent's collaborator entries ---------------------------------------------------
 
 

@@ -69,7 +69,7 @@ class Settle:
 
 @dataclass(frozen=True)
 class Stop:
-    """Told to stop, and no runner holds it: finish the stop (`lifecycle.stop_subtree`)."""
+    """Told to stop, and no runner holds it: finish the stop (`lifecycle.end_stopped`)."""
 
     trace: Trace
     why: str
@@ -134,10 +134,14 @@ def check(
 def unowned(
     store: TraceStore, index: OwnerIndex, root_trace_id: str, at_ms: int, quiet_ms: int
 ) -> list[Remedy]:
-    """A remedy for each non-terminal trace of the tree that nothing moves."""
+    """A remedy for each non-terminal trace of the tree that nothing moves, children first.
+
+    Children first: a root's remedy may end it, and its finish event, which ends a client's
+    wait, then comes after its children's.
+    """
     state = read_tree(store, index, root_trace_id, at_ms, quiet_ms)
     remedies: list[Remedy] = []
-    for trace in state.traces.values():
+    for trace in reversed(state.traces.values()):
         if not trace.is_terminal and (found := _remedy(store, state, trace)) is not None:
             remedies.append(_or_fail(found))
     return remedies

@@ -111,10 +111,21 @@ def test_a_root_whose_task_never_went_out_runs(fleet: Fleet, url: str, tmp_path:
     assert_collected_once(fleet, trace.trace_id, 2)
 
 
-def test_the_stuck_tree_of_a_stop_during_the_roots_call_ends_stopped(
-    fleet: Fleet, url: str, workspace: Path, tmp_path: Path
+@pytest.mark.parametrize(
+    "branches_were",
+    [
+        "queued",  # issue 23: a stop during the root's call, the branches' tasks discarded
+        "running",  # their runners died and a Redis SIGKILL took their leases with it
+    ],
+)
+def test_a_stopped_tree_nothing_runs_ends_stopped(
+    fleet: Fleet, url: str, workspace: Path, tmp_path: Path, branches_were: str
 ) -> None:
     root_id = spawn_and_lose(fleet, url, workspace, survey_script(tmp_path / "m.yaml", 6, 50))
+    for child in fleet.store.children(root_id):
+        fleet.store.update_trace(
+            child, status="running" if branches_were == "running" else "queued"
+        )
     for trace_id in [root_id, *fleet.store.children(root_id)]:
         fleet.store.request_stop(trace_id)  # the flags a stop leaves; their tasks discarded
     trace = fleet.wait(root_id, timeout_s=HEALED_WITHIN_S)

@@ -56,7 +56,7 @@ def apply(runtime: Runtime, remedy: Remedy, via: Celery = app) -> bool:
             _count_heal(runtime, remedy)
             runtime.store.outbox_put(outbox.settle_entry(trace.trace_id, remedy.tool_call_id), 0)
         case Stop():
-            lifecycle.stop_subtree(runtime, trace.trace_id)
+            lifecycle.end_stopped(runtime, trace.trace_id)
         case Fail():
             lifecycle.fail(runtime, trace.trace_id, error=remedy.why, reason="lost")
         case _:
