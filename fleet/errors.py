@@ -14,6 +14,10 @@ class ConfigError(FleetError):
     """Bad configuration: unknown preset or model, missing key, malformed fleet.yaml."""
 
 
+class InvalidLimit(ConfigError):
+    """A budget or limit that is negative, zero where it means nothing, NaN or infinite."""
+
+
 class RedisUnreachable(ConfigError):
     """The trace store's Redis did not answer (the message names no password)."""
 

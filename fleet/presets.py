@@ -30,11 +30,12 @@ from types import MappingProxyType
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
+from fleet.limits.values import PositiveCount
 from fleet.loop.structured import check_schema
 from fleet.security import trust, yamlsafe
 
@@ -192,7 +193,7 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
 
 class _CacheSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    ttl_s: PositiveInt
+    ttl_s: PositiveCount
     keys: list[str] = Field(min_length=1)
 
 
@@ -204,7 +205,7 @@ class _PresetFrontmatter(BaseModel):
     description: str = ""
     tools: list[str] | None = None
     denied_tools: list[str] = Field(default_factory=list)
-    max_iterations: PositiveInt = 30
+    max_iterations: PositiveCount = 30
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     model: str | None = None
     skills: list[str] = Field(default_factory=list)
@@ -212,8 +213,8 @@ class _PresetFrontmatter(BaseModel):
     cache: _CacheSection | None = None
     output_schema: dict[str, Any] | None = None
     budget: BudgetIn | None = None
-    max_branches: PositiveInt | None = None
-    max_concurrent: PositiveInt | None = None
+    max_branches: PositiveCount | None = None
+    max_concurrent: PositiveCount | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:

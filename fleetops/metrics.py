@@ -15,6 +15,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, get_args
 
@@ -37,6 +38,8 @@ MAX_TRACES_SCANNED = 20_000
 BATCH = 1_000
 """Trace hashes read per pipeline round trip."""
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+REQUEST_TIMEOUT_S = 10.0
+"""A connection silent this long is closed (Prometheus sends a whole request at once)."""
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -249,9 +252,15 @@ def make_server(metrics: FleetMetrics, address: str, port: int) -> ThreadingHTTP
     """An HTTP server answering `/metrics` (and `/healthz`, which reads nothing)."""
 
     class Handler(BaseHTTPRequestHandler):
+        # each connection holds a thread: one that sends nothing (or headers a byte at a
+        # time) is dropped after this many seconds of silence instead of holding it forever
+        timeout = REQUEST_TIMEOUT_S
+
         def do_GET(self) -> None:
             path = self.path.partition("?")[0]
-            if path == "/healthz":
+            if _has_body(self.headers):  # never read: the connection closes after the reply
+                self._reply(413, b"a scrape takes no request body\n")
+            elif path == "/healthz":
                 self._reply(200, b"ok\n")
             elif path in ("/metrics", "/"):
                 self._reply(*_scrape(metrics))
@@ -269,6 +278,11 @@ def make_server(metrics: FleetMetrics, address: str, port: int) -> ThreadingHTTP
             log.debug(format, *args)
 
     return ThreadingHTTPServer((address, port), Handler)
+
+
+def _has_body(headers: Message[str, str]) -> bool:
+    """Whether a request announces a body (a length other than 0, or chunks)."""
+    return headers.get("Content-Length", "0").strip() != "0" or "Transfer-Encoding" in headers
 
 
 def _scrape(metrics: FleetMetrics) -> tuple[int, bytes]:

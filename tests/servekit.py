@@ -18,7 +18,7 @@ import httpx
 import tornado.httpserver
 import tornado.netutil
 
-from fleetops.serve.app import ServeConfig, make_app
+from fleetops.serve.app import SERVER_LIMITS, ServeConfig, make_app
 from tests.fleetkit import wait_until
 
 
@@ -29,7 +29,7 @@ def serving(config: ServeConfig) -> Iterator[str]:
     state: dict[str, Any] = {}
 
     async def main() -> None:
-        server = tornado.httpserver.HTTPServer(make_app(config))
+        server = tornado.httpserver.HTTPServer(make_app(config), **SERVER_LIMITS)
         sockets = tornado.netutil.bind_sockets(0, "127.0.0.1")
         server.add_sockets(sockets)
         state["port"] = sockets[0].getsockname()[1]
@@ -88,6 +88,15 @@ def free_port() -> int:
 @contextlib.contextmanager
 def serve_process(redis_url: str, *args: str, port: int | None = None, **env: str) -> Iterator[str]:
     """`fleet serve` as a real process (on a free port by default); yields its base URL."""
+    with serve_process_pid(redis_url, *args, port=port, **env) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serve_process_pid(
+    redis_url: str, *args: str, port: int | None = None, **env: str
+) -> Iterator[tuple[str, int]]:
+    """`serve_process`, yielding the process id too (to read its memory in /proc)."""
     port = port or free_port()
     environ = {k: v for k, v in os.environ.items() if k != "FLEET_SERVE_TOKEN"}
     process = subprocess.Popen(
@@ -109,7 +118,7 @@ def serve_process(redis_url: str, *args: str, port: int | None = None, **env: st
 
     try:
         wait_until(answers, 30, "fleet serve to answer")
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         process.wait(15)

@@ -30,10 +30,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, cast
 
 import redis
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveFloat, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from fleet.errors import ConfigError
+from fleet.errors import InvalidLimit
 from fleet.limits import limit_scripts
+from fleet.limits.values import Amount, Count, PositiveCount, validated
 from fleet.models import now_ms
 from fleet.storage import keys
 
@@ -56,6 +57,14 @@ class Budget:
     wall_s: float | None = None
     """Seconds from submission until the tree stops spending."""
 
+    def __post_init__(self) -> None:
+        """Refuse what no budget can mean (`fleet.limits.values`), whoever builds it.
+
+        Raises:
+            InvalidLimit: a negative, zero, NaN or infinite value, named with its field.
+        """
+        validated(BudgetIn, asdict(self), prefix="budget.")
+
     @property
     def empty(self) -> bool:
         """True when nothing is limited."""
@@ -70,42 +79,30 @@ class Budget:
 
 
 class BudgetIn(BaseModel):
-    """A budget as written in a batch entry, preset file or API call (validated edge)."""
+    """A budget as written anywhere (API, CLI, batch entry, preset): the one validation."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    tokens: NonNegativeInt | None = None
-    usd: PositiveFloat | int | None = None
-    sub_agents: NonNegativeInt | None = None
-    depth: NonNegativeInt | None = None
-    wall_s: PositiveFloat | int | None = None
+    tokens: PositiveCount | None = None
+    usd: Amount | None = None
+    sub_agents: Count | None = None
+    depth: Count | None = None
+    wall_s: Amount | None = None
 
     def to_budget(self) -> Budget:
         """The dataclass used inside."""
-        return Budget(
-            tokens=self.tokens,
-            usd=None if self.usd is None else float(self.usd),
-            sub_agents=self.sub_agents,
-            depth=self.depth,
-            wall_s=None if self.wall_s is None else float(self.wall_s),
-        )
+        return Budget(**self.model_dump())
 
 
 def parse_budget(data: object, where: str) -> Budget:
     """A `budget:` mapping (tokens, usd, sub_agents, depth, wall_s).
 
     Raises:
-        ConfigError: one line naming `where` and the bad field.
+        InvalidLimit: one line naming `where`, the bad field and its value.
     """
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: budget must be a mapping of tokens, usd, sub_agents")
-    try:
-        return BudgetIn.model_validate(dict(data)).to_budget()
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(str(p) for p in error["loc"])
-        message = "unknown setting" if error["type"] == "extra_forbidden" else error["msg"]
-        raise ConfigError(f"{where}: budget.{field}: {message}") from None
+        raise InvalidLimit(f"{where}: budget must be a mapping of tokens, usd, sub_agents")
+    return validated(BudgetIn, dict(data), where, prefix="budget.").to_budget()
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,10 @@ from typing import Any, Literal, cast
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleet.errors import ConfigError
+from fleet.limits.values import PositiveCount, Price
 from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
 from fleet.llm.openai import OpenAIClient
@@ -65,10 +66,10 @@ class RateLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    requests_per_minute: PositiveInt | None = None
-    tokens_per_minute: PositiveInt | None = None
+    requests_per_minute: PositiveCount | None = None
+    tokens_per_minute: PositiveCount | None = None
     """Input estimate plus `max_output_tokens` is booked before a call, the real usage after."""
-    max_concurrency: PositiveInt | None = None
+    max_concurrency: PositiveCount | None = None
     """Calls in flight at once, fleet-wide."""
 
 
@@ -93,13 +94,13 @@ class ModelConfig(BaseModel):
 
     provider: str
     name: str
-    input_usd_per_mtok: float | None = None
-    output_usd_per_mtok: float | None = None
-    max_output_tokens: PositiveInt | None = None
+    input_usd_per_mtok: Price | None = None
+    output_usd_per_mtok: Price | None = None
+    max_output_tokens: PositiveCount | None = None
     """Sent as `max_tokens` on every call; what a budget or token limit books for the answer."""
     limits: RateLimits | None = None
     """For this alias alone, on top of its provider's."""
-    context_window: PositiveInt | None = None
+    context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
 

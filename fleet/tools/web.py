@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import codecs
 import re
-import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit, urlunsplit
@@ -17,7 +16,7 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import httpx
 
 from fleet.errors import ToolError
-from fleet.tools import netguard
+from fleet.tools import netguard, webstream
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.workspace import truncate
 
@@ -53,12 +52,15 @@ def web_fetch(ctx: ToolContext, url: str) -> ToolResult:
     """
     _check_scheme(url)
     timeout_s = min(ctx.web_timeout_s, ctx.tool_timeout_s)
-    try:
-        page = _download(url, timeout_s, ctx.web_allow)
-    except httpx.TimeoutException as exc:
-        raise ToolError(f"fetching {url!r} timed out after {timeout_s:g}s") from exc
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        raise ToolError(f"fetching {url!r} failed: {exc}") from exc
+    with webstream.Deadline(timeout_s) as deadline:
+        try:
+            page = _download(url, deadline, ctx.web_allow)
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            if deadline.passed or isinstance(exc, httpx.TimeoutException):
+                raise ToolError(f"fetching {url!r} timed out after {timeout_s:g}s") from None
+            raise ToolError(f"fetching {url!r} failed: {exc}") from exc
+    if deadline.passed:  # a body read until close ends quietly when the deadline cuts it
+        raise ToolError(f"fetching {url!r} timed out after {timeout_s:g}s")
     if page.content_type and not any(m in page.content_type for m in _TEXT_MARKERS):
         raise ToolError(f"{url!r} is {page.content_type!r}, not text")
     text = page.body.decode(page.encoding, errors="replace")
@@ -75,17 +77,16 @@ def web_fetch(ctx: ToolContext, url: str) -> ToolResult:
     )
 
 
-def _download(url: str, timeout_s: float, allow: tuple[str, ...]) -> _Download:
-    """GET `url`, reading at most `MAX_FETCH_BYTES` and for at most `timeout_s` in total.
+def _download(url: str, deadline: webstream.Deadline, allow: tuple[str, ...]) -> _Download:
+    """GET `url`, reading at most `MAX_FETCH_BYTES` (decoded) before `deadline`.
 
     Redirects are followed here, not by httpx, so every hop is resolved and checked, and
     each connection goes to the address that was checked (see `fleet.tools.netguard`).
     """
-    deadline = time.monotonic() + timeout_s
     # trust_env=False: an HTTP(S)_PROXY from the environment would connect elsewhere.
-    with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False) as client:
+    with httpx.Client(follow_redirects=False, trust_env=False) as client:
         for _ in range(MAX_REDIRECTS + 1):
-            request = _pinned_request(client, url, allow)
+            request = _pinned_request(client, url, allow, deadline)
             response = client.send(request, stream=True)
             try:
                 location = response.headers.get("location")
@@ -93,7 +94,7 @@ def _download(url: str, timeout_s: float, allow: tuple[str, ...]) -> _Download:
                     url = urljoin(url, location)
                     _check_scheme(url)
                     continue
-                return _read(response, url, deadline)
+                return _read(response, url)
             finally:
                 response.close()
     raise ToolError(f"more than {MAX_REDIRECTS} redirects")
@@ -104,7 +105,9 @@ def _check_scheme(url: str) -> None:
         raise ToolError(f"url {url!r} is not an http:// or https:// address")
 
 
-def _pinned_request(client: httpx.Client, url: str, allow: tuple[str, ...]) -> httpx.Request:
+def _pinned_request(
+    client: httpx.Client, url: str, allow: tuple[str, ...], deadline: webstream.Deadline
+) -> httpx.Request:
     """A request for `url` sent to its checked address, with the name in Host and SNI.
 
     The host is taken apart here, not by httpx: its URL parser and the resolver disagree
@@ -126,27 +129,32 @@ def _pinned_request(client: httpx.Client, url: str, allow: tuple[str, ...]) -> h
     return client.build_request(
         "GET",
         pinned,
-        headers={"User-Agent": USER_AGENT, "Host": host_header},
-        extensions={"sni_hostname": host},
+        headers={
+            "User-Agent": USER_AGENT,
+            "Host": host_header,
+            "Accept-Encoding": webstream.ACCEPT_ENCODING,
+        },
+        # each operation may take what is left; the deadline cuts whatever is in flight
+        timeout=httpx.Timeout(deadline.remaining_s()),
+        extensions={"sni_hostname": host, "trace": deadline.trace},
     )
 
 
-def _read(response: httpx.Response, url: str, deadline: float) -> _Download:
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.iter_bytes():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_FETCH_BYTES:
-            break
-        if time.monotonic() > deadline:  # httpx's timeout is per read, not in total
-            raise httpx.ReadTimeout("total time exceeded", request=response.request)
+def _read(response: httpx.Response, url: str) -> _Download:
+    """The body, decoded step by step and cut at `MAX_FETCH_BYTES` after decoding.
+
+    httpx's own decoders inflate each network chunk whole (a `gzip, gzip` bomb expands
+    before any cap is checked), so the raw bytes are decoded by `fleet.tools.webstream`.
+    """
+    encoding = response.headers.get("content-encoding", "")
+    decoded = webstream.decode_chain(response.iter_raw(), encoding)
+    body, cut = webstream.capped(decoded, MAX_FETCH_BYTES)
     return _Download(
         status=response.status_code,
         content_type=response.headers.get("content-type", "").lower(),
         encoding=_codec(response.charset_encoding),
-        body=b"".join(chunks)[:MAX_FETCH_BYTES],
-        cut=size > MAX_FETCH_BYTES,
+        body=body,
+        cut=cut,
         final_url=url,
     )
 

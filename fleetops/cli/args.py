@@ -7,6 +7,22 @@ import ipaddress
 import math
 
 
+def integer(text: str) -> int:
+    """An argparse type: any integer (the value is checked where it is used)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def number(text: str) -> float:
+    """An argparse type: any number (the value is checked where it is used)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
     try:

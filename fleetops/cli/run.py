@@ -8,15 +8,23 @@ from collections.abc import Iterable
 from typing import Any
 
 from fleet.client import Fleet
-from fleet.errors import BrokerUnavailable, ConfigError, ConversationError, NoLiveWorkers
+from fleet.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    ConversationError,
+    InvalidLimit,
+    NoLiveWorkers,
+)
 from fleet.limits.budget import Budget
 from fleet.models import Event
 from fleet.storage.redis_connect import redact_url
-from fleetops.cli.args import positive_float, positive_int
+from fleetops.cli.args import integer, number, positive_float, positive_int
 from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
 
+BUDGET_FLAGS = ("tokens", "usd", "sub_agents", "wall_s")
+"""The `Budget` fields `fleet run` takes as `--budget-<field>`."""
 EXIT_OK, EXIT_FAILED, EXIT_NO_WORKERS, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -44,23 +52,29 @@ def register(commands: Any) -> None:
 def add_control_arguments(parser: argparse.ArgumentParser) -> None:
     """`--budget-*` and `--max-concurrent`: what the tree may spend, how wide it may run."""
     group = parser.add_argument_group("tree budget and fan-out (see docs/limits.md)")
-    group.add_argument("--budget-tokens", type=positive_int, metavar="N")
-    group.add_argument("--budget-usd", type=positive_float, metavar="X")
-    group.add_argument("--budget-sub-agents", type=positive_int, metavar="N")
-    group.add_argument("--budget-wall-s", type=positive_float, metavar="S")
+    # numbers only here: what a budget may hold is checked by `Budget` itself (one place)
+    group.add_argument("--budget-tokens", type=integer, metavar="N")
+    group.add_argument("--budget-usd", type=number, metavar="X")
+    group.add_argument("--budget-sub-agents", type=integer, metavar="N")
+    group.add_argument("--budget-wall-s", type=number, metavar="S")
     group.add_argument(
         "--max-concurrent", type=positive_int, metavar="N", help="children running at once"
     )
 
 
 def budget_of(args: argparse.Namespace) -> Budget | None:
-    """The budget the command line asked for, if any."""
-    budget = Budget(
-        tokens=args.budget_tokens,
-        usd=args.budget_usd,
-        sub_agents=args.budget_sub_agents,
-        wall_s=args.budget_wall_s,
-    )
+    """The budget the command line asked for, if any.
+
+    Raises:
+        InvalidLimit: naming the flag, e.g. `--budget-usd: must be greater than 0 (got -5.0)`.
+    """
+    values = {name: getattr(args, f"budget_{name}") for name in BUDGET_FLAGS}
+    try:
+        budget = Budget(**values)
+    except InvalidLimit as exc:
+        field = str(exc).removeprefix("budget.").partition(":")[0]
+        flag = "--budget-" + field.replace("_", "-")
+        raise InvalidLimit(f"{flag}{str(exc).removeprefix('budget.' + field)}") from None
     return None if budget.empty else budget
 
 
@@ -71,12 +85,13 @@ def connect() -> Fleet:
 
 def run(args: argparse.Namespace) -> int:
     """Submit (or continue), stream progress to stderr, print the answer (or --json)."""
+    budget = budget_of(args)  # bad input is refused before anything is reached
     if args.inline:
-        if budget_of(args) or args.max_concurrent:
+        if budget or args.max_concurrent:
             raise ConfigError("--budget-* and --max-concurrent need the fleet (drop --inline)")
         return run_inline(args)
     check_run_arguments(args)
-    if args.continue_id and (budget_of(args) or args.max_concurrent):
+    if args.continue_id and (budget or args.max_concurrent):
         raise ConfigError("--continue keeps the tree's budget and --max-concurrent")
     fleet = connect()
     require_workers(fleet, "fleet.main")
@@ -90,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             preset=args.preset,
             workspace=args.workspace,
             metadata=run_metadata(args) or None,
-            budget=budget_of(args),
+            budget=budget,
             max_concurrent=args.max_concurrent,
         )
         print(f"submitted {handle.trace_id}", file=sys.stderr)

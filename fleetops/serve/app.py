@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
+import tornado.http1connection
 import tornado.httpserver
 import tornado.web
 from tornado.iostream import StreamClosedError
@@ -38,6 +39,18 @@ PAGE_CSP = (
     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 T = TypeVar("T")
+MAX_BODY_BYTES = 64 * 1024
+"""The largest request body taken. The API reads none (a stop is a bare POST), so this only
+bounds what a client may make the server receive before it answers."""
+SERVER_LIMITS: dict[str, Any] = {
+    "max_body_size": MAX_BODY_BYTES,
+    "max_buffer_size": 4 * MAX_BODY_BYTES,
+    "max_header_size": 16 * 1024,
+    "body_timeout": 10.0,
+    "idle_connection_timeout": 60.0,
+}
+"""Keyword arguments of `tornado.httpserver.HTTPServer`: the second line behind the checks
+every handler makes in `prepare` (tornado's defaults buffer up to 100 MB per request)."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +78,19 @@ class ApiError(tornado.web.HTTPError):
         self.message = message
 
 
+@tornado.web.stream_request_body
 class _Base(tornado.web.RequestHandler):
-    """Auth, JSON errors and store calls off the event loop."""
+    """Auth, JSON errors and store calls off the event loop.
+
+    Streamed request bodies: tornado then calls `prepare` once the headers are in and
+    before it reads a byte of the body, so a request without its token, or announcing more
+    than `MAX_BODY_BYTES`, is answered (and its connection closed) with the body unread.
+    """
 
     config: ServeConfig
     pool: ThreadPoolExecutor
+    refused_unread = False
+    """Refused in `prepare`, before the body (if any) was read."""
 
     def initialize(self, config: ServeConfig, pool: ThreadPoolExecutor) -> None:
         self.config = config
@@ -81,12 +102,22 @@ class _Base(tornado.web.RequestHandler):
         self.set_header("Referrer-Policy", "no-referrer")
 
     def prepare(self) -> None:
-        """Refuse before any work: bad token, foreign Host (rebinding), cross-site POST."""
-        check_request(self.request, self.config.token)
+        """Refuse before any work: bad token, foreign Host, cross-site POST, big body."""
+        try:
+            check_request(self.request, self.config.token)
+            check_body_size(self.request)
+        except ApiError:
+            self.refused_unread = True
+            raise
+
+    def data_received(self, chunk: bytes) -> None:
+        """Drop each piece of a (capped) body as it arrives: no handler reads one."""
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
         message = error.message if isinstance(error, ApiError) else self._reason
+        if self.refused_unread:  # tornado closes a connection whose body it did not read;
+            self.set_header("Connection", "close")  # say so, or a client reuses it
         if status_code == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="fleet"')
         self.set_header("Content-Type", "application/json")
@@ -135,6 +166,19 @@ def check_request(request: tornado.httputil.HTTPServerRequest, token: str | None
     origin = request.headers.get("Origin")
     if request.method == "POST" and origin is not None and urlsplit(origin).netloc != request.host:
         raise ApiError(403, "cross-origin POST refused")
+
+
+def check_body_size(request: tornado.httputil.HTTPServerRequest) -> None:
+    """`ApiError` 413 when the declared body is over `MAX_BODY_BYTES`.
+
+    A chunked body declares no length: the connection's cap is lowered to the same size so
+    tornado stops reading it there.
+    """
+    declared = request.headers.get("Content-Length", "0")
+    if not declared.isdigit() or int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+    if isinstance(request.connection, tornado.http1connection.HTTP1Connection):
+        request.connection.set_max_body_size(MAX_BODY_BYTES)
 
 
 def host_name(host: str) -> str:
@@ -295,7 +339,7 @@ def serve_forever(
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stopping.set)
         app = make_app(config)
-        server = tornado.httpserver.HTTPServer(app)
+        server = tornado.httpserver.HTTPServer(app, **SERVER_LIMITS)
         server.listen(port, address)
         shown = f"[{address}]" if ":" in address else address
         ready(f"http://{shown or '0.0.0.0'}:{port}/")
