@@ -58,11 +58,13 @@ def test_a_dead_child_is_restarted_after_its_backoff_and_healthy_again_later(
 
 
 @contextlib.contextmanager
-def fleet_up(directory: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], UpState]]:
-    """`fleet up` in `directory` until ready; SIGKILLs what is left when the block ends."""
+def fleet_up(
+    directory: Path, *args: str, **env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], UpState]]:
+    """`fleet up` in `directory` (and `env`) until ready; SIGKILLs what is left at the end."""
     up = subprocess.Popen(
         [*FLEET, "up", *args],
-        env=up_env(directory, FLEET_WORKSPACE=str(directory), FLEET_ALLOW_SCRIPTED="1"),
+        env=up_env(directory, FLEET_WORKSPACE=str(directory), FLEET_ALLOW_SCRIPTED="1", **env),
         cwd=directory,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
