@@ -194,12 +194,7 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     settings = Settings.from_env({**os.environ, "FLEET_REDIS_URL": redis_url})
     if settings.broker_url != redis_url:
         check_broker(settings.broker_url)  # FLEET_BROKER_URL: RabbitMQ, say
-    env = {
-        **fleet_env(settings),
-        "PYTHONUNBUFFERED": "1",
-        SUPERVISOR_PID_ENV: str(os.getpid()),
-        STATE_DIR_ENV: str(state_dir),  # its file tools refuse it, whatever the roots say
-    }
+    env = _child_env(settings, state_dir)
     children: list[Child] = []
     stack.callback(stop_all, children)  # before Redis stops: workers ack on the way out
     workers = _start_workers(options, state_dir, env, children, say)
@@ -222,14 +217,28 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     if died := _wait_ready(settings.broker_url, workers, say):
         say(died)
         return 1
-    say(f"ready in {time.monotonic() - started_s:.1f} s; submit from another terminal with:")
-    say('  fleet run --model scripted:examples/explore.yaml "..."')
-    say(f"in {directory} or below (state in {state_dir}, Redis {redact_url(redis_url)})")
-    say("Ctrl-C stops everything started here; a process that dies is restarted")
+    _say_ready(say, time.monotonic() - started_s, directory, state_dir)
     _write_state(state_dir, state(ready=True))
     supervised = ([redis_child] if redis_child else []) + children
     supervise(supervised, say, on_restart=lambda: _write_state(state_dir, state(ready=True)))
     return 0  # not reached: supervise returns by KeyboardInterrupt
+
+
+def _say_ready(say: Say, took_s: float, directory: Path, state_dir: Path) -> None:
+    say(f"ready in {took_s:.1f} s; submit from another terminal with:")
+    say(f'  fleet run --model scripted:examples/explore.yaml "..."  (in {directory} or below)')
+    say(f"state in {state_dir} (the commands find it from {directory} or below)")
+    say("Ctrl-C stops everything started here; a process that dies is restarted")
+
+
+def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
+    """The environment of `fleet up`'s workers and Flower."""
+    return {
+        **fleet_env(settings),
+        "PYTHONUNBUFFERED": "1",
+        SUPERVISOR_PID_ENV: str(os.getpid()),
+        STATE_DIR_ENV: str(state_dir),  # its file tools refuse it, whatever the roots say
+    }
 
 
 def _open_redis(

@@ -241,3 +241,30 @@ def test_the_file_tools_refuse_the_state_folder_even_inside_a_root(tmp_path: Pat
     assert refused == [0, 1, 2, 3, 5, 7, 8, 9, 10], outputs
     assert (custom / UP_FILE).read_text().startswith('{"redis_url"')
     assert not (state_home / "new").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "roots"),
+    [("state", None), (".", None), (None, "..")],
+    ids=["state-dir-in-the-directory", "state-dir-is-the-directory", "root-holds-xdg-state"],
+)
+def test_fleet_up_refuses_a_state_folder_inside_a_workspace_root(
+    tmp_path: Path, where: str | None, roots: str | None
+) -> None:
+    """Route: the state folder inside a root is readable by every agent there. Control:
+    `fleet up` refuses it before starting anything: exit 2, one line, no `up.json`."""
+    env = up_env(tmp_path)
+    if where is not None:
+        env["FLEET_STATE_DIR"] = str(tmp_path / where)
+    if roots is not None:
+        env["FLEET_WORKSPACE_ROOTS"] = str((tmp_path / roots).resolve())
+
+    done = subprocess.run(
+        [*FLEET, "up"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("fleet: error: state folder") and "FLEET_STATE_DIR" in line
+    assert "overlaps workspace root" in line and "Traceback" not in done.stderr
+    assert not list(tmp_path.rglob(UP_FILE)) and not (up_state_dir(tmp_path) / UP_FILE).exists()
