@@ -217,18 +217,23 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     if died := _wait_ready(settings.broker_url, workers, say):
         say(died)
         return 1
-    _say_ready(say, time.monotonic() - started_s, directory, state_dir)
+    _say_ready(say, time.monotonic() - started_s, directory, state_dir, settings)
     _write_state(state_dir, state(ready=True))
     supervised = ([redis_child] if redis_child else []) + children
     supervise(supervised, say, on_restart=lambda: _write_state(state_dir, state(ready=True)))
     return 0  # not reached: supervise returns by KeyboardInterrupt
 
 
-def _say_ready(say: Say, took_s: float, directory: Path, state_dir: Path) -> None:
-    say(f"ready in {took_s:.1f} s; submit from another terminal with:")
-    say(f'  fleet run --model scripted:examples/explore.yaml "..."  (in {directory} or below)')
-    say(f"state in {state_dir} (the commands find it from {directory} or below)")
-    say("Ctrl-C stops everything started here; a process that dies is restarted")
+def _say_ready(
+    say: Say, took_s: float, directory: Path, state_dir: Path, settings: Settings
+) -> None:
+    # Commands find this fleet by its directory, unless FLEET_STATE_DIR chose the folder.
+    explicit = settings.state_dir is not None
+    where = f"with the same {STATE_DIR_ENV}" if explicit else f"in {directory} or below"
+    say(f"ready in {took_s:.1f} s; submit from another terminal ({where}) with:")
+    say('  fleet run --model scripted:examples/explore.yaml "..."')
+    say(f"state in {state_dir}; Ctrl-C stops everything started here; a process that dies")
+    say("is restarted")
 
 
 def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
