@@ -232,8 +232,8 @@ def _say_ready(
     where = f"with the same {STATE_DIR_ENV}" if explicit else f"in {directory} or below"
     say(f"ready in {took_s:.1f} s; submit from another terminal ({where}) with:")
     say('  fleet run --model scripted:examples/explore.yaml "..."')
-    say(f"state in {state_dir}; Ctrl-C stops everything started here; a process that dies")
-    say("is restarted")
+    say(f"state in {state_dir}")
+    say("Ctrl-C stops everything started here; a process that dies is restarted")
 
 
 def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
