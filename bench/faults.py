@@ -311,10 +311,10 @@ def freeze(options: Options) -> Row:
 def kill_under_up(options: Options) -> Row:
     """SIGKILL one of `fleet up`'s two workers: it must restart it, the sibling untouched."""
     row = Row("worker SIGKILL under `fleet up`")
-    with rig(workers=0) as (the_rig, _), fleet_up(the_rig) as up:
+    with rig(workers=0) as (the_rig, _), fleet_up(the_rig) as (up, state_dir):
         model = survey_model(the_rig.workspace / "m.json", BRANCHES, TURNS, LATENCY_MS)
         for _ in range(options.runs):
-            victim, sibling = up_workers(the_rig, up)
+            victim, sibling = up_workers(the_rig, up, state_dir)
 
             def kill(victims: dict[str, str], victim: int = victim) -> float:
                 os.kill(victim, signal.SIGKILL)
@@ -328,19 +328,30 @@ def kill_under_up(options: Options) -> Row:
 
 
 @contextlib.contextmanager
-def fleet_up(the_rig: Rig) -> Iterator[subprocess.Popen[bytes]]:
-    """`fleet up --workers 2` on the rig's Redis, stopped with Ctrl-C at the end."""
+def fleet_up(the_rig: Rig) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """`fleet up --workers 2` on the rig's Redis, stopped with Ctrl-C at the end.
+
+    Its state folder is a temporary one outside the workspace (removed at the end).
+    """
     argv = [sys.executable, "-m", "fleetops.cli.main", "up", "--workers", "2"]
-    up = subprocess.Popen(
-        [*argv, "--concurrency", str(CONCURRENCY)],
-        cwd=the_rig.workspace,
-        env={**os.environ, **the_rig.env, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    with temporary_directory() as state_dir:
+        env = {**os.environ, **the_rig.env, "PYTHONUNBUFFERED": "1"}
+        up = subprocess.Popen(
+            [*argv, "--concurrency", str(CONCURRENCY)],
+            cwd=the_rig.workspace,
+            env={**env, "FLEET_STATE_DIR": str(state_dir / "up")},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        yield from _stopped_at_exit(up, state_dir / "up")
+
+
+def _stopped_at_exit(
+    up: subprocess.Popen[bytes], state_dir: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     try:
-        yield up
+        yield up, state_dir
     finally:
         up.send_signal(signal.SIGINT)
         try:
@@ -349,11 +360,10 @@ def fleet_up(the_rig: Rig) -> Iterator[subprocess.Popen[bytes]]:
             os.killpg(up.pid, signal.SIGKILL)
 
 
-def up_workers(the_rig: Rig, up: subprocess.Popen[bytes]) -> tuple[int, int]:
+def up_workers(the_rig: Rig, up: subprocess.Popen[bytes], state_dir: Path) -> tuple[int, int]:
     """The pids of `fleet up`'s two workers, once both consume (after any restart)."""
-    from fleetops.discovery import STATE_DIR, read_state
+    from fleetops.discovery import read_state
 
-    state_dir = the_rig.workspace / STATE_DIR
     prefixes = [f"worker{i}.{up.pid}@" for i in (1, 2)]
 
     def both_consume() -> bool:

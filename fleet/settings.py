@@ -10,6 +10,7 @@ a line in `from_env`, its name in `ENV_NAMES`, a row in docs/configuration.md.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,9 @@ from fleet.storage import keys
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+STATE_HOME_NAME = "agent-fleet"
+STATE_KEY_CHARS = 16
+"""Hex digits of the directory's hash naming its state folder (64 bits: no collisions)."""
 OTEL_CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 OTEL_TRACING_ENVS = (
     "OTEL_SDK_DISABLED",
@@ -54,6 +58,8 @@ ENV_NAMES = (
     "FLEET_OWNER_CHECK_INTERVAL_S",
     "FLEET_PROBE_DIR",
     "FLEET_SERVE_TOKEN",
+    "FLEET_STATE_DIR",
+    "XDG_STATE_HOME",
     *OTEL_TRACING_ENVS,
     OTEL_CAPTURE_CONTENT_ENV,
 )
@@ -120,6 +126,11 @@ class Settings:
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
     """FLEET_SERVE_TOKEN: the bearer token `fleet serve` requires (needed off loopback)."""
+    state_home: Path = field(default_factory=lambda: _state_home({}))
+    """XDG_STATE_HOME/agent-fleet (default ~/.local/state/agent-fleet): where each local
+    `fleet up` keeps its Redis data, logs and `up.json`, one folder per fleet directory."""
+    state_dir: Path | None = None
+    """FLEET_STATE_DIR: this fleet's state folder, instead of the one under `state_home`."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -162,8 +173,25 @@ class Settings:
             owner_check_interval_s=_positive(env, "FLEET_OWNER_CHECK_INTERVAL_S", 5.0),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
+            state_home=_state_home(env),
+            state_dir=_absolute(env.get("FLEET_STATE_DIR")),
             env=env,
         )
+
+    def fleet_state_dir(self, directory: Path) -> Path:
+        """Where the `fleet up` of `directory` keeps its state.
+
+        FLEET_STATE_DIR when set, else the directory's own folder under `state_home`, named
+        by a hash of its real path (so nothing inside the directory says where it is).
+        """
+        if self.state_dir is not None:
+            return self.state_dir
+        return state_dir_for(self.state_home, directory)
+
+    @property
+    def private_dirs(self) -> tuple[Path, ...]:
+        """Folders no file tool opens, whatever the workspace roots say: the fleet's state."""
+        return (self.state_home, *([self.state_dir] if self.state_dir else []))
 
     def with_workspace(self, workspace: Path) -> Settings:
         """A copy whose workspace is checked: a readable directory under a workspace root."""
@@ -179,6 +207,12 @@ def process_settings() -> Settings:
 def forget_process_settings() -> None:
     """Read the environment again on next use (after a fork or when tests change it)."""
     process_settings.cache_clear()
+
+
+def state_dir_for(state_home: Path, directory: Path) -> Path:
+    """The state folder under `state_home` of the fleet whose directory is `directory`."""
+    real = str(directory.expanduser().resolve())
+    return state_home / hashlib.sha256(real.encode()).hexdigest()[:STATE_KEY_CHARS]
 
 
 def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:
@@ -247,6 +281,18 @@ def _otel_tracing(env: Mapping[str, str]) -> bool:
 
 def _true(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes")
+
+
+def _state_home(env: Mapping[str, str]) -> Path:
+    # The XDG base directory spec: a relative XDG_STATE_HOME is invalid and ignored.
+    base = Path(env.get("XDG_STATE_HOME") or "")
+    if not base.is_absolute():
+        base = Path.home() / ".local" / "state"
+    return base / STATE_HOME_NAME
+
+
+def _absolute(value: str | None) -> Path | None:
+    return Path(value).expanduser().absolute() if value else None
 
 
 def _path(value: str | None) -> Path | None:

@@ -1,14 +1,21 @@
 """A local fleet in the foreground (`fleet up`): Redis, worker processes, Flower.
 
-State lives under `./.fleet/`: `redis/` (the embedded Redis's append-only file), `logs/`,
-`up.lock` (held while a `fleet up` runs here) and `up.json` (what it started, so other
-commands in this directory find its Redis: `discover_redis_url`).
+State lives in a folder outside every workspace root (`Settings.fleet_state_dir`:
+FLEET_STATE_DIR, else `$XDG_STATE_HOME/agent-fleet/<hash of the directory>`), made 0700:
+`redis/` (the embedded Redis's append-only file), `logs/`, `up.lock` (held while a
+`fleet up` runs for this directory) and `up.json` (what it started, 0600, so other
+commands in this directory find its Redis: `discover_redis_url`). Agents can read and
+write their workspace; the AOF holds every tree's task text and the logs name them, so
+none of it may be there. The embedded Redis requires a fresh random password, given to it
+on stdin and to the workers in their environment: never in an argv, a log line or a file
+an agent can read.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,12 +31,14 @@ from typing import Any
 import redis
 
 from fleet.errors import ConfigError
+from fleet.security.trust import WORKSPACE_ROOTS_ENV
 from fleet.settings import Settings
 from fleet.storage.redis_connect import redact_url
 from fleet.storage.redis_server import start_redis_server
 from fleetops.discovery import (
     PING_TIMEOUT_S,
-    STATE_DIR,
+    PRIVATE_DIR_MODE,
+    PRIVATE_FILE_MODE,
     UP_FILE,
     UpState,
     fleet_env,
@@ -52,6 +61,9 @@ LOG_DIR = "logs"
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 """How long `fleet up` waits for its workers to answer before saying so and going on."""
+PASSWORD_BYTES = 32
+"""Entropy of the embedded Redis's password (`secrets.token_urlsafe`)."""
+STATE_DIR_ENV = "FLEET_STATE_DIR"
 LEFTOVER_EXIT_TIMEOUT_S = 10.0
 """How long a new `fleet up` waits for the Redis of a killed one to finish shutting down."""
 
@@ -82,26 +94,60 @@ def check_port_free(port: int, what: str, host: str = LOOPBACK) -> None:
 
 
 def _write_state(state_dir: Path, state: UpState) -> None:
-    # Owner-only: an external FLEET_REDIS_URL may carry a password.
+    # Owner-only: the Redis URL carries a password.
     path = state_dir / UP_FILE
     temporary = path.with_suffix(".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
     with os.fdopen(fd, "w") as out:
         out.write(state.model_dump_json(indent=2))
     temporary.replace(path)
 
 
+def open_state_dir(settings: Settings, directory: Path) -> Path:
+    """The state folder of the `fleet up` for `directory`: private, outside every root.
+
+    Raises:
+        ConfigError: it lies inside a workspace root (or holds one), or is not ours.
+    """
+    state_dir = settings.fleet_state_dir(directory).resolve()
+    for root in settings.workspace_roots:
+        if state_dir.is_relative_to(root) or root.is_relative_to(state_dir):
+            raise ConfigError(
+                f"state folder {str(state_dir)!r} overlaps workspace root {str(root)!r},"
+                f" where agents read and write: set {STATE_DIR_ENV} to a folder outside"
+                f" {WORKSPACE_ROOTS_ENV}"
+            )
+    home = settings.state_home.resolve()
+    if state_dir.is_relative_to(home):
+        _private_dir(home)  # first: the folders of every fleet of this user
+    _private_dir(state_dir)
+    return state_dir
+
+
+def _private_dir(folder: Path) -> None:
+    """Make `folder` (0700) or make it private; `ConfigError` if someone else owns it."""
+    folder.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    info = folder.lstat()
+    if info.st_uid != os.geteuid():
+        raise ConfigError(
+            f"state folder {str(folder)!r} belongs to uid {info.st_uid}, not to you:"
+            f" set {STATE_DIR_ENV} to a folder of your own"
+        )
+    folder.chmod(PRIVATE_DIR_MODE)  # an older or hand-made one may be open to others
+
+
 @contextmanager
-def up_lock(state_dir: Path) -> Iterator[None]:
-    """Hold `up.lock` (one `fleet up` per directory); the OS releases it if we die."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+def up_lock(state_dir: Path, directory: Path) -> Iterator[None]:
+    """Hold `up.lock` (one `fleet up` per state folder); the OS releases it if we die."""
     with open(state_dir / LOCK_FILE, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             state = read_state(state_dir)
             pid = f" (pid {state.pid}, Redis {redact_url(state.redis_url)})" if state else ""
-            raise ConfigError(f"another `fleet up` is running in {state_dir.parent}{pid}") from None
+            raise ConfigError(
+                f"another `fleet up` is running for {directory} (state {state_dir}){pid}"
+            ) from None
         try:
             yield
         finally:
@@ -139,15 +185,16 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     started_s = time.monotonic()
-    state_dir = (options.directory / STATE_DIR).resolve()
-    stack.enter_context(up_lock(state_dir))
+    directory = options.directory.resolve()
+    state_dir = open_state_dir(Settings.from_env(os.environ), directory)
+    stack.enter_context(up_lock(state_dir, directory))
     if options.flower:
         check_port_free(options.flower_port, "Flower")
     redis_url, redis_child = _open_redis(options, state_dir, stack, say)
     settings = Settings.from_env({**os.environ, "FLEET_REDIS_URL": redis_url})
     if settings.broker_url != redis_url:
         check_broker(settings.broker_url)  # FLEET_BROKER_URL: RabbitMQ, say
-    env = {**fleet_env(settings), "PYTHONUNBUFFERED": "1", SUPERVISOR_PID_ENV: str(os.getpid())}
+    env = _child_env(settings, state_dir)
     children: list[Child] = []
     stack.callback(stop_all, children)  # before Redis stops: workers ack on the way out
     workers = _start_workers(options, state_dir, env, children, say)
@@ -156,6 +203,7 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     def state(ready: bool) -> UpState:
         return UpState(
             pid=os.getpid(),
+            directory=str(directory),
             redis_url=redis_url,
             embedded_redis_pid=redis_child.pid if redis_child else None,
             worker_pids=[c.pid for c in workers.values()],
@@ -169,14 +217,33 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     if died := _wait_ready(settings.broker_url, workers, say):
         say(died)
         return 1
-    say(f"ready in {time.monotonic() - started_s:.1f} s; submit from another terminal with:")
-    submit = 'fleet run --model scripted:examples/explore.yaml "..."'
-    say(f"  FLEET_REDIS_URL={redact_url(redis_url)} {submit}")
-    say("Ctrl-C stops everything started here; a process that dies is restarted")
+    _say_ready(say, time.monotonic() - started_s, directory, state_dir, settings)
     _write_state(state_dir, state(ready=True))
     supervised = ([redis_child] if redis_child else []) + children
     supervise(supervised, say, on_restart=lambda: _write_state(state_dir, state(ready=True)))
     return 0  # not reached: supervise returns by KeyboardInterrupt
+
+
+def _say_ready(
+    say: Say, took_s: float, directory: Path, state_dir: Path, settings: Settings
+) -> None:
+    # Commands find this fleet by its directory, unless FLEET_STATE_DIR chose the folder.
+    explicit = settings.state_dir is not None
+    where = f"with the same {STATE_DIR_ENV}" if explicit else f"in {directory} or below"
+    say(f"ready in {took_s:.1f} s; submit from another terminal ({where}) with:")
+    say('  fleet run --model scripted:examples/explore.yaml "..."')
+    say(f"state in {state_dir}")
+    say("Ctrl-C stops everything started here; a process that dies is restarted")
+
+
+def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
+    """The environment of `fleet up`'s workers and Flower."""
+    return {
+        **fleet_env(settings),
+        "PYTHONUNBUFFERED": "1",
+        SUPERVISOR_PID_ENV: str(os.getpid()),
+        STATE_DIR_ENV: str(state_dir),  # its file tools refuse it, whatever the roots say
+    }
 
 
 def _open_redis(
@@ -184,8 +251,9 @@ def _open_redis(
 ) -> tuple[str, Child | None]:
     """FLEET_REDIS_URL if it answers; else an embedded redis-server, supervised.
 
-    The embedded one persists under `.fleet/redis/` (append-only, fsync every second) and
-    is restarted on the same port and file if it dies.
+    The embedded one persists under the state folder's `redis/` (append-only, fsync every
+    second), requires a random password, and is restarted on the same port, file and
+    password if it dies.
     """
     url = os.environ.get("FLEET_REDIS_URL")
     if url and redis_answers(url):
@@ -201,6 +269,7 @@ def _open_redis(
         data_dir=state_dir / REDIS_DIR,
         appendonly=True,
         preexec_fn=die_with_parent,
+        password=secrets.token_urlsafe(PASSWORD_BYTES),
     )
     server = start(options.redis_port)
 
@@ -209,7 +278,8 @@ def _open_redis(
 
     child = Child("redis", restart, state_dir / REDIS_DIR / "redis-server.log", server.process)
     stack.callback(lambda: stop_all([child]))  # last: registered before the workers'
-    say(f"redis     {server.url} (embedded, pid {server.process.pid}, data {server.data_dir})")
+    url = redact_url(server.url)
+    say(f"redis     {url} (embedded, pid {server.process.pid}, data {server.data_dir})")
     return server.url, child
 
 

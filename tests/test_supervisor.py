@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetops.discovery import STATE_DIR, UpState, read_state
+from fleetops.discovery import UpState, read_state
 from fleetops.supervisor import HEALTHY_AFTER_S, Child, restart_delay_s
 from tests.fleetkit import wait_until
 from tests.procs import children_of, pid_alive
-from tests.test_cli_ops import FLEET, clean_env
+from tests.test_cli_ops import FLEET, up_env, up_state_dir
 from tests.test_fleet_recovery import assert_collected_once, fleet_client, survey_script
 
 STARTUP_TIMEOUT_S = 90.0
@@ -58,17 +58,19 @@ def test_a_dead_child_is_restarted_after_its_backoff_and_healthy_again_later(
 
 
 @contextlib.contextmanager
-def fleet_up(directory: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], UpState]]:
-    """`fleet up` in `directory` until ready; SIGKILLs what is left when the block ends."""
+def fleet_up(
+    directory: Path, *args: str, **env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], UpState]]:
+    """`fleet up` in `directory` (and `env`) until ready; SIGKILLs what is left at the end."""
     up = subprocess.Popen(
         [*FLEET, "up", *args],
-        env=clean_env(FLEET_WORKSPACE=str(directory), FLEET_ALLOW_SCRIPTED="1"),
+        env=up_env(directory, FLEET_WORKSPACE=str(directory), FLEET_ALLOW_SCRIPTED="1", **env),
         cwd=directory,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    state_dir = directory / STATE_DIR
+    state_dir = up_state_dir(directory)
     started: list[int] = []
     try:
 
@@ -110,7 +112,7 @@ def test_up_restarts_a_killed_worker_and_the_explore_in_flight_completes(tmp_pat
             os.kill(victim, signal.SIGKILL)
 
             def restarted() -> bool:
-                now = read_state(tmp_path / STATE_DIR)
+                now = read_state(up_state_dir(tmp_path))
                 return now is not None and victim not in now.worker_pids
 
             wait_until(restarted, 30, "fleet up to restart the killed worker")
@@ -118,7 +120,7 @@ def test_up_restarts_a_killed_worker_and_the_explore_in_flight_completes(tmp_pat
             assert_collected_once(fleet, trace.trace_id, 8)
         assert up.poll() is None, "fleet up keeps running"
         assert pid_alive(sibling), "the healthy sibling was never stopped"
-        now = read_state(tmp_path / STATE_DIR)
+        now = read_state(up_state_dir(tmp_path))
         assert now is not None and now.worker_pids[1] == sibling
         up.send_signal(signal.SIGINT)
         output = up.communicate(timeout=60)[0].decode()

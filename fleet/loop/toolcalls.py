@@ -274,6 +274,7 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         shell_env=settings.shell_env,
         web_allow=settings.web_allow,
         tool_timeout_s=settings.tool_timeout_s,
+        private_dirs=settings.private_dirs,
     )
     try:
         arguments = call.parsed_arguments()

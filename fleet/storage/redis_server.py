@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -10,9 +11,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from fleet.errors import ConfigError
 
@@ -35,11 +37,14 @@ class RedisServer:
     """Where the append-only file and the server log go."""
     owns_data_dir: bool = False
     """A temporary directory made for this server, removed by `stop`."""
+    password: str | None = field(default=None, repr=False)
+    """Its `requirepass`, if any (then every client must AUTH)."""
 
     @property
     def url(self) -> str:
-        """The URL of database 0."""
-        return f"redis://{HOST}:{self.port}/0"
+        """The URL of database 0, with the password if there is one."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{HOST}:{self.port}/0"
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Shut down (SIGTERM lets Redis flush its append-only file), killing if it hangs."""
@@ -86,6 +91,7 @@ def start_redis_server(
     data_dir: Path | None = None,
     appendonly: bool = False,
     preexec_fn: Callable[[], None] | None = None,
+    password: str | None = None,
 ) -> RedisServer:
     """Start redis-server and return once it answers PING.
 
@@ -95,6 +101,8 @@ def start_redis_server(
             directory that `stop` removes.
         appendonly: Persist every write to an append-only file under `data_dir`.
         preexec_fn: Run in the child before exec (e.g. to die with its parent).
+        password: Require this password of every client (`requirepass`). It goes to the
+            server on stdin, never in its argv, which any local user can read.
 
     Raises:
         ConfigError: No redis-server binary, or it did not come up.
@@ -106,7 +114,8 @@ def start_redis_server(
     for _ in range(_PORT_ATTEMPTS if port is None else 1):
         chosen = port if port is not None else free_port()
         process = _spawn(executable, chosen, directory.resolve(), appendonly, preexec_fn)
-        server = RedisServer(process, chosen, directory)
+        _configure(process, password)
+        server = RedisServer(process, chosen, directory, password=password)
         if _wait_until_ready(server, STARTUP_TIMEOUT_S):
             server.owns_data_dir = owns_data_dir
             return server
@@ -127,13 +136,14 @@ def _spawn(
     appendonly: bool,
     preexec_fn: Callable[[], None] | None,
 ) -> subprocess.Popen[bytes]:
-    args = [executable, "--port", str(port), "--bind", HOST, "--save", ""]
+    # `-`: read a configuration file from stdin first (`_configure`), then these options.
+    args = [executable, "-", "--port", str(port), "--bind", HOST, "--save", ""]
     args += ["--appendonly", "yes" if appendonly else "no", "--dir", str(directory)]
     args += ["--daemonize", "no", "--logfile", ""]
     with open(directory / LOG_NAME, "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
             args,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=directory,
@@ -143,25 +153,40 @@ def _spawn(
         )
 
 
+def _configure(process: subprocess.Popen[bytes], password: str | None) -> None:
+    """Hand redis-server its stdin configuration: the password, if any, then EOF."""
+    assert process.stdin is not None  # spawned with stdin=PIPE
+    # A server that died at once (its port taken) closed the pipe: the readiness check says so.
+    with contextlib.suppress(BrokenPipeError), process.stdin as config:
+        if password:
+            config.write(f'requirepass "{_config_quoted(password)}"\n'.encode())
+
+
+def _config_quoted(value: str) -> str:
+    """`value` for a double-quoted redis.conf string (backslash and quote escaped)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _wait_until_ready(server: RedisServer, timeout_s: float) -> bool:
     """Poll until it answers; False if the process died or the deadline passed."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             return False
-        if _answers(server.port, server.process.pid):
+        if _answers(server.port, server.process.pid, server.password):
             return True
         time.sleep(POLL_INTERVAL_S)
     return False
 
 
-def _answers(port: int, pid: int) -> bool:
+def _answers(port: int, pid: int, password: str | None) -> bool:
     """Whether this very process (not another server on the port) answers, done loading."""
     expected = f"process_id:{pid}\r\n".encode()
     reply = b""
+    auth = _command("AUTH", password) if password else b""
     try:
         with socket.create_connection((HOST, port), timeout=0.5) as conn:
-            conn.sendall(b"PING\r\nINFO server\r\n")
+            conn.sendall(auth + b"PING\r\nINFO server\r\n")
             while expected not in reply and len(reply) < 65_536:
                 chunk = conn.recv(4096)
                 if not chunk:
@@ -169,7 +194,18 @@ def _answers(port: int, pid: int) -> bool:
                 reply += chunk
     except OSError:
         return False
+    if auth:  # "+OK" to AUTH first; a server that refuses it fails the PONG check below
+        reply = reply.removeprefix(b"+OK\r\n")
     return reply.startswith(b"+PONG") and expected in reply  # "-LOADING" while reading the AOF
+
+
+def _command(*words: str) -> bytes:
+    """One command in RESP, each word length-prefixed (safe whatever the password holds)."""
+    parts = [f"*{len(words)}\r\n".encode()]
+    for word in words:
+        data = word.encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 def free_port() -> int:

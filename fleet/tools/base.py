@@ -36,3 +36,6 @@ class ToolContext:
     """Hosts, IPs or CIDRs web_fetch may reach although not public (FLEET_WEB_ALLOW)."""
     tool_timeout_s: float = 30.0
     """Wall-clock limit of one tool call; the slot is freed when it passes."""
+    private_dirs: tuple[Path, ...] = ()
+    """The fleet's state folders (`Settings.private_dirs`): no file tool opens them, even
+    inside the workspace."""

@@ -35,7 +35,7 @@ def read_file(
         start_line: First line to show, counting from 1.
         end_line: Last line to show (inclusive); omit to read to the end.
     """
-    opened = open_file(ctx.workspace, path, os.O_RDONLY)
+    opened = open_file(ctx.workspace, path, os.O_RDONLY, private=ctx.private_dirs)
     with os.fdopen(opened.fd, "rb") as file:
         lines = _decode(_read_capped(file, path), path, strict=False).splitlines()
     total = len(lines)
@@ -62,7 +62,7 @@ def list_dir(ctx: ToolContext, path: str = ".") -> ToolResult:
         ctx: The run's workspace and limits.
         path: Folder path relative to the workspace root.
     """
-    folder = open_dir(ctx.workspace, path)
+    folder = open_dir(ctx.workspace, path, private=ctx.private_dirs)
     try:
         with os.scandir(folder.fd) as found:
             read = list(itertools.islice(found, MAX_LIST_SCAN + 1))
@@ -92,7 +92,8 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
         path: File path relative to the workspace root.
         content: The complete new content of the file.
     """
-    opened = open_file(ctx.workspace, path, os.O_WRONLY | os.O_CREAT, create_dirs=True)
+    flags = os.O_WRONLY | os.O_CREAT
+    opened = open_file(ctx.workspace, path, flags, create_dirs=True, private=ctx.private_dirs)
     with os.fdopen(opened.fd, "wb") as file:
         file.truncate(0)  # after open_file's hard-link check, never before it
         file.write(content.encode("utf-8"))
@@ -120,7 +121,7 @@ def edit_file(
         raise ToolError("old_text is empty; use write_file to create or overwrite a file")
     if old_text == new_text:
         raise ToolError("old_text and new_text are the same; nothing to change")
-    opened = open_file(ctx.workspace, path, os.O_RDWR)
+    opened = open_file(ctx.workspace, path, os.O_RDWR, private=ctx.private_dirs)
     with os.fdopen(opened.fd, "r+b") as file:
         text = _decode(_read_capped(file, path), path, strict=True)
         replaced = _occurrences(text, old_text, path, replace_all)

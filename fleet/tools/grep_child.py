@@ -8,7 +8,9 @@ kills it when the tool's time runs out. Standard library only.
 
 It walks with `os.fwalk` from that descriptor (no symlink followed, every folder opened
 relative to its parent) and opens each file with `O_NOFOLLOW`, skipping files with other
-hard links, so it reads what the parent checked and nothing else.
+hard links, so it reads what the parent checked and nothing else. It never descends into
+the fleet's own state (`private_inodes`: Redis's append-only file, worker logs), even when
+the workspace holds it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,14 @@ def _read_fd(fd: int, max_bytes: int) -> bytes | None:
     return None if len(data) > max_bytes or b"\x00" in data[:8192] else data
 
 
+def _inode(name: str, dir_fd: int) -> tuple[int, int] | None:
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 def _files(request: dict[str, Any]) -> Iterator[tuple[str, bytes]]:
     """(workspace-relative path, content) of every searchable file, in a stable order."""
     fd, prefix, include = request["fd"], request["prefix"], request["include"]
@@ -55,8 +65,9 @@ def _files(request: dict[str, Any]) -> Iterator[tuple[str, bytes]]:
             yield prefix, data
         return
     skipped = set(request["skipped_dirs"])
+    private = {tuple(inode) for inode in request["private_inodes"]}
     for folder, dirs, names, dir_fd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in skipped)
+        dirs[:] = sorted(d for d in dirs if d not in skipped and _inode(d, dir_fd) not in private)
         for name in sorted(names):
             rel = str(PurePosixPath(prefix, folder, name)).removeprefix("./")
             if include and not PurePosixPath(rel).match(include):

@@ -11,6 +11,11 @@ happens to the tree meanwhile: every step is a fresh `openat` of one name.
 A regular file with more than one hard link is refused too: a hard link made inside the
 workspace to a file outside (no symlink to catch) would otherwise be read and written
 through.
+
+The fleet's own state (`Settings.private_dirs`: Redis's append-only file, worker logs,
+`up.json`) is refused whatever the workspace roots say, even when a root holds it: every
+folder walked is compared with it by real path (so a folder not made yet cannot be made
+there) and by inode (so a bind mount or a second path to it is refused too).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import errno
 import os
 import stat
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.errors import ToolError
@@ -27,6 +33,7 @@ from fleet.tools.workspace import lexical_parts
 
 MAX_SYMLINKS = 40
 """As the kernel's own limit: more links than this in one path is a loop."""
+PRIVATE_REFUSAL = "that path is the fleet's own state, which no tool opens"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -39,12 +46,55 @@ class Opened:
     created: bool = False
 
 
+Inode = tuple[int, int]
+"""(st_dev, st_ino): a folder whatever path reaches it."""
+
+
+def private_inodes(folders: Iterable[Path]) -> frozenset[Inode]:
+    """The inodes of those of `folders` that exist."""
+    found = set()
+    for folder in folders:
+        try:
+            info = os.stat(folder)
+        except OSError:
+            continue  # not made yet: the real-path check covers it
+        found.add((info.st_dev, info.st_ino))
+    return frozenset(found)
+
+
+@dataclass(frozen=True)
+class _Private:
+    """Folders no tool opens: the fleet's state, by real path and by inode."""
+
+    paths: tuple[Path, ...] = ()
+    inodes: frozenset[Inode] = frozenset()
+
+    @classmethod
+    def of(cls, folders: tuple[Path, ...]) -> _Private:
+        real = tuple(folder.expanduser().resolve() for folder in folders)
+        return cls(real, private_inodes(real))
+
+    def check_path(self, real: Path) -> None:
+        """`ToolError` if `real` is private or inside a private folder, made yet or not."""
+        if any(real.is_relative_to(path) for path in self.paths):
+            raise ToolError(PRIVATE_REFUSAL)
+
+    def check_fd(self, fd: int) -> int:
+        """`fd`, or closed and a `ToolError` if it is a private folder."""
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) in self.inodes:
+            os.close(fd)
+            raise ToolError(PRIVATE_REFUSAL)
+        return fd
+
+
 @dataclass
 class _Walk:
     """The folders walked so far: descriptors from the root down, and their names."""
 
     fds: list[int]
     names: list[str]
+    private: _Private = field(default_factory=_Private)
     links: int = 0
     created: bool = False
     """The final file did not exist and was made by this open."""
@@ -55,21 +105,31 @@ class _Walk:
         del self.fds[1:], self.names[:]
 
 
-def open_dir(root: Path, path: str, *, create: bool = False) -> Opened:
+def open_dir(
+    root: Path, path: str, *, create: bool = False, private: tuple[Path, ...] = ()
+) -> Opened:
     """A descriptor of folder `path` inside `root`, and its workspace-relative name.
 
     Args:
         root: The workspace root.
         path: As the model wrote it.
         create: Make missing folders (as `mkdir -p`).
+        private: Folders refused wherever they are (the fleet's state).
 
     Raises:
-        ToolError: it leaves the workspace, does not exist, or is not a folder.
+        ToolError: it leaves the workspace, is private, does not exist, or is not a folder.
     """
-    return _open(root, path, None, create)
+    return _open(root, path, None, create, private)
 
 
-def open_file(root: Path, path: str, flags: int, *, create_dirs: bool = False) -> Opened:
+def open_file(
+    root: Path,
+    path: str,
+    flags: int,
+    *,
+    create_dirs: bool = False,
+    private: tuple[Path, ...] = (),
+) -> Opened:
     """A descriptor of regular file `path` inside `root`, opened with `flags`.
 
     `O_CREAT` may be in `flags`; `O_TRUNC` must not (the hard-link check comes first:
@@ -81,7 +141,8 @@ def open_file(root: Path, path: str, flags: int, *, create_dirs: bool = False) -
     """
     if flags & os.O_TRUNC:
         raise ValueError("open_file: truncate after the link check, not with O_TRUNC")
-    opened = _open(root, path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, create_dirs)
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    opened = _open(root, path, flags, create_dirs, private)
     try:
         info = os.fstat(opened.fd)
         if stat.S_ISDIR(info.st_mode):
@@ -100,22 +161,28 @@ def open_file(root: Path, path: str, flags: int, *, create_dirs: bool = False) -
     return opened
 
 
-def open_path(root: Path, path: str) -> Opened:
+def open_path(root: Path, path: str, private: tuple[Path, ...] = ()) -> Opened:
     """A read-only descriptor of `path` inside `root`, file or folder, for walking from it.
 
     Raises:
-        ToolError: it leaves the workspace or does not exist.
+        ToolError: it leaves the workspace, is private, or does not exist.
     """
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     parts = lexical_parts(root, root.resolve(strict=True), path)
-    return _open(root, path, flags, False) if parts else open_dir(root, path)
+    if parts:
+        return _open(root, path, flags, False, private)
+    return open_dir(root, path, private=private)
 
 
-def _open(root: Path, path: str, file_flags: int | None, create: bool) -> Opened:
+def _open(
+    root: Path, path: str, file_flags: int | None, create: bool, private: tuple[Path, ...]
+) -> Opened:
     base = root.resolve(strict=True)
     parts = lexical_parts(root, base, path)
-    walk = _Walk(fds=[os.open(base, _DIR_FLAGS)], names=[])
+    walk = _Walk(fds=[os.open(base, _DIR_FLAGS)], names=[], private=_Private.of(private))
     try:
+        walk.private.check_path(base)
+        os.close(walk.private.check_fd(os.dup(walk.fds[0])))
         pending = deque(parts)
         while pending:
             name = pending.popleft()
@@ -151,10 +218,12 @@ def _step(
         walk.names.pop()
         return None
     parent = walk.fds[-1]
+    # Every name walked is real (links are re-walked): checked before anything is made.
+    walk.private.check_path(base.joinpath(*walk.names, name))
     try:
         if file_flags is None:
-            return _open_folder(name, parent, create)
-        return _open_final(walk, name, file_flags, parent)
+            return walk.private.check_fd(_open_folder(name, parent, create))
+        return walk.private.check_fd(_open_final(walk, name, file_flags, parent))
     except OSError as exc:
         if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
             raise _tool_error(name, exc) from None

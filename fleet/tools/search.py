@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from fleet.errors import ToolError
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.safe_open import open_dir, open_path
+from fleet.tools.safe_open import Inode, open_dir, open_path, private_inodes
 from fleet.tools.workspace import truncate
 
 MAX_GREP_FILE_BYTES = 5_000_000
@@ -53,18 +53,19 @@ def glob(ctx: ToolContext, pattern: str, path: str = ".") -> ToolResult:
         path: Folder to search from, relative to the workspace root.
     """
     segments = _glob_segments(pattern)
-    folder = open_dir(ctx.workspace, path)
+    folder = open_dir(ctx.workspace, path, private=ctx.private_dirs)
+    private = private_inodes(ctx.private_dirs)
     deadline = time.monotonic() + ctx.tool_timeout_s
     base = ctx.workspace.resolve()
     matches: list[str] = []
     visited = 0
     stopped = ""
     try:
-        for here, dirs, files, _ in os.fwalk(".", dir_fd=folder.fd, follow_symlinks=False):
+        for here, dirs, files, dir_fd in os.fwalk(".", dir_fd=folder.fd, follow_symlinks=False):
             parts = PurePosixPath(here).parts  # '.' is dropped: () at the start
             if len(parts) >= MAX_GLOB_DEPTH:
                 dirs[:] = []
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if _inode(d, dir_fd) not in private)
             for name in sorted([*dirs, *files]):
                 if _segments_match(segments, (*parts, name)):
                     matches.append(str(PurePosixPath(folder.rel, *parts, name)))
@@ -109,7 +110,7 @@ def grep(
     if max_matches < 1:
         raise ToolError("max_matches must be at least 1")
     max_matches = min(max_matches, MAX_GREP_MATCHES)
-    start = open_path(ctx.workspace, path)
+    start = open_path(ctx.workspace, path, private=ctx.private_dirs)
     try:
         request = {
             "pattern": pattern,
@@ -122,6 +123,7 @@ def grep(
             "max_line_chars": MAX_GREP_LINE_CHARS,
             "max_file_bytes": MAX_GREP_FILE_BYTES,
             "skipped_dirs": sorted(SKIPPED_DIRS),
+            "private_inodes": sorted(private_inodes(ctx.private_dirs)),
         }
         lines = _run_grep_child(request, start.fd, ctx.tool_timeout_s, pattern)
     finally:
@@ -158,6 +160,15 @@ def _run_grep_child(
     if done.returncode != 0 or not done.stdout:
         raise ToolError(f"grep failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
     return done.stdout.splitlines()
+
+
+def _inode(name: str, dir_fd: int) -> Inode | None:
+    """The folder's (st_dev, st_ino), not following a link; None if it is gone."""
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _glob_segments(pattern: str) -> tuple[str, ...]:

@@ -18,11 +18,13 @@ from fleet.security.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV
 from fleet.settings import Settings
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
-from fleetops.discovery import discover_redis_url, read_state
+from fleetops.discovery import read_state, redis_answers
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
 DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
-STATE_DIR = Path(".fleet") / "demo"
+STATE_DIR_ENV = "FLEET_STATE_DIR"
+DEMO_SUFFIX = "-demo"
+"""The demo's state folder sits beside the fleet's own, so a `fleet up` here is untouched."""
 READY_TIMEOUT_S = 90.0
 
 
@@ -44,28 +46,34 @@ def demo_model(explicit: str | None, settings: Settings) -> str:
 
 
 def demo_env(workspace: Path) -> dict[str, str]:
-    """The demo's environment: scripted models on, the workspace a root unless set."""
+    """The demo's environment: scripted models on, the workspace a root unless set.
+
+    Its `fleet up` gets a state folder of its own, outside the workspace, beside the one a
+    `fleet up` for the workspace would use.
+    """
+    real = workspace.expanduser().resolve()
     env = {k: v for k, v in os.environ.items() if k != "FLEET_REDIS_URL"}
     env[ALLOW_SCRIPTED_ENV] = "1"
-    # `fleet up` runs in STATE_DIR, so its default root would not hold the workspace.
-    env.setdefault(WORKSPACE_ROOTS_ENV, str(workspace.expanduser().resolve()))
+    env.setdefault(WORKSPACE_ROOTS_ENV, str(real))
+    usual = Settings.from_env(env).fleet_state_dir(real)
+    env[STATE_DIR_ENV] = str(usual.with_name(usual.name + DEMO_SUFFIX))
     return env
 
 
 def run_demo(args: argparse.Namespace) -> int:
     """Bring a fleet up in the background, run the task through it, bring it down."""
     base_env = demo_env(args.workspace)
+    state_dir = Path(base_env[STATE_DIR_ENV])
     model = demo_model(args.model, Settings.from_env(base_env))
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    print(f"starting a local fleet (state in {STATE_DIR}/) ...", file=sys.stderr)
+    print(f"starting a local fleet (state in {state_dir}) ...", file=sys.stderr)
     up = subprocess.Popen(
         [sys.executable, "-m", "fleetops.cli.main", "up", "--workers", "1"],
-        cwd=STATE_DIR,
+        cwd=args.workspace,
         env=base_env,
         start_new_session=True,
     )
     try:
-        url = wait_ready(up)
+        url = wait_ready(up, state_dir)
         env = {**base_env, "FLEET_REDIS_URL": url, "FLEET_BROKER_URL": url}
         settings = Settings.from_env(env).with_workspace(args.workspace)
         return submit_and_show(Fleet.from_env(settings), args.task, model)
@@ -74,18 +82,16 @@ def run_demo(args: argparse.Namespace) -> int:
         up.wait(timeout=30)
 
 
-def wait_ready(up: subprocess.Popen[bytes]) -> str:
+def wait_ready(up: subprocess.Popen[bytes], state_dir: Path) -> str:
     """The fleet's Redis URL once `fleet up` reports its workers ready."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if up.poll() is not None:
-            raise ConfigError(
-                f"`fleet up` exited with {up.returncode}; see {STATE_DIR}/.fleet/logs"
-            )
-        state = read_state(STATE_DIR / ".fleet")
-        url = discover_redis_url(STATE_DIR, env={})
-        if state is not None and state.ready and url:
-            return url
+            raise ConfigError(f"`fleet up` exited with {up.returncode}; see {state_dir}/logs")
+        state = read_state(state_dir)
+        if state is not None and state.ready and state.pid == up.pid:
+            if redis_answers(state.redis_url):
+                return state.redis_url
         time.sleep(0.2)
     raise ConfigError(f"the local fleet was not ready after {READY_TIMEOUT_S:.0f} s")
 
