@@ -5,52 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
-from typing import Any
 
 from fleet.client import Fleet
 from fleet.errors import BrokerUnavailable, ConfigError, ConversationError, NoLiveWorkers
 from fleet.limits.budget import Budget
 from fleet.models import Event
 from fleet.storage.redis_connect import redact_url
-from fleetops.cli.args import positive_float, positive_int
-from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
+from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_NO_WORKERS, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-def register(commands: Any) -> None:
-    """Add `run` (through the fleet, or in this process with --inline), `watch`, `stop`."""
-    run_parser = commands.add_parser("run", help="run a task (in-process with --inline)")
-    add_run_arguments(run_parser)
-    add_control_arguments(run_parser)
-    run_parser.set_defaults(handler=run)
-    watch_parser = commands.add_parser("watch", help="follow a trace tree live")
-    watch_parser.add_argument("trace_id")
-    watch_parser.add_argument("--timeout-s", type=positive_float, default=None)
-    watch_parser.set_defaults(handler=watch)
-    stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
-    stop_parser.add_argument("trace_id")
-    stop_parser.set_defaults(handler=stop)
-    reply_parser = commands.add_parser(
-        "reply", help="answer the question a trace waits on (ask_human); it resumes"
-    )
-    reply_parser.add_argument("trace_id")
-    reply_parser.add_argument("answer")
-    reply_parser.set_defaults(handler=reply)
-
-
-def add_control_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--budget-*` and `--max-concurrent`: what the tree may spend, how wide it may run."""
-    group = parser.add_argument_group("tree budget and fan-out (see docs/limits.md)")
-    group.add_argument("--budget-tokens", type=positive_int, metavar="N")
-    group.add_argument("--budget-usd", type=positive_float, metavar="X")
-    group.add_argument("--budget-sub-agents", type=positive_int, metavar="N")
-    group.add_argument("--budget-wall-s", type=positive_float, metavar="S")
-    group.add_argument(
-        "--max-concurrent", type=positive_int, metavar="N", help="children running at once"
-    )
 
 
 def budget_of(args: argparse.Namespace) -> Budget | None:
