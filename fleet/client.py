@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -29,6 +30,10 @@ from fleet.storage.watchdog import QueueWatch
 
 OUTAGE_RETRY_S = 1.0
 """How often `Fleet.events` tries again while Redis cannot be reached."""
+EVENT_BLOCK_MS = 1000
+"""How long one read of the event stream waits for the next event."""
+CANCEL_POLL_MS = 200
+"""...and with a `cancel` event, which a signal handler sets but which cannot wake a read."""
 
 
 class Backend(Protocol):
@@ -79,9 +84,11 @@ class Handle:
         """The trace as it is now."""
         return self.fleet.trace(self.trace_id)
 
-    def events(self, timeout_s: float | None = None) -> Iterator[Event]:
-        """The tree's events as they happen, until the root finishes."""
-        return self.fleet.events(self.trace_id, timeout_s, turn=self.turn)
+    def events(
+        self, timeout_s: float | None = None, *, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        """The tree's events as they happen, until the root finishes (or `cancel` is set)."""
+        return self.fleet.events(self.trace_id, timeout_s, turn=self.turn, cancel=cancel)
 
 
 class Fleet:
@@ -213,12 +220,18 @@ class Fleet:
         return waiting_traces(self.store, limit)
 
     def events(
-        self, trace_id: str, timeout_s: float | None = None, *, turn: int = 0
+        self,
+        trace_id: str,
+        timeout_s: float | None = None,
+        *,
+        turn: int = 0,
+        cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """Events of the trace's tree until it finishes.
 
         With `turn`, the events of that run of a continued root: earlier runs (and their
-        `finish`) are skipped up to the event that started it.
+        `finish`) are skipped up to the event that started it. With `cancel`, the events
+        end, without an error, within `CANCEL_POLL_MS` of it being set.
 
         Raises:
             TimeoutError: `timeout_s` passed first.
@@ -232,16 +245,18 @@ class Fleet:
         )
         cursor = "0"
         skipping = turn > 0
-        while True:
+        block_ms = EVENT_BLOCK_MS if cancel is None else CANCEL_POLL_MS
+        cancel = cancel or threading.Event()  # never set: follow to the end
+        while not cancel.is_set():
             late = deadline is not None and time.monotonic() > deadline
             try:
-                finished, batch = self._poll(trace_id, root, cursor, watch)
+                finished, batch = self._poll(trace_id, root, cursor, watch, block_ms)
             except Exception as exc:  # Redis away (a restart, the network): wait for it
                 if not self.store.unavailable(exc):
                     raise
                 if late:
                     raise TimeoutError(f"trace {trace_id!r}: Redis unreachable") from None
-                time.sleep(OUTAGE_RETRY_S)
+                cancel.wait(OUTAGE_RETRY_S)
                 continue
             if not finished and late:
                 raise TimeoutError(f"trace {trace_id!r} still running after {timeout_s} s")
@@ -257,14 +272,14 @@ class Fleet:
                 return  # its `finish` fell off the capped stream
 
     def _poll(
-        self, trace_id: str, root: str, cursor: str, watch: QueueWatch
+        self, trace_id: str, root: str, cursor: str, watch: QueueWatch, block_ms: int
     ) -> tuple[bool, list[tuple[str, Event]]]:
-        """Whether the trace ended, and the events after `cursor` (waiting up to 1 s).
+        """Whether the trace ended, and the events after `cursor` (waiting up to `block_ms`).
 
         Ended already: its last events (its `finish` included) are still to be read.
         """
         finished = self.store.get_trace(trace_id).is_terminal
-        batch = self.store.read_events(root, cursor, block_ms=1000)
+        batch = self.store.read_events(root, cursor, block_ms=block_ms)
         if not finished:
             watch.check()
         return finished, batch

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,10 +242,18 @@ def test_stop_on_the_root_stops_every_descendant(
     assert_tree_stopped(fleet, handle.trace_id)
 
 
-def test_sigint_stops_the_run_and_exits_130(
-    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
-) -> None:
-    model = survey_script(tmp_path / "m.yaml", 4, latency_ms=1000, turns=10)
+SIGINT_RUNS = 4
+SIGINT_SEED = 23
+
+
+def interrupt_run(
+    url: str, workspace: Path, fleet: Fleet, model: str, rng: random.Random, signum: int
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Start `fleet run`, let its branches run, then signal it at a random instant.
+
+    A burst of one to three signals a few ms apart: a user's second Ctrl-C, or one that
+    lands while the CLI is stopping the tree after the first.
+    """
     run = subprocess.Popen(
         [*FLEET, "run", "--model", model, "interrupted survey"],
         env=cli_env(url, workspace),
@@ -256,16 +266,35 @@ def test_sigint_stops_the_run_and_exits_130(
         first_line = run.stderr.readline()
         assert first_line.startswith("submitted "), first_line
         root_id = first_line.strip().removeprefix("submitted ")
-        wait_until(lambda: all_branches_running(fleet, root_id, 4), 30, "branches to run")
-        run.send_signal(signal.SIGINT)
-        _, stderr = run.communicate(timeout=CLI_TIMEOUT_S)
+        wait_until(lambda: all_branches_running(fleet, root_id, 3), 30, "branches to run")
+        # The injected instant (not a wait for state): wherever the follower is, in a
+        # blocking read, a pipeline's destructor, or printing a line.
+        time.sleep(rng.uniform(0.0, 0.6))
+        for _ in range(rng.randint(1, 3)):
+            run.send_signal(signum)
+            time.sleep(rng.uniform(0.002, 0.04))
+        stdout, stderr = run.communicate(timeout=CLI_TIMEOUT_S)
     finally:
         if run.poll() is None:
             run.kill()
             run.communicate()
-    assert run.returncode == 130, stderr
-    assert f"interrupted: stopped {root_id}" in stderr
-    assert_tree_stopped(fleet, root_id)
+    return root_id, subprocess.CompletedProcess(run.args, run.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_at_any_instant_stops_the_run_and_exits_130(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path, signum: signal.Signals
+) -> None:
+    model = survey_script(tmp_path / "m.yaml", 3, latency_ms=300, turns=30)
+    rng = random.Random(f"{SIGINT_SEED}-{signum}")
+    for _ in range(SIGINT_RUNS):
+        root_id, result = interrupt_run(url, workspace, fleet, model, rng, signum)
+        assert result.returncode == 128 + signum, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert lines[-1] == f"interrupted: stopped {root_id}", result.stderr
+        assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr
+        assert result.stdout == ""
+        assert_tree_stopped(fleet, root_id)
 
 
 def get_json(url: str) -> Any:
