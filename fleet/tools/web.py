@@ -12,14 +12,16 @@ import re
 import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit, urlunsplit
-
-import httpx
 
 from fleet.errors import ToolError
 from fleet.tools import netguard
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.workspace import truncate
+
+if TYPE_CHECKING:
+    import httpx
 
 MAX_FETCH_BYTES = 2_000_000
 """The body is cut after this many bytes; the rest is never downloaded."""
@@ -51,6 +53,8 @@ def web_fetch(ctx: ToolContext, url: str) -> ToolResult:
         ctx: The run's workspace and limits.
         url: An http:// or https:// address.
     """
+    import httpx  # here: every registry lists this tool, few runs fetch (~100 ms saved)
+
     _check_scheme(url)
     timeout_s = min(ctx.web_timeout_s, ctx.tool_timeout_s)
     try:
@@ -81,6 +85,8 @@ def _download(url: str, timeout_s: float, allow: tuple[str, ...]) -> _Download:
     Redirects are followed here, not by httpx, so every hop is resolved and checked, and
     each connection goes to the address that was checked (see `fleet.tools.netguard`).
     """
+    import httpx
+
     deadline = time.monotonic() + timeout_s
     # trust_env=False: an HTTP(S)_PROXY from the environment would connect elsewhere.
     with httpx.Client(timeout=timeout_s, follow_redirects=False, trust_env=False) as client:
@@ -132,6 +138,8 @@ def _pinned_request(client: httpx.Client, url: str, allow: tuple[str, ...]) -> h
 
 
 def _read(response: httpx.Response, url: str, deadline: float) -> _Download:
+    import httpx
+
     chunks: list[bytes] = []
     size = 0
     for chunk in response.iter_bytes():

@@ -45,10 +45,13 @@ class Interrupt:
 
 @contextlib.contextmanager
 def interrupt_flag() -> Iterator[Interrupt]:
-    """Within the block, SIGINT and SIGTERM set the returned flag; handlers restored after.
+    """Within the block, SIGINT and SIGTERM set the returned flag.
 
-    Off the main thread (where Python cannot install handlers) the flag is never set and
-    the signals keep their handlers.
+    The old handlers come back after the block unless the flag was set: then the command
+    is on its way out with its own exit code, and a second Ctrl-C a moment later must not
+    become a KeyboardInterrupt (or a death by SIGINT) after the tree was stopped. Off the
+    main thread (where Python cannot install handlers) nothing changes and the flag is
+    never set.
     """
     interrupt = Interrupt()
     if threading.current_thread() is not threading.main_thread():
@@ -58,8 +61,9 @@ def interrupt_flag() -> Iterator[Interrupt]:
     try:
         yield interrupt
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        if not interrupt.is_set():
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
