@@ -47,11 +47,12 @@ class Interrupt:
 def interrupt_flag() -> Iterator[Interrupt]:
     """Within the block, SIGINT and SIGTERM set the returned flag.
 
-    The old handlers come back after the block unless the flag was set: then the command
-    is on its way out with its own exit code, and a second Ctrl-C a moment later must not
-    become a KeyboardInterrupt (or a death by SIGINT) after the tree was stopped. Off the
-    main thread (where Python cannot install handlers) nothing changes and the flag is
-    never set.
+    The old handlers come back after the block unless the flag was set. Then the command
+    is on its way out with its own exit code, and both signals are ignored (SIG_IGN) from
+    there on: a second Ctrl-C a moment later must not become a KeyboardInterrupt, nor,
+    since Python's finalisation resets its own handlers to SIG_DFL, kill the process
+    mid-exit (seen: exit -2 instead of 130). Off the main thread (where Python cannot
+    install handlers) nothing changes and the flag is never set.
     """
     interrupt = Interrupt()
     if threading.current_thread() is not threading.main_thread():
@@ -61,9 +62,8 @@ def interrupt_flag() -> Iterator[Interrupt]:
     try:
         yield interrupt
     finally:
-        if not interrupt.is_set():
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_IGN if interrupt.is_set() else handler)
 
 
 @contextlib.contextmanager
