@@ -8,11 +8,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet import lifecycle
-from fleet.batch.file import check_entries, entries_from
-from fleet.batch.run import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.conversation import human
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.human import waiting_traces
@@ -27,6 +25,9 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore
 from fleet.storage.watchdog import QueueWatch
+
+if TYPE_CHECKING:
+    from fleet.batch.run import BatchEntry, BatchResult
 
 OUTAGE_RETRY_S = 1.0
 """How often `Fleet.events` tries again while Redis cannot be reached."""
@@ -181,6 +182,9 @@ class Fleet:
         `model`, `workspace`, `metadata`). All are validated here, before anything is
         submitted (`BatchInputError`); submitting starts when the iterator is consumed.
         """
+        from fleet.batch.file import check_entries, entries_from  # not loaded by `fleet run`
+        from fleet.batch.run import BatchOptions, run_batch
+
         entries = entries_from(tasks)
         check_entries(self.runtime, entries, "<batch>")
         options = BatchOptions(max_in_flight=max_in_flight, timeout_s=timeout_s)

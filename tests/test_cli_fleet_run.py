@@ -122,6 +122,32 @@ def test_run_json_has_the_keys_of_an_inline_run(
     assert all(c["trace_id"].startswith(out["trace_id"] + "@") for c in out["collaborators"])
 
 
+RUN_NEEDS_NONE_OF = ("httpx", "rich", "jsonschema", "fleet.batch.run", "fleet.llm.openai")
+"""What submitting and following a trace never needs: no HTTP client, no batch machinery."""
+
+
+def test_run_imports_no_http_client_and_no_batch_machinery(
+    url: str, workspace: Path, workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    model = explore_script(tmp_path / "m.yaml", 1)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", *FLEET[1:], "run", "--model", model, "survey"],
+        env=cli_env(url, workspace),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert {"fleet.client", "redis"} <= imported, "the probe must see the run's imports"
+    unneeded = sorted(m for m in imported if m.startswith(RUN_NEEDS_NONE_OF))
+    assert unneeded == []
+
+
 def test_a_failing_run_exits_1(
     url: str, workspace: Path, workers: list[WorkerProcess], tmp_path: Path
 ) -> None:
