@@ -247,21 +247,18 @@ class Fleet:
         watch = QueueWatch(
             self.store, trace_id, self.backend.queue, self.runtime.settings.no_worker_timeout_s
         )
-        cursor = "0"
-        skipping = turn > 0
+        cursor, skipping = "0", turn > 0
         block_ms = EVENT_BLOCK_MS if cancel is None else CANCEL_POLL_MS
         cancel = cancel or threading.Event()  # never set: follow to the end
         while not cancel.is_set():
             late = deadline is not None and time.monotonic() > deadline
-            try:
-                finished, batch = self._poll(trace_id, root, cursor, watch, block_ms)
-            except Exception as exc:  # Redis away (a restart, the network): wait for it
-                if not self.store.unavailable(exc):
-                    raise
+            polled = self._poll(trace_id, root, cursor, watch, block_ms)
+            if polled is None:  # Redis away (a restart, the network): wait for it
                 if late:
-                    raise TimeoutError(f"trace {trace_id!r}: Redis unreachable") from None
+                    raise TimeoutError(f"trace {trace_id!r}: Redis unreachable")
                 cancel.wait(OUTAGE_RETRY_S)
                 continue
+            finished, batch = polled
             if not finished and late:
                 raise TimeoutError(f"trace {trace_id!r} still running after {timeout_s} s")
             for entry_id, event in batch:
@@ -277,13 +274,19 @@ class Fleet:
 
     def _poll(
         self, trace_id: str, root: str, cursor: str, watch: QueueWatch, block_ms: int
-    ) -> tuple[bool, list[tuple[str, Event]]]:
+    ) -> tuple[bool, list[tuple[str, Event]]] | None:
         """Whether the trace ended, and the events after `cursor` (waiting up to `block_ms`).
 
         Ended already: its last events (its `finish` included) are still to be read.
+        None when Redis cannot be reached.
         """
-        finished = self.store.get_trace(trace_id).is_terminal
-        batch = self.store.read_events(root, cursor, block_ms=block_ms)
+        try:
+            finished = self.store.get_trace(trace_id).is_terminal
+            batch = self.store.read_events(root, cursor, block_ms=block_ms)
+        except Exception as exc:
+            if not self.store.unavailable(exc):
+                raise
+            return None
         if not finished:
             watch.check()
         return finished, batch

@@ -166,20 +166,7 @@ def _add_ops(commands: Any) -> None:
     up.add_argument(
         "--redis-port", type=port_number, help="port of the embedded Redis (default: a free one)"
     )
-    worker = _command(
-        commands,
-        "worker",
-        "fleetops.cli.ops:run_worker",
-        help="run one Celery worker in the foreground",
-    )
-    worker.add_argument("-Q", "--queues", help="comma-separated queues (default: all four)")
-    worker.add_argument("-P", "--pool", choices=POOLS, default="threads")
-    worker.add_argument(
-        "-c", "--concurrency", type=positive_int, help="pool size (threads: 16, gevent: 100)"
-    )
-    worker.add_argument("--autoscale", type=autoscale, metavar="MAX,MIN")
-    worker.add_argument("-l", "--loglevel", default="INFO")
-    worker.add_argument("-n", "--hostname", help="node name (default celery@HOST)")
+    _add_worker(commands)
     doctor = _command(
         commands,
         "doctor",
@@ -194,6 +181,23 @@ def _add_ops(commands: Any) -> None:
         help="move traces an earlier version wrote into this version's layout",
     )
     migrate.add_argument("--dry-run", action="store_true", help="count, change nothing")
+
+
+def _add_worker(commands: Any) -> None:
+    worker = _command(
+        commands,
+        "worker",
+        "fleetops.cli.ops:run_worker",
+        help="run one Celery worker in the foreground",
+    )
+    worker.add_argument("-Q", "--queues", help="comma-separated queues (default: all four)")
+    worker.add_argument("-P", "--pool", choices=POOLS, default="threads")
+    worker.add_argument(
+        "-c", "--concurrency", type=positive_int, help="pool size (threads: 16, gevent: 100)"
+    )
+    worker.add_argument("--autoscale", type=autoscale, metavar="MAX,MIN")
+    worker.add_argument("-l", "--loglevel", default="INFO")
+    worker.add_argument("-n", "--hostname", help="node name (default celery@HOST)")
 
 
 def _add_servers(commands: Any) -> None:
