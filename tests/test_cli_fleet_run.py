@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -265,6 +266,31 @@ def test_stop_on_the_root_stops_every_descendant(
     result = fleet_cli(["stop", handle.trace_id], cli_env(url, workspace))
     assert result.returncode == 0, result.stderr
     assert f"stopping 7 trace(s) under {handle.trace_id}" in result.stdout
+    assert_tree_stopped(fleet, handle.trace_id)
+
+
+def test_events_end_soon_after_cancel_is_set_and_leave_the_tree_running(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    model = survey_script(tmp_path / "m.yaml", 2, latency_ms=300, turns=30)
+    handle = fleet.submit("cancelled follow", model=model)
+    cancel = threading.Event()
+    seen: list[str] = []
+
+    def follow() -> None:
+        seen.extend(event.kind for event in handle.events(CLI_TIMEOUT_S, cancel=cancel))
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    wait_until(lambda: all_branches_running(fleet, handle.trace_id, 2), 30, "branches to run")
+    cancelled_at = time.monotonic()
+    cancel.set()
+    follower.join(timeout=CLI_TIMEOUT_S)
+    ended_s = time.monotonic() - cancelled_at
+    assert not follower.is_alive() and seen and "finish" not in seen
+    assert ended_s < 1.0, f"the follow ended {ended_s:.2f} s after cancel (reads block 200 ms)"
+    assert fleet.trace(handle.trace_id).status == "waiting", "cancel stops following, not the tree"
+    fleet.stop(handle.trace_id)
     assert_tree_stopped(fleet, handle.trace_id)
 
 
