@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet import lifecycle
-from fleet.batch.file import check_entries, entries_from
-from fleet.batch.run import BatchEntry, BatchOptions, BatchResult, run_batch
 from fleet.conversation import human
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.human import waiting_traces
@@ -27,8 +26,15 @@ from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore
 from fleet.storage.watchdog import QueueWatch, check_served
 
+if TYPE_CHECKING:
+    from fleet.batch.run import BatchEntry, BatchResult
+
 OUTAGE_RETRY_S = 1.0
 """How often `Fleet.events` tries again while Redis cannot be reached."""
+EVENT_BLOCK_MS = 1000
+"""How long one read of the event stream waits for the next event."""
+CANCEL_POLL_MS = 200
+"""...and with a `cancel` event, which a signal handler sets but which cannot wake a read."""
 
 
 class Backend(Protocol):
@@ -79,9 +85,11 @@ class Handle:
         """The trace as it is now."""
         return self.fleet.trace(self.trace_id)
 
-    def events(self, timeout_s: float | None = None) -> Iterator[Event]:
-        """The tree's events as they happen, until the root finishes."""
-        return self.fleet.events(self.trace_id, timeout_s, turn=self.turn)
+    def events(
+        self, timeout_s: float | None = None, *, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        """The tree's events as they happen, until the root finishes (or `cancel` is set)."""
+        return self.fleet.events(self.trace_id, timeout_s, turn=self.turn, cancel=cancel)
 
 
 class Fleet:
@@ -176,6 +184,9 @@ class Fleet:
         `model`, `workspace`, `metadata`). All are validated here, before anything is
         submitted (`BatchInputError`); submitting starts when the iterator is consumed.
         """
+        from fleet.batch.file import check_entries, entries_from  # not loaded by `fleet run`
+        from fleet.batch.run import BatchOptions, run_batch
+
         entries = entries_from(tasks)
         check_entries(self.runtime, entries, "<batch>")
         options = BatchOptions(max_in_flight=max_in_flight, timeout_s=timeout_s)
@@ -215,12 +226,18 @@ class Fleet:
         return waiting_traces(self.store, limit)
 
     def events(
-        self, trace_id: str, timeout_s: float | None = None, *, turn: int = 0
+        self,
+        trace_id: str,
+        timeout_s: float | None = None,
+        *,
+        turn: int = 0,
+        cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """Events of the trace's tree until it finishes.
 
         With `turn`, the events of that run of a continued root: earlier runs (and their
-        `finish`) are skipped up to the event that started it.
+        `finish`) are skipped up to the event that started it. With `cancel`, the events
+        end, without an error, within `CANCEL_POLL_MS` of it being set.
 
         Raises:
             TimeoutError: `timeout_s` passed first.
@@ -232,19 +249,18 @@ class Fleet:
         watch = QueueWatch(
             self.store, trace_id, self.backend.queue, self.runtime.settings.no_worker_timeout_s
         )
-        cursor = "0"
-        skipping = turn > 0
-        while True:
+        cursor, skipping = "0", turn > 0
+        block_ms = EVENT_BLOCK_MS if cancel is None else CANCEL_POLL_MS
+        cancel = cancel or threading.Event()  # never set: follow to the end
+        while not cancel.is_set():
             late = deadline is not None and time.monotonic() > deadline
-            try:
-                finished, batch = self._poll(trace_id, root, cursor, watch)
-            except Exception as exc:  # Redis away (a restart, the network): wait for it
-                if not self.store.unavailable(exc):
-                    raise
+            polled = self._poll(trace_id, root, cursor, watch, block_ms)
+            if polled is None:  # Redis away (a restart, the network): wait for it
                 if late:
-                    raise TimeoutError(f"trace {trace_id!r}: Redis unreachable") from None
-                time.sleep(OUTAGE_RETRY_S)
+                    raise TimeoutError(f"trace {trace_id!r}: Redis unreachable")
+                cancel.wait(OUTAGE_RETRY_S)
                 continue
+            finished, batch = polled
             if not finished and late:
                 raise TimeoutError(f"trace {trace_id!r} still running after {timeout_s} s")
             for entry_id, event in batch:
@@ -259,14 +275,20 @@ class Fleet:
                 return  # its `finish` fell off the capped stream
 
     def _poll(
-        self, trace_id: str, root: str, cursor: str, watch: QueueWatch
-    ) -> tuple[bool, list[tuple[str, Event]]]:
-        """Whether the trace ended, and the events after `cursor` (waiting up to 1 s).
+        self, trace_id: str, root: str, cursor: str, watch: QueueWatch, block_ms: int
+    ) -> tuple[bool, list[tuple[str, Event]]] | None:
+        """Whether the trace ended, and the events after `cursor` (waiting up to `block_ms`).
 
         Ended already: its last events (its `finish` included) are still to be read.
+        None when Redis cannot be reached.
         """
-        finished = self.store.get_trace(trace_id).is_terminal
-        batch = self.store.read_events(root, cursor, block_ms=1000)
+        try:
+            finished = self.store.get_trace(trace_id).is_terminal
+            batch = self.store.read_events(root, cursor, block_ms=block_ms)
+        except Exception as exc:
+            if not self.store.unavailable(exc):
+                raise
+            return None
         if not finished:
             watch.check()
         return finished, batch

@@ -29,7 +29,6 @@ from fleet.storage.redis_connect import connect, redact_url
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 9808
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TRACES_WINDOW_S = 24 * 3600
 """`fleet_traces` counts the traces created this recently..."""

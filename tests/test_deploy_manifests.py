@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from fleetops.cli.main import build_parser
+from fleetops.cli.main import build_parser, resolve
 from fleetops.cli.ops import flower_env, worker_argv
 from fleetops.cli.serve import MIN_TOKEN_CHARS, serve_token
 from workers.app import QUEUES
@@ -91,7 +91,7 @@ def check_fleet_command(argv: list[str]) -> None:
         args = build_parser().parse_args(argv)
     except SystemExit:
         pytest.fail(f"`fleet {' '.join(argv)}` is not a command the CLI accepts")
-    assert callable(args.handler)
+    assert callable(resolve(args.handler))
     if args.command == "worker":
         worker_argv(args)  # unknown queues, --autoscale with threads: ConfigError
     if args.command == "flower":

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleet.batch import DEFAULT_MAX_IN_FLIGHT
 from fleet.conversation.human import waiting_on
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
@@ -49,7 +50,6 @@ class BatchClient(Protocol):
         ...
 
 
-DEFAULT_MAX_IN_FLIGHT = 8
 POLL_MS = 20
 """How long a blocking event read waits when no root moved; doubled per quiet step..."""
 MAX_POLL_MS = 500

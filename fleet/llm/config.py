@@ -38,9 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
-from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
-from fleet.llm.openai import OpenAIClient
 from fleet.llm.pricing import ModelPricing
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
 from fleet.security import trust, yamlsafe
@@ -363,6 +361,10 @@ def make_client(
         # Imported lazily: fleet.testing is test support, not needed to run real models.
         scripted_model = importlib.import_module("fleet.testing").ScriptedModel
         return cast(LLMClient, scripted_model.from_file(Path(target.model)))
+    # The HTTP clients (httpx) only here: `fleet run` reads this config but calls no model.
+    from fleet.llm.anthropic import AnthropicClient
+    from fleet.llm.openai import OpenAIClient
+
     key = _api_key(target, env)
     redactor = Redactor.from_env(env)  # every secret of the process, not just this key
     if target.kind == "anthropic":

@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-
-import httpx
+from typing import TYPE_CHECKING
 
 from fleet.errors import (
     ConfigError,
@@ -25,13 +24,15 @@ from fleet.errors import (
 from fleet.llm.ratelimit import OVERLOAD_STATUS
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
+if TYPE_CHECKING:
+    import httpx
+
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 """Retryable 4xx codes; every 5xx (Anthropic's 529 "overloaded" included) is retried too."""
 
 CONFIG_STATUS = frozenset({401, 403, 404})
 """Codes that mean the key, base_url or model name is wrong, not the conversation."""
 
-RETRYABLE_EXCEPTIONS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 ERROR_DETAIL_MAX_CHARS = 200
 
@@ -143,11 +144,14 @@ def send_with_retry(
         ConfigError: 401, 403 or 404 (bad key, base_url or model).
         ModelBehaviorError: any other 4xx.
     """
+    # httpx here, not at the top: a client that reads the model config sends nothing.
+    import httpx
+
     failure = ""
     for attempt in range(policy.max_attempts):
         try:
             response = send()
-        except RETRYABLE_EXCEPTIONS as exc:
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             failure = redactor(" ".join(f"{type(exc).__name__}: {exc}".split()))
             delay_s = backoff_s(attempt, policy)
         except httpx.HTTPError as exc:

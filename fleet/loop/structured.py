@@ -19,9 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-
 from fleet.errors import ConfigError
 from fleet.models import Message, Trace
 
@@ -80,6 +77,10 @@ def check_schema(schema: object, where: str) -> dict[str, Any]:
     """
     if not isinstance(schema, dict):
         raise ConfigError(f"{where}: output_schema must be a mapping (a JSON Schema)")
+    # jsonschema (~50 ms) only when a schema is checked: every client loads the presets.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -139,6 +140,8 @@ def parse(answer: str, schema: Mapping[str, Any], *, verdict_text: bool) -> dict
         candidate = verdict_from_text(answer)
     if candidate is None:
         return "the answer holds no JSON object"
+    from jsonschema import Draft202012Validator
+
     errors = sorted(Draft202012Validator(schema).iter_errors(candidate), key=lambda e: e.path)
     if errors:
         where = "/".join(str(p) for p in errors[0].absolute_path) or "the object"

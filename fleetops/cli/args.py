@@ -45,6 +45,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def autoscale(text: str) -> str:
+    """An argparse type: `MAX,MIN` pool sizes, MAX >= MIN >= 0."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected MAX,MIN (e.g. 32,4): {text!r}")
+    high, low = (int(p) for p in parts)
+    if high < max(low, 1):
+        raise argparse.ArgumentTypeError(f"MAX must be >= MIN and >= 1: {text!r}")
+    return f"{high},{low}"
+
+
 def port_number(text: str) -> int:
     """An argparse type: a TCP port."""
     value = positive_int(text)

@@ -12,13 +12,11 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from fleet.batch.file import check_entries, load_entries, with_defaults
 from fleet.batch.journal import ResultsJournal
 from fleet.batch.run import (
-    DEFAULT_MAX_IN_FLIGHT,
     BatchCounts,
     BatchEntry,
     BatchHooks,
@@ -33,34 +31,12 @@ from fleet.inprocess import InProcessDispatcher
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.memory_store import MemoryStore
-from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 PLAIN_STATUS_EVERY_S = 10.0
 """Without a terminal, a counts line this often besides one line per finished task."""
 SHOWN_FAILURES = 10
-
-
-def register(commands: Any) -> None:
-    """Add `fleet batch`."""
-    parser = commands.add_parser("batch", help="run many tasks from a JSONL or YAML file")
-    parser.add_argument("file", type=Path, help="JSONL (one object per line) or YAML (a list)")
-    parser.add_argument("--out", type=Path, help="append one JSON line per finished task here")
-    parser.add_argument(
-        "--max-in-flight",
-        type=positive_int,
-        default=DEFAULT_MAX_IN_FLIGHT,
-        help=f"most unfinished tasks at once (default {DEFAULT_MAX_IN_FLIGHT})",
-    )
-    parser.add_argument(
-        "--resume", action="store_true", help="continue --out: skip finished ids, follow submitted"
-    )
-    parser.add_argument("--timeout-s", type=positive_float, help="stop a task running this long")
-    parser.add_argument("--dry-run", action="store_true", help="validate FILE, submit nothing")
-    parser.add_argument("--model", help="model for entries that name none")
-    parser.add_argument("--preset", help="preset for entries that name none (default: default)")
-    parser.set_defaults(handler=run_batch_command)
 
 
 def run_batch_command(args: argparse.Namespace) -> int:

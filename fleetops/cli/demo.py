@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from fleet.client import Fleet
 from fleet.errors import ConfigError
@@ -21,20 +20,10 @@ from fleetops.cli.run import show_progress
 from fleetops.discovery import read_state, redis_answers
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
-DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
 STATE_DIR_ENV = "FLEET_STATE_DIR"
 DEMO_SUFFIX = "-demo"
 """The demo's state folder sits beside the fleet's own, so a `fleet up` here is untouched."""
 READY_TIMEOUT_S = 90.0
-
-
-def register(commands: Any) -> None:
-    """Add `demo`."""
-    parser = commands.add_parser("demo", help="start a local fleet, run one explore, stop")
-    parser.add_argument("--model", help="default: FLEET_MODEL or fleet.yaml, else scripted")
-    parser.add_argument("--task", default=DEMO_TASK)
-    parser.add_argument("--workspace", type=Path, default=Path.cwd())
-    parser.set_defaults(handler=run_demo)
 
 
 def demo_model(explicit: str | None, settings: Settings) -> str:

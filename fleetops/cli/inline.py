@@ -4,50 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from fleet.conversation.human import TIMEOUT_KEY, waiting_on
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
 from fleet.settings import process_settings
-from fleetops.cli.args import positive_float, positive_int
 from fleetops.cli.output import printable, report
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by inline and fleet runs."""
-    parser.add_argument(
-        "task", help="what the main agent should do (with --continue: the new message)"
-    )
-    parser.add_argument("--inline", action="store_true", help="run in this process")
-    parser.add_argument("--model", help="provider:model, an alias, or scripted:FILE.yaml")
-    parser.add_argument("--preset", default="default", help="agent preset (default: default)")
-    parser.add_argument(
-        "--workspace", type=Path, help="workspace root (default: FLEET_WORKSPACE or .)"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument(
-        "--timeout-s", type=positive_float, default=None, help="give up waiting after this long"
-    )
-    parser.add_argument(
-        "--continue",
-        dest="continue_id",
-        metavar="TRACE_ID",
-        help="continue this finished root with the message instead of starting a new one",
-    )
-    parser.add_argument(
-        "--after-sequence",
-        type=int,
-        metavar="N",
-        help="with --continue: first go back to message N (rewind; the old branch stays)",
-    )
-    parser.add_argument(
-        "--human-timeout-s",
-        type=positive_int,
-        metavar="S",
-        help="how long an ask_human question waits for `fleet reply` before the agent goes on",
-    )
 
 
 def check_run_arguments(args: argparse.Namespace) -> None:

@@ -1,49 +1,53 @@
-"""`fleet`: the command line, composed of the command modules of `fleetops.cli`."""
+"""`fleet`: parse with `fleetops.cli.commands`, then import and run the command's handler.
+
+Nothing here or in `commands` imports more than argparse before the arguments parsed:
+`fleet --help` and a mistyped option answer at the speed of a bare interpreter.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-from fleet.errors import (
-    ConfigError,
-    ConversationError,
-    FleetError,
-    RedisUnreachable,
-    TraceNotFound,
-)
-from fleet.security.redact import install_log_redaction, process_redactor
-from fleet.settings import forget_process_settings
-from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
-from fleetops.cli.output import printable
+from fleetops.cli.commands import build_parser
+
+__all__ = ["build_parser", "main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-COMMANDS = (run, traces, batch, ops, serve, metrics, demo)
-"""Each module adds its own commands; none replaces another's. Celery and the servers are
-imported inside the handlers, so `fleet --help` and `fleet run --inline` stay fast."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The parser with every command."""
-    parser = argparse.ArgumentParser(prog="fleet", description="Run LLM sub-agents as jobs.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS:
-        module.register(commands)
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, and map errors to one line on stderr and an exit code."""
+    args = build_parser().parse_args(argv)
+    handler = resolve(args.handler)
+    return run(handler, args)
+
+
+def resolve(target: str) -> Handler:
+    """The handler a "module:function" string names (imported only now, after parsing)."""
+    module, _, function = target.partition(":")
+    handler: Handler = getattr(importlib.import_module(module), function)
+    return handler
+
+
+def run(handler: Handler, args: argparse.Namespace) -> int:
+    """Call `handler` with this command's settings and log redaction; errors as one line."""
+    from fleet.errors import (
+        ConfigError,
+        ConversationError,
+        FleetError,
+        RedisUnreachable,
+        TraceNotFound,
+    )
+    from fleet.security.redact import install_log_redaction, process_redactor
+    from fleet.settings import forget_process_settings
+
     forget_process_settings()  # one command, one reading of the environment (tests run many)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Handler = args.handler
     process_redactor.cache_clear()  # this command's environment, like the settings
     install_log_redaction(process_redactor())  # whatever a command logs, secrets masked
     try:
@@ -82,6 +86,9 @@ def with_hint(message: str) -> str:
 
 def fail(message: str, code: int) -> int:
     """Print `fleet: error: message` (secrets masked, on one safe line); the exit code."""
+    from fleet.security.redact import process_redactor
+    from fleetops.cli.output import printable
+
     print(f"fleet: error: {printable(process_redactor()(message))}", file=sys.stderr)
     return code
 

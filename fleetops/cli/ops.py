@@ -1,6 +1,6 @@
-"""`fleet up|worker|flower|doctor`: the commands that run a fleet (registered by `cli.main`).
+"""`fleet up|worker|flower|doctor|migrate`: the commands that run a fleet.
 
-Celery is imported inside the handlers, so `fleet --help` and `fleet run --inline` stay fast.
+Their arguments are in `fleetops.cli.commands`; Celery is imported inside the handlers.
 """
 
 from __future__ import annotations
@@ -10,90 +10,19 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from fleet.errors import ConfigError
 from fleet.settings import forget_process_settings
-from fleetops.cli.args import is_loopback, port_number, positive_int
+from fleetops.cli.args import is_loopback
 
 if TYPE_CHECKING:
     from fleetops.doctor import Check
 
-POOLS = ("threads", "prefork", "gevent")
 DEFAULT_CONCURRENCY = {"threads": 16, "gevent": 100}
 """Threads by default: the gevent pool opens a Redis connection per task (CELERY-NOTES).
 Prefork defaults to Celery's own choice, one process per CPU."""
-DEFAULT_FLOWER_PORT = 5555
 FLOWER_AUTH_ENV = "FLOWER_BASIC_AUTH"
-
-
-def register(commands: Any) -> None:
-    """Add `up`, `worker`, `flower`, `doctor` and `migrate`."""
-    _add_up(commands)
-    _add_worker(commands)
-    _add_flower(commands)
-    _add_doctor(commands)
-    _add_migrate(commands)
-
-
-def autoscale(text: str) -> str:
-    """An argparse type: `MAX,MIN` pool sizes, MAX >= MIN >= 0."""
-    parts = text.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"expected MAX,MIN (e.g. 32,4): {text!r}")
-    high, low = (int(p) for p in parts)
-    if high < max(low, 1):
-        raise argparse.ArgumentTypeError(f"MAX must be >= MIN and >= 1: {text!r}")
-    return f"{high},{low}"
-
-
-def _add_up(commands: Any) -> None:
-    up = commands.add_parser("up", help="run a local fleet in the foreground (Ctrl-C stops it)")
-    up.add_argument("--workers", type=positive_int, default=1, help="worker processes (default 1)")
-    up.add_argument("--concurrency", type=positive_int, help="threads per worker (default 16)")
-    up.add_argument("--flower", action="store_true", help="also start Flower on loopback")
-    up.add_argument("--flower-port", type=port_number, default=DEFAULT_FLOWER_PORT)
-    up.add_argument(
-        "--redis-port", type=port_number, help="port of the embedded Redis (default: a free one)"
-    )
-    up.set_defaults(handler=run_up)
-
-
-def _add_worker(commands: Any) -> None:
-    worker = commands.add_parser("worker", help="run one Celery worker in the foreground")
-    worker.add_argument("-Q", "--queues", help="comma-separated queues (default: all four)")
-    worker.add_argument("-P", "--pool", choices=POOLS, default="threads")
-    worker.add_argument(
-        "-c", "--concurrency", type=positive_int, help="pool size (threads: 16, gevent: 100)"
-    )
-    worker.add_argument("--autoscale", type=autoscale, metavar="MAX,MIN")
-    worker.add_argument("-l", "--loglevel", default="INFO")
-    worker.add_argument("-n", "--hostname", help="node name (default celery@HOST)")
-    worker.set_defaults(handler=run_worker)
-
-
-def _add_flower(commands: Any) -> None:
-    flower = commands.add_parser("flower", help="run Flower on the fleet's broker")
-    flower.add_argument("--port", type=port_number, default=DEFAULT_FLOWER_PORT)
-    flower.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
-    flower.add_argument(
-        "--basic-auth", metavar="USER:PASS", help=f"required off loopback (or ${FLOWER_AUTH_ENV})"
-    )
-    flower.set_defaults(handler=run_flower)
-
-
-def _add_doctor(commands: Any) -> None:
-    doctor = commands.add_parser("doctor", help="check Redis, broker, workers and model config")
-    doctor.add_argument("--json", action="store_true", help="print one JSON object")
-    doctor.set_defaults(handler=run_doctor)
-
-
-def _add_migrate(commands: Any) -> None:
-    migrate = commands.add_parser(
-        "migrate", help="move traces an earlier version wrote into this version's layout"
-    )
-    migrate.add_argument("--dry-run", action="store_true", help="count, change nothing")
-    migrate.set_defaults(handler=run_migrate)
 
 
 def run_up(args: argparse.Namespace) -> int:

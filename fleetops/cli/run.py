@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
-from typing import Any
 
-from fleet.client import Fleet
+from fleet.client import Fleet, Handle
 from fleet.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -18,48 +17,14 @@ from fleet.errors import (
 from fleet.limits.budget import Budget
 from fleet.models import Event
 from fleet.storage.redis_connect import redact_url
-from fleetops.cli.args import integer, number, positive_float, positive_int
-from fleetops.cli.inline import add_run_arguments, check_run_arguments, run_inline, run_metadata
+from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
+from fleetops.cli.interrupt import Interrupt, interrupt_flag, keyboard_interrupt
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
 
 BUDGET_FLAGS = ("tokens", "usd", "sub_agents", "wall_s")
 """The `Budget` fields `fleet run` takes as `--budget-<field>`."""
 EXIT_OK, EXIT_FAILED, EXIT_NO_WORKERS, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-def register(commands: Any) -> None:
-    """Add `run` (through the fleet, or in this process with --inline), `watch`, `stop`."""
-    run_parser = commands.add_parser("run", help="run a task (in-process with --inline)")
-    add_run_arguments(run_parser)
-    add_control_arguments(run_parser)
-    run_parser.set_defaults(handler=run)
-    watch_parser = commands.add_parser("watch", help="follow a trace tree live")
-    watch_parser.add_argument("trace_id")
-    watch_parser.add_argument("--timeout-s", type=positive_float, default=None)
-    watch_parser.set_defaults(handler=watch)
-    stop_parser = commands.add_parser("stop", help="stop a trace and its whole subtree")
-    stop_parser.add_argument("trace_id")
-    stop_parser.set_defaults(handler=stop)
-    reply_parser = commands.add_parser(
-        "reply", help="answer the question a trace waits on (ask_human); it resumes"
-    )
-    reply_parser.add_argument("trace_id")
-    reply_parser.add_argument("answer")
-    reply_parser.set_defaults(handler=reply)
-
-
-def add_control_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--budget-*` and `--max-concurrent`: what the tree may spend, how wide it may run."""
-    group = parser.add_argument_group("tree budget and fan-out (see docs/limits.md)")
-    # numbers only here: what a budget may hold is checked by `Budget` itself (one place)
-    group.add_argument("--budget-tokens", type=integer, metavar="N")
-    group.add_argument("--budget-usd", type=number, metavar="X")
-    group.add_argument("--budget-sub-agents", type=integer, metavar="N")
-    group.add_argument("--budget-wall-s", type=number, metavar="S")
-    group.add_argument(
-        "--max-concurrent", type=positive_int, metavar="N", help="children running at once"
-    )
 
 
 def budget_of(args: argparse.Namespace) -> Budget | None:
@@ -84,7 +49,12 @@ def connect() -> Fleet:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Submit (or continue), stream progress to stderr, print the answer (or --json)."""
+    """Submit (or continue), stream progress to stderr, print the answer (or --json).
+
+    From here on Ctrl-C and SIGTERM only set a flag (see `fleetops.cli.interrupt`): a
+    signal before the submission submits nothing, one after it stops the tree; either
+    way the command exits 130 (143 for SIGTERM) with one line.
+    """
     budget = budget_of(args)  # bad input is refused before anything is reached
     if args.inline:
         if budget or args.max_concurrent:
@@ -93,35 +63,59 @@ def run(args: argparse.Namespace) -> int:
     check_run_arguments(args)
     if args.continue_id and (budget or args.max_concurrent):
         raise ConfigError("--continue keeps the tree's budget and --max-concurrent")
-    fleet = connect()
-    require_workers(fleet, "fleet.main")
+    with interrupt_flag() as interrupt:
+        fleet = connect()
+        require_workers(fleet, "fleet.main")
+        if interrupt.is_set():
+            print("fleet: interrupted: nothing submitted", file=sys.stderr)
+            return interrupt.exit_code
+        handle = start(fleet, args)
+        code = follow(fleet, handle, args.timeout_s, interrupt)
+        if interrupt.is_set():
+            fleet.stop(handle.trace_id)  # a second Ctrl-C meanwhile only sets the flag again
+            print(f"interrupted: stopped {handle.trace_id}", file=sys.stderr)
+            return interrupt.exit_code
+    if code is not None:
+        return code
+    return report(fleet.store, fleet.trace(handle.trace_id), as_json=args.json)
+
+
+def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
+    """Continue the trace `--continue` names, else submit a new root; say which."""
     if args.continue_id:
         handle = fleet.continue_trace(args.continue_id, args.task, args.after_sequence)
         print(f"continued {handle.trace_id}", file=sys.stderr)
-    else:
-        handle = fleet.submit(
-            args.task,
-            model=args.model,
-            preset=args.preset,
-            workspace=args.workspace,
-            metadata=run_metadata(args) or None,
-            budget=budget,
-            max_concurrent=args.max_concurrent,
-        )
-        print(f"submitted {handle.trace_id}", file=sys.stderr)
+        return handle
+    handle = fleet.submit(
+        args.task,
+        model=args.model,
+        preset=args.preset,
+        workspace=args.workspace,
+        metadata=run_metadata(args) or None,
+        budget=budget_of(args),
+        max_concurrent=args.max_concurrent,
+    )
+    print(f"submitted {handle.trace_id}", file=sys.stderr, flush=True)
+    return handle
+
+
+def follow(
+    fleet: Fleet, handle: Handle, timeout_s: float | None, interrupt: Interrupt
+) -> int | None:
+    """Show the tree's progress until it ends or `interrupt` is set; an exit code if it failed.
+
+    None when there is a trace to report (it ended, or the interrupt came first).
+    """
     try:
-        show_progress(handle.events(args.timeout_s), handle.trace_id, Asker(fleet))
-    except KeyboardInterrupt:
-        fleet.stop(handle.trace_id)
-        print(f"interrupted: stopped {handle.trace_id}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        events = handle.events(timeout_s, cancel=interrupt.event)
+        show_progress(events, handle.trace_id, Asker(fleet, interrupt=interrupt))
     except TimeoutError as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except NoLiveWorkers as exc:  # the trace stays as it is: a worker started later resumes it
         print(f"fleet: error: {exc}", file=sys.stderr)
         return EXIT_NO_WORKERS
-    return report(fleet.store, fleet.trace(handle.trace_id), as_json=args.json)
+    return None
 
 
 def require_workers(fleet: Fleet, queue: str) -> None:
@@ -171,21 +165,37 @@ def _is_question(event: Event, root: str) -> bool:
 class Asker:
     """Answers a question on a terminal (then the run goes on), else says how to answer it."""
 
-    def __init__(self, fleet: Fleet, *, interactive: bool | None = None) -> None:
-        """`interactive` defaults to whether stdin is a terminal."""
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        interactive: bool | None = None,
+        interrupt: Interrupt | None = None,
+    ) -> None:
+        """`interactive` defaults to whether stdin is a terminal.
+
+        Ctrl-C at the prompt sets `interrupt` (the run then stops the tree).
+        """
         self.fleet = fleet
         self.interactive = sys.stdin.isatty() if interactive is None else interactive
+        self.interrupt = interrupt or Interrupt()
 
     def ask(self, trace_id: str, question: str) -> None:
         """Prompt for the reply and send it; off a terminal, wait for `fleet reply`."""
         hint = f"waiting for `fleet reply {trace_id} ANSWER`"
+        if self.interrupt.is_set():
+            return  # the run is stopping the tree: nobody waits for this answer
         if not self.interactive:
             print(hint, file=sys.stderr, flush=True)
             return
         try:
-            answer = ""
-            while not answer.strip():
-                answer = input("reply> ")
+            with keyboard_interrupt(self.interrupt):
+                answer = ""
+                while not answer.strip():
+                    answer = input("reply> ")
+        except KeyboardInterrupt:  # the flag is set too: the run stops the tree
+            print(file=sys.stderr)
+            return
         except EOFError:
             print(f"\n{hint}", file=sys.stderr, flush=True)
             return

@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from fleet.errors import ConfigError
-from fleetops.cli.args import is_loopback, port_number
+from fleetops.cli.args import is_loopback
 
-DEFAULT_SERVE_PORT = 8600
 TOKEN_ENV = "FLEET_SERVE_TOKEN"
 MIN_TOKEN_CHARS = 16
-
-
-def register(commands: Any) -> None:
-    """Add `serve`."""
-    serve = commands.add_parser("serve", help="HTTP trace API and a live page of a trace tree")
-    serve.add_argument("--port", type=port_number, default=DEFAULT_SERVE_PORT)
-    serve.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
-    serve.set_defaults(handler=run_serve)
 
 
 def serve_token(address: str, env: dict[str, str]) -> str | None:

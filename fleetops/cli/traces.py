@@ -3,31 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from fleet.conversation.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
 from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
 from fleetops.discovery import fleet_settings
-
-
-def register(commands: Any) -> None:
-    """Add `trace show` and `trace list`."""
-    trace = commands.add_parser("trace", help="inspect traces")
-    sub = trace.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
-    show = sub.add_parser("show", help="a trace with its children and collaborators")
-    show.add_argument("trace_id")
-    show.add_argument("--json", action="store_true")
-    show.set_defaults(handler=show_trace)
-    listing = sub.add_parser("list", help="traces, newest first")
-    listing.add_argument("--limit", type=int, default=50)
-    listing.add_argument("--all", action="store_true", help="include sub-traces")
-    listing.add_argument(
-        "--waiting", action="store_true", help="only traces waiting on a person (ask_human)"
-    )
-    listing.add_argument("--json", action="store_true")
-    listing.set_defaults(handler=list_traces)
 
 
 def open_store(settings: Settings | None = None) -> TraceStore:

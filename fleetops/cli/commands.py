@@ -1,0 +1,254 @@
+"""Every `fleet` command's arguments, and where its handler lives ("module:function").
+
+It imports argparse, `fleetops.cli.args` and two constants, nothing else: `fleet --help`
+and an argument error exit without loading Redis, HTTP, OpenTelemetry, Celery or LLM code.
+`fleetops.cli.main` imports a command's handler module only once the arguments parsed, so
+`fleet run` loads what submitting and following a trace needs, not what `fleet up` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from fleet.batch import DEFAULT_MAX_IN_FLIGHT
+from fleetops.cli.args import autoscale, integer, number, port_number, positive_float, positive_int
+from workers.probes import DEFAULT_MAX_AGE_S
+
+POOLS = ("threads", "prefork", "gevent")
+DEFAULT_FLOWER_PORT = 5555
+DEFAULT_SERVE_PORT = 8600
+DEFAULT_METRICS_PORT = 9808
+DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser with every command; each sets `handler` to a "module:function" string."""
+    parser = argparse.ArgumentParser(prog="fleet", description="Run LLM sub-agents as jobs.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_run, _add_follow, _add_trace, _add_batch, _add_ops, _add_servers, _add_demo):
+        add(commands)
+    return parser
+
+
+def _command(commands: Any, name: str, handler: str, **options: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(name, **options)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _add_run(commands: Any) -> None:
+    run = _command(
+        commands, "run", "fleetops.cli.run:run", help="run a task (in-process with --inline)"
+    )
+    add_run_arguments(run)
+    group = run.add_argument_group("tree budget and fan-out (see docs/limits.md)")
+    # numbers only here: what a budget may hold is checked by `Budget` itself (one place)
+    group.add_argument("--budget-tokens", type=integer, metavar="N")
+    group.add_argument("--budget-usd", type=number, metavar="X")
+    group.add_argument("--budget-sub-agents", type=integer, metavar="N")
+    group.add_argument("--budget-wall-s", type=number, metavar="S")
+    group.add_argument(
+        "--max-concurrent", type=positive_int, metavar="N", help="children running at once"
+    )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by inline and fleet runs."""
+    parser.add_argument(
+        "task", help="what the main agent should do (with --continue: the new message)"
+    )
+    parser.add_argument("--inline", action="store_true", help="run in this process")
+    parser.add_argument("--model", help="provider:model, an alias, or scripted:FILE.yaml")
+    parser.add_argument("--preset", default="default", help="agent preset (default: default)")
+    parser.add_argument(
+        "--workspace", type=Path, help="workspace root (default: FLEET_WORKSPACE or .)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--timeout-s", type=positive_float, default=None, help="give up waiting after this long"
+    )
+    parser.add_argument(
+        "--continue",
+        dest="continue_id",
+        metavar="TRACE_ID",
+        help="continue this finished root with the message instead of starting a new one",
+    )
+    parser.add_argument(
+        "--after-sequence",
+        type=int,
+        metavar="N",
+        help="with --continue: first go back to message N (rewind; the old branch stays)",
+    )
+    parser.add_argument(
+        "--human-timeout-s",
+        type=positive_int,
+        metavar="S",
+        help="how long an ask_human question waits for `fleet reply` before the agent goes on",
+    )
+
+
+def _add_follow(commands: Any) -> None:
+    """`watch`, `stop` and `reply`: the commands on one trace that `fleet run` started."""
+    watch = _command(commands, "watch", "fleetops.cli.run:watch", help="follow a trace tree live")
+    watch.add_argument("trace_id")
+    watch.add_argument("--timeout-s", type=positive_float, default=None)
+    stop = _command(
+        commands, "stop", "fleetops.cli.run:stop", help="stop a trace and its whole subtree"
+    )
+    stop.add_argument("trace_id")
+    reply = _command(
+        commands,
+        "reply",
+        "fleetops.cli.run:reply",
+        help="answer the question a trace waits on (ask_human); it resumes",
+    )
+    reply.add_argument("trace_id")
+    reply.add_argument("answer")
+
+
+def _add_trace(commands: Any) -> None:
+    trace = commands.add_parser("trace", help="inspect traces")
+    sub = trace.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
+    show = _command(
+        sub,
+        "show",
+        "fleetops.cli.traces:show_trace",
+        help="a trace with its children and collaborators",
+    )
+    show.add_argument("trace_id")
+    show.add_argument("--json", action="store_true")
+    listing = _command(sub, "list", "fleetops.cli.traces:list_traces", help="traces, newest first")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--all", action="store_true", help="include sub-traces")
+    listing.add_argument(
+        "--waiting", action="store_true", help="only traces waiting on a person (ask_human)"
+    )
+    listing.add_argument("--json", action="store_true")
+
+
+def _add_batch(commands: Any) -> None:
+    batch = _command(
+        commands,
+        "batch",
+        "fleetops.cli.batch:run_batch_command",
+        help="run many tasks from a JSONL or YAML file",
+    )
+    batch.add_argument("file", type=Path, help="JSONL (one object per line) or YAML (a list)")
+    batch.add_argument("--out", type=Path, help="append one JSON line per finished task here")
+    batch.add_argument(
+        "--max-in-flight",
+        type=positive_int,
+        default=DEFAULT_MAX_IN_FLIGHT,
+        help=f"most unfinished tasks at once (default {DEFAULT_MAX_IN_FLIGHT})",
+    )
+    batch.add_argument(
+        "--resume", action="store_true", help="continue --out: skip finished ids, follow submitted"
+    )
+    batch.add_argument("--timeout-s", type=positive_float, help="stop a task running this long")
+    batch.add_argument("--dry-run", action="store_true", help="validate FILE, submit nothing")
+    batch.add_argument("--model", help="model for entries that name none")
+    batch.add_argument("--preset", help="preset for entries that name none (default: default)")
+
+
+def _add_ops(commands: Any) -> None:
+    """`up`, `worker`, `doctor` and `migrate`: the commands that run or check a fleet."""
+    up = _command(
+        commands,
+        "up",
+        "fleetops.cli.ops:run_up",
+        help="run a local fleet in the foreground (Ctrl-C stops it)",
+    )
+    up.add_argument("--workers", type=positive_int, default=1, help="worker processes (default 1)")
+    up.add_argument("--concurrency", type=positive_int, help="threads per worker (default 16)")
+    up.add_argument("--flower", action="store_true", help="also start Flower on loopback")
+    up.add_argument("--flower-port", type=port_number, default=DEFAULT_FLOWER_PORT)
+    up.add_argument(
+        "--redis-port", type=port_number, help="port of the embedded Redis (default: a free one)"
+    )
+    _add_worker(commands)
+    doctor = _command(
+        commands,
+        "doctor",
+        "fleetops.cli.ops:run_doctor",
+        help="check Redis, broker, workers and model config",
+    )
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    migrate = _command(
+        commands,
+        "migrate",
+        "fleetops.cli.ops:run_migrate",
+        help="move traces an earlier version wrote into this version's layout",
+    )
+    migrate.add_argument("--dry-run", action="store_true", help="count, change nothing")
+
+
+def _add_worker(commands: Any) -> None:
+    worker = _command(
+        commands,
+        "worker",
+        "fleetops.cli.ops:run_worker",
+        help="run one Celery worker in the foreground",
+    )
+    worker.add_argument("-Q", "--queues", help="comma-separated queues (default: all four)")
+    worker.add_argument("-P", "--pool", choices=POOLS, default="threads")
+    worker.add_argument(
+        "-c", "--concurrency", type=positive_int, help="pool size (threads: 16, gevent: 100)"
+    )
+    worker.add_argument("--autoscale", type=autoscale, metavar="MAX,MIN")
+    worker.add_argument("-l", "--loglevel", default="INFO")
+    worker.add_argument("-n", "--hostname", help="node name (default celery@HOST)")
+
+
+def _add_servers(commands: Any) -> None:
+    """`flower`, `serve`, `metrics` and `probe`: what runs beside a fleet."""
+    flower = _command(
+        commands, "flower", "fleetops.cli.ops:run_flower", help="run Flower on the fleet's broker"
+    )
+    flower.add_argument("--port", type=port_number, default=DEFAULT_FLOWER_PORT)
+    flower.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    flower.add_argument(
+        "--basic-auth", metavar="USER:PASS", help="required off loopback (or $FLOWER_BASIC_AUTH)"
+    )
+    serve = _command(
+        commands,
+        "serve",
+        "fleetops.cli.serve:run_serve",
+        help="HTTP trace API and a live page of a trace tree",
+    )
+    serve.add_argument("--port", type=port_number, default=DEFAULT_SERVE_PORT)
+    serve.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    metrics = _command(
+        commands,
+        "metrics",
+        "fleetops.cli.metrics:run_metrics",
+        help="serve Prometheus metrics of the fleet",
+    )
+    metrics.add_argument("--port", type=port_number, default=DEFAULT_METRICS_PORT)
+    metrics.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    probe = _command(
+        commands,
+        "probe",
+        "fleetops.cli.metrics:run_probe",
+        help="liveness/readiness probe of a worker container",
+    )
+    probe.add_argument("--ready", action="store_true", help="check readiness instead")
+    probe.add_argument(
+        "--max-age-s",
+        type=positive_float,
+        default=DEFAULT_MAX_AGE_S,
+        help=f"liveness: the oldest heartbeat that passes (default {DEFAULT_MAX_AGE_S:g})",
+    )
+
+
+def _add_demo(commands: Any) -> None:
+    demo = _command(
+        commands,
+        "demo",
+        "fleetops.cli.demo:run_demo",
+        help="start a local fleet, run one explore, stop",
+    )
+    demo.add_argument("--model", help="default: FLEET_MODEL or fleet.yaml, else scripted")
+    demo.add_argument("--task", default=DEMO_TASK)
+    demo.add_argument("--workspace", type=Path, default=Path.cwd())
