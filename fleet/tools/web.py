@@ -119,6 +119,8 @@ def _pinned_request(
     The host is taken apart here, not by httpx: its URL parser and the resolver disagree
     on spellings like `0177.0.0.1`, and the resolver's reading is the one that connects.
     """
+    import httpx
+
     parts = urlsplit(url)
     try:
         host, port = parts.hostname, parts.port
