@@ -8,6 +8,7 @@ tricked into calling it gets a normal answer and the run goes on, as it would in
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -162,3 +163,47 @@ def none_left_with(token: str, timeout_s: float = 5.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+SHELL_UID = 65534
+"""The uid bash runs as under a root worker without FLEET_SHELL_USER (`nobody`)."""
+
+
+def shell_writable(path: Path) -> Path:
+    """The folder `path` (made if missing), handed to the user bash runs as under root."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(path, SHELL_UID, SHELL_UID)
+    return path
+
+
+def processes_of(uid: int) -> int:
+    """How many live processes (zombies too: they still hold a pid) have real uid `uid`."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        uids = [line.split()[1] for line in status.splitlines() if line.startswith("Uid:")]
+        count += uids == [str(uid)]
+    return count
+
+
+@contextmanager
+def peak_processes(uid: int) -> Iterator[list[int]]:
+    """Sample `processes_of(uid)` in a thread while the block runs; yields [peak] after."""
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], processes_of(uid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        sampler.join()
