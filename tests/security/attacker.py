@@ -174,6 +174,20 @@ def shell_writable(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         os.chown(path, SHELL_UID, SHELL_UID)
+        path.chmod(0o755)
+    return path
+
+
+def world_writable(path: Path) -> Path:
+    """The folder `path` (made if missing) and everything in it, writable by every user.
+
+    For attack tests that must run on the old code too, where bash was root without
+    capabilities (bound by permission bits) rather than `nobody`.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    for entry in [path, *path.rglob("*")]:
+        if not entry.is_symlink():
+            entry.chmod(0o777 if entry.is_dir() else 0o666)
     return path
 
 
@@ -191,14 +205,14 @@ def processes_of(uid: int) -> int:
 
 
 @contextmanager
-def peak_processes(uid: int) -> Iterator[list[int]]:
-    """Sample `processes_of(uid)` in a thread while the block runs; yields [peak] after."""
+def peak_processes(token: str) -> Iterator[list[int]]:
+    """Count the processes carrying `token` in a thread while the block runs: [peak]."""
     peak = [0]
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], processes_of(uid))
+            peak[0] = max(peak[0], len(live_processes_with(token)))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
