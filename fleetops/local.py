@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from fleet.errors import ConfigError
+from fleet.security.trust import check_interpreter
 from fleet.settings import Settings
 from fleet.storage.redis_connect import redact_url
 from fleet.storage.redis_server import start_redis_server
@@ -139,6 +140,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     started_s = time.monotonic()
+    # Every worker would refuse to start: say it once, before Redis is started for nothing.
+    check_interpreter(Settings.from_env().workspace_roots)
     state_dir = (options.directory / STATE_DIR).resolve()
     stack.enter_context(up_lock(state_dir))
     if options.flower:

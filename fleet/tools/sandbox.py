@@ -153,7 +153,9 @@ def _limits_prefix(limits: ShellLimits, user: ShellUser | None) -> tuple[str, ..
     if prlimit is None:
         raise ToolError("bash is unavailable: it needs prlimit (util-linux) to bound each call")
     nproc = (f"--nproc={limits.max_procs}",) if user else ()
-    return (prlimit, f"--fsize={limits.max_file_bytes}", f"--cpu={limits.cpu_s}", *nproc, "--")
+    # SIGXCPU at the soft limit (a process may save its work), SIGKILL a second later.
+    cpu = f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}"
+    return (prlimit, f"--fsize={limits.max_file_bytes}", cpu, *nproc, "--")
 
 
 def _drop_prefix(user: ShellUser | None) -> tuple[str, ...]:
