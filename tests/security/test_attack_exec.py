@@ -8,6 +8,7 @@ bomb or a file-size bomb.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import site
@@ -20,7 +21,7 @@ import pytest
 
 from fleet.tools.base import ToolContext
 from fleet.tools.files import write_file
-from fleet.tools.search import grep
+from fleet.tools.search import GREP_CHILD, grep
 from tests.fleetkit import wait_until
 from tests.procs import start_worker
 from tests.security.attacker import (
@@ -98,13 +99,23 @@ def test_a_worker_whose_code_is_inside_a_workspace_root_refuses_to_start(
     assert "Traceback" not in log and "ready" not in log
 
 
-def test_inline_run_from_a_root_holding_its_own_code_refuses(tmp_path: Path) -> None:
-    """Route: `fleet run --inline` runs the tools in the CLI's process, the same exposure.
-    Control: the same refusal, one clear line and a non-zero exit."""
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["run", "--inline", "--model", "scripted:x.yaml", "go"], id="run-inline"),
+        pytest.param(["up", "--workers", "1"], id="up"),
+        pytest.param(["demo", "--workspace", str(REPO)], id="demo"),
+    ],
+)
+def test_commands_that_run_tools_from_a_root_holding_their_code_refuse(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Route: `fleet run --inline` runs the tools in the CLI's process, the same exposure;
+    `fleet up` and `fleet demo` start such workers. Control: the same refusal, one clear
+    line, exit 2, before anything is started (no Redis, no state folder)."""
     env = {**os.environ, "FLEET_WORKSPACE_ROOTS": str(REPO), "FLEET_WORKSPACE": str(REPO)}
-    fleet = [sys.executable, "-m", "fleetops.cli.main"]
     done = subprocess.run(
-        [*fleet, "run", "--inline", "--model", "scripted:x.yaml", "go"],
+        [sys.executable, "-m", "fleetops.cli.main", *command],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -114,6 +125,19 @@ def test_inline_run_from_a_root_holding_its_own_code_refuses(tmp_path: Path) -> 
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "inside a workspace root" in lines[0], done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_greps_helper_needs_nothing_but_the_standard_library() -> None:
+    """`-S` drops site-packages from the helper's path: it may import the stdlib only."""
+    tree = ast.parse(GREP_CHILD.read_text())
+    imported = {
+        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert {name.split(".")[0] for name in imported} <= {*sys.stdlib_module_names, "__future__"}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching bash's user needs a root worker")
