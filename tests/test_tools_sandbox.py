@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, ToolError
 from fleet.settings import Settings
 from fleet.tools import sandbox
 from fleet.tools.base import ShellLimits, ToolContext
@@ -45,13 +45,13 @@ def test_the_shell_user_is_resolved_or_refused(monkeypatch: pytest.MonkeyPatch) 
     assert shell_user(None) == ShellUser(NOBODY_UID, NOBODY_UID)
     assert shell_user("nobody") == ShellUser(NOBODY_UID, NOBODY_UID)
     assert shell_user("4242") == ShellUser(4242, 4242)  # a bare uid needs no passwd entry
-    with pytest.raises(Exception, match=r"FLEET_SHELL_USER='no-such-user': no such user"):
+    with pytest.raises(ToolError, match=r"FLEET_SHELL_USER='no-such-user': no such user"):
         shell_user("no-such-user")
-    with pytest.raises(Exception, match=r"FLEET_SHELL_USER='root': bash must not run as root"):
+    with pytest.raises(ToolError, match=r"FLEET_SHELL_USER='root': bash must not run as root"):
         shell_user("root")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert shell_user(None) is None and shell_user("1000") is None
-    with pytest.raises(Exception, match=r"not root cannot switch users"):
+    with pytest.raises(ToolError, match=r"not root cannot switch users"):
         shell_user("nobody")
 
 
@@ -61,15 +61,14 @@ def test_bash_is_refused_when_its_user_could_write_the_workers_code(
 ) -> None:
     # Attack: the worker's site-packages is writable by bash's user (owned by it here).
     packages = shell_writable(tmp_path / "site-packages")
-    packages.chmod(0o755)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(sandbox, "worker_paths", lambda: (packages,))
-    with pytest.raises(Exception, match=r"uid 65534, which can write the worker's .*site-pack"):
+    with pytest.raises(ToolError, match=r"uid 65534, which can write the worker's .*site-pack"):
         sandbox.check_not_writable(ShellUser(NOBODY_UID, NOBODY_UID))
     os.chown(packages, 0, 0)
     sandbox.check_not_writable(ShellUser(NOBODY_UID, NOBODY_UID))  # root-owned 0755: fine
     packages.chmod(0o777)
-    with pytest.raises(Exception, match=r"can write the worker's"):
+    with pytest.raises(ToolError, match=r"can write the worker's"):
         sandbox.check_not_writable(ShellUser(NOBODY_UID, NOBODY_UID))
 
 
@@ -109,7 +108,7 @@ def test_no_network_without_namespaces_refuses_bash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sandbox, "sandbox_prefix", lambda network_off=False: None)
-    with pytest.raises(Exception, match=r"FLEET_SHELL_NETWORK=none needs network namespaces"):
+    with pytest.raises(ToolError, match=r"FLEET_SHELL_NETWORK=none needs network namespaces"):
         bash(boxed_ctx(tmp_path, network="none"), "true")
 
 

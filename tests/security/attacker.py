@@ -211,7 +211,7 @@ def peak_processes(token: str) -> Iterator[list[int]]:
     done = threading.Event()
 
     def sample() -> None:
-        while not done.is_set():
+        while not done.wait(0.005):  # a scan takes ms; the processes live for seconds
             peak[0] = max(peak[0], len(live_processes_with(token)))
 
     sampler = threading.Thread(target=sample, daemon=True)
