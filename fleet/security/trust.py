@@ -21,6 +21,7 @@ import os
 import re
 import site
 import sys
+import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -83,12 +84,14 @@ def check_config_path(path: Path, roots: tuple[Path, ...]) -> None:
 
 
 def worker_paths() -> tuple[Path, ...]:
-    """Where this process's code comes from: interpreter, prefix, site dirs, `fleet` itself.
+    """Where this process's code comes from: interpreter, prefixes, stdlib, site dirs, `fleet`.
 
     Unresolved where it matters: a venv's `bin/python` is a symlink to the system's, but the
     venv's `site-packages`, whose `.pth` files it runs, sits beside the link.
     """
     paths = [Path(sys.executable).parent, Path(sys.prefix), *map(Path, site.getsitepackages())]
+    # A venv still imports the base interpreter's standard library, and so does grep's -S helper.
+    paths += [Path(sys.base_prefix), Path(sysconfig.get_path("stdlib"))]
     if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
         paths.append(Path(site.getusersitepackages()))
     paths.append(Path(__file__).resolve().parents[1])  # the fleet package
