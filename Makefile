@@ -25,8 +25,10 @@ typecheck: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The demo surveys docs/: the checkout itself holds .venv and fleet/, the workers' own code,
+# which no workspace root may contain (docs/security.md, "Second round").
 demo: $(STAMP)
-	$(VENV)/bin/fleet demo
+	$(VENV)/bin/fleet demo --workspace docs
 
 format: $(STAMP)
 	$(PY) -m ruff format .

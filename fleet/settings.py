@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from fleet.errors import ConfigError
 from fleet.security import trust
 from fleet.storage import keys
+from fleet.tools.base import SHELL_NETWORKS, ShellLimits
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -49,6 +50,11 @@ ENV_NAMES = (
     trust.ALLOW_SCRIPTED_ENV,
     trust.API_KEY_ENVS_ENV,
     "FLEET_SHELL_ENV",
+    "FLEET_SHELL_USER",
+    "FLEET_SHELL_MAX_PROCS",
+    "FLEET_SHELL_MAX_FILE_BYTES",
+    "FLEET_SHELL_CPU_S",
+    "FLEET_SHELL_NETWORK",
     "FLEET_WEB_ALLOW",
     "FLEET_TOOL_TIMEOUT_S",
     "FLEET_MAX_BRANCHES",
@@ -102,6 +108,9 @@ class Settings:
     """FLEET_API_KEY_ENVS: `api_key_env` names allowed besides `*_API_KEY`."""
     shell_env: tuple[str, ...] = ()
     """FLEET_SHELL_ENV: variable names bash sees besides PATH, HOME, LANG, TERM, TZ."""
+    shell_limits: ShellLimits = field(default_factory=ShellLimits)
+    """FLEET_SHELL_USER, FLEET_SHELL_MAX_PROCS, FLEET_SHELL_MAX_FILE_BYTES, FLEET_SHELL_CPU_S,
+    FLEET_SHELL_NETWORK: who bash runs as and what one call may use."""
     web_allow: tuple[str, ...] = ()
     """FLEET_WEB_ALLOW: hosts or CIDRs web_fetch may reach although not public."""
     tool_timeout_s: float = 30.0
@@ -162,6 +171,7 @@ class Settings:
             allow_scripted=env.get(trust.ALLOW_SCRIPTED_ENV, "") in ("1", "true", "yes"),
             api_key_envs=trust.allowed_key_envs(env.get(trust.API_KEY_ENVS_ENV)),
             shell_env=_names(env.get("FLEET_SHELL_ENV")),
+            shell_limits=_shell_limits(env),
             web_allow=_names(env.get("FLEET_WEB_ALLOW")),
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
             max_branches=_count(env, "FLEET_MAX_BRANCHES", 1000),
@@ -239,6 +249,21 @@ def _redis_url(url: str) -> str:
             + (f" (not {scheme}://)" if scheme else "")
         )
     return url
+
+
+def _shell_limits(env: Mapping[str, str]) -> ShellLimits:
+    """The FLEET_SHELL_* limits of one bash call; `ConfigError` names a bad one."""
+    network = (env.get("FLEET_SHELL_NETWORK") or "host").strip().lower()
+    if network not in SHELL_NETWORKS:
+        raise ConfigError(f"FLEET_SHELL_NETWORK={network!r}: expected one of {SHELL_NETWORKS}")
+    default = ShellLimits()
+    return ShellLimits(
+        user=(env.get("FLEET_SHELL_USER") or "").strip() or None,
+        max_procs=_count(env, "FLEET_SHELL_MAX_PROCS", default.max_procs),
+        max_file_bytes=_count(env, "FLEET_SHELL_MAX_FILE_BYTES", default.max_file_bytes),
+        cpu_s=_count(env, "FLEET_SHELL_CPU_S", default.cpu_s),
+        network=network,
+    )
 
 
 def _names(value: str | None) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from typing import Any
 import redis
 
 from fleet.errors import ConfigError
-from fleet.security.trust import WORKSPACE_ROOTS_ENV
+from fleet.security.trust import WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings
 from fleet.storage.redis_connect import redact_url
 from fleet.storage.redis_server import start_redis_server
@@ -186,7 +186,10 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     started_s = time.monotonic()
     directory = options.directory.resolve()
-    state_dir = open_state_dir(Settings.from_env(os.environ), directory)
+    settings = Settings.from_env(os.environ)
+    # Every worker would refuse to start: say it once, before Redis is started for nothing.
+    check_interpreter(settings.workspace_roots)
+    state_dir = open_state_dir(settings, directory)
     stack.enter_context(up_lock(state_dir, directory))
     if options.flower:
         check_port_free(options.flower_port, "Flower")

@@ -29,11 +29,11 @@ REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"
 def pytest_configure(config: pytest.Config) -> None:
     # The global switches the suite flips: no test can reach a real model; scripted
     # models may load, and workspaces under the temp folder (tmp_path) are allowed, here
-    # and in every worker process a test starts (they inherit this environment).
+    # and in every worker process a test starts (they inherit this environment). Not the
+    # checkout: its .venv and fleet/ are the workers' own code, which no root may hold.
     fleet.llm.base.ALLOW_MODEL_REQUESTS = False
     os.environ["FLEET_ALLOW_SCRIPTED"] = "1"
-    roots = (tempfile.gettempdir(), str(Path.cwd()))
-    os.environ.setdefault("FLEET_WORKSPACE_ROOTS", os.pathsep.join(roots))
+    os.environ.setdefault("FLEET_WORKSPACE_ROOTS", tempfile.gettempdir())
     # A shell without job control starts background jobs with SIGINT ignored, and the
     # CLI processes the tests interrupt would inherit that: restore the default so the
     # Ctrl-C tests test the CLI, not how the suite was launched.

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ToolError
-from fleet.tools import shell, web
+from fleet.tools import sandbox, web
 from fleet.tools.base import ToolContext
 from fleet.tools.shell import BASE_ENV, bash, shell_env
 from fleet.tools.skills import BUILTIN_SKILLS_DIR, available_skills, skill
 from fleet.tools.web import html_to_text, web_fetch
-from tests.security.attacker import none_left_with
+from tests.security.attacker import none_left_with, shell_writable
 
 # --- bash --------------------------------------------------------------------------
 
@@ -24,7 +24,7 @@ def shell_ctx(
     workspace: Path, *, output_limit_chars: int = 30_000, bash_timeout_s: float = 60.0
 ) -> ToolContext:
     return ToolContext(
-        workspace=workspace,
+        workspace=shell_writable(workspace),
         allow_shell=True,
         output_limit_chars=output_limit_chars,
         bash_timeout_s=bash_timeout_s,
@@ -231,7 +231,7 @@ def test_without_namespaces_the_worker_is_non_dumpable_and_strays_are_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Where unshare is refused (Docker's default seccomp), the fallback must still hold.
-    monkeypatch.setattr(shell, "sandbox_prefix", lambda: None)
+    monkeypatch.setattr(sandbox, "sandbox_prefix", lambda network_off=False: None)
     monkeypatch.setenv("FALLBACK_SECRET", "sk-fallback-secret")
     command = "cat /proc/$PPID/environ; setsid sleep 271.828 >/dev/null 2>&1 & echo ran"
     result = bash(shell_ctx(tmp_path), command)

@@ -1,9 +1,10 @@
-"""Worker lifecycle: redacted logs, fresh runtime after fork, sweeper, heartbeat, probes."""
+"""Worker lifecycle: code checks, redacted logs, fresh runtime, sweeper, heartbeat, probes."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 from typing import Any
 
 from celery.signals import (
@@ -15,8 +16,10 @@ from celery.signals import (
     worker_shutting_down,
 )
 
+from fleet.errors import ConfigError
 from fleet.models import WorkerPresence
 from fleet.security.redact import install_log_redaction, process_redactor
+from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
 from workers import probes
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
@@ -24,6 +27,17 @@ from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
+
+
+@worker_init.connect
+def _refuse_writable_code(**_: Any) -> None:
+    # Before the worker takes a task: an interpreter or package inside a workspace root is
+    # code an agent can rewrite (a `.pth` runs at every start, the grep helper's included).
+    try:
+        check_interpreter(process_settings().workspace_roots)
+    except ConfigError as exc:
+        print(f"fleet worker: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None  # not an Exception: Celery's signal dispatch lets it out
 
 
 @worker_init.connect

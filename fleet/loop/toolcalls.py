@@ -272,6 +272,7 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         allow_shell=settings.allow_shell,
         skills_dirs=tuple(p for p in (settings.skills_dir,) if p is not None),
         shell_env=settings.shell_env,
+        shell_limits=settings.shell_limits,
         web_allow=settings.web_allow,
         tool_timeout_s=settings.tool_timeout_s,
         private_dirs=settings.private_dirs,

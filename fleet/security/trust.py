@@ -9,7 +9,9 @@ keep each of them inside what the operator set in the environment:
   from inside a workspace root, where an agent could have written it;
 - `api_key_env` names only variables the operator allows, so a config cannot make a worker
   send `AWS_SECRET_ACCESS_KEY` as a bearer token;
-- `scripted:` models, which read a file the trace names, load only when enabled.
+- `scripted:` models, which read a file the trace names, load only when enabled;
+- the worker's own interpreter, site-packages and package lie outside every root, so no
+  tool can plant code it runs later (a `.pth` file runs at every interpreter start).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+import site
+import sys
+import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -76,6 +81,32 @@ def check_config_path(path: Path, roots: tuple[Path, ...]) -> None:
             f"{path}: config file is inside a workspace root, where agents can write;"
             f" move it out of {WORKSPACE_ROOTS_ENV} and point FLEET_CONFIG at it"
         )
+
+
+def worker_paths() -> tuple[Path, ...]:
+    """Where this process's code comes from: interpreter, prefixes, stdlib, site dirs, `fleet`.
+
+    Unresolved where it matters: a venv's `bin/python` is a symlink to the system's, but the
+    venv's `site-packages`, whose `.pth` files it runs, sits beside the link.
+    """
+    paths = [Path(sys.executable).parent, Path(sys.prefix), *map(Path, site.getsitepackages())]
+    # A venv still imports the base interpreter's standard library, and so does grep's -S helper.
+    paths += [Path(sys.base_prefix), Path(sysconfig.get_path("stdlib"))]
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        paths.append(Path(site.getusersitepackages()))
+    paths.append(Path(__file__).resolve().parents[1])  # the fleet package
+    return tuple(dict.fromkeys(p.absolute() for p in paths))
+
+
+def check_interpreter(roots: tuple[Path, ...]) -> None:
+    """Refuse to run from code an agent could write: any `worker_paths()` inside a root."""
+    for path in worker_paths():
+        if _real_under(path.resolve(), roots) or _real_under(path, roots):
+            raise ConfigError(
+                f"the fleet's own code {str(path)!r} is inside a workspace root, where agents"
+                f" can write: install it outside {WORKSPACE_ROOTS_ENV}"
+                f" ({os.pathsep.join(str(r) for r in roots)}) or narrow the roots"
+            )
 
 
 def allowed_key_envs(value: str | None) -> frozenset[str]:

@@ -2,9 +2,11 @@
 
 Python's `re` backtracks: `(a+)+$` against a long line runs for hours and cannot be
 interrupted inside a thread. So `fleet.tools.search.grep` runs this file as
-`python -I grep_child.py` (isolated: no PYTHONPATH, no site directory, no workspace on
-`sys.path`), hands it the request on stdin and an open descriptor of where to search, and
-kills it when the tool's time runs out. Standard library only.
+`python -I -S grep_child.py` (isolated: no PYTHONPATH, no workspace on `sys.path`, and
+no `site` import, so no `.pth` file runs, wherever an agent wrote one), hands it the
+request on stdin and an open descriptor of where to search, and kills it when the tool's
+time runs out. Standard library only: without `site` there are
+no site-packages to import from.
 
 It walks with `os.fwalk` from that descriptor (no symlink followed, every folder opened
 relative to its parent) and opens each file with `O_NOFOLLOW`, skipping files with other

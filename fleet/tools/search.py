@@ -144,7 +144,8 @@ def _run_grep_child(
     """Run `grep_child.py` on `fd`; killed (and a `ToolError`) after `timeout_s`."""
     try:
         done = subprocess.run(
-            [sys.executable, "-I", str(GREP_CHILD)],
+            # -S too: no site import, so no `.pth` file of any site-packages ever runs here.
+            [sys.executable, "-I", "-S", str(GREP_CHILD)],
             input=json.dumps(request),
             capture_output=True,
             text=True,

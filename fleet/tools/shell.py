@@ -24,19 +24,21 @@ environment, and a name-based scrub misses `GH_PAT`, `DB_PWD` or `redis://pw@hos
    kills every process left in it, `setsid` or not; `--kill-child` takes bash down if the
    `unshare` process is killed. In the fallback, the process group is killed and every
    process still carrying this call's marker variable is hunted down.
-6. **Output is capped while it streams**: at most `output_limit_chars * 4` bytes are kept,
+6. **Its own user and limits** (`fleet.tools.sandbox`): a root worker runs bash as
+   `FLEET_SHELL_USER` (default `nobody`), which cannot write the worker's venv, package or
+   state, with per-call process, file-size and CPU limits, and optionally no network.
+7. **Output is capped while it streams**: at most `output_limit_chars * 4` bytes are kept,
    the rest is read and dropped, so `yes` or a 300 MB file cannot grow the worker.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Mapping
@@ -44,17 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.errors import ToolError
-from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.base import ShellLimits, ToolContext, ToolResult
+from fleet.tools.sandbox import DEFAULT_PATH, box
 
 ALLOW_SHELL_ENV = "FLEET_ALLOW_SHELL"
 """Environment switch that, set to 1, lets a worker run shell commands at all."""
 BASE_ENV = ("PATH", "HOME", "LANG", "TERM", "TZ")
 """The worker's variables every command sees; FLEET_SHELL_ENV adds more by name."""
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 MARKER_ENV = "FLEET_SHELL_CALL"
 """Set to a fresh id per call: the fallback finds the call's stray processes by it."""
-_DROP_CAPS = ("--no-new-privs", "--inh-caps=-all", "--bounding-set=-all")
-_PR_SET_DUMPABLE = 4
 _READ_CHUNK = 65_536
 
 
@@ -88,7 +88,9 @@ def bash(ctx: ToolContext, command: str, timeout_s: float | None = None) -> Tool
     if limit_s <= 0:
         raise ToolError("timeout_s must be positive")
     env = shell_env(os.environ, ctx.shell_env)
-    outcome = _run(command, ctx.workspace, env, limit_s, ctx.output_limit_chars * 4)
+    outcome = _run(
+        command, ctx.workspace, env, ctx.shell_limits, limit_s, ctx.output_limit_chars * 4
+    )
     output = _cut(outcome, ctx.output_limit_chars)
     if outcome.exit_code is None:
         return ToolResult(
@@ -112,68 +114,41 @@ def _cut(outcome: _Outcome, limit_chars: int) -> str:
 
 
 def shell_env(env: Mapping[str, str], extra_names: tuple[str, ...] = ()) -> dict[str, str]:
-    """The variables a command may see: PATH, HOME, LANG, TERM, TZ and `extra_names`."""
+    """The variables a command may see: PATH, HOME, LANG, TERM, TZ and `extra_names`.
+
+    PATH loses every folder of a Python virtual environment: bash must not find (and
+    plant a `.pth` in) an interpreter the worker uses.
+    """
     kept = {name: env[name] for name in (*BASE_ENV, *extra_names) if name in env}
-    kept.setdefault("PATH", DEFAULT_PATH)
+    folders = [f for f in kept.get("PATH", "").split(os.pathsep) if f and not _in_venv(f)]
+    kept["PATH"] = os.pathsep.join(folders) or DEFAULT_PATH
     return kept
 
 
-@functools.cache
-def sandbox_prefix() -> tuple[str, ...] | None:
-    """The argv prefix of the namespace sandbox, or None when this host refuses it.
-
-    Probed once per process by running `true` inside it: as root without a user namespace
-    first (it keeps the workspace's file ownership simple), then with one.
-    """
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    if not unshare or not setpriv:
-        return None
-    namespaces = ("--pid", "--fork", "--kill-child", "--mount", "--mount-proc")
-    drop = ("--", setpriv, *_DROP_CAPS, "--")
-    userns = ("--user", "--map-root-user")
-    for user in [(), userns] if os.geteuid() == 0 else [userns]:
-        prefix = (unshare, *user, *namespaces, *drop)
-        try:
-            probe = subprocess.run(
-                [*prefix, "true"], capture_output=True, timeout=10, env={"PATH": DEFAULT_PATH}
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return None
-
-
-@functools.cache
-def _fallback_prefix() -> tuple[str, ...]:
-    """No namespaces: make this worker non-dumpable and drop the command's capabilities."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        raise ToolError("bash is unavailable: cannot protect the worker's environment")
-    if os.geteuid() != 0:
-        return ()  # an unprivileged command has no CAP_SYS_PTRACE to begin with
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        raise ToolError(
-            "bash is unavailable: the worker runs as root without user namespaces or setpriv;"
-            " run workers as a non-root user"
-        )
-    return (setpriv, *_DROP_CAPS, "--")
+def _in_venv(folder: str) -> bool:
+    """Whether `folder` is a venv's `bin` (its parent holds `pyvenv.cfg`) or inside this one."""
+    path = Path(folder)
+    in_own = sys.prefix != sys.base_prefix and path.is_relative_to(sys.prefix)
+    return in_own or (path.parent / "pyvenv.cfg").exists()
 
 
 def _run(
-    command: str, cwd: Path, env: dict[str, str], timeout_s: float, keep_bytes: int
+    command: str,
+    cwd: Path,
+    env: dict[str, str],
+    limits: ShellLimits,
+    timeout_s: float,
+    keep_bytes: int,
 ) -> _Outcome:
     """Run `command` sandboxed; output past `keep_bytes` is read and dropped."""
-    bash_path = shutil.which("bash", path=env.get("PATH")) or "/bin/bash"
-    prefix = sandbox_prefix()
+    bash_path = shutil.which("bash", path=DEFAULT_PATH) or "/bin/bash"
+    boxed = box(limits)
     marker = ""
-    if prefix is None:
-        prefix = _fallback_prefix()
+    if not boxed.namespaced:
         marker = uuid.uuid4().hex
         env = {**env, MARKER_ENV: marker}
     with subprocess.Popen(
-        [*prefix, bash_path, "-c", command],
+        [*boxed.prefix, bash_path, "-c", command],
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

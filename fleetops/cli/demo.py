@@ -13,7 +13,7 @@ from pathlib import Path
 from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.runtime import operator_config
-from fleet.security.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV
+from fleet.security.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
@@ -53,7 +53,9 @@ def run_demo(args: argparse.Namespace) -> int:
     """Bring a fleet up in the background, run the task through it, bring it down."""
     base_env = demo_env(args.workspace)
     state_dir = Path(base_env[STATE_DIR_ENV])
-    model = demo_model(args.model, Settings.from_env(base_env))
+    settings = Settings.from_env(base_env)
+    check_interpreter(settings.workspace_roots)  # else the workers refuse, less clearly
+    model = demo_model(args.model, settings)
     print(f"starting a local fleet (state in {state_dir}) ...", file=sys.stderr)
     up = subprocess.Popen(
         [sys.executable, "-m", "fleetops.cli.main", "up", "--workers", "1"],

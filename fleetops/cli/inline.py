@@ -9,6 +9,7 @@ from typing import Any
 from fleet.conversation.human import TIMEOUT_KEY, waiting_on
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
+from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
 from fleetops.cli.output import printable, report
 
@@ -32,6 +33,8 @@ def run_inline(args: argparse.Namespace) -> int:
     settings = process_settings()
     if args.workspace is not None or "FLEET_WORKSPACE" in settings.env:
         settings = settings.with_workspace(args.workspace or settings.workspace)
+    # The tools run in this process, as in a worker: its code must be out of agents' reach.
+    check_interpreter(settings.workspace_roots)
     redis = bool(settings.env.get("FLEET_REDIS_URL"))
     if args.continue_id and not redis:
         raise ConfigError("--inline --continue needs the trace's store: set FLEET_REDIS_URL")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from fleet.errors import ConfigError
+from fleet.security.trust import check_interpreter
 from fleet.settings import forget_process_settings
 from fleetops.cli.args import is_loopback
 
@@ -75,6 +76,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     argv = worker_argv(args)
     settings = fleet_settings()
+    check_interpreter(settings.workspace_roots)  # the worker_init signal checks it too
     os.environ.update(fleet_env(settings))  # the runtime and pool children read them
     forget_process_settings()  # ... and this process reads them again on first use
     guard_orphan()  # under `fleet up`: never outlive it by more than a short drain

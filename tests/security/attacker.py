@@ -8,6 +8,7 @@ tricked into calling it gets a normal answer and the run goes on, as it would in
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -162,3 +163,61 @@ def none_left_with(token: str, timeout_s: float = 5.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+SHELL_UID = 65534
+"""The uid bash runs as under a root worker without FLEET_SHELL_USER (`nobody`)."""
+
+
+def shell_writable(path: Path) -> Path:
+    """The folder `path` (made if missing), handed to the user bash runs as under root."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(path, SHELL_UID, SHELL_UID)
+        path.chmod(0o755)
+    return path
+
+
+def world_writable(path: Path) -> Path:
+    """The folder `path` (made if missing) and everything in it, writable by every user.
+
+    For attack tests that must run on the old code too, where bash was root without
+    capabilities (bound by permission bits) rather than `nobody`.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    for entry in [path, *path.rglob("*")]:
+        if not entry.is_symlink():
+            entry.chmod(0o777 if entry.is_dir() else 0o666)
+    return path
+
+
+def processes_of(uid: int) -> int:
+    """How many live processes (zombies too: they still hold a pid) have real uid `uid`."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        uids = [line.split()[1] for line in status.splitlines() if line.startswith("Uid:")]
+        count += uids == [str(uid)]
+    return count
+
+
+@contextmanager
+def peak_processes(token: str) -> Iterator[list[int]]:
+    """Count the processes carrying `token` in a thread while the block runs: [peak]."""
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):  # a scan takes ms; the processes live for seconds
+            peak[0] = max(peak[0], len(live_processes_with(token)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        sampler.join()

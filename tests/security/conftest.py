@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +20,17 @@ from fleet.settings import Settings
 from fleet.storage.redis_store import RedisStore
 from tests.fleetkit import wait_until
 from tests.procs import start_worker, wait_for_workers
-from tests.security.attacker import SECRET_ENV
+from tests.security.attacker import SECRET_ENV, shell_writable
 from workers.backend import CeleryBackend
 
 SECURITY_DB = 13
 """A database of its own, so other modules' workers never take these tasks."""
 RUN_TIMEOUT_S = 60.0
+SHELL_MAX_PROCS = 64
+"""The hardened worker's FLEET_SHELL_MAX_PROCS: bash's user never has more processes."""
+SHELL_MAX_FILE_BYTES = 10_000_000
+"""The hardened worker's FLEET_SHELL_MAX_FILE_BYTES."""
+TOOL_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -37,14 +44,16 @@ class HardenedFleet:
 
 
 @pytest.fixture(scope="module")
-def hardened(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HardenedFleet]:
+def hardened(redis_url: str) -> Iterator[HardenedFleet]:
     """One worker process holding every secret of `SECRET_ENV`, roots = one temp folder.
 
     Module-scoped, not session: its task events are PUBLISHes on the shared Redis server,
     and tests that count server-wide command stats must not see them.
     """
     url = urlsplit(redis_url)._replace(path=f"/{SECURITY_DB}").geturl()
-    root = tmp_path_factory.mktemp("root").resolve()
+    # Straight under /tmp, not pytest's 0700 tmp_path: bash's user (nobody) must be able to
+    # reach the workspace by its absolute path, as it can in a real deployment.
+    root = shell_writable(Path(tempfile.mkdtemp(prefix="fleet-root-")).resolve())
     with redis.Redis.from_url(url) as admin:
         admin.flushdb()
     env = {
@@ -53,11 +62,14 @@ def hardened(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "FLEET_WORKSPACE_ROOTS": str(root),
         "FLEET_ALLOW_SCRIPTED": "1",
         "FLEET_ALLOW_SHELL": "1",
-        "FLEET_TOOL_TIMEOUT_S": "5",
+        "FLEET_TOOL_TIMEOUT_S": str(TOOL_TIMEOUT_S),
+        "FLEET_SHELL_MAX_PROCS": str(SHELL_MAX_PROCS),
+        "FLEET_SHELL_MAX_FILE_BYTES": str(SHELL_MAX_FILE_BYTES),
     }
     with start_worker(url, concurrency=4, env_extra=env) as worker:
         wait_for_workers(url, [worker.name], timeout_s=30)
         yield HardenedFleet(url, root, worker.pid)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def steps_script(path: Path, steps: list[dict[str, Any]]) -> Path:
