@@ -3,6 +3,9 @@ provider's limits, domain filters, the analyst preset, and a real worker's explo
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -293,3 +296,44 @@ def test_an_analyst_branch_searches_on_a_real_worker(
     assert searched.name == "web_search"
     assert "2 outside the allowed domains dropped" in (searched.content or "")
     assert len(searxng.requests) == 1
+
+
+# --- the worked example -----------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "analyst"
+
+
+def test_the_analyst_example_needs_its_two_variables() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "BRAVE_API_KEY")}
+    done = subprocess.run(
+        ["sh", str(EXAMPLE / "run.sh")], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1 and "set OPENAI_API_KEY" in done.stderr
+
+
+def test_the_analyst_example_runs_inline_with_its_config(tmp_path: Path) -> None:
+    """run.sh with a scripted model in place of OpenAI: its fleet.yaml loads (outside the
+    workspace root), the analyst preset runs, web_search is offered to the model."""
+    config = load_config(EXAMPLE / "fleet.yaml", {})
+    assert config.search is not None and config.search.provider == "brave"
+    script = tmp_path / "answer.yaml"
+    script.write_text(yaml.safe_dump({"scripts": [{"steps": [{"content": "recommend: anyio"}]}]}))
+    fleet_bin = Path(sys.executable).parent / "fleet"
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": "sk-not-used-0000",
+        "BRAVE_API_KEY": "BSA-not-used-0000",
+        "FLEET_MODEL": f"scripted:{script}",
+        "FLEET_ALLOW_SCRIPTED": "1",
+        "FLEET": str(fleet_bin),
+    }
+    done = subprocess.run(
+        ["sh", str(EXAMPLE / "run.sh"), "which async library?"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "recommend: anyio" in done.stdout
