@@ -59,7 +59,7 @@ def test_deny_domains_and_the_calls_own_domains_only_narrow(
     tmp_path: Path, searxng: FakeSearch
 ) -> None:
     config = config_for(searxng, {"deny_domains": ["docs.python.org"]})
-    calls = [
+    calls: list[tuple[str, dict[str, Any]]] = [
         ("web_search", {"query": "q"}),
         ("web_search", {"query": "q", "domains": ["*.python.org"]}),
     ]
