@@ -142,8 +142,9 @@ _EXPLORE_PROMPT = (
     "paths and line numbers, and say plainly what you could not find out."
 )
 _ANALYST_PROMPT = (
-    "You are an analyst. Read the workspace and the web to answer the question, compare "
-    "the options you find, and end with a recommendation and the evidence behind it."
+    "You are an analyst. Read the workspace and the web to answer the question: search "
+    "with web_search, read the pages that matter with web_fetch, compare the options you "
+    "find, and end with a recommendation and the evidence behind it, citing each URL."
 )
 _EVALUATE_PROMPT = """\
 You are a strict, fair judge. You are given a goal and the work done towards it.

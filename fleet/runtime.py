@@ -115,6 +115,7 @@ class Runtime:
         """Load fleet.yaml and the presets; `ConfigError` names what is wrong."""
         config = operator_config(settings)
         gate = Gate.for_store(store, config, settings.env)
+        redactor = Redactor.from_env(settings.env)
         return cls(
             store=store,
             dispatcher=dispatcher,
@@ -129,8 +130,8 @@ class Runtime:
             hooks=hooks,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
-            redactor=Redactor.from_env(settings.env),
-            search=_search(config, settings, store, gate),
+            redactor=redactor,
+            search=_search(config, settings, store, gate, redactor),
         )
 
     def fenced(self, trace_id: str, owner: str) -> Runtime:
@@ -214,7 +215,7 @@ class Runtime:
 
 
 def _search(
-    config: FleetConfig, settings: Settings, store: TraceStore, gate: Gate
+    config: FleetConfig, settings: Settings, store: TraceStore, gate: Gate, redactor: Redactor
 ) -> WebSearcher | None:
     """The search provider fleet.yaml names, counting on the store's Redis when it has one."""
     from fleet.storage.redis_store import RedisStore
@@ -225,7 +226,12 @@ def _search(
         RedisSearchCounter(store.client) if isinstance(store, RedisStore) else MemorySearchCounter()
     )
     return SearchService(
-        config.search, settings.env, counter, limiter=gate.limiter, web_allow=settings.web_allow
+        config.search,
+        settings.env,
+        counter,
+        limiter=gate.limiter,
+        web_allow=settings.web_allow,
+        redactor=redactor,
     )
 
 

@@ -223,3 +223,21 @@ def test_terminal_escapes_and_bidi_controls_in_results_are_removed(
     assert not any(ch in result.content for ch in "\x1b\x07\x9b\u202e\u200b\x00\r")
     assert "https://docs.python.org/ok" in result.content
     assert "docs.python.org/\x1b" not in result.content, "a URL with escapes is dropped"
+
+
+def test_a_query_cannot_carry_a_worker_secret_to_the_provider(
+    tmp_path: Path, searxng: FakeSearch
+) -> None:
+    """Route: a model that read a secret searches for it, and the provider logs the query.
+    Control: the worker's secret values are masked in every query before it is sent."""
+    secret = "s3cr3t-" + "x9" * 10
+    [result], _, _ = run_calls(
+        tmp_path,
+        config_for(searxng),
+        [("web_search", {"query": f"what is {secret}"})],
+        env={**LOOPBACK, "DEPLOY_TOKEN": secret},
+    )
+    assert not result.is_error, result.content
+    [(path, _)] = searxng.requests
+    assert secret not in path and "x9x9x9" not in path
+    assert "redacted" in path

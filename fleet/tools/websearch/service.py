@@ -18,6 +18,7 @@ from fleet.errors import ConfigError, ToolError
 from fleet.limits.providers import Admitted, Limiter, Scope, booked
 from fleet.limits.searches import SearchCounter
 from fleet.llm.config import RateLimits
+from fleet.security.redact import SHAPES_ONLY, Redactor
 from fleet.tools.websearch import brave, http, searxng
 from fleet.tools.websearch.config import SearchConfig
 from fleet.tools.websearch.providers import SearchProvider
@@ -42,8 +43,13 @@ class SearchService:
         *,
         limiter: Limiter | None = None,
         web_allow: tuple[str, ...] = (),
+        redactor: Redactor = SHAPES_ONLY,
     ) -> None:
-        """Read the key from `env` (the variable `config.api_key_env` names) and keep it."""
+        """Read the key from `env` (the variable `config.api_key_env` names) and keep it.
+
+        `redactor` masks the process's secrets in every query before it leaves: a model
+        that read one cannot search for it (the provider would log it).
+        """
         self.config = config
         self.provider = PROVIDERS[config.provider](config)
         self._key = (env.get(config.api_key_env, "") if config.api_key_env else "").strip()
@@ -52,6 +58,7 @@ class SearchService:
         self._counter = counter
         self._limiter = limiter
         self._web_allow = web_allow
+        self._redactor = redactor
         self.scopes = (_scope(config, self._key),)
 
     def __repr__(self) -> str:
@@ -82,7 +89,8 @@ class SearchService:
         took = self._admit(holder)
         started = time.monotonic()
         try:
-            request = self.provider.request(query, count, self._key)
+            safe_query = self._redactor.values_only(query)
+            request = self.provider.request(safe_query, count, self._key)
             answer = http.get(request.url, request.headers, self._web_allow, timeout_s)
         finally:
             if took and self._limiter is not None:
