@@ -232,6 +232,18 @@ def test_host_of_spells_hosts_as_the_resolver_does() -> None:
 # --- a real worker ----------------------------------------------------------------------
 
 
+def analyst_explore_script(path: Path) -> str:
+    """A main agent exploring one analyst branch that fetches a denied URL, then searches."""
+    search = {"name": "web_search", "arguments": {"query": "asyncio"}}
+    fetch = {"name": "web_fetch", "arguments": {"url": "https://evil.example/grab"}}
+    explore = {"name": "agent", "arguments": {"task": ["Find docs"], "agent_type": "analyst"}}
+    steps = [{"tool_calls": [fetch]}, {"tool_calls": [search]}, {"content": "found: {last_tool}"}]
+    branch = {"match": "^Find", "steps": steps}
+    main = {"steps": [{"tool_calls": [explore]}, {"content": "answer: {last_tool}"}]}
+    path.write_text(yaml.safe_dump({"scripts": [branch, main]}))
+    return f"scripted:{path}"
+
+
 def test_an_analyst_branch_searches_on_a_real_worker(
     redis_url: str,
     redis_client: redis.Redis,
@@ -239,62 +251,38 @@ def test_an_analyst_branch_searches_on_a_real_worker(
     monkeypatch: pytest.MonkeyPatch,
     searxng: FakeSearch,
 ) -> None:
-    """Done when: an analyst branch of an explore calls web_search, the results reach the
-    parent's answer; a result outside allow_domains is dropped."""
+    """Done when: on real workers an analyst branch of an explore calls web_search, the
+    results reach the parent's answer; a result outside allow_domains is dropped; web_fetch
+    of a denied domain is refused."""
     searxng.hits.append(Hit("Evil", "https://evil.example/asyncio", "click here"))
     config_path = tmp_path / "fleet.yaml"
     config = {**searxng_config(searxng), "web": {"allow_domains": ["*.python.org"]}}
     config_path.write_text(yaml.safe_dump(config))
-    monkeypatch.setenv("FLEET_CONFIG", str(config_path))
-    monkeypatch.setenv("FLEET_WEB_ALLOW", "127.0.0.1")
     workspace = tmp_path / "ws"
     workspace.mkdir()
+    monkeypatch.setenv("FLEET_CONFIG", str(config_path))
+    monkeypatch.setenv("FLEET_WEB_ALLOW", "127.0.0.1")
     # The worker's only root is the workspace: a config beside it is the operator's.
     monkeypatch.setenv("FLEET_WORKSPACE_ROOTS", str(workspace))
-    script = {
-        "scripts": [
-            {
-                "match": "^Find",
-                "steps": [
-                    {"tool_calls": [{"name": "web_search", "arguments": {"query": "asyncio"}}]},
-                    {"content": "found: {last_tool}"},
-                ],
-            },
-            {
-                "match": ".*",
-                "steps": [
-                    {
-                        "tool_calls": [
-                            {
-                                "name": "agent",
-                                "arguments": {
-                                    "task": ["Find asyncio docs"],
-                                    "agent_type": "analyst",
-                                },
-                            }
-                        ]
-                    },
-                    {"content": "answer: {last_tool}"},
-                ],
-            },
-        ]
-    }
-    (tmp_path / "m.yaml").write_text(yaml.safe_dump(script))
+    model = analyst_explore_script(tmp_path / "m.yaml")
 
     with celery_fleet(redis_url, workspace, monkeypatch) as fleet:
-        trace = fleet.submit("research asyncio", model=f"scripted:{tmp_path / 'm.yaml'}").wait(
-            timeout_s=60
-        )
+        trace = fleet.submit("research asyncio", model=model).wait(timeout_s=60)
         [branch] = fleet.store.collaborators(trace.trace_id)
         child = fleet.store.get_trace(branch.trace_id)
-        [searched] = [m for m in fleet.store.messages(child.trace_id) if m.role == "tool"]
+        fetched, searched = [m for m in fleet.store.messages(child.trace_id) if m.role == "tool"]
 
     assert trace.status == "completed", trace.error
     assert (child.mode, child.preset) == ("explore", "analyst")
+    assert searched.name == "web_search" and not searched.metadata["is_error"]
+    assert "2 outside the allowed domains dropped" in (searched.content or "")
+    assert "https://docs.python.org/3/library/asyncio.html" in (searched.content or "")
+    assert "evil.example" not in (searched.content or "")
+    assert fetched.name == "web_fetch" and fetched.metadata["is_error"]
+    assert "'evil.example' is refused: it is not in allow_domains" in (fetched.content or "")
+    assert "answer: Explore finished: 1 branches, 1 completed" in (trace.answer or "")
     assert "https://docs.python.org/3/library/asyncio.html" in (trace.answer or "")
     assert "evil.example" not in (trace.answer or "")
-    assert searched.name == "web_search"
-    assert "2 outside the allowed domains dropped" in (searched.content or "")
     assert len(searxng.requests) == 1
 
 

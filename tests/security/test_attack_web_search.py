@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 import redis
 
+from fleet.inprocess import InProcessFleet
+from fleet.settings import Settings
 from fleet.storage.redis_store import RedisStore
+from fleet.testing import Script, ScriptedModel
 from tests.fake_search import FakeSearch, Hit, Mode, run_calls
 from tests.security.attacker import attacker_server, redis_text
 
@@ -241,3 +244,32 @@ def test_a_query_cannot_carry_a_worker_secret_to_the_provider(
     [(path, _)] = searxng.requests
     assert secret not in path and "x9x9x9" not in path
     assert "redacted" in path
+
+
+def test_an_explore_branch_stays_read_only_whatever_agent_type_names(tmp_path: Path) -> None:
+    """Route: `agent(task=[...], agent_type="default")` to get writing branches now that
+    explore honours agent_type. Control: explore is a read-only mode whatever the preset."""
+    write = {"name": "write_file", "arguments": {"path": "owned.txt", "content": "x"}}
+    explore = {"name": "agent", "arguments": {"task": ["write it"], "agent_type": "default"}}
+    script = Script.parse(
+        {
+            "scripts": [
+                {"match": "^write it", "steps": [{"tool_calls": [write]}, {"content": "tried"}]},
+                {"steps": [{"tool_calls": [explore]}, {"content": "done"}]},
+            ]
+        },
+        "test",
+    )
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    settings = Settings.from_env({"FLEET_WORKSPACE": str(workspace)})
+    model = ScriptedModel(function=script.respond)
+    local = InProcessFleet.from_settings(settings, clients={"m": model})
+
+    trace = local.run("go", model="m")
+
+    [child] = local.store.collaborators(trace.trace_id)
+    [refusal] = [m for m in local.store.messages(child.trace_id) if m.role == "tool"]
+    assert local.store.get_trace(child.trace_id).preset == "default"
+    assert "is read-only" in (refusal.content or ""), refusal.content
+    assert not (workspace / "owned.txt").exists()
