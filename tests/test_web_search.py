@@ -146,11 +146,13 @@ def test_the_providers_limits_refuse_at_once_rather_than_sleep(
         limiter=Limiter(redis_client),
         web_allow=("127.0.0.1",),
     )
-    ask = {"trace_id": "t1", "root_trace_id": "t1", "timeout_s": 5.0}
 
-    assert len(service.search("first", 5, **ask)) == 2  # type: ignore[arg-type]
+    def ask(query: str) -> int:
+        return len(service.search(query, 5, trace_id="t1", root_trace_id="t1", timeout_s=5.0))
+
+    assert ask("first") == 2
     with pytest.raises(ToolError, match=r"search provider is at its limits \(rate\): try again"):
-        service.search("second", 5, **ask)  # type: ignore[arg-type]
+        ask("second")
     assert len(searxng.requests) == 1
 
 
