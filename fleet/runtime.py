@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fleet.limits.gate import Gate
+from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
 from fleet.limits.trees import Trees
 from fleet.llm.base import LLMClient
 from fleet.llm.config import (
@@ -27,7 +28,10 @@ from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
 from fleet.storage.leases import LeaseKeeper
 from fleet.storage.store import TraceStore
+from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
+from fleet.tools.webfilter import OPEN, DomainFilter
+from fleet.tools.websearch.service import SearchService
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ class Runtime:
     """The process's one heartbeat; `build` makes it (it starts with the first lease)."""
     redactor: Redactor = SHAPES_ONLY
     """Masks this process's secrets in everything a run writes (see fleet.security.redact)."""
+    search: WebSearcher | None = None
+    """fleet.yaml's search provider for `web_search`; None when it sets none."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -108,6 +114,8 @@ class Runtime:
     ) -> Runtime:
         """Load fleet.yaml and the presets; `ConfigError` names what is wrong."""
         config = operator_config(settings)
+        gate = Gate.for_store(store, config, settings.env)
+        redactor = Redactor.from_env(settings.env)
         return cls(
             store=store,
             dispatcher=dispatcher,
@@ -117,12 +125,13 @@ class Runtime:
                 settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
             ),
             tools=default_registry(),
-            gate=Gate.for_store(store, config, settings.env),
+            gate=gate,
             trees=_trees(store),
             hooks=hooks,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
-            redactor=Redactor.from_env(settings.env),
+            redactor=redactor,
+            search=_search(config, settings, store, gate, redactor),
         )
 
     def fenced(self, trace_id: str, owner: str) -> Runtime:
@@ -153,6 +162,11 @@ class Runtime:
         ceiling = trace.ceiling
         read_only = ceiling.read_only or trace.mode in READ_ONLY_MODES
         return self.preset(trace.preset).within(ceiling.allowed, ceiling.denied, read_only)
+
+    def web_filter(self, trace: Trace) -> DomainFilter:
+        """fleet.yaml's `web:` filter, narrowed by the preset `trace` runs (never widened)."""
+        fleet_wide = OPEN.narrowed(self.config.web.rules())
+        return fleet_wide.narrowed(self.preset(trace.preset).web)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""
@@ -198,6 +212,27 @@ class Runtime:
                     retry=retry,
                 )
             return self.clients[model_name]
+
+
+def _search(
+    config: FleetConfig, settings: Settings, store: TraceStore, gate: Gate, redactor: Redactor
+) -> WebSearcher | None:
+    """The search provider fleet.yaml names, counting on the store's Redis when it has one."""
+    from fleet.storage.redis_store import RedisStore
+
+    if config.search is None:
+        return None
+    counter: SearchCounter = (
+        RedisSearchCounter(store.client) if isinstance(store, RedisStore) else MemorySearchCounter()
+    )
+    return SearchService(
+        config.search,
+        settings.env,
+        counter,
+        limiter=gate.limiter,
+        web_allow=settings.web_allow,
+        redactor=redactor,
+    )
 
 
 def _trees(store: TraceStore) -> Trees | None:

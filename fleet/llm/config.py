@@ -43,6 +43,8 @@ from fleet.llm.pricing import ModelPricing
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
 from fleet.security import trust, yamlsafe
 from fleet.security.redact import Redactor
+from fleet.tools.webfilter import WebSection
+from fleet.tools.websearch.config import SearchConfig
 
 CONFIG_FILE = "fleet.yaml"
 CONFIG_PATH_ENV = "FLEET_CONFIG"
@@ -116,6 +118,10 @@ class FleetConfig(BaseModel):
     """Preset name -> model name, for presets that need a different model."""
     context_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     """Share of a model's `context_window` a request may fill before tool outputs are elided."""
+    search: SearchConfig | None = None
+    """The provider `web_search` asks (`fleet.tools.websearch`); None: no web_search."""
+    web: WebSection = WebSection()
+    """Domains web_search and web_fetch may touch (`fleet.tools.webfilter`)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,8 @@ def _validation_message(source: str, exc: ValidationError) -> str:
 def _check_key_envs(source: str, config: FleetConfig, allowed: frozenset[str]) -> None:
     for name, provider in config.providers.items():
         trust.check_key_env(f"{source}: providers.{name}", provider.api_key_env, allowed)
+    if config.search is not None:
+        trust.check_key_env(f"{source}: search", config.search.api_key_env, allowed)
 
 
 def _check_model_providers(source: str, config: FleetConfig) -> None:

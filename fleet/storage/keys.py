@@ -234,3 +234,11 @@ def tree(root_trace_id: str) -> str:
     `max_concurrent` (children running at once), `priority` (interactive | batch).
     """
     return f"{PREFIX}:tree:{check_trace_id(root_trace_id)}"
+
+
+def searches(root_trace_id: str) -> str:
+    """String (a counter), TRACE_TTL_S: `web_search` calls made by this tree so far.
+
+    Checked against `search.max_searches_per_tree` of fleet.yaml (`fleet.limits.searches`).
+    """
+    return f"{PREFIX}:searches:{check_trace_id(root_trace_id)}"
