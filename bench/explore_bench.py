@@ -150,6 +150,7 @@ def environment(redis_url: str, tmp: Path, base_url: str) -> dict[str, str]:
         "FLEET_REDIS_URL": redis_url,
         "FLEET_BROKER_URL": redis_url,
         "FLEET_WORKSPACE": str(workspace),
+        "FLEET_WORKSPACE_ROOTS": str(workspace),  # not the checkout: fleet code is no root
         "FLEET_CONFIG": str(config),
         "FLEET_ALLOW_SCRIPTED": "1",
     }

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
-
-import httpx
 
 from fleet.errors import ToolError
 from fleet.tools import netguard, webstream
+
+if TYPE_CHECKING:
+    import httpx
 
 MAX_RESPONSE_BYTES = 1_000_000
 """A page of 20 results is ~50 KB; more than this is not a search answer."""
@@ -41,6 +43,8 @@ def get(url: str, headers: Mapping[str, str], allow: tuple[str, ...], timeout_s:
         ToolError: refused by the guard, timed out, a redirect, or a transport error. The
             message names the host only: the URL holds the query, the headers the key.
     """
+    import httpx  # here: every registry lists this tool, few runs search (fleet run's start-up)
+
     host = urlsplit(url).hostname or "?"
     with webstream.Deadline(timeout_s) as deadline:
         try:
@@ -67,6 +71,8 @@ def _pinned(
     deadline: webstream.Deadline,
 ) -> httpx.Request:
     """The request sent to the checked address, the name in Host and SNI (as web_fetch)."""
+    import httpx
+
     parts = urlsplit(url)
     host = parts.hostname or ""
     scheme = parts.scheme.lower()
