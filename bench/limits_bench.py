@@ -1,7 +1,7 @@
 """Provider limits, tree budgets and fair sharing at full size, with their baselines.
 
-python bench/limits_bench.py [--only overhead,requests,tokens,fairness] [--branches 200]
-                             [--rate 20] [--workers 2] [--concurrency 50]
+python bench/limits_bench.py [--only overhead,requests,tokens,fairness,exact] [--branches 200]
+                             [--rate 20] [--workers 2] [--concurrency 50] [--runs 3]
 
 Starts its own redis-server, a local OpenAI-wire server that enforces its own limit (429 +
 retry-after-ms beyond it: tests/fake_provider.py) and worker processes, then reports:
@@ -14,6 +14,11 @@ retry-after-ms beyond it: tests/fake_provider.py) and worker processes, then rep
   before): branches completed, share of 429s, wall time against the limit-bound minimum.
 - tokens: the same with the server limited by tokens/s and large completions.
 - fairness: a 3-branch interactive tree alone, then beside a big batch tree; the ratio.
+- exact: an explore of `--exact-branches` (120) branches of two calls each, through real
+  workers, against a server that allows exactly R requests in ANY rolling second (no burst)
+  and answers 429 with `retry-after` in seconds, with `requests_per_minute: 60 R` in
+  fleet.yaml: completions, 429s, the longest gap between two requests, wall time against
+  the limit-bound time (requests / R), `--runs` times.
 """
 
 from __future__ import annotations
@@ -193,7 +198,7 @@ def elapsed(trace: Trace) -> float:
 def explore_run(
     fleet: Fleet, model: str, label: str, server: RateLimitedProvider, bound: Any
 ) -> Run:
-    server.stats.answered = server.stats.refused = server.stats.tokens = 0
+    server.stats.reset()
     trace = fleet.submit("survey", model=model).wait(timeout_s=1800)
     done = sum(c.status == "completed" for c in fleet.store.collaborators(trace.trace_id))
     kids = len(fleet.store.children(trace.trace_id))
@@ -250,6 +255,38 @@ def tokens_runs(url: str, tmp: Path, args: Any) -> None:
                 print(run.line(), flush=True)
 
 
+def exact_runs(url: str, tmp: Path, args: Any) -> None:
+    """A limit configured at exactly what a rolling-window provider enforces."""
+    n, rate = args.exact_branches, args.rate
+    print(
+        f"\n## {n} branches x 2 calls, server allows {rate:g} requests in any rolling second "
+        f"(no burst; 429 + retry-after s), limits: {{requests_per_minute: {int(rate * 60)}}} "
+        f"({args.workers} workers x {args.concurrency} threads)"
+    )
+    print(f"{'run':<6} {'answered':>8} {'429s':>5} {'429 %':>6} {'max/1s':>6} {'gap s':>6} "
+          f"{'wall s':>7} {'bound s':>7} {'ratio':>6} {'<=1.25b+3':>9}")
+    model = explore_script(tmp / f"exact-{n}.yaml", n, branch_turns=1)
+    path = model.removeprefix("scripted:")
+    script = Script.parse(yaml.safe_load(Path(path).read_text()), path)
+    with RateLimitedProvider(script, requests_per_s=rate, window="rolling", latency_s=0.05) as server:
+        limited = {"kind": "openai", "base_url": f"{server.url}/v1"}
+        limited["limits"] = {"requests_per_minute": int(rate * 60)}
+        with fleet_on(url, tmp, {"fake": limited}, {}, args) as fleet:
+            for i in range(args.runs):
+                server.stats.reset()
+                trace = fleet.submit("survey", model="fake:m").wait(timeout_s=600)
+                stats, wall = server.stats, elapsed(trace)
+                bound = stats.answered / rate
+                share = stats.refused / max(1, stats.answered + stats.refused)
+                held = share <= 0.01 and wall <= 1.25 * bound + 3.0
+                print(
+                    f"{i + 1:<6} {stats.answered:>8} {stats.refused:>5} {share:>6.1%} "
+                    f"{stats.max_in_window():>6} {stats.longest_gap_s():>6.2f} {wall:>7.1f} "
+                    f"{bound:>7.1f} {wall / bound:>5.2f}x {'yes' if held else 'NO':>9}",
+                    flush=True,
+                )
+
+
 def fairness(url: str, tmp: Path, args: Any) -> None:
     big_n = args.big
     print(
@@ -289,6 +326,8 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=1000, help="branches of the batch tree")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--exact-branches", type=int, default=120)
+    parser.add_argument("--runs", type=int, default=3, help="runs of the exact mode")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     with start_redis_server() as server, tempfile.TemporaryDirectory(prefix="limits-") as tmp:
@@ -300,6 +339,8 @@ def main() -> None:
             tokens_runs(server.url, Path(tmp), args)
         if "fairness" in parts:
             fairness(server.url, Path(tmp), args)
+        if "exact" in parts:
+            exact_runs(server.url, Path(tmp), args)
 
 
 if __name__ == "__main__":

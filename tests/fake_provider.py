@@ -5,6 +5,11 @@ a real provider, refuses with 429 and `retry-after-ms` whatever goes beyond its 
 token bucket of requests per second and one of tokens per second (prompt + completion,
 counted at arrival). It counts what it answered and what it refused.
 
+`window="rolling"` enforces the strict kind instead: at most N requests (tokens) in ANY
+rolling second of arrival times, no burst beyond it, and a 429 whose `retry-after` (seconds,
+as a decimal) says when the oldest request leaves the window. A limit booked at exactly N/s
+meets it only if arrival jitter never puts N + 1 in one second.
+
     with RateLimitedProvider(script, requests_per_s=20) as server:
         ... point a provider's base_url at server.url + "/v1" ...
         server.stats.refused
@@ -18,8 +23,9 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import deque
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from fleet.llm.base import LLMResponse
 from fleet.testing import Script
@@ -64,6 +70,41 @@ class Bucket:
             return (amount - self._level) / self.rate_per_s
 
 
+class RollingWindow:
+    """At most `limit` units in any `window_s` of arrival times (a sliding log); thread-safe."""
+
+    def __init__(self, limit: float, window_s: float = 1.0) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._log: deque[tuple[float, float]] = deque()
+        """(arrival, amount) of every unit taken within the last `window_s`."""
+        self._held = 0.0
+        self._lock = threading.Lock()
+
+    def take(self, amount: float) -> float:
+        """Take `amount` if the window has room; else 0.0 and the wait until it would have."""
+        with self._lock:
+            now = time.monotonic()
+            while self._log and self._log[0][0] <= now - self.window_s:
+                self._held -= self._log.popleft()[1]
+            if self._held + amount <= self.limit:
+                self._log.append((now, amount))
+                self._held += amount
+                return 0.0
+            need, wait_s = self._held + amount - self.limit, 0.0
+            for at, units in self._log:  # the oldest leave first
+                need, wait_s = need - units, at + self.window_s - now
+                if need <= 0:
+                    break
+            return max(wait_s, 0.001)
+
+
+class Limit(Protocol):
+    """A bucket or a window: `take` answers 0.0 (taken) or the wait in seconds."""
+
+    def take(self, amount: float) -> float: ...
+
+
 @dataclass
 class Stats:
     answered: int = 0
@@ -71,7 +112,31 @@ class Stats:
     tokens: int = 0
     first_at: float | None = None
     last_at: float | None = None
+    arrivals: list[tuple[float, bool]] = field(default_factory=list)
+    """(monotonic arrival, answered) of every request: the request log."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        """Forget what was counted (between runs on the same server)."""
+        with self.lock:
+            self.answered = self.refused = self.tokens = 0
+            self.first_at = self.last_at = None
+            self.arrivals = []
+
+    def max_in_window(self, window_s: float = 1.0) -> int:
+        """The most answered requests any rolling `window_s` held."""
+        times = [at for at, ok in self.arrivals if ok]
+        most, start = 0, 0
+        for end, at in enumerate(times):
+            while times[start] <= at - window_s:
+                start += 1
+            most = max(most, end - start + 1)
+        return most
+
+    def longest_gap_s(self) -> float:
+        """The longest time between two requests (answered or not): the fleet's idlest spell."""
+        times = [at for at, _ in self.arrivals]
+        return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
 
     @property
     def refused_share(self) -> float:
@@ -89,16 +154,20 @@ class RateLimitedProvider:
         requests_per_s: float | None = None,
         tokens_per_s: float | None = None,
         burst_s: float = 1.0,
+        window: Literal["bucket", "rolling"] = "bucket",
         completion_tokens: int | None = None,
         latency_s: float = 0.0,
     ) -> None:
         """Limits are per second; each bucket holds `burst_s` seconds of its rate.
 
-        `completion_tokens`: what every answer reports (default: its length / 4).
+        `window="rolling"`: no bucket but a rolling one-second window holding exactly the
+        rate, refused with `retry-after` in seconds. `completion_tokens`: what every answer
+        reports (default: its length / 4).
         """
         self.script = script
-        self.requests = self._bucket(requests_per_s, burst_s)
-        self.tokens = self._bucket(tokens_per_s, burst_s)
+        self.window = window
+        self.requests = self._limit(requests_per_s, burst_s)
+        self.tokens = self._limit(tokens_per_s, burst_s)
         self.completion_tokens = completion_tokens
         self.latency_s = latency_s
         self.stats = Stats()
@@ -108,9 +177,12 @@ class RateLimitedProvider:
         self._thread = threading.Thread(target=serve, daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _bucket(rate: float | None, burst_s: float) -> Bucket | None:
-        return None if rate is None else Bucket(rate, max(1.0, rate * burst_s))
+    def _limit(self, rate: float | None, burst_s: float) -> Limit | None:
+        if rate is None:
+            return None
+        if self.window == "rolling":
+            return RollingWindow(rate, 1.0)
+        return Bucket(rate, max(1.0, rate * burst_s))
 
     @property
     def url(self) -> str:
@@ -146,6 +218,7 @@ class RateLimitedProvider:
             now = time.monotonic()
             self.stats.first_at = self.stats.first_at or now
             self.stats.last_at = now
+            self.stats.arrivals.append((now, not wait_s))
             if wait_s:
                 self.stats.refused += 1
             else:
@@ -153,9 +226,15 @@ class RateLimitedProvider:
                 self.stats.tokens += prompt + completion
         if wait_s:
             error = {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}
-            return 429, error, {"retry-after-ms": str(max(1, int(wait_s * 1000)))}
+            return 429, error, self._retry_after(wait_s)
         time.sleep(self.latency_s)
         return 200, _completion(response, prompt, completion), {}
+
+
+    def _retry_after(self, wait_s: float) -> dict[str, str]:
+        if self.window == "rolling":  # seconds, as most providers say it (3 decimals here)
+            return {"retry-after": f"{wait_s:.3f}"}
+        return {"retry-after-ms": str(max(1, int(wait_s * 1000)))}
 
 
 def _completion(response: LLMResponse, prompt: int, completion: int) -> dict[str, Any]:

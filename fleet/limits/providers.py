@@ -11,7 +11,8 @@ before the call (`fleet.storage.writes.PauseRead`; `Limiter.held`); without one 
 of its own (`Limiter.paused`).
 
 Pacing is GCRA without burst: each admission books the next free time of every scope it
-needs, so calls are spread evenly at the configured rate and booked in arrival order. An
+needs, so calls are spread evenly at the configured rate, less a margin for jitter
+(`fleet.limits.pacing`), and booked in arrival order. An
 admission more than `max_wait_s` away is kept as a ticket for the trace; the caller hands the
 trace back (the worker re-enqueues it with a countdown) and takes its booked turn when it
 returns. No worker thread sleeps longer than `max_wait_s` on a limit.
@@ -27,7 +28,7 @@ from typing import Literal
 
 import redis
 
-from fleet.limits import limit_scripts
+from fleet.limits import limit_scripts, pacing
 from fleet.llm.config import FleetConfig, RateLimits, resolve_target
 from fleet.llm.ratelimit import RateSignal
 from fleet.storage import keys
@@ -60,11 +61,19 @@ class Scope:
         lim = self.limits
         return bool(lim.requests_per_minute or lim.tokens_per_minute or lim.max_concurrency)
 
-    def args(self) -> list[str | int]:
-        """The script's per-scope arguments: name, requests/min, tokens/min, max concurrency."""
+    def args(self) -> list[str | int | float]:
+        """The script's per-scope arguments: name, ms per request, ms per token, concurrency.
+
+        The spacings are `fleet.limits.pacing`'s, margin for jitter included (0: no limit).
+        """
         lim = self.limits
-        per_min = [lim.requests_per_minute, lim.tokens_per_minute, lim.max_concurrency]
-        return [self.name, *(v or 0 for v in per_min)]
+        per_request = pacing.spacing_ms(lim.requests_per_minute or 0)
+        return [self.name, per_request, self.ms_per_token, lim.max_concurrency or 0]
+
+    @property
+    def ms_per_token(self) -> float:
+        """How long one token holds the scope's token line (0.0: no token limit)."""
+        return pacing.spacing_ms(self.limits.tokens_per_minute or 0)
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,8 @@ class Limiter:
     def admit(self, holder: str, scopes: tuple[Scope, ...], est_tokens: int) -> Admission:
         """Book a call of `est_tokens` for `holder` (a trace id) in every scope: one round trip."""
         script_keys = [keys.limit_ticket(holder), keys.LIMIT_STATS]
-        args: list[str | int] = [holder, est_tokens, self._max_wait_ms, int(SLOT_TTL_S * 1000)]
+        args: list[str | int | float] = [holder, est_tokens, self._max_wait_ms]
+        args.append(int(SLOT_TTL_S * 1000))
         args += [keys.LIMIT_TICKET_GRACE_MS, keys.LIMIT_LINE_STALE_MS, keys.LIMIT_STATE_TTL_S]
         for scope in scopes:
             name = scope.name
@@ -197,11 +207,11 @@ class Limiter:
         whole booking; `duration_ms` None leaves the mean call time alone.
         """
         script_keys: list[str] = []
-        args: list[str | int] = [holder, est_tokens, used_tokens or 0]
+        args: list[str | int | float] = [holder, est_tokens, used_tokens or 0]
         args += [-1 if duration_ms is None else duration_ms, keys.LIMIT_STATE_TTL_S]
         for scope in scopes:
             script_keys += [keys.limit_state(scope.name), keys.limit_slots(scope.name)]
-            args.append(scope.limits.tokens_per_minute or 0)
+            args.append(scope.ms_per_token)
         self._settle(keys=script_keys, args=args)
 
     def pause(self, scope: Scope, pause_s: float, why: str = "paused") -> None:

@@ -1,0 +1,72 @@
+"""How a limited scope spaces its calls: the window model the limiter's Lua implements.
+
+A provider that allows N requests a minute may count them in rolling one-minute windows,
+rolling one-second windows (N/60 in ANY second), or a token bucket. The limiter books calls
+so that the strictest of these holds even when calls reach the provider late: GCRA without
+burst, each turn `spacing_ms` after the one before it, where
+
+    spacing_ms = 60 000 / per_minute * (1 + JITTER_MARGIN_S / WINDOW_S)
+
+Any L consecutive turns then span L * spacing, and a window of `WINDOW_S` that the provider
+fills with exactly L = per_minute / 60 * WINDOW_S calls is spanned with `JITTER_MARGIN_S` to
+spare. A call sent up to that margin later than its turn (the worker's sleep overran, the
+thread waited for the GIL, the request took a while on the wire) therefore never puts L + 1
+calls in one window. The same holds for any longer window (one minute: 60 * the margin to
+spare), and tokens are paced the same way per token. The price is throughput: the scope runs
+at 1 / (1 + margin / window) of its configured rate (0.952 with the defaults).
+
+`turns` and `most_in_window` are this model in plain Python: the Lua in
+`fleet.limits.limit_scripts` is tested against `turns`, and `most_in_window` is what a
+rolling-window provider counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+WINDOW_S = 1.0
+"""The shortest window a provider is assumed to count in (one second: the strictest common)."""
+JITTER_MARGIN_S = 0.05
+"""How much later than its booked turn a call may reach the provider without a 429."""
+
+
+def spacing_ms(per_minute: float, units: float = 1.0) -> float:
+    """Milliseconds a call of `units` (1 request, or its tokens) holds the scope's line.
+
+    0 when the scope has no such limit (`per_minute` 0).
+    """
+    if per_minute <= 0:
+        return 0.0
+    return units * 60_000 / per_minute * (1 + JITTER_MARGIN_S / WINDOW_S)
+
+
+def effective_per_minute(per_minute: float) -> float:
+    """What a scope configured at `per_minute` really admits: the margin's cost."""
+    return per_minute / (1 + JITTER_MARGIN_S / WINDOW_S)
+
+
+def turns(asks_ms: Iterable[float], spacing: float) -> list[float]:
+    """The turn each ask gets, in the order they ask: no earlier than the ask, `spacing` apart.
+
+    GCRA without burst: the scope's next free time moves `spacing` past each turn given.
+    """
+    free_at, given = float("-inf"), []
+    for ask in asks_ms:
+        turn = max(ask, free_at)
+        given.append(turn)
+        free_at = turn + spacing
+    return given
+
+
+def most_in_window(times_ms: Sequence[float], window_ms: float) -> int:
+    """The most of `times_ms` (sorted) that any rolling window of `window_ms` holds.
+
+    A window is (t - window_ms, t]: a call exactly `window_ms` after another has seen it
+    leave, as a sliding-log limiter counts.
+    """
+    most, start = 0, 0
+    for end, at in enumerate(times_ms):
+        while times_ms[start] <= at - window_ms:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
