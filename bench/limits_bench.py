@@ -263,12 +263,16 @@ def exact_runs(url: str, tmp: Path, args: Any) -> None:
         f"(no burst; 429 + retry-after s), limits: {{requests_per_minute: {int(rate * 60)}}} "
         f"({args.workers} workers x {args.concurrency} threads)"
     )
-    print(f"{'run':<6} {'answered':>8} {'429s':>5} {'429 %':>6} {'max/1s':>6} {'gap s':>6} "
-          f"{'wall s':>7} {'bound s':>7} {'ratio':>6} {'<=1.25b+3':>9}")
+    print(
+        f"{'run':<6} {'answered':>8} {'429s':>5} {'429 %':>6} {'max/1s':>6} {'gap s':>6} "
+        f"{'wall s':>7} {'bound s':>7} {'ratio':>6} {'<=1.25b+3':>9}"
+    )
     model = explore_script(tmp / f"exact-{n}.yaml", n, branch_turns=1)
     path = model.removeprefix("scripted:")
     script = Script.parse(yaml.safe_load(Path(path).read_text()), path)
-    with RateLimitedProvider(script, requests_per_s=rate, window="rolling", latency_s=0.05) as server:
+    with RateLimitedProvider(
+        script, requests_per_s=rate, window="rolling", latency_s=0.05
+    ) as server:
         limited = {"kind": "openai", "base_url": f"{server.url}/v1"}
         limited["limits"] = {"requests_per_minute": int(rate * 60)}
         with fleet_on(url, tmp, {"fake": limited}, {}, args) as fleet:

@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from collections import deque
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -229,7 +229,6 @@ class RateLimitedProvider:
             return 429, error, self._retry_after(wait_s)
         time.sleep(self.latency_s)
         return 200, _completion(response, prompt, completion), {}
-
 
     def _retry_after(self, wait_s: float) -> dict[str, str]:
         if self.window == "rolling":  # seconds, as most providers say it (3 decimals here)

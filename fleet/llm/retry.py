@@ -22,7 +22,7 @@ from fleet.errors import (
     ProviderOverloaded,
     TransientLLMError,
 )
-from fleet.llm.ratelimit import OVERLOAD_STATUS
+from fleet.llm.ratelimit import OVERLOAD_STATUS, rate_signal
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -84,6 +84,19 @@ def retry_after_s(headers: Mapping[str, str], now_s: float) -> float | None:
             except (TypeError, ValueError):
                 return None
     return None
+
+
+def overload_wait_s(headers: Mapping[str, str], now_s: float) -> float | None:
+    """How long a 429/503/529 asks everyone to wait, or None when it does not say.
+
+    `retry-after-ms` or `retry-after` first; else the rate-limit headers' reset of what is
+    exhausted (OpenAI `x-ratelimit-reset-*`, Anthropic `anthropic-ratelimit-*-reset`),
+    until one unit is back.
+    """
+    asked_s = retry_after_s(headers, now_s)
+    if asked_s is None:
+        asked_s = rate_signal(headers, now_s).pause_s()
+    return asked_s
 
 
 def error_detail(response: httpx.Response, redactor: Redactor = SHAPES_ONLY) -> str:
@@ -162,7 +175,7 @@ def send_with_retry(
             if not is_retryable_status(response.status_code):
                 raise non_retryable_error(response, provider, api_key_env, redactor)
             failure = f"HTTP {response.status_code}: {error_detail(response, redactor)}"
-            asked_s = retry_after_s(response.headers, policy.clock())
+            asked_s = overload_wait_s(response.headers, policy.clock())
             if policy.hand_back_overload and response.status_code in OVERLOAD_STATUS:
                 raise ProviderOverloaded(
                     f"{provider} is overloaded ({failure})",
