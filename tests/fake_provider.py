@@ -171,6 +171,8 @@ class RateLimitedProvider:
         self.completion_tokens = completion_tokens
         self.latency_s = latency_s
         self.stats = Stats()
+        self._refusal: tuple[int, float] | None = None
+        """(answers before it, retry-after s) of a 429 a test asked for."""
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         serve = partial(self._server.serve_forever, poll_interval=0.01)
@@ -211,7 +213,9 @@ class RateLimitedProvider:
         prompt = len(json.dumps(request["messages"]) + json.dumps(request.get("tools") or []))
         prompt //= CHARS_PER_TOKEN
         completion = self.completion_tokens or response.usage.completion_tokens
-        wait_s = self.requests.take(1) if self.requests else 0.0
+        wait_s = self._injected()
+        if not wait_s and self.requests:
+            wait_s = self.requests.take(1)
         if not wait_s and self.tokens:
             wait_s = self.tokens.take(prompt + completion)
         with self.stats.lock:
@@ -229,6 +233,18 @@ class RateLimitedProvider:
             return 429, error, self._retry_after(wait_s)
         time.sleep(self.latency_s)
         return 200, _completion(response, prompt, completion), {}
+
+    def refuse_once(self, after_answered: int, retry_after_s: float) -> None:
+        """Answer 429 with `retry_after_s` to the first request after `after_answered` answers."""
+        with self.stats.lock:
+            self._refusal = (after_answered, retry_after_s)
+
+    def _injected(self) -> float:
+        with self.stats.lock:
+            if self._refusal is None or self.stats.answered < self._refusal[0]:
+                return 0.0
+            wait_s, self._refusal = self._refusal[1], None
+            return wait_s
 
     def _retry_after(self, wait_s: float) -> dict[str, str]:
         if self.window == "rolling":  # seconds, as most providers say it (3 decimals here)

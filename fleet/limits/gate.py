@@ -245,6 +245,19 @@ class Gate:
         if response is not None:
             self.limiter.observe(go.scopes, response.rate)
 
+    def recheck(self, go: Go) -> Wait | None:
+        """After a sleep on its booked turn: a pause set meanwhile sends the call back.
+
+        One `PTTL` per call that slept. None: go; else the booking is settled as unused.
+        """
+        if self.limiter is None or not go.scopes:
+            return None
+        paused = self.limiter.paused(go.scopes)
+        if paused is None:
+            return None
+        self.after(go, None, None)
+        return Wait(paused.retry_in_s, paused.reason)
+
     def overloaded(self, go: Go, exc: ProviderOverloaded) -> Wait:
         """Pause the provider for every worker; this trace waits out the pause."""
         if self.limiter is None or not go.scopes:

@@ -1,0 +1,117 @@
+"""A limit at exactly the provider's rate, and what one 429 costs, on a real Redis.
+
+The in-process fleet (explore branches in threads, the Redis store and limiter, the real
+OpenAI client) against tests/fake_provider.py: a server that allows exactly N requests in
+any rolling second. bench/limits_bench.py (`--only exact`) runs the same through real
+workers at the issue's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+import fleet.llm.base
+from fleet.inprocess import InProcessDispatcher, InProcessFleet
+from fleet.llm.openai import OpenAIClient
+from fleet.models import Trace
+from fleet.settings import Settings
+from fleet.storage.redis_store import RedisStore
+from fleet.testing import Script
+from tests.fake_provider import RateLimitedProvider
+from tests.fleetkit import explore_script
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("loopback_requests"),
+]
+
+THREADS = 64
+"""Branch threads: enough that the limiter's line runs seconds ahead of the clock."""
+
+
+def brain(tmp: Path, branches: int, branch_turns: int) -> Script:
+    model = explore_script(tmp / f"brain-{branches}.yaml", branches, branch_turns=branch_turns)
+    path = model.removeprefix("scripted:")
+    return Script.parse(yaml.safe_load(Path(path).read_text()), path)
+
+
+@contextlib.contextmanager
+def local_fleet(
+    redis_client: redis.Redis, tmp: Path, url: str, per_minute: int
+) -> Iterator[InProcessFleet]:
+    """An in-process fleet whose provider `exact` is limited to `per_minute` in fleet.yaml."""
+    provider = {"kind": "openai", "base_url": f"{url}/v1"}
+    provider["limits"] = {"requests_per_minute": per_minute}
+    config = tmp / "fleet.yaml"
+    config.write_text(yaml.safe_dump({"providers": {"exact": provider}}))
+    workspace = tmp / "workspace"
+    workspace.mkdir(exist_ok=True)
+    settings = Settings(workspace=workspace, config_path=config)
+    local = InProcessFleet.from_settings(
+        settings, store=RedisStore(redis_client), dispatcher=InProcessDispatcher(THREADS)
+    )
+    yield local
+    for client in local.runtime.clients.values():
+        if isinstance(client, OpenAIClient):
+            client.close()
+
+
+@pytest.fixture
+def loopback_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provider is tests/fake_provider.py on 127.0.0.1: let the real client reach it."""
+    monkeypatch.setattr(fleet.llm.base, "ALLOW_MODEL_REQUESTS", True)
+
+
+def elapsed_s(trace: Trace) -> float:
+    assert trace.finished_at_ms is not None
+    return (trace.finished_at_ms - trace.created_at_ms) / 1000
+
+
+def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """150 branches x 2 calls at 30 requests in any rolling second: 302 calls, ~10 s."""
+    rate, branches = 30, 150
+    script = brain(tmp_path, branches, branch_turns=1)
+    with RateLimitedProvider(script, requests_per_s=rate, window="rolling") as server:
+        with local_fleet(redis_client, tmp_path, server.url, rate * 60) as local:
+            trace = local.run("survey", model="exact:m")
+        stats = server.stats
+    assert trace.status == "completed", trace.error
+    assert stats.answered == 2 * branches + 2
+    bound_s = stats.answered / rate
+    print(f"{stats.refused} 429s of {stats.answered}, {elapsed_s(trace):.1f} s, bound {bound_s} s")
+    assert stats.refused_share <= 0.01, f"{stats.refused} of {stats.answered} refused"
+    assert elapsed_s(trace) <= 1.25 * bound_s + 3.0
+
+
+def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """One 429 (retry-after: 0.300) mid-run: the next request goes ~0.3 s later, not seconds.
+
+    64 threads book ~3 s ahead of the clock at 20/s; voiding those bookings on the 429
+    (what the limiter did) idled the provider for that long.
+    """
+    script = brain(tmp_path, 100, branch_turns=0)
+    with RateLimitedProvider(script, window="rolling") as server:
+        server.refuse_once(after_answered=30, retry_after_s=0.3)
+        with local_fleet(redis_client, tmp_path, server.url, 1200) as local:
+            trace = local.run("survey", model="exact:m")
+        log = list(server.stats.arrivals)
+    assert trace.status == "completed", trace.error
+    refused = [i for i, (_, answered) in enumerate(log) if not answered]
+    assert len(refused) == 1
+    at = refused[0]
+    gap_s = log[at + 1][0] - log[at][0]
+    longest_s = max(b[0] - a[0] for a, b in zip(log, log[1:], strict=False))
+    print(f"after the 429: {gap_s:.3f} s; longest gap between two requests {longest_s:.3f} s")
+    assert 0.29 <= gap_s <= 0.3 + 0.15, "the pause is what the provider asked for"
+    assert longest_s <= 0.3 + 0.15
