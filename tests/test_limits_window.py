@@ -47,8 +47,8 @@ def local_fleet(
     redis_client: redis.Redis, tmp: Path, url: str, per_minute: int
 ) -> Iterator[InProcessFleet]:
     """An in-process fleet whose provider `exact` is limited to `per_minute` in fleet.yaml."""
-    provider = {"kind": "openai", "base_url": f"{url}/v1"}
-    provider["limits"] = {"requests_per_minute": per_minute}
+    limits = {"requests_per_minute": per_minute}
+    provider = {"kind": "openai", "base_url": f"{url}/v1", "limits": limits}
     config = tmp / "fleet.yaml"
     config.write_text(yaml.safe_dump({"providers": {"exact": provider}}))
     workspace = tmp / "workspace"
