@@ -112,7 +112,7 @@ class Stats:
     tokens: int = 0
     first_at: float | None = None
     last_at: float | None = None
-    arrivals: list[tuple[float, bool]] = field(default_factory=list)
+    arrivals: list[tuple[float, bool]] = field(default_factory=list, repr=False)
     """(monotonic arrival, answered) of every request: the request log."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -189,3 +189,19 @@ def test_the_roots_final_turn_survives_a_limit_that_hands_it_back(
     state = gate.budgets.state(root)
     assert state is not None and state.used_tokens == 120 and state.reserved_tokens == 0
     assert isinstance(gate.before(last, "paced:m", 300), Spent), "one final turn only"
+
+
+def test_a_turn_slept_through_a_pause_is_sent_back(
+    workers: tuple[Gate, Gate], redis_client: redis.Redis
+) -> None:
+    """A call admitted for a later turn, then another worker's 429: it does not go."""
+    first, second = workers
+    waiting = [first.before(branch(i), "plain-fast", 300) for i in range(3)]
+    late = waiting[2]
+    assert isinstance(late, Go) and late.booked and late.wait_s > 0
+    assert commands(redis_client, lambda: first.recheck(late)) == {"pttl": 1}  # no pause: go
+    overloaded = waiting[0]
+    assert isinstance(overloaded, Go)
+    second.overloaded(overloaded, ProviderOverloaded("HTTP 429", status=429, retry_after_s=0.3))
+    again = first.recheck(late)
+    assert isinstance(again, Wait) and again.reason == "pause" and 0.2 < again.retry_in_s <= 0.3

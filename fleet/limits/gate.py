@@ -2,15 +2,16 @@
 
 The runner asks `Gate.before` ahead of each call and gets `Go` (send, after a wait of at
 most a second), `Wait` (hand the trace back; ask again in `retry_in_s`) or `Spent` (the
-tree's budget is used up: stop with what you have). After the call, `Gate.after` settles
-what was booked with what was used; a 429/503/529 goes to `Gate.overloaded`, which pauses
-the provider for the whole fleet.
+tree's budget is used up: stop with what you have). A call that slept on its turn asks
+`Gate.recheck` before it goes: a 429 elsewhere in the meantime sends it back. After the
+call, `Gate.after` settles what was booked with what was used; a 429/503/529 goes to
+`Gate.overloaded`, which pauses the provider for the whole fleet.
 
 Round trips per call, before + after: a provider without `limits:` only checks its pause
 (0 + 0 when the runner's last store round trip before the call read it, see `pauses_for`;
 else 1 + 0; inside the budget's reservation script when the tree has a budget: 1 + 1); a
-limited one books and settles (2, plus 2 with a budget); `scripted:` models have no
-provider (0, or 1 + 1 with a budget).
+limited one books and settles (2, plus 2 with a budget, plus 1 when it slept on its turn);
+`scripted:` models have no provider (0, or 1 + 1 with a budget).
 """
 
 from __future__ import annotations
