@@ -161,3 +161,20 @@ def test_the_lua_books_the_turns_of_the_model(redis_client: redis.Redis) -> None
     assert booked[0] > 0
     expected = pacing.turns(burst(40, at_ms=booked[0]), pacing.spacing_ms(1200))
     assert booked == pytest.approx(expected, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("margin_ms", "per_request_ms", "per_token_ms"),
+    [(None, 52.5, 1.05), (0, 50.0, 1.0), (100, 55.0, 1.1)],
+)
+def test_a_scope_paces_with_its_own_margin(
+    margin_ms: int | None, per_request_ms: float, per_token_ms: float
+) -> None:
+    limits = RateLimits(
+        requests_per_minute=1200, tokens_per_minute=60_000, jitter_margin_ms=margin_ms
+    )
+    scope = Scope("provider:p:k", limits, provider=True)
+    name, per_request, per_token, concurrency = scope.args()
+    assert (name, concurrency) == ("provider:p:k", 0)
+    assert per_request == pytest.approx(per_request_ms)
+    assert per_token == pytest.approx(per_token_ms)

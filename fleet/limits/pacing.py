@@ -13,7 +13,9 @@ spare. A call sent up to that margin later than its turn (the worker's sleep ove
 thread waited for the GIL, the request took a while on the wire) therefore never puts L + 1
 calls in one window. The same holds for any longer window (one minute: 60 * the margin to
 spare), and tokens are paced the same way per token. The price is throughput: the scope runs
-at 1 / (1 + margin / window) of its configured rate (0.952 with the defaults).
+at 1 / (1 + margin / window) of its configured rate (0.952 with the defaults). A provider
+or alias may set its own margin (`limits: {jitter_margin_ms}`): workers far from the
+provider, or on several networks, see more lateness.
 
 `turns` and `most_in_window` are this model in plain Python: the Lua in
 `fleet.limits.limit_scripts` is tested against `turns`, and `most_in_window` is what a
@@ -30,19 +32,19 @@ JITTER_MARGIN_S = 0.05
 """How much later than its booked turn a call may reach the provider without a 429."""
 
 
-def spacing_ms(per_minute: float, units: float = 1.0) -> float:
+def spacing_ms(per_minute: float, units: float = 1.0, margin_s: float = JITTER_MARGIN_S) -> float:
     """Milliseconds a call of `units` (1 request, or its tokens) holds the scope's line.
 
     0 when the scope has no such limit (`per_minute` 0).
     """
     if per_minute <= 0:
         return 0.0
-    return units * 60_000 / per_minute * (1 + JITTER_MARGIN_S / WINDOW_S)
+    return units * 60_000 / per_minute * (1 + margin_s / WINDOW_S)
 
 
-def effective_per_minute(per_minute: float) -> float:
+def effective_per_minute(per_minute: float, margin_s: float = JITTER_MARGIN_S) -> float:
     """What a scope configured at `per_minute` really admits: the margin's cost."""
-    return per_minute / (1 + JITTER_MARGIN_S / WINDOW_S)
+    return per_minute / (1 + margin_s / WINDOW_S)
 
 
 def turns(asks_ms: Iterable[float], spacing: float) -> list[float]:

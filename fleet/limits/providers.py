@@ -67,13 +67,19 @@ class Scope:
         The spacings are `fleet.limits.pacing`'s, margin for jitter included (0: no limit).
         """
         lim = self.limits
-        per_request = pacing.spacing_ms(lim.requests_per_minute or 0)
+        per_request = pacing.spacing_ms(lim.requests_per_minute or 0, margin_s=self.margin_s)
         return [self.name, per_request, self.ms_per_token, lim.max_concurrency or 0]
+
+    @property
+    def margin_s(self) -> float:
+        """The lateness a call may have and still fit the provider's window (`pacing`)."""
+        margin_ms = self.limits.jitter_margin_ms
+        return pacing.JITTER_MARGIN_S if margin_ms is None else margin_ms / 1000
 
     @property
     def ms_per_token(self) -> float:
         """How long one token holds the scope's token line (0.0: no token limit)."""
-        return pacing.spacing_ms(self.limits.tokens_per_minute or 0)
+        return pacing.spacing_ms(self.limits.tokens_per_minute or 0, margin_s=self.margin_s)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,14 @@ from typing import Any, Literal, cast
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+)
 
 from fleet.errors import ConfigError
 from fleet.llm.anthropic import AnthropicClient
@@ -70,6 +77,9 @@ class RateLimits(BaseModel):
     """Input estimate plus `max_output_tokens` is booked before a call, the real usage after."""
     max_concurrency: PositiveInt | None = None
     """Calls in flight at once, fleet-wide."""
+    jitter_margin_ms: NonNegativeInt | None = None
+    """How late a call may reach the provider and still fit its one-second window: the rates
+    are paced that much slower per second (`fleet.limits.pacing`; None: 50 ms, 0: none)."""
 
 
 class ProviderConfig(BaseModel):
