@@ -21,12 +21,14 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
+from fleet.limits.pacing import most_in_window
 from fleet.llm.base import LLMResponse
 from fleet.testing import Script
 
@@ -73,9 +75,12 @@ class Bucket:
 class RollingWindow:
     """At most `limit` units in any `window_s` of arrival times (a sliding log); thread-safe."""
 
-    def __init__(self, limit: float, window_s: float = 1.0) -> None:
+    def __init__(
+        self, limit: float, window_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limit = limit
         self.window_s = window_s
+        self.clock = clock
         self._log: deque[tuple[float, float]] = deque()
         """(arrival, amount) of every unit taken within the last `window_s`."""
         self._held = 0.0
@@ -84,7 +89,7 @@ class RollingWindow:
     def take(self, amount: float) -> float:
         """Take `amount` if the window has room; else 0.0 and the wait until it would have."""
         with self._lock:
-            now = time.monotonic()
+            now = self.clock()
             while self._log and self._log[0][0] <= now - self.window_s:
                 self._held -= self._log.popleft()[1]
             if self._held + amount <= self.limit:
@@ -125,13 +130,7 @@ class Stats:
 
     def max_in_window(self, window_s: float = 1.0) -> int:
         """The most answered requests any rolling `window_s` held."""
-        times = [at for at, ok in self.arrivals if ok]
-        most, start = 0, 0
-        for end, at in enumerate(times):
-            while times[start] <= at - window_s:
-                start += 1
-            most = max(most, end - start + 1)
-        return most
+        return most_in_window([at for at, ok in self.arrivals if ok], window_s)
 
     def longest_gap_s(self) -> float:
         """The longest time between two requests (answered or not): the fleet's idlest spell."""

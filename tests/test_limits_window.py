@@ -23,7 +23,7 @@ from fleet.models import Trace
 from fleet.settings import Settings
 from fleet.storage.redis_store import RedisStore
 from fleet.testing import Script
-from tests.fake_provider import RateLimitedProvider
+from tests.fake_provider import RateLimitedProvider, RollingWindow
 from tests.fleetkit import explore_script
 
 pytestmark = [
@@ -115,3 +115,28 @@ def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
     print(f"after the 429: {gap_s:.3f} s; longest gap between two requests {longest_s:.3f} s")
     assert 0.29 <= gap_s <= 0.3 + 0.15, "the pause is what the provider asked for"
     assert longest_s <= 0.3 + 0.15
+
+
+class Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_the_fake_providers_window_is_exact_and_says_when_it_has_room() -> None:
+    """The server the tests above trust: N in any rolling second, the N + 1th refused."""
+    clock = Clock()
+    window = RollingWindow(3, 1.0, clock)
+    for at_s in (0.0, 0.2, 0.5):
+        clock.now_s = 100.0 + at_s
+        assert window.take(1) == 0.0
+    clock.now_s = 100.9
+    assert window.take(1) == pytest.approx(0.1)  # the first leaves at 101.0
+    clock.now_s = 101.0
+    assert window.take(1) == 0.0, "a window is (t - 1 s, t]: the first has left"
+    assert window.take(1) == pytest.approx(0.2)  # refused asks are not counted
+    assert window.take(2) == pytest.approx(0.5)  # two must leave for two more
