@@ -273,8 +273,8 @@ def exact_runs(url: str, tmp: Path, args: Any) -> None:
     with RateLimitedProvider(
         script, requests_per_s=rate, window="rolling", latency_s=0.05
     ) as server:
-        limited = {"kind": "openai", "base_url": f"{server.url}/v1"}
-        limited["limits"] = {"requests_per_minute": int(rate * 60)}
+        limits = {"requests_per_minute": int(rate * 60)}
+        limited = {"kind": "openai", "base_url": f"{server.url}/v1", "limits": limits}
         with fleet_on(url, tmp, {"fake": limited}, {}, args) as fleet:
             for i in range(args.runs):
                 server.stats.reset()
