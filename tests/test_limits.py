@@ -9,7 +9,15 @@ import pytest
 import redis
 
 from fleet.limits import pacing
-from fleet.limits.providers import Admitted, Limiter, Refused, Scope, estimate_tokens, scopes_for
+from fleet.limits.providers import (
+    MAX_PAUSE_S,
+    Admitted,
+    Limiter,
+    Refused,
+    Scope,
+    estimate_tokens,
+    scopes_for,
+)
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
 from fleet.llm.ratelimit import Budget, RateSignal, parse_duration_s, rate_signal
 from fleet.storage import keys
@@ -257,3 +265,36 @@ def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
     assert f'fleet_limit_waits_total{{scope="{name}"}} 1' in text
     assert f'fleet_provider_overloads_total{{scope="{name}"}} 1' in text
     assert 'fleet_budget_exhaustions_total{reason="tokens"} 1' in text
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"retry-after": "inf"},
+        {"retry-after": "nan"},
+        {"retry-after": "1e300"},
+        {"retry-after-ms": "1e309"},
+        {"retry-after": "86400"},
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1e309"},
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "9999h"},
+        {
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "9999-12-31T23:59:59Z",
+        },
+    ],
+)
+def test_a_hostile_429_pauses_the_fleet_at_most_a_minute(
+    limiter: Limiter, redis_client: redis.Redis, headers: dict[str, str]
+) -> None:
+    """A provider (or a proxy in front of it) may say anything: no day-long pause, no crash."""
+    from fleet.llm.retry import overload_wait_s
+
+    s = (scope(requests_per_minute=600),)
+    asked_s = overload_wait_s(headers, now_s=time.time())
+    waited_s = limiter.overloaded(s, asked_s)
+    assert 0 < waited_s <= MAX_PAUSE_S
+    left_ms = redis_client.pttl(keys.limit_pause(s[0].name))
+    assert 0 < left_ms <= MAX_PAUSE_S * 1000
+    signal = rate_signal(headers, now_s=time.time())
+    limiter.observe(s, signal)  # the same headers on a 200
+    assert redis_client.pttl(keys.limit_pause(s[0].name)) <= MAX_PAUSE_S * 1000

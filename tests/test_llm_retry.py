@@ -219,6 +219,9 @@ def test_refused_connection_is_retried_then_transient_error() -> None:
         ({"retry-after": formatdate(NOW_S + 30, usegmt=True)}, 30.0),
         ({"retry-after": formatdate(NOW_S - 30, usegmt=True)}, 0.0),
         ({"retry-after": "tomorrow"}, None),
+        ({"retry-after": "nan"}, None),  # a header may say anything: not a wait to sleep
+        ({"retry-after": "inf"}, None),
+        ({"retry-after-ms": "1e309", "retry-after": "2"}, 2.0),
     ],
 )
 def test_retry_after_table(headers: dict[str, str], expected_s: float | None) -> None:

@@ -39,6 +39,9 @@ MAX_WAIT_S = 1.0
 """The longest a worker thread sleeps for its booked turn; later turns hand the trace back."""
 SLOT_TTL_S = 300.0
 """A concurrency slot lapses this long after admission if its holder never settles (died)."""
+MAX_PAUSE_S = 60.0
+"""The longest one answer pauses a provider for (its headers may say anything); a provider
+still refusing after it is paused again by the next refusal."""
 OVERLOAD_PAUSE_S = 1.0
 """How long a 429/503/529 without retry-after pauses the provider."""
 CHARS_PER_TOKEN = 3
@@ -221,15 +224,17 @@ class Limiter:
         self._settle(keys=script_keys, args=args)
 
     def pause(self, scope: Scope, pause_s: float, why: str = "paused") -> None:
-        """Hold every worker back from this provider for `pause_s`; bookings start after it."""
+        """Hold every worker back from this provider for `pause_s` (at most `MAX_PAUSE_S`)."""
         script_keys = [keys.limit_state(scope.name), keys.limit_pause(scope.name)]
         script_keys.append(keys.LIMIT_STATS)
-        args: list[str | int] = [math.ceil(pause_s * 1000), keys.LIMIT_STATE_TTL_S]
+        pause_ms = math.ceil(min(pause_s, MAX_PAUSE_S) * 1000)
+        args: list[str | int] = [pause_ms, keys.LIMIT_STATE_TTL_S]
         self._pause(keys=script_keys, args=[*args, scope.name, why])
 
     def overloaded(self, scopes: tuple[Scope, ...], retry_after_s: float | None) -> float:
         """A 429/503/529: pause the provider scopes; the seconds to wait before asking again."""
-        pause_s = OVERLOAD_PAUSE_S if retry_after_s is None else max(retry_after_s, 0.001)
+        asked_s = OVERLOAD_PAUSE_S if retry_after_s is None else retry_after_s
+        pause_s = min(max(asked_s, 0.001), MAX_PAUSE_S)
         for scope in scopes:
             if scope.provider:
                 self.pause(scope, pause_s, "overloaded")

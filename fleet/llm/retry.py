@@ -22,7 +22,7 @@ from fleet.errors import (
     ProviderOverloaded,
     TransientLLMError,
 )
-from fleet.llm.ratelimit import OVERLOAD_STATUS, rate_signal
+from fleet.llm.ratelimit import OVERLOAD_STATUS, finite_s, rate_signal
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -68,16 +68,19 @@ def backoff_s(attempt: int, policy: RetryPolicy) -> float:
 def retry_after_s(headers: Mapping[str, str], now_s: float) -> float | None:
     """The server's requested wait, from `retry-after-ms` or `retry-after`, else None.
 
-    `retry-after` may be seconds or an HTTP date; a date in the past means 0.
+    `retry-after` may be seconds or an HTTP date; a date in the past means 0. A value that
+    is not a finite number of seconds is skipped like an unreadable one.
     """
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
         value = headers.get(name)
         if value is None:
             continue
         try:
-            return max(0.0, float(value) * scale)
+            seconds = finite_s(float(value) * scale)
         except ValueError:
-            pass
+            seconds = None
+        if seconds is not None:
+            return seconds
         if name == "retry-after":
             try:
                 return max(0.0, parsedate_to_datetime(value).timestamp() - now_s)
