@@ -34,14 +34,7 @@ from typing import Any, Literal, cast
 from urllib.parse import urlparse
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeInt,
-    PositiveInt,
-    ValidationError,
-)
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from fleet.errors import ConfigError
 from fleet.llm.anthropic import AnthropicClient
@@ -77,9 +70,10 @@ class RateLimits(BaseModel):
     """Input estimate plus `max_output_tokens` is booked before a call, the real usage after."""
     max_concurrency: PositiveInt | None = None
     """Calls in flight at once, fleet-wide."""
-    jitter_margin_ms: NonNegativeInt | None = None
+    jitter_margin_ms: int | None = Field(default=None, ge=0, le=1000)
     """How late a call may reach the provider and still fit its one-second window: the rates
-    are paced that much slower per second (`fleet.limits.pacing`; None: 50 ms, 0: none)."""
+    are paced that much slower per second (`fleet.limits.pacing`; None: 50 ms, 0: none; a
+    second or more would halve them)."""
 
 
 class ProviderConfig(BaseModel):
