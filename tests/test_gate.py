@@ -199,9 +199,25 @@ def test_a_turn_slept_through_a_pause_is_sent_back(
     waiting = [first.before(branch(i), "plain-fast", 300) for i in range(3)]
     late = waiting[2]
     assert isinstance(late, Go) and late.booked and late.wait_s > 0
-    assert commands(redis_client, lambda: first.recheck(late)) == {"pttl": 1}  # no pause: go
     overloaded = waiting[0]
     assert isinstance(overloaded, Go)
     second.overloaded(overloaded, ProviderOverloaded("HTTP 429", status=429, retry_after_s=0.3))
-    again = first.recheck(late)
+    again = first.sending(late)
     assert isinstance(again, Wait) and again.reason == "pause" and 0.2 < again.retry_in_s <= 0.3
+
+
+def test_every_booked_call_is_counted_as_it_leaves(
+    workers: tuple[Gate, Gate], redis_client: redis.Redis
+) -> None:
+    gate, _ = workers
+    warm = gate.before(branch(0), "plain-fast", 300)
+    assert isinstance(warm, Go) and gate.sending(warm) is None  # loads the script
+    go = gate.before(branch(1), "plain-fast", 300)
+    assert isinstance(go, Go) and go.booked
+    ran = commands(redis_client, lambda: gate.sending(go))
+    assert ran.get("evalsha") == 1 and "zadd" in ran, ran  # one round trip, the send logged
+    scope = go.scopes[1].name  # the alias's limit: 6000/min, 100 sends in a second
+    assert redis_client.zcard(keys.limit_sends(scope)) == 2
+    unbooked = gate.before(branch(2), "plain:m", 300)
+    assert isinstance(unbooked, Go) and not unbooked.booked
+    assert commands(redis_client, lambda: gate.sending(unbooked)) == {}, "nothing to count"

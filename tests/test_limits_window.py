@@ -34,6 +34,9 @@ pytestmark = [
 
 THREADS = 64
 """Branch threads: enough that the limiter's line runs seconds ahead of the clock."""
+RACE_S = 0.1
+"""How long after a 429 calls already past their last check may still reach the provider:
+the answer's way back and the pause's write, on a loaded machine."""
 
 
 def brain(tmp: Path, branches: int, branch_turns: int) -> Script:
@@ -95,10 +98,12 @@ def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
 def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
-    """One 429 (retry-after: 0.300) mid-run: the next request goes ~0.3 s later, not seconds.
+    """One 429 (retry-after: 0.300) mid-run: the fleet pauses ~0.3 s, not seconds.
 
     64 threads book ~3 s ahead of the clock at 20/s; voiding those bookings on the 429
-    (what the limiter did) idled the provider for that long.
+    (what the limiter did) idled the provider for that long. Calls already on their way
+    while the 429 travels back are not held (`RACE_S`); none may leave after that until the
+    pause ends, and the next one leaves as it ends.
     """
     script = brain(tmp_path, 100, branch_turns=0)
     with RateLimitedProvider(script, window="rolling") as server:
@@ -107,13 +112,15 @@ def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
             trace = local.run("survey", model="exact:m")
         log = list(server.stats.arrivals)
     assert trace.status == "completed", trace.error
-    refused = [i for i, (_, answered) in enumerate(log) if not answered]
+    refused = [at for at, answered in log if not answered]
     assert len(refused) == 1
-    at = refused[0]
-    gap_s = log[at + 1][0] - log[at][0]
-    longest_s = max(b[0] - a[0] for a, b in zip(log, log[1:], strict=False))
-    print(f"after the 429: {gap_s:.3f} s; longest gap between two requests {longest_s:.3f} s")
-    assert 0.29 <= gap_s <= 0.3 + 0.15, "the pause is what the provider asked for"
+    times = [at - refused[0] for at, _ in log]
+    inside = [round(t, 3) for t in times if RACE_S < t < 0.29]
+    resumed_s = min(t for t in times if t >= 0.29)
+    longest_s = max(b - a for a, b in zip(times, times[1:], strict=False))
+    print(f"{inside=}; resumed after {resumed_s:.3f} s; longest silence {longest_s:.3f} s")
+    assert not inside, "the pause is what the provider asked for"
+    assert resumed_s <= 0.3 + 0.15, "and not longer"
     assert longest_s <= 0.3 + 0.15
 
 

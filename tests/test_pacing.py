@@ -178,3 +178,79 @@ def test_a_scope_paces_with_its_own_margin(
     assert (name, concurrency) == ("provider:p:k", 0)
     assert per_request == pytest.approx(per_request_ms)
     assert per_token == pytest.approx(per_token_ms)
+
+
+@pytest.mark.parametrize(
+    ("per_minute", "margin_s", "expected"),
+    [
+        (1200, 0.05, (1050.0, 20)),
+        (1000, 0.05, (1050.0, 16)),  # 16.7 a second: 16 whole calls fit in it
+        (30, 0.05, (2050.0, 1)),  # fewer than one a second: one call per spacing
+        (1200, 0.0, (1000.0, 20)),
+        (0, 0.05, (0.0, 0)),
+    ],
+)
+def test_send_window_table(per_minute: int, margin_s: float, expected: tuple[float, int]) -> None:
+    assert pacing.send_window(per_minute, margin_s) == expected
+
+
+@pytest.mark.parametrize(
+    ("sends", "now", "expected"),
+    [
+        ([], 0, 0.0),
+        ([0, 100], 500, 0.0),  # room for a third
+        ([0, 100, 200], 500, 500.0),  # full until the first leaves at 1000
+        ([0, 100, 200], 1000, 0.0),  # the first has just left: a window is (t - 1000, t]
+        ([0, 100, 200, 300], 1000, 100.0),  # the second leaves at 1100
+    ],
+)
+def test_send_wait_table(sends: list[float], now: float, expected: float) -> None:
+    assert pacing.send_wait_ms(sends, now, 1000, 3) == expected
+
+
+def sent(turns: list[float], late: Jitter, *, counted: bool) -> list[float]:
+    """When each call leaves: its turn plus its lateness, then held by the send log if counted."""
+    window_ms, most = pacing.send_window(1200)
+    log: list[float] = []
+    for i in sorted(range(len(turns)), key=lambda i: turns[i] + late(i)):
+        at = turns[i] + late(i)
+        if counted:
+            at += pacing.send_wait_ms(log, at, window_ms, most)
+        log.append(at)
+        log.sort()
+    return log
+
+
+def starved(i: int) -> float:
+    """A worker starved of CPU for a moment: calls 2 to 7 all leave at 400 ms, together."""
+    return 400.0 - pacing.spacing_ms(1200) * i if 2 <= i <= 7 else 0.0
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["sends counted", "turns only"])
+def test_late_calls_leaving_together_are_held_by_the_send_log(counted: bool) -> None:
+    turns = pacing.turns(burst(100), pacing.spacing_ms(1200))
+    on_the_wire = seeded(MARGIN_MS / 2)
+    leaving = sent(turns, starved, counted=counted)
+    arrivals = sorted(at + on_the_wire(i) for i, at in enumerate(leaving))
+    most = pacing.most_in_window(arrivals, 1000)
+    assert (most <= 20) if counted else (most > 20), most
+
+
+def test_the_lua_counts_sends_as_the_model_does(redis_client: redis.Redis) -> None:
+    limiter = Limiter(redis_client)
+    limits = RateLimits(requests_per_minute=1200, jitter_margin_ms=0)  # 20 in any 1000 ms
+    scope = (Scope("provider:p:k", limits, provider=True),)
+    for i in range(20):
+        assert limiter.send(f"t{i}", scope) is None
+    clock = [int(part) for part in redis_client.execute_command("TIME")]
+    now_ms = clock[0] * 1000 + clock[1] // 1000
+    held = limiter.send("t20", scope)
+    assert held is not None and held.reason == "window"
+    sends_key = keys.limit_sends(scope[0].name)
+    members = [f"t{i}" for i in range(20)]  # each logged as "holder:ns"
+    logged = redis_client.zrange(sends_key, 0, -1)
+    assert sorted(str(m).split(":")[0] for m in logged) == sorted(members)
+    sends = sorted(float(redis_client.zscore(sends_key, str(m)) or 0) for m in logged)
+    assert len(sends) == 20, "a send held back is not logged"
+    expected_ms = pacing.send_wait_ms(sends, now_ms, 1000, 20)
+    assert abs(held.retry_in_s * 1000 - expected_ms) <= 5

@@ -113,6 +113,45 @@ return {1, math.floor(math.max(wait, 0)), 'ok'}
 """
 )
 
+# Right before a booked call leaves: the provider's pause once more (a 429 elsewhere while
+# it slept on its turn), then the sends themselves, counted in a sliding log per scope: at
+# most `most` in any `window` ms (`fleet.limits.pacing.send_wait_ms` is this in Python).
+# KEYS: per scope: pause, sends. ARGV: a member naming this send, then per scope: window
+# ms, most sends (0: no request limit, only the pause is checked)
+# Returns {1, 0, 'ok'}: go, the send is logged; {0, ms, 'pause' | 'window'}: not before ms.
+LIMIT_SEND = (
+    _NOW
+    + """
+local n = #KEYS / 2
+local paused = 0
+for i = 1, n do
+  local left = redis.call('PTTL', KEYS[2 * i - 1])
+  if left > paused then paused = left end
+end
+if paused > 0 then return {0, paused, 'pause'} end
+local wait = 0
+for i = 1, n do
+  local window, most = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  if most > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2 * i], '-inf', now - window)
+    local count = redis.call('ZCARD', KEYS[2 * i])
+    if count >= most then
+      local leaving = redis.call('ZRANGE', KEYS[2 * i], count - most, count - most, 'WITHSCORES')
+      wait = math.max(wait, tonumber(leaving[2]) + window - now)
+    end
+  end
+end
+if wait > 0 then return {0, math.ceil(wait), 'window'} end
+for i = 1, n do
+  if tonumber(ARGV[2 * i + 1]) > 0 then
+    redis.call('ZADD', KEYS[2 * i], now, ARGV[1])
+    redis.call('PEXPIRE', KEYS[2 * i], math.ceil(tonumber(ARGV[2 * i])))
+  end
+end
+return {1, 0, 'ok'}
+"""
+)
+
 # After the call: give the slot back, correct the token booking by what was really used
 # (est - used is refunded; more is charged) and fold the call time into the mean.
 # KEYS: per scope: state, slots. ARGV: holder, est tokens, used tokens (0: a failed call),

@@ -17,13 +17,21 @@ at 1 / (1 + margin / window) of its configured rate (0.952 with the defaults). A
 or alias may set its own margin (`limits: {jitter_margin_ms}`): workers far from the
 provider, or on several networks, see more lateness.
 
-`turns` and `most_in_window` are this model in plain Python: the Lua in
-`fleet.limits.limit_scripts` is tested against `turns`, and `most_in_window` is what a
+Turns are booked, but a call can leave much later than its turn when its worker is starved
+of CPU (a fan-out of a hundred branches landing at once): several calls then leave
+together. So the sends themselves are counted too, right before each call goes: at most
+`most` sends in any `window_ms` (`send_window`: the provider's second plus the margin, and
+as many calls as fit in it), and a send that would be one more waits for the oldest to
+leave (`send_wait_ms`). The spacing keeps that wait rare and short.
+
+`turns`, `send_wait_ms` and `most_in_window` are this model in plain Python: the Lua in
+`fleet.limits.limit_scripts` is tested against the first two, and `most_in_window` is what a
 rolling-window provider counts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 
 WINDOW_S = 1.0
@@ -72,3 +80,27 @@ def most_in_window(times_ms: Sequence[float], window_ms: float) -> int:
             start += 1
         most = max(most, end - start + 1)
     return most
+
+
+def send_window(per_minute: float, margin_s: float = JITTER_MARGIN_S) -> tuple[float, int]:
+    """(window ms, most sends in it) for a scope at `per_minute` requests: (0, 0) for none.
+
+    The provider's window (a second, or one spacing when fewer than one call a second is
+    allowed) plus the margin, and the whole calls the provider allows in its window.
+    """
+    if per_minute <= 0:
+        return 0.0, 0
+    window_ms = max(WINDOW_S * 1000, 60_000 / per_minute)
+    most = max(1, math.floor(per_minute * window_ms / 60_000 + 1e-9))
+    return window_ms + margin_s * 1000, most
+
+
+def send_wait_ms(sends_ms: Sequence[float], now_ms: float, window_ms: float, most: int) -> float:
+    """0 when a call may leave at `now_ms`, else how long until it may.
+
+    `sends_ms`: when the scope's earlier calls left (sorted). A window is (t - window_ms, t].
+    """
+    recent = [at for at in sends_ms if at > now_ms - window_ms]
+    if len(recent) < most:
+        return 0.0
+    return recent[len(recent) - most] + window_ms - now_ms

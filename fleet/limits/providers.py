@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -146,6 +147,12 @@ class Limiter:
         self._admit = client.register_script(limit_scripts.LIMIT_ADMIT)
         self._settle = client.register_script(limit_scripts.LIMIT_SETTLE)
         self._pause = client.register_script(limit_scripts.LIMIT_PAUSE)
+        self._send = client.register_script(limit_scripts.LIMIT_SEND)
+
+    @property
+    def max_wait_s(self) -> float:
+        """The longest a worker thread sleeps on a limit for one call."""
+        return self._max_wait_ms / 1000
 
     def admit(self, holder: str, scopes: tuple[Scope, ...], est_tokens: int) -> Admission:
         """Book a call of `est_tokens` for `holder` (a trace id) in every scope: one round trip."""
@@ -165,6 +172,23 @@ class Limiter:
         if reason == "rate":  # come back a little early and sleep the rest of the way
             wait_s -= self._max_wait_ms / 2000
         return Refused(max(wait_s, 0.001), str(reason))
+
+    def send(self, holder: str, scopes: tuple[Scope, ...]) -> Refused | None:
+        """Right before a booked call leaves: None (go, its send is logged), or not yet.
+
+        Refused for a pause set since the call was admitted, or because its scope's send
+        window already holds the provider's limit (`pacing.send_window`): one round trip.
+        """
+        script_keys: list[str] = []
+        args: list[str | int | float] = [f"{holder}:{time.time_ns()}"]
+        for scope in scopes:
+            script_keys += [keys.limit_pause(scope.name), keys.limit_sends(scope.name)]
+            per_minute = scope.limits.requests_per_minute or 0
+            args += pacing.send_window(per_minute, scope.margin_s)
+        ok, wait_ms, reason = self._send(keys=script_keys, args=args)
+        if int(ok) == 1:
+            return None
+        return Refused(int(wait_ms) / 1000, str(reason))
 
     def paused(self, scopes: tuple[Scope, ...]) -> Refused | None:
         """Is the provider of a call no limit books paused? One command of its own.

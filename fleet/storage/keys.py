@@ -179,6 +179,14 @@ def limit_pause(scope: str) -> str:
     return f"{PREFIX}:limit:{scope}:pause"
 
 
+def limit_sends(scope: str) -> str:
+    """Sorted set with PX TTL: the calls that left in the scope's last send window, by when.
+
+    Scored in ms; one more call is held back while it holds the window's limit (`pacing`).
+    """
+    return f"{PREFIX}:limit:{scope}:sends"
+
+
 def limit_ticket(trace_id: str) -> str:
     """Hash with PX TTL: the booked admission a handed-back trace comes back for.
 
