@@ -7,8 +7,9 @@ Starts its own redis-server, a local OpenAI-wire server that enforces its own li
 retry-after-ms beyond it: tests/fake_provider.py) and worker processes, then reports:
 
 - overhead: the gate's cost per model call (round trips, commands and microseconds of
-  `Gate.before` + `Gate.after`) on each path: no provider, a provider without `limits:`
-  (its pause check only), a limited one (admit + settle), each with and without a budget.
+  `Gate.before` + `Gate.sending` + `Gate.after`) on each path: no provider, a provider
+  without `limits:` (its pause check only), a limited one (admit + send + settle), each with
+  and without a budget.
 - requests: an explore of N branches against a server limited to R requests/s, once with
   the same limit in fleet.yaml and once without (each worker backs off its own 429s, as
   before): branches completed, share of 429s, wall time against the limit-bound minimum.
@@ -76,10 +77,13 @@ def overhead(url: str) -> None:
         ("scripted model (no provider)", "scripted:x", "free", 0),
         ("provider without limits: (pause check)", "plain:m", "free", 1),
         ("  + tree budget (check in the reservation)", "plain:m", "budgeted", 2),
-        ("requests/min limit (admit + settle)", "paced:m", "free", 2),
-        ("  + tree budget", "paced:m", "budgeted", 4),
+        ("requests/min limit (admit + send + settle)", "paced:m", "free", 3),
+        ("  + tree budget", "paced:m", "budgeted", 5),
     ]
-    print("\n## Overhead per model call through Gate.before + Gate.after (one thread, local Redis)")
+    print(
+        "\n## Overhead per model call through Gate.before + Gate.sending + Gate.after "
+        "(one thread, local Redis)"
+    )
     print("# wall: client-side us per call; lua: us Redis spent in scripts per call")
     print(f"{'path':<44} {'round trips':>11} {'commands':>8} {'wall us':>9} {'lua us':>8}")
     ping = _per_call(client, lambda i: client.ping())
@@ -90,6 +94,7 @@ def overhead(url: str) -> None:
             trace = Trace(trace_id=f"{root}@explore-{i % 100:03d}", root_trace_id=root, task="x")
             go = gate.before(trace, model, 4000)
             assert isinstance(go, Go), go
+            assert gate.sending(go) is None
             gate.after(go, LLMResponse("x", usage=Usage(10, 10)), 5)
 
         step(0)  # loads the scripts, learns whether the tree has a budget

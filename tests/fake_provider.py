@@ -206,32 +206,37 @@ class RateLimitedProvider:
         self.stop()
 
     def answer(self, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """Status, body and headers for one request."""
+        """Status, body and headers for one request.
+
+        Requests are counted as they arrive, before the model answers (a provider limits
+        at its edge); tokens once the answer's size is known.
+        """
+        arrived = time.monotonic()
+        wait_s = self._injected() or (self.requests.take(1) if self.requests else 0.0)
         response = self.script.respond(request["messages"], request.get("tools") or [])
         # Like real providers, the tool definitions count as prompt tokens too.
         prompt = len(json.dumps(request["messages"]) + json.dumps(request.get("tools") or []))
         prompt //= CHARS_PER_TOKEN
         completion = self.completion_tokens or response.usage.completion_tokens
-        wait_s = self._injected()
-        if not wait_s and self.requests:
-            wait_s = self.requests.take(1)
         if not wait_s and self.tokens:
             wait_s = self.tokens.take(prompt + completion)
-        with self.stats.lock:
-            now = time.monotonic()
-            self.stats.first_at = self.stats.first_at or now
-            self.stats.last_at = now
-            self.stats.arrivals.append((now, not wait_s))
-            if wait_s:
-                self.stats.refused += 1
-            else:
-                self.stats.answered += 1
-                self.stats.tokens += prompt + completion
+        self._count(arrived, wait_s, prompt + completion)
         if wait_s:
             error = {"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}}
             return 429, error, self._retry_after(wait_s)
         time.sleep(self.latency_s)
         return 200, _completion(response, prompt, completion), {}
+
+    def _count(self, arrived: float, wait_s: float, tokens: int) -> None:
+        with self.stats.lock:
+            self.stats.first_at = self.stats.first_at or arrived
+            self.stats.last_at = arrived
+            self.stats.arrivals.append((arrived, not wait_s))
+            if wait_s:
+                self.stats.refused += 1
+            else:
+                self.stats.answered += 1
+                self.stats.tokens += tokens
 
     def refuse_once(self, after_answered: int, retry_after_s: float) -> None:
         """Answer 429 with `retry_after_s` to the first request after `after_answered` answers."""
