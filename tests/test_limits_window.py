@@ -60,10 +60,12 @@ def local_fleet(
     local = InProcessFleet.from_settings(
         settings, store=RedisStore(redis_client), dispatcher=InProcessDispatcher(THREADS)
     )
-    yield local
-    for client in local.runtime.clients.values():
-        if isinstance(client, OpenAIClient):
-            client.close()
+    try:
+        yield local
+    finally:
+        for client in local.runtime.clients.values():
+            if isinstance(client, OpenAIClient):
+                client.close()
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """Provider limits shared by every worker: requests/min, tokens/min and concurrency in Redis.
 
-Each model call with a limit is admitted before it is sent and settled after it
-(`Limiter.admit` / `Limiter.settle`), one Lua script each (`fleet.limits.limit_scripts`). A scope
+Each model call with a limit is admitted before it is sent, counted as it leaves and settled
+after it (`Limiter.admit` / `Limiter.send` / `Limiter.settle`), one Lua script each
+(`fleet.limits.limit_scripts`). A scope
 is a provider and its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALIAS`), each with
 the `limits:` of fleet.yaml. The provider scope exists even without `limits:`: a 429/503/529
 pauses it for every worker (`Limiter.pause`), and rate-limit headers that say nothing is left
