@@ -150,8 +150,8 @@ line (it finished, was stopped, or its worker died)."""
 def limit_state(scope: str) -> str:
     """Hash: `rtat`/`ttat` (GCRA next-free times of requests and tokens, ms), `rnext`...
 
-    `rnext`/`tnext`: the earliest next admission after the last one (a pause moves all four
-    to its end); `dur_ms` is the mean call time.
+    `rnext`/`tnext`: the earliest next admission after the last one (a pause moves any of
+    the four that is earlier to its end); `dur_ms` is the mean call time.
     """
     return f"{PREFIX}:limit:{scope}"
 
