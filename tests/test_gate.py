@@ -221,3 +221,33 @@ def test_every_booked_call_is_counted_as_it_leaves(
     unbooked = gate.before(branch(2), "plain:m", 300)
     assert isinstance(unbooked, Go) and not unbooked.booked
     assert commands(redis_client, lambda: gate.sending(unbooked)) == {}, "nothing to count"
+
+
+def test_a_call_never_sleeps_more_than_a_second_on_its_limits(redis_client: redis.Redis) -> None:
+    """Booked ~1 s out and then held by the send log: handed back, not slept on again."""
+    config = FleetConfig(
+        providers={
+            "slow": ProviderConfig(
+                kind="openai",
+                base_url="http://127.0.0.1:9/v1",
+                limits=RateLimits(requests_per_minute=60, jitter_margin_ms=0),
+            )
+        }
+    )
+    gate = Gate(config, {}, Limiter(redis_client))
+    first = gate.before(branch(1), "slow:m", 300)
+    assert isinstance(first, Go) and first.wait_s == 0 and gate.sending(first) is None
+    second = gate.before(branch(2), "slow:m", 300)
+    assert isinstance(second, Go) and 0.9 < second.wait_s <= 1.0
+    # Sent at once (as if its sleep were over already): the window still holds the first.
+    held = gate.sending(second)
+    assert isinstance(held, Wait) and held.reason == "window" and held.retry_in_s > 0.9
+
+
+def test_a_call_limited_only_by_concurrency_costs_no_send_check(
+    redis_client: redis.Redis,
+) -> None:
+    gate = gate_on(redis_client)
+    go = gate.before(branch(1), "paced:m", 300)
+    assert isinstance(go, Go) and go.booked and go.wait_s == 0
+    assert commands(redis_client, lambda: gate.sending(go)) == {}

@@ -11,7 +11,8 @@ fleet.
 Round trips per call, before + after: a provider without `limits:` only checks its pause
 (0 + 0 when the runner's last store round trip before the call read it, see `pauses_for`;
 else 1 + 0; inside the budget's reservation script when the tree has a budget: 1 + 1); a
-limited one books, counts its send and settles (3, plus 2 with a budget);
+limited one books, counts its send and settles (3; 2 without a requests/min limit when it
+did not sleep on its turn; plus 2 with a budget);
 `scripted:` models have no provider (0, or 1 + 1 with a budget).
 """
 
@@ -258,6 +259,8 @@ class Gate:
         """
         if self.limiter is None or not go.booked:
             return None
+        if go.wait_s == 0 and not any(s.limits.requests_per_minute for s in go.scopes):
+            return None  # no sends to count, and no sleep a pause could have begun in
         allowance_s = max(self.limiter.max_wait_s - go.wait_s, 0.0)
         while (refused := self.limiter.send(go.holder, go.scopes)) is not None:
             if refused.reason != "window" or refused.retry_in_s > allowance_s:
