@@ -71,6 +71,10 @@ class RateLimits(BaseModel):
     """Input estimate plus `max_output_tokens` is booked before a call, the real usage after."""
     max_concurrency: PositiveCount | None = None
     """Calls in flight at once, fleet-wide."""
+    jitter_margin_ms: int | None = Field(default=None, ge=0, le=1000)
+    """How late a call may reach the provider and still fit its one-second window: the rates
+    are paced that much slower per second (`fleet.limits.pacing`; None: 50 ms, 0: none; a
+    second or more would halve them)."""
 
 
 class ProviderConfig(BaseModel):
