@@ -49,6 +49,8 @@ TOOL_NAMES = frozenset(
     | {"ask_human"}
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
+MCP_PREFIX = "mcp__"
+"""Tools of MCP servers are named `mcp__SERVER__TOOL` (`fleet.mcp.tools`)."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})
 """Traces in these modes are read-only whatever their preset (or a file replacing it) says."""
 CACHE_ARGUMENTS = ("task", "messages", "context", "skills")
@@ -90,30 +92,55 @@ class AgentPreset:
     """Most branches one explore call of this agent may ask for (else the fleet default)."""
     max_concurrent: int | None = None
     """Default for how many children of a tree rooted here run at once."""
+    mcp_servers: frozenset[str] | None = None
+    """MCP servers whose tools the agent may use (`mcp:`); None means every declared one."""
 
     def allows(self, tool: str) -> bool:
-        """Whether this preset lets the agent call `tool`."""
+        """Whether this preset lets the agent call `tool`.
+
+        An MCP tool (`mcp__SERVER__TOOL`) needs its server in `mcp_servers`; `tools:`
+        narrows MCP tools only when it names some, so `explore` keeps the read-only ones.
+        """
         if tool in self.denied_tools:
             return False
+        if tool.startswith(MCP_PREFIX):
+            server = tool[len(MCP_PREFIX) :].partition("__")[0]
+            if self.mcp_servers is not None and server not in self.mcp_servers:
+                return False
+            named = {t for t in self.allowed_tools or () if t.startswith(MCP_PREFIX)}
+            return not named or tool in named
         return self.allowed_tools is None or tool in self.allowed_tools
 
     def within(
-        self, allowed: Collection[str] | None, denied: Collection[str], read_only: bool
+        self,
+        allowed: Collection[str] | None,
+        denied: Collection[str],
+        read_only: bool,
+        mcp: Collection[str] | None = None,
     ) -> AgentPreset:
         """The preset cut down to a ceiling; it never widens anything.
 
-        Only tools in `allowed` (None: any) and none in `denied` are left, and it is
-        read-only if `read_only` or if it already was.
+        Only tools in `allowed` (None: any) and none in `denied` are left, only MCP
+        servers in `mcp` (None: any), and it is read-only if `read_only` or if it already was.
         """
         tools = self.allowed_tools
         if allowed is not None:
             tools = frozenset(allowed) if tools is None else tools & frozenset(allowed)
+        servers = self.mcp_servers
+        if mcp is not None:
+            servers = frozenset(mcp) if servers is None else servers & frozenset(mcp)
         denied_tools = self.denied_tools | frozenset(denied)
         read_only = self.read_only or read_only
-        cut = (tools, denied_tools, read_only)
-        if cut == (self.allowed_tools, self.denied_tools, self.read_only):
+        cut = (tools, denied_tools, read_only, servers)
+        if cut == (self.allowed_tools, self.denied_tools, self.read_only, self.mcp_servers):
             return self  # within the ceiling already (an explore branch, each tool call): no copy
-        return replace(self, allowed_tools=tools, denied_tools=denied_tools, read_only=read_only)
+        return replace(
+            self,
+            allowed_tools=tools,
+            denied_tools=denied_tools,
+            read_only=read_only,
+            mcp_servers=servers,
+        )
 
     def fingerprint(self) -> str:
         """A digest of every setting and the prompt: a changed preset is a new preset."""
@@ -215,6 +242,7 @@ class _PresetFrontmatter(BaseModel):
     budget: BudgetIn | None = None
     max_branches: PositiveCount | None = None
     max_concurrent: PositiveCount | None = None
+    mcp: list[str] | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -255,6 +283,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         budget=front.budget.to_budget() if front.budget else None,
         max_branches=front.max_branches,
         max_concurrent=front.max_concurrent,
+        mcp_servers=None if front.mcp is None else frozenset(front.mcp),
     )
 
 
@@ -363,7 +392,8 @@ def _describe(error: ErrorDetails) -> str:
 
 def _check_tools(front: _PresetFrontmatter, known_tools: Collection[str]) -> None:
     for setting, names in (("tools", front.tools or []), ("denied_tools", front.denied_tools)):
-        unknown = sorted(set(names) - set(known_tools))
+        # MCP tools are known only once their server answers: any `mcp__` name may be listed.
+        unknown = sorted(n for n in set(names) - set(known_tools) if not n.startswith(MCP_PREFIX))
         if unknown:
             known = ", ".join(sorted(known_tools))
             raise ConfigError(f"{setting}: unknown tool {unknown[0]!r} (known: {known})")

@@ -41,6 +41,7 @@ from fleet.limits.values import PositiveCount, Price
 from fleet.llm.base import LLMClient
 from fleet.llm.pricing import ModelPricing
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
+from fleet.mcp.config import McpServerConfig, check_servers
 from fleet.security import trust, yamlsafe
 from fleet.security.redact import Redactor
 
@@ -116,6 +117,8 @@ class FleetConfig(BaseModel):
     """Preset name -> model name, for presets that need a different model."""
     context_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     """Share of a model's `context_window` a request may fill before tool outputs are elided."""
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """MCP servers whose tools agents may use (`fleet.mcp.config`, docs/mcp.md)."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,7 @@ def load_config(
     except ValidationError as exc:
         raise ConfigError(_validation_message(source, exc)) from None
     _check_key_envs(source, config, key_envs)
+    check_servers(source, config.mcp_servers)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
     return config
