@@ -2,7 +2,8 @@
 
 Tools: `echo` and `pid` (read-only hints), `write_note` (writes a file), `inject` (a
 result and a description carrying instructions), `huge` (a result of N characters),
-`grow` (adds a tool and sends `notifications/tools/list_changed`), `slow`.
+`grow` (adds a tool and sends `notifications/tools/list_changed`), `slow`,
+`wait_file` (answers once a file exists), `getenv`.
 """
 
 from __future__ import annotations
@@ -55,6 +56,20 @@ async def slow(seconds: float) -> str:
     """Answer after `seconds`."""
     await asyncio.sleep(seconds)
     return "slow done"
+
+
+@server.tool(annotations=READ_ONLY)
+async def wait_file(path: str) -> str:
+    """Answer once the file at `path` exists (a test creates it)."""
+    while not Path(path).exists():
+        await asyncio.sleep(0.02)
+    return f"found {path}"
+
+
+@server.tool(annotations=READ_ONLY)
+def getenv(name: str) -> str:
+    """The value of this server's environment variable `name`, or `<unset>`."""
+    return os.environ.get(name, "<unset>")
 
 
 @server.tool(annotations=READ_ONLY)
