@@ -68,6 +68,7 @@ class McpSessions:
         self._env = dict(env)
         self._servers: dict[str, _Server] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.changed = threading.Event()
         """Set when a server's tool list changed (or was never read): `sync` re-reads it."""
@@ -128,12 +129,16 @@ class McpSessions:
         """Close every session and stop the loop thread."""
         with self._lock:
             loop, self._loop = self._loop, None
-        if loop is None:
+            thread, self._thread = self._thread, None
+        if loop is None or thread is None:
             return
         closing = asyncio.run_coroutine_threadsafe(self._close_all(), loop)
         with contextlib.suppress(Exception):
             closing.result(CLOSE_TIMEOUT_S * 2)
         loop.call_soon_threadsafe(loop.stop)
+        thread.join(CLOSE_TIMEOUT_S)
+        if not thread.is_alive():
+            loop.close()
 
     def _run(self, coro: Coroutine[Any, Any, _T], timeout_s: float) -> _T:
         future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
@@ -149,7 +154,7 @@ class McpSessions:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="mcp-sessions", daemon=True)
                 thread.start()
-                self._loop = loop
+                self._loop, self._thread = loop, thread
             return self._loop
 
     def _state(self, server: str) -> _Server:
