@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # the SDK is imported only once a server is used
 CONNECT_TIMEOUT_S = 30.0
 """Start, handshake and first listing of a server."""
 CLOSE_TIMEOUT_S = 5.0
+ERROR_CHARS = 200
+"""Of a server's error message, what a tool result quotes."""
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -64,6 +66,7 @@ class McpSessions:
     """
 
     def __init__(self, servers: Mapping[str, McpServerConfig], env: Mapping[str, str]) -> None:
+        _quiet_sdk_logs()
         self._configs = dict(servers)
         self._env = dict(env)
         self._servers: dict[str, _Server] = {}
@@ -198,12 +201,17 @@ class McpSessions:
             return await session.call_tool(tool, arguments)
         except MCPError as exc:
             if exc.error.code != _connection_closed():
-                raise ToolError(f"MCP server {server!r}: {exc.error.message}") from None
+                message = " ".join(exc.error.message.split())[:ERROR_CHARS]
+                raise ToolError(f"MCP server {server!r}: {message}") from None
             async with state.lock:
                 if state.link is not None and state.link.session is session:
                     await self._drop(state)  # the next call starts it again
             raise McpUnavailable(
                 f"MCP server {server!r} closed the connection; it starts again on the next call"
+            ) from None
+        except Exception as exc:  # the SDK could not read the answer: never quote it
+            raise ToolError(
+                f"MCP server {server!r} sent a malformed answer ({type(exc).__name__})"
             ) from None
 
     async def _session(self, server: str, state: _Server) -> mcp.ClientSession:
@@ -297,3 +305,19 @@ def _plain(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
+
+
+class _NoServerText(logging.Filter):
+    """Keeps the SDK's line about an unreadable message, drops the traceback quoting it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_sdk_logs() -> None:
+    # The stdio transport logs a server's unparsable line with its text: a server's output
+    # may carry anything (a secret it read), and the worker's log is no place for it.
+    stdio = logging.getLogger("mcp.client.stdio")
+    if not any(isinstance(f, _NoServerText) for f in stdio.filters):
+        stdio.addFilter(_NoServerText())
