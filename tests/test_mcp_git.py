@@ -55,13 +55,15 @@ def setup(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     entry = {"command": str(GIT_SERVER), "args": ["--repository", str(repo)]}
     config = write_config(operator / "fleet.yaml", {"git": entry})
     stage = calls("mcp__git__git_add", repo_path=str(repo), files=["new.txt"])
+    answer = {"content": "{last_tool}"}
     rules = [
-        {"match": "^Show the log", "steps": [calls("mcp__git__git_log", repo_path=str(repo))]},
-        {"match": "^Stage it", "steps": [stage]},
-        {"match": "^Main explores", "steps": [calls("agent", task=["Stage it"])]},
+        {
+            "match": "^Show the log",
+            "steps": [calls("mcp__git__git_log", repo_path=str(repo)), answer],
+        },
+        {"match": "^Stage it", "steps": [stage, answer]},
+        {"match": "^Main explores", "steps": [calls("agent", task=["Stage it"]), answer]},
     ]
-    for rule in rules:
-        rule["steps"].append({"content": "{last_tool}"})
     (operator / "script.yaml").write_text(yaml.safe_dump({"scripts": rules}))
     env = {
         "FLEET_CONFIG": str(config),
