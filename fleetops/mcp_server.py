@@ -9,6 +9,7 @@ for `fleet run`; `explore` reports progress as each branch finishes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
@@ -43,7 +44,11 @@ class FleetTools:
         self.fleet = fleet
 
     async def submit(
-        self, task: str, preset: str = "default", model: str | None = None
+        self,
+        task: str,
+        preset: str = "default",
+        model: str | None = None,
+        workspace: str | None = None,
     ) -> dict[str, Any]:
         """Start a main agent on the fleet; returns its trace id at once.
 
@@ -51,8 +56,12 @@ class FleetTools:
             task: What the agent should do.
             preset: Agent preset (default, explore, analyst, or a project's).
             model: Model name or alias; the fleet's default when left out.
+            workspace: A folder under the fleet's workspace roots; its default otherwise.
         """
-        handle = await _off_loop(self.fleet.submit, task, preset=preset, model=model)
+        where = _workspace(workspace)
+        handle = await _off_loop(
+            self.fleet.submit, task, preset=preset, model=model, workspace=where
+        )
         return {"trace_id": handle.trace_id}
 
     async def explore(
@@ -60,6 +69,7 @@ class FleetTools:
         tasks: list[str],
         ctx: Context,
         model: str | None = None,
+        workspace: str | None = None,
         timeout_s: float = RUN_TIMEOUT_S,
     ) -> dict[str, Any]:
         """Run one read-only explore agent per task, in parallel; every result once done.
@@ -68,12 +78,14 @@ class FleetTools:
             tasks: One question per branch.
             ctx: The request's context: progress goes through it.
             model: Model name or alias; the fleet's default when left out.
+            workspace: A folder under the fleet's workspace roots; its default otherwise.
             timeout_s: Give up waiting after this long (branches keep running).
         """
         limit = self.fleet.runtime.settings.max_branches
         if not tasks or len(tasks) > limit:
             raise ToolError(f"explore: give between 1 and {limit} tasks, not {len(tasks)}")
-        handles = await _off_loop(self.fleet.explore, list(tasks), model=model)
+        where = _workspace(workspace)
+        handles = await _off_loop(self.fleet.explore, list(tasks), model=model, workspace=where)
         results: list[dict[str, Any]] = [{} for _ in handles]
         finished = 0
 
@@ -94,6 +106,7 @@ class FleetTools:
         task: str,
         preset: str = "default",
         model: str | None = None,
+        workspace: str | None = None,
         timeout_s: float = RUN_TIMEOUT_S,
     ) -> dict[str, Any]:
         """Run one agent that may change the workspace; its answer once done.
@@ -102,10 +115,12 @@ class FleetTools:
             task: What the agent should do.
             preset: Agent preset.
             model: Model name or alias; the fleet's default when left out.
+            workspace: A folder under the fleet's workspace roots; its default otherwise.
             timeout_s: Give up waiting after this long (the agent keeps running).
         """
+        where = _workspace(workspace)
         handle = await _off_loop(
-            self.fleet.submit, task, preset=preset, model=model, mode="delegate"
+            self.fleet.submit, task, preset=preset, model=model, mode="delegate", workspace=where
         )
         return await self._settled(handle, timeout_s)
 
@@ -207,6 +222,11 @@ def build_server(fleet: Fleet) -> MCPServer:
     for name, hints in TOOLS.items():
         server.add_tool(getattr(tools, name), name=name, annotations=hints)
     return server
+
+
+def _workspace(value: str | None) -> Path | None:
+    # Checked against the roots by `Fleet.submit`, as any submission is.
+    return Path(value) if value else None
 
 
 async def _off_loop(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:

@@ -167,16 +167,38 @@ def test_reply_answers_a_waiting_trace(served: Served) -> None:
 
 
 def test_a_bad_call_is_a_clear_tool_error(served: Served) -> None:
-    async def body(client: ClientSession) -> tuple[Any, Any]:
-        preset = await client.call_tool("submit", {"task": "x", "preset": "nope"})
-        missing = await client.call_tool("trace", {"trace_id": "no-such-trace"})
-        return preset, missing
+    async def body(client: ClientSession) -> list[Any]:
+        return [
+            await client.call_tool("submit", {"task": "x", "preset": "nope"}),
+            await client.call_tool("trace", {"trace_id": "no-such-trace"}),
+            await client.call_tool("explore", {"tasks": []}),
+        ]
 
-    for result in with_client(served, body):
+    results = with_client(served, body)
+    for result in results:
         assert result.is_error
         (content,) = result.content
         assert "\n" not in content.text and "Traceback" not in content.text
-    assert "unknown preset 'nope'" in with_client(served, body)[0].content[0].text
+    assert "unknown preset 'nope'" in results[0].content[0].text
+    assert "give between 1 and" in results[2].content[0].text
+
+
+def test_a_client_cannot_name_a_workspace_outside_the_roots(served: Served) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("submit", {"task": "Survey /etc"}),
+        ("delegate", {"task": "Survey /etc"}),
+        ("explore", {"tasks": ["Survey /etc"]}),
+    ]
+
+    async def body(client: ClientSession) -> list[Any]:
+        return [
+            await client.call_tool(tool, {**arguments, "workspace": "/etc"})
+            for tool, arguments in calls
+        ]
+
+    for result in with_client(served, body):
+        assert result.is_error, result.content
+        assert "FLEET_WORKSPACE_ROOTS" in result.content[0].text
 
 
 def free_port() -> int:
