@@ -66,6 +66,7 @@ def environment(tmp: Path, redis_url: str | None) -> dict[str, str]:
     workspace.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env |= {"FLEET_WORKSPACE": str(workspace), "FLEET_ALLOW_SCRIPTED": "1"}
+    env["FLEET_WORKSPACE_ROOTS"] = str(workspace)  # not the checkout: fleet code is no root
     if redis_url:
         env |= {"FLEET_REDIS_URL": redis_url, "FLEET_BROKER_URL": redis_url}
     return env

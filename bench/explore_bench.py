@@ -95,6 +95,17 @@ class Bench:
         ideal = statistics.median(asyncio_run(n, latency_ms, True) for _ in range(repeat))
         return Row.of("http", n, latency_ms, fleet, peer, ideal, bare)
 
+    def cli_explore(self, n: int, latency_ms: int, repeat: int) -> tuple[float, float]:
+        """An explore of `n` branches over HTTP through the `fleet run` process (its start-up
+        included) against the plain root-and-chord making the same completions, alternated:
+        the medians of each (issue 23: at most 1.5x)."""
+        task, model = f"survey the workspace in {n} branches", f"lat{latency_ms}"
+        cli, peer = [], []
+        for _ in range(repeat):
+            cli.append(cli_run(self.env, f"{HTTP_PROVIDER}:{model}", inline=False, task=task))
+            peer.append(http_chord_run(self.meter, self.pids, self.base_url, task, model).seconds)
+        return statistics.median(cli), statistics.median(peer)
+
     def one_completion(self, latency_ms: int, repeat: int) -> tuple[float, float, float]:
         """`fleet run` through the fleet and `--inline`, alternated: medians of each and of
         the pairs' differences (process start times under load vary more than the gap)."""
@@ -139,6 +150,7 @@ def environment(redis_url: str, tmp: Path, base_url: str) -> dict[str, str]:
         "FLEET_REDIS_URL": redis_url,
         "FLEET_BROKER_URL": redis_url,
         "FLEET_WORKSPACE": str(workspace),
+        "FLEET_WORKSPACE_ROOTS": str(workspace),  # not the checkout: fleet code is no root
         "FLEET_CONFIG": str(config),
         "FLEET_ALLOW_SCRIPTED": "1",
     }
@@ -175,6 +187,12 @@ def main(argv: list[str] | None = None) -> None:
             + [(lambda n=n: bench.http(n, args.http_latency, args.repeat)) for n in args.http_sizes]
         )
         one = bench.one_completion(args.http_latency, args.repeat)
+        cli_s, chord_s = bench.cli_explore(100, args.http_latency, max(args.repeat, 3))
+        print(
+            f"# fleet run (CLI process) explore of 100 branches over HTTP: {cli_s:.2f} s;"
+            f" plain root + chord, same completions: {chord_s:.2f} s;"
+            f" ratio {cli_s / chord_s:.2f} (issue 23 target <= 1.5)"
+        )
         print(f"# load average after: {load()} (other processes share these cores)")
         print_targets(rows, one, args.workers * args.concurrency)
 

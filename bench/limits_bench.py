@@ -1,19 +1,25 @@
 """Provider limits, tree budgets and fair sharing at full size, with their baselines.
 
-python bench/limits_bench.py [--only overhead,requests,tokens,fairness] [--branches 200]
-                             [--rate 20] [--workers 2] [--concurrency 50]
+python bench/limits_bench.py [--only overhead,requests,tokens,fairness,exact] [--branches 200]
+                             [--rate 20] [--workers 2] [--concurrency 50] [--runs 3]
 
 Starts its own redis-server, a local OpenAI-wire server that enforces its own limit (429 +
 retry-after-ms beyond it: tests/fake_provider.py) and worker processes, then reports:
 
 - overhead: the gate's cost per model call (round trips, commands and microseconds of
-  `Gate.before` + `Gate.after`) on each path: no provider, a provider without `limits:`
-  (its pause check only), a limited one (admit + settle), each with and without a budget.
+  `Gate.before` + `Gate.sending` + `Gate.after`) on each path: no provider, a provider
+  without `limits:` (its pause check only), a limited one (admit + send + settle), each with
+  and without a budget.
 - requests: an explore of N branches against a server limited to R requests/s, once with
   the same limit in fleet.yaml and once without (each worker backs off its own 429s, as
   before): branches completed, share of 429s, wall time against the limit-bound minimum.
 - tokens: the same with the server limited by tokens/s and large completions.
 - fairness: a 3-branch interactive tree alone, then beside a big batch tree; the ratio.
+- exact: an explore of `--exact-branches` (120) branches of two calls each, through real
+  workers, against a server that allows exactly R requests in ANY rolling second (no burst)
+  and answers 429 with `retry-after` in seconds, with `requests_per_minute: 60 R` in
+  fleet.yaml: completions, 429s, the longest gap between two requests, wall time against
+  the limit-bound time (requests / R), `--runs` times.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from fleet.models import Trace  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
 from fleet.storage.redis_server import start_redis_server  # noqa: E402
 from fleet.testing import Script  # noqa: E402
-from tests.fake_provider import RateLimitedProvider  # noqa: E402
+from tests.fake_provider import RateLimitedProvider, Stats  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 from tests.procs import WorkerProcess, start_worker, wait_for_workers  # noqa: E402
 
@@ -71,10 +77,13 @@ def overhead(url: str) -> None:
         ("scripted model (no provider)", "scripted:x", "free", 0),
         ("provider without limits: (pause check)", "plain:m", "free", 1),
         ("  + tree budget (check in the reservation)", "plain:m", "budgeted", 2),
-        ("requests/min limit (admit + settle)", "paced:m", "free", 2),
-        ("  + tree budget", "paced:m", "budgeted", 4),
+        ("requests/min limit (admit + send + settle)", "paced:m", "free", 3),
+        ("  + tree budget", "paced:m", "budgeted", 5),
     ]
-    print("\n## Overhead per model call through Gate.before + Gate.after (one thread, local Redis)")
+    print(
+        "\n## Overhead per model call through Gate.before + Gate.sending + Gate.after "
+        "(one thread, local Redis)"
+    )
     print("# wall: client-side us per call; lua: us Redis spent in scripts per call")
     print(f"{'path':<44} {'round trips':>11} {'commands':>8} {'wall us':>9} {'lua us':>8}")
     ping = _per_call(client, lambda i: client.ping())
@@ -85,6 +94,7 @@ def overhead(url: str) -> None:
             trace = Trace(trace_id=f"{root}@explore-{i % 100:03d}", root_trace_id=root, task="x")
             go = gate.before(trace, model, 4000)
             assert isinstance(go, Go), go
+            assert gate.sending(go) is None
             gate.after(go, LLMResponse("x", usage=Usage(10, 10)), 5)
 
         step(0)  # loads the scripts, learns whether the tree has a budget
@@ -193,7 +203,7 @@ def elapsed(trace: Trace) -> float:
 def explore_run(
     fleet: Fleet, model: str, label: str, server: RateLimitedProvider, bound: Any
 ) -> Run:
-    server.stats.answered = server.stats.refused = server.stats.tokens = 0
+    server.stats.reset()
     trace = fleet.submit("survey", model=model).wait(timeout_s=1800)
     done = sum(c.status == "completed" for c in fleet.store.collaborators(trace.trace_id))
     kids = len(fleet.store.children(trace.trace_id))
@@ -250,6 +260,49 @@ def tokens_runs(url: str, tmp: Path, args: Any) -> None:
                 print(run.line(), flush=True)
 
 
+def exact_runs(url: str, tmp: Path, args: Any) -> None:
+    """A limit configured at exactly what a rolling-window provider enforces."""
+    n, rate = args.exact_branches, args.rate
+    print(
+        f"\n## {n} branches x 2 calls, server allows {rate:g} requests in any rolling second "
+        f"(no burst; 429 + retry-after s), limits: {{requests_per_minute: {int(rate * 60)}}} "
+        f"({args.workers} workers x {args.concurrency} threads)"
+    )
+    print(
+        f"{'run':<6} {'answered':>8} {'429s':>5} {'429 %':>6} {'max/1s':>6} {'gap s':>6} "
+        f"{'wall s':>7} {'bound s':>7} {'ratio':>6} {'<=1.25b+3':>9}"
+    )
+    model = explore_script(tmp / f"exact-{n}.yaml", n, branch_turns=1)
+    path = model.removeprefix("scripted:")
+    script = Script.parse(yaml.safe_load(Path(path).read_text()), path)
+    answered = refused = 0
+    with RateLimitedProvider(
+        script, requests_per_s=rate, window="rolling", latency_s=0.05
+    ) as server:
+        limits = {"requests_per_minute": int(rate * 60)}
+        limited = {"kind": "openai", "base_url": f"{server.url}/v1", "limits": limits}
+        with fleet_on(url, tmp, {"fake": limited}, {}, args) as fleet:
+            for i in range(args.runs):
+                server.stats.reset()
+                trace = fleet.submit("survey", model="fake:m").wait(timeout_s=600)
+                print(exact_row(i + 1, server.stats, elapsed(trace), rate), flush=True)
+                answered, refused = answered + server.stats.answered, refused + server.stats.refused
+    share = refused / max(1, answered + refused)
+    print(f"all runs: {refused} answered 429 of {answered + refused} requests ({share:.2%})")
+
+
+def exact_row(run: int, stats: Stats, wall_s: float, rate: float) -> str:
+    """One run: what the server saw, and whether it meets <= 1 % and 1.25x the bound + 3 s."""
+    bound_s = stats.answered / rate
+    share = stats.refused / max(1, stats.answered + stats.refused)
+    held = share <= 0.01 and wall_s <= 1.25 * bound_s + 3.0
+    return (
+        f"{run:<6} {stats.answered:>8} {stats.refused:>5} {share:>6.1%} "
+        f"{stats.max_in_window():>6} {stats.longest_gap_s():>6.2f} {wall_s:>7.1f} "
+        f"{bound_s:>7.1f} {wall_s / bound_s:>5.2f}x {'yes' if held else 'NO':>9}"
+    )
+
+
 def fairness(url: str, tmp: Path, args: Any) -> None:
     big_n = args.big
     print(
@@ -289,6 +342,8 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=1000, help="branches of the batch tree")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--exact-branches", type=int, default=120)
+    parser.add_argument("--runs", type=int, default=3, help="runs of the exact mode")
     args = parser.parse_args()
     parts = set(args.only.split(","))
     with start_redis_server() as server, tempfile.TemporaryDirectory(prefix="limits-") as tmp:
@@ -300,6 +355,8 @@ def main() -> None:
             tokens_runs(server.url, Path(tmp), args)
         if "fairness" in parts:
             fairness(server.url, Path(tmp), args)
+        if "exact" in parts:
+            exact_runs(server.url, Path(tmp), args)
 
 
 if __name__ == "__main__":

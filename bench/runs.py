@@ -196,9 +196,9 @@ def asyncio_run(n: int, latency_ms: int, root_calls: bool) -> float:
     return time.perf_counter() - start
 
 
-def cli_run(env: Mapping[str, str], model: str, *, inline: bool) -> float:
-    """Wall seconds of one `fleet run [--inline] --model MODEL "say hello"` process."""
-    argv = [sys.executable, "-m", "fleetops.cli.main", "run", "--model", model, "say hello"]
+def cli_run(env: Mapping[str, str], model: str, *, inline: bool, task: str = "say hello") -> float:
+    """Wall seconds of one `fleet run [--inline] --model MODEL TASK` process."""
+    argv = [sys.executable, "-m", "fleetops.cli.main", "run", "--model", model, task]
     if inline:
         argv.append("--inline")
     start = time.perf_counter()

@@ -177,11 +177,14 @@ def read_tree(
 
 
 def _entries(trace: Trace, traces: dict[str, Trace], children: dict[str, list[str]]) -> list[str]:
-    """The outbox entries that would own this trace: its run, its spawn, its settling."""
+    """The outbox entries that would move this trace: its run, its spawn, its calls' settling.
+
+    Not its parent's settle entry: that one waits for this trace to end, it does not run it
+    (a sweeper re-sends only `queued` siblings, so a `running` one nobody holds stays so).
+    """
     found = [outbox.run_entry(trace.trace_id)]
     if trace.parent_trace_id and trace.parent_tool_call_id:
         found.append(outbox.spawn_entry(trace.parent_trace_id, trace.parent_tool_call_id))
-        found.append(outbox.settle_entry(trace.parent_trace_id, trace.parent_tool_call_id))
     kids = [traces[c] for c in children.get(trace.trace_id, []) if c in traces]
     for call in sorted({k.parent_tool_call_id for k in kids if k.parent_tool_call_id}):
         found.append(outbox.spawn_entry(trace.trace_id, call))

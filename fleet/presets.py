@@ -14,6 +14,7 @@ prompt.
     budget: {tokens: 200000, usd: 2.0, sub_agents: 50}   # default for trees rooted here
     max_branches: 40                                     # per explore call
     max_concurrent: 10                                   # children running at once
+    web: {allow_domains: ["*.python.org"]}               # narrows fleet.yaml's filter
     ---
     You are a careful researcher ...
 """
@@ -38,6 +39,7 @@ from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
 from fleet.loop.structured import check_schema
 from fleet.security import trust, yamlsafe
+from fleet.tools.webfilter import DomainRules, WebSection
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
@@ -46,9 +48,11 @@ READ_TOOLS = frozenset({"read_file", "list_dir", "glob", "grep"})
 TOOL_NAMES = frozenset(
     READ_TOOLS
     | {"write_file", "edit_file", "bash", "web_fetch", "skill", "goal", "agent", "evaluate"}
-    | {"ask_human"}
+    | {"ask_human", "web_search"}
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
+ANALYST_TOOLS = frozenset({"read_file", "glob", "grep", "web_search", "web_fetch"})
+"""The built-in `analyst`: reads the workspace and the web, writes nothing."""
 MCP_PREFIX = "mcp__"
 """Tools of MCP servers are named `mcp__SERVER__TOOL` (`fleet.mcp.tools`)."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})
@@ -92,6 +96,8 @@ class AgentPreset:
     """Most branches one explore call of this agent may ask for (else the fleet default)."""
     max_concurrent: int | None = None
     """Default for how many children of a tree rooted here run at once."""
+    web: DomainRules | None = None
+    """`web: {allow_domains, deny_domains}`: added to fleet.yaml's filter, never replacing it."""
     mcp_servers: frozenset[str] | None = None
     """MCP servers whose tools the agent may use (`mcp:`); None means every declared one."""
 
@@ -163,8 +169,9 @@ _EXPLORE_PROMPT = (
     "paths and line numbers, and say plainly what you could not find out."
 )
 _ANALYST_PROMPT = (
-    "You are an analyst. Read the workspace and the web to answer the question, compare "
-    "the options you find, and end with a recommendation and the evidence behind it."
+    "You are an analyst. Read the workspace and the web to answer the question: search "
+    "with web_search, read the pages that matter with web_fetch, compare the options you "
+    "find, and end with a recommendation and the evidence behind it, citing each URL."
 )
 _EVALUATE_PROMPT = """\
 You are a strict, fair judge. You are given a goal and the work done towards it.
@@ -200,9 +207,10 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
         "analyst": AgentPreset(
             name="analyst",
             description="Reads the workspace and the web; compares and recommends.",
-            allowed_tools=READ_TOOLS | {"web_fetch", "skill"},
+            allowed_tools=ANALYST_TOOLS,
             max_iterations=25,
             temperature=0.3,
+            read_only=True,
             system_prompt=_ANALYST_PROMPT,
         ),
         "evaluate": AgentPreset(
@@ -242,6 +250,7 @@ class _PresetFrontmatter(BaseModel):
     budget: BudgetIn | None = None
     max_branches: PositiveCount | None = None
     max_concurrent: PositiveCount | None = None
+    web: WebSection | None = None
     mcp: list[str] | None = None
 
 
@@ -283,6 +292,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         budget=front.budget.to_budget() if front.budget else None,
         max_branches=front.max_branches,
         max_concurrent=front.max_concurrent,
+        web=front.web.rules() if front.web else None,
         mcp_servers=None if front.mcp is None else frozenset(front.mcp),
     )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fleet.limits.gate import Gate
+from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
 from fleet.limits.trees import Trees
 from fleet.llm.base import LLMClient
 from fleet.llm.config import (
@@ -28,7 +29,10 @@ from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
 from fleet.storage.leases import LeaseKeeper
 from fleet.storage.store import TraceStore
+from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
+from fleet.tools.webfilter import OPEN, DomainFilter
+from fleet.tools.websearch.service import SearchService
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ class Runtime:
     """The process's one heartbeat; `build` makes it (it starts with the first lease)."""
     redactor: Redactor = SHAPES_ONLY
     """Masks this process's secrets in everything a run writes (see fleet.security.redact)."""
+    search: WebSearcher | None = None
+    """fleet.yaml's search provider for `web_search`; None when it sets none."""
     mcp: McpSessions | None = None
     """The process's MCP sessions, when fleet.yaml declares `mcp_servers` (started on use)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -111,6 +117,8 @@ class Runtime:
     ) -> Runtime:
         """Load fleet.yaml and the presets; `ConfigError` names what is wrong."""
         config = operator_config(settings)
+        gate = Gate.for_store(store, config, settings.env)
+        redactor = Redactor.from_env(settings.env)
         return cls(
             store=store,
             dispatcher=dispatcher,
@@ -120,12 +128,13 @@ class Runtime:
                 settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
             ),
             tools=default_registry(),
-            gate=Gate.for_store(store, config, settings.env),
+            gate=gate,
             trees=_trees(store),
             hooks=hooks,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
-            redactor=Redactor.from_env(settings.env),
+            redactor=redactor,
+            search=_search(config, settings, store, gate, redactor),
             mcp=McpSessions(config.mcp_servers, settings.env) if config.mcp_servers else None,
         )
 
@@ -165,6 +174,11 @@ class Runtime:
         read_only = ceiling.read_only or trace.mode in READ_ONLY_MODES
         preset = self.preset(trace.preset)
         return preset.within(ceiling.allowed, ceiling.denied, read_only, ceiling.mcp)
+
+    def web_filter(self, trace: Trace) -> DomainFilter:
+        """fleet.yaml's `web:` filter, narrowed by the preset `trace` runs (never widened)."""
+        fleet_wide = OPEN.narrowed(self.config.web.rules())
+        return fleet_wide.narrowed(self.preset(trace.preset).web)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""
@@ -210,6 +224,27 @@ class Runtime:
                     retry=retry,
                 )
             return self.clients[model_name]
+
+
+def _search(
+    config: FleetConfig, settings: Settings, store: TraceStore, gate: Gate, redactor: Redactor
+) -> WebSearcher | None:
+    """The search provider fleet.yaml names, counting on the store's Redis when it has one."""
+    from fleet.storage.redis_store import RedisStore
+
+    if config.search is None:
+        return None
+    counter: SearchCounter = (
+        RedisSearchCounter(store.client) if isinstance(store, RedisStore) else MemorySearchCounter()
+    )
+    return SearchService(
+        config.search,
+        settings.env,
+        counter,
+        limiter=gate.limiter,
+        web_allow=settings.web_allow,
+        redactor=redactor,
+    )
 
 
 def _trees(store: TraceStore) -> Trees | None:

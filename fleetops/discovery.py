@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from fleet.settings import Settings, process_settings, state_dir_for
+from fleet.storage.redis_connect import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +135,24 @@ def fleet_settings(env: Mapping[str, str] | None = None) -> Settings:
     if discovered:
         values["FLEET_REDIS_URL"] = discovered
     elif env is None:
-        return process_settings()
+        settings = process_settings()
+        if not values.get("FLEET_REDIS_URL"):
+            say_where(settings)
+        return settings
     return Settings.from_env(values)
+
+
+def say_where(settings: Settings) -> None:
+    """One line on stderr: no `fleet up` found and no URL set, so which Redis is read.
+
+    Outside the `fleet up` directory a command would otherwise read the default Redis in
+    silence (an empty `fleet trace list`, a run submitted to another fleet).
+    """
+    print(
+        f"fleet: no `fleet up` for {Path.cwd()} or above and FLEET_REDIS_URL unset:"
+        f" using {redact_url(settings.redis_url)}",
+        file=sys.stderr,
+    )
 
 
 def fleet_env(settings: Settings) -> dict[str, str]:

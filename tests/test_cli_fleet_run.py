@@ -69,8 +69,14 @@ def cli_env(url: str, workspace: Path, **extra: str) -> dict[str, str]:
 
 
 def fleet_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # From the workspace, as a user runs it: the checkout (fleet's own code) is no root.
     return subprocess.run(
-        [*FLEET, *args], env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+        [*FLEET, *args],
+        env=env,
+        cwd=env.get("FLEET_WORKSPACE"),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
     )
 
 

@@ -117,3 +117,25 @@ def test_an_unreachable_default_redis_says_what_to_do(
     message = with_hint("cannot reach Redis at 'redis://127.0.0.1:6379/0': refused")
     assert message.startswith("cannot reach Redis") and "start one with `fleet up`" in message
     assert "\n" not in message
+
+
+def test_a_command_outside_any_fleet_up_says_which_redis_it_reads(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env |= {"XDG_STATE_HOME": str(tmp_path / "state"), "FLEET_WORKSPACE_ROOTS": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetops.cli.main", "trace", "list"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    first = done.stderr.splitlines()[0]
+    assert first == (
+        f"fleet: no `fleet up` for {tmp_path.resolve()} or above and FLEET_REDIS_URL unset:"
+        " using redis://127.0.0.1:6379/0"
+    )
+    assert "Traceback" not in done.stderr

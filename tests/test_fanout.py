@@ -39,7 +39,7 @@ def test_interactive_trees_go_first_on_either_broker() -> None:
 @pytest.mark.parametrize(
     ("argv", "problem"),
     [
-        (["--budget-tokens", "0"], "--budget-tokens: must be at least 1"),
+        (["--budget-tokens", "0"], "--budget-tokens: must be greater than 0"),
         (["--budget-usd", "free"], "--budget-usd: not a number"),
         (["--max-concurrent", "-2"], "--max-concurrent: must be at least 1"),
         (["--inline", "--budget-tokens", "100"], "need the fleet (drop --inline)"),

@@ -189,3 +189,65 @@ def test_the_roots_final_turn_survives_a_limit_that_hands_it_back(
     state = gate.budgets.state(root)
     assert state is not None and state.used_tokens == 120 and state.reserved_tokens == 0
     assert isinstance(gate.before(last, "paced:m", 300), Spent), "one final turn only"
+
+
+def test_a_turn_slept_through_a_pause_is_sent_back(
+    workers: tuple[Gate, Gate], redis_client: redis.Redis
+) -> None:
+    """A call admitted for a later turn, then another worker's 429: it does not go."""
+    first, second = workers
+    waiting = [first.before(branch(i), "plain-fast", 300) for i in range(3)]
+    late = waiting[2]
+    assert isinstance(late, Go) and late.booked and late.wait_s > 0
+    overloaded = waiting[0]
+    assert isinstance(overloaded, Go)
+    second.overloaded(overloaded, ProviderOverloaded("HTTP 429", status=429, retry_after_s=0.3))
+    again = first.sending(late)
+    assert isinstance(again, Wait) and again.reason == "pause" and 0.2 < again.retry_in_s <= 0.3
+
+
+def test_every_booked_call_is_counted_as_it_leaves(
+    workers: tuple[Gate, Gate], redis_client: redis.Redis
+) -> None:
+    gate, _ = workers
+    warm = gate.before(branch(0), "plain-fast", 300)
+    assert isinstance(warm, Go) and gate.sending(warm) is None  # loads the script
+    go = gate.before(branch(1), "plain-fast", 300)
+    assert isinstance(go, Go) and go.booked
+    ran = commands(redis_client, lambda: gate.sending(go))
+    assert ran.get("evalsha") == 1 and "zadd" in ran, ran  # one round trip, the send logged
+    scope = go.scopes[1].name  # the alias's limit: 6000/min, 100 sends in a second
+    assert redis_client.zcard(keys.limit_sends(scope)) == 2
+    unbooked = gate.before(branch(2), "plain:m", 300)
+    assert isinstance(unbooked, Go) and not unbooked.booked
+    assert commands(redis_client, lambda: gate.sending(unbooked)) == {}, "nothing to count"
+
+
+def test_a_call_never_sleeps_more_than_a_second_on_its_limits(redis_client: redis.Redis) -> None:
+    """Booked ~1 s out and then held by the send log: handed back, not slept on again."""
+    config = FleetConfig(
+        providers={
+            "slow": ProviderConfig(
+                kind="openai",
+                base_url="http://127.0.0.1:9/v1",
+                limits=RateLimits(requests_per_minute=60, jitter_margin_ms=0),
+            )
+        }
+    )
+    gate = Gate(config, {}, Limiter(redis_client))
+    first = gate.before(branch(1), "slow:m", 300)
+    assert isinstance(first, Go) and first.wait_s == 0 and gate.sending(first) is None
+    second = gate.before(branch(2), "slow:m", 300)
+    assert isinstance(second, Go) and 0.9 < second.wait_s <= 1.0
+    # Sent at once (as if its sleep were over already): the window still holds the first.
+    held = gate.sending(second)
+    assert isinstance(held, Wait) and held.reason == "window" and held.retry_in_s > 0.9
+
+
+def test_a_call_limited_only_by_concurrency_costs_no_send_check(
+    redis_client: redis.Redis,
+) -> None:
+    gate = gate_on(redis_client)
+    go = gate.before(branch(1), "paced:m", 300)
+    assert isinstance(go, Go) and go.booked and go.wait_s == 0
+    assert commands(redis_client, lambda: gate.sending(go)) == {}

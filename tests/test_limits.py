@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
 
-from fleet.limits.providers import Admitted, Limiter, Refused, Scope, estimate_tokens, scopes_for
+from fleet.limits import pacing
+from fleet.limits.providers import (
+    MAX_PAUSE_S,
+    Admitted,
+    Limiter,
+    Refused,
+    Scope,
+    estimate_tokens,
+    scopes_for,
+)
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
 from fleet.llm.ratelimit import Budget, RateSignal, parse_duration_s, rate_signal
 from fleet.storage import keys
@@ -41,12 +51,14 @@ def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
 def test_a_turn_beyond_the_short_wait_is_booked_and_kept(
     limiter: Limiter, redis_client: redis.Redis
 ) -> None:
-    s = (scope(requests_per_minute=60),)  # one a second
+    s = (scope(requests_per_minute=100),)  # one every 630 ms, margin included
+    step_s = pacing.spacing_ms(100) / 1000
     assert limiter.admit("first", s, 1) == Admitted(0.0)
-    assert isinstance(limiter.admit("second", s, 1), Admitted)  # 1 s: the longest sleep
+    assert isinstance(limiter.admit("second", s, 1), Admitted)  # < 1 s: the longest sleep
     late = limiter.admit("third", s, 1)
     assert isinstance(late, Refused) and late.reason == "rate"
-    assert 1.0 <= late.retry_in_s <= 1.6  # booked for 2 s, told to come back half a second early
+    # Booked 2 steps out, told to come back half a second early.
+    assert 2 * step_s - 0.6 <= late.retry_in_s <= 2 * step_s - 0.5
     assert redis_client.hget(keys.limit_ticket("third"), "at") is not None
     # A newcomer books after the third's turn: the handed-back trace kept its place.
     newcomer = limiter.admit("fourth", s, 1)
@@ -83,22 +95,47 @@ def test_a_trace_that_stopped_asking_leaves_the_line(
     assert isinstance(limiter.admit("next", s, 1), Admitted)
 
 
-def test_a_pause_holds_everyone_back_and_voids_older_bookings(
+def test_a_pause_holds_everyone_back_and_keeps_older_bookings(
     limiter: Limiter, redis_client: redis.Redis
 ) -> None:
-    s = (scope(requests_per_minute=60),)
+    s = (scope(requests_per_minute=60),)  # one every 1.05 s
     limiter.admit("a", s, 1)
-    limiter.admit("b", s, 1)
-    booked = limiter.admit("c", s, 1)
-    assert isinstance(booked, Refused)
-    limiter.overloaded(s, retry_after_s=3.0)
+    assert isinstance(limiter.admit("b", s, 1), Refused)  # booked at 1.05 s
+    later = limiter.admit("c", s, 1)  # booked at 2.1 s
+    assert isinstance(later, Refused)
+    limiter.overloaded(s, retry_after_s=0.3)
     paused = limiter.admit("d", s, 1)
     assert isinstance(paused, Refused) and paused.reason == "pause"
-    assert 2.5 < paused.retry_in_s <= 3.0
-    redis_client.delete(keys.limit_pause(s[0].name))  # as if the pause had run out
-    rebooked = limiter.admit("c", s, 1)
-    assert isinstance(rebooked, Refused) and rebooked.retry_in_s > 1.5, "booked after the pause"
+    assert 0.2 < paused.retry_in_s <= 0.3
+    wait_until(lambda: not redis_client.exists(keys.limit_pause(s[0].name)))
+    # "c" keeps its turn: the pause was over long before it, so it changes nothing for "c"
+    # (voided, "c" was booked again behind everyone: 3.15 s out).
+    again = limiter.admit("c", s, 1)
+    assert isinstance(again, Refused) and again.retry_in_s <= later.retry_in_s
+    # A newcomer books after "c".
+    newcomer = limiter.admit("e", s, 1)
+    assert isinstance(newcomer, Refused) and newcomer.retry_in_s > again.retry_in_s + 0.9
     assert limiter.stats()[f"overloaded:{s[0].name}"] == 1
+
+
+def test_a_long_pause_moves_the_next_turn_past_its_end(
+    limiter: Limiter, redis_client: redis.Redis
+) -> None:
+    s = (scope(requests_per_minute=600),)
+    assert limiter.admit("a", s, 1) == Admitted(0.0)
+    limiter.overloaded(s, retry_after_s=3.0)
+    redis_client.delete(keys.limit_pause(s[0].name))  # as if the pause had run out
+    # Nothing goes before the pause would have ended, even a turn booked before it.
+    after = limiter.admit("b", s, 1)
+    assert isinstance(after, Refused) and 2.0 < after.retry_in_s <= 2.5
+
+
+def wait_until(done: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll `done` until it holds (a pause key's TTL running out)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def test_model_scopes_never_take_a_pause(limiter: Limiter) -> None:
@@ -108,11 +145,11 @@ def test_model_scopes_never_take_a_pause(limiter: Limiter) -> None:
 
 
 def test_tokens_are_booked_ahead_and_settled_with_real_usage(limiter: Limiter) -> None:
-    s = (scope(tokens_per_minute=60_000),)  # 1 token per ms
+    s = (scope(tokens_per_minute=60_000),)  # 1 token per ms, 1.05 with the margin
     assert limiter.admit("a", s, 500) == Admitted(0.0)
     second = limiter.admit("b", s, 500)
-    assert isinstance(second, Admitted) and 0.45 <= second.wait_s <= 0.5
-    limiter.settle("a", s, 500, 100, 20)  # "a" used 100: 400 ms handed back
+    assert isinstance(second, Admitted) and 0.47 <= second.wait_s <= 0.525
+    limiter.settle("a", s, 500, 100, 20)  # "a" used 100: 420 ms handed back
     limiter.settle("b", s, 500, 100, 20)
     third = limiter.admit("c", s, 500)
     assert isinstance(third, Admitted) and third.wait_s <= 0.25
@@ -228,3 +265,36 @@ def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
     assert f'fleet_limit_waits_total{{scope="{name}"}} 1' in text
     assert f'fleet_provider_overloads_total{{scope="{name}"}} 1' in text
     assert 'fleet_budget_exhaustions_total{reason="tokens"} 1' in text
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"retry-after": "inf"},
+        {"retry-after": "nan"},
+        {"retry-after": "1e300"},
+        {"retry-after-ms": "1e309"},
+        {"retry-after": "86400"},
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1e309"},
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "9999h"},
+        {
+            "anthropic-ratelimit-requests-remaining": "0",
+            "anthropic-ratelimit-requests-reset": "9999-12-31T23:59:59Z",
+        },
+    ],
+)
+def test_a_hostile_429_pauses_the_fleet_at_most_a_minute(
+    limiter: Limiter, redis_client: redis.Redis, headers: dict[str, str]
+) -> None:
+    """A provider (or a proxy in front of it) may say anything: no day-long pause, no crash."""
+    from fleet.llm.retry import overload_wait_s
+
+    s = (scope(requests_per_minute=600),)
+    asked_s = overload_wait_s(headers, now_s=time.time())
+    waited_s = limiter.overloaded(s, asked_s)
+    assert 0 < waited_s <= MAX_PAUSE_S
+    left_ms = redis_client.pttl(keys.limit_pause(s[0].name))
+    assert 0 < left_ms <= MAX_PAUSE_S * 1000
+    signal = rate_signal(headers, now_s=time.time())
+    limiter.observe(s, signal)  # the same headers on a 200
+    assert redis_client.pttl(keys.limit_pause(s[0].name)) <= MAX_PAUSE_S * 1000

@@ -123,6 +123,14 @@ def test_malformed_yaml_names_file_line_and_problem(tmp_path: Path) -> None:
             "models:\n  fast: {provider: nope, name: m}\n",
             "models.fast.provider: unknown provider 'nope' (known: anthropic, openai, scripted)",
         ),
+        (
+            "providers:\n  p: {kind: openai, base_url: x, limits: {jitter_margin_ms: -5}}\n",
+            "providers.p.limits.jitter_margin_ms: Input should be greater than or equal to 0",
+        ),
+        (
+            "providers:\n  p: {kind: openai, base_url: x, limits: {jitter_margin_ms: 5000}}\n",
+            "providers.p.limits.jitter_margin_ms: Input should be less than or equal to 1000",
+        ),
     ],
 )
 def test_wrong_shapes_are_one_line_errors_saying_where(

@@ -19,7 +19,13 @@ import pytest
 import fleet.llm.base
 from fleet.errors import ConfigError, TransientLLMError
 from fleet.llm.openai import OpenAIClient
-from fleet.llm.retry import RetryPolicy, backoff_s, retry_after_s, send_with_retry
+from fleet.llm.retry import (
+    RetryPolicy,
+    backoff_s,
+    overload_wait_s,
+    retry_after_s,
+    send_with_retry,
+)
 from tests.fake_provider import send_json
 
 NOW_S = 1_700_000_000.0
@@ -213,10 +219,46 @@ def test_refused_connection_is_retried_then_transient_error() -> None:
         ({"retry-after": formatdate(NOW_S + 30, usegmt=True)}, 30.0),
         ({"retry-after": formatdate(NOW_S - 30, usegmt=True)}, 0.0),
         ({"retry-after": "tomorrow"}, None),
+        ({"retry-after": "nan"}, None),  # a header may say anything: not a wait to sleep
+        ({"retry-after": "inf"}, None),
+        ({"retry-after-ms": "1e309", "retry-after": "2"}, 2.0),
     ],
 )
 def test_retry_after_table(headers: dict[str, str], expected_s: float | None) -> None:
     assert retry_after_s(headers, now_s=NOW_S) == expected_s
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected_s"),
+    [
+        ({}, None),
+        ({"retry-after": "0.3"}, 0.3),
+        ({"retry-after-ms": "250", "x-ratelimit-reset-requests": "20s"}, 0.25),
+        # No retry-after: until one request is back (20 s for 100 requests: 0.2 s).
+        (
+            {
+                "x-ratelimit-limit-requests": "100",
+                "x-ratelimit-remaining-requests": "0",
+                "x-ratelimit-reset-requests": "20s",
+            },
+            0.2,
+        ),
+        ({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "450ms"}, 0.45),
+        ({"x-ratelimit-remaining-requests": "3", "x-ratelimit-reset-requests": "450ms"}, None),
+        (
+            {
+                "anthropic-ratelimit-requests-remaining": "0",
+                "anthropic-ratelimit-requests-reset": "2026-01-01T00:00:02Z",
+            },
+            2.0,
+        ),
+    ],
+)
+def test_an_overload_waits_for_what_the_provider_says(
+    headers: dict[str, str], expected_s: float | None
+) -> None:
+    now_s = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    assert overload_wait_s(headers, now_s=now_s) == expected_s
 
 
 @pytest.mark.parametrize(

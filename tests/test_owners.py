@@ -160,3 +160,13 @@ def test_doctor_lists_a_trace_without_an_owner(redis_url: str, redis_client: Any
     check = check_owners(settings)
     assert check.status == "warn" and "1 without an owner: r (queued" in check.detail
     assert owner_index(store).open_trees(10) == ["r"], "the doctor only reads"
+
+
+def test_a_parents_settle_entry_does_not_own_a_child_nobody_runs(store: TraceStore) -> None:
+    # Found by bench/chaos.py: a recovered sibling left the call's settle entry, which
+    # waits for this branch to end; its re-sent task was discarded (revoked by a stop).
+    put(store, "r", status="waiting")
+    open_call(store, "r")
+    put(store, "r@b1", status="running")
+    store.outbox_put(outbox.settle_entry("r", "c1"), now_ms() + 60_000)
+    assert remedies(store) == [("resend", "r@b1")], "the parent is owned by the entry"

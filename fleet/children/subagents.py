@@ -38,7 +38,11 @@ AGENT_SCHEMA: dict[str, Any] = {
                     "items": {},
                 },
                 "continue_from": {"type": "string", "description": "A delegate sub_trace_id."},
-                "agent_type": {"type": "string", "description": "Preset for a delegate."},
+                "agent_type": {
+                    "type": "string",
+                    "description": "Preset for a delegate, or for every branch of an explore "
+                    "(default explore; branches stay read-only whatever the preset).",
+                },
                 "skills": {"type": "array", "items": {"type": "string"}},
                 "context": {"type": "object"},
             },
@@ -130,9 +134,13 @@ def _agent_children(
         spec = _ChildSpec("delegate", preset, task, None, messages)
         return [_child(runtime, parent, call_id, spec, common)]
     if isinstance(task, list) and task and all(isinstance(t, str) and t for t in task):
+        # An explore branch is read-only by its mode (`READ_ONLY_MODES`), whatever preset
+        # it runs: `agent_type: analyst` gives the branches web_search, never a write.
+        branch_preset = str(args.get("agent_type") or "explore")
+        _check_preset(runtime, parent, branch_preset)
         per_branch = _branch_messages(messages, len(task))
         specs = [
-            _ChildSpec("explore", "explore", t, i, messages)
+            _ChildSpec("explore", branch_preset, t, i, messages)
             for i, (t, messages) in enumerate(zip(task, per_branch, strict=True), start=1)
         ]
         return _children(runtime, parent, call_id, specs, common)

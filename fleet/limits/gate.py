@@ -2,21 +2,25 @@
 
 The runner asks `Gate.before` ahead of each call and gets `Go` (send, after a wait of at
 most a second), `Wait` (hand the trace back; ask again in `retry_in_s`) or `Spent` (the
-tree's budget is used up: stop with what you have). After the call, `Gate.after` settles
-what was booked with what was used; a 429/503/529 goes to `Gate.overloaded`, which pauses
-the provider for the whole fleet.
+tree's budget is used up: stop with what you have). A booked call asks `Gate.sending`
+as it leaves: its send is counted in the provider's window, and a 429 elsewhere in the
+meantime sends it back. After the call, `Gate.after` settles what was booked with what was
+used; a 429/503/529 goes to `Gate.overloaded`, which pauses the provider for the whole
+fleet.
 
 Round trips per call, before + after: a provider without `limits:` only checks its pause
 (0 + 0 when the runner's last store round trip before the call read it, see `pauses_for`;
 else 1 + 0; inside the budget's reservation script when the tree has a budget: 1 + 1); a
-limited one books and settles (2, plus 2 with a budget); `scripted:` models have no
-provider (0, or 1 + 1 with a budget).
+limited one books, counts its send and settles (3; 2 without a requests/min limit when it
+did not sleep on its turn; plus 2 with a budget);
+`scripted:` models have no provider (0, or 1 + 1 with a budget).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -245,12 +249,34 @@ class Gate:
         if response is not None:
             self.limiter.observe(go.scopes, response.rate)
 
+    def sending(self, go: Go) -> Wait | None:
+        """Right before a booked call leaves (after its sleep): go (None), or not now.
+
+        Its send is counted against the provider's window (a starved worker's late calls
+        must not leave together), waiting out what the window asks within the thread's
+        sleep allowance; a pause set meanwhile (a 429 elsewhere), or a longer wait, hands
+        the call back and its booking is settled as unused. One round trip per try.
+        """
+        if self.limiter is None or not go.booked:
+            return None
+        if go.wait_s == 0 and not any(s.limits.requests_per_minute for s in go.scopes):
+            return None  # no sends to count, and no sleep a pause could have begun in
+        allowance_s = max(self.limiter.max_wait_s - go.wait_s, 0.0)
+        while (refused := self.limiter.send(go.holder, go.scopes)) is not None:
+            if refused.reason != "window" or refused.retry_in_s > allowance_s:
+                self.after(go, None, None)
+                return Wait(refused.retry_in_s, refused.reason)
+            time.sleep(refused.retry_in_s)
+            allowance_s -= refused.retry_in_s
+        return None
+
     def overloaded(self, go: Go, exc: ProviderOverloaded) -> Wait:
         """Pause the provider for every worker; this trace waits out the pause."""
         if self.limiter is None or not go.scopes:
             raise exc
-        self.after(go, None, None)
+        # The pause first: every call that leaves before it is set goes into a full window.
         pause_s = self.limiter.overloaded(go.scopes, exc.retry_after_s)
+        self.after(go, None, None)
         return Wait(pause_s, f"overloaded ({exc.status})")
 
 

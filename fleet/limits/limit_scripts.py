@@ -11,7 +11,9 @@ from __future__ import annotations
 # burst (each admission books the next free time: `rtat`/`ttat`), so bookings are handed
 # out in arrival order and a trace that was handed back keeps its place (its ticket). The
 # admissions themselves are also spaced from the last one (`rnext`/`tnext`): turns taken
-# late never go out as a burst.
+# late, or after a pause, never go out as a burst. The spacing (ms per request, ms per
+# token) comes from `fleet.limits.pacing`, margin for jitter included; `turns` there is this
+# model in Python.
 # Concurrency is a semaphore (sorted set with deadlines, so a dead worker's slot lapses)
 # with a first-come-first-served line. Time is Redis's own clock: every worker agrees.
 
@@ -22,7 +24,8 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 # KEYS: ticket, stats, then per scope: state, slots, line, seen, pause
 # ARGV: holder, est tokens, max_wait_ms, slot_ttl_ms, ticket grace ms, line stale ms,
-#       state ttl s, then per scope: name, requests/min, tokens/min, max concurrency (0: none)
+#       state ttl s, then per scope: name, ms per request, ms per token, max concurrency
+#       (0: no such limit)
 # Returns {1, wait_ms, 'ok'}: admitted, go in wait_ms (<= max_wait_ms);
 #         {0, retry_ms, reason}: not now (reason pause | concurrency | rate), ask again then.
 LIMIT_ADMIT = (
@@ -67,12 +70,6 @@ for i = 1, n do
   end
 end
 local at = tonumber(redis.call('HGET', KEYS[1], 'at'))
-if at then
-  for i = 1, n do
-    local epoch = redis.call('HGET', key(i, 1), 'epoch') or '0'
-    if redis.call('HGET', KEYS[1], 'e' .. i) ~= epoch then at = nil end
-  end
-end
 if not at then
   at = now
   for i = 1, n do
@@ -80,8 +77,8 @@ if not at then
     if num(i, 3) > 0 and field(i, 'ttat') > at then at = field(i, 'ttat') end
   end
   for i = 1, n do
-    if num(i, 2) > 0 then redis.call('HSET', key(i, 1), 'rtat', at + 60000 / num(i, 2)) end
-    if num(i, 3) > 0 then redis.call('HSET', key(i, 1), 'ttat', at + est * 60000 / num(i, 3)) end
+    if num(i, 2) > 0 then redis.call('HSET', key(i, 1), 'rtat', at + num(i, 2)) end
+    if num(i, 3) > 0 then redis.call('HSET', key(i, 1), 'ttat', at + est * num(i, 3)) end
     redis.call('EXPIRE', key(i, 1), ttl)
   end
 end
@@ -94,21 +91,15 @@ for i = 1, n do
 end
 local wait = go - now
 if wait > max_wait then
-  local ticket = {'at', tostring(at)}
-  for i = 1, n do
-    ticket[#ticket + 1] = 'e' .. i
-    ticket[#ticket + 1] = redis.call('HGET', key(i, 1), 'epoch') or '0'
-  end
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], unpack(ticket))
+  redis.call('HSET', KEYS[1], 'at', tostring(at))
   redis.call('PEXPIRE', KEYS[1], math.floor(wait + grace))
   count('waited')
   return {0, math.floor(wait), 'rate'}
 end
 go = math.max(go, now)
 for i = 1, n do
-  if num(i, 2) > 0 then redis.call('HSET', key(i, 1), 'rnext', go + 60000 / num(i, 2)) end
-  if num(i, 3) > 0 then redis.call('HSET', key(i, 1), 'tnext', go + est * 60000 / num(i, 3)) end
+  if num(i, 2) > 0 then redis.call('HSET', key(i, 1), 'rnext', go + num(i, 2)) end
+  if num(i, 3) > 0 then redis.call('HSET', key(i, 1), 'tnext', go + est * num(i, 3)) end
   if num(i, 4) > 0 then
     redis.call('ZADD', key(i, 2), go + slot_ttl, holder)
     redis.call('ZREM', key(i, 3), holder)
@@ -122,20 +113,59 @@ return {1, math.floor(math.max(wait, 0)), 'ok'}
 """
 )
 
+# Right before a booked call leaves: the provider's pause once more (a 429 elsewhere while
+# it slept on its turn), then the sends themselves, counted in a sliding log per scope: at
+# most `most` in any `window` ms (`fleet.limits.pacing.send_wait_ms` is this in Python).
+# KEYS: per scope: pause, sends. ARGV: a member naming this send, then per scope: window
+# ms, most sends (0: no request limit, only the pause is checked)
+# Returns {1, 0, 'ok'}: go, the send is logged; {0, ms, 'pause' | 'window'}: not before ms.
+LIMIT_SEND = (
+    _NOW
+    + """
+local n = #KEYS / 2
+local paused = 0
+for i = 1, n do
+  local left = redis.call('PTTL', KEYS[2 * i - 1])
+  if left > paused then paused = left end
+end
+if paused > 0 then return {0, paused, 'pause'} end
+local wait = 0
+for i = 1, n do
+  local window, most = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  if most > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2 * i], '-inf', now - window)
+    local count = redis.call('ZCARD', KEYS[2 * i])
+    if count >= most then
+      local leaving = redis.call('ZRANGE', KEYS[2 * i], count - most, count - most, 'WITHSCORES')
+      wait = math.max(wait, tonumber(leaving[2]) + window - now)
+    end
+  end
+end
+if wait > 0 then return {0, math.ceil(wait), 'window'} end
+for i = 1, n do
+  if tonumber(ARGV[2 * i + 1]) > 0 then
+    redis.call('ZADD', KEYS[2 * i], now, ARGV[1])
+    redis.call('PEXPIRE', KEYS[2 * i], math.ceil(tonumber(ARGV[2 * i])))
+  end
+end
+return {1, 0, 'ok'}
+"""
+)
+
 # After the call: give the slot back, correct the token booking by what was really used
 # (est - used is refunded; more is charged) and fold the call time into the mean.
 # KEYS: per scope: state, slots. ARGV: holder, est tokens, used tokens (0: a failed call),
-# duration ms (-1: none), state ttl s, then per scope: tokens/min
+# duration ms (-1: none), state ttl s, then per scope: ms per token (0: no token limit)
 LIMIT_SETTLE = """
 local holder, est = ARGV[1], tonumber(ARGV[2])
 local used, dur = tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #KEYS / 2 do
   local state = KEYS[2 * i - 1]
   redis.call('ZREM', KEYS[2 * i], holder)
-  local tpm = tonumber(ARGV[5 + i])
-  if tpm > 0 and redis.call('EXISTS', state) == 1 then
-    redis.call('HINCRBYFLOAT', state, 'ttat', (used - est) * 60000 / tpm)
-    redis.call('HINCRBYFLOAT', state, 'tnext', (used - est) * 60000 / tpm)
+  local per_token = tonumber(ARGV[5 + i])
+  if per_token > 0 and redis.call('EXISTS', state) == 1 then
+    redis.call('HINCRBYFLOAT', state, 'ttat', (used - est) * per_token)
+    redis.call('HINCRBYFLOAT', state, 'tnext', (used - est) * per_token)
   end
   if dur >= 0 then
     local mean = tonumber(redis.call('HGET', state, 'dur_ms')) or dur
@@ -147,7 +177,11 @@ return 1
 """
 
 # A provider said "back off" (429/503/529 with retry-after, or headers with nothing left):
-# every worker waits, older bookings are void (epoch) and new ones start after the pause.
+# every worker waits out the pause and nothing is booked inside it. Bookings made before it
+# keep their turns: those that fell inside the pause go as soon as it ends, spaced from one
+# another (`rnext`), and the later ones as booked. (Voiding them instead sent every ticket
+# to the back of the line: the fleet then idled for as long as the line was, seconds, after
+# a 429 that asked for 0.3 s.)
 # KEYS: state, pause, stats. ARGV: pause ms, state ttl s, scope name, stats field
 LIMIT_PAUSE = (
     _NOW
@@ -155,7 +189,6 @@ LIMIT_PAUSE = (
 local ms = tonumber(ARGV[1])
 if ms <= 0 then return 0 end
 if redis.call('PTTL', KEYS[2]) < ms then redis.call('SET', KEYS[2], '1', 'PX', ms) end
-redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 for _, f in ipairs({'rtat', 'ttat', 'rnext', 'tnext'}) do
   local v = tonumber(redis.call('HGET', KEYS[1], f)) or 0
   if v < now + ms then redis.call('HSET', KEYS[1], f, now + ms) end

@@ -1,7 +1,8 @@
 """Provider limits shared by every worker: requests/min, tokens/min and concurrency in Redis.
 
-Each model call with a limit is admitted before it is sent and settled after it
-(`Limiter.admit` / `Limiter.settle`), one Lua script each (`fleet.limits.limit_scripts`). A scope
+Each model call with a limit is admitted before it is sent, counted as it leaves and settled
+after it (`Limiter.admit` / `Limiter.send` / `Limiter.settle`), one Lua script each
+(`fleet.limits.limit_scripts`). A scope
 is a provider and its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALIAS`), each with
 the `limits:` of fleet.yaml. The provider scope exists even without `limits:`: a 429/503/529
 pauses it for every worker (`Limiter.pause`), and rate-limit headers that say nothing is left
@@ -11,7 +12,8 @@ before the call (`fleet.storage.writes.PauseRead`; `Limiter.held`); without one 
 of its own (`Limiter.paused`).
 
 Pacing is GCRA without burst: each admission books the next free time of every scope it
-needs, so calls are spread evenly at the configured rate and booked in arrival order. An
+needs, so calls are spread evenly at the configured rate, less a margin for jitter
+(`fleet.limits.pacing`), and booked in arrival order. An
 admission more than `max_wait_s` away is kept as a ticket for the trace; the caller hands the
 trace back (the worker re-enqueues it with a countdown) and takes its booked turn when it
 returns. No worker thread sleeps longer than `max_wait_s` on a limit.
@@ -21,13 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import redis
 
-from fleet.limits import limit_scripts
+from fleet.limits import limit_scripts, pacing
 from fleet.llm.config import FleetConfig, RateLimits, resolve_target
 from fleet.llm.ratelimit import RateSignal
 from fleet.storage import keys
@@ -38,6 +41,9 @@ MAX_WAIT_S = 1.0
 """The longest a worker thread sleeps for its booked turn; later turns hand the trace back."""
 SLOT_TTL_S = 300.0
 """A concurrency slot lapses this long after admission if its holder never settles (died)."""
+MAX_PAUSE_S = 60.0
+"""The longest one answer pauses a provider for (its headers may say anything); a provider
+still refusing after it is paused again by the next refusal."""
 OVERLOAD_PAUSE_S = 1.0
 """How long a 429/503/529 without retry-after pauses the provider."""
 CHARS_PER_TOKEN = 3
@@ -60,11 +66,25 @@ class Scope:
         lim = self.limits
         return bool(lim.requests_per_minute or lim.tokens_per_minute or lim.max_concurrency)
 
-    def args(self) -> list[str | int]:
-        """The script's per-scope arguments: name, requests/min, tokens/min, max concurrency."""
+    def args(self) -> list[str | int | float]:
+        """The script's per-scope arguments: name, ms per request, ms per token, concurrency.
+
+        The spacings are `fleet.limits.pacing`'s, margin for jitter included (0: no limit).
+        """
         lim = self.limits
-        per_min = [lim.requests_per_minute, lim.tokens_per_minute, lim.max_concurrency]
-        return [self.name, *(v or 0 for v in per_min)]
+        per_request = pacing.spacing_ms(lim.requests_per_minute or 0, margin_s=self.margin_s)
+        return [self.name, per_request, self.ms_per_token, lim.max_concurrency or 0]
+
+    @property
+    def margin_s(self) -> float:
+        """The lateness a call may have and still fit the provider's window (`pacing`)."""
+        margin_ms = self.limits.jitter_margin_ms
+        return pacing.JITTER_MARGIN_S if margin_ms is None else margin_ms / 1000
+
+    @property
+    def ms_per_token(self) -> float:
+        """How long one token holds the scope's token line (0.0: no token limit)."""
+        return pacing.spacing_ms(self.limits.tokens_per_minute or 0, margin_s=self.margin_s)
 
 
 @dataclass(frozen=True)
@@ -128,11 +148,18 @@ class Limiter:
         self._admit = client.register_script(limit_scripts.LIMIT_ADMIT)
         self._settle = client.register_script(limit_scripts.LIMIT_SETTLE)
         self._pause = client.register_script(limit_scripts.LIMIT_PAUSE)
+        self._send = client.register_script(limit_scripts.LIMIT_SEND)
+
+    @property
+    def max_wait_s(self) -> float:
+        """The longest a worker thread sleeps on a limit for one call."""
+        return self._max_wait_ms / 1000
 
     def admit(self, holder: str, scopes: tuple[Scope, ...], est_tokens: int) -> Admission:
         """Book a call of `est_tokens` for `holder` (a trace id) in every scope: one round trip."""
         script_keys = [keys.limit_ticket(holder), keys.LIMIT_STATS]
-        args: list[str | int] = [holder, est_tokens, self._max_wait_ms, int(SLOT_TTL_S * 1000)]
+        args: list[str | int | float] = [holder, est_tokens, self._max_wait_ms]
+        args.append(int(SLOT_TTL_S * 1000))
         args += [keys.LIMIT_TICKET_GRACE_MS, keys.LIMIT_LINE_STALE_MS, keys.LIMIT_STATE_TTL_S]
         for scope in scopes:
             name = scope.name
@@ -146,6 +173,23 @@ class Limiter:
         if reason == "rate":  # come back a little early and sleep the rest of the way
             wait_s -= self._max_wait_ms / 2000
         return Refused(max(wait_s, 0.001), str(reason))
+
+    def send(self, holder: str, scopes: tuple[Scope, ...]) -> Refused | None:
+        """Right before a booked call leaves: None (go, its send is logged), or not yet.
+
+        Refused for a pause set since the call was admitted, or because its scope's send
+        window already holds the provider's limit (`pacing.send_window`): one round trip.
+        """
+        script_keys: list[str] = []
+        args: list[str | int | float] = [f"{holder}:{time.time_ns()}"]
+        for scope in scopes:
+            script_keys += [keys.limit_pause(scope.name), keys.limit_sends(scope.name)]
+            per_minute = scope.limits.requests_per_minute or 0
+            args += pacing.send_window(per_minute, scope.margin_s)
+        ok, wait_ms, reason = self._send(keys=script_keys, args=args)
+        if int(ok) == 1:
+            return None
+        return Refused(int(wait_ms) / 1000, str(reason))
 
     def paused(self, scopes: tuple[Scope, ...]) -> Refused | None:
         """Is the provider of a call no limit books paused? One command of its own.
@@ -197,23 +241,25 @@ class Limiter:
         whole booking; `duration_ms` None leaves the mean call time alone.
         """
         script_keys: list[str] = []
-        args: list[str | int] = [holder, est_tokens, used_tokens or 0]
+        args: list[str | int | float] = [holder, est_tokens, used_tokens or 0]
         args += [-1 if duration_ms is None else duration_ms, keys.LIMIT_STATE_TTL_S]
         for scope in scopes:
             script_keys += [keys.limit_state(scope.name), keys.limit_slots(scope.name)]
-            args.append(scope.limits.tokens_per_minute or 0)
+            args.append(scope.ms_per_token)
         self._settle(keys=script_keys, args=args)
 
     def pause(self, scope: Scope, pause_s: float, why: str = "paused") -> None:
-        """Hold every worker back from this provider for `pause_s`; bookings start after it."""
+        """Hold every worker back from this provider for `pause_s` (at most `MAX_PAUSE_S`)."""
         script_keys = [keys.limit_state(scope.name), keys.limit_pause(scope.name)]
         script_keys.append(keys.LIMIT_STATS)
-        args: list[str | int] = [math.ceil(pause_s * 1000), keys.LIMIT_STATE_TTL_S]
+        pause_ms = math.ceil(min(pause_s, MAX_PAUSE_S) * 1000)
+        args: list[str | int] = [pause_ms, keys.LIMIT_STATE_TTL_S]
         self._pause(keys=script_keys, args=[*args, scope.name, why])
 
     def overloaded(self, scopes: tuple[Scope, ...], retry_after_s: float | None) -> float:
         """A 429/503/529: pause the provider scopes; the seconds to wait before asking again."""
-        pause_s = OVERLOAD_PAUSE_S if retry_after_s is None else max(retry_after_s, 0.001)
+        asked_s = OVERLOAD_PAUSE_S if retry_after_s is None else retry_after_s
+        pause_s = min(max(asked_s, 0.001), MAX_PAUSE_S)
         for scope in scopes:
             if scope.provider:
                 self.pause(scope, pause_s, "overloaded")

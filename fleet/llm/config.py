@@ -44,6 +44,8 @@ from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
 from fleet.mcp.config import McpServerConfig, check_servers
 from fleet.security import trust, yamlsafe
 from fleet.security.redact import Redactor
+from fleet.tools.webfilter import WebSection
+from fleet.tools.websearch.config import SearchConfig
 
 CONFIG_FILE = "fleet.yaml"
 CONFIG_PATH_ENV = "FLEET_CONFIG"
@@ -70,6 +72,10 @@ class RateLimits(BaseModel):
     """Input estimate plus `max_output_tokens` is booked before a call, the real usage after."""
     max_concurrency: PositiveCount | None = None
     """Calls in flight at once, fleet-wide."""
+    jitter_margin_ms: int | None = Field(default=None, ge=0, le=1000)
+    """How late a call may reach the provider and still fit its one-second window: the rates
+    are paced that much slower per second (`fleet.limits.pacing`; None: 50 ms, 0: none; a
+    second or more would halve them)."""
 
 
 class ProviderConfig(BaseModel):
@@ -117,6 +123,10 @@ class FleetConfig(BaseModel):
     """Preset name -> model name, for presets that need a different model."""
     context_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     """Share of a model's `context_window` a request may fill before tool outputs are elided."""
+    search: SearchConfig | None = None
+    """The provider `web_search` asks (`fleet.tools.websearch`); None: no web_search."""
+    web: WebSection = WebSection()
+    """Domains web_search and web_fetch may touch (`fleet.tools.webfilter`)."""
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
     """MCP servers whose tools agents may use (`fleet.mcp.config`, docs/mcp.md)."""
 
@@ -185,6 +195,8 @@ def _validation_message(source: str, exc: ValidationError) -> str:
 def _check_key_envs(source: str, config: FleetConfig, allowed: frozenset[str]) -> None:
     for name, provider in config.providers.items():
         trust.check_key_env(f"{source}: providers.{name}", provider.api_key_env, allowed)
+    if config.search is not None:
+        trust.check_key_env(f"{source}: search", config.search.api_key_env, allowed)
 
 
 def _check_model_providers(source: str, config: FleetConfig) -> None:

@@ -9,6 +9,7 @@ OpenAI-compatible servers send `x-ratelimit-{limit,remaining,reset}-{requests,to
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,16 +63,21 @@ class RateSignal:
 
 
 def parse_duration_s(text: str) -> float | None:
-    """`1s`, `6m0s`, `120ms`, `1h2m3.5s` or plain seconds; None if unreadable."""
+    """`1s`, `6m0s`, `120ms`, `1h2m3.5s` or plain seconds; None if unreadable (or infinite)."""
     text = text.strip()
     try:
-        return max(0.0, float(text))
+        return finite_s(float(text))
     except ValueError:
         pass
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    return finite_s(sum(float(n) * _UNIT_S[u] for n, u in parts))
+
+
+def finite_s(seconds: float) -> float | None:
+    """A wait read from a header: at least 0, None for `inf`/`nan` (a header may say anything)."""
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _int(value: str | None) -> int | None:

@@ -21,7 +21,7 @@ from fleet.errors import (
     ProviderOverloaded,
     TransientLLMError,
 )
-from fleet.llm.ratelimit import OVERLOAD_STATUS
+from fleet.llm.ratelimit import OVERLOAD_STATUS, finite_s, rate_signal
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
 if TYPE_CHECKING:
@@ -69,22 +69,38 @@ def backoff_s(attempt: int, policy: RetryPolicy) -> float:
 def retry_after_s(headers: Mapping[str, str], now_s: float) -> float | None:
     """The server's requested wait, from `retry-after-ms` or `retry-after`, else None.
 
-    `retry-after` may be seconds or an HTTP date; a date in the past means 0.
+    `retry-after` may be seconds or an HTTP date; a date in the past means 0. A value that
+    is not a finite number of seconds is skipped like an unreadable one.
     """
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
         value = headers.get(name)
         if value is None:
             continue
         try:
-            return max(0.0, float(value) * scale)
+            seconds = finite_s(float(value) * scale)
         except ValueError:
-            pass
+            seconds = None
+        if seconds is not None:
+            return seconds
         if name == "retry-after":
             try:
                 return max(0.0, parsedate_to_datetime(value).timestamp() - now_s)
             except (TypeError, ValueError):
                 return None
     return None
+
+
+def overload_wait_s(headers: Mapping[str, str], now_s: float) -> float | None:
+    """How long a 429/503/529 asks everyone to wait, or None when it does not say.
+
+    `retry-after-ms` or `retry-after` first; else the rate-limit headers' reset of what is
+    exhausted (OpenAI `x-ratelimit-reset-*`, Anthropic `anthropic-ratelimit-*-reset`),
+    until one unit is back.
+    """
+    asked_s = retry_after_s(headers, now_s)
+    if asked_s is None:
+        asked_s = rate_signal(headers, now_s).pause_s()
+    return asked_s
 
 
 def error_detail(response: httpx.Response, redactor: Redactor = SHAPES_ONLY) -> str:
@@ -166,7 +182,7 @@ def send_with_retry(
             if not is_retryable_status(response.status_code):
                 raise non_retryable_error(response, provider, api_key_env, redactor)
             failure = f"HTTP {response.status_code}: {error_detail(response, redactor)}"
-            asked_s = retry_after_s(response.headers, policy.clock())
+            asked_s = overload_wait_s(response.headers, policy.clock())
             if policy.hand_back_overload and response.status_code in OVERLOAD_STATUS:
                 raise ProviderOverloaded(
                     f"{provider} is overloaded ({failure})",

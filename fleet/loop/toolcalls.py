@@ -273,6 +273,7 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     ctx = ToolContext(
         workspace=runtime.workspace_of(trace),  # ConfigError outside the roots: trace fails
         trace_id=trace.trace_id,
+        root_trace_id=trace.root_trace_id,
         preset=trace.preset,
         allow_shell=settings.allow_shell,
         skills_dirs=tuple(p for p in (settings.skills_dir,) if p is not None),
@@ -281,6 +282,8 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         web_allow=settings.web_allow,
         tool_timeout_s=settings.tool_timeout_s,
         private_dirs=settings.private_dirs,
+        web_filter=runtime.web_filter(trace),
+        search=runtime.search,
     )
     try:
         arguments = call.parsed_arguments()

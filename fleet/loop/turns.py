@@ -160,6 +160,10 @@ def call_model(
     """The model call on its booked turn, settled with the gate whatever happens."""
     if go.wait_s > 0:
         time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
+    # Counted as it leaves: a call late for its turn must not join others in one window, and
+    # one inside a pause set meanwhile (a 429 elsewhere) does not go; it books again.
+    if (held := runtime.gate.sending(go)) is not None:
+        return held
     hooks = runtime.hooks
     hooks.turn_started(trace, trace.iteration)
     hooks.model_requested(trace, model_name, wire)

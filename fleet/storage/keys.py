@@ -157,10 +157,10 @@ line (it finished, was stopped, or its worker died)."""
 
 
 def limit_state(scope: str) -> str:
-    """Hash: `rtat`/`ttat` (GCRA next-free times of requests and tokens, ms), `epoch`...
+    """Hash: `rtat`/`ttat` (GCRA next-free times of requests and tokens, ms), `rnext`...
 
-    `rnext`/`tnext`: the earliest next admission after the last one; `epoch` is bumped by
-    every pause (voiding older bookings); `dur_ms` is the mean call time.
+    `rnext`/`tnext`: the earliest next admission after the last one (a pause moves any of
+    the four that is earlier to its end); `dur_ms` is the mean call time.
     """
     return f"{PREFIX}:limit:{scope}"
 
@@ -188,10 +188,18 @@ def limit_pause(scope: str) -> str:
     return f"{PREFIX}:limit:{scope}:pause"
 
 
+def limit_sends(scope: str) -> str:
+    """Sorted set with PX TTL: the calls that left in the scope's last send window, by when.
+
+    Scored in ms; one more call is held back while it holds the window's limit (`pacing`).
+    """
+    return f"{PREFIX}:limit:{scope}:sends"
+
+
 def limit_ticket(trace_id: str) -> str:
     """Hash with PX TTL: the booked admission a handed-back trace comes back for.
 
-    Fields `at` (ms) and `e1..eN` (its scopes' epochs); TTL until `at` + LIMIT_TICKET_GRACE_MS.
+    Field `at` (ms, the booked turn); TTL until `at` + LIMIT_TICKET_GRACE_MS.
     """
     return f"{PREFIX}:limit-ticket:{check_trace_id(trace_id)}"
 
@@ -234,3 +242,11 @@ def tree(root_trace_id: str) -> str:
     `max_concurrent` (children running at once), `priority` (interactive | batch).
     """
     return f"{PREFIX}:tree:{check_trace_id(root_trace_id)}"
+
+
+def searches(root_trace_id: str) -> str:
+    """String (a counter), TRACE_TTL_S: `web_search` calls made by this tree so far.
+
+    Checked against `search.max_searches_per_tree` of fleet.yaml (`fleet.limits.searches`).
+    """
+    return f"{PREFIX}:searches:{check_trace_id(root_trace_id)}"

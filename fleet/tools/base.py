@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from fleet.tools.webfilter import OPEN, DomainFilter
+from fleet.tools.websearch.results import SearchResult
 
 SHELL_NETWORKS = ("host", "none")
 """FLEET_SHELL_NETWORK: bash shares the worker's network, or has none (`unshare --net`)."""
@@ -39,12 +42,24 @@ class ToolResult:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+class WebSearcher(Protocol):
+    """The fleet's search provider, as `web_search` uses it (`fleet.tools.websearch.service`)."""
+
+    def search(
+        self, query: str, count: int, *, trace_id: str, root_trace_id: str, timeout_s: float
+    ) -> list[SearchResult]:
+        """At most `count` results; `ToolError` for anything the model should be told."""
+        ...
+
+
 @dataclass(frozen=True)
 class ToolContext:
     """Where and for whom a tool runs. `allow_shell` is already ANDed with the env switch."""
 
     workspace: Path
     trace_id: str = ""
+    root_trace_id: str = ""
+    """The tree's root: what its search budget is counted against."""
     preset: str = "default"
     allow_shell: bool = False
     skills_dirs: tuple[Path, ...] = ()
@@ -61,3 +76,8 @@ class ToolContext:
     private_dirs: tuple[Path, ...] = ()
     """The fleet's state folders (`Settings.private_dirs`): no file tool opens them, even
     inside the workspace."""
+    web_filter: DomainFilter = OPEN
+    """fleet.yaml's `web:` filter narrowed by the preset's: every URL web_search returns
+    and every hop web_fetch takes must pass it (on top of the SSRF guard)."""
+    search: WebSearcher | None = None
+    """The operator's search provider (`search:` in fleet.yaml); None: web_search is off."""

@@ -108,8 +108,8 @@ def _network(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None
         return None  # a host name
 
 
-def resolve(host: str, port: int, allow: Iterable[str]) -> Target:
-    """Resolve `host` once and check every address it has.
+def resolve(host: str, port: int, allow: Iterable[str], tool: str = "web_fetch") -> Target:
+    """Resolve `host` once and check every address it has; `tool` names the caller in errors.
 
     Raises:
         ToolError: it does not resolve, or any of its addresses is not allowed (a name with
@@ -126,7 +126,7 @@ def resolve(host: str, port: int, allow: Iterable[str]) -> Target:
     if refused or not addresses:
         shown = refused[0] if refused else "nothing"
         raise ToolError(
-            f"web_fetch refuses {host!r}: it resolves to {shown}, which is not a public"
+            f"{tool} refuses {host!r}: it resolves to {shown}, which is not a public"
             " address (the operator may allow it with FLEET_WEB_ALLOW)"
         )
     return Target(host=host, port=port, address=str(addresses[0]))

@@ -26,6 +26,7 @@ from fleet.presets import AgentPreset
 from fleet.tools import files, search, shell, skills, web
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.schema import json_schema, parse_docstring
+from fleet.tools.websearch.tool import web_search
 from fleet.tools.workspace import truncate
 
 ToolFunction = Callable[..., ToolResult]
@@ -242,6 +243,7 @@ BUILT_IN: tuple[tuple[ToolFunction, bool, bool], ...] = (
     (search.glob, True, True),
     (search.grep, True, True),
     (web.web_fetch, True, False),
+    (web_search, True, False),
     (skills.skill, True, False),
     (files.write_file, False, True),
     (files.edit_file, False, True),

@@ -17,6 +17,7 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 from fleet.errors import ToolError
 from fleet.tools import netguard, webstream
 from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.webfilter import DomainFilter
 from fleet.tools.workspace import truncate
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def web_fetch(ctx: ToolContext, url: str) -> ToolResult:
     timeout_s = min(ctx.web_timeout_s, ctx.tool_timeout_s)
     with webstream.Deadline(timeout_s) as deadline:
         try:
-            page = _download(url, deadline, ctx.web_allow)
+            page = _download(url, deadline, ctx.web_allow, ctx.web_filter)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             if deadline.passed or isinstance(exc, httpx.TimeoutException):
                 raise ToolError(f"fetching {url!r} timed out after {timeout_s:g}s") from None
@@ -81,17 +82,21 @@ def web_fetch(ctx: ToolContext, url: str) -> ToolResult:
     )
 
 
-def _download(url: str, deadline: webstream.Deadline, allow: tuple[str, ...]) -> _Download:
+def _download(
+    url: str, deadline: webstream.Deadline, allow: tuple[str, ...], domains: DomainFilter
+) -> _Download:
     """GET `url`, reading at most `MAX_FETCH_BYTES` (decoded) before `deadline`.
 
     Redirects are followed here, not by httpx, so every hop is resolved and checked, and
     each connection goes to the address that was checked (see `fleet.tools.netguard`).
+    Every hop must also pass the domain filters (`fleet.tools.webfilter`).
     """
     import httpx
 
     # trust_env=False: an HTTP(S)_PROXY from the environment would connect elsewhere.
     with httpx.Client(follow_redirects=False, trust_env=False) as client:
         for _ in range(MAX_REDIRECTS + 1):
+            domains.check(url, "web_fetch")
             request = _pinned_request(client, url, allow, deadline)
             response = client.send(request, stream=True)
             try:

@@ -126,6 +126,7 @@ def run_flower(args: argparse.Namespace) -> int:
     from fleetops.discovery import fleet_env, fleet_settings
     from fleetops.local import check_port_free
 
+    flower_env(args.address, args.basic_auth, dict(os.environ))  # bad input: one line, first
     env = flower_env(args.address, args.basic_auth, fleet_env(fleet_settings()))
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
     check_port_free(args.port, "Flower", host=host)

@@ -1,0 +1,151 @@
+"""A limit at exactly the provider's rate, and what one 429 costs, on a real Redis.
+
+The in-process fleet (explore branches in threads, the Redis store and limiter, the real
+OpenAI client) against tests/fake_provider.py: a server that allows exactly N requests in
+any rolling second. bench/limits_bench.py (`--only exact`) runs the same through real
+workers at the issue's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+import fleet.llm.base
+from fleet.inprocess import InProcessDispatcher, InProcessFleet
+from fleet.llm.openai import OpenAIClient
+from fleet.models import Trace
+from fleet.settings import Settings
+from fleet.storage.redis_store import RedisStore
+from fleet.testing import Script
+from tests.fake_provider import RateLimitedProvider, RollingWindow
+from tests.fleetkit import explore_script
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.usefixtures("loopback_requests"),
+]
+
+THREADS = 64
+"""Branch threads: enough that the limiter's line runs seconds ahead of the clock."""
+RACE_S = 0.1
+"""How long after a 429 calls already past their last check may still reach the provider:
+the answer's way back and the pause's write, on a loaded machine."""
+
+
+def brain(tmp: Path, branches: int, branch_turns: int) -> Script:
+    model = explore_script(tmp / f"brain-{branches}.yaml", branches, branch_turns=branch_turns)
+    path = model.removeprefix("scripted:")
+    return Script.parse(yaml.safe_load(Path(path).read_text()), path)
+
+
+@contextlib.contextmanager
+def local_fleet(
+    redis_client: redis.Redis, tmp: Path, url: str, per_minute: int
+) -> Iterator[InProcessFleet]:
+    """An in-process fleet whose provider `exact` is limited to `per_minute` in fleet.yaml."""
+    limits = {"requests_per_minute": per_minute}
+    provider = {"kind": "openai", "base_url": f"{url}/v1", "limits": limits}
+    config = tmp / "fleet.yaml"
+    config.write_text(yaml.safe_dump({"providers": {"exact": provider}}))
+    workspace = tmp / "workspace"
+    workspace.mkdir(exist_ok=True)
+    settings = Settings(workspace=workspace, config_path=config)
+    local = InProcessFleet.from_settings(
+        settings, store=RedisStore(redis_client), dispatcher=InProcessDispatcher(THREADS)
+    )
+    try:
+        yield local
+    finally:
+        for client in local.runtime.clients.values():
+            if isinstance(client, OpenAIClient):
+                client.close()
+
+
+@pytest.fixture
+def loopback_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provider is tests/fake_provider.py on 127.0.0.1: let the real client reach it."""
+    monkeypatch.setattr(fleet.llm.base, "ALLOW_MODEL_REQUESTS", True)
+
+
+def elapsed_s(trace: Trace) -> float:
+    assert trace.finished_at_ms is not None
+    return (trace.finished_at_ms - trace.created_at_ms) / 1000
+
+
+def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """150 branches x 2 calls at 30 requests in any rolling second: 302 calls, ~10 s."""
+    rate, branches = 30, 150
+    script = brain(tmp_path, branches, branch_turns=1)
+    with RateLimitedProvider(script, requests_per_s=rate, window="rolling") as server:
+        with local_fleet(redis_client, tmp_path, server.url, rate * 60) as local:
+            trace = local.run("survey", model="exact:m")
+        stats = server.stats
+    assert trace.status == "completed", trace.error
+    assert stats.answered == 2 * branches + 2
+    bound_s = stats.answered / rate
+    print(f"{stats.refused} 429s of {stats.answered}, {elapsed_s(trace):.1f} s, bound {bound_s} s")
+    assert stats.refused_share <= 0.01, f"{stats.refused} of {stats.answered} refused"
+    assert elapsed_s(trace) <= 1.25 * bound_s + 3.0
+
+
+def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """One 429 (retry-after: 0.300) mid-run: the fleet pauses ~0.3 s, not seconds.
+
+    64 threads book ~3 s ahead of the clock at 20/s; voiding those bookings on the 429
+    (what the limiter did) idled the provider for that long. Calls already on their way
+    while the 429 travels back are not held (`RACE_S`); none may leave after that until the
+    pause ends, and the next one leaves as it ends.
+    """
+    script = brain(tmp_path, 100, branch_turns=0)
+    with RateLimitedProvider(script, window="rolling") as server:
+        server.refuse_once(after_answered=30, retry_after_s=0.3)
+        with local_fleet(redis_client, tmp_path, server.url, 1200) as local:
+            trace = local.run("survey", model="exact:m")
+        log = list(server.stats.arrivals)
+    assert trace.status == "completed", trace.error
+    refused = [at for at, answered in log if not answered]
+    assert len(refused) == 1
+    times = [at - refused[0] for at, _ in log]
+    inside = [round(t, 3) for t in times if RACE_S < t < 0.29]
+    resumed_s = min(t for t in times if t >= 0.29)
+    longest_s = max(b - a for a, b in zip(times, times[1:], strict=False))
+    print(f"{inside=}; resumed after {resumed_s:.3f} s; longest silence {longest_s:.3f} s")
+    assert not inside, "the pause is what the provider asked for"
+    assert resumed_s <= 0.3 + 0.15, "and not longer"
+    assert longest_s <= 0.3 + 0.15
+
+
+class Clock:
+    """A clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_the_fake_providers_window_is_exact_and_says_when_it_has_room() -> None:
+    """The server the tests above trust: N in any rolling second, the N + 1th refused."""
+    clock = Clock()
+    window = RollingWindow(3, 1.0, clock)
+    for at_s in (0.0, 0.2, 0.5):
+        clock.now_s = 100.0 + at_s
+        assert window.take(1) == 0.0
+    clock.now_s = 100.9
+    assert window.take(1) == pytest.approx(0.1)  # the first leaves at 101.0
+    clock.now_s = 101.0
+    assert window.take(1) == 0.0, "a window is (t - 1 s, t]: the first has left"
+    assert window.take(1) == pytest.approx(0.2)  # refused asks are not counted
+    assert window.take(2) == pytest.approx(0.5)  # two must leave for two more
