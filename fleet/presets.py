@@ -38,6 +38,8 @@ from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
 from fleet.loop.structured import check_schema
+from fleet.mcp import names as mcp_names
+from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.security import trust, yamlsafe
 from fleet.tools.webfilter import DomainRules, WebSection
 
@@ -53,8 +55,6 @@ TOOL_NAMES = frozenset(
 """Every tool name a preset file may mention, built-in and runner-handled."""
 ANALYST_TOOLS = frozenset({"read_file", "glob", "grep", "web_search", "web_fetch"})
 """The built-in `analyst`: reads the workspace and the web, writes nothing."""
-MCP_PREFIX = "mcp__"
-"""Tools of MCP servers are named `mcp__SERVER__TOOL` (`fleet.mcp.tools`)."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})
 """Traces in these modes are read-only whatever their preset (or a file replacing it) says."""
 CACHE_ARGUMENTS = ("task", "messages", "context", "skills")
@@ -102,19 +102,11 @@ class AgentPreset:
     """MCP servers whose tools the agent may use (`mcp:`); None means every declared one."""
 
     def allows(self, tool: str) -> bool:
-        """Whether this preset lets the agent call `tool`.
-
-        An MCP tool (`mcp__SERVER__TOOL`) needs its server in `mcp_servers`; `tools:`
-        narrows MCP tools only when it names some, so `explore` keeps the read-only ones.
-        """
+        """Whether this preset lets the agent call `tool` (MCP tools: `fleet.mcp.names`)."""
         if tool in self.denied_tools:
             return False
         if tool.startswith(MCP_PREFIX):
-            server = tool[len(MCP_PREFIX) :].partition("__")[0]
-            if self.mcp_servers is not None and server not in self.mcp_servers:
-                return False
-            named = {t for t in self.allowed_tools or () if t.startswith(MCP_PREFIX)}
-            return not named or tool in named
+            return mcp_names.allows(tool, self.mcp_servers, self.allowed_tools)
         return self.allowed_tools is None or tool in self.allowed_tools
 
     def within(
@@ -137,8 +129,9 @@ class AgentPreset:
             servers = frozenset(mcp) if servers is None else servers & frozenset(mcp)
         denied_tools = self.denied_tools | frozenset(denied)
         read_only = self.read_only or read_only
-        cut = (tools, denied_tools, read_only, servers)
-        if cut == (self.allowed_tools, self.denied_tools, self.read_only, self.mcp_servers):
+        if (tools, denied_tools, read_only, servers) == (
+            self.allowed_tools, self.denied_tools, self.read_only, self.mcp_servers
+        ):  # fmt: skip
             return self  # within the ceiling already (an explore branch, each tool call): no copy
         return replace(
             self,

@@ -18,8 +18,8 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
+from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.models import Event, Message, Trace, now_ms
-from fleet.presets import MCP_PREFIX
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
 from fleet.storage.writes import TraceWrite, WriteResult

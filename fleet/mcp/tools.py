@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleet.mcp.names import tool_name
 from fleet.mcp.sessions import McpSessions
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.registry import ToolRegistry, ToolSpec
@@ -22,7 +23,6 @@ from fleet.tools.registry import ToolRegistry, ToolSpec
 if TYPE_CHECKING:
     import mcp
 
-PREFIX = "mcp__"
 MAX_RESULT_CHARS = 1_000_000
 """A result longer than this is refused outright; shorter ones are cut to the tool limit."""
 MAX_DESCRIPTION_CHARS = 2_000
@@ -31,19 +31,6 @@ RETRY_LISTING_S = 30.0
 """A server that failed to start or list is tried again after this long, not every turn."""
 _log = logging.getLogger(__name__)
 _sync_lock = threading.Lock()
-
-
-def tool_name(server: str, tool: str) -> str:
-    """`mcp__SERVER__TOOL`, Claude Code's convention."""
-    return f"{PREFIX}{server}__{tool}"
-
-
-def server_of(name: str) -> str | None:
-    """The server part of an `mcp__SERVER__TOOL` name, else None."""
-    if not name.startswith(PREFIX):
-        return None
-    server, sep, tool = name[len(PREFIX) :].partition("__")
-    return server if sep and server and tool else None
 
 
 def sync(registry: ToolRegistry, sessions: McpSessions) -> None:
