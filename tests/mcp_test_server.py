@@ -1,4 +1,5 @@
-"""A tiny MCP server for tests (stdio): `python -I tests/mcp_test_server.py`.
+"""A tiny MCP server for tests: `python -I tests/mcp_test_server.py` (stdio), or with
+`--http PORT TOKEN` streamable HTTP on 127.0.0.1 behind a bearer token.
 
 Tools: `echo` and `pid` (read-only hints), `write_note` (writes a file), `inject` (a
 result and a description carrying instructions), `huge` (a result of N characters),
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -80,5 +82,20 @@ async def grow(ctx: Context) -> str:
     return "grown"
 
 
+def serve_http(port: int, token: str) -> None:
+    """Streamable HTTP on 127.0.0.1:`port`, every request needing `Bearer token`."""
+    import anyio
+    import uvicorn
+
+    from fleetops.cli.mcp import BearerGate
+
+    app = BearerGate(server.streamable_http_app(), token)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    anyio.run(uvicorn.Server(config).serve)
+
+
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) == 4 and sys.argv[1] == "--http":
+        serve_http(int(sys.argv[2]), sys.argv[3])
+    else:
+        server.run()

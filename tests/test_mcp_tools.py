@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
@@ -22,7 +25,7 @@ from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.registry import ToolRegistry, default_registry
-from tests.mcpkit import server_entry, write_config
+from tests.mcpkit import TEST_SERVER, server_entry, write_config
 
 DEFAULT, EXPLORE = BUILTIN_PRESETS["default"], BUILTIN_PRESETS["explore"]
 
@@ -125,6 +128,20 @@ def test_a_call_past_its_timeout_is_an_error_result(registry: ToolRegistry) -> N
     assert run(registry, "mcp__test__echo", EXPLORE, text="still").output == "echo: still"
 
 
+def test_calls_from_many_threads_share_one_session_concurrently(
+    registry: ToolRegistry, sessions: McpSessions
+) -> None:
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        results = list(
+            pool.map(lambda _: run(registry, "mcp__test__slow", EXPLORE, seconds=1.0), range(10))
+        )
+    elapsed_s = time.monotonic() - started
+    assert [r.output for r in results] == ["slow done"] * 10
+    assert elapsed_s < 4.0, elapsed_s  # ten 1 s calls at once, not one after another
+    assert sessions.starts("test") == 1
+
+
 def test_a_server_sees_only_the_variables_the_operator_passed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -183,6 +200,32 @@ def test_an_unreachable_server_leaves_the_others_working(tmp_path: Path) -> None
         sessions.close()
 
 
-def test_yaml_round_trip_of_the_entry() -> None:
-    entry = server_entry()
-    assert yaml.safe_load(yaml.safe_dump(entry))["command"] == sys.executable
+def test_a_streamable_http_server_gets_the_headers_the_operator_named(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    token = "http-test-token"
+    argv = [sys.executable, str(TEST_SERVER), "--http", str(port), token]
+    env = {**os.environ, "PYTHONPATH": str(TEST_SERVER.parent.parent)}
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    good = McpServerConfig(url=url, headers_env={"Authorization": "DOCS_AUTH"})
+    bad = McpServerConfig(url=url)
+    sessions = McpSessions({"docs": good, "nokey": bad}, {"DOCS_AUTH": f"Bearer {token}"})
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _listening(port):
+            time.sleep(0.05)
+        registry = default_registry()
+        sync(registry, sessions)
+        assert run(registry, "mcp__docs__echo", EXPLORE, text="web").output == "echo: web"
+        assert not [n for n in registry.names() if n.startswith("mcp__nokey__")]  # 401
+    finally:
+        sessions.close()
+        server.terminate()
+        server.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
