@@ -79,8 +79,9 @@ def test_a_bad_server_entry_is_one_clear_line(
     assert "hunter2" not in message
 
 
-def test_a_server_name_with_a_double_underscore_is_refused(tmp_path: Path) -> None:
-    path = write_config(tmp_path / "fleet.yaml", {"a__b": {"command": "x"}})
+@pytest.mark.parametrize("name", ["a__b", "a_", "_a", "a.b", "a" * 33])
+def test_a_server_name_that_would_blur_tool_names_is_refused(tmp_path: Path, name: str) -> None:
+    path = write_config(tmp_path / "fleet.yaml", {name: {"command": "x"}})
     with pytest.raises(ConfigError, match="server name"):
         load_config(path, {})
 

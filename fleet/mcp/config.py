@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleet.errors import ConfigError
 
-SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_)){0,31}$")
-"""A server's name: part of `mcp__SERVER__TOOL`, so no `__` inside it."""
+SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?![_]|$)){0,31}$")
+"""A server's name: part of `mcp__SERVER__TOOL`, so no `__` inside it and no `_` at its end."""
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 

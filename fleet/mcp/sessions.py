@@ -78,6 +78,9 @@ class McpSessions:
         self.changed.set()
         self.registered: set[str] = set()
         """Servers whose current listing is in the registry (`fleet.mcp.tools.sync`)."""
+        self.versions: dict[str, int] = {}
+        """Per server, how many times its tool list changed: a listing read while it
+        changed again is not taken as current."""
         self._retry_at: dict[str, float] = {}
 
     @property
@@ -278,6 +281,7 @@ class McpSessions:
         state = self._servers.get(server)
         if state is not None:
             state.tools = None
+        self.versions[server] = self.versions.get(server, 0) + 1
         self.registered.discard(server)
         self.changed.set()
 

@@ -48,6 +48,7 @@ def sync(registry: ToolRegistry, sessions: McpSessions) -> None:
         for server in sessions.names:
             if not sessions.due(server):
                 continue
+            version = sessions.versions.get(server, 0)
             try:
                 listed = sessions.list_tools(server)
             except Exception as exc:  # one broken server must not take the others' tools
@@ -57,7 +58,8 @@ def sync(registry: ToolRegistry, sessions: McpSessions) -> None:
                 continue
             specs = [spec for tool in listed if (spec := _spec(sessions, server, tool))]
             registry.replace_group(tool_name(server, ""), specs)
-            sessions.registered.add(server)
+            if sessions.versions.get(server, 0) == version:  # else it changed meanwhile
+                sessions.registered.add(server)
         if set(sessions.names) - sessions.registered:
             sessions.changed.set()  # a failed server is tried again once its pause is over
 
