@@ -75,6 +75,12 @@ def getenv(name: str) -> str:
 
 
 @server.tool(annotations=READ_ONLY)
+def cwd() -> str:
+    """This server's working directory."""
+    return os.getcwd()
+
+
+@server.tool(annotations=READ_ONLY)
 async def grow(ctx: Context) -> str:
     """Add a tool `added` and tell the client its tool list changed."""
     server.add_tool(lambda: "added here", name="added", annotations=READ_ONLY)

@@ -144,9 +144,10 @@ def test_calls_from_many_threads_share_one_session_concurrently(
 
 
 def test_a_server_sees_only_the_variables_the_operator_passed(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("WORKER_SECRET", "s3cr3t")  # in the worker's own environment too
+    monkeypatch.chdir(tmp_path)  # a worker's working directory is a workspace
     entry = McpServerConfig.model_validate(
         server_entry(env={"PASSED": "GIVEN"}, env_values={"PLAIN": "p"})
     )
@@ -158,6 +159,7 @@ def test_a_server_sees_only_the_variables_the_operator_passed(
             name: run(registry, "mcp__test__getenv", EXPLORE, name=name).output
             for name in ("PASSED", "PLAIN", "WORKER_SECRET", "GIVEN", "FLEET_REDIS_URL")
         }
+        started_in = run(registry, "mcp__test__cwd", EXPLORE).output
     finally:
         sessions.close()
     assert seen == {
@@ -167,6 +169,7 @@ def test_a_server_sees_only_the_variables_the_operator_passed(
         "GIVEN": "<unset>",
         "FLEET_REDIS_URL": "<unset>",
     }
+    assert started_in == "/"  # not the workspace the worker runs in
 
 
 def test_an_inline_run_starts_servers_only_when_a_trace_needs_tools(tmp_path: Path) -> None:

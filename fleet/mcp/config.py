@@ -44,6 +44,9 @@ class McpServerConfig(BaseModel):
     """Server variable -> the worker variable whose value it gets (secrets go here)."""
     env_values: dict[str, str] = Field(default_factory=dict)
     """Server variable -> a plain value."""
+    cwd: str = "/"
+    """Where a stdio server starts: never the worker's own directory, which is a workspace
+    (`python -m` would import a module an agent planted there)."""
     url: str | None = None
     headers_env: dict[str, str] = Field(default_factory=dict)
     """HTTP header -> the worker variable holding its value (`Bearer ...`)."""
@@ -54,8 +57,8 @@ class McpServerConfig(BaseModel):
     def _one_transport(self) -> McpServerConfig:
         if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
-        if self.url is not None and (self.args or self.env or self.env_values):
-            raise ValueError("args, env and env_values are for stdio servers (command)")
+        if self.url is not None and (self.args or self.env or self.env_values or self.cwd != "/"):
+            raise ValueError("args, env, env_values and cwd are for stdio servers (command)")
         if self.command is not None and self.headers_env:
             raise ValueError("headers_env is for HTTP servers (url)")
         return self

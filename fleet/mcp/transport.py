@@ -51,7 +51,10 @@ async def open_transport(
         from mcp import StdioServerParameters, stdio_client
 
         params = StdioServerParameters(
-            command=config.command, args=list(config.args), env=server_env(server, config, env)
+            command=config.command,
+            args=list(config.args),
+            env=server_env(server, config, env),
+            cwd=config.cwd,
         )
         with open(os.devnull, "w") as errlog:  # a server's stderr is not the worker's log
             async with stdio_client(params, errlog=errlog) as streams:
