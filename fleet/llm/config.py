@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
 from fleet.llm.base import LLMClient
+from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
 from fleet.mcp.config import McpServerConfig, check_servers
@@ -105,6 +106,8 @@ class ModelConfig(BaseModel):
     """Sent as `max_tokens` on every call; what a budget or token limit books for the answer."""
     limits: RateLimits | None = None
     """For this alias alone, on top of its provider's."""
+    fallbacks: list[str] = Field(default_factory=list)
+    """Aliases tried in order when a call to this one fails after its retries."""
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
@@ -250,6 +253,7 @@ def load_config(
     check_servers(source, config.mcp_servers)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
+    check_fallbacks(source, config.models)
     return config
 
 
