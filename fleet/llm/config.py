@@ -108,6 +108,8 @@ class ModelConfig(BaseModel):
     """For this alias alone, on top of its provider's."""
     fallbacks: list[str] = Field(default_factory=list)
     """Aliases tried in order when a call to this one fails after its retries."""
+    max_wait_s: float | None = Field(default=None, ge=0)
+    """A provider pause (429) longer than this moves the trace to a fallback instead."""
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""

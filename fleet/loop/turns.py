@@ -194,6 +194,14 @@ def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded)
     OVERLOADS_PER_RETRY × `transient_retries` pauses.
     """
     wait = runtime.gate.overloaded(go, exc)  # re-raises without a limiter
+    alias = runtime.config.models.get(runtime.model_name(trace.model, trace.preset))
+    max_wait_s = alias.max_wait_s if alias is not None else None
+    if (
+        max_wait_s is not None
+        and wait.retry_in_s > max_wait_s
+        and switch_model(runtime, trace, exc)
+    ):
+        return Wait(0.0, "model fallback")  # the runner queues it again, on the fallback
     count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
     if count > OVERLOADS_PER_RETRY * runtime.settings.transient_retries:
         raise exc
@@ -226,10 +234,18 @@ def model_message(
 
 
 def fall_back(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> Wait | None:
-    """Move the trace to its model's next fallback alias and run it again at once.
+    """Move the trace to its model's next fallback alias and queue it again at once.
 
     None when the model has no fallback left (`fleet.llm.fallback`).
     """
+    if switch_model(runtime, trace, exc) is None:
+        return None
+    lifecycle.requeue(runtime, trace)
+    return Wait(0.0, "model fallback")
+
+
+def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str | None:
+    """Set the trace's model to the next fallback alias, recorded in its metadata."""
     current = runtime.model_name(trace.model, trace.preset)
     switches = list(trace.metadata.get(FALLBACKS_KEY, []))
     fallback = next_model(runtime.config.models, current, switches)
@@ -238,9 +254,8 @@ def fall_back(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> Wait | 
     entry = switch_entry(current, fallback, runtime.redactor.values_only(str(exc)))
     metadata = {**trace.metadata, FALLBACKS_KEY: [*switches, entry]}
     runtime.store.update_trace(trace.trace_id, model=fallback, metadata=metadata)
-    lifecycle.requeue(runtime, trace)
     log.warning("run of %r: model %r failed, falling back to %r", trace.trace_id, current, fallback)
-    return Wait(0.0, "model fallback")
+    return fallback
 
 
 def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | str:
