@@ -103,6 +103,8 @@ class ToolCeiling(_Model):
     """Tools the parent could call; None: no limit beyond `denied`."""
     denied: list[str] = Field(default_factory=list)
     read_only: bool = False
+    mcp: list[str] | None = None
+    """MCP servers the parent could use; None: no limit."""
 
 
 class Trace(_Model):

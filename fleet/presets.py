@@ -38,6 +38,8 @@ from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
 from fleet.loop.structured import check_schema
+from fleet.mcp import names as mcp_names
+from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.security import trust, yamlsafe
 from fleet.tools.webfilter import DomainRules, WebSection
 
@@ -96,30 +98,48 @@ class AgentPreset:
     """Default for how many children of a tree rooted here run at once."""
     web: DomainRules | None = None
     """`web: {allow_domains, deny_domains}`: added to fleet.yaml's filter, never replacing it."""
+    mcp_servers: frozenset[str] | None = None
+    """MCP servers whose tools the agent may use (`mcp:`); None means every declared one."""
 
     def allows(self, tool: str) -> bool:
-        """Whether this preset lets the agent call `tool`."""
+        """Whether this preset lets the agent call `tool` (MCP tools: `fleet.mcp.names`)."""
         if tool in self.denied_tools:
             return False
+        if tool.startswith(MCP_PREFIX):
+            return mcp_names.allows(tool, self.mcp_servers, self.allowed_tools)
         return self.allowed_tools is None or tool in self.allowed_tools
 
     def within(
-        self, allowed: Collection[str] | None, denied: Collection[str], read_only: bool
+        self,
+        allowed: Collection[str] | None,
+        denied: Collection[str],
+        read_only: bool,
+        mcp: Collection[str] | None = None,
     ) -> AgentPreset:
         """The preset cut down to a ceiling; it never widens anything.
 
-        Only tools in `allowed` (None: any) and none in `denied` are left, and it is
-        read-only if `read_only` or if it already was.
+        Only tools in `allowed` (None: any) and none in `denied` are left, only MCP
+        servers in `mcp` (None: any), and it is read-only if `read_only` or if it already was.
         """
         tools = self.allowed_tools
         if allowed is not None:
             tools = frozenset(allowed) if tools is None else tools & frozenset(allowed)
+        servers = self.mcp_servers
+        if mcp is not None:
+            servers = frozenset(mcp) if servers is None else servers & frozenset(mcp)
         denied_tools = self.denied_tools | frozenset(denied)
         read_only = self.read_only or read_only
-        cut = (tools, denied_tools, read_only)
-        if cut == (self.allowed_tools, self.denied_tools, self.read_only):
+        if (tools, denied_tools, read_only, servers) == (
+            self.allowed_tools, self.denied_tools, self.read_only, self.mcp_servers
+        ):  # fmt: skip
             return self  # within the ceiling already (an explore branch, each tool call): no copy
-        return replace(self, allowed_tools=tools, denied_tools=denied_tools, read_only=read_only)
+        return replace(
+            self,
+            allowed_tools=tools,
+            denied_tools=denied_tools,
+            read_only=read_only,
+            mcp_servers=servers,
+        )
 
     def fingerprint(self) -> str:
         """A digest of every setting and the prompt: a changed preset is a new preset."""
@@ -224,6 +244,7 @@ class _PresetFrontmatter(BaseModel):
     max_branches: PositiveCount | None = None
     max_concurrent: PositiveCount | None = None
     web: WebSection | None = None
+    mcp: list[str] | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -265,6 +286,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         max_branches=front.max_branches,
         max_concurrent=front.max_concurrent,
         web=front.web.rules() if front.web else None,
+        mcp_servers=None if front.mcp is None else frozenset(front.mcp),
     )
 
 
@@ -373,7 +395,8 @@ def _describe(error: ErrorDetails) -> str:
 
 def _check_tools(front: _PresetFrontmatter, known_tools: Collection[str]) -> None:
     for setting, names in (("tools", front.tools or []), ("denied_tools", front.denied_tools)):
-        unknown = sorted(set(names) - set(known_tools))
+        # MCP tools are known only once their server answers: any `mcp__` name may be listed.
+        unknown = sorted(n for n in set(names) - set(known_tools) if not n.startswith(MCP_PREFIX))
         if unknown:
             known = ", ".join(sorted(known_tools))
             raise ConfigError(f"{setting}: unknown tool {unknown[0]!r} (known: {known})")

@@ -20,6 +20,7 @@ from fleet.llm.config import (
     validate_model,
 )
 from fleet.llm.retry import DEFAULT_RETRY
+from fleet.mcp.sessions import McpSessions
 from fleet.models import Mode, Trace
 from fleet.observe.hooks import NO_HOOKS, Hooks
 from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
@@ -100,6 +101,8 @@ class Runtime:
     """Masks this process's secrets in everything a run writes (see fleet.security.redact)."""
     search: WebSearcher | None = None
     """fleet.yaml's search provider for `web_search`; None when it sets none."""
+    mcp: McpSessions | None = None
+    """The process's MCP sessions, when fleet.yaml declares `mcp_servers` (started on use)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -132,7 +135,15 @@ class Runtime:
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=redactor,
             search=_search(config, settings, store, gate, redactor),
+            mcp=McpSessions(config.mcp_servers, settings.env) if config.mcp_servers else None,
         )
+
+    def sync_mcp_tools(self) -> None:
+        """Bring the MCP servers' tools into the registry (cheap when nothing changed)."""
+        if self.mcp is not None:
+            from fleet.mcp.tools import sync
+
+            sync(self.tools, self.mcp)
 
     def fenced(self, trace_id: str, owner: str) -> Runtime:
         """A copy whose store writes only while `owner` holds the lease of `trace_id`."""
@@ -161,7 +172,8 @@ class Runtime:
         """
         ceiling = trace.ceiling
         read_only = ceiling.read_only or trace.mode in READ_ONLY_MODES
-        return self.preset(trace.preset).within(ceiling.allowed, ceiling.denied, read_only)
+        preset = self.preset(trace.preset)
+        return preset.within(ceiling.allowed, ceiling.denied, read_only, ceiling.mcp)
 
     def web_filter(self, trace: Trace) -> DomainFilter:
         """fleet.yaml's `web:` filter, narrowed by the preset `trace` runs (never widened)."""

@@ -12,12 +12,8 @@ from fleet.errors import ConfigError, ToolError
 from fleet.presets import BUILTIN_PRESETS, AgentPreset
 from fleet.tools import registry as registry_module
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.registry import (
-    ToolRegistry,
-    default_registry,
-    json_schema,
-    parse_docstring,
-)
+from fleet.tools.registry import ToolRegistry, default_registry
+from fleet.tools.schema import json_schema, parse_docstring
 
 DEFAULT = BUILTIN_PRESETS["default"]
 EXPLORE = BUILTIN_PRESETS["explore"]

@@ -162,8 +162,9 @@ def child_ceiling(runtime: Runtime, parent: Trace) -> ToolCeiling:
     """What a child of `parent` may do at most: everything the parent may, nothing more."""
     allowed = runtime.permissions(parent)
     tools = None if allowed.allowed_tools is None else sorted(allowed.allowed_tools)
+    mcp = None if allowed.mcp_servers is None else sorted(allowed.mcp_servers)
     return ToolCeiling(
-        allowed=tools, denied=sorted(allowed.denied_tools), read_only=allowed.read_only
+        allowed=tools, denied=sorted(allowed.denied_tools), read_only=allowed.read_only, mcp=mcp
     )
 
 

@@ -39,8 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
 from fleet.llm.base import LLMClient
+from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
+from fleet.mcp.config import McpServerConfig, check_servers
 from fleet.security import trust, yamlsafe
 from fleet.security.redact import Redactor
 from fleet.tools.webfilter import WebSection
@@ -104,6 +106,10 @@ class ModelConfig(BaseModel):
     """Sent as `max_tokens` on every call; what a budget or token limit books for the answer."""
     limits: RateLimits | None = None
     """For this alias alone, on top of its provider's."""
+    fallbacks: list[str] = Field(default_factory=list)
+    """Aliases tried in order when a call to this one fails after its retries."""
+    max_wait_s: float | None = Field(default=None, ge=0)
+    """A provider pause (429) longer than this moves the trace to a fallback instead."""
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
@@ -126,6 +132,8 @@ class FleetConfig(BaseModel):
     """The provider `web_search` asks (`fleet.tools.websearch`); None: no web_search."""
     web: WebSection = WebSection()
     """Domains web_search and web_fetch may touch (`fleet.tools.webfilter`)."""
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """MCP servers whose tools agents may use (`fleet.mcp.config`, docs/mcp.md)."""
 
 
 @dataclass(frozen=True)
@@ -244,8 +252,10 @@ def load_config(
     except ValidationError as exc:
         raise ConfigError(_validation_message(source, exc)) from None
     _check_key_envs(source, config, key_envs)
+    check_servers(source, config.mcp_servers)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
+    check_fallbacks(source, config.models)
     return config
 
 

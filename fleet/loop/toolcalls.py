@@ -18,6 +18,7 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
+from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.models import Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
@@ -37,7 +38,7 @@ _GOAL = {
 
 log = logging.getLogger(__name__)
 
-_SCHEMAS: WeakKeyDictionary[ToolRegistry, dict[tuple[str, ...], list[dict[str, Any]]]]
+_SCHEMAS: WeakKeyDictionary[ToolRegistry, dict[tuple[Any, ...], list[dict[str, Any]]]]
 _SCHEMAS = WeakKeyDictionary()
 
 
@@ -59,14 +60,18 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     The registry's schemas are deep-copied once per registry and tool set, not per turn;
     the dicts are shared between turns and threads, so callers must not change them.
     """
+    runtime.sync_mcp_tools()
     preset = runtime.permissions(trace)
     names = tuple(runtime.tools.names_for(preset))
     if not runtime.settings.allow_shell:
         names = tuple(n for n in names if n != "bash")
     cached = _SCHEMAS.setdefault(runtime.tools, {})
-    if names not in cached:
-        cached[names] = runtime.tools.schemas(names)
-    schemas = list(cached[names])
+    key = (runtime.tools.generation, *names)  # an MCP server's tools change in place
+    if key not in cached:
+        if len(cached) >= 256:  # older generations are never asked again
+            cached.clear()
+        cached[key] = runtime.tools.schemas(names)
+    schemas = list(cached[key])
     if preset.allows("goal"):
         schemas.append(_GOAL)
     if trace.mode == "main":
@@ -284,6 +289,8 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         arguments = call.parsed_arguments()
     except ValueError as exc:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
+    if call.name.startswith(MCP_PREFIX):
+        runtime.sync_mcp_tools()  # a resumed trace may call one before this process listed
     return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
 
 

@@ -18,6 +18,7 @@ from fleet import lifecycle
 from fleet.errors import ProviderOverloaded, TransientLLMError
 from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
+from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
 from fleet.loop.context import injection
 from fleet.loop.steps import Step
 from fleet.models import Message, Status, Trace
@@ -193,6 +194,14 @@ def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded)
     OVERLOADS_PER_RETRY × `transient_retries` pauses.
     """
     wait = runtime.gate.overloaded(go, exc)  # re-raises without a limiter
+    alias = runtime.config.models.get(runtime.model_name(trace.model, trace.preset))
+    max_wait_s = alias.max_wait_s if alias is not None else None
+    if (
+        max_wait_s is not None
+        and wait.retry_in_s > max_wait_s
+        and switch_model(runtime, trace, exc)
+    ):
+        return Wait(0.0, "model fallback")  # the runner queues it again, on the fallback
     count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
     if count > OVERLOADS_PER_RETRY * runtime.settings.transient_retries:
         raise exc
@@ -224,6 +233,31 @@ def model_message(
     )
 
 
+def fall_back(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> Wait | None:
+    """Move the trace to its model's next fallback alias and queue it again at once.
+
+    None when the model has no fallback left (`fleet.llm.fallback`).
+    """
+    if switch_model(runtime, trace, exc) is None:
+        return None
+    lifecycle.requeue(runtime, trace)
+    return Wait(0.0, "model fallback")
+
+
+def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str | None:
+    """Set the trace's model to the next fallback alias, recorded in its metadata."""
+    current = runtime.model_name(trace.model, trace.preset)
+    switches = list(trace.metadata.get(FALLBACKS_KEY, []))
+    fallback = next_model(runtime.config.models, current, switches)
+    if fallback is None:
+        return None
+    entry = switch_entry(current, fallback, runtime.redactor.values_only(str(exc)))
+    metadata = {**trace.metadata, FALLBACKS_KEY: [*switches, entry]}
+    runtime.store.update_trace(trace.trace_id, model=fallback, metadata=metadata)
+    log.warning("run of %r: model %r failed, falling back to %r", trace.trace_id, current, fallback)
+    return fallback
+
+
 def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | str:
     """A provider error the client's retries did not fix: queued again to run later.
 
@@ -231,6 +265,8 @@ def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait |
     worker restart does not reset it); then the error to fail the trace with.
     """
     trace = runtime.store.get_trace(trace_id)
+    if (moved := fall_back(runtime, trace, exc)) is not None:
+        return moved
     tries = int(trace.metadata.get(TRANSIENT_RETRIES_KEY, 0))
     if tries >= runtime.settings.transient_retries:
         return f"{exc} (gave up after {tries} re-runs)"

@@ -15,10 +15,9 @@ import logging
 import operator
 import re
 import threading
-import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -26,6 +25,7 @@ from fleet.errors import ConfigError, ToolError
 from fleet.presets import AgentPreset
 from fleet.tools import files, search, shell, skills, web
 from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.schema import json_schema, parse_docstring
 from fleet.tools.websearch.tool import web_search
 from fleet.tools.workspace import truncate
 
@@ -36,9 +36,6 @@ TOOL_TIMEOUT_GRACE_S = 2.0
 
 _log = logging.getLogger(__name__)
 _REQUIRED: Any = inspect.Parameter.empty
-_SCALARS: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
-_SECTION = re.compile(r"^(Args|Arguments|Returns|Yields|Raises|Examples?|Notes?):\s*$")
-_ARG_ENTRY = re.compile(r"^\*{0,2}(\w+)(?:\s*\([^)]*\))?:\s*(.*)$")
 
 
 @dataclass(frozen=True)
@@ -69,6 +66,8 @@ class ToolSpec:
     params: tuple[_Param, ...] = ()
     bounded: bool = False
     """The tool ends itself within `tool_timeout_s`: it runs in the agent's thread."""
+    open_arguments: bool = False
+    """`fn(ctx, arguments)` gets the arguments object as sent (an MCP server checks it)."""
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-calling form."""
@@ -85,7 +84,9 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, ToolSpec] = {}
         self._names_for: dict[tuple[Any, ...], tuple[str, ...]] = {}
-        """`names_for` by (tools registered, allowed, denied, read_only): asked every turn."""
+        """`names_for` by (generation, allowed, denied, read_only, mcp): asked every turn."""
+        self.generation = 0
+        """Changes whenever the set of tools or a schema does."""
 
     def register(
         self,
@@ -123,6 +124,7 @@ class ToolRegistry:
         self._tools[tool_name] = ToolSpec(
             tool_name, description, parameters, read_only, fn, tuple(params), bounded
         )
+        self.generation += 1
 
     def register_schema(
         self, name: str, description: str, parameters: dict[str, Any], read_only: bool
@@ -132,6 +134,17 @@ class ToolRegistry:
         if parameters.get("type") != "object":
             raise TypeError(f"tool {name!r}: parameters must be a JSON schema of type 'object'")
         self._tools[name] = ToolSpec(name, description, copy.deepcopy(parameters), read_only, None)
+        self.generation += 1
+
+    def replace_group(self, prefix: str, specs: Iterable[ToolSpec]) -> None:
+        """Put `specs` in place of every tool whose name starts with `prefix` (MCP servers)."""
+        kept = {name: spec for name, spec in self._tools.items() if not name.startswith(prefix)}
+        specs = list(specs)
+        if not specs and len(kept) == len(self._tools):
+            return  # nothing there, nothing to add: cached lists stay valid
+        # A new dict, swapped in whole: other threads may be reading the old one.
+        self._tools = {**kept, **{spec.name: spec for spec in specs if spec.name not in kept}}
+        self.generation += 1
 
     def names(self) -> list[str]:
         """Every registered tool name, in registration order."""
@@ -139,8 +152,8 @@ class ToolRegistry:
 
     def names_for(self, preset: AgentPreset) -> list[str]:
         """The tools `preset` may call; a read-only preset loses every writing tool."""
-        # Tools are only ever added, so their number tells a stale answer from a fresh one.
-        key = (len(self._tools), preset.allowed_tools, preset.denied_tools, preset.read_only)
+        ceiling = (preset.allowed_tools, preset.denied_tools, preset.read_only, preset.mcp_servers)
+        key = (self.generation, *ceiling)
         names = self._names_for.get(key)
         if names is None:
             names = tuple(
@@ -181,7 +194,10 @@ class ToolRegistry:
         spec = self._tools[name]
         if spec.fn is None:
             raise ToolError(f"tool {name!r} is handled by the runner")
-        values, problems = _bind(spec.params, arguments)
+        if spec.open_arguments and isinstance(arguments, Mapping):
+            values, problems = {"arguments": dict(arguments)}, list[str]()
+        else:
+            values, problems = _bind(spec.params, arguments)
         if problems:
             return _error_result(name, "refused", f"invalid arguments: {'; '.join(problems)}")
         try:
@@ -241,77 +257,6 @@ def default_registry() -> ToolRegistry:
     for fn, read_only, bounded in BUILT_IN:
         registry.register(fn, read_only=read_only, bounded=bounded)
     return registry
-
-
-def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """Split a Google-style docstring into its description and its Args entries.
-
-    Returns:
-        The text before the first section, and each argument's description with
-        continuation lines joined.
-    """
-    description: list[str] = []
-    sections: dict[str, list[str]] = {}
-    current: list[str] = description
-    for line in inspect.cleandoc(doc or "").splitlines():
-        header = _SECTION.match(line)
-        if header:
-            current = sections.setdefault(header.group(1), [])
-        else:
-            current.append(line)
-    args_lines = sections.get("Args", []) + sections.get("Arguments", [])
-    return "\n".join(description).strip(), _parse_args(args_lines)
-
-
-def _parse_args(lines: list[str]) -> dict[str, str]:
-    entries = [line for line in lines if line.strip()]
-    if not entries:
-        return {}
-    indent = min(len(line) - len(line.lstrip()) for line in entries)
-    args: dict[str, str] = {}
-    current: str | None = None
-    for line in entries:
-        match = _ARG_ENTRY.match(line.strip())
-        if match and len(line) - len(line.lstrip()) == indent:
-            current = match.group(1)
-            args[current] = match.group(2).strip()
-        elif current is not None:
-            args[current] = f"{args[current]} {line.strip()}".strip()
-    return args
-
-
-def json_schema(hint: Any) -> dict[str, Any]:
-    """The JSON schema of a parameter type: scalars, list, dict, Literal, unions.
-
-    Raises:
-        TypeError: The type has no JSON form.
-    """
-    origin, args = get_origin(hint), get_args(hint)
-    if hint is Any:
-        return {}
-    if hint is type(None):
-        return {"type": "null"}
-    if hint in _SCALARS:
-        return {"type": _SCALARS[hint]}
-    if origin is Literal:
-        return _literal_schema(args)
-    if origin in (Union, types.UnionType):
-        return {"anyOf": [json_schema(arg) for arg in args]}
-    if hint is list or origin is list:
-        return {"type": "array", "items": json_schema(args[0])} if args else {"type": "array"}
-    if hint is dict or origin is dict:
-        if len(args) == 2 and args[1] is not Any:
-            return {"type": "object", "additionalProperties": json_schema(args[1])}
-        return {"type": "object"}
-    raise TypeError(f"no JSON schema for type {hint!r}")
-
-
-def _literal_schema(values: tuple[Any, ...]) -> dict[str, Any]:
-    kinds = {_SCALARS.get(type(value)) for value in values}
-    schema: dict[str, Any] = {"enum": list(values)}
-    if len(kinds) == 1 and None not in kinds:
-        schema["type"] = kinds.pop()
-    return schema
 
 
 def _params_of(fn: ToolFunction, name: str, arg_docs: dict[str, str]) -> list[_Param]:

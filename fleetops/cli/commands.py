@@ -202,7 +202,7 @@ def _add_worker(commands: Any) -> None:
 
 
 def _add_servers(commands: Any) -> None:
-    """`flower`, `serve`, `metrics` and `probe`: what runs beside a fleet."""
+    """`flower`, `serve`, `mcp`, `metrics` and `probe`: what runs beside a fleet."""
     flower = _command(
         commands, "flower", "fleetops.cli.ops:run_flower", help="run Flower on the fleet's broker"
     )
@@ -219,6 +219,14 @@ def _add_servers(commands: Any) -> None:
     )
     serve.add_argument("--port", type=port_number, default=DEFAULT_SERVE_PORT)
     serve.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    mcp = _command(
+        commands,
+        "mcp",
+        "fleetops.cli.mcp:run_mcp",
+        help="serve the fleet as MCP tools (stdio; --http PORT for streamable HTTP)",
+    )
+    mcp.add_argument("--http", type=port_number, metavar="PORT", help="streamable HTTP")
+    mcp.add_argument("--address", default="127.0.0.1", help="with --http; default 127.0.0.1")
     metrics = _command(
         commands,
         "metrics",

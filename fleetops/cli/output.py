@@ -129,6 +129,8 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         lines.append(f"{indent}  output: {_one_line(json.dumps(trace.output))}")
     if trace.error:
         lines.append(f"{indent}  error: {_one_line(trace.error)}")
+    for moved in trace.metadata.get("model_fallbacks", []):
+        lines.append(f"{indent}  model: {moved['to']} (after {moved['from']}: {moved['error']})")
     lines += _detail_lines(store, trace, indent + "  ")
     for child in store.children(trace.trace_id):
         lines += render_tree(store, store.get_trace(child), indent + "  ")

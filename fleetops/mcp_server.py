@@ -1,0 +1,243 @@
+"""The fleet as an MCP server: an MCP client (Claude Code, an IDE) fans work out over it.
+
+`fleet mcp` serves these tools over stdio (or streamable HTTP with `--http PORT`):
+`submit`, `explore`, `delegate`, `trace`, `wait`, `stop`, `reply`. Each goes through
+`fleet.client.Fleet`, so budgets, limits, presets and workspace roots apply exactly as
+for `fleet run`; `explore` reports progress as each branch finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+from fleet.client import Fleet, Handle
+from fleet.errors import FleetError
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+DEFAULT_WAIT_S = 60.0
+"""How long `wait` waits when the client does not say."""
+RUN_TIMEOUT_S = 3600.0
+"""How long `explore` and `delegate` wait for their results at most."""
+SUMMARY_CHARS = 500
+INSTRUCTIONS = (
+    "Run LLM sub-agents on a Celery fleet. `explore` runs one read-only agent per task in "
+    "parallel and returns every result; `delegate` runs one agent that may change the "
+    "workspace; `submit` starts a run and returns its trace id for `trace`, `wait`, `stop` "
+    "and `reply` (the answer to an agent waiting on a person)."
+)
+
+
+class FleetTools:
+    """The MCP tools, each a thin call of `Fleet` run off the event loop."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        """Serve `fleet`."""
+        self.fleet = fleet
+
+    async def submit(
+        self,
+        task: str,
+        preset: str = "default",
+        model: str | None = None,
+        workspace: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a main agent on the fleet; returns its trace id at once.
+
+        Args:
+            task: What the agent should do.
+            preset: Agent preset (default, explore, analyst, or a project's).
+            model: Model name or alias; the fleet's default when left out.
+            workspace: A folder under the fleet's workspace roots; its default otherwise.
+        """
+        where = _workspace(workspace)
+        handle = await _off_loop(
+            self.fleet.submit, task, preset=preset, model=model, workspace=where
+        )
+        return {"trace_id": handle.trace_id}
+
+    async def explore(
+        self,
+        tasks: list[str],
+        ctx: Context,
+        model: str | None = None,
+        workspace: str | None = None,
+        timeout_s: float = RUN_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """Run one read-only explore agent per task, in parallel; every result once done.
+
+        Args:
+            tasks: One question per branch.
+            ctx: The request's context: progress goes through it.
+            model: Model name or alias; the fleet's default when left out.
+            workspace: A folder under the fleet's workspace roots; its default otherwise.
+            timeout_s: Give up waiting after this long (branches keep running).
+        """
+        limit = self.fleet.runtime.settings.max_branches
+        if not tasks or len(tasks) > limit:
+            raise ToolError(f"explore: give between 1 and {limit} tasks, not {len(tasks)}")
+        where = _workspace(workspace)
+        handles = await _off_loop(self.fleet.explore, list(tasks), model=model, workspace=where)
+        results: list[dict[str, Any]] = [{} for _ in handles]
+        finished = 0
+
+        async def follow(index: int, handle: Handle) -> None:
+            nonlocal finished
+            results[index] = await self._settled(handle, timeout_s)
+            finished += 1
+            status = results[index]["status"]
+            await ctx.report_progress(finished, len(handles), f"branch {index + 1}: {status}")
+
+        async with anyio.create_task_group() as group:
+            for index, handle in enumerate(handles):
+                group.start_soon(follow, index, handle)
+        return {"results": results}
+
+    async def delegate(
+        self,
+        task: str,
+        preset: str = "default",
+        model: str | None = None,
+        workspace: str | None = None,
+        timeout_s: float = RUN_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """Run one agent that may change the workspace; its answer once done.
+
+        Args:
+            task: What the agent should do.
+            preset: Agent preset.
+            model: Model name or alias; the fleet's default when left out.
+            workspace: A folder under the fleet's workspace roots; its default otherwise.
+            timeout_s: Give up waiting after this long (the agent keeps running).
+        """
+        where = _workspace(workspace)
+        handle = await _off_loop(
+            self.fleet.submit, task, preset=preset, model=model, mode="delegate", workspace=where
+        )
+        return await self._settled(handle, timeout_s)
+
+    async def trace(self, trace_id: str) -> dict[str, Any]:
+        """A trace's status, answer and collaborators.
+
+        Args:
+            trace_id: The id `submit` returned.
+        """
+        return await _off_loop(self._view, trace_id)
+
+    async def wait(self, trace_id: str, timeout_s: float = DEFAULT_WAIT_S) -> dict[str, Any]:
+        """Wait up to `timeout_s` for a trace to end; its state then.
+
+        Args:
+            trace_id: The id `submit` returned.
+            timeout_s: The most to wait, in seconds.
+        """
+        return await self._settled(Handle(trace_id, self.fleet), timeout_s)
+
+    async def stop(self, trace_id: str) -> dict[str, Any]:
+        """Stop a trace and every agent under it.
+
+        Args:
+            trace_id: The id `submit` returned.
+        """
+        stopped = await _off_loop(self.fleet.stop, trace_id)
+        return {"stopped": stopped}
+
+    async def reply(self, trace_id: str, answer: str) -> dict[str, Any]:
+        """Answer the question a trace waits on (its `ask_human`); it runs on.
+
+        Args:
+            trace_id: The waiting trace.
+            answer: The answer to its question.
+        """
+        handle = await _off_loop(self.fleet.reply, trace_id, answer)
+        return {"trace_id": handle.trace_id, "status": "running"}
+
+    async def _settled(self, handle: Handle, timeout_s: float) -> dict[str, Any]:
+        await _off_loop(self._follow, handle.trace_id, timeout_s)
+        return await _off_loop(self._view, handle.trace_id)
+
+    def _follow(self, trace_id: str, timeout_s: float) -> None:
+        """Until the trace ended or waits on a person (a `reply` is due), or `timeout_s`."""
+        if self._settled_now(trace_id):
+            return
+        try:
+            for _ in self.fleet.events(trace_id, timeout_s):
+                if self._settled_now(trace_id):
+                    return
+        except TimeoutError:
+            pass  # still running: the view says so
+
+    def _settled_now(self, trace_id: str) -> bool:
+        trace = self.fleet.trace(trace_id)
+        if trace.is_terminal:
+            return True
+        asked = self.fleet.store.collaborators(trace_id) if trace.status == "waiting" else []
+        return any(c.type == "human" and c.status == "waiting" for c in asked)
+
+    def _view(self, trace_id: str) -> dict[str, Any]:
+        trace = self.fleet.trace(trace_id)
+        return {
+            "trace_id": trace.trace_id,
+            "status": trace.status,
+            "answer": trace.answer,
+            "error": trace.error,
+            "stop_reason": trace.metadata.get("stop_reason"),
+            "collaborators": [
+                {
+                    "name": c.name,
+                    "type": c.type,
+                    "trace_id": c.trace_id,
+                    "status": c.status,
+                    "summary": c.summary[:SUMMARY_CHARS],
+                }
+                for c in self.fleet.store.collaborators(trace_id)
+            ],
+        }
+
+
+_READS = ToolAnnotations(read_only_hint=True)
+TOOLS: dict[str, ToolAnnotations | None] = {
+    "submit": None,
+    "explore": None,
+    "delegate": None,
+    "trace": _READS,
+    "wait": _READS,
+    "stop": ToolAnnotations(read_only_hint=False, destructive_hint=True),
+    "reply": None,
+}
+
+
+def build_server(fleet: Fleet) -> MCPServer:
+    """An MCP server whose tools drive `fleet`."""
+    server = MCPServer("agent-fleet", instructions=INSTRUCTIONS)
+    tools = FleetTools(fleet)
+    for name, hints in TOOLS.items():
+        server.add_tool(getattr(tools, name), name=name, annotations=hints)
+    return server
+
+
+def _workspace(value: str | None) -> Path | None:
+    # Checked against the roots by `Fleet.submit`, as any submission is.
+    return Path(value) if value else None
+
+
+async def _off_loop(fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """`fn(*args, **kwargs)` in a worker thread: `Fleet` blocks on Redis.
+
+    Raises:
+        ToolError: one line for the client, for a `FleetError` (unknown preset, a
+            workspace outside the roots, no such trace, a budget refused...). Any other
+            error is the SDK's: the client reads only "Error executing tool NAME".
+    """
+    try:
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    except FleetError as exc:
+        raise ToolError(" ".join(str(exc).split())) from None
