@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet import lifecycle
-from fleet.conversation import human
+from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
@@ -218,6 +218,22 @@ class Fleet:
     def reply(self, trace_id: str, answer: str) -> Handle:
         """Answer the question a trace waits on (`ask_human`); it resumes on any worker."""
         trace = human.reply(self.runtime, trace_id, answer)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
+    def approve(self, trace_id: str, approval_id: str | None = None) -> Handle:
+        """Approve the tool call a trace waits on; a worker runs it, then the trace goes on.
+
+        `approval_id` (the call's tool_call_id), when given, must be the pending call.
+        `ConversationError` when no approval is pending, the id differs, or it was answered.
+        """
+        trace = approval.approve(self.runtime, trace_id, approval_id)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
+    def deny(self, trace_id: str, reason: str, approval_id: str | None = None) -> Handle:
+        """Deny the pending tool call: nothing runs, the model reads `reason`; as `approve`."""
+        trace = approval.deny(self.runtime, trace_id, reason, approval_id)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 

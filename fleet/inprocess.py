@@ -17,7 +17,7 @@ from fleet.conversation.roots import TaskSpec, create_root
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Trace
-from fleet.observe.otel import make_hooks
+from fleet.observe.operator import build_hooks
 from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.storage.memory_store import MemoryStore
@@ -73,7 +73,7 @@ class InProcessFleet:
             store,
             dispatcher or InProcessDispatcher(),
             clients=clients,
-            hooks=make_hooks(settings, store),
+            hooks=build_hooks(settings, store),
         )
         return cls(runtime)
 

@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
+from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_of
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
@@ -90,6 +91,8 @@ class AgentPreset:
     """Most branches one explore call of this agent may ask for (else the fleet default)."""
     max_concurrent: int | None = None
     """Default for how many children of a tree rooted here run at once."""
+    approve: tuple[ApprovalRule, ...] = ()
+    """Tool calls that wait for a person's `fleet approve` (`fleet.conversation.approval`)."""
 
     def allows(self, tool: str) -> bool:
         """Whether this preset lets the agent call `tool`."""
@@ -215,6 +218,7 @@ class _PresetFrontmatter(BaseModel):
     budget: BudgetIn | None = None
     max_branches: PositiveCount | None = None
     max_concurrent: PositiveCount | None = None
+    approve: list[ApproveEntry] = Field(default_factory=list)
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -255,6 +259,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         budget=front.budget.to_budget() if front.budget else None,
         max_branches=front.max_branches,
         max_concurrent=front.max_concurrent,
+        approve=rules_of(front.approve),
     )
 
 

@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fleet.conversation.approval_rules import ApproveEntry
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
 from fleet.llm.base import LLMClient
@@ -116,6 +117,8 @@ class FleetConfig(BaseModel):
     """Preset name -> model name, for presets that need a different model."""
     context_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     """Share of a model's `context_window` a request may fill before tool outputs are elided."""
+    approve: tuple[ApproveEntry, ...] = ()
+    """Tool calls that wait for a person's approval in every trace (on top of presets')."""
 
 
 @dataclass(frozen=True)

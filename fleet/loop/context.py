@@ -40,11 +40,12 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
 
 
 def injection(runtime: Runtime, trace: Trace) -> Message | None:
-    """Every N turns, the plan and `## Active Collaborators` as a user message."""
+    """Every N turns, the plan, `## Active Collaborators` and hook lines as a user message."""
     every = runtime.settings.inject_every_turns
     if trace.iteration == 0 or every <= 0 or trace.iteration % every:
         return None
     blocks = [trace.goals.render(), collaborators_block(runtime, trace.trace_id)]
+    blocks.append("\n".join(runtime.hooks.context_lines(trace)))  # the operator's context hooks
     body = "\n\n".join(b for b in blocks if b)
     if not body:
         return None

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser with every command; each sets `handler` to a "module:function" string."""
     parser = argparse.ArgumentParser(prog="fleet", description="Run LLM sub-agents as jobs.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_run, _add_follow, _add_trace, _add_batch, _add_ops, _add_servers, _add_demo):
+    adders = (_add_run, _add_follow, _add_approval, _add_trace, _add_batch, _add_ops)
+    for add in (*adders, _add_servers, _add_demo):
         add(commands)
     return parser
 
@@ -108,6 +109,29 @@ def _add_follow(commands: Any) -> None:
     reply.add_argument("answer")
 
 
+def _add_approval(commands: Any) -> None:
+    """`approve` and `deny`: answer a tool call that waits for a person's approval."""
+    approve = _command(
+        commands,
+        "approve",
+        "fleetops.cli.approval:approve",
+        help="run the tool call a trace waits to have approved; it resumes",
+    )
+    approve.add_argument("trace_id")
+    deny = _command(
+        commands,
+        "deny",
+        "fleetops.cli.approval:deny",
+        help="refuse the tool call a trace waits to have approved; the model reads the reason",
+    )
+    deny.add_argument("trace_id")
+    deny.add_argument("reason")
+    for parser in (approve, deny):
+        parser.add_argument(
+            "--id", dest="approval_id", help="the pending call's id (refused if another)"
+        )
+
+
 def _add_trace(commands: Any) -> None:
     trace = commands.add_parser("trace", help="inspect traces")
     sub = trace.add_subparsers(dest="trace_command", required=True, metavar="ACTION")
@@ -123,7 +147,9 @@ def _add_trace(commands: Any) -> None:
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--all", action="store_true", help="include sub-traces")
     listing.add_argument(
-        "--waiting", action="store_true", help="only traces waiting on a person (ask_human)"
+        "--waiting",
+        action="store_true",
+        help="only traces waiting on a person (a question, an approval)",
     )
     listing.add_argument("--json", action="store_true")
 

@@ -149,7 +149,12 @@ def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None
         line = progress_line(event, root)
         if line:
             print(printable(line), file=sys.stderr, flush=True)
-        if asker is not None and _is_question(event, root):
+        if asker is None or not _is_question(event, root):
+            continue
+        if event.data.get("type") == "approval":
+            if not asker.approve(root, str(event.data.get("question", ""))):
+                return  # nobody here can approve it: the run ends waiting (exit 3)
+        else:
             asker.ask(root, str(event.data.get("question", "")))
 
 
@@ -157,7 +162,7 @@ def _is_question(event: Event, root: str) -> bool:
     return (
         event.kind == "collaborator"
         and event.status == "waiting"
-        and event.data.get("type") == "human"
+        and event.data.get("type") in ("human", "approval")
         and event.trace_id == root
     )
 
@@ -204,11 +209,39 @@ class Asker:
         except ConversationError as exc:  # answered elsewhere meanwhile
             print(f"fleet: {exc}", file=sys.stderr, flush=True)
 
+    def approve(self, trace_id: str, question: str) -> bool:
+        """Prompt y/n for a call waiting for approval and answer it; False off a terminal."""
+        hint = f"waiting for `fleet approve {trace_id}` or `fleet deny {trace_id} REASON`"
+        if self.interrupt.is_set():
+            return True
+        if not self.interactive:
+            print(hint, file=sys.stderr, flush=True)
+            return False
+        try:
+            with keyboard_interrupt(self.interrupt):
+                answer = ""
+                while answer not in ("y", "n"):
+                    answer = input("approve? [y/n] ").strip().lower()[:1]
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return True
+        except EOFError:
+            print(f"\n{hint}", file=sys.stderr, flush=True)
+            return False
+        try:
+            if answer == "y":
+                self.fleet.approve(trace_id)
+            else:
+                self.fleet.deny(trace_id, "denied at the terminal")
+        except ConversationError as exc:  # answered elsewhere meanwhile
+            print(f"fleet: {exc}", file=sys.stderr, flush=True)
+        return True
+
 
 def progress_line(event: Event, root: str) -> str | None:
     """A human line for the events worth showing, else None."""
     name = event.data.get("name") or event.trace_id.rsplit("@", 1)[-1]
-    if event.data.get("type") == "human" and event.status == "waiting":
+    if event.data.get("type") in ("human", "approval") and event.status == "waiting":
         return f"? {event.data.get('question', '')}"
     if event.kind == "collaborator" and event.status == "queued":
         return f"  + {name} started ({event.trace_id})"
