@@ -1,0 +1,127 @@
+"""Tool calls that wait for a person's approval, in one process: scripted models, every store."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.conversation import approval
+from fleet.conversation.approval_rules import ApprovalRule, ApprovalRuleIn, needs_approval, rules_of
+from fleet.conversation.human import time_out_waits, waiting_on
+from fleet.errors import ConversationError
+from fleet.inprocess import InProcessDispatcher, InProcessFleet
+from fleet.llm.base import LLMResponse
+from fleet.llm.config import FleetConfig
+from fleet.models import now_ms
+from fleet.runtime import Runtime
+from fleet.settings import Settings
+from fleet.storage.store import TraceStore
+from fleet.testing import ScriptedModel, call, text
+
+
+def local_fleet(
+    store: TraceStore, workspace: Path, model: ScriptedModel, *rules: ApprovalRule
+) -> InProcessFleet:
+    settings = Settings(workspace=workspace, env={})
+    runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"test": model})
+    default = replace(runtime.presets["default"], approve=rules or (ApprovalRule("write_file"),))
+    return InProcessFleet(replace(runtime, presets={**runtime.presets, "default": default}))
+
+
+def writer(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+    """Writes a file once, then answers with the tool's result."""
+    results = [m for m in messages if m["role"] == "tool"]
+    if not results:
+        return call("write_file", call_id="w1", path="out.txt", content="written")
+    return text(f"tool said: {results[-1]['content']}")
+
+
+def test_a_call_needing_approval_waits_unrun_and_approve_runs_it(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    local = local_fleet(store, tmp_path, ScriptedModel(function=writer))
+    trace = local.run("write it", model="test")
+    assert trace.status == "waiting" and not (tmp_path / "out.txt").exists()
+    pending = approval.pending(trace)
+    assert pending is not None and pending["tool"] == "write_file"
+    assert pending["arguments"] == {"path": "out.txt", "content": "written"}
+    (entry,) = store.collaborators(trace.trace_id)
+    assert (entry.type, entry.status) == ("approval", "waiting")
+    assert store.expired_leases(now_ms() + 10**9) == [], "no runner holds the trace"
+    done = local.approve(trace.trace_id, pending["tool_call_id"])
+    assert done.status == "completed", done.error
+    assert (tmp_path / "out.txt").read_text() == "written"
+    assert approval.APPROVED_KEY not in done.metadata and waiting_on(done) is None
+    assert store.collaborators(trace.trace_id)[0].status == "completed"
+
+
+def test_deny_gives_the_model_the_reason_and_runs_nothing(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    local = local_fleet(store, tmp_path, ScriptedModel(function=writer))
+    trace = local.run("write it", model="test")
+    done = local.deny(trace.trace_id, "not on a Friday")
+    assert done.status == "completed" and "not on a Friday" in (done.answer or "")
+    assert not (tmp_path / "out.txt").exists()
+    assert store.collaborators(trace.trace_id)[0].status == "failed"
+
+
+def test_a_second_answer_a_forged_id_and_reply_are_refused(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    local = local_fleet(store, tmp_path, ScriptedModel(function=writer))
+    trace = local.run("write it", model="test")
+    with pytest.raises(ConversationError, match="is not the call"):
+        approval.approve(local.runtime, trace.trace_id, "call_forged")
+    from fleet.conversation import human
+
+    with pytest.raises(ConversationError, match="fleet approve"):
+        human.reply(local.runtime, trace.trace_id, "yes")
+    approval.deny(local.runtime, trace.trace_id, "no")  # queued, not yet run
+    before = store.messages(trace.trace_id)
+    with pytest.raises(ConversationError, match="no approval pending"):
+        approval.approve(local.runtime, trace.trace_id)
+    assert store.messages(trace.trace_id) == before
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_timeout_ends_the_wait_as_a_denial(store: TraceStore, tmp_path: Path) -> None:
+    local = local_fleet(store, tmp_path, ScriptedModel(function=writer))
+    trace = local.run("write it", model="test")
+    later_ms = now_ms() + 25 * 3600 * 1000
+    assert time_out_waits(local.runtime, later_ms) == [trace.trace_id]
+    with pytest.raises(ConversationError):
+        approval.approve(local.runtime, trace.trace_id)
+    done = local._run(trace.trace_id)
+    assert done.status == "completed" and "Not run" in (done.answer or "")
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_fleet_yaml_rules_apply_to_every_preset(store: TraceStore, tmp_path: Path) -> None:
+    local = local_fleet(store, tmp_path, ScriptedModel(function=writer), ApprovalRule("bash"))
+    config = FleetConfig(approve=("write_file",))
+    local = InProcessFleet(replace(local.runtime, config=config))
+    assert local.run("write it", model="test").status == "waiting"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "needed"),
+    [
+        ('{"path": "a.py", "content": "x"}', True),
+        ('{"path": "a.txt", "content": "x"}', False),
+        ('{"content": "x"}', False),
+        ("not json", False),
+    ],
+)
+def test_argument_patterns_narrow_a_rule(arguments: str, needed: bool) -> None:
+    rules = rules_of([ApprovalRuleIn(tool="write_file", arguments={"path": "*.py"})])
+    assert needs_approval(rules, "write_file", arguments) is needed
+    assert not needs_approval(rules, "read_file", arguments)
+
+
+def test_a_tool_only_rule_holds_even_unparsed_arguments() -> None:
+    assert needs_approval(rules_of(["bash", "mcp__*"]), "bash", "not json")
+    assert needs_approval(rules_of(["mcp__*"]), "mcp__git__push", "{}")
