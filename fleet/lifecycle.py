@@ -372,7 +372,7 @@ def put_person(
     extra: dict[str, Any] = {"type": kind}
     if status == "waiting":
         extra["question"] = summary
-        extra |= {k: waiting[k] for k in ("tool", "arguments") if k in waiting}
+        extra |= {k: waiting[k] for k in ("tool", "arguments", "tool_call_id") if k in waiting}
     put_collaborator(runtime.store, trace.trace_id, trace, entry, status, extra=extra)
 
 

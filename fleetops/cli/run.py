@@ -152,7 +152,8 @@ def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None
         if asker is None or not _is_question(event, root):
             continue
         if event.data.get("type") == "approval":
-            if not asker.approve(root, str(event.data.get("question", ""))):
+            question, call_id = str(event.data.get("question", "")), event.data.get("tool_call_id")
+            if not asker.approve(root, question, str(call_id) if call_id else None):
                 return  # nobody here can approve it: the run ends waiting (exit 3)
         else:
             asker.ask(root, str(event.data.get("question", "")))
@@ -209,7 +210,7 @@ class Asker:
         except ConversationError as exc:  # answered elsewhere meanwhile
             print(f"fleet: {exc}", file=sys.stderr, flush=True)
 
-    def approve(self, trace_id: str, question: str) -> bool:
+    def approve(self, trace_id: str, question: str, approval_id: str | None) -> bool:
         """Prompt y/n for a call waiting for approval and answer it; False off a terminal."""
         hint = f"waiting for `fleet approve {trace_id}` or `fleet deny {trace_id} REASON`"
         if self.interrupt.is_set():
@@ -230,9 +231,9 @@ class Asker:
             return False
         try:
             if answer == "y":
-                self.fleet.approve(trace_id)
+                self.fleet.approve(trace_id, approval_id)  # exactly the call shown
             else:
-                self.fleet.deny(trace_id, "denied at the terminal")
+                self.fleet.deny(trace_id, "denied at the terminal", approval_id)
         except ConversationError as exc:  # answered elsewhere meanwhile
             print(f"fleet: {exc}", file=sys.stderr, flush=True)
         return True
