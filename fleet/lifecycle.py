@@ -370,9 +370,9 @@ def put_person(
         tool_call_id=tool_call_id,
     )
     extra: dict[str, Any] = {"type": kind}
-    if status == "waiting":
-        extra["question"] = summary
+    if status == "waiting":  # what a person needs to answer it from the event alone
         extra |= {k: waiting[k] for k in ("tool", "arguments", "tool_call_id") if k in waiting}
+        extra["question"] = summary
     put_collaborator(runtime.store, trace.trace_id, trace, entry, status, extra=extra)
 
 

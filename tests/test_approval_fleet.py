@@ -25,7 +25,7 @@ from tests.test_fleet_recovery import database_url, fleet_client, start_workers
 
 pytestmark = pytest.mark.integration
 
-APPROVAL_DB = 11
+APPROVAL_DB = 5
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 TIMEOUT_S = 60.0
 
@@ -106,7 +106,9 @@ def one_line_error(result: subprocess.CompletedProcess[str], part: str) -> None:
 
 
 def results_of(fleet: Fleet, trace_id: str, call_id: str) -> int:
-    return sum(m.tool_call_id == call_id for m in fleet.store.messages(trace_id) if m.role == "tool")
+    return sum(
+        m.tool_call_id == call_id for m in fleet.store.messages(trace_id) if m.role == "tool"
+    )
 
 
 def test_write_file_waits_unwritten_and_fleet_approve_writes_it_once(

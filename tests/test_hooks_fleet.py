@@ -19,7 +19,7 @@ from tests.test_fleet_recovery import database_url, fleet_client, start_workers
 
 pytestmark = pytest.mark.integration
 
-HOOKS_DB = 12
+HOOKS_DB = 8
 TIMEOUT_S = 60.0
 ALL_HOOKS = ("RECORDER", "BASH_BLOCKER", "CONTEXT", "RAISER", "HANGER")
 
