@@ -125,3 +125,49 @@ def test_argument_patterns_narrow_a_rule(arguments: str, needed: bool) -> None:
 def test_a_tool_only_rule_holds_even_unparsed_arguments() -> None:
     assert needs_approval(rules_of(["bash", "mcp__*"]), "bash", "not json")
     assert needs_approval(rules_of(["mcp__*"]), "mcp__git__push", "{}")
+
+
+def test_a_stop_ends_the_wait_and_the_call_never_runs(store: TraceStore, tmp_path: Path) -> None:
+    from fleet.lifecycle import stop_subtree
+
+    local = local_fleet(store, tmp_path, ScriptedModel(function=writer))
+    trace = local.run("write it", model="test")
+    stop_subtree(local.runtime, trace.trace_id)
+    assert store.get_trace(trace.trace_id).status == "stopped"
+    assert store.collaborators(trace.trace_id)[0].status == "stopped"
+    with pytest.raises(ConversationError, match="no approval pending"):
+        approval.approve(local.runtime, trace.trace_id)
+    again = local.continue_trace(trace.trace_id, "go on")
+    assert again.status == "completed" and not (tmp_path / "out.txt").exists()
+
+
+def test_a_sub_agent_is_refused_rather_than_left_waiting() -> None:
+    from fleet.llm.base import ToolCall
+    from fleet.models import Trace
+
+    branch = Trace(trace_id="r@explore-000", root_trace_id="r", task="look", mode="explore")
+    call_ = ToolCall("c1", "read_file", '{"path": "a"}')
+    refused = approval.refusal(call_, branch, first=True)
+    assert refused is not None and refused.is_error and "only a main agent" in refused.output
+    main = branch.model_copy(update={"mode": "main"})
+    assert approval.refusal(call_, main, first=True) is None
+    assert "one approval or question per turn" in approval.refusal(call_, main, first=False).output  # type: ignore[union-attr]
+
+
+def test_approve_entries_load_from_a_preset_file_and_fleet_yaml(tmp_path: Path) -> None:
+    from fleet.errors import ConfigError
+    from fleet.llm.config import load_config
+    from fleet.presets import load_preset_file
+
+    preset = tmp_path / "guarded.md"
+    preset.write_text(
+        "---\napprove: [bash, {tool: write_file, arguments: {path: '*.py'}}]\n---\nBe careful.\n"
+    )
+    rules = load_preset_file(preset).approve
+    assert rules == (ApprovalRule("bash"), ApprovalRule("write_file", (("path", "*.py"),)))
+    config = tmp_path / "fleet.yaml"
+    config.write_text("approve: [write_file]\n")
+    assert load_config(config, {}).approve == ("write_file",)
+    preset.write_text("---\napprove: [{tool: bash, when: always}]\n---\nx\n")
+    with pytest.raises(ConfigError, match="approve"):
+        load_preset_file(preset)
