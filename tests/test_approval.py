@@ -141,14 +141,15 @@ def test_a_stop_ends_the_wait_and_the_call_never_runs(store: TraceStore, tmp_pat
     assert again.status == "completed" and not (tmp_path / "out.txt").exists()
 
 
-def test_a_sub_agent_is_refused_rather_than_left_waiting() -> None:
+def test_an_in_process_sub_agent_is_refused_rather_than_left_waiting() -> None:
     from fleet.llm.base import ToolCall
     from fleet.models import Trace
 
     branch = Trace(trace_id="r@explore-000", root_trace_id="r", task="look", mode="explore")
     call_ = ToolCall("c1", "read_file", '{"path": "a"}')
-    refused = approval.refusal(call_, branch, first=True)
-    assert refused is not None and refused.is_error and "only a main agent" in refused.output
+    refused = approval.refusal(call_, branch, first=True, children_wait=False)
+    assert refused is not None and refused.is_error and "in-process sub-agent" in refused.output
+    assert approval.refusal(call_, branch, first=True, children_wait=True) is None, "on Celery"
     main = branch.model_copy(update={"mode": "main"})
     assert approval.refusal(call_, main, first=True) is None
     assert "one approval or question per turn" in approval.refusal(call_, main, first=False).output  # type: ignore[union-attr]

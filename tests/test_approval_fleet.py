@@ -28,13 +28,15 @@ pytestmark = pytest.mark.integration
 APPROVAL_DB = 5
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 TIMEOUT_S = 60.0
+SETTLED_BY_THE_BRANCH_S = 10.0
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The operator's folder (fleet.yaml) beside the only workspace root."""
     home = tmp_path_factory.mktemp("approval")
-    (home / "fleet.yaml").write_text(yaml.safe_dump({"approve": ["write_file"]}))
+    secrets = {"tool": "read_file", "arguments": {"path": "secret*"}}
+    (home / "fleet.yaml").write_text(yaml.safe_dump({"approve": ["write_file", secrets]}))
     (home / "workspace").mkdir()
     return home
 
@@ -175,3 +177,48 @@ def test_on_a_terminal_fleet_run_asks_y_or_n(
     assert process.returncode == 0, screen
     assert "approve? [y/n]" in screen and "tool said: created prompted.txt" in screen
     assert target.read_text() == "from the prompt"
+
+
+def read(path: str, then: str) -> list[dict[str, Any]]:
+    return [
+        {"tool_calls": [{"name": "read_file", "arguments": {"path": path}}]},
+        {"content": then + " {last_tool}"},
+    ]
+
+
+def test_a_branch_waits_alone_and_its_approval_completes_the_tree(
+    url: str, home: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    workspace = home / "workspace"
+    (workspace / "secret-plan.txt").write_text("the secret plan")
+    (workspace / "notes.txt").write_text("plain notes")
+    explore = {"name": "agent", "arguments": {"task": ["look at the plan", "look at the notes"]}}
+    scripts = [
+        {"match": "^survey", "steps": [{"tool_calls": [explore]}, {"content": "{last_tool}"}]},
+        {"match": "plan", "steps": read("secret-plan.txt", "plan:")},
+        {"match": "notes", "steps": read("notes.txt", "notes:")},
+    ]
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"scripts": scripts}))
+    root = fleet.submit("survey the workspace", model=f"scripted:{tmp_path / 'm.yaml'}")
+
+    def branches() -> list[Trace]:
+        ids = [c.trace_id for c in fleet.store.collaborators(root.trace_id)]
+        return [fleet.trace(i) for i in ids]
+
+    wait_until(
+        lambda: [t.status for t in branches()] == ["waiting", "completed"],
+        TIMEOUT_S,
+        "the plan's branch to wait for approval, the notes' branch to finish",
+    )
+    plan, _ = branches()
+    pending = approval.pending(plan)
+    assert pending is not None and pending["arguments"] == {"path": "secret-plan.txt"}
+    assert fleet.trace(root.trace_id).status == "waiting", "the root waits on its branch"
+    approved = cli(url, home, "approve", plan.trace_id, "--id", pending["tool_call_id"])
+    assert approved.returncode == 0, approved.stderr
+    # Settled by the branch's own run (a sweeper's owner check would take >= 15 s).
+    done = root.wait(timeout_s=SETTLED_BY_THE_BRANCH_S)
+    assert done.status == "completed", done.error
+    answer = done.answer or ""
+    assert "2 branches, 2 completed" in answer, answer
+    assert "the secret plan" in answer and "plain notes" in answer, answer

@@ -40,14 +40,18 @@ def required(runtime: Runtime, trace: Trace, call: ToolCall) -> bool:
     return needs_approval(rules, call.name, call.arguments)
 
 
-def refusal(call: ToolCall, trace: Trace, *, first: bool) -> ToolResult | None:
+def refusal(
+    call: ToolCall, trace: Trace, *, first: bool, children_wait: bool = True
+) -> ToolResult | None:
     """Why this call cannot wait for approval, or None when it may.
 
-    One person-wait per turn; only a main agent waits (a branch of a chord cannot).
+    One person-wait per turn. A sub-agent waits alone (its siblings and parent go on or
+    wait as they would) only where children outlive their spawner's run: on a task queue
+    (`children_wait`); an in-process dispatcher's child is refused instead.
     """
     why = None
-    if trace.mode != "main":
-        why = f"{call.name!r} needs a person's approval, which only a main agent can wait for"
+    if trace.mode != "main" and not children_wait:
+        why = f"{call.name!r} needs a person's approval: an in-process sub-agent cannot wait"
     elif not first:
         why = "one approval or question per turn: call it again in a later turn"
     if why is None:

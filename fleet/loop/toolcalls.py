@@ -148,7 +148,9 @@ def _one_call(
     if call.name == "goal":
         return _goal(runtime, trace, _persisted(runtime, call))
     if approval.required(runtime, trace, call):
-        return approval.refusal(call, trace, first=first) or _Person(None)
+        children_wait = runtime.dispatcher.children_survive_restart
+        refused = approval.refusal(call, trace, first=first, children_wait=children_wait)
+        return refused or _Person(None)
     return run_plain(runtime, trace, call)
 
 

@@ -19,7 +19,7 @@ from fleet.models import Event
 from fleet.storage.redis_connect import redact_url
 from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
 from fleetops.cli.interrupt import Interrupt, interrupt_flag, keyboard_interrupt
-from fleetops.cli.output import printable, report
+from fleetops.cli.output import EXIT_WAITING, printable, report
 from fleetops.discovery import fleet_settings
 
 BUDGET_FLAGS = ("tokens", "usd", "sub_agents", "wall_s")
@@ -108,7 +108,9 @@ def follow(
     """
     try:
         events = handle.events(timeout_s, cancel=interrupt.event)
-        show_progress(events, handle.trace_id, Asker(fleet, interrupt=interrupt))
+        waiting = show_progress(events, handle.trace_id, Asker(fleet, interrupt=interrupt))
+        if waiting not in (None, handle.trace_id):  # a sub-agent's: the root waits on it
+            return EXIT_WAITING
     except TimeoutError as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -143,8 +145,11 @@ def require_workers(fleet: Fleet, queue: str) -> None:
         )
 
 
-def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None) -> None:
-    """One line per sub-agent start and finish, on stderr; questions go to `asker`."""
+def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None) -> str | None:
+    """One line per sub-agent start and finish, on stderr; questions go to `asker`.
+
+    Returns the id of a trace left waiting for an approval nobody here can give, if any.
+    """
     for event in events:
         line = progress_line(event, root)
         if line:
@@ -153,18 +158,20 @@ def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None
             continue
         if event.data.get("type") == "approval":
             question, call_id = str(event.data.get("question", "")), event.data.get("tool_call_id")
-            if not asker.approve(root, question, str(call_id) if call_id else None):
-                return  # nobody here can approve it: the run ends waiting (exit 3)
+            if not asker.approve(event.trace_id, question, str(call_id) if call_id else None):
+                return event.trace_id  # nobody here can approve it: the run ends (exit 3)
         else:
             asker.ask(root, str(event.data.get("question", "")))
+    return None
 
 
 def _is_question(event: Event, root: str) -> bool:
+    """A question to the root's person, or a call of any trace of the tree to approve."""
+    kind = event.data.get("type")
     return (
         event.kind == "collaborator"
         and event.status == "waiting"
-        and event.data.get("type") in ("human", "approval")
-        and event.trace_id == root
+        and (kind == "approval" or (kind == "human" and event.trace_id == root))
     )
 
 
