@@ -15,7 +15,7 @@ import pytest
 import redis
 import yaml
 
-from fleet.client import Fleet
+from fleet.client import Fleet, Handle
 from fleet.conversation import approval
 from fleet.models import Trace
 from fleet.storage import keys
@@ -199,7 +199,9 @@ def test_a_branch_waits_alone_and_its_approval_completes_the_tree(
         {"match": "notes", "steps": read("notes.txt", "notes:")},
     ]
     (tmp_path / "m.yaml").write_text(yaml.safe_dump({"scripts": scripts}))
-    root = fleet.submit("survey the workspace", model=f"scripted:{tmp_path / 'm.yaml'}")
+    run = cli(url, home, "run", "--model", f"scripted:{tmp_path / 'm.yaml'}", "survey the ws")
+    assert run.returncode == 3, run.stdout + run.stderr  # off a terminal: nobody to ask
+    root = Handle(run.stderr.split("submitted ", 1)[1].split()[0], fleet)
 
     def branches() -> list[Trace]:
         ids = [c.trace_id for c in fleet.store.collaborators(root.trace_id)]
@@ -211,6 +213,7 @@ def test_a_branch_waits_alone_and_its_approval_completes_the_tree(
         "the plan's branch to wait for approval, the notes' branch to finish",
     )
     plan, _ = branches()
+    assert f"fleet approve {plan.trace_id}" in run.stderr, run.stderr
     pending = approval.pending(plan)
     assert pending is not None and pending["arguments"] == {"path": "secret-plan.txt"}
     assert fleet.trace(root.trace_id).status == "waiting", "the root waits on its branch"
