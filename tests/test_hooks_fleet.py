@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,3 +119,23 @@ def test_a_worker_refuses_to_start_on_a_bad_hook_name(url: str, hooks: str, part
     lines = [line for line in log.splitlines() if line.startswith("fleet worker:")]
     assert len(lines) == 1 and part in lines[0], log
     assert "Traceback" not in log
+
+
+def test_fleet_up_refuses_a_bad_hook_name_before_starting_anything(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env |= {"FLEET_HOOKS": "tests.hookkit:NOT_A_HOOK", "FLEET_STATE_DIR": str(tmp_path / "s")}
+    up = subprocess.run(
+        [sys.executable, "-m", "fleetops.cli.main", "up"],
+        env=env | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert up.returncode == 2, up.stdout + up.stderr
+    assert up.stderr.strip().splitlines() == [
+        "fleet: error: FLEET_HOOKS: 'tests.hookkit:NOT_A_HOOK' is a object,"
+        " not a fleet.Hooks instance"
+    ]
+    assert not (tmp_path / "s").exists(), "no state folder, no Redis: nothing started"
