@@ -172,3 +172,25 @@ def test_approve_entries_load_from_a_preset_file_and_fleet_yaml(tmp_path: Path) 
     preset.write_text("---\napprove: [{tool: bash, when: always}]\n---\nx\n")
     with pytest.raises(ConfigError, match="approve"):
         load_preset_file(preset)
+
+
+def test_the_workers_secret_never_reaches_the_approval_a_person_sees(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    secret = "sk-approval-secret-0123456789abcdef"
+
+    def leaker(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        if any(m["role"] == "tool" for m in messages):
+            return text("done")
+        return call("write_file", path="leak.txt", content=f"key={secret}")
+
+    local = local_fleet(store, tmp_path, ScriptedModel(function=leaker))
+    runtime = local.runtime
+    local = InProcessFleet(replace(runtime, redactor=runtime.redactor.with_values([secret])))
+    trace = local.run("leak it", model="test")
+    pending = approval.pending(trace)
+    assert pending is not None and secret not in str(pending)
+    assert secret not in str([c.model_dump() for c in store.collaborators(trace.trace_id)])
+    done = local.approve(trace.trace_id)
+    assert done.status == "completed"
+    assert secret not in (tmp_path / "leak.txt").read_text(), "it runs as stored: masked"
