@@ -27,8 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser with every command; each sets `handler` to a "module:function" string."""
     parser = argparse.ArgumentParser(prog="fleet", description="Run LLM sub-agents as jobs.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    adders = (_add_run, _add_follow, _add_approval, _add_trace, _add_batch, _add_ops)
-    for add in (*adders, _add_servers, _add_demo):
+    for add in (_add_run, _add_follow, _add_trace, _add_batch, _add_ops, _add_servers, _add_demo):
         add(commands)
     return parser
 
@@ -91,7 +90,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_follow(commands: Any) -> None:
-    """`watch`, `stop` and `reply`: the commands on one trace that `fleet run` started."""
+    """`watch`, `stop`, `reply`, `approve`, `deny`: commands on one trace `fleet run` started."""
     watch = _command(commands, "watch", "fleetops.cli.run:watch", help="follow a trace tree live")
     watch.add_argument("trace_id")
     watch.add_argument("--timeout-s", type=positive_float, default=None)
@@ -107,6 +106,7 @@ def _add_follow(commands: Any) -> None:
     )
     reply.add_argument("trace_id")
     reply.add_argument("answer")
+    _add_approval(commands)
 
 
 def _add_approval(commands: Any) -> None:
