@@ -79,6 +79,8 @@ class AgentPreset:
     """Model name or alias; None uses the configured default."""
     read_only: bool = False
     """Refuse every tool that changes the workspace, whatever `allowed_tools` says."""
+    approve: tuple[ApprovalRule, ...] = ()
+    """Tool calls that wait for a person's `fleet approve` (`fleet.conversation.approval`)."""
     cache_ttl_s: int | None = None
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
@@ -91,8 +93,6 @@ class AgentPreset:
     """Most branches one explore call of this agent may ask for (else the fleet default)."""
     max_concurrent: int | None = None
     """Default for how many children of a tree rooted here run at once."""
-    approve: tuple[ApprovalRule, ...] = ()
-    """Tool calls that wait for a person's `fleet approve` (`fleet.conversation.approval`)."""
 
     def allows(self, tool: str) -> bool:
         """Whether this preset lets the agent call `tool`."""
@@ -213,12 +213,12 @@ class _PresetFrontmatter(BaseModel):
     model: str | None = None
     skills: list[str] = Field(default_factory=list)
     read_only: bool = False
+    approve: list[ApproveEntry] = Field(default_factory=list)
     cache: _CacheSection | None = None
     output_schema: dict[str, Any] | None = None
     budget: BudgetIn | None = None
     max_branches: PositiveCount | None = None
     max_concurrent: PositiveCount | None = None
-    approve: list[ApproveEntry] = Field(default_factory=list)
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -253,13 +253,13 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         system_prompt=body.strip(),
         model=front.model,
         read_only=front.read_only,
+        approve=rules_of(front.approve),
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
         output_schema=front.output_schema,
         budget=front.budget.to_budget() if front.budget else None,
         max_branches=front.max_branches,
         max_concurrent=front.max_concurrent,
-        approve=rules_of(front.approve),
     )
 
 

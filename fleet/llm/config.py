@@ -113,12 +113,12 @@ class FleetConfig(BaseModel):
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     default_model: str | None = None
+    approve: tuple[ApproveEntry, ...] = ()
+    """Tool calls that wait for a person's approval in every trace (on top of presets')."""
     model_overrides: dict[str, str] = Field(default_factory=dict)
     """Preset name -> model name, for presets that need a different model."""
     context_threshold: float = Field(default=0.8, gt=0.0, le=1.0)
     """Share of a model's `context_window` a request may fill before tool outputs are elided."""
-    approve: tuple[ApproveEntry, ...] = ()
-    """Tool calls that wait for a person's approval in every trace (on top of presets')."""
 
 
 @dataclass(frozen=True)
