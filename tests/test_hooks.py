@@ -148,3 +148,24 @@ def test_fleet_exports_hook_blocked_as_a_fleet_error() -> None:
     assert fleet.HookBlocked is HookBlocked and issubclass(HookBlocked, FleetError)
     assert fleet.Hooks is Hooks
     assert os.environ.get(hookkit.LOG_ENV) is None
+
+
+def explorer(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+    """The root explores two branches; each branch (and then the root) answers at once."""
+    task = next(str(m["content"]) for m in messages if m["role"] == "user")
+    if task.startswith("survey") and not any(m["role"] == "tool" for m in messages):
+        return call("agent", task=["look left", "look right"])
+    return text(f"seen: {task[:20]}")
+
+
+def test_a_hook_sees_each_child_spawned_and_settled_once(
+    store: TraceStore, tmp_path: Path, hook_log: Path
+) -> None:
+    local = local_fleet(store, tmp_path, ScriptedModel(function=explorer), "RECORDER")
+    done = local.run("survey", model="test")
+    assert done.status == "completed", done.error
+    seen = events(hook_log)
+    spawned = [e["child"] for e in seen if e["event"] == "child_spawned"]
+    settled = [e["child"] for e in seen if e["event"] == "child_settled"]
+    assert len(spawned) == 2 and sorted(settled) == sorted(spawned)
+    assert {e["trace_id"] for e in seen if e["event"].startswith("child_")} == {done.trace_id}
