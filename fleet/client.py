@@ -16,6 +16,7 @@ from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable, ConfigError, FleetError
+from fleet.experiences.store import ExperienceStore
 from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
@@ -236,6 +237,12 @@ class Fleet:
         trace = approval.deny(self.runtime, trace_id, reason, approval_id)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
+
+    @property
+    def experiences(self) -> ExperienceStore:
+        """The fleet's experiences: `put`, `get`, `all(scope)`, `remove` (`fleet.experiences`)."""
+        assert self.runtime.experiences is not None  # Runtime.build always gives one
+        return self.runtime.experiences
 
     def waiting(self, limit: int = 50) -> list[Trace]:
         """Traces waiting on a person, newest first."""

@@ -98,3 +98,7 @@ class HookBlocked(FleetError):
         """`reason` is shown to the model (tool calls) or stored as the trace's error."""
         super().__init__(reason)
         self.reason = reason
+
+
+class ExperienceNotFound(FleetError):
+    """No experience with this id."""

@@ -81,6 +81,8 @@ class AgentPreset:
     """Refuse every tool that changes the workspace, whatever `allowed_tools` says."""
     approve: tuple[ApprovalRule, ...] = ()
     """Tool calls that wait for a person's `fleet approve` (`fleet.conversation.approval`)."""
+    experiences: bool = False
+    """Show approved experiences of the run's scopes in its system prompt (`fleet.experiences`)."""
     cache_ttl_s: int | None = None
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
@@ -164,6 +166,7 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             description="General agent with every tool.",
             max_iterations=30,
             system_prompt=_DEFAULT_PROMPT,
+            experiences=True,
         ),
         "explore": AgentPreset(
             name="explore",
@@ -214,6 +217,7 @@ class _PresetFrontmatter(BaseModel):
     skills: list[str] = Field(default_factory=list)
     read_only: bool = False
     approve: list[ApproveEntry] = Field(default_factory=list)
+    experiences: bool = False
     cache: _CacheSection | None = None
     output_schema: dict[str, Any] | None = None
     budget: BudgetIn | None = None
@@ -254,6 +258,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         model=front.model,
         read_only=front.read_only,
         approve=rules_of(front.approve),
+        experiences=front.experiences,
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
         output_schema=front.output_schema,

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from fleet.experiences.outcomes import with_outcomes
+from fleet.experiences.store import ExperienceStore, MemoryExperiences
 from fleet.limits.gate import Gate
 from fleet.limits.trees import Trees
 from fleet.llm.base import LLMClient
@@ -94,6 +96,8 @@ class Runtime:
     """The process's one heartbeat; `build` makes it (it starts with the first lease)."""
     redactor: Redactor = SHAPES_ONLY
     """Masks this process's secrets in everything a run writes (see fleet.security.redact)."""
+    experiences: ExperienceStore | None = None
+    """Rules learnt from earlier runs (`fleet.experiences`); `build` gives one per store."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -108,18 +112,21 @@ class Runtime:
     ) -> Runtime:
         """Load fleet.yaml and the presets; `ConfigError` names what is wrong."""
         config = operator_config(settings)
+        presets = load_presets(
+            settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
+        )
+        experiences = _experiences(store)
         return cls(
             store=store,
             dispatcher=dispatcher,
             settings=settings,
             config=config,
-            presets=load_presets(
-                settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
-            ),
+            presets=presets,
             tools=default_registry(),
             gate=Gate.for_store(store, config, settings.env),
             trees=_trees(store),
-            hooks=hooks,
+            hooks=with_outcomes(hooks, experiences, presets),
+            experiences=experiences,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=Redactor.from_env(settings.env),
@@ -204,3 +211,13 @@ def _trees(store: TraceStore) -> Trees | None:
     from fleet.storage.redis_store import RedisStore
 
     return Trees(store.client) if isinstance(store, RedisStore) else None
+
+
+def _experiences(store: TraceStore) -> ExperienceStore:
+    from fleet.storage.redis_store import RedisStore
+
+    if isinstance(store, RedisStore):
+        from fleet.storage.redis_experiences import RedisExperiences
+
+        return RedisExperiences(store.client)
+    return MemoryExperiences()

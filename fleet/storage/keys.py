@@ -234,3 +234,18 @@ def tree(root_trace_id: str) -> str:
     `max_concurrent` (children running at once), `priority` (interactive | batch).
     """
     return f"{PREFIX}:tree:{check_trace_id(root_trace_id)}"
+
+
+EXPERIENCES = f"{PREFIX}:experiences"
+"""Hash, no TTL: experience id -> Experience JSON (`fleet.experiences`), counts excluded."""
+
+EXPERIENCE_COUNTS = f"{PREFIX}:experience-counts"
+"""Hash, no TTL: `{id}:uses` and `{id}:successes`, added to with HINCRBY (one writer each)."""
+
+
+def experiences_used(trace_id: str) -> str:
+    """List with TRACE_TTL_S: the experience ids injected into this trace.
+
+    Taken (once) when the trace ends, to count their successes.
+    """
+    return f"{PREFIX}:experiences-used:{check_trace_id(trace_id)}"

@@ -152,6 +152,28 @@ def _add_trace(commands: Any) -> None:
         help="only traces waiting on a person (a question, an approval)",
     )
     listing.add_argument("--json", action="store_true")
+    _add_experience(commands)  # here, so the list of adders in build_parser stays as it is
+
+
+def _add_experience(commands: Any) -> None:
+    """`experience add|list|show|rm|approve`: rules learnt from earlier runs."""
+    experience = commands.add_parser("experience", help="rules shown to later runs")
+    sub = experience.add_subparsers(dest="experience_command", required=True, metavar="ACTION")
+    where = "fleetops.cli.experiences"
+    add = _command(sub, "add", f"{where}:add", help="add an approved rule for a scope")
+    add.add_argument("--scope", required=True, help="agent:PRESET, user:NAME or project:NAME")
+    add.add_argument("--condition", required=True, help="when this holds ...")
+    add.add_argument("--rule", required=True, help="... do this")
+    add.add_argument("--proposed", action="store_true", help="store it unapproved")
+    listing = _command(sub, "list", f"{where}:list_all", help="experiences, oldest first")
+    listing.add_argument("--scope")
+    show = _command(sub, "show", f"{where}:show", help="one experience with its counts")
+    remove = _command(sub, "rm", f"{where}:remove", help="forget an experience")
+    approve = _command(sub, "approve", f"{where}:approve", help="let runs see a proposed one")
+    for parser in (show, remove, approve):
+        parser.add_argument("experience_id")
+    for parser in (add, listing, show, remove, approve):
+        parser.add_argument("--json", action="store_true")
 
 
 def _add_batch(commands: Any) -> None:
