@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet import lifecycle
+from fleet.control import subtree
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable, ConfigError, FleetError
+from fleet.experiences.model import Experience
+from fleet.experiences.reflect import REFLECT_PRESET, proposals, reflection_task
 from fleet.experiences.store import ExperienceStore
 from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
@@ -243,6 +246,21 @@ class Fleet:
         """The fleet's experiences: `put`, `get`, `all(scope)`, `remove` (`fleet.experiences`)."""
         assert self.runtime.experiences is not None  # Runtime.build always gives one
         return self.runtime.experiences
+
+    def reflect(
+        self, trace_id: str, *, model: str | None = None, timeout_s: float | None = None
+    ) -> list[Experience]:
+        """Run a read-only reflection over a finished tree; store what it proposes, unapproved.
+
+        `ConversationError` if the tree has not finished; `TraceNotFound` if there is none.
+        """
+        task = reflection_task(self.store, trace_id)
+        handle = self.submit(task, model=model, preset=REFLECT_PRESET)
+        done = handle.wait(timeout_s)
+        proposed = proposals(done.answer or "", subtree(self.store, trace_id))
+        for experience in proposed:
+            self.experiences.put(experience)
+        return proposed
 
     def waiting(self, limit: int = 50) -> list[Trace]:
         """Traces waiting on a person, newest first."""

@@ -12,6 +12,7 @@ import redis
 
 from fleet.errors import ConfigError, ExperienceNotFound
 from fleet.experiences.model import Experience, new_experience
+from fleet.experiences.reflect import proposals, reflection_task
 from fleet.experiences.retrieval import HEADING, rank, scopes_of
 from fleet.experiences.store import ExperienceStore, MemoryExperiences
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
@@ -137,3 +138,35 @@ def test_scopes_come_from_the_preset_and_the_trace_metadata() -> None:
         "agent:default",
         "project:x",
     ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "rules"),
+    [
+        ('{"experiences": [{"scope": "agent:default", "condition": "c", "rule": "r"}]}', ["r"]),
+        ('Here: {"experiences": [{"condition": "c", "rule": "r"}]} done', ["r"]),
+        ('{"experiences": [{"scope": "everyone", "condition": "c", "rule": "r"}]}', []),
+        ('{"experiences": [{"scope": "agent:default", "condition": "", "rule": "r"}]}', []),
+        ("not json at all", []),
+        ('{"experiences": "nope"}', []),
+    ],
+)
+def test_reflection_answers_become_unapproved_proposals_or_nothing(
+    answer: str, rules: list[str]
+) -> None:
+    found = proposals(answer, ["t1", "t1@explore-000"])
+    assert [e.rule for e in found] == rules
+    assert all(not e.approved and e.source == "execution" for e in found)
+    assert all(e.evidence == ["t1", "t1@explore-000"] for e in found)
+
+
+def test_reflecting_on_an_unfinished_tree_is_refused(store: TraceStore, tmp_path: Path) -> None:
+    from fleet.conversation.roots import TaskSpec, create_root
+    from fleet.errors import ConversationError
+
+    local = local_fleet(store, tmp_path)
+    root = create_root(local.runtime, TaskSpec("still queued", model="test"))
+    with pytest.raises(ConversationError, match="reflect on a finished tree only"):
+        reflection_task(store, root.trace_id)
+    done = local.run("a finished task", model="test")
+    assert "Task: a finished task" in reflection_task(store, done.trace_id)

@@ -172,7 +172,16 @@ def _add_experience(commands: Any) -> None:
     approve = _command(sub, "approve", f"{where}:approve", help="let runs see a proposed one")
     for parser in (show, remove, approve):
         parser.add_argument("experience_id")
-    for parser in (add, listing, show, remove, approve):
+    reflect = _command(
+        commands,
+        "reflect",
+        f"{where}:reflect",
+        help="a read-only agent proposes experiences from a finished tree (unapproved)",
+    )
+    reflect.add_argument("trace_id")
+    reflect.add_argument("--model", help="the reflection's model (else the default)")
+    reflect.add_argument("--timeout-s", type=positive_float, default=None)
+    for parser in (add, listing, show, remove, approve, reflect):
         parser.add_argument("--json", action="store_true")
 
 

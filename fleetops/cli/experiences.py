@@ -72,3 +72,15 @@ def _show(experience: Experience, as_json: bool) -> int:
     ):
         print(printable(f"{name}: {value}"))
     return EXIT_OK
+
+
+def reflect(args: argparse.Namespace) -> int:
+    """Propose experiences from a finished tree; none is shown to a run until approved."""
+    proposed = connect().reflect(args.trace_id, model=args.model, timeout_s=args.timeout_s)
+    if args.json:
+        print_json([e.model_dump(mode="json") for e in proposed])
+        return EXIT_OK
+    print(f"{len(proposed)} proposed (approve with `fleet experience approve ID`):")
+    for e in proposed:
+        print(printable(f"{e.id}  {e.scope}  when {e.condition!r} then {e.rule!r}"))
+    return EXIT_OK
