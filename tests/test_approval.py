@@ -194,3 +194,28 @@ def test_the_workers_secret_never_reaches_the_approval_a_person_sees(
     done = local.approve(trace.trace_id)
     assert done.status == "completed"
     assert secret not in (tmp_path / "leak.txt").read_text(), "it runs as stored: masked"
+
+
+def test_racing_answers_land_exactly_once(store: TraceStore, tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    local = local_fleet(store, tmp_path, ScriptedModel(function=writer))
+    trace = local.run("write it", model="test")
+
+    def answer(i: int) -> str:
+        try:
+            if i % 2:
+                approval.approve(local.runtime, trace.trace_id)
+            else:
+                approval.deny(local.runtime, trace.trace_id, f"no {i}")
+        except ConversationError:
+            return "refused"
+        return "landed"
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(answer, range(16)))
+    assert outcomes.count("landed") == 1, outcomes
+    done = local._run(trace.trace_id)
+    assert done.status == "completed"
+    results = [m for m in store.messages(trace.trace_id) if m.role == "tool"]
+    assert len(results) == 1, "one result for the one call: run once or denied once"
