@@ -41,10 +41,10 @@ def scopes_of(trace: Trace) -> list[str]:
 
 def select(store: ExperienceStore, trace: Trace, k: int = TOP_K_PER_SCOPE) -> list[Experience]:
     """The approved experiences of the trace's scopes that best match its task."""
+    approved = [e for e in store.all() if e.approved]  # one read, however many scopes
     chosen: list[Experience] = []
     for scope in scopes_of(trace):
-        approved = [e for e in store.all(scope) if e.approved]
-        chosen += rank(approved, trace.task)[:k]
+        chosen += rank([e for e in approved if e.scope == scope], trace.task)[:k]
     return chosen
 
 
