@@ -252,12 +252,15 @@ class Fleet:
     ) -> list[Experience]:
         """Run a read-only reflection over a finished tree; store what it proposes, unapproved.
 
+        Unless FLEET_EXPERIENCE_AUTO_APPROVE matches `execution:SCOPE` (the operator's policy).
+
         `ConversationError` if the tree has not finished; `TraceNotFound` if there is none.
         """
         task = reflection_task(self.store, trace_id)
         handle = self.submit(task, model=model, preset=REFLECT_PRESET)
         done = handle.wait(timeout_s)
-        proposed = proposals(done.answer or "", subtree(self.store, trace_id))
+        policy = self.runtime.settings.experience_auto_approve
+        proposed = proposals(done.answer or "", subtree(self.store, trace_id), policy)
         for experience in proposed:
             self.experiences.put(experience)
         return proposed

@@ -170,3 +170,16 @@ def test_reflecting_on_an_unfinished_tree_is_refused(store: TraceStore, tmp_path
         reflection_task(store, root.trace_id)
     done = local.run("a finished task", model="test")
     assert "Task: a finished task" in reflection_task(store, done.trace_id)
+
+
+def test_only_the_operators_policy_approves_a_proposal_unseen() -> None:
+    answer = (
+        '{"experiences": [{"scope": "project:docs", "condition": "c", "rule": "docs rule"},'
+        ' {"scope": "agent:default", "condition": "c", "rule": "agent rule"}]}'
+    )
+    ids = ["t1"]
+    assert [e.approved for e in proposals(answer, ids)] == [False, False]
+    policy = ("execution:project:*",)
+    assert [e.approved for e in proposals(answer, ids, policy)] == [True, False]
+    settings = Settings.from_env({"FLEET_EXPERIENCE_AUTO_APPROVE": "execution:project:*"})
+    assert settings.experience_auto_approve == policy

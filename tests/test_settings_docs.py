@@ -74,6 +74,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_HUMAN_TIMEOUT_S": "600",
         "FLEET_HOOKS": "audit:HOOKS",
         "FLEET_HOOK_TIMEOUT_S": "0.5",
+        "FLEET_EXPERIENCE_AUTO_APPROVE": "execution:project:*",
         "FLEET_SWEEP_INTERVAL_S": "3",
         "FLEET_STUCK_AFTER_S": "7",
         "FLEET_OWNER_CHECK_INTERVAL_S": "2",

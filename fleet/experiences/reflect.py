@@ -4,13 +4,17 @@ The reflection runs as a root of the read-only `explore` preset: it gets the tre
 text in its task and may read the workspace, nothing else. What it answers is untrusted
 (a page a branch read may have steered it): every proposal is stored unapproved, with
 `source: execution` and the tree's trace ids as evidence, and no run sees it until a
-person approves it (`fleet experience approve`).
+person approves it (`fleet experience approve`), or an operator's policy
+(FLEET_EXPERIENCE_AUTO_APPROVE, e.g. `execution:project:docs`) says that source and scope
+need no person.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 from fleet.control import subtree
@@ -50,8 +54,14 @@ def reflection_task(store: TraceStore, trace_id: str) -> str:
     return INSTRUCTIONS.format(limit=MAX_PROPOSALS) + "\n".join(lines)[:MAX_TREE_CHARS]
 
 
-def proposals(answer: str, tree_ids: list[str]) -> list[Experience]:
-    """The experiences an answer proposes, unapproved; malformed ones are left out."""
+def proposals(
+    answer: str, tree_ids: list[str], auto_approve: Sequence[str] = ()
+) -> list[Experience]:
+    """The experiences an answer proposes; malformed ones are left out.
+
+    Unapproved, unless the operator's `auto_approve` globs (`SOURCE:SCOPE`, from
+    FLEET_EXPERIENCE_AUTO_APPROVE) match `execution:SCOPE`.
+    """
     found = re.search(r"\{.*\}", answer, re.S)
     try:
         items = json.loads(found.group(0)).get("experiences") if found else None
@@ -60,6 +70,8 @@ def proposals(answer: str, tree_ids: list[str]) -> list[Experience]:
     out = []
     for item in items if isinstance(items, list) else []:
         if (proposed := _proposal(item, tree_ids)) is not None:
+            where = f"{proposed.source}:{proposed.scope}"
+            proposed.approved = any(fnmatchcase(where, glob) for glob in auto_approve)
             out.append(proposed)
     return out[:MAX_PROPOSALS]
 
