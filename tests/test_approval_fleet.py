@@ -225,3 +225,22 @@ def test_a_branch_waits_alone_and_its_approval_completes_the_tree(
     answer = done.answer or ""
     assert "2 branches, 2 completed" in answer, answer
     assert "the secret plan" in answer and "plain notes" in answer, answer
+
+
+def test_the_trees_wall_time_ends_an_approval_wait_as_a_denial(
+    home: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    from fleet.limits.budget import Budget
+
+    target = home / "workspace" / "late.txt"
+    model = writer(tmp_path / "m.yaml", target.name, "too late")
+    handle = fleet.submit("write late", model=model, budget=Budget(wall_s=2))
+    wait_until(lambda: bool(fleet.waiting()), TIMEOUT_S, "the approval")
+    pending = approval.pending(fleet.trace(handle.trace_id))
+    assert pending is not None and pending["ends"] == "budget"
+    done = handle.wait(timeout_s=TIMEOUT_S)  # a sweeper ends the wait when wall_s runs out
+    assert done.status == "completed" and done.metadata["stop_reason"] == "budget", done
+    assert not target.exists(), "the call never ran"
+    entry = fleet.store.collaborators(done.trace_id)[0]
+    assert (entry.type, entry.status) == ("approval", "failed")
+    assert "Not run" in entry.summary
