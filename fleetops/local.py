@@ -188,8 +188,7 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     started_s = time.monotonic()
     directory = options.directory.resolve()
     settings = Settings.from_env(os.environ)
-    # Every worker would refuse to start (its code, FLEET_HOOKS): say it once, before Redis
-    # is started for nothing.
+    # Every worker would refuse to start (its code, FLEET_HOOKS): say it once, Redis unstarted.
     check_interpreter(settings.workspace_roots)
     operator_members(settings.hooks, settings.workspace_roots, settings.hook_timeout_s)
     state_dir = open_state_dir(settings, directory)
