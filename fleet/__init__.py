@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Fleet", "InProcessFleet"]
+__all__ = ["Fleet", "HookBlocked", "Hooks", "InProcessFleet"]
 
 if TYPE_CHECKING:
     from fleet.client import Fleet
+    from fleet.errors import HookBlocked
     from fleet.inprocess import InProcessFleet
+    from fleet.observe.hooks import Hooks
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +26,12 @@ def __getattr__(name: str) -> Any:
         from fleet.client import Fleet
 
         return Fleet
+    if name == "HookBlocked":
+        from fleet.errors import HookBlocked
+
+        return HookBlocked
+    if name == "Hooks":  # what an operator's FLEET_HOOKS object subclasses
+        from fleet.observe.hooks import Hooks
+
+        return Hooks
     raise AttributeError(name)

@@ -11,11 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet import lifecycle
-from fleet.conversation import human
+from fleet.control import subtree
+from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable, ConfigError, FleetError
+from fleet.experiences.model import Experience
+from fleet.experiences.reflect import REFLECT_PRESET, proposals, reflection_task
+from fleet.experiences.store import ExperienceStore
 from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
@@ -220,6 +224,46 @@ class Fleet:
         trace = human.reply(self.runtime, trace_id, answer)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
+
+    def approve(self, trace_id: str, approval_id: str | None = None) -> Handle:
+        """Approve the tool call a trace waits on; a worker runs it, then the trace goes on.
+
+        `approval_id` (the call's tool_call_id), when given, must be the pending call.
+        `ConversationError` when no approval is pending, the id differs, or it was answered.
+        """
+        trace = approval.approve(self.runtime, trace_id, approval_id)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
+    def deny(self, trace_id: str, reason: str, approval_id: str | None = None) -> Handle:
+        """Deny the pending tool call: nothing runs, the model reads `reason`; as `approve`."""
+        trace = approval.deny(self.runtime, trace_id, reason, approval_id)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
+    @property
+    def experiences(self) -> ExperienceStore:
+        """The fleet's experiences: `put`, `get`, `all(scope)`, `remove` (`fleet.experiences`)."""
+        assert self.runtime.experiences is not None  # Runtime.build always gives one
+        return self.runtime.experiences
+
+    def reflect(
+        self, trace_id: str, *, model: str | None = None, timeout_s: float | None = None
+    ) -> list[Experience]:
+        """Run a read-only reflection over a finished tree; store what it proposes, unapproved.
+
+        Unless FLEET_EXPERIENCE_AUTO_APPROVE matches `execution:SCOPE` (the operator's policy).
+
+        `ConversationError` if the tree has not finished; `TraceNotFound` if there is none.
+        """
+        task = reflection_task(self.store, trace_id)
+        handle = self.submit(task, model=model, preset=REFLECT_PRESET)
+        done = handle.wait(timeout_s)
+        policy = self.runtime.settings.experience_auto_approve
+        proposed = proposals(done.answer or "", subtree(self.store, trace_id), policy)
+        for experience in proposed:
+            self.experiences.put(experience)
+        return proposed
 
     def waiting(self, limit: int = 50) -> list[Trace]:
         """Traces waiting on a person, newest first."""

@@ -85,3 +85,20 @@ class LeaseLost(FleetError):
 
 class NoLiveWorkers(FleetError):
     """No live worker has consumed a queue a trace waits on for too long (it is left as is)."""
+
+
+class HookBlocked(FleetError):
+    """An operator's hook vetoed what was about to happen (a tool call, a model call).
+
+    Raised in `tool_started` the call becomes a refusal the model reads; raised in
+    `model_requested` the trace ends `stopped` with `stop_reason: "hook"`.
+    """
+
+    def __init__(self, reason: str) -> None:
+        """`reason` is shown to the model (tool calls) or stored as the trace's error."""
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ExperienceNotFound(FleetError):
+    """No experience with this id."""

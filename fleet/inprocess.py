@@ -11,13 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleet.children import settling
-from fleet.conversation import human
+from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Trace
-from fleet.observe.otel import make_hooks
+from fleet.observe.operator import build_hooks
 from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.storage.memory_store import MemoryStore
@@ -73,7 +73,7 @@ class InProcessFleet:
             store,
             dispatcher or InProcessDispatcher(),
             clients=clients,
-            hooks=make_hooks(settings, store),
+            hooks=build_hooks(settings, store),
         )
         return cls(runtime)
 
@@ -100,6 +100,16 @@ class InProcessFleet:
     def reply(self, trace_id: str, answer: str) -> Trace:
         """Answer the question a trace waits on and run it on."""
         human.reply(self.runtime, trace_id, answer)
+        return self._run(trace_id)
+
+    def approve(self, trace_id: str, approval_id: str | None = None) -> Trace:
+        """Approve the tool call a trace waits on; run it and the trace on."""
+        approval.approve(self.runtime, trace_id, approval_id)
+        return self._run(trace_id)
+
+    def deny(self, trace_id: str, reason: str, approval_id: str | None = None) -> Trace:
+        """Deny the tool call a trace waits on (the model reads `reason`); run the trace on."""
+        approval.deny(self.runtime, trace_id, reason, approval_id)
         return self._run(trace_id)
 
     def _run(self, trace_id: str) -> Trace:

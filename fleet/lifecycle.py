@@ -20,6 +20,7 @@ from fleet.control import subtree
 from fleet.models import (
     Collaborator,
     CollaboratorStatus,
+    CollaboratorType,
     Event,
     Status,
     Trace,
@@ -328,9 +329,9 @@ def wait_on_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> T
     runtime.store.update_trace_and_emit(
         trace.trace_id, trace.root_trace_id, event, status="waiting", metadata=metadata
     )
-    question = str(waiting["question"])
-    put_person(runtime, trace, str(waiting["tool_call_id"]), "waiting", question)
-    return trace.model_copy(update={"status": "waiting", "metadata": metadata})
+    waited = trace.model_copy(update={"status": "waiting", "metadata": metadata})
+    put_person(runtime, waited, str(waiting["tool_call_id"]), "waiting", str(waiting["question"]))
+    return waited
 
 
 def person_answered(
@@ -356,18 +357,21 @@ def human_id(tool_call_id: str) -> str:
 def put_person(
     runtime: Runtime, trace: Trace, tool_call_id: str, status: CollaboratorStatus, summary: str
 ) -> None:
-    """The asked person's entry in the asking trace's collaborators, with its event."""
+    """The asked person's entry (`{type: approval}` for an approval) with its event."""
+    waiting = trace.metadata.get(PERSON_KEY) or {}
+    kind: CollaboratorType = "approval" if waiting.get("kind") == "approval" else "human"
     entry = Collaborator(
-        name="human",
-        type="human",
+        name=kind,
+        type=kind,
         trace_id=human_id(tool_call_id),
         status=status,
         summary=summary[:PERSON_SUMMARY_CHARS],
         mode=trace.mode,
         tool_call_id=tool_call_id,
     )
-    extra: dict[str, Any] = {"type": "human"}
-    if status == "waiting":
+    extra: dict[str, Any] = {"type": kind}
+    if status == "waiting":  # what a person needs to answer it from the event alone
+        extra |= {k: waiting[k] for k in ("tool", "arguments", "tool_call_id") if k in waiting}
         extra["question"] = summary
     put_collaborator(runtime.store, trace.trace_id, trace, entry, status, extra=extra)
 

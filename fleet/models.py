@@ -16,6 +16,7 @@ from fleet.goals import GoalTree
 Mode = Literal["main", "delegate", "explore", "evaluate"]
 Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped"]
 CollaboratorStatus = Literal["running", "waiting", "completed", "failed", "stopped"]
+CollaboratorType = Literal["agent", "human", "approval"]
 Role = Literal["system", "user", "assistant", "tool"]
 
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "stopped"})
@@ -44,7 +45,7 @@ class Collaborator(_Model):
     """One child (or human) working for a parent trace."""
 
     name: str
-    type: Literal["agent", "human"] = "agent"
+    type: CollaboratorType = "agent"
     trace_id: str
     status: CollaboratorStatus = "running"
     summary: str = ""

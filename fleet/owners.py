@@ -209,7 +209,7 @@ def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
 
 def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
     if PERSON_KEY in trace.metadata:
-        return None  # a person (and the wait's deadline) owns it
+        return None  # a person (and the wait's deadline) owns it: a question or an approval
     kids = [state.traces[c] for c in state.children.get(trace.trace_id, []) if c in state.traces]
     if any(not k.is_terminal for k in kids):
         return None  # live children own it

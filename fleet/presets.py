@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
+from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_of
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
@@ -84,6 +85,10 @@ class AgentPreset:
     """Model name or alias; None uses the configured default."""
     read_only: bool = False
     """Refuse every tool that changes the workspace, whatever `allowed_tools` says."""
+    approve: tuple[ApprovalRule, ...] = ()
+    """Tool calls that wait for a person's `fleet approve` (`fleet.conversation.approval`)."""
+    experiences: bool = False
+    """Show approved experiences of the run's scopes in its system prompt (`fleet.experiences`)."""
     cache_ttl_s: int | None = None
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
@@ -188,6 +193,7 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             description="General agent with every tool.",
             max_iterations=30,
             system_prompt=_DEFAULT_PROMPT,
+            experiences=True,
         ),
         "explore": AgentPreset(
             name="explore",
@@ -238,6 +244,8 @@ class _PresetFrontmatter(BaseModel):
     model: str | None = None
     skills: list[str] = Field(default_factory=list)
     read_only: bool = False
+    approve: list[ApproveEntry] = Field(default_factory=list)
+    experiences: bool = False
     cache: _CacheSection | None = None
     output_schema: dict[str, Any] | None = None
     budget: BudgetIn | None = None
@@ -279,6 +287,8 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         system_prompt=body.strip(),
         model=front.model,
         read_only=front.read_only,
+        approve=rules_of(front.approve),
+        experiences=front.experiences,
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
         output_schema=front.output_schema,

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from fleet.experiences.outcomes import with_outcomes
+from fleet.experiences.store import ExperienceStore, MemoryExperiences
 from fleet.limits.gate import Gate
 from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
 from fleet.limits.trees import Trees
@@ -103,6 +105,8 @@ class Runtime:
     """fleet.yaml's search provider for `web_search`; None when it sets none."""
     mcp: McpSessions | None = None
     """The process's MCP sessions, when fleet.yaml declares `mcp_servers` (started on use)."""
+    experiences: ExperienceStore | None = None
+    """Rules learnt from earlier runs (`fleet.experiences`); `build` gives one per store."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -119,18 +123,21 @@ class Runtime:
         config = operator_config(settings)
         gate = Gate.for_store(store, config, settings.env)
         redactor = Redactor.from_env(settings.env)
+        presets = load_presets(
+            settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
+        )
+        experiences = _experiences(store)
         return cls(
             store=store,
             dispatcher=dispatcher,
             settings=settings,
             config=config,
-            presets=load_presets(
-                settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
-            ),
+            presets=presets,
             tools=default_registry(),
             gate=gate,
             trees=_trees(store),
-            hooks=hooks,
+            hooks=with_outcomes(hooks, experiences, presets),
+            experiences=experiences,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=redactor,
@@ -251,3 +258,13 @@ def _trees(store: TraceStore) -> Trees | None:
     from fleet.storage.redis_store import RedisStore
 
     return Trees(store.client) if isinstance(store, RedisStore) else None
+
+
+def _experiences(store: TraceStore) -> ExperienceStore:
+    from fleet.storage.redis_store import RedisStore
+
+    if isinstance(store, RedisStore):
+        from fleet.storage.redis_experiences import RedisExperiences
+
+        return RedisExperiences(store.client)
+    return MemoryExperiences()

@@ -59,6 +59,9 @@ ENV_NAMES = (
     "FLEET_TOOL_TIMEOUT_S",
     "FLEET_MAX_BRANCHES",
     "FLEET_HUMAN_TIMEOUT_S",
+    "FLEET_HOOKS",
+    "FLEET_HOOK_TIMEOUT_S",
+    "FLEET_EXPERIENCE_AUTO_APPROVE",
     "FLEET_SWEEP_INTERVAL_S",
     "FLEET_STUCK_AFTER_S",
     "FLEET_OWNER_CHECK_INTERVAL_S",
@@ -119,6 +122,12 @@ class Settings:
     """FLEET_MAX_BRANCHES: most branches one explore call may ask for (a preset may lower it)."""
     human_timeout_s: int = 24 * 3600
     """FLEET_HUMAN_TIMEOUT_S: how long an `ask_human` question waits before the agent goes on."""
+    hooks: tuple[str, ...] = ()
+    """FLEET_HOOKS: `module:attr` names of `fleet.Hooks` objects every run loads."""
+    hook_timeout_s: float = 2.0
+    """FLEET_HOOK_TIMEOUT_S: how long one call of an operator's hook may take."""
+    experience_auto_approve: tuple[str, ...] = ()
+    """FLEET_EXPERIENCE_AUTO_APPROVE: `SOURCE:SCOPE` globs of proposals approved unseen."""
     otel_tracing: bool = False
     """OpenTelemetry configured the standard way (an OTLP endpoint or OTEL_TRACES_EXPORTER,
     and not OTEL_SDK_DISABLED): runs, model and tool calls become spans (`fleet.observe.otel`)."""
@@ -176,6 +185,9 @@ class Settings:
             tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
             max_branches=_count(env, "FLEET_MAX_BRANCHES", 1000),
             human_timeout_s=_count(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600),
+            hooks=_names(env.get("FLEET_HOOKS")),
+            hook_timeout_s=_positive(env, "FLEET_HOOK_TIMEOUT_S", 2.0),
+            experience_auto_approve=_names(env.get("FLEET_EXPERIENCE_AUTO_APPROVE")),
             otel_tracing=_otel_tracing(env),
             otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
             sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 1.0),

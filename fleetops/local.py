@@ -31,6 +31,7 @@ from typing import Any
 import redis
 
 from fleet.errors import ConfigError
+from fleet.observe.operator import operator_members
 from fleet.security.trust import WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings
 from fleet.storage.redis_connect import redact_url
@@ -187,8 +188,9 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     started_s = time.monotonic()
     directory = options.directory.resolve()
     settings = Settings.from_env(os.environ)
-    # Every worker would refuse to start: say it once, before Redis is started for nothing.
+    # Every worker would refuse to start (its code, FLEET_HOOKS): say it once, Redis unstarted.
     check_interpreter(settings.workspace_roots)
+    operator_members(settings.hooks, settings.workspace_roots, settings.hook_timeout_s)
     state_dir = open_state_dir(settings, directory)
     stack.enter_context(up_lock(state_dir, directory))
     if options.flower:

@@ -104,6 +104,13 @@ def test_a_person_owns_a_trace_waiting_on_them(store: TraceStore) -> None:
     assert remedies(store) == []
 
 
+def test_a_person_owns_a_trace_waiting_for_their_approval(store: TraceStore) -> None:
+    waiting = {"kind": "approval", "tool_call_id": "c1", "tool": "bash", "question": "approve?"}
+    put(store, "r", status="waiting", metadata={"waiting_on": waiting})
+    open_call(store, "r")  # the call waiting for approval has no result, and no children
+    assert remedies(store) == [], "owned by the person, not resent (which would heal the call)"
+
+
 def test_a_stopped_tree_nobody_runs_is_finished(store: TraceStore) -> None:
     put(store, "r", status="waiting")
     open_call(store, "r")

@@ -10,7 +10,7 @@ from fleet.models import Mode, Trace
 from fleet.settings import Settings
 from fleet.storage.redis_connect import redact_url
 from workers.app import QUEUE_BY_MODE, create_app
-from workers.dispatch import send
+from workers.dispatch import send_answered
 
 
 class CeleryBackend:
@@ -27,7 +27,7 @@ class CeleryBackend:
             BrokerUnavailable: kombu gave up reaching the broker (after its publish retries).
         """
         try:
-            send(trace, via=self.app, priority=priority)
+            send_answered(trace, via=self.app, priority=priority)
         except OperationalError as exc:
             url = redact_url(self.app.conf.broker_url)
             reason = " ".join(str(exc).split()) or type(exc).__name__

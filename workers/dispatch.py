@@ -84,6 +84,21 @@ def send(
     signature.apply_async(ignore_result=True)
 
 
+def send_answered(
+    trace: Trace, *, via: Celery | None = None, priority: Priority = "interactive"
+) -> None:
+    """Send a trace to run on: a root, or one a person answered (reply, approval, timeout).
+
+    A sub-agent that waited on a person is outside its chord now (its header part was
+    counted when its run ended waiting, and the collect found it unfinished): like a
+    recovered run, it settles its parent's call itself when it ends.
+    """
+    if trace.parent_trace_id:
+        send(trace, via=via, priority=priority, recovered=True)
+    else:
+        send(trace, via=via, priority=priority)
+
+
 class CeleryDispatcher:
     """Hands children to the fleet; the parent's task ends while they run."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from fleet.observe.otel import make_hooks
+from fleet.observe.operator import build_hooks
 from fleet.runtime import Runtime
 from fleet.settings import forget_process_settings, process_settings
 from fleet.storage.redis_store import RedisStore
@@ -23,7 +23,7 @@ def get_runtime() -> Runtime:
         if _runtime is None:
             settings = process_settings()
             store = RedisStore.from_url(settings.redis_url)
-            hooks = make_hooks(settings, store)  # no-op unless OTEL_* asks for traces
+            hooks = build_hooks(settings, store)  # OTel when asked, and FLEET_HOOKS
             _runtime = Runtime.build(settings, store, CeleryDispatcher(), hooks=hooks)
         return _runtime
 

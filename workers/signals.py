@@ -18,6 +18,7 @@ from celery.signals import (
 
 from fleet.errors import ConfigError
 from fleet.models import WorkerPresence
+from fleet.observe.operator import operator_members
 from fleet.security.redact import install_log_redaction, process_redactor
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
@@ -33,8 +34,12 @@ _heartbeat: probes.HeartbeatFile | None = None
 def _refuse_writable_code(**_: Any) -> None:
     # Before the worker takes a task: an interpreter or package inside a workspace root is
     # code an agent can rewrite (a `.pth` runs at every start, the grep helper's included).
+    # And FLEET_HOOKS, loaded here once so that a name that does not load (or loads from a
+    # workspace root) stops the worker at start, not at its first task.
     try:
-        check_interpreter(process_settings().workspace_roots)
+        settings = process_settings()
+        check_interpreter(settings.workspace_roots)
+        operator_members(settings.hooks, settings.workspace_roots, settings.hook_timeout_s)
     except ConfigError as exc:
         print(f"fleet worker: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None  # not an Exception: Celery's signal dispatch lets it out

@@ -18,7 +18,7 @@ from fleet.control import claim_dead_runs
 from fleet.conversation.human import time_out_waits
 from fleet.models import now_ms
 from fleet.storage import outbox
-from workers.dispatch import send
+from workers.dispatch import send, send_answered
 from workers.owner_check import check_owners
 from workers.runtime import get_runtime
 
@@ -50,7 +50,7 @@ def sweep_once() -> list[str]:
         runtime.store.count("lease_expiries", len(claimed))
     for trace_id in time_out_waits(runtime):  # answered and queued: it must be sent
         try:
-            send(runtime.store.get_trace(trace_id))
+            send_answered(runtime.store.get_trace(trace_id))
         except Exception:  # the broker is away: the outbox keeps it for a later sweep
             runtime.store.outbox_put(outbox.run_entry(trace_id), now_ms() + OUTBOX_RETRY_MS)
             continue

@@ -93,6 +93,8 @@ def _settle(
         remember(store, children[0], message.content or "")
     if store.append_collected(message) is None:
         return AlreadyCollected()
+    for child in children:  # once: only the collector whose result landed gets here
+        runtime.hooks.child_settled(parent_trace_id, child)
     # A child shares its parent's tree, so the parent's events go to the child's root.
     store.emit(
         children[0].root_trace_id,

@@ -24,7 +24,16 @@ from fleet.runtime import Runtime
 from fleet.storage.store import TraceStore
 from fleet.tools.base import ToolResult
 
-__all__ = ["ASK_HUMAN", "WAITING_KEY", "ask", "human_id", "question_of", "reply", "time_out_waits"]
+__all__ = [
+    "ASK_HUMAN",
+    "WAITING_KEY",
+    "ask",
+    "human_id",
+    "question_of",
+    "reply",
+    "time_out_waits",
+    "wait_for_person",
+]
 
 ASK_HUMAN = "ask_human"
 TIMEOUT_KEY = "human_timeout_s"
@@ -85,6 +94,15 @@ def ask(runtime: Runtime, trace: Trace, tool_call_id: str, question: str) -> Tra
 
     The trace's own `human_timeout_s` (metadata) beats the fleet's setting.
     """
+    waiting = {"kind": "human", "tool_call_id": tool_call_id, "question": question}
+    return wait_for_person(runtime, trace, waiting)
+
+
+def wait_for_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> Trace:
+    """`waiting` on a person until a deadline: the fleet's timeout, or the tree's wall_s.
+
+    `waiting` (kind, tool_call_id, question, ...) gets the deadline fields added.
+    """
     timeout_s = int(trace.metadata.get(TIMEOUT_KEY) or runtime.settings.human_timeout_s)
     asked = now_ms()
     deadline_ms = asked + timeout_s * 1000
@@ -93,15 +111,8 @@ def ask(runtime: Runtime, trace: Trace, tool_call_id: str, question: str) -> Tra
     ends = "timeout"
     if wall_ms is not None and wall_ms < deadline_ms:  # the tree's wall_s budget ends it first
         deadline_ms, ends = max(wall_ms, asked), "budget"
-    waiting = {
-        "kind": "human",
-        "tool_call_id": tool_call_id,
-        "question": question,
-        "asked_at_ms": asked,
-        "deadline_ms": deadline_ms,
-        "timeout_s": timeout_s,
-        "ends": ends,
-    }
+    waiting = waiting | {"asked_at_ms": asked, "deadline_ms": deadline_ms}
+    waiting |= {"timeout_s": timeout_s, "ends": ends}
     # Indexed first: a wait is never left without its deadline (the sweeper ignores an
     # entry whose trace no longer waits).
     runtime.store.index_human_wait(trace.trace_id, deadline_ms)
@@ -148,6 +159,10 @@ def reply(runtime: Runtime, trace_id: str, answer: str) -> Trace:
         raise ConversationError(
             f"trace {trace_id!r} is not waiting on a person (it is {trace.status})"
         )
+    if waiting.get("kind") == "approval":
+        raise ConversationError(
+            f"trace {trace_id!r} waits for an approval: answer with `fleet approve` or `fleet deny`"
+        )
     if not _answer(runtime.store, trace, waiting, answer, {"human": True}):
         raise ConversationError(f"trace {trace_id!r}: that question was answered already")
     return lifecycle.person_answered(runtime, trace, "completed", answer)
@@ -175,9 +190,9 @@ def _answer(
             trace_id=trace.trace_id,
             role="tool",
             tool_call_id=str(waiting["tool_call_id"]),
-            name=ASK_HUMAN,
+            name=str(waiting.get("tool") or ASK_HUMAN),
             content=text,
-            metadata={"title": ASK_HUMAN, **meta},
+            metadata={"title": str(waiting.get("tool") or ASK_HUMAN), **meta},
         )
     )
     return written is not None
@@ -204,6 +219,8 @@ def time_out_waits(runtime: Runtime, at_ms: int | None = None) -> list[str]:
         )
         if reason == "budget":
             text = "The tree's time budget (wall_s) ran out before a person replied."
+        if waiting.get("kind") == "approval":  # a timeout denies: the call never runs
+            text = f"Not run: no person approved it in time ({reason}). {text}"
         if end_wait(runtime, trace_id, reason=reason, text=text) is not None:
             resumed.append(trace_id)
     return resumed

@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fleet.conversation.approval_rules import ApproveEntry
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
 from fleet.llm.base import LLMClient
@@ -124,6 +125,8 @@ class FleetConfig(BaseModel):
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     default_model: str | None = None
+    approve: tuple[ApproveEntry, ...] = ()
+    """Tool calls that wait for a person's approval in every trace (on top of presets')."""
     model_overrides: dict[str, str] = Field(default_factory=dict)
     """Preset name -> model name, for presets that need a different model."""
     context_threshold: float = Field(default=0.8, gt=0.0, le=1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from fleet.experiences.retrieval import render, select
 from fleet.loop.structured import VERDICT_SCHEMA, instruction, schema_for
 from fleet.models import Message, Role, Trace
 from fleet.runtime import Runtime
@@ -25,6 +26,11 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     skills = [*preset.skills, *trace.skills]
     if skills:
         system += "\n\nLoad these skills with the `skill` tool when useful: " + ", ".join(skills)
+    if preset.experiences and runtime.experiences is not None:
+        shown = select(runtime.experiences, trace)
+        if shown:  # counted as used now; `fleet.experiences.outcomes` counts the success
+            runtime.experiences.count_use([e.id for e in shown], trace.trace_id)
+            system += "\n\n" + render(shown)
     schema = schema_for(preset.output_schema, preset.name, trace)
     if schema is not None and schema is not VERDICT_SCHEMA:  # the judge's prompt has its own
         system += "\n\n" + instruction(schema)
@@ -40,11 +46,12 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
 
 
 def injection(runtime: Runtime, trace: Trace) -> Message | None:
-    """Every N turns, the plan and `## Active Collaborators` as a user message."""
+    """Every N turns, the plan, `## Active Collaborators` and hook lines as a user message."""
     every = runtime.settings.inject_every_turns
     if trace.iteration == 0 or every <= 0 or trace.iteration % every:
         return None
     blocks = [trace.goals.render(), collaborators_block(runtime, trace.trace_id)]
+    blocks.append("\n".join(runtime.hooks.context_lines(trace)))  # the operator's context hooks
     body = "\n\n".join(b for b in blocks if b)
     if not body:
         return None

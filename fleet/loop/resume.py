@@ -5,8 +5,9 @@ turn's write. A resumed trace's open turn is collected from its children, or hea
 
 A run that starts on a trace whose last assistant turn has calls without results (a crash,
 a lost collect, a redelivery) settles each: a person not answered yet waits again;
-sub-agents that all ended are collected here; anything else gets a synthetic result (for
-`agent`/`evaluate` naming the sub-trace, so the model can `continue_from` it).
+a call a person approved runs now; sub-agents that all ended are collected here; anything
+else gets a synthetic result (for `agent`/`evaluate` naming the sub-trace, so the model can
+`continue_from` it).
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
 from fleet.children import settling
-from fleet.conversation.human import ASK_HUMAN, still_waiting
+from fleet.conversation import approval
+from fleet.conversation.human import still_waiting
 from fleet.history import SUB_AGENT_TOOLS, healed_result, main_path, open_turn
+from fleet.llm.base import ToolCall
 from fleet.loop.context import first_messages
+from fleet.loop.toolcalls import run_plain, write_result
 from fleet.loop.turns import Held, numbered
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime
@@ -68,8 +72,11 @@ def _settle(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> bool:
     """Collect or heal one unanswered call; True if its children are still running."""
     call_id = str(call["id"])
     name = str(call["function"]["name"])
-    if name == ASK_HUMAN and still_waiting(trace, call_id):
+    if still_waiting(trace, call_id):
         return True  # a person has not answered yet: a redelivered run waits again
+    if approval.approved(trace, call_id):
+        _run_approved(runtime, trace, call)
+        return False
     kids: list[str] = []
     if name in SUB_AGENT_TOOLS:
         kids = settling.call_children(runtime.store, trace.trace_id, call_id)
@@ -87,3 +94,20 @@ def _settle(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> bool:
     sub_id = kids[0] if kids else None
     runtime.store.append_message(healed_result(trace.trace_id, call, sub_id))
     return False
+
+
+def _run_approved(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> None:
+    """Run the call a person approved and write its result.
+
+    The approval is taken off the trace before the tool runs: a crash while it runs
+    leaves the call to be healed by the next run, never run a second time.
+    """
+    metadata = {k: v for k, v in trace.metadata.items() if k != approval.APPROVED_KEY}
+    runtime.store.update_trace(trace.trace_id, metadata=metadata)
+    function = call["function"]
+    tool_call = ToolCall(str(call["id"]), str(function["name"]), str(function["arguments"]))
+    result = run_plain(runtime, trace, tool_call)
+    write = TraceWrite(trace.trace_id, trace.root_trace_id)
+    write_result(runtime, write, tool_call, result)
+    runtime.store.apply(write)
+    runtime.hooks.tool_finished(trace, tool_call, result)

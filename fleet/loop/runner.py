@@ -13,7 +13,7 @@ from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
 from fleet.children import settling
-from fleet.errors import FleetError, LeaseLost, TransientLLMError
+from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import (
     SUB_AGENT_TOOLS,
     fresh_call_ids,
@@ -153,6 +153,8 @@ class Runner:
             raise
         except TransientLLMError as exc:  # the client retried it: the task may, later
             return self._retry_later(trace.trace_id, exc)
+        except HookBlocked as exc:  # an operator's hook refused the model call
+            return self.finish(trace.trace_id, "stopped", error=exc.reason, reason="hook")
         except FleetError as exc:
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         finally:

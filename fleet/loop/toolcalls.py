@@ -12,8 +12,9 @@ from fleet import lifecycle
 from fleet.children import settling
 from fleet.children.cache import delegate_preset
 from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
+from fleet.conversation import approval
 from fleet.conversation.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
-from fleet.errors import ToolError
+from fleet.errors import HookBlocked, ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
@@ -94,7 +95,8 @@ def execute_turn(
 ) -> ToolTurn:
     """Run the calls in order, write their results in one step; sub-agents go last.
 
-    A question to a person (`ask_human`) is put after every other result is written.
+    A question to a person (`ask_human`), or a call that waits for approval, is put after
+    every other result is written (one per turn). An operator's hook may block any call.
     `turn`: the model turn's own write, not applied yet; the results join it (one step).
     `pauses`: provider pause keys the results' write reads for the next model call.
 
@@ -103,38 +105,66 @@ def execute_turn(
     """
     spawns: list[tuple[ToolCall, SpawnRequest]] = []
     results = (turn or TraceWrite(trace.trace_id, trace.root_trace_id)).read_pauses(pauses)
-    question: tuple[ToolCall, str] | None = None
+    person: tuple[ToolCall, str | None] | None = None  # a question, or an approval (None)
     for call in calls:
-        runtime.hooks.tool_started(trace, call)
-        if call.name == ASK_HUMAN:
-            asked = _question(runtime, trace, _persisted(runtime, call), first=question is None)
-            if isinstance(asked, str):
-                question = (call, asked)
-                continue
-            result = asked
-        elif call.name in SUB_AGENT_TOOLS:
-            outcome = _sub_agents(runtime, trace, _persisted(runtime, call))
-            if isinstance(outcome, SpawnRequest):
-                spawns.append((call, outcome))
-                continue
-            result = outcome
-        elif call.name == "goal":
-            result = _goal(runtime, trace, _persisted(runtime, call))
+        outcome = _one_call(runtime, trace, call, first=person is None)
+        if isinstance(outcome, SpawnRequest):
+            spawns.append((call, outcome))
+        elif isinstance(outcome, ToolResult):
+            write_result(runtime, results, call, outcome)
+            runtime.hooks.tool_finished(trace, call, outcome)
         else:
-            result = _plain(runtime, trace, call)
-        _write(runtime, results, call, result)
-        runtime.hooks.tool_finished(trace, call, result)
+            person = (call, outcome.question)
     written = runtime.store.apply(results) if results.ops else None
-    if question is not None:
-        ask(runtime, trace, question[0].id, question[1])
-        runtime.hooks.tool_finished(trace, question[0], None)
+    if person is not None:
+        _wait_on_person(runtime, trace, *person)
+    runtime.hooks.turn_ended(trace, trace.iteration)
     if not spawns:
-        if question is not None:
+        if person is not None:
             return ToolTurn(waiting=True, written=None)
         changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
         return ToolTurn(waiting=False, written=None if changed else written)
     _dispatch(runtime, trace, spawns)
     return ToolTurn(not settling.turn_complete(runtime.store, trace.trace_id), None)
+
+
+@dataclass(frozen=True)
+class _Person:
+    """The call waits on a person once the turn's other results are written."""
+
+    question: str | None
+    """The `ask_human` question; None for a call that waits for approval."""
+
+
+def _one_call(
+    runtime: Runtime, trace: Trace, call: ToolCall, *, first: bool
+) -> ToolResult | SpawnRequest | _Person:
+    """One call of the turn: its result, children to dispatch, or a wait on a person."""
+    try:
+        runtime.hooks.tool_started(trace, call)
+    except HookBlocked as exc:
+        text = f"blocked by the operator's policy: {exc.reason}"
+        return ToolResult(title=f"{call.name} blocked", output=text, is_error=True)
+    if call.name == ASK_HUMAN:
+        asked = _question(runtime, trace, _persisted(runtime, call), first=first)
+        return _Person(asked) if isinstance(asked, str) else asked
+    if call.name in SUB_AGENT_TOOLS:
+        return _sub_agents(runtime, trace, _persisted(runtime, call))
+    if call.name == "goal":
+        return _goal(runtime, trace, _persisted(runtime, call))
+    if approval.required(runtime, trace, call):
+        children_wait = runtime.dispatcher.children_survive_restart
+        refused = approval.refusal(call, trace, first=first, children_wait=children_wait)
+        return refused or _Person(None)
+    return run_plain(runtime, trace, call)
+
+
+def _wait_on_person(runtime: Runtime, trace: Trace, call: ToolCall, question: str | None) -> None:
+    if question is None:
+        approval.request(runtime, trace, call)
+    else:
+        ask(runtime, trace, call.id, question)
+    runtime.hooks.tool_finished(trace, call, None)
 
 
 def plain_only(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:
@@ -206,6 +236,8 @@ def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, Spawn
             _drop(runtime, trace, request)
         else:
             _hand_over(runtime, trace, request)
+            for child in request.children:
+                runtime.hooks.child_spawned(trace, child)
         runtime.hooks.tool_finished(trace, call, None)
 
 
@@ -265,10 +297,15 @@ def _goal(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     except (ToolError, ValueError) as exc:
         return ToolResult(title="goal error", output=str(exc), is_error=True)
     runtime.store.update_trace(trace.trace_id, goals=tree)
+    done = {g.id for g in trace.goals.goals if g.status == "done"}
+    for goal in tree.goals:
+        if goal.status == "done" and goal.id not in done:
+            runtime.hooks.goal_completed(trace, goal)
     return ToolResult(title="goal", output=output)
 
 
-def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
+def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
+    """Run a plain tool where it runs: in the trace's workspace, within its permissions."""
     settings = runtime.settings
     ctx = ToolContext(
         workspace=runtime.workspace_of(trace),  # ConfigError outside the roots: trace fails
@@ -294,7 +331,8 @@ def _plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
 
 
-def _write(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
+def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
+    """Add the call's result, the worker's secrets masked, to `results` (not applied)."""
     # A tool may have read one of the worker's secrets (a file, a response): never stored.
     scrub = runtime.redactor.values_only
     memory = scrub(result.long_term_memory) if result.long_term_memory else None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet import lifecycle
-from fleet.errors import ProviderOverloaded, TransientLLMError
+from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
 from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
@@ -167,8 +167,12 @@ def call_model(
         return held
     hooks = runtime.hooks
     hooks.turn_started(trace, trace.iteration)
-    hooks.model_requested(trace, model_name, wire)
     gate, started = runtime.gate, time.monotonic()
+    try:
+        hooks.model_requested(trace, model_name, wire)
+    except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
+        gate.after(go, None, None)
+        raise
     try:
         response = runtime.client(model_name).complete(
             wire,

@@ -114,8 +114,24 @@ RUNNING = f"{PREFIX}:running"
 """Sorted set: trace ids in status running, scored by their lease deadline in ms."""
 
 HUMAN_WAITS = f"{PREFIX}:human-waits"
-"""Sorted set, no TTL: trace ids waiting on a person (`ask_human`), scored by the deadline in
-ms after which the wait ends with a timeout result; a reply removes its entry."""
+"""Sorted set, no TTL: trace ids waiting on a person (`ask_human`, an approval), scored by
+the deadline in ms after which the wait ends with a timeout result; an answer removes its
+entry, and whoever removes it (reply, approve, deny, the sweeper) is the one that answers."""
+
+EXPERIENCES = f"{PREFIX}:experiences"
+"""Hash, no TTL: experience id -> Experience JSON (`fleet.experiences`), counts excluded."""
+
+EXPERIENCE_COUNTS = f"{PREFIX}:experience-counts"
+"""Hash, no TTL: `{id}:uses` and `{id}:successes`, added to with HINCRBY (one writer each)."""
+
+
+def experiences_used(trace_id: str) -> str:
+    """List with TRACE_TTL_S: the experience ids injected into this trace.
+
+    Taken (once) when the trace ends, to count their successes.
+    """
+    return f"{PREFIX}:experiences-used:{check_trace_id(trace_id)}"
+
 
 USAGE = f"{PREFIX}:usage"
 """Hash, no TTL: fleet-wide model usage for `fleet metrics`, one field per `{kind}:{model}`

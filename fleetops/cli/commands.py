@@ -90,7 +90,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_follow(commands: Any) -> None:
-    """`watch`, `stop` and `reply`: the commands on one trace that `fleet run` started."""
+    """`watch`, `stop`, `reply`, `approve`, `deny`: commands on one trace `fleet run` started."""
     watch = _command(commands, "watch", "fleetops.cli.run:watch", help="follow a trace tree live")
     watch.add_argument("trace_id")
     watch.add_argument("--timeout-s", type=positive_float, default=None)
@@ -106,6 +106,30 @@ def _add_follow(commands: Any) -> None:
     )
     reply.add_argument("trace_id")
     reply.add_argument("answer")
+    _add_approval(commands)
+
+
+def _add_approval(commands: Any) -> None:
+    """`approve` and `deny`: answer a tool call that waits for a person's approval."""
+    approve = _command(
+        commands,
+        "approve",
+        "fleetops.cli.approval:approve",
+        help="run the tool call a trace waits to have approved; it resumes",
+    )
+    approve.add_argument("trace_id")
+    deny = _command(
+        commands,
+        "deny",
+        "fleetops.cli.approval:deny",
+        help="refuse the tool call a trace waits to have approved; the model reads the reason",
+    )
+    deny.add_argument("trace_id")
+    deny.add_argument("reason")
+    for parser in (approve, deny):
+        parser.add_argument(
+            "--id", dest="approval_id", help="the pending call's id (refused if another)"
+        )
 
 
 def _add_trace(commands: Any) -> None:
@@ -123,9 +147,42 @@ def _add_trace(commands: Any) -> None:
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--all", action="store_true", help="include sub-traces")
     listing.add_argument(
-        "--waiting", action="store_true", help="only traces waiting on a person (ask_human)"
+        "--waiting",
+        action="store_true",
+        help="only traces waiting on a person (a question, an approval)",
     )
     listing.add_argument("--json", action="store_true")
+    _add_experience(commands)  # here, so the list of adders in build_parser stays as it is
+
+
+def _add_experience(commands: Any) -> None:
+    """`experience add|list|show|rm|approve`: rules learnt from earlier runs."""
+    experience = commands.add_parser("experience", help="rules shown to later runs")
+    sub = experience.add_subparsers(dest="experience_command", required=True, metavar="ACTION")
+    where = "fleetops.cli.experiences"
+    add = _command(sub, "add", f"{where}:add", help="add an approved rule for a scope")
+    add.add_argument("--scope", required=True, help="agent:PRESET, user:NAME or project:NAME")
+    add.add_argument("--condition", required=True, help="when this holds ...")
+    add.add_argument("--rule", required=True, help="... do this")
+    add.add_argument("--proposed", action="store_true", help="store it unapproved")
+    listing = _command(sub, "list", f"{where}:list_all", help="experiences, oldest first")
+    listing.add_argument("--scope")
+    show = _command(sub, "show", f"{where}:show", help="one experience with its counts")
+    remove = _command(sub, "rm", f"{where}:remove", help="forget an experience")
+    approve = _command(sub, "approve", f"{where}:approve", help="let runs see a proposed one")
+    for parser in (show, remove, approve):
+        parser.add_argument("experience_id")
+    reflect = _command(
+        commands,
+        "reflect",
+        f"{where}:reflect",
+        help="a read-only agent proposes experiences from a finished tree (unapproved)",
+    )
+    reflect.add_argument("trace_id")
+    reflect.add_argument("--model", help="the reflection's model (else the default)")
+    reflect.add_argument("--timeout-s", type=positive_float, default=None)
+    for parser in (add, listing, show, remove, approve, reflect):
+        parser.add_argument("--json", action="store_true")
 
 
 def _add_batch(commands: Any) -> None:

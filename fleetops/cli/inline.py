@@ -47,5 +47,8 @@ def run_inline(args: argparse.Namespace) -> int:
     question = waiting_on(trace)
     if question is not None:
         print(printable(f"? {question['question']}"), file=sys.stderr)
-        print(f"waiting: answer with `fleet reply {trace.trace_id} ANSWER`", file=sys.stderr)
+        how = f"fleet reply {trace.trace_id} ANSWER"
+        if question.get("kind") == "approval":
+            how = f"fleet approve {trace.trace_id}` or `fleet deny {trace.trace_id} REASON"
+        print(f"waiting: answer with `{how}`", file=sys.stderr)
     return report(local.store, trace, as_json=args.json)

@@ -40,6 +40,7 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
     from fleet.errors import (
         ConfigError,
         ConversationError,
+        ExperienceNotFound,
         FleetError,
         RedisUnreachable,
         TraceNotFound,
@@ -59,7 +60,7 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         return reader_gone()
     except RedisUnreachable as exc:
         return fail(with_hint(str(exc)), EXIT_BAD_INPUT)
-    except (ConfigError, TraceNotFound, ConversationError) as exc:
+    except (ConfigError, TraceNotFound, ExperienceNotFound, ConversationError) as exc:
         return fail(str(exc), EXIT_BAD_INPUT)
     except FleetError as exc:
         return fail(str(exc), EXIT_FAILED)

@@ -19,7 +19,7 @@ from fleet.models import Event
 from fleet.storage.redis_connect import redact_url
 from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
 from fleetops.cli.interrupt import Interrupt, interrupt_flag, keyboard_interrupt
-from fleetops.cli.output import printable, report
+from fleetops.cli.output import EXIT_WAITING, printable, report
 from fleetops.discovery import fleet_settings
 
 BUDGET_FLAGS = ("tokens", "usd", "sub_agents", "wall_s")
@@ -108,7 +108,9 @@ def follow(
     """
     try:
         events = handle.events(timeout_s, cancel=interrupt.event)
-        show_progress(events, handle.trace_id, Asker(fleet, interrupt=interrupt))
+        waiting = show_progress(events, handle.trace_id, Asker(fleet, interrupt=interrupt))
+        if waiting not in (None, handle.trace_id):  # a sub-agent's: the root waits on it
+            return EXIT_WAITING
     except TimeoutError as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -143,22 +145,33 @@ def require_workers(fleet: Fleet, queue: str) -> None:
         )
 
 
-def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None) -> None:
-    """One line per sub-agent start and finish, on stderr; questions go to `asker`."""
+def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None) -> str | None:
+    """One line per sub-agent start and finish, on stderr; questions go to `asker`.
+
+    Returns the id of a trace left waiting for an approval nobody here can give, if any.
+    """
     for event in events:
         line = progress_line(event, root)
         if line:
             print(printable(line), file=sys.stderr, flush=True)
-        if asker is not None and _is_question(event, root):
+        if asker is None or not _is_question(event, root):
+            continue
+        if event.data.get("type") == "approval":
+            question, call_id = str(event.data.get("question", "")), event.data.get("tool_call_id")
+            if not asker.approve(event.trace_id, question, str(call_id) if call_id else None):
+                return event.trace_id  # nobody here can approve it: the run ends (exit 3)
+        else:
             asker.ask(root, str(event.data.get("question", "")))
+    return None
 
 
 def _is_question(event: Event, root: str) -> bool:
+    """A question to the root's person, or a call of any trace of the tree to approve."""
+    kind = event.data.get("type")
     return (
         event.kind == "collaborator"
         and event.status == "waiting"
-        and event.data.get("type") == "human"
-        and event.trace_id == root
+        and (kind == "approval" or (kind == "human" and event.trace_id == root))
     )
 
 
@@ -204,11 +217,39 @@ class Asker:
         except ConversationError as exc:  # answered elsewhere meanwhile
             print(f"fleet: {exc}", file=sys.stderr, flush=True)
 
+    def approve(self, trace_id: str, question: str, approval_id: str | None) -> bool:
+        """Prompt y/n for a call waiting for approval and answer it; False off a terminal."""
+        hint = f"waiting for `fleet approve {trace_id}` or `fleet deny {trace_id} REASON`"
+        if self.interrupt.is_set():
+            return True
+        if not self.interactive:
+            print(hint, file=sys.stderr, flush=True)
+            return False
+        try:
+            with keyboard_interrupt(self.interrupt):
+                answer = ""
+                while answer not in ("y", "n"):
+                    answer = input("approve? [y/n] ").strip().lower()[:1]
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            return True
+        except EOFError:
+            print(f"\n{hint}", file=sys.stderr, flush=True)
+            return False
+        try:
+            if answer == "y":
+                self.fleet.approve(trace_id, approval_id)  # exactly the call shown
+            else:
+                self.fleet.deny(trace_id, "denied at the terminal", approval_id)
+        except ConversationError as exc:  # answered elsewhere meanwhile
+            print(f"fleet: {exc}", file=sys.stderr, flush=True)
+        return True
+
 
 def progress_line(event: Event, root: str) -> str | None:
     """A human line for the events worth showing, else None."""
     name = event.data.get("name") or event.trace_id.rsplit("@", 1)[-1]
-    if event.data.get("type") == "human" and event.status == "waiting":
+    if event.data.get("type") in ("human", "approval") and event.status == "waiting":
         return f"? {event.data.get('question', '')}"
     if event.kind == "collaborator" and event.status == "queued":
         return f"  + {name} started ({event.trace_id})"

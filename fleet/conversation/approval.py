@@ -1,0 +1,145 @@
+"""Tool calls that wait for a person's approval before they run.
+
+A call that an `approve:` rule matches (its preset's, or fleet.yaml's) is not run: its
+result stays missing and the trace goes `waiting` on a person (`kind: approval` under
+`lifecycle.PERSON_KEY`, a `{type: approval, tool, arguments}` collaborator), holding no
+slot and no lease, as `ask_human` does; the same deadline index ends it (the fleet's
+human timeout or the tree's wall_s, as a denial) and a stop ends it leaving the call
+unrun. `approve` marks the call approved and queues the trace: the run that resumes it
+runs the call first (`fleet.loop.resume`). `deny` writes the refusal as the call's
+result. Exactly one answer lands per wait: each claims the wait's deadline entry first.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fleet import lifecycle
+from fleet.conversation.approval_rules import needs_approval, rules_of
+from fleet.conversation.human import WAITING_KEY, wait_for_person
+from fleet.errors import ConversationError
+from fleet.llm.base import ToolCall
+from fleet.models import Message, Trace
+from fleet.runtime import Runtime
+from fleet.tools.base import ToolResult
+
+APPROVAL = "approval"
+"""The `kind` of an approval wait in the trace's `waiting_on` metadata."""
+APPROVED_KEY = "approved_call"
+"""Trace metadata: the tool_call_id a person approved, run by the next run, then removed."""
+MAX_SHOWN_ARGUMENT_CHARS = 2000
+
+
+def required(runtime: Runtime, trace: Trace, call: ToolCall) -> bool:
+    """Whether a call the trace may make waits for approval (preset rules, then fleet.yaml)."""
+    preset = runtime.permissions(trace)
+    if not preset.allows(call.name):
+        return False  # refused as it is: nobody need approve a call that cannot run
+    rules = (*preset.approve, *rules_of(runtime.config.approve))
+    return needs_approval(rules, call.name, call.arguments)
+
+
+def refusal(
+    call: ToolCall, trace: Trace, *, first: bool, children_wait: bool = True
+) -> ToolResult | None:
+    """Why this call cannot wait for approval, or None when it may.
+
+    One person-wait per turn. A sub-agent waits alone (its siblings and parent go on or
+    wait as they would) only where children outlive their spawner's run: on a task queue
+    (`children_wait`); an in-process dispatcher's child is refused instead.
+    """
+    why = None
+    if trace.mode != "main" and not children_wait:
+        why = f"{call.name!r} needs a person's approval: an in-process sub-agent cannot wait"
+    elif not first:
+        why = "one approval or question per turn: call it again in a later turn"
+    if why is None:
+        return None
+    return ToolResult(title=f"{call.name} refused", output=why, is_error=True)
+
+
+def request(runtime: Runtime, trace: Trace, call: ToolCall) -> Trace:
+    """Put the trace in `waiting` for the call's approval; its run then ends."""
+    shown = runtime.redactor.values_only(call.arguments)[:MAX_SHOWN_ARGUMENT_CHARS]
+    try:
+        arguments: Any = json.loads(shown)
+    except ValueError:
+        arguments = shown
+    waiting = {
+        "kind": APPROVAL,
+        "tool_call_id": call.id,
+        "tool": call.name,
+        "arguments": arguments,
+        "question": f"approve {call.name} {shown}?",
+    }
+    return wait_for_person(runtime, trace, waiting)
+
+
+def approve(runtime: Runtime, trace_id: str, approval_id: str | None = None) -> Trace:
+    """Approve the pending call: the trace is `queued`, the caller enqueues it.
+
+    Raises:
+        ConversationError: no approval pending, another id, or answered already.
+        TraceNotFound: no such trace.
+    """
+    trace, waiting = _claim(runtime, trace_id, approval_id)
+    call_id = str(waiting["tool_call_id"])
+    approved = trace.model_copy(update={"metadata": {**trace.metadata, APPROVED_KEY: call_id}})
+    return lifecycle.person_answered(runtime, approved, "completed", f"approved {waiting['tool']}")
+
+
+def deny(runtime: Runtime, trace_id: str, reason: str, approval_id: str | None = None) -> Trace:
+    """Deny the pending call: the model reads `reason` as its result; `queued` to go on.
+
+    Raises:
+        ConversationError: as `approve`.
+        TraceNotFound: no such trace.
+    """
+    reason = " ".join(reason.split()) or "no reason given"
+    trace, waiting = _claim(runtime, trace_id, approval_id)
+    tool = str(waiting["tool"])
+    text = f"A person denied this call; it was not run. Reason: {reason}"
+    runtime.store.append_collected(
+        Message(
+            trace_id=trace.trace_id,
+            role="tool",
+            tool_call_id=str(waiting["tool_call_id"]),
+            name=tool,
+            content=text,
+            metadata={"title": f"{tool} denied", "is_error": True, "denied": True},
+        )
+    )
+    return lifecycle.person_answered(runtime, trace, "failed", f"denied: {reason}")
+
+
+def pending(trace: Trace) -> dict[str, Any] | None:
+    """The approval a trace waits for (tool_call_id, tool, arguments), else None."""
+    waiting = trace.metadata.get(WAITING_KEY)
+    if trace.status != "waiting" or not isinstance(waiting, dict):
+        return None
+    return waiting if waiting.get("kind") == APPROVAL else None
+
+
+def approved(trace: Trace, tool_call_id: str) -> bool:
+    """Whether a person approved this call and it has not been taken to run yet."""
+    return trace.metadata.get(APPROVED_KEY) == tool_call_id
+
+
+def _claim(
+    runtime: Runtime, trace_id: str, approval_id: str | None
+) -> tuple[Trace, dict[str, Any]]:
+    """The pending approval, claimed by this answer alone (its deadline entry goes)."""
+    trace = runtime.store.get_trace(trace_id)
+    waiting = pending(trace)
+    if waiting is None:
+        status = trace.status
+        raise ConversationError(f"trace {trace_id!r} has no approval pending (it is {status})")
+    if approval_id is not None and approval_id != waiting["tool_call_id"]:
+        raise ConversationError(
+            f"approval id {approval_id!r} is not the call trace {trace_id!r} waits on"
+        )
+    # One winner between approve, deny, a second answer and the timeout sweeper.
+    if not runtime.store.forget_human_wait(trace_id):
+        raise ConversationError(f"trace {trace_id!r}: that approval was answered already")
+    return trace, waiting

@@ -1,0 +1,82 @@
+"""Where experiences live: the Protocol, and its in-memory twin."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Protocol
+
+from fleet.errors import ExperienceNotFound
+from fleet.experiences.model import Experience
+
+
+class ExperienceStore(Protocol):
+    """Experiences with their counts; `fleet.storage.redis_experiences` is the fleet's own."""
+
+    def put(self, experience: Experience) -> None:
+        """Store (or replace) one experience."""
+        ...
+
+    def get(self, experience_id: str) -> Experience:
+        """The experience, or `ExperienceNotFound`."""
+        ...
+
+    def all(self, scope: str | None = None) -> list[Experience]:
+        """Every experience (of one scope), oldest first."""
+        ...
+
+    def remove(self, experience_id: str) -> bool:
+        """Forget one; False if there was none."""
+        ...
+
+    def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:
+        """These were injected into `trace_id`: one more use each, remembered for its end."""
+        ...
+
+    def count_outcome(self, trace_id: str, succeeded: bool) -> list[str]:
+        """The trace ended: a success for each experience it used (once); their ids."""
+        ...
+
+
+class MemoryExperiences:
+    """`ExperienceStore` in this process (tests, inline runs without Redis)."""
+
+    def __init__(self) -> None:
+        """Empty."""
+        self._items: dict[str, Experience] = {}
+        self._used: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, experience: Experience) -> None:  # noqa: D102 (the Protocol's)
+        with self._lock:
+            self._items[experience.id] = experience.model_copy()
+
+    def get(self, experience_id: str) -> Experience:  # noqa: D102
+        with self._lock:
+            found = self._items.get(experience_id)
+        if found is None:
+            raise ExperienceNotFound(f"no experience {experience_id!r}")
+        return found.model_copy()
+
+    def all(self, scope: str | None = None) -> list[Experience]:  # noqa: D102
+        with self._lock:
+            items = list(self._items.values())
+        return [e.model_copy() for e in items if scope is None or e.scope == scope]
+
+    def remove(self, experience_id: str) -> bool:  # noqa: D102
+        with self._lock:
+            return self._items.pop(experience_id, None) is not None
+
+    def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:  # noqa: D102
+        with self._lock:
+            ids = [i for i in experience_ids if i in self._items]
+            for i in ids:
+                self._items[i].uses += 1
+            self._used[trace_id] = ids
+
+    def count_outcome(self, trace_id: str, succeeded: bool) -> list[str]:  # noqa: D102
+        with self._lock:
+            ids = [i for i in self._used.pop(trace_id, []) if i in self._items]
+            for i in ids if succeeded else ():
+                self._items[i].successes += 1
+        return ids

@@ -1,0 +1,211 @@
+"""The operator's hooks: loaded from `FLEET_HOOKS`, composed, each call guarded.
+
+`FLEET_HOOKS=module:attr,...` names `fleet.Hooks` instances; only the operator's
+environment names them (never a workspace file, never a trace), and a module that lies
+inside a workspace root is refused before it is imported: an agent could have written it.
+Every call of an operator's hook runs in its own thread with a deadline
+(`FLEET_HOOK_TIMEOUT_S`): one that raises or overruns is logged and skipped, never kills
+the run. `HookBlocked` passes through only where blocking means something
+(`tool_started`, `model_requested`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleet.errors import ConfigError, HookBlocked
+from fleet.goals import Goal
+from fleet.llm.base import LLMResponse, ToolCall
+from fleet.models import Trace
+from fleet.observe.hooks import Hooks
+from fleet.security.trust import under_roots
+from fleet.tools.base import ToolResult
+
+if TYPE_CHECKING:
+    from fleet.settings import Settings
+    from fleet.storage.store import TraceStore
+
+log = logging.getLogger(__name__)
+
+MAX_CONTEXT_LINES = 20
+MAX_CONTEXT_LINE_CHARS = 500
+
+
+@dataclass(frozen=True)
+class Member:
+    """One hook of a chain; `timeout_s` None runs it as it is (the fleet's own, OTel)."""
+
+    name: str
+    hook: Hooks
+    timeout_s: float | None = None
+
+
+def load_hook(name: str, roots: Sequence[Path]) -> Hooks:
+    """The `fleet.Hooks` instance `module:attr` names; `ConfigError` in one line otherwise."""
+    module_name, sep, attr = name.strip().partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"FLEET_HOOKS: {name!r} is not module:attr")
+    _check_origin(name, module_name.split(".")[0], roots)
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except Exception as exc:  # whatever the module raises on import is the operator's to see
+        raise ConfigError(f"FLEET_HOOKS: {name!r} does not load: {type(exc).__name__}") from None
+    if not isinstance(found, Hooks):
+        kind = type(found).__name__
+        raise ConfigError(f"FLEET_HOOKS: {name!r} is a {kind}, not a fleet.Hooks instance")
+    return found
+
+
+def _check_origin(name: str, top: str, roots: Sequence[Path]) -> None:
+    """Refuse a module that would load from inside a workspace root (or not at all)."""
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: finds, runs nothing
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ConfigError(f"FLEET_HOOKS: {name!r}: no module {top!r}")
+    places = [*(spec.submodule_search_locations or ()), *([spec.origin] if spec.origin else [])]
+    for place in places:
+        if place not in ("built-in", "frozen") and under_roots(Path(place), roots):
+            raise ConfigError(
+                f"FLEET_HOOKS: {name!r} loads from {place!r}, inside a workspace root where"
+                " agents write: install hook modules outside FLEET_WORKSPACE_ROOTS"
+            )
+
+
+def operator_members(names: Sequence[str], roots: Sequence[Path], timeout_s: float) -> list[Member]:
+    """The hooks `FLEET_HOOKS` names, each guarded by `timeout_s`."""
+    return [Member(n, load_hook(n, roots), timeout_s) for n in names]
+
+
+class HookChain(Hooks):
+    """Several hooks as one, called in order; operator hooks guarded (see the module)."""
+
+    def __init__(self, members: Sequence[Member]) -> None:
+        """`members` in the order their events are delivered."""
+        self.members = tuple(members)
+
+    def _each(self, event: str, *args: Any, may_block: bool = False) -> list[Any]:
+        return [_call(m, event, args, may_block) for m in self.members]
+
+    def run_started(self, trace: Trace) -> None:
+        """Each hook's `run_started`, in order."""
+        self._each("run_started", trace)
+
+    def run_ended(self, trace: Trace, outcome: str, error: BaseException | None = None) -> None:
+        """Each hook's `run_ended`, in order."""
+        self._each("run_ended", trace, outcome, error)
+
+    def turn_started(self, trace: Trace, iteration: int) -> None:
+        """Each hook's `turn_started`, in order."""
+        self._each("turn_started", trace, iteration)
+
+    def turn_ended(self, trace: Trace, iteration: int) -> None:
+        """Each hook's `turn_ended`, in order."""
+        self._each("turn_ended", trace, iteration)
+
+    def model_requested(self, trace: Trace, model: str, messages: list[dict[str, Any]]) -> None:
+        """Each hook's `model_requested`, in order."""
+        self._each("model_requested", trace, model, messages, may_block=True)
+
+    def model_responded(self, trace: Trace, response: LLMResponse) -> None:
+        """Each hook's `model_responded`, in order."""
+        self._each("model_responded", trace, response)
+
+    def model_failed(self, trace: Trace, error: BaseException) -> None:
+        """Each hook's `model_failed`, in order."""
+        self._each("model_failed", trace, error)
+
+    def tool_started(self, trace: Trace, call: ToolCall) -> None:
+        """Each hook's `tool_started`, in order."""
+        self._each("tool_started", trace, call, may_block=True)
+
+    def tool_finished(self, trace: Trace, call: ToolCall, result: ToolResult | None) -> None:
+        """Each hook's `tool_finished`, in order."""
+        self._each("tool_finished", trace, call, result)
+
+    def goal_completed(self, trace: Trace, goal: Goal) -> None:
+        """Each hook's `goal_completed`, in order."""
+        self._each("goal_completed", trace, goal)
+
+    def child_spawned(self, parent: Trace, child: Trace) -> None:
+        """Each hook's `child_spawned`, in order."""
+        self._each("child_spawned", parent, child)
+
+    def child_settled(self, parent_trace_id: str, child: Trace) -> None:
+        """Each hook's `child_settled`, in order."""
+        self._each("child_settled", parent_trace_id, child)
+
+    def context_lines(self, trace: Trace) -> list[str]:
+        """Every hook's lines, in order; what is not a string is dropped, long ones cut."""
+        lines: list[str] = []
+        for got in self._each("context_lines", trace):
+            lines += [str(x)[:MAX_CONTEXT_LINE_CHARS] for x in got or () if isinstance(x, str)]
+        return lines[:MAX_CONTEXT_LINES]
+
+    def child_context(self, parent: Trace, tool_call_id: str) -> dict[str, str]:
+        """Each hook's `child_context`, in order."""
+        merged: dict[str, str] = {}
+        for got in self._each("child_context", parent, tool_call_id):
+            merged |= got if isinstance(got, dict) else {}
+        return merged
+
+    def run_finished(self, trace: Trace) -> None:
+        """Each hook's `run_finished`, in order."""
+        self._each("run_finished", trace)
+
+    def flush(self) -> None:
+        """Each hook's `flush`, in order."""
+        self._each("flush")
+
+
+def _call(member: Member, event: str, args: tuple[Any, ...], may_block: bool) -> Any:
+    """One hook's event; None when it failed or overran (logged), `HookBlocked` if it may."""
+    if member.timeout_s is None:
+        return getattr(member.hook, event)(*args)
+    box: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            box.append((True, getattr(member.hook, event)(*args)))
+        except BaseException as exc:  # handed to the calling thread below
+            box.append((False, exc))
+
+    # A daemon thread: a hook that never returns is left behind, not waited for at exit.
+    thread = threading.Thread(target=target, name=f"hook:{member.name}:{event}", daemon=True)
+    thread.start()
+    thread.join(member.timeout_s)
+    if not box:
+        log.warning("hook %r %s overran %.1f s: skipped", member.name, event, member.timeout_s)
+        return None
+    ok, value = box[0]
+    if ok:
+        return value
+    if isinstance(value, HookBlocked) and may_block:
+        raise value
+    log.warning("hook %r %s raised %s: skipped", member.name, event, type(value).__name__)
+    return None
+
+
+def build_hooks(settings: Settings, store: TraceStore) -> Hooks:
+    """The process's hooks: OTel spans when configured, then the operator's `FLEET_HOOKS`.
+
+    Raises:
+        ConfigError: a name in `FLEET_HOOKS` does not load or is not a hook object.
+    """
+    from fleet.observe.otel import make_hooks
+
+    operator = operator_members(settings.hooks, settings.workspace_roots, settings.hook_timeout_s)
+    otel = make_hooks(settings, store)
+    if not operator:
+        return otel
+    return HookChain([Member("otel", otel), *operator])
