@@ -21,7 +21,6 @@ prompt.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -259,8 +258,8 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
 
 
 def load_presets(
-    agents_dir: Path | None = None,
-    env: Mapping[str, str] | None = None,
+    agents_dir: Path | None,
+    env: Mapping[str, str],
     *,
     known_tools: Collection[str] = TOOL_NAMES,
     workspace_roots: Collection[Path] = (),
@@ -270,7 +269,7 @@ def load_presets(
     Args:
         agents_dir: Folder of preset files; None reads `FLEET_AGENTS_DIR` from `env`,
             and without it only the built-ins are returned.
-        env: Environment to read; None means `os.environ`.
+        env: The environment to read (`Settings.env`).
         known_tools: Tool names preset files may mention.
         workspace_roots: Where agents can write; the folder must lie outside all of them.
 
@@ -279,7 +278,7 @@ def load_presets(
             malformed, or two files define the same name.
     """
     presets = dict(BUILTIN_PRESETS)
-    folder = agents_dir or _folder_from_env(os.environ if env is None else env)
+    folder = agents_dir or _folder_from_env(env)
     if folder is None:
         return presets
     if not folder.is_dir():

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import redis
 
+from fleet.batch.file import parse_entry
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
-from fleet.limits.budget import Budget, Budgets, Exhausted, Reserved, parse_budget
+from fleet.limits.budget import Budget, Budgets, Exhausted, Reserved
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.loop.runner import Runner, run_to_end
 from fleet.settings import Settings
@@ -95,15 +96,16 @@ def test_a_tree_without_budget_costs_no_reservation(
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
-        ({"tokens": -1}, "budget.tokens"),
-        ({"tokens": "many"}, "budget.tokens"),
-        ({"dollars": 3}, "budget.dollars: unknown setting"),
-        ([1, 2], "budget must be a mapping"),
+        ({"tokens": -1}, "'budget.tokens': input should be greater than 0"),
+        ({"tokens": "many"}, "'budget.tokens': input should be a valid integer"),
+        ({"dollars": 3}, "unknown key 'budget.dollars'"),
+        ([1, 2], "'budget': input should be a valid dictionary"),
     ],
 )
 def test_bad_budgets_name_the_field(data: object, problem: str) -> None:
-    with pytest.raises(ConfigError, match=problem):
-        parse_budget(data, "batch.yaml:3")
+    # A batch entry's `budget:` is where a budget is parsed from text.
+    with pytest.raises(ValueError, match=problem):
+        parse_entry({"task": "t", "budget": data}, 3)
 
 
 BRANCHES, BRANCH_TOKENS, BUDGET_TOKENS = 20, 4_500, 40_000

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -122,3 +125,81 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path: Path) -> 
     graph = {name: set(imported(name, path, modules)) for name, path in modules.items()}
     assert find_cycle(graph) == ["a", "b", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+PRODUCT = ("fleet", "workers", "fleetops")
+"""Packages that ship: the environment and test support rules below apply to them."""
+ENV_READERS = {
+    "fleet.settings": "the one reader: Settings, process_env() and process_redactor()",
+    "fleet.tools.shell": "a launcher: bash's environment is a filtered copy of the worker's",
+    "fleetops.cli.ops": "a launcher: `fleet worker` hands its Celery runtime the fleet's URLs",
+}
+"""Product modules allowed to touch `os.environ`, each with the reason."""
+_ENV_NAMES = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"})
+
+
+def environment_reads(path: Path) -> list[str]:
+    """Where a module touches the process environment: `os.environ`, `from os import getenv`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in _ENV_NAMES
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
+            found.append(f"{path.name}:{node.lineno}: os.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            names = [a.name for a in node.names if a.name in _ENV_NAMES]
+            found += [f"{path.name}:{node.lineno}: from os import {n}" for n in names]
+    return found
+
+
+def test_only_settings_reads_the_environment() -> None:
+    # Settings are read once, in fleet/settings.py, and passed down (`Settings.env` for the
+    # raw mapping); a launcher may build a child's environment, and says so.
+    modules = project_modules()
+    wrong = [
+        read
+        for name, path in modules.items()
+        if name.split(".")[0] in PRODUCT and name not in ENV_READERS
+        for read in environment_reads(path)
+    ]
+    assert not wrong, wrong
+    stale = [name for name in ENV_READERS if not environment_reads(modules[name])]
+    assert not stale, f"allowed but reading nothing: {stale}"
+
+
+def test_the_environment_scan_finds_every_form(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import os\nfrom os import getenv as g\n"
+        "def f() -> str:\n    return os.environ['A'] + os.getenv('B', '') + g('C')\n"
+    )
+    assert environment_reads(path) == [
+        "m.py:2: from os import getenv",
+        "m.py:4: os.environ",
+        "m.py:4: os.getenv",
+    ]
+
+
+def test_product_code_never_imports_fleet_testing() -> None:
+    # Test support ships for tests and users; scripted models load from fleet.llm.scripted.
+    wrong = sorted(
+        source
+        for source, targets in import_graph().items()
+        if source.split(".")[0] in PRODUCT and source != "fleet.testing"
+        if "fleet.testing" in targets
+    )
+    assert not wrong, wrong
+
+
+def test_importing_the_worker_reads_no_settings() -> None:
+    # Settings are read on first use: a bad variable fails the command that needs it, with
+    # one line, instead of every import of the tasks (a fresh interpreter: nothing cached).
+    env = {**os.environ, "FLEET_LEASE_TTL_MS": "not-a-number"}
+    code = "import workers.tasks, workers.signals, fleetops.cli.main; print('imported')"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "imported"), done.stderr[-2000:]

@@ -346,8 +346,7 @@ def test_lease_has_one_owner(store: TraceStore) -> None:
     assert store.acquire_lease("t1", "w1", ttl_ms=10_000)
     assert not store.acquire_lease("t1", "w2", ttl_ms=10_000)
     assert store.acquire_lease("t1", "w1", ttl_ms=10_000)  # already ours
-    assert store.renew_lease("t1", "w1", ttl_ms=10_000)
-    assert not store.renew_lease("t1", "w2", ttl_ms=10_000)
+    assert store.beat([("t1", "w1"), ("t1", "w2")], 10_000, None) == [True, False]
     store.release_lease("t1", "w2")  # not w2's: no effect
     assert not store.acquire_lease("t1", "w2", ttl_ms=10_000)
     store.release_lease("t1", "w1")
@@ -361,7 +360,7 @@ def test_expired_lease_is_listed_and_can_be_taken_over(store: TraceStore) -> Non
     assert store.expired_leases(before_ms) == []
     wait_until(lambda: store.expired_leases(now_ms()) == ["t1"])
     wait_until(lambda: store.acquire_lease("t1", "w2", ttl_ms=10_000))
-    assert not store.renew_lease("t1", "w1", ttl_ms=10_000)
+    assert store.beat([("t1", "w1")], 10_000, None) == [False]
 
 
 def test_forget_running_is_true_for_one_caller(store: TraceStore) -> None:

@@ -16,8 +16,8 @@ from celery.signals import (
 )
 
 from fleet.models import WorkerPresence
-from fleet.security.redact import install_log_redaction, process_redactor
-from fleet.settings import process_settings
+from fleet.security.redact import install_log_redaction
+from fleet.settings import process_redactor, process_settings
 from workers import probes
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper

@@ -14,8 +14,8 @@ from fleet.errors import (
     RedisUnreachable,
     TraceNotFound,
 )
-from fleet.security.redact import install_log_redaction, process_redactor
-from fleet.settings import forget_process_settings
+from fleet.security.redact import install_log_redaction
+from fleet.settings import forget_process_settings, process_redactor
 from fleetops.cli import batch, demo, metrics, ops, run, serve, traces
 from fleetops.cli.output import printable
 
@@ -40,11 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, and map errors to one line on stderr and an exit code."""
-    forget_process_settings()  # one command, one reading of the environment (tests run many)
+    # One command, one reading of the environment (tests run many): settings and redactor.
+    forget_process_settings()
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
-    process_redactor.cache_clear()  # this command's environment, like the settings
     install_log_redaction(process_redactor())  # whatever a command logs, secrets masked
     try:
         return handler(args)
