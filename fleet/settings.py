@@ -3,8 +3,8 @@
 `process_settings()` is this process's object (workers, the CLI, `Fleet.from_env()`);
 `Settings.from_env(env)` builds one from any mapping (tests, `fleet up`'s children).
 This module is the one place product code reads `os.environ` (tests/test_imports.py
-checks it): `process_env()` is the snapshot the settings, the process's redactor and the
-launchers that build a child's environment all start from.
+checks it): `process_env()` is where the settings, the process's redactor and the
+launchers that build a child's environment all read it.
 Every variable read here is in `ENV_NAMES`, and docs/configuration.md documents each one
 (tests/test_settings_docs.py compares the two). A new variable: a field with a docstring,
 a line in `from_env`, its name in `ENV_NAMES`, a row in docs/configuration.md.
@@ -18,7 +18,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
 from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError
@@ -203,15 +202,14 @@ class Settings:
         return replace(self, workspace=check_workspace(workspace, self.workspace_roots))
 
 
-@functools.cache
 def process_env() -> Mapping[str, str]:
-    """A read-only copy of this process's environment, taken on first use.
+    """The process's environment, read-only: the one door to `os.environ`.
 
     Every other module that needs the raw environment (a launcher copying it into a
-    child's, `fleet.llm.config` looking up the key variable fleet.yaml names) takes it
-    from here or from `Settings.env`, so the process reads its environment once.
+    child's, `fleetops.discovery` looking for `FLEET_REDIS_URL`) takes it from here or from
+    `Settings.env`; the typed settings are read from it once (`process_settings`).
     """
-    return MappingProxyType(dict(os.environ))
+    return os.environ
 
 
 @functools.cache
@@ -233,7 +231,6 @@ def process_redactor() -> Redactor:
 
 def forget_process_settings() -> None:
     """Read the environment again on next use (after a fork or when tests change it)."""
-    process_env.cache_clear()
     process_settings.cache_clear()
     process_redactor.cache_clear()
 
