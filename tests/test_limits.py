@@ -18,8 +18,8 @@ def scope(name: str = "provider:p:k", **limits: int) -> Scope:
 
 
 @pytest.fixture
-def limiter(redis_client: redis.Redis) -> Limiter:
-    return Limiter(redis_client)
+def limiter(redis_db: redis.Redis) -> Limiter:
+    return Limiter(redis_db)
 
 
 def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
@@ -39,7 +39,7 @@ def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
 
 
 def test_a_turn_beyond_the_short_wait_is_booked_and_kept(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     s = (scope(requests_per_minute=60),)  # one a second
     assert limiter.admit("first", s, 1) == Admitted(0.0)
@@ -47,14 +47,14 @@ def test_a_turn_beyond_the_short_wait_is_booked_and_kept(
     late = limiter.admit("third", s, 1)
     assert isinstance(late, Refused) and late.reason == "rate"
     assert 1.0 <= late.retry_in_s <= 1.6  # booked for 2 s, told to come back half a second early
-    assert redis_client.hget(keys.limit_ticket("third"), "at") is not None
+    assert redis_db.hget(keys.limit_ticket("third"), "at") is not None
     # A newcomer books after the third's turn: the handed-back trace kept its place.
     newcomer = limiter.admit("fourth", s, 1)
     assert isinstance(newcomer, Refused) and newcomer.retry_in_s > late.retry_in_s
     # The third's second ask takes its booked turn, it does not book another one.
     again = limiter.admit("third", s, 1)
     assert isinstance(again, Refused) and again.retry_in_s <= late.retry_in_s
-    assert redis_client.exists(keys.limit_ticket("third"))
+    assert redis_db.exists(keys.limit_ticket("third"))
 
 
 def test_concurrency_is_first_come_first_served(limiter: Limiter) -> None:
@@ -72,19 +72,19 @@ def test_concurrency_is_first_come_first_served(limiter: Limiter) -> None:
 
 
 def test_a_trace_that_stopped_asking_leaves_the_line(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     s = (scope(max_concurrency=1),)
     assert isinstance(limiter.admit("holder", s, 1), Admitted)
     assert isinstance(limiter.admit("gone", s, 1), Refused)
     limiter.settle("holder", s, 1, 1, 50)
     stale = time.time() * 1000 - keys.LIMIT_LINE_STALE_MS - 1000
-    redis_client.zadd(keys.limit_seen(s[0].name), {"gone": stale})
+    redis_db.zadd(keys.limit_seen(s[0].name), {"gone": stale})
     assert isinstance(limiter.admit("next", s, 1), Admitted)
 
 
 def test_a_pause_holds_everyone_back_and_voids_older_bookings(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     s = (scope(requests_per_minute=60),)
     limiter.admit("a", s, 1)
@@ -95,7 +95,7 @@ def test_a_pause_holds_everyone_back_and_voids_older_bookings(
     paused = limiter.admit("d", s, 1)
     assert isinstance(paused, Refused) and paused.reason == "pause"
     assert 2.5 < paused.retry_in_s <= 3.0
-    redis_client.delete(keys.limit_pause(s[0].name))  # as if the pause had run out
+    redis_db.delete(keys.limit_pause(s[0].name))  # as if the pause had run out
     rebooked = limiter.admit("c", s, 1)
     assert isinstance(rebooked, Refused) and rebooked.retry_in_s > 1.5, "booked after the pause"
     assert limiter.stats()[f"overloaded:{s[0].name}"] == 1
@@ -210,7 +210,7 @@ def test_an_overload_is_handed_back_at_once_when_the_fleet_limits() -> None:
 
 
 def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     from fleet.limits.budget import Budget, Budgets
     from fleetops.metrics import limit_families, render
@@ -219,10 +219,10 @@ def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
     limiter.admit("a", s, 1)
     limiter.admit("b", s, 1)
     limiter.overloaded(s, retry_after_s=0.5)
-    budgets = Budgets(redis_client)
+    budgets = Budgets(redis_db)
     budgets.create("root", Budget(tokens=10))
     budgets.reserve("x", "root", 100, 0.0)
-    text = render(limit_families(redis_client))
+    text = render(limit_families(redis_db))
     name = s[0].name
     assert f'fleet_limit_admissions_total{{scope="{name}"}} 1' in text
     assert f'fleet_limit_waits_total{{scope="{name}"}} 1' in text
