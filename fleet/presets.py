@@ -29,13 +29,14 @@ from types import MappingProxyType
 from typing import Any
 
 import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
-from fleet.loop.structured import check_schema
 from fleet.security import trust, yamlsafe
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
@@ -320,6 +321,21 @@ def get_preset(presets: Mapping[str, AgentPreset], name: str) -> AgentPreset:
 def _folder_from_env(env: Mapping[str, str]) -> Path | None:
     value = env.get(AGENTS_DIR_ENV, "").strip()
     return Path(value) if value else None
+
+
+def check_schema(schema: object, where: str) -> dict[str, Any]:
+    """A preset's `output_schema`, checked to be a JSON Schema object.
+
+    Raises:
+        ConfigError: `where: output_schema: what is wrong`.
+    """
+    if not isinstance(schema, dict):
+        raise ConfigError(f"{where}: output_schema must be a mapping (a JSON Schema)")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ConfigError(f"{where}: output_schema: {exc.message}") from None
+    return schema
 
 
 def _split_frontmatter(text: str) -> tuple[str, str]:

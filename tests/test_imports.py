@@ -203,3 +203,82 @@ def test_importing_the_worker_reads_no_settings() -> None:
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
     )
     assert (done.returncode, done.stdout.strip()) == (0, "imported"), done.stderr[-2000:]
+
+
+FLEET_LAYERS = (
+    # The base: plain values and the one exception family.
+    "errors",
+    "ids",
+    "goals",
+    "models",
+    # Pieces that know no run: secret handling, Redis and memory storage, settings.
+    "security",
+    "storage",
+    "settings",
+    "llm",
+    "limits",
+    "presets",
+    "tools",
+    "observe",
+    # The wiring every run shares, then what runs on it.
+    "runtime",
+    "control",
+    "history",
+    "lifecycle",
+    "owners",
+    "conversation",
+    "children",
+    "loop",
+    "batch",
+    # The public face.
+    "inprocess",
+    "client",
+    "testing",
+    "",
+)
+"""fleet's packages and top-level modules, lowest first: each may import only those above
+it in this list (`""` is `fleet/__init__.py`). docs/architecture.md draws the same stack."""
+FLEET_KNOTS = {
+    # fleet.yaml's `limits:` block (llm.config) is validated with the limits' value types,
+    # and the limits read FleetConfig back. values.py imports only fleet.errors, so there is
+    # no module cycle; untying it means a home for the value types below both packages.
+    ("fleet.llm.config", "fleet.limits.values"),
+}
+"""Imports against the direction above that are not untied yet, each with why."""
+
+
+def fleet_unit(module: str) -> str | None:
+    """The entry of FLEET_LAYERS a fleet module belongs to (its package, or itself)."""
+    parts = module.split(".")
+    return None if parts[0] != "fleet" else (parts[1] if len(parts) > 1 else "")
+
+
+def layer_violations(graph: Mapping[str, AbstractSet[str]]) -> list[str]:
+    """Every import from a fleet unit to one at its level or above it, knots excepted."""
+    rank = {unit: i for i, unit in enumerate(FLEET_LAYERS)}
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if (unit := fleet_unit(source)) is not None
+        for target in targets
+        if (other := fleet_unit(target)) is not None and other != unit
+        if rank[other] >= rank[unit] and (source, target) not in FLEET_KNOTS
+    )
+
+
+def test_fleet_packages_import_only_downwards() -> None:
+    assert not layer_violations(import_graph())
+
+
+def test_every_fleet_package_has_a_place_and_every_knot_is_still_tied() -> None:
+    graph = import_graph()
+    units = {fleet_unit(name) for name in graph} - {None}
+    assert units == set(FLEET_LAYERS), "place new packages in FLEET_LAYERS"
+    untied = [knot for knot in FLEET_KNOTS if knot[1] not in graph.get(knot[0], ())]
+    assert not untied, f"no longer imported, drop from FLEET_KNOTS: {untied}"
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    # storage importing the loop is exactly what the table forbids.
+    graph = {"fleet.storage.store": {"fleet.loop.runner", "fleet.errors"}, "fleet.errors": set()}
+    assert layer_violations(graph) == ["fleet.storage.store -> fleet.loop.runner"]
