@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: all check lint typecheck test demo format bench faults chaos clean
+.PHONY: all check lint typecheck test unit demo format bench faults chaos clean
 all: check
 check: lint typecheck test
 
@@ -24,6 +24,10 @@ typecheck: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s.
+unit: $(STAMP)
+	$(PY) -m pytest -q -m "not integration"
 
 # The demo surveys docs/: the checkout itself holds .venv and fleet/, the workers' own code,
 # which no workspace root may contain (docs/security.md, "Second round").

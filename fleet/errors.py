@@ -75,10 +75,6 @@ class ContextOverflow(FleetError):
     """The conversation does not fit the model's context window even with outputs elided."""
 
 
-class BudgetExceeded(FleetError):
-    """A tree's budget (tokens, usd, sub-agents, depth or wall time) is spent."""
-
-
 class LeaseLost(FleetError):
     """A runner's write was refused: its lease lapsed and another runner may own the trace."""
 

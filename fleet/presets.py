@@ -22,7 +22,6 @@ prompt.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -38,7 +37,6 @@ from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
-from fleet.loop.structured import check_schema
 from fleet.mcp import names as mcp_names
 from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.security import trust, yamlsafe
@@ -301,8 +299,8 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
 
 
 def load_presets(
-    agents_dir: Path | None = None,
-    env: Mapping[str, str] | None = None,
+    agents_dir: Path | None,
+    env: Mapping[str, str],
     *,
     known_tools: Collection[str] = TOOL_NAMES,
     workspace_roots: Collection[Path] = (),
@@ -312,7 +310,7 @@ def load_presets(
     Args:
         agents_dir: Folder of preset files; None reads `FLEET_AGENTS_DIR` from `env`,
             and without it only the built-ins are returned.
-        env: Environment to read; None means `os.environ`.
+        env: The environment to read (`Settings.env`).
         known_tools: Tool names preset files may mention.
         workspace_roots: Where agents can write; the folder must lie outside all of them.
 
@@ -321,7 +319,7 @@ def load_presets(
             malformed, or two files define the same name.
     """
     presets = dict(BUILTIN_PRESETS)
-    folder = agents_dir or _folder_from_env(os.environ if env is None else env)
+    folder = agents_dir or _folder_from_env(env)
     if folder is None:
         return presets
     if not folder.is_dir():
@@ -363,6 +361,25 @@ def get_preset(presets: Mapping[str, AgentPreset], name: str) -> AgentPreset:
 def _folder_from_env(env: Mapping[str, str]) -> Path | None:
     value = env.get(AGENTS_DIR_ENV, "").strip()
     return Path(value) if value else None
+
+
+def check_schema(schema: object, where: str) -> dict[str, Any]:
+    """A preset's `output_schema`, checked to be a JSON Schema object.
+
+    Raises:
+        ConfigError: `where: output_schema: what is wrong`.
+    """
+    if not isinstance(schema, dict):
+        raise ConfigError(f"{where}: output_schema must be a mapping (a JSON Schema)")
+    # jsonschema (~50 ms) only when a schema is checked: every client loads the presets.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ConfigError(f"{where}: output_schema: {exc.message}") from None
+    return schema
 
 
 def _split_frontmatter(text: str) -> tuple[str, str]:

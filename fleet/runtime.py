@@ -74,7 +74,7 @@ def operator_config(settings: Settings) -> FleetConfig:
     """`fleet.yaml` as the operator set it: `FLEET_CONFIG`, never inside a workspace root."""
     return load_config(
         settings.config_path,
-        settings.env,
+        env=settings.env,
         workspace_roots=settings.workspace_roots,
         key_envs=settings.api_key_envs,
     )

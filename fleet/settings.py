@@ -2,6 +2,9 @@
 
 `process_settings()` is this process's object (workers, the CLI, `Fleet.from_env()`);
 `Settings.from_env(env)` builds one from any mapping (tests, `fleet up`'s children).
+This module is the one place product code reads `os.environ` (tests/test_imports.py
+checks it): `process_env()` is where the settings, the process's redactor and the
+launchers that build a child's environment all read it.
 Every variable read here is in `ENV_NAMES`, and docs/configuration.md documents each one
 (tests/test_settings_docs.py compares the two). A new variable: a field with a docstring,
 a line in `from_env`, its name in `ENV_NAMES`, a row in docs/configuration.md.
@@ -19,6 +22,7 @@ from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError
 from fleet.security import trust
+from fleet.security.redact import Redactor
 from fleet.storage import keys
 from fleet.tools.base import SHELL_NETWORKS, ShellLimits
 
@@ -220,15 +224,37 @@ class Settings:
         return replace(self, workspace=check_workspace(workspace, self.workspace_roots))
 
 
+def process_env() -> Mapping[str, str]:
+    """The process's environment, read-only: the one door to `os.environ`.
+
+    Every other module that needs the raw environment (a launcher copying it into a
+    child's, `fleetops.discovery` looking for `FLEET_REDIS_URL`) takes it from here or from
+    `Settings.env`; the typed settings are read from it once (`process_settings`).
+    """
+    return os.environ
+
+
 @functools.cache
 def process_settings() -> Settings:
-    """The settings of this process, read from `os.environ` on first use."""
-    return Settings.from_env()
+    """The settings of this process, read from `process_env()` on first use."""
+    return Settings.from_env(process_env())
+
+
+@functools.cache
+def process_redactor() -> Redactor:
+    """The redactor of this process's own environment, built once on first use.
+
+    For the edges that have no runtime at hand (Celery event fields, task names, log
+    records); a runtime carries the one built from its settings. Built from the raw
+    environment, not the settings: it must work while reporting that they are invalid.
+    """
+    return Redactor.from_env(process_env())
 
 
 def forget_process_settings() -> None:
     """Read the environment again on next use (after a fork or when tests change it)."""
     process_settings.cache_clear()
+    process_redactor.cache_clear()
 
 
 def state_dir_for(state_home: Path, directory: Path) -> Path:

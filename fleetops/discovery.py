@@ -24,7 +24,7 @@ from pathlib import Path
 import redis
 from pydantic import BaseModel, ValidationError
 
-from fleet.settings import Settings, process_settings, state_dir_for
+from fleet.settings import Settings, process_env, process_settings, state_dir_for
 from fleet.storage.redis_connect import redact_url
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def discover_redis_url(
 
     None when `FLEET_REDIS_URL` is set (it wins), or no live `fleet up` state is there.
     """
-    env = os.environ if env is None else env
+    env = process_env() if env is None else env
     if env.get("FLEET_REDIS_URL"):
         return None
     state_dir = find_state_dir(directory or Path.cwd(), Settings.from_env(env))
@@ -118,7 +118,7 @@ def _not_private(info: os.stat_result, what: str, mode: int) -> str:
 
 def no_fleet_hint(env: Mapping[str, str] | None = None, directory: Path | None = None) -> str:
     """Why a command looked at the default Redis: '' when a URL was set or a `fleet up` found."""
-    env = os.environ if env is None else env
+    env = process_env() if env is None else env
     here = directory or Path.cwd()
     if env.get("FLEET_REDIS_URL") or find_state_dir(here, Settings.from_env(env)):
         return ""
@@ -130,7 +130,7 @@ def no_fleet_hint(env: Mapping[str, str] | None = None, directory: Path | None =
 
 def fleet_settings(env: Mapping[str, str] | None = None) -> Settings:
     """The process's settings, on the Redis of this directory's `fleet up` when no URL is set."""
-    values = dict(os.environ if env is None else env)
+    values = dict(process_env() if env is None else env)
     discovered = discover_redis_url(env=values)
     if discovered:
         values["FLEET_REDIS_URL"] = discovered
@@ -156,9 +156,9 @@ def say_where(settings: Settings) -> None:
 
 
 def fleet_env(settings: Settings) -> dict[str, str]:
-    """The current environment, pointed at these settings' Redis and broker."""
+    """The settings' environment, pointed at their Redis and broker (a child's environment)."""
     return {
-        **os.environ,
+        **settings.env,
         "FLEET_REDIS_URL": settings.redis_url,
         "FLEET_BROKER_URL": settings.broker_url,
     }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -125,19 +124,18 @@ def check_model(settings: Settings) -> Check:
 
     A run may name its own model (`--model`), and workers may hold keys this shell lacks.
     """
-    env = settings.env or os.environ
     try:
         config = operator_config(settings)
     except ConfigError as exc:
         return Check("model", "warn", str(exc))
     try:
-        name = resolve_model_name(config, settings.model, None, env)
+        name = resolve_model_name(config, settings.model, None, settings.env)
     except ConfigError:
         return Check(
             "model", "warn", "no default model: runs must pass --model (or set FLEET_MODEL)"
         )
     try:
-        validate_model(config, name, env, allow_scripted=settings.allow_scripted)
+        validate_model(config, name, settings.env, allow_scripted=settings.allow_scripted)
     except ConfigError as exc:
         return Check("model", "warn", f"{name}: {exc}")
     return Check("model", "ok", name)

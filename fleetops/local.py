@@ -33,7 +33,7 @@ import redis
 from fleet.errors import ConfigError
 from fleet.observe.operator import operator_members
 from fleet.security.trust import WORKSPACE_ROOTS_ENV, check_interpreter
-from fleet.settings import Settings
+from fleet.settings import Settings, process_env
 from fleet.storage.redis_connect import redact_url
 from fleet.storage.redis_server import start_redis_server
 from fleetops.discovery import (
@@ -187,7 +187,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     started_s = time.monotonic()
     directory = options.directory.resolve()
-    settings = Settings.from_env(os.environ)
+    settings = Settings.from_env(process_env())
     # Every worker would refuse to start (its code, FLEET_HOOKS): say it once, Redis unstarted.
     check_interpreter(settings.workspace_roots)
     operator_members(settings.hooks, settings.workspace_roots, settings.hook_timeout_s)
@@ -195,15 +195,15 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     stack.enter_context(up_lock(state_dir, directory))
     if options.flower:
         check_port_free(options.flower_port, "Flower")
-    redis_url, redis_child = _open_redis(options, state_dir, stack, say)
-    settings = Settings.from_env({**os.environ, "FLEET_REDIS_URL": redis_url})
+    redis_url, redis_child = _open_redis(options, state_dir, stack, say, settings.env)
+    settings = Settings.from_env({**settings.env, "FLEET_REDIS_URL": redis_url})
     if settings.broker_url != redis_url:
         check_broker(settings.broker_url)  # FLEET_BROKER_URL: RabbitMQ, say
-    env = _child_env(settings, state_dir)
+    child_env = _child_env(settings, state_dir)
     children: list[Child] = []
     stack.callback(stop_all, children)  # before Redis stops: workers ack on the way out
-    workers = _start_workers(options, state_dir, env, children, say)
-    flower_url = _start_flower(options, state_dir, env, children, say)
+    workers = _start_workers(options, state_dir, child_env, children, say)
+    flower_url = _start_flower(options, state_dir, child_env, children, say)
 
     def state(ready: bool) -> UpState:
         return UpState(
@@ -242,7 +242,11 @@ def _say_ready(
 
 
 def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
-    """The environment of `fleet up`'s workers and Flower."""
+    """The environment of `fleet up`'s workers and Flower.
+
+    A launcher's copy of this process's environment (`Settings.env`, read once by
+    `fleet.settings`), pointed at this fleet: the children read their settings from it.
+    """
     return {
         **fleet_env(settings),
         "PYTHONUNBUFFERED": "1",
@@ -252,7 +256,7 @@ def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
 
 
 def _open_redis(
-    options: UpOptions, state_dir: Path, stack: ExitStack, say: Say
+    options: UpOptions, state_dir: Path, stack: ExitStack, say: Say, env: Mapping[str, str]
 ) -> tuple[str, Child | None]:
     """FLEET_REDIS_URL if it answers; else an embedded redis-server, supervised.
 
@@ -260,7 +264,7 @@ def _open_redis(
     second), requires a random password, and is restarted on the same port, file and
     password if it dies.
     """
-    url = os.environ.get("FLEET_REDIS_URL")
+    url = env.get("FLEET_REDIS_URL")
     if url and redis_answers(url):
         say(f"redis     {redact_url(url)} (FLEET_REDIS_URL)")
         return url, None

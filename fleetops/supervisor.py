@@ -167,14 +167,14 @@ def log_tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:]) or "empty log"
 
 
-def guard_orphan(env: Mapping[str, str] | None = None, poll_s: float = 0.5) -> None:
+def guard_orphan(env: Mapping[str, str], poll_s: float = 0.5) -> None:
     """In a supervised worker: exit hard `ORPHAN_GRACE_S` after its `fleet up` is gone.
 
     The kernel's SIGTERM (PDEATHSIG) starts a warm drain; this bounds it, so a worker never
     outlives its supervisor by more than the grace (its leases lapse; the next `fleet up`'s
-    sweepers resume what it was running). No-op outside `fleet up`.
+    sweepers resume what it was running). No-op outside `fleet up` (`env` does not name
+    its pid).
     """
-    env = os.environ if env is None else env
     supervisor = env.get(SUPERVISOR_PID_ENV)
     if not supervisor:
         return

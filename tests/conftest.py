@@ -1,4 +1,11 @@
-"""Shared fixtures: a real Redis for the session, and a `store` over every backend."""
+"""Shared fixtures: a real Redis for the session, and a `store` over every backend.
+
+Two tiers. `make unit` (`-m "not integration"`) needs no server: the Redis store runs on
+fakeredis, its Lua scripts in lupa. Everything that needs one (redis-server, a Celery
+worker, RabbitMQ, Chromium, a subprocess fleet) is marked `integration`; `make` runs both.
+A test that asks for `redis_url` without the mark is a collection error, so the unit tier
+cannot start a server by accident.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import fakeredis
 import pytest
 import redis
 
@@ -41,6 +49,24 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+SERVER_FIXTURES = frozenset({"redis_url"})
+"""Fixtures that start or reach a server; every fixture of a real Redis goes through it."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A unit test that reaches a real Redis would start a server in `make unit`.
+    unmarked = [
+        item.nodeid
+        for item in items
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("integration") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests need a server but are not marked integration: " + ", ".join(unmarked)
+        )
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """`FLEET_TEST_REDIS_URL` if set, else a private redis-server for the session."""
@@ -61,11 +87,31 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture(params=["memory", "redis"])
+def fake_redis() -> redis.Redis:
+    """A fakeredis client on a server of its own, configured as `connect` configures one."""
+    return fakeredis.FakeRedis(
+        server=fakeredis.FakeServer(), decode_responses=True, max_connections=1024
+    )
+
+
+@pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
+def redis_db(request: pytest.FixtureRequest) -> redis.Redis:
+    """A decoded client, emptied: on fakeredis, then on a real Redis (the integration tier)."""
+    if request.param == "fakeredis":
+        return fake_redis()
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    return client
+
+
+@pytest.fixture(
+    params=["memory", "fakeredis", pytest.param("redis", marks=pytest.mark.integration)]
+)
 def store(request: pytest.FixtureRequest) -> TraceStore:
-    """Each TraceStore implementation in turn."""
+    """Each TraceStore implementation in turn; the Redis one on fakeredis and on a real Redis."""
     if request.param == "memory":
         return MemoryStore()
+    if request.param == "fakeredis":
+        return RedisStore(fake_redis())
     client: redis.Redis = request.getfixturevalue("redis_client")
     return RedisStore(client)
 

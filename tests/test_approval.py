@@ -168,7 +168,7 @@ def test_approve_entries_load_from_a_preset_file_and_fleet_yaml(tmp_path: Path) 
     assert rules == (ApprovalRule("bash"), ApprovalRule("write_file", (("path", "*.py"),)))
     config = tmp_path / "fleet.yaml"
     config.write_text("approve: [write_file]\n")
-    assert load_config(config, {}).approve == ("write_file",)
+    assert load_config(config, env={}).approve == ("write_file",)
     preset.write_text("---\napprove: [{tool: bash, when: always}]\n---\nx\n")
     with pytest.raises(ConfigError, match="approve"):
         load_preset_file(preset)

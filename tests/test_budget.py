@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import redis
 
+from fleet.batch.file import parse_entry
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
-from fleet.limits.budget import Budget, Budgets, Exhausted, Reserved, parse_budget
+from fleet.limits.budget import Budget, Budgets, Exhausted, Reserved
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.loop.runner import Runner, run_to_end
 from fleet.settings import Settings
@@ -24,8 +25,8 @@ ROOT = "root"
 
 
 @pytest.fixture
-def budgets(redis_client: redis.Redis) -> Budgets:
-    return Budgets(redis_client)
+def budgets(redis_db: redis.Redis) -> Budgets:
+    return Budgets(redis_db)
 
 
 def test_calls_reserve_until_the_budget_and_the_root_keeps_a_final_turn(
@@ -66,12 +67,12 @@ def test_a_rerun_after_a_crash_replaces_its_own_reservation(budgets: Budgets) ->
     assert budgets.reserve("a", ROOT, 800, 0.0) == Reserved(), "not counted twice"
 
 
-def test_usd_and_wall_time_end_a_tree_too(budgets: Budgets, redis_client: redis.Redis) -> None:
+def test_usd_and_wall_time_end_a_tree_too(budgets: Budgets, redis_db: redis.Redis) -> None:
     budgets.create("r1", Budget(usd=1.0))
     assert budgets.reserve("a", "r1", 10, 0.85) == Reserved()
     assert budgets.reserve("b", "r1", 10, 0.1) == Exhausted("usd")
     budgets.create("r2", Budget(wall_s=60))
-    redis_client.hset(keys.budget("r2"), "deadline_ms", 1)  # as if the minute had passed
+    redis_db.hset(keys.budget("r2"), "deadline_ms", 1)  # as if the minute had passed
     assert budgets.reserve("a", "r2", 10, 0.0) == Exhausted("wall_s")
 
 
@@ -86,24 +87,25 @@ def test_sub_agents_and_depth_are_counted_at_spawn(budgets: Budgets) -> None:
 
 
 def test_a_tree_without_budget_costs_no_reservation(
-    budgets: Budgets, redis_client: redis.Redis
+    budgets: Budgets, redis_db: redis.Redis
 ) -> None:
     assert budgets.reserve("a", "free", 10**9, 10**6) == Reserved(budgeted=False)
-    assert not redis_client.exists(keys.budget("free"), keys.budget_held("free"))
+    assert not redis_db.exists(keys.budget("free"), keys.budget_held("free"))
 
 
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
-        ({"tokens": -1}, "budget.tokens"),
-        ({"tokens": "many"}, "budget.tokens"),
-        ({"dollars": 3}, "budget.dollars: unknown setting"),
-        ([1, 2], "budget must be a mapping"),
+        ({"tokens": -1}, "'budget.tokens': input should be greater than 0"),
+        ({"tokens": "many"}, "'budget.tokens': input should be a valid integer"),
+        ({"dollars": 3}, "unknown key 'budget.dollars'"),
+        ([1, 2], "'budget': input should be a valid dictionary"),
     ],
 )
 def test_bad_budgets_name_the_field(data: object, problem: str) -> None:
-    with pytest.raises(ConfigError, match=problem):
-        parse_budget(data, "batch.yaml:3")
+    # A batch entry's `budget:` is where a budget is parsed from text.
+    with pytest.raises(ValueError, match=problem):
+        parse_entry({"task": "t", "budget": data}, 3)
 
 
 BRANCHES, BRANCH_TOKENS, BUDGET_TOKENS = 20, 4_500, 40_000
@@ -126,13 +128,11 @@ def tree_model(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> L
 
 
 def test_a_tree_stops_at_its_budget_and_answers_from_what_it_has(
-    redis_client: redis.Redis, tmp_path: Path
+    redis_db: redis.Redis, tmp_path: Path
 ) -> None:
     settings = Settings(workspace=tmp_path)
     model = ScriptedModel(function=tree_model)
-    local = InProcessFleet.from_settings(
-        settings, store=RedisStore(redis_client), clients={"m": model}
-    )
+    local = InProcessFleet.from_settings(settings, store=RedisStore(redis_db), clients={"m": model})
     spec = TaskSpec("survey", model="m", budget=Budget(tokens=BUDGET_TOKENS))
     root = create_root(local.runtime, spec)
     run_to_end(Runner(local.runtime), root.trace_id)
@@ -171,12 +171,12 @@ def test_budgets_need_the_redis_store(tmp_path: Path) -> None:
 
 
 def test_trace_show_has_the_budget_limit_used_and_reserved(
-    redis_client: redis.Redis, tmp_path: Path
+    redis_db: redis.Redis, tmp_path: Path
 ) -> None:
     from fleetops.cli.output import render_tree, trace_object
 
     local = InProcessFleet.from_settings(
-        Settings(workspace=tmp_path), store=RedisStore(redis_client), clients={"m": ScriptedModel()}
+        Settings(workspace=tmp_path), store=RedisStore(redis_db), clients={"m": ScriptedModel()}
     )
     root = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=10_000)))
     shown = trace_object(local.store, root)["budget"]
@@ -187,20 +187,20 @@ def test_trace_show_has_the_budget_limit_used_and_reserved(
 
 
 def test_a_budget_smaller_than_one_call_is_refused_before_anything_is_written(
-    redis_client: redis.Redis, tmp_path: Path
+    redis_db: redis.Redis, tmp_path: Path
 ) -> None:
     """One call books its longest answer (4096 by default) and a tenth is kept for the end."""
     local = InProcessFleet.from_settings(
-        Settings(workspace=tmp_path), store=RedisStore(redis_client), clients={"m": ScriptedModel()}
+        Settings(workspace=tmp_path), store=RedisStore(redis_db), clients={"m": ScriptedModel()}
     )
-    before = set(redis_client.keys("*"))
+    before = set(redis_db.keys("*"))
 
     with pytest.raises(ConfigError) as refused:
         create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=4551)))
 
     message = str(refused.value)
     assert "budget tokens 4551" in message and "4552" in message and "\n" not in message
-    assert set(redis_client.keys("*")) == before  # no root, no budget hash
+    assert set(redis_db.keys("*")) == before  # no root, no budget hash
     fits = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=4552)))
     assert local.store.get_trace(fits.trace_id).status == "queued"
 

@@ -52,7 +52,7 @@ def test_a_fallback_must_be_another_alias(tmp_path: Path, fallback: str) -> None
     models = {"primary": {"provider": "openai", "name": "x", "fallbacks": [fallback]}}
     path = write_yaml(tmp_path / "fleet.yaml", {"models": models})
     with pytest.raises(ConfigError, match="models.primary.fallbacks") as raised:
-        load_config(path, {})
+        load_config(path, env={})
     assert "\n" not in str(raised.value)
 
 

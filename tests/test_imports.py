@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -122,3 +125,160 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path: Path) -> 
     graph = {name: set(imported(name, path, modules)) for name, path in modules.items()}
     assert find_cycle(graph) == ["a", "b", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+PRODUCT = ("fleet", "workers", "fleetops")
+"""Packages that ship: the environment and test support rules below apply to them."""
+ENV_READERS = {
+    "fleet.settings": "the one reader: Settings, process_env() and process_redactor()",
+    "fleet.tools.shell": "a launcher: bash's environment is a filtered copy of the worker's",
+    "fleetops.cli.ops": "a launcher: `fleet worker` hands its Celery runtime the fleet's URLs",
+}
+"""Product modules allowed to touch `os.environ`, each with the reason."""
+_ENV_NAMES = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"})
+
+
+def environment_reads(path: Path) -> list[str]:
+    """Where a module touches the process environment: `os.environ`, `from os import getenv`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in _ENV_NAMES
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
+            found.append(f"{path.name}:{node.lineno}: os.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            names = [a.name for a in node.names if a.name in _ENV_NAMES]
+            found += [f"{path.name}:{node.lineno}: from os import {n}" for n in names]
+    return found
+
+
+def test_only_settings_reads_the_environment() -> None:
+    # Settings are read once, in fleet/settings.py, and passed down (`Settings.env` for the
+    # raw mapping); a launcher may build a child's environment, and says so.
+    modules = project_modules()
+    wrong = [
+        read
+        for name, path in modules.items()
+        if name.split(".")[0] in PRODUCT and name not in ENV_READERS
+        for read in environment_reads(path)
+    ]
+    assert not wrong, wrong
+    stale = [name for name in ENV_READERS if not environment_reads(modules[name])]
+    assert not stale, f"allowed but reading nothing: {stale}"
+
+
+def test_the_environment_scan_finds_every_form(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import os\nfrom os import getenv as g\n"
+        "def f() -> str:\n    return os.environ['A'] + os.getenv('B', '') + g('C')\n"
+    )
+    assert environment_reads(path) == [
+        "m.py:2: from os import getenv",
+        "m.py:4: os.environ",
+        "m.py:4: os.getenv",
+    ]
+
+
+def test_product_code_never_imports_fleet_testing() -> None:
+    # Test support ships for tests and users; scripted models load from fleet.llm.scripted.
+    wrong = sorted(
+        source
+        for source, targets in import_graph().items()
+        if source.split(".")[0] in PRODUCT and source != "fleet.testing"
+        if "fleet.testing" in targets
+    )
+    assert not wrong, wrong
+
+
+def test_importing_the_worker_reads_no_settings() -> None:
+    # Settings are read on first use: a bad variable fails the command that needs it, with
+    # one line, instead of every import of the tasks (a fresh interpreter: nothing cached).
+    env = {**os.environ, "FLEET_LEASE_TTL_MS": "not-a-number"}
+    code = "import workers.tasks, workers.signals, fleetops.cli.main; print('imported')"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "imported"), done.stderr[-2000:]
+
+
+FLEET_LAYERS = (
+    # The base: plain values and the one exception family.
+    "errors",
+    "ids",
+    "goals",
+    "models",
+    # Pieces that know no run: secret handling, Redis and memory storage, settings.
+    "security",
+    "storage",
+    "settings",
+    "llm",
+    "limits",
+    "presets",
+    "tools",
+    "observe",
+    # The wiring every run shares, then what runs on it.
+    "runtime",
+    "control",
+    "history",
+    "lifecycle",
+    "owners",
+    "conversation",
+    "children",
+    "loop",
+    "batch",
+    # The public face.
+    "inprocess",
+    "client",
+    "testing",
+    "",
+)
+"""fleet's packages and top-level modules, lowest first: each may import only those above
+it in this list (`""` is `fleet/__init__.py`). docs/architecture.md draws the same stack."""
+FLEET_KNOTS = {
+    # fleet.yaml's `limits:` block (llm.config) is validated with the limits' value types,
+    # and the limits read FleetConfig back. values.py imports only fleet.errors, so there is
+    # no module cycle; untying it means a home for the value types below both packages.
+    ("fleet.llm.config", "fleet.limits.values"),
+}
+"""Imports against the direction above that are not untied yet, each with why."""
+
+
+def fleet_unit(module: str) -> str | None:
+    """The entry of FLEET_LAYERS a fleet module belongs to (its package, or itself)."""
+    parts = module.split(".")
+    return None if parts[0] != "fleet" else (parts[1] if len(parts) > 1 else "")
+
+
+def layer_violations(graph: Mapping[str, AbstractSet[str]]) -> list[str]:
+    """Every import from a fleet unit to one at its level or above it, knots excepted."""
+    rank = {unit: i for i, unit in enumerate(FLEET_LAYERS)}
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if (unit := fleet_unit(source)) is not None
+        for target in targets
+        if (other := fleet_unit(target)) is not None and other != unit
+        if rank[other] >= rank[unit] and (source, target) not in FLEET_KNOTS
+    )
+
+
+def test_fleet_packages_import_only_downwards() -> None:
+    assert not layer_violations(import_graph())
+
+
+def test_every_fleet_package_has_a_place_and_every_knot_is_still_tied() -> None:
+    graph = import_graph()
+    units = {fleet_unit(name) for name in graph} - {None}
+    assert units == set(FLEET_LAYERS), "place new packages in FLEET_LAYERS"
+    untied = [knot for knot in FLEET_KNOTS if knot[1] not in graph.get(knot[0], ())]
+    assert not untied, f"no longer imported, drop from FLEET_KNOTS: {untied}"
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    # storage importing the loop is exactly what the table forbids.
+    graph = {"fleet.storage.store": {"fleet.loop.runner", "fleet.errors"}, "fleet.errors": set()}
+    assert layer_violations(graph) == ["fleet.storage.store -> fleet.loop.runner"]

@@ -28,8 +28,8 @@ def scope(name: str = "provider:p:k", **limits: int) -> Scope:
 
 
 @pytest.fixture
-def limiter(redis_client: redis.Redis) -> Limiter:
-    return Limiter(redis_client)
+def limiter(redis_db: redis.Redis) -> Limiter:
+    return Limiter(redis_db)
 
 
 def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
@@ -49,7 +49,7 @@ def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
 
 
 def test_a_turn_beyond_the_short_wait_is_booked_and_kept(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     s = (scope(requests_per_minute=100),)  # one every 630 ms, margin included
     step_s = pacing.spacing_ms(100) / 1000
@@ -59,14 +59,14 @@ def test_a_turn_beyond_the_short_wait_is_booked_and_kept(
     assert isinstance(late, Refused) and late.reason == "rate"
     # Booked 2 steps out, told to come back half a second early.
     assert 2 * step_s - 0.6 <= late.retry_in_s <= 2 * step_s - 0.5
-    assert redis_client.hget(keys.limit_ticket("third"), "at") is not None
+    assert redis_db.hget(keys.limit_ticket("third"), "at") is not None
     # A newcomer books after the third's turn: the handed-back trace kept its place.
     newcomer = limiter.admit("fourth", s, 1)
     assert isinstance(newcomer, Refused) and newcomer.retry_in_s > late.retry_in_s
     # The third's second ask takes its booked turn, it does not book another one.
     again = limiter.admit("third", s, 1)
     assert isinstance(again, Refused) and again.retry_in_s <= late.retry_in_s
-    assert redis_client.exists(keys.limit_ticket("third"))
+    assert redis_db.exists(keys.limit_ticket("third"))
 
 
 def test_concurrency_is_first_come_first_served(limiter: Limiter) -> None:
@@ -84,19 +84,19 @@ def test_concurrency_is_first_come_first_served(limiter: Limiter) -> None:
 
 
 def test_a_trace_that_stopped_asking_leaves_the_line(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     s = (scope(max_concurrency=1),)
     assert isinstance(limiter.admit("holder", s, 1), Admitted)
     assert isinstance(limiter.admit("gone", s, 1), Refused)
     limiter.settle("holder", s, 1, 1, 50)
     stale = time.time() * 1000 - keys.LIMIT_LINE_STALE_MS - 1000
-    redis_client.zadd(keys.limit_seen(s[0].name), {"gone": stale})
+    redis_db.zadd(keys.limit_seen(s[0].name), {"gone": stale})
     assert isinstance(limiter.admit("next", s, 1), Admitted)
 
 
 def test_a_pause_holds_everyone_back_and_keeps_older_bookings(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     s = (scope(requests_per_minute=60),)  # one every 1.05 s
     limiter.admit("a", s, 1)
@@ -107,7 +107,7 @@ def test_a_pause_holds_everyone_back_and_keeps_older_bookings(
     paused = limiter.admit("d", s, 1)
     assert isinstance(paused, Refused) and paused.reason == "pause"
     assert 0.2 < paused.retry_in_s <= 0.3
-    wait_until(lambda: not redis_client.exists(keys.limit_pause(s[0].name)))
+    wait_until(lambda: not redis_db.exists(keys.limit_pause(s[0].name)))
     # "c" keeps its turn: the pause was over long before it, so it changes nothing for "c"
     # (voided, "c" was booked again behind everyone: 3.15 s out).
     again = limiter.admit("c", s, 1)
@@ -247,7 +247,7 @@ def test_an_overload_is_handed_back_at_once_when_the_fleet_limits() -> None:
 
 
 def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     from fleet.limits.budget import Budget, Budgets
     from fleetops.metrics import limit_families, render
@@ -256,10 +256,10 @@ def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
     limiter.admit("a", s, 1)
     limiter.admit("b", s, 1)
     limiter.overloaded(s, retry_after_s=0.5)
-    budgets = Budgets(redis_client)
+    budgets = Budgets(redis_db)
     budgets.create("root", Budget(tokens=10))
     budgets.reserve("x", "root", 100, 0.0)
-    text = render(limit_families(redis_client))
+    text = render(limit_families(redis_db))
     name = s[0].name
     assert f'fleet_limit_admissions_total{{scope="{name}"}} 1' in text
     assert f'fleet_limit_waits_total{{scope="{name}"}} 1' in text

@@ -263,7 +263,7 @@ def test_missing_script_is_caught_by_preflight(config: FleetConfig, tmp_path: Pa
 def test_a_key_with_a_trailing_newline_is_stripped_and_control_chars_refused() -> None:
     from fleet.llm.config import load_config, make_client
 
-    config = load_config(None, {})
+    config = load_config(None, env={})
     client = make_client(config, "openai:gpt-4o-mini", {"OPENAI_API_KEY": "sk-abc\n"})
     assert "sk-abc" not in repr(client)
     with pytest.raises(ConfigError, match="OPENAI_API_KEY contains control characters") as caught:

@@ -52,7 +52,7 @@ def run(registry: ToolRegistry, tool: str, preset: AgentPreset, **arguments: Any
 
 def test_fleet_yaml_declares_servers(tmp_path: Path) -> None:
     path = write_config(tmp_path / "fleet.yaml", {"git": {"command": "mcp-server-git"}})
-    config = load_config(path, {})
+    config = load_config(path, env={})
     assert config.mcp_servers["git"].transport == "stdio"
 
 
@@ -73,7 +73,7 @@ def test_a_bad_server_entry_is_one_clear_line(
 ) -> None:
     path = write_config(tmp_path / "fleet.yaml", {"git": entry})
     with pytest.raises(ConfigError) as raised:
-        load_config(path, {})
+        load_config(path, env={})
     message = str(raised.value)
     assert says in message and "mcp_servers.git" in message and "\n" not in message
     assert "hunter2" not in message
@@ -83,7 +83,7 @@ def test_a_bad_server_entry_is_one_clear_line(
 def test_a_server_name_that_would_blur_tool_names_is_refused(tmp_path: Path, name: str) -> None:
     path = write_config(tmp_path / "fleet.yaml", {name: {"command": "x"}})
     with pytest.raises(ConfigError, match="server name"):
-        load_config(path, {})
+        load_config(path, env={})
 
 
 def test_tools_are_named_by_server_and_hint_read_only(registry: ToolRegistry) -> None:

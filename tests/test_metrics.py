@@ -76,6 +76,7 @@ def test_render_writes_the_text_exposition_format() -> None:
     )
 
 
+@pytest.mark.integration
 def test_redis_queue_lengths_count_every_priority_list_as_kombu_does(
     redis_url: str, redis_client: redis.Redis
 ) -> None:
@@ -134,9 +135,9 @@ def test_rabbitmq_queue_lengths_survive_queues_that_were_never_declared() -> Non
 
 
 def test_model_turns_add_to_the_fleet_wide_usage_when_the_run_ends(
-    redis_client: redis.Redis,
+    redis_db: redis.Redis,
 ) -> None:
-    store = RedisStore(redis_client)
+    store = RedisStore(redis_db)
     store.create_trace(Trace(trace_id="t", root_trace_id="t", task="x"))
     store.update_trace("t", status="running")
     for _ in range(2):
@@ -151,21 +152,21 @@ def test_model_turns_add_to_the_fleet_wide_usage_when_the_run_ends(
             )
         )
     store.append_message(Message(trace_id="t", role="tool", content="no model, no usage"))
-    assert usage_families(redis_client)[0].samples == {}, "counted when the run ends"
-    assert redis_client.hexists(keys.trace("t"), "uncounted")
+    assert usage_families(redis_db)[0].samples == {}, "counted when the run ends"
+    assert redis_db.hexists(keys.trace("t"), "uncounted")
     store.update_trace("t", status="completed")  # the run's last write
     store.update_trace("t", status="completed")  # nothing left to count
-    tokens, cost = usage_families(redis_client)
+    tokens, cost = usage_families(redis_db)
     assert tokens.samples == {
         (("kind", "prompt"), ("model", MODEL)): 20.0,
         (("kind", "completion"), ("model", MODEL)): 8.0,
     }
     assert cost.samples == {(("model", MODEL),): pytest.approx(0.0025)}
-    assert not redis_client.hexists(keys.trace("t"), "uncounted"), "a trace at rest has none"
+    assert not redis_db.hexists(keys.trace("t"), "uncounted"), "a trace at rest has none"
 
 
-def test_running_traces_count_by_the_queue_of_their_mode(redis_client: redis.Redis) -> None:
-    store = RedisStore(redis_client)
+def test_running_traces_count_by_the_queue_of_their_mode(redis_db: redis.Redis) -> None:
+    store = RedisStore(redis_db)
     modes: list[tuple[str, Mode]] = [
         ("r", "main"),
         ("r@a", "explore"),
@@ -178,11 +179,12 @@ def test_running_traces_count_by_the_queue_of_their_mode(redis_client: redis.Red
     for trace_id in ("r", "r@a", "r@b"):
         assert store.acquire_lease(trace_id, "owner", ttl_ms=60_000)
     store.acquire_lease("r@c", "owner", ttl_ms=1)  # a dead runner: its deadline passes
-    at_ms = int(redis_client.zscore(keys.RUNNING, "r@c") or 0) + 1
-    assert running_by_queue(redis_client, at_ms) == {"fleet.main": 1, "fleet.explore": 2}
-    assert traces_by_status(redis_client, at_ms) == {"queued": 3, "completed": 1}
+    at_ms = int(redis_db.zscore(keys.RUNNING, "r@c") or 0) + 1
+    assert running_by_queue(redis_db, at_ms) == {"fleet.main": 1, "fleet.explore": 2}
+    assert traces_by_status(redis_db, at_ms) == {"queued": 3, "completed": 1}
 
 
+@pytest.mark.integration
 def test_every_metric_the_dashboard_and_the_scalers_query_is_exported(redis_url: str) -> None:
     metrics = FleetMetrics(Settings.from_env({"FLEET_REDIS_URL": redis_url}))
     try:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
 from fleet.models import Message, Trace
@@ -34,14 +35,14 @@ def _old_trace(client: redis.Redis, store: RedisStore, trace_id: str) -> Trace:
     return trace
 
 
-def test_a_layout_1_trace_reads_whole_after_migrate(redis_client: redis.Redis) -> None:
-    store = RedisStore(redis_client)
-    _old_trace(redis_client, store, "r1")
+def test_a_layout_1_trace_reads_whole_after_migrate(redis_db: redis.Redis) -> None:
+    store = RedisStore(redis_db)
+    _old_trace(redis_db, store, "r1")
     assert store.messages("r1") == []  # what this version sees before the move
 
-    assert migrate(redis_client, dry_run=True).messages == 2
+    assert migrate(redis_db, dry_run=True).messages == 2
     assert store.messages("r1") == []  # a dry run changes nothing
-    done = migrate(redis_client)
+    done = migrate(redis_db)
 
     assert (done.traces, done.messages) == (1, 2)
     assert [m.content for m in store.messages("r1")] == ["sys", "hello"]
@@ -50,41 +51,42 @@ def test_a_layout_1_trace_reads_whole_after_migrate(redis_client: redis.Redis) -
     assert abs(stats.cost_usd - 0.0125) < 1e-12
     assert store.stop_requested("r1")
     legacy = [keys.legacy_messages("r1"), keys.legacy_stats("r1"), keys.legacy_stop("r1")]
-    assert not any(redis_client.exists(key) for key in legacy)
-    assert redis_client.ttl(keys.trace("r1")) > 0
-    again = migrate(redis_client)
+    assert not any(redis_db.exists(key) for key in legacy)
+    assert redis_db.ttl(keys.trace("r1")) > 0
+    again = migrate(redis_db)
     assert (again.traces, again.messages) == (0, 0)  # idempotent
 
 
-def test_what_the_new_version_wrote_meanwhile_is_kept(redis_client: redis.Redis) -> None:
-    store = RedisStore(redis_client)
-    _old_trace(redis_client, store, "r2")
+def test_what_the_new_version_wrote_meanwhile_is_kept(redis_db: redis.Redis) -> None:
+    store = RedisStore(redis_db)
+    _old_trace(redis_db, store, "r2")
     new = Message(trace_id="r2", role="user", content="new", sequence=3, parent_sequence=2)
-    redis_client.hset(keys.trace("r2"), "m:3", new.model_dump_json())
-    redis_client.hset(keys.trace("r2"), "stats", '{"messages": 1, "prompt_tokens": 5}')
+    redis_db.hset(keys.trace("r2"), "m:3", new.model_dump_json())
+    redis_db.hset(keys.trace("r2"), "stats", '{"messages": 1, "prompt_tokens": 5}')
 
-    migrate(redis_client)
+    migrate(redis_db)
 
     assert [m.content for m in store.messages("r2")] == ["sys", "hello", "new"]
     stats = store.get_trace("r2").stats
     assert (stats.messages, stats.prompt_tokens) == (3, 125)
 
 
-def test_expired_traces_and_foreign_keys_are_left_alone(redis_client: redis.Redis) -> None:
-    redis_client.hset(keys.legacy_messages("gone"), "1", "{}")
-    redis_client.set("fleet:trace:not an id:messages", "x")  # hostile names: no id, no move
-    redis_client.set(keys.legacy_messages("odd"), "a string, not a hash")
-    RedisStore(redis_client).create_trace(
+def test_expired_traces_and_foreign_keys_are_left_alone(redis_db: redis.Redis) -> None:
+    redis_db.hset(keys.legacy_messages("gone"), "1", "{}")
+    redis_db.set("fleet:trace:not an id:messages", "x")  # hostile names: no id, no move
+    redis_db.set(keys.legacy_messages("odd"), "a string, not a hash")
+    RedisStore(redis_db).create_trace(
         Trace(trace_id="odd", root_trace_id="odd", task="t", name="main")
     )
 
-    done = migrate(redis_client)
+    done = migrate(redis_db)
 
     assert (done.traces, done.expired, done.skipped) == (0, 1, 2)
-    assert redis_client.exists(keys.legacy_messages("gone"))  # its TTL ends it
-    assert redis_client.get("fleet:trace:not an id:messages") == "x"
+    assert redis_db.exists(keys.legacy_messages("gone"))  # its TTL ends it
+    assert redis_db.get("fleet:trace:not an id:messages") == "x"
 
 
+@pytest.mark.integration
 def test_fleet_migrate_prints_one_line(redis_client: redis.Redis, redis_url: str) -> None:
     _old_trace(redis_client, RedisStore(redis_client), "r3")
     env = {**os.environ, "FLEET_REDIS_URL": redis_url}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from fleet import owners
 from fleet.models import Event, Message, Trace, now_ms
 from fleet.owners import Fail, Resend, Settle
@@ -154,6 +156,7 @@ def test_one_claim_per_interval(store: TraceStore) -> None:
     assert not index.claim_check("b", 60_000)
 
 
+@pytest.mark.integration
 def test_doctor_lists_a_trace_without_an_owner(redis_url: str, redis_client: Any) -> None:
     from fleet.settings import Settings
     from fleet.storage.redis_store import RedisStore

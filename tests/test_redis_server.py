@@ -13,6 +13,7 @@ from fleet.errors import ConfigError
 from fleet.storage.redis_server import find_redis_server, start_redis_server
 
 
+@pytest.mark.integration
 def test_starts_on_a_free_port_and_stop_kills_it() -> None:
     with start_redis_server() as server:
         with redis.Redis.from_url(server.url, decode_responses=True) as client:
@@ -28,6 +29,7 @@ def test_starts_on_a_free_port_and_stop_kills_it() -> None:
         client.ping()
 
 
+@pytest.mark.integration
 def test_appendonly_persists_under_the_data_dir(tmp_path: Path) -> None:
     with start_redis_server(data_dir=tmp_path, appendonly=True) as server:
         with redis.Redis.from_url(server.url, decode_responses=True) as client:
@@ -41,6 +43,7 @@ def test_appendonly_persists_under_the_data_dir(tmp_path: Path) -> None:
     assert tmp_path.exists()  # a given data dir is the caller's: never removed
 
 
+@pytest.mark.integration
 def test_a_taken_port_is_an_error_not_the_other_server(tmp_path: Path) -> None:
     with start_redis_server() as other, pytest.raises(ConfigError, match="did not start"):
         start_redis_server(port=other.port, data_dir=tmp_path)

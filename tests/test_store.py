@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import fakeredis
 import pytest
 import redis
 from pydantic import ValidationError
@@ -346,8 +347,7 @@ def test_lease_has_one_owner(store: TraceStore) -> None:
     assert store.acquire_lease("t1", "w1", ttl_ms=10_000)
     assert not store.acquire_lease("t1", "w2", ttl_ms=10_000)
     assert store.acquire_lease("t1", "w1", ttl_ms=10_000)  # already ours
-    assert store.renew_lease("t1", "w1", ttl_ms=10_000)
-    assert not store.renew_lease("t1", "w2", ttl_ms=10_000)
+    assert store.beat([("t1", "w1"), ("t1", "w2")], 10_000, None) == [True, False]
     store.release_lease("t1", "w2")  # not w2's: no effect
     assert not store.acquire_lease("t1", "w2", ttl_ms=10_000)
     store.release_lease("t1", "w1")
@@ -361,7 +361,7 @@ def test_expired_lease_is_listed_and_can_be_taken_over(store: TraceStore) -> Non
     assert store.expired_leases(before_ms) == []
     wait_until(lambda: store.expired_leases(now_ms()) == ["t1"])
     wait_until(lambda: store.acquire_lease("t1", "w2", ttl_ms=10_000))
-    assert not store.renew_lease("t1", "w1", ttl_ms=10_000)
+    assert store.beat([("t1", "w1")], 10_000, None) == [False]
 
 
 def test_forget_running_is_true_for_one_caller(store: TraceStore) -> None:
@@ -398,7 +398,8 @@ def test_cache_expires_after_its_ttl(store: TraceStore) -> None:
 # -- RedisStore only: what MemoryStore has no counterpart for -------------------
 
 
-def test_redis_store_refreshes_ttls_and_prunes_expired_traces(redis_client: redis.Redis) -> None:
+def test_redis_store_refreshes_ttls_and_prunes_expired_traces(redis_db: redis.Redis) -> None:
+    redis_client = redis_db
     store = RedisStore(redis_client)
     store.create_trace(make_trace("t1", parent_trace_id="p", created_at_ms=1))
     store.create_trace(make_trace("t2", created_at_ms=2))
@@ -432,13 +433,14 @@ def test_redact_url(url: str, redacted: str) -> None:
     assert redact_url(url) == redacted
 
 
-def test_redis_store_needs_decoded_responses(redis_url: str) -> None:
-    with redis.Redis.from_url(redis_url) as raw, pytest.raises(ConfigError):
+def test_redis_store_needs_decoded_responses() -> None:
+    with fakeredis.FakeRedis() as raw, pytest.raises(ConfigError):  # the client's setting
         RedisStore(raw)
 
 
-def test_redis_store_scripts_survive_a_script_flush(redis_client: redis.Redis) -> None:
+def test_redis_store_scripts_survive_a_script_flush(redis_db: redis.Redis) -> None:
     """A restarted or flushed Redis has lost the scripts: each is loaded again on NOSCRIPT."""
+    redis_client = redis_db
     store = RedisStore(redis_client)
     store.create_trace(make_trace("t1"))
     fenced = store.fenced("t1", "me")

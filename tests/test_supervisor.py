@@ -95,6 +95,7 @@ def fleet_up(
                     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.integration
 def test_up_restarts_a_killed_worker_and_the_explore_in_flight_completes(tmp_path: Path) -> None:
     model = survey_script(tmp_path / "m.yaml", 8, latency_ms=400, turns=3)
     with fleet_up(tmp_path, "--workers", "2", "--concurrency", "4") as (up, state):
@@ -129,6 +130,7 @@ def test_up_restarts_a_killed_worker_and_the_explore_in_flight_completes(tmp_pat
     assert up.returncode == 0, output
 
 
+@pytest.mark.integration
 def test_a_sigkilled_up_leaves_no_process_and_the_next_up_starts(tmp_path: Path) -> None:
     with fleet_up(tmp_path, "--workers", "2", "--concurrency", "2") as (up, state):
         group = [up.pid, *children_of(up.pid)]

@@ -175,7 +175,7 @@ def test_a_bad_search_block_is_one_line_naming_it(
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump({"search": search}))
     with pytest.raises(ConfigError, match=message) as info:
-        load_config(path, {})
+        load_config(path, env={})
     assert "\n" not in str(info.value)
 
 
@@ -183,7 +183,7 @@ def test_a_bad_domain_pattern_in_fleet_yaml_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump({"web": {"allow_domains": ["python.org:80"]}}))
     with pytest.raises(ConfigError, match=r"web.allow_domains.*domain pattern 'python.org:80'"):
-        load_config(path, {})
+        load_config(path, env={})
 
 
 def test_the_analyst_preset_reads_and_searches_and_writes_nothing() -> None:
@@ -305,7 +305,7 @@ def test_the_analyst_example_needs_its_two_variables() -> None:
 def test_the_analyst_example_runs_inline_with_its_config(tmp_path: Path) -> None:
     """run.sh with a scripted model in place of OpenAI: its fleet.yaml loads (outside the
     workspace root), the analyst preset runs, web_search is offered to the model."""
-    config = load_config(EXAMPLE / "fleet.yaml", {})
+    config = load_config(EXAMPLE / "fleet.yaml", env={})
     assert config.search is not None and config.search.provider == "brave"
     script = tmp_path / "answer.yaml"
     script.write_text(yaml.safe_dump({"scripts": [{"steps": [{"content": "recommend: anyio"}]}]}))

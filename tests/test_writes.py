@@ -141,7 +141,7 @@ def test_a_write_mixes_no_parents() -> None:
         write.put_collaborator("p2", Collaborator(name="a", trace_id="t"))
 
 
-def test_every_key_a_run_leaves_expires(redis_client: redis.Redis, tmp_path: Path) -> None:
+def test_every_key_a_run_leaves_expires(redis_db: redis.Redis, tmp_path: Path) -> None:
     """The per-turn writes refresh TTLs only on status changes: nothing is left without one."""
 
     def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
@@ -155,15 +155,15 @@ def test_every_key_a_run_leaves_expires(redis_client: redis.Redis, tmp_path: Pat
 
     local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path, env={}),
-        store=RedisStore(redis_client),
+        store=RedisStore(redis_db),
         clients={"test": ScriptedModel(function=respond)},
     )
     trace = local.run("survey", model="test")
     assert trace.status == "completed"
     assert len(local.store.collaborators(trace.trace_id)) == 2
-    keys = [str(k) for k in redis_client.scan_iter(f"{fleet_keys.PREFIX}:trace:*")]
+    keys = [str(k) for k in redis_db.scan_iter(f"{fleet_keys.PREFIX}:trace:*")]
     assert len(keys) >= 8  # 3 traces (messages inside), events, entries, order, children, mark
-    assert {k: redis_client.ttl(k) for k in keys if redis_client.ttl(k) < 0} == {}
+    assert {k: redis_db.ttl(k) for k in keys if redis_db.ttl(k) < 0} == {}
 
 
 def test_create_traces_creates_what_is_new(store: TraceStore) -> None:

@@ -212,7 +212,10 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
     app = FleetCelery(
         "fleet", set_as_current=set_as_current, events="workers.events:RedactingEvents"
     )
-    app.conf.update(make_config(settings or process_settings()))
+    if settings is not None:
+        app.conf.update(make_config(settings))
+    else:  # read when the configuration is first used, not when this module is imported
+        app.add_defaults(lambda: make_config(process_settings()))
     return app
 
 

@@ -35,7 +35,7 @@ from celery.events.dispatcher import EventDispatcher
 from celery.utils.saferepr import saferepr
 from kombu.asynchronous import get_event_loop
 
-from fleet.security.redact import process_redactor
+from fleet.settings import process_redactor
 
 EVENT_FLUSH_INTERVAL_S = 0.1
 """The longest a worker's task event waits in its buffer (Flower sees it that much later)."""

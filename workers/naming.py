@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 
 from fleet.models import Trace
-from fleet.security.redact import REDACTED, Redactor, process_redactor
+from fleet.security.redact import REDACTED, Redactor
+from fleet.settings import process_redactor
 
 __all__ = ["REDACTED", "first_words", "looks_secret", "shadow_name", "task_names", "task_repr"]
 

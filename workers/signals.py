@@ -19,9 +19,9 @@ from celery.signals import (
 from fleet.errors import ConfigError
 from fleet.models import WorkerPresence
 from fleet.observe.operator import operator_members
-from fleet.security.redact import install_log_redaction, process_redactor
+from fleet.security.redact import install_log_redaction
 from fleet.security.trust import check_interpreter
-from fleet.settings import process_settings
+from fleet.settings import process_redactor, process_settings
 from workers import probes
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper

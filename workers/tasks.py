@@ -20,10 +20,17 @@ from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import send, start_window, tree_schedule
 from workers.runtime import draining, get_runtime
 
-LEASE_RETRY_S = process_settings().lease_ttl_ms / 1000
-"""A lost runner's lease lapses within one TTL (it is renewed every quarter of it): a task
-retried after its worker was lost comes back once the lease is free, and a recovered branch
-waiting on its siblings looks again this often."""
+
+class RunTask(Task):  # type: ignore[misc]
+    """A run task: retried after a lost worker once the lost runner's lease is free."""
+
+    @property
+    def default_retry_delay(self) -> float:
+        """One lease TTL: a lost runner's lease lapses within it (renewed every quarter).
+
+        Read when a retry is sent, not at import: importing the tasks reads no settings.
+        """
+        return process_settings().lease_ttl_ms / 1000
 
 
 def envelope(result: RunResult) -> dict[str, str]:
@@ -34,8 +41,8 @@ def envelope(result: RunResult) -> dict[str, str]:
 @app.task(
     name="fleet.run_agent",
     bind=True,
+    base=RunTask,
     max_retries=MAX_WORKER_LOST_RETRIES,
-    default_retry_delay=LEASE_RETRY_S,
 )
 def run_agent(
     self: Task, trace_id: str, recovered: bool = False, windowed: bool = False

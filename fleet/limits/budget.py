@@ -32,7 +32,6 @@ from typing import Any, Literal, cast
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from fleet.errors import InvalidLimit
 from fleet.limits import limit_scripts
 from fleet.limits.values import Amount, Count, PositiveCount, validated
 from fleet.models import now_ms
@@ -92,17 +91,6 @@ class BudgetIn(BaseModel):
     def to_budget(self) -> Budget:
         """The dataclass used inside."""
         return Budget(**self.model_dump())
-
-
-def parse_budget(data: object, where: str) -> Budget:
-    """A `budget:` mapping (tokens, usd, sub_agents, depth, wall_s).
-
-    Raises:
-        InvalidLimit: one line naming `where`, the bad field and its value.
-    """
-    if not isinstance(data, Mapping):
-        raise InvalidLimit(f"{where}: budget must be a mapping of tokens, usd, sub_agents")
-    return validated(BudgetIn, dict(data), where, prefix="budget.").to_budget()
 
 
 @dataclass(frozen=True)

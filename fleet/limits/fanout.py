@@ -14,13 +14,21 @@
 from __future__ import annotations
 
 from fleet.errors import ToolError
+from fleet.limits.budget import Budgets
 from fleet.llm.base import ToolCall
 from fleet.models import Trace
-from fleet.runtime import Runtime
 
 
-def check_spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> None:
+def check_spawn(
+    trace: Trace, call: ToolCall, *, max_branches: int, budgets: Budgets | None
+) -> None:
     """Refuse what the tree may not spawn; count what it may against its budget.
+
+    Args:
+        trace: The spawning trace.
+        call: Its `agent` or `evaluate` call.
+        max_branches: The widest explore allowed (the preset's, else the settings').
+        budgets: The trees' budgets (None: no budgets kept, nothing counted).
 
     Raises:
         ToolError: an explore wider than `max_branches`, or more (or deeper) sub-agents than
@@ -31,13 +39,11 @@ def check_spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> None:
     except ValueError:
         return  # `spawn` reports the bad arguments
     count = len(task) if isinstance(task, list) else 1
-    limit = runtime.preset(trace.preset).max_branches or runtime.settings.max_branches
-    if isinstance(task, list) and count > limit:
+    if isinstance(task, list) and count > max_branches:
         raise ToolError(
-            f"agent: {count} branches asked for, at most {limit} per explore call "
+            f"agent: {count} branches asked for, at most {max_branches} per explore call "
             "(max_branches): explore fewer at once, or group the tasks"
         )
-    budgets = runtime.gate.budgets
     if budgets is not None:
         depth = trace.trace_id.count("@") + 1  # child ids are `{parent}@...`
         refusal = budgets.spawn(trace.root_trace_id, count, depth)

@@ -25,12 +25,10 @@ or listed in `FLEET_API_KEY_ENVS`, and appear in no repr, error or log.
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 import yaml
@@ -219,8 +217,8 @@ def _check_model_providers(source: str, config: FleetConfig) -> None:
 
 def load_config(
     path: Path | None = None,
-    env: Mapping[str, str] | None = None,
     *,
+    env: Mapping[str, str],
     workspace_roots: tuple[Path, ...] = (),
     key_envs: frozenset[str] = frozenset(),
 ) -> FleetConfig:
@@ -228,7 +226,7 @@ def load_config(
 
     Args:
         path: The operator's config file; else `$FLEET_CONFIG`; else none.
-        env: Where `FLEET_CONFIG` and the base URL overrides are read.
+        env: Where `FLEET_CONFIG` and the base URL overrides are read (`Settings.env`).
         workspace_roots: A config file under one of these is refused.
         key_envs: `api_key_env` names allowed besides `*_API_KEY`.
 
@@ -237,7 +235,6 @@ def load_config(
             of the wrong shape, or names a key variable that is not allowed; the message
             is one line, `<file>: <where>: <what>`.
     """
-    env = os.environ if env is None else env
     found = _config_path(path, env)
     data: Any = None
     if found is not None:
@@ -266,14 +263,13 @@ def resolve_model_name(
     config: FleetConfig,
     explicit: str | None,
     preset: str | None,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str],
 ) -> str:
     """The model to use: explicit, else the preset's override, else `$FLEET_MODEL`, else default.
 
     Raises:
         ConfigError: none of them is set.
     """
-    env = os.environ if env is None else env
     override = config.model_overrides.get(preset) if preset else None
     name = explicit or override or env.get(MODEL_ENV) or config.default_model
     if not name:
@@ -346,7 +342,7 @@ def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
 def validate_model(
     config: FleetConfig,
     model_name: str,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str],
     *,
     allow_scripted: bool = False,
 ) -> None:
@@ -355,7 +351,6 @@ def validate_model(
     Raises:
         ConfigError: what `make_client` would raise.
     """
-    env = os.environ if env is None else env
     target = resolve_target(config, model_name)
     if target.kind == "scripted":
         trust.check_scripted_allowed(allow_scripted)
@@ -368,7 +363,7 @@ def validate_model(
 def make_client(
     config: FleetConfig,
     model_name: str,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str],
     *,
     allow_scripted: bool = False,
     retry: RetryPolicy = DEFAULT_RETRY,
@@ -379,13 +374,12 @@ def make_client(
         ConfigError: unknown alias or provider, missing key, missing script file,
             or a scripted model while they are disabled.
     """
-    env = os.environ if env is None else env
     validate_model(config, model_name, env, allow_scripted=allow_scripted)
     target = resolve_target(config, model_name)
     if target.kind == "scripted":
-        # Imported lazily: fleet.testing is test support, not needed to run real models.
-        scripted_model = importlib.import_module("fleet.testing").ScriptedModel
-        return cast(LLMClient, scripted_model.from_file(Path(target.model)))
+        from fleet.llm.scripted import ScriptedModel  # only a scripted run needs it
+
+        return ScriptedModel.from_file(Path(target.model))
     # The HTTP clients (httpx) only here: `fleet run` reads this config but calls no model.
     from fleet.llm.anthropic import AnthropicClient
     from fleet.llm.openai import OpenAIClient

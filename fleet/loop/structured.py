@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fleet.errors import ConfigError
 from fleet.models import Message, Trace
 
 MAX_CORRECTIONS = 2
@@ -67,25 +66,6 @@ class Rejected:
 
 
 Checked = Accepted | Correct | Rejected
-
-
-def check_schema(schema: object, where: str) -> dict[str, Any]:
-    """A preset's `output_schema`, checked to be a JSON Schema object.
-
-    Raises:
-        ConfigError: `where: output_schema: what is wrong`.
-    """
-    if not isinstance(schema, dict):
-        raise ConfigError(f"{where}: output_schema must be a mapping (a JSON Schema)")
-    # jsonschema (~50 ms) only when a schema is checked: every client loads the presets.
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        raise ConfigError(f"{where}: output_schema: {exc.message}") from None
-    return schema
 
 
 def schema_for(

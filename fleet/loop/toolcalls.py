@@ -203,7 +203,8 @@ def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest 
         _check_may_spawn(runtime, trace, call)
         if (cached := _cached(runtime, trace, call)) is not None:
             return cached
-        check_spawn(runtime, trace, call)
+        widest = runtime.preset(trace.preset).max_branches or runtime.settings.max_branches
+        check_spawn(trace, call, max_branches=widest, budgets=runtime.gate.budgets)
         return _spawn(runtime, trace, call)
     except ToolError as exc:
         return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)

@@ -16,9 +16,7 @@ with no redactor applies the shapes only.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -252,16 +250,6 @@ def _header_repl(match: re.Match[str]) -> str:
 
 SHAPES_ONLY = Redactor()
 """Masks secret shapes only; for code that has no environment to learn values from."""
-
-
-@functools.cache
-def process_redactor() -> Redactor:
-    """The redactor of this process's own environment, built once on first use.
-
-    For the edges that have no runtime at hand (Celery event fields, task names, log
-    records); a runtime carries the one built from its settings.
-    """
-    return Redactor.from_env(os.environ)
 
 
 _installed: list[Redactor] = []

@@ -289,7 +289,7 @@ class MemoryStore:
             self._running[trace_id] = deadline
             return True
 
-    def renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
+    def _renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         with self._lock:
             holder = self._leases.get(trace_id)
             if not holder or holder[0] != owner:
@@ -355,7 +355,7 @@ class MemoryStore:
     def beat(
         self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
     ) -> list[bool]:
-        renewed = [self.renew_lease(trace_id, owner, ttl_ms) for trace_id, owner in leases]
+        renewed = [self._renew_lease(trace_id, owner, ttl_ms) for trace_id, owner in leases]
         if presence is not None:
             with self._lock:
                 self._presence[presence.node] = (presence, now_ms() + ttl_ms)

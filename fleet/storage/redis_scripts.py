@@ -334,14 +334,6 @@ redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return 1
 """
 
-# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
-RENEW_LEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-return 1
-"""
-
 # KEYS: lease, running index. ARGV: owner, trace id
 RELEASE_LEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end

@@ -72,7 +72,6 @@ class RedisStore:
         self._claim_due = Lua(redis_scripts.CLAIM_DUE)
         self._begin = Lua(redis_scripts.BEGIN_RUN)
         self._acquire = Lua(redis_scripts.ACQUIRE_LEASE)
-        self._renew = Lua(redis_scripts.RENEW_LEASE)
         self._release = Lua(redis_scripts.RELEASE_LEASE)
 
     @classmethod
@@ -310,10 +309,6 @@ class RedisStore:
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
         return bool(self._acquire(self._client, [keys.lease(trace_id), keys.RUNNING], args))
-
-    def renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
-        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
-        return bool(self._renew(self._client, [keys.lease(trace_id), keys.RUNNING], args))
 
     def release_lease(self, trace_id: str, owner: str) -> None:
         self._release(self._client, [keys.lease(trace_id), keys.RUNNING], [owner, trace_id])

@@ -201,10 +201,6 @@ class TraceStore(Protocol):
         """Take the runner lease if free (or already ours); index it as running."""
         ...
 
-    def renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
-        """Extend our lease; False if it is no longer ours."""
-        ...
-
     def release_lease(self, trace_id: str, owner: str) -> None:
         """Give the lease up if it is ours."""
         ...

@@ -87,6 +87,8 @@ def bash(ctx: ToolContext, command: str, timeout_s: float | None = None) -> Tool
     limit_s = limit_s if timeout_s is None else min(timeout_s, limit_s)
     if limit_s <= 0:
         raise ToolError("timeout_s must be positive")
+    # A launcher building its child's environment (tests/test_imports.py allows this read):
+    # only PATH, HOME, LANG, TERM, TZ and the FLEET_SHELL_ENV names pass to bash.
     env = shell_env(os.environ, ctx.shell_env)
     outcome = _run(
         command, ctx.workspace, env, ctx.shell_limits, limit_s, ctx.output_limit_chars * 4

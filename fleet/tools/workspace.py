@@ -66,11 +66,6 @@ def _lexical_path(root: Path, base: Path, path: str) -> Path | None:
     return None
 
 
-def workspace_relative(root: Path, path: Path) -> str:
-    """`path` (already resolved inside `root`) as the model should see it: relative, '/'."""
-    return path.relative_to(root.resolve()).as_posix()
-
-
 def truncate(text: str, limit_chars: int) -> str:
     r"""Cut `text` to `limit_chars`, saying how much was dropped.
 

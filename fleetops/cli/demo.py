@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from fleet.client import Fleet
 from fleet.errors import ConfigError
 from fleet.runtime import operator_config
 from fleet.security.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV, check_interpreter
-from fleet.settings import Settings
+from fleet.settings import Settings, process_env
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
 from fleetops.discovery import read_state, redis_answers
@@ -41,7 +40,7 @@ def demo_env(workspace: Path) -> dict[str, str]:
     `fleet up` for the workspace would use.
     """
     real = workspace.expanduser().resolve()
-    env = {k: v for k, v in os.environ.items() if k != "FLEET_REDIS_URL"}
+    env = {k: v for k, v in process_env().items() if k != "FLEET_REDIS_URL"}
     env[ALLOW_SCRIPTED_ENV] = "1"
     env.setdefault(WORKSPACE_ROOTS_ENV, str(real))
     usual = Settings.from_env(env).fleet_state_dir(real)

@@ -45,11 +45,11 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         RedisUnreachable,
         TraceNotFound,
     )
-    from fleet.security.redact import install_log_redaction, process_redactor
-    from fleet.settings import forget_process_settings
+    from fleet.security.redact import install_log_redaction
+    from fleet.settings import forget_process_settings, process_redactor
 
-    forget_process_settings()  # one command, one reading of the environment (tests run many)
-    process_redactor.cache_clear()  # this command's environment, like the settings
+    # One command, one reading of the environment (tests run many): settings and redactor.
+    forget_process_settings()
     install_log_redaction(process_redactor())  # whatever a command logs, secrets masked
     try:
         return handler(args)
@@ -87,7 +87,7 @@ def with_hint(message: str) -> str:
 
 def fail(message: str, code: int) -> int:
     """Print `fleet: error: message` (secrets masked, on one safe line); the exit code."""
-    from fleet.security.redact import process_redactor
+    from fleet.settings import process_redactor
     from fleetops.cli.output import printable
 
     print(f"fleet: error: {printable(process_redactor()(message))}", file=sys.stderr)

@@ -77,13 +77,16 @@ def run_worker(args: argparse.Namespace) -> int:
     argv = worker_argv(args)
     settings = fleet_settings()
     check_interpreter(settings.workspace_roots)  # the worker_init signal checks it too
-    os.environ.update(fleet_env(settings))  # the runtime and pool children read them
+    env = fleet_env(settings)
+    # A launcher's write (tests/test_imports.py allows it here): the Celery runtime below
+    # and its pool children read their settings from this process's environment.
+    os.environ.update(env)
     forget_process_settings()  # ... and this process reads them again on first use
-    guard_orphan()  # under `fleet up`: never outlive it by more than a short drain
+    guard_orphan(env)  # under `fleet up`: never outlive it by more than a short drain
     if args.pool == "gevent":
         if importlib.util.find_spec("gevent") is None:
             raise ConfigError("the gevent pool needs gevent: pip install gevent")
-        _exec_celery(argv, os.environ.copy())
+        _exec_celery(argv, env)
     from workers.app import app
 
     app.conf.update(broker_url=settings.broker_url, result_backend=settings.redis_url)

@@ -96,6 +96,7 @@ STATE_READS = [
 ]
 
 
+@pytest.mark.integration
 def test_an_agent_finds_no_aof_log_or_up_json_in_the_fleets_directory(
     local_fleet: LocalFleet,
 ) -> None:
@@ -117,6 +118,7 @@ def test_an_agent_finds_no_aof_log_or_up_json_in_the_fleets_directory(
     assert (state_dir / UP_FILE).stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.integration
 def test_an_up_json_written_in_the_workspace_does_not_redirect_fleet_run(
     local_fleet: LocalFleet,
 ) -> None:
@@ -146,6 +148,7 @@ def forged_state(attacker: RedisServer) -> str:
     return json.dumps({**forged, "embedded_redis_pid": attacker.process.pid, "ready": True})
 
 
+@pytest.mark.integration
 def test_the_embedded_redis_refuses_clients_without_its_password(
     local_fleet: LocalFleet,
 ) -> None:
@@ -178,6 +181,7 @@ def raw_ping(port: int) -> bytes:
         return conn.recv(100)
 
 
+@pytest.mark.integration
 def test_the_password_is_in_no_argv_log_or_output(local_fleet: LocalFleet) -> None:
     """Where else a password hides: a process's argv (any local user reads it), the fleet's
     logs, what `fleet up` prints. It is in `up.json` (0600) and the workers' environment."""

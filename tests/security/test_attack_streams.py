@@ -57,6 +57,7 @@ def fetch_on_worker(fleet: HardenedFleet, tmp_path: Path, url: str, name: str) -
     return tool_outputs(fleet, trace.trace_id)[0]
 
 
+@pytest.mark.integration
 def test_a_gzip_bomb_stays_within_the_cap_in_the_worker(
     web_worker: HardenedFleet, tmp_path: Path
 ) -> None:
@@ -95,6 +96,7 @@ def test_headers_a_byte_a_second_are_cut_at_the_tool_deadline(tmp_path: Path) ->
     assert slow.closed_at - slow.accepted_at < deadline_s + slack_s
 
 
+@pytest.mark.integration
 def test_an_unauthenticated_90_mb_post_leaves_fleet_serve_flat(redis_url: str) -> None:
     """Route: three 90 MB POSTs without a token raised `fleet serve`'s memory by 449 MB
     before each got its 401. Control: bodies are streamed, the token is checked once the
@@ -109,6 +111,7 @@ def test_an_unauthenticated_90_mb_post_leaves_fleet_serve_flat(redis_url: str) -
     assert growth_kb < 8 * 1024, f"fleet serve's peak RSS grew {growth_kb} KiB"
 
 
+@pytest.mark.integration
 def test_a_body_over_the_cap_is_refused_unread_even_with_the_token(redis_url: str) -> None:
     """With the token, a body announced over the cap is a 413 before it is read."""
     from fleetops.serve.app import MAX_BODY_BYTES

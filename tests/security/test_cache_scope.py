@@ -104,4 +104,4 @@ def test_context_fields_select_the_named_arguments(tmp_path: Path) -> None:
 def test_unknown_cache_key_names_are_a_config_error(tmp_path: Path, keys: str) -> None:
     agents = _agents(tmp_path, keys)
     with pytest.raises(ConfigError, match=r"weather\.md: cache\.keys: unknown argument '"):
-        load_presets(agents)
+        load_presets(agents, {})
