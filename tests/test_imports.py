@@ -219,7 +219,9 @@ FLEET_LAYERS = (
     "limits",
     "presets",
     "tools",
+    "mcp",
     "observe",
+    "experiences",
     # The wiring every run shares, then what runs on it.
     "runtime",
     "control",
@@ -243,6 +245,22 @@ FLEET_KNOTS = {
     # and the limits read FleetConfig back. values.py imports only fleet.errors, so there is
     # no module cycle; untying it means a home for the value types below both packages.
     ("fleet.llm.config", "fleet.limits.values"),
+    # fleet.yaml and preset files carry blocks whose schema lives beside the code that uses
+    # them (approve:, web:, search:, mcp_servers:); each module imported here imports only
+    # the base. Untying them means a `fleet/config/` package of schemas below llm/presets.
+    ("fleet.llm.config", "fleet.conversation.approval_rules"),
+    ("fleet.llm.config", "fleet.tools.webfilter"),
+    ("fleet.llm.config", "fleet.tools.websearch.config"),
+    ("fleet.llm.config", "fleet.mcp.config"),
+    ("fleet.presets", "fleet.conversation.approval_rules"),
+    ("fleet.presets", "fleet.tools.webfilter"),
+    ("fleet.presets", "fleet.mcp.names"),
+    # The shell's limits are settings (FLEET_SHELL_*) whose types live with the sandbox.
+    ("fleet.settings", "fleet.tools.base"),
+    # The Redis experience store sits with the other Redis code and stores the model.
+    ("fleet.storage.redis_experiences", "fleet.experiences.model"),
+    # A reflection walks the finished tree (control.subtree), which sits above the runtime.
+    ("fleet.experiences.reflect", "fleet.control"),
 }
 """Imports against the direction above that are not untied yet, each with why."""
 
