@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from fleet import ids
 from fleet.errors import ConfigError
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
+from fleet.limits.values import PositiveCount, validated
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
 
@@ -73,6 +76,8 @@ def _control(runtime: Runtime, spec: TaskSpec, model: str, trace_id: str) -> Non
     """The tree's budget and schedule, written before its root exists (workers see them)."""
     preset = runtime.preset(spec.preset)
     budget = (spec.budget or Budget()).over(preset.budget)
+    if spec.max_concurrent is not None:  # the Python API too, not only the CLI's flag
+        validated(_Width, {"max_concurrent": spec.max_concurrent})
     schedule = Schedule(spec.max_concurrent or preset.max_concurrent, spec.priority)
     budgets, trees = runtime.gate.budgets, runtime.trees
     if not budget.empty:
@@ -82,6 +87,12 @@ def _control(runtime: Runtime, spec: TaskSpec, model: str, trace_id: str) -> Non
         budgets.create(trace_id, budget)
     if schedule != DEFAULT_SCHEDULE and trees is not None:
         trees.create(trace_id, schedule)
+
+
+class _Width(BaseModel):
+    """How wide a tree may run, checked by the limits' one set of rules."""
+
+    max_concurrent: PositiveCount
 
 
 def check_budget(runtime: Runtime, model: str, budget: Budget) -> None:

@@ -111,3 +111,25 @@ def test_valid_budgets_still_pass(tmp_path: Path) -> None:
     batch = tmp_path / "batch.jsonl"
     batch.write_text('{"task": "x", "budget": {"usd": 2, "wall_s": 1.5, "sub_agents": 0}}\n')
     assert load_entries(batch)[0].budget == Budget(usd=2.0, wall_s=1.5, sub_agents=0)
+
+
+@pytest.mark.parametrize("width", [0, -2, True], ids=["zero", "negative", "bool"])
+def test_the_python_api_refuses_a_width_nobody_can_mean(tmp_path: Path, width: int) -> None:
+    from dataclasses import replace as with_
+
+    from fleet.conversation.roots import TaskSpec, create_root
+    from fleet.inprocess import InProcessDispatcher
+    from fleet.runtime import Runtime
+    from fleet.settings import Settings
+    from fleet.storage.memory_store import MemoryStore
+    from fleet.testing import ScriptedModel
+
+    store = MemoryStore()
+    settings = Settings(workspace=tmp_path, env={})
+    runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"t": ScriptedModel()})
+    spec = with_(TaskSpec("survey", model="t"), max_concurrent=width)
+    with pytest.raises(
+        InvalidLimit, match=r"^max_concurrent: must be (greater than 0|a valid integer)"
+    ):
+        create_root(runtime, spec)
+    assert store.list_traces() == [], "nothing written"
