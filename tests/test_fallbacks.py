@@ -91,6 +91,7 @@ def test_a_refused_primary_falls_back_and_the_trace_says_who_answered(
     assert "model: backup (after primary: " in shown
 
 
+@pytest.mark.integration
 def test_a_provider_pause_longer_than_max_wait_s_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_url: str
 ) -> None:

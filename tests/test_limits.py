@@ -119,12 +119,12 @@ def test_a_pause_holds_everyone_back_and_keeps_older_bookings(
 
 
 def test_a_long_pause_moves_the_next_turn_past_its_end(
-    limiter: Limiter, redis_client: redis.Redis
+    limiter: Limiter, redis_db: redis.Redis
 ) -> None:
     s = (scope(requests_per_minute=600),)
     assert limiter.admit("a", s, 1) == Admitted(0.0)
     limiter.overloaded(s, retry_after_s=3.0)
-    redis_client.delete(keys.limit_pause(s[0].name))  # as if the pause had run out
+    redis_db.delete(keys.limit_pause(s[0].name))  # as if the pause had run out
     # Nothing goes before the pause would have ended, even a turn booked before it.
     after = limiter.admit("b", s, 1)
     assert isinstance(after, Refused) and 2.0 < after.retry_in_s <= 2.5
@@ -284,7 +284,7 @@ def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
     ],
 )
 def test_a_hostile_429_pauses_the_fleet_at_most_a_minute(
-    limiter: Limiter, redis_client: redis.Redis, headers: dict[str, str]
+    limiter: Limiter, redis_db: redis.Redis, headers: dict[str, str]
 ) -> None:
     """A provider (or a proxy in front of it) may say anything: no day-long pause, no crash."""
     from fleet.llm.retry import overload_wait_s
@@ -293,8 +293,8 @@ def test_a_hostile_429_pauses_the_fleet_at_most_a_minute(
     asked_s = overload_wait_s(headers, now_s=time.time())
     waited_s = limiter.overloaded(s, asked_s)
     assert 0 < waited_s <= MAX_PAUSE_S
-    left_ms = redis_client.pttl(keys.limit_pause(s[0].name))
+    left_ms = redis_db.pttl(keys.limit_pause(s[0].name))
     assert 0 < left_ms <= MAX_PAUSE_S * 1000
     signal = rate_signal(headers, now_s=time.time())
     limiter.observe(s, signal)  # the same headers on a 200
-    assert redis_client.pttl(keys.limit_pause(s[0].name)) <= MAX_PAUSE_S * 1000
+    assert redis_db.pttl(keys.limit_pause(s[0].name)) <= MAX_PAUSE_S * 1000

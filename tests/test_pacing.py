@@ -147,6 +147,7 @@ def test_most_in_window_counts_a_window_as_half_open() -> None:
     assert pacing.most_in_window([], 1000) == 0
 
 
+@pytest.mark.integration
 def test_the_lua_books_the_turns_of_the_model(redis_client: redis.Redis) -> None:
     """A burst of asks gets the model's turns from the script, on Redis's clock."""
     limiter = Limiter(redis_client, max_wait_s=60.0)  # every turn admitted, none handed back
@@ -236,6 +237,7 @@ def test_late_calls_leaving_together_are_held_by_the_send_log(counted: bool) -> 
     assert (most <= 20) if counted else (most > 20), most
 
 
+@pytest.mark.integration
 def test_the_lua_counts_sends_as_the_model_does(redis_client: redis.Redis) -> None:
     limiter = Limiter(redis_client)
     limits = RateLimits(requests_per_minute=1200, jitter_margin_ms=0)  # 20 in any 1000 ms

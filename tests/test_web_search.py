@@ -133,6 +133,7 @@ def test_search_counters_count_per_root(backend: str, request: pytest.FixtureReq
     assert counter.take("root-b", 2) == 1
 
 
+@pytest.mark.integration
 def test_the_providers_limits_refuse_at_once_rather_than_sleep(
     redis_client: redis.Redis, searxng: FakeSearch
 ) -> None:
@@ -246,6 +247,7 @@ def analyst_explore_script(path: Path) -> str:
     return f"scripted:{path}"
 
 
+@pytest.mark.integration
 def test_an_analyst_branch_searches_on_a_real_worker(
     redis_url: str,
     redis_client: redis.Redis,

@@ -111,6 +111,7 @@ def still_waiting(url: str, trace_id: str) -> bool:
         store.close()
 
 
+@pytest.mark.integration
 def test_a_forged_approval_id_is_refused(url: str, operator: Path, tmp_path: Path) -> None:
     trace_id, _ = waiting(url, operator, writer(tmp_path / "m.yaml", "a.txt"))
     refused(fleet(url, operator, "approve", trace_id, "--id", "call_forged"), "is not the call")
@@ -118,6 +119,7 @@ def test_a_forged_approval_id_is_refused(url: str, operator: Path, tmp_path: Pat
     assert still_waiting(url, trace_id) and not (operator / "workspace" / "a.txt").exists()
 
 
+@pytest.mark.integration
 def test_an_approval_for_another_tree_is_refused(url: str, operator: Path, tmp_path: Path) -> None:
     first, first_call = waiting(url, operator, writer(tmp_path / "a.yaml", "a.txt"))
     second, second_call = waiting(
@@ -130,6 +132,7 @@ def test_an_approval_for_another_tree_is_refused(url: str, operator: Path, tmp_p
     assert list((operator / "workspace").iterdir()) == []
 
 
+@pytest.mark.integration
 def test_a_hook_module_inside_a_workspace_root_is_never_imported(
     url: str, operator: Path, tmp_path: Path
 ) -> None:
@@ -150,6 +153,7 @@ def test_a_hook_module_inside_a_workspace_root_is_never_imported(
     assert not (workspace / "hook-was-imported").exists(), "the agent's module never ran"
 
 
+@pytest.mark.integration
 def test_hooks_named_in_a_workspace_fleet_yaml_are_not_loaded(
     url: str, operator: Path, tmp_path: Path
 ) -> None:

@@ -126,6 +126,7 @@ def test_a_preset_cannot_widen_fleet_yamls_allow_list(tmp_path: Path, searxng: F
     assert results[1].is_error and "it is not in allow_domains" in results[1].content
 
 
+@pytest.mark.integration
 def test_the_brave_key_reaches_no_message_trace_log_or_error(
     tmp_path: Path, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
