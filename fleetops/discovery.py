@@ -137,22 +137,33 @@ def fleet_settings(env: Mapping[str, str] | None = None) -> Settings:
     elif env is None:
         settings = process_settings()
         if not values.get("FLEET_REDIS_URL"):
-            say_where(settings)
+            _where.append(
+                f"fleet: no `fleet up` for {Path.cwd()} or above and FLEET_REDIS_URL unset:"
+                f" read {redact_url(settings.redis_url)}"
+            )
         return settings
     return Settings.from_env(values)
 
 
-def say_where(settings: Settings) -> None:
-    """One line on stderr: no `fleet up` found and no URL set, so which Redis is read.
+_where: list[str] = []
+"""Which Redis a command read when nothing said where (`say_where` prints it)."""
+
+
+def forget_where() -> None:
+    """Drop an unsaid note (a command that failed said where in its error's hint)."""
+    _where.clear()
+
+
+def say_where() -> None:
+    """One line on stderr after a command that read the default Redis unasked.
 
     Outside the `fleet up` directory a command would otherwise read the default Redis in
-    silence (an empty `fleet trace list`, a run submitted to another fleet).
+    silence (an empty `fleet trace list`, a run submitted to another fleet). Said after the
+    command, so that bad input stays one line (the error carries its own hint).
     """
-    print(
-        f"fleet: no `fleet up` for {Path.cwd()} or above and FLEET_REDIS_URL unset:"
-        f" using {redact_url(settings.redis_url)}",
-        file=sys.stderr,
-    )
+    if _where:
+        print(_where[-1], file=sys.stderr)
+        _where.clear()
 
 
 def fleet_env(settings: Settings) -> dict[str, str]:

@@ -133,9 +133,12 @@ def test_a_command_outside_any_fleet_up_says_which_redis_it_reads(tmp_path: Path
         text=True,
         timeout=60,
     )
-    first = done.stderr.splitlines()[0]
-    assert first == (
-        f"fleet: no `fleet up` for {tmp_path.resolve()} or above and FLEET_REDIS_URL unset:"
-        " using redis://127.0.0.1:6379/0"
-    )
-    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    if done.returncode == 0:  # a Redis answers on the default URL (CI's does)
+        assert lines[0] == (
+            f"fleet: no `fleet up` for {tmp_path.resolve()} or above and FLEET_REDIS_URL"
+            " unset: read redis://127.0.0.1:6379/0"
+        )
+    else:  # none does (a fresh machine): the one error line says why it looked there
+        assert done.returncode == 2 and "FLEET_REDIS_URL is not set" in lines[0], lines

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -207,6 +208,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _first_post(url: str, body: dict[str, object], headers: dict[str, str]) -> httpx.Response:
+    """The first request, once the server listens (its ready line may come just before)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return httpx.post(url, json=body, headers=headers, timeout=10)
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def test_http_needs_the_bearer_token_when_one_is_set(served: Served) -> None:
     port = free_port()
     env = {**os.environ, **served.env, "FLEET_SERVE_TOKEN": TOKEN}
@@ -218,7 +231,7 @@ def test_http_needs_the_bearer_token_when_one_is_set(served: Served) -> None:
         url = f"http://127.0.0.1:{port}/mcp"
         hello = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         accept = {"Accept": "application/json, text/event-stream"}
-        refused = httpx.post(url, json=hello, headers=accept, timeout=10)
+        refused = _first_post(url, hello, accept)
         wrong = httpx.post(url, json=hello, headers={**accept, "Authorization": "Bearer no"})
         assert refused.status_code == wrong.status_code == 401
         allowed = httpx.post(

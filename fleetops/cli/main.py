@@ -50,9 +50,11 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
 
     # One command, one reading of the environment (tests run many): settings and redactor.
     forget_process_settings()
+    if (discovery := sys.modules.get("fleetops.discovery")) is not None:
+        discovery.forget_where()  # tests run many commands in one process
     install_log_redaction(process_redactor())  # whatever a command logs, secrets masked
     try:
-        return handler(args)
+        code = handler(args)
     except KeyboardInterrupt:
         print("fleet: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -64,6 +66,9 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         return fail(str(exc), EXIT_BAD_INPUT)
     except FleetError as exc:
         return fail(str(exc), EXIT_FAILED)
+    if (discovery := sys.modules.get("fleetops.discovery")) is not None:
+        discovery.say_where()  # only a command that looked for a fleet imported it
+    return code
 
 
 def reader_gone() -> int:
