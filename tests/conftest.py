@@ -34,6 +34,26 @@ REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"
 """A Redis to test against instead of a private redis-server; its database is flushed."""
 
 
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def suite_temp_root() -> Path:
+    """The folder every temp file of the suite goes under (tmp_path, mkdtemp, workers').
+
+    Not the system temp folder itself: a checkout cloned under /tmp (as CI may) would then
+    lie inside the workspace root, and workers refuse to start when a root holds their code.
+    0755 so that bash's unprivileged user can reach the workspaces made in it.
+    """
+    root = Path(tempfile.gettempdir()).resolve() / f"fleet-tests-{os.geteuid()}"
+    if CHECKOUT.is_relative_to(root):
+        raise pytest.UsageError(f"the checkout {CHECKOUT} lies inside the suite's temp {root}")
+    root.mkdir(exist_ok=True)
+    root.chmod(0o755)
+    tempfile.tempdir = str(root)
+    os.environ["TMPDIR"] = str(root)  # the processes a test starts make theirs there too
+    return root
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # The global switches the suite flips: no test can reach a real model; scripted
     # models may load, and workspaces under the temp folder (tmp_path) are allowed, here
@@ -41,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # checkout: its .venv and fleet/ are the workers' own code, which no root may hold.
     fleet.llm.base.ALLOW_MODEL_REQUESTS = False
     os.environ["FLEET_ALLOW_SCRIPTED"] = "1"
-    os.environ.setdefault("FLEET_WORKSPACE_ROOTS", tempfile.gettempdir())
+    os.environ.setdefault("FLEET_WORKSPACE_ROOTS", str(suite_temp_root()))
     # A shell without job control starts background jobs with SIGINT ignored, and the
     # CLI processes the tests interrupt would inherit that: restore the default so the
     # Ctrl-C tests test the CLI, not how the suite was launched.
