@@ -22,6 +22,7 @@ fails, with an error saying what it lost.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -119,6 +120,7 @@ def check(
     only reads.
     """
     remedies: list[Remedy] = []
+    lapsed: frozenset[str] | None = None  # read once per check, not once per tree
     for root in index.open_trees(limit):
         last_ms = index.last_event_ms(root)
         if last_ms is not None and at_ms - last_ms < quiet_ms:
@@ -127,7 +129,10 @@ def check(
             if forget:
                 index.untrack_tree(root)
             continue
-        remedies += unowned(store, index, root, at_ms, quiet_ms)
+        if lapsed is None:
+            lapsed = frozenset(store.expired_leases(at_ms))
+        state = read_tree(store, index, root, at_ms, quiet_ms, lapsed)
+        remedies += _remedies(store, state)
     return remedies
 
 
@@ -139,7 +144,10 @@ def unowned(
     Children first: a root's remedy may end it, and its finish event, which ends a client's
     wait, then comes after its children's.
     """
-    state = read_tree(store, index, root_trace_id, at_ms, quiet_ms)
+    return _remedies(store, read_tree(store, index, root_trace_id, at_ms, quiet_ms))
+
+
+def _remedies(store: TraceStore, state: TreeState) -> list[Remedy]:
     remedies: list[Remedy] = []
     for trace in reversed(state.traces.values()):
         if not trace.is_terminal and (found := _remedy(store, state, trace)) is not None:
@@ -148,9 +156,17 @@ def unowned(
 
 
 def read_tree(
-    store: TraceStore, index: OwnerIndex, root_trace_id: str, at_ms: int, quiet_ms: int
+    store: TraceStore,
+    index: OwnerIndex,
+    root_trace_id: str,
+    at_ms: int,
+    quiet_ms: int,
+    lapsed_leases: AbstractSet[str] | None = None,
 ) -> TreeState:
-    """The tree as the check sees it (a walk from the root, then one read per concern)."""
+    """The tree as the check sees it (a walk from the root, then one read per concern).
+
+    `lapsed_leases`: `TraceStore.expired_leases(at_ms)`, when the caller read it already.
+    """
     traces: dict[str, Trace] = {}
     children: dict[str, list[str]] = {}
     frontier = [root_trace_id]
@@ -164,7 +180,9 @@ def read_tree(
     open_ids = [t for t, trace in traces.items() if not trace.is_terminal]
     entries = [e for t in open_ids for e in _entries(traces[t], traces, children)]
     pending = {e for e, has in zip(entries, index.outbox_has(entries), strict=True) if has}
-    lapsed = set(store.expired_leases(at_ms)) & set(open_ids)
+    if lapsed_leases is None:
+        lapsed_leases = frozenset(store.expired_leases(at_ms))
+    lapsed = lapsed_leases & set(open_ids)
     return TreeState(
         traces=traces,
         children=children,
