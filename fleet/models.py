@@ -18,6 +18,9 @@ Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped
 CollaboratorStatus = Literal["running", "waiting", "completed", "failed", "stopped"]
 CollaboratorType = Literal["agent", "human", "approval"]
 Role = Literal["system", "user", "assistant", "tool"]
+Content = str | list[dict[str, Any]] | None
+"""A message's content: text, or a list of OpenAI-format parts (`text`, and `image_ref`:
+an image stored once per tree by the store, never its bytes; see `fleet.storage.images`)."""
 
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "stopped"})
 
@@ -66,7 +69,7 @@ class Message(_Model):
     parent_sequence: int | None = None
     """The message before this one on its branch; None for the first message."""
     role: Role
-    content: str | None = None
+    content: Content = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -93,6 +96,31 @@ class Message(_Model):
         return out
 
 
+def text_of(content: Content) -> str:
+    """The text of a message's content; each image part is shown as a placeholder."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(
+        str(part.get("text", "")) if part.get("type") == "text" else image_placeholder(part)
+        for part in content
+    )
+
+
+def image_placeholder(part: dict[str, Any]) -> str:
+    """`[image PNG 800x600, 12.3 KB]` for an `image_ref` part (what people are shown)."""
+    ref = part.get("image_ref") or {}
+    kind = str(ref.get("media_type", "image/?")).removeprefix("image/").upper()
+    size_kb = int(ref.get("bytes", 0)) / 1000
+    return f"[image {kind} {ref.get('width', '?')}x{ref.get('height', '?')}, {size_kb:.1f} KB]"
+
+
+class DomainLayer(_Model):
+    """One layer of a parent's web domain filter (`fleet.tools.webfilter.DomainRules`)."""
+
+    allow: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+
+
 class ToolCeiling(_Model):
     """The most a trace may do, whatever its preset says: what its parent could do.
 
@@ -106,6 +134,9 @@ class ToolCeiling(_Model):
     read_only: bool = False
     mcp: list[str] | None = None
     """MCP servers the parent could use; None: no limit."""
+    web: list[DomainLayer] = Field(default_factory=list)
+    """The parent's web domain filter beyond fleet.yaml's: the child's own preset's filter
+    is narrowed by every layer (never widened)."""
 
 
 class Trace(_Model):

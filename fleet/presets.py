@@ -44,7 +44,7 @@ from fleet.tools.webfilter import DomainRules, WebSection
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
-READ_TOOLS = frozenset({"read_file", "list_dir", "glob", "grep"})
+READ_TOOLS = frozenset({"read_file", "read_image", "list_dir", "glob", "grep"})
 """The workspace-reading tools every preset may use."""
 TOOL_NAMES = frozenset(
     READ_TOOLS
@@ -52,7 +52,7 @@ TOOL_NAMES = frozenset(
     | {"ask_human", "web_search"}
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
-ANALYST_TOOLS = frozenset({"read_file", "glob", "grep", "web_search", "web_fetch"})
+ANALYST_TOOLS = frozenset({"read_file", "read_image", "glob", "grep", "web_search", "web_fetch"})
 """The built-in `analyst`: reads the workspace and the web, writes nothing."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})
 """Traces in these modes are read-only whatever their preset (or a file replacing it) says."""

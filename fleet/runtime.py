@@ -22,6 +22,7 @@ from fleet.llm.config import (
     validate_model,
 )
 from fleet.llm.retry import DEFAULT_RETRY
+from fleet.llm.vision import Wire
 from fleet.mcp.sessions import McpSessions
 from fleet.models import Mode, Trace
 from fleet.observe.hooks import NO_HOOKS, Hooks
@@ -29,11 +30,12 @@ from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
 from fleet.security.redact import SHAPES_ONLY, Redactor
 from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
+from fleet.storage.images import ImageStore, image_store
 from fleet.storage.leases import LeaseKeeper
 from fleet.storage.store import TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
-from fleet.tools.webfilter import OPEN, DomainFilter
+from fleet.tools.webfilter import OPEN, DomainFilter, DomainRules
 from fleet.tools.websearch.service import SearchService
 
 
@@ -171,6 +173,26 @@ class Runtime:
         alias = self.config.models.get(model_name)
         return alias.context_window if alias is not None else None
 
+    @property
+    def images(self) -> ImageStore:
+        """The tree images beside the store (`fleet.storage.images`)."""
+        return image_store(self.store)
+
+    def wire_of(self, model_name: str) -> Wire | None:
+        """The wire format of a model (`openai`, `anthropic`); None for a scripted one."""
+        alias = self.config.models.get(model_name)
+        if alias is not None and alias.provider in self.config.providers:
+            return self.config.providers[alias.provider].kind
+        prefix = model_name.split(":", 1)[0]
+        if prefix in self.config.providers:
+            return self.config.providers[prefix].kind
+        return None
+
+    def has_vision(self, model_name: str) -> bool:
+        """False when fleet.yaml says the model alias takes no images (`vision: false`)."""
+        alias = self.config.models.get(model_name)
+        return alias is None or alias.vision
+
     def permissions(self, trace: Trace) -> AgentPreset:
         """What `trace` may do: its preset within the ceiling it inherited.
 
@@ -183,9 +205,15 @@ class Runtime:
         return preset.within(ceiling.allowed, ceiling.denied, read_only, ceiling.mcp)
 
     def web_filter(self, trace: Trace) -> DomainFilter:
-        """fleet.yaml's `web:` filter, narrowed by the preset `trace` runs (never widened)."""
-        fleet_wide = OPEN.narrowed(self.config.web.rules())
-        return fleet_wide.narrowed(self.preset(trace.preset).web)
+        """fleet.yaml's `web:` filter, narrowed by the parent's and the preset's (never widened).
+
+        The first layer is always fleet.yaml's (`child_ceiling` passes on the others).
+        """
+        narrowed = OPEN.narrowed(self.config.web.rules())
+        for layer in trace.ceiling.web:  # the parent's filter: a child's ceiling
+            allow = None if layer.allow is None else tuple(layer.allow)
+            narrowed = narrowed.narrowed(DomainRules(allow, tuple(layer.deny)))
+        return narrowed.narrowed(self.preset(trace.preset).web)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""

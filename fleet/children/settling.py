@@ -22,7 +22,7 @@ from fleet import lifecycle
 from fleet.children.cache import remember
 from fleet.children.collect import result_message
 from fleet.history import main_path, open_turn
-from fleet.models import Collaborator, Event, Trace
+from fleet.models import Collaborator, Event, Trace, text_of
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceStore
 from fleet.storage.writes import TraceWrite
@@ -90,7 +90,7 @@ def _settle(
         store.apply(entries)
     message = result_message(parent_trace_id, tool_call_id, children)
     if len(children) == 1:
-        remember(store, children[0], message.content or "")
+        remember(store, children[0], text_of(message.content))
     if store.append_collected(message) is None:
         return AlreadyCollected()
     for child in children:  # once: only the collector whose result landed gets here

@@ -13,7 +13,7 @@ from fleet.errors import ToolError, TraceExists
 from fleet.goals import GoalTree
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
-from fleet.models import Message, Mode, ToolCeiling, Trace
+from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
 
@@ -163,8 +163,19 @@ def child_ceiling(runtime: Runtime, parent: Trace) -> ToolCeiling:
     allowed = runtime.permissions(parent)
     tools = None if allowed.allowed_tools is None else sorted(allowed.allowed_tools)
     mcp = None if allowed.mcp_servers is None else sorted(allowed.mcp_servers)
+    web: list[DomainLayer] = []
+    for rules in runtime.web_filter(parent).layers[1:]:  # [0] is fleet.yaml's, read anew
+        layer = DomainLayer(
+            allow=None if rules.allow is None else list(rules.allow), deny=list(rules.deny)
+        )
+        if layer not in web:
+            web.append(layer)
     return ToolCeiling(
-        allowed=tools, denied=sorted(allowed.denied_tools), read_only=allowed.read_only, mcp=mcp
+        allowed=tools,
+        denied=sorted(allowed.denied_tools),
+        read_only=allowed.read_only,
+        mcp=mcp,
+        web=web,
     )
 
 

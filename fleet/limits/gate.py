@@ -40,7 +40,8 @@ from fleet.limits.providers import (
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, resolve_target
 from fleet.llm.pricing import cost_usd
-from fleet.models import Message, Trace
+from fleet.llm.vision import content_image_tokens
+from fleet.models import Content, Message, Trace, text_of
 from fleet.storage.store import TraceStore
 from fleet.storage.writes import PauseRead
 
@@ -291,7 +292,7 @@ def last_answer(path: list[Message]) -> str | None:
     """The most recent assistant text on the path: what a run cut short has to show."""
     for message in reversed(path):
         if message.role == "assistant" and message.content:
-            return message.content
+            return text_of(message.content)
     return None
 
 
@@ -303,10 +304,18 @@ def request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
     length is kept (a message without tool calls counts as `""`, 2 characters, as before).
     """
     text = sum(
-        len(m.content or "") + (len(json.dumps(m.tool_calls)) if m.tool_calls else 2) for m in path
+        _content_chars(m.content) + (len(json.dumps(m.tool_calls)) if m.tool_calls else 2)
+        for m in path
     )
     separators = 2 * len(tools) if tools else 2  # "[", "]" and ", " between schemas
     return text + separators + sum(_schema_chars(schema) for schema in tools)
+
+
+def _content_chars(content: Content) -> int:
+    """Text as its length; an image as its tokens (the larger provider formula) x 4."""
+    if content is None or isinstance(content, str):
+        return len(content or "")
+    return len(text_of(content)) + content_image_tokens(content) * 4
 
 
 _SCHEMA_CHARS: dict[int, tuple[dict[str, Any], int]] = {}

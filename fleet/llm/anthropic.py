@@ -20,6 +20,7 @@ from fleet.llm.openai import DEFAULT_TIMEOUT_S, normalise_tool_call_id
 from fleet.llm.pricing import ModelPricing, cost_usd
 from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
+from fleet.llm.vision import split_data_url
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -44,16 +45,33 @@ def _text_of(content: Any) -> str:
 
 
 def _text_blocks(content: Any) -> list[dict[str, Any]]:
-    """User/assistant content as blocks; non-text parts pass through as given."""
+    """User/assistant content as blocks; `image_url` parts become `image` blocks."""
     if not isinstance(content, list):
         text = _text_of(content)
         # Anthropic rejects empty text blocks.
         return [{"type": "text", "text": text}] if text else []
-    return [
-        {"type": "text", "text": part["text"]} if part.get("type") == "text" else part
-        for part in content
-        if part.get("type") != "text" or part.get("text")
-    ]
+    return [_block(part) for part in content if part.get("type") != "text" or part.get("text")]
+
+
+def _block(part: dict[str, Any]) -> dict[str, Any]:
+    """One OpenAI content part as an Anthropic block (other kinds pass through as given)."""
+    if part.get("type") == "text":
+        return {"type": "text", "text": part["text"]}
+    if part.get("type") != "image_url":
+        return part
+    url = str((part.get("image_url") or {}).get("url", ""))
+    inline = split_data_url(url)
+    if inline is None:
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    media_type, data = inline
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def _result_content(content: Any) -> str | list[dict[str, Any]]:
+    """A tool result's content: its text, or text and `image` blocks when it has images."""
+    if isinstance(content, list) and any(p.get("type") == "image_url" for p in content):
+        return _text_blocks(content)
+    return _text_of(content)
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:
@@ -91,7 +109,7 @@ def _turn(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         result = {
             "type": "tool_result",
             "tool_use_id": normalise_tool_call_id(message["tool_call_id"], "toolu_"),
-            "content": _text_of(message.get("content")),
+            "content": _result_content(message.get("content")),
         }
         return "user", [result]
     raise ModelBehaviorError(f"cannot send a message with role {role!r} to Anthropic")

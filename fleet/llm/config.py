@@ -112,6 +112,8 @@ class ModelConfig(BaseModel):
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
+    vision: bool = True
+    """Whether the model takes images: False refuses a call with one (it is never sent)."""
 
 
 class FleetConfig(BaseModel):

@@ -50,11 +50,23 @@ def normalise_tool_call_id(tool_id: str, prefix: str) -> str:
     return prefix + hashlib.sha256(tool_id.encode()).hexdigest()[:24]
 
 
+TOOL_IMAGES_NOTE = "The images the tool results above returned:"
+
+
 def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of `messages` with every tool-call id in `call_` form."""
+    """Copies of `messages` with every tool-call id in `call_` form.
+
+    A tool message carries text only on this wire: the images of a run of tool results
+    follow it as one user message of `image_url` parts (a user message between two tool
+    results would break the call/result pairing).
+    """
     converted: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = []
     for message in messages:
         message = dict(message)
+        if images and message.get("role") != "tool":
+            converted.append(_images_turn(images))
+            images = []
         if message.get("tool_calls"):
             message["tool_calls"] = [
                 {**call, "id": normalise_tool_call_id(call["id"], "call_")}
@@ -62,8 +74,20 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ]
         if message.get("role") == "tool" and "tool_call_id" in message:
             message["tool_call_id"] = normalise_tool_call_id(message["tool_call_id"], "call_")
+            if isinstance(message.get("content"), list):
+                parts: list[dict[str, Any]] = message["content"]
+                images += [p for p in parts if p.get("type") == "image_url"]
+                message["content"] = "\n".join(
+                    str(p.get("text", "")) for p in parts if p.get("type") == "text"
+                )
         converted.append(message)
+    if images:
+        converted.append(_images_turn(images))
     return converted
+
+
+def _images_turn(images: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": TOOL_IMAGES_NOTE}, *images]}
 
 
 def parse_tool_call(raw: dict[str, Any]) -> ToolCall:

@@ -25,6 +25,7 @@ from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
 from fleet.llm.base import ToolCall
 from fleet.loop.fit import fit
 from fleet.loop.fit import record as record_fit
+from fleet.loop.images import with_images
 from fleet.loop.resume import opening
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
@@ -286,10 +287,13 @@ class Runner:
             )
             path = main_path(messages, trace.head_sequence)
         window = self.runtime.context_window(model_name)
-        fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
+        wire = self.runtime.wire_of(model_name)
+        threshold = self.runtime.config.context_threshold
+        fitted = fit(to_wire(path), tools, window, threshold, wire)
         if fitted.elided and window is not None:
             trace = record_fit(self.store, trace, fitted, window)
-        response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
+        sent = with_images(self.runtime, trace.root_trace_id, model_name, fitted.messages)
+        response = call_model(self.runtime, trace, model_name, verdict, sent, tools)
         if isinstance(response, Wait):
             return response
         self.runtime.hooks.model_responded(trace, response)

@@ -19,8 +19,9 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
+from fleet.loop.images import stored_ref
 from fleet.mcp.names import PREFIX as MCP_PREFIX
-from fleet.models import Event, Message, Trace, now_ms
+from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
 from fleet.storage.writes import TraceWrite, WriteResult
@@ -342,13 +343,18 @@ def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: 
         trace_id=results.trace_id,
         data={"role": "tool", "tool": call.name, "is_error": result.is_error},
     )
+    output = scrub(result.output)
+    content: Content = output
+    if result.images:  # stored once per tree; the message names them, never holds them
+        content = [{"type": "text", "text": output}]
+        content += [stored_ref(runtime, results.root_trace_id, image) for image in result.images]
     results.append(
         Message(
             trace_id=results.trace_id,
             role="tool",
             tool_call_id=call.id,
             name=call.name,
-            content=scrub(result.output),
+            content=content,
             long_term_memory=memory,
             metadata={"title": result.title, "is_error": result.is_error},
         ),

@@ -266,3 +266,18 @@ def searches(root_trace_id: str) -> str:
     Checked against `search.max_searches_per_tree` of fleet.yaml (`fleet.limits.searches`).
     """
     return f"{PREFIX}:searches:{check_trace_id(root_trace_id)}"
+
+
+IMAGE_MAX_BYTES = 5_000_000
+"""Largest image a key holds (`fleet.tools.imagecheck.MAX_IMAGE_BYTES`, before base64)."""
+
+
+def image(root_trace_id: str, digest: str) -> str:
+    """String with TRACE_TTL_S (refreshed by each read and write): one image's bytes, base64.
+
+    Named by the SHA-256 of the bytes, per tree: the same image attached or read twice in
+    a tree is stored once; messages hold an `image_ref` part naming it, never the bytes.
+    """
+    if not digest.isalnum() or len(digest) > 64:
+        raise ValueError(f"image digest {digest[:80]!r} is not a hex digest")
+    return f"{PREFIX}:image:{check_trace_id(root_trace_id)}:{digest}"

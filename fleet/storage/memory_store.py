@@ -45,6 +45,8 @@ class MemoryStore:
         self._presence: dict[str, tuple[WorkerPresence, int]] = {}
         self._outbox: dict[str, int] = {}
         self._open_trees: dict[str, int] = {}
+        self.images: dict[str, str] = {}
+        """Image key -> base64 bytes (`fleet.storage.images.MemoryImages`)."""
         self._fence: tuple[str, str] | None = None
         """(trace id, owner) in a `fenced` view: writes need that lease."""
 

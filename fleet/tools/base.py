@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleet.tools.imagecheck import Image
 from fleet.tools.webfilter import OPEN, DomainFilter
 from fleet.tools.websearch.results import SearchResult
 
@@ -40,6 +41,8 @@ class ToolResult:
     long_term_memory: str | None = None
     is_error: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Image, ...] = ()
+    """Images the model sees with the output (checked; stored once per tree by reference)."""
 
 
 class WebSearcher(Protocol):
