@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -29,6 +29,7 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore
 from fleet.storage.watchdog import QueueWatch, check_served
+from fleet.tools.imagesource import load_images
 
 if TYPE_CHECKING:
     from fleet.batch.run import BatchEntry, BatchResult
@@ -128,6 +129,7 @@ class Fleet:
         budget: Budget | None = None,
         max_concurrent: int | None = None,
         priority: Priority = "interactive",
+        images: Sequence[str | Path] = (),
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
@@ -142,9 +144,13 @@ class Fleet:
                 docs/limits.md.
             max_concurrent: Children of the tree running at once.
             priority: `batch` trees are served after `interactive` ones.
+            images: File paths (read here) or http(s) URLs (fetched here, through the SSRF
+                guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
         """
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
+        loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
         spec = replace(spec, budget=budget, max_concurrent=max_concurrent, priority=priority)
+        spec = replace(spec, images=loaded)
         chosen = (workspace or self.runtime.settings.workspace).expanduser().resolve()
         check_served(self.store, self.backend.queue(mode), chosen)
         trace = create_root(self.runtime, spec)

@@ -6,8 +6,9 @@ Protocol lives in `fleet.runtime`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from fleet.children import settling
@@ -22,6 +23,7 @@ from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.storage.memory_store import MemoryStore
 from fleet.storage.store import TraceStore
+from fleet.tools.imagesource import load_images
 
 
 class InProcessDispatcher:
@@ -84,9 +86,14 @@ class InProcessFleet:
         model: str | None = None,
         preset: str = "default",
         metadata: Mapping[str, Any] | None = None,
+        images: Sequence[str | Path] = (),
     ) -> Trace:
-        """Create a root trace, run it until it ends or waits on a person, return it."""
-        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata)
+        """Create a root trace, run it until it ends or waits on a person, return it.
+
+        `images`: file paths or http(s) URLs shown to the model with the task.
+        """
+        loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
+        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata, images=loaded)
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 

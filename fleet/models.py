@@ -179,6 +179,14 @@ class Trace(_Model):
         return self.status in TERMINAL
 
 
+def task_images(trace: Trace) -> str:
+    """`2 image(s): [image PNG 800x600, 12.3 KB], ...` for a task given images; else ""."""
+    refs = [p for p in trace.context.get("images") or [] if isinstance(p, dict)]
+    if not refs:
+        return ""
+    return f"{len(refs)} image(s): " + ", ".join(image_placeholder(p) for p in refs[:5])
+
+
 class TracePatch(TypedDict, total=False):
     """The fields of a `Trace` an update may write (the store's `update_trace`).
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.control import subtree
 from fleet.limits.budget import budget_state
-from fleet.models import Event, Trace
+from fleet.models import Event, Trace, task_images
 from fleet.storage.store import TraceStore
 from fleetops.cli.output import printable
 
@@ -52,6 +52,8 @@ class Node:
     iteration: int = 0
     tokens: int = 0
     last_tool: str | None = None
+    images: str = ""
+    """The task's images as placeholders (`1 image(s): [image PNG 800x600, 12.3 KB]`)."""
 
 
 def node_of(trace: Trace, last_tool: str | None = None) -> Node:
@@ -64,6 +66,7 @@ def node_of(trace: Trace, last_tool: str | None = None) -> Node:
         iteration=trace.iteration,
         tokens=trace.stats.prompt_tokens + trace.stats.completion_tokens,
         last_tool=last_tool,
+        images=task_images(trace),
     )
 
 
@@ -71,6 +74,7 @@ def row_text(node: Node) -> str:
     """`researcher  running  it 3  1,204 tok  last read_file  ID`."""
     tool = f"  last {node.last_tool}" if node.last_tool else ""
     row = f"{node.label}  {node.status}  it {node.iteration}  {node.tokens:,} tok{tool}"
+    row += f"  {node.images}" if node.images else ""
     return printable(f"{row}  {node.trace_id}")
 
 
@@ -188,6 +192,8 @@ def _label(node: Node, short_id: bool = False) -> Any:
     text.append(f"  it {node.iteration}  {node.tokens:,} tok")
     if node.last_tool:
         text.append(f"  last {printable(node.last_tool)}", style="italic")
+    if node.images:
+        text.append(f"  {node.images}", style="cyan")
     text.append(f"  {shown_id}", style="dim")
     return text
 

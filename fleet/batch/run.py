@@ -26,6 +26,8 @@ from fleet.limits.trees import Priority
 from fleet.models import TERMINAL, Event, Trace
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceStore
+from fleet.tools.imagecheck import Image
+from fleet.tools.imagesource import load_images
 
 
 class BatchClient(Protocol):
@@ -75,6 +77,16 @@ class BatchEntry:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     budget: Budget | None = None
     """What this entry's whole tree may spend."""
+    images: tuple[str, ...] = ()
+    """Paths inside the entry's workspace, or http(s) URLs (`fleet.tools.imagesource`)."""
+
+
+def entry_images(runtime: Runtime, entry: BatchEntry) -> tuple[Image, ...]:
+    """The entry's images, each path confined to the entry's workspace; `ConfigError` if not."""
+    if not entry.images:
+        return ()
+    settings = runtime.settings.with_workspace(entry.workspace or runtime.settings.workspace)
+    return load_images(entry.images, workspace=settings.workspace, web_allow=settings.web_allow)
 
 
 @dataclass(frozen=True)
@@ -272,7 +284,8 @@ class _Window:
         spec = TaskSpec(
             entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
         )
-        spec = replace(spec, budget=entry.budget, priority="batch")
+        images = entry_images(self.fleet.runtime, entry)
+        spec = replace(spec, budget=entry.budget, priority="batch", images=images)
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)
         self.fleet.enqueue(trace, "batch")

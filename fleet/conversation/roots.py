@@ -21,6 +21,7 @@ from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.limits.values import PositiveCount, validated
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
+from fleet.tools.imagecheck import Image, stored_ref
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class TaskSpec:
     """Children of the tree running at once (else the preset's, else unbounded)."""
     priority: Priority = "interactive"
     """`batch` trees are served after `interactive` ones."""
+    images: tuple[Image, ...] = ()
+    """Shown to the model with the task (`fleet.tools.imagesource.load_images` checks them)."""
 
 
 def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
@@ -53,7 +56,11 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
     model = runtime.model_name(spec.model, spec.preset)
     runtime.check_model(model)
     workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
+    if spec.images and not runtime.has_vision(model):
+        raise ConfigError(f"model {model!r} takes no images (vision: false in fleet.yaml)")
     trace_id = ids.root_id()
+    # Stored once for the tree before its root exists; the trace names them, never holds them.
+    refs = [stored_ref(runtime.images, trace_id, image) for image in spec.images]
     trace = Trace(
         trace_id=trace_id,
         root_trace_id=trace_id,
@@ -64,6 +71,7 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         model=_portable(model),
         workspace=str(workspace.workspace),
         metadata=dict(spec.metadata or {}),
+        context={"images": refs} if refs else {},
     )
     _control(runtime, spec, model, trace_id)
     runtime.store.track_tree(trace_id)  # first: a crash leaves an id the check drops

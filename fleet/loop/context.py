@@ -6,7 +6,7 @@ import json
 
 from fleet.experiences.retrieval import render, select
 from fleet.loop.structured import VERDICT_SCHEMA, instruction, schema_for
-from fleet.models import Message, Role, Trace
+from fleet.models import Content, Message, Role, Trace
 from fleet.runtime import Runtime
 
 BASE_PROMPT = (
@@ -41,7 +41,11 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     task = trace.task
     if trace.context.get("extra"):
         task += "\n\nContext:\n" + json.dumps(trace.context["extra"], ensure_ascii=False)
-    out.append(Message(trace_id=trace.trace_id, role="user", content=task))
+    content: Content = task
+    if trace.context.get("images"):  # `image_ref` parts: stored for the tree at submission
+        refs = [p for p in trace.context["images"] if p.get("type") == "image_ref"]
+        content = [{"type": "text", "text": task}, *refs]
+    out.append(Message(trace_id=trace.trace_id, role="user", content=content))
     return out
 
 

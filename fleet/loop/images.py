@@ -14,13 +14,7 @@ from fleet.errors import ConfigError
 from fleet.llm.vision import data_url
 from fleet.models import image_placeholder
 from fleet.runtime import Runtime
-from fleet.tools.imagecheck import MEDIA_TYPES, Image
-
-
-def stored_ref(runtime: Runtime, root_trace_id: str, image: Image) -> dict[str, Any]:
-    """Store the image for the tree (once) and return the part a message holds instead."""
-    runtime.images.put(root_trace_id, image.digest, image.data)
-    return image.ref()
+from fleet.tools.imagecheck import MEDIA_TYPES
 
 
 def with_images(

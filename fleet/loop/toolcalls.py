@@ -19,13 +19,13 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
-from fleet.loop.images import stored_ref
 from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
 from fleet.storage.writes import TraceWrite, WriteResult
 from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.imagecheck import stored_ref
 from fleet.tools.registry import ToolRegistry
 
 _GOAL = {
@@ -347,7 +347,9 @@ def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: 
     content: Content = output
     if result.images:  # stored once per tree; the message names them, never holds them
         content = [{"type": "text", "text": output}]
-        content += [stored_ref(runtime, results.root_trace_id, image) for image in result.images]
+        content += [
+            stored_ref(runtime.images, results.root_trace_id, image) for image in result.images
+        ]
     results.append(
         Message(
             trace_id=results.trace_id,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.errors import ToolError
+from fleet.storage.images import ImageStore
 
 MAX_IMAGE_BYTES = 5_000_000
 """Largest image accepted (Anthropic's own per-image limit; OpenAI's is higher)."""
@@ -153,3 +154,9 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
             return 0, 0
         at += 2 + length
     return 0, 0
+
+
+def stored_ref(images: ImageStore, root_trace_id: str, image: Image) -> dict[str, Any]:
+    """Store the image for the tree (once) and return the part a message holds instead."""
+    images.put(root_trace_id, image.digest, image.data)
+    return image.ref()

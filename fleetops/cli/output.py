@@ -17,7 +17,7 @@ from typing import Any
 from fleet.conversation.continuation import branches, turn_of
 from fleet.conversation.human import waiting_on
 from fleet.limits.budget import budget_state
-from fleet.models import Trace
+from fleet.models import Trace, task_images
 from fleet.storage.store import TraceStore
 
 _ESCAPE = re.compile(
@@ -119,6 +119,8 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         f"{stats.messages} msgs, {stats.prompt_tokens + stats.completion_tokens} tokens"
     )
     lines = [line, f"{indent}  task: {_one_line(trace.task)}"]
+    if images := task_images(trace):  # placeholders: a trace holds references, never bytes
+        lines.append(f"{indent}  with {images}")
     if reason := trace.metadata.get("stop_reason"):
         lines[0] += f"  (stop_reason: {reason})"
     if not trace.parent_trace_id and (state := budget_state(store, trace.trace_id)):
