@@ -234,7 +234,7 @@ class Script:
 
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         """The response for this conversation."""
-        task = next((str(m["content"]) for m in messages if m["role"] == "user"), "")
+        task = next((_text(m["content"]) for m in messages if m["role"] == "user"), "")
         turn = sum(1 for m in messages if m["role"] == "assistant")
         for rule in self.rules:
             if rule.pattern.search(task):
@@ -278,6 +278,13 @@ class _Fill(dict[str, Any]):
         role = {"last_tool": "tool", "last_user": "user"}.get(key)
         if role is None:
             return "{" + key + "}"
-        found = (str(m["content"]) for m in reversed(self._messages) if m["role"] == role)
+        found = (_text(m["content"]) for m in reversed(self._messages) if m["role"] == role)
         self[key] = value = next(found, "")
         return value
+
+
+def _text(content: Any) -> str:
+    """A message's text: its text parts when it is a list (an image is not matched on)."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+    return str(content)
