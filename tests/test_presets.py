@@ -43,7 +43,9 @@ def test_builtin_presets() -> None:
     default, explore = BUILTIN_PRESETS["default"], BUILTIN_PRESETS["explore"]
     analyst, evaluate = BUILTIN_PRESETS["analyst"], BUILTIN_PRESETS["evaluate"]
     assert (default.allowed_tools, default.max_iterations) == (None, 30)
-    assert explore.allowed_tools == frozenset({"read_file", "list_dir", "glob", "grep", "skill"})
+    assert explore.allowed_tools == frozenset(
+        {"read_file", "read_image", "list_dir", "glob", "grep", "skill"}
+    )
     assert (explore.read_only, explore.max_iterations) == (True, 15)
     assert "web_fetch" in (analyst.allowed_tools or set())
     assert (analyst.temperature, analyst.max_iterations) == (0.3, 25)

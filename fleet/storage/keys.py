@@ -7,6 +7,7 @@ a trace key name another one.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from fleet.ids import check_trace_id
@@ -278,6 +279,10 @@ def image(root_trace_id: str, digest: str) -> str:
     Named by the SHA-256 of the bytes, per tree: the same image attached or read twice in
     a tree is stored once; messages hold an `image_ref` part naming it, never the bytes.
     """
-    if not digest.isalnum() or len(digest) > 64:
-        raise ValueError(f"image digest {digest[:80]!r} is not a hex digest")
-    return f"{PREFIX}:image:{check_trace_id(root_trace_id)}:{digest}"
+    root = check_trace_id(root_trace_id)
+    if not _DIGEST.fullmatch(digest):
+        raise ValueError(f"image digest {digest[:80]!r} is not a digest")
+    return f"{PREFIX}:image:{root}:{digest}"
+
+
+_DIGEST = re.compile(r"[A-Za-z0-9_-]{1,64}")
