@@ -27,10 +27,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
 from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_of
@@ -90,6 +90,8 @@ class AgentPreset:
     cache_ttl_s: int | None = None
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
+    cache_tools: frozenset[str] = frozenset()
+    """Tools of this agent whose results are cached for `cache_ttl_s` (`web_search`)."""
     output_schema: Mapping[str, Any] | None = field(default=None, hash=False)
     """JSON Schema the final answer must meet (`fleet.loop.structured`); None: free text."""
     """Arguments of the `agent` call whose values make up the cache key."""
@@ -226,7 +228,16 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
 class _CacheSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ttl_s: PositiveCount
-    keys: list[str] = Field(min_length=1)
+    keys: list[str] = Field(default_factory=list)
+    """`agent` arguments: this agent's answer is cached under their values."""
+    tools: list[Literal["web_search"]] = Field(default_factory=list)
+    """This agent's calls of these tools are cached (same arguments, same provider)."""
+
+    @model_validator(mode="after")
+    def _something(self) -> _CacheSection:
+        if not self.keys and not self.tools:
+            raise ValueError("cache needs keys (its answer) or tools (its tool results)")
+        return self
 
 
 class _PresetFrontmatter(BaseModel):
@@ -289,6 +300,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         experiences=front.experiences,
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
+        cache_tools=frozenset(front.cache.tools) if front.cache else frozenset(),
         output_schema=front.output_schema,
         budget=front.budget.to_budget() if front.budget else None,
         max_branches=front.max_branches,

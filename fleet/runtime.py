@@ -36,6 +36,7 @@ from fleet.storage.store import TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
 from fleet.tools.webfilter import OPEN, DomainFilter, DomainRules
+from fleet.tools.websearch.cache import SearchCache
 from fleet.tools.websearch.service import SearchService
 
 
@@ -214,6 +215,17 @@ class Runtime:
             allow = None if layer.allow is None else tuple(layer.allow)
             narrowed = narrowed.narrowed(DomainRules(allow, tuple(layer.deny)))
         return narrowed.narrowed(self.preset(trace.preset).web)
+
+    def search_cache(self, trace: Trace) -> SearchCache | None:
+        """The cache of `web_search` answers when `trace`'s preset allows one."""
+        preset = self.preset(trace.preset)
+        search = self.search
+        if not preset.cache_ttl_s or "web_search" not in preset.cache_tools or search is None:
+            return None
+        provider = repr(search)
+        if isinstance(search, SearchService):  # its address and key digest, never the key
+            provider = f"{search.scopes[0].name} {search.config.base_url}"
+        return SearchCache(self.store, preset.cache_ttl_s, provider)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""

@@ -323,6 +323,7 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         private_dirs=settings.private_dirs,
         web_filter=runtime.web_filter(trace),
         search=runtime.search,
+        search_cache=runtime.search_cache(trace),
     )
     try:
         arguments = call.parsed_arguments()

@@ -108,6 +108,14 @@ def cache(preset: str, digest: str) -> str:
     return f"{PREFIX}:cache:{preset}:{digest}"
 
 
+def search_cache(digest: str) -> str:
+    """String with the preset's `cache.ttl_s`: a `web_search` answer (results as JSON).
+
+    The digest covers the provider (its address and key's digest), the query and the count.
+    """
+    return f"{PREFIX}:search-cache:{digest}"
+
+
 TRACES = f"{PREFIX}:traces"
 """Sorted set: every trace id scored by creation time (newest last)."""
 
