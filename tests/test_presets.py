@@ -134,7 +134,7 @@ def test_missing_folder(tmp_path: Path) -> None:
         ("---\ntools: read_file\n---\n", "tools: Input should be a valid list"),
         ("---\ncolour: red\n---\n", "colour: unknown setting"),
         ("---\ntools: [wirte_file]\n---\n", "tools: unknown tool 'wirte_file'"),
-        ("---\ncache: {ttl_s: 60}\n---\n", "cache.keys: Field required"),
+        ("---\ncache: {ttl_s: 60}\n---\n", "cache needs keys (its answer) or tools"),
         ("---\nname: 'bad name'\n---\n", "name: String should match pattern"),
     ],
 )
