@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import Any
+
+from fleet.models import Trace
+from fleet.observe.hooks import Hooks
 
 
 def png(width: int = 4, height: int = 3) -> bytes:
@@ -57,3 +61,17 @@ def webp_extended(width: int = 3000, height: int = 2000) -> bytes:
     body = b"\x00" * 4 + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
     chunk = b"VP8X" + struct.pack("<I", len(body)) + body
     return b"RIFF" + struct.pack("<I", 4 + len(chunk)) + b"WEBP" + chunk
+
+
+class Requests(Hooks):
+    """An operator hook keeping what every model request showed it."""
+
+    def __init__(self) -> None:
+        self.shown: list[list[dict[str, Any]]] = []
+
+    def model_requested(self, trace: Trace, model: str, messages: list[dict[str, Any]]) -> None:
+        self.shown.append(messages)
+
+
+REQUESTS = Requests()
+"""Loaded as `FLEET_HOOKS=tests.imagekit:REQUESTS`."""

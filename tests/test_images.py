@@ -200,6 +200,23 @@ def test_read_image_sends_the_image_in_the_next_request_and_stores_it_once(
     assert len(local.store.images) == 1  # two reads of the same bytes: one image
 
 
+def test_hooks_see_an_image_as_its_reference_never_its_bytes(tmp_path: Path) -> None:
+    data = imagekit.png(3, 3)
+    (tmp_path / "shot.png").write_bytes(data)
+    model = ScriptedModel([call("read_image", path="shot.png"), text("ok")])
+    settings = Settings(workspace=tmp_path, env={}, hooks=("tests.imagekit:REQUESTS",))
+    local = InProcessFleet.from_settings(settings, clients={"m": model})
+    imagekit.REQUESTS.shown.clear()
+    trace = local.run("look", model="m", images=[str(tmp_path / "shot.png")])
+    assert trace.status == "completed", trace.error
+    shown = json.dumps(imagekit.REQUESTS.shown)
+    assert (
+        len(imagekit.REQUESTS.shown) == 2 and shown.count('"image_ref"') == 3
+    )  # task, then task + tool
+    assert b64(data)[:40] not in shown
+    assert b64(data)[:40] in json.dumps(model.requests)  # the control: the model got the bytes
+
+
 def test_a_task_image_reaches_the_first_request_and_trace_show_shows_a_placeholder(
     tmp_path: Path,
 ) -> None:

@@ -8,13 +8,45 @@ is never sent one: the run fails with an error that says so.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fleet.errors import ConfigError
 from fleet.llm.vision import data_url
-from fleet.models import image_placeholder
+from fleet.loop.fit import fit, record
+from fleet.models import Trace, image_placeholder
 from fleet.runtime import Runtime
 from fleet.tools.imagecheck import MEDIA_TYPES
+
+
+@dataclass(frozen=True)
+class Request:
+    """One model request's messages: as sent, and as hooks and spans are shown them."""
+
+    sent: list[dict[str, Any]]
+    """Fitted, with each image's bytes in place of its reference."""
+    shown: list[dict[str, Any]]
+    """Fitted, images as their `image_ref` parts."""
+
+
+def prepared(
+    runtime: Runtime,
+    trace: Trace,
+    model_name: str,
+    wire: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+) -> tuple[Trace, Request]:
+    """The request fitted into the model's window, then given the images' bytes.
+
+    A fitting is noted on the trace (returned as it is after the note).
+    """
+    window = runtime.context_window(model_name)
+    threshold = runtime.config.context_threshold
+    fitted = fit(wire, tools, window, threshold, runtime.wire_of(model_name))
+    if fitted.elided and window is not None:
+        trace = record(runtime.store, trace, fitted, window)
+    sent = with_images(runtime, trace.root_trace_id, model_name, fitted.messages)
+    return trace, Request(sent, fitted.messages)
 
 
 def with_images(

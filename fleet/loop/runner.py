@@ -23,9 +23,7 @@ from fleet.history import (
 )
 from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
 from fleet.llm.base import ToolCall
-from fleet.loop.fit import fit
-from fleet.loop.fit import record as record_fit
-from fleet.loop.images import with_images
+from fleet.loop.images import prepared
 from fleet.loop.resume import opening
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
@@ -286,14 +284,10 @@ class Runner:
                 update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
             )
             path = main_path(messages, trace.head_sequence)
-        window = self.runtime.context_window(model_name)
-        wire = self.runtime.wire_of(model_name)
-        threshold = self.runtime.config.context_threshold
-        fitted = fit(to_wire(path), tools, window, threshold, wire)
-        if fitted.elided and window is not None:
-            trace = record_fit(self.store, trace, fitted, window)
-        sent = with_images(self.runtime, trace.root_trace_id, model_name, fitted.messages)
-        response = call_model(self.runtime, trace, model_name, verdict, sent, tools)
+        trace, request = prepared(self.runtime, trace, model_name, to_wire(path), tools)
+        response = call_model(
+            self.runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
+        )
         if isinstance(response, Wait):
             return response
         self.runtime.hooks.model_responded(trace, response)

@@ -157,8 +157,13 @@ def call_model(
     go: Go,
     wire: list[dict[str, Any]],
     tools: list[dict[str, Any]],
+    shown: list[dict[str, Any]] | None = None,
 ) -> LLMResponse | Wait:
-    """The model call on its booked turn, settled with the gate whatever happens."""
+    """The model call on its booked turn, settled with the gate whatever happens.
+
+    `shown`: the request as hooks see it, when it differs from what is sent (images as
+    their references: an operator's hook or a span never holds an image's bytes).
+    """
     if go.wait_s > 0:
         time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
     # Counted as it leaves: a call late for its turn must not join others in one window, and
@@ -169,7 +174,7 @@ def call_model(
     hooks.turn_started(trace, trace.iteration)
     gate, started = runtime.gate, time.monotonic()
     try:
-        hooks.model_requested(trace, model_name, wire)
+        hooks.model_requested(trace, model_name, wire if shown is None else shown)
     except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
         gate.after(go, None, None)
         raise

@@ -25,7 +25,7 @@ from opentelemetry import propagate
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 
 from fleet.llm.base import LLMResponse, ToolCall
-from fleet.models import Trace
+from fleet.models import Trace, text_of
 from fleet.observe.hooks import Hooks
 from fleet.storage.store import TraceStore
 from fleet.tools.base import ToolResult
@@ -253,11 +253,11 @@ def _message_parts(message: dict[str, Any]) -> dict[str, Any]:
             {
                 "type": "tool_call_response",
                 "id": message.get("tool_call_id"),
-                "response": message.get("content"),
+                "response": _shown(message.get("content")),
             }
         )
     elif message.get("content"):
-        parts.append({"type": "text", "content": message["content"]})
+        parts.append({"type": "text", "content": _shown(message["content"])})
     for call in message.get("tool_calls") or []:
         function = call.get("function", {})
         parts.append(
@@ -269,3 +269,8 @@ def _message_parts(message: dict[str, Any]) -> dict[str, Any]:
             }
         )
     return {"role": message.get("role"), "parts": parts}
+
+
+def _shown(content: Any) -> Any:
+    """Text as it is; a list of parts as its text, each image as a placeholder (no bytes)."""
+    return text_of(content) if isinstance(content, list) else content
