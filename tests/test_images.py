@@ -210,9 +210,8 @@ def test_hooks_see_an_image_as_its_reference_never_its_bytes(tmp_path: Path) -> 
     trace = local.run("look", model="m", images=[str(tmp_path / "shot.png")])
     assert trace.status == "completed", trace.error
     shown = json.dumps(imagekit.REQUESTS.shown)
-    assert (
-        len(imagekit.REQUESTS.shown) == 2 and shown.count('"image_ref"') == 3
-    )  # task, then task + tool
+    assert len(imagekit.REQUESTS.shown) == 2
+    assert shown.count('"type": "image_ref"') == 3  # the task's; then the task's and the tool's
     assert b64(data)[:40] not in shown
     assert b64(data)[:40] in json.dumps(model.requests)  # the control: the model got the bytes
 
