@@ -197,7 +197,7 @@ def test_read_image_sends_the_image_in_the_next_request_and_stores_it_once(
     assert b64(data)[:40] not in dumped  # messages hold a reference, never the bytes
     assert "image_ref" in dumped
     assert isinstance(local.store, MemoryStore)
-    assert len(local.store.images) == 1  # two reads of the same bytes: one image
+    assert len([k for k in local.store.images if ":image:" in k]) == 1  # same bytes: one image
 
 
 def test_hooks_see_an_image_as_its_reference_never_its_bytes(tmp_path: Path) -> None:
@@ -357,3 +357,39 @@ def test_a_forged_reference_becomes_a_placeholder_not_a_request(tmp_path: Path) 
     sent = with_images(local.runtime, "t-root", "m", [message.to_openai()])
     assert sent[0]["content"][1]["type"] == "text"
     assert "no longer stored" in sent[0]["content"][1]["text"]
+
+
+def test_a_tree_stores_at_most_its_image_bytes_then_the_model_is_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack: an agent reading image after image to fill Redis."""
+    first, second = imagekit.png(4, 4), imagekit.png(5, 5)
+    monkeypatch.setattr(keys, "IMAGE_TREE_MAX_BYTES", len(first) + len(second) - 1)
+    (tmp_path / "a.png").write_bytes(first)
+    (tmp_path / "b.png").write_bytes(second)
+    model = ScriptedModel(
+        [call("read_image", path="a.png"), call("read_image", path="b.png"), text("ok")]
+    )
+    local = local_fleet(tmp_path, model)
+    trace = local.run("look at both", model="m")
+    assert trace.status == "completed", trace.error
+    results = [m for m in local.store.messages(trace.trace_id) if m.role == "tool"]
+    assert [bool(m.metadata["is_error"]) for m in results] == [False, True]
+    assert "bytes of images already: no more" in text_of(results[1].content)
+    assert isinstance(local.store, MemoryStore)
+    assert len([k for k in local.store.images if ":image:" in k]) == 1
+
+
+def test_the_redis_image_cap_counts_each_image_once(
+    redis_db: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = imagekit.png(4, 4), imagekit.png(5, 5)
+    monkeypatch.setattr(keys, "IMAGE_TREE_MAX_BYTES", len(first) + len(second) - 1)
+    images = RedisImages(RedisStore(redis_db))
+    images.put("t-root", "a", first)
+    images.put("t-root", "a", first)  # the same image again costs nothing
+    with pytest.raises(ToolError, match="no more"):
+        images.put("t-root", "b", second)
+    assert images.get("t-root", "b") is None
+    assert int(redis_db.get(keys.image_bytes("t-root")) or 0) == len(first)
+    images.put("t-other", "b", second)  # another tree has its own

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from fleet import ids
-from fleet.errors import ConfigError
+from fleet.errors import ConfigError, ToolError
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
@@ -60,7 +60,10 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         raise ConfigError(f"model {model!r} takes no images (vision: false in fleet.yaml)")
     trace_id = ids.root_id()
     # Stored once for the tree before its root exists; the trace names them, never holds them.
-    refs = [stored_ref(runtime.images, trace_id, image) for image in spec.images]
+    try:
+        refs = [stored_ref(runtime.images, trace_id, image) for image in spec.images]
+    except ToolError as exc:
+        raise ConfigError(f"image refused: {exc}") from None
     trace = Trace(
         trace_id=trace_id,
         root_trace_id=trace_id,

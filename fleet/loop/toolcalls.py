@@ -336,6 +336,13 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
 
 def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
     """Add the call's result, the worker's secrets masked, to `results` (not applied)."""
+    content: Content = None
+    if result.images:  # stored once per tree; the message names them, never holds them
+        try:
+            refs = [stored_ref(runtime.images, results.root_trace_id, i) for i in result.images]
+            content = [{"type": "text", "text": ""}, *refs]
+        except ToolError as exc:  # the tree's image cap: the model is told, the run goes on
+            result = ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
     # A tool may have read one of the worker's secrets (a file, a response): never stored.
     scrub = runtime.redactor.values_only
     memory = scrub(result.long_term_memory) if result.long_term_memory else None
@@ -345,19 +352,15 @@ def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: 
         data={"role": "tool", "tool": call.name, "is_error": result.is_error},
     )
     output = scrub(result.output)
-    content: Content = output
-    if result.images:  # stored once per tree; the message names them, never holds them
-        content = [{"type": "text", "text": output}]
-        content += [
-            stored_ref(runtime.images, results.root_trace_id, image) for image in result.images
-        ]
+    if isinstance(content, list):
+        content[0]["text"] = output
     results.append(
         Message(
             trace_id=results.trace_id,
             role="tool",
             tool_call_id=call.id,
             name=call.name,
-            content=content,
+            content=output if content is None else content,
             long_term_memory=memory,
             metadata={"title": result.title, "is_error": result.is_error},
         ),

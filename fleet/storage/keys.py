@@ -279,6 +279,13 @@ def searches(root_trace_id: str) -> str:
 
 IMAGE_MAX_BYTES = 5_000_000
 """Largest image a key holds (`fleet.tools.imagecheck.MAX_IMAGE_BYTES`, before base64)."""
+IMAGE_TREE_MAX_BYTES = 50_000_000
+"""Most image bytes one tree may store (an agent reading image after image is refused)."""
+
+
+def image_bytes(root_trace_id: str) -> str:
+    """String (a counter), TRACE_TTL_S: the bytes of the images this tree stored so far."""
+    return f"{PREFIX}:image-bytes:{check_trace_id(root_trace_id)}"
 
 
 def image(root_trace_id: str, digest: str) -> str:
