@@ -20,7 +20,7 @@ from fleet.llm.anthropic import to_anthropic_messages
 from fleet.llm.openai import TOOL_IMAGES_NOTE, to_openai_messages
 from fleet.llm.vision import anthropic_tokens, openai_tokens
 from fleet.loop.fit import estimate_tokens
-from fleet.models import Message, text_of
+from fleet.models import Message, Trace, text_of
 from fleet.settings import Settings
 from fleet.storage import keys
 from fleet.storage.images import MemoryImages, RedisImages
@@ -393,3 +393,24 @@ def test_the_redis_image_cap_counts_each_image_once(
     assert images.get("t-root", "b") is None
     assert int(redis_db.get(keys.image_bytes("t-root")) or 0) == len(first)
     images.put("t-other", "b", second)  # another tree has its own
+
+
+def test_the_gate_books_an_image_by_the_larger_formula() -> None:
+    from fleet.limits.gate import request_chars
+
+    image = checked(imagekit.jpeg(1024, 1024), "x")
+    plain = Message(trace_id="t-x", role="user", content="look")
+    shown = Message(
+        trace_id="t-x", role="user", content=[{"type": "text", "text": "look"}, image.ref()]
+    )  # noqa: E501
+    added = request_chars([shown], []) - request_chars([plain], [])
+    assert added >= anthropic_tokens(1024, 1024) * 4  # 1398 tokens > OpenAI's 765
+
+
+def test_watch_shows_the_tasks_images_as_placeholders() -> None:
+    from fleetops.watch_view import node_of, row_text
+
+    ref = checked(imagekit.png(8, 8), "x").ref()
+    trace = Trace(trace_id="t-root", root_trace_id="t-root", task="t", context={"images": [ref]})
+    row = row_text(node_of(trace))
+    assert "1 image(s): [image PNG 8x8, 0.1 KB]" in row
