@@ -36,9 +36,18 @@ def _png(width: int, height: int, idat: bytes) -> bytes:
     )
 
 
-def gif(width: int = 5, height: int = 7) -> bytes:
-    """A GIF89a header and a one-entry trailer (enough for the header check)."""
-    return b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0) + b";"
+def gif(
+    width: int = 5, height: int = 7, frame: tuple[int, int] | None = None, frames: int = 1
+) -> bytes:
+    """A GIF89a: a global 2-colour table, `frames` image descriptors of `frame` size (the
+    screen's by default) each with a one-byte LZW stream, and the trailer."""
+    fw, fh = frame or (width, height)
+    head = (
+        b"GIF89a" + struct.pack("<HHBBB", width, height, 0x80, 0, 0) + b"\x00\x00\x00\xff\xff\xff"
+    )
+    control = b"\x21\xf9\x04\x00\x00\x00\x00\x00"  # a graphic control extension
+    image = b"\x2c" + struct.pack("<HHHHB", 0, 0, fw, fh, 0) + b"\x02\x02\x44\x01\x00"
+    return head + (control + image) * frames + b";"
 
 
 def jpeg(width: int = 640, height: int = 480) -> bytes:

@@ -60,6 +60,15 @@ def test_the_type_comes_from_the_magic_bytes_and_the_size_from_the_header(
     assert image.info.size_bytes == len(data)
 
 
+def test_a_gif_frame_larger_than_its_screen_is_seen_and_refused() -> None:
+    """Attack: a 1 x 1 screen whose one frame claims 65535 x 65535 pixels."""
+    assert checked(imagekit.gif(5, 7, frames=3), "ok.gif").info.width == 5
+    with pytest.raises(ToolError, match="65535x65535 pixels"):
+        checked(imagekit.gif(1, 1, frame=(65535, 65535)), "bomb.gif")
+    with pytest.raises(ToolError, match="more than the limit"):
+        checked(imagekit.gif(2, 2, frames=1_001), "many.gif")
+
+
 def test_a_decompression_bomb_is_refused_from_its_header() -> None:
     bomb = imagekit.png_bomb(100_000, 100_000)
     assert len(bomb) < 2_000  # a few hundred bytes that would inflate to 30 GB

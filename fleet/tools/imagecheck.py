@@ -24,6 +24,8 @@ MAX_SIDE_PX = 8_000
 """Longest side accepted (Anthropic refuses more)."""
 MAX_PIXELS = 40_000_000
 """Width x height accepted: a bomb declares far more than its bytes could hold."""
+MAX_GIF_FRAMES = 1_000
+"""Frames a GIF may have: each one is decoded by whoever shows it."""
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -106,12 +108,47 @@ def _header(data: bytes) -> tuple[str | None, int, int]:
         return "image/png", width, height
     if data[:6] in (b"GIF87a", b"GIF89a"):
         width, height = struct.unpack("<HH", data[6:10])
-        return "image/gif", width, height
+        return "image/gif", *_gif_size(data, width, height)
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return ("image/webp", *_webp_size(data))
     if data.startswith(b"\xff\xd8\xff"):
         return ("image/jpeg", *_jpeg_size(data))
     return None, 0, 0
+
+
+def _gif_size(data: bytes, width: int, height: int) -> tuple[int, int]:
+    """The size a decoder would allocate: the screen, or a larger frame (each one walked).
+
+    A GIF's frames may claim more than its logical screen; every image descriptor is read
+    (its data sub-blocks skipped unread), so a 1 x 1 screen with a 65535 x 65535 frame is
+    seen as what it is. More than MAX_GIF_FRAMES frames counts as a bomb too.
+    """
+    at, frames = 13 + _table_bytes(data[10]), 0
+    while at < len(data) and data[at] != 0x3B:  # the trailer
+        if data[at] == 0x21:  # an extension: label, then sub-blocks
+            at = _skip_blocks(data, at + 2)
+        elif data[at] == 0x2C:  # an image descriptor
+            left, top, w, h = struct.unpack("<HHHH", data[at + 1 : at + 9])
+            width, height = max(width, left + w), max(height, top + h)
+            frames += 1
+            if frames > MAX_GIF_FRAMES:
+                return MAX_SIDE_PX + 1, MAX_SIDE_PX + 1
+            at = _skip_blocks(data, at + 10 + _table_bytes(data[at + 9]) + 1)  # + LZW size
+        else:
+            return 0, 0
+    return width, height
+
+
+def _table_bytes(flags: int) -> int:
+    """Bytes of the colour table a GIF flags byte announces (none without its top bit)."""
+    return 3 * (2 ** ((flags & 0x07) + 1)) if flags & 0x80 else 0
+
+
+def _skip_blocks(data: bytes, at: int) -> int:
+    """Past a run of GIF data sub-blocks (each a length byte, 0 ends the run)."""
+    while at < len(data) and data[at] != 0:
+        at += data[at] + 1
+    return at + 1
 
 
 def _webp_size(data: bytes) -> tuple[int, int]:

@@ -70,7 +70,7 @@ def _fetched(url: str, web_allow: tuple[str, ...]) -> Image:
         web_allow,
         FETCH_TIMEOUT_S,
         what="image URL",
-        tool="--image",
+        tool="an image URL",
         max_bytes=MAX_IMAGE_BYTES,
     )
     host = urlsplit(url).hostname or "?"
