@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -423,3 +424,25 @@ def test_watch_shows_the_tasks_images_as_placeholders() -> None:
     trace = Trace(trace_id="t-root", root_trace_id="t-root", task="t", context={"images": [ref]})
     row = row_text(node_of(trace))
     assert "1 image(s): [image PNG 8x8, 0.1 KB]" in row
+
+
+def test_mangled_images_are_refused_with_a_tool_error_or_accepted_never_crash() -> None:
+    """Attack: headers cut and flipped at random; the check says refused or gives sizes."""
+    rng = random.Random(26)
+    seeds = [
+        imagekit.png(),
+        imagekit.jpeg(),
+        imagekit.gif(frames=2),
+        imagekit.webp_lossless(),
+        imagekit.webp_extended(),
+    ]
+    for _ in range(3_000):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        data = data[: rng.randint(0, len(data))]
+        try:
+            image = checked(bytes(data), "x")
+        except ToolError:
+            continue
+        assert 0 < image.info.width <= 8_000 and 0 < image.info.height <= 8_000
