@@ -258,7 +258,12 @@ def load_config(
     check_servers(source, config.mcp_servers)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
-    check_embedding_model(source, config.experiences, config.models, config.providers)
+    check_embedding_model(
+        source,
+        config.experiences,
+        {alias: model.provider for alias, model in config.models.items()},
+        {name: provider.kind for name, provider in config.providers.items()},
+    )
     check_fallbacks(source, config.models)
     return config
 

@@ -27,8 +27,6 @@ from fleet.security.redact import SHAPES_ONLY, Redactor
 if TYPE_CHECKING:
     import httpx
 
-    from fleet.llm.config import ModelConfig, ProviderConfig
-
 EMBED_TIMEOUT_S = 10.0
 """Per request: a run waits on it before its first turn, a person on `experience add`."""
 EMBED_RETRY = RetryPolicy(max_attempts=2, base_delay_s=0.25, max_delay_s=1.0)
@@ -54,22 +52,24 @@ class ExperiencesSection(BaseModel):
 def check_embedding_model(
     source: str,
     section: ExperiencesSection,
-    models: Mapping[str, ModelConfig],
-    providers: Mapping[str, ProviderConfig],
+    providers_of: Mapping[str, str],
+    kinds: Mapping[str, str],
 ) -> None:
-    """`ConfigError` unless no model is named or it is an alias of an OpenAI-wire model."""
+    """`ConfigError` unless no model is named or it is an alias of an OpenAI-wire model.
+
+    `providers_of`: alias -> its provider; `kinds`: provider -> its wire (`openai`, ...).
+    """
     name = section.embedding_model
     if name is None:
         return
-    alias = models.get(name)
-    if alias is None:
-        known = ", ".join(sorted(models)) or "none"
+    provider = providers_of.get(name)
+    if provider is None:
+        known = ", ".join(sorted(providers_of)) or "none"
         raise ConfigError(
             f"{source}: experiences.embedding_model: {name!r} is not an alias of models"
             f" (aliases: {known})"
         )
-    provider = providers.get(alias.provider)
-    if provider is None or provider.kind != "openai":
+    if kinds.get(provider) != "openai":
         raise ConfigError(
             f"{source}: experiences.embedding_model: {name!r} needs a provider of kind openai"
             " (the /embeddings endpoint)"
