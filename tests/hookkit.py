@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from fleet.errors import HookBlocked
@@ -103,3 +104,18 @@ CONTEXT = Context()
 RAISER = Raiser()
 HANGER = Hanger()
 NOT_A_HOOK = object()
+
+
+def write_dist(folder: Path, name: str, entries: dict[str, str]) -> Path:
+    """An installed distribution in `folder` declaring `fleet.hooks` entry points.
+
+    What `pip install` leaves in site-packages, reduced to what importlib.metadata reads:
+    with `folder` on `sys.path` (or PYTHONPATH), `entry_points(group="fleet.hooks")` finds
+    `entries` (name -> `module:attr`). Returns `folder`.
+    """
+    info = folder / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    lines = "".join(f"{key} = {value}\n" for key, value in entries.items())
+    (info / "entry_points.txt").write_text(f"[fleet.hooks]\n{lines}")
+    return folder
