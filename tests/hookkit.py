@@ -97,7 +97,19 @@ class Hanger(Hooks):
         threading.Event().wait(60)
 
 
+class ToolTagger(Hooks):
+    """Writes each finished tool call with its own tag (to tell two loaded hooks apart)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def tool_finished(self, trace: Trace, call: ToolCall, result: ToolResult | None) -> None:
+        _log(self.tag, trace_id=trace.trace_id, tool=call.name)
+
+
 RECORDER = Recorder()
+ENTRY_POINT_TAGGER = ToolTagger("from_entry_point")
+"""Loaded through a `fleet.hooks` entry point (`write_dist`) in the tests that install one."""
 BASH_BLOCKER = BashBlocker()
 MODEL_BLOCKER = ModelBlocker()
 CONTEXT = Context()
