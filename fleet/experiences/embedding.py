@@ -22,7 +22,7 @@ from fleet.errors import FleetError
 from fleet.experiences.model import Experience, StoredVector, embedding_text, text_digest
 from fleet.experiences.store import ExperienceStore
 from fleet.llm.config import FleetConfig, resolve_target
-from fleet.llm.embeddings import EmbeddingsClient, Vector, cosine
+from fleet.llm.embeddings import EmbeddingsClient, Vector, dot, unit
 from fleet.security.redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,10 @@ class Embedder:
         self._lock = threading.Lock()
 
     def embed(self, texts: Sequence[str]) -> list[Vector] | None:
-        """One vector per text; None when the endpoint failed now or moments ago."""
+        """One unit vector per text; None when the endpoint failed now or moments ago.
+
+        Unit length: stored so, a run's ranking is one dot product per experience.
+        """
         if self._clock() < self._down_until:
             return None
         try:
@@ -64,7 +67,7 @@ class Embedder:
             return None
         with self._lock:
             self._logged = False  # a later outage is logged again
-        return vectors
+        return [unit(v) for v in vectors]
 
     def _failed(self, exc: Exception) -> None:
         with self._lock:
@@ -130,7 +133,7 @@ def nearest(
         return None
     wanted, fresh = got[0], got[1:]
     have |= _keep(store, embedder, missing, fresh)
-    scored = [(-cosine(wanted, have[e.id]), n, e) for n, e in enumerate(by_id.values())]
+    scored = [(-dot(wanted, have[e.id]), n, e) for n, e in enumerate(by_id.values())]
     kept = sorted((s for s in scored if -s[0] >= embedder.min_similarity), key=lambda s: s[:2])
     return [e for _, _, e in kept]
 

@@ -14,6 +14,7 @@ provider speaks the OpenAI wire); `check_embedding_model` checks that when the f
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -162,10 +163,19 @@ def _vector(raw: Any, provider: str) -> Vector:
     return vector
 
 
-def cosine(a: Vector, b: Vector) -> float:
-    """Cosine similarity; 0.0 for vectors of different sizes (another model's)."""
+def unit(vector: Vector) -> Vector:
+    """`vector` scaled to length 1 (so that a dot product is the cosine)."""
+    norm = math.sqrt(dot(vector, vector))
+    return tuple(x / norm for x in vector) if norm else vector
+
+
+def dot(a: Vector, b: Vector) -> float:
+    """The dot product; 0.0 for vectors of different sizes (another model's)."""
     if len(a) != len(b):
         return 0.0
-    dot = sum(x * y for x, y in zip(a, b, strict=True))
-    norms = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
-    return dot / norms if norms else 0.0
+    return sum(map(operator.mul, a, b))  # a third of a generator's time at 1,536 dimensions
+
+
+def cosine(a: Vector, b: Vector) -> float:
+    """Cosine similarity; 0.0 for vectors of different sizes (another model's)."""
+    return dot(unit(a), unit(b))
