@@ -173,7 +173,7 @@ def dot(a: Vector, b: Vector) -> float:
     """The dot product; 0.0 for vectors of different sizes (another model's)."""
     if len(a) != len(b):
         return 0.0
-    return sum(map(operator.mul, a, b))  # a third of a generator's time at 1,536 dimensions
+    return float(sum(map(operator.mul, a, b)))  # a third of a generator's time at 1,536 dimensions
 
 
 def cosine(a: Vector, b: Vector) -> float:
