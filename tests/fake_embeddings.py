@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,7 +37,11 @@ CONCEPTS = {
     "shipping": "release",
 }
 STOPWORDS = frozenset({"a", "an", "the", "it", "is", "of", "to", "when", "then", "fix", "and"})
-Mode = Literal["ok", "error500", "throttle", "wrong_count", "nan", "mixed_sizes", "echo_key"]
+Mode = Literal[
+    "ok", "error500", "throttle", "wrong_count", "nan", "mixed_sizes", "echo_key", "hang"
+]
+HANG_S = 3.0
+"""How long `hang` mode sleeps before it answers."""
 
 
 def vector(text: str) -> list[float]:
@@ -109,7 +114,9 @@ class FakeEmbeddings:
             return 404, {"error": {"message": f"no route {path}"}}
         if self.key and headers.get("authorization") != f"Bearer {self.key}":
             return 401, {"error": {"message": "Incorrect API key provided"}}
-        if self.mode != "ok":
+        if self.mode == "hang":
+            time.sleep(HANG_S)
+        elif self.mode != "ok":
             return _broken(self.mode, texts, self.key)
         data = [{"index": i, "embedding": vector(t)} for i, t in enumerate(texts)]
         data.reverse()  # the index, not the order, says which input a vector is for

@@ -8,10 +8,12 @@ and BM25 takes over when the endpoint is absent, down, or answers nonsense.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -193,6 +195,21 @@ def test_the_embedder_leaves_a_failed_endpoint_alone_for_its_cool_off(
     assert embedder.embed(["x"]) is None and len(server.inputs) == asked, "cooling off"
     now[0] += 2.0
     assert embedder.embed(["x"]) == [tuple(vector("x"))]
+
+
+def test_a_hung_endpoint_costs_one_bounded_wait_then_nothing(server: FakeEmbeddings) -> None:
+    server.mode = "hang"
+    http = httpx.Client(timeout=0.2)  # the real one waits EMBED_TIMEOUT_S (5 s)
+    client = EmbeddingsClient(server.url + "/v1", KEY, "fake-embed", http=http)
+    embedder = Embedder(client, "emb", 0.3, cool_off_s=30.0)
+    started = time.monotonic()
+    assert embedder.embed(["x"]) is None
+    assert time.monotonic() - started < 2.0, "two timed-out attempts, then BM25"
+    asked = len(server.inputs)
+    started = time.monotonic()
+    assert embedder.embed(["x"]) is None and len(server.inputs) == asked
+    assert time.monotonic() - started < 0.1, "cooling off: not asked at all"
+    http.close()
 
 
 def test_a_stale_or_foreign_vector_is_recomputed_not_trusted(server: FakeEmbeddings) -> None:

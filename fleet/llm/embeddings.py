@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +29,10 @@ from fleet.security.redact import SHAPES_ONLY, Redactor
 if TYPE_CHECKING:
     import httpx
 
-EMBED_TIMEOUT_S = 10.0
-"""Per request: a run waits on it before its first turn, a person on `experience add`."""
+EMBED_TIMEOUT_S = 5.0
+"""Per request: a run waits on it before its first turn, a person on `experience add`; with
+the one retry, a hung endpoint costs a run at most ~11 s once, then the
+embedder's cool-off (`fleet.experiences.embedding`) of BM25."""
 EMBED_RETRY = RetryPolicy(max_attempts=2, base_delay_s=0.25, max_delay_s=1.0)
 """One retry at most: a failing endpoint costs a run a second, then BM25 ranks instead."""
 MAX_DIMENSIONS = 16_384
@@ -92,15 +95,18 @@ class EmbeddingsClient:
         redactor: Redactor = SHAPES_ONLY,
         retry: RetryPolicy = EMBED_RETRY,
     ) -> None:
-        """A client; `api_key` may be empty for a local server (no header is sent then)."""
-        import httpx  # only a process that embeds something needs it
+        """A client; `api_key` may be empty for a local server (no header is sent then).
 
+        The HTTP client is made at the first request: every command builds a Runtime, few
+        of them embed anything.
+        """
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.provider = provider
         self._api_key = api_key
         self._api_key_env = api_key_env
-        self._http = http or httpx.Client(timeout=EMBED_TIMEOUT_S)
+        self._http = http
+        self._lock = threading.Lock()
         self._redactor = redactor.with_values([api_key])
         self._retry = retry
 
@@ -120,8 +126,9 @@ class EmbeddingsClient:
         check_model_requests_allowed(self.provider)
         body = {"model": self.model, "input": [t[:MAX_INPUT_CHARS] for t in texts]}
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        http = self._client()
         response = send_with_retry(
-            lambda: self._http.post(f"{self.base_url}/embeddings", json=body, headers=headers),
+            lambda: http.post(f"{self.base_url}/embeddings", json=body, headers=headers),
             provider=self.provider,
             api_key_env=self._api_key_env,
             policy=self._retry,
@@ -132,6 +139,14 @@ class EmbeddingsClient:
         except ValueError:
             raise ModelBehaviorError(f"{self.provider}: /embeddings answered no JSON") from None
         return parse_vectors(data, len(texts), self.provider)
+
+    def _client(self) -> httpx.Client:
+        with self._lock:
+            if self._http is None:
+                import httpx  # here: a process that never embeds never imports it
+
+                self._http = httpx.Client(timeout=EMBED_TIMEOUT_S)
+            return self._http
 
 
 def parse_vectors(data: Any, count: int, provider: str) -> list[Vector]:
