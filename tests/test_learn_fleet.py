@@ -41,6 +41,7 @@ FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 TIMEOUT_S = 60.0
 KEY = "sk-embed-fleet-test-0123456789abcdef"
 MIGRATION = ("a database migration fails", "run it twice before editing it")
+RULE = "list breaking changes first"
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,21 @@ def looks() -> dict[str, Any]:
     return {"tool_calls": [{"name": "list_files", "arguments": {"path": "."}}]}
 
 
+@contextlib.contextmanager
+def serve_api(url: str, home: Path) -> Iterator[httpx.Client]:
+    """`fleet serve` as the operator runs it (their fleet.yaml, key and roots), a client of it."""
+    workspace = str(home / "workspace")
+    serving = serve_process(
+        url,
+        FLEET_CONFIG=str(home / "fleet.yaml"),
+        FLEET_WORKSPACE=workspace,
+        FLEET_WORKSPACE_ROOTS=workspace,
+        EMB_API_KEY=KEY,
+    )
+    with serving as base, httpx.Client(base_url=base, timeout=30) as api:
+        yield api
+
+
 def waiting(handle: Handle) -> bool:
     return handle.trace().status == "waiting"
 
@@ -191,14 +207,7 @@ def test_fleet_serve_lists_and_answers_approvals_for_real_workers(
     their_call = str((approval.pending(theirs.trace()) or {})["tool_call_id"])
     assert mine_call != their_call
     workspace = home / "workspace"
-    serving = serve_process(
-        url,
-        FLEET_CONFIG=str(home / "fleet.yaml"),
-        FLEET_WORKSPACE=str(workspace),
-        FLEET_WORKSPACE_ROOTS=str(workspace),
-        EMB_API_KEY=KEY,
-    )
-    with serving as base, httpx.Client(base_url=base, timeout=30) as api:
+    with serve_api(url, home) as api:
         listed = {a["trace_id"]: a for a in api.get("/api/approvals").json()["approvals"]}
         assert listed[mine.trace_id]["approval_id"] == mine_call
         assert listed[mine.trace_id]["arguments"] == {"path": "mine.txt", "content": "y"}
@@ -226,6 +235,34 @@ def test_fleet_serve_lists_and_answers_approvals_for_real_workers(
         added_by_api = api.post("/api/experiences", json=body)
         assert added_by_api.status_code == 201, added_by_api.text
         assert embeddings.inputs[sent:] == [["release notes\nlist changes"]]
+
+
+def test_a_reflected_experience_reaches_runs_only_once_approved_through_the_api(
+    url: str, home: Path, fleet: Fleet, embeddings: FakeEmbeddings, tmp_path: Path
+) -> None:
+    proposal = {"scope": "agent:default", "condition": "release notes are due", "rule": RULE}
+    answer = json.dumps({"experiences": [proposal]}).replace("{", "{{").replace("}", "}}")
+    scripts = [
+        {"match": "^Reflect on", "steps": [{"content": answer}]},  # braces: not template fields
+        {"match": ".*", "steps": [{"content": "ok"}]},
+    ]
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({"scripts": scripts}))
+    model = f"scripted:{tmp_path / 'm.yaml'}"
+    tree = fleet.submit("ship the release", model=model).wait(timeout_s=TIMEOUT_S)
+    reflected = cli(url, home, "reflect", tree.trace_id, "--model", model, "--json")
+    assert reflected.returncode == 0, reflected.stderr
+    (proposed,) = json.loads(reflected.stdout)
+    assert proposed["approved"] is False and proposed["evidence"] == [tree.trace_id]
+    assert "release notes are due" not in " ".join(embeddings.texts()), "unapproved: not sent"
+    task = "changelog version release"  # the fake model's "release" concept, thrice
+    before = fleet.submit(task, model=model).wait(timeout_s=TIMEOUT_S)
+    assert RULE not in system_prompt(fleet, before), "proposed: never shown"
+    with serve_api(url, home) as api:
+        approved = api.post(f"/api/experiences/{proposed['id']}/approve", json={})
+        assert approved.status_code == 200, approved.text
+    after = fleet.submit(task, model=model).wait(timeout_s=TIMEOUT_S)
+    assert f'"{RULE}"' in system_prompt(fleet, after), "approved: shown, quoted"
+    assert fleet.experiences.get(proposed["id"]).uses == 1
 
 
 def test_on_workers_a_failing_endpoint_falls_back_to_bm25_and_says_so_once(
