@@ -108,7 +108,8 @@ def make_embedder(config: FleetConfig, env: Mapping[str, str]) -> Embedder | Non
 def index(store: ExperienceStore, embedder: Embedder, experiences: Iterable[Experience]) -> int:
     """Embed and store the vectors these lack (or whose text changed); how many were stored."""
     by_id = {e.id: e for e in experiences}
-    missing = [e for e in by_id.values() if e.id not in _fresh(store, embedder, by_id)]
+    have = _fresh(store, embedder, by_id)
+    missing = [e for e in by_id.values() if e.id not in have]
     vectors = embedder.embed([embedding_text(e) for e in missing]) if missing else None
     if not vectors:
         return 0
