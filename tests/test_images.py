@@ -446,3 +446,23 @@ def test_mangled_images_are_refused_with_a_tool_error_or_accepted_never_crash() 
         except ToolError:
             continue
         assert 0 < image.info.width <= 8_000 and 0 < image.info.height <= 8_000
+
+
+def test_a_batch_entry_with_images_shows_them_to_its_model(tmp_path: Path) -> None:
+    from fleet.client import Fleet
+    from tests.test_batch import MODEL, ThreadBackend, memory_runtime
+
+    (tmp_path / "shot.png").write_bytes(imagekit.png(7, 7))
+    model = ScriptedModel([text("seen")])
+    runtime = memory_runtime(tmp_path, model)
+    backend = ThreadBackend(runtime)
+    try:
+        fleet = Fleet(runtime, backend)
+        (result,) = fleet.batch([{"task": "describe", "model": MODEL, "images": ["shot.png"]}])
+    finally:
+        backend.pool.shutdown(wait=True)
+    assert result.status == "completed", result.error
+    (user,) = [m for m in model.requests[0] if m["role"] == "user"]
+    assert user["content"][1]["image_url"]["url"].endswith(b64(imagekit.png(7, 7)))
+    root = runtime.store.get_trace(result.trace_id)
+    assert root.context["images"][0]["image_ref"]["width"] == 7
