@@ -10,7 +10,7 @@ prompt.
     tools: [read_file, grep, web_fetch]
     max_iterations: 20
     read_only: true
-    cache: {ttl_s: 3600, keys: [task]}
+    cache: {ttl_s: 3600, keys: [task], tools: [web_search]}  # its answer; its searches
     budget: {tokens: 200000, usd: 2.0, sub_agents: 50}   # default for trees rooted here
     max_branches: 40                                     # per explore call
     max_concurrent: 10                                   # children running at once
