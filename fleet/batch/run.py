@@ -86,7 +86,12 @@ def entry_images(runtime: Runtime, entry: BatchEntry) -> tuple[Image, ...]:
     if not entry.images:
         return ()
     settings = runtime.settings.with_workspace(entry.workspace or runtime.settings.workspace)
-    return load_images(entry.images, workspace=settings.workspace, web_allow=settings.web_allow)
+    return load_images(
+        entry.images,
+        workspace=settings.workspace,
+        web_allow=settings.web_allow,
+        private=settings.private_dirs,
+    )
 
 
 @dataclass(frozen=True)

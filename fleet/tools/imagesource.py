@@ -29,6 +29,7 @@ def load_images(
     *,
     workspace: Path | None = None,
     web_allow: tuple[str, ...] = (),
+    private: tuple[Path, ...] = (),
 ) -> tuple[Image, ...]:
     """Each source's image, checked; `ConfigError` names the first source that is refused.
 
@@ -37,22 +38,25 @@ def load_images(
         workspace: when set, paths are confined to it (a batch file's entries); else they
             are the caller's own files.
         web_allow: FLEET_WEB_ALLOW: the internal hosts a URL may name.
+        private: the fleet's state folders, never opened inside `workspace`.
     """
     if len(sources) > MAX_TASK_IMAGES:
         raise ConfigError(f"{len(sources)} images given; at most {MAX_TASK_IMAGES} per task")
     try:
-        return tuple(_load(str(s), workspace, web_allow) for s in sources)
+        return tuple(_load(str(s), workspace, web_allow, private) for s in sources)
     except ToolError as exc:
         raise ConfigError(f"image refused: {exc}") from None
 
 
-def _load(source: str, workspace: Path | None, web_allow: tuple[str, ...]) -> Image:
+def _load(
+    source: str, workspace: Path | None, web_allow: tuple[str, ...], private: tuple[Path, ...]
+) -> Image:
     if source.lower().startswith(("http://", "https://")):
         return _fetched(source, web_allow)
     if "://" in source or source.startswith("data:"):
         raise ToolError(f"{source[:60]!r}: give a file path or an http(s) URL")
     if workspace is not None:
-        opened = open_file(workspace, source, os.O_RDONLY)
+        opened = open_file(workspace, source, os.O_RDONLY, private=private)
         with os.fdopen(opened.fd, "rb") as file:
             return _capped_check(file.read(MAX_IMAGE_BYTES + 1), repr(source))
     path = Path(source).expanduser()
