@@ -153,6 +153,23 @@ def usage_families(client: redis.Redis) -> list[Family]:
     ]
 
 
+def fallback_family(client: redis.Redis) -> Family:
+    """Traces moved to a fallback model, from `keys.MODEL_FALLBACKS` (`[from, to]` counts)."""
+    samples: dict[Labels, float] = {}
+    for name, value in client.hgetall(keys.MODEL_FALLBACKS).items():
+        try:
+            from_model, to_model = json.loads(name)
+        except (ValueError, TypeError):
+            continue  # not a field this fleet wrote
+        samples[(("from", str(from_model)), ("to", str(to_model)))] = float(value)
+    return Family(
+        "fleet_model_fallbacks_total",
+        "counter",
+        "Traces moved from a failing model to its fallback, by model alias.",
+        samples,
+    )
+
+
 _LIMIT_FAMILIES = {
     "admitted": ("fleet_limit_admissions_total", "Model calls the fleet-wide limiter let through."),
     "waited": ("fleet_limit_waits_total", "Model calls told to wait (handed back), by scope."),
@@ -228,6 +245,7 @@ class FleetMetrics:
             ),
             *usage_families(self._store),
             *limit_families(self._store),
+            fallback_family(self._store),
             _counter(counters, "lease_expiries", "Runs re-enqueued after their lease expired."),
             _counter(counters, "resumes", "Parents resumed after their sub-agents were collected."),
             _counter(

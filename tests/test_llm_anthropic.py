@@ -133,7 +133,7 @@ def test_request_json_groups_tool_results_and_renames_openai_ids(server: FakePro
         {"role": "tool", "tool_call_id": "call_bbb", "content": "B"},
         {"role": "user", "content": "And now?"},
     ]
-    client = anthropic_client(server)
+    client = anthropic_client(server, prompt_cache=False)  # breakpoints: test_prompt_cache.py
 
     client.complete(history, [openai_tool("read_file", "Read a file.")], temperature=0.5)
     client.close()

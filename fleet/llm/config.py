@@ -12,7 +12,8 @@ the next runtime at its own endpoint with any variable as the key (see `fleet.se
     models:
       fast: {provider: openai, name: gpt-4o-mini}
       smart: {provider: anthropic, name: claude-sonnet-4-5,
-              input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0}
+              input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0,
+              cached_input_usd_per_mtok: 0.3, cache_write_usd_per_mtok: 3.75}
     default_model: fast
     model_overrides: {reviewer: smart}
 
@@ -101,6 +102,12 @@ class ModelConfig(BaseModel):
     name: str
     input_usd_per_mtok: Price | None = None
     output_usd_per_mtok: Price | None = None
+    cached_input_usd_per_mtok: Price | None = None
+    """Prompt tokens the provider's cache served; None: its share of the input price."""
+    cache_write_usd_per_mtok: Price | None = None
+    """Prompt tokens written to the cache (Anthropic); None: its share of the input price."""
+    prompt_cache: bool = True
+    """Cache breakpoints (Anthropic) or `prompt_cache_key` (OpenAI) on every request."""
     max_output_tokens: PositiveCount | None = None
     """Sent as `max_tokens` on every call; what a budget or token limit books for the answer."""
     limits: RateLimits | None = None
@@ -148,6 +155,7 @@ class ModelTarget:
     base_url: str = ""
     api_key_env: str = ""
     pricing: ModelPricing | None = None
+    prompt_cache: bool = True
 
 
 def builtin_providers(env: Mapping[str, str]) -> dict[str, ProviderConfig]:
@@ -283,7 +291,12 @@ def resolve_model_name(
 def _pricing(model: ModelConfig) -> ModelPricing | None:
     if model.input_usd_per_mtok is None and model.output_usd_per_mtok is None:
         return None
-    return ModelPricing(model.input_usd_per_mtok or 0.0, model.output_usd_per_mtok or 0.0)
+    return ModelPricing(
+        model.input_usd_per_mtok or 0.0,
+        model.output_usd_per_mtok or 0.0,
+        model.cached_input_usd_per_mtok,
+        model.cache_write_usd_per_mtok,
+    )
 
 
 def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
@@ -293,6 +306,7 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
         ConfigError: unknown alias or provider, or an empty model part.
     """
     alias = config.models.get(model_name)
+    cached = alias is None or alias.prompt_cache
     if alias is not None:
         provider_name, model, pricing = alias.provider, alias.name, _pricing(alias)
     elif ":" in model_name:
@@ -321,6 +335,7 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
         base_url=provider.base_url,
         api_key_env=provider.api_key_env,
         pricing=pricing,
+        prompt_cache=cached,
     )
 
 
@@ -384,26 +399,13 @@ def make_client(
     from fleet.llm.anthropic import AnthropicClient
     from fleet.llm.openai import OpenAIClient
 
-    key = _api_key(target, env)
-    redactor = Redactor.from_env(env)  # every secret of the process, not just this key
-    if target.kind == "anthropic":
-        return AnthropicClient(
-            target.base_url,
-            key,
-            target.model,
-            pricing=target.pricing,
-            provider=target.provider,
-            api_key_env=target.api_key_env,
-            redactor=redactor,
-            retry=retry,
-        )
-    return OpenAIClient(
-        target.base_url,
-        key,
-        target.model,
-        pricing=target.pricing,
-        provider=target.provider,
-        api_key_env=target.api_key_env,
-        redactor=redactor,
-        retry=retry,
-    )
+    options: dict[str, Any] = {
+        "pricing": target.pricing,
+        "provider": target.provider,
+        "api_key_env": target.api_key_env,
+        "redactor": Redactor.from_env(env),  # every secret of the process, not just this key
+        "retry": retry,
+        "prompt_cache": target.prompt_cache,
+    }
+    client = AnthropicClient if target.kind == "anthropic" else OpenAIClient
+    return client(target.base_url, _api_key(target, env), target.model, **options)

@@ -18,6 +18,7 @@ from fleet import lifecycle
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
 from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
+from fleet.llm.caching import cache_key
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
 from fleet.loop.context import injection
 from fleet.loop.steps import Step
@@ -134,6 +135,8 @@ def recorded(trace: Trace, message: Message) -> Trace:
             "prompt_tokens": trace.stats.prompt_tokens + message.prompt_tokens,
             "completion_tokens": trace.stats.completion_tokens + message.completion_tokens,
             "cost_usd": trace.stats.cost_usd + message.cost_usd,
+            "cached_tokens": trace.stats.cached_tokens + message.cached_tokens,
+            "cache_write_tokens": trace.stats.cache_write_tokens + message.cache_write_tokens,
         }
     )
     update = {"iteration": trace.iteration + 1, "stats": stats}
@@ -179,6 +182,7 @@ def call_model(
             tools,
             temperature=runtime.preset(trace.preset).temperature,
             max_output_tokens=go.max_output_tokens,
+            cache_key=cache_key(trace.root_trace_id, trace.preset),
         )
     except ProviderOverloaded as exc:
         hooks.model_failed(trace, exc)
@@ -234,6 +238,8 @@ def model_message(
         prompt_tokens=response.usage.prompt_tokens,
         completion_tokens=response.usage.completion_tokens,
         cost_usd=response.usage.cost_usd,
+        cached_tokens=response.usage.cached_tokens,
+        cache_write_tokens=response.usage.cache_write_tokens,
     )
 
 
@@ -258,6 +264,7 @@ def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str 
     entry = switch_entry(current, fallback, runtime.redactor.values_only(str(exc)))
     metadata = {**trace.metadata, FALLBACKS_KEY: [*switches, entry]}
     runtime.store.update_trace(trace.trace_id, model=fallback, metadata=metadata)
+    runtime.store.count_fallback(current, fallback)
     log.warning("run of %r: model %r failed, falling back to %r", trace.trace_id, current, fallback)
     return fallback
 

@@ -139,6 +139,10 @@ USAGE = f"{PREFIX}:usage"
 that ends it (a status other than running), from the trace's `uncounted` field: a run that
 died leaves its calls there for the trace's next run to add."""
 
+MODEL_FALLBACKS = f"{PREFIX}:model-fallbacks"
+"""Hash, no TTL: fleet-wide model fallbacks for `fleet metrics`: the JSON `[from, to]` of the
+two model names -> how many traces moved from one to the other (`fleet.llm.fallback`)."""
+
 COUNTERS = f"{PREFIX}:counters"
 """Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
 CounterName = Literal["lease_expiries", "resumes", "stuck_traces"]

@@ -97,7 +97,8 @@ return created
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
 #           its sequence ('' for no event); iteration ('' for no model turn: else its usage
 #           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
-#           model ('' for no fleet-wide usage: else it is added to the trace's `uncounted`)
+#           model ('' for no fleet-wide usage: else it is added to the trace's `uncounted`);
+#           cached_tokens; cache_write_tokens (to the stats with the rest of the usage)
 #   stats   name, delta, ...
 #   collab  child trace id, Collaborator JSON, event JSON or '', '1' when the parent writes
 #           its own entries (their TTLs are refreshed; a child's entry only sets them new)
@@ -169,6 +170,8 @@ local function add(a)
     stat('prompt_tokens', ARGV[a + 6])
     stat('completion_tokens', ARGV[a + 7])
     stat('cost_usd', ARGV[a + 8])
+    stat('cached_tokens', ARGV[a + 10])
+    stat('cache_write_tokens', ARGV[a + 11])
   end
   usage(ARGV[a + 9], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
   if ARGV[a + 2] ~= '' then emit(ARGV[a + 2] .. last .. ARGV[a + 3]) end
