@@ -6,13 +6,14 @@ Protocol lives in `fleet.runtime`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleet.children import settling
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace
+from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
@@ -87,6 +88,15 @@ class InProcessFleet:
     ) -> Trace:
         """Create a root trace, run it until it ends or waits on a person, return it."""
         spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata)
+        trace = create_root(self.runtime, spec)
+        return self._run(trace.trace_id)
+
+    def explore(
+        self, tasks: Sequence[str], *, model: str | None = None, preset: str = "explore"
+    ) -> Trace:
+        """One tree exploring `tasks` (a fan-out root, `fleet.conversation.fanout`), run."""
+        chosen = tuple(tasks)
+        spec = TaskSpec(fan_out_task(chosen), model, fan_out=chosen, fan_out_preset=preset)
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from fleet import ids
+from fleet.conversation.fanout import FAN_OUT_KEY, fan_out_metadata
 from fleet.errors import ConfigError
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
@@ -39,6 +40,10 @@ class TaskSpec:
     """Children of the tree running at once (else the preset's, else unbounded)."""
     priority: Priority = "interactive"
     """`batch` trees are served after `interactive` ones."""
+    fan_out: tuple[str, ...] | None = None
+    """A fan-out root: explores these tasks itself, no model deciding (`fanout`)."""
+    fan_out_preset: str = "explore"
+    """The preset of a fan-out root's branches (read-only whatever it says)."""
 
 
 def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
@@ -49,6 +54,12 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
     """
     if not spec.task.strip():
         raise ConfigError("the task is empty")
+    if FAN_OUT_KEY in (spec.metadata or {}):
+        raise ConfigError(f"metadata: {FAN_OUT_KEY!r} is the fleet's own key, not a submission's")
+    metadata = dict(spec.metadata or {})
+    if spec.fan_out is not None:
+        runtime.preset(spec.fan_out_preset)
+        metadata |= fan_out_metadata(spec.fan_out, spec.fan_out_preset)
     runtime.preset(spec.preset)
     model = runtime.model_name(spec.model, spec.preset)
     runtime.check_model(model)
@@ -63,7 +74,7 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         preset=spec.preset,
         model=_portable(model),
         workspace=str(workspace.workspace),
-        metadata=dict(spec.metadata or {}),
+        metadata=metadata,
     )
     _control(runtime, spec, model, trace_id)
     runtime.store.track_tree(trace_id)  # first: a crash leaves an id the check drops

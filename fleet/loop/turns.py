@@ -16,12 +16,16 @@ from typing import Any, Literal
 
 from fleet import lifecycle
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.limits.gate import FINAL_NOTE, Go, Wait
+from fleet.history import main_path, to_wire
+from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.caching import cache_key
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
 from fleet.loop.context import injection
+from fleet.loop.fit import fit
+from fleet.loop.fit import record as record_fit
 from fleet.loop.steps import Step
+from fleet.loop.toolcalls import tool_schemas
 from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
@@ -63,6 +67,22 @@ class RunResult:
     outcome: Outcome
     retry_in_s: float = 0.0
     """For `throttled`: when the trace may ask again (its booked turn, or a pause's end)."""
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A turn's answer before it is written: the model's, or a fan-out root's own."""
+
+    trace: Trace
+    """The trace as the call left it (a note or a fitting may have been written)."""
+    messages: list[Message]
+    path: list[Message]
+    """The main path the answer follows."""
+    response: LLMResponse
+    model: str
+    """Recorded on the turn's message: the model name, or `FAN_OUT_MODEL`."""
+    final: bool = False
+    """The budget's last turn: whatever it says is the answer."""
 
 
 def terminal(status: Status) -> Outcome:
@@ -193,6 +213,38 @@ def call_model(
         raise
     gate.after(go, response, int((time.monotonic() - started) * 1000))
     return response
+
+
+def ask_model(
+    runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
+) -> Answered | Wait | Spent:
+    """The model call of a turn: booked with the gate, the request fitted, then sent."""
+    trace, messages = snapshot.trace, snapshot.messages
+    tools = tool_schemas(runtime, trace)
+    path = main_path(messages, trace.head_sequence)
+    chars = request_chars(path, tools)
+    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses)
+    if not isinstance(verdict, Go):
+        return verdict
+    if (extra := note(runtime, trace, final=verdict.budget.final)) is not None:
+        if held.pending is not None:  # the first messages go first
+            runtime.store.apply(held.pending)
+            held.pending = None
+        stored = runtime.store.append_message(extra)
+        messages = [*messages, stored]
+        trace = trace.model_copy(
+            update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
+        )
+        path = main_path(messages, trace.head_sequence)
+    window = runtime.context_window(model_name)
+    fitted = fit(to_wire(path), tools, window, runtime.config.context_threshold)
+    if fitted.elided and window is not None:
+        trace = record_fit(runtime.store, trace, fitted, window)
+    response = call_model(runtime, trace, model_name, verdict, fitted.messages, tools)
+    if isinstance(response, Wait):
+        return response
+    runtime.hooks.model_responded(trace, response)
+    return Answered(trace, messages, path, response, model_name, verdict.budget.final)
 
 
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
