@@ -210,8 +210,9 @@ def test_odd_cached_counts_from_a_provider_never_make_cost_negative_or_crash(bad
 
 def test_a_turn_with_cached_tokens_adds_them_to_the_trace_stats(store: TraceStore) -> None:
     store.create_trace(Trace(trace_id="t1", root_trace_id="t1", task="x", model="m"))
-    turn = Message(trace_id="t1", role="assistant", content="a", model="m", prompt_tokens=900,
-                   completion_tokens=5, cost_usd=0.001, cached_tokens=800, cache_write_tokens=50)  # fmt: skip
+    turn = Message(trace_id="t1", role="assistant", content="a", model="m", prompt_tokens=900)
+    turn = turn.model_copy(update={"completion_tokens": 5, "cost_usd": 0.001})
+    turn = turn.model_copy(update={"cached_tokens": 800, "cache_write_tokens": 50})
     event = Event(kind="message", trace_id="t1", data={"role": "assistant"})
 
     store.record_turn("t1", turn, event, iteration=1)
