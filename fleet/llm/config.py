@@ -142,6 +142,8 @@ class FleetConfig(BaseModel):
     """Domains web_search and web_fetch may touch (`fleet.tools.webfilter`)."""
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
     """MCP servers whose tools agents may use (`fleet.mcp.config`, docs/mcp.md)."""
+    warm_explore: bool = False
+    """Explore branches wait for the first one's first call (`fleet.children.warming`)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet import lifecycle
+from fleet.children.warming import warming
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
 from fleet.history import main_path, to_wire
 from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
@@ -220,6 +221,8 @@ def ask_model(
 ) -> Answered | Wait | Spent:
     """The model call of a turn: booked with the gate, the request fitted, then sent."""
     trace, messages = snapshot.trace, snapshot.messages
+    if (warm := warming(runtime.store, trace)) is not None:  # the first branch goes first
+        return warm
     tools = tool_schemas(runtime, trace)
     path = main_path(messages, trace.head_sequence)
     chars = request_chars(path, tools)
