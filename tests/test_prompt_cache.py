@@ -9,18 +9,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 import fleet.llm.base
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessFleet
+from fleet.limits.budget import Budget
 from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import ToolCall
 from fleet.llm.caching import MAX_BREAKPOINTS, cache_key, mark_breakpoints
 from fleet.llm.config import load_config, resolve_target
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd
+from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Event, Message, Trace
 from fleet.settings import Settings
+from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
 from fleet.testing import Script
 from tests.fake_cache_provider import CachingProvider
@@ -225,7 +230,11 @@ def test_a_turn_with_cached_tokens_adds_them_to_the_trace_stats(store: TraceStor
 
 
 def fleet_for(
-    tmp_path: Path, kind: str, url: str, env: dict[str, str] | None = None
+    tmp_path: Path,
+    kind: str,
+    url: str,
+    env: dict[str, str] | None = None,
+    store: TraceStore | None = None,
 ) -> InProcessFleet:
     (operator := tmp_path / "operator").mkdir()
     (workspace := tmp_path / "workspace").mkdir()
@@ -239,7 +248,7 @@ def fleet_for(
     path = operator / "fleet.yaml"
     path.write_text(yaml.safe_dump(config))
     settings = Settings(workspace=workspace, env=env or {}, config_path=path)
-    return InProcessFleet.from_settings(settings)
+    return InProcessFleet.from_settings(settings, store=store)
 
 
 def close_clients(inline: InProcessFleet) -> None:
@@ -300,3 +309,25 @@ def test_the_cache_key_carries_no_task_text_and_no_secret(tmp_path: Path) -> Non
     for key in keys:
         assert re.fullmatch(r"fleet-[0-9a-f]{32}", key)
         assert secret not in key and "password" not in key and first.trace_id not in key
+
+
+@pytest.mark.usefixtures("allow_requests")
+def test_a_budget_spends_cached_tokens_at_the_cached_price(
+    tmp_path: Path, redis_db: redis.Redis
+) -> None:
+    with CachingProvider(SCRIPT) as server:
+        inline = fleet_for(tmp_path, "openai", server.url, store=RedisStore(redis_db))
+        root = create_root(inline.runtime, TaskSpec("look around", "m", budget=Budget(usd=1.0)))
+        try:
+            run_to_end(Runner(inline.runtime), root.trace_id)
+        finally:
+            close_clients(inline)
+
+    trace = inline.store.get_trace(root.trace_id)
+    assert trace.status == "completed" and trace.stats.cached_tokens > 0
+    state = inline.runtime.gate.budgets.state(root.trace_id)  # type: ignore[union-attr]
+    assert state is not None
+    assert state.used_usd == pytest.approx(trace.stats.cost_usd)
+    assert state.used_tokens == trace.stats.prompt_tokens + trace.stats.completion_tokens
+    full = cost_usd("gpt-4o-mini", trace.stats.prompt_tokens, trace.stats.completion_tokens)
+    assert state.used_usd < full
