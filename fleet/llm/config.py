@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -38,13 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleet.conversation.approval_rules import ApproveEntry
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
-from fleet.llm.base import LLMClient
 from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
-from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
 from fleet.mcp.config import McpServerConfig, check_servers
 from fleet.security import trust, yamlsafe
-from fleet.security.redact import Redactor
 from fleet.tools.webfilter import WebSection
 from fleet.tools.websearch.config import SearchConfig
 
@@ -58,9 +54,6 @@ ANTHROPIC_BASE_URL_ENV, ANTHROPIC_DEFAULT_BASE_URL = (
     "ANTHROPIC_BASE_URL",
     "https://api.anthropic.com",
 )
-
-PUBLIC_API_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
-"""A provider at one of these hosts cannot work without a key, so a missing one fails early."""
 
 
 class RateLimits(BaseModel):
@@ -339,75 +332,3 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
         pricing=pricing,
         prompt_cache=cached,
     )
-
-
-def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
-    """The key from the environment; a public API without one is a `ConfigError`."""
-    key = (env.get(target.api_key_env, "") if target.api_key_env else "").strip()
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
-        raise ConfigError(f"{target.api_key_env} contains control characters")
-    if not key and urlparse(target.base_url).hostname in PUBLIC_API_HOSTS:
-        how = (
-            f"set {target.api_key_env}"
-            if target.api_key_env
-            else "give the provider an api_key_env in fleet.yaml"
-        )
-        raise ConfigError(f"provider {target.provider!r} needs an API key: {how}")
-    return key
-
-
-def validate_model(
-    config: FleetConfig,
-    model_name: str,
-    env: Mapping[str, str],
-    *,
-    allow_scripted: bool = False,
-) -> None:
-    """Run every check `make_client` runs, without building a client or touching the network.
-
-    Raises:
-        ConfigError: what `make_client` would raise.
-    """
-    target = resolve_target(config, model_name)
-    if target.kind == "scripted":
-        trust.check_scripted_allowed(allow_scripted)
-        if not Path(target.model).is_file():
-            raise ConfigError(f"scripted model file not found: {target.model!r}")
-        return
-    _api_key(target, env)
-
-
-def make_client(
-    config: FleetConfig,
-    model_name: str,
-    env: Mapping[str, str],
-    *,
-    allow_scripted: bool = False,
-    retry: RetryPolicy = DEFAULT_RETRY,
-) -> LLMClient:
-    """A client for `model_name`; the API key is read from `env` here and only here.
-
-    Raises:
-        ConfigError: unknown alias or provider, missing key, missing script file,
-            or a scripted model while they are disabled.
-    """
-    validate_model(config, model_name, env, allow_scripted=allow_scripted)
-    target = resolve_target(config, model_name)
-    if target.kind == "scripted":
-        from fleet.llm.scripted import ScriptedModel  # only a scripted run needs it
-
-        return ScriptedModel.from_file(Path(target.model))
-    # The HTTP clients (httpx) only here: `fleet run` reads this config but calls no model.
-    from fleet.llm.anthropic import AnthropicClient
-    from fleet.llm.openai import OpenAIClient
-
-    options: dict[str, Any] = {
-        "pricing": target.pricing,
-        "provider": target.provider,
-        "api_key_env": target.api_key_env,
-        "redactor": Redactor.from_env(env),  # every secret of the process, not just this key
-        "retry": retry,
-        "prompt_cache": target.prompt_cache,
-    }
-    client = AnthropicClient if target.kind == "anthropic" else OpenAIClient
-    return client(target.base_url, _api_key(target, env), target.model, **options)
