@@ -16,7 +16,11 @@ from fleet.children import warming
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.settings import Settings
+from fleet.storage.redis_store import RedisStore
 from fleet.testing import call, text
+from tests.fleetkit import client, explore_script, fleet_settings
+from tests.procs import start_worker, wait_for_workers
+from tests.test_fleet_recovery import database_url
 
 CALL_S = 0.3
 
@@ -111,3 +115,44 @@ def test_a_sibling_waits_no_longer_than_the_cap(
     assert root.status == "completed"
     first_ended = recorder.first_calls["branch 1"][1]
     assert any(recorder.first_calls[f"branch {i}"][0] < first_ended for i in range(2, 5))
+
+
+WARM_DB = 5
+"""Shared with tests/test_fallbacks.py; each module empties it before use."""
+
+
+@pytest.mark.integration
+def test_on_real_workers_the_siblings_first_calls_follow_the_first_branch(
+    redis_url: str, tmp_path: Path
+) -> None:
+    url = database_url(redis_url, WARM_DB)
+    (workspace := tmp_path / "workspace").mkdir()
+    (operator := tmp_path / "operator").mkdir()
+    model = explore_script(operator / "model.yaml", 4, latency_ms=400)
+    config = operator / "fleet.yaml"
+    config.write_text(yaml.safe_dump({"warm_explore": True}))
+    env = {
+        "FLEET_CONFIG": str(config),
+        "FLEET_ALLOW_SCRIPTED": "1",
+        "FLEET_WORKSPACE_ROOTS": str(workspace),
+    }
+    with start_worker(url, concurrency=8, env_extra=env) as worker:
+        wait_for_workers(url, [worker.name], timeout_s=60)
+        fleet = client(fleet_settings(url, workspace, **env))
+        try:
+            root = fleet.submit("survey", model=model).wait(timeout_s=60)
+            branches = [fleet.trace(c.trace_id) for c in fleet.store.collaborators(root.trace_id)]
+            firsts = [
+                next(m for m in fleet.store.messages(b.trace_id) if m.role == "assistant")
+                for b in branches
+            ]
+        finally:
+            assert isinstance(fleet.store, RedisStore)
+            fleet.store.close()
+
+    assert root.status == "completed" and [b.status for b in branches] == ["completed"] * 4
+    assert [bool(b.metadata.get(warming.WARM_KEY)) for b in branches] == [False, True, True, True]
+    # a sibling's first call started once the first branch's first answer was written, and
+    # takes the model's 400 ms: its answer is written that much later
+    first_answered = firsts[0].created_at_ms
+    assert all(m.created_at_ms - first_answered >= 350 for m in firsts[1:])
