@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from fleet.experiences.embedding import Embedder, IndexedExperiences, make_embedder
 from fleet.experiences.outcomes import with_outcomes
 from fleet.experiences.store import ExperienceStore, MemoryExperiences
 from fleet.limits.gate import Gate
@@ -106,6 +107,8 @@ class Runtime:
     """The process's MCP sessions, when fleet.yaml declares `mcp_servers` (started on use)."""
     experiences: ExperienceStore | None = None
     """Rules learnt from earlier runs (`fleet.experiences`); `build` gives one per store."""
+    embedder: Embedder | None = None
+    """fleet.yaml's `experiences.embedding_model`, which then ranks them; None: BM25."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -125,7 +128,8 @@ class Runtime:
         presets = load_presets(
             settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
         )
-        experiences = _experiences(store)
+        embedder = make_embedder(config, settings.env)
+        experiences = _experiences(store, embedder)
         return cls(
             store=store,
             dispatcher=dispatcher,
@@ -137,6 +141,7 @@ class Runtime:
             trees=_trees(store),
             hooks=with_outcomes(hooks, experiences, presets),
             experiences=experiences,
+            embedder=embedder,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=redactor,
@@ -259,11 +264,13 @@ def _trees(store: TraceStore) -> Trees | None:
     return Trees(store.client) if isinstance(store, RedisStore) else None
 
 
-def _experiences(store: TraceStore) -> ExperienceStore:
+def _experiences(store: TraceStore, embedder: Embedder | None) -> ExperienceStore:
     from fleet.storage.redis_store import RedisStore
 
+    found: ExperienceStore = MemoryExperiences()
     if isinstance(store, RedisStore):
         from fleet.storage.redis_experiences import RedisExperiences
 
-        return RedisExperiences(store.client)
-    return MemoryExperiences()
+        found = RedisExperiences(store.client)
+    # With an embedding model, storing an approved experience embeds it.
+    return found if embedder is None else IndexedExperiences(found, embedder)

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleet.conversation.approval_rules import ApproveEntry
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
+from fleet.llm.embeddings import ExperiencesSection, check_embedding_model
 from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
 from fleet.mcp.config import McpServerConfig, check_servers
@@ -123,6 +124,8 @@ class FleetConfig(BaseModel):
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     default_model: str | None = None
+    experiences: ExperiencesSection = ExperiencesSection()
+    """How experiences are ranked: `embedding_model`, `min_similarity` (fleet.llm.embeddings)."""
     approve: tuple[ApproveEntry, ...] = ()
     """Tool calls that wait for a person's approval in every trace (on top of presets')."""
     model_overrides: dict[str, str] = Field(default_factory=dict)
@@ -258,6 +261,12 @@ def load_config(
     check_servers(source, config.mcp_servers)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
+    check_embedding_model(
+        source,
+        config.experiences,
+        {alias: model.provider for alias, model in config.models.items()},
+        {name: provider.kind for name, provider in config.providers.items()},
+    )
     check_fallbacks(source, config.models)
     return config
 
