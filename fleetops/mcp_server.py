@@ -177,12 +177,14 @@ class FleetTools:
 
         def settled(event: Event | None) -> bool:
             nonlocal ended
-            if report is not None and (event is None or _about(event, trace_id)):
+            done = self._settled_now(trace_id)
+            # counted after the status is read: a root that ended has every child ended
+            if report is not None and (done or event is None or _about(event, trace_id)):
                 now = self._children_ended(trace_id)
                 for count in range(ended + 1, now + 1):  # one notification per branch
                     report(count)
                 ended = max(ended, now)
-            return self._settled_now(trace_id)
+            return done
 
         if settled(None):
             return
