@@ -28,6 +28,7 @@ from fleet.settings import Settings
 from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
 from fleet.testing import Script
+from fleetops.cli.output import render_tree
 from tests.fake_cache_provider import CachingProvider
 
 EPHEMERAL = {"type": "ephemeral"}
@@ -288,6 +289,8 @@ def test_a_run_counts_cached_tokens_in_its_stats_and_cost_at_the_cached_price(
     full = sum(cost_usd(name, t.prompt_tokens, t.completion_tokens) for t in turns)
     if kind == "openai":  # cached input at half the input price, and nothing for writes
         assert 0 < trace.stats.cost_usd < full
+    shown = render_tree(inline.store, trace)[0]
+    assert f"tokens ({trace.stats.cached_tokens} cached)" in shown
 
 
 @pytest.mark.usefixtures("allow_requests")
