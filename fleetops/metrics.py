@@ -145,10 +145,16 @@ def usage_families(client: redis.Redis) -> list[Family]:
         kind, _, model = str(name).partition(":")
         if kind == "cost_usd":
             cost[(("model", model),)] = float(value)
-        elif kind in ("prompt_tokens", "completion_tokens"):
+        elif kind in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             tokens[(("kind", kind.removesuffix("_tokens")), ("model", model))] = float(value)
     return [
-        Family("fleet_tokens_total", "counter", "Model tokens used, by model and kind.", tokens),
+        Family(
+            "fleet_tokens_total",
+            "counter",
+            "Model tokens used, by model and kind (cached: the prompt tokens a provider's"
+            " cache served, counted in prompt too).",
+            tokens,
+        ),
         Family("fleet_cost_usd_total", "counter", "Model cost in US dollars, by model.", cost),
     ]
 
