@@ -30,8 +30,8 @@ def trace(trace_id: str) -> str:
     `stats` (TraceStats) is added to inside the write scripts; `m:{sequence}` holds each
     message (Message JSON); `stop` ("1") is present while a stop is requested (runners check
     it between turns); `uncounted` (`{model: [prompt, completion, cost, cached]}`) holds
-    the usage of model turns not yet added to USAGE, while a run has some. Messages, the stop flag and
-    `uncounted` are not Trace attributes.
+    the usage of model turns not yet added to USAGE, while a run has some. Messages, the
+    stop flag and `uncounted` are not Trace attributes.
     """
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
