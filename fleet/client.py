@@ -14,6 +14,7 @@ from fleet import lifecycle
 from fleet.control import subtree
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
+from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable, ConfigError, FleetError
@@ -149,10 +150,34 @@ class Fleet:
         """
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
         loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
-        spec = replace(spec, budget=budget, max_concurrent=max_concurrent, priority=priority)
-        spec = replace(spec, images=loaded)
-        chosen = (workspace or self.runtime.settings.workspace).expanduser().resolve()
-        check_served(self.store, self.backend.queue(mode), chosen)
+        return self.submit_spec(
+            replace(spec, images=loaded),
+            budget=budget,
+            max_concurrent=max_concurrent,
+            priority=priority,
+        )
+
+    def submit_spec(
+        self,
+        spec: TaskSpec,
+        *,
+        model: str | None = None,
+        workspace: Path | None = None,
+        budget: Budget | None = None,
+        max_concurrent: int | None = None,
+        priority: Priority = "interactive",
+    ) -> Handle:
+        """Create and enqueue the root of `spec`; the keyword options override its fields."""
+        spec = replace(
+            spec,
+            model=model or spec.model,
+            workspace=workspace or spec.workspace,
+            budget=budget,
+            max_concurrent=max_concurrent,
+            priority=priority,
+        )
+        chosen = (spec.workspace or self.runtime.settings.workspace).expanduser().resolve()
+        check_served(self.store, self.backend.queue(spec.mode), chosen)
         trace = create_root(self.runtime, spec)
         try:
             self.enqueue(trace, priority)
@@ -173,6 +198,20 @@ class Fleet:
         """One read-only explore sub-agent per task, in parallel."""
         options.setdefault("preset", "explore")
         return [self.submit(t, mode="explore", **options) for t in tasks]
+
+    def explore_tree(
+        self, tasks: Sequence[str], *, preset: str = "explore", **options: Any
+    ) -> Handle:
+        """One tree: a root that explores `tasks`, one read-only branch each, no model deciding.
+
+        The root's answer is every branch's result and its collaborators are the branches,
+        so budgets, limits and `stop` apply to the whole exploration
+        (`fleet.conversation.fanout`). `options` are `submit_spec`'s (model, workspace,
+        budget, max_concurrent, priority).
+        """
+        chosen = tuple(tasks)
+        spec = TaskSpec(fan_out_task(chosen), fan_out=chosen, fan_out_preset=preset)
+        return self.submit_spec(spec, **options)
 
     def evaluate(self, goal: str, **options: Any) -> Handle:
         """A read-only judge of whether `goal` is met in the workspace."""

@@ -14,6 +14,7 @@ from typing import Any
 from fleet.children import settling
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace
+from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
@@ -94,6 +95,15 @@ class InProcessFleet:
         """
         loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
         spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata, images=loaded)
+        trace = create_root(self.runtime, spec)
+        return self._run(trace.trace_id)
+
+    def explore(
+        self, tasks: Sequence[str], *, model: str | None = None, preset: str = "explore"
+    ) -> Trace:
+        """One tree exploring `tasks` (a fan-out root, `fleet.conversation.fanout`), run."""
+        chosen = tuple(tasks)
+        spec = TaskSpec(fan_out_task(chosen), model, fan_out=chosen, fan_out_preset=preset)
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 

@@ -42,6 +42,10 @@ class TraceStats(_Model):
     completion_tokens: int = 0
     cost_usd: float = 0.0
     duration_ms: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the provider's prompt cache served (part of `prompt_tokens`)."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to the provider's prompt cache (part of `prompt_tokens`)."""
 
 
 class Collaborator(_Model):
@@ -79,6 +83,10 @@ class Message(_Model):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    cached_tokens: int = 0
+    """Of `prompt_tokens`, read from the provider's prompt cache."""
+    cache_write_tokens: int = 0
+    """Of `prompt_tokens`, written to the provider's prompt cache."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at_ms: int = Field(default_factory=now_ms)
 

@@ -14,6 +14,7 @@ prompt.
     budget: {tokens: 200000, usd: 2.0, sub_agents: 50}   # default for trees rooted here
     max_branches: 40                                     # per explore call
     max_concurrent: 10                                   # children running at once
+    warm_explore: true                                   # first branch warms the cache
     web: {allow_domains: ["*.python.org"]}               # narrows fleet.yaml's filter
     ---
     You are a careful researcher ...
@@ -105,6 +106,9 @@ class AgentPreset:
     """`web: {allow_domains, deny_domains}`: added to fleet.yaml's filter, never replacing it."""
     mcp_servers: frozenset[str] | None = None
     """MCP servers whose tools the agent may use (`mcp:`); None means every declared one."""
+    warm_explore: bool | None = None
+    """Its explores let the first branch's first call warm the prompt cache before the
+    others call (`fleet.children.warming`); None: fleet.yaml's `warm_explore`."""
 
     def allows(self, tool: str) -> bool:
         """Whether this preset lets the agent call `tool` (MCP tools: `fleet.mcp.names`)."""
@@ -262,6 +266,7 @@ class _PresetFrontmatter(BaseModel):
     max_concurrent: PositiveCount | None = None
     web: WebSection | None = None
     mcp: list[str] | None = None
+    warm_explore: bool | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -307,6 +312,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         max_concurrent=front.max_concurrent,
         web=front.web.rules() if front.web else None,
         mcp_servers=None if front.mcp is None else frozenset(front.mcp),
+        warm_explore=front.warm_explore,
     )
 
 

@@ -15,12 +15,11 @@ from fleet.limits.gate import Gate
 from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
 from fleet.limits.trees import Trees
 from fleet.llm.base import LLMClient
+from fleet.llm.clients import make_client, validate_model
 from fleet.llm.config import (
     FleetConfig,
     load_config,
-    make_client,
     resolve_model_name,
-    validate_model,
 )
 from fleet.llm.retry import DEFAULT_RETRY
 from fleet.llm.vision import Wire

@@ -10,7 +10,8 @@ from typing import Any, Literal
 import redis
 
 from fleet.errors import ConfigError, RedisUnreachable
-from fleet.llm.config import resolve_model_name, validate_model
+from fleet.llm.clients import validate_model
+from fleet.llm.config import resolve_model_name
 from fleet.presets import load_presets
 from fleet.runtime import operator_config
 from fleet.settings import Settings

@@ -145,12 +145,35 @@ def usage_families(client: redis.Redis) -> list[Family]:
         kind, _, model = str(name).partition(":")
         if kind == "cost_usd":
             cost[(("model", model),)] = float(value)
-        elif kind in ("prompt_tokens", "completion_tokens"):
+        elif kind in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             tokens[(("kind", kind.removesuffix("_tokens")), ("model", model))] = float(value)
     return [
-        Family("fleet_tokens_total", "counter", "Model tokens used, by model and kind.", tokens),
+        Family(
+            "fleet_tokens_total",
+            "counter",
+            "Model tokens used, by model and kind (cached: the prompt tokens a provider's"
+            " cache served, counted in prompt too).",
+            tokens,
+        ),
         Family("fleet_cost_usd_total", "counter", "Model cost in US dollars, by model.", cost),
     ]
+
+
+def fallback_family(client: redis.Redis) -> Family:
+    """Traces moved to a fallback model, from `keys.MODEL_FALLBACKS` (`[from, to]` counts)."""
+    samples: dict[Labels, float] = {}
+    for name, value in client.hgetall(keys.MODEL_FALLBACKS).items():
+        try:
+            from_model, to_model = json.loads(name)
+        except (ValueError, TypeError):
+            continue  # not a field this fleet wrote
+        samples[(("from", str(from_model)), ("to", str(to_model)))] = float(value)
+    return Family(
+        "fleet_model_fallbacks_total",
+        "counter",
+        "Traces moved from a failing model to its fallback, by model alias.",
+        samples,
+    )
 
 
 _LIMIT_FAMILIES = {
@@ -228,6 +251,7 @@ class FleetMetrics:
             ),
             *usage_families(self._store),
             *limit_families(self._store),
+            fallback_family(self._store),
             _counter(counters, "lease_expiries", "Runs re-enqueued after their lease expired."),
             _counter(counters, "resumes", "Parents resumed after their sub-agents were collected."),
             _counter(

@@ -92,6 +92,8 @@ def test_apply_leaves_what_the_single_writes_leave(store: TraceStore) -> None:
         "completion_tokens": 3,
         "cost_usd": 0.25,
         "duration_ms": 12,
+        "cached_tokens": 0,
+        "cache_write_tokens": 0,
     }
     events = [e for _, e in store.read_events("root") if e.trace_id == "one"]
     assert [e.kind for e in events] == ["trace", "message", "message", "collaborator", "finish"]

@@ -8,6 +8,7 @@ from typing import Any
 
 from fleet import ids, lifecycle
 from fleet.children.cache import CacheScope, cache_key
+from fleet.children.warming import WARM_KEY, warms
 from fleet.conversation.continuation import TURN_KEY, turn_of
 from fleet.errors import ToolError, TraceExists
 from fleet.goals import GoalTree
@@ -138,6 +139,7 @@ def _agent_children(
         # it runs: `agent_type: analyst` gives the branches web_search, never a write.
         branch_preset = str(args.get("agent_type") or "explore")
         _check_preset(runtime, parent, branch_preset)
+        common["warm"] = warms(runtime.preset(parent.preset), runtime.config.warm_explore)
         per_branch = _branch_messages(messages, len(task))
         specs = [
             _ChildSpec("explore", branch_preset, t, i, messages)
@@ -307,7 +309,7 @@ def _child_trace(
         parent_tool_call_id=call_id,
         context=context,
         skills=common.get("skills") or [],
-        metadata=_metadata(runtime, parent, call_id, common),
+        metadata=_metadata(runtime, parent, call_id, common, index),
         ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
     )
 
@@ -355,10 +357,12 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
 
 
 def _metadata(
-    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
+    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any], index: int | None
 ) -> dict[str, Any]:
-    """A new child's metadata: its cache key, its parent's tracing context, the turn."""
+    """A new child's metadata: cache key, tracing context, turn, cache warming (`warming`)."""
     metadata = dict(common.get("cache") or {})
+    if common.get("warm") and index is not None and index > 1:
+        metadata[WARM_KEY] = True
     if otel := runtime.hooks.child_context(parent, call_id):
         metadata["otel"] = otel
     if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from fleet import ids
+from fleet.conversation.fanout import FAN_OUT_KEY, fan_out_metadata
 from fleet.errors import ConfigError, ToolError
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
@@ -42,6 +43,10 @@ class TaskSpec:
     """`batch` trees are served after `interactive` ones."""
     images: tuple[Image, ...] = ()
     """Shown to the model with the task (`fleet.tools.imagesource.load_images` checks them)."""
+    fan_out: tuple[str, ...] | None = None
+    """A fan-out root: explores these tasks itself, no model deciding (`fanout`)."""
+    fan_out_preset: str = "explore"
+    """The preset of a fan-out root's branches (read-only whatever it says)."""
 
 
 def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
@@ -52,6 +57,12 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
     """
     if not spec.task.strip():
         raise ConfigError("the task is empty")
+    if FAN_OUT_KEY in (spec.metadata or {}):
+        raise ConfigError(f"metadata: {FAN_OUT_KEY!r} is the fleet's own key, not a submission's")
+    metadata = dict(spec.metadata or {})
+    if spec.fan_out is not None:
+        runtime.preset(spec.fan_out_preset)
+        metadata |= fan_out_metadata(spec.fan_out, spec.fan_out_preset)
     runtime.preset(spec.preset)
     model = runtime.model_name(spec.model, spec.preset)
     runtime.check_model(model)
@@ -73,7 +84,7 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         preset=spec.preset,
         model=_portable(model),
         workspace=str(workspace.workspace),
-        metadata=dict(spec.metadata or {}),
+        metadata=metadata,
         context={"images": refs} if refs else {},
     )
     _control(runtime, spec, model, trace_id)

@@ -224,7 +224,9 @@ class Gate:
             target = resolve_target(self.config, model_name)
         except Exception:  # a test's client under a name the config cannot resolve
             return 0.0
-        return cost_usd(target.model, prompt_tokens, completion_tokens, target.pricing)
+        return cost_usd(
+            target.model, prompt_tokens, completion_tokens, target.pricing, kind=target.kind
+        )
 
     def _refund(self, go: Go) -> None:
         """Nothing was used: the reservation goes (a final turn's set-aside comes back)."""

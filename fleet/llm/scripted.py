@@ -104,6 +104,8 @@ class ScriptedModel:
         """The conversations this model was sent (the last `keep`), for assertions."""
         self.tools_seen: list[list[dict[str, Any]]] = []
         """The tool schemas offered with each of those requests."""
+        self.cache_keys: list[str | None] = []
+        """The `cache_key` of each of those requests."""
 
     @classmethod
     def from_file(cls, path: Path) -> ScriptedModel:
@@ -138,22 +140,26 @@ class ScriptedModel:
         *,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
+        cache_key: str | None = None,
     ) -> LLMResponse:
         """Return the next scripted response."""
         with self._lock:
-            self._record(messages, tools)
+            self._record(messages, tools, cache_key)
             response = self._next(messages, tools)
         if self._latency_ms or self._jitter_ms:
             time.sleep((self._latency_ms + random.random() * self._jitter_ms) / 1000)
         return response
 
-    def _record(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+    def _record(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], cache_key: str | None
+    ) -> None:
         if self._keep == 0:
             return
         self.requests.append([dict(m) for m in messages])
         self.tools_seen.append([dict(t) for t in tools])
+        self.cache_keys.append(cache_key)
         if self._keep is not None and len(self.requests) > self._keep:
-            del self.requests[0], self.tools_seen[0]
+            del self.requests[0], self.tools_seen[0], self.cache_keys[0]
 
     def _next(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         if self._function is not None:

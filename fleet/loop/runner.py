@@ -13,30 +13,29 @@ from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
 from fleet.children import settling
+from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import (
     SUB_AGENT_TOOLS,
     fresh_call_ids,
     main_path,
     recent_calls,
-    to_wire,
 )
-from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
+from fleet.limits.gate import Spent, Wait, last_answer
 from fleet.llm.base import ToolCall
-from fleet.loop.images import prepared
 from fleet.loop.resume import opening
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
-from fleet.loop.toolcalls import execute_turn, plain_only, tool_schemas
+from fleet.loop.toolcalls import execute_turn, plain_only
 from fleet.loop.turns import (
+    Answered,
     Held,
     Outcome,
     Turn,
     advanced,
-    call_model,
+    ask_model,
     hand_back,
     model_message,
-    note,
     recorded,
     terminal,
 )
@@ -266,35 +265,22 @@ class Runner:
         provider limit did not admit the call, `Spent` when the tree's budget is used up:
         nothing of this turn is written either.
         """
-        trace, messages = snapshot.trace, snapshot.messages
+        trace = snapshot.trace
         model_name = self.runtime.model_name(trace.model, trace.preset)
-        tools = tool_schemas(self.runtime, trace)
-        path = main_path(messages, trace.head_sequence)
-        chars = request_chars(path, tools)
-        verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses)
-        if not isinstance(verdict, Go):
-            return verdict
-        if (extra := note(self.runtime, trace, final=verdict.budget.final)) is not None:
-            if held.pending is not None:  # the first messages go first
-                self.store.apply(held.pending)
-                held.pending = None
-            stored = self.store.append_message(extra)
-            messages = [*messages, stored]
-            trace = trace.model_copy(
-                update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
-            )
-            path = main_path(messages, trace.head_sequence)
-        trace, request = prepared(self.runtime, trace, model_name, to_wire(path), tools)
-        response = call_model(
-            self.runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
-        )
-        if isinstance(response, Wait):
-            return response
-        self.runtime.hooks.model_responded(trace, response)
+        path = main_path(snapshot.messages, trace.head_sequence)
+        planned = planned_turn(trace, path)  # a fan-out root's turns need no model
+        if planned is not None:
+            answered = Answered(trace, snapshot.messages, path, planned, FAN_OUT_MODEL)
+        else:
+            called = ask_model(self.runtime, snapshot, held, model_name)
+            if not isinstance(called, Answered):
+                return called
+            answered = called
         if held.heartbeat.lost.is_set():
             return None
-        response = fresh_call_ids(response, messages, trace.last_sequence + 1)
-        message = model_message(self.runtime, trace, response, model_name)
+        trace, messages = answered.trace, answered.messages
+        response = fresh_call_ids(answered.response, messages, trace.last_sequence + 1)
+        message = model_message(self.runtime, trace, response, answered.model)
         event = Event(
             kind="message",
             trace_id=trace.trace_id,
@@ -307,8 +293,8 @@ class Runner:
         held.pending = None
         write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
-        step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
-        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
+        step: Step = decide_next(response, recent_calls(answered.path, repeats - 1), repeats)
+        if answered.final:  # the root's last turn: whatever it says is the answer
             step = Finish(response.content or "(no answer)", reason="budget")
         pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
         return Turn(step, recorded(trace, message), [*messages, message], write, pauses)

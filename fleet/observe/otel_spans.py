@@ -25,6 +25,7 @@ from opentelemetry import propagate
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 
 from fleet.llm.base import LLMResponse, ToolCall
+from fleet.llm.fallback import FALLBACKS_KEY
 from fleet.models import Trace, text_of
 from fleet.observe.hooks import Hooks
 from fleet.storage.store import TraceStore
@@ -133,6 +134,7 @@ class OtelHooks(Hooks):
             "gen_ai.request.model": model,
             "gen_ai.provider.name": provider,
             **_fleet_attributes(trace),
+            **_fallback_attributes(trace),
         }
         if self._capture:
             attributes["gen_ai.input.messages"] = json.dumps(
@@ -155,6 +157,10 @@ class OtelHooks(Hooks):
         chat, run.chat = run.chat, None
         chat.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
         chat.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
+        if usage.cached_tokens:
+            chat.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens)
+        if usage.cache_write_tokens:
+            chat.set_attribute("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_tokens)
         if response.model:
             chat.set_attribute("gen_ai.response.model", response.model)
         finish = "tool_calls" if response.tool_calls else "stop"
@@ -229,6 +235,18 @@ def _fleet_attributes(trace: Trace) -> dict[str, str]:
         "fleet.trace_id": trace.trace_id,
         "fleet.root_trace_id": trace.root_trace_id,
         "fleet.mode": trace.mode,
+    }
+
+
+def _fallback_attributes(trace: Trace) -> dict[str, Any]:
+    """On a call made by a fallback model: which model it stands in for, after how many."""
+    switches = trace.metadata.get(FALLBACKS_KEY)
+    if not isinstance(switches, list) or not switches or not isinstance(switches[0], dict):
+        return {}
+    return {
+        "fleet.model.fallback": True,
+        "fleet.model.fallback_from": str(switches[0].get("from", "")),
+        "fleet.model.fallback_count": len(switches),
     }
 
 

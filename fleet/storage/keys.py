@@ -30,9 +30,9 @@ def trace(trace_id: str) -> str:
 
     `stats` (TraceStats) is added to inside the write scripts; `m:{sequence}` holds each
     message (Message JSON); `stop` ("1") is present while a stop is requested (runners check
-    it between turns); `uncounted` (`{model: [prompt, completion, cost]}`) holds the usage of
-    model turns not yet added to USAGE, while a run has some. Messages, the stop flag and
-    `uncounted` are not Trace attributes.
+    it between turns); `uncounted` (`{model: [prompt, completion, cost, cached]}`) holds
+    the usage of model turns not yet added to USAGE, while a run has some. Messages, the
+    stop flag and `uncounted` are not Trace attributes.
     """
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
@@ -149,9 +149,13 @@ def experiences_used(trace_id: str) -> str:
 
 USAGE = f"{PREFIX}:usage"
 """Hash, no TTL: fleet-wide model usage for `fleet metrics`, one field per `{kind}:{model}`
-(kind prompt_tokens, completion_tokens or cost_usd); added to once per run, by the write
-that ends it (a status other than running), from the trace's `uncounted` field: a run that
-died leaves its calls there for the trace's next run to add."""
+(kind prompt_tokens, completion_tokens, cached_tokens or cost_usd); added to once per run,
+by the write that ends it (a status other than running), from the trace's `uncounted`
+field: a run that died leaves its calls there for the trace's next run to add."""
+
+MODEL_FALLBACKS = f"{PREFIX}:model-fallbacks"
+"""Hash, no TTL: fleet-wide model fallbacks for `fleet metrics`: the JSON `[from, to]` of the
+two model names -> how many traces moved from one to the other (`fleet.llm.fallback`)."""
 
 COUNTERS = f"{PREFIX}:counters"
 """Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""

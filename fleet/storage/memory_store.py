@@ -42,6 +42,8 @@ class MemoryStore:
         self._cache: dict[str, tuple[str, int]] = {}
         self._human_waits: dict[str, int] = {}
         self._counters: dict[str, int] = defaultdict(int)
+        self.fallbacks: dict[tuple[str, str], int] = defaultdict(int)
+        """(from, to) model names -> how many traces moved, as `fleet metrics` shows them."""
         self._presence: dict[str, tuple[WorkerPresence, int]] = {}
         self._outbox: dict[str, int] = {}
         self._open_trees: dict[str, int] = {}
@@ -198,6 +200,8 @@ class MemoryStore:
                     prompt_tokens=message.prompt_tokens,
                     completion_tokens=message.completion_tokens,
                     cost_usd=message.cost_usd,
+                    cached_tokens=message.cached_tokens,
+                    cache_write_tokens=message.cache_write_tokens,
                 )
                 self.update_trace(message.trace_id, iteration=iteration)
             self.emit(root_trace_id, with_sequence(event, stored.sequence))
@@ -340,6 +344,10 @@ class MemoryStore:
     def count(self, counter: CounterName, by: int = 1) -> None:
         with self._lock:
             self._counters[counter] += by
+
+    def count_fallback(self, from_model: str, to_model: str) -> None:
+        with self._lock:
+            self.fallbacks[from_model, to_model] += 1
 
     def unavailable(self, exc: BaseException) -> bool:
         return False

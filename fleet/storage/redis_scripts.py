@@ -97,7 +97,8 @@ return created
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
 #           its sequence ('' for no event); iteration ('' for no model turn: else its usage
 #           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
-#           model ('' for no fleet-wide usage: else it is added to the trace's `uncounted`)
+#           model ('' for no fleet-wide usage: else it is added to the trace's `uncounted`);
+#           cached_tokens; cache_write_tokens (to the stats with the rest of the usage)
 #   stats   name, delta, ...
 #   collab  child trace id, Collaborator JSON, event JSON or '', '1' when the parent writes
 #           its own entries (their TTLs are refreshed; a child's entry only sets them new)
@@ -108,7 +109,7 @@ return created
 # `last_sequence` and hung under its head; the two fields are spliced into the caller's
 # JSON text (cjson would turn [] into {}). Stats are the `stats` field (TraceStats JSON),
 # added to here. The fleet-wide usage of model turns (`fleet metrics`) waits in the trace's
-# `uncounted` field ({model: [prompt, completion, cost]}) and goes to KEYS[3] when the
+# `uncounted` field ({model: [prompt, completion, cost, cached]}) and goes to KEYS[3] when the
 # trace changes status other than to running (a run's last write: finish, waiting, queued
 # again), the field deleted in the same step: each call is counted once, and the calls of
 # a run that died are counted by the next write that ends a run of the trace.
@@ -132,11 +133,12 @@ local function stat(name, delta)
   stats = stats or cjson.decode(state[3] or '{}')
   stats[name] = (stats[name] or 0) + tonumber(delta)
 end
-local function usage(model, prompt, completion, cost)
+local function usage(model, prompt, completion, cost, cached)
   if model == '' then return end
   uncounted = uncounted or cjson.decode(state[5] or '{}')
-  local u = uncounted[model] or {0, 0, 0}
+  local u = uncounted[model] or {0, 0, 0, 0}
   u[1], u[2], u[3] = u[1] + tonumber(prompt), u[2] + tonumber(completion), u[3] + tonumber(cost)
+  u[4] = (u[4] or 0) + tonumber(cached)  -- an entry left by an older writer has three
   uncounted[model] = u
 end
 -- The run's usage, fleet-wide, once: what its turns (and a dead run's) left uncounted.
@@ -151,6 +153,9 @@ local function count_usage()
     end
     if u[3] ~= 0 then
       redis.call('HINCRBYFLOAT', KEYS[3], 'cost_usd:' .. model, string.format('%.14g', u[3]))
+    end
+    if (u[4] or 0) ~= 0 then
+      redis.call('HINCRBY', KEYS[3], 'cached_tokens:' .. model, string.format('%d', u[4]))
     end
   end
   if state[5] then redis.call('HDEL', KEYS[1], 'uncounted') end
@@ -169,8 +174,10 @@ local function add(a)
     stat('prompt_tokens', ARGV[a + 6])
     stat('completion_tokens', ARGV[a + 7])
     stat('cost_usd', ARGV[a + 8])
+    stat('cached_tokens', ARGV[a + 10])
+    stat('cache_write_tokens', ARGV[a + 11])
   end
-  usage(ARGV[a + 9], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+  usage(ARGV[a + 9], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 10])
   if ARGV[a + 2] ~= '' then emit(ARGV[a + 2] .. last .. ARGV[a + 3]) end
 end
 local function set(a, n)

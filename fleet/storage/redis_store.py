@@ -403,6 +403,12 @@ class RedisStore:
         except redis.RedisError:  # a metric must never fail the work it counts
             log.warning("fleet counter %r not updated", counter, exc_info=True)
 
+    def count_fallback(self, from_model: str, to_model: str) -> None:
+        try:
+            self._client.hincrby(keys.MODEL_FALLBACKS, json.dumps([from_model, to_model]), 1)
+        except redis.RedisError:
+            log.warning("fleet fallback count not updated", exc_info=True)
+
 
 class _Script:
     """A write script registered twice: as it is, and behind the lease check (`fenced`)."""

@@ -17,7 +17,15 @@ from fleet.models import (
 from fleet.storage.keys import CounterName
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 
-STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
+STATS_FIELDS = (
+    "messages",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "duration_ms",
+    "cached_tokens",
+    "cache_write_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -283,6 +291,10 @@ class TraceStore(Protocol):
 
     def count(self, counter: CounterName, by: int = 1) -> None:
         """Add to a fleet-wide counter (`fleet metrics`); best effort: a failure is logged."""
+        ...
+
+    def count_fallback(self, from_model: str, to_model: str) -> None:
+        """Count a trace moved to a fallback model (`fleet metrics`); best effort too."""
         ...
 
     def cache_set(self, key: str, value: str, ttl_s: int) -> None:

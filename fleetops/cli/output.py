@@ -118,6 +118,8 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         f"{indent}{trace.trace_id}  [{trace.mode}, {trace.status}]  "
         f"{stats.messages} msgs, {stats.prompt_tokens + stats.completion_tokens} tokens"
     )
+    if stats.cached_tokens:  # part of the tokens above, read from the provider's cache
+        line += f" ({stats.cached_tokens} cached)"
     lines = [line, f"{indent}  task: {_one_line(trace.task)}"]
     if images := task_images(trace):  # placeholders: a trace holds references, never bytes
         lines.append(f"{indent}  with {images}")
