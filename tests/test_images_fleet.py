@@ -161,13 +161,18 @@ def test_over_the_anthropic_wire_images_are_image_blocks(
     first, second = provider.bodies("/v1/messages")
     source = {"type": "base64", "media_type": "image/png", "data": SHOT_B64}
     block = {"type": "image", "source": source}
-    assert block in first["messages"][0]["content"]
+    assert block in unmarked(first["messages"][0]["content"])
     results = [
         b for m in second["messages"] for b in m["content"] if b.get("type") == "tool_result"
     ]
     (looked,) = results
-    assert block in looked["content"]
+    assert block in unmarked(looked["content"])
     assert len(image_keys(url, result["trace_id"])) == 1
+
+
+def unmarked(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The blocks without their prompt-cache breakpoints (issue 27 marks the last one)."""
+    return [{k: v for k, v in b.items() if k != "cache_control"} for b in blocks]
 
 
 def test_an_image_url_to_loopback_is_refused_unless_the_operator_allows_it(
