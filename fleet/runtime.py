@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Protocol
 
 from fleet.experiences.outcomes import with_outcomes
-from fleet.experiences.store import ExperienceStore, MemoryExperiences
+from fleet.experiences.store import EXPERIENCES, ExperienceStore
+from fleet.limits.backends import LIMITS
 from fleet.limits.gate import Gate
-from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
-from fleet.limits.trees import Trees
+from fleet.limits.protocols import TreeSchedules
 from fleet.llm.base import LLMClient
 from fleet.llm.config import (
     FleetConfig,
@@ -91,9 +91,9 @@ class Runtime:
     presets: Mapping[str, AgentPreset]
     tools: ToolRegistry
     gate: Gate
-    """Budgets and provider limits in front of every model call (none for the memory store)."""
-    trees: Trees | None = None
-    """Each tree's schedule and run window (Redis store only)."""
+    """Budgets and provider limits in front of every model call (the store keeps them)."""
+    trees: TreeSchedules | None = None
+    """Each tree's schedule and run window (`build` takes the store's)."""
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
@@ -126,7 +126,7 @@ class Runtime:
         presets = load_presets(
             settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
         )
-        experiences = _experiences(store)
+        experiences = store.capability(EXPERIENCES)
         return cls(
             store=store,
             dispatcher=dispatcher,
@@ -135,7 +135,7 @@ class Runtime:
             presets=presets,
             tools=default_registry(),
             gate=gate,
-            trees=_trees(store),
+            trees=store.capability(LIMITS).trees,
             hooks=with_outcomes(hooks, experiences, presets),
             experiences=experiences,
             clients=dict(clients or {}),
@@ -236,35 +236,14 @@ class Runtime:
 def _search(
     config: FleetConfig, settings: Settings, store: TraceStore, gate: Gate, redactor: Redactor
 ) -> WebSearcher | None:
-    """The search provider fleet.yaml names, counting on the store's Redis when it has one."""
-    from fleet.storage.redis_store import RedisStore
-
+    """The search provider fleet.yaml names, counting each tree's searches beside the store."""
     if config.search is None:
         return None
-    counter: SearchCounter = (
-        RedisSearchCounter(store.client) if isinstance(store, RedisStore) else MemorySearchCounter()
-    )
     return SearchService(
         config.search,
         settings.env,
-        counter,
+        store.capability(LIMITS).searches,
         limiter=gate.limiter,
         web_allow=settings.web_allow,
         redactor=redactor,
     )
-
-
-def _trees(store: TraceStore) -> Trees | None:
-    from fleet.storage.redis_store import RedisStore
-
-    return Trees(store.client) if isinstance(store, RedisStore) else None
-
-
-def _experiences(store: TraceStore) -> ExperienceStore:
-    from fleet.storage.redis_store import RedisStore
-
-    if isinstance(store, RedisStore):
-        from fleet.storage.redis_experiences import RedisExperiences
-
-        return RedisExperiences(store.client)
-    return MemoryExperiences()

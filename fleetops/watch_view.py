@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from fleet.control import subtree
-from fleet.limits.budget import budget_state
+from fleet.limits.backends import budget_state
 from fleet.models import Event, Trace
 from fleet.storage.store import TraceStore
 from fleetops.cli.output import printable

@@ -19,6 +19,7 @@ from fleet.models import (
     WorkerPresence,
     now_ms,
 )
+from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
 from fleet.storage.store import STATS_FIELDS, StartRun, TraceSnapshot, starts, with_sequence
 from fleet.storage.writes import TraceWrite, WriteResult, apply_one_by_one
@@ -47,6 +48,14 @@ class MemoryStore:
         self._open_trees: dict[str, int] = {}
         self._fence: tuple[str, str] | None = None
         """(trace id, owner) in a `fenced` view: writes need that lease."""
+        self._kept = Kept()
+
+    def capability(self, kind: Capability[T]) -> T:
+        """The in-memory twin of `kind`, one per store (its fenced views share it)."""
+        return self._kept.get(kind, kind.in_memory)
+
+    def close(self) -> None:
+        """Nothing to close: the tables go with the store."""
 
     def _check_fence(self) -> None:
         """`LeaseLost` unless this view's runner holds its lease (call under the lock)."""

@@ -21,6 +21,7 @@ import redis
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
 from fleet.storage import keys, redis_scripts, redis_writes
+from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
 
 # connect and redact_url lived here before redis_connect: still importable from here.
@@ -62,6 +63,7 @@ class RedisStore:
         self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
         self._fence: tuple[str, str, str] | None = None
         """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
+        self._kept = Kept()
         self._create = _Script(redis_scripts.CREATE_TRACES)
         self._append_once = _Script(redis_scripts.APPEND_ONCE)
         self._put_collaborator = _Script(redis_scripts.PUT_COLLABORATOR)
@@ -83,6 +85,10 @@ class RedisStore:
     def client(self) -> redis.Redis:
         """The Redis client, for other fleet-wide state on the same server (limits, budgets)."""
         return self._client
+
+    def capability(self, kind: Capability[T]) -> T:
+        """The service `kind` on this store's Redis, built once per store."""
+        return self._kept.get(kind, lambda: kind.on_redis(self._client))
 
     def ping(self) -> None:
         """Pre-flight check: `ConfigError` naming the (password-free) URL if Redis is away."""

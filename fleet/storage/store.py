@@ -14,6 +14,7 @@ from fleet.models import (
     TracePatch,
     WorkerPresence,
 )
+from fleet.storage.capability import Capability, T
 from fleet.storage.keys import CounterName
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 
@@ -287,4 +288,12 @@ class TraceStore(Protocol):
 
     def cache_set(self, key: str, value: str, ttl_s: int) -> None:
         """Cache a sub-agent answer for `ttl_s`."""
+        ...
+
+    def capability(self, kind: Capability[T]) -> T:
+        """The service `kind` beside this store (limits, budgets, ...): Redis or memory."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what the store opened (its own Redis client)."""
         ...

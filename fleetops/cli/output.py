@@ -16,7 +16,7 @@ from typing import Any
 
 from fleet.conversation.continuation import branches, turn_of
 from fleet.conversation.human import waiting_on
-from fleet.limits.budget import budget_state
+from fleet.limits.backends import budget_state
 from fleet.models import Trace
 from fleet.storage.store import TraceStore
 
