@@ -28,7 +28,7 @@ from fleet.models import (
     now_ms,
 )
 from fleet.runtime import Runtime
-from fleet.storage.store import StartRun, TraceStore
+from fleet.storage.store import StartRun, TraceContent, TraceRecords
 from fleet.storage.writes import TraceWrite
 
 # -- the trace's own status -------------------------------------------------------------
@@ -265,7 +265,7 @@ def mirrored(runtime: Runtime, child: Trace) -> Collaborator:
 
 
 def put_collaborator(
-    store: TraceStore,
+    store: TraceContent,
     parent_trace_id: str,
     child: Trace,
     entry: Collaborator,
@@ -389,7 +389,7 @@ def _stop_person(runtime: Runtime, trace: Trace) -> None:
 
 
 def _set_status(
-    store: TraceStore, trace: Trace, status: Status, write: TraceWrite | None = None
+    store: TraceRecords, trace: Trace, status: Status, write: TraceWrite | None = None
 ) -> Trace:
     """Write a non-terminal status with its `trace` event (nothing when it is already so)."""
     if trace.status == status:

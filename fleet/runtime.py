@@ -30,7 +30,7 @@ from fleet.security.redact import SHAPES_ONLY, Redactor
 from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
 from fleet.storage.leases import LeaseKeeper
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services, TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
 from fleet.tools.webfilter import OPEN, DomainFilter
@@ -234,7 +234,7 @@ class Runtime:
 
 
 def _search(
-    config: FleetConfig, settings: Settings, store: TraceStore, gate: Gate, redactor: Redactor
+    config: FleetConfig, settings: Settings, store: Services, gate: Gate, redactor: Redactor
 ) -> WebSearcher | None:
     """The search provider fleet.yaml names, counting each tree's searches beside the store."""
     if config.search is None:

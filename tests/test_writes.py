@@ -17,8 +17,8 @@ from fleet.models import Collaborator, Event, Message, Trace
 from fleet.settings import Settings
 from fleet.storage import keys as fleet_keys
 from fleet.storage.redis_store import RedisStore
-from fleet.storage.store import TraceStore
-from fleet.storage.writes import TraceWrite, apply_one_by_one
+from fleet.storage.store import TraceStore, apply_one_by_one
+from fleet.storage.writes import TraceWrite
 from fleet.testing import ScriptedModel, call, text
 
 

@@ -18,7 +18,7 @@ from fleet.limits.providers import Limiter
 from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
 from fleet.limits.trees import Trees
 from fleet.storage.capability import Capability
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,6 @@ def _in_memory() -> Limits:
 LIMITS = Capability("limits", _on_redis, _in_memory)
 
 
-def budget_state(store: TraceStore, root_trace_id: str) -> BudgetState | None:
+def budget_state(store: Services, root_trace_id: str) -> BudgetState | None:
     """A tree's budget now, from the limits its store keeps (None: the tree has none)."""
     return store.capability(LIMITS).budgets.state(root_trace_id)

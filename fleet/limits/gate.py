@@ -42,7 +42,7 @@ from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, resolve_target
 from fleet.llm.pricing import cost_usd
 from fleet.models import Message, Trace
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services
 from fleet.storage.writes import PauseRead
 
 DEFAULT_OUTPUT_BOOKING = 4096
@@ -109,7 +109,7 @@ class Gate:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_store(cls, store: TraceStore, config: FleetConfig, env: Mapping[str, str]) -> Gate:
+    def for_store(cls, store: Services, config: FleetConfig, env: Mapping[str, str]) -> Gate:
         """A gate on the limits the store keeps (Redis, or their memory twins)."""
         limits = store.capability(LIMITS)
         return cls(config, env, limits.limiter, limits.budgets)

@@ -21,8 +21,15 @@ from fleet.models import (
 )
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
-from fleet.storage.store import STATS_FIELDS, StartRun, TraceSnapshot, starts, with_sequence
-from fleet.storage.writes import TraceWrite, WriteResult, apply_one_by_one
+from fleet.storage.store import (
+    STATS_FIELDS,
+    StartRun,
+    TraceSnapshot,
+    apply_one_by_one,
+    starts,
+    with_sequence,
+)
+from fleet.storage.writes import TraceWrite, WriteResult
 
 
 class MemoryStore:
