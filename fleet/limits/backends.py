@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import redis
 
 from fleet.limits.budget import Budgets, BudgetState
-from fleet.limits.memory import LimitState, MemoryBudgets, MemoryLimiter, MemoryTrees
+from fleet.limits.memory import LimitState, MemoryLimiter
+from fleet.limits.memory_trees import MemoryBudgets, MemoryTrees
 from fleet.limits.protocols import ProviderLimits, TreeBudgets, TreeSchedules
 from fleet.limits.providers import Limiter
 from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter

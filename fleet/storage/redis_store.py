@@ -19,7 +19,7 @@ from typing import Any, Unpack, cast
 import redis
 
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
-from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
+from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
 from fleet.storage import keys, redis_scripts, redis_writes
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
@@ -28,6 +28,7 @@ from fleet.storage.keys import CounterName
 from fleet.storage.redis_connect import Lua, unreachable
 from fleet.storage.redis_connect import connect as connect
 from fleet.storage.redis_connect import redact_url as redact_url
+from fleet.storage.redis_workers import RedisWorkerTables
 from fleet.storage.redis_writes import (
     decode_fields,
     decode_messages,
@@ -41,12 +42,10 @@ from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 BLOCK_MARGIN_MS = 1_000
 """How far below the socket timeout a blocking XREAD must return."""
 
-CONSUMER_TRIM_MS = 60_000
-"""A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
 log = logging.getLogger(__name__)
 
 
-class RedisStore:
+class RedisStore(RedisWorkerTables):
     """A TraceStore on Redis, safe to share between threads."""
 
     def __init__(
@@ -333,51 +332,7 @@ class RedisStore:
         holder = self._client.get(keys.lease(trace_id))
         return None if holder is None else str(holder)
 
-    # -- worker heartbeat, presence, outbox -----------------------------------
-
-    def beat(
-        self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
-    ) -> list[bool]:
-        now = now_ms()
-        pipe = self._client.pipeline(transaction=False)
-        if leases:
-            lease_keys = [keys.lease(trace_id) for trace_id, _ in leases]
-            args: list[str | int] = [ttl_ms, now + ttl_ms]
-            args += [item for trace_id, owner in leases for item in (owner, trace_id)]
-            self._renew_all(keys=[keys.RUNNING, *lease_keys], args=args, client=pipe)
-        if presence is not None:
-            pipe.set(keys.worker(presence.node), presence.model_dump_json(), px=ttl_ms)
-            for queue in presence.queues:
-                pipe.zadd(keys.consumers(queue), {presence.node: now + ttl_ms})
-                pipe.zremrangebyscore(keys.consumers(queue), "-inf", now - CONSUMER_TRIM_MS)
-        replies = pipe.execute()
-        return [bool(r) for r in replies[0]] if leases else []
-
-    def drop_presence(self, presence: WorkerPresence) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.delete(keys.worker(presence.node))
-        for queue in presence.queues:
-            pipe.zrem(keys.consumers(queue), presence.node)
-        pipe.execute()
-
-    def presences(self, nodes: Sequence[str]) -> list[WorkerPresence]:
-        if not nodes:
-            return []
-        found = self._client.mget([keys.worker(n) for n in nodes])
-        return [WorkerPresence.model_validate_json(raw) for raw in found if raw is not None]
-
-    def live_consumers(self, queue: str) -> list[str]:
-        return [str(n) for n in self._client.zrangebyscore(keys.consumers(queue), now_ms(), "+inf")]
-
-    def outbox_put(self, entry: str, due_ms: int) -> None:
-        self._client.zadd(keys.OUTBOX, {entry: due_ms})
-
-    def outbox_done(self, entry: str) -> None:
-        self._client.zrem(keys.OUTBOX, entry)
-
-    def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
-        due = self._claim_due(self._client, [keys.OUTBOX], [at_ms, at_ms + retry_ms, limit])
-        return [str(m) for m in due]
+    # -- collection, cache, counters -----------------------------------------
 
     def append_collected(self, message: Message) -> Message | None:
         if message.tool_call_id is None:
