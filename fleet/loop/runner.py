@@ -16,9 +16,7 @@ from fleet.children import settling
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import (
     SUB_AGENT_TOOLS,
-    fresh_call_ids,
     main_path,
-    recent_calls,
     to_wire,
 )
 from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
@@ -26,7 +24,7 @@ from fleet.llm.base import ToolCall
 from fleet.loop.fit import fit
 from fleet.loop.fit import record as record_fit
 from fleet.loop.resume import opening
-from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
+from fleet.loop.steps import CallTools, DoomLoop, Finish
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
 from fleet.loop.toolcalls import execute_turn, plain_only, tool_schemas
 from fleet.loop.turns import (
@@ -36,9 +34,8 @@ from fleet.loop.turns import (
     advanced,
     call_model,
     hand_back,
-    model_message,
+    next_turn,
     note,
-    recorded,
     terminal,
 )
 from fleet.loop.turns import RunResult as RunResult  # re-exported: hosts import it from here
@@ -295,25 +292,10 @@ class Runner:
         self.runtime.hooks.model_responded(trace, response)
         if held.heartbeat.lost.is_set():
             return None
-        response = fresh_call_ids(response, messages, trace.last_sequence + 1)
-        message = model_message(self.runtime, trace, response, model_name)
-        event = Event(
-            kind="message",
-            trace_id=trace.trace_id,
-            data={
-                "role": "assistant",
-                "tools": [c["function"]["name"] for c in message.tool_calls or ()],
-            },
-        )
         write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
         held.pending = None
-        write.append(message, event, iteration=trace.iteration + 1)
-        repeats = self.runtime.settings.doom_loop_repeats
-        step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
-        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
-            step = Finish(response.content or "(no answer)", reason="budget")
-        pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
-        return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
+        final = verdict.budget.final
+        return next_turn(self.runtime, trace, messages, response, write, model_name, final=final)
 
     def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
         """Finish with the answer; None after a correction (it missed its output schema).

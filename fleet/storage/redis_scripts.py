@@ -380,23 +380,3 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, AR
 for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
 return due
 """
-
-# Prepended to a write script for a runner's fenced store: KEYS[1] is the runner's lease and
-# ARGV[1] its owner token; both are taken off before the script proper runs. The lease check
-# and the write are one atomic step, so a runner whose lease lapsed (a frozen VM, a long GC)
-# cannot write into a trace another runner took over, not even in the instant after a check.
-FENCE = """
-local lease_key = table.remove(KEYS, 1)
-local lease_owner = table.remove(ARGV, 1)
-if redis.call('GET', lease_key) ~= lease_owner then
-  return redis.error_reply('FENCED the lease is not held by this runner')
-end
-"""
-
-FENCED_PREFIX = "FENCED"
-"""The start of the error a fenced script returns when the lease is not the caller's."""
-
-
-def fenced(script: str) -> str:
-    """The script behind the lease check of `FENCE`."""
-    return FENCE + script

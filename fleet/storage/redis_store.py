@@ -18,7 +18,7 @@ from typing import Any, Unpack, cast
 
 import redis
 
-from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
+from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
 from fleet.storage import keys, redis_scripts, redis_writes
 from fleet.storage.capability import Capability, Kept, T
@@ -28,6 +28,7 @@ from fleet.storage.keys import CounterName
 from fleet.storage.redis_connect import Lua, unreachable
 from fleet.storage.redis_connect import connect as connect
 from fleet.storage.redis_connect import redact_url as redact_url
+from fleet.storage.redis_fence import FencedScript, lease_lost
 from fleet.storage.redis_workers import RedisWorkerTables
 from fleet.storage.redis_writes import (
     decode_fields,
@@ -63,11 +64,11 @@ class RedisStore(RedisWorkerTables):
         self._fence: tuple[str, str, str] | None = None
         """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
         self._kept = Kept()
-        self._create = _Script(redis_scripts.CREATE_TRACES)
-        self._append_once = _Script(redis_scripts.APPEND_ONCE)
-        self._put_collaborator = _Script(redis_scripts.PUT_COLLABORATOR)
-        self._apply = _Script(redis_scripts.APPLY)
-        self._emit = _Script(redis_scripts.EMIT)
+        self._create = FencedScript(redis_scripts.CREATE_TRACES)
+        self._append_once = FencedScript(redis_scripts.APPEND_ONCE)
+        self._put_collaborator = FencedScript(redis_scripts.PUT_COLLABORATOR)
+        self._apply = FencedScript(redis_scripts.APPLY)
+        self._emit = FencedScript(redis_scripts.EMIT)
         self._request_stop = Lua(redis_scripts.REQUEST_STOP)
         self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)  # in a pipeline
         self._claim_due = Lua(redis_scripts.CLAIM_DUE)
@@ -103,7 +104,7 @@ class RedisStore(RedisWorkerTables):
         view._fence = (trace_id, keys.lease(trace_id), owner)
         return view
 
-    def _script(self, script: _Script, script_keys: list[str], args: Sequence[Any]) -> Any:
+    def _script(self, script: FencedScript, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a write script, behind the lease check when this is a fenced view."""
         if self._fence is None:
             return script.plain(self._client, script_keys, args)
@@ -111,7 +112,7 @@ class RedisStore(RedisWorkerTables):
         try:
             return script.fenced(self._client, [lease_key, *script_keys], [owner, *args])
         except redis.ResponseError as exc:
-            raise _lease_lost(trace_id, exc) from None
+            raise lease_lost(trace_id, exc) from None
 
     def close(self) -> None:
         """Close the client if this store created it."""
@@ -363,18 +364,3 @@ class RedisStore(RedisWorkerTables):
             self._client.hincrby(keys.COUNTERS, counter, by)
         except redis.RedisError:  # a metric must never fail the work it counts
             log.warning("fleet counter %r not updated", counter, exc_info=True)
-
-
-class _Script:
-    """A write script registered twice: as it is, and behind the lease check (`fenced`)."""
-
-    def __init__(self, source: str) -> None:
-        self.plain = Lua(source)
-        self.fenced = Lua(redis_scripts.fenced(source))
-
-
-def _lease_lost(trace_id: str, exc: redis.ResponseError) -> Exception:
-    """`LeaseLost` for a fenced script's refusal; any other script error as it is."""
-    if str(exc).startswith(redis_scripts.FENCED_PREFIX):
-        return LeaseLost(f"the lease of {trace_id!r} is no longer held by this runner")
-    return exc
