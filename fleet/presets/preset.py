@@ -22,25 +22,20 @@ prompt.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import ErrorDetails
-
-from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_of
+from fleet.conversation.approval_rules import ApprovalRule, rules_of
 from fleet.errors import ConfigError
-from fleet.limits.budget import Budget, BudgetIn
-from fleet.limits.values import PositiveCount
+from fleet.limits.budget import Budget
 from fleet.mcp import names as mcp_names
 from fleet.mcp.names import PREFIX as MCP_PREFIX
-from fleet.security import trust, yamlsafe
-from fleet.tools.webfilter import DomainRules, WebSection
+from fleet.presets.frontmatter import PresetFrontmatter, split_frontmatter
+from fleet.security import trust
+from fleet.tools.webfilter import DomainRules
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
@@ -56,10 +51,6 @@ ANALYST_TOOLS = frozenset({"read_file", "glob", "grep", "web_search", "web_fetch
 """The built-in `analyst`: reads the workspace and the web, writes nothing."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})
 """Traces in these modes are read-only whatever their preset (or a file replacing it) says."""
-CACHE_ARGUMENTS = ("task", "messages", "context", "skills")
-"""`agent` arguments a `cache.keys` entry may name; `context.FIELD` names one field of
-`context` (the sub-agent's own arguments, seed-style `city`, `forecast_type`)."""
-_CONTEXT_FIELD = re.compile(r"^context\.[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -223,36 +214,6 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
 """The presets every fleet has; files with the same name replace them."""
 
 
-class _CacheSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ttl_s: PositiveCount
-    keys: list[str] = Field(min_length=1)
-
-
-class _PresetFrontmatter(BaseModel):
-    """The frontmatter of a preset file, validated at the edge."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    description: str = ""
-    tools: list[str] | None = None
-    denied_tools: list[str] = Field(default_factory=list)
-    max_iterations: PositiveCount = 30
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    model: str | None = None
-    skills: list[str] = Field(default_factory=list)
-    read_only: bool = False
-    approve: list[ApproveEntry] = Field(default_factory=list)
-    experiences: bool = False
-    cache: _CacheSection | None = None
-    output_schema: dict[str, Any] | None = None
-    budget: BudgetIn | None = None
-    max_branches: PositiveCount | None = None
-    max_concurrent: PositiveCount | None = None
-    web: WebSection | None = None
-    mcp: list[str] | None = None
-
-
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
     """Read one Markdown preset file; the name defaults to the file's stem.
 
@@ -264,10 +225,9 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         ConfigError: One line, `FILE: reason`.
     """
     try:
-        header, body = _split_frontmatter(path.read_text(encoding="utf-8"))
-        front = _validate(_parse_yaml(header), default_name=path.stem)
-        _check_tools(front, known_tools)
-        _check_cache_keys(front)
+        header, body = split_frontmatter(path.read_text(encoding="utf-8"))
+        front = PresetFrontmatter.parse(header, default_name=path.stem)
+        front.check(known_tools)
         if front.output_schema is not None:
             check_schema(front.output_schema, "frontmatter")
     except ConfigError as exc:
@@ -380,65 +340,3 @@ def check_schema(schema: object, where: str) -> dict[str, Any]:
     except SchemaError as exc:
         raise ConfigError(f"{where}: output_schema: {exc.message}") from None
     return schema
-
-
-def _split_frontmatter(text: str) -> tuple[str, str]:
-    """The YAML between the leading `---` lines, and the body after them."""
-    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
-    if not lines or lines[0].strip() != "---":
-        raise ConfigError("missing YAML frontmatter: the file must start with a '---' line")
-    for index, line in enumerate(lines[1:], start=1):
-        if line.strip() == "---":
-            return "".join(lines[1:index]), "".join(lines[index + 1 :])
-    raise ConfigError("frontmatter is not closed by a '---' line")
-
-
-def _parse_yaml(header: str) -> dict[str, Any]:
-    try:
-        data = yamlsafe.load(header, "frontmatter")
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML frontmatter: {' '.join(str(exc).split())}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError("frontmatter must be a mapping of settings")
-    return data
-
-
-def _validate(data: dict[str, Any], default_name: str) -> _PresetFrontmatter:
-    try:
-        return _PresetFrontmatter.model_validate({"name": default_name, **data})
-    except ValidationError as exc:
-        problems = [_describe(error) for error in exc.errors()]
-        raise ConfigError("; ".join(problems)) from exc
-
-
-def _describe(error: ErrorDetails) -> str:
-    """One pydantic error as `field: message`."""
-    field = ".".join(str(part) for part in error["loc"])
-    message = "unknown setting" if error["type"] == "extra_forbidden" else error["msg"]
-    return f"{field}: {message}" if field else str(message)
-
-
-def _check_tools(front: _PresetFrontmatter, known_tools: Collection[str]) -> None:
-    for setting, names in (("tools", front.tools or []), ("denied_tools", front.denied_tools)):
-        # MCP tools are known only once their server answers: any `mcp__` name may be listed.
-        unknown = sorted(n for n in set(names) - set(known_tools) if not n.startswith(MCP_PREFIX))
-        if unknown:
-            known = ", ".join(sorted(known_tools))
-            raise ConfigError(f"{setting}: unknown tool {unknown[0]!r} (known: {known})")
-
-
-def _check_cache_keys(front: _PresetFrontmatter) -> None:
-    """Each `cache.keys` entry must name an `agent` argument or a field of `context`.
-
-    A name that matches nothing would read as null in every call, so every call would
-    share one cache entry (a Paris forecast answered with Beijing's).
-    """
-    for name in front.cache.keys if front.cache else []:
-        if name not in CACHE_ARGUMENTS and not _CONTEXT_FIELD.match(name):
-            known = ", ".join(CACHE_ARGUMENTS)
-            raise ConfigError(
-                f"cache.keys: unknown argument {name!r} (known: {known};"
-                f" a field of the call's context is 'context.{name}')"
-            )

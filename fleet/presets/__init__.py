@@ -1,0 +1,35 @@
+"""Agent presets: which tools a run may use, how long it may loop, what it is told.
+
+Owns the built-in presets and `AgentPreset` (`preset`), and the Markdown preset files a
+project adds in `FLEET_AGENTS_DIR` (`frontmatter`: the file format). It imports the
+limits' value types, the tools' web filter and the approval rules' schema (the knots in
+tests/test_imports.py), never the loop or the runtime.
+"""
+
+from fleet.presets.preset import (
+    AGENTS_DIR_ENV,
+    ANALYST_TOOLS,
+    BUILTIN_PRESETS,
+    READ_ONLY_MODES,
+    READ_TOOLS,
+    TOOL_NAMES,
+    AgentPreset,
+    check_schema,
+    get_preset,
+    load_preset_file,
+    load_presets,
+)
+
+__all__ = [
+    "AGENTS_DIR_ENV",
+    "ANALYST_TOOLS",
+    "BUILTIN_PRESETS",
+    "READ_ONLY_MODES",
+    "READ_TOOLS",
+    "TOOL_NAMES",
+    "AgentPreset",
+    "check_schema",
+    "get_preset",
+    "load_preset_file",
+    "load_presets",
+]
