@@ -1,7 +1,8 @@
 """The house rules a newcomer relies on, checked on the source (issue 22's Done-when rows).
 
-No Protocol wider than 15 methods, no module longer than 400 lines, and no caller outside
-`fleet/storage/` that asks which store it has or reaches for the store's Redis client.
+No Protocol wider than 15 methods, no module longer than 400 lines, at most 16 modules at
+the top of `fleet/`, and no caller outside `fleet/storage/` that asks which store it has or
+reaches for the store's Redis client.
 """
 
 from __future__ import annotations
@@ -28,6 +29,24 @@ def protocol_widths(source: str) -> dict[str, int]:
         ):
             widths[node.name] = sum(isinstance(n, ast.FunctionDef) for n in node.body)
     return widths
+
+
+MAX_MODULE_LINES = 400
+MAX_TOP_LEVEL_MODULES = 16
+
+
+def test_no_module_is_longer_than_400_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in product_files()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, long
+
+
+def test_the_top_of_fleet_keeps_only_the_public_face() -> None:
+    modules = sorted(p.name for p in (ROOT / "fleet").glob("*.py"))
+    assert len(modules) <= MAX_TOP_LEVEL_MODULES, modules
 
 
 def test_no_protocol_has_more_than_15_methods() -> None:

@@ -10,6 +10,7 @@ from fleet.models import (
     Collaborator,
     Event,
     Message,
+    Status,
     Trace,
     TracePatch,
     WorkerPresence,
@@ -58,9 +59,17 @@ class StartRun:
     event: Event
 
 
+STARTABLE: tuple[Status, ...] = ("queued", "waiting")
+"""The statuses a runner sets `running` when it takes the trace: no runner holds it then.
+
+The one source of the rule: `starts` (the memory store), `redis_scripts.BEGIN_RUN` (its
+condition is generated from this) and `lifecycle.stop_subtree` read it.
+"""
+
+
 def starts(data: dict[str, object], start: StartRun) -> bool:
     """Whether `begin_run` sets this trace (its stored fields) running, as the script decides."""
-    return data["status"] in ("queued", "waiting") and data["root_trace_id"] == start.root_trace_id
+    return data["status"] in STARTABLE and data["root_trace_id"] == start.root_trace_id
 
 
 def with_sequence(event: Event, sequence: int) -> Event:

@@ -1,0 +1,215 @@
+"""A trace's own status: start, wait, requeue, reopen, finish, fail, stop.
+
+The transitions of `fleet.lifecycle` that change `status` (see its docstring); the
+parent's entries are written through `fleet.lifecycle.entries`, a person's wait through
+`fleet.lifecycle.people`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fleet import ids
+from fleet.control import subtree
+from fleet.lifecycle.entries import mirror
+from fleet.lifecycle.people import stop_person
+from fleet.models import (
+    Event,
+    Status,
+    Trace,
+    TracePatch,
+    now_ms,
+)
+from fleet.runtime import Runtime
+from fleet.storage.store import STARTABLE, StartRun, TraceRecords
+from fleet.storage.writes import TraceWrite
+
+# -- the trace's own status -------------------------------------------------------------
+
+
+def start(runtime: Runtime, trace: Trace, write: TraceWrite | None = None) -> Trace:
+    """`running`: a runner took the trace (first run or resume).
+
+    With `write`, the change joins that batch (the caller applies it) instead of being
+    written now; likewise for `finish`.
+    """
+    return _set_status(runtime.store, trace, "running", write)
+
+
+def starting(trace_id: str) -> StartRun:
+    """`running`, for `TraceStore.begin_run` to write with the lease when it reads the trace.
+
+    The root is guessed from the id; a trace of another root is started by `start` instead.
+    """
+    event = Event(kind="trace", trace_id=trace_id, status="running")
+    return StartRun(ids.root_of(trace_id), event)
+
+
+def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
+    """`waiting` on sub-agents: written before they are dispatched (a fast one may end first).
+
+    A trace told to stop while its model call ran ends here, `stopped`, with the `children`
+    that call spawned: nothing would ever run them (workers discard their tasks as revoked,
+    so their chord never joins) and the trace would wait on them for ever. The status is
+    written before the flag is read, and `stop_subtree` raises the flag before it reads the
+    status, so a stop racing this call is seen by one side or the other.
+
+    Returns:
+        The trace `waiting`, or `stopped` with its children.
+    """
+    waiting = _set_status(runtime.store, trace, "waiting")
+    if children and runtime.store.stop_requested(trace.trace_id):
+        stop_subtree(runtime, trace.trace_id)
+        return runtime.store.get_trace(trace.trace_id)
+    return waiting
+
+
+def requeue(runtime: Runtime, trace: Trace) -> Trace:
+    """`queued` again: the run yielded (its worker is shutting down) and is re-sent."""
+    return _set_status(runtime.store, trace, "queued")
+
+
+def reopen(
+    runtime: Runtime, child: Trace, tool_call_id: str, *, otel: dict[str, str] | None = None
+) -> Trace:
+    """An ended child answers a new call (`continue_from`): `queued`, answer and error cleared.
+
+    `otel`: the new call's tracing context (`Hooks.child_context`), which its runs continue.
+    """
+    fields: TracePatch = {"status": "queued", "parent_tool_call_id": tool_call_id}
+    fields |= {"answer": None, "error": None}
+    if otel:
+        fields["metadata"] = {**child.metadata, "otel": otel}
+    runtime.store.update_trace(child.trace_id, **fields)
+    return child.model_copy(update=fields)
+
+
+def finish(
+    runtime: Runtime,
+    trace_id: str,
+    status: Status,
+    *,
+    answer: str | None = None,
+    error: str | None = None,
+    reason: str,
+    output: dict[str, Any] | None = None,
+    trace: Trace | None = None,
+    write: TraceWrite | None = None,
+) -> Trace:
+    """A terminal status with its `stop_reason`; the parent's entry and the events follow.
+
+    `output`: the answer's validated object (`fleet.loop.structured`), for the trace and the
+    parent's collaborator entry.
+
+    `trace`: the trace as it is now, when the caller holds it (a runner does); else it is
+    read. `write`: the caller's own writes to this trace, applied here in the same step
+    (before the finish's own, after the fence check).
+
+    Returns:
+        The trace as written (no second read).
+    """
+    store = runtime.store
+    before = trace if trace is not None else store.get_trace(trace_id)
+    finished = now_ms()
+    redactor = runtime.redactor  # an error may quote a provider body or an exception
+    fields: TracePatch = {
+        "status": status,
+        "answer": redactor.values_only(answer) if answer else answer,
+        "error": redactor(error) if error else error,
+        "output": redactor.values_in(output) if output else output,
+        "finished_at_ms": finished,
+        "updated_at_ms": finished,
+        "metadata": {**before.metadata, "stop_reason": reason},
+    }
+    data = {"reason": reason, "name": before.name or before.mode}
+    if before.parent_trace_id:  # the event stands for the parent's entry too: no event of its own
+        data |= {"parent_trace_id": before.parent_trace_id, "mode": before.mode}
+    event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
+    trace = before.model_copy(update=fields)
+    if write is not None:
+        write.update(None if trace.parent_trace_id else event, **fields)
+        if trace.parent_trace_id:
+            mirror(runtime, trace.parent_trace_id, trace, write, announce=False)
+            write.emit(event)  # after the parent's entry: a watcher sees the entry written
+        store.apply(write)
+    elif trace.parent_trace_id:
+        store.update_trace(trace_id, **fields)
+        mirror(runtime, trace.parent_trace_id, trace, announce=False)
+        store.emit(trace.root_trace_id, event)
+    else:  # the root: its finish event is the last word, so it goes with the write
+        store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
+    runtime.hooks.run_finished(trace)
+    return trace
+
+
+def fail(runtime: Runtime, trace_id: str, *, error: str, reason: str) -> Trace | None:
+    """`failed`, unless the trace ended already; the finished trace, or None if it had."""
+    if runtime.store.get_trace(trace_id).is_terminal:
+        return None
+    return finish(runtime, trace_id, "failed", error=error, reason=reason)
+
+
+def stop_for_budget(runtime: Runtime, trace: Trace, partial: str | None, why: str) -> Trace:
+    """The tree's budget ran out (`why`: tokens, usd, wall_s): end with what there is.
+
+    A branch ends `stopped` with its last text as a partial answer, so its parent collects
+    it; a root ends `completed` (its final answer was its set-aside last turn). Either way
+    the `stop_reason` is "budget".
+    """
+    if trace.parent_trace_id:
+        error = f"cut by the tree's budget ({why})"
+        return finish(
+            runtime, trace.trace_id, "stopped", answer=partial, error=error, reason="budget"
+        )
+    answer = partial or f"(the tree's {why} budget ran out before an answer)"
+    return finish(runtime, trace.trace_id, "completed", answer=answer, reason="budget")
+
+
+def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
+    """Raise the stop flag on a trace and every descendant.
+
+    Traces no runner holds (`STARTABLE`: queued, waiting) are finished `stopped` here,
+    because a revoked chord never runs its body; running ones stop themselves between
+    turns. Children are
+    finished before their parents, so the root's finish event, which ends `fleet run`'s
+    wait, comes after every entry it shows.
+
+    Returns:
+        Every trace id in the subtree, parents first.
+    """
+    store = runtime.store
+    ids = subtree(store, trace_id)
+    for tid in ids:
+        store.request_stop(tid)
+    for tid in reversed(ids):
+        trace = store.get_trace(tid)
+        if trace.status in STARTABLE:
+            finish(runtime, tid, "stopped", error="stop requested", reason="stop")
+            stop_person(runtime, trace)
+    return ids
+
+
+def end_stopped(runtime: Runtime, trace_id: str) -> None:
+    """A trace told to stop that no runner holds ends `stopped`, whatever its status says.
+
+    `stop_subtree` leaves a `running` trace to its runner; when the owner check found
+    none (it died, and its lease went with a Redis that lost its last writes), this ends it.
+    """
+    stop_subtree(runtime, trace_id)
+    if not runtime.store.get_trace(trace_id).is_terminal:
+        finish(runtime, trace_id, "stopped", error="stop requested", reason="stop")
+
+
+def _set_status(
+    store: TraceRecords, trace: Trace, status: Status, write: TraceWrite | None = None
+) -> Trace:
+    """Write a non-terminal status with its `trace` event (nothing when it is already so)."""
+    if trace.status == status:
+        return trace
+    event = Event(kind="trace", trace_id=trace.trace_id, status=status)
+    if write is not None:
+        write.update(event, status=status)
+    else:
+        store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, status=status)
+    return trace.model_copy(update={"status": status})
