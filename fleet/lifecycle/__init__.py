@@ -2,7 +2,7 @@
 
 A trace goes `queued -> running -> (waiting -> running)* -> completed|failed|stopped`; a
 yielded run goes back to `queued`, a reopened child (`continue_from`) from terminal to
-`queued`. Only this package writes `status` (`status`, `people`), and only it writes a
+`queued`. Only this package writes `status` (`status`), and only it writes a
 parent's collaborator entries (`entries`), so a new transition (a budget stop, a wait on
 a person) is added here, once, for the runner, both dispatchers and the Celery tasks
 alike. Callers use the names below (`lifecycle.finish`, ...); it imports the runtime and
@@ -10,26 +10,24 @@ the storage roles, never the loop, children or conversation.
 """
 
 from fleet.lifecycle.entries import announce, mirrored, put_collaborator
-from fleet.lifecycle.people import (
+from fleet.lifecycle.status import (
     PERSON_KEY,
     PERSON_SUMMARY_CHARS,
-    human_id,
-    person_answered,
-    put_person,
-    reopen_root,
-    wait_on_person,
-)
-from fleet.lifecycle.status import (
     end_stopped,
     fail,
     finish,
+    human_id,
+    person_answered,
+    put_person,
     reopen,
+    reopen_root,
     requeue,
     start,
     starting,
     stop_for_budget,
     stop_subtree,
     wait,
+    wait_on_person,
 )
 
 __all__ = [
