@@ -9,33 +9,34 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal, assert_never
+from typing import Any, assert_never
 
 from fleet import lifecycle
 from fleet.children import settling
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import (
-    SUB_AGENT_TOOLS,
+    fresh_call_ids,
     main_path,
+    recent_calls,
     to_wire,
 )
 from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
-from fleet.llm.base import ToolCall
 from fleet.loop.fit import fit
 from fleet.loop.fit import record as record_fit
 from fleet.loop.resume import opening
-from fleet.loop.steps import CallTools, DoomLoop, Finish
+from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
-from fleet.loop.toolcalls import execute_turn, plain_only, tool_schemas
+from fleet.loop.tool_turn import tool_turn
+from fleet.loop.toolcalls import tool_schemas
 from fleet.loop.turns import (
     Held,
     Outcome,
     Turn,
-    advanced,
     call_model,
     hand_back,
-    next_turn,
+    model_message,
     note,
+    recorded,
     terminal,
 )
 from fleet.loop.turns import RunResult as RunResult  # re-exported: hosts import it from here
@@ -43,7 +44,7 @@ from fleet.models import Event, Status, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import Append, JoinPart, TraceWrite, WriteResult
+from fleet.storage.writes import JoinPart, TraceWrite
 
 log = logging.getLogger(__name__)
 
@@ -179,39 +180,12 @@ class Runner:
                     )
                     return self._end(held, turn, "failed", error=error, reason="doom_loop")
                 case CallTools(calls=calls):
-                    after = self._tools(turn, calls)
+                    after = tool_turn(self.runtime, turn, calls)
                     if after == "waiting":
                         return "waiting"
                     snapshot = after
                 case _:
                     assert_never(turn.step)
-
-    def _tools(
-        self, turn: Turn, calls: tuple[ToolCall, ...]
-    ) -> TraceSnapshot | Literal["waiting"] | None:
-        """Store the model turn, run its tools; the snapshot after them, if known without a read.
-
-        `waiting` while sub-agents run; None when the trace must be read again.
-        """
-        # The model turn is stored before its tools run: a crash heals them on resume. A
-        # read-only turn of plain tools is stored with their results (`plain_only`).
-        together = plain_only(self.runtime, turn.trace, calls)
-        own = sum(isinstance(op, Append) for op in turn.write.ops)  # with any first messages
-        stored = [] if together else self.store.apply(turn.write).messages
-        own_write = turn.write if together else None
-        tools = execute_turn(self.runtime, turn.trace, calls, own_write, pauses=turn.pauses)
-        written = tools.written
-        if together and written is not None:
-            stored, rest = written.messages[:own], written.messages[own:]
-            written = WriteResult(rest, written.stop_requested, written.pauses)
-        if tools.waiting:
-            return "waiting"
-        if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
-            lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
-            return None
-        if written is None or stored[-1:] != turn.messages[-1:]:
-            return None  # another write changed the trace (a goal): read it
-        return advanced(TraceSnapshot(turn.trace, turn.messages, False), written)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -292,10 +266,25 @@ class Runner:
         self.runtime.hooks.model_responded(trace, response)
         if held.heartbeat.lost.is_set():
             return None
+        response = fresh_call_ids(response, messages, trace.last_sequence + 1)
+        message = model_message(self.runtime, trace, response, model_name)
+        event = Event(
+            kind="message",
+            trace_id=trace.trace_id,
+            data={
+                "role": "assistant",
+                "tools": [c["function"]["name"] for c in message.tool_calls or ()],
+            },
+        )
         write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
         held.pending = None
-        final = verdict.budget.final
-        return next_turn(self.runtime, trace, messages, response, write, model_name, final=final)
+        write.append(message, event, iteration=trace.iteration + 1)
+        repeats = self.runtime.settings.doom_loop_repeats
+        step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
+        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
+            step = Finish(response.content or "(no answer)", reason="budget")
+        pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
+        return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
 
     def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
         """Finish with the answer; None after a correction (it missed its output schema).

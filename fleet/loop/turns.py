@@ -16,13 +16,12 @@ from typing import Any, Literal
 
 from fleet import lifecycle
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.history import fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
 from fleet.loop.context import injection
-from fleet.loop.steps import Finish, Step, decide_next
-from fleet.models import Event, Message, Status, Trace
+from fleet.loop.steps import Step
+from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
@@ -190,36 +189,6 @@ def call_model(
         raise
     gate.after(go, response, int((time.monotonic() - started) * 1000))
     return response
-
-
-def next_turn(
-    runtime: Runtime,
-    trace: Trace,
-    messages: list[Message],
-    response: LLMResponse,
-    write: TraceWrite,
-    model_name: str,
-    *,
-    final: bool,
-) -> Turn:
-    """The model's answer as the turn to write: its message and event, and the next step.
-
-    `final`: the root's last turn under a spent budget, whatever it says is the answer.
-    """
-    path = main_path(messages, trace.head_sequence)
-    response = fresh_call_ids(response, messages, trace.last_sequence + 1)
-    message = model_message(runtime, trace, response, model_name)
-    names = [c["function"]["name"] for c in message.tool_calls or ()]
-    event = Event(
-        kind="message", trace_id=trace.trace_id, data={"role": "assistant", "tools": names}
-    )
-    write.append(message, event, iteration=trace.iteration + 1)
-    repeats = runtime.settings.doom_loop_repeats
-    step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
-    if final:
-        step = Finish(response.content or "(no answer)", reason="budget")
-    pauses = runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
-    return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
 
 
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
