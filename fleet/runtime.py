@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from fleet.experiences.embedding import Embedder, IndexedExperiences, make_embedder
 from fleet.experiences.outcomes import with_outcomes
 from fleet.experiences.store import EXPERIENCES, ExperienceStore
 from fleet.limits.backends import LIMITS
@@ -107,6 +108,8 @@ class Runtime:
     """The process's MCP sessions, when fleet.yaml declares `mcp_servers` (started on use)."""
     experiences: ExperienceStore | None = None
     """Rules learnt from earlier runs (`fleet.experiences`); `build` gives one per store."""
+    embedder: Embedder | None = None
+    """fleet.yaml's `experiences.embedding_model`, which then ranks them; None: BM25."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -126,7 +129,8 @@ class Runtime:
         presets = load_presets(
             settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
         )
-        experiences = store.capability(EXPERIENCES)
+        embedder = make_embedder(config, settings.env)
+        experiences = _experiences(store, embedder)
         return cls(
             store=store,
             dispatcher=dispatcher,
@@ -138,6 +142,7 @@ class Runtime:
             trees=store.capability(LIMITS).trees,
             hooks=with_outcomes(hooks, experiences, presets),
             experiences=experiences,
+            embedder=embedder,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=redactor,
@@ -247,3 +252,9 @@ def _search(
         web_allow=settings.web_allow,
         redactor=redactor,
     )
+
+
+def _experiences(store: Services, embedder: Embedder | None) -> ExperienceStore:
+    found = store.capability(EXPERIENCES)
+    # With an embedding model, storing an approved experience embeds it.
+    return found if embedder is None else IndexedExperiences(found, embedder)

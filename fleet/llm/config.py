@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -37,6 +36,7 @@ from fleet.conversation.approval_rules import ApproveEntry
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
 from fleet.llm.base import LLMClient
+from fleet.llm.embeddings import ExperiencesSection, check_embedding_model
 from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
@@ -56,9 +56,6 @@ ANTHROPIC_BASE_URL_ENV, ANTHROPIC_DEFAULT_BASE_URL = (
     "ANTHROPIC_BASE_URL",
     "https://api.anthropic.com",
 )
-
-PUBLIC_API_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
-"""A provider at one of these hosts cannot work without a key, so a missing one fails early."""
 
 
 class RateLimits(BaseModel):
@@ -122,6 +119,8 @@ class FleetConfig(BaseModel):
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     default_model: str | None = None
+    experiences: ExperiencesSection = ExperiencesSection()
+    """How experiences are ranked: `embedding_model`, `min_similarity` (fleet.llm.embeddings)."""
     approve: tuple[ApproveEntry, ...] = ()
     """Tool calls that wait for a person's approval in every trace (on top of presets')."""
     model_overrides: dict[str, str] = Field(default_factory=dict)
@@ -239,6 +238,12 @@ def load_config(
     check_servers(source, config.mcp_servers)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
+    check_embedding_model(
+        source,
+        config.experiences,
+        {alias: model.provider for alias, model in config.models.items()},
+        {name: provider.kind for name, provider in config.providers.items()},
+    )
     check_fallbacks(source, config.models)
     return config
 
@@ -309,18 +314,8 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
 
 
 def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
-    """The key from the environment; a public API without one is a `ConfigError`."""
-    key = (env.get(target.api_key_env, "") if target.api_key_env else "").strip()
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
-        raise ConfigError(f"{target.api_key_env} contains control characters")
-    if not key and urlparse(target.base_url).hostname in PUBLIC_API_HOSTS:
-        how = (
-            f"set {target.api_key_env}"
-            if target.api_key_env
-            else "give the provider an api_key_env in fleet.yaml"
-        )
-        raise ConfigError(f"provider {target.provider!r} needs an API key: {how}")
-    return key
+    """The key from the environment (`trust.api_key`: a public API needs one)."""
+    return trust.api_key(env, target.api_key_env, target.base_url, target.provider)
 
 
 def validate_model(

@@ -27,7 +27,7 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     if skills:
         system += "\n\nLoad these skills with the `skill` tool when useful: " + ", ".join(skills)
     if preset.experiences and runtime.experiences is not None:
-        shown = select(runtime.experiences, trace)
+        shown = select(runtime.experiences, trace, embedder=runtime.embedder)
         if shown:  # counted as used now; `fleet.experiences.outcomes` counts the success
             runtime.experiences.count_use([e.id for e in shown], trace.trace_id)
             system += "\n\n" + render(shown)

@@ -124,6 +124,11 @@ EXPERIENCES = f"{PREFIX}:experiences"
 EXPERIENCE_COUNTS = f"{PREFIX}:experience-counts"
 """Hash, no TTL: `{id}:uses` and `{id}:successes`, added to with HINCRBY (one writer each)."""
 
+EXPERIENCE_VECTORS = f"{PREFIX}:experience-vectors"
+"""Hash, no TTL: experience id -> its embedding (`StoredVector` JSON: model, text digest,
+float32 base64), written when it is approved or first ranked; read only when fleet.yaml
+names an `experiences.embedding_model`."""
+
 
 def experiences_used(trace_id: str) -> str:
     """List with TRACE_TTL_S: the experience ids injected into this trace.
