@@ -255,8 +255,6 @@ FLEET_KNOTS = {
     ("fleet.presets.preset", "fleet.conversation.approval_rules"),
     ("fleet.presets.preset", "fleet.tools.webfilter"),
     ("fleet.presets.preset", "fleet.mcp.names"),
-    ("fleet.presets.frontmatter", "fleet.conversation.approval_rules"),
-    ("fleet.presets.frontmatter", "fleet.tools.webfilter"),
     ("fleet.presets.frontmatter", "fleet.mcp.names"),
     # The shell's limits are settings (FLEET_SHELL_*) whose types live with the sandbox.
     ("fleet.settings", "fleet.tools.base"),

@@ -6,6 +6,7 @@ limits' value types, the tools' web filter and the approval rules' schema (the k
 tests/test_imports.py), never the loop or the runtime.
 """
 
+from fleet.presets.frontmatter import check_schema
 from fleet.presets.preset import (
     AGENTS_DIR_ENV,
     ANALYST_TOOLS,
@@ -14,7 +15,6 @@ from fleet.presets.preset import (
     READ_TOOLS,
     TOOL_NAMES,
     AgentPreset,
-    check_schema,
     get_preset,
     load_preset_file,
     load_presets,

@@ -1,8 +1,7 @@
-"""The preset file format: its YAML frontmatter, validated at the edge.
+"""A preset file's text and checks: the YAML frontmatter, its tool names, cache keys, schema.
 
-`PresetFrontmatter` is what a Markdown preset file may say (see `fleet.presets`); the
-checks here need nothing of a run. `fleet.presets.preset.load_preset_file` turns one into
-an `AgentPreset`.
+What the settings mean is `fleet.presets.preset` (`_PresetFrontmatter`, `load_preset_file`);
+each error here is one line naming the setting.
 """
 
 from __future__ import annotations
@@ -12,16 +11,11 @@ from collections.abc import Collection
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from fleet.conversation.approval_rules import ApproveEntry
 from fleet.errors import ConfigError
-from fleet.limits.budget import BudgetIn
-from fleet.limits.values import PositiveCount
 from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.security import yamlsafe
-from fleet.tools.webfilter import WebSection
 
 CACHE_ARGUMENTS = ("task", "messages", "context", "skills")
 """`agent` arguments a `cache.keys` entry may name; `context.FIELD` names one field of
@@ -29,47 +23,7 @@ CACHE_ARGUMENTS = ("task", "messages", "context", "skills")
 _CONTEXT_FIELD = re.compile(r"^context\.[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class _CacheSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    ttl_s: PositiveCount
-    keys: list[str] = Field(min_length=1)
-
-
-class PresetFrontmatter(BaseModel):
-    """The frontmatter of a preset file, validated at the edge."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    description: str = ""
-    tools: list[str] | None = None
-    denied_tools: list[str] = Field(default_factory=list)
-    max_iterations: PositiveCount = 30
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    model: str | None = None
-    skills: list[str] = Field(default_factory=list)
-    read_only: bool = False
-    approve: list[ApproveEntry] = Field(default_factory=list)
-    experiences: bool = False
-    cache: _CacheSection | None = None
-    output_schema: dict[str, Any] | None = None
-    budget: BudgetIn | None = None
-    max_branches: PositiveCount | None = None
-    max_concurrent: PositiveCount | None = None
-    web: WebSection | None = None
-    mcp: list[str] | None = None
-
-    @classmethod
-    def parse(cls, header: str, default_name: str) -> PresetFrontmatter:
-        """The YAML between the `---` lines, validated; `ConfigError` names the setting."""
-        return _validate(_parse_yaml(header), default_name)
-
-    def check(self, known_tools: Collection[str]) -> None:
-        """Tool names it may mention, and `cache.keys` that name an argument of the call."""
-        _check_tools(self, known_tools)
-        _check_cache_keys(self)
-
-
-def split_frontmatter(text: str) -> tuple[str, str]:
+def split(text: str) -> tuple[str, str]:
     """The YAML between the leading `---` lines, and the body after them."""
     lines = text.removeprefix("\ufeff").splitlines(keepends=True)
     if not lines or lines[0].strip() != "---":
@@ -80,7 +34,8 @@ def split_frontmatter(text: str) -> tuple[str, str]:
     raise ConfigError("frontmatter is not closed by a '---' line")
 
 
-def _parse_yaml(header: str) -> dict[str, Any]:
+def parse_yaml(header: str) -> dict[str, Any]:
+    """The frontmatter's settings as a mapping (empty for an empty header)."""
     try:
         data = yamlsafe.load(header, "frontmatter")
     except yaml.YAMLError as exc:
@@ -92,23 +47,37 @@ def _parse_yaml(header: str) -> dict[str, Any]:
     return data
 
 
-def _validate(data: dict[str, Any], default_name: str) -> PresetFrontmatter:
-    try:
-        return PresetFrontmatter.model_validate({"name": default_name, **data})
-    except ValidationError as exc:
-        problems = [_describe(error) for error in exc.errors()]
-        raise ConfigError("; ".join(problems)) from exc
-
-
-def _describe(error: ErrorDetails) -> str:
+def describe(error: ErrorDetails) -> str:
     """One pydantic error as `field: message`."""
     field = ".".join(str(part) for part in error["loc"])
     message = "unknown setting" if error["type"] == "extra_forbidden" else error["msg"]
     return f"{field}: {message}" if field else str(message)
 
 
-def _check_tools(front: PresetFrontmatter, known_tools: Collection[str]) -> None:
-    for setting, names in (("tools", front.tools or []), ("denied_tools", front.denied_tools)):
+def check_schema(schema: object, where: str) -> dict[str, Any]:
+    """A preset's `output_schema`, checked to be a JSON Schema object.
+
+    Raises:
+        ConfigError: `where: output_schema: what is wrong`.
+    """
+    if not isinstance(schema, dict):
+        raise ConfigError(f"{where}: output_schema must be a mapping (a JSON Schema)")
+    # jsonschema (~50 ms) only when a schema is checked: every client loads the presets.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ConfigError(f"{where}: output_schema: {exc.message}") from None
+    return schema
+
+
+def check_tools(
+    tools: list[str] | None, denied_tools: list[str], known_tools: Collection[str]
+) -> None:
+    """`tools:` and `denied_tools:` name only known tools (any `mcp__` name is allowed)."""
+    for setting, names in (("tools", tools or []), ("denied_tools", denied_tools)):
         # MCP tools are known only once their server answers: any `mcp__` name may be listed.
         unknown = sorted(n for n in set(names) - set(known_tools) if not n.startswith(MCP_PREFIX))
         if unknown:
@@ -116,13 +85,13 @@ def _check_tools(front: PresetFrontmatter, known_tools: Collection[str]) -> None
             raise ConfigError(f"{setting}: unknown tool {unknown[0]!r} (known: {known})")
 
 
-def _check_cache_keys(front: PresetFrontmatter) -> None:
+def check_cache_keys(keys: list[str]) -> None:
     """Each `cache.keys` entry must name an `agent` argument or a field of `context`.
 
     A name that matches nothing would read as null in every call, so every call would
     share one cache entry (a Paris forecast answered with Beijing's).
     """
-    for name in front.cache.keys if front.cache else []:
+    for name in keys:
         if name not in CACHE_ARGUMENTS and not _CONTEXT_FIELD.match(name):
             known = ", ".join(CACHE_ARGUMENTS)
             raise ConfigError(

@@ -28,14 +28,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from fleet.conversation.approval_rules import ApprovalRule, rules_of
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_of
 from fleet.errors import ConfigError
-from fleet.limits.budget import Budget
+from fleet.limits.budget import Budget, BudgetIn
+from fleet.limits.values import PositiveCount
 from fleet.mcp import names as mcp_names
 from fleet.mcp.names import PREFIX as MCP_PREFIX
-from fleet.presets.frontmatter import PresetFrontmatter, split_frontmatter
+from fleet.presets import frontmatter, prompts
 from fleet.security import trust
-from fleet.tools.webfilter import DomainRules
+from fleet.tools.webfilter import DomainRules, WebSection
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
@@ -145,43 +148,13 @@ class AgentPreset:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-_DEFAULT_PROMPT = (
-    "You are a capable software agent working in a workspace folder. Use your tools to "
-    "look before you change anything, make the change, check that it works, and finish "
-    "with a short summary of what you did and what you verified."
-)
-_EXPLORE_PROMPT = (
-    "You are a read-only explorer. Investigate the question you are given with the "
-    "reading tools; you cannot change anything. Answer with what you found, citing file "
-    "paths and line numbers, and say plainly what you could not find out."
-)
-_ANALYST_PROMPT = (
-    "You are an analyst. Read the workspace and the web to answer the question: search "
-    "with web_search, read the pages that matter with web_fetch, compare the options you "
-    "find, and end with a recommendation and the evidence behind it, citing each URL."
-)
-_EVALUATE_PROMPT = """\
-You are a strict, fair judge. You are given a goal and the work done towards it.
-Check the work against the goal with your read-only tools: do not trust a claim you have
-not verified in the workspace.
-
-Answer in exactly this shape:
-
-VERDICT: pass|fail|partial
-REASONS:
-- what meets the goal and what does not, with evidence (paths, lines, outputs)
-SUGGESTIONS:
-- concrete changes that would make the work pass, or make it better
-
-Write `VERDICT: pass` only if every part of the goal is met, `partial` if some of it is."""
-
 BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
     {
         "default": AgentPreset(
             name="default",
             description="General agent with every tool.",
             max_iterations=30,
-            system_prompt=_DEFAULT_PROMPT,
+            system_prompt=prompts.DEFAULT_PROMPT,
             experiences=True,
         ),
         "explore": AgentPreset(
@@ -190,7 +163,7 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             allowed_tools=READ_TOOLS | {"skill"},
             max_iterations=15,
             read_only=True,
-            system_prompt=_EXPLORE_PROMPT,
+            system_prompt=prompts.EXPLORE_PROMPT,
         ),
         "analyst": AgentPreset(
             name="analyst",
@@ -199,7 +172,7 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             max_iterations=25,
             temperature=0.3,
             read_only=True,
-            system_prompt=_ANALYST_PROMPT,
+            system_prompt=prompts.ANALYST_PROMPT,
         ),
         "evaluate": AgentPreset(
             name="evaluate",
@@ -207,11 +180,41 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             allowed_tools=READ_TOOLS | {"skill"},
             max_iterations=15,
             read_only=True,
-            system_prompt=_EVALUATE_PROMPT,
+            system_prompt=prompts.EVALUATE_PROMPT,
         ),
     }
 )
 """The presets every fleet has; files with the same name replace them."""
+
+
+class _CacheSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ttl_s: PositiveCount
+    keys: list[str] = Field(min_length=1)
+
+
+class _PresetFrontmatter(BaseModel):
+    """The frontmatter of a preset file, validated at the edge."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    tools: list[str] | None = None
+    denied_tools: list[str] = Field(default_factory=list)
+    max_iterations: PositiveCount = 30
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    model: str | None = None
+    skills: list[str] = Field(default_factory=list)
+    read_only: bool = False
+    approve: list[ApproveEntry] = Field(default_factory=list)
+    experiences: bool = False
+    cache: _CacheSection | None = None
+    output_schema: dict[str, Any] | None = None
+    budget: BudgetIn | None = None
+    max_branches: PositiveCount | None = None
+    max_concurrent: PositiveCount | None = None
+    web: WebSection | None = None
+    mcp: list[str] | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -225,11 +228,12 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         ConfigError: One line, `FILE: reason`.
     """
     try:
-        header, body = split_frontmatter(path.read_text(encoding="utf-8"))
-        front = PresetFrontmatter.parse(header, default_name=path.stem)
-        front.check(known_tools)
+        header, body = frontmatter.split(path.read_text(encoding="utf-8"))
+        front = _validate(frontmatter.parse_yaml(header), default_name=path.stem)
+        frontmatter.check_tools(front.tools, front.denied_tools, known_tools)
+        frontmatter.check_cache_keys(front.cache.keys if front.cache else [])
         if front.output_schema is not None:
-            check_schema(front.output_schema, "frontmatter")
+            frontmatter.check_schema(front.output_schema, "frontmatter")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -323,20 +327,9 @@ def _folder_from_env(env: Mapping[str, str]) -> Path | None:
     return Path(value) if value else None
 
 
-def check_schema(schema: object, where: str) -> dict[str, Any]:
-    """A preset's `output_schema`, checked to be a JSON Schema object.
-
-    Raises:
-        ConfigError: `where: output_schema: what is wrong`.
-    """
-    if not isinstance(schema, dict):
-        raise ConfigError(f"{where}: output_schema must be a mapping (a JSON Schema)")
-    # jsonschema (~50 ms) only when a schema is checked: every client loads the presets.
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
+def _validate(data: dict[str, Any], default_name: str) -> _PresetFrontmatter:
     try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        raise ConfigError(f"{where}: output_schema: {exc.message}") from None
-    return schema
+        return _PresetFrontmatter.model_validate({"name": default_name, **data})
+    except ValidationError as exc:
+        problems = [frontmatter.describe(error) for error in exc.errors()]
+        raise ConfigError("; ".join(problems)) from exc
