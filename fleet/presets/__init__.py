@@ -1,9 +1,10 @@
 """Agent presets: which tools a run may use, how long it may loop, what it is told.
 
-Owns the built-in presets and `AgentPreset` (`preset`), and the Markdown preset files a
-project adds in `FLEET_AGENTS_DIR` (`frontmatter`: the file format). It imports the
-limits' value types, the tools' web filter and the approval rules' schema (the knots in
-tests/test_imports.py), never the loop or the runtime.
+Owns `AgentPreset`, the built-in presets and the Markdown preset files a project adds in
+`FLEET_AGENTS_DIR` (`preset`), the built-ins' prompts (`prompts`), and a file's
+frontmatter text and checks (`frontmatter`). It imports the limits' value types, the
+tools' web filter and the approval rules' schema (the knots in tests/test_imports.py),
+never the loop or the runtime.
 """
 
 from fleet.presets.frontmatter import check_schema
