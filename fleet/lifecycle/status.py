@@ -23,7 +23,7 @@ from fleet.models import (
     now_ms,
 )
 from fleet.runtime import Runtime
-from fleet.storage.store import STARTABLE, StartRun, TraceRecords
+from fleet.storage.store import STARTABLE, StartRun, TraceStore
 from fleet.storage.writes import TraceWrite
 
 # -- the trace's own status -------------------------------------------------------------
@@ -296,7 +296,7 @@ def _stop_person(runtime: Runtime, trace: Trace) -> None:
 
 
 def _set_status(
-    store: TraceRecords, trace: Trace, status: Status, write: TraceWrite | None = None
+    store: TraceStore, trace: Trace, status: Status, write: TraceWrite | None = None
 ) -> Trace:
     """Write a non-terminal status with its `trace` event (nothing when it is already so)."""
     if trace.status == status:
