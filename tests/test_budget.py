@@ -259,3 +259,37 @@ def test_a_batch_entry_carries_its_budget() -> None:
     result = BatchResult("e", "tid", "completed", budget=spent)
     assert budget_text(result) == "  budget 480/500 tok (ran out: tokens)"
     assert result.to_json()["budget"] == spent
+
+
+def test_the_memory_budgets_decide_as_the_lua_does_call_for_call() -> None:
+    """One seeded random history of reserve/settle/spawn on both: every answer the same.
+
+    The history goes through reservations, refused spawns (width and depth), the tree
+    running out of tokens and the root's final turn (seed 22: 181, 52, 22 and 1 of them).
+    """
+    import random
+
+    from fleet.limits.budget import Budgets
+    from fleet.limits.memory_trees import MemoryBudgets
+    from tests.conftest import fake_redis
+
+    rng = random.Random(22)
+    lua, memory = Budgets(fake_redis()), MemoryBudgets()
+    for side in (lua, memory):
+        side.create("r", Budget(tokens=200_000, usd=2.0, sub_agents=12, depth=2))
+    traces = ["r", "r@a", "r@b", "r@c", "r@a@x"]
+    for _ in range(400):
+        trace, op = rng.choice(traces), rng.random()
+        if op < 0.5:
+            est, usd = rng.randint(1, 3000), round(rng.random() * 0.02, 4)
+            answers: list[object] = [side.reserve(trace, "r", est, usd) for side in (lua, memory)]
+        elif op < 0.85:
+            used, usd = rng.randint(0, 3000), round(rng.random() * 0.02, 4)
+            final = rng.random() < 0.2
+            for side in (lua, memory):
+                side.settle(trace, "r", used, usd, final_refund=final)
+            answers = [lua.state("r"), memory.state("r")]
+        else:
+            children, depth = rng.randint(1, 4), rng.randint(1, 3)
+            answers = [side.spawn("r", children, depth) for side in (lua, memory)]
+        assert answers[0] == answers[1], (op, trace, answers)

@@ -152,3 +152,21 @@ def test_the_in_process_fleet_runs_at_most_max_concurrent_branches(
     assert trace.status == "completed", trace.error
     assert len(local.store.children(root.trace_id)) == 6
     assert model.peak == max_concurrent
+
+
+def test_the_memory_window_decides_as_the_lua_does_call_for_call() -> None:
+    import random
+
+    from fleet.limits.memory_trees import MemoryTrees
+    from fleet.limits.trees import Trees
+    from tests.conftest import fake_redis
+
+    rng = random.Random(22)
+    lua, memory = Trees(fake_redis()), MemoryTrees()
+    started: list[str] = []
+    for step in range(300):
+        ended = rng.choice(started) if started and rng.random() < 0.6 else ""
+        new = tuple(f"c{step}-{i}" for i in range(rng.randint(0, 3)))
+        answers = [side.window("r", 3, ended=ended, new=new) for side in (lua, memory)]
+        assert answers[0] == answers[1], (step, answers)
+        started = [s for s in started if s != ended] + answers[0]
