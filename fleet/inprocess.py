@@ -40,10 +40,12 @@ class InProcessDispatcher:
         """Run every child to its end, then collect them into the parent."""
         runner = Runner(runtime)
         ids = list(request.child_ids)
-        if len(ids) == 1:
-            run_to_end(runner, ids[0])
+        width = min(len(ids), self.max_parallel, _max_concurrent(runtime, request.root_trace_id))
+        if width == 1:
+            for child in ids:
+                run_to_end(runner, child)
         else:
-            with ThreadPoolExecutor(min(len(ids), self.max_parallel), "fleet-branch") as pool:
+            with ThreadPoolExecutor(width, "fleet-branch") as pool:
                 list(pool.map(lambda child: run_to_end(runner, child), ids))
         # Every child ran to its end here, so this settles the call (a child whose runner
         # lost its lease leaves it `Waiting`: nothing of it would be true yet).
@@ -132,6 +134,12 @@ class InProcessFleet:
     def _run(self, trace_id: str) -> Trace:
         run_to_end(Runner(self.runtime), trace_id)
         return self.store.get_trace(trace_id)
+
+
+def _max_concurrent(runtime: Runtime, root_trace_id: str) -> int:
+    """The tree's `max_concurrent` (its schedule), or no cap: how many branches run at once."""
+    schedule = runtime.trees.schedule(root_trace_id) if runtime.trees is not None else None
+    return (schedule.max_concurrent if schedule is not None else None) or 1_000_000
 
 
 def _redis_store(url: str) -> TraceStore:

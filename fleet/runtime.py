@@ -10,10 +10,10 @@ from typing import Protocol
 
 from fleet.experiences.embedding import Embedder, IndexedExperiences, make_embedder
 from fleet.experiences.outcomes import with_outcomes
-from fleet.experiences.store import ExperienceStore, MemoryExperiences
+from fleet.experiences.store import EXPERIENCES, ExperienceStore
+from fleet.limits.backends import LIMITS
 from fleet.limits.gate import Gate
-from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
-from fleet.limits.trees import Trees
+from fleet.limits.protocols import TreeSchedules
 from fleet.llm.base import LLMClient
 from fleet.llm.clients import make_client, validate_model
 from fleet.llm.config import (
@@ -32,7 +32,7 @@ from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
 from fleet.storage.images import ImageStore, image_store
 from fleet.storage.leases import LeaseKeeper
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services, TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
 from fleet.tools.webfilter import OPEN, DomainFilter, DomainRules
@@ -94,9 +94,9 @@ class Runtime:
     presets: Mapping[str, AgentPreset]
     tools: ToolRegistry
     gate: Gate
-    """Budgets and provider limits in front of every model call (none for the memory store)."""
-    trees: Trees | None = None
-    """Each tree's schedule and run window (Redis store only)."""
+    """Budgets and provider limits in front of every model call (the store keeps them)."""
+    trees: TreeSchedules | None = None
+    """Each tree's schedule and run window (`build` takes the store's)."""
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
@@ -141,7 +141,7 @@ class Runtime:
             presets=presets,
             tools=default_registry(),
             gate=gate,
-            trees=_trees(store),
+            trees=store.capability(LIMITS).trees,
             hooks=with_outcomes(hooks, experiences, presets),
             experiences=experiences,
             embedder=embedder,
@@ -278,39 +278,22 @@ class Runtime:
 
 
 def _search(
-    config: FleetConfig, settings: Settings, store: TraceStore, gate: Gate, redactor: Redactor
+    config: FleetConfig, settings: Settings, store: Services, gate: Gate, redactor: Redactor
 ) -> WebSearcher | None:
-    """The search provider fleet.yaml names, counting on the store's Redis when it has one."""
-    from fleet.storage.redis_store import RedisStore
-
+    """The search provider fleet.yaml names, counting each tree's searches beside the store."""
     if config.search is None:
         return None
-    counter: SearchCounter = (
-        RedisSearchCounter(store.client) if isinstance(store, RedisStore) else MemorySearchCounter()
-    )
     return SearchService(
         config.search,
         settings.env,
-        counter,
+        store.capability(LIMITS).searches,
         limiter=gate.limiter,
         web_allow=settings.web_allow,
         redactor=redactor,
     )
 
 
-def _trees(store: TraceStore) -> Trees | None:
-    from fleet.storage.redis_store import RedisStore
-
-    return Trees(store.client) if isinstance(store, RedisStore) else None
-
-
-def _experiences(store: TraceStore, embedder: Embedder | None) -> ExperienceStore:
-    from fleet.storage.redis_store import RedisStore
-
-    found: ExperienceStore = MemoryExperiences()
-    if isinstance(store, RedisStore):
-        from fleet.storage.redis_experiences import RedisExperiences
-
-        found = RedisExperiences(store.client)
+def _experiences(store: Services, embedder: Embedder | None) -> ExperienceStore:
+    found = store.capability(EXPERIENCES)
     # With an embedding model, storing an approved experience embeds it.
     return found if embedder is None else IndexedExperiences(found, embedder)

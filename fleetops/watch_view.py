@@ -15,9 +15,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from fleet.control import subtree
-from fleet.limits.budget import budget_state
+from fleet.limits.backends import budget_state
 from fleet.models import Event, Trace, task_images
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceContent, TraceStore
 from fleetops.cli.output import printable
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class TreeState:
         return depth
 
 
-def _last_tool(store: TraceStore, trace_id: str) -> str | None:
+def _last_tool(store: TraceContent, trace_id: str) -> str | None:
     for message in reversed(store.messages(trace_id)):
         if message.role == "assistant" and message.tool_calls:
             return ", ".join(str(c.get("function", {}).get("name")) for c in message.tool_calls)
@@ -271,7 +271,7 @@ def watch_trace(fleet: Fleet, trace_id: str, timeout_s: float | None, *, live: b
     return store.get_trace(trace_id)
 
 
-def stream_end(store: TraceStore, root_trace_id: str) -> str:
+def stream_end(store: TraceContent, root_trace_id: str) -> str:
     """The id of the last event in the tree's stream ("0" if none)."""
     cursor = "0"
     while batch := store.read_events(root_trace_id, cursor):

@@ -33,7 +33,7 @@ def reset_runtime() -> None:
     global _runtime
     forget_process_settings()
     with _lock:
-        if _runtime is not None and isinstance(_runtime.store, RedisStore):
+        if _runtime is not None:
             _runtime.store.close()
         _runtime = None
 

@@ -21,7 +21,8 @@ from fleet.batch import DEFAULT_MAX_IN_FLIGHT
 from fleet.conversation.human import waiting_on
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
-from fleet.limits.budget import Budget, budget_state
+from fleet.limits.backends import budget_state
+from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
 from fleet.models import TERMINAL, Event, Trace
 from fleet.runtime import Runtime

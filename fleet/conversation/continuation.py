@@ -19,7 +19,7 @@ from fleet.errors import ConversationError
 from fleet.history import healed_result, main_path, open_turn
 from fleet.models import Message, Trace, text_of
 from fleet.runtime import Runtime
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Leases
 
 TURN_KEY = "turn"
 """Trace metadata: how many times the root was continued (0 for its first run)."""
@@ -74,7 +74,7 @@ def continue_trace(
         store.release_lease(trace_id, owner)
 
 
-def _take_lease(store: TraceStore, trace_id: str, owner: str, ttl_ms: int) -> bool:
+def _take_lease(store: Leases, trace_id: str, owner: str, ttl_ms: int) -> bool:
     """The lease, waiting out a runner that wrote its finish and is letting go of it."""
     deadline = time.monotonic() + RELEASE_WAIT_S
     while not store.acquire_lease(trace_id, owner, ttl_ms):

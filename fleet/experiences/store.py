@@ -6,8 +6,11 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+import redis
+
 from fleet.errors import ExperienceNotFound
 from fleet.experiences.model import Experience, StoredVector
+from fleet.storage.capability import Capability
 
 
 class ExperienceStore(Protocol):
@@ -98,3 +101,13 @@ class MemoryExperiences:
             for i in ids if succeeded else ():
                 self._items[i].successes += 1
         return ids
+
+
+def _on_redis(client: redis.Redis) -> ExperienceStore:
+    from fleet.storage.redis_experiences import RedisExperiences
+
+    return RedisExperiences(client)
+
+
+EXPERIENCES: Capability[ExperienceStore] = Capability("experiences", _on_redis, MemoryExperiences)
+"""The experiences a store keeps beside it: `store.capability(EXPERIENCES)`."""

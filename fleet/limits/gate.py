@@ -26,10 +26,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fleet.errors import ProviderOverloaded
-from fleet.limits.budget import UNBUDGETED, Budgets, Exhausted, Paused, Reserved
+from fleet.limits.backends import LIMITS
+from fleet.limits.budget import UNBUDGETED, Exhausted, Paused, Reserved
+from fleet.limits.protocols import ProviderLimits, TreeBudgets
 from fleet.limits.providers import (
     CHARS_PER_TOKEN,
-    Limiter,
     Refused,
     Scope,
     booked,
@@ -42,7 +43,7 @@ from fleet.llm.config import FleetConfig, resolve_target
 from fleet.llm.pricing import cost_usd
 from fleet.llm.vision import content_image_tokens
 from fleet.models import Content, Message, Trace, text_of
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services
 from fleet.storage.writes import PauseRead
 
 DEFAULT_OUTPUT_BOOKING = 4096
@@ -95,10 +96,10 @@ class Gate:
         self,
         config: FleetConfig,
         env: Mapping[str, str],
-        limiter: Limiter | None = None,
-        budgets: Budgets | None = None,
+        limiter: ProviderLimits | None = None,
+        budgets: TreeBudgets | None = None,
     ) -> None:
-        """No `limiter` or `budgets` (the in-memory store): every call goes at once."""
+        """No `limiter` or `budgets`: every call goes at once."""
         self.config = config
         self.limiter = limiter
         self.budgets = budgets
@@ -109,13 +110,10 @@ class Gate:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_store(cls, store: TraceStore, config: FleetConfig, env: Mapping[str, str]) -> Gate:
-        """A gate on the store's Redis, or none for the in-memory store."""
-        from fleet.storage.redis_store import RedisStore
-
-        if not isinstance(store, RedisStore):
-            return cls(config, env)
-        return cls(config, env, Limiter(store.client), Budgets(store.client))
+    def for_store(cls, store: Services, config: FleetConfig, env: Mapping[str, str]) -> Gate:
+        """A gate on the limits the store keeps (Redis, or their memory twins)."""
+        limits = store.capability(LIMITS)
+        return cls(config, env, limits.limiter, limits.budgets)
 
     def scopes(self, model_name: str) -> tuple[Scope, ...]:
         """The scopes of a model, resolved once per process."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from fleet.errors import ConfigError
 from fleet.llm.base import LLMClient
@@ -19,23 +18,10 @@ from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
 from fleet.security import trust
 from fleet.security.redact import Redactor
 
-PUBLIC_API_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
-"""A provider at one of these hosts cannot work without a key, so a missing one fails early."""
-
 
 def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
-    """The key from the environment; a public API without one is a `ConfigError`."""
-    key = (env.get(target.api_key_env, "") if target.api_key_env else "").strip()
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
-        raise ConfigError(f"{target.api_key_env} contains control characters")
-    if not key and urlparse(target.base_url).hostname in PUBLIC_API_HOSTS:
-        how = (
-            f"set {target.api_key_env}"
-            if target.api_key_env
-            else "give the provider an api_key_env in fleet.yaml"
-        )
-        raise ConfigError(f"provider {target.provider!r} needs an API key: {how}")
-    return key
+    """The key from the environment (`trust.api_key`: a public API needs one)."""
+    return trust.api_key(env, target.api_key_env, target.base_url, target.provider)
 
 
 def validate_model(

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleet.conversation.approval_rules import ApproveEntry
@@ -183,21 +182,6 @@ def _config_path(path: Path | None, env: Mapping[str, str]) -> Path | None:
     return None
 
 
-def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return yamlsafe.load(text, str(path))  # bounded: size, depth, aliases
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-        raise ConfigError(f"{path}: {where}: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: YAML: {' '.join(str(exc).split())}") from None
-
-
 def _validation_message(source: str, exc: ValidationError) -> str:
     errors = exc.errors()
     first = errors[0]
@@ -249,7 +233,7 @@ def load_config(
         trust.check_config_path(found, workspace_roots)
         if not found.is_file():
             raise ConfigError(f"{found}: config file not found")
-        data = _read_yaml(found)
+        data = yamlsafe.load_file(found)
     source = str(found or CONFIG_FILE)
     if data is None:
         data = {}

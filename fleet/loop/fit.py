@@ -20,7 +20,7 @@ from typing import Any
 from fleet.errors import ContextOverflow
 from fleet.llm.vision import Wire, content_image_tokens
 from fleet.models import Event, Trace
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords
 
 CHARS_PER_TOKEN = 4
 CONTEXT_KEY = "context"
@@ -93,7 +93,7 @@ def fit(
     return Fitted(out, elided, before, after)
 
 
-def record(store: TraceStore, trace: Trace, fitted: Fitted, window: int) -> Trace:
+def record(store: TraceRecords, trace: Trace, fitted: Fitted, window: int) -> Trace:
     """Note on the trace (metadata and a `context` event) that a request was fitted."""
     previous = trace.metadata.get(CONTEXT_KEY) or {}
     note = {

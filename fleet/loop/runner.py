@@ -9,30 +9,27 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal, assert_never
+from typing import Any, assert_never
 
 from fleet import lifecycle
 from fleet.children import settling
 from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import (
-    SUB_AGENT_TOOLS,
     fresh_call_ids,
     main_path,
     recent_calls,
 )
 from fleet.limits.gate import Spent, Wait, last_answer
-from fleet.llm.base import ToolCall
 from fleet.loop.resume import opening
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
-from fleet.loop.toolcalls import execute_turn, plain_only
+from fleet.loop.tool_turn import tool_turn
 from fleet.loop.turns import (
     Answered,
     Held,
     Outcome,
     Turn,
-    advanced,
     ask_model,
     hand_back,
     model_message,
@@ -44,7 +41,7 @@ from fleet.models import Event, Status, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import Append, JoinPart, TraceWrite, WriteResult
+from fleet.storage.writes import JoinPart, TraceWrite
 
 log = logging.getLogger(__name__)
 
@@ -180,39 +177,12 @@ class Runner:
                     )
                     return self._end(held, turn, "failed", error=error, reason="doom_loop")
                 case CallTools(calls=calls):
-                    after = self._tools(turn, calls)
+                    after = tool_turn(self.runtime, turn, calls)
                     if after == "waiting":
                         return "waiting"
                     snapshot = after
                 case _:
                     assert_never(turn.step)
-
-    def _tools(
-        self, turn: Turn, calls: tuple[ToolCall, ...]
-    ) -> TraceSnapshot | Literal["waiting"] | None:
-        """Store the model turn, run its tools; the snapshot after them, if known without a read.
-
-        `waiting` while sub-agents run; None when the trace must be read again.
-        """
-        # The model turn is stored before its tools run: a crash heals them on resume. A
-        # read-only turn of plain tools is stored with their results (`plain_only`).
-        together = plain_only(self.runtime, turn.trace, calls)
-        own = sum(isinstance(op, Append) for op in turn.write.ops)  # with any first messages
-        stored = [] if together else self.store.apply(turn.write).messages
-        own_write = turn.write if together else None
-        tools = execute_turn(self.runtime, turn.trace, calls, own_write, pauses=turn.pauses)
-        written = tools.written
-        if together and written is not None:
-            stored, rest = written.messages[:own], written.messages[own:]
-            written = WriteResult(rest, written.stop_requested, written.pauses)
-        if tools.waiting:
-            return "waiting"
-        if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
-            lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
-            return None
-        if written is None or stored[-1:] != turn.messages[-1:]:
-            return None  # another write changed the trace (a goal): read it
-        return advanced(TraceSnapshot(turn.trace, turn.messages, False), written)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""

@@ -11,6 +11,13 @@ to running).
 
 from __future__ import annotations
 
+import json
+
+from fleet.storage.store import STARTABLE
+
+_STARTABLE = " or ".join(f"status == '{json.dumps(status)}'" for status in STARTABLE)
+"""`store.STARTABLE` as a Lua condition on the stored (JSON) status."""
+
 # A counted join's part (a host's barrier: the Celery binding's chord join,
 # `workers.join`): `member`'s part recorded once; when `size` parts are in, the body is
 # claimed (`claim` SET NX with a lease of `claim_s`), owed to `outbox` (`owed` due at
@@ -302,13 +309,14 @@ return 1
 """
 
 # The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
-# trip. A queued or waiting trace of the given root is set running with its event first.
+# trip. A trace of the given root in a `STARTABLE` status is set running with its event first.
 # KEYS: trace, lease, running index, the guessed root's events, then pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms
 # Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
 # {the trace hash (its messages included) as a flat list, {PTTL per pause key}}.
-BEGIN_RUN = """
+BEGIN_RUN = (
+    """
 local trace = redis.call('HGETALL', KEYS[1])
 if #trace == 0 then return -1 end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -319,8 +327,9 @@ redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 local at = {}
 for i = 1, #trace, 2 do at[trace[i]] = i + 1 end
 local status = trace[at['status']]
-if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6]
-    and (status == '"queued"' or status == '"waiting"') then
+if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6] and ("""
+    + _STARTABLE
+    + """) then
   redis.call('HSET', KEYS[1], 'status', '"running"', 'updated_at_ms', ARGV[8])
   trace[at['status']] = '"running"'
   if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
@@ -330,6 +339,7 @@ local pauses = {}
 for k = 5, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
 return {trace, pauses}
 """
+)
 
 # KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
 ACQUIRE_LEASE = """
@@ -387,23 +397,3 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, AR
 for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
 return due
 """
-
-# Prepended to a write script for a runner's fenced store: KEYS[1] is the runner's lease and
-# ARGV[1] its owner token; both are taken off before the script proper runs. The lease check
-# and the write are one atomic step, so a runner whose lease lapsed (a frozen VM, a long GC)
-# cannot write into a trace another runner took over, not even in the instant after a check.
-FENCE = """
-local lease_key = table.remove(KEYS, 1)
-local lease_owner = table.remove(ARGV, 1)
-if redis.call('GET', lease_key) ~= lease_owner then
-  return redis.error_reply('FENCED the lease is not held by this runner')
-end
-"""
-
-FENCED_PREFIX = "FENCED"
-"""The start of the error a fenced script returns when the lease is not the caller's."""
-
-
-def fenced(script: str) -> str:
-    """The script behind the lease check of `FENCE`."""
-    return FENCE + script

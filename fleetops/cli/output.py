@@ -16,9 +16,9 @@ from typing import Any
 
 from fleet.conversation.continuation import branches, turn_of
 from fleet.conversation.human import waiting_on
-from fleet.limits.budget import budget_state
+from fleet.limits.backends import budget_state
 from fleet.models import Trace, task_images
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceContent, TraceStore
 
 _ESCAPE = re.compile(
     r"\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC ... BEL/ST (title, clipboard, links)
@@ -141,7 +141,7 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
     return lines
 
 
-def _branches(store: TraceStore, trace: Trace) -> list[dict[str, Any]]:
+def _branches(store: TraceContent, trace: Trace) -> list[dict[str, Any]]:
     """The message tree's branches of a root (sub-traces: none, to keep `show` cheap)."""
     if trace.parent_trace_id is not None:
         return []
