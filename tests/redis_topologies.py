@@ -33,9 +33,9 @@ FAILOVER_TIMEOUT_MS = 5000
 
 FLEET_ACL = (
     "user fleet on >{password} resetkeys resetchannels"
-    " ~fleet:* ~fleet.* ~celery-task-meta-* ~chord-unlock-* ~_kombu.* ~unacked*"
-    " ~*.reply.celery.pidbox &* -@all +@read +@write +@stream +@pubsub +@scripting"
-    " +@transaction +@connection +@keyspace -@dangerous +info"
+    " ~fleet:* ~fleet.* ~celery* ~chord-unlock* ~_kombu.* ~unacked*"
+    " ~*.celery.pidbox* &* -@all +@read +@write +@stream +@pubsub +@scripting"
+    " +@transaction +@connection +@keyspace -@dangerous +info +time"
 )
 """The ACL line docs/operations.md documents: the fleet's keys and Celery's (queues, results,
 bindings, unacked bookkeeping, control replies), every pub/sub channel (Celery's events and

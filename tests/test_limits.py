@@ -29,6 +29,7 @@ def scope(name: str = "provider:p:k", **limits: int) -> Scope:
 
 @pytest.fixture
 def limiter(redis_db: redis.Redis) -> Limiter:
+    redis_db.ping()  # connected (over TLS: handshake done) before a test's clock starts
     return Limiter(redis_db)
 
 
