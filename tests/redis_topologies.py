@@ -286,7 +286,7 @@ def _synced(port: int) -> bool:
             info = client.info("replication")
     except (redis.RedisError, OSError):
         return False
-    return info.get("master_link_status") == "up"
+    return bool(info.get("master_link_status") == "up")
 
 
 def _knows_replica(port: int) -> bool:
