@@ -26,7 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,14 +87,27 @@ class FailoverRow:
         """Runs done."""
         return len(self.outcomes)
 
+    @property
+    def completed(self) -> int:
+        """Runs whose tree completed, every branch collected once."""
+        return sum(o.completed for o in self.outcomes)
+
+    @property
+    def failed(self) -> int:
+        """Runs whose tree ended failed, with an error (nothing left open)."""
+        return sum(o.ended and not o.completed and not o.stuck for o in self.outcomes)
+
+    @property
+    def lost(self) -> int:
+        """Runs that did not end in time, or left a trace open."""
+        return sum(not o.ended or bool(o.stuck) for o in self.outcomes)
+
     def cells(self) -> list[str]:
         """scenario, runs, completed, failed (ended, an error), lost, duplicated, times."""
         done = self.outcomes
         recovery = [o.recovery_s for o in done if o.ended]
         promotion = [o.promotion_s for o in done]
-        failed = sum(o.ended and not o.completed for o in done)
-        lost = sum(not o.ended or bool(o.stuck) for o in done)
-        counts = [self.runs, sum(o.completed for o in done), failed, lost]
+        counts = [self.runs, self.completed, self.failed, self.lost]
         counts.append(sum(o.duplicated for o in done))
         times = [max(recovery, default=0.0), statistics.median(recovery) if recovery else 0.0]
         times.append(max(promotion, default=0.0))
@@ -201,10 +214,9 @@ def _judge(
     )
 
 
-def run(runs: int, say: object = print) -> FailoverRow:
-    """`runs` runs, each row of progress said as it goes."""
+def run(runs: int, say: Callable[[str], None] = print) -> FailoverRow:
+    """`runs` runs, a line said after each."""
     row = FailoverRow()
-    emit = say if callable(say) else print
     for i in range(runs):
         with tempfile.TemporaryDirectory(prefix="fleet-failover-") as name:
             try:
@@ -213,7 +225,7 @@ def run(runs: int, say: object = print) -> FailoverRow:
                 why = f"{type(exc).__name__}: {exc}"
                 outcome = Outcome(False, False, [], 0.0, 0.0, why)
         row.outcomes.append(outcome)
-        emit(
+        say(
             f"run {i + 1}: ended={outcome.ended} completed={outcome.completed}"
             f" end {outcome.recovery_s:.1f} s promotion {outcome.promotion_s:.1f} s"
             + ("" if outcome.completed else f" ({outcome.detail})")
