@@ -103,7 +103,7 @@ def group(tmp_path: Path) -> Iterator[SentinelGroup]:
 
 def master_port(pool: SentinelConnectionPool) -> int:
     """The port of the master the client's pool connects to now."""
-    return int(pool.get_master_address()[1])  # type: ignore[no-untyped-call]
+    return int(pool.get_master_address()[1])
 
 
 @pytest.mark.integration
