@@ -2,12 +2,16 @@
 
     python bench/failover.py --runs 20           # the large suite (also `faults.py`'s
                                                  # `failover` scenario)
+    python bench/failover.py --runs 20 --replica-behind-s 1   # `failover-lag`
 
 Each run starts a fresh group (primary, replica, two sentinels, quorum 1, down after 1 s),
 two `fleet worker`s whose store, limiter, broker and result backend all reach the master
 through the sentinels (`sentinel://...;sentinel://...`, FLEET_REDIS_SENTINEL_MASTER), and
 a client on the same URL. An explore of 40 branches (3 looks each, 300 ms per model
 call) is submitted; once 4 branches are past their first turn the master is killed.
+With `--replica-behind-s S` the replica is frozen for S seconds first (SIGSTOP, SIGCONT
+after the kill): the master acknowledges S seconds of writes the promoted replica never
+got, the worst case of asynchronous replication.
 
 A run *ended* when the client's `wait` returned the root ended and every trace of the tree
 is terminal; *completed* when it ended completed with every branch completed, collected
@@ -72,6 +76,8 @@ class Outcome:
     recovery_s: float
     promotion_s: float
     detail: str
+    missed_bytes: int = 0
+    """Replication bytes the master acknowledged and the promoted replica never got."""
     duplicated: int = 0
 
 
@@ -162,23 +168,25 @@ def failover_rig(directory: Path) -> Iterator[tuple[SentinelGroup, Fleet, RedisS
                 fleet.store.close()
 
 
-def one_run(directory: Path) -> Outcome:
-    """A fresh rig, one explore, the master killed under it."""
+def one_run(directory: Path, replica_behind_s: float = 0.0) -> Outcome:
+    """A fresh rig, one explore, the master killed under it (the replica that far behind)."""
     with failover_rig(directory) as (group, fleet, observer, workspace):
         model = survey_model(workspace / "m.json", BRANCHES, TURNS, LATENCY_MS)
         root_id = fleet.submit("survey", model=model).trace_id
         wait_for(lambda: _under_way(observer, root_id) >= 4, 90, "4 branches under way")
         old_port = group.master_port()
         assert old_port is not None
-        killed_s = time.monotonic()
-        group.kill_primary()
+        killed_s = time.monotonic() + replica_behind_s
+        missed_bytes = group.kill_primary(replica_behind_s)
         promotion_s = group.wait_promoted(old_port)
         try:
             root = fleet.wait(root_id, timeout_s=RUN_TIMEOUT_S)
         except (TimeoutError, FleetError) as exc:
-            return Outcome(False, False, [], 0.0, promotion_s, f"{root_id}: {exc}")
+            return Outcome(False, False, [], 0.0, promotion_s, f"{root_id}: {exc}", missed_bytes)
         recovery_s = time.monotonic() - killed_s
-        return _judge(observer, root_id, recovery_s, promotion_s, root.error)
+        outcome = _judge(observer, root_id, recovery_s, promotion_s, root.error)
+        outcome.missed_bytes = missed_bytes
+        return outcome
 
 
 def _under_way(store: RedisStore, root_id: str) -> int:
@@ -210,17 +218,21 @@ def _judge(
         recovery_s,
         promotion_s,
         detail if error is None else f"{detail}; error: {error}",
-        check.duplicated + check.extra_turns,
+        duplicated=check.duplicated + check.extra_turns,
     )
 
 
-def run(runs: int, say: Callable[[str], None] = print) -> FailoverRow:
+def run(
+    runs: int, say: Callable[[str], None] = print, replica_behind_s: float = 0.0
+) -> FailoverRow:
     """`runs` runs, a line said after each."""
     row = FailoverRow()
+    if replica_behind_s:
+        row.name = f"{row.name}, replica {replica_behind_s:g} s behind"
     for i in range(runs):
         with tempfile.TemporaryDirectory(prefix="fleet-failover-") as name:
             try:
-                outcome = one_run(Path(name))
+                outcome = one_run(Path(name), replica_behind_s)
             except Exception as exc:  # a harness step timed out: count it lost, go on
                 why = f"{type(exc).__name__}: {exc}"
                 outcome = Outcome(False, False, [], 0.0, 0.0, why)
@@ -228,6 +240,7 @@ def run(runs: int, say: Callable[[str], None] = print) -> FailoverRow:
         say(
             f"run {i + 1}: ended={outcome.ended} completed={outcome.completed}"
             f" end {outcome.recovery_s:.1f} s promotion {outcome.promotion_s:.1f} s"
+            f" writes lost {outcome.missed_bytes} B"
             + ("" if outcome.completed else f" ({outcome.detail})")
         )
     return row
@@ -243,8 +256,14 @@ def main(argv: list[str] | None = None) -> None:
     """Parse, run, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--replica-behind-s",
+        type=float,
+        default=0.0,
+        help="freeze the replica this long before the kill: acknowledged writes are lost",
+    )
     args = parser.parse_args(argv)
-    row = run(args.runs)
+    row = run(args.runs, replica_behind_s=args.replica_behind_s)
     print(f"\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print(markdown(row))
 

@@ -13,6 +13,7 @@ session, stopped (SIGKILL) when the block ends; nothing is written outside `dire
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -231,12 +232,25 @@ class SentinelGroup:
                     return int(address[1]) if address else None
         return None
 
-    def kill_primary(self) -> None:
-        """SIGKILL whichever node is the master now."""
+    def kill_primary(self, replica_behind_s: float = 0.0) -> int:
+        """SIGKILL whichever node is the master now; bytes of writes the replica missed.
+
+        With `replica_behind_s`, the replica is frozen (SIGSTOP) that long first, so the
+        master acknowledges writes the replica never gets: the replica promoted lacks them.
+        The count is the master's replication offset at the kill minus what the replica
+        had acknowledged (0 when it was in sync).
+        """
         port = self.master_port()
-        for node in (self.primary, self.replica):
-            if node.port == port:
-                node.kill()
+        master = next(n for n in (self.primary, self.replica) if n.port == port)
+        replica = self.replica if master is self.primary else self.primary
+        if replica_behind_s:
+            replica.process.send_signal(signal.SIGSTOP)
+            time.sleep(replica_behind_s)
+        missed = _replica_lag_bytes(master.port)
+        master.kill()
+        if replica_behind_s:
+            replica.process.send_signal(signal.SIGCONT)
+        return missed
 
     def wait_promoted(self, old_port: int, timeout_s: float = 30.0) -> float:
         """Seconds until the sentinels name another master than `old_port`."""
@@ -278,6 +292,17 @@ def sentinel_group(directory: Path, sentinels: int = 1) -> Iterator[SentinelGrou
     finally:
         for node in started:
             node.kill()
+
+
+def _replica_lag_bytes(port: int) -> int:
+    """The master's replication offset minus its replica's acknowledged one."""
+    try:
+        with redis.Redis(HOST, port, socket_timeout=1) as client:
+            info = client.info("replication")
+    except (redis.RedisError, OSError):
+        return -1
+    replica = info.get("slave0") or {}
+    return int(info.get("master_repl_offset", 0)) - int(replica.get("offset", 0))
 
 
 def _synced(port: int) -> bool:

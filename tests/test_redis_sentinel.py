@@ -7,6 +7,9 @@ master dies mid-explore still ends (`bench/failover.py`, 20 runs in the large su
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +176,28 @@ def test_an_explore_ends_when_the_master_dies_mid_way() -> None:
     assert outcome.ended and not outcome.stuck, outcome.detail
     assert outcome.recovery_s <= failover.RUN_TIMEOUT_S
     assert outcome.duplicated == 0, outcome.detail
+
+
+@pytest.mark.integration
+def test_fleet_doctor_reaches_redis_and_the_broker_through_the_sentinels(
+    group: SentinelGroup, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "FLEET_REDIS_URL": group.url,
+        "FLEET_REDIS_SENTINEL_MASTER": MASTER_NAME,
+        "FLEET_WORKSPACE": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetops.cli.main", "doctor"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = (done.stdout + done.stderr).splitlines()
+    redis_line = next(line for line in lines if line.startswith("redis "))
+    broker_line = next(line for line in lines if line.startswith("broker "))
+    assert " ok " in redis_line and group.url in redis_line and "(Redis 7" in redis_line
+    assert " ok " in broker_line and "sentinel" in broker_line
