@@ -12,12 +12,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from fleet.errors import ConfigError
-from fleet.storage.redis_connect import connect
+from fleet.storage.redis_connect import Lua, connect
 from fleet.storage.redis_store import RedisStore
 from tests.conftest import CHECKOUT, REDIS_ADMIN_URL_ENV, REDIS_URL_ENV
 from tests.fleetkit import client, explore_script, fleet_settings
@@ -145,3 +146,19 @@ def test_fleet_doctor_names_the_tls_redis_without_its_password(
     output = done.stdout + done.stderr
     assert f"rediss://fleet@127.0.0.1:{server.node.port}/0" in output, output
     assert server.password not in output
+
+
+def test_scripts_take_the_lean_path_on_tls_connections(
+    server: TlsRedis, admin: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = connect(server.url)
+    assert client.connection_pool.connection_class is redis.SSLConnection
+    echo = Lua("return {KEYS[1], ARGV[1]}")
+    assert echo(client, ["fleet:k"], ["first"]) == ["fleet:k", "first"]  # loaded (NOSCRIPT)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("went through redis-py's EVALSHA")
+
+    monkeypatch.setattr(redis.Redis, "evalsha", refuse)
+    assert echo(client, ["fleet:k"], ["again"]) == ["fleet:k", "again"]
+    client.close()
