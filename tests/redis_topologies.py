@@ -217,11 +217,14 @@ class SentinelGroup:
     replica: Node
     sentinels: list[Node]
     directory: Path
+    password: str | None = field(default=None, repr=False)
+    """The data nodes' `requirepass`, if any (in the URL's userinfo)."""
 
     @property
     def url(self) -> str:
         """`sentinel://127.0.0.1:S1/0;sentinel://127.0.0.1:S2/0`, as Celery writes it."""
-        return ";".join(f"sentinel://{HOST}:{s.port}/0" for s in self.sentinels)
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return ";".join(f"sentinel://{auth}{HOST}:{s.port}/0" for s in self.sentinels)
 
     def master_port(self) -> int | None:
         """The master's port as the first live sentinel reports it."""
@@ -246,7 +249,7 @@ class SentinelGroup:
         if replica_behind_s:
             replica.process.send_signal(signal.SIGSTOP)
             time.sleep(replica_behind_s)
-        missed = _replica_lag_bytes(master.port)
+        missed = _replica_lag_bytes(master.port, self.password)
         master.kill()
         if replica_behind_s:
             replica.process.send_signal(signal.SIGCONT)
@@ -267,23 +270,32 @@ class SentinelGroup:
 
 
 @contextlib.contextmanager
-def sentinel_group(directory: Path, sentinels: int = 1) -> Iterator[SentinelGroup]:
-    """Start the primary, its replica (synced) and `sentinels` sentinels (quorum 1)."""
+def sentinel_group(
+    directory: Path, sentinels: int = 1, password: str | None = None
+) -> Iterator[SentinelGroup]:
+    """Start the primary, its replica (synced) and `sentinels` sentinels (quorum 1).
+
+    With `password`, both data nodes require it (and use it to replicate); the sentinels
+    know it (`auth-pass`) and require none themselves.
+    """
     started: list[Node] = []
+    auth = f'requirepass "{password}"\nmasterauth "{password}"\n' if password else ""
     try:
-        primary = start_node(directory, BASE_CONFIG + "port {port}\n", _answers(), "primary")
+        config = BASE_CONFIG + auth + "port {port}\n"
+        primary = start_node(directory, config, _answers(password=password), "primary")
         started.append(primary)
-        replica_config = BASE_CONFIG + f"port {{port}}\nreplicaof {HOST} {primary.port}\n"
-        replica = start_node(directory, replica_config, _synced, "replica")
+        replica_config = config + f"replicaof {HOST} {primary.port}\n"
+        replica = start_node(directory, replica_config, _synced(password), "replica")
         started.append(replica)
-        sentinel_config = (
+        sentinel_auth = f"sentinel auth-pass {MASTER_NAME} {password}\n" if password else ""
+        sentinel_config = sentinel_auth + (
             "bind 127.0.0.1\nport {port}\ndir {dir}\nlogfile {log}\n"
             f"sentinel monitor {MASTER_NAME} {HOST} {primary.port} 1\n"
             f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
             f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
             f"sentinel parallel-syncs {MASTER_NAME} 1\n"
         )
-        group = SentinelGroup(primary, replica, [], directory)
+        group = SentinelGroup(primary, replica, [], directory, password)
         for i in range(sentinels):
             node = start_node(directory, sentinel_config, _knows_replica, f"sentinel{i}")
             started.append(node)
@@ -294,10 +306,10 @@ def sentinel_group(directory: Path, sentinels: int = 1) -> Iterator[SentinelGrou
             node.kill()
 
 
-def _replica_lag_bytes(port: int) -> int:
+def _replica_lag_bytes(port: int, password: str | None) -> int:
     """The master's replication offset minus its replica's acknowledged one."""
     try:
-        with redis.Redis(HOST, port, socket_timeout=1) as client:
+        with redis.Redis(HOST, port, socket_timeout=1, password=password) as client:
             info = client.info("replication")
     except (redis.RedisError, OSError):
         return -1
@@ -305,13 +317,16 @@ def _replica_lag_bytes(port: int) -> int:
     return int(info.get("master_repl_offset", 0)) - int(replica.get("offset", 0))
 
 
-def _synced(port: int) -> bool:
-    try:
-        with redis.Redis(HOST, port, socket_timeout=0.5) as client:
-            info = client.info("replication")
-    except (redis.RedisError, OSError):
-        return False
-    return bool(info.get("master_link_status") == "up")
+def _synced(password: str | None) -> Callable[[int], bool]:
+    def synced(port: int) -> bool:
+        try:
+            with redis.Redis(HOST, port, socket_timeout=0.5, password=password) as client:
+                info = client.info("replication")
+        except (redis.RedisError, OSError):
+            return False
+        return bool(info.get("master_link_status") == "up")
+
+    return synced
 
 
 def _knows_replica(port: int) -> bool:
