@@ -68,9 +68,11 @@ def transport_options(url: str, sentinel_master: str | None) -> dict[str, Any]:
     """
     options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
     if is_sentinel(url):
-        timeouts = {"socket_timeout": SENTINEL_TIMEOUT_S}
-        timeouts["socket_connect_timeout"] = SENTINEL_TIMEOUT_S
-        options |= {"master_name": sentinel_master, "sentinel_kwargs": timeouts}
+        asking = {
+            "socket_timeout": SENTINEL_TIMEOUT_S,
+            "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        }
+        options |= {"master_name": sentinel_master, "sentinel_kwargs": asking}
     return options
 
 
