@@ -25,8 +25,6 @@ from tests.fleetkit import client, explore_script, fleet_settings
 from tests.procs import start_worker, wait_for_workers
 from tests.redis_topologies import TlsRedis, make_certs, tls_redis
 
-pytestmark = pytest.mark.integration
-
 SUITES = ("test_store.py", "test_limits.py", "test_budget.py", "test_gate.py")
 """The store's and the limiter's own tests, run again against the TLS Redis."""
 
@@ -53,6 +51,7 @@ def refusals(admin: redis.Redis) -> list[str]:
     return [f"{e['reason']} {e['object']}" for e in admin.acl_log(100) if e["username"] == "fleet"]
 
 
+@pytest.mark.integration
 def test_store_and_limiter_suites_pass_as_the_fleet_acl_user(
     server: TlsRedis, admin: redis.Redis
 ) -> None:
@@ -73,6 +72,7 @@ def test_store_and_limiter_suites_pass_as_the_fleet_acl_user(
     assert server.password not in done.stdout + done.stderr
 
 
+@pytest.mark.integration
 def test_an_explore_runs_on_real_workers_over_tls(
     server: TlsRedis, admin: redis.Redis, tmp_path: Path
 ) -> None:
@@ -99,11 +99,17 @@ def test_the_settings_never_drop_certificate_checks() -> None:
     settings = fleet_settings(url, Path.cwd())
     assert settings.redis_url == url + "&ssl_cert_reqs=required"
     assert settings.broker_url == settings.redis_url
+    bare = fleet_settings("rediss://h/0", Path.cwd(), FLEET_BROKER_URL="rediss://b/1")
+    assert bare.redis_url == "rediss://h/0?ssl_cert_reqs=required"
+    assert bare.broker_url == "rediss://b/1?ssl_cert_reqs=required"
+    kept = "rediss://h/0?ssl_cert_reqs=none"  # an operator's explicit choice stays
+    assert fleet_settings(kept, Path.cwd()).redis_url == kept
     with pytest.raises(ConfigError) as bad:
         fleet_settings("rediss://fleet:s3cret-pw@h/0?ssl_cert_reqs=CERT_NOPE", Path.cwd())
     assert "ssl_cert_reqs must be one of" in str(bad.value) and "s3cret" not in str(bad.value)
 
 
+@pytest.mark.integration
 def test_a_server_signed_by_another_ca_is_refused_without_leaking_the_password(
     server: TlsRedis, tmp_path: Path
 ) -> None:
@@ -116,6 +122,7 @@ def test_a_server_signed_by_another_ca_is_refused_without_leaking_the_password(
     assert server.password not in message and "fleet@127.0.0.1" in message
 
 
+@pytest.mark.integration
 def test_a_client_without_a_certificate_is_refused(server: TlsRedis) -> None:
     url = server.url.split("&ssl_certfile")[0] + "&ssl_cert_reqs=required"
     with RedisStore.from_url(url) as store, pytest.raises(ConfigError) as refused:
@@ -123,6 +130,7 @@ def test_a_client_without_a_certificate_is_refused(server: TlsRedis) -> None:
     assert server.password not in str(refused.value)
 
 
+@pytest.mark.integration
 def test_the_fleet_user_cannot_reach_other_keys_or_wipe_the_database(server: TlsRedis) -> None:
     with connect(server.url) as fleet_user:
         with pytest.raises(redis.exceptions.NoPermissionError):
@@ -131,6 +139,7 @@ def test_the_fleet_user_cannot_reach_other_keys_or_wipe_the_database(server: Tls
             fleet_user.flushdb()
 
 
+@pytest.mark.integration
 def test_fleet_doctor_names_the_tls_redis_without_its_password(
     server: TlsRedis, tmp_path: Path
 ) -> None:
@@ -148,6 +157,7 @@ def test_fleet_doctor_names_the_tls_redis_without_its_password(
     assert server.password not in output
 
 
+@pytest.mark.integration
 def test_scripts_take_the_lean_path_on_tls_connections(
     server: TlsRedis, admin: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
