@@ -149,8 +149,7 @@ def worker_url(redis_url: str) -> Iterator[str]:
     """A real worker process (threads pool, all fleet queues) on the session Redis, emptied."""
     from tests.procs import start_worker, wait_for_workers
 
-    with redis.Redis.from_url(redis_url) as admin:
-        admin.flushdb()
+    flush(redis_url)
     with start_worker(redis_url, concurrency=16) as worker:
         wait_for_workers(redis_url, [worker.name], timeout_s=30)
         yield redis_url
