@@ -139,9 +139,11 @@ HEADER = [
 
 
 @contextlib.contextmanager
-def failover_rig(directory: Path) -> Iterator[tuple[SentinelGroup, Fleet, RedisStore, Path]]:
+def failover_rig(
+    directory: Path, sentinels: int = SENTINELS
+) -> Iterator[tuple[SentinelGroup, Fleet, RedisStore, Path]]:
     """A fresh group, workers and a client on it; everything stopped at the end."""
-    with sentinel_group(directory / "redis", sentinels=SENTINELS) as group:
+    with sentinel_group(directory / "redis", sentinels=sentinels) as group:
         workspace = directory / "workspace"
         workspace.mkdir()
         env = {
@@ -168,9 +170,9 @@ def failover_rig(directory: Path) -> Iterator[tuple[SentinelGroup, Fleet, RedisS
                 fleet.store.close()
 
 
-def one_run(directory: Path, replica_behind_s: float = 0.0) -> Outcome:
+def one_run(directory: Path, replica_behind_s: float = 0.0, sentinels: int = SENTINELS) -> Outcome:
     """A fresh rig, one explore, the master killed under it (the replica that far behind)."""
-    with failover_rig(directory) as (group, fleet, observer, workspace):
+    with failover_rig(directory, sentinels) as (group, fleet, observer, workspace):
         model = survey_model(workspace / "m.json", BRANCHES, TURNS, LATENCY_MS)
         root_id = fleet.submit("survey", model=model).trace_id
         wait_for(lambda: _under_way(observer, root_id) >= 4, 90, "4 branches under way")
@@ -223,16 +225,21 @@ def _judge(
 
 
 def run(
-    runs: int, say: Callable[[str], None] = print, replica_behind_s: float = 0.0
+    runs: int,
+    say: Callable[[str], None] = print,
+    replica_behind_s: float = 0.0,
+    sentinels: int = SENTINELS,
 ) -> FailoverRow:
     """`runs` runs, a line said after each."""
     row = FailoverRow()
     if replica_behind_s:
         row.name = f"{row.name}, replica {replica_behind_s:g} s behind"
+    if sentinels != SENTINELS:
+        row.name = f"{row.name}, {sentinels} sentinels"
     for i in range(runs):
         with tempfile.TemporaryDirectory(prefix="fleet-failover-") as name:
             try:
-                outcome = one_run(Path(name), replica_behind_s)
+                outcome = one_run(Path(name), replica_behind_s, sentinels)
             except Exception as exc:  # a harness step timed out: count it lost, go on
                 why = f"{type(exc).__name__}: {exc}"
                 outcome = Outcome(False, False, [], 0.0, 0.0, why)
@@ -262,8 +269,9 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="freeze the replica this long before the kill: acknowledged writes are lost",
     )
+    parser.add_argument("--sentinels", type=int, default=SENTINELS, help="1 to 3 (quorum 1)")
     args = parser.parse_args(argv)
-    row = run(args.runs, replica_behind_s=args.replica_behind_s)
+    row = run(args.runs, replica_behind_s=args.replica_behind_s, sentinels=args.sentinels)
     print(f"\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print(markdown(row))
 
