@@ -77,7 +77,8 @@ class Outcome:
     promotion_s: float
     detail: str
     missed_bytes: int = 0
-    """Replication bytes the master acknowledged and the promoted replica never got."""
+    """The master's replication offset past the replica's last acknowledgement at the kill:
+    at most what the promoted replica lacks (a replica acknowledges once a second)."""
     duplicated: int = 0
 
 
@@ -247,7 +248,7 @@ def run(
         say(
             f"run {i + 1}: ended={outcome.ended} completed={outcome.completed}"
             f" end {outcome.recovery_s:.1f} s promotion {outcome.promotion_s:.1f} s"
-            f" writes lost {outcome.missed_bytes} B"
+            f" unacknowledged by the replica {outcome.missed_bytes} B"
             + ("" if outcome.completed else f" ({outcome.detail})")
         )
     return row

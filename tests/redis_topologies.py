@@ -241,7 +241,7 @@ class SentinelGroup:
         With `replica_behind_s`, the replica is frozen (SIGSTOP) that long first, so the
         master acknowledges writes the replica never gets: the replica promoted lacks them.
         The count is the master's replication offset at the kill minus what the replica
-        had acknowledged (0 when it was in sync).
+        had acknowledged: an upper bound of what it lacks (it acknowledges once a second).
         """
         port = self.master_port()
         master = next(n for n in (self.primary, self.replica) if n.port == port)
