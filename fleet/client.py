@@ -113,7 +113,7 @@ class Fleet:
         from fleet.storage.redis_store import RedisStore
 
         settings = settings or process_settings()
-        store = RedisStore.from_url(settings.redis_url)
+        store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
         store.ping()
         runtime = Runtime.build(settings, store, InProcessDispatcher())
         return cls(runtime, load_backend(settings))
@@ -333,8 +333,8 @@ class Fleet:
             NoLiveWorkers: no live worker consumed a queue the trace needs for
                 `Settings.no_worker_timeout_s`; the trace is left as it is.
         """
-        root = self.store.get_trace(trace_id).root_trace_id
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        root = self._reachable(lambda: self.store.get_trace(trace_id), deadline).root_trace_id
         watch = QueueWatch(
             self.store, trace_id, self.backend.queue, self.runtime.settings.no_worker_timeout_s
         )
@@ -363,6 +363,20 @@ class Fleet:
             if finished and not batch:
                 return  # its `finish` fell off the capped stream
 
+    def _reachable(self, read: Callable[[], Trace], deadline: float | None) -> Trace:
+        """`read()`, tried again every OUTAGE_RETRY_S while Redis is away until `deadline`.
+
+        Away: a restart, or a Sentinel failover before the new master is named.
+        """
+        while True:
+            try:
+                return read()
+            except Exception as exc:
+                late = deadline is not None and time.monotonic() > deadline
+                if late or not self.store.unavailable(exc):
+                    raise
+            time.sleep(OUTAGE_RETRY_S)
+
     def _poll(
         self, trace_id: str, root: str, cursor: str, watch: QueueWatch, block_ms: int
     ) -> tuple[bool, list[tuple[str, Event]]] | None:
@@ -386,7 +400,8 @@ class Fleet:
         """Block until the trace ends, reading its event stream (of run `turn`)."""
         for _ in self.events(trace_id, timeout_s, turn=turn):
             pass
-        trace = self.store.get_trace(trace_id)
+        deadline = time.monotonic() + (timeout_s or self.runtime.settings.no_worker_timeout_s)
+        trace = self._reachable(lambda: self.store.get_trace(trace_id), deadline)
         if not trace.is_terminal:
             raise FleetError(f"trace {trace_id!r} ended its event stream in {trace.status!r}")
         return trace

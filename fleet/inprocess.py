@@ -72,7 +72,7 @@ class InProcessFleet:
     ) -> InProcessFleet:
         """In-memory store unless `redis` (FLEET_REDIS_URL) or a store is given."""
         if store is None:
-            store = _redis_store(settings.redis_url) if redis else MemoryStore()
+            store = _redis_store(settings) if redis else MemoryStore()
         runtime = Runtime.build(
             settings,
             store,
@@ -142,9 +142,9 @@ def _max_concurrent(runtime: Runtime, root_trace_id: str) -> int:
     return (schedule.max_concurrent if schedule is not None else None) or 1_000_000
 
 
-def _redis_store(url: str) -> TraceStore:
+def _redis_store(settings: Settings) -> TraceStore:
     from fleet.storage.redis_store import RedisStore
 
-    store = RedisStore.from_url(url)
+    store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
     store.ping()
     return store

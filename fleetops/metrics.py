@@ -205,11 +205,12 @@ class FleetMetrics:
     def __init__(self, settings: Settings) -> None:
         """Open clients for the store and, if it is another Redis, the broker."""
         self.settings = settings
-        self._store = connect(settings.redis_url)
+        master = settings.redis_sentinel_master
+        self._store = connect(settings.redis_url, master)
         self._broker: redis.Redis | None = self._store
         if settings.broker_url != settings.redis_url:
             scheme = settings.broker_url.partition("://")[0]
-            self._broker = connect(settings.broker_url) if scheme in REDIS_SCHEMES else None
+            self._broker = connect(settings.broker_url, master) if scheme in REDIS_SCHEMES else None
 
     def close(self) -> None:
         """Close the Redis clients."""

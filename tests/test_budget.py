@@ -220,14 +220,14 @@ def test_a_budget_smaller_than_one_call_is_refused_before_anything_is_written(
     local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path), store=RedisStore(redis_db), clients={"m": ScriptedModel()}
     )
-    before = set(redis_db.keys("*"))
+    before = set(redis_db.scan_iter())
 
     with pytest.raises(ConfigError) as refused:
         create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=4551)))
 
     message = str(refused.value)
     assert "budget tokens 4551" in message and "4552" in message and "\n" not in message
-    assert set(redis_db.keys("*")) == before  # no root, no budget hash
+    assert set(redis_db.scan_iter()) == before  # no root, no budget hash
     fits = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=4552)))
     assert local.store.get_trace(fits.trace_id).status == "queued"
 

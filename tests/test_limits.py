@@ -89,6 +89,7 @@ def probe(request: pytest.FixtureRequest) -> Probe:
             fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
         )
     client: redis.Redis = request.getfixturevalue("redis_client")
+    client.ping()  # connected (over TLS: handshake done) before a test's clock starts
     return redis_probe(client)
 
 

@@ -77,9 +77,9 @@ class RedisStore(RedisWorkerTables):
         self._release = Lua(redis_scripts.RELEASE_LEASE)
 
     @classmethod
-    def from_url(cls, url: str) -> RedisStore:
+    def from_url(cls, url: str, sentinel_master: str | None = None) -> RedisStore:
         """A store with its own client (see `connect`); `close` closes it."""
-        return cls(connect(url), url=url, owns_client=True)
+        return cls(connect(url, sentinel_master), url=url, owns_client=True)
 
     @property
     def client(self) -> redis.Redis:
