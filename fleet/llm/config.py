@@ -90,6 +90,15 @@ class ProviderConfig(BaseModel):
     """Env var holding the key; empty for a local server that needs none."""
     limits: RateLimits | None = None
     """For this provider and key, across every model of it."""
+    batch_api: bool | None = None
+    """The provider answers OpenAI's `/v1/batches` (kind openai) or Anthropic's
+    `/v1/messages/batches` (kind anthropic). None: only api.openai.com and api.anthropic.com."""
+
+    def has_batch_api(self) -> bool:
+        """Whether `--batch-api` trees may use this provider."""
+        if self.batch_api is not None:
+            return self.batch_api
+        return urlparse(self.base_url).hostname in PUBLIC_API_HOSTS
 
 
 class ModelConfig(BaseModel):
@@ -112,6 +121,12 @@ class ModelConfig(BaseModel):
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
+    batch_input_usd_per_mtok: Price | None = None
+    """Price of a prompt token sent through the provider's Batch API (None: half the live)."""
+    batch_output_usd_per_mtok: Price | None = None
+    """Price of an answer token through the Batch API (None: half the live price)."""
+    batch_api: bool = False
+    """Trees on this alias go through the provider's Batch API unless told otherwise."""
 
 
 class FleetConfig(BaseModel):
@@ -148,6 +163,10 @@ class ModelTarget:
     base_url: str = ""
     api_key_env: str = ""
     pricing: ModelPricing | None = None
+    batch_pricing: ModelPricing | None = None
+    """The alias's own Batch API prices, if it sets them (else half of `pricing`)."""
+    batch_api: bool = False
+    """The provider has a Batch API (`ProviderConfig.has_batch_api`)."""
 
 
 def builtin_providers(env: Mapping[str, str]) -> dict[str, ProviderConfig]:
@@ -286,6 +305,14 @@ def _pricing(model: ModelConfig) -> ModelPricing | None:
     return ModelPricing(model.input_usd_per_mtok or 0.0, model.output_usd_per_mtok or 0.0)
 
 
+def _batch_pricing(model: ModelConfig) -> ModelPricing | None:
+    if model.batch_input_usd_per_mtok is None and model.batch_output_usd_per_mtok is None:
+        return None
+    return ModelPricing(
+        model.batch_input_usd_per_mtok or 0.0, model.batch_output_usd_per_mtok or 0.0
+    )
+
+
 def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
     """What `model_name` (an alias or `provider:model`) points at.
 
@@ -295,9 +322,10 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
     alias = config.models.get(model_name)
     if alias is not None:
         provider_name, model, pricing = alias.provider, alias.name, _pricing(alias)
+        batch_pricing = _batch_pricing(alias)
     elif ":" in model_name:
         provider_name, model = model_name.split(":", 1)
-        pricing = None
+        pricing = batch_pricing = None
     else:
         aliases = ", ".join(sorted(config.models)) or "none"
         raise ConfigError(
@@ -321,6 +349,8 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
         base_url=provider.base_url,
         api_key_env=provider.api_key_env,
         pricing=pricing,
+        batch_pricing=batch_pricing,
+        batch_api=provider.has_batch_api(),
     )
 
 
@@ -337,6 +367,11 @@ def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
         )
         raise ConfigError(f"provider {target.provider!r} needs an API key: {how}")
     return key
+
+
+def provider_key(target: ModelTarget, env: Mapping[str, str]) -> str:
+    """The provider's API key from `env` (`ConfigError` as `make_client` would raise)."""
+    return _api_key(target, env)
 
 
 def validate_model(

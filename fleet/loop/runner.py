@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
+from fleet.batchapi.route import Parked, Route, consumed, park, route_of, take
 from fleet.children import settling
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import (
@@ -22,7 +23,7 @@ from fleet.history import (
     to_wire,
 )
 from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
-from fleet.llm.base import ToolCall
+from fleet.llm.base import LLMResponse, ToolCall
 from fleet.loop.fit import fit
 from fleet.loop.fit import record as record_fit
 from fleet.loop.resume import opening
@@ -42,7 +43,7 @@ from fleet.loop.turns import (
     terminal,
 )
 from fleet.loop.turns import RunResult as RunResult  # re-exported: hosts import it from here
-from fleet.models import Event, Status, now_ms
+from fleet.models import Event, Message, Status, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
@@ -240,7 +241,9 @@ class Runner:
             case error:
                 return self.finish(trace_id, "failed", error=error, reason="error")
 
-    def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
+    def _no_turn(
+        self, snapshot: TraceSnapshot, why: Wait | Spent | Parked | None
+    ) -> Outcome | Wait:
         """No model call this time; what happens instead.
 
         Lease lost (None): let go. A limit said "not now": queued again, to come back
@@ -256,26 +259,35 @@ class Runner:
                 partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
                 ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
                 return terminal(ended.status)
+            case Parked():
+                return "parked"
             case _:
                 assert_never(why)
 
-    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | None:
+    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | Parked | None:
         """One model call and what to do about it; the turn is not written yet.
 
         None when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
         provider limit did not admit the call, `Spent` when the tree's budget is used up:
-        nothing of this turn is written either.
+        nothing of this turn is written either. `Parked`: the call went into a provider
+        batch (`fleet.batchapi`), and the trace waits on it.
         """
         trace, messages = snapshot.trace, snapshot.messages
         model_name = self.runtime.model_name(trace.model, trace.preset)
         tools = tool_schemas(self.runtime, trace)
         path = main_path(messages, trace.head_sequence)
         chars = request_chars(path, tools)
-        verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses)
+        route = route_of(trace)
+        batched = route in ("fresh", "parked", "answered")
+        verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched)
         if not isinstance(verdict, Go):
             return verdict
-        if (extra := note(self.runtime, trace, final=verdict.budget.final)) is not None:
+        # A parked turn wrote its note when it first parked: not twice.
+        if (
+            route in ("live", "fresh")
+            and (extra := note(self.runtime, trace, final=verdict.budget.final)) is not None
+        ):
             if held.pending is not None:  # the first messages go first
                 self.store.apply(held.pending)
                 held.pending = None
@@ -285,13 +297,10 @@ class Runner:
                 update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
             )
             path = main_path(messages, trace.head_sequence)
-        window = self.runtime.context_window(model_name)
-        fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
-        if fitted.elided and window is not None:
-            trace = record_fit(self.store, trace, fitted, window)
-        response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
-        if isinstance(response, Wait):
-            return response
+        called = self._call(trace, route, model_name, verdict, path, tools, held)
+        if not isinstance(called, tuple):
+            return called
+        trace, response, batch_id = called
         self.runtime.hooks.model_responded(trace, response)
         if held.heartbeat.lost.is_set():
             return None
@@ -307,6 +316,11 @@ class Runner:
         )
         write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
         held.pending = None
+        if route != "live":  # the answer is in the trace now (`fleet.batchapi.route`)
+            trace = trace.model_copy(update={"metadata": consumed(trace)})
+            write.update(None, metadata=trace.metadata)
+        if batch_id:
+            message.metadata["batch_id"] = batch_id
         write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
         step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
@@ -314,6 +328,36 @@ class Runner:
             step = Finish(response.content or "(no answer)", reason="budget")
         pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
         return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
+
+    def _call(
+        self,
+        trace: Trace,
+        route: Route,
+        model_name: str,
+        verdict: Go,
+        path: list[Message],
+        tools: list[dict[str, Any]],
+        held: Held,
+    ) -> tuple[Trace, LLMResponse, str] | Wait | Parked:
+        """The model's answer: the stored batch answer, a live call, or the call parked."""
+        if route == "answered" and (taken := take(self.runtime, trace)) is not None:
+            self.runtime.gate.after(verdict, taken[0], None)  # settled at the batch price
+            return trace, taken[0], taken[1]
+        window = self.runtime.context_window(model_name)
+        fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
+        if fitted.elided and window is not None:
+            trace = record_fit(self.store, trace, fitted, window)
+        if route in ("fresh", "parked", "answered"):
+            self.runtime.gate.after(verdict, None, None)  # reserved again when it is answered
+            if held.pending is not None:  # a fresh trace's first messages go first
+                self.store.apply(held.pending)
+                held.pending = None
+            temperature = self.runtime.preset(trace.preset).temperature
+            body = {"messages": fitted.messages, "tools": tools, "temperature": temperature}
+            body["max_output_tokens"] = verdict.max_output_tokens
+            return park(self.runtime, trace, model_name, body)
+        response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
+        return response if isinstance(response, Wait) else (trace, response, "")
 
     def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
         """Finish with the answer; None after a correction (it missed its output schema).

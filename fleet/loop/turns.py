@@ -46,12 +46,14 @@ Outcome = Literal[
     "yielded",
     "throttled",
     "interrupted",
+    "parked",
 ]
 """`busy`: another runner holds the trace. `lost`: our lease was taken over.
 `yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
 `throttled`: a provider limit said "not now"; the trace is queued again, to be run in
 `RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
-was left to lapse, and a sweeper resumes the trace once the store is back."""
+was left to lapse, and a sweeper resumes the trace once the store is back. `parked`: the
+turn's model call waits in a provider batch (`fleet.batchapi`); the poller resumes it."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,463 @@
+"""The calls waiting on a provider's Batch API, in Redis and in memory (`fleet.batchapi`).
+
+A call is one model turn of a trace (its custom id). Its request body is written once
+(`keys.BATCH_CALLS`); its state moves `queued -> submitting -> submitted -> answered`
+(or `cancelled`) in `keys.BATCH_STATE`, each move one Lua script, so a runner queuing, the
+poller flushing and a stop cancelling never see half a move. The flush record
+(`keys.BATCH_SUBMITTING`) is written before the upload and swapped for the in-flight record
+(`keys.BATCH_IN_FLIGHT`) after it: a poller that dies in between leaves the record for the
+next one to reconcile with the provider. A call sent again (its batch expired, its request
+errored) gets a new attempt number, so no wire id (`custom_id-attempt`) is sent twice.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Literal, Protocol
+
+import redis
+from pydantic import BaseModel, ConfigDict
+
+from fleet.models import now_ms
+from fleet.storage import keys
+from fleet.storage.memory_store import MemoryStore
+from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
+
+CallState = Literal["queued", "submitting", "submitted", "answered", "cancelled"]
+BATCH_STATE = keys.BATCH_STATE
+
+
+class CallStatus(BaseModel):
+    """Where one call is: its state, attempt and the flush or batch that holds it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    state: CallState = "queued"
+    attempt: int = 1
+    flush_id: str = ""
+    batch_id: str = ""
+
+
+class PendingCall(BaseModel):
+    """One model call waiting on a provider batch: its trace turn and its request."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    custom_id: str
+    trace_id: str
+    root_trace_id: str
+    model_name: str
+    body: dict[str, Any]
+    """Provider-neutral: `messages`, `tools`, `temperature`, `max_output_tokens`."""
+    queued_at_ms: int
+
+
+class Flush(BaseModel):
+    """Calls of one model sent (or being sent) as one provider batch."""
+
+    flush_id: str
+    model_name: str
+    custom_ids: list[str]
+    wire_ids: list[str] = []
+    at_ms: int
+    batch_id: str = ""
+
+
+class BatchCalls(Protocol):
+    """The pending-call queue; `RedisBatchCalls` and `MemoryBatchCalls` implement it."""
+
+    def enqueue(self, call: PendingCall) -> bool: ...  # noqa: D102
+    def calls(self, custom_ids: list[str]) -> list[PendingCall | None]: ...  # noqa: D102
+    def statuses(self, custom_ids: list[str]) -> list[CallStatus | None]: ...  # noqa: D102
+    def queued(self, limit: int) -> list[tuple[str, int]]: ...  # noqa: D102
+    def begin_flush(self, flush: Flush) -> list[str]: ...  # noqa: D102
+    def submitted(self, flush: Flush) -> None: ...  # noqa: D102
+    def requeue(self, custom_ids: list[str], at_ms: int) -> None: ...  # noqa: D102
+    def drop_flush(self, flush_id: str) -> None: ...  # noqa: D102
+    def submitting(self) -> list[Flush]: ...  # noqa: D102
+    def in_flight(self) -> list[Flush]: ...  # noqa: D102
+    def answer(self, custom_id: str, answer: dict[str, Any]) -> bool: ...  # noqa: D102
+    def answer_of(self, custom_id: str) -> dict[str, Any] | None: ...  # noqa: D102
+    def cancel(self, custom_id: str) -> str: ...  # noqa: D102
+    def forget(self, custom_id: str) -> None: ...  # noqa: D102
+    def release(self, custom_id: str) -> None: ...  # noqa: D102
+    def claim(self, key: str, owner: str, ttl_ms: int) -> bool: ...  # noqa: D102
+    def unclaim(self, key: str, owner: str) -> None: ...  # noqa: D102
+    def batch_done(self, batch_id: str) -> None: ...  # noqa: D102
+
+
+_ENQUEUE = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+return 1
+"""
+
+_BEGIN_FLUSH = """
+local moved = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  if redis.call('ZREM', KEYS[2], id) == 1 then
+    local st = cjson.decode(redis.call('HGET', KEYS[1], id))
+    st.state = 'submitting'
+    st.flush_id = ARGV[1]
+    redis.call('HSET', KEYS[1], id, cjson.encode(st))
+    moved[#moved + 1] = id
+  end
+end
+if #moved > 0 then
+  local flush = cjson.decode(ARGV[2])
+  flush.custom_ids = moved
+  redis.call('HSET', KEYS[3], ARGV[1], cjson.encode(flush))
+end
+return moved
+"""
+
+_SUBMITTED = """
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
+for i = 4, #ARGV do
+  local raw = redis.call('HGET', KEYS[1], ARGV[i])
+  if raw then
+    local st = cjson.decode(raw)
+    st.batch_id = ARGV[2]
+    if st.state == 'submitting' and st.flush_id == ARGV[1] then st.state = 'submitted' end
+    redis.call('HSET', KEYS[1], ARGV[i], cjson.encode(st))
+  end
+end
+return 1
+"""
+
+_REQUEUE = """
+for i = 2, #ARGV do
+  local raw = redis.call('HGET', KEYS[1], ARGV[i])
+  if raw then
+    local st = cjson.decode(raw)
+    if st.state ~= 'answered' and st.state ~= 'cancelled' and st.state ~= 'queued' then
+      st.state = 'queued'
+      st.attempt = st.attempt + 1
+      st.flush_id = ''
+      st.batch_id = ''
+      redis.call('HSET', KEYS[1], ARGV[i], cjson.encode(st))
+      redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i])
+    end
+  end
+end
+return 1
+"""
+
+_ANSWER = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local st = cjson.decode(raw)
+if st.state == 'answered' or st.state == 'cancelled' then return 0 end
+st.state = 'answered'
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(st))
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+
+_CANCEL = """
+local function drop()
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('DEL', KEYS[4])
+end
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then drop() return 'dropped' end
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if not raw then return 'gone' end
+local st = cjson.decode(raw)
+if st.state == 'submitting' or st.state == 'submitted' then
+  st.state = 'cancelled'
+  redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(st))
+  return 'cancelled'
+end
+drop()
+return 'dropped'
+"""
+
+
+class RedisBatchCalls:
+    """The queue on the fleet's Redis."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        """Use `client` (decoded responses)."""
+        self._client = client
+        self._enqueue = client.register_script(_ENQUEUE)
+        self._begin_flush = client.register_script(_BEGIN_FLUSH)
+        self._submitted = client.register_script(_SUBMITTED)
+        self._requeue = client.register_script(_REQUEUE)
+        self._answer = client.register_script(_ANSWER)
+        self._cancel = client.register_script(_CANCEL)
+
+    def enqueue(self, call: PendingCall) -> bool:
+        """Queue a call once; False if its custom id is known (a redelivered run)."""
+        status = CallStatus().model_dump_json()
+        args: list[str | int] = [call.custom_id, call.model_dump_json(), status, call.queued_at_ms]
+        return bool(
+            self._enqueue(keys=[keys.BATCH_CALLS, BATCH_STATE, keys.BATCH_QUEUED], args=args)
+        )
+
+    def calls(self, custom_ids: list[str]) -> list[PendingCall | None]:
+        """The calls' requests (None where unknown)."""
+        if not custom_ids:
+            return []
+        raws = self._client.hmget(keys.BATCH_CALLS, custom_ids)
+        return [PendingCall.model_validate_json(r) if r else None for r in raws]
+
+    def statuses(self, custom_ids: list[str]) -> list[CallStatus | None]:
+        """The calls' states (None where unknown)."""
+        if not custom_ids:
+            return []
+        raws = self._client.hmget(BATCH_STATE, custom_ids)
+        return [CallStatus.model_validate_json(r) if r else None for r in raws]
+
+    def queued(self, limit: int) -> list[tuple[str, int]]:
+        """(custom id, queued_at_ms) of up to `limit` queued calls, oldest first."""
+        found: list[Any] = self._client.zrange(keys.BATCH_QUEUED, 0, limit - 1, withscores=True)
+        return [(str(member), int(score)) for member, score in found]
+
+    def begin_flush(self, flush: Flush) -> list[str]:
+        """Move these queued calls into a flush record (before the upload); those moved."""
+        record = flush.model_dump_json(exclude={"custom_ids"})
+        script_keys = [BATCH_STATE, keys.BATCH_QUEUED, keys.BATCH_SUBMITTING]
+        moved = self._begin_flush(
+            keys=script_keys, args=[flush.flush_id, record, *flush.custom_ids]
+        )
+        return [str(m) for m in moved]
+
+    def submitted(self, flush: Flush) -> None:
+        """The provider took the flush as batch `flush.batch_id`: in flight now."""
+        script_keys = [BATCH_STATE, keys.BATCH_SUBMITTING, keys.BATCH_IN_FLIGHT]
+        args = [flush.flush_id, flush.batch_id, flush.model_dump_json(), *flush.custom_ids]
+        self._submitted(keys=script_keys, args=args)
+
+    def requeue(self, custom_ids: list[str], at_ms: int) -> None:
+        """Queue these calls again, each with its next attempt number (a new wire id)."""
+        if custom_ids:
+            self._requeue(keys=[BATCH_STATE, keys.BATCH_QUEUED], args=[at_ms, *custom_ids])
+
+    def drop_flush(self, flush_id: str) -> None:
+        """Forget a flush record (its calls were requeued or adopted)."""
+        self._client.hdel(keys.BATCH_SUBMITTING, flush_id)
+
+    def submitting(self) -> list[Flush]:
+        """Flushes whose upload was begun and never recorded as done."""
+        return [Flush.model_validate_json(v) for v in self._client.hvals(keys.BATCH_SUBMITTING)]
+
+    def in_flight(self) -> list[Flush]:
+        """Provider batches in flight."""
+        return [Flush.model_validate_json(v) for v in self._client.hvals(keys.BATCH_IN_FLIGHT)]
+
+    def answer(self, custom_id: str, answer: dict[str, Any]) -> bool:
+        """Store a call's answer once; False if it was answered or cancelled already."""
+        script_keys = [BATCH_STATE, keys.BATCH_QUEUED, keys.batch_answer(custom_id)]
+        args: list[str | int] = [custom_id, json.dumps(answer), keys.TRACE_TTL_S]
+        return bool(self._answer(keys=script_keys, args=args))
+
+    def answer_of(self, custom_id: str) -> dict[str, Any] | None:
+        """The stored answer of a call, if any."""
+        raw = self._client.get(keys.batch_answer(custom_id))
+        return json.loads(raw) if raw else None
+
+    def cancel(self, custom_id: str) -> str:
+        """Take a call out: `dropped`, `cancelled` (in a batch: its answer is ignored), `gone`."""
+        script_keys = [
+            keys.BATCH_CALLS,
+            BATCH_STATE,
+            keys.BATCH_QUEUED,
+            keys.batch_answer(custom_id),
+        ]
+        return str(self._cancel(keys=script_keys, args=[custom_id]))
+
+    def forget(self, custom_id: str) -> None:
+        """The trace consumed the answer (or ended): nothing of the call stays."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hdel(keys.BATCH_CALLS, custom_id)
+        pipe.hdel(BATCH_STATE, custom_id)
+        pipe.zrem(keys.BATCH_QUEUED, custom_id)
+        pipe.delete(keys.batch_answer(custom_id))
+        pipe.execute()
+
+    def release(self, custom_id: str) -> None:
+        """The trace was resumed with the answer: the call's records go, its answer stays."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hdel(keys.BATCH_CALLS, custom_id)
+        pipe.hdel(BATCH_STATE, custom_id)
+        pipe.execute()
+
+    def batch_done(self, batch_id: str) -> None:
+        """A provider batch was read to its end."""
+        self._client.hdel(keys.BATCH_IN_FLIGHT, batch_id)
+
+    def claim(self, key: str, owner: str, ttl_ms: int) -> bool:
+        """`keys.BATCH_POLL` or `keys.BATCH_POLLING` for `ttl_ms`, if no one holds it."""
+        return bool(self._client.set(key, owner, nx=True, px=ttl_ms))
+
+    def unclaim(self, key: str, owner: str) -> None:
+        """Give the claim back if `owner` still holds it."""
+        if self._client.get(key) == owner:  # a lapsed claim taken over is not ours
+            self._client.delete(key)
+
+
+class MemoryBatchCalls:
+    """The same queue in this process (tests, `--inline`); one lock, the same moves."""
+
+    def __init__(self) -> None:
+        """An empty queue."""
+        self._lock = threading.Lock()
+        self._calls: dict[str, PendingCall] = {}
+        self._state: dict[str, CallStatus] = {}
+        self._queued: dict[str, int] = {}
+        self._submitting: dict[str, Flush] = {}
+        self._in_flight: dict[str, Flush] = {}
+        self._answers: dict[str, dict[str, Any]] = {}
+        self._claims: dict[str, tuple[str, int]] = {}
+
+    def enqueue(self, call: PendingCall) -> bool:  # noqa: D102
+        with self._lock:
+            if call.custom_id in self._calls:
+                return False
+            self._calls[call.custom_id] = call
+            self._state[call.custom_id] = CallStatus()
+            self._queued[call.custom_id] = call.queued_at_ms
+            return True
+
+    def calls(self, custom_ids: list[str]) -> list[PendingCall | None]:  # noqa: D102
+        with self._lock:
+            return [self._calls.get(c) for c in custom_ids]
+
+    def statuses(self, custom_ids: list[str]) -> list[CallStatus | None]:  # noqa: D102
+        with self._lock:
+            return [self._state[c].model_copy() if c in self._state else None for c in custom_ids]
+
+    def queued(self, limit: int) -> list[tuple[str, int]]:  # noqa: D102
+        with self._lock:
+            return sorted(self._queued.items(), key=lambda item: (item[1], item[0]))[:limit]
+
+    def begin_flush(self, flush: Flush) -> list[str]:  # noqa: D102
+        with self._lock:
+            moved = [c for c in flush.custom_ids if self._queued.pop(c, None) is not None]
+            for custom_id in moved:
+                self._state[custom_id].state = "submitting"
+                self._state[custom_id].flush_id = flush.flush_id
+            if moved:
+                self._submitting[flush.flush_id] = flush.model_copy(update={"custom_ids": moved})
+            return moved
+
+    def submitted(self, flush: Flush) -> None:  # noqa: D102
+        with self._lock:
+            self._submitting.pop(flush.flush_id, None)
+            self._in_flight[flush.batch_id] = flush
+            for custom_id in flush.custom_ids:
+                if (st := self._state.get(custom_id)) is not None:
+                    st.batch_id = flush.batch_id
+                    if st.state == "submitting" and st.flush_id == flush.flush_id:
+                        st.state = "submitted"
+
+    def requeue(self, custom_ids: list[str], at_ms: int) -> None:  # noqa: D102
+        with self._lock:
+            for custom_id in custom_ids:
+                st = self._state.get(custom_id)
+                if st is None or st.state in ("answered", "cancelled", "queued"):
+                    continue
+                st.state, st.attempt, st.flush_id, st.batch_id = "queued", st.attempt + 1, "", ""
+                self._queued[custom_id] = at_ms
+
+    def drop_flush(self, flush_id: str) -> None:  # noqa: D102
+        with self._lock:
+            self._submitting.pop(flush_id, None)
+
+    def submitting(self) -> list[Flush]:  # noqa: D102
+        with self._lock:
+            return list(self._submitting.values())
+
+    def in_flight(self) -> list[Flush]:  # noqa: D102
+        with self._lock:
+            return list(self._in_flight.values())
+
+    def answer(self, custom_id: str, answer: dict[str, Any]) -> bool:  # noqa: D102
+        with self._lock:
+            st = self._state.get(custom_id)
+            if st is None or st.state in ("answered", "cancelled"):
+                return False
+            st.state = "answered"
+            self._queued.pop(custom_id, None)
+            self._answers[custom_id] = answer
+            return True
+
+    def answer_of(self, custom_id: str) -> dict[str, Any] | None:  # noqa: D102
+        with self._lock:
+            return self._answers.get(custom_id)
+
+    def cancel(self, custom_id: str) -> str:  # noqa: D102
+        with self._lock:
+            st = self._state.get(custom_id)
+            if st is None:
+                return "gone"
+            if st.state in ("submitting", "submitted"):
+                st.state = "cancelled"
+                return "cancelled"
+            self._drop(custom_id)
+            return "dropped"
+
+    def forget(self, custom_id: str) -> None:  # noqa: D102
+        with self._lock:
+            self._drop(custom_id)
+
+    def release(self, custom_id: str) -> None:  # noqa: D102
+        with self._lock:
+            self._calls.pop(custom_id, None)
+            self._state.pop(custom_id, None)
+
+    def _drop(self, custom_id: str) -> None:
+        for table in (self._calls, self._state, self._queued, self._answers):
+            table.pop(custom_id, None)
+
+    def batch_done(self, batch_id: str) -> None:  # noqa: D102
+        with self._lock:
+            self._in_flight.pop(batch_id, None)
+
+    def claim(self, key: str, owner: str, ttl_ms: int) -> bool:  # noqa: D102
+        with self._lock:
+            holder, until_ms = self._claims.get(key, ("", 0))
+            if holder and until_ms > now_ms():
+                return False
+            self._claims[key] = (owner, now_ms() + ttl_ms)
+            return True
+
+    def unclaim(self, key: str, owner: str) -> None:  # noqa: D102
+        with self._lock:
+            if self._claims.get(key, ("", 0))[0] == owner:
+                del self._claims[key]
+
+
+_KNOWN: dict[int, tuple[object, BatchCalls]] = {}
+"""id of a Redis client or of a memory store's tables -> (that object, its queue)."""
+_KNOWN_LOCK = threading.Lock()
+
+
+def batch_calls(store: TraceStore) -> BatchCalls:
+    """The pending-call queue of this store, one per Redis client or memory store.
+
+    A fenced view shares its store's client (or tables), so it shares the queue too.
+    """
+    if isinstance(store, RedisStore):
+        anchor: object = store.client
+    elif isinstance(store, MemoryStore):
+        anchor = store._lock  # every view of one memory store shares its lock and tables
+    else:
+        raise TypeError(f"no batch queue for {type(store).__name__}")
+    with _KNOWN_LOCK:
+        known = _KNOWN.get(id(anchor))
+        if known is None or known[0] is not anchor:
+            made: BatchCalls
+            if isinstance(store, RedisStore):
+                made = RedisBatchCalls(store.client)
+            else:
+                made = MemoryBatchCalls()
+            known = _KNOWN[id(anchor)] = (anchor, made)
+        return known[1]
