@@ -79,6 +79,10 @@ class BatchProvider(Protocol):
         """An answer body as the live client reads it, at the batch price."""
         ...
 
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        ...
+
 
 def batch_pricing(target: ModelTarget) -> ModelPricing | None:
     """The alias's batch prices, else half its live prices (the providers' discount)."""
@@ -114,6 +118,9 @@ class _Http:
             policy=DEFAULT_RETRY,
             redactor=self._redactor,
         )
+
+    def close(self) -> None:
+        self._http.close()
 
     def json(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
         response = self.send(method, url, **kwargs)
@@ -220,6 +227,10 @@ class OpenAIBatch:
     def parse(self, body: dict[str, Any]) -> LLMResponse:  # noqa: D102
         return _priced(self._client.parse_response(httpx.Response(200, json=body)), self.target)
 
+    def close(self) -> None:  # noqa: D102
+        self._http.close()
+        self._client.close()
+
 
 def _openai_outcome(line: dict[str, Any]) -> Outcome:
     response = line.get("response")
@@ -286,6 +297,10 @@ class AnthropicBatch:
     def parse(self, body: dict[str, Any]) -> LLMResponse:  # noqa: D102
         return _priced(self._client.parse_response(httpx.Response(200, json=body)), self.target)
 
+    def close(self) -> None:  # noqa: D102
+        self._http.close()
+        self._client.close()
+
 
 def _anthropic_outcome(line: dict[str, Any]) -> Outcome:
     result = line.get("result")
@@ -340,20 +355,35 @@ def check_batch_api(config: FleetConfig, model_name: str) -> ModelTarget:
     return target
 
 
-def provider_for(config: FleetConfig, env: Mapping[str, str]) -> ProviderFactory:
-    """A factory building each model's Batch API client once."""
-    built: dict[str, BatchProvider] = {}
+class BatchProviders:
+    """A `ProviderFactory` building each model's Batch API client once; `close` ends them."""
 
-    def factory(model_name: str) -> BatchProvider:
-        if model_name not in built:
-            target = check_batch_api(config, model_name)
-            key = provider_key(target, env)
+    def __init__(self, config: FleetConfig, env: Mapping[str, str]) -> None:
+        """Clients for the models of `config`, keys read from `env`."""
+        self._config = config
+        self._env = env
+        self._built: dict[str, BatchProvider] = {}
+
+    def __call__(self, model_name: str) -> BatchProvider:
+        """The model's Batch API; `ConfigError` if its provider has none."""
+        if model_name not in self._built:
+            target = check_batch_api(self._config, model_name)
+            key = provider_key(target, self._env)
             made: BatchProvider
             if target.kind == "anthropic":
-                made = AnthropicBatch(target, key, env)
+                made = AnthropicBatch(target, key, self._env)
             else:
-                made = OpenAIBatch(target, key, env)
-            built[model_name] = made
-        return built[model_name]
+                made = OpenAIBatch(target, key, self._env)
+            self._built[model_name] = made
+        return self._built[model_name]
 
-    return factory
+    def close(self) -> None:
+        """Close every client built."""
+        for provider in self._built.values():
+            provider.close()
+        self._built.clear()
+
+
+def provider_for(config: FleetConfig, env: Mapping[str, str]) -> BatchProviders:
+    """The Batch API clients of a process (one per model)."""
+    return BatchProviders(config, env)

@@ -109,6 +109,7 @@ for i = 3, #ARGV do
 end
 if #moved > 0 then
   local flush = cjson.decode(ARGV[2])
+  flush.wire_ids = nil  -- cjson writes an empty array as {}: the record has none yet
   flush.custom_ids = moved
   redis.call('HSET', KEYS[3], ARGV[1], cjson.encode(flush))
 end
