@@ -262,9 +262,13 @@ class AnthropicBatchServer(BatchServer):
         return lines
 
     def _respond(self, params: dict[str, Any]) -> LLMResponse:
-        messages = [
-            {"role": m["role"], "content": _text(m["content"])} for m in params.get("messages") or []
-        ]
+        messages: list[dict[str, Any]] = []
+        for message in params.get("messages") or []:
+            content = message["content"]
+            results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+            messages += [{"role": "tool", "content": _text([{"text": r["content"]}])} for r in results]
+            if not results:
+                messages.append({"role": message["role"], "content": _text(content)})
         return self.respond(messages, params.get("tools") or [])
 
 

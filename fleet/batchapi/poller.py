@@ -54,14 +54,17 @@ class Poll:
     batches: list[str] = field(default_factory=list)
 
 
-POLLING_TTL_MS = 10 * 60 * 1000
-"""A poll holds `keys.BATCH_POLLING` this long at most (a poller that died lets go then)."""
+POLLS_PER_POLLING_CLAIM, MIN_POLLING_CLAIM_S = 10, 5.0
+"""A poll holds `keys.BATCH_POLLING` for 10 poll intervals (at least 5 s): a poller that died
+lets go then. A poll that outlives it may overlap the next one; every move is atomic and
+every resume checks the trace, so an overlap costs reads, not a second submission."""
 
 
 def poll_fleet(runtime: Runtime, providers: ProviderFactory, owner: str) -> Poll | None:
     """`poll_once`, unless another poll runs now (None)."""
     calls = batch_calls(runtime.store)
-    if not calls.claim(keys.BATCH_POLLING, owner, POLLING_TTL_MS):
+    ttl_s = max(runtime.settings.batch_poll_s * POLLS_PER_POLLING_CLAIM, MIN_POLLING_CLAIM_S)
+    if not calls.claim(keys.BATCH_POLLING, owner, int(ttl_s * 1000)):
         return None
     try:
         return poll_once(runtime, providers)
@@ -233,9 +236,12 @@ def _read(
             provider.cancel(flush.batch_id)
         return
     results = provider.results(flush.batch_id)
-    for custom_id, wire_id, status in zip(flush.custom_ids, flush.wire_ids, statuses, strict=True):
+    for custom_id, status in zip(flush.custom_ids, statuses, strict=True):
         if status is None or status.batch_id != flush.batch_id:
             continue  # forgotten, or queued again since: not this batch's to answer
+        # Its attempt is the one this batch carries (a requeue would have moved it out); an
+        # adopted flush's record was written before its wire ids were.
+        wire_id = f"{custom_id}-{status.attempt}"
         if status.state == "cancelled":
             calls.forget(custom_id)
             continue
@@ -296,9 +302,11 @@ def _resume(
         calls.forget(custom_id)
         return False
     parked = parked_call(trace) or {}
-    if trace.status != "waiting" or parked.get("custom_id") != custom_id:
+    if trace.is_terminal or parked.get("custom_id") != custom_id:
         calls.forget(custom_id)  # stopped, or moved on: the answer has no reader
         return False
+    if trace.status != "waiting" or parked.get("state") != "parked":
+        return False  # resumed already (an earlier poll that died before it let go)
     lifecycle.batch_answered(runtime, trace, state, batch_id)
     poll.resume.append(trace_id)
     calls.release(custom_id)

@@ -300,7 +300,8 @@ BATCH_POLL = f"{PREFIX}:batch:poll"
 """String, PX = FLEET_BATCH_POLL_S: the claim of the one worker that polls this interval."""
 
 BATCH_POLLING = f"{PREFIX}:batch:polling"
-"""String, PX = 10 min: held while a poll runs, so two polls never overlap."""
+"""String, PX = 10 poll intervals (at least 5 s): held while a poll runs, so two polls do not
+overlap (`fleet.batchapi.poller.poll_fleet`)."""
 
 
 def batch_answer(custom_id: str) -> str:
