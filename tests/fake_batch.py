@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 from fleet.llm.base import LLMResponse
@@ -64,7 +64,7 @@ class BatchServer:
         self._server.server_close()
         self._thread.join()
 
-    def __enter__(self) -> BatchServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -85,10 +85,15 @@ class BatchServer:
         with self.lock:
             self._expire = True
 
-    def new_batch(self, requests: list[tuple[str, dict[str, Any]]], metadata: Any) -> dict[str, Any]:
+    def new_batch(
+        self, requests: list[tuple[str, dict[str, Any]]], metadata: Any
+    ) -> dict[str, Any]:
         """Record a batch of (custom id, request body); its answers are due after the delay."""
         with self.lock:
-            errors, self._errors = min(self._errors, len(requests)), max(self._errors - len(requests), 0)
+            errors, self._errors = (
+                min(self._errors, len(requests)),
+                max(self._errors - len(requests), 0),
+            )
             expire, self._expire = self._expire, False
             self.sent += [custom_id for custom_id, _ in requests]
             batch = {
@@ -148,11 +153,15 @@ class OpenAIBatchServer(BatchServer):
             body = json.loads(raw)
             lines = [json.loads(line) for line in self.files[body["input_file_id"]].splitlines()]
             assert all(line["url"] == body["endpoint"] == "/v1/chat/completions" for line in lines)
-            batch = self.new_batch([(line["custom_id"], line["body"]) for line in lines], body.get("metadata"))
+            batch = self.new_batch(
+                [(line["custom_id"], line["body"]) for line in lines], body.get("metadata")
+            )
             return 200, self._view(batch)
         if (match := re.fullmatch(r"/v1/batches/([^/]+)/cancel", path)) is not None:
-            batch = self.cancel(match[1])
-            return (404, {"error": "no batch"}) if batch is None else (200, self._view(batch))
+            cancelled = self.cancel(match[1])
+            if cancelled is None:
+                return 404, {"error": "no batch"}
+            return 200, self._view(cancelled)
         return 404, {"error": {"message": f"no route {path}"}}
 
     def get(self, path: str) -> tuple[int, Any]:
@@ -211,8 +220,10 @@ class AnthropicBatchServer(BatchServer):
             batch = self.new_batch([(r["custom_id"], r["params"]) for r in requests], None)
             return 200, self._view(batch)
         if (match := re.fullmatch(r"/v1/messages/batches/([^/]+)/cancel", path)) is not None:
-            batch = self.cancel(match[1])
-            return (404, {"error": "no batch"}) if batch is None else (200, self._view(batch))
+            cancelled = self.cancel(match[1])
+            if cancelled is None:
+                return 404, {"error": "no batch"}
+            return 200, self._view(cancelled)
         return 404, {"error": {"message": f"no route {path}"}}
 
     def get(self, path: str) -> tuple[int, Any]:
@@ -255,10 +266,14 @@ class AnthropicBatchServer(BatchServer):
                 lines.append({"custom_id": custom_id, "result": {"type": kind}})
             elif custom_id in batch["errors"]:
                 error = {"type": "overloaded_error", "message": "overloaded"}
-                lines.append({"custom_id": custom_id, "result": {"type": "errored", "error": error}})
+                lines.append(
+                    {"custom_id": custom_id, "result": {"type": "errored", "error": error}}
+                )
             else:
                 message = _anthropic_answer(self._respond(params))
-                lines.append({"custom_id": custom_id, "result": {"type": "succeeded", "message": message}})
+                lines.append(
+                    {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}
+                )
         return lines
 
     def _respond(self, params: dict[str, Any]) -> LLMResponse:
@@ -266,7 +281,9 @@ class AnthropicBatchServer(BatchServer):
         for message in params.get("messages") or []:
             content = message["content"]
             results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-            messages += [{"role": "tool", "content": _text([{"text": r["content"]}])} for r in results]
+            messages += [
+                {"role": "tool", "content": _text([{"text": r["content"]}])} for r in results
+            ]
             if not results:
                 messages.append({"role": message["role"], "content": _text(content)})
         return self.respond(messages, params.get("tools") or [])
@@ -295,7 +312,14 @@ def _anthropic_answer(response: LLMResponse) -> dict[str, Any]:
     if response.content:
         blocks.append({"type": "text", "text": response.content})
     for call in response.tool_calls:
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments)})
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": call.name,
+                "input": json.loads(call.arguments),
+            }
+        )
     return {
         "id": "msg_batch",
         "type": "message",

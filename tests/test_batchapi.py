@@ -74,7 +74,9 @@ def allow_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fleet.llm.base, "ALLOW_MODEL_REQUESTS", True)  # loopback only
 
 
-@pytest.fixture(params=["memory", "fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
+@pytest.fixture(
+    params=["memory", "fakeredis", pytest.param("redis", marks=pytest.mark.integration)]
+)
 def queue(request: pytest.FixtureRequest) -> BatchCalls:
     if request.param == "memory":
         return MemoryBatchCalls()
@@ -182,7 +184,9 @@ def test_a_batch_goes_up_and_its_answers_come_back_at_half_price(
     server_type = OpenAIBatchServer if kind == "openai" else AnthropicBatchServer
     with server_type(SCRIPT, delay_s=0.2) as server:
         tgt = target(server, kind)
-        provider = OpenAIBatch(tgt, "sk-test", {}) if kind == "openai" else AnthropicBatch(tgt, "", {})
+        provider = (
+            OpenAIBatch(tgt, "sk-test", {}) if kind == "openai" else AnthropicBatch(tgt, "", {})
+        )
         body = {"messages": [{"role": "user", "content": "look"}], "tools": [], "temperature": 0.2}
         batch_id = provider.submit([("fc1-1", provider.request(body))], "flush-1")
         assert provider.phase(batch_id) == "running"
@@ -234,8 +238,10 @@ def test_an_answer_without_choices_is_an_error_not_a_crash(allow_requests: None)
 
 def test_a_provider_without_a_batch_api_is_refused_in_one_line() -> None:
     config = load_config_from(
-        {"providers": {"local": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}},
-         "models": {"m": {"provider": "local", "name": "x"}}}
+        {
+            "providers": {"local": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}},
+            "models": {"m": {"provider": "local", "name": "x"}},
+        }
     )
     with pytest.raises(ConfigError) as caught:
         check_batch_api(config, "m")
@@ -393,10 +399,24 @@ def test_a_tool_call_the_batch_answer_asks_for_is_checked_like_a_live_one(
 ) -> None:
     """The model's answer is hostile wherever it comes from: an explore branch may not write."""
     hostile = Script.parse(
-        {"scripts": [{"match": ".*", "steps": [
-            {"tool_calls": [{"name": "write_file", "arguments": {"path": "pwned", "content": "x"}}]},
-            {"content": "ok"},
-        ]}]},
+        {
+            "scripts": [
+                {
+                    "match": ".*",
+                    "steps": [
+                        {
+                            "tool_calls": [
+                                {
+                                    "name": "write_file",
+                                    "arguments": {"path": "pwned", "content": "x"},
+                                }
+                            ]
+                        },
+                        {"content": "ok"},
+                    ],
+                }
+            ]
+        },
         "<hostile>",
     )
     with OpenAIBatchServer(hostile, delay_s=0.05) as server:

@@ -136,7 +136,8 @@ def test_fifty_explore_trees_through_openai_batches_cost_half_and_hold_few_slots
     elapsed_s = time.monotonic() - started
     assert [r.status for r in results] == ["completed"] * TREES, [r.error for r in results]
     server = setup.openai
-    print(f"{TREES} trees in {elapsed_s:.1f} s, {len(server.batches)} provider batches, peak {peak[0]}")
+    batches = len(server.batches)
+    print(f"{TREES} trees in {elapsed_s:.1f} s, {batches} provider batches, peak {peak[0]}")
     assert server.live_calls == 0
     bases = [w.rsplit("-", 1)[0] for w in server.sent]
     extra = {b for b in bases if bases.count(b) > 1}
@@ -240,7 +241,7 @@ def test_a_worker_sigkill_and_a_redis_restart_mid_batch_lose_and_double_nothing(
                     dump(fleet, [h.trace_id for h in handles], second)
                     raise
                 assert trace.status == "completed", trace.error
-        fleet.store.close()
+        fleet.store.close()  # type: ignore[attr-defined]
     finally:
         aof.close()
     mine = server.sent[sent_before:]
