@@ -147,7 +147,13 @@ def test_fifty_explore_trees_through_openai_batches_cost_half_and_hold_few_slots
         kids = [setup.fleet.trace(c) for c in setup.fleet.store.children(t.trace_id)]
         its = [t.iteration, *[k.iteration for k in kids]]
         if its != [2, 1, 1, 1, 1]:
-            print("odd tree", r.trace_id, its, len(kids))
+            print("odd tree", r.trace_id, its, len(kids), t.metadata)
+            for m in setup.fleet.store.messages(t.trace_id):
+                calls = [c["function"]["name"] for c in m.tool_calls or ()]
+                print("  ", m.sequence, m.parent_sequence, m.role, calls, m.metadata)
+            for _, event in setup.fleet.store.read_events(t.trace_id, count=10_000)[:40]:
+                if event.trace_id == t.trace_id:
+                    print("  ev", event.kind, event.status, event.data)
     assert len(server.sent) == TREES * CALLS_PER_TREE == len(set(server.sent))
     assert peak[0] > 4 * 4, "calls waited in batches without a worker slot each"
     batch_costs = [tree_cost(setup.fleet, setup.fleet.trace(r.trace_id)) for r in results]

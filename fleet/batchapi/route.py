@@ -73,13 +73,13 @@ def route_of(trace: Trace) -> Route:
     return "answered" if state == "answered" else "parked"
 
 
-def take(runtime: Runtime, trace: Trace) -> tuple[LLMResponse, str] | None:
-    """The stored answer of the trace's parked call and its batch id; None if there is none."""
+def take(runtime: Runtime, trace: Trace) -> LLMResponse | None:
+    """The stored answer of the trace's parked call (with its `batch_id`); None if none."""
     parked = parked_call(trace)
     if parked is None:
         return None
     answer = batch_calls(runtime.store).answer_of(str(parked.get("custom_id")))
-    return None if answer is None else (response_of(answer), str(answer.get("batch_id") or ""))
+    return None if answer is None else response_of(answer)
 
 
 def park(
@@ -171,4 +171,5 @@ def response_of(answer: dict[str, Any]) -> LLMResponse:
         usage=usage,
         model=str(answer.get("model") or ""),
         finish_reason=answer.get("finish_reason"),
+        batch_id=str(answer.get("batch_id") or "") or None,
     )

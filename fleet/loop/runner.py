@@ -300,7 +300,7 @@ class Runner:
         called = self._call(trace, route, model_name, verdict, path, tools, held)
         if not isinstance(called, tuple):
             return called
-        trace, response, batch_id = called
+        trace, response = called
         self.runtime.hooks.model_responded(trace, response)
         if held.heartbeat.lost.is_set():
             return None
@@ -319,8 +319,8 @@ class Runner:
         if route != "live":  # the answer is in the trace now (`fleet.batchapi.route`)
             trace = trace.model_copy(update={"metadata": consumed(trace)})
             write.update(None, metadata=trace.metadata)
-        if batch_id:
-            message.metadata["batch_id"] = batch_id
+        if response.batch_id:
+            message.metadata["batch_id"] = response.batch_id
         write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
         step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
@@ -338,11 +338,17 @@ class Runner:
         path: list[Message],
         tools: list[dict[str, Any]],
         held: Held,
-    ) -> tuple[Trace, LLMResponse, str] | Wait | Parked:
+    ) -> tuple[Trace, LLMResponse] | Wait | Parked:
         """The model's answer: the stored batch answer, a live call, or the call parked."""
         if route == "answered" and (taken := take(self.runtime, trace)) is not None:
-            self.runtime.gate.after(verdict, taken[0], None)  # settled at the batch price
-            return trace, taken[0], taken[1]
+            self.runtime.hooks.turn_started(trace, trace.iteration)
+            try:  # the span of a batch call: its answer, its batch id, not its wait
+                self.runtime.hooks.model_requested(trace, model_name, to_wire(path))
+            except HookBlocked:
+                self.runtime.gate.after(verdict, None, None)
+                raise
+            self.runtime.gate.after(verdict, taken, None)  # settled at the batch price
+            return trace, taken
         window = self.runtime.context_window(model_name)
         fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
         if fitted.elided and window is not None:
@@ -357,7 +363,7 @@ class Runner:
             body["max_output_tokens"] = verdict.max_output_tokens
             return park(self.runtime, trace, model_name, body)
         response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
-        return response if isinstance(response, Wait) else (trace, response, "")
+        return response if isinstance(response, Wait) else (trace, response)
 
     def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
         """Finish with the answer; None after a correction (it missed its output schema).
