@@ -233,9 +233,10 @@ def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None
         return None  # a person (and the wait's deadline) owns it: a question or an approval
     parked = trace.metadata.get(BATCH_KEY)
     if isinstance(parked, dict) and parked.get("state") == "parked":
-        (status,) = batch_calls(store).statuses([str(parked.get("custom_id"))])
-        if status is not None:
-            return None  # its call, queued or in a provider batch, owns it
+        calls, custom_id = batch_calls(store), str(parked.get("custom_id"))
+        (status,) = calls.statuses([custom_id])
+        if status is not None or calls.answer_of(custom_id) is not None:
+            return None  # its call (queued, in a batch, or answered and being resumed) owns it
         return Resend(trace, "waiting on a provider batch that holds no call of it")
     kids = [state.traces[c] for c in state.children.get(trace.trace_id, []) if c in state.traces]
     if any(not k.is_terminal for k in kids):

@@ -432,3 +432,24 @@ def test_a_tool_call_the_batch_answer_asks_for_is_checked_like_a_live_one(
 
 def test_outcome_of_a_lost_request_is_none_and_sent_again() -> None:
     assert Outcome().body is None and Outcome(error="x").error == "x"
+
+
+def test_a_parked_trace_is_owned_by_its_call_and_resent_without_one(
+    store: TraceStore, served: OpenAIBatchServer, tmp_path: Path
+) -> None:
+    from fleet.owners import Resend, unowned
+    from fleet.storage.owner_index import owner_index
+
+    runtime = runtime_for(store, served, tmp_path)
+    root = submit(runtime)
+    assert Runner(runtime).run(root.trace_id).outcome == "parked"
+    index = owner_index(store)
+    later = now_ms() + 60_000
+    assert unowned(store, index, root.trace_id, later, 1) == []  # its queued call owns it
+    custom_id = store.get_trace(root.trace_id).metadata[BATCH_KEY]["custom_id"]
+    batch_calls(store).forget(custom_id)  # lost (a Redis that dropped its last writes)
+    (remedy,) = unowned(store, index, root.trace_id, later, 1)
+    assert isinstance(remedy, Resend) and "provider batch" in remedy.why
+    # The resent run queues the same turn again, under the same custom id.
+    assert Runner(runtime).run(root.trace_id).outcome == "parked"
+    assert [c for c, _ in batch_calls(store).queued(10)] == [custom_id]
