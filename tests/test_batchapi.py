@@ -453,3 +453,16 @@ def test_a_parked_trace_is_owned_by_its_call_and_resent_without_one(
     # The resent run queues the same turn again, under the same custom id.
     assert Runner(runtime).run(root.trace_id).outcome == "parked"
     assert [c for c, _ in batch_calls(store).queued(10)] == [custom_id]
+
+
+def test_an_answer_already_in_the_trace_is_never_taken_twice() -> None:
+    """A stale metadata write (an old `answered` state put back) must not replay a turn."""
+    from fleet.batchapi.route import CALL_KEY, route_of
+    from fleet.models import Message
+
+    metadata = {BATCH_API_KEY: True, BATCH_KEY: {"custom_id": "fc1", "state": "answered"}}
+    trace = Trace(trace_id="t1", root_trace_id="t1", task="x", metadata=metadata)
+    answered = Message(trace_id="t1", role="assistant", content="hi", metadata={CALL_KEY: "fc1"})
+    assert route_of(trace, []) == "answered"
+    assert route_of(trace, [answered]) == "fresh"
+    assert route_of(trace.model_copy(update={"metadata": {}}), []) == "live"

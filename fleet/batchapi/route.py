@@ -15,6 +15,7 @@ metadata (`lifecycle.BATCH_KEY`) says where its call is:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,10 +23,12 @@ from fleet import lifecycle
 from fleet.errors import ConfigError
 from fleet.lifecycle import BATCH_KEY
 from fleet.llm.base import LLMResponse, ToolCall, Usage
-from fleet.models import Trace, now_ms
+from fleet.models import Message, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.batch_calls import PendingCall, batch_calls
 
+CALL_KEY = "batch_call"
+"""Message metadata: the custom id whose answer this assistant message is."""
 BATCH_API_KEY = "batch_api"
 """Trace metadata: true when the tree's model calls go through the providers' Batch APIs."""
 
@@ -60,17 +63,28 @@ def parked_call(trace: Trace) -> dict[str, Any] | None:
     return parked if isinstance(parked, dict) else None
 
 
-def route_of(trace: Trace) -> Route:
-    """How this turn's model call goes (read before the note of the turn is written)."""
+def route_of(trace: Trace, path: Sequence[Message] = ()) -> Route:
+    """How this turn's model call goes (read before the note of the turn is written).
+
+    `path`: the trace's main path. A call whose answer is on it already was consumed,
+    whatever the metadata says (a stale write may have put an old state back): the turn
+    is a fresh one, so no answer is taken twice and no turn is sent twice.
+    """
     if not routed(trace):
         return "live"
     parked = parked_call(trace)
     state = parked.get("state") if parked else None
-    if state is None or state == "consumed":
+    if state is None or state == "consumed" or _on_path(str((parked or {}).get("custom_id")), path):
         return "fresh"
     if state == "live":
         return "retry_live"
     return "answered" if state == "answered" else "parked"
+
+
+def _on_path(custom_id: str, path: Sequence[Message]) -> bool:
+    return any(
+        m.role == "assistant" and m.metadata.get(CALL_KEY) == custom_id for m in reversed(path)
+    )
 
 
 def take(runtime: Runtime, trace: Trace) -> LLMResponse | None:
@@ -87,20 +101,22 @@ def park(
     trace: Trace,
     model_name: str,
     body: dict[str, Any],
+    route: Route,
 ) -> Parked:
     """Queue the turn's call (once per custom id) and put the trace `waiting` on it.
 
-    The custom id is the one the trace parked with, else the turn's own. `body`:
-    `messages`, `tools`, `temperature`, `max_output_tokens`.
+    A `fresh` turn gets its own custom id (the last turn's answer, in the trace now, is
+    deleted); a parked one keeps the id it parked with. `body`: `messages`, `tools`,
+    `temperature`, `max_output_tokens`.
     """
     calls = batch_calls(runtime.store)
     parked = parked_call(trace) or {}
-    if parked.get("state") == "consumed":  # the last turn's answer is in the trace now
-        calls.forget(str(parked.get("custom_id")))
-        parked = {}
-    custom_id = str(
-        parked.get("custom_id") or custom_id_of(trace.trace_id, trace.last_sequence + 1)
-    )
+    if route == "fresh":
+        if parked.get("custom_id"):  # the last turn's answer is in the trace now
+            calls.forget(str(parked["custom_id"]))
+        custom_id = custom_id_of(trace.trace_id, trace.last_sequence + 1)
+    else:
+        custom_id = str(parked.get("custom_id"))
     # The trace says where its call is before the call exists: a crash between the two
     # leaves a waiting trace the owner check sends again, and that run queues the call.
     lifecycle.wait_on_batch(runtime, trace, custom_id)

@@ -12,7 +12,16 @@ from collections.abc import Callable
 from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
-from fleet.batchapi.route import Parked, Route, consumed, park, route_of, take
+from fleet.batchapi.route import (
+    CALL_KEY,
+    Parked,
+    Route,
+    consumed,
+    park,
+    parked_call,
+    route_of,
+    take,
+)
 from fleet.children import settling
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import (
@@ -278,7 +287,7 @@ class Runner:
         tools = tool_schemas(self.runtime, trace)
         path = main_path(messages, trace.head_sequence)
         chars = request_chars(path, tools)
-        route = route_of(trace)
+        route = route_of(trace, path)
         batched = route in ("fresh", "parked", "answered")
         verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched)
         if not isinstance(verdict, Go):
@@ -317,6 +326,7 @@ class Runner:
         write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
         held.pending = None
         if route != "live":  # the answer is in the trace now (`fleet.batchapi.route`)
+            message.metadata[CALL_KEY] = (parked_call(trace) or {}).get("custom_id")
             trace = trace.model_copy(update={"metadata": consumed(trace)})
             write.update(None, metadata=trace.metadata)
         if response.batch_id:
@@ -361,7 +371,7 @@ class Runner:
             temperature = self.runtime.preset(trace.preset).temperature
             body = {"messages": fitted.messages, "tools": tools, "temperature": temperature}
             body["max_output_tokens"] = verdict.max_output_tokens
-            return park(self.runtime, trace, model_name, body)
+            return park(self.runtime, trace, model_name, body, route)
         response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
         return response if isinstance(response, Wait) else (trace, response)
 
