@@ -38,11 +38,11 @@ from fleet.settings import Settings
 from fleet.storage.batch_calls import (
     BatchCalls,
     Flush,
-    MemoryBatchCalls,
     PendingCall,
     RedisBatchCalls,
     batch_calls,
 )
+from fleet.storage.memory_batch_calls import MemoryBatchCalls
 from fleet.storage.store import TraceStore
 from fleet.testing import Script
 from tests.conftest import fake_redis
