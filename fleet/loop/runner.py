@@ -15,12 +15,9 @@ from fleet import lifecycle
 from fleet.batchapi.route import (
     CALL_KEY,
     Parked,
-    Route,
     consumed,
-    park,
     parked_call,
     route_of,
-    take,
 )
 from fleet.children import settling
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
@@ -29,12 +26,9 @@ from fleet.history import (
     fresh_call_ids,
     main_path,
     recent_calls,
-    to_wire,
 )
 from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
-from fleet.llm.base import LLMResponse, ToolCall
-from fleet.loop.fit import fit
-from fleet.loop.fit import record as record_fit
+from fleet.llm.base import ToolCall
 from fleet.loop.resume import opening
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
@@ -44,7 +38,7 @@ from fleet.loop.turns import (
     Outcome,
     Turn,
     advanced,
-    call_model,
+    answer_of_turn,
     hand_back,
     model_message,
     note,
@@ -52,7 +46,7 @@ from fleet.loop.turns import (
     terminal,
 )
 from fleet.loop.turns import RunResult as RunResult  # re-exported: hosts import it from here
-from fleet.models import Event, Message, Status, Trace, now_ms
+from fleet.models import Event, Status, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
@@ -306,7 +300,7 @@ class Runner:
                 update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
             )
             path = main_path(messages, trace.head_sequence)
-        called = self._call(trace, route, model_name, verdict, path, tools, held)
+        called = answer_of_turn(self.runtime, trace, route, verdict, (path, tools), held)
         if not isinstance(called, tuple):
             return called
         trace, response = called
@@ -338,42 +332,6 @@ class Runner:
             step = Finish(response.content or "(no answer)", reason="budget")
         pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
         return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
-
-    def _call(
-        self,
-        trace: Trace,
-        route: Route,
-        model_name: str,
-        verdict: Go,
-        path: list[Message],
-        tools: list[dict[str, Any]],
-        held: Held,
-    ) -> tuple[Trace, LLMResponse] | Wait | Parked:
-        """The model's answer: the stored batch answer, a live call, or the call parked."""
-        if route == "answered" and (taken := take(self.runtime, trace)) is not None:
-            self.runtime.hooks.turn_started(trace, trace.iteration)
-            try:  # the span of a batch call: its answer, its batch id, not its wait
-                self.runtime.hooks.model_requested(trace, model_name, to_wire(path))
-            except HookBlocked:
-                self.runtime.gate.after(verdict, None, None)
-                raise
-            self.runtime.gate.after(verdict, taken, None)  # settled at the batch price
-            return trace, taken
-        window = self.runtime.context_window(model_name)
-        fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
-        if fitted.elided and window is not None:
-            trace = record_fit(self.store, trace, fitted, window)
-        if route in ("fresh", "parked", "answered"):
-            self.runtime.gate.after(verdict, None, None)  # reserved again when it is answered
-            if held.pending is not None:  # a fresh trace's first messages go first
-                self.store.apply(held.pending)
-                held.pending = None
-            temperature = self.runtime.preset(trace.preset).temperature
-            body = {"messages": fitted.messages, "tools": tools, "temperature": temperature}
-            body["max_output_tokens"] = verdict.max_output_tokens
-            return park(self.runtime, trace, model_name, body, route)
-        response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
-        return response if isinstance(response, Wait) else (trace, response)
 
     def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
         """Finish with the answer; None after a correction (it missed its output schema).

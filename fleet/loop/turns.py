@@ -15,11 +15,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet import lifecycle
+from fleet.batchapi.route import Parked, Route, park, take
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
+from fleet.history import to_wire
 from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
 from fleet.loop.context import injection
+from fleet.loop.fit import fit
+from fleet.loop.fit import record as record_fit
 from fleet.loop.steps import Step
 from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
@@ -282,3 +286,44 @@ def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait |
     delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
     log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
     return Wait(delay_s, "provider error")
+
+
+def answer_of_turn(
+    runtime: Runtime,
+    trace: Trace,
+    route: Route,
+    go: Go,
+    request: tuple[list[Message], list[dict[str, Any]]],
+    held: Held,
+) -> tuple[Trace, LLMResponse] | Wait | Parked:
+    """The model's answer to this turn, or its call parked in a provider batch.
+
+    The answer is a provider batch's stored one (`fleet.batchapi.route`) or a live call's.
+    `request`: the main path and the tool schemas. The trace comes back as the fit left it.
+    """
+    path, tools = request
+    model_name = go.model_name
+    if route == "answered" and (taken := take(runtime, trace)) is not None:
+        runtime.hooks.turn_started(trace, trace.iteration)
+        try:  # the span of a batch call: its answer, its batch id, not its wait
+            runtime.hooks.model_requested(trace, model_name, to_wire(path))
+        except HookBlocked:
+            runtime.gate.after(go, None, None)
+            raise
+        runtime.gate.after(go, taken, None)  # settled at the batch price
+        return trace, taken
+    window = runtime.context_window(model_name)
+    fitted = fit(to_wire(path), tools, window, runtime.config.context_threshold)
+    if fitted.elided and window is not None:
+        trace = record_fit(runtime.store, trace, fitted, window)
+    if route in ("fresh", "parked", "answered"):
+        runtime.gate.after(go, None, None)  # reserved again when it is answered
+        if held.pending is not None:  # a fresh trace's first messages go first
+            runtime.store.apply(held.pending)
+            held.pending = None
+        temperature = runtime.preset(trace.preset).temperature
+        body = {"messages": fitted.messages, "tools": tools, "temperature": temperature}
+        body["max_output_tokens"] = go.max_output_tokens
+        return park(runtime, trace, model_name, body, route)
+    response = call_model(runtime, trace, model_name, go, fitted.messages, tools)
+    return response if isinstance(response, Wait) else (trace, response)
