@@ -466,3 +466,63 @@ def test_an_answer_already_in_the_trace_is_never_taken_twice() -> None:
     assert route_of(trace, []) == "answered"
     assert route_of(trace, [answered]) == "fresh"
     assert route_of(trace.model_copy(update={"metadata": {}}), []) == "live"
+
+
+@pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
+def redis_trace_store(request: pytest.FixtureRequest) -> TraceStore:
+    """Budgets live in Redis only: the Redis store, on fakeredis and on a real Redis."""
+    from fleet.storage.redis_store import RedisStore
+
+    if request.param == "fakeredis":
+        return RedisStore(fake_redis())
+    return RedisStore(request.getfixturevalue("redis_client"))
+
+
+def test_a_budget_reserves_and_settles_batch_calls_at_the_batch_price(
+    redis_trace_store: TraceStore, served: OpenAIBatchServer, tmp_path: Path
+) -> None:
+    from fleet.limits.budget import Budget
+
+    store = redis_trace_store
+    runtime = runtime_for(store, served, tmp_path)
+    spec = TaskSpec("look", "m", metadata={BATCH_API_KEY: True}, budget=Budget(usd=1.0))
+    root = create_root(runtime, spec)
+    trace = drive(runtime, root.trace_id)
+    assert trace.status == "completed", trace.error
+    assert runtime.gate.budgets is not None
+    state = runtime.gate.budgets.state(root.trace_id)
+    assert state is not None
+    assert state.used_usd == pytest.approx(trace.stats.cost_usd) == pytest.approx(LIVE_CALL_USD)
+    assert state.used_tokens == 2 * sum(USAGE)
+    assert state.reserved_tokens == 0  # nothing held while the calls waited
+
+
+def test_a_wall_s_budget_cancels_the_waiting_call_and_stops_the_tree(
+    redis_trace_store: TraceStore, allow_requests: None, tmp_path: Path
+) -> None:
+    from fleet.limits.budget import Budget
+
+    store = redis_trace_store
+    with OpenAIBatchServer(SCRIPT, delay_s=600) as server:
+        runtime = runtime_for(store, server, tmp_path)
+        spec = TaskSpec("look", "m", metadata={BATCH_API_KEY: True}, budget=Budget(wall_s=0.3))
+        root = create_root(runtime, spec)
+        assert Runner(runtime).run(root.trace_id).outcome == "parked"
+        providers = provider_for(runtime.config, {})
+        time.sleep(0.05)
+        assert poll_once(runtime, providers).resume == []  # sent; the provider takes its time
+        assert len(server.sent) == 1
+        time.sleep(0.3)  # past wall_s
+        (resumed,) = poll_once(runtime, providers).resume
+        # The root's last word (the budget's final turn) is made live: it cannot wait hours.
+        assert Runner(runtime).run(resumed).outcome == "completed"
+        providers.close()
+        for client in runtime.clients.values():
+            client.close()  # type: ignore[attr-defined]
+        trace = store.get_trace(root.trace_id)
+        assert trace.metadata["stop_reason"] == "budget" and server.live_calls == 1
+        assert batch_calls(store).in_flight() == [] or all(
+            s is None or s.state == "cancelled"
+            for f in batch_calls(store).in_flight()
+            for s in batch_calls(store).statuses(f.custom_ids)
+        )

@@ -286,6 +286,8 @@ class Runner:
         verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched)
         if not isinstance(verdict, Go):
             return verdict
+        if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
+            route = "live"
         # A parked turn wrote its note when it first parked: not twice.
         if (
             route in ("live", "fresh")
