@@ -73,9 +73,16 @@ def poll_fleet(runtime: Runtime, providers: ProviderFactory, owner: str) -> Poll
 
 
 def claim_poll(runtime: Runtime, owner: str) -> bool:
-    """True for one worker of the fleet per `FLEET_BATCH_POLL_S`: it sends the poll."""
+    """True for one worker of the fleet per `FLEET_BATCH_POLL_S`, when there is work.
+
+    Work: a call queued, a flush to reconcile or a batch in flight; a fleet that uses no
+    provider batch sends no poll.
+    """
+    calls = batch_calls(runtime.store)
+    if not (calls.queued(1) or calls.submitting() or calls.in_flight()):
+        return False
     ttl_ms = int(runtime.settings.batch_poll_s * 1000)
-    return batch_calls(runtime.store).claim(keys.BATCH_POLL, owner, ttl_ms)
+    return calls.claim(keys.BATCH_POLL, owner, ttl_ms)
 
 
 def poll_once(runtime: Runtime, providers: ProviderFactory) -> Poll:
