@@ -25,6 +25,7 @@ from fleet.batchapi.poller import in_batches
 from fleet.batchapi.route import BATCH_API_KEY
 from fleet.client import Fleet
 from fleet.models import Trace
+from fleet.storage import keys
 from fleet.testing import Script
 from tests.fake_batch import USAGE, AnthropicBatchServer, OpenAIBatchServer
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
@@ -146,6 +147,9 @@ def test_fifty_explore_trees_through_openai_batches_cost_half_and_hold_few_slots
         if [t.iteration, *[k.iteration for k in kids]] != [2] + [1] * BRANCHES:
             odd.append((r.trace_id, t.iteration, [k.iteration for k in kids]))
     assert odd == []
+    counters = setup.fleet.store.client.hgetall(keys.COUNTERS)  # type: ignore[attr-defined]
+    assert int(counters["batch_calls_sent"]) >= TREES * CALLS_PER_TREE
+    assert int(counters["batch_answers"]) >= TREES * CALLS_PER_TREE
     assert len(server.sent) == TREES * CALLS_PER_TREE == len(set(server.sent))
     assert peak[0] > 4 * 4, "calls waited in batches without a worker slot each"
     batch_costs = [tree_cost(setup.fleet, setup.fleet.trace(r.trace_id)) for r in results]
