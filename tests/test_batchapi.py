@@ -268,7 +268,9 @@ def served(allow_requests: None) -> Iterator[OpenAIBatchServer]:
         yield server
 
 
-def runtime_for(store: TraceStore, server: BatchServer, tmp: Path, **settings: Any) -> Runtime:
+def runtime_for(
+    store: TraceStore, server: BatchServer, tmp: Path, kind: str = "openai", **settings: Any
+) -> Runtime:
     workspace = tmp / "ws"
     workspace.mkdir(exist_ok=True)
     config = tmp / "fleet.yaml"
@@ -276,7 +278,11 @@ def runtime_for(store: TraceStore, server: BatchServer, tmp: Path, **settings: A
         yaml.safe_dump(
             {
                 "providers": {
-                    "p": {"kind": "openai", "base_url": f"{server.url}/v1", "batch_api": True}
+                    "p": {
+                        "kind": kind,
+                        "base_url": f"{server.url}/v1" if kind == "openai" else server.url,
+                        "batch_api": True,
+                    }
                 },
                 "models": {
                     "m": {
@@ -361,14 +367,28 @@ def test_an_errored_request_goes_live_when_the_operator_says_so(
     assert served.live_calls == 1 and len(served.sent) == 2
 
 
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
 def test_an_expired_batch_sends_its_calls_again(
-    store: TraceStore, served: OpenAIBatchServer, tmp_path: Path
+    store: TraceStore, kind: str, allow_requests: None, tmp_path: Path
 ) -> None:
-    runtime = runtime_for(store, served, tmp_path)
-    served.expire_next()
-    trace = drive(runtime, submit(runtime).trace_id)
-    assert trace.status == "completed", trace.error
-    assert len(served.sent) == 3 == len(set(served.sent))
+    server_type = OpenAIBatchServer if kind == "openai" else AnthropicBatchServer
+    with server_type(SCRIPT, delay_s=0.05) as server:
+        runtime = runtime_for(store, server, tmp_path, kind, batch_retry="live")
+        server.expire_next()
+        trace = drive(runtime, submit(runtime).trace_id)
+        assert trace.status == "completed", trace.error
+        # Lost, not errored: into the next batch even when errors are retried live.
+        assert len(server.sent) == 3 == len(set(server.sent)) and server.live_calls == 0
+
+
+def test_a_batch_id_that_could_name_another_path_is_refused(allow_requests: None) -> None:
+    from fleet.batchapi.providers import _batch_id
+
+    with OpenAIBatchServer(SCRIPT) as server:
+        tgt = target(server, "openai")
+    for hostile in ("../../files/x", "", 7, "a" * 500):
+        with pytest.raises(ModelBehaviorError):
+            _batch_id({"id": hostile}, tgt)
 
 
 def test_a_stop_takes_the_call_out_and_cancels_a_batch_that_was_all_its(

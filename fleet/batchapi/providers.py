@@ -279,7 +279,8 @@ class AnthropicBatch:
 
     def results(self, batch_id: str) -> dict[str, Outcome]:  # noqa: D102
         text = self._http.send("GET", f"{self.base}/{batch_id}/results").text
-        return {line["custom_id"]: _anthropic_outcome(line) for line in _jsonl(text)}
+        found = {line["custom_id"]: _anthropic_outcome(line) for line in _jsonl(text)}
+        return {c: o for c, o in found.items() if o is not None}  # expired, cancelled: lost
 
     def cancel(self, batch_id: str) -> None:  # noqa: D102
         self._http.send("POST", f"{self.base}/{batch_id}/cancel")
@@ -302,16 +303,16 @@ class AnthropicBatch:
         self._client.close()
 
 
-def _anthropic_outcome(line: dict[str, Any]) -> Outcome:
+def _anthropic_outcome(line: dict[str, Any]) -> Outcome | None:
+    """The request's answer or error; None when the batch lost it (it is sent again)."""
     result = line.get("result")
-    if isinstance(result, dict) and result.get("type") == "succeeded":
-        message = result.get("message")
-        if isinstance(message, dict):
-            return Outcome(body=message)
-    kind = result.get("type") if isinstance(result, dict) else None
-    if kind in ("expired", "canceled"):
-        return Outcome(error=f"lost: {kind}")
-    return Outcome(error=json.dumps((result or {}).get("error") or "no answer")[:500])
+    if not isinstance(result, dict):
+        return Outcome(error="no result")
+    if result.get("type") == "succeeded" and isinstance(message := result.get("message"), dict):
+        return Outcome(body=message)
+    if result.get("type") in ("expired", "canceled"):
+        return None
+    return Outcome(error=json.dumps(result.get("error") or "no answer")[:500])
 
 
 def _near(created_at: object, at_ms: int) -> bool:
