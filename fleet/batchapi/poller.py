@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 """A call sent this many times without an answer is made live (or fails with it)."""
 SCAN_LIMIT = 1_000_000
+"""Most queued calls one poll reads (ids and times; bodies only of a flush it sends)."""
+OVERDUE_PER_POLL = 1_000
+FLUSHES_PER_POLL = 4
 
 
 @dataclass
@@ -129,10 +132,11 @@ def _reconcile(
 
 def _flush(runtime: Runtime, calls: BatchCalls, providers: ProviderFactory, poll: Poll) -> None:
     """Send the queue, one batch per model, if its oldest call waited long enough or it is full."""
-    queued = calls.queued(SCAN_LIMIT)
+    settings = runtime.settings
+    # Bodies are read only for what one poll may send: a few full batches.
+    queued = calls.queued(settings.batch_max_requests * FLUSHES_PER_POLL)
     if not queued:
         return
-    settings = runtime.settings
     oldest_ms = queued[0][1]
     if (
         now_ms() - oldest_ms < settings.batch_flush_s * 1000
@@ -322,20 +326,10 @@ def _resume(
 
 def _end_overdue(runtime: Runtime, calls: BatchCalls, poll: Poll) -> None:
     """A call of a tree whose `wall_s` ran out is cancelled; its trace runs to its budget stop."""
-    budgets = runtime.gate.budgets
-    if budgets is None:
-        return
-    queued = [c for c, _ in calls.queued(SCAN_LIMIT)]
-    flying = [c for f in calls.in_flight() for c in f.custom_ids]
-    deadlines: dict[str, int | None] = {}
-    for call in calls.calls(queued + flying):
-        if call is None:
-            continue
-        if call.root_trace_id not in deadlines:
-            deadlines[call.root_trace_id] = budgets.deadline_ms(call.root_trace_id)
-        deadline = deadlines[call.root_trace_id]
-        if deadline is not None and deadline <= now_ms():
-            calls.cancel(call.custom_id)
+    overdue = calls.overdue(now_ms(), OVERDUE_PER_POLL)
+    for custom_id, call in zip(overdue, calls.calls(overdue), strict=True):
+        calls.cancel(custom_id)
+        if call is not None:
             _resume_cancelled(runtime, call, poll)
 
 

@@ -128,7 +128,9 @@ def park(
         body=body,
         queued_at_ms=now_ms(),
     )
-    calls.enqueue(call)
+    budgets = runtime.gate.budgets
+    deadline_ms = budgets.deadline_ms(trace.root_trace_id) if budgets is not None else None
+    calls.enqueue(call, deadline_ms)
     return Parked(custom_id)
 
 

@@ -37,7 +37,8 @@ __all__ = [
 class BatchCalls(Protocol):
     """The pending-call queue; `RedisBatchCalls` and `MemoryBatchCalls` implement it."""
 
-    def enqueue(self, call: PendingCall) -> bool: ...  # noqa: D102
+    def enqueue(self, call: PendingCall, deadline_ms: int | None = None) -> bool: ...  # noqa: D102
+    def overdue(self, at_ms: int, limit: int) -> list[str]: ...  # noqa: D102
     def calls(self, custom_ids: list[str]) -> list[PendingCall | None]: ...  # noqa: D102
     def statuses(self, custom_ids: list[str]) -> list[CallStatus | None]: ...  # noqa: D102
     def queued(self, limit: int) -> list[tuple[str, int]]: ...  # noqa: D102

@@ -289,6 +289,10 @@ attempt, the flush or batch holding it); each move is one Lua script."""
 BATCH_QUEUED = f"{PREFIX}:batch:queued"
 """Sorted set: custom ids waiting for the next provider batch, scored by queued_at_ms."""
 
+BATCH_DEADLINES = f"{PREFIX}:batch:deadlines"
+"""Sorted set: custom ids of calls whose tree has a `wall_s` budget, scored by its deadline
+(ms): the poller cancels what is past it without reading every call."""
+
 BATCH_SUBMITTING = f"{PREFIX}:batch:submitting"
 """Hash: flush id -> Flush JSON, written BEFORE the upload: the calls it moved out of the
 queue. A flush left here (the poller died mid-upload) is reconciled with the provider."""

@@ -25,15 +25,23 @@ class MemoryBatchCalls:
         self._in_flight: dict[str, Flush] = {}
         self._answers: dict[str, dict[str, Any]] = {}
         self._claims: dict[str, tuple[str, int]] = {}
+        self._deadlines: dict[str, int] = {}
 
-    def enqueue(self, call: PendingCall) -> bool:  # noqa: D102
+    def enqueue(self, call: PendingCall, deadline_ms: int | None = None) -> bool:  # noqa: D102
         with self._lock:
             if call.custom_id in self._calls:
                 return False
             self._calls[call.custom_id] = call
             self._state[call.custom_id] = CallStatus()
             self._queued[call.custom_id] = call.queued_at_ms
+            if deadline_ms is not None:
+                self._deadlines[call.custom_id] = deadline_ms
             return True
+
+    def overdue(self, at_ms: int, limit: int) -> list[str]:  # noqa: D102
+        with self._lock:
+            due = sorted((d, c) for c, d in self._deadlines.items() if d <= at_ms)
+            return [c for _, c in due[:limit]]
 
     def calls(self, custom_ids: list[str]) -> list[PendingCall | None]:  # noqa: D102
         with self._lock:
@@ -105,6 +113,7 @@ class MemoryBatchCalls:
     def cancel(self, custom_id: str) -> str:  # noqa: D102
         with self._lock:
             st = self._state.get(custom_id)
+            self._deadlines.pop(custom_id, None)
             if st is None:
                 return "gone"
             if st.state in ("submitting", "submitted"):
@@ -121,9 +130,10 @@ class MemoryBatchCalls:
         with self._lock:
             self._calls.pop(custom_id, None)
             self._state.pop(custom_id, None)
+            self._deadlines.pop(custom_id, None)
 
     def _drop(self, custom_id: str) -> None:
-        for table in (self._calls, self._state, self._queued, self._answers):
+        for table in (self._calls, self._state, self._queued, self._answers, self._deadlines):
             table.pop(custom_id, None)
 
     def batch_done(self, batch_id: str) -> None:  # noqa: D102

@@ -20,6 +20,7 @@ _ENQUEUE = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+if ARGV[5] ~= '' then redis.call('ZADD', KEYS[4], ARGV[5], ARGV[1]) end
 return 1
 """
 
@@ -90,6 +91,7 @@ return 1
 """
 
 _CANCEL = """
+redis.call('ZREM', KEYS[5], ARGV[1])
 local function drop()
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[2], ARGV[1])
@@ -122,13 +124,21 @@ class RedisBatchCalls:
         self._answer = client.register_script(_ANSWER)
         self._cancel = client.register_script(_CANCEL)
 
-    def enqueue(self, call: PendingCall) -> bool:
-        """Queue a call once; False if its custom id is known (a redelivered run)."""
+    def enqueue(self, call: PendingCall, deadline_ms: int | None = None) -> bool:
+        """Queue a call once; False if its custom id is known (a redelivered run).
+
+        `deadline_ms`: its tree's `wall_s` deadline, if it has one (`overdue` finds it).
+        """
         status = CallStatus().model_dump_json()
         args: list[str | int] = [call.custom_id, call.model_dump_json(), status, call.queued_at_ms]
-        return bool(
-            self._enqueue(keys=[keys.BATCH_CALLS, BATCH_STATE, keys.BATCH_QUEUED], args=args)
-        )
+        args.append("" if deadline_ms is None else deadline_ms)
+        script_keys = [keys.BATCH_CALLS, BATCH_STATE, keys.BATCH_QUEUED, keys.BATCH_DEADLINES]
+        return bool(self._enqueue(keys=script_keys, args=args))
+
+    def overdue(self, at_ms: int, limit: int) -> list[str]:
+        """Custom ids of calls whose tree's `wall_s` deadline is at or before `at_ms`."""
+        found = self._client.zrangebyscore(keys.BATCH_DEADLINES, "-inf", at_ms, 0, limit)
+        return [str(c) for c in found]
 
     def calls(self, custom_ids: list[str]) -> list[PendingCall | None]:
         """The calls' requests (None where unknown)."""
@@ -199,6 +209,7 @@ class RedisBatchCalls:
             BATCH_STATE,
             keys.BATCH_QUEUED,
             keys.batch_answer(custom_id),
+            keys.BATCH_DEADLINES,
         ]
         return str(self._cancel(keys=script_keys, args=[custom_id]))
 
@@ -208,6 +219,7 @@ class RedisBatchCalls:
         pipe.hdel(keys.BATCH_CALLS, custom_id)
         pipe.hdel(BATCH_STATE, custom_id)
         pipe.zrem(keys.BATCH_QUEUED, custom_id)
+        pipe.zrem(keys.BATCH_DEADLINES, custom_id)
         pipe.delete(keys.batch_answer(custom_id))
         pipe.execute()
 
@@ -216,6 +228,7 @@ class RedisBatchCalls:
         pipe = self._client.pipeline(transaction=True)
         pipe.hdel(keys.BATCH_CALLS, custom_id)
         pipe.hdel(BATCH_STATE, custom_id)
+        pipe.zrem(keys.BATCH_DEADLINES, custom_id)
         pipe.execute()
 
     def batch_done(self, batch_id: str) -> None:
