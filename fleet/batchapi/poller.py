@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 """A call sent this many times without an answer is made live (or fails with it)."""
 SCAN_LIMIT = 1_000_000
-"""Most queued calls one poll reads (ids and times; bodies only of a flush it sends)."""
+"""Most queued calls `in_batches` counts (ids and times only)."""
 OVERDUE_PER_POLL = 1_000
 FLUSHES_PER_POLL = 4
 
