@@ -243,7 +243,7 @@ def test_a_worker_sigkill_and_a_redis_restart_mid_batch_lose_and_double_nothing(
                     dump(fleet, [h.trace_id for h in handles], second)
                     raise
                 assert trace.status == "completed", trace.error
-        fleet.store.close()  # type: ignore[attr-defined]
+        fleet.store.close()
     finally:
         aof.close()
     mine = server.sent[sent_before:]

@@ -1,8 +1,9 @@
 """Batch files: JSONL or YAML, every entry validated before anything is submitted.
 
 A batch file holds one task per entry: `task` (required), and optionally `id`, `preset`,
-`model`, `workspace`, `metadata`, `budget: {tokens, usd, sub_agents}`, `batch_api` (YAML:
-a list, or a `tasks:` list; JSONL: one object per line; a bare string is a task). Problems
+`model`, `workspace`, `metadata`, `budget: {tokens, usd, sub_agents}`, `images: [PATH|URL]`
+(paths inside the entry's workspace only: a batch file is untrusted), `batch_api` (YAML: a
+list, or a `tasks:` list; JSONL: one object per line; a bare string is a task). Problems
 read `FILE:LINE: reason`; ids default to `line-N`.
 """
 
@@ -15,17 +16,36 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
-from fleet.batch.run import BatchEntry
+from fleet.batch.run import BatchEntry, entry_images
 from fleet.batchapi.route import check_route, wants_batch
 from fleet.conversation.roots import check_budget
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.runtime import Runtime
 from fleet.security import yamlsafe
+from fleet.tools.imagesource import MAX_TASK_IMAGES
 
-ENTRY_KEYS = ("id", "task", "preset", "model", "workspace", "metadata", "budget", "batch_api")
+ENTRY_KEYS = (
+    "id",
+    "task",
+    "preset",
+    "model",
+    "workspace",
+    "metadata",
+    "budget",
+    "images",
+    "batch_api",
+)
 YAML_SUFFIXES = frozenset({".yaml", ".yml"})
 
 
@@ -55,6 +75,7 @@ class _EntryIn(BaseModel):
     metadata: dict[str, Any] | None = None
     budget: BudgetIn | None = None
     batch_api: StrictBool | None = None
+    images: list[StrictStr] | None = Field(default=None, max_length=MAX_TASK_IMAGES)
 
 
 # -- parsing -----------------------------------------------------------------
@@ -188,6 +209,7 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         metadata=metadata,
         budget=wire.budget.to_budget() if wire.budget else None,
         batch_api=wire.batch_api,
+        images=tuple(wire.images or ()),
     )
 
 
@@ -229,6 +251,8 @@ def _as_dict(entry: BatchEntry) -> dict[str, Any]:
         value["workspace"] = str(entry.workspace)
     if entry.batch_api is not None:
         value["batch_api"] = entry.batch_api
+    if entry.images:
+        value["images"] = list(entry.images)
     return value
 
 
@@ -274,6 +298,11 @@ def check_entries(runtime: Runtime, entries: Sequence[BatchEntry], where: str) -
             seen[key] = _check_one(runtime, *key)
         if (reason := seen[key]) is not None:
             problems.append((entry.line, reason))
+        elif entry.images:  # read now too: a refused image must stop the batch before it starts
+            try:
+                entry_images(runtime, entry)
+            except ConfigError as exc:
+                problems.append((entry.line, str(exc)))
     if problems:
         raise BatchInputError(where, problems)
 

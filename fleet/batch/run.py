@@ -23,11 +23,14 @@ from fleet.batchapi.route import BATCH_API_KEY, wants_batch
 from fleet.conversation.human import waiting_on
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
-from fleet.limits.budget import Budget, budget_state
+from fleet.limits.backends import budget_state
+from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
 from fleet.models import TERMINAL, Event, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceStore
+from fleet.tools.imagecheck import Image
+from fleet.tools.imagesource import load_images
 
 
 class BatchClient(Protocol):
@@ -79,6 +82,21 @@ class BatchEntry:
     """What this entry's whole tree may spend."""
     batch_api: bool | None = None
     """Model calls through the provider's Batch API (None: the model alias's default)."""
+    images: tuple[str, ...] = ()
+    """Paths inside the entry's workspace, or http(s) URLs (`fleet.tools.imagesource`)."""
+
+
+def entry_images(runtime: Runtime, entry: BatchEntry) -> tuple[Image, ...]:
+    """The entry's images, each path confined to the entry's workspace; `ConfigError` if not."""
+    if not entry.images:
+        return ()
+    settings = runtime.settings.with_workspace(entry.workspace or runtime.settings.workspace)
+    return load_images(
+        entry.images,
+        workspace=settings.workspace,
+        web_allow=settings.web_allow,
+        private=settings.private_dirs,
+    )
 
 
 @dataclass(frozen=True)
@@ -287,7 +305,8 @@ class _Window:
         spec = TaskSpec(
             entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
         )
-        spec = replace(spec, budget=entry.budget, priority="batch")
+        images = entry_images(self.fleet.runtime, entry)
+        spec = replace(spec, budget=entry.budget, priority="batch", images=images)
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)
         self.fleet.enqueue(trace, "batch")

@@ -19,10 +19,11 @@ import httpx
 
 from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.llm.anthropic import ANTHROPIC_VERSION, AnthropicClient
-from fleet.llm.base import LLMResponse, Usage, check_model_requests_allowed
-from fleet.llm.config import FleetConfig, ModelTarget, provider_key, resolve_target
+from fleet.llm.base import LLMResponse, check_model_requests_allowed
+from fleet.llm.clients import provider_key
+from fleet.llm.config import FleetConfig, ModelTarget, resolve_target
 from fleet.llm.openai import OpenAIClient
-from fleet.llm.pricing import ModelPricing, cost_usd, lookup_pricing
+from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd, lookup_pricing
 from fleet.llm.retry import DEFAULT_RETRY, send_with_retry
 from fleet.security.redact import Redactor
 
@@ -91,7 +92,13 @@ def batch_pricing(target: ModelTarget) -> ModelPricing | None:
     live = target.pricing or lookup_pricing(target.model)
     if live is None:
         return None
-    return ModelPricing(live.input_usd_per_mtok / 2, live.output_usd_per_mtok / 2)
+    cached, written = live.cached_input_usd_per_mtok, live.cache_write_usd_per_mtok
+    return ModelPricing(
+        live.input_usd_per_mtok / 2,
+        live.output_usd_per_mtok / 2,
+        None if cached is None else cached / 2,
+        None if written is None else written / 2,
+    )
 
 
 class _Http:
@@ -135,10 +142,16 @@ class _Http:
 
 def _priced(response: LLMResponse, target: ModelTarget) -> LLMResponse:
     usage = response.usage
+    cached = CachedTokens(read=usage.cached_tokens, written=usage.cache_write_tokens)
     cost = cost_usd(
-        target.model, usage.prompt_tokens, usage.completion_tokens, batch_pricing(target)
+        target.model,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        batch_pricing(target),
+        cached=cached,
+        kind=target.kind,
     )
-    return replace(response, usage=Usage(usage.prompt_tokens, usage.completion_tokens, cost))
+    return replace(response, usage=replace(usage, cost_usd=cost))
 
 
 def _jsonl(text: str) -> list[dict[str, Any]]:

@@ -33,6 +33,8 @@ BATCH_API_KEY = "batch_api"
 """Trace metadata: true when the tree's model calls go through the providers' Batch APIs."""
 
 Route = Literal["live", "fresh", "parked", "answered", "retry_live"]
+BATCHED: tuple[Route, ...] = ("fresh", "parked", "answered")
+"""The routes whose call goes into a provider batch (or takes the answer one gave)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,8 @@ def answer_of(response: LLMResponse, batch_id: str) -> dict[str, Any]:
         "tool_calls": [[c.id, c.name, c.arguments] for c in response.tool_calls],
         "prompt_tokens": response.usage.prompt_tokens,
         "completion_tokens": response.usage.completion_tokens,
+        "cached_tokens": response.usage.cached_tokens,
+        "cache_write_tokens": response.usage.cache_write_tokens,
         "cost_usd": response.usage.cost_usd,
         "model": response.model,
         "finish_reason": response.finish_reason,
@@ -181,6 +185,8 @@ def response_of(answer: dict[str, Any]) -> LLMResponse:
         int(answer.get("prompt_tokens") or 0),
         int(answer.get("completion_tokens") or 0),
         float(answer.get("cost_usd") or 0.0),
+        int(answer.get("cached_tokens") or 0),
+        int(answer.get("cache_write_tokens") or 0),
     )
     content = answer.get("content")
     return LLMResponse(

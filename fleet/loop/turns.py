@@ -15,16 +15,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet import lifecycle
-from fleet.batchapi.route import Parked, Route, park, take
+from fleet.batchapi.route import BATCHED, Parked, route_of
+from fleet.children.warming import warming
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.history import to_wire
-from fleet.limits.gate import FINAL_NOTE, Go, Wait
+from fleet.history import main_path, to_wire
+from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
 from fleet.llm.base import LLMResponse, ToolCall
+from fleet.llm.caching import cache_key
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
+from fleet.loop.batched import park_turn, taken
 from fleet.loop.context import injection
-from fleet.loop.fit import fit
-from fleet.loop.fit import record as record_fit
+from fleet.loop.images import prepared
 from fleet.loop.steps import Step
+from fleet.loop.toolcalls import tool_schemas
 from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
@@ -68,6 +71,24 @@ class RunResult:
     outcome: Outcome
     retry_in_s: float = 0.0
     """For `throttled`: when the trace may ask again (its booked turn, or a pause's end)."""
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A turn's answer before it is written: the model's, or a fan-out root's own."""
+
+    trace: Trace
+    """The trace as the call left it (a note or a fitting may have been written)."""
+    messages: list[Message]
+    path: list[Message]
+    """The main path the answer follows."""
+    response: LLMResponse
+    model: str
+    """Recorded on the turn's message: the model name, or `FAN_OUT_MODEL`."""
+    final: bool = False
+    """The budget's last turn: whatever it says is the answer."""
+    batched: bool = False
+    """The trace's calls go through provider batches: the answer's custom id is recorded."""
 
 
 def terminal(status: Status) -> Outcome:
@@ -140,6 +161,8 @@ def recorded(trace: Trace, message: Message) -> Trace:
             "prompt_tokens": trace.stats.prompt_tokens + message.prompt_tokens,
             "completion_tokens": trace.stats.completion_tokens + message.completion_tokens,
             "cost_usd": trace.stats.cost_usd + message.cost_usd,
+            "cached_tokens": trace.stats.cached_tokens + message.cached_tokens,
+            "cache_write_tokens": trace.stats.cache_write_tokens + message.cache_write_tokens,
         }
     )
     update = {"iteration": trace.iteration + 1, "stats": stats}
@@ -163,8 +186,13 @@ def call_model(
     go: Go,
     wire: list[dict[str, Any]],
     tools: list[dict[str, Any]],
+    shown: list[dict[str, Any]] | None = None,
 ) -> LLMResponse | Wait:
-    """The model call on its booked turn, settled with the gate whatever happens."""
+    """The model call on its booked turn, settled with the gate whatever happens.
+
+    `shown`: the request as hooks see it, when it differs from what is sent (images as
+    their references: an operator's hook or a span never holds an image's bytes).
+    """
     if go.wait_s > 0:
         time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
     # Counted as it leaves: a call late for its turn must not join others in one window, and
@@ -175,7 +203,7 @@ def call_model(
     hooks.turn_started(trace, trace.iteration)
     gate, started = runtime.gate, time.monotonic()
     try:
-        hooks.model_requested(trace, model_name, wire)
+        hooks.model_requested(trace, model_name, wire if shown is None else shown)
     except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
         gate.after(go, None, None)
         raise
@@ -185,6 +213,7 @@ def call_model(
             tools,
             temperature=runtime.preset(trace.preset).temperature,
             max_output_tokens=go.max_output_tokens,
+            cache_key=cache_key(trace.root_trace_id, trace.preset),
         )
     except ProviderOverloaded as exc:
         hooks.model_failed(trace, exc)
@@ -195,6 +224,56 @@ def call_model(
         raise
     gate.after(go, response, int((time.monotonic() - started) * 1000))
     return response
+
+
+def ask_model(
+    runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
+) -> Answered | Wait | Spent | Parked:
+    """The model call of a turn: booked with the gate, the request fitted, then sent."""
+    trace, messages = snapshot.trace, snapshot.messages
+    if (warm := warming(runtime.store, trace)) is not None:  # the first branch goes first
+        return warm
+    tools = tool_schemas(runtime, trace)
+    path = main_path(messages, trace.head_sequence)
+    chars = request_chars(path, tools)
+    route = route_of(trace, path)  # live, or through a provider batch (`fleet.batchapi`)
+    batched = route in BATCHED
+    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched)
+    if not isinstance(verdict, Go):
+        return verdict
+    if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
+        route = "live"
+    # A parked turn wrote its note when it first parked: not twice.
+    if (
+        route in ("live", "fresh")
+        and (extra := note(runtime, trace, final=verdict.budget.final)) is not None
+    ):
+        if held.pending is not None:  # the first messages go first
+            runtime.store.apply(held.pending)
+            held.pending = None
+        stored = runtime.store.append_message(extra)
+        messages = [*messages, stored]
+        trace = trace.model_copy(
+            update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
+        )
+        path = main_path(messages, trace.head_sequence)
+    response = taken(runtime, trace, verdict, path) if route == "answered" else None
+    if response is None:
+        trace, request = prepared(runtime, trace, model_name, to_wire(path), tools)
+        if route in BATCHED:
+            if held.pending is not None:  # a fresh trace's first messages go first
+                runtime.store.apply(held.pending)
+                held.pending = None
+            return park_turn(runtime, trace, verdict, (request.sent, tools), route)
+        called = call_model(
+            runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
+        )
+        if isinstance(called, Wait):
+            return called
+        response = called
+    runtime.hooks.model_responded(trace, response)
+    final = verdict.budget.final
+    return Answered(trace, messages, path, response, model_name, final, batched=route != "live")
 
 
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
@@ -240,6 +319,8 @@ def model_message(
         prompt_tokens=response.usage.prompt_tokens,
         completion_tokens=response.usage.completion_tokens,
         cost_usd=response.usage.cost_usd,
+        cached_tokens=response.usage.cached_tokens,
+        cache_write_tokens=response.usage.cache_write_tokens,
     )
 
 
@@ -264,6 +345,7 @@ def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str 
     entry = switch_entry(current, fallback, runtime.redactor.values_only(str(exc)))
     metadata = {**trace.metadata, FALLBACKS_KEY: [*switches, entry]}
     runtime.store.update_trace(trace.trace_id, model=fallback, metadata=metadata)
+    runtime.store.count_fallback(current, fallback)
     log.warning("run of %r: model %r failed, falling back to %r", trace.trace_id, current, fallback)
     return fallback
 
@@ -286,44 +368,3 @@ def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait |
     delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
     log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
     return Wait(delay_s, "provider error")
-
-
-def answer_of_turn(
-    runtime: Runtime,
-    trace: Trace,
-    route: Route,
-    go: Go,
-    request: tuple[list[Message], list[dict[str, Any]]],
-    held: Held,
-) -> tuple[Trace, LLMResponse] | Wait | Parked:
-    """The model's answer to this turn, or its call parked in a provider batch.
-
-    The answer is a provider batch's stored one (`fleet.batchapi.route`) or a live call's.
-    `request`: the main path and the tool schemas. The trace comes back as the fit left it.
-    """
-    path, tools = request
-    model_name = go.model_name
-    if route == "answered" and (taken := take(runtime, trace)) is not None:
-        runtime.hooks.turn_started(trace, trace.iteration)
-        try:  # the span of a batch call: its answer, its batch id, not its wait
-            runtime.hooks.model_requested(trace, model_name, to_wire(path))
-        except HookBlocked:
-            runtime.gate.after(go, None, None)
-            raise
-        runtime.gate.after(go, taken, None)  # settled at the batch price
-        return trace, taken
-    window = runtime.context_window(model_name)
-    fitted = fit(to_wire(path), tools, window, runtime.config.context_threshold)
-    if fitted.elided and window is not None:
-        trace = record_fit(runtime.store, trace, fitted, window)
-    if route in ("fresh", "parked", "answered"):
-        runtime.gate.after(go, None, None)  # reserved again when it is answered
-        if held.pending is not None:  # a fresh trace's first messages go first
-            runtime.store.apply(held.pending)
-            held.pending = None
-        temperature = runtime.preset(trace.preset).temperature
-        body = {"messages": fitted.messages, "tools": tools, "temperature": temperature}
-        body["max_output_tokens"] = go.max_output_tokens
-        return park(runtime, trace, model_name, body, route)
-    response = call_model(runtime, trace, model_name, go, fitted.messages, tools)
-    return response if isinstance(response, Wait) else (trace, response)

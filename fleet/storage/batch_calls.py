@@ -20,7 +20,6 @@ from fleet.storage.memory_batch_calls import MemoryBatchCalls
 from fleet.storage.memory_store import MemoryStore
 from fleet.storage.redis_batch_calls import RedisBatchCalls
 from fleet.storage.redis_store import RedisStore
-from fleet.storage.store import TraceStore
 
 __all__ = [
     "BatchCalls",
@@ -63,7 +62,7 @@ _KNOWN: dict[int, tuple[object, BatchCalls]] = {}
 _KNOWN_LOCK = threading.Lock()
 
 
-def batch_calls(store: TraceStore) -> BatchCalls:
+def batch_calls(store: object) -> BatchCalls:
     """The pending-call queue of this store, one per Redis client or memory store.
 
     A fenced view shares its store's client (or tables), so it shares the queue too.

@@ -67,6 +67,9 @@ class ServeConfig:
     stream_block_ms: int = 2000
     """How long one read of the event stream waits before a keep-alive comment; also how
     long a stop may wait on a stream's blocked read."""
+    routes: tuple[Callable[[dict[str, Any]], list[Any]], ...] = ()
+    """More endpoints: each gets the handlers' keyword arguments and returns its rules
+    (`fleetops.serve.api_experiences`, `api_approvals`: they need the fleet client)."""
 
 
 class ApiError(tornado.web.HTTPError):
@@ -321,6 +324,7 @@ def make_app(config: ServeConfig) -> tornado.web.Application:
             (r"/api/traces/([^/]+)/messages", MessagesHandler, base),
             (r"/api/traces/([^/]+)/events", EventsHandler, {**base, "streams": streams}),
             (r"/api/traces/([^/]+)/stop", StopHandler, base),
+            *(rule for extra in config.routes for rule in extra(base)),
         ],
         stream_slots=threading.BoundedSemaphore(config.max_streams),
         pools=(pool, streams),

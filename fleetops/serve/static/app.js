@@ -207,12 +207,25 @@ async function showMessages(id) {
   }
 }
 
+// A message's content is text, or parts: text, and images stored by reference (never bytes).
+function contentText(content) {
+  if (!Array.isArray(content)) return content;
+  return content.map((part) => {
+    if (part.type === "text") return part.text || "";
+    const ref = part.image_ref || {};
+    const kind = String(ref.media_type || "image/?").replace("image/", "").toUpperCase();
+    const kb = (Number(ref.bytes) || 0) / 1000;
+    return "[image " + kind + " " + ref.width + "x" + ref.height + ", " + kb.toFixed(1) + " KB]";
+  }).join("\n");
+}
+
 function renderMessage(message) {
   const item = el("li", "message");
   item.dataset.role = message.role;
   const label = message.role + (message.name ? " · " + message.name : "") + " #" + message.sequence;
   item.append(el("div", "role", label));
-  if (message.content) item.append(el("pre", "content", message.content));
+  const content = contentText(message.content);
+  if (content) item.append(el("pre", "content", content));
   for (const call of message.tool_calls || []) {
     const fn = call.function || {};
     item.append(el("pre", "tool-call", "→ " + fn.name + "(" + fn.arguments + ")"));
