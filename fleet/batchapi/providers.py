@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
 import httpx
@@ -27,7 +28,7 @@ from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd, lookup_prici
 from fleet.llm.retry import DEFAULT_RETRY, send_with_retry
 from fleet.security.redact import Redactor
 
-OPENAI_MAX_REQUESTS, OPENAI_MAX_BYTES = 50_000, 200 * 1024 * 1024
+OPENAI_MAX_REQUESTS, OPENAI_MAX_BYTES = 50_000, 200 * 1024 * 1024  # the providers' limits
 ANTHROPIC_MAX_REQUESTS, ANTHROPIC_MAX_BYTES = 100_000, 256 * 1024 * 1024
 FIND_WINDOW_MS = 10 * 60 * 1000
 """A batch created this close to a lost flush may be that flush (Anthropic keeps no tag)."""
@@ -62,7 +63,6 @@ class BatchProvider(Protocol):
 
     def phase(self, batch_id: str) -> Phase:
         """Where the batch is."""
-        ...
 
     def results(self, batch_id: str) -> dict[str, Outcome]:
         """Wire id -> outcome, for every request the batch answered."""
@@ -70,7 +70,6 @@ class BatchProvider(Protocol):
 
     def cancel(self, batch_id: str) -> None:
         """Ask the provider to cancel the batch."""
-        ...
 
     def find(self, flush_id: str, at_ms: int, count: int) -> str | None:
         """The batch a lost flush created, if the provider has one; else None."""
@@ -82,7 +81,6 @@ class BatchProvider(Protocol):
 
     def close(self) -> None:
         """Close the HTTP connections."""
-        ...
 
 
 def batch_pricing(target: ModelTarget) -> ModelPricing | None:
@@ -329,8 +327,6 @@ def _anthropic_outcome(line: dict[str, Any]) -> Outcome | None:
 
 
 def _near(created_at: object, at_ms: int) -> bool:
-    from datetime import datetime
-
     if not isinstance(created_at, str):
         return False
     try:
