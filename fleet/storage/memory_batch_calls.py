@@ -70,9 +70,12 @@ class MemoryBatchCalls:
             self._submitting.pop(flush.flush_id, None)
             self._in_flight[flush.batch_id] = flush
             for custom_id in flush.custom_ids:
-                if (st := self._state.get(custom_id)) is not None:
+                st = self._state.get(custom_id)
+                if st is None or st.flush_id != flush.flush_id:
+                    continue  # queued again meanwhile: not this batch's
+                if st.state in ("submitting", "cancelled"):
                     st.batch_id = flush.batch_id
-                    if st.state == "submitting" and st.flush_id == flush.flush_id:
+                    if st.state == "submitting":
                         st.state = "submitted"
 
     def requeue(self, custom_ids: list[str], at_ms: int) -> None:  # noqa: D102

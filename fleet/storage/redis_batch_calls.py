@@ -52,9 +52,11 @@ for i = 4, #ARGV do
   local raw = redis.call('HGET', KEYS[1], ARGV[i])
   if raw then
     local st = cjson.decode(raw)
-    st.batch_id = ARGV[2]
-    if st.state == 'submitting' and st.flush_id == ARGV[1] then st.state = 'submitted' end
-    redis.call('HSET', KEYS[1], ARGV[i], cjson.encode(st))
+    if st.flush_id == ARGV[1] and (st.state == 'submitting' or st.state == 'cancelled') then
+      st.batch_id = ARGV[2]  -- a call queued again meanwhile is not this batch's
+      if st.state == 'submitting' then st.state = 'submitted' end
+      redis.call('HSET', KEYS[1], ARGV[i], cjson.encode(st))
+    end
   end
 end
 return 1
