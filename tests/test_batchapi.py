@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from fleet.storage.batch_calls import (
     batch_calls,
 )
 from fleet.storage.memory_batch_calls import MemoryBatchCalls
+from fleet.storage.memory_store import MemoryStore
 from fleet.storage.store import TraceStore
 from fleet.testing import Script
 from tests.conftest import fake_redis
@@ -546,3 +548,16 @@ def test_a_wall_s_budget_cancels_the_waiting_call_and_stops_the_tree(
             for f in batch_calls(store).in_flight()
             for s in batch_calls(store).statuses(f.custom_ids)
         )
+
+
+def test_an_alias_may_default_batch_entries_to_the_batch_route(
+    served: OpenAIBatchServer, tmp_path: Path
+) -> None:
+    from fleet.batchapi.route import wants_batch
+
+    runtime = runtime_for(MemoryStore(), served, tmp_path)
+    assert not wants_batch(runtime, None, "m")
+    models = {"m": runtime.config.models["m"].model_copy(update={"batch_api": True})}
+    runtime = replace(runtime, config=runtime.config.model_copy(update={"models": models}))
+    assert wants_batch(runtime, None, "m")
+    assert not wants_batch(runtime, False, "m")  # an entry's own word wins
