@@ -21,8 +21,7 @@ import redis
 import yaml
 
 from bench.fault_rig import Redis as AofRedis
-from fleet.batchapi.poller import in_batches
-from fleet.batchapi.route import BATCH_API_KEY
+from fleet.batchapi.route import BATCH_API_KEY, in_batches
 from fleet.client import Fleet
 from fleet.models import Trace
 from fleet.storage import keys

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleet.batch import DEFAULT_MAX_IN_FLIGHT
-from fleet.batchapi.poller import in_batches
-from fleet.batchapi.route import BATCH_API_KEY, wants_batch
+from fleet.batchapi.route import BATCH_API_KEY, in_batches, wants_batch
 from fleet.conversation.human import waiting_on
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound

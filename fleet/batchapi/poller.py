@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
 """A call sent this many times without an answer is made live (or fails with it)."""
-SCAN_LIMIT = 1_000_000
-"""Most queued calls `in_batches` counts (ids and times only)."""
 OVERDUE_PER_POLL = 1_000
 FLUSHES_PER_POLL = 4
 
@@ -341,13 +339,3 @@ def _resume_cancelled(runtime: Runtime, call: PendingCall, poll: Poll) -> None:
     if trace.status == "waiting" and (parked_call(trace) or {}).get("custom_id") == call.custom_id:
         lifecycle.batch_answered(runtime, trace, "cancelled", None)
         poll.resume.append(call.trace_id)
-
-
-def in_batches(runtime: Runtime) -> tuple[int, int | None]:
-    """Calls queued or in provider batches, and when the oldest was queued (ms), fleet-wide."""
-    calls = batch_calls(runtime.store)
-    queued = calls.queued(SCAN_LIMIT)
-    flying = calls.in_flight()
-    count = len(queued) + sum(len(f.custom_ids) for f in flying)
-    times = [at for _, at in queued[:1]] + [f.at_ms for f in flying]
-    return count, min(times) if times else None

@@ -27,6 +27,8 @@ from fleet.models import Message, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.batch_calls import PendingCall, batch_calls
 
+COUNT_LIMIT = 1_000_000
+"""Most queued calls `in_batches` counts (ids and times only)."""
 CALL_KEY = "batch_call"
 """Message metadata: the custom id whose answer this assistant message is."""
 BATCH_API_KEY = "batch_api"
@@ -197,3 +199,13 @@ def response_of(answer: dict[str, Any]) -> LLMResponse:
         finish_reason=answer.get("finish_reason"),
         batch_id=str(answer.get("batch_id") or "") or None,
     )
+
+
+def in_batches(runtime: Runtime) -> tuple[int, int | None]:
+    """Calls queued or in provider batches, and when the oldest was queued (ms), fleet-wide."""
+    calls = batch_calls(runtime.store)
+    queued = calls.queued(COUNT_LIMIT)
+    flying = calls.in_flight()
+    count = len(queued) + sum(len(f.custom_ids) for f in flying)
+    times = [at for _, at in queued[:1]] + [f.at_ms for f in flying]
+    return count, min(times) if times else None
