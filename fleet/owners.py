@@ -33,7 +33,7 @@ from fleet.history import main_path, open_turn
 from fleet.lifecycle import BATCH_KEY, PERSON_KEY
 from fleet.models import Trace
 from fleet.storage import outbox
-from fleet.storage.batch_calls import batch_calls
+from fleet.storage.batch_calls import CallStates, batch_calls
 from fleet.storage.store import TraceRecords, TraceStore
 
 MAX_HEALS = 3
@@ -233,7 +233,8 @@ def _waiting(store: TraceRecords, state: TreeState, trace: Trace) -> Remedy | No
         return None  # a person (and the wait's deadline) owns it: a question or an approval
     parked = trace.metadata.get(BATCH_KEY)
     if isinstance(parked, dict) and parked.get("state") == "parked":
-        calls, custom_id = batch_calls(store), str(parked.get("custom_id"))
+        calls: CallStates = batch_calls(store)
+        custom_id = str(parked.get("custom_id"))
         (status,) = calls.statuses([custom_id])
         if status is not None or calls.answer_of(custom_id) is not None:
             return None  # its call (queued, in a batch, or answered and being resumed) owns it

@@ -34,7 +34,14 @@ from fleet.errors import FleetError, TraceNotFound
 from fleet.models import now_ms
 from fleet.runtime import Runtime
 from fleet.storage import keys
-from fleet.storage.batch_calls import BatchCalls, Flush, PendingCall, batch_calls
+from fleet.storage.batch_calls import (
+    BatchCalls,
+    CallStates,
+    Flush,
+    Flushes,
+    PendingCall,
+    batch_calls,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +115,7 @@ def poll_once(runtime: Runtime, providers: ProviderFactory) -> Poll:
     return poll
 
 
-def _reconcile(
-    runtime: Runtime, calls: BatchCalls, providers: ProviderFactory, flush: Flush
-) -> None:
+def _reconcile(runtime: Runtime, calls: Flushes, providers: ProviderFactory, flush: Flush) -> None:
     """A flush whose upload was never recorded: adopt the provider's batch, or send again."""
     try:
         found = providers(flush.model_name).find(flush.flush_id, flush.at_ms, len(flush.custom_ids))
@@ -285,7 +290,7 @@ def _settle(
     _go_live(runtime, calls, [custom_id], poll)
 
 
-def _go_live(runtime: Runtime, calls: BatchCalls, custom_ids: list[str], poll: Poll) -> None:
+def _go_live(runtime: Runtime, calls: CallStates, custom_ids: list[str], poll: Poll) -> None:
     """These calls leave the batch route: their traces make them live on a worker."""
     for custom_id in custom_ids:
         _resume(runtime, calls, custom_id, "live", None, poll)
@@ -294,7 +299,7 @@ def _go_live(runtime: Runtime, calls: BatchCalls, custom_ids: list[str], poll: P
 
 def _resume(
     runtime: Runtime,
-    calls: BatchCalls,
+    calls: CallStates,
     custom_id: str,
     state: str,
     batch_id: str | None,
@@ -322,7 +327,7 @@ def _resume(
     return True
 
 
-def _end_overdue(runtime: Runtime, calls: BatchCalls, poll: Poll) -> None:
+def _end_overdue(runtime: Runtime, calls: CallStates, poll: Poll) -> None:
     """A call of a tree whose `wall_s` ran out is cancelled; its trace runs to its budget stop."""
     overdue = calls.overdue(now_ms(), OVERDUE_PER_POLL)
     for custom_id, call in zip(overdue, calls.calls(overdue), strict=True):

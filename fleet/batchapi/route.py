@@ -25,7 +25,7 @@ from fleet.lifecycle import BATCH_KEY
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.models import Message, Trace, now_ms
 from fleet.runtime import Runtime
-from fleet.storage.batch_calls import PendingCall, batch_calls
+from fleet.storage.batch_calls import CallStates, Flushes, PendingCall, batch_calls
 
 COUNT_LIMIT = 1_000_000
 """Most queued calls `in_batches` counts (ids and times only)."""
@@ -113,7 +113,7 @@ def park(
     deleted); a parked one keeps the id it parked with. `body`: `messages`, `tools`,
     `temperature`, `max_output_tokens`.
     """
-    calls = batch_calls(runtime.store)
+    calls: CallStates = batch_calls(runtime.store)
     parked = parked_call(trace) or {}
     if route == "fresh":
         if parked.get("custom_id"):  # the last turn's answer is in the trace now
@@ -203,7 +203,7 @@ def response_of(answer: dict[str, Any]) -> LLMResponse:
 
 def in_batches(runtime: Runtime) -> tuple[int, int | None]:
     """Calls queued or in provider batches, and when the oldest was queued (ms), fleet-wide."""
-    calls = batch_calls(runtime.store)
+    calls: Flushes = batch_calls(runtime.store)
     queued = calls.queued(COUNT_LIMIT)
     flying = calls.in_flight()
     count = len(queued) + sum(len(f.custom_ids) for f in flying)

@@ -24,8 +24,10 @@ from fleet.storage.redis_store import RedisStore
 __all__ = [
     "BatchCalls",
     "CallState",
+    "CallStates",
     "CallStatus",
     "Flush",
+    "Flushes",
     "MemoryBatchCalls",
     "PendingCall",
     "RedisBatchCalls",
@@ -33,13 +35,30 @@ __all__ = [
 ]
 
 
-class BatchCalls(Protocol):
-    """The pending-call queue; `RedisBatchCalls` and `MemoryBatchCalls` implement it."""
+class CallStates(Protocol):
+    """Each call on its own: queued with its body, its status, answered, cancelled, let go.
+
+    What a run parks and takes back, and what a stop and the owner check ask of a call.
+    """
 
     def enqueue(self, call: PendingCall, deadline_ms: int | None = None) -> bool: ...  # noqa: D102
     def overdue(self, at_ms: int, limit: int) -> list[str]: ...  # noqa: D102
     def calls(self, custom_ids: list[str]) -> list[PendingCall | None]: ...  # noqa: D102
     def statuses(self, custom_ids: list[str]) -> list[CallStatus | None]: ...  # noqa: D102
+    def answer(self, custom_id: str, answer: dict[str, Any]) -> bool: ...  # noqa: D102
+    def answer_of(self, custom_id: str) -> dict[str, Any] | None: ...  # noqa: D102
+    def cancel(self, custom_id: str) -> str: ...  # noqa: D102
+    def forget(self, custom_id: str) -> None: ...  # noqa: D102
+    def release(self, custom_id: str) -> None: ...  # noqa: D102
+
+
+class Flushes(Protocol):
+    """Calls gathered into provider batches: the poller's side of the queue.
+
+    The queue's order, the flush and in-flight records, and the claims that let one poller
+    of the fleet work at a time.
+    """
+
     def queued(self, limit: int) -> list[tuple[str, int]]: ...  # noqa: D102
     def begin_flush(self, flush: Flush) -> list[str]: ...  # noqa: D102
     def submitted(self, flush: Flush) -> None: ...  # noqa: D102
@@ -47,14 +66,16 @@ class BatchCalls(Protocol):
     def drop_flush(self, flush_id: str) -> None: ...  # noqa: D102
     def submitting(self) -> list[Flush]: ...  # noqa: D102
     def in_flight(self) -> list[Flush]: ...  # noqa: D102
-    def answer(self, custom_id: str, answer: dict[str, Any]) -> bool: ...  # noqa: D102
-    def answer_of(self, custom_id: str) -> dict[str, Any] | None: ...  # noqa: D102
-    def cancel(self, custom_id: str) -> str: ...  # noqa: D102
-    def forget(self, custom_id: str) -> None: ...  # noqa: D102
-    def release(self, custom_id: str) -> None: ...  # noqa: D102
+    def batch_done(self, batch_id: str) -> None: ...  # noqa: D102
     def claim(self, key: str, owner: str, ttl_ms: int) -> bool: ...  # noqa: D102
     def unclaim(self, key: str, owner: str) -> None: ...  # noqa: D102
-    def batch_done(self, batch_id: str) -> None: ...  # noqa: D102
+
+
+class BatchCalls(CallStates, Flushes, Protocol):
+    """The pending-call queue: both roles; `RedisBatchCalls` and `MemoryBatchCalls` implement it.
+
+    A caller annotates the narrowest role it needs; the poller needs both.
+    """
 
 
 _KNOWN: dict[int, tuple[object, BatchCalls]] = {}
