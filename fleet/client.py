@@ -31,7 +31,7 @@ from fleet.storage.store import TraceStore
 from fleet.storage.watchdog import QueueWatch, check_served
 
 if TYPE_CHECKING:
-    from fleet.batch.run import BatchEntry, BatchResult
+    from fleet.batch.values import BatchEntry, BatchResult
 
 OUTAGE_RETRY_S = 1.0
 """How often `Fleet.events` tries again while Redis cannot be reached."""

@@ -26,7 +26,7 @@ from pydantic import (
     ValidationError,
 )
 
-from fleet.batch.run import BatchEntry, entry_images
+from fleet.batch.values import BatchEntry, entry_images
 from fleet.batchapi.route import check_route, wants_batch
 from fleet.conversation.roots import check_budget
 from fleet.errors import ConfigError

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from fleet.batch.file import BatchInputError
-from fleet.batch.run import BATCH_KEY, ENTRY_KEY, BatchEntry, BatchHooks, BatchResult, ResumeState
+from fleet.batch.values import (
+    BATCH_KEY,
+    ENTRY_KEY,
+    BatchEntry,
+    BatchHooks,
+    BatchResult,
+    ResumeState,
+)
 from fleet.errors import ConfigError
 from fleet.models import now_ms
 from fleet.storage.store import TraceRecords, TraceStore
