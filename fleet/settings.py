@@ -23,6 +23,14 @@ from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError
 from fleet.security import trust
+from fleet.security.envvalues import (
+    absolute_path,
+    is_true,
+    name_list,
+    positive_s,
+    user_path,
+    whole_number,
+)
 from fleet.security.redact import Redactor
 from fleet.storage import keys
 from fleet.storage.redis_urls import check_url, is_sentinel
@@ -194,41 +202,41 @@ class Settings:
             redis_sentinel_master=_sentinel_master(env, redis_url, broker_url),
             workspace=workspace,
             allow_shell=env.get("FLEET_ALLOW_SHELL", "") in ("1", "true", "yes"),
-            agents_dir=_path(env.get("FLEET_AGENTS_DIR")),
-            skills_dir=_path(env.get("FLEET_SKILLS_DIR")),
-            config_path=_path(env.get("FLEET_CONFIG")),
+            agents_dir=user_path(env.get("FLEET_AGENTS_DIR")),
+            skills_dir=user_path(env.get("FLEET_SKILLS_DIR")),
+            config_path=user_path(env.get("FLEET_CONFIG")),
             model=env.get("FLEET_MODEL") or None,
-            lease_ttl_ms=_count(env, "FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS),
-            no_worker_timeout_s=_positive(env, "FLEET_NO_WORKER_TIMEOUT_S", 30.0),
-            transient_retries=_count(env, "FLEET_TRANSIENT_RETRIES", 3, minimum=0),
+            lease_ttl_ms=whole_number(env, "FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS),
+            no_worker_timeout_s=positive_s(env, "FLEET_NO_WORKER_TIMEOUT_S", 30.0),
+            transient_retries=whole_number(env, "FLEET_TRANSIENT_RETRIES", 3, minimum=0),
             # Default: where this process started, and the operator's FLEET_WORKSPACE.
             workspace_roots=trust.parse_roots(
                 env.get(trust.WORKSPACE_ROOTS_ENV), (Path.cwd(), workspace)
             ),
             allow_scripted=env.get(trust.ALLOW_SCRIPTED_ENV, "") in ("1", "true", "yes"),
             api_key_envs=trust.allowed_key_envs(env.get(trust.API_KEY_ENVS_ENV)),
-            shell_env=_names(env.get("FLEET_SHELL_ENV")),
+            shell_env=name_list(env.get("FLEET_SHELL_ENV")),
             shell_limits=_shell_limits(env),
-            web_allow=_names(env.get("FLEET_WEB_ALLOW")),
-            tool_timeout_s=_positive(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
-            max_branches=_count(env, "FLEET_MAX_BRANCHES", 1000),
-            human_timeout_s=_count(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600),
-            hooks=_names(env.get("FLEET_HOOKS")),
-            hook_timeout_s=_positive(env, "FLEET_HOOK_TIMEOUT_S", 2.0),
-            experience_auto_approve=_names(env.get("FLEET_EXPERIENCE_AUTO_APPROVE")),
+            web_allow=name_list(env.get("FLEET_WEB_ALLOW")),
+            tool_timeout_s=positive_s(env, "FLEET_TOOL_TIMEOUT_S", 30.0),
+            max_branches=whole_number(env, "FLEET_MAX_BRANCHES", 1000),
+            human_timeout_s=whole_number(env, "FLEET_HUMAN_TIMEOUT_S", 24 * 3600),
+            hooks=name_list(env.get("FLEET_HOOKS")),
+            hook_timeout_s=positive_s(env, "FLEET_HOOK_TIMEOUT_S", 2.0),
+            experience_auto_approve=name_list(env.get("FLEET_EXPERIENCE_AUTO_APPROVE")),
             otel_tracing=_otel_tracing(env),
-            otel_capture_content=_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
-            sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 1.0),
-            stuck_after_s=_positive(env, "FLEET_STUCK_AFTER_S", 15.0),
-            owner_check_interval_s=_positive(env, "FLEET_OWNER_CHECK_INTERVAL_S", 5.0),
-            batch_poll_s=_positive(env, "FLEET_BATCH_POLL_S", 30.0),
-            batch_flush_s=_positive(env, "FLEET_BATCH_FLUSH_S", 60.0),
-            batch_max_requests=_count(env, "FLEET_BATCH_MAX_REQUESTS", 10_000),
+            otel_capture_content=is_true(env.get(OTEL_CAPTURE_CONTENT_ENV, "")),
+            sweep_interval_s=positive_s(env, "FLEET_SWEEP_INTERVAL_S", 1.0),
+            stuck_after_s=positive_s(env, "FLEET_STUCK_AFTER_S", 15.0),
+            owner_check_interval_s=positive_s(env, "FLEET_OWNER_CHECK_INTERVAL_S", 5.0),
+            batch_poll_s=positive_s(env, "FLEET_BATCH_POLL_S", 30.0),
+            batch_flush_s=positive_s(env, "FLEET_BATCH_FLUSH_S", 60.0),
+            batch_max_requests=whole_number(env, "FLEET_BATCH_MAX_REQUESTS", 10_000),
             batch_retry=_batch_retry(env.get("FLEET_BATCH_RETRY")),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             state_home=_state_home(env),
-            state_dir=_absolute(env.get("FLEET_STATE_DIR")),
+            state_dir=absolute_path(env.get("FLEET_STATE_DIR")),
             env=env,
         )
 
@@ -336,29 +344,11 @@ def _shell_limits(env: Mapping[str, str]) -> ShellLimits:
     default = ShellLimits()
     return ShellLimits(
         user=(env.get("FLEET_SHELL_USER") or "").strip() or None,
-        max_procs=_count(env, "FLEET_SHELL_MAX_PROCS", default.max_procs),
-        max_file_bytes=_count(env, "FLEET_SHELL_MAX_FILE_BYTES", default.max_file_bytes),
-        cpu_s=_count(env, "FLEET_SHELL_CPU_S", default.cpu_s),
+        max_procs=whole_number(env, "FLEET_SHELL_MAX_PROCS", default.max_procs),
+        max_file_bytes=whole_number(env, "FLEET_SHELL_MAX_FILE_BYTES", default.max_file_bytes),
+        cpu_s=whole_number(env, "FLEET_SHELL_CPU_S", default.cpu_s),
         network=network,
     )
-
-
-def _names(value: str | None) -> tuple[str, ...]:
-    """A comma- or whitespace-separated list of names."""
-    return tuple(n for n in (value or "").replace(",", " ").split() if n)
-
-
-def _positive(env: Mapping[str, str], name: str, default: float) -> float:
-    text = env.get(name)
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
-    return value
 
 
 def _batch_retry(text: str | None) -> Literal["batch", "live"]:
@@ -370,18 +360,9 @@ def _batch_retry(text: str | None) -> Literal["batch", "live"]:
     raise ConfigError(f"FLEET_BATCH_RETRY={text!r}: expected 'batch' or 'live'")
 
 
-def _count(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
-    text = (env.get(name) or "").strip()
-    if not text:
-        return default
-    if not text.isdecimal() or int(text) < minimum:
-        raise ConfigError(f"{name}={text!r}: expected a whole number >= {minimum}")
-    return int(text)
-
-
 def _otel_tracing(env: Mapping[str, str]) -> bool:
     """Whether the OTEL_* variables ask for traces to be exported somewhere."""
-    if _true(env.get("OTEL_SDK_DISABLED", "")):
+    if is_true(env.get("OTEL_SDK_DISABLED", "")):
         return False
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter == "none":
@@ -390,21 +371,9 @@ def _otel_tracing(env: Mapping[str, str]) -> bool:
     return bool(exporter or any(env.get(name) for name in endpoints))
 
 
-def _true(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes")
-
-
 def _state_home(env: Mapping[str, str]) -> Path:
     # The XDG base directory spec: a relative XDG_STATE_HOME is invalid and ignored.
     base = Path(env.get("XDG_STATE_HOME") or "")
     if not base.is_absolute():
         base = Path.home() / ".local" / "state"
     return base / STATE_HOME_NAME
-
-
-def _absolute(value: str | None) -> Path | None:
-    return Path(value).expanduser().absolute() if value else None
-
-
-def _path(value: str | None) -> Path | None:
-    return Path(value).expanduser() if value else None

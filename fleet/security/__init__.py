@@ -1,1 +1,5 @@
-"""Trust boundaries: what comes from the operator (`trust`), secret redaction, safe YAML."""
+"""Trust boundaries: what comes from the operator, secret redaction, safe YAML.
+
+The operator's decisions (`trust`) and the readers of their environment values
+(`envvalues`), secrets out of every text (`redact`), bounded YAML (`yamlsafe`).
+"""

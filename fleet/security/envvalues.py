@@ -1,0 +1,57 @@
+"""Readers of the operator's environment values, each bad value a one-line `ConfigError`.
+
+`fleet.settings` (the one module that reads `os.environ`) reads each variable with these;
+they take the mapping it read and never the process's environment themselves. The message
+names the variable and quotes its value, so an operator sees which setting to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from fleet.errors import ConfigError
+
+
+def name_list(value: str | None) -> tuple[str, ...]:
+    """A comma- or whitespace-separated list of names."""
+    return tuple(n for n in (value or "").replace(",", " ").split() if n)
+
+
+def positive_s(env: Mapping[str, str], name: str, default: float) -> float:
+    """`name`'s value in seconds (`default` when unset); `ConfigError` unless it is > 0."""
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
+    return value
+
+
+def whole_number(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+    """`name`'s value (`default` when unset); `ConfigError` unless a whole number >= `minimum`."""
+    text = (env.get(name) or "").strip()
+    if not text:
+        return default
+    if not text.isdecimal() or int(text) < minimum:
+        raise ConfigError(f"{name}={text!r}: expected a whole number >= {minimum}")
+    return int(text)
+
+
+def is_true(value: str) -> bool:
+    """1, true or yes, in any case and with spaces around."""
+    return value.strip().lower() in ("1", "true", "yes")
+
+
+def absolute_path(value: str | None) -> Path | None:
+    """The path made absolute (`~` expanded), or None when unset."""
+    return Path(value).expanduser().absolute() if value else None
+
+
+def user_path(value: str | None) -> Path | None:
+    """The path with `~` expanded, or None when unset."""
+    return Path(value).expanduser() if value else None
