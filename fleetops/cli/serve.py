@@ -40,7 +40,7 @@ def run_serve(args: argparse.Namespace) -> int:
     fleet = Fleet.from_env(settings)
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
     check_port_free(args.port, "fleet serve", host=host)
-    config = ServeConfig(store=fleet.store, stop=fleet.stop, token=token)
+    config = ServeConfig(store=fleet.store, actions=fleet, token=token)
     serve_forever(
         config, args.address, args.port, lambda url: print(f"fleet serve: {url}", flush=True)
     )
