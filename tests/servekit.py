@@ -18,8 +18,23 @@ import httpx
 import tornado.httpserver
 import tornado.netutil
 
+from fleet.inprocess import InProcessFleet
+from fleet.lifecycle import stop_subtree
 from fleetops.serve.app import SERVER_LIMITS, ServeConfig, make_app
 from tests.fleetkit import wait_until
+
+
+class LocalActions(InProcessFleet):
+    """The page's actions run in this process (a reply runs the trace on at once)."""
+
+    def stop(self, trace_id: str) -> list[str]:
+        """As `Fleet.stop`, without a broker to revoke on."""
+        return stop_subtree(self.runtime, trace_id)
+
+
+def csrf(http: httpx.Client) -> dict[str, str]:
+    """The headers an action needs: the service's CSRF token."""
+    return {"X-Fleet-CSRF": http.get("/api/session").json()["csrf"]}
 
 
 @contextlib.contextmanager
