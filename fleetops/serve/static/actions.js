@@ -11,6 +11,11 @@ const WAITING_KEY = "waiting_on";
 export function renderActions(detail, refresh) {
   const trace = detail.trace;
   const box = $("trace-actions");
+  const waiting = trace.status === "waiting" ? trace.metadata[WAITING_KEY] : null;
+  // Rebuilt only when what can be done changes: a refresh must not eat what is being typed.
+  const key = [trace.trace_id, trace.status, waiting ? waiting.tool_call_id : ""].join(" ");
+  if (box.dataset.key === key) return;
+  box.dataset.key = key;
   const parts = [];
   const act = (action, body, done) => async () => {
     try {
@@ -25,7 +30,6 @@ export function renderActions(detail, refresh) {
   if (!TERMINAL.has(trace.status)) {
     parts.push(button("Stop subtree", act("stop", () => ({}), "stop sent"), "danger"));
   }
-  const waiting = trace.status === "waiting" ? trace.metadata[WAITING_KEY] : null;
   if (waiting && waiting.kind === "approval") parts.push(approvalForm(waiting, act));
   else if (waiting) parts.push(replyForm(waiting, act));
   if (!trace.parent_trace_id && TERMINAL.has(trace.status)) parts.push(continueForm(act));

@@ -24,6 +24,7 @@ const page = {
   refreshing: new Map(), // trace id -> "busy" | "again"
   tree,
   timeline,
+  draw,                // redraw the timeline now (the render test times it)
 };
 window.fleetPage = page; // for people and tests poking at the page
 page.lastTool = tree.lastTool;
@@ -208,7 +209,7 @@ async function openTree(root, opened, view) {
   schedule();
   page.timings.listed_ms = performance.now();
   follow(root);
-  if (opened) openTrace(opened);
+  openTrace(opened || root); // the root's conversation and actions unless another is asked for
 }
 
 function keys(event) {

@@ -1,0 +1,328 @@
+"""The page's views in a real headless Chromium: conversation, timeline, budget, front page,
+actions, hostile text, and the render time of wide trees.
+
+The service runs in a thread over a real Redis; actions run the trace on in this process
+(`LocalActions`). The live page over a real worker is tests/test_serve_page.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.wait import WebDriverWait
+
+from fleet.conversation.roots import TaskSpec, create_root
+from fleet.inprocess import InProcessDispatcher
+from fleet.limits.budget import Budget, budget_state
+from fleet.llm.base import LLMResponse
+from fleet.loop.runner import Runner, run_to_end
+from fleet.models import Event, Trace, TraceStats
+from fleet.runtime import Runtime
+from fleet.settings import Settings
+from fleet.storage.redis_store import RedisStore
+from fleet.testing import ScriptedModel, call, text
+from fleetops.serve.app import ServeConfig
+from tests.browserkit import chromium, page_value, screenshot, script_errors
+from tests.fleetkit import explore_script, wait_until
+from tests.servekit import LocalActions, serving
+
+pytestmark = pytest.mark.integration
+
+PWN = "window.pwned=1"
+HOSTILE_TEXTS = (
+    f"<script>{PWN}</script>",
+    f'<img src=x onerror="{PWN}">',
+    "[click me](javascript:window.pwned=1)",
+    '<a href="javascript:window.pwned=1">link</a>',
+    "\x1b[31mred\x1b[0m\x1b]0;title\x07",
+)
+HOSTILE = " ".join(HOSTILE_TEXTS)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    with chromium(tmp_path) as chrome:
+        yield chrome
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[RedisStore]:
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.flushdb()
+    yield RedisStore.from_url(redis_url)
+
+
+def actions_with(store: RedisStore, tmp_path: Path, model: ScriptedModel) -> LocalActions:
+    settings = Settings(workspace=tmp_path, allow_scripted=True, env={})
+    return LocalActions(Runtime.build(settings, store, InProcessDispatcher(), clients={"m": model}))
+
+
+def waiter(browser: webdriver.Chrome) -> WebDriverWait[webdriver.Chrome]:
+    return WebDriverWait(browser, 30, poll_frequency=0.1)
+
+
+def text_of(browser: webdriver.Chrome, element_id: str) -> str:
+    script = f"return document.getElementById('{element_id}').textContent"
+    return str(browser.execute_script(script))
+
+
+def segment_kinds(browser: webdriver.Chrome, trace_id: str) -> set[str]:
+    found = browser.execute_script(
+        "const row = document.querySelector(`.tl-row[data-trace-id='${arguments[0]}']`);"
+        "return row ? Array.from(row.querySelectorAll('.tl-seg'), s => s.dataset.kind) : [];",
+        trace_id,
+    )
+    return set(found)
+
+
+def test_conversation_timeline_and_budget_of_an_explore(
+    store: RedisStore, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    local = actions_with(store, tmp_path, ScriptedModel())
+    model = explore_script(tmp_path / "model.yaml", 3, branch_turns=1)
+    spec = TaskSpec("survey the shed", model, budget=Budget(tokens=50_000))
+    root = create_root(local.runtime, spec).trace_id
+    run_to_end(Runner(local.runtime), root)
+    children = store.children(root)
+    state = budget_state(store, root)
+    assert state is not None and state.used_tokens > 0
+    wait = waiter(browser)
+    with serving(ServeConfig(store=store, actions=local)) as url:
+        browser.get(f"{url}/?trace={root}")
+        expected = f"tokens: used {state.used_tokens} · reserved {state.reserved_tokens}"
+        wait.until(lambda b: expected + " · limit 50000" in text_of(b, "tree-budget"))
+        assert "4 traces" in text_of(browser, "tree-totals")
+        assert f"models answered: {model}" in text_of(browser, "tree-models")
+        browser.find_element(By.ID, "tab-timeline").click()
+        for child in children:  # every branch: queued (announced), then running
+            wait.until(lambda b, c=child: {"queued", "running"} <= segment_kinds(b, c))
+        assert {"running", "children"} <= segment_kinds(browser, root)
+        screenshot(browser, "serve-timeline")
+        label = f".tl-row[data-trace-id='{children[0]}'] .tl-label"
+        browser.find_element(By.CSS_SELECTOR, label).click()
+        wait.until(lambda b: "done: Branch 1" in text_of(b, "message-list"))
+        call = browser.find_element(By.CSS_SELECTOR, "#message-list .tool-call")
+        assert call.find_element(By.CSS_SELECTOR, ".call-name").text == "→ list_dir"
+        assert '"path": "."' in call.find_element(By.CSS_SELECTOR, "pre.arguments").text
+        assert "model.yaml" in call.find_element(By.CSS_SELECTOR, ".tool-result").text
+        system = browser.find_element(By.CSS_SELECTOR, "#message-list details.collapsed")
+        assert system.get_attribute("open") is None  # the system prompt starts collapsed
+        browser.find_element(By.ID, "tab-tree").click()
+        screenshot(browser, "serve-conversation")
+        assert script_errors(browser) == []
+
+
+def hostile_model(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+    if not any(m["role"] == "tool" for m in messages):
+        return call("write_file", path="x.txt", content=HOSTILE)
+    return text(f"done {HOSTILE}")
+
+
+def test_hostile_model_text_renders_as_text(
+    store: RedisStore, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    local = actions_with(store, tmp_path, ScriptedModel(function=hostile_model))
+    trace = local.run(f"task {HOSTILE}", model="m")
+    assert trace.status == "completed", trace.error
+    with serving(ServeConfig(store=store, actions=local)) as url:
+        browser.get(f"{url}/?trace={trace.trace_id}&open={trace.trace_id}")
+        waiter(browser).until(lambda b: "done <script>" in text_of(b, "message-list"))
+        shown = text_of(browser, "message-list")
+        for hostile in HOSTILE_TEXTS:  # every one as its own characters
+            assert hostile in shown or json.dumps(hostile)[1:-1] in shown, hostile
+        assert "\x1b[31mred" in shown
+        browser.get(f"{url}/?q=task")
+        waiter(browser).until(lambda b: "task <script>" in text_of(b, "trace-rows"))
+        assert browser.execute_script("return window.pwned") is None
+        assert browser.find_elements(By.CSS_SELECTOR, "img") == []
+        scripts = browser.find_elements(By.CSS_SELECTOR, "script")
+        assert [s.get_attribute("src") for s in scripts] == [f"{url}/static/app.js"]
+        links = browser.find_elements(By.CSS_SELECTOR, "a")
+        assert all(str(a.get_attribute("href")).startswith(url) for a in links)
+        assert script_errors(browser) == []
+
+
+def asker(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+    if not any(m["role"] == "tool" for m in messages):
+        return call("ask_human", question="Which colour?")
+    return text(f"painted it {messages[-1]['content']}")
+
+
+def test_the_front_page_filters_to_waiting_and_a_reply_and_a_stop_reach_the_tree(
+    store: RedisStore, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    local = actions_with(store, tmp_path, ScriptedModel(function=asker))
+    asked = local.run("paint the shed", model="m")
+    assert asked.status == "waiting"
+    idle = create_root(local.runtime, TaskSpec("never runs", "m")).trace_id  # queued
+    wait = waiter(browser)
+    with serving(ServeConfig(store=store, actions=local)) as url:
+        browser.get(f"{url}/")
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#trace-rows tr")) == 2)
+        screenshot(browser, "serve-front")
+        Select(browser.find_element(By.ID, "filter-waiting")).select_by_value("person")
+        browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
+        wait.until(lambda b: rows(b) == [asked.trace_id])
+        assert "waiting on person" in text_of(browser, "trace-rows")
+        browser.find_element(By.CSS_SELECTOR, "#trace-rows a").click()
+        wait.until(lambda b: b.find_elements(By.ID, "reply-input"))
+        assert "asks: Which colour?" in text_of(browser, "reply-form")
+        browser.find_element(By.ID, "reply-input").send_keys("green")
+        browser.find_element(By.CSS_SELECTOR, "#reply-form button").click()
+        wait_until(lambda: store.get_trace(asked.trace_id).status == "completed", 30, "reply")
+        assert store.get_trace(asked.trace_id).answer == "painted it green"
+        wait.until(lambda b: not b.find_elements(By.ID, "reply-input"))  # answered: gone
+        browser.get(f"{url}/?trace={idle}")
+        wait.until(lambda b: text_of(b, "tree-totals").startswith("tree: queued"))
+        browser.find_element(By.ID, "stop").click()
+        wait_until(lambda: store.get_trace(idle).status == "stopped", 30, "the stop")
+        assert script_errors(browser) == []
+
+
+def rows(browser: webdriver.Chrome) -> list[str]:
+    found = browser.find_elements(By.CSS_SELECTOR, "#trace-rows tr")
+    return [str(r.get_attribute("data-trace-id")) for r in found]
+
+
+def test_an_action_from_another_origin_or_without_the_token_is_refused(
+    store: RedisStore, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    local = actions_with(store, tmp_path, ScriptedModel(function=asker))
+    asked = local.run("paint the shed", model="m").trace_id
+    with serving(ServeConfig(store=store, actions=local)) as target, attacker(tmp_path) as evil:
+        reply = f"{target}/api/traces/{asked}/reply"
+        browser.get(f"{target}/")  # same origin, but no CSRF token: 403
+        assert browser.execute_async_script(FETCH, reply, {}, "cors") == 403
+        forged = {"X-Fleet-CSRF": "guessed-" + "x" * 30}
+        assert browser.execute_async_script(FETCH, reply, forged, "cors") == 403
+        browser.get(f"{evil}/attack.html")  # another origin, no CSP of ours in the way
+        # A custom header needs a preflight, which the service never grants.
+        assert browser.execute_async_script(FETCH, reply, forged, "cors") == "refused"
+        # A "simple" cross-site POST is sent, and refused by Origin and by the missing token.
+        assert browser.execute_async_script(FETCH, reply, {}, "no-cors") == 0  # opaque
+        session = browser.execute_async_script(FETCH_GET, f"{target}/api/session")
+        assert session == "refused", "another origin cannot read the CSRF token"
+    assert store.get_trace(asked).status == "waiting", "nothing was answered"
+
+
+@contextlib.contextmanager
+def attacker(folder: Path) -> Iterator[str]:
+    """A plain web server on another port (another origin) serving an empty page."""
+    site = folder / "site"
+    site.mkdir()
+    (site / "attack.html").write_text("<!doctype html><title>elsewhere</title>")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+FETCH = """
+const [url, headers, mode, done] = arguments;
+const body = mode === "no-cors" ? "answer=green" : JSON.stringify({answer: "green"});
+fetch(url, {method: "POST", mode, headers, body}).then(r => done(r.status), () => done("refused"));
+"""
+FETCH_GET = """
+const [url, done] = arguments;
+fetch(url).then(r => r.json()).then(b => done(b.csrf), () => done("refused"));
+"""
+
+
+def wide_tree(store: RedisStore, branches: int) -> tuple[str, int]:
+    """A finished explore of `branches` branches written straight into the store; its root
+    and the number of events its stream holds."""
+    root, t0 = "wide-root", 1_800_000_000_000
+    stats = TraceStats(prompt_tokens=100, completion_tokens=20, cost_usd=0.001)
+    traces = [Trace(trace_id=root, root_trace_id=root, task="wide", status="completed")]
+    events = [
+        Event(kind="trace", trace_id=root, status="queued", at_ms=t0 - 100),
+        Event(kind="trace", trace_id=root, status="running", at_ms=t0 - 50),
+        Event(kind="trace", trace_id=root, status="waiting", at_ms=t0),
+    ]
+    for i in range(1, branches + 1):
+        child = f"{root}@explore-{i:04d}"
+        traces.append(
+            Trace(
+                trace_id=child,
+                root_trace_id=root,
+                parent_trace_id=root,
+                mode="explore",
+                name=f"explore-{i:04d}",
+                task=f"Branch {i}",
+                status="completed",
+                stats=stats,
+                created_at_ms=t0 + i,
+                finished_at_ms=t0 + 3000 + 3 * i,
+            )
+        )
+        data = {"parent_trace_id": root, "name": f"explore-{i:04d}", "mode": "explore"}
+        events += [
+            Event(kind="collaborator", trace_id=child, status="queued", data=data, at_ms=t0 + i),
+            Event(kind="trace", trace_id=child, status="running", at_ms=t0 + 1000 + 2 * i),
+            Event(kind="message", trace_id=child, data={"role": "assistant"}, at_ms=t0 + 1500),
+            Event(kind="finish", trace_id=child, status="completed", at_ms=t0 + 3000 + 3 * i),
+        ]
+    events.append(Event(kind="finish", trace_id=root, status="completed", at_ms=t0 + 9000))
+    store.create_traces(traces)
+    for event in events:
+        store.emit(root, event)
+    return root, len(events)
+
+
+@pytest.mark.parametrize("branches", [100, 1000])
+def test_render_time_of_a_wide_tree(
+    store: RedisStore,
+    browser: webdriver.Chrome,
+    tmp_path: Path,
+    branches: int,
+    record_property: Any,
+) -> None:
+    """Measured, not asserted (speed is judged in bench/): every row is there, few in the DOM."""
+    root, events = wide_tree(store, branches)
+    local = actions_with(store, tmp_path, ScriptedModel())
+    wait = WebDriverWait(browser, 120, poll_frequency=0.05)
+    with serving(ServeConfig(store=store, actions=local)) as url:
+        browser.get(f"{url}/?trace={root}&view=timeline")
+        wait.until(lambda b: page_value(b, "events") == events)
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".node")) == branches + 1)
+        wait.until(lambda b: page_value(b, "timeline.rows.size") == branches + 1)
+        timings = {
+            "listed_ms": round(page_value(browser, "timings.listed_ms")),
+            "all_events_ms": round(page_value(browser, "lastEventAt")),
+            "redraw_ms": redraw_ms(browser),
+            "dom_rows": len(browser.find_elements(By.CSS_SELECTOR, ".tl-row")),
+        }
+        assert timings["dom_rows"] < 80, "the timeline's rows are virtualised"
+        browser.execute_script("document.getElementById('timeline-scroll').scrollTop = 1e9")
+        last = f"{root}@explore-{branches:04d}"
+        wait.until(lambda b: segment_kinds(b, last) == {"queued", "running"})
+        assert script_errors(browser) == []
+    record_property("render", timings)
+    print(f"\nrender at {branches} branches: {json.dumps(timings)}")  # noqa: T201
+
+
+def redraw_ms(browser: webdriver.Chrome) -> float:
+    """The median of 5 full redraws of the timeline (ms)."""
+    took = browser.execute_script(
+        "const t = window.fleetPage.timeline; const out = [];"
+        "for (let i = 0; i < 5; i++) { window.fleetPage.draw(); out.push(t.drawMs); }"
+        "return out.sort((a, b) => a - b)[2];"
+    )
+    return round(float(took), 2)
