@@ -36,9 +36,9 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
 def statuses(browser: webdriver.Chrome) -> dict[str, str]:
     nodes = browser.find_elements(By.CSS_SELECTOR, ".node")
     return {
-        str(n.get_attribute("data-trace-id")): n.find_element(
-            By.CSS_SELECTOR, ".status"
-        ).get_attribute("textContent")
+        str(n.get_attribute("data-trace-id")): str(
+            n.find_element(By.CSS_SELECTOR, ".status").get_attribute("textContent")
+        )
         for n in nodes
     }
 

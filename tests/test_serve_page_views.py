@@ -106,8 +106,8 @@ def test_conversation_timeline_and_budget_of_an_explore(
         assert "4 traces" in text_of(browser, "tree-totals")
         assert f"models answered: {model}" in text_of(browser, "tree-models")
         browser.find_element(By.ID, "tab-timeline").click()
-        for child in children:  # every branch: queued (announced), then running
-            wait.until(lambda b, c=child: {"queued", "running"} <= segment_kinds(b, c))
+        both = {"queued", "running"}  # every branch: queued (announced), then running
+        wait.until(lambda b: all(both <= segment_kinds(b, c) for c in children))
         assert {"running", "children"} <= segment_kinds(browser, root)
         screenshot(browser, "serve-timeline")
         label = f".tl-row[data-trace-id='{children[0]}'] .tl-label"
