@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
@@ -70,7 +71,16 @@ def actions_with(store: RedisStore, tmp_path: Path, model: ScriptedModel) -> Loc
 
 
 def waiter(browser: webdriver.Chrome) -> WebDriverWait[webdriver.Chrome]:
-    return WebDriverWait(browser, 30, poll_frequency=0.1)
+    """Waits that look again when the page re-rendered what they held (a live page does)."""
+    return WebDriverWait(
+        browser, 30, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    )
+
+
+def clicked(browser: webdriver.Chrome, selector: str) -> bool:
+    """Click what `selector` finds (a wait looks again if a re-render made it stale)."""
+    browser.find_element(By.CSS_SELECTOR, selector).click()
+    return True
 
 
 def text_of(browser: webdriver.Chrome, element_id: str) -> str:
@@ -111,17 +121,29 @@ def test_conversation_timeline_and_budget_of_an_explore(
         assert {"running", "children"} <= segment_kinds(browser, root)
         screenshot(browser, "serve-timeline")
         label = f".tl-row[data-trace-id='{children[0]}'] .tl-label"
-        browser.find_element(By.CSS_SELECTOR, label).click()
+        wait.until(lambda b: clicked(b, label))
+        wait.until(lambda b: text_of(b, "messages-title") == children[0])
         wait.until(lambda b: "done: Branch 1" in text_of(b, "message-list"))
-        call = browser.find_element(By.CSS_SELECTOR, "#message-list .tool-call")
-        assert call.find_element(By.CSS_SELECTOR, ".call-name").text == "→ list_dir"
-        assert '"path": "."' in call.find_element(By.CSS_SELECTOR, "pre.arguments").text
-        assert "model.yaml" in call.find_element(By.CSS_SELECTOR, ".tool-result").text
-        system = browser.find_element(By.CSS_SELECTOR, "#message-list details.collapsed")
-        assert system.get_attribute("open") is None  # the system prompt starts collapsed
+        shown = browser.execute_script(CONVERSATION)
+        assert shown["call"] == "→ list_dir"
+        assert '"path": "."' in shown["arguments"]
+        assert "model.yaml" in shown["result"]
+        assert shown["system_open"] is False  # the system prompt starts collapsed
         browser.find_element(By.ID, "tab-tree").click()
         screenshot(browser, "serve-conversation")
         assert script_errors(browser) == []
+
+
+CONVERSATION = """
+const list = document.getElementById("message-list");
+const call = list.querySelector(".tool-call");
+return {
+  call: call.querySelector(".call-name").textContent,
+  arguments: call.querySelector("pre.arguments").textContent,
+  result: call.querySelector(".tool-result").textContent,
+  system_open: list.querySelector("details.collapsed").open,
+};
+"""
 
 
 def hostile_model(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
@@ -176,7 +198,7 @@ def test_the_front_page_filters_to_waiting_and_a_reply_and_a_stop_reach_the_tree
         browser.find_element(By.CSS_SELECTOR, "#filters button[type=submit]").click()
         wait.until(lambda b: rows(b) == [asked.trace_id])
         assert "waiting on person" in text_of(browser, "trace-rows")
-        browser.find_element(By.CSS_SELECTOR, "#trace-rows a").click()
+        wait.until(lambda b: clicked(b, "#trace-rows a"))
         wait.until(lambda b: b.find_elements(By.ID, "reply-input"))
         assert "asks: Which colour?" in text_of(browser, "reply-form")
         browser.find_element(By.ID, "reply-input").send_keys("green")
@@ -310,6 +332,8 @@ def test_render_time_of_a_wide_tree(
             "dom_rows": len(browser.find_elements(By.CSS_SELECTOR, ".tl-row")),
         }
         assert timings["dom_rows"] < 80, "the timeline's rows are virtualised"
+        if branches == 100:
+            screenshot(browser, "serve-timeline-wide")
         browser.execute_script("document.getElementById('timeline-scroll').scrollTop = 1e9")
         last = f"{root}@explore-{branches:04d}"
         wait.until(lambda b: segment_kinds(b, last) == {"queued", "running"})

@@ -5,7 +5,7 @@ import { $, api, duration, el, pageUrl, showError, tokens, usd } from "./util.js
 
 const FILTERS = ["status", "waiting", "model", "preset", "q"];
 const PAGE_SIZE = 50;
-const paging = { cursors: [""], index: 0, next: null };
+const paging = { cursors: [""], index: 0, next: null, loads: 0 };
 
 export function startFront() {
   $("front").hidden = false;
@@ -58,8 +58,10 @@ function query() {
 }
 
 async function load() {
+  const mine = ++paging.loads;
   try {
     const body = await api("/api/traces?" + query().toString());
+    if (mine !== paging.loads) return; // a later filter or page asked since: it wins
     paging.next = body.next;
     $("trace-rows").replaceChildren(...body.traces.map(row));
     $("page-next").disabled = !body.next;

@@ -139,7 +139,13 @@ export function draw() {
   const last = Math.min(timeline.order.length, Math.ceil((view.scrollTop + view.clientHeight) / ROW_PX) + OVERSCAN);
   const shown = [];
   for (let i = first; i < last; i += 1) shown.push(drawRow(timeline.rows.get(timeline.order[i]), i, t0, t1));
+  const active = document.activeElement;
+  const focused = active && active.classList.contains("tl-label") ? active.parentElement.dataset.traceId : null;
   box.replaceChildren(...shown);
+  if (focused) { // a live redraw must not take the keyboard's place away
+    const again = box.querySelector('.tl-row[data-trace-id="' + CSS.escape(focused) + '"] .tl-label');
+    if (again) again.focus({ preventScroll: true });
+  }
   $("timeline-axis").textContent = clock(t0) + " → " + clock(t1) + " (" + duration(t1 - t0) + ") · "
     + timeline.order.length + " rows";
   timeline.drawMs = performance.now() - started;
