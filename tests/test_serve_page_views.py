@@ -272,7 +272,16 @@ def wide_tree(store: RedisStore, branches: int) -> tuple[str, int]:
     and the number of events its stream holds."""
     root, t0 = "wide-root", 1_800_000_000_000
     stats = TraceStats(prompt_tokens=100, completion_tokens=20, cost_usd=0.001)
-    traces = [Trace(trace_id=root, root_trace_id=root, task="wide", status="completed")]
+    traces = [
+        Trace(
+            trace_id=root,
+            root_trace_id=root,
+            task="wide",
+            status="completed",
+            created_at_ms=t0 - 100,
+            finished_at_ms=t0 + 9000,
+        )
+    ]
     events = [
         Event(kind="trace", trace_id=root, status="queued", at_ms=t0 - 100),
         Event(kind="trace", trace_id=root, status="running", at_ms=t0 - 50),
