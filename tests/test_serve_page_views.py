@@ -20,7 +20,9 @@ import pytest
 import redis
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
@@ -131,7 +133,25 @@ def test_conversation_timeline_and_budget_of_an_explore(
         assert shown["system_open"] is False  # the system prompt starts collapsed
         browser.find_element(By.ID, "tab-tree").click()
         screenshot(browser, "serve-conversation")
+        check_the_keyboard(browser, children)
         assert script_errors(browser) == []
+
+
+def check_the_keyboard(browser: webdriver.Chrome, children: list[str]) -> None:
+    """j moves to the next trace, Enter opens it, t shows the timeline, focus shows times."""
+    wait = waiter(browser)
+    browser.execute_script("document.querySelector('.node-head').focus()")
+    keys = ActionChains(browser)
+    keys.send_keys("j").send_keys(Keys.ENTER).perform()
+    wait.until(lambda b: text_of(b, "messages-title") == children[0])
+    ActionChains(browser).send_keys("t").perform()
+    wait.until(lambda b: b.find_element(By.ID, "timeline").is_displayed())
+    label = f".tl-row[data-trace-id='{children[1]}'] .tl-label"
+    browser.execute_script(f"document.querySelector(`{label}`).focus()")
+    wait.until(lambda b: text_of(b, "timeline-hover").startswith("explore-002: queued "))
+    assert "running " in text_of(browser, "timeline-hover")
+    ActionChains(browser).send_keys(Keys.ESCAPE).perform()
+    wait.until(lambda b: not b.find_element(By.ID, "messages").is_displayed())
 
 
 CONVERSATION = """

@@ -199,5 +199,11 @@ export function startTimeline() {
     const hover = event.target.dataset && event.target.dataset.hover;
     if (hover) $("timeline-hover").textContent = hover;
   });
+  view.addEventListener("focusin", (event) => { // the keyboard's hover: the row's segments
+    if (!event.target.classList.contains("tl-label")) return;
+    const parts = event.target.parentElement.querySelectorAll(".tl-seg");
+    $("timeline-hover").textContent = event.target.textContent + ": "
+      + Array.from(parts, (part) => part.dataset.hover).join(" | ");
+  });
   setInterval(() => { if (live()) schedule(); }, 1000);
 }
