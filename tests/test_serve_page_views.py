@@ -13,6 +13,7 @@ import http.server
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
+from fleet.conversation.approval_rules import ApprovalRule
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessDispatcher
 from fleet.limits.budget import Budget, budget_state
@@ -230,6 +232,51 @@ def test_the_front_page_filters_to_waiting_and_a_reply_and_a_stop_reach_the_tree
         wait.until(lambda b: text_of(b, "tree-totals").startswith("tree: queued"))
         browser.find_element(By.ID, "stop").click()
         wait_until(lambda: store.get_trace(idle).status == "stopped", 30, "the stop")
+        assert script_errors(browser) == []
+
+
+def writer(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+    results = [m for m in messages if m["role"] == "tool"]
+    if not results:
+        return call("write_file", call_id="w1", path="out.txt", content=f"written {HOSTILE}")
+    return text(f"tool said: {results[-1]['content']}")
+
+
+def test_approve_from_the_page_and_a_rewound_conversation_offers_its_branches(
+    store: RedisStore, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    local = actions_with(store, tmp_path, ScriptedModel(function=writer))
+    default = replace(local.runtime.presets["default"], approve=(ApprovalRule("write_file"),))
+    local = LocalActions(
+        replace(local.runtime, presets={**local.runtime.presets, "default": default})
+    )
+    trace = local.run("write it", model="m").trace_id
+    wait = waiter(browser)
+    with serving(ServeConfig(store=store, actions=local)) as url:
+        browser.get(f"{url}/?trace={trace}")
+        wait.until(lambda b: b.find_elements(By.ID, "approval-form"))
+        shown = text_of(browser, "approval-form")
+        assert "wants to run write_file" in shown and "out.txt" in shown
+        browser.find_element(By.CSS_SELECTOR, "#approval-form button").click()  # Approve
+        wait_until(lambda: store.get_trace(trace).status == "completed", 30, "the approval")
+        assert (tmp_path / "out.txt").read_text() == f"written {HOSTILE}"
+        wait.until(lambda b: b.find_elements(By.ID, "continue-form"))
+        first_user = next(m for m in store.messages(trace) if m.role == "user").sequence
+        browser.find_element(By.ID, "continue-input").send_keys("write it again")
+        browser.find_element(By.ID, "continue-after").send_keys(str(first_user - 1))
+        browser.find_element(By.CSS_SELECTOR, "#continue-form button").click()
+        wait_until(lambda: store.get_trace(trace).status in ("completed", "waiting"), 30, "it")
+        wait_until(lambda: len(store.messages(trace)) > 6, 30, "the rewound turn")
+        browser.get(f"{url}/?trace={trace}")
+        wait.until(lambda b: b.find_elements(By.ID, "branch-select"))
+        select = Select(browser.find_element(By.ID, "branch-select"))
+        assert len(select.options) == 2
+        assert select.first_selected_option.text.startswith("main")
+        assert "write it again" in text_of(browser, "message-list")
+        rewound = next(o for o in select.options if o.text.startswith("rewound"))
+        select.select_by_value(str(rewound.get_attribute("value")))
+        wait.until(lambda b: "write it again" not in text_of(b, "message-list"))
+        assert "write it" in text_of(browser, "message-list")
         assert script_errors(browser) == []
 
 
