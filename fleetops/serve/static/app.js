@@ -173,9 +173,7 @@ async function showTrace(detail) {
   renderActions(detail, () => refresh(id));
   const body = await api(traceUrl(id, "/messages"));
   if (page.opened !== id) return;
-  const select = document.getElementById("branch-select");
-  const chosen = select && !$("branches").hidden ? Number(select.value) : null;
-  renderConversation(body, detail, chosen);
+  renderConversation(body, detail);
   $("messages").dataset.loaded = String(body.messages.length);
 }
 

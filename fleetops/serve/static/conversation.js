@@ -21,12 +21,24 @@ export function pathTo(messages, leaf) {
   return path.reverse();
 }
 
-export function renderConversation(body, detail, leaf) {
-  const list = $("message-list");
+const shown = { trace: null, leaf: null, body: null, detail: null };
+
+// Render the trace's conversation; the branch chosen earlier for the same trace stays.
+export function renderConversation(body, detail) {
+  const id = detail.trace.trace_id;
+  if (shown.trace !== id) { shown.trace = id; shown.leaf = null; }
+  shown.body = body;
+  shown.detail = detail;
+  draw();
+}
+
+function draw() {
+  const { body, detail } = shown;
   const branches = body.branches || [];
-  renderBranches(branches, leaf, (chosen) => renderConversation(body, detail, chosen));
-  const head = leaf !== undefined && leaf !== null ? leaf : mainLeaf(body, branches);
-  const path = head === null ? body.messages : pathTo(body.messages, head);
+  renderBranches(branches, shown.trace, shown.leaf);
+  const known = branches.some((b) => b.leaf_sequence === shown.leaf);
+  const head = known ? shown.leaf : mainLeaf(body, branches);
+  const path = head === null || head === undefined ? body.messages : pathTo(body.messages, head);
   const results = new Map();
   for (const m of path) if (m.role === "tool" && m.tool_call_id) results.set(m.tool_call_id, m);
   const items = [];
@@ -34,7 +46,7 @@ export function renderConversation(body, detail, leaf) {
     if (message.role === "tool" && message.tool_call_id && answered(path, message)) continue;
     items.push(renderMessage(message, results));
   }
-  list.replaceChildren(...items);
+  $("message-list").replaceChildren(...items);
   renderOutput(detail);
 }
 
@@ -48,10 +60,14 @@ function answered(path, tool) {
   return path.some((m) => (m.tool_calls || []).some((c) => c.id === tool.tool_call_id));
 }
 
-function renderBranches(branches, leaf, choose) {
+function renderBranches(branches, traceId, leaf) {
   const box = $("branches");
   box.hidden = branches.length < 2;
   if (branches.length < 2) return;
+  // Rebuilt only when the branches change: a live refresh must not close an open select.
+  const key = traceId + " " + branches.map((b) => b.leaf_sequence + (b.main ? "*" : "")).join(",");
+  if (box.dataset.key === key) return;
+  box.dataset.key = key;
   const select = el("select");
   select.id = "branch-select";
   select.setAttribute("aria-label", "conversation branch");
@@ -61,10 +77,10 @@ function renderBranches(branches, leaf, choose) {
       + (turns[turns.length - 1] || "").slice(0, 60);
     const option = el("option", null, text);
     option.value = String(branch.leaf_sequence);
-    option.selected = leaf === undefined || leaf === null ? branch.main : branch.leaf_sequence === leaf;
+    option.selected = leaf === null ? branch.main : branch.leaf_sequence === leaf;
     select.append(option);
   }
-  select.addEventListener("change", () => choose(Number(select.value)));
+  select.addEventListener("change", () => { shown.leaf = Number(select.value); draw(); });
   box.replaceChildren(el("label", null, "branch "), select);
 }
 
