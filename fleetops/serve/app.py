@@ -109,9 +109,9 @@ class _Base(tornado.web.RequestHandler):
         """Refuse before any work: bad token, foreign Host, cross-site POST, no CSRF, big body."""
         try:
             check_request(self.request, self.config.token)
+            check_body_size(self.request)
             if self.request.method == "POST":
                 check_csrf(self.request, self.config.csrf)
-            check_body_size(self.request)
         except ApiError:
             self.refused_unread = True
             raise
