@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import yaml
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
@@ -118,3 +119,41 @@ def check_the_tree(browser: webdriver.Chrome, fleet: Fleet, root: str) -> None:
     assert [c.text.split(":")[0] for c in collaborators] == [
         f"explore-{i:03d} [agent, completed]" for i in range(1, BRANCHES + 1)
     ]
+
+
+def test_a_reply_and_a_stop_from_the_page_reach_a_tree_on_real_workers(
+    redis_url: str, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    """Through `fleet serve` (its `Fleet` client enqueues) and a Celery worker."""
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.flushdb()
+    fleet = client(fleet_settings(redis_url, tmp_path))
+    steps = [
+        {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
+        {"content": "painted it {last_tool}"},
+    ]
+    asker = tmp_path / "ask.yaml"
+    asker.write_text(yaml.safe_dump({"scripts": [{"match": ".*", "steps": steps}]}))
+    slow = explore_script(tmp_path / "slow.yaml", 2, latency_ms=1500, branch_turns=20)
+    wait = WebDriverWait(browser, 60, poll_frequency=0.1)
+    worker_env = {"FLEET_WORKSPACE": str(tmp_path)}
+    with start_worker(redis_url, concurrency=4, env_extra=worker_env) as worker:
+        wait_for_workers(redis_url, [worker.name], timeout_s=30)
+        asked = fleet.submit("paint the shed", model=f"scripted:{asker}").trace_id
+        wait_until(lambda: fleet.trace(asked).status == "waiting", 30, "the question")
+        busy = fleet.submit("survey slowly", model=slow).trace_id
+        with serve_process(redis_url) as url:
+            browser.get(f"{url}/?trace={asked}")
+            wait.until(lambda b: b.find_elements(By.ID, "reply-input"))
+            browser.find_element(By.ID, "reply-input").send_keys("green")
+            browser.find_element(By.CSS_SELECTOR, "#reply-form button").click()
+            wait_until(lambda: fleet.trace(asked).status == "completed", 30, "the reply")
+            assert fleet.trace(asked).answer == "painted it green"
+            wait_until(lambda: len(fleet.store.children(busy)) == 2, 30, "the branches")
+            browser.get(f"{url}/?trace={busy}")
+            wait.until(lambda b: len(statuses(b)) == 3)
+            browser.find_element(By.ID, "stop").click()
+            tree = [busy, *fleet.store.children(busy)]
+            wait_until(lambda: {fleet.trace(t).status for t in tree} == {"stopped"}, 30, "the stop")
+            wait.until(lambda b: set(statuses(b).values()) == {"stopped"})
+            assert script_errors(browser) == []
