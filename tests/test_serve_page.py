@@ -154,6 +154,12 @@ def test_a_reply_and_a_stop_from_the_page_reach_a_tree_on_real_workers(
             wait.until(lambda b: len(statuses(b)) == 3)
             browser.find_element(By.ID, "stop").click()
             tree = [busy, *fleet.store.children(busy)]
-            wait_until(lambda: {fleet.trace(t).status for t in tree} == {"stopped"}, 30, "the stop")
+            try:
+                wait_until(lambda: {fleet.trace(t).status for t in tree} == {"stopped"}, 60, "")
+            except AssertionError:
+                shown = {t: (fleet.trace(t).status, fleet.store.stop_requested(t)) for t in tree}
+                raise AssertionError(
+                    f"not stopped: {shown}; page: {script_errors(browser)}"
+                ) from None
             wait.until(lambda b: set(statuses(b).values()) == {"stopped"})
             assert script_errors(browser) == []
