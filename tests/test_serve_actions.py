@@ -270,3 +270,20 @@ def test_a_bad_action_body_is_a_400_and_changes_nothing(
     response = http.post(f"/api/traces/{trace.trace_id}/{action}", content=body, headers=csrf(http))
     assert response.status_code == 400 and says in response.json()["error"]
     assert store.get_trace(trace.trace_id) == before
+
+
+def test_with_a_bearer_token_replicas_share_the_csrf_token_and_it_is_not_the_bearer(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    token = "s3cret-token-for-tests-0123456789"
+    actions = local(store, tmp_path, ScriptedModel())
+    store.create_trace(Trace(trace_id="t1", root_trace_id="t1", task="x"))
+    one, two = (ServeConfig(store=store, actions=actions, token=token) for _ in range(2))
+    assert one.csrf == two.csrf and token not in one.csrf
+    loopback = ServeConfig(store=store, actions=actions)
+    assert loopback.csrf != ServeConfig(store=store, actions=actions).csrf  # random per process
+    bearer = {"Authorization": f"Bearer {token}"}
+    with serving(one) as url, httpx.Client(base_url=url, timeout=10, headers=bearer) as http:
+        assert http.get("/api/session").json() == {"csrf": one.csrf, "token_required": True}
+        stopped = http.post("/api/traces/t1/stop", headers={"X-Fleet-CSRF": two.csrf})
+        assert stopped.json() == {"stopped": ["t1"]}
