@@ -515,6 +515,18 @@ def orphaned_spawn(options: Options) -> Row:
     return row
 
 
+def sentinel_failover(options: Options, replica_behind_s: float = 0.0) -> Row:
+    """The master of a Sentinel group SIGKILLed mid-explore (`bench/failover.py`)."""
+    from bench import failover
+
+    done = failover.run(options.runs, lambda line: None, replica_behind_s)
+    row = Row(done.name, runs=done.runs, completed=done.completed, lost=done.lost)
+    row.duplicated = sum(o.duplicated for o in done.outcomes)
+    row.recovery_s = [o.recovery_s for o in done.outcomes if o.ended]
+    row.notes = [f"{done.failed} ended failed with an error", *done.notes]
+    return row
+
+
 SCENARIOS: dict[str, Callable[[Options], Row | list[Row]]] = {
     "up-kill": kill_under_up,
     "worker-kill": kill_independent,
@@ -524,6 +536,8 @@ SCENARIOS: dict[str, Callable[[Options], Row | list[Row]]] = {
     "outage": broker_outage,
     "provider": provider_errors,
     "orphan": orphaned_spawn,
+    "failover": sentinel_failover,
+    "failover-lag": lambda options: sentinel_failover(options, replica_behind_s=1.0),
 }
 
 

@@ -38,7 +38,8 @@ from fleet.conversation.roots import TaskSpec, create_root  # noqa: E402
 from fleet.limits.budget import Budgets  # noqa: E402
 from fleet.limits.gate import Gate  # noqa: E402
 from fleet.limits.providers import Limiter  # noqa: E402
-from fleet.llm.config import FleetConfig, ProviderConfig, make_client  # noqa: E402
+from fleet.llm.clients import make_client  # noqa: E402
+from fleet.llm.config import FleetConfig, ProviderConfig  # noqa: E402
 from fleet.loop.runner import Runner  # noqa: E402
 from fleet.runtime import Runtime  # noqa: E402
 from fleet.settings import Settings  # noqa: E402

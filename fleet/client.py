@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -14,6 +14,7 @@ from fleet import lifecycle
 from fleet.control import subtree
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
+from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable, ConfigError, FleetError
@@ -29,6 +30,7 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore
 from fleet.storage.watchdog import QueueWatch, check_served
+from fleet.tools.imagesource import load_images
 
 if TYPE_CHECKING:
     from fleet.batch.run import BatchEntry, BatchResult
@@ -111,7 +113,7 @@ class Fleet:
         from fleet.storage.redis_store import RedisStore
 
         settings = settings or process_settings()
-        store = RedisStore.from_url(settings.redis_url)
+        store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
         store.ping()
         runtime = Runtime.build(settings, store, InProcessDispatcher())
         return cls(runtime, load_backend(settings))
@@ -128,6 +130,7 @@ class Fleet:
         budget: Budget | None = None,
         max_concurrent: int | None = None,
         priority: Priority = "interactive",
+        images: Sequence[str | Path] = (),
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
@@ -142,11 +145,39 @@ class Fleet:
                 docs/limits.md.
             max_concurrent: Children of the tree running at once.
             priority: `batch` trees are served after `interactive` ones.
+            images: File paths (read here) or http(s) URLs (fetched here, through the SSRF
+                guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
         """
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
-        spec = replace(spec, budget=budget, max_concurrent=max_concurrent, priority=priority)
-        chosen = (workspace or self.runtime.settings.workspace).expanduser().resolve()
-        check_served(self.store, self.backend.queue(mode), chosen)
+        loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
+        return self.submit_spec(
+            replace(spec, images=loaded),
+            budget=budget,
+            max_concurrent=max_concurrent,
+            priority=priority,
+        )
+
+    def submit_spec(
+        self,
+        spec: TaskSpec,
+        *,
+        model: str | None = None,
+        workspace: Path | None = None,
+        budget: Budget | None = None,
+        max_concurrent: int | None = None,
+        priority: Priority = "interactive",
+    ) -> Handle:
+        """Create and enqueue the root of `spec`; the keyword options override its fields."""
+        spec = replace(
+            spec,
+            model=model or spec.model,
+            workspace=workspace or spec.workspace,
+            budget=budget,
+            max_concurrent=max_concurrent,
+            priority=priority,
+        )
+        chosen = (spec.workspace or self.runtime.settings.workspace).expanduser().resolve()
+        check_served(self.store, self.backend.queue(spec.mode), chosen)
         trace = create_root(self.runtime, spec)
         try:
             self.enqueue(trace, priority)
@@ -167,6 +198,20 @@ class Fleet:
         """One read-only explore sub-agent per task, in parallel."""
         options.setdefault("preset", "explore")
         return [self.submit(t, mode="explore", **options) for t in tasks]
+
+    def explore_tree(
+        self, tasks: Sequence[str], *, preset: str = "explore", **options: Any
+    ) -> Handle:
+        """One tree: a root that explores `tasks`, one read-only branch each, no model deciding.
+
+        The root's answer is every branch's result and its collaborators are the branches,
+        so budgets, limits and `stop` apply to the whole exploration
+        (`fleet.conversation.fanout`). `options` are `submit_spec`'s (model, workspace,
+        budget, max_concurrent, priority).
+        """
+        chosen = tuple(tasks)
+        spec = TaskSpec(fan_out_task(chosen), fan_out=chosen, fan_out_preset=preset)
+        return self.submit_spec(spec, **options)
 
     def evaluate(self, goal: str, **options: Any) -> Handle:
         """A read-only judge of whether `goal` is met in the workspace."""
@@ -288,8 +333,8 @@ class Fleet:
             NoLiveWorkers: no live worker consumed a queue the trace needs for
                 `Settings.no_worker_timeout_s`; the trace is left as it is.
         """
-        root = self.store.get_trace(trace_id).root_trace_id
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        root = self._reachable(lambda: self.store.get_trace(trace_id), deadline).root_trace_id
         watch = QueueWatch(
             self.store, trace_id, self.backend.queue, self.runtime.settings.no_worker_timeout_s
         )
@@ -318,6 +363,20 @@ class Fleet:
             if finished and not batch:
                 return  # its `finish` fell off the capped stream
 
+    def _reachable(self, read: Callable[[], Trace], deadline: float | None) -> Trace:
+        """`read()`, tried again every OUTAGE_RETRY_S while Redis is away until `deadline`.
+
+        Away: a restart, or a Sentinel failover before the new master is named.
+        """
+        while True:
+            try:
+                return read()
+            except Exception as exc:
+                late = deadline is not None and time.monotonic() > deadline
+                if late or not self.store.unavailable(exc):
+                    raise
+            time.sleep(OUTAGE_RETRY_S)
+
     def _poll(
         self, trace_id: str, root: str, cursor: str, watch: QueueWatch, block_ms: int
     ) -> tuple[bool, list[tuple[str, Event]]] | None:
@@ -341,7 +400,8 @@ class Fleet:
         """Block until the trace ends, reading its event stream (of run `turn`)."""
         for _ in self.events(trace_id, timeout_s, turn=turn):
             pass
-        trace = self.store.get_trace(trace_id)
+        deadline = time.monotonic() + (timeout_s or self.runtime.settings.no_worker_timeout_s)
+        trace = self._reachable(lambda: self.store.get_trace(trace_id), deadline)
         if not trace.is_terminal:
             raise FleetError(f"trace {trace_id!r} ended its event stream in {trace.status!r}")
         return trace

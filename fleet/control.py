@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fleet.models import now_ms
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords, TraceStore
 
 
-def subtree(store: TraceStore, trace_id: str) -> list[str]:
+def subtree(store: TraceRecords, trace_id: str) -> list[str]:
     """The trace and all its descendants, parents first."""
     out, frontier = [], [trace_id]
     while frontier:

@@ -6,13 +6,15 @@ Protocol lives in `fleet.runtime`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from fleet.children import settling
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace
+from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
@@ -22,6 +24,7 @@ from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.storage.memory_store import MemoryStore
 from fleet.storage.store import TraceStore
+from fleet.tools.imagesource import load_images
 
 
 class InProcessDispatcher:
@@ -37,10 +40,12 @@ class InProcessDispatcher:
         """Run every child to its end, then collect them into the parent."""
         runner = Runner(runtime)
         ids = list(request.child_ids)
-        if len(ids) == 1:
-            run_to_end(runner, ids[0])
+        width = min(len(ids), self.max_parallel, _max_concurrent(runtime, request.root_trace_id))
+        if width == 1:
+            for child in ids:
+                run_to_end(runner, child)
         else:
-            with ThreadPoolExecutor(min(len(ids), self.max_parallel), "fleet-branch") as pool:
+            with ThreadPoolExecutor(width, "fleet-branch") as pool:
                 list(pool.map(lambda child: run_to_end(runner, child), ids))
         # Every child ran to its end here, so this settles the call (a child whose runner
         # lost its lease leaves it `Waiting`: nothing of it would be true yet).
@@ -67,7 +72,7 @@ class InProcessFleet:
     ) -> InProcessFleet:
         """In-memory store unless `redis` (FLEET_REDIS_URL) or a store is given."""
         if store is None:
-            store = _redis_store(settings.redis_url) if redis else MemoryStore()
+            store = _redis_store(settings) if redis else MemoryStore()
         runtime = Runtime.build(
             settings,
             store,
@@ -84,9 +89,23 @@ class InProcessFleet:
         model: str | None = None,
         preset: str = "default",
         metadata: Mapping[str, Any] | None = None,
+        images: Sequence[str | Path] = (),
     ) -> Trace:
-        """Create a root trace, run it until it ends or waits on a person, return it."""
-        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata)
+        """Create a root trace, run it until it ends or waits on a person, return it.
+
+        `images`: file paths or http(s) URLs shown to the model with the task.
+        """
+        loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
+        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata, images=loaded)
+        trace = create_root(self.runtime, spec)
+        return self._run(trace.trace_id)
+
+    def explore(
+        self, tasks: Sequence[str], *, model: str | None = None, preset: str = "explore"
+    ) -> Trace:
+        """One tree exploring `tasks` (a fan-out root, `fleet.conversation.fanout`), run."""
+        chosen = tuple(tasks)
+        spec = TaskSpec(fan_out_task(chosen), model, fan_out=chosen, fan_out_preset=preset)
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 
@@ -117,9 +136,15 @@ class InProcessFleet:
         return self.store.get_trace(trace_id)
 
 
-def _redis_store(url: str) -> TraceStore:
+def _max_concurrent(runtime: Runtime, root_trace_id: str) -> int:
+    """The tree's `max_concurrent` (its schedule), or no cap: how many branches run at once."""
+    schedule = runtime.trees.schedule(root_trace_id) if runtime.trees is not None else None
+    return (schedule.max_concurrent if schedule is not None else None) or 1_000_000
+
+
+def _redis_store(settings: Settings) -> TraceStore:
     from fleet.storage.redis_store import RedisStore
 
-    store = RedisStore.from_url(url)
+    store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
     store.ping()
     return store

@@ -18,6 +18,9 @@ Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped
 CollaboratorStatus = Literal["running", "waiting", "completed", "failed", "stopped"]
 CollaboratorType = Literal["agent", "human", "approval"]
 Role = Literal["system", "user", "assistant", "tool"]
+Content = str | list[dict[str, Any]] | None
+"""A message's content: text, or a list of OpenAI-format parts (`text`, and `image_ref`:
+an image stored once per tree by the store, never its bytes; see `fleet.storage.images`)."""
 
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "stopped"})
 
@@ -39,6 +42,10 @@ class TraceStats(_Model):
     completion_tokens: int = 0
     cost_usd: float = 0.0
     duration_ms: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the provider's prompt cache served (part of `prompt_tokens`)."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to the provider's prompt cache (part of `prompt_tokens`)."""
 
 
 class Collaborator(_Model):
@@ -66,7 +73,7 @@ class Message(_Model):
     parent_sequence: int | None = None
     """The message before this one on its branch; None for the first message."""
     role: Role
-    content: str | None = None
+    content: Content = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -76,6 +83,10 @@ class Message(_Model):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    cached_tokens: int = 0
+    """Of `prompt_tokens`, read from the provider's prompt cache."""
+    cache_write_tokens: int = 0
+    """Of `prompt_tokens`, written to the provider's prompt cache."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at_ms: int = Field(default_factory=now_ms)
 
@@ -93,6 +104,31 @@ class Message(_Model):
         return out
 
 
+def text_of(content: Content) -> str:
+    """The text of a message's content; each image part is shown as a placeholder."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(
+        str(part.get("text", "")) if part.get("type") == "text" else image_placeholder(part)
+        for part in content
+    )
+
+
+def image_placeholder(part: dict[str, Any]) -> str:
+    """`[image PNG 800x600, 12.3 KB]` for an `image_ref` part (what people are shown)."""
+    ref = part.get("image_ref") or {}
+    kind = str(ref.get("media_type", "image/?")).removeprefix("image/").upper()
+    size_kb = int(ref.get("bytes", 0)) / 1000
+    return f"[image {kind} {ref.get('width', '?')}x{ref.get('height', '?')}, {size_kb:.1f} KB]"
+
+
+class DomainLayer(_Model):
+    """One layer of a parent's web domain filter (`fleet.tools.webfilter.DomainRules`)."""
+
+    allow: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+
+
 class ToolCeiling(_Model):
     """The most a trace may do, whatever its preset says: what its parent could do.
 
@@ -106,6 +142,9 @@ class ToolCeiling(_Model):
     read_only: bool = False
     mcp: list[str] | None = None
     """MCP servers the parent could use; None: no limit."""
+    web: list[DomainLayer] = Field(default_factory=list)
+    """The parent's web domain filter beyond fleet.yaml's: the child's own preset's filter
+    is narrowed by every layer (never widened)."""
 
 
 class Trace(_Model):
@@ -146,6 +185,14 @@ class Trace(_Model):
     def is_terminal(self) -> bool:
         """True once the trace completed, failed or was stopped."""
         return self.status in TERMINAL
+
+
+def task_images(trace: Trace) -> str:
+    """`2 image(s): [image PNG 800x600, 12.3 KB], ...` for a task given images; else ""."""
+    refs = [p for p in trace.context.get("images") or [] if isinstance(p, dict)]
+    if not refs:
+        return ""
+    return f"{len(refs)} image(s): " + ", ".join(image_placeholder(p) for p in refs[:5])
 
 
 class TracePatch(TypedDict, total=False):

@@ -31,7 +31,7 @@ from fleet.history import main_path, open_turn
 from fleet.lifecycle import PERSON_KEY
 from fleet.models import Trace
 from fleet.storage import outbox
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords, TraceStore
 
 MAX_HEALS = 3
 """Remedies per trace before it fails as lost."""
@@ -225,7 +225,7 @@ def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
     return _waiting(store, state, trace)
 
 
-def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
+def _waiting(store: TraceRecords, state: TreeState, trace: Trace) -> Remedy | None:
     if PERSON_KEY in trace.metadata:
         return None  # a person (and the wait's deadline) owns it: a question or an approval
     kids = [state.traces[c] for c in state.children.get(trace.trace_id, []) if c in state.traces]
@@ -253,7 +253,7 @@ def _or_fail(remedy: Remedy) -> Remedy:
     return Fail(remedy.trace, f"lost: {remedy.why}; still so after {heals} attempts to heal it")
 
 
-def tree_ended(store: TraceStore, root_trace_id: str) -> bool:
+def tree_ended(store: TraceRecords, root_trace_id: str) -> bool:
     """True when the root and every descendant ended (or the root is gone)."""
     frontier = [root_trace_id]
     while frontier:

@@ -8,20 +8,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from fleet.experiences.embedding import Embedder, IndexedExperiences, make_embedder
 from fleet.experiences.outcomes import with_outcomes
-from fleet.experiences.store import ExperienceStore, MemoryExperiences
+from fleet.experiences.store import EXPERIENCES, ExperienceStore
+from fleet.limits.backends import LIMITS
 from fleet.limits.gate import Gate
-from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
-from fleet.limits.trees import Trees
+from fleet.limits.protocols import TreeSchedules
 from fleet.llm.base import LLMClient
+from fleet.llm.clients import make_client, validate_model
 from fleet.llm.config import (
     FleetConfig,
     load_config,
-    make_client,
     resolve_model_name,
-    validate_model,
 )
 from fleet.llm.retry import DEFAULT_RETRY
+from fleet.llm.vision import Wire
 from fleet.mcp.sessions import McpSessions
 from fleet.models import Mode, Trace
 from fleet.observe.hooks import NO_HOOKS, Hooks
@@ -29,11 +30,13 @@ from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
 from fleet.security.redact import SHAPES_ONLY, Redactor
 from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
+from fleet.storage.images import ImageStore, image_store
 from fleet.storage.leases import LeaseKeeper
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services, TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
-from fleet.tools.webfilter import OPEN, DomainFilter
+from fleet.tools.webfilter import OPEN, DomainFilter, DomainRules
+from fleet.tools.websearch.cache import SearchCache
 from fleet.tools.websearch.service import SearchService
 
 
@@ -91,9 +94,9 @@ class Runtime:
     presets: Mapping[str, AgentPreset]
     tools: ToolRegistry
     gate: Gate
-    """Budgets and provider limits in front of every model call (none for the memory store)."""
-    trees: Trees | None = None
-    """Each tree's schedule and run window (Redis store only)."""
+    """Budgets and provider limits in front of every model call (the store keeps them)."""
+    trees: TreeSchedules | None = None
+    """Each tree's schedule and run window (`build` takes the store's)."""
     hooks: Hooks = NO_HOOKS
     clients: dict[str, LLMClient] = field(default_factory=dict)
     """Model name -> client; tests put scripted models here, others are built on demand."""
@@ -107,6 +110,8 @@ class Runtime:
     """The process's MCP sessions, when fleet.yaml declares `mcp_servers` (started on use)."""
     experiences: ExperienceStore | None = None
     """Rules learnt from earlier runs (`fleet.experiences`); `build` gives one per store."""
+    embedder: Embedder | None = None
+    """fleet.yaml's `experiences.embedding_model`, which then ranks them; None: BM25."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -126,7 +131,8 @@ class Runtime:
         presets = load_presets(
             settings.agents_dir, settings.env, workspace_roots=settings.workspace_roots
         )
-        experiences = _experiences(store)
+        embedder = make_embedder(config, settings.env)
+        experiences = _experiences(store, embedder)
         return cls(
             store=store,
             dispatcher=dispatcher,
@@ -135,9 +141,10 @@ class Runtime:
             presets=presets,
             tools=default_registry(),
             gate=gate,
-            trees=_trees(store),
+            trees=store.capability(LIMITS).trees,
             hooks=with_outcomes(hooks, experiences, presets),
             experiences=experiences,
+            embedder=embedder,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=redactor,
@@ -171,6 +178,26 @@ class Runtime:
         alias = self.config.models.get(model_name)
         return alias.context_window if alias is not None else None
 
+    @property
+    def images(self) -> ImageStore:
+        """The tree images beside the store (`fleet.storage.images`)."""
+        return image_store(self.store)
+
+    def wire_of(self, model_name: str) -> Wire | None:
+        """The wire format of a model (`openai`, `anthropic`); None for a scripted one."""
+        alias = self.config.models.get(model_name)
+        if alias is not None and alias.provider in self.config.providers:
+            return self.config.providers[alias.provider].kind
+        prefix = model_name.split(":", 1)[0]
+        if prefix in self.config.providers:
+            return self.config.providers[prefix].kind
+        return None
+
+    def has_vision(self, model_name: str) -> bool:
+        """False when fleet.yaml says the model alias takes no images (`vision: false`)."""
+        alias = self.config.models.get(model_name)
+        return alias is None or alias.vision
+
     def permissions(self, trace: Trace) -> AgentPreset:
         """What `trace` may do: its preset within the ceiling it inherited.
 
@@ -183,9 +210,26 @@ class Runtime:
         return preset.within(ceiling.allowed, ceiling.denied, read_only, ceiling.mcp)
 
     def web_filter(self, trace: Trace) -> DomainFilter:
-        """fleet.yaml's `web:` filter, narrowed by the preset `trace` runs (never widened)."""
-        fleet_wide = OPEN.narrowed(self.config.web.rules())
-        return fleet_wide.narrowed(self.preset(trace.preset).web)
+        """fleet.yaml's `web:` filter, narrowed by the parent's and the preset's (never widened).
+
+        The first layer is always fleet.yaml's (`child_ceiling` passes on the others).
+        """
+        narrowed = OPEN.narrowed(self.config.web.rules())
+        for layer in trace.ceiling.web:  # the parent's filter: a child's ceiling
+            allow = None if layer.allow is None else tuple(layer.allow)
+            narrowed = narrowed.narrowed(DomainRules(allow, tuple(layer.deny)))
+        return narrowed.narrowed(self.preset(trace.preset).web)
+
+    def search_cache(self, trace: Trace) -> SearchCache | None:
+        """The cache of `web_search` answers when `trace`'s preset allows one."""
+        preset = self.preset(trace.preset)
+        search = self.search
+        if not preset.cache_ttl_s or "web_search" not in preset.cache_tools or search is None:
+            return None
+        provider = repr(search)
+        if isinstance(search, SearchService):  # its address and key digest, never the key
+            provider = f"{search.scopes[0].name} {search.config.base_url}"
+        return SearchCache(self.store, preset.cache_ttl_s, provider)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""
@@ -234,37 +278,22 @@ class Runtime:
 
 
 def _search(
-    config: FleetConfig, settings: Settings, store: TraceStore, gate: Gate, redactor: Redactor
+    config: FleetConfig, settings: Settings, store: Services, gate: Gate, redactor: Redactor
 ) -> WebSearcher | None:
-    """The search provider fleet.yaml names, counting on the store's Redis when it has one."""
-    from fleet.storage.redis_store import RedisStore
-
+    """The search provider fleet.yaml names, counting each tree's searches beside the store."""
     if config.search is None:
         return None
-    counter: SearchCounter = (
-        RedisSearchCounter(store.client) if isinstance(store, RedisStore) else MemorySearchCounter()
-    )
     return SearchService(
         config.search,
         settings.env,
-        counter,
+        store.capability(LIMITS).searches,
         limiter=gate.limiter,
         web_allow=settings.web_allow,
         redactor=redactor,
     )
 
 
-def _trees(store: TraceStore) -> Trees | None:
-    from fleet.storage.redis_store import RedisStore
-
-    return Trees(store.client) if isinstance(store, RedisStore) else None
-
-
-def _experiences(store: TraceStore) -> ExperienceStore:
-    from fleet.storage.redis_store import RedisStore
-
-    if isinstance(store, RedisStore):
-        from fleet.storage.redis_experiences import RedisExperiences
-
-        return RedisExperiences(store.client)
-    return MemoryExperiences()
+def _experiences(store: Services, embedder: Embedder | None) -> ExperienceStore:
+    found = store.capability(EXPERIENCES)
+    # With an embedding model, storing an approved experience embeds it.
+    return found if embedder is None else IndexedExperiences(found, embedder)

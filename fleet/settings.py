@@ -24,10 +24,11 @@ from fleet.errors import ConfigError
 from fleet.security import trust
 from fleet.security.redact import Redactor
 from fleet.storage import keys
+from fleet.storage.redis_urls import check_url, is_sentinel
 from fleet.tools.base import SHELL_NETWORKS, ShellLimits
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 STATE_HOME_NAME = "agent-fleet"
 STATE_KEY_CHARS = 16
 """Hex digits of the directory's hash naming its state folder (64 bits: no collisions)."""
@@ -41,6 +42,7 @@ OTEL_TRACING_ENVS = (
 ENV_NAMES = (
     "FLEET_REDIS_URL",
     "FLEET_BROKER_URL",
+    "FLEET_REDIS_SENTINEL_MASTER",
     "FLEET_WORKSPACE",
     "FLEET_ALLOW_SHELL",
     "FLEET_AGENTS_DIR",
@@ -86,6 +88,9 @@ class Settings:
 
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str = DEFAULT_REDIS_URL
+    redis_sentinel_master: str | None = None
+    """FLEET_REDIS_SENTINEL_MASTER: the master's name when FLEET_REDIS_URL (or the broker's)
+    is a `sentinel://h:p;sentinel://h2:p` URL (see `fleet.storage.redis_urls`)."""
     workspace: Path = field(default_factory=Path.cwd)
     allow_shell: bool = False
     """FLEET_ALLOW_SHELL=1; a preset must also allow `bash`."""
@@ -164,10 +169,12 @@ class Settings:
         """Read FLEET_* variables; the mapping is kept for model/provider lookup."""
         env = dict(os.environ if env is None else env)
         redis_url = _redis_url(env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL))
+        broker_url = check_url(env.get("FLEET_BROKER_URL", redis_url), "FLEET_BROKER_URL")
         workspace = Path(env.get("FLEET_WORKSPACE") or Path.cwd()).expanduser()
         return cls(
             redis_url=redis_url,
-            broker_url=env.get("FLEET_BROKER_URL", redis_url),
+            broker_url=broker_url,
+            redis_sentinel_master=_sentinel_master(env, redis_url, broker_url),
             workspace=workspace,
             allow_shell=env.get("FLEET_ALLOW_SHELL", "") in ("1", "true", "yes"),
             agents_dir=_path(env.get("FLEET_AGENTS_DIR")),
@@ -274,19 +281,30 @@ def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:
 
 
 def _redis_url(url: str) -> str:
-    """FLEET_REDIS_URL as given, if redis-py takes its scheme.
+    """FLEET_REDIS_URL as the fleet uses it (`fleet.storage.redis_urls.check_url`).
 
     Raises:
-        ConfigError: another scheme; the message names the scheme, never the URL (it may
-            hold a password).
+        ConfigError: a scheme the fleet does not take, or a malformed TLS or Sentinel URL;
+            the message names the scheme or the part, never the URL (it may hold a password).
     """
     scheme = urlsplit(url).scheme
     if url and scheme not in REDIS_SCHEMES:
         raise ConfigError(
-            "FLEET_REDIS_URL must start with redis://, rediss:// or unix://"
+            "FLEET_REDIS_URL must start with redis://, rediss://, unix:// or sentinel://"
             + (f" (not {scheme}://)" if scheme else "")
         )
-    return url
+    return check_url(url, "FLEET_REDIS_URL")
+
+
+def _sentinel_master(env: Mapping[str, str], *urls: str) -> str | None:
+    """FLEET_REDIS_SENTINEL_MASTER; `ConfigError` if a sentinel:// URL needs it and it is unset."""
+    master = (env.get("FLEET_REDIS_SENTINEL_MASTER") or "").strip() or None
+    if master is None and any(map(is_sentinel, urls)):
+        raise ConfigError(
+            "a sentinel:// URL needs FLEET_REDIS_SENTINEL_MASTER: the name of the master"
+            " its sentinels monitor"
+        )
+    return master
 
 
 def _shell_limits(env: Mapping[str, str]) -> ShellLimits:

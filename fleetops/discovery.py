@@ -24,8 +24,9 @@ from pathlib import Path
 import redis
 from pydantic import BaseModel, ValidationError
 
+from fleet.errors import ConfigError
 from fleet.settings import Settings, process_env, process_settings, state_dir_for
-from fleet.storage.redis_connect import redact_url
+from fleet.storage.redis_connect import connect, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -175,11 +176,14 @@ def fleet_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def redis_answers(url: str, timeout_s: float = PING_TIMEOUT_S) -> bool:
-    """Whether a Redis at `url` answers PING."""
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=None
-    )
+def redis_answers(
+    url: str, timeout_s: float = PING_TIMEOUT_S, sentinel_master: str | None = None
+) -> bool:
+    """Whether a Redis at `url` answers PING (the master, for a `sentinel://` URL)."""
+    try:
+        client = connect(url, sentinel_master, timeout_s=timeout_s)
+    except ConfigError:  # a sentinel:// URL without its master's name
+        return False
     try:
         return bool(client.ping())
     except redis.RedisError:

@@ -9,13 +9,14 @@ from typing import Any, Literal
 
 import redis
 
-from fleet.errors import ConfigError, RedisUnreachable
-from fleet.llm.config import resolve_model_name, validate_model
+from fleet.errors import ConfigError
+from fleet.llm.clients import validate_model
+from fleet.llm.config import resolve_model_name
 from fleet.presets import load_presets
 from fleet.runtime import operator_config
 from fleet.settings import Settings
-from fleet.storage.redis_connect import redact_url
-from workers.app import QUEUES
+from fleet.storage.redis_connect import connect, redact_url, unreachable
+from workers.app import QUEUES, transport_options
 
 CONNECT_TIMEOUT_S = 2.0
 INSPECT_TIMEOUT_S = 1.0
@@ -36,29 +37,26 @@ class Check:
         return asdict(self)
 
 
-def check_redis(url: str) -> Check:
-    """PING the trace store's Redis.
+def check_redis(url: str, sentinel_master: str | None = None) -> Check:
+    """PING the trace store's Redis (through its sentinels, for a `sentinel://` URL).
 
     Raises:
         ConfigError: it does not answer; the message names the URL without its password.
     """
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=CONNECT_TIMEOUT_S, retry=None
-    )
+    client = connect(url, sentinel_master, timeout_s=CONNECT_TIMEOUT_S)
     try:
         started_s = time.perf_counter()
         client.ping()
         elapsed_ms = (time.perf_counter() - started_s) * 1000
         version = client.info("server").get("redis_version", "?")
     except redis.RedisError as exc:
-        reason = str(exc) or type(exc).__name__
-        raise RedisUnreachable(f"cannot reach Redis at {redact_url(url)!r}: {reason}") from None
+        raise unreachable(url, exc) from None
     finally:
         client.close()
     return Check("redis", "ok", f"{redact_url(url)} (Redis {version}, {elapsed_ms:.1f} ms)")
 
 
-def check_broker(url: str) -> Check:
+def check_broker(url: str, sentinel_master: str | None = None) -> Check:
     """Connect to the broker (Redis or RabbitMQ) once, with a short timeout.
 
     Raises:
@@ -66,7 +64,10 @@ def check_broker(url: str) -> Check:
     """
     from kombu.connection import Connection
 
-    with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as connection:
+    options = transport_options(url, sentinel_master)
+    with Connection(
+        url, connect_timeout=CONNECT_TIMEOUT_S, transport_options=options
+    ) as connection:
         try:
             connection.ensure_connection(max_retries=1, interval_start=0, timeout=CONNECT_TIMEOUT_S)
         except Exception as exc:  # kombu re-raises each transport's own error types
@@ -76,15 +77,19 @@ def check_broker(url: str) -> Check:
     return Check("broker", "ok", f"{redact_url(url)} ({transport})")
 
 
-def _control_app(broker_url: str) -> Any:
+def _control_app(broker_url: str, sentinel_master: str | None) -> Any:
     from celery import Celery
 
-    return Celery("fleet-doctor", broker=broker_url, set_as_current=False)
+    app = Celery("fleet-doctor", broker=broker_url, set_as_current=False)
+    app.conf.broker_transport_options = transport_options(broker_url, sentinel_master)
+    return app
 
 
-def ping_workers(broker_url: str, timeout_s: float = INSPECT_TIMEOUT_S) -> set[str]:
+def ping_workers(
+    broker_url: str, timeout_s: float = INSPECT_TIMEOUT_S, sentinel_master: str | None = None
+) -> set[str]:
     """Node names of the workers that answer a ping on this broker."""
-    app = _control_app(broker_url)
+    app = _control_app(broker_url, sentinel_master)
     try:
         replies = app.control.ping(timeout=timeout_s) or []
     finally:
@@ -92,9 +97,11 @@ def ping_workers(broker_url: str, timeout_s: float = INSPECT_TIMEOUT_S) -> set[s
     return {name for reply in replies for name in reply}
 
 
-def workers_by_queue(broker_url: str, timeout_s: float = INSPECT_TIMEOUT_S) -> dict[str, list[str]]:
+def workers_by_queue(
+    broker_url: str, timeout_s: float = INSPECT_TIMEOUT_S, sentinel_master: str | None = None
+) -> dict[str, list[str]]:
     """Queue name -> node names of the online workers consuming it."""
-    app = _control_app(broker_url)
+    app = _control_app(broker_url, sentinel_master)
     try:
         replies = app.control.inspect(timeout=timeout_s).active_queues() or {}
     finally:
@@ -162,7 +169,7 @@ def check_owners(settings: Settings, shown: int = 5) -> Check:
     from fleet.storage.owner_index import owner_index
     from fleet.storage.redis_store import RedisStore
 
-    store = RedisStore.from_url(settings.redis_url)
+    store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
     try:
         quiet_ms = int(settings.stuck_after_s * 1000)
         found = owners.check(store, owner_index(store), now_ms(), quiet_ms, forget=False)
@@ -181,8 +188,10 @@ def run_checks(settings: Settings) -> list[Check]:
     Raises:
         ConfigError: Redis or the broker cannot be reached.
     """
-    checks = [check_redis(settings.redis_url), check_broker(settings.broker_url)]
-    checks += check_queues(workers_by_queue(settings.broker_url))
+    master = settings.redis_sentinel_master
+    checks = [check_redis(settings.redis_url, master), check_broker(settings.broker_url, master)]
+    by_queue = workers_by_queue(settings.broker_url, sentinel_master=master)
+    checks += check_queues(by_queue)
     checks += [check_model(settings), check_presets(settings), check_owners(settings)]
     return checks
 

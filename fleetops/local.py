@@ -195,10 +195,10 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
     stack.enter_context(up_lock(state_dir, directory))
     if options.flower:
         check_port_free(options.flower_port, "Flower")
-    redis_url, redis_child = _open_redis(options, state_dir, stack, say, settings.env)
+    redis_url, redis_child = _open_redis(options, state_dir, stack, say, settings)
     settings = Settings.from_env({**settings.env, "FLEET_REDIS_URL": redis_url})
-    if settings.broker_url != redis_url:
-        check_broker(settings.broker_url)  # FLEET_BROKER_URL: RabbitMQ, say
+    if settings.broker_url != redis_url:  # FLEET_BROKER_URL: RabbitMQ, say
+        check_broker(settings.broker_url, settings.redis_sentinel_master)
     child_env = _child_env(settings, state_dir)
     children: list[Child] = []
     stack.callback(stop_all, children)  # before Redis stops: workers ack on the way out
@@ -219,7 +219,7 @@ def _start_and_supervise(options: UpOptions, stack: ExitStack, say: Say) -> int:
         )
 
     _write_state(state_dir, state(ready=False))
-    if died := _wait_ready(settings.broker_url, workers, say):
+    if died := _wait_ready(settings, workers, say):
         say(died)
         return 1
     _say_ready(say, time.monotonic() - started_s, directory, state_dir, settings)
@@ -256,7 +256,7 @@ def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:
 
 
 def _open_redis(
-    options: UpOptions, state_dir: Path, stack: ExitStack, say: Say, env: Mapping[str, str]
+    options: UpOptions, state_dir: Path, stack: ExitStack, say: Say, settings: Settings
 ) -> tuple[str, Child | None]:
     """FLEET_REDIS_URL if it answers; else an embedded redis-server, supervised.
 
@@ -264,8 +264,9 @@ def _open_redis(
     second), requires a random password, and is restarted on the same port, file and
     password if it dies.
     """
+    env = settings.env
     url = env.get("FLEET_REDIS_URL")
-    if url and redis_answers(url):
+    if url and redis_answers(url, sentinel_master=settings.redis_sentinel_master):
         say(f"redis     {redact_url(url)} (FLEET_REDIS_URL)")
         return url, None
     if url:
@@ -358,7 +359,7 @@ def _start_flower(
     return url
 
 
-def _wait_ready(broker_url: str, workers: dict[str, Child], say: Say) -> str | None:
+def _wait_ready(settings: Settings, workers: dict[str, Child], say: Say) -> str | None:
     """Wait until every worker answers a ping; why not, if one died before it got ready.
 
     A worker that dies before it ever consumed is not restarted: that is a configuration
@@ -370,7 +371,8 @@ def _wait_ready(broker_url: str, workers: dict[str, Child], say: Say) -> str | N
         for child in workers.values():
             if died := child.death():
                 return f"{died} (log {child.log_path})"
-        waiting -= ping_workers(broker_url)
+        master = settings.redis_sentinel_master
+        waiting -= ping_workers(settings.broker_url, sentinel_master=master)
     if waiting:
         say(f"still waiting for {', '.join(sorted(waiting))} after {READY_TIMEOUT_S:.0f} s")
     return None

@@ -3,7 +3,9 @@
 `fleet mcp` serves these tools over stdio (or streamable HTTP with `--http PORT`):
 `submit`, `explore`, `delegate`, `trace`, `wait`, `stop`, `reply`. Each goes through
 `fleet.client.Fleet`, so budgets, limits, presets and workspace roots apply exactly as
-for `fleet run`; `explore` reports progress as each branch finishes.
+for `fleet run`. `explore` submits one tree (`Fleet.explore_tree`: a root whose branches
+are the tasks), reports progress as each branch ends, and returns the root's trace id
+with every branch's result: `stop` on that id stops the whole exploration.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -20,6 +23,7 @@ from mcp.types import ToolAnnotations
 
 from fleet.client import Fleet, Handle
 from fleet.errors import FleetError
+from fleet.models import TERMINAL, Event
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -72,34 +76,31 @@ class FleetTools:
         workspace: str | None = None,
         timeout_s: float = RUN_TIMEOUT_S,
     ) -> dict[str, Any]:
-        """Run one read-only explore agent per task, in parallel; every result once done.
+        """Run one read-only explore agent per task, in parallel, as one tree; every result.
 
         Args:
             tasks: One question per branch.
             ctx: The request's context: progress goes through it.
             model: Model name or alias; the fleet's default when left out.
             workspace: A folder under the fleet's workspace roots; its default otherwise.
-            timeout_s: Give up waiting after this long (branches keep running).
+            timeout_s: Give up waiting after this long (branches keep running; `stop`
+                with the returned trace id stops them all).
         """
         limit = self.fleet.runtime.settings.max_branches
         if not tasks or len(tasks) > limit:
             raise ToolError(f"explore: give between 1 and {limit} tasks, not {len(tasks)}")
         where = _workspace(workspace)
-        handles = await _off_loop(self.fleet.explore, list(tasks), model=model, workspace=where)
-        results: list[dict[str, Any]] = [{} for _ in handles]
-        finished = 0
+        handle = await _off_loop(self.fleet.explore_tree, list(tasks), model=model, workspace=where)
+        total = len(tasks)
 
-        async def follow(index: int, handle: Handle) -> None:
-            nonlocal finished
-            results[index] = await self._settled(handle, timeout_s)
-            finished += 1
-            status = results[index]["status"]
-            await ctx.report_progress(finished, len(handles), f"branch {index + 1}: {status}")
+        def report(ended: int) -> None:  # from the following thread, on the event loop
+            note = f"{ended} of {total} branches ended"
+            anyio.from_thread.run(ctx.report_progress, ended, total, note)
 
-        async with anyio.create_task_group() as group:
-            for index, handle in enumerate(handles):
-                group.start_soon(follow, index, handle)
-        return {"results": results}
+        await _off_loop(self._follow, handle.trace_id, timeout_s, report)
+        view = await _off_loop(self._view, handle.trace_id)
+        view["results"] = await _off_loop(self._branch_results, handle.trace_id)
+        return view
 
     async def delegate(
         self,
@@ -164,16 +165,57 @@ class FleetTools:
         await _off_loop(self._follow, handle.trace_id, timeout_s)
         return await _off_loop(self._view, handle.trace_id)
 
-    def _follow(self, trace_id: str, timeout_s: float) -> None:
-        """Until the trace ended or waits on a person (a `reply` is due), or `timeout_s`."""
-        if self._settled_now(trace_id):
+    def _follow(
+        self, trace_id: str, timeout_s: float, report: Callable[[int], None] | None = None
+    ) -> None:
+        """Until the trace ended or waits on a person (a `reply` is due), or `timeout_s`.
+
+        With `report`, it is called once per child of the trace that ended, with how many
+        have (an explore's progress: 1, 2, ... however many ended between two reads).
+        """
+        ended = 0
+
+        def settled(event: Event | None) -> bool:
+            nonlocal ended
+            done = self._settled_now(trace_id)
+            # counted after the status is read: a root that ended has every child ended
+            if report is not None and (done or event is None or _about(event, trace_id)):
+                now = self._children_ended(trace_id)
+                for count in range(ended + 1, now + 1):  # one notification per branch
+                    report(count)
+                ended = max(ended, now)
+            return done
+
+        if settled(None):
             return
         try:
-            for _ in self.fleet.events(trace_id, timeout_s):
-                if self._settled_now(trace_id):
+            for event in self.fleet.events(trace_id, timeout_s):
+                if settled(event):
                     return
         except TimeoutError:
             pass  # still running: the view says so
+
+    def _children_ended(self, trace_id: str) -> int:
+        entries = self.fleet.store.collaborators(trace_id)
+        return sum(1 for c in entries if c.type == "agent" and c.status in TERMINAL)
+
+    def _branch_results(self, trace_id: str) -> list[dict[str, Any]]:
+        """Each branch of a fan-out root, in task order: its status and answer."""
+        results = []
+        for entry in self.fleet.store.collaborators(trace_id):
+            if entry.type != "agent":
+                continue
+            branch = self.fleet.trace(entry.trace_id)
+            results.append(
+                {
+                    "task": branch.task,
+                    "trace_id": branch.trace_id,
+                    "status": branch.status,
+                    "answer": branch.answer,
+                    "error": branch.error,
+                }
+            )
+        return results
 
     def _settled_now(self, trace_id: str) -> bool:
         trace = self.fleet.trace(trace_id)
@@ -201,6 +243,11 @@ class FleetTools:
                 for c in self.fleet.store.collaborators(trace_id)
             ],
         }
+
+
+def _about(event: Event, trace_id: str) -> bool:
+    """An event of this trace, or of a child of it (a child's end names its parent)."""
+    return event.trace_id == trace_id or event.data.get("parent_trace_id") == trace_id
 
 
 _READS = ToolAnnotations(read_only_hint=True)

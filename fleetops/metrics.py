@@ -145,12 +145,35 @@ def usage_families(client: redis.Redis) -> list[Family]:
         kind, _, model = str(name).partition(":")
         if kind == "cost_usd":
             cost[(("model", model),)] = float(value)
-        elif kind in ("prompt_tokens", "completion_tokens"):
+        elif kind in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             tokens[(("kind", kind.removesuffix("_tokens")), ("model", model))] = float(value)
     return [
-        Family("fleet_tokens_total", "counter", "Model tokens used, by model and kind.", tokens),
+        Family(
+            "fleet_tokens_total",
+            "counter",
+            "Model tokens used, by model and kind (cached: the prompt tokens a provider's"
+            " cache served, counted in prompt too).",
+            tokens,
+        ),
         Family("fleet_cost_usd_total", "counter", "Model cost in US dollars, by model.", cost),
     ]
+
+
+def fallback_family(client: redis.Redis) -> Family:
+    """Traces moved to a fallback model, from `keys.MODEL_FALLBACKS` (`[from, to]` counts)."""
+    samples: dict[Labels, float] = {}
+    for name, value in client.hgetall(keys.MODEL_FALLBACKS).items():
+        try:
+            from_model, to_model = json.loads(name)
+        except (ValueError, TypeError):
+            continue  # not a field this fleet wrote
+        samples[(("from", str(from_model)), ("to", str(to_model)))] = float(value)
+    return Family(
+        "fleet_model_fallbacks_total",
+        "counter",
+        "Traces moved from a failing model to its fallback, by model alias.",
+        samples,
+    )
 
 
 _LIMIT_FAMILIES = {
@@ -182,11 +205,12 @@ class FleetMetrics:
     def __init__(self, settings: Settings) -> None:
         """Open clients for the store and, if it is another Redis, the broker."""
         self.settings = settings
-        self._store = connect(settings.redis_url)
+        master = settings.redis_sentinel_master
+        self._store = connect(settings.redis_url, master)
         self._broker: redis.Redis | None = self._store
         if settings.broker_url != settings.redis_url:
             scheme = settings.broker_url.partition("://")[0]
-            self._broker = connect(settings.broker_url) if scheme in REDIS_SCHEMES else None
+            self._broker = connect(settings.broker_url, master) if scheme in REDIS_SCHEMES else None
 
     def close(self) -> None:
         """Close the Redis clients."""
@@ -228,6 +252,7 @@ class FleetMetrics:
             ),
             *usage_families(self._store),
             *limit_families(self._store),
+            fallback_family(self._store),
             _counter(counters, "lease_expiries", "Runs re-enqueued after their lease expired."),
             _counter(counters, "resumes", "Parents resumed after their sub-agents were collected."),
             _counter(

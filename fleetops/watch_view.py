@@ -15,9 +15,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from fleet.control import subtree
-from fleet.limits.budget import budget_state
-from fleet.models import Event, Trace
-from fleet.storage.store import TraceStore
+from fleet.limits.backends import budget_state
+from fleet.models import Event, Trace, task_images
+from fleet.storage.store import TraceContent, TraceStore
 from fleetops.cli.output import printable
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ class Node:
     iteration: int = 0
     tokens: int = 0
     last_tool: str | None = None
+    images: str = ""
+    """The task's images as placeholders (`1 image(s): [image PNG 800x600, 12.3 KB]`)."""
 
 
 def node_of(trace: Trace, last_tool: str | None = None) -> Node:
@@ -64,6 +66,7 @@ def node_of(trace: Trace, last_tool: str | None = None) -> Node:
         iteration=trace.iteration,
         tokens=trace.stats.prompt_tokens + trace.stats.completion_tokens,
         last_tool=last_tool,
+        images=task_images(trace),
     )
 
 
@@ -71,6 +74,7 @@ def row_text(node: Node) -> str:
     """`researcher  running  it 3  1,204 tok  last read_file  ID`."""
     tool = f"  last {node.last_tool}" if node.last_tool else ""
     row = f"{node.label}  {node.status}  it {node.iteration}  {node.tokens:,} tok{tool}"
+    row += f"  {node.images}" if node.images else ""
     return printable(f"{row}  {node.trace_id}")
 
 
@@ -145,7 +149,7 @@ class TreeState:
         return depth
 
 
-def _last_tool(store: TraceStore, trace_id: str) -> str | None:
+def _last_tool(store: TraceContent, trace_id: str) -> str | None:
     for message in reversed(store.messages(trace_id)):
         if message.role == "assistant" and message.tool_calls:
             return ", ".join(str(c.get("function", {}).get("name")) for c in message.tool_calls)
@@ -188,6 +192,8 @@ def _label(node: Node, short_id: bool = False) -> Any:
     text.append(f"  it {node.iteration}  {node.tokens:,} tok")
     if node.last_tool:
         text.append(f"  last {printable(node.last_tool)}", style="italic")
+    if node.images:
+        text.append(f"  {node.images}", style="cyan")
     text.append(f"  {shown_id}", style="dim")
     return text
 
@@ -265,7 +271,7 @@ def watch_trace(fleet: Fleet, trace_id: str, timeout_s: float | None, *, live: b
     return store.get_trace(trace_id)
 
 
-def stream_end(store: TraceStore, root_trace_id: str) -> str:
+def stream_end(store: TraceContent, root_trace_id: str) -> str:
     """The id of the last event in the tree's stream ("0" if none)."""
     cursor = "0"
     while batch := store.read_events(root_trace_id, cursor):

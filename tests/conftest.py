@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"
 """A Redis to test against instead of a private redis-server; its database is flushed."""
+REDIS_ADMIN_URL_ENV = "FLEET_TEST_REDIS_ADMIN_URL"
+"""Who empties that database, when the tests' user may not (an ACL user without FLUSHDB)."""
 
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -102,9 +104,15 @@ def redis_url() -> Iterator[str]:
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     """A client configured as in production, on an emptied database (FLUSHDB first)."""
     client = connect(redis_url)
-    client.flushdb()
+    flush(redis_url)
     yield client
     client.close()
+
+
+def flush(redis_url: str) -> None:
+    """Empty the test database (as `FLEET_TEST_REDIS_ADMIN_URL`'s user, if set)."""
+    with connect(os.environ.get(REDIS_ADMIN_URL_ENV) or redis_url) as admin:
+        admin.flushdb()
 
 
 def fake_redis() -> redis.Redis:
@@ -141,8 +149,7 @@ def worker_url(redis_url: str) -> Iterator[str]:
     """A real worker process (threads pool, all fleet queues) on the session Redis, emptied."""
     from tests.procs import start_worker, wait_for_workers
 
-    with redis.Redis.from_url(redis_url) as admin:
-        admin.flushdb()
+    flush(redis_url)
     with start_worker(redis_url, concurrency=16) as worker:
         wait_for_workers(redis_url, [worker.name], timeout_s=30)
         yield redis_url

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 
 from fleet.inprocess import InProcessFleet
+from fleet.models import text_of
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, calls, text
@@ -183,6 +184,7 @@ def run_calls(
     trace = local.run("look it up", model="m", preset=preset)
     tools = [m for m in local.store.messages(trace.trace_id) if m.role == "tool"]
     outcomes = [
-        ToolOutcome(m.name or "", bool(m.metadata.get("is_error")), m.content or "") for m in tools
+        ToolOutcome(m.name or "", bool(m.metadata.get("is_error")), text_of(m.content))
+        for m in tools
     ]
     return outcomes, local, trace.trace_id

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 from fleet.errors import HookBlocked
@@ -96,10 +97,37 @@ class Hanger(Hooks):
         threading.Event().wait(60)
 
 
+class ToolTagger(Hooks):
+    """Writes each finished tool call with its own tag (to tell two loaded hooks apart)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def tool_finished(self, trace: Trace, call: ToolCall, result: ToolResult | None) -> None:
+        _log(self.tag, trace_id=trace.trace_id, tool=call.name)
+
+
 RECORDER = Recorder()
+ENTRY_POINT_TAGGER = ToolTagger("from_entry_point")
+"""Loaded through a `fleet.hooks` entry point (`write_dist`) in the tests that install one."""
 BASH_BLOCKER = BashBlocker()
 MODEL_BLOCKER = ModelBlocker()
 CONTEXT = Context()
 RAISER = Raiser()
 HANGER = Hanger()
 NOT_A_HOOK = object()
+
+
+def write_dist(folder: Path, name: str, entries: dict[str, str]) -> Path:
+    """An installed distribution in `folder` declaring `fleet.hooks` entry points.
+
+    What `pip install` leaves in site-packages, reduced to what importlib.metadata reads:
+    with `folder` on `sys.path` (or PYTHONPATH), `entry_points(group="fleet.hooks")` finds
+    `entries` (name -> `module:attr`). Returns `folder`.
+    """
+    info = folder / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    lines = "".join(f"{key} = {value}\n" for key, value in entries.items())
+    (info / "entry_points.txt").write_text(f"[fleet.hooks]\n{lines}")
+    return folder

@@ -1,4 +1,8 @@
-"""Tree budgets: the Lua against a real Redis, and a whole tree stopping at its budget."""
+"""Tree budgets: the Lua and its memory twin, and a whole tree stopping at its budget.
+
+Every budget test runs on each store's budgets (`store.capability(LIMITS)`): the memory twin,
+the Lua on fakeredis, and the Lua on a real Redis (integration tier).
+"""
 
 from __future__ import annotations
 
@@ -13,24 +17,27 @@ from fleet.batch.file import parse_entry
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
-from fleet.limits.budget import Budget, Budgets, Exhausted, Reserved
+from fleet.limits.backends import LIMITS
+from fleet.limits.budget import Budget, Exhausted, Reserved
+from fleet.limits.protocols import TreeBudgets
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.loop.runner import Runner, run_to_end
 from fleet.settings import Settings
 from fleet.storage import keys
 from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel
 
 ROOT = "root"
 
 
 @pytest.fixture
-def budgets(redis_db: redis.Redis) -> Budgets:
-    return Budgets(redis_db)
+def budgets(store: TraceStore) -> TreeBudgets:
+    return store.capability(LIMITS).budgets
 
 
 def test_calls_reserve_until_the_budget_and_the_root_keeps_a_final_turn(
-    budgets: Budgets,
+    budgets: TreeBudgets,
 ) -> None:
     budgets.create(ROOT, Budget(tokens=1000))  # 100 set aside for the root's last turn
     assert budgets.reserve("a", ROOT, 300, 0.0) == Reserved()
@@ -47,7 +54,7 @@ def test_calls_reserve_until_the_budget_and_the_root_keeps_a_final_turn(
     assert state.reserved_tokens == 300 + 300
 
 
-def test_settling_replaces_the_reservation_with_real_usage(budgets: Budgets) -> None:
+def test_settling_replaces_the_reservation_with_real_usage(budgets: TreeBudgets) -> None:
     budgets.create(ROOT, Budget(tokens=10_000, usd=1.0))
     budgets.reserve("a", ROOT, 4000, 0.2)
     state = budgets.state(ROOT)
@@ -61,22 +68,25 @@ def test_settling_replaces_the_reservation_with_real_usage(budgets: Budgets) -> 
     assert state.to_json()["limit"]["tokens"] == 10_000
 
 
-def test_a_rerun_after_a_crash_replaces_its_own_reservation(budgets: Budgets) -> None:
+def test_a_rerun_after_a_crash_replaces_its_own_reservation(budgets: TreeBudgets) -> None:
     budgets.create(ROOT, Budget(tokens=1000))
     budgets.reserve("a", ROOT, 800, 0.0)  # the worker died during this call
     assert budgets.reserve("a", ROOT, 800, 0.0) == Reserved(), "not counted twice"
 
 
-def test_usd_and_wall_time_end_a_tree_too(budgets: Budgets, redis_db: redis.Redis) -> None:
+def test_usd_and_wall_time_end_a_tree_too(
+    budgets: TreeBudgets, monkeypatch: pytest.MonkeyPatch
+) -> None:
     budgets.create("r1", Budget(usd=1.0))
     assert budgets.reserve("a", "r1", 10, 0.85) == Reserved()
     assert budgets.reserve("b", "r1", 10, 0.1) == Exhausted("usd")
-    budgets.create("r2", Budget(wall_s=60))
-    redis_db.hset(keys.budget("r2"), "deadline_ms", 1)  # as if the minute had passed
+    with monkeypatch.context() as then:
+        then.setattr("fleet.limits.budget.now_ms", lambda: 1)  # created long ago
+        budgets.create("r2", Budget(wall_s=60))
     assert budgets.reserve("a", "r2", 10, 0.0) == Exhausted("wall_s")
 
 
-def test_sub_agents_and_depth_are_counted_at_spawn(budgets: Budgets) -> None:
+def test_sub_agents_and_depth_are_counted_at_spawn(budgets: TreeBudgets) -> None:
     budgets.create(ROOT, Budget(sub_agents=5, depth=1))
     assert budgets.spawn(ROOT, 3, depth=1) is None
     refusal = budgets.spawn(ROOT, 3, depth=1)
@@ -87,10 +97,12 @@ def test_sub_agents_and_depth_are_counted_at_spawn(budgets: Budgets) -> None:
 
 
 def test_a_tree_without_budget_costs_no_reservation(
-    budgets: Budgets, redis_db: redis.Redis
+    budgets: TreeBudgets, store: TraceStore
 ) -> None:
     assert budgets.reserve("a", "free", 10**9, 10**6) == Reserved(budgeted=False)
-    assert not redis_db.exists(keys.budget("free"), keys.budget_held("free"))
+    assert budgets.state("free") is None and budgets.spawn("free", 10**6, 99) is None
+    if isinstance(store, RedisStore):
+        assert not store.client.exists(keys.budget("free"), keys.budget_held("free"))
 
 
 @pytest.mark.parametrize(
@@ -128,11 +140,11 @@ def tree_model(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> L
 
 
 def test_a_tree_stops_at_its_budget_and_answers_from_what_it_has(
-    redis_db: redis.Redis, tmp_path: Path
+    store: TraceStore, tmp_path: Path
 ) -> None:
     settings = Settings(workspace=tmp_path)
     model = ScriptedModel(function=tree_model)
-    local = InProcessFleet.from_settings(settings, store=RedisStore(redis_db), clients={"m": model})
+    local = InProcessFleet.from_settings(settings, store=store, clients={"m": model})
     spec = TaskSpec("survey", model="m", budget=Budget(tokens=BUDGET_TOKENS))
     root = create_root(local.runtime, spec)
     run_to_end(Runner(local.runtime), root.trace_id)
@@ -162,12 +174,27 @@ def test_a_tree_stops_at_its_budget_and_answers_from_what_it_has(
     assert "budget of this task is used up" in (final_note.content or "")
 
 
-def test_budgets_need_the_redis_store(tmp_path: Path) -> None:
+def test_the_in_process_fleet_keeps_budgets_in_memory(tmp_path: Path) -> None:
     local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path), clients={"m": ScriptedModel()}
     )
-    with pytest.raises(ConfigError, match="budgets need the Redis store"):
+    root = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=10_000)))
+    state = local.store.capability(LIMITS).budgets.state(root.trace_id)
+    assert state is not None and state.limit.tokens == 10_000 and state.reserved_tokens == 1000
+    # A second runtime on the same store (another "process") sees the same budget.
+    other = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), store=local.store, clients={"m": ScriptedModel()}
+    )
+    assert other.runtime.gate.budgets is local.runtime.gate.budgets
+
+
+def test_a_tiny_budget_is_refused_in_process_too(tmp_path: Path) -> None:
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), clients={"m": ScriptedModel()}
+    )
+    with pytest.raises(ConfigError, match="budget tokens 1 cannot pay for one call"):
         create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=1)))
+    assert local.store.list_traces() == []
 
 
 def test_trace_show_has_the_budget_limit_used_and_reserved(
@@ -193,14 +220,14 @@ def test_a_budget_smaller_than_one_call_is_refused_before_anything_is_written(
     local = InProcessFleet.from_settings(
         Settings(workspace=tmp_path), store=RedisStore(redis_db), clients={"m": ScriptedModel()}
     )
-    before = set(redis_db.keys("*"))
+    before = set(redis_db.scan_iter())
 
     with pytest.raises(ConfigError) as refused:
         create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=4551)))
 
     message = str(refused.value)
     assert "budget tokens 4551" in message and "4552" in message and "\n" not in message
-    assert set(redis_db.keys("*")) == before  # no root, no budget hash
+    assert set(redis_db.scan_iter()) == before  # no root, no budget hash
     fits = create_root(local.runtime, TaskSpec("t", model="m", budget=Budget(tokens=4552)))
     assert local.store.get_trace(fits.trace_id).status == "queued"
 
@@ -232,3 +259,37 @@ def test_a_batch_entry_carries_its_budget() -> None:
     result = BatchResult("e", "tid", "completed", budget=spent)
     assert budget_text(result) == "  budget 480/500 tok (ran out: tokens)"
     assert result.to_json()["budget"] == spent
+
+
+def test_the_memory_budgets_decide_as_the_lua_does_call_for_call() -> None:
+    """One seeded random history of reserve/settle/spawn on both: every answer the same.
+
+    The history goes through reservations, refused spawns (width and depth), the tree
+    running out of tokens and the root's final turn (seed 22: 181, 52, 22 and 1 of them).
+    """
+    import random
+
+    from fleet.limits.budget import Budgets
+    from fleet.limits.memory_trees import MemoryBudgets
+    from tests.conftest import fake_redis
+
+    rng = random.Random(22)
+    lua, memory = Budgets(fake_redis()), MemoryBudgets()
+    for side in (lua, memory):
+        side.create("r", Budget(tokens=200_000, usd=2.0, sub_agents=12, depth=2))
+    traces = ["r", "r@a", "r@b", "r@c", "r@a@x"]
+    for _ in range(400):
+        trace, op = rng.choice(traces), rng.random()
+        if op < 0.5:
+            est, usd = rng.randint(1, 3000), round(rng.random() * 0.02, 4)
+            answers: list[object] = [side.reserve(trace, "r", est, usd) for side in (lua, memory)]
+        elif op < 0.85:
+            used, usd = rng.randint(0, 3000), round(rng.random() * 0.02, 4)
+            final = rng.random() < 0.2
+            for side in (lua, memory):
+                side.settle(trace, "r", used, usd, final_refund=final)
+            answers = [lua.state("r"), memory.state("r")]
+        else:
+            children, depth = rng.randint(1, 4), rng.randint(1, 3)
+            answers = [side.spawn("r", children, depth) for side in (lua, memory)]
+        assert answers[0] == answers[1], (op, trace, answers)

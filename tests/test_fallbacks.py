@@ -8,18 +8,27 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import fleet.llm.base
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
-from fleet.inprocess import InProcessFleet
+from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.config import load_config
 from fleet.llm.openai import OpenAIClient
+from fleet.loop.runner import Runner, run_to_end
+from fleet.observe.otel_spans import OtelHooks
+from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.memory_store import MemoryStore
 from fleet.storage.redis_store import RedisStore
 from fleet.testing import Script
 from fleetops.cli.output import render_tree
+from fleetops.metrics import fallback_family, render
 from tests.fake_provider import RateLimitedProvider
 from tests.test_fleet_recovery import database_url
 
@@ -126,3 +135,65 @@ def test_a_provider_pause_longer_than_max_wait_s_falls_back(
     (moved,) = trace.metadata["model_fallbacks"]
     assert (moved["from"], moved["to"]) == ("primary", "backup")
     assert paused.stats.refused == 1
+
+
+def test_a_fallback_is_counted_for_metrics_and_named_on_the_chat_spans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fleet.llm.base, "ALLOW_MODEL_REQUESTS", True)  # loopback only
+    (operator := tmp_path / "operator").mkdir()
+    (workspace := tmp_path / "workspace").mkdir()
+    script = write_yaml(operator / "backup.yaml", {"scripts": [{"steps": [{"content": "ok"}]}]})
+    config = {
+        "providers": {"down": {"kind": "openai", "base_url": f"http://127.0.0.1:{closed_port()}/v1"}},
+        "models": {
+            "primary": {"provider": "down", "name": "m", "fallbacks": ["backup"]},
+            "backup": {"provider": "scripted", "name": str(script)},
+        },
+    }  # fmt: skip
+    path = write_yaml(operator / "fleet.yaml", config)
+    settings = Settings(workspace=workspace, env={}, config_path=path, allow_scripted=True)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    store = MemoryStore()
+    hooks = OtelHooks(store, provider.get_tracer("test"))
+    runtime = Runtime.build(settings, store, InProcessDispatcher(), hooks=hooks)
+    root = create_root(runtime, TaskSpec("answer", "primary"))
+
+    try:
+        run_to_end(Runner(runtime), root.trace_id)
+    finally:
+        for model in runtime.clients.values():
+            if isinstance(model, OpenAIClient):
+                model.close()
+
+    assert store.get_trace(root.trace_id).status == "completed"
+    assert dict(store.fallbacks) == {("primary", "backup"): 1}
+    spans = exporter.get_finished_spans()
+    chats = [dict(s.attributes or {}) for s in spans if s.name.startswith("chat")]
+    assert [c["gen_ai.request.model"] for c in chats] == ["primary", "backup"]
+    assert "fleet.model.fallback" not in chats[0]  # the call that failed was the primary's
+    assert chats[1]["fleet.model.fallback"] is True
+    assert (chats[1]["fleet.model.fallback_from"], chats[1]["fleet.model.fallback_count"]) == (
+        "primary",
+        1,
+    )
+
+
+def test_fleet_metrics_exports_the_fallbacks_by_from_and_to(redis_db: redis.Redis) -> None:
+    store = RedisStore(redis_db)
+    store.count_fallback("primary", "backup")
+    store.count_fallback("primary", "backup")
+    store.count_fallback("backup", 'odd"name')
+    redis_db.hset("fleet:model-fallbacks", "not json", 7)  # not a field the fleet wrote
+
+    family = fallback_family(redis_db)
+    text = render([family])
+
+    assert family.samples == {
+        (("from", "primary"), ("to", "backup")): 2.0,
+        (("from", "backup"), ("to", 'odd"name')): 1.0,
+    }
+    assert 'fleet_model_fallbacks_total{from="primary",to="backup"} 2' in text
+    assert 'to="odd\\"name"' in text  # a label value is escaped, never breaks the format

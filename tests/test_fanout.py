@@ -1,16 +1,26 @@
-"""Fan-out limits and message priorities, without workers."""
+"""Fan-out limits and message priorities, without workers, on each store's limits."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessFleet
+from fleet.limits.backends import LIMITS
+from fleet.limits.budget import Budget
+from fleet.limits.trees import DEFAULT_SCHEDULE, Schedule
+from fleet.llm.base import LLMResponse, ToolCall
+from fleet.loop.runner import Runner, run_to_end
 from fleet.settings import Settings
+from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 from workers.app import make_config, message_priority
 
@@ -58,3 +68,106 @@ def test_bad_budget_options_are_one_line_and_exit_2(argv: list[str], problem: st
     lines = result.stderr.strip().splitlines()
     assert "Traceback" not in result.stderr
     assert problem in lines[-1]
+
+
+def test_the_run_window_starts_at_most_its_limit_in_spawn_order(store: TraceStore) -> None:
+    trees = store.capability(LIMITS).trees
+    assert trees.window("r", 2, new=("a", "b", "c", "d")) == ["a", "b"]
+    assert trees.window("r", 2) == [], "both slots are taken"
+    assert trees.window("r", 2, ended="b") == ["c"]
+    assert trees.window("r", 2, ended="unknown") == [], "a stranger frees no slot"
+    assert trees.window("r", 2, ended="a", new=("e",)) == ["d"]
+    assert trees.window("other", 1, new=("x", "y")) == ["x"], "each tree has its own window"
+
+
+def test_a_tree_keeps_its_schedule_and_the_default_costs_nothing(store: TraceStore) -> None:
+    trees = store.capability(LIMITS).trees
+    trees.create("r", Schedule(max_concurrent=3, priority="batch"))
+    trees.create("plain", DEFAULT_SCHEDULE)
+    assert trees.schedule("r") == Schedule(3, "batch")
+    assert trees.schedule("plain") == DEFAULT_SCHEDULE
+    assert trees.schedule("never-created") == DEFAULT_SCHEDULE
+
+
+def test_a_tree_budget_caps_sub_agents_on_every_store(store: TraceStore, tmp_path: Path) -> None:
+    model = ScriptedModel([call("agent", task=["a", "b", "c"]), text("gave up")])
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), store=store, clients={"m": model}
+    )
+    spec = TaskSpec("survey", model="m", budget=Budget(tokens=100_000, sub_agents=2))
+    root = create_root(local.runtime, spec)
+    run_to_end(Runner(local.runtime), root.trace_id)
+    assert store.get_trace(root.trace_id).status == "completed"
+    assert store.children(root.trace_id) == [], "nothing spawned past the budget"
+    refusal = next(m for m in store.messages(root.trace_id) if m.role == "tool")
+    assert "this tree may start 2 more sub-agent(s); this call asks for 3" in (
+        refusal.content or ""
+    )
+
+
+class Branches:
+    """A model without a lock: the root explores six branches, which count who runs at once."""
+
+    def __init__(self) -> None:
+        self.running, self.peak, self._lock = 0, 0, threading.Lock()
+        self._pairs = threading.Barrier(2, timeout=0.5)
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+        cache_key: str | None = None,
+    ) -> LLMResponse:
+        task = next(str(m["content"]) for m in messages if m["role"] == "user")
+        if not task.startswith("b"):
+            if any(m["role"] == "tool" for m in messages):
+                return LLMResponse(content="done")
+            branches = json.dumps({"task": [f"b{i}" for i in range(6)]})
+            return LLMResponse(content=None, tool_calls=(ToolCall("c1", "agent", branches),))
+        with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        try:
+            self._pairs.wait()  # two branches meet here: a third would run alongside them
+        except threading.BrokenBarrierError:
+            pass
+        finally:
+            with self._lock:
+                self.running -= 1
+        return LLMResponse(content=f"found {task}")
+
+
+@pytest.mark.parametrize("max_concurrent", [1, 2])
+def test_the_in_process_fleet_runs_at_most_max_concurrent_branches(
+    tmp_path: Path, max_concurrent: int
+) -> None:
+    model = Branches()
+    local = InProcessFleet.from_settings(Settings(workspace=tmp_path), clients={"m": model})
+    spec = TaskSpec("survey", model="m", max_concurrent=max_concurrent)
+    root = create_root(local.runtime, spec)
+    run_to_end(Runner(local.runtime), root.trace_id)
+    trace = local.store.get_trace(root.trace_id)
+    assert trace.status == "completed", trace.error
+    assert len(local.store.children(root.trace_id)) == 6
+    assert model.peak == max_concurrent
+
+
+def test_the_memory_window_decides_as_the_lua_does_call_for_call() -> None:
+    import random
+
+    from fleet.limits.memory_trees import MemoryTrees
+    from fleet.limits.trees import Trees
+    from tests.conftest import fake_redis
+
+    rng = random.Random(22)
+    lua, memory = Trees(fake_redis()), MemoryTrees()
+    started: list[str] = []
+    for step in range(300):
+        ended = rng.choice(started) if started and rng.random() < 0.6 else ""
+        new = tuple(f"c{step}-{i}" for i in range(rng.randint(0, 3)))
+        answers = [side.window("r", 3, ended=ended, new=new) for side in (lua, memory)]
+        assert answers[0] == answers[1], (step, answers)
+        started = [s for s in started if s != ended] + answers[0]

@@ -252,9 +252,10 @@ FLEET_KNOTS = {
     ("fleet.llm.config", "fleet.tools.webfilter"),
     ("fleet.llm.config", "fleet.tools.websearch.config"),
     ("fleet.llm.config", "fleet.mcp.config"),
-    ("fleet.presets", "fleet.conversation.approval_rules"),
-    ("fleet.presets", "fleet.tools.webfilter"),
-    ("fleet.presets", "fleet.mcp.names"),
+    ("fleet.presets.preset", "fleet.conversation.approval_rules"),
+    ("fleet.presets.preset", "fleet.tools.webfilter"),
+    ("fleet.presets.preset", "fleet.mcp.names"),
+    ("fleet.presets.frontmatter", "fleet.mcp.names"),
     # The shell's limits are settings (FLEET_SHELL_*) whose types live with the sandbox.
     ("fleet.settings", "fleet.tools.base"),
     # The Redis experience store sits with the other Redis code and stores the model.

@@ -1,14 +1,22 @@
-"""The fleet-wide limiter's Lua against a real Redis, and the rate-limit header parsing."""
+"""The fleet-wide limiter and its memory twin, and the rate-limit header parsing.
+
+Every limiter test runs on the memory twin (`fleet.limits.memory`), the Lua on fakeredis,
+and the Lua on a real Redis (integration tier); `Probe` reads what each keeps.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import fakeredis
 import pytest
 import redis
 
 from fleet.limits import pacing
+from fleet.limits.memory import MemoryLimiter
+from fleet.limits.protocols import ProviderLimits
 from fleet.limits.providers import (
     MAX_PAUSE_S,
     Admitted,
@@ -27,12 +35,70 @@ def scope(name: str = "provider:p:k", **limits: int) -> Scope:
     return Scope(name, RateLimits(**limits), provider=name.startswith("provider:"))
 
 
+@dataclass(frozen=True)
+class Probe:
+    """A limiter and a look at what it keeps, the same on Redis and in memory."""
+
+    limiter: ProviderLimits
+    has_ticket: Callable[[str], bool]
+    pause_left_ms: Callable[[str], int]
+    end_pause: Callable[[str], None]
+    """As if the scope's pause had run out."""
+    seen_at: Callable[[str, str, float], None]
+    """When a holder in the scope's line last asked (ms)."""
+
+
+def redis_probe(client: redis.Redis) -> Probe:
+    return Probe(
+        Limiter(client),
+        lambda holder: client.hget(keys.limit_ticket(holder), "at") is not None,
+        lambda name: int(client.pttl(keys.limit_pause(name))),
+        lambda name: None if client.delete(keys.limit_pause(name)) else None,
+        lambda name, holder, at: None if client.zadd(keys.limit_seen(name), {holder: at}) else None,
+    )
+
+
+def memory_probe() -> Probe:
+    limiter = MemoryLimiter()
+    state = limiter._state
+
+    def pause_left_ms(name: str) -> int:
+        left = state.left_ms([keys.limit_pause(name)])
+        return left if left > 0 else -2
+
+    def seen_at(name: str, holder: str, at: float) -> None:
+        limiter._seen[name][holder] = at
+
+    return Probe(
+        limiter,
+        lambda holder: holder in limiter._tickets,
+        pause_left_ms,
+        lambda name: None if state.pauses.pop(keys.limit_pause(name), None) else None,
+        seen_at,
+    )
+
+
+@pytest.fixture(
+    params=["memory", "fakeredis", pytest.param("redis", marks=pytest.mark.integration)]
+)
+def probe(request: pytest.FixtureRequest) -> Probe:
+    if request.param == "memory":
+        return memory_probe()
+    if request.param == "fakeredis":
+        return redis_probe(
+            fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        )
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    client.ping()  # connected (over TLS: handshake done) before a test's clock starts
+    return redis_probe(client)
+
+
 @pytest.fixture
-def limiter(redis_db: redis.Redis) -> Limiter:
-    return Limiter(redis_db)
+def limiter(probe: Probe) -> ProviderLimits:
+    return probe.limiter
 
 
-def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
+def test_requests_are_spaced_evenly_at_the_rate(limiter: ProviderLimits) -> None:
     s = (scope(requests_per_minute=600),)  # one every 100 ms
     turns, waits = [], []
     for i in range(5):
@@ -49,7 +115,7 @@ def test_requests_are_spaced_evenly_at_the_rate(limiter: Limiter) -> None:
 
 
 def test_a_turn_beyond_the_short_wait_is_booked_and_kept(
-    limiter: Limiter, redis_db: redis.Redis
+    limiter: ProviderLimits, probe: Probe
 ) -> None:
     s = (scope(requests_per_minute=100),)  # one every 630 ms, margin included
     step_s = pacing.spacing_ms(100) / 1000
@@ -59,17 +125,17 @@ def test_a_turn_beyond_the_short_wait_is_booked_and_kept(
     assert isinstance(late, Refused) and late.reason == "rate"
     # Booked 2 steps out, told to come back half a second early.
     assert 2 * step_s - 0.6 <= late.retry_in_s <= 2 * step_s - 0.5
-    assert redis_db.hget(keys.limit_ticket("third"), "at") is not None
+    assert probe.has_ticket("third")
     # A newcomer books after the third's turn: the handed-back trace kept its place.
     newcomer = limiter.admit("fourth", s, 1)
     assert isinstance(newcomer, Refused) and newcomer.retry_in_s > late.retry_in_s
     # The third's second ask takes its booked turn, it does not book another one.
     again = limiter.admit("third", s, 1)
     assert isinstance(again, Refused) and again.retry_in_s <= late.retry_in_s
-    assert redis_db.exists(keys.limit_ticket("third"))
+    assert probe.has_ticket("third")
 
 
-def test_concurrency_is_first_come_first_served(limiter: Limiter) -> None:
+def test_concurrency_is_first_come_first_served(limiter: ProviderLimits) -> None:
     s = (scope(max_concurrency=2),)
     assert isinstance(limiter.admit("a", s, 1), Admitted)
     assert isinstance(limiter.admit("b", s, 1), Admitted)
@@ -83,20 +149,18 @@ def test_concurrency_is_first_come_first_served(limiter: Limiter) -> None:
     assert isinstance(limiter.admit("d", s, 1), Admitted)
 
 
-def test_a_trace_that_stopped_asking_leaves_the_line(
-    limiter: Limiter, redis_db: redis.Redis
-) -> None:
+def test_a_trace_that_stopped_asking_leaves_the_line(limiter: ProviderLimits, probe: Probe) -> None:
     s = (scope(max_concurrency=1),)
     assert isinstance(limiter.admit("holder", s, 1), Admitted)
     assert isinstance(limiter.admit("gone", s, 1), Refused)
     limiter.settle("holder", s, 1, 1, 50)
     stale = time.time() * 1000 - keys.LIMIT_LINE_STALE_MS - 1000
-    redis_db.zadd(keys.limit_seen(s[0].name), {"gone": stale})
+    probe.seen_at(s[0].name, "gone", stale)
     assert isinstance(limiter.admit("next", s, 1), Admitted)
 
 
 def test_a_pause_holds_everyone_back_and_keeps_older_bookings(
-    limiter: Limiter, redis_db: redis.Redis
+    limiter: ProviderLimits, probe: Probe
 ) -> None:
     s = (scope(requests_per_minute=60),)  # one every 1.05 s
     limiter.admit("a", s, 1)
@@ -107,7 +171,7 @@ def test_a_pause_holds_everyone_back_and_keeps_older_bookings(
     paused = limiter.admit("d", s, 1)
     assert isinstance(paused, Refused) and paused.reason == "pause"
     assert 0.2 < paused.retry_in_s <= 0.3
-    wait_until(lambda: not redis_db.exists(keys.limit_pause(s[0].name)))
+    wait_until(lambda: probe.pause_left_ms(s[0].name) <= 0)
     # "c" keeps its turn: the pause was over long before it, so it changes nothing for "c"
     # (voided, "c" was booked again behind everyone: 3.15 s out).
     again = limiter.admit("c", s, 1)
@@ -119,12 +183,12 @@ def test_a_pause_holds_everyone_back_and_keeps_older_bookings(
 
 
 def test_a_long_pause_moves_the_next_turn_past_its_end(
-    limiter: Limiter, redis_db: redis.Redis
+    limiter: ProviderLimits, probe: Probe
 ) -> None:
     s = (scope(requests_per_minute=600),)
     assert limiter.admit("a", s, 1) == Admitted(0.0)
     limiter.overloaded(s, retry_after_s=3.0)
-    redis_db.delete(keys.limit_pause(s[0].name))  # as if the pause had run out
+    probe.end_pause(s[0].name)
     # Nothing goes before the pause would have ended, even a turn booked before it.
     after = limiter.admit("b", s, 1)
     assert isinstance(after, Refused) and 2.0 < after.retry_in_s <= 2.5
@@ -138,13 +202,13 @@ def wait_until(done: Callable[[], bool], timeout_s: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_model_scopes_never_take_a_pause(limiter: Limiter) -> None:
+def test_model_scopes_never_take_a_pause(limiter: ProviderLimits) -> None:
     alias = scope("model:fast", requests_per_minute=6000)
     limiter.overloaded((alias,), retry_after_s=5.0)
     assert isinstance(limiter.admit("a", (alias,), 1), Admitted)
 
 
-def test_tokens_are_booked_ahead_and_settled_with_real_usage(limiter: Limiter) -> None:
+def test_tokens_are_booked_ahead_and_settled_with_real_usage(limiter: ProviderLimits) -> None:
     s = (scope(tokens_per_minute=60_000),)  # 1 token per ms, 1.05 with the margin
     assert limiter.admit("a", s, 500) == Admitted(0.0)
     second = limiter.admit("b", s, 500)
@@ -155,13 +219,13 @@ def test_tokens_are_booked_ahead_and_settled_with_real_usage(limiter: Limiter) -
     assert isinstance(third, Admitted) and third.wait_s <= 0.25
 
 
-def test_every_scope_must_admit(limiter: Limiter) -> None:
+def test_every_scope_must_admit(limiter: ProviderLimits) -> None:
     both = (scope(requests_per_minute=6000), scope("model:m", max_concurrency=1))
     assert isinstance(limiter.admit("a", both, 1), Admitted)
     assert isinstance(limiter.admit("b", both, 1), Refused)
 
 
-def test_exhausted_headers_pause_the_provider(limiter: Limiter) -> None:
+def test_exhausted_headers_pause_the_provider(limiter: ProviderLimits) -> None:
     s = (scope(),)
     signal = RateSignal(requests=Budget(limit=100, remaining=0, reset_s=20.0))
     limiter.observe(s, signal)
@@ -247,11 +311,12 @@ def test_an_overload_is_handed_back_at_once_when_the_fleet_limits() -> None:
 
 
 def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
-    limiter: Limiter, redis_db: redis.Redis
+    redis_db: redis.Redis,
 ) -> None:
     from fleet.limits.budget import Budget, Budgets
     from fleetops.metrics import limit_families, render
 
+    limiter = Limiter(redis_db)  # `fleet metrics` reads the fleet's Redis
     s = (scope(max_concurrency=1),)
     limiter.admit("a", s, 1)
     limiter.admit("b", s, 1)
@@ -284,7 +349,7 @@ def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
     ],
 )
 def test_a_hostile_429_pauses_the_fleet_at_most_a_minute(
-    limiter: Limiter, redis_db: redis.Redis, headers: dict[str, str]
+    limiter: ProviderLimits, probe: Probe, headers: dict[str, str]
 ) -> None:
     """A provider (or a proxy in front of it) may say anything: no day-long pause, no crash."""
     from fleet.llm.retry import overload_wait_s
@@ -293,8 +358,8 @@ def test_a_hostile_429_pauses_the_fleet_at_most_a_minute(
     asked_s = overload_wait_s(headers, now_s=time.time())
     waited_s = limiter.overloaded(s, asked_s)
     assert 0 < waited_s <= MAX_PAUSE_S
-    left_ms = redis_db.pttl(keys.limit_pause(s[0].name))
+    left_ms = probe.pause_left_ms(s[0].name)
     assert 0 < left_ms <= MAX_PAUSE_S * 1000
     signal = rate_signal(headers, now_s=time.time())
     limiter.observe(s, signal)  # the same headers on a 200
-    assert redis_db.pttl(keys.limit_pause(s[0].name)) <= MAX_PAUSE_S * 1000
+    assert probe.pause_left_ms(s[0].name) <= MAX_PAUSE_S * 1000

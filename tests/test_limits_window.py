@@ -1,9 +1,9 @@
-"""A limit at exactly the provider's rate, and what one 429 costs, on a real Redis.
+"""A limit at exactly the provider's rate, and what one 429 costs, on Redis and in memory.
 
-The in-process fleet (explore branches in threads, the Redis store and limiter, the real
-OpenAI client) against tests/fake_provider.py: a server that allows exactly N requests in
-any rolling second. bench/limits_bench.py (`--only exact`) runs the same through real
-workers at the issue's size.
+The in-process fleet (explore branches in threads, the Redis store and limiter or the
+memory store and its limiter, the real OpenAI client) against tests/fake_provider.py: a
+server that allows exactly N requests in any rolling second. bench/limits_bench.py
+(`--only exact`) runs the same through real workers at the issue's size.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.openai import OpenAIClient
 from fleet.models import Trace
 from fleet.settings import Settings
+from fleet.storage.memory_store import MemoryStore
 from fleet.storage.redis_store import RedisStore
+from fleet.storage.store import TraceStore
 from fleet.testing import Script
 from tests.fake_provider import RateLimitedProvider, RollingWindow
 from tests.fleetkit import explore_script
@@ -47,7 +49,7 @@ def brain(tmp: Path, branches: int, branch_turns: int) -> Script:
 
 @contextlib.contextmanager
 def local_fleet(
-    redis_client: redis.Redis, tmp: Path, url: str, per_minute: int
+    store: TraceStore, tmp: Path, url: str, per_minute: int
 ) -> Iterator[InProcessFleet]:
     """An in-process fleet whose provider `exact` is limited to `per_minute` in fleet.yaml."""
     limits = {"requests_per_minute": per_minute}
@@ -58,7 +60,7 @@ def local_fleet(
     workspace.mkdir(exist_ok=True)
     settings = Settings(workspace=workspace, config_path=config)
     local = InProcessFleet.from_settings(
-        settings, store=RedisStore(redis_client), dispatcher=InProcessDispatcher(THREADS)
+        settings, store=store, dispatcher=InProcessDispatcher(THREADS)
     )
     try:
         yield local
@@ -66,6 +68,15 @@ def local_fleet(
         for client in local.runtime.clients.values():
             if isinstance(client, OpenAIClient):
                 client.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> TraceStore:
+    """The limiter of each store: the Lua on a real Redis, and its memory twin."""
+    if request.param == "memory":
+        return MemoryStore()
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    return RedisStore(client)
 
 
 @pytest.fixture
@@ -80,13 +91,13 @@ def elapsed_s(trace: Trace) -> float:
 
 
 def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
-    redis_client: redis.Redis, tmp_path: Path
+    store: TraceStore, tmp_path: Path
 ) -> None:
     """150 branches x 2 calls at 30 requests in any rolling second: 302 calls, ~10 s."""
     rate, branches = 30, 150
     script = brain(tmp_path, branches, branch_turns=1)
     with RateLimitedProvider(script, requests_per_s=rate, window="rolling") as server:
-        with local_fleet(redis_client, tmp_path, server.url, rate * 60) as local:
+        with local_fleet(store, tmp_path, server.url, rate * 60) as local:
             trace = local.run("survey", model="exact:m")
         stats = server.stats
     assert trace.status == "completed", trace.error
@@ -98,7 +109,7 @@ def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
 
 
 def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
-    redis_client: redis.Redis, tmp_path: Path
+    store: TraceStore, tmp_path: Path
 ) -> None:
     """One 429 (retry-after: 0.300) mid-run: the fleet pauses ~0.3 s, not seconds.
 
@@ -110,7 +121,7 @@ def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
     script = brain(tmp_path, 100, branch_turns=0)
     with RateLimitedProvider(script, window="rolling") as server:
         server.refuse_once(after_answered=30, retry_after_s=0.3)
-        with local_fleet(redis_client, tmp_path, server.url, 1200) as local:
+        with local_fleet(store, tmp_path, server.url, 1200) as local:
             trace = local.run("survey", model="exact:m")
         log = list(server.stats.arrivals)
     assert trace.status == "completed", trace.error

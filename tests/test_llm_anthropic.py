@@ -133,7 +133,7 @@ def test_request_json_groups_tool_results_and_renames_openai_ids(server: FakePro
         {"role": "tool", "tool_call_id": "call_bbb", "content": "B"},
         {"role": "user", "content": "And now?"},
     ]
-    client = anthropic_client(server)
+    client = anthropic_client(server, prompt_cache=False)  # breakpoints: test_prompt_cache.py
 
     client.complete(history, [openai_tool("read_file", "Read a file.")], temperature=0.5)
     client.close()
@@ -223,7 +223,7 @@ def test_trace_moves_anthropic_to_openai_and_back_with_matching_ids(
     }
     server.replies.append(Reply(body=openai_answer))
     server.replies.append(Reply(body=message({"type": "text", "text": "ok"})))
-    claude = anthropic_client(server)
+    claude = anthropic_client(server, prompt_cache=False)  # ids only: no breakpoints
     gpt = OpenAIClient(f"{server.url}/v1", "sk-o", "gpt-4o", retry=no_wait())
 
     first = claude.complete([{"role": "user", "content": "list"}], [])
@@ -305,7 +305,7 @@ def test_max_output_tokens_per_call_beats_the_default_and_repr_hides_key() -> No
 
 
 def test_malformed_tool_arguments_are_kept_not_dropped() -> None:
-    client = AnthropicClient("http://127.0.0.1:1", KEY, "claude-haiku-4-5")
+    client = AnthropicClient("http://127.0.0.1:1", KEY, "claude-haiku-4-5", prompt_cache=False)
     broken = ToolCall("call_1", "ls", "{not json").to_openai()
     try:
         body = client.request_body(

@@ -8,14 +8,13 @@ import pytest
 
 from fleet.errors import ConfigError
 from fleet.llm.anthropic import AnthropicClient
+from fleet.llm.clients import make_client, validate_model
 from fleet.llm.config import (
     FleetConfig,
     ModelTarget,
     load_config,
-    make_client,
     resolve_model_name,
     resolve_target,
-    validate_model,
 )
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.pricing import ModelPricing
@@ -261,7 +260,6 @@ def test_missing_script_is_caught_by_preflight(config: FleetConfig, tmp_path: Pa
 
 
 def test_a_key_with_a_trailing_newline_is_stripped_and_control_chars_refused() -> None:
-    from fleet.llm.config import load_config, make_client
 
     config = load_config(None, env={})
     client = make_client(config, "openai:gpt-4o-mini", {"OPENAI_API_KEY": "sk-abc\n"})

@@ -81,7 +81,7 @@ def setup(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         wait_for_workers(url, [worker.name], timeout_s=60)
         fleet = client(fleet_settings(url, workspace, **env))
         yield Setup(fleet, workspace, f"scripted:{model_file}")
-        fleet.store.close()  # type: ignore[attr-defined]
+        fleet.store.close()
 
 
 def tool_messages(fleet: Fleet, trace_id: str) -> list[Message]:

@@ -75,7 +75,7 @@ def setup(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         wait_for_workers(url, [worker.name], timeout_s=60)
         fleet = client(fleet_settings(url, repo, **env))
         yield Setup(fleet, repo, f"scripted:{operator / 'script.yaml'}")
-        fleet.store.close()  # type: ignore[attr-defined]
+        fleet.store.close()
 
 
 def test_a_delegate_reads_the_log_through_mcp_server_git(setup: Setup) -> None:

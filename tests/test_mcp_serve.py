@@ -32,11 +32,17 @@ def script(latency_ms: int = 0) -> dict[str, Any]:
     look = {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
     ask = {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which one?"}}]}
     slow = [f"Slow branch {i}" for i in range(3)]
+    # other paths each time: the same call three times in a row would end it as a doom loop
+    wander = [
+        {"tool_calls": [{"name": "list_dir", "arguments": {"path": "." + "/." * i}}]}
+        for i in range(9)
+    ]
     spawn = {"tool_calls": [{"name": "agent", "arguments": {"task": slow}}]}
     return {
         "scripts": [
             {"match": "^Survey", "steps": [look, {"content": "done: {task}"}]},
             {"match": "^Slow branch", "steps": [look, look, {"content": "late"}]},
+            {"match": "^Long branch", "steps": [*wander, {"content": "too late"}]},
             {"match": "^Tree", "steps": [spawn, {"content": "{last_tool}"}]},
             {"match": "^Ask", "steps": [ask, {"content": "told: {last_tool}"}]},
         ],
@@ -112,11 +118,41 @@ def test_explore_five_tasks_gives_five_results_with_progress(served: Served) -> 
         arguments: dict[str, Any] = {"tasks": tasks, "timeout_s": TIMEOUT_S}
         return await client.call_tool("explore", arguments, progress_callback=on_progress)
 
-    results = structured(with_client(served, body))["results"]
+    tree = structured(with_client(served, body))
+    results = tree["results"]
 
     assert [r["status"] for r in results] == ["completed"] * 5
     assert [r["answer"] for r in results] == [f"done: Survey part {i}" for i in range(1, 6)]
     assert sorted(seen) == [(float(i), 5.0) for i in range(1, 6)]
+    # one tree: a root whose five collaborators are the branches, each a child of it
+    root = tree["trace_id"]
+    assert tree["status"] == "completed" and "@" not in root
+    assert [c["trace_id"] for c in tree["collaborators"]] == [r["trace_id"] for r in results]
+    assert all(r["trace_id"].startswith(f"{root}@explore-") for r in results)
+    for i in range(1, 6):
+        assert f"done: Survey part {i}" in tree["answer"]
+
+
+def test_stop_stops_an_explore_tree_and_every_branch(served: Served) -> None:
+    async def body(client: ClientSession) -> tuple[dict[str, Any], dict[str, Any]]:
+        tasks = [f"Long branch {i}" for i in range(5)]  # 10 calls of a second each
+        arguments = {"tasks": tasks, "model": served.slow_model, "timeout_s": 1.5}
+        running = structured(await client.call_tool("explore", arguments))
+        stopped = structured(await client.call_tool("stop", {"trace_id": running["trace_id"]}))
+        assert len(stopped["stopped"]) >= 1
+        ended = structured(await client.call_tool("wait", {"trace_id": running["trace_id"]}))
+        for _ in range(200):  # running branches stop themselves at their next turn
+            if all(c["status"] != "running" for c in ended["collaborators"]):
+                break
+            await anyio.sleep(0.05)
+            ended = structured(await client.call_tool("trace", {"trace_id": running["trace_id"]}))
+        return running, ended
+
+    running, ended = with_client(served, body)
+    assert running["status"] in ("running", "waiting")  # the explore gave up waiting first
+    assert len(running["results"]) == 5
+    assert ended["status"] == "stopped"
+    assert [c["status"] for c in ended["collaborators"]] == ["stopped"] * 5
 
 
 def test_submit_trace_and_wait(served: Served) -> None:

@@ -165,6 +165,27 @@ def test_model_turns_add_to_the_fleet_wide_usage_when_the_run_ends(
     assert not redis_db.hexists(keys.trace("t"), "uncounted"), "a trace at rest has none"
 
 
+def test_cached_tokens_add_to_the_fleet_wide_usage_and_an_older_entry_still_counts(
+    redis_db: redis.Redis,
+) -> None:
+    store = RedisStore(redis_db)
+    store.create_trace(Trace(trace_id="t", root_trace_id="t", task="x"))
+    store.update_trace("t", status="running")
+    # what a writer from before cached tokens left: three numbers per model
+    redis_db.hset(keys.trace("t"), "uncounted", json.dumps({MODEL: [5, 1, 0.001]}))
+    turn = Message(trace_id="t", role="assistant", model=MODEL, prompt_tokens=10)
+    store.append_message(turn.model_copy(update={"cached_tokens": 8, "completion_tokens": 2}))
+    store.update_trace("t", status="completed")
+
+    tokens, _ = usage_families(redis_db)
+
+    assert tokens.samples == {
+        (("kind", "prompt"), ("model", MODEL)): 15.0,
+        (("kind", "completion"), ("model", MODEL)): 3.0,
+        (("kind", "cached"), ("model", MODEL)): 8.0,
+    }
+
+
 def test_running_traces_count_by_the_queue_of_their_mode(redis_db: redis.Redis) -> None:
     store = RedisStore(redis_db)
     modes: list[tuple[str, Mode]] = [

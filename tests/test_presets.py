@@ -43,7 +43,9 @@ def test_builtin_presets() -> None:
     default, explore = BUILTIN_PRESETS["default"], BUILTIN_PRESETS["explore"]
     analyst, evaluate = BUILTIN_PRESETS["analyst"], BUILTIN_PRESETS["evaluate"]
     assert (default.allowed_tools, default.max_iterations) == (None, 30)
-    assert explore.allowed_tools == frozenset({"read_file", "list_dir", "glob", "grep", "skill"})
+    assert explore.allowed_tools == frozenset(
+        {"read_file", "read_image", "list_dir", "glob", "grep", "skill"}
+    )
     assert (explore.read_only, explore.max_iterations) == (True, 15)
     assert "web_fetch" in (analyst.allowed_tools or set())
     assert (analyst.temperature, analyst.max_iterations) == (0.3, 25)
@@ -132,7 +134,7 @@ def test_missing_folder(tmp_path: Path) -> None:
         ("---\ntools: read_file\n---\n", "tools: Input should be a valid list"),
         ("---\ncolour: red\n---\n", "colour: unknown setting"),
         ("---\ntools: [wirte_file]\n---\n", "tools: unknown tool 'wirte_file'"),
-        ("---\ncache: {ttl_s: 60}\n---\n", "cache.keys: Field required"),
+        ("---\ncache: {ttl_s: 60}\n---\n", "cache needs keys (its answer) or tools"),
         ("---\nname: 'bad name'\n---\n", "name: String should match pattern"),
     ],
 )

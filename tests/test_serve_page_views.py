@@ -30,7 +30,8 @@ from selenium.webdriver.support.wait import WebDriverWait
 from fleet.conversation.approval_rules import ApprovalRule
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessDispatcher
-from fleet.limits.budget import Budget, budget_state
+from fleet.limits.backends import budget_state
+from fleet.limits.budget import Budget
 from fleet.llm.base import LLMResponse
 from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Event, Trace, TraceStats
@@ -38,10 +39,9 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.redis_store import RedisStore
 from fleet.testing import ScriptedModel, call, text
-from fleetops.serve.app import ServeConfig
 from tests.browserkit import chromium, page_value, screenshot, script_errors
 from tests.fleetkit import explore_script, wait_until
-from tests.servekit import LocalActions, serving
+from tests.servekit import LocalActions, page_config, serving
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,7 @@ def test_conversation_timeline_and_budget_of_an_explore(
     state = budget_state(store, root)
     assert state is not None and state.used_tokens > 0
     wait = waiter(browser)
-    with serving(ServeConfig(store=store, actions=local)) as url:
+    with serving(page_config(local)) as url:
         browser.get(f"{url}/?trace={root}")
         expected = f"tokens: used {state.used_tokens} · reserved {state.reserved_tokens}"
         wait.until(lambda b: expected + " · limit 50000" in text_of(b, "tree-budget"))
@@ -180,7 +180,7 @@ def test_hostile_model_text_renders_as_text(
     local = actions_with(store, tmp_path, ScriptedModel(function=hostile_model))
     trace = local.run(f"task {HOSTILE}", model="m")
     assert trace.status == "completed", trace.error
-    with serving(ServeConfig(store=store, actions=local)) as url:
+    with serving(page_config(local)) as url:
         browser.get(f"{url}/?trace={trace.trace_id}&open={trace.trace_id}")
         waiter(browser).until(lambda b: "done <script>" in text_of(b, "message-list"))
         shown = text_of(browser, "message-list")
@@ -212,7 +212,7 @@ def test_the_front_page_filters_to_waiting_and_a_reply_and_a_stop_reach_the_tree
     assert asked.status == "waiting"
     idle = create_root(local.runtime, TaskSpec("never runs", "m")).trace_id  # queued
     wait = waiter(browser)
-    with serving(ServeConfig(store=store, actions=local)) as url:
+    with serving(page_config(local)) as url:
         browser.get(f"{url}/")
         wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#trace-rows tr")) == 2)
         screenshot(browser, "serve-front")
@@ -252,7 +252,7 @@ def test_approve_from_the_page_and_a_rewound_conversation_offers_its_branches(
     )
     trace = local.run("write it", model="m").trace_id
     wait = waiter(browser)
-    with serving(ServeConfig(store=store, actions=local)) as url:
+    with serving(page_config(local)) as url:
         browser.get(f"{url}/?trace={trace}")
         wait.until(lambda b: b.find_elements(By.ID, "approval-form"))
         shown = text_of(browser, "approval-form")
@@ -290,7 +290,7 @@ def test_an_action_from_another_origin_or_without_the_token_is_refused(
 ) -> None:
     local = actions_with(store, tmp_path, ScriptedModel(function=asker))
     asked = local.run("paint the shed", model="m").trace_id
-    with serving(ServeConfig(store=store, actions=local)) as target, attacker(tmp_path) as evil:
+    with serving(page_config(local)) as target, attacker(tmp_path) as evil:
         reply = f"{target}/api/traces/{asked}/reply"
         browser.get(f"{target}/")  # same origin, but no CSRF token: 403
         assert browser.execute_async_script(FETCH, reply, {}, "cors") == 403
@@ -396,7 +396,7 @@ def test_render_time_of_a_wide_tree(
     root, events = wide_tree(store, branches)
     local = actions_with(store, tmp_path, ScriptedModel())
     wait = WebDriverWait(browser, 120, poll_frequency=0.05)
-    with serving(ServeConfig(store=store, actions=local)) as url:
+    with serving(page_config(local)) as url:
         browser.get(f"{url}/?trace={root}&view=timeline")
         wait.until(lambda b: page_value(b, "events") == events)
         wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".node")) == branches + 1)

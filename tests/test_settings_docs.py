@@ -50,6 +50,7 @@ def test_every_variable_reaches_its_field() -> None:
     values = {
         "FLEET_REDIS_URL": "redis://r:1/0",
         "FLEET_BROKER_URL": "amqp://b//",
+        "FLEET_REDIS_SENTINEL_MASTER": "fleetmaster",
         "FLEET_WORKSPACE": "/tmp",
         "FLEET_ALLOW_SHELL": "1",
         "FLEET_AGENTS_DIR": "/agents",

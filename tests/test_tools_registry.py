@@ -209,7 +209,8 @@ def test_schemas_of_unknown_tool(registry: ToolRegistry) -> None:
 
 def test_default_registry_has_every_builtin_tool() -> None:
     registry = default_registry()
-    names = "read_file list_dir glob grep write_file edit_file bash web_fetch web_search skill"
+    names = "read_file read_image list_dir glob grep write_file edit_file bash web_fetch"
+    names += " web_search skill"
     expected = set(names.split())
     assert set(registry.names()) == expected
     for schema in registry.schemas(registry.names()):
@@ -310,7 +311,15 @@ def test_only_self_limiting_built_ins_skip_the_backstop() -> None:
     tools' own limits: bash, web_fetch and skill keep their thread."""
     registry = default_registry()
     bounded = {name for name in registry.names() if registry.get(name).bounded}
-    files_and_search = {"read_file", "list_dir", "glob", "grep", "write_file", "edit_file"}
+    files_and_search = {
+        "read_file",
+        "read_image",
+        "list_dir",
+        "glob",
+        "grep",
+        "write_file",
+        "edit_file",
+    }
     assert bounded == files_and_search
 
 
@@ -321,6 +330,7 @@ def test_a_fifo_planted_for_a_bounded_tool_does_not_hold_the_slot(tmp_path: Path
     ctx = ToolContext(tmp_path, tool_timeout_s=0.5)
     for name, arguments in (
         ("read_file", {"path": "pipe"}),
+        ("read_image", {"path": "pipe"}),
         ("edit_file", {"path": "pipe", "old_text": "a", "new_text": "b"}),
         ("write_file", {"path": "pipe", "content": "x"}),
         ("grep", {"pattern": "x"}),

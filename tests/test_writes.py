@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import redis
@@ -13,12 +13,12 @@ from fleet import lifecycle
 from fleet.errors import TraceNotFound
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse, Usage
-from fleet.models import Collaborator, Event, Message, Trace
+from fleet.models import Collaborator, Event, Message, Status, Trace
 from fleet.settings import Settings
 from fleet.storage import keys as fleet_keys
 from fleet.storage.redis_store import RedisStore
-from fleet.storage.store import TraceStore
-from fleet.storage.writes import TraceWrite, apply_one_by_one
+from fleet.storage.store import STARTABLE, TraceStore, apply_one_by_one
+from fleet.storage.writes import TraceWrite
 from fleet.testing import ScriptedModel, call, text
 
 
@@ -92,6 +92,8 @@ def test_apply_leaves_what_the_single_writes_leave(store: TraceStore) -> None:
         "completion_tokens": 3,
         "cost_usd": 0.25,
         "duration_ms": 12,
+        "cached_tokens": 0,
+        "cache_write_tokens": 0,
     }
     events = [e for _, e in store.read_events("root") if e.trace_id == "one"]
     assert [e.kind for e in events] == ["trace", "message", "message", "collaborator", "finish"]
@@ -246,3 +248,18 @@ def test_a_write_puts_collaborators_into_one_parent_only() -> None:
     with pytest.raises(ValueError, match="one parent only"):
         write.put_collaborator("q", entry)
     assert len(write.ops) == 2
+
+
+@pytest.mark.parametrize("status", get_args(Status))
+def test_begin_run_starts_exactly_the_startable_statuses_on_every_store(
+    store: TraceStore, status: Status
+) -> None:
+    """`STARTABLE` is the one rule: the Lua (generated from it) and the memory store agree."""
+    store.create_trace(Trace(trace_id="r", root_trace_id="r", task="do", status=status))
+    snapshot = store.begin_run("r", "me", 10_000, lifecycle.starting("r"))
+    assert snapshot is not None
+    started = status in STARTABLE
+    expected = "running" if started else status
+    assert snapshot.trace.status == expected and store.get_trace("r").status == expected
+    events = [(e.kind, e.status) for _, e in store.read_events("r")]
+    assert events == ([("trace", "running")] if started else [])

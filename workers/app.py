@@ -9,13 +9,14 @@ from typing import Any
 
 from celery import Celery
 from celery.app.backends import by_url
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 from kombu.entity import Queue
 from kombu.messaging import Producer
 
 from fleet.limits.trees import Priority
 from fleet.settings import Settings, process_settings
-from fleet.storage.redis_connect import Lua
+from fleet.storage.redis_connect import SENTINEL_TIMEOUT_S, Lua
+from fleet.storage.redis_urls import is_sentinel
 from workers import events, join, kombu_fix
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
@@ -59,9 +60,25 @@ def message_priority(priority: Priority, broker_url: str) -> int:
     return 0 if priority == "interactive" else 6
 
 
+def transport_options(url: str, sentinel_master: str | None) -> dict[str, Any]:
+    """The transport options of kombu and the result backend for a Redis at `url`.
+
+    A `sentinel://` URL gets the master's name (`master_name`: kombu's sentinel transport
+    and Celery's `SentinelBackend` both read it) and short timeouts for asking a sentinel.
+    """
+    options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    if is_sentinel(url):
+        asking = {
+            "socket_timeout": SENTINEL_TIMEOUT_S,
+            "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        }
+        options |= {"master_name": sentinel_master, "sentinel_kwargs": asking}
+    return options
+
+
 def make_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for a fleet on these URLs."""
-    transport = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    master = settings.redis_sentinel_master
     if is_amqp(settings.broker_url):
         priorities = {
             "task_queue_max_priority": AMQP_MAX_PRIORITY,
@@ -72,8 +89,8 @@ def make_config(settings: Settings) -> dict[str, Any]:
     return priorities | {
         "broker_url": settings.broker_url,
         "result_backend": settings.redis_url,
-        "broker_transport_options": transport,
-        "result_backend_transport_options": transport,
+        "broker_transport_options": transport_options(settings.broker_url, master),
+        "result_backend_transport_options": transport_options(settings.redis_url, master),
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
         "result_serializer": "json",
@@ -162,6 +179,15 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
         return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)
 
 
+class SendOnlySentinelBackend(SendOnlyRedisBackend, SentinelBackend):  # type: ignore[misc]
+    """`SendOnlyRedisBackend` on Celery's Sentinel backend (a `sentinel://` result backend).
+
+    The method resolution order puts `SendOnlyRedisBackend`'s overrides first and lets
+    their `super()` calls reach `SentinelBackend`, which finds the master through the
+    sentinels (`result_backend_transport_options["master_name"]`).
+    """
+
+
 class FleetCelery(Celery):  # type: ignore[misc]
     """Celery that sends a thread's messages in one pipeline (`one_pipeline`)."""
 
@@ -175,10 +201,12 @@ class FleetCelery(Celery):  # type: ignore[misc]
         return super().producer_or_acquire(producer or getattr(self._pipelined, "producer", None))
 
     def _get_backend(self) -> Any:
-        # Celery's own three lines, with `SendOnlyRedisBackend` for the Redis backend.
+        # Celery's own three lines, with the send-only classes for the Redis backends.
         backend, url = by_url(self.backend_cls or self.conf.result_backend, self.loader)
         if backend is RedisBackend:
             backend = SendOnlyRedisBackend
+        elif backend is SentinelBackend:
+            backend = SendOnlySentinelBackend
         return backend(app=self, url=url)
 
 

@@ -22,7 +22,7 @@ def get_runtime() -> Runtime:
     with _lock:
         if _runtime is None:
             settings = process_settings()
-            store = RedisStore.from_url(settings.redis_url)
+            store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
             hooks = build_hooks(settings, store)  # OTel when asked, and FLEET_HOOKS
             _runtime = Runtime.build(settings, store, CeleryDispatcher(), hooks=hooks)
         return _runtime
@@ -33,7 +33,7 @@ def reset_runtime() -> None:
     global _runtime
     forget_process_settings()
     with _lock:
-        if _runtime is not None and isinstance(_runtime.store, RedisStore):
+        if _runtime is not None:
             _runtime.store.close()
         _runtime = None
 

@@ -1,7 +1,8 @@
 """Batch files: JSONL or YAML, every entry validated before anything is submitted.
 
 A batch file holds one task per entry: `task` (required), and optionally `id`, `preset`,
-`model`, `workspace`, `metadata`, `budget: {tokens, usd, sub_agents}` (YAML: a list, or a
+`model`, `workspace`, `metadata`, `budget: {tokens, usd, sub_agents}`, `images: [PATH|URL]`
+(paths inside the entry's workspace only: a batch file is untrusted) (YAML: a list, or a
 `tasks:` list; JSONL: one object per line; a bare string is a task). Problems read
 `FILE:LINE: reason`; ids default to `line-N`.
 """
@@ -15,16 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from fleet.batch.run import BatchEntry
+from fleet.batch.run import BatchEntry, entry_images
 from fleet.conversation.roots import check_budget
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.runtime import Runtime
 from fleet.security import yamlsafe
+from fleet.tools.imagesource import MAX_TASK_IMAGES
 
-ENTRY_KEYS = ("id", "task", "preset", "model", "workspace", "metadata", "budget")
+ENTRY_KEYS = ("id", "task", "preset", "model", "workspace", "metadata", "budget", "images")
 YAML_SUFFIXES = frozenset({".yaml", ".yml"})
 
 
@@ -53,6 +55,7 @@ class _EntryIn(BaseModel):
     workspace: StrictStr | None = None
     metadata: dict[str, Any] | None = None
     budget: BudgetIn | None = None
+    images: list[StrictStr] | None = Field(default=None, max_length=MAX_TASK_IMAGES)
 
 
 # -- parsing -----------------------------------------------------------------
@@ -185,6 +188,7 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         workspace=Path(wire.workspace).expanduser() if wire.workspace else None,
         metadata=metadata,
         budget=wire.budget.to_budget() if wire.budget else None,
+        images=tuple(wire.images or ()),
     )
 
 
@@ -224,6 +228,8 @@ def _as_dict(entry: BatchEntry) -> dict[str, Any]:
             value[key] = getattr(entry, key)
     if entry.workspace is not None:
         value["workspace"] = str(entry.workspace)
+    if entry.images:
+        value["images"] = list(entry.images)
     return value
 
 
@@ -251,6 +257,11 @@ def check_entries(runtime: Runtime, entries: Sequence[BatchEntry], where: str) -
             seen[key] = _check_one(runtime, *key)
         if (reason := seen[key]) is not None:
             problems.append((entry.line, reason))
+        elif entry.images:  # read now too: a refused image must stop the batch before it starts
+            try:
+                entry_images(runtime, entry)
+            except ConfigError as exc:
+                problems.append((entry.line, str(exc)))
     if problems:
         raise BatchInputError(where, problems)
 

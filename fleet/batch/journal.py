@@ -20,7 +20,7 @@ from fleet.batch.file import BatchInputError
 from fleet.batch.run import BATCH_KEY, ENTRY_KEY, BatchEntry, BatchHooks, BatchResult, ResumeState
 from fleet.errors import ConfigError
 from fleet.models import now_ms
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords, TraceStore
 
 SUBMITTED_SUFFIX = ".submitted"
 ORPHAN_SCAN_START = 200
@@ -132,7 +132,7 @@ class ResultsJournal(BatchHooks):
         _write(self._side, row)
 
 
-def find_orphan(store: TraceStore, batch_key: str, entry_id: str, since_ms: int) -> str | None:
+def find_orphan(store: TraceRecords, batch_key: str, entry_id: str, since_ms: int) -> str | None:
     """The root of `entry_id` created around `since_ms`, if the store has one.
 
     Reads the newest traces, widening the scan until it reaches traces older than the intent.

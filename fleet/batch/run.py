@@ -21,11 +21,14 @@ from fleet.batch import DEFAULT_MAX_IN_FLIGHT
 from fleet.conversation.human import waiting_on
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
-from fleet.limits.budget import Budget, budget_state
+from fleet.limits.backends import budget_state
+from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
 from fleet.models import TERMINAL, Event, Trace
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceStore
+from fleet.tools.imagecheck import Image
+from fleet.tools.imagesource import load_images
 
 
 class BatchClient(Protocol):
@@ -75,6 +78,21 @@ class BatchEntry:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     budget: Budget | None = None
     """What this entry's whole tree may spend."""
+    images: tuple[str, ...] = ()
+    """Paths inside the entry's workspace, or http(s) URLs (`fleet.tools.imagesource`)."""
+
+
+def entry_images(runtime: Runtime, entry: BatchEntry) -> tuple[Image, ...]:
+    """The entry's images, each path confined to the entry's workspace; `ConfigError` if not."""
+    if not entry.images:
+        return ()
+    settings = runtime.settings.with_workspace(entry.workspace or runtime.settings.workspace)
+    return load_images(
+        entry.images,
+        workspace=settings.workspace,
+        web_allow=settings.web_allow,
+        private=settings.private_dirs,
+    )
 
 
 @dataclass(frozen=True)
@@ -272,7 +290,8 @@ class _Window:
         spec = TaskSpec(
             entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
         )
-        spec = replace(spec, budget=entry.budget, priority="batch")
+        images = entry_images(self.fleet.runtime, entry)
+        spec = replace(spec, budget=entry.budget, priority="batch", images=images)
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)
         self.fleet.enqueue(trace, "batch")

@@ -19,7 +19,7 @@ from fleet.llm.base import ToolCall
 from fleet.models import Trace
 from fleet.presets import AgentPreset
 from fleet.storage import keys
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def delegate_preset(call: ToolCall) -> tuple[str, dict[str, Any]] | None:
     return str(arguments.get("agent_type") or "default"), arguments
 
 
-def remember(store: TraceStore, child: Trace, result: str) -> None:
+def remember(store: Services, child: Trace, result: str) -> None:
     """Store a completed child's tool result under the key it was spawned with."""
     key, ttl_s = child.metadata.get("cache_key"), child.metadata.get("cache_ttl_s")
     if key and ttl_s and child.status == "completed":

@@ -22,9 +22,9 @@ from fleet import lifecycle
 from fleet.children.cache import remember
 from fleet.children.collect import result_message
 from fleet.history import main_path, open_turn
-from fleet.models import Collaborator, Event, Trace
+from fleet.models import Collaborator, Event, Trace, text_of
 from fleet.runtime import Runtime
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords, TraceStore
 from fleet.storage.writes import TraceWrite
 
 
@@ -90,7 +90,7 @@ def _settle(
         store.apply(entries)
     message = result_message(parent_trace_id, tool_call_id, children)
     if len(children) == 1:
-        remember(store, children[0], message.content or "")
+        remember(store, children[0], text_of(message.content))
     if store.append_collected(message) is None:
         return AlreadyCollected()
     for child in children:  # once: only the collector whose result landed gets here
@@ -133,13 +133,13 @@ def call_children(store: TraceStore, parent_trace_id: str, tool_call_id: str) ->
     return [k.trace_id for k in _call_traces(store, parent_trace_id, tool_call_id)]
 
 
-def _call_traces(store: TraceStore, parent_trace_id: str, tool_call_id: str) -> list[Trace]:
+def _call_traces(store: TraceRecords, parent_trace_id: str, tool_call_id: str) -> list[Trace]:
     """Those children as read in one step (a child's end settles on them: no second read)."""
     kids = store.get_traces(store.children(parent_trace_id))
     return [k for k in kids if k.parent_tool_call_id == tool_call_id]
 
 
-def turn_complete(store: TraceStore, trace_id: str) -> bool:
+def turn_complete(store: TraceRecords, trace_id: str) -> bool:
     """True when every tool call of the trace's last assistant turn has a result."""
     snapshot = store.snapshot(trace_id)  # the trace and its messages from one instant
     return open_turn(main_path(snapshot.messages, snapshot.trace.head_sequence)) is None

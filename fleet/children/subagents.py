@@ -8,12 +8,13 @@ from typing import Any
 
 from fleet import ids, lifecycle
 from fleet.children.cache import CacheScope, cache_key
+from fleet.children.warming import WARM_KEY, warms
 from fleet.conversation.continuation import TURN_KEY, turn_of
 from fleet.errors import ToolError, TraceExists
 from fleet.goals import GoalTree
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
-from fleet.models import Message, Mode, ToolCeiling, Trace
+from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
 
@@ -138,6 +139,7 @@ def _agent_children(
         # it runs: `agent_type: analyst` gives the branches web_search, never a write.
         branch_preset = str(args.get("agent_type") or "explore")
         _check_preset(runtime, parent, branch_preset)
+        common["warm"] = warms(runtime.preset(parent.preset), runtime.config.warm_explore)
         per_branch = _branch_messages(messages, len(task))
         specs = [
             _ChildSpec("explore", branch_preset, t, i, messages)
@@ -163,8 +165,19 @@ def child_ceiling(runtime: Runtime, parent: Trace) -> ToolCeiling:
     allowed = runtime.permissions(parent)
     tools = None if allowed.allowed_tools is None else sorted(allowed.allowed_tools)
     mcp = None if allowed.mcp_servers is None else sorted(allowed.mcp_servers)
+    web: list[DomainLayer] = []
+    for rules in runtime.web_filter(parent).layers[1:]:  # [0] is fleet.yaml's, read anew
+        layer = DomainLayer(
+            allow=None if rules.allow is None else list(rules.allow), deny=list(rules.deny)
+        )
+        if layer not in web:
+            web.append(layer)
     return ToolCeiling(
-        allowed=tools, denied=sorted(allowed.denied_tools), read_only=allowed.read_only, mcp=mcp
+        allowed=tools,
+        denied=sorted(allowed.denied_tools),
+        read_only=allowed.read_only,
+        mcp=mcp,
+        web=web,
     )
 
 
@@ -296,7 +309,7 @@ def _child_trace(
         parent_tool_call_id=call_id,
         context=context,
         skills=common.get("skills") or [],
-        metadata=_metadata(runtime, parent, call_id, common),
+        metadata=_metadata(runtime, parent, call_id, common, index),
         ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
     )
 
@@ -344,10 +357,12 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
 
 
 def _metadata(
-    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any]
+    runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any], index: int | None
 ) -> dict[str, Any]:
-    """A new child's metadata: its cache key, its parent's tracing context, the turn."""
+    """A new child's metadata: cache key, tracing context, turn, cache warming (`warming`)."""
     metadata = dict(common.get("cache") or {})
+    if common.get("warm") and index is not None and index > 1:
+        metadata[WARM_KEY] = True
     if otel := runtime.hooks.child_context(parent, call_id):
         metadata["otel"] = otel
     if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn

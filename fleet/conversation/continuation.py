@@ -17,9 +17,9 @@ from typing import Any
 from fleet import lifecycle
 from fleet.errors import ConversationError
 from fleet.history import healed_result, main_path, open_turn
-from fleet.models import Message, Trace
+from fleet.models import Message, Trace, text_of
 from fleet.runtime import Runtime
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Leases
 
 TURN_KEY = "turn"
 """Trace metadata: how many times the root was continued (0 for its first run)."""
@@ -74,7 +74,7 @@ def continue_trace(
         store.release_lease(trace_id, owner)
 
 
-def _take_lease(store: TraceStore, trace_id: str, owner: str, ttl_ms: int) -> bool:
+def _take_lease(store: Leases, trace_id: str, owner: str, ttl_ms: int) -> bool:
     """The lease, waiting out a runner that wrote its finish and is letting go of it."""
     deadline = time.monotonic() + RELEASE_WAIT_S
     while not store.acquire_lease(trace_id, owner, ttl_ms):
@@ -175,7 +175,7 @@ def branches(messages: list[Message], head: int | None) -> list[dict[str, Any]]:
     for leaf in leaves:
         path = main_path(messages, leaf)
         turns = [
-            {"sequence": m.sequence, "content": m.content or ""}
+            {"sequence": m.sequence, "content": text_of(m.content)}
             for m in path
             if m.role == "user" and not m.metadata.get("injected")
         ]
@@ -185,7 +185,7 @@ def branches(messages: list[Message], head: int | None) -> list[dict[str, Any]]:
                 "leaf_sequence": leaf,
                 "main": leaf in main,
                 "user_turns": turns,
-                "last": {"role": last.role, "content": last.content or ""},
+                "last": {"role": last.role, "content": text_of(last.content)},
             }
         )
     return out

@@ -21,7 +21,7 @@ from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace, now_ms
 from fleet.presets import AgentPreset
 from fleet.runtime import Runtime
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceContent, TraceRecords
 from fleet.tools.base import ToolResult
 
 __all__ = [
@@ -131,7 +131,7 @@ def waiting_on(trace: Trace) -> dict[str, Any] | None:
     return waiting
 
 
-def waiting_traces(store: TraceStore, limit: int = 50, scan: int = 1000) -> list[Trace]:
+def waiting_traces(store: TraceRecords, limit: int = 50, scan: int = 1000) -> list[Trace]:
     """Traces waiting on a person, newest first, among the last `scan` traces."""
     found = [t for t in store.list_traces(scan) if waiting_on(t) is not None]
     return found[:limit]
@@ -182,7 +182,7 @@ def end_wait(runtime: Runtime, trace_id: str, *, reason: str, text: str) -> Trac
 
 
 def _answer(
-    store: TraceStore, trace: Trace, waiting: dict[str, Any], text: str, meta: dict[str, Any]
+    store: TraceContent, trace: Trace, waiting: dict[str, Any], text: str, meta: dict[str, Any]
 ) -> bool:
     """The tool result of the `ask_human` call, written at most once (a once-mark)."""
     written = store.append_collected(

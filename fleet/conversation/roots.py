@@ -14,13 +14,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from fleet import ids
-from fleet.errors import ConfigError
+from fleet.conversation.fanout import FAN_OUT_KEY, fan_out_metadata
+from fleet.errors import ConfigError, ToolError
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.limits.values import PositiveCount, validated
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
+from fleet.tools.imagecheck import Image, stored_ref
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,12 @@ class TaskSpec:
     """Children of the tree running at once (else the preset's, else unbounded)."""
     priority: Priority = "interactive"
     """`batch` trees are served after `interactive` ones."""
+    images: tuple[Image, ...] = ()
+    """Shown to the model with the task (`fleet.tools.imagesource.load_images` checks them)."""
+    fan_out: tuple[str, ...] | None = None
+    """A fan-out root: explores these tasks itself, no model deciding (`fanout`)."""
+    fan_out_preset: str = "explore"
+    """The preset of a fan-out root's branches (read-only whatever it says)."""
 
 
 def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
@@ -49,11 +57,24 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
     """
     if not spec.task.strip():
         raise ConfigError("the task is empty")
+    if FAN_OUT_KEY in (spec.metadata or {}):
+        raise ConfigError(f"metadata: {FAN_OUT_KEY!r} is the fleet's own key, not a submission's")
+    metadata = dict(spec.metadata or {})
+    if spec.fan_out is not None:
+        runtime.preset(spec.fan_out_preset)
+        metadata |= fan_out_metadata(spec.fan_out, spec.fan_out_preset)
     runtime.preset(spec.preset)
     model = runtime.model_name(spec.model, spec.preset)
     runtime.check_model(model)
     workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
+    if spec.images and not runtime.has_vision(model):
+        raise ConfigError(f"model {model!r} takes no images (vision: false in fleet.yaml)")
     trace_id = ids.root_id()
+    # Stored once for the tree before its root exists; the trace names them, never holds them.
+    try:
+        refs = [stored_ref(runtime.images, trace_id, image) for image in spec.images]
+    except ToolError as exc:
+        raise ConfigError(f"image refused: {exc}") from None
     trace = Trace(
         trace_id=trace_id,
         root_trace_id=trace_id,
@@ -63,7 +84,8 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         preset=spec.preset,
         model=_portable(model),
         workspace=str(workspace.workspace),
-        metadata=dict(spec.metadata or {}),
+        metadata=metadata,
+        context={"images": refs} if refs else {},
     )
     _control(runtime, spec, model, trace_id)
     runtime.store.track_tree(trace_id)  # first: a crash leaves an id the check drops

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import re
 import uuid
+from array import array
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.errors import ConfigError
+from fleet.llm.embeddings import Vector
 from fleet.models import now_ms
 
 Source = Literal["execution", "feedback", "manual"]
@@ -78,3 +84,40 @@ def new_experience(
         evidence=list(evidence or []),
         approved=approved,
     )
+
+
+@dataclass(frozen=True)
+class StoredVector:
+    """An experience's embedding, with what it was computed from (to notice a stale one)."""
+
+    model: str
+    """The embedding alias it came from: another model's vector is not compared."""
+    digest: str
+    """`text_digest` of the text embedded: an edited experience's old vector is not used."""
+    values: Vector
+
+    def encode(self) -> str:
+        """JSON with the vector as base64 float32 (a quarter of its decimal text)."""
+        packed = base64.b64encode(array("f", self.values).tobytes()).decode()
+        return json.dumps({"model": self.model, "digest": self.digest, "f32": packed})
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> StoredVector | None:
+        """What `encode` wrote; None for anything else (read as "no vector yet")."""
+        try:
+            data = json.loads(raw)
+            values = array("f")
+            values.frombytes(base64.b64decode(data["f32"], validate=True))
+            return cls(str(data["model"]), str(data["digest"]), tuple(values))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def embedding_text(experience: Experience) -> str:
+    """What is embedded for an experience: its condition, then its rule."""
+    return f"{experience.condition}\n{experience.rule}"
+
+
+def text_digest(experience: Experience) -> str:
+    """A short hash of `embedding_text`, stored beside the vector."""
+    return hashlib.sha256(embedding_text(experience).encode()).hexdigest()[:16]

@@ -2,8 +2,10 @@
 
 A trace's scopes are `agent:PRESET`, and `user:NAME` / `project:NAME` when its metadata
 says `user` / `project`: a rule of another user's scope never reaches it. Within each
-scope the approved experiences are ranked by BM25 over condition and rule against the
-task, and the best `TOP_K_PER_SCOPE` that share a word with it are shown. The text is
+scope the approved experiences are ranked against the task, and the best `TOP_K_PER_SCOPE`
+are shown: by the cosine similarity of embeddings when fleet.yaml names an embedding model
+(`fleet.experiences.embedding`; those under its `min_similarity` are left out), else, or
+when the endpoint fails, by BM25 over condition and rule (those sharing a word with it). The text is
 quoted as JSON strings under a heading that says it is data, not the user's instruction.
 """
 
@@ -15,6 +17,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
+from fleet.experiences.embedding import Embedder, nearest
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
 from fleet.models import Trace
@@ -39,12 +42,24 @@ def scopes_of(trace: Trace) -> list[str]:
     return scopes
 
 
-def select(store: ExperienceStore, trace: Trace, k: int = TOP_K_PER_SCOPE) -> list[Experience]:
+def select(
+    store: ExperienceStore,
+    trace: Trace,
+    k: int = TOP_K_PER_SCOPE,
+    embedder: Embedder | None = None,
+) -> list[Experience]:
     """The approved experiences of the trace's scopes that best match its task."""
-    approved = [e for e in store.all() if e.approved]  # one read, however many scopes
+    scopes = scopes_of(trace)
+    # One read, however many scopes; one embeddings request, for every scope at once.
+    candidates = [e for e in store.all() if e.approved and e.scope in scopes]
+    ranked = None if embedder is None else nearest(store, embedder, candidates, trace.task)
     chosen: list[Experience] = []
-    for scope in scopes_of(trace):
-        chosen += rank([e for e in approved if e.scope == scope], trace.task)[:k]
+    for scope in scopes:
+        if ranked is None:  # none configured, or the endpoint failed: BM25 per scope
+            mine = rank([e for e in candidates if e.scope == scope], trace.task)
+        else:
+            mine = [e for e in ranked if e.scope == scope]
+        chosen += mine[:k]
     return chosen
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
+import redis
+
 from fleet.errors import ExperienceNotFound
-from fleet.experiences.model import Experience
+from fleet.experiences.model import Experience, StoredVector
+from fleet.storage.capability import Capability
 
 
 class ExperienceStore(Protocol):
@@ -26,7 +29,15 @@ class ExperienceStore(Protocol):
         ...
 
     def remove(self, experience_id: str) -> bool:
-        """Forget one; False if there was none."""
+        """Forget one (and its vector); False if there was none."""
+        ...
+
+    def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:
+        """The stored embeddings of these experiences (those that have one)."""
+        ...
+
+    def put_vectors(self, vectors: Mapping[str, StoredVector]) -> None:
+        """Store (or replace) embeddings by experience id."""
         ...
 
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:
@@ -45,6 +56,7 @@ class MemoryExperiences:
         """Empty."""
         self._items: dict[str, Experience] = {}
         self._used: dict[str, list[str]] = {}
+        self._vectors: dict[str, StoredVector] = {}
         self._lock = threading.Lock()
 
     def put(self, experience: Experience) -> None:  # noqa: D102 (the Protocol's)
@@ -65,7 +77,16 @@ class MemoryExperiences:
 
     def remove(self, experience_id: str) -> bool:  # noqa: D102
         with self._lock:
+            self._vectors.pop(experience_id, None)
             return self._items.pop(experience_id, None) is not None
+
+    def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:  # noqa: D102
+        with self._lock:
+            return {i: self._vectors[i] for i in experience_ids if i in self._vectors}
+
+    def put_vectors(self, vectors: Mapping[str, StoredVector]) -> None:  # noqa: D102
+        with self._lock:
+            self._vectors.update((i, v) for i, v in vectors.items() if i in self._items)
 
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:  # noqa: D102
         with self._lock:
@@ -80,3 +101,13 @@ class MemoryExperiences:
             for i in ids if succeeded else ():
                 self._items[i].successes += 1
         return ids
+
+
+def _on_redis(client: redis.Redis) -> ExperienceStore:
+    from fleet.storage.redis_experiences import RedisExperiences
+
+    return RedisExperiences(client)
+
+
+EXPERIENCES: Capability[ExperienceStore] = Capability("experiences", _on_redis, MemoryExperiences)
+"""The experiences a store keeps beside it: `store.capability(EXPERIENCES)`."""

@@ -180,19 +180,7 @@ class Budgets:
 
     def create(self, root_trace_id: str, budget: Budget) -> None:
         """Write a new tree's budget (before its root is enqueued)."""
-        fields: dict[str, Any] = {}
-        for name in ("tokens", "usd", "sub_agents", "depth"):
-            value = getattr(budget, name)
-            if value is not None:
-                fields[f"limit_{name}"] = value
-        if budget.wall_s is not None:
-            fields["limit_wall_s"] = budget.wall_s
-            fields["deadline_ms"] = now_ms() + int(budget.wall_s * 1000)
-        if budget.tokens is not None:
-            fields["final_tokens"] = int(budget.tokens * FINAL_SHARE)
-        if budget.usd is not None:
-            fields["final_usd"] = budget.usd * FINAL_SHARE
-        fields |= {"used_tokens": 0, "used_usd": 0, "used_sub_agents": 0}
+        fields = budget_fields(budget)
         pipe = self._client.pipeline()
         pipe.hset(keys.budget(root_trace_id), mapping=cast(Any, fields))
         pipe.expire(keys.budget(root_trace_id), keys.TRACE_TTL_S)
@@ -266,16 +254,7 @@ class Budgets:
             return None
         reply = self._spawn(keys=[keys.budget(root_trace_id)], args=[children, depth])
         ok, why, left = int(reply[0]), str(reply[1]), int(reply[2])
-        if ok:
-            return None
-        if why == "sub_agents":
-            return (
-                f"budget: this tree may start {left} more sub-agent(s); "
-                f"this call asks for {children}"
-            )
-        if why == "depth":
-            return f"budget: sub-agents may not go deeper than depth {depth - 1}"
-        return f"budget: the tree's {why} budget is spent; answer with what you have"
+        return None if ok else spawn_refusal(why, left, children, depth)
 
     def deadline_ms(self, root_trace_id: str) -> int | None:
         """When the tree's `wall_s` runs out (ms), if it has one: a wait on a person ends then."""
@@ -290,10 +269,40 @@ class Budgets:
         data, held = pipe.execute()
         if not data:
             return None
-        return _state(data, held)
+        return state_of(data, held)
 
 
-def _state(data: Mapping[str, str], held: list[str]) -> BudgetState:
+def budget_fields(budget: Budget) -> dict[str, Any]:
+    """A new tree's budget hash (`keys.budget`): limits, deadline, set-aside, nothing used."""
+    fields: dict[str, Any] = {}
+    for name in ("tokens", "usd", "sub_agents", "depth"):
+        value = getattr(budget, name)
+        if value is not None:
+            fields[f"limit_{name}"] = value
+    if budget.wall_s is not None:
+        fields["limit_wall_s"] = budget.wall_s
+        fields["deadline_ms"] = now_ms() + int(budget.wall_s * 1000)
+    if budget.tokens is not None:
+        fields["final_tokens"] = int(budget.tokens * FINAL_SHARE)
+    if budget.usd is not None:
+        fields["final_usd"] = budget.usd * FINAL_SHARE
+    return fields | {"used_tokens": 0, "used_usd": 0, "used_sub_agents": 0}
+
+
+def spawn_refusal(why: str, left: int, children: int, depth: int) -> str:
+    """What the model reads when its spawn is refused (`why`: sub_agents, depth or spent)."""
+    if why == "sub_agents":
+        return (
+            f"budget: this tree may start {left} more sub-agent(s); this call asks for {children}"
+        )
+    if why == "depth":
+        return f"budget: sub-agents may not go deeper than depth {depth - 1}"
+    return f"budget: the tree's {why} budget is spent; answer with what you have"
+
+
+def state_of(data: Mapping[str, str], held: list[str]) -> BudgetState:
+    """A budget hash and its held reservations (`"tokens usd"` each) as a `BudgetState`."""
+
     def num(name: str) -> float | None:
         return float(data[name]) if name in data else None
 
@@ -318,12 +327,3 @@ def _state(data: Mapping[str, str], held: list[str]) -> BudgetState:
 
 def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
-
-
-def budget_state(store: object, root_trace_id: str) -> BudgetState | None:
-    """A tree's budget from a trace store (None for the in-memory store or no budget)."""
-    from fleet.storage.redis_store import RedisStore
-
-    if not isinstance(store, RedisStore):
-        return None
-    return Budgets(store.client).state(root_trace_id)

@@ -14,13 +14,13 @@
 from __future__ import annotations
 
 from fleet.errors import ToolError
-from fleet.limits.budget import Budgets
+from fleet.limits.protocols import TreeBudgets
 from fleet.llm.base import ToolCall
 from fleet.models import Trace
 
 
 def check_spawn(
-    trace: Trace, call: ToolCall, *, max_branches: int, budgets: Budgets | None
+    trace: Trace, call: ToolCall, *, max_branches: int, budgets: TreeBudgets | None
 ) -> None:
     """Refuse what the tree may not spawn; count what it may against its budget.
 

@@ -26,10 +26,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fleet.errors import ProviderOverloaded
-from fleet.limits.budget import UNBUDGETED, Budgets, Exhausted, Paused, Reserved
+from fleet.limits.backends import LIMITS
+from fleet.limits.budget import UNBUDGETED, Exhausted, Paused, Reserved
+from fleet.limits.protocols import ProviderLimits, TreeBudgets
 from fleet.limits.providers import (
     CHARS_PER_TOKEN,
-    Limiter,
     Refused,
     Scope,
     booked,
@@ -40,8 +41,9 @@ from fleet.limits.providers import (
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, resolve_target
 from fleet.llm.pricing import cost_usd
-from fleet.models import Message, Trace
-from fleet.storage.store import TraceStore
+from fleet.llm.vision import content_image_tokens
+from fleet.models import Content, Message, Trace, text_of
+from fleet.storage.store import Services
 from fleet.storage.writes import PauseRead
 
 DEFAULT_OUTPUT_BOOKING = 4096
@@ -94,10 +96,10 @@ class Gate:
         self,
         config: FleetConfig,
         env: Mapping[str, str],
-        limiter: Limiter | None = None,
-        budgets: Budgets | None = None,
+        limiter: ProviderLimits | None = None,
+        budgets: TreeBudgets | None = None,
     ) -> None:
-        """No `limiter` or `budgets` (the in-memory store): every call goes at once."""
+        """No `limiter` or `budgets`: every call goes at once."""
         self.config = config
         self.limiter = limiter
         self.budgets = budgets
@@ -108,13 +110,10 @@ class Gate:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_store(cls, store: TraceStore, config: FleetConfig, env: Mapping[str, str]) -> Gate:
-        """A gate on the store's Redis, or none for the in-memory store."""
-        from fleet.storage.redis_store import RedisStore
-
-        if not isinstance(store, RedisStore):
-            return cls(config, env)
-        return cls(config, env, Limiter(store.client), Budgets(store.client))
+    def for_store(cls, store: Services, config: FleetConfig, env: Mapping[str, str]) -> Gate:
+        """A gate on the limits the store keeps (Redis, or their memory twins)."""
+        limits = store.capability(LIMITS)
+        return cls(config, env, limits.limiter, limits.budgets)
 
     def scopes(self, model_name: str) -> tuple[Scope, ...]:
         """The scopes of a model, resolved once per process."""
@@ -223,7 +222,9 @@ class Gate:
             target = resolve_target(self.config, model_name)
         except Exception:  # a test's client under a name the config cannot resolve
             return 0.0
-        return cost_usd(target.model, prompt_tokens, completion_tokens, target.pricing)
+        return cost_usd(
+            target.model, prompt_tokens, completion_tokens, target.pricing, kind=target.kind
+        )
 
     def _refund(self, go: Go) -> None:
         """Nothing was used: the reservation goes (a final turn's set-aside comes back)."""
@@ -291,7 +292,7 @@ def last_answer(path: list[Message]) -> str | None:
     """The most recent assistant text on the path: what a run cut short has to show."""
     for message in reversed(path):
         if message.role == "assistant" and message.content:
-            return message.content
+            return text_of(message.content)
     return None
 
 
@@ -303,10 +304,18 @@ def request_chars(path: list[Message], tools: list[dict[str, Any]]) -> int:
     length is kept (a message without tool calls counts as `""`, 2 characters, as before).
     """
     text = sum(
-        len(m.content or "") + (len(json.dumps(m.tool_calls)) if m.tool_calls else 2) for m in path
+        _content_chars(m.content) + (len(json.dumps(m.tool_calls)) if m.tool_calls else 2)
+        for m in path
     )
     separators = 2 * len(tools) if tools else 2  # "[", "]" and ", " between schemas
     return text + separators + sum(_schema_chars(schema) for schema in tools)
+
+
+def _content_chars(content: Content) -> int:
+    """Text as its length; an image as its tokens (the larger provider formula) x 4."""
+    if content is None or isinstance(content, str):
+        return len(content or "")
+    return len(text_of(content)) + content_image_tokens(content) * 4
 
 
 _SCHEMA_CHARS: dict[int, tuple[dict[str, Any], int]] = {}

@@ -138,22 +138,78 @@ def estimate_tokens(request_chars: int, max_output_tokens: int) -> int:
     return math.ceil(request_chars / CHARS_PER_TOKEN) + max_output_tokens
 
 
-class Limiter:
-    """The fleet-wide limiter on one Redis (decoded responses)."""
+class LimiterPolicy:
+    """What every limiter decides the same way on top of its own `pause` and counters.
 
-    def __init__(self, client: redis.Redis, *, max_wait_s: float = MAX_WAIT_S) -> None:
-        """Register the scripts; `max_wait_s` bounds a worker thread's sleep."""
-        self._client = client
+    `Limiter` keeps the state in Redis, `fleet.limits.memory.MemoryLimiter` in memory.
+    """
+
+    def __init__(self, max_wait_s: float) -> None:
+        """`max_wait_s` bounds a worker thread's sleep."""
         self._max_wait_ms = int(max_wait_s * 1000)
-        self._admit = client.register_script(limit_scripts.LIMIT_ADMIT)
-        self._settle = client.register_script(limit_scripts.LIMIT_SETTLE)
-        self._pause = client.register_script(limit_scripts.LIMIT_PAUSE)
-        self._send = client.register_script(limit_scripts.LIMIT_SEND)
 
     @property
     def max_wait_s(self) -> float:
         """The longest a worker thread sleeps on a limit for one call."""
         return self._max_wait_ms / 1000
+
+    def admission(self, ok: int, wait_ms: int, reason: str) -> Admission:
+        """The admit script's answer `{ok, wait_ms, reason}` as an `Admission`."""
+        wait_s = int(wait_ms) / 1000
+        if int(ok) == 1:
+            return Admitted(wait_s)
+        if reason == "rate":  # come back a little early and sleep the rest of the way
+            wait_s -= self._max_wait_ms / 2000
+        return Refused(max(wait_s, 0.001), str(reason))
+
+    def held(self, scopes: tuple[Scope, ...], pause_left_s: float) -> Refused | None:
+        """A call no limit books, whose provider pause runs `pause_left_s` more: not now.
+
+        None when the pause is over (0 or less); else the wait is counted (`fleet metrics`).
+        """
+        if pause_left_s <= 0:
+            return None
+        self.count_waited(scopes)
+        return Refused(pause_left_s, "pause")
+
+    def count_waited(self, scopes: tuple[Scope, ...]) -> None:
+        """Count a call held back by a pause, as `admit` does (`fleet metrics`)."""
+        raise NotImplementedError
+
+    def pause(self, scope: Scope, pause_s: float, why: str = "paused") -> None:
+        """Hold every worker back from this provider for `pause_s` (at most `MAX_PAUSE_S`)."""
+        raise NotImplementedError
+
+    def overloaded(self, scopes: tuple[Scope, ...], retry_after_s: float | None) -> float:
+        """A 429/503/529: pause the provider scopes; the seconds to wait before asking again."""
+        asked_s = OVERLOAD_PAUSE_S if retry_after_s is None else retry_after_s
+        pause_s = min(max(asked_s, 0.001), MAX_PAUSE_S)
+        for scope in scopes:
+            if scope.provider:
+                self.pause(scope, pause_s, "overloaded")
+        return pause_s
+
+    def observe(self, scopes: tuple[Scope, ...], signal: RateSignal | None) -> None:
+        """Headers saying the provider has nothing left pause it until one unit is back."""
+        pause_s = signal.pause_s() if signal is not None else None
+        if not pause_s:
+            return
+        for scope in scopes:
+            if scope.provider:
+                self.pause(scope, pause_s, "exhausted")
+
+
+class Limiter(LimiterPolicy):
+    """The fleet-wide limiter on one Redis (decoded responses)."""
+
+    def __init__(self, client: redis.Redis, *, max_wait_s: float = MAX_WAIT_S) -> None:
+        """Register the scripts; `max_wait_s` bounds a worker thread's sleep."""
+        super().__init__(max_wait_s)
+        self._client = client
+        self._admit = client.register_script(limit_scripts.LIMIT_ADMIT)
+        self._settle = client.register_script(limit_scripts.LIMIT_SETTLE)
+        self._pause = client.register_script(limit_scripts.LIMIT_PAUSE)
+        self._send = client.register_script(limit_scripts.LIMIT_SEND)
 
     def admit(self, holder: str, scopes: tuple[Scope, ...], est_tokens: int) -> Admission:
         """Book a call of `est_tokens` for `holder` (a trace id) in every scope: one round trip."""
@@ -167,12 +223,7 @@ class Limiter:
             script_keys += [keys.limit_seen(name), keys.limit_pause(name)]
             args += scope.args()
         ok, wait_ms, reason = self._admit(keys=script_keys, args=args)
-        wait_s = int(wait_ms) / 1000
-        if int(ok) == 1:
-            return Admitted(wait_s)
-        if reason == "rate":  # come back a little early and sleep the rest of the way
-            wait_s -= self._max_wait_ms / 2000
-        return Refused(max(wait_s, 0.001), str(reason))
+        return self.admission(ok, wait_ms, reason)
 
     def send(self, holder: str, scopes: tuple[Scope, ...]) -> Refused | None:
         """Right before a booked call leaves: None (go, its send is logged), or not yet.
@@ -210,16 +261,6 @@ class Limiter:
             left_ms = pipe.execute()
         return self.held(scopes, max(int(left) for left in left_ms) / 1000)
 
-    def held(self, scopes: tuple[Scope, ...], pause_left_s: float) -> Refused | None:
-        """A call no limit books, whose provider pause runs `pause_left_s` more: not now.
-
-        None when the pause is over (0 or less); else the wait is counted (`fleet metrics`).
-        """
-        if pause_left_s <= 0:
-            return None
-        self.count_waited(scopes)
-        return Refused(pause_left_s, "pause")
-
     def count_waited(self, scopes: tuple[Scope, ...]) -> None:
         """Count a call held back by a pause, as `admit` does (`fleet metrics`)."""
         pipe = self._client.pipeline(transaction=False)
@@ -255,24 +296,6 @@ class Limiter:
         pause_ms = math.ceil(min(pause_s, MAX_PAUSE_S) * 1000)
         args: list[str | int] = [pause_ms, keys.LIMIT_STATE_TTL_S]
         self._pause(keys=script_keys, args=[*args, scope.name, why])
-
-    def overloaded(self, scopes: tuple[Scope, ...], retry_after_s: float | None) -> float:
-        """A 429/503/529: pause the provider scopes; the seconds to wait before asking again."""
-        asked_s = OVERLOAD_PAUSE_S if retry_after_s is None else retry_after_s
-        pause_s = min(max(asked_s, 0.001), MAX_PAUSE_S)
-        for scope in scopes:
-            if scope.provider:
-                self.pause(scope, pause_s, "overloaded")
-        return pause_s
-
-    def observe(self, scopes: tuple[Scope, ...], signal: RateSignal | None) -> None:
-        """Headers saying the provider has nothing left pause it until one unit is back."""
-        pause_s = signal.pause_s() if signal is not None else None
-        if not pause_s:
-            return
-        for scope in scopes:
-            if scope.provider:
-                self.pause(scope, pause_s, "exhausted")
 
     def stats(self) -> dict[str, int]:
         """`{what}:{scope}` -> count, for `fleet metrics`."""

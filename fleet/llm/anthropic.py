@@ -3,7 +3,9 @@
 The conversion: system messages become the top-level `system`; assistant `tool_calls`
 become `tool_use` blocks; consecutive `tool` messages become one user message of
 `tool_result` blocks (consecutive same-role turns are merged, which Anthropic expects);
-tool-call ids are re-prefixed to `toolu_` on both sides of every pair.
+tool-call ids are re-prefixed to `toolu_` on both sides of every pair. Prompt-cache
+breakpoints go on the last tool, the system prompt and the conversation
+(`fleet.llm.caching.mark_breakpoints`) unless the alias sets `prompt_cache: false`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import httpx
 
 from fleet.errors import ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage, check_model_requests_allowed
+from fleet.llm.caching import mark_breakpoints
 from fleet.llm.openai import DEFAULT_TIMEOUT_S, normalise_tool_call_id
-from fleet.llm.pricing import ModelPricing, cost_usd
+from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd, token_count
 from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
+from fleet.llm.vision import split_data_url
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -44,16 +48,33 @@ def _text_of(content: Any) -> str:
 
 
 def _text_blocks(content: Any) -> list[dict[str, Any]]:
-    """User/assistant content as blocks; non-text parts pass through as given."""
+    """User/assistant content as blocks; `image_url` parts become `image` blocks."""
     if not isinstance(content, list):
         text = _text_of(content)
         # Anthropic rejects empty text blocks.
         return [{"type": "text", "text": text}] if text else []
-    return [
-        {"type": "text", "text": part["text"]} if part.get("type") == "text" else part
-        for part in content
-        if part.get("type") != "text" or part.get("text")
-    ]
+    return [_block(part) for part in content if part.get("type") != "text" or part.get("text")]
+
+
+def _block(part: dict[str, Any]) -> dict[str, Any]:
+    """One OpenAI content part as an Anthropic block (other kinds pass through as given)."""
+    if part.get("type") == "text":
+        return {"type": "text", "text": part["text"]}
+    if part.get("type") != "image_url":
+        return part
+    url = str((part.get("image_url") or {}).get("url", ""))
+    inline = split_data_url(url)
+    if inline is None:
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    media_type, data = inline
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def _result_content(content: Any) -> str | list[dict[str, Any]]:
+    """A tool result's content: its text, or text and `image` blocks when it has images."""
+    if isinstance(content, list) and any(p.get("type") == "image_url" for p in content):
+        return _text_blocks(content)
+    return _text_of(content)
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:
@@ -91,7 +112,7 @@ def _turn(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         result = {
             "type": "tool_result",
             "tool_use_id": normalise_tool_call_id(message["tool_call_id"], "toolu_"),
-            "content": _text_of(message.get("content")),
+            "content": _result_content(message.get("content")),
         }
         return "user", [result]
     raise ModelBehaviorError(f"cannot send a message with role {role!r} to Anthropic")
@@ -149,6 +170,7 @@ class AnthropicClient:
         provider: str = "anthropic",
         api_key_env: str = "ANTHROPIC_API_KEY",
         redactor: Redactor = SHAPES_ONLY,
+        prompt_cache: bool = True,
     ) -> None:
         """Build a client.
 
@@ -164,10 +186,12 @@ class AnthropicClient:
             provider: name used in error messages.
             api_key_env: the env var the key came from, named in auth errors.
             redactor: masks the process's secrets in error texts; this key is added.
+            prompt_cache: mark prompt-cache breakpoints on every request.
         """
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.max_output_tokens = max_output_tokens
+        self.prompt_cache = prompt_cache
         self.provider = provider
         self._api_key = api_key
         self._api_key_env = api_key_env
@@ -207,7 +231,7 @@ class AnthropicClient:
             body["tools"] = to_anthropic_tools(tools)
         if temperature is not None:
             body["temperature"] = temperature
-        return body
+        return mark_breakpoints(body) if self.prompt_cache else body
 
     def complete(
         self,
@@ -216,8 +240,9 @@ class AnthropicClient:
         *,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
+        cache_key: str | None = None,
     ) -> LLMResponse:
-        """One Messages call; see `LLMClient.complete`."""
+        """One Messages call; see `LLMClient.complete` (Anthropic has no `cache_key`)."""
         check_model_requests_allowed("anthropic")
         body = self.request_body(
             messages, tools, temperature=temperature, max_output_tokens=max_output_tokens
@@ -251,26 +276,30 @@ class AnthropicClient:
             raise ModelBehaviorError(
                 f"{self.provider} sent a malformed Messages response ({exc!r})"
             ) from exc
-        raw_usage = data.get("usage") or {}
-        # Cached prompt tokens are reported apart from `input_tokens`; all were read.
-        prompt_tokens = sum(
-            int(raw_usage.get(key) or 0)
-            for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        )
-        completion_tokens = int(raw_usage.get("output_tokens") or 0)
+        usage = self._usage(data.get("usage"))
         stop_reason = data.get("stop_reason")
         return LLMResponse(
             content="".join(texts) if texts else None,
             tool_calls=calls,
-            usage=Usage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                cost_usd=cost_usd(self.model, prompt_tokens, completion_tokens, self._pricing),
-            ),
+            usage=usage,
             model=str(data.get("model") or self.model),
             finish_reason=STOP_REASONS.get(stop_reason, stop_reason) if stop_reason else None,
             rate=_signal(response),
         )
+
+    def _usage(self, raw: Any) -> Usage:
+        """`usage`: cached prompt tokens are reported apart from `input_tokens`; all were read."""
+        raw = raw if isinstance(raw, dict) else {}
+        fresh, completion = token_count(raw, "input_tokens"), token_count(raw, "output_tokens")
+        cached = CachedTokens(
+            read=token_count(raw, "cache_read_input_tokens"),
+            written=token_count(raw, "cache_creation_input_tokens"),
+        )
+        prompt = fresh + cached.read + cached.written
+        cost = cost_usd(
+            self.model, prompt, completion, self._pricing, cached=cached, kind="anthropic"
+        )
+        return Usage(prompt, completion, cost, cached.read, cached.written)
 
 
 def _signal(response: httpx.Response) -> RateSignal | None:

@@ -48,8 +48,14 @@ class Usage:
     """Tokens and cost of one model call."""
 
     prompt_tokens: int = 0
+    """Every prompt token, the cached ones included."""
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    """At the model's prices, cached prompt tokens at the cached prices."""
+    cached_tokens: int = 0
+    """Prompt tokens the provider's prompt cache served (part of `prompt_tokens`)."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to the provider's prompt cache (part of `prompt_tokens`)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,12 @@ class LLMClient(Protocol):
         *,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
+        cache_key: str | None = None,
     ) -> LLMResponse:
-        """One chat completion. Raises `TransientLLMError` for retryable failures."""
+        """One chat completion. Raises `TransientLLMError` for retryable failures.
+
+        `cache_key` groups calls that share a prompt prefix (one preset of one tree) so a
+        provider's prompt cache can serve them (`fleet.llm.caching.cache_key`); a client
+        whose provider has no such routing ignores it.
+        """
         ...

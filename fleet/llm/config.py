@@ -12,7 +12,8 @@ the next runtime at its own endpoint with any variable as the key (see `fleet.se
     models:
       fast: {provider: openai, name: gpt-4o-mini}
       smart: {provider: anthropic, name: claude-sonnet-4-5,
-              input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0}
+              input_usd_per_mtok: 3.0, output_usd_per_mtok: 15.0,
+              cached_input_usd_per_mtok: 0.3, cache_write_usd_per_mtok: 3.75}
     default_model: fast
     model_overrides: {reviewer: smart}
 
@@ -29,21 +30,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlparse
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fleet.conversation.approval_rules import ApproveEntry
 from fleet.errors import ConfigError
 from fleet.limits.values import PositiveCount, Price
-from fleet.llm.base import LLMClient
+from fleet.llm.embeddings import ExperiencesSection, check_embedding_model
 from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
-from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy
 from fleet.mcp.config import McpServerConfig, check_servers
 from fleet.security import trust, yamlsafe
-from fleet.security.redact import Redactor
 from fleet.tools.webfilter import WebSection
 from fleet.tools.websearch.config import SearchConfig
 
@@ -57,9 +54,6 @@ ANTHROPIC_BASE_URL_ENV, ANTHROPIC_DEFAULT_BASE_URL = (
     "ANTHROPIC_BASE_URL",
     "https://api.anthropic.com",
 )
-
-PUBLIC_API_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
-"""A provider at one of these hosts cannot work without a key, so a missing one fails early."""
 
 
 class RateLimits(BaseModel):
@@ -101,6 +95,12 @@ class ModelConfig(BaseModel):
     name: str
     input_usd_per_mtok: Price | None = None
     output_usd_per_mtok: Price | None = None
+    cached_input_usd_per_mtok: Price | None = None
+    """Prompt tokens the provider's cache served; None: its share of the input price."""
+    cache_write_usd_per_mtok: Price | None = None
+    """Prompt tokens written to the cache (Anthropic); None: its share of the input price."""
+    prompt_cache: bool = True
+    """Cache breakpoints (Anthropic) or `prompt_cache_key` (OpenAI) on every request."""
     max_output_tokens: PositiveCount | None = None
     """Sent as `max_tokens` on every call; what a budget or token limit books for the answer."""
     limits: RateLimits | None = None
@@ -112,6 +112,8 @@ class ModelConfig(BaseModel):
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
+    vision: bool = True
+    """Whether the model takes images: False refuses a call with one (it is never sent)."""
 
 
 class FleetConfig(BaseModel):
@@ -123,6 +125,8 @@ class FleetConfig(BaseModel):
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     default_model: str | None = None
+    experiences: ExperiencesSection = ExperiencesSection()
+    """How experiences are ranked: `embedding_model`, `min_similarity` (fleet.llm.embeddings)."""
     approve: tuple[ApproveEntry, ...] = ()
     """Tool calls that wait for a person's approval in every trace (on top of presets')."""
     model_overrides: dict[str, str] = Field(default_factory=dict)
@@ -135,6 +139,8 @@ class FleetConfig(BaseModel):
     """Domains web_search and web_fetch may touch (`fleet.tools.webfilter`)."""
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
     """MCP servers whose tools agents may use (`fleet.mcp.config`, docs/mcp.md)."""
+    warm_explore: bool = False
+    """Explore branches wait for the first one's first call (`fleet.children.warming`)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,7 @@ class ModelTarget:
     base_url: str = ""
     api_key_env: str = ""
     pricing: ModelPricing | None = None
+    prompt_cache: bool = True
 
 
 def builtin_providers(env: Mapping[str, str]) -> dict[str, ProviderConfig]:
@@ -173,21 +180,6 @@ def _config_path(path: Path | None, env: Mapping[str, str]) -> Path | None:
     if env.get(CONFIG_PATH_ENV):
         return Path(env[CONFIG_PATH_ENV])
     return None
-
-
-def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return yamlsafe.load(text, str(path))  # bounded: size, depth, aliases
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
-        raise ConfigError(f"{path}: {where}: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: YAML: {' '.join(str(exc).split())}") from None
 
 
 def _validation_message(source: str, exc: ValidationError) -> str:
@@ -241,7 +233,7 @@ def load_config(
         trust.check_config_path(found, workspace_roots)
         if not found.is_file():
             raise ConfigError(f"{found}: config file not found")
-        data = _read_yaml(found)
+        data = yamlsafe.load_file(found)
     source = str(found or CONFIG_FILE)
     if data is None:
         data = {}
@@ -255,6 +247,12 @@ def load_config(
     check_servers(source, config.mcp_servers)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
+    check_embedding_model(
+        source,
+        config.experiences,
+        {alias: model.provider for alias, model in config.models.items()},
+        {name: provider.kind for name, provider in config.providers.items()},
+    )
     check_fallbacks(source, config.models)
     return config
 
@@ -283,7 +281,12 @@ def resolve_model_name(
 def _pricing(model: ModelConfig) -> ModelPricing | None:
     if model.input_usd_per_mtok is None and model.output_usd_per_mtok is None:
         return None
-    return ModelPricing(model.input_usd_per_mtok or 0.0, model.output_usd_per_mtok or 0.0)
+    return ModelPricing(
+        model.input_usd_per_mtok or 0.0,
+        model.output_usd_per_mtok or 0.0,
+        model.cached_input_usd_per_mtok,
+        model.cache_write_usd_per_mtok,
+    )
 
 
 def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
@@ -293,6 +296,7 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
         ConfigError: unknown alias or provider, or an empty model part.
     """
     alias = config.models.get(model_name)
+    cached = alias is None or alias.prompt_cache
     if alias is not None:
         provider_name, model, pricing = alias.provider, alias.name, _pricing(alias)
     elif ":" in model_name:
@@ -321,89 +325,5 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
         base_url=provider.base_url,
         api_key_env=provider.api_key_env,
         pricing=pricing,
-    )
-
-
-def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
-    """The key from the environment; a public API without one is a `ConfigError`."""
-    key = (env.get(target.api_key_env, "") if target.api_key_env else "").strip()
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
-        raise ConfigError(f"{target.api_key_env} contains control characters")
-    if not key and urlparse(target.base_url).hostname in PUBLIC_API_HOSTS:
-        how = (
-            f"set {target.api_key_env}"
-            if target.api_key_env
-            else "give the provider an api_key_env in fleet.yaml"
-        )
-        raise ConfigError(f"provider {target.provider!r} needs an API key: {how}")
-    return key
-
-
-def validate_model(
-    config: FleetConfig,
-    model_name: str,
-    env: Mapping[str, str],
-    *,
-    allow_scripted: bool = False,
-) -> None:
-    """Run every check `make_client` runs, without building a client or touching the network.
-
-    Raises:
-        ConfigError: what `make_client` would raise.
-    """
-    target = resolve_target(config, model_name)
-    if target.kind == "scripted":
-        trust.check_scripted_allowed(allow_scripted)
-        if not Path(target.model).is_file():
-            raise ConfigError(f"scripted model file not found: {target.model!r}")
-        return
-    _api_key(target, env)
-
-
-def make_client(
-    config: FleetConfig,
-    model_name: str,
-    env: Mapping[str, str],
-    *,
-    allow_scripted: bool = False,
-    retry: RetryPolicy = DEFAULT_RETRY,
-) -> LLMClient:
-    """A client for `model_name`; the API key is read from `env` here and only here.
-
-    Raises:
-        ConfigError: unknown alias or provider, missing key, missing script file,
-            or a scripted model while they are disabled.
-    """
-    validate_model(config, model_name, env, allow_scripted=allow_scripted)
-    target = resolve_target(config, model_name)
-    if target.kind == "scripted":
-        from fleet.llm.scripted import ScriptedModel  # only a scripted run needs it
-
-        return ScriptedModel.from_file(Path(target.model))
-    # The HTTP clients (httpx) only here: `fleet run` reads this config but calls no model.
-    from fleet.llm.anthropic import AnthropicClient
-    from fleet.llm.openai import OpenAIClient
-
-    key = _api_key(target, env)
-    redactor = Redactor.from_env(env)  # every secret of the process, not just this key
-    if target.kind == "anthropic":
-        return AnthropicClient(
-            target.base_url,
-            key,
-            target.model,
-            pricing=target.pricing,
-            provider=target.provider,
-            api_key_env=target.api_key_env,
-            redactor=redactor,
-            retry=retry,
-        )
-    return OpenAIClient(
-        target.base_url,
-        key,
-        target.model,
-        pricing=target.pricing,
-        provider=target.provider,
-        api_key_env=target.api_key_env,
-        redactor=redactor,
-        retry=retry,
+        prompt_cache=cached,
     )

@@ -1,7 +1,9 @@
 """A client for any OpenAI-compatible `/chat/completions` server.
 
 OpenAI, OpenRouter, vLLM, Ollama and LiteLLM all speak this wire format; local servers
-often need no key, and then no `Authorization` header is sent.
+often need no key, and then no `Authorization` header is sent. A call's `cache_key` goes
+out as `prompt_cache_key` (`fleet.llm.caching`) unless the alias sets `prompt_cache: false`
+(some compatible servers refuse fields they do not know).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import httpx
 
 from fleet.errors import ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage, check_model_requests_allowed
-from fleet.llm.pricing import ModelPricing, cost_usd
+from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd, token_count
 from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
 from fleet.security.redact import SHAPES_ONLY, Redactor
@@ -50,11 +52,23 @@ def normalise_tool_call_id(tool_id: str, prefix: str) -> str:
     return prefix + hashlib.sha256(tool_id.encode()).hexdigest()[:24]
 
 
+TOOL_IMAGES_NOTE = "The images the tool results above returned:"
+
+
 def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copies of `messages` with every tool-call id in `call_` form."""
+    """Copies of `messages` with every tool-call id in `call_` form.
+
+    A tool message carries text only on this wire: the images of a run of tool results
+    follow it as one user message of `image_url` parts (a user message between two tool
+    results would break the call/result pairing).
+    """
     converted: list[dict[str, Any]] = []
+    images: list[dict[str, Any]] = []
     for message in messages:
         message = dict(message)
+        if images and message.get("role") != "tool":
+            converted.append(_images_turn(images))
+            images = []
         if message.get("tool_calls"):
             message["tool_calls"] = [
                 {**call, "id": normalise_tool_call_id(call["id"], "call_")}
@@ -62,8 +76,20 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ]
         if message.get("role") == "tool" and "tool_call_id" in message:
             message["tool_call_id"] = normalise_tool_call_id(message["tool_call_id"], "call_")
+            if isinstance(message.get("content"), list):
+                parts: list[dict[str, Any]] = message["content"]
+                images += [p for p in parts if p.get("type") == "image_url"]
+                message["content"] = "\n".join(
+                    str(p.get("text", "")) for p in parts if p.get("type") == "text"
+                )
         converted.append(message)
+    if images:
+        converted.append(_images_turn(images))
     return converted
+
+
+def _images_turn(images: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": TOOL_IMAGES_NOTE}, *images]}
 
 
 def parse_tool_call(raw: dict[str, Any]) -> ToolCall:
@@ -93,6 +119,7 @@ class OpenAIClient:
         provider: str = "openai",
         api_key_env: str = "OPENAI_API_KEY",
         redactor: Redactor = SHAPES_ONLY,
+        prompt_cache: bool = True,
     ) -> None:
         """Build a client; `api_key` may be empty for a local server.
 
@@ -107,10 +134,12 @@ class OpenAIClient:
             provider: name used in error messages.
             api_key_env: the env var the key came from, named in auth errors.
             redactor: masks the process's secrets in error texts; this key is added.
+            prompt_cache: send a call's `cache_key` as `prompt_cache_key`.
         """
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.provider = provider
+        self.prompt_cache = prompt_cache
         self._api_key = api_key
         self._api_key_env = api_key_env
         self._redactor = redactor.with_values([api_key])
@@ -135,6 +164,7 @@ class OpenAIClient:
         *,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
+        cache_key: str | None = None,
     ) -> dict[str, Any]:
         """The JSON this client would send; tools are passed through unchanged."""
         body: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages)}
@@ -146,6 +176,8 @@ class OpenAIClient:
         if max_output_tokens is not None:
             # `max_tokens`, not `max_completion_tokens`: every compatible server knows it.
             body["max_tokens"] = max_output_tokens
+        if cache_key and self.prompt_cache:
+            body["prompt_cache_key"] = cache_key
         return body
 
     def complete(
@@ -155,11 +187,16 @@ class OpenAIClient:
         *,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
+        cache_key: str | None = None,
     ) -> LLMResponse:
         """One chat completion; see `LLMClient.complete`."""
         check_model_requests_allowed("openai")
         body = self.request_body(
-            messages, tools, temperature=temperature, max_output_tokens=max_output_tokens
+            messages,
+            tools,
+            temperature=temperature,
+            max_output_tokens=max_output_tokens,
+            cache_key=cache_key,
         )
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         response = send_with_retry(
@@ -186,21 +223,23 @@ class OpenAIClient:
             raise ModelBehaviorError(
                 f"{self.provider} sent a response without choices[0].message ({exc!r})"
             ) from exc
-        raw_usage = data.get("usage") or {}
-        prompt_tokens = int(raw_usage.get("prompt_tokens") or 0)
-        completion_tokens = int(raw_usage.get("completion_tokens") or 0)
         return LLMResponse(
             content=message.get("content"),
             tool_calls=tuple(parse_tool_call(raw) for raw in message.get("tool_calls") or ()),
-            usage=Usage(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                cost_usd=cost_usd(self.model, prompt_tokens, completion_tokens, self._pricing),
-            ),
+            usage=self._usage(data.get("usage")),
             model=str(data.get("model") or self.model),
             finish_reason=choice.get("finish_reason"),
             rate=_signal(response),
         )
+
+    def _usage(self, raw: Any) -> Usage:
+        """`usage`; the cached tokens are part of `prompt_tokens` (`prompt_tokens_details`)."""
+        prompt = token_count(raw, "prompt_tokens")
+        completion = token_count(raw, "completion_tokens")
+        details = raw.get("prompt_tokens_details") if isinstance(raw, dict) else None
+        cached = CachedTokens(read=min(token_count(details, "cached_tokens"), prompt))
+        cost = cost_usd(self.model, prompt, completion, self._pricing, cached=cached, kind="openai")
+        return Usage(prompt, completion, cost, cached.read)
 
 
 def _signal(response: httpx.Response) -> RateSignal | None:

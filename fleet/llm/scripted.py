@@ -104,6 +104,8 @@ class ScriptedModel:
         """The conversations this model was sent (the last `keep`), for assertions."""
         self.tools_seen: list[list[dict[str, Any]]] = []
         """The tool schemas offered with each of those requests."""
+        self.cache_keys: list[str | None] = []
+        """The `cache_key` of each of those requests."""
 
     @classmethod
     def from_file(cls, path: Path) -> ScriptedModel:
@@ -138,22 +140,26 @@ class ScriptedModel:
         *,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
+        cache_key: str | None = None,
     ) -> LLMResponse:
         """Return the next scripted response."""
         with self._lock:
-            self._record(messages, tools)
+            self._record(messages, tools, cache_key)
             response = self._next(messages, tools)
         if self._latency_ms or self._jitter_ms:
             time.sleep((self._latency_ms + random.random() * self._jitter_ms) / 1000)
         return response
 
-    def _record(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+    def _record(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], cache_key: str | None
+    ) -> None:
         if self._keep == 0:
             return
         self.requests.append([dict(m) for m in messages])
         self.tools_seen.append([dict(t) for t in tools])
+        self.cache_keys.append(cache_key)
         if self._keep is not None and len(self.requests) > self._keep:
-            del self.requests[0], self.tools_seen[0]
+            del self.requests[0], self.tools_seen[0], self.cache_keys[0]
 
     def _next(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         if self._function is not None:
@@ -234,7 +240,7 @@ class Script:
 
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         """The response for this conversation."""
-        task = next((str(m["content"]) for m in messages if m["role"] == "user"), "")
+        task = next((_text(m["content"]) for m in messages if m["role"] == "user"), "")
         turn = sum(1 for m in messages if m["role"] == "assistant")
         for rule in self.rules:
             if rule.pattern.search(task):
@@ -278,6 +284,13 @@ class _Fill(dict[str, Any]):
         role = {"last_tool": "tool", "last_user": "user"}.get(key)
         if role is None:
             return "{" + key + "}"
-        found = (str(m["content"]) for m in reversed(self._messages) if m["role"] == role)
+        found = (_text(m["content"]) for m in reversed(self._messages) if m["role"] == role)
         self[key] = value = next(found, "")
         return value
+
+
+def _text(content: Any) -> str:
+    """A message's text: its text parts when it is a list (an image is not matched on)."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+    return str(content)

@@ -6,7 +6,7 @@ import json
 
 from fleet.experiences.retrieval import render, select
 from fleet.loop.structured import VERDICT_SCHEMA, instruction, schema_for
-from fleet.models import Message, Role, Trace
+from fleet.models import Content, Message, Role, Trace
 from fleet.runtime import Runtime
 
 BASE_PROMPT = (
@@ -27,7 +27,7 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     if skills:
         system += "\n\nLoad these skills with the `skill` tool when useful: " + ", ".join(skills)
     if preset.experiences and runtime.experiences is not None:
-        shown = select(runtime.experiences, trace)
+        shown = select(runtime.experiences, trace, embedder=runtime.embedder)
         if shown:  # counted as used now; `fleet.experiences.outcomes` counts the success
             runtime.experiences.count_use([e.id for e in shown], trace.trace_id)
             system += "\n\n" + render(shown)
@@ -41,7 +41,11 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     task = trace.task
     if trace.context.get("extra"):
         task += "\n\nContext:\n" + json.dumps(trace.context["extra"], ensure_ascii=False)
-    out.append(Message(trace_id=trace.trace_id, role="user", content=task))
+    content: Content = task
+    if trace.context.get("images"):  # `image_ref` parts: stored for the tree at submission
+        refs = [p for p in trace.context["images"] if p.get("type") == "image_ref"]
+        content = [{"type": "text", "text": task}, *refs]
+    out.append(Message(trace_id=trace.trace_id, role="user", content=content))
     return out
 
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.errors import ContextOverflow
+from fleet.llm.vision import Wire, content_image_tokens
 from fleet.models import Event, Trace
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords
 
 CHARS_PER_TOKEN = 4
 CONTEXT_KEY = "context"
@@ -38,9 +39,14 @@ class Fitted:
     tokens_after: int
 
 
-def estimate_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
-    """The request's size in tokens, estimated from its JSON at four characters a token."""
-    chars = sum(_size(m) for m in messages) + len(json.dumps(tools, ensure_ascii=False))
+def estimate_tokens(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], wire: Wire | None = None
+) -> int:
+    """The request's size in tokens, estimated from its JSON at four characters a token.
+
+    An `image_ref` part counts as its provider's formula says (`fleet.llm.vision`).
+    """
+    chars = sum(_size(m, wire) for m in messages) + len(json.dumps(tools, ensure_ascii=False))
     return chars // CHARS_PER_TOKEN + 1
 
 
@@ -49,6 +55,7 @@ def fit(
     tools: list[dict[str, Any]],
     window: int | None,
     threshold: float,
+    wire: Wire | None = None,
 ) -> Fitted:
     """The messages to send so the request stays within `threshold * window` tokens.
 
@@ -57,12 +64,12 @@ def fit(
     """
     if window is None:  # nothing to fit: no estimate either
         return Fitted(messages, 0, 0, 0)
-    before = estimate_tokens(messages, tools)
+    before = estimate_tokens(messages, tools, wire)
     if before <= window * threshold:
         return Fitted(messages, 0, before, before)
     budget_chars = int(window * threshold) * CHARS_PER_TOKEN
     out = [dict(m) for m in messages]
-    sizes = [_size(m) for m in out]
+    sizes = [_size(m, wire) for m in out]
     fixed = len(json.dumps(tools, ensure_ascii=False))
     last_assistant = max((i for i, m in enumerate(out) if m["role"] == "assistant"), default=-1)
     older = [i for i, m in enumerate(out) if m["role"] == "tool" and i < last_assistant]
@@ -72,10 +79,10 @@ def fit(
         excess = fixed + sum(sizes) - budget_chars
         if excess <= 0:
             break
-        content = str(out[index].get("content") or "")
+        content = _text(out[index].get("content"))  # an elided result's images go too
         keep = 0 if index in older else max(0, len(content) - excess - len(_MARK) - 16)
         out[index]["content"] = content[:keep] + _MARK.format(n=len(content) - keep)
-        sizes[index] = _size(out[index])
+        sizes[index] = _size(out[index], wire)
         elided += 1
     after = (fixed + sum(sizes)) // CHARS_PER_TOKEN + 1
     if after > window * threshold:
@@ -86,7 +93,7 @@ def fit(
     return Fitted(out, elided, before, after)
 
 
-def record(store: TraceStore, trace: Trace, fitted: Fitted, window: int) -> Trace:
+def record(store: TraceRecords, trace: Trace, fitted: Fitted, window: int) -> Trace:
     """Note on the trace (metadata and a `context` event) that a request was fitted."""
     previous = trace.metadata.get(CONTEXT_KEY) or {}
     note = {
@@ -102,5 +109,12 @@ def record(store: TraceStore, trace: Trace, fitted: Fitted, window: int) -> Trac
     return trace.model_copy(update={"metadata": metadata})
 
 
-def _size(message: dict[str, Any]) -> int:
-    return len(json.dumps(message, ensure_ascii=False))
+def _size(message: dict[str, Any], wire: Wire | None) -> int:
+    images = content_image_tokens(message.get("content"), wire) * CHARS_PER_TOKEN
+    return len(json.dumps(message, ensure_ascii=False)) + images
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if p.get("type") == "text")
+    return str(content or "")

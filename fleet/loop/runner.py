@@ -9,35 +9,30 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Literal, assert_never
+from typing import Any, assert_never
 
 from fleet import lifecycle
 from fleet.children import settling
+from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import (
-    SUB_AGENT_TOOLS,
     fresh_call_ids,
     main_path,
     recent_calls,
-    to_wire,
 )
-from fleet.limits.gate import Go, Spent, Wait, last_answer, request_chars
-from fleet.llm.base import ToolCall
-from fleet.loop.fit import fit
-from fleet.loop.fit import record as record_fit
+from fleet.limits.gate import Spent, Wait, last_answer
 from fleet.loop.resume import opening
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
-from fleet.loop.toolcalls import execute_turn, plain_only, tool_schemas
+from fleet.loop.tool_turn import tool_turn
 from fleet.loop.turns import (
+    Answered,
     Held,
     Outcome,
     Turn,
-    advanced,
-    call_model,
+    ask_model,
     hand_back,
     model_message,
-    note,
     recorded,
     terminal,
 )
@@ -46,7 +41,7 @@ from fleet.models import Event, Status, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import Append, JoinPart, TraceWrite, WriteResult
+from fleet.storage.writes import JoinPart, TraceWrite
 
 log = logging.getLogger(__name__)
 
@@ -182,39 +177,12 @@ class Runner:
                     )
                     return self._end(held, turn, "failed", error=error, reason="doom_loop")
                 case CallTools(calls=calls):
-                    after = self._tools(turn, calls)
+                    after = tool_turn(self.runtime, turn, calls)
                     if after == "waiting":
                         return "waiting"
                     snapshot = after
                 case _:
                     assert_never(turn.step)
-
-    def _tools(
-        self, turn: Turn, calls: tuple[ToolCall, ...]
-    ) -> TraceSnapshot | Literal["waiting"] | None:
-        """Store the model turn, run its tools; the snapshot after them, if known without a read.
-
-        `waiting` while sub-agents run; None when the trace must be read again.
-        """
-        # The model turn is stored before its tools run: a crash heals them on resume. A
-        # read-only turn of plain tools is stored with their results (`plain_only`).
-        together = plain_only(self.runtime, turn.trace, calls)
-        own = sum(isinstance(op, Append) for op in turn.write.ops)  # with any first messages
-        stored = [] if together else self.store.apply(turn.write).messages
-        own_write = turn.write if together else None
-        tools = execute_turn(self.runtime, turn.trace, calls, own_write, pauses=turn.pauses)
-        written = tools.written
-        if together and written is not None:
-            stored, rest = written.messages[:own], written.messages[own:]
-            written = WriteResult(rest, written.stop_requested, written.pauses)
-        if tools.waiting:
-            return "waiting"
-        if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
-            lifecycle.start(self.runtime, self.store.get_trace(turn.trace.trace_id))
-            return None
-        if written is None or stored[-1:] != turn.messages[-1:]:
-            return None  # another write changed the trace (a goal): read it
-        return advanced(TraceSnapshot(turn.trace, turn.messages, False), written)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -267,36 +235,22 @@ class Runner:
         provider limit did not admit the call, `Spent` when the tree's budget is used up:
         nothing of this turn is written either.
         """
-        trace, messages = snapshot.trace, snapshot.messages
+        trace = snapshot.trace
         model_name = self.runtime.model_name(trace.model, trace.preset)
-        tools = tool_schemas(self.runtime, trace)
-        path = main_path(messages, trace.head_sequence)
-        chars = request_chars(path, tools)
-        verdict = self.runtime.gate.before(trace, model_name, chars, snapshot.pauses)
-        if not isinstance(verdict, Go):
-            return verdict
-        if (extra := note(self.runtime, trace, final=verdict.budget.final)) is not None:
-            if held.pending is not None:  # the first messages go first
-                self.store.apply(held.pending)
-                held.pending = None
-            stored = self.store.append_message(extra)
-            messages = [*messages, stored]
-            trace = trace.model_copy(
-                update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
-            )
-            path = main_path(messages, trace.head_sequence)
-        window = self.runtime.context_window(model_name)
-        fitted = fit(to_wire(path), tools, window, self.runtime.config.context_threshold)
-        if fitted.elided and window is not None:
-            trace = record_fit(self.store, trace, fitted, window)
-        response = call_model(self.runtime, trace, model_name, verdict, fitted.messages, tools)
-        if isinstance(response, Wait):
-            return response
-        self.runtime.hooks.model_responded(trace, response)
+        path = main_path(snapshot.messages, trace.head_sequence)
+        planned = planned_turn(trace, path)  # a fan-out root's turns need no model
+        if planned is not None:
+            answered = Answered(trace, snapshot.messages, path, planned, FAN_OUT_MODEL)
+        else:
+            called = ask_model(self.runtime, snapshot, held, model_name)
+            if not isinstance(called, Answered):
+                return called
+            answered = called
         if held.heartbeat.lost.is_set():
             return None
-        response = fresh_call_ids(response, messages, trace.last_sequence + 1)
-        message = model_message(self.runtime, trace, response, model_name)
+        trace, messages = answered.trace, answered.messages
+        response = fresh_call_ids(answered.response, messages, trace.last_sequence + 1)
+        message = model_message(self.runtime, trace, response, answered.model)
         event = Event(
             kind="message",
             trace_id=trace.trace_id,
@@ -309,8 +263,8 @@ class Runner:
         held.pending = None
         write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
-        step: Step = decide_next(response, recent_calls(path, repeats - 1), repeats)
-        if verdict.budget.final:  # the root's last turn: whatever it says is the answer
+        step: Step = decide_next(response, recent_calls(answered.path, repeats - 1), repeats)
+        if answered.final:  # the root's last turn: whatever it says is the answer
             step = Finish(response.content or "(no answer)", reason="budget")
         pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
         return Turn(step, recorded(trace, message), [*messages, message], write, pauses)

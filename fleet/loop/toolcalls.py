@@ -20,11 +20,12 @@ from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
 from fleet.mcp.names import PREFIX as MCP_PREFIX
-from fleet.models import Event, Message, Trace, now_ms
+from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
 from fleet.storage.writes import TraceWrite, WriteResult
 from fleet.tools.base import ToolContext, ToolResult
+from fleet.tools.imagecheck import stored_ref
 from fleet.tools.registry import ToolRegistry
 
 _GOAL = {
@@ -322,6 +323,7 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         private_dirs=settings.private_dirs,
         web_filter=runtime.web_filter(trace),
         search=runtime.search,
+        search_cache=runtime.search_cache(trace),
     )
     try:
         arguments = call.parsed_arguments()
@@ -334,6 +336,13 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
 
 def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
     """Add the call's result, the worker's secrets masked, to `results` (not applied)."""
+    content: Content = None
+    if result.images:  # stored once per tree; the message names them, never holds them
+        try:
+            refs = [stored_ref(runtime.images, results.root_trace_id, i) for i in result.images]
+            content = [{"type": "text", "text": ""}, *refs]
+        except ToolError as exc:  # the tree's image cap: the model is told, the run goes on
+            result = ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
     # A tool may have read one of the worker's secrets (a file, a response): never stored.
     scrub = runtime.redactor.values_only
     memory = scrub(result.long_term_memory) if result.long_term_memory else None
@@ -342,13 +351,16 @@ def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: 
         trace_id=results.trace_id,
         data={"role": "tool", "tool": call.name, "is_error": result.is_error},
     )
+    output = scrub(result.output)
+    if isinstance(content, list):
+        content[0]["text"] = output
     results.append(
         Message(
             trace_id=results.trace_id,
             role="tool",
             tool_call_id=call.id,
             name=call.name,
-            content=scrub(result.output),
+            content=output if content is None else content,
             long_term_memory=memory,
             metadata={"title": result.title, "is_error": result.is_error},
         ),

@@ -15,12 +15,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet import lifecycle
+from fleet.children.warming import warming
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.limits.gate import FINAL_NOTE, Go, Wait
+from fleet.history import main_path, to_wire
+from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
 from fleet.llm.base import LLMResponse, ToolCall
+from fleet.llm.caching import cache_key
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
 from fleet.loop.context import injection
+from fleet.loop.images import prepared
 from fleet.loop.steps import Step
+from fleet.loop.toolcalls import tool_schemas
 from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
@@ -62,6 +67,22 @@ class RunResult:
     outcome: Outcome
     retry_in_s: float = 0.0
     """For `throttled`: when the trace may ask again (its booked turn, or a pause's end)."""
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A turn's answer before it is written: the model's, or a fan-out root's own."""
+
+    trace: Trace
+    """The trace as the call left it (a note or a fitting may have been written)."""
+    messages: list[Message]
+    path: list[Message]
+    """The main path the answer follows."""
+    response: LLMResponse
+    model: str
+    """Recorded on the turn's message: the model name, or `FAN_OUT_MODEL`."""
+    final: bool = False
+    """The budget's last turn: whatever it says is the answer."""
 
 
 def terminal(status: Status) -> Outcome:
@@ -134,6 +155,8 @@ def recorded(trace: Trace, message: Message) -> Trace:
             "prompt_tokens": trace.stats.prompt_tokens + message.prompt_tokens,
             "completion_tokens": trace.stats.completion_tokens + message.completion_tokens,
             "cost_usd": trace.stats.cost_usd + message.cost_usd,
+            "cached_tokens": trace.stats.cached_tokens + message.cached_tokens,
+            "cache_write_tokens": trace.stats.cache_write_tokens + message.cache_write_tokens,
         }
     )
     update = {"iteration": trace.iteration + 1, "stats": stats}
@@ -157,8 +180,13 @@ def call_model(
     go: Go,
     wire: list[dict[str, Any]],
     tools: list[dict[str, Any]],
+    shown: list[dict[str, Any]] | None = None,
 ) -> LLMResponse | Wait:
-    """The model call on its booked turn, settled with the gate whatever happens."""
+    """The model call on its booked turn, settled with the gate whatever happens.
+
+    `shown`: the request as hooks see it, when it differs from what is sent (images as
+    their references: an operator's hook or a span never holds an image's bytes).
+    """
     if go.wait_s > 0:
         time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
     # Counted as it leaves: a call late for its turn must not join others in one window, and
@@ -169,7 +197,7 @@ def call_model(
     hooks.turn_started(trace, trace.iteration)
     gate, started = runtime.gate, time.monotonic()
     try:
-        hooks.model_requested(trace, model_name, wire)
+        hooks.model_requested(trace, model_name, wire if shown is None else shown)
     except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
         gate.after(go, None, None)
         raise
@@ -179,6 +207,7 @@ def call_model(
             tools,
             temperature=runtime.preset(trace.preset).temperature,
             max_output_tokens=go.max_output_tokens,
+            cache_key=cache_key(trace.root_trace_id, trace.preset),
         )
     except ProviderOverloaded as exc:
         hooks.model_failed(trace, exc)
@@ -189,6 +218,39 @@ def call_model(
         raise
     gate.after(go, response, int((time.monotonic() - started) * 1000))
     return response
+
+
+def ask_model(
+    runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
+) -> Answered | Wait | Spent:
+    """The model call of a turn: booked with the gate, the request fitted, then sent."""
+    trace, messages = snapshot.trace, snapshot.messages
+    if (warm := warming(runtime.store, trace)) is not None:  # the first branch goes first
+        return warm
+    tools = tool_schemas(runtime, trace)
+    path = main_path(messages, trace.head_sequence)
+    chars = request_chars(path, tools)
+    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses)
+    if not isinstance(verdict, Go):
+        return verdict
+    if (extra := note(runtime, trace, final=verdict.budget.final)) is not None:
+        if held.pending is not None:  # the first messages go first
+            runtime.store.apply(held.pending)
+            held.pending = None
+        stored = runtime.store.append_message(extra)
+        messages = [*messages, stored]
+        trace = trace.model_copy(
+            update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
+        )
+        path = main_path(messages, trace.head_sequence)
+    trace, request = prepared(runtime, trace, model_name, to_wire(path), tools)
+    response = call_model(
+        runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
+    )
+    if isinstance(response, Wait):
+        return response
+    runtime.hooks.model_responded(trace, response)
+    return Answered(trace, messages, path, response, model_name, verdict.budget.final)
 
 
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
@@ -234,6 +296,8 @@ def model_message(
         prompt_tokens=response.usage.prompt_tokens,
         completion_tokens=response.usage.completion_tokens,
         cost_usd=response.usage.cost_usd,
+        cached_tokens=response.usage.cached_tokens,
+        cache_write_tokens=response.usage.cache_write_tokens,
     )
 
 
@@ -258,6 +322,7 @@ def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str 
     entry = switch_entry(current, fallback, runtime.redactor.values_only(str(exc)))
     metadata = {**trace.metadata, FALLBACKS_KEY: [*switches, entry]}
     runtime.store.update_trace(trace.trace_id, model=fallback, metadata=metadata)
+    runtime.store.count_fallback(current, fallback)
     log.warning("run of %r: model %r failed, falling back to %r", trace.trace_id, current, fallback)
     return fallback
 

@@ -3,6 +3,10 @@
 `FLEET_HOOKS=module:attr,...` names `fleet.Hooks` instances; only the operator's
 environment names them (never a workspace file, never a trace), and a module that lies
 inside a workspace root is refused before it is imported: an agent could have written it.
+Installed packages add theirs through the `fleet.hooks` entry-point group (each entry
+`NAME = module:attr`), loaded after FLEET_HOOKS under the same checks, and one more: the
+distribution that declares it must be installed outside every workspace root (a
+`*.dist-info` an agent wrote into a folder on `sys.path` is refused, not loaded).
 Every call of an operator's hook runs in its own thread with a deadline
 (`FLEET_HOOK_TIMEOUT_S`): one that raises or overruns is logged and skipped, never kills
 the run. `HookBlocked` passes through only where blocking means something
@@ -15,8 +19,9 @@ import importlib
 import importlib.util
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +41,8 @@ log = logging.getLogger(__name__)
 
 MAX_CONTEXT_LINES = 20
 MAX_CONTEXT_LINE_CHARS = 500
+ENTRY_POINT_GROUP = "fleet.hooks"
+"""Installed packages' hooks: `[project.entry-points."fleet.hooks"] audit = "acme:AUDIT"`."""
 
 
 @dataclass(frozen=True)
@@ -47,44 +54,85 @@ class Member:
     timeout_s: float | None = None
 
 
-def load_hook(name: str, roots: Sequence[Path]) -> Hooks:
-    """The `fleet.Hooks` instance `module:attr` names; `ConfigError` in one line otherwise."""
+def load_hook(name: str, roots: Sequence[Path], source: str = "FLEET_HOOKS") -> Hooks:
+    """The `fleet.Hooks` instance `module:attr` names; `ConfigError` in one line otherwise.
+
+    `source` says where the name came from, first in every error.
+    """
     module_name, sep, attr = name.strip().partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"FLEET_HOOKS: {name!r} is not module:attr")
-    _check_origin(name, module_name.split(".")[0], roots)
+        raise ConfigError(f"{source}: {name!r} is not module:attr")
+    _check_origin(name, module_name.split(".")[0], roots, source)
     try:
         found: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             found = getattr(found, part)
     except Exception as exc:  # whatever the module raises on import is the operator's to see
-        raise ConfigError(f"FLEET_HOOKS: {name!r} does not load: {type(exc).__name__}") from None
+        raise ConfigError(f"{source}: {name!r} does not load: {type(exc).__name__}") from None
     if not isinstance(found, Hooks):
         kind = type(found).__name__
-        raise ConfigError(f"FLEET_HOOKS: {name!r} is a {kind}, not a fleet.Hooks instance")
+        raise ConfigError(f"{source}: {name!r} is a {kind}, not a fleet.Hooks instance")
     return found
 
 
-def _check_origin(name: str, top: str, roots: Sequence[Path]) -> None:
+def _check_origin(name: str, top: str, roots: Sequence[Path], source: str) -> None:
     """Refuse a module that would load from inside a workspace root (or not at all)."""
     try:
         spec = importlib.util.find_spec(top)  # a top-level name: finds, runs nothing
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        raise ConfigError(f"FLEET_HOOKS: {name!r}: no module {top!r}")
+        raise ConfigError(f"{source}: {name!r}: no module {top!r}")
     places = [*(spec.submodule_search_locations or ()), *([spec.origin] if spec.origin else [])]
     for place in places:
         if place not in ("built-in", "frozen") and under_roots(Path(place), roots):
             raise ConfigError(
-                f"FLEET_HOOKS: {name!r} loads from {place!r}, inside a workspace root where"
+                f"{source}: {name!r} loads from {place!r}, inside a workspace root where"
                 " agents write: install hook modules outside FLEET_WORKSPACE_ROOTS"
             )
 
 
 def operator_members(names: Sequence[str], roots: Sequence[Path], timeout_s: float) -> list[Member]:
-    """The hooks `FLEET_HOOKS` names, each guarded by `timeout_s`."""
-    return [Member(n, load_hook(n, roots), timeout_s) for n in names]
+    """The hooks `FLEET_HOOKS` names, then the `fleet.hooks` entry points; each guarded.
+
+    An entry point naming what FLEET_HOOKS names already is not loaded twice.
+    """
+    members = [Member(n, load_hook(n, roots), timeout_s) for n in names]
+    named = {n.strip() for n in names}
+    for member in entry_point_members(roots, timeout_s):
+        if member.name.partition("=")[2] not in named:
+            members.append(member)
+    return members
+
+
+def entry_point_members(
+    roots: Sequence[Path], timeout_s: float, found: Iterable[EntryPoint] | None = None
+) -> list[Member]:
+    """The hooks of the `fleet.hooks` entry points installed (or `found`), by name.
+
+    Each member is named `fleet.hooks:NAME=module:attr` in logs.
+
+    Raises:
+        ConfigError: a distribution installed inside a workspace root, or a value that
+            does not load (as `load_hook`).
+    """
+    points = entry_points(group=ENTRY_POINT_GROUP) if found is None else found
+    members = []
+    for point in sorted(points, key=lambda p: p.name):
+        dist = point.dist
+        label = f"{ENTRY_POINT_GROUP} entry point {point.name!r}"
+        if dist is not None:
+            label += f" of {dist.metadata['Name']!r}"
+            where = Path(str(dist.locate_file("")))
+            if under_roots(where, roots):
+                raise ConfigError(
+                    f"{label} is installed in {str(where)!r}, inside a workspace root where"
+                    " agents write: refused"
+                )
+        hook = load_hook(point.value, roots, source=label)
+        name = f"{ENTRY_POINT_GROUP}:{point.name}={point.value}"
+        members.append(Member(name, hook, timeout_s))
+    return members
 
 
 class HookChain(Hooks):

@@ -103,7 +103,7 @@ def _embedded_secrets(value: str, *, with_user: bool) -> set[str]:
     user part *is* the key.
     """
     found: set[str] = set()
-    for word in re.split(r"[\s,]+", value):
+    for word in re.split(r"[\s,;]+", value):
         if "://" in word:
             try:
                 parts = urlsplit(word)

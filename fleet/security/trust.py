@@ -22,8 +22,9 @@ import re
 import site
 import sys
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from urllib.parse import urlparse
 
 from fleet.errors import ConfigError
 
@@ -129,3 +130,27 @@ def check_scripted_allowed(allowed: bool) -> None:
         raise ConfigError(
             f"scripted models are disabled: set {ALLOW_SCRIPTED_ENV}=1 (tests and demos only)"
         )
+
+
+PUBLIC_API_HOSTS = frozenset({"api.openai.com", "api.anthropic.com"})
+"""A provider at one of these hosts cannot work without a key, so a missing one fails early."""
+
+
+def api_key(env: Mapping[str, str], api_key_env: str, base_url: str, provider: str) -> str:
+    """A provider's key from the environment; a public API without one is a `ConfigError`.
+
+    Raises:
+        ConfigError: the key holds control characters (it would forge headers), or a
+            provider at a public API host has none; the message names the variable only.
+    """
+    key = (env.get(api_key_env, "") if api_key_env else "").strip()
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
+        raise ConfigError(f"{api_key_env} contains control characters")
+    if not key and urlparse(base_url).hostname in PUBLIC_API_HOSTS:
+        how = (
+            f"set {api_key_env}"
+            if api_key_env
+            else "give the provider an api_key_env in fleet.yaml"
+        )
+        raise ConfigError(f"provider {provider!r} needs an API key: {how}")
+    return key

@@ -11,6 +11,7 @@ constructed; a recursive alias, nesting deeper than `MAX_DEPTH` or an expansion 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -50,6 +51,22 @@ def load(text: str, where: str) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def load_file(path: Path) -> Any:
+    """A YAML file, bounded as `load` bounds text; `ConfigError`: one line, file and where."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return load(text, str(path))  # bounded: size, depth, aliases
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        raise ConfigError(f"{path}: {where}: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML: {' '.join(str(exc).split())}") from None
 
 
 def compose(text: str, where: str) -> Any:

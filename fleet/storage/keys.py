@@ -7,6 +7,7 @@ a trace key name another one.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from fleet.ids import check_trace_id
@@ -29,9 +30,9 @@ def trace(trace_id: str) -> str:
 
     `stats` (TraceStats) is added to inside the write scripts; `m:{sequence}` holds each
     message (Message JSON); `stop` ("1") is present while a stop is requested (runners check
-    it between turns); `uncounted` (`{model: [prompt, completion, cost]}`) holds the usage of
-    model turns not yet added to USAGE, while a run has some. Messages, the stop flag and
-    `uncounted` are not Trace attributes.
+    it between turns); `uncounted` (`{model: [prompt, completion, cost, cached]}`) holds
+    the usage of model turns not yet added to USAGE, while a run has some. Messages, the
+    stop flag and `uncounted` are not Trace attributes.
     """
     return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
 
@@ -107,6 +108,14 @@ def cache(preset: str, digest: str) -> str:
     return f"{PREFIX}:cache:{preset}:{digest}"
 
 
+def search_cache(digest: str) -> str:
+    """String with the preset's `cache.ttl_s`: a `web_search` answer (results as JSON).
+
+    The digest covers the provider (its address and key's digest), the query and the count.
+    """
+    return f"{PREFIX}:search-cache:{digest}"
+
+
 TRACES = f"{PREFIX}:traces"
 """Sorted set: every trace id scored by creation time (newest last)."""
 
@@ -124,6 +133,11 @@ EXPERIENCES = f"{PREFIX}:experiences"
 EXPERIENCE_COUNTS = f"{PREFIX}:experience-counts"
 """Hash, no TTL: `{id}:uses` and `{id}:successes`, added to with HINCRBY (one writer each)."""
 
+EXPERIENCE_VECTORS = f"{PREFIX}:experience-vectors"
+"""Hash, no TTL: experience id -> its embedding (`StoredVector` JSON: model, text digest,
+float32 base64), written when it is approved or first ranked; read only when fleet.yaml
+names an `experiences.embedding_model`."""
+
 
 def experiences_used(trace_id: str) -> str:
     """List with TRACE_TTL_S: the experience ids injected into this trace.
@@ -135,9 +149,13 @@ def experiences_used(trace_id: str) -> str:
 
 USAGE = f"{PREFIX}:usage"
 """Hash, no TTL: fleet-wide model usage for `fleet metrics`, one field per `{kind}:{model}`
-(kind prompt_tokens, completion_tokens or cost_usd); added to once per run, by the write
-that ends it (a status other than running), from the trace's `uncounted` field: a run that
-died leaves its calls there for the trace's next run to add."""
+(kind prompt_tokens, completion_tokens, cached_tokens or cost_usd); added to once per run,
+by the write that ends it (a status other than running), from the trace's `uncounted`
+field: a run that died leaves its calls there for the trace's next run to add."""
+
+MODEL_FALLBACKS = f"{PREFIX}:model-fallbacks"
+"""Hash, no TTL: fleet-wide model fallbacks for `fleet metrics`: the JSON `[from, to]` of the
+two model names -> how many traces moved from one to the other (`fleet.llm.fallback`)."""
 
 COUNTERS = f"{PREFIX}:counters"
 """Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
@@ -266,3 +284,29 @@ def searches(root_trace_id: str) -> str:
     Checked against `search.max_searches_per_tree` of fleet.yaml (`fleet.limits.searches`).
     """
     return f"{PREFIX}:searches:{check_trace_id(root_trace_id)}"
+
+
+IMAGE_MAX_BYTES = 5_000_000
+"""Largest image a key holds (`fleet.tools.imagecheck.MAX_IMAGE_BYTES`, before base64)."""
+IMAGE_TREE_MAX_BYTES = 50_000_000
+"""Most image bytes one tree may store (an agent reading image after image is refused)."""
+
+
+def image_bytes(root_trace_id: str) -> str:
+    """String (a counter), TRACE_TTL_S: the bytes of the images this tree stored so far."""
+    return f"{PREFIX}:image-bytes:{check_trace_id(root_trace_id)}"
+
+
+def image(root_trace_id: str, digest: str) -> str:
+    """String with TRACE_TTL_S (refreshed by each read and write): one image's bytes, base64.
+
+    Named by the SHA-256 of the bytes, per tree: the same image attached or read twice in
+    a tree is stored once; messages hold an `image_ref` part naming it, never the bytes.
+    """
+    root = check_trace_id(root_trace_id)
+    if not _DIGEST.fullmatch(digest):
+        raise ValueError(f"image digest {digest[:80]!r} is not a digest")
+    return f"{PREFIX}:image:{root}:{digest}"
+
+
+_DIGEST = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -19,12 +19,21 @@ from fleet.models import (
     WorkerPresence,
     now_ms,
 )
+from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
-from fleet.storage.store import STATS_FIELDS, StartRun, TraceSnapshot, starts, with_sequence
-from fleet.storage.writes import TraceWrite, WriteResult, apply_one_by_one
+from fleet.storage.memory_workers import MemoryWorkerTables
+from fleet.storage.store import (
+    STATS_FIELDS,
+    StartRun,
+    TraceSnapshot,
+    apply_one_by_one,
+    starts,
+    with_sequence,
+)
+from fleet.storage.writes import TraceWrite, WriteResult
 
 
-class MemoryStore:
+class MemoryStore(MemoryWorkerTables):
     """A thread-safe in-process TraceStore for `--inline` runs and fast tests."""
 
     def __init__(self) -> None:
@@ -42,11 +51,23 @@ class MemoryStore:
         self._cache: dict[str, tuple[str, int]] = {}
         self._human_waits: dict[str, int] = {}
         self._counters: dict[str, int] = defaultdict(int)
+        self.fallbacks: dict[tuple[str, str], int] = defaultdict(int)
+        """(from, to) model names -> how many traces moved, as `fleet metrics` shows them."""
         self._presence: dict[str, tuple[WorkerPresence, int]] = {}
         self._outbox: dict[str, int] = {}
         self._open_trees: dict[str, int] = {}
+        self.images: dict[str, str] = {}
+        """Image key -> base64 bytes (`fleet.storage.images.MemoryImages`)."""
         self._fence: tuple[str, str] | None = None
         """(trace id, owner) in a `fenced` view: writes need that lease."""
+        self._kept = Kept()
+
+    def capability(self, kind: Capability[T]) -> T:
+        """The in-memory twin of `kind`, one per store (its fenced views share it)."""
+        return self._kept.get(kind, kind.in_memory)
+
+    def close(self) -> None:
+        """Nothing to close: the tables go with the store."""
 
     def _check_fence(self) -> None:
         """`LeaseLost` unless this view's runner holds its lease (call under the lock)."""
@@ -146,21 +167,6 @@ class MemoryStore:
         with self._lock:
             self._open_trees[root_trace_id] = now_ms()
 
-    def tracked_trees(self) -> list[str]:
-        """The open-trees index, oldest first (`owner_index.MemoryOwnerIndex`)."""
-        with self._lock:
-            return sorted(self._open_trees, key=self._open_trees.__getitem__)
-
-    def untrack_tree(self, root_trace_id: str) -> None:
-        """Drop a tree from the open-trees index."""
-        with self._lock:
-            self._open_trees.pop(root_trace_id, None)
-
-    def outbox_pending(self, entries: Sequence[str]) -> list[bool]:
-        """Whether each outbox entry is pending."""
-        with self._lock:
-            return [e in self._outbox for e in entries]
-
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:
             ids = sorted(self._traces, key=lambda t: self._traces[t]["created_at_ms"])
@@ -196,6 +202,8 @@ class MemoryStore:
                     prompt_tokens=message.prompt_tokens,
                     completion_tokens=message.completion_tokens,
                     cost_usd=message.cost_usd,
+                    cached_tokens=message.cached_tokens,
+                    cache_write_tokens=message.cache_write_tokens,
                 )
                 self.update_trace(message.trace_id, iteration=iteration)
             self.emit(root_trace_id, with_sequence(event, stored.sequence))
@@ -339,6 +347,10 @@ class MemoryStore:
         with self._lock:
             self._counters[counter] += by
 
+    def count_fallback(self, from_model: str, to_model: str) -> None:
+        with self._lock:
+            self.fallbacks[from_model, to_model] += 1
+
     def unavailable(self, exc: BaseException) -> bool:
         return False
 
@@ -360,37 +372,3 @@ class MemoryStore:
             with self._lock:
                 self._presence[presence.node] = (presence, now_ms() + ttl_ms)
         return renewed
-
-    def drop_presence(self, presence: WorkerPresence) -> None:
-        with self._lock:
-            self._presence.pop(presence.node, None)
-
-    def presences(self, nodes: Sequence[str]) -> list[WorkerPresence]:
-        with self._lock:
-            now = now_ms()
-            found = [self._presence.get(n) for n in nodes]
-            return [p for p, deadline in (f for f in found if f) if deadline > now]
-
-    def live_consumers(self, queue: str) -> list[str]:
-        with self._lock:
-            now = now_ms()
-            return sorted(
-                node
-                for node, (presence, deadline) in self._presence.items()
-                if deadline > now and queue in presence.queues
-            )
-
-    def outbox_put(self, entry: str, due_ms: int) -> None:
-        with self._lock:
-            self._outbox[entry] = due_ms
-
-    def outbox_done(self, entry: str) -> None:
-        with self._lock:
-            self._outbox.pop(entry, None)
-
-    def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
-        with self._lock:
-            due = sorted((d, entry) for entry, d in self._outbox.items() if d <= at_ms)[:limit]
-            for _, entry in due:
-                self._outbox[entry] = at_ms + retry_ms
-            return [entry for _, entry in due]

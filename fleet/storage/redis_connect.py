@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.exceptions import NoScriptError
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from fleet.errors import RedisUnreachable
+from fleet.errors import ConfigError, RedisUnreachable
+from fleet.storage.redis_urls import SENTINEL_SEPARATOR, is_sentinel, parse_sentinel
 
 SOCKET_TIMEOUT_S = 30.0
 """Read timeout of `from_url` clients; blocking event reads are clamped below it."""
@@ -21,22 +23,72 @@ MAX_CONNECTIONS = 100
 POOL_TIMEOUT_S = 20.0
 
 
-def connect(url: str) -> redis.Redis:
+SENTINEL_TIMEOUT_S = 2.0
+"""Connect and read timeout of one sentinel's answer (who the master is): a dead sentinel
+costs this long before the next one is asked."""
+
+
+def connect(
+    url: str, sentinel_master: str | None = None, *, timeout_s: float | None = None
+) -> redis.Redis:
     """A client as the store wants it: decoded replies, timeouts and health checks.
 
     Its pool makes a thread wait for a free connection instead of failing past the cap.
+    `rediss://` URLs carry their TLS options in the query (redis-py reads them);
+    a `sentinel://h:p;sentinel://h2:p` URL gives a client of the master named
+    `sentinel_master`, which asks the sentinels again whenever a connection to it is made
+    (after a failover, the promoted replica). `timeout_s` shortens the socket timeouts
+    (a probe: `fleet doctor`, discovery).
+
+    Raises:
+        ConfigError: a `sentinel://` URL without a master name, or a malformed one.
     """
-    pool = redis.BlockingConnectionPool.from_url(
-        url,
-        decode_responses=True,
-        max_connections=MAX_CONNECTIONS,
-        timeout=POOL_TIMEOUT_S,
-        health_check_interval=HEALTH_CHECK_INTERVAL_S,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_keepalive=True,
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "max_connections": MAX_CONNECTIONS,
+        "timeout": POOL_TIMEOUT_S,
+        "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+        "socket_timeout": timeout_s or SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": timeout_s or CONNECT_TIMEOUT_S,
+        "socket_keepalive": True,
+    }
+    if is_sentinel(url):
+        return _sentinel_client(url, sentinel_master, options)
+    return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
+
+
+class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """redis-py's Sentinel pool of the master, blocking at its cap as `connect`'s pools do.
+
+    `SentinelConnectionPool` resolves the master through the sentinels when a connection
+    connects and drops idle connections to a master that changed; `BlockingConnectionPool`
+    makes a thread wait for a free connection. Neither overrides what the other defines
+    but `__init__`, `reset` and `owns_connection`, which call on along the chain.
+    """
+
+
+def _sentinel_client(url: str, master: str | None, options: dict[str, Any]) -> redis.Redis:
+    if not master:
+        raise ConfigError(
+            "FLEET_REDIS_URL is a sentinel:// URL: set FLEET_REDIS_SENTINEL_MASTER to the"
+            " name of the master the sentinels monitor"
+        )
+    parsed = parse_sentinel(url)
+    timeout_s = min(SENTINEL_TIMEOUT_S, options["socket_connect_timeout"])
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(parsed.sentinels),
+        sentinel_kwargs={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s},
     )
-    return redis.Redis.from_pool(pool)
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        master,
+        redis_class=redis.Redis,
+        connection_pool_class=BlockingSentinelPool,
+        db=parsed.db,
+        username=parsed.username,
+        password=parsed.password,
+        **options,
+    )
+    return client
 
 
 class Lua:
@@ -57,6 +109,9 @@ class Lua:
     how often; a pipeline, a single-connection client, fakeredis, a subclass) takes
     redis-py's path from the start.
     A restarted or flushed Redis answers NOSCRIPT: the script is loaded and run once more.
+    The lean path takes only connections of the classes in LEAN_CONNECTIONS (TCP, TLS, a
+    Unix socket); others (a Sentinel-managed one, which re-resolves the master and turns
+    a demoted master's READONLY into a reconnect) go through redis-py.
     """
 
     def __init__(self, source: str) -> None:
@@ -67,7 +122,11 @@ class Lua:
     def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run the script on `client` with these KEYS and ARGV."""
         try:
-            if type(client) is redis.Redis and client.connection is None:
+            if (
+                type(client) is redis.Redis
+                and client.connection is None
+                and client.connection_pool.connection_class in LEAN_CONNECTIONS
+            ):
                 return self._lean(client, keys, args)
             return client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
@@ -86,6 +145,10 @@ class Lua:
             pool.release(connection)
         return client.evalsha(self.sha, len(keys), *keys, *args)
 
+
+LEAN_CONNECTIONS = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
+"""Connection classes `Lua` sends on directly. `SSLConnection` differs from `Connection` only
+in how it opens its socket (a TLS error is an `OSError`, counted as LOST)."""
 
 LOST = (redis.ConnectionError, redis.TimeoutError, OSError)
 """What a lost or stalled connection raises (redis-py's retry policies name the same)."""
@@ -113,8 +176,20 @@ def _take(pool: redis.ConnectionPool) -> Any:
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password (in the userinfo or a `password=` query), safe to print."""
-    parts = urlsplit(url)
+    """The URL without its password (in the userinfo or a `password=` query), safe to print.
+
+    A Sentinel group's URL (`sentinel://h:p;sentinel://h2:p`) is redacted part by part.
+    """
+    if SENTINEL_SEPARATOR in url and is_sentinel(url):
+        return SENTINEL_SEPARATOR.join(map(_redact_one, url.split(SENTINEL_SEPARATOR)))
+    return _redact_one(url)
+
+
+def _redact_one(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: say nothing of the URL
+        return "<malformed URL>"
     host = parts.netloc.rpartition("@")[2]
     user = f"{parts.username}@" if parts.username else ""
     query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("password="))
@@ -124,7 +199,11 @@ def redact_url(url: str) -> str:
 def unreachable(url: str, exc: BaseException) -> RedisUnreachable:
     """`RedisUnreachable` naming the (password-free) URL of a Redis that could not be reached."""
     reason = str(exc) or type(exc).__name__
-    password = urlsplit(url).password
-    if password:  # belt and braces: no redis-py message should carry it
-        reason = reason.replace(password, "***")
+    for part in url.split(SENTINEL_SEPARATOR):
+        try:
+            password = urlsplit(part).password
+        except ValueError:
+            password = None
+        if password:  # belt and braces: no redis-py message should carry it
+            reason = reason.replace(password, "***").replace(unquote(password), "***")
     return RedisUnreachable(f"cannot reach Redis at {redact_url(url)!r}: {reason}")

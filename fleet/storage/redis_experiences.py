@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import redis
 
 from fleet.errors import ExperienceNotFound
-from fleet.experiences.model import Experience
+from fleet.experiences.model import Experience, StoredVector
 from fleet.storage import keys
 
 
@@ -37,7 +37,20 @@ class RedisExperiences:
         pipe = self._client.pipeline()
         pipe.hdel(keys.EXPERIENCES, experience_id)
         pipe.hdel(keys.EXPERIENCE_COUNTS, f"{experience_id}:uses", f"{experience_id}:successes")
+        pipe.hdel(keys.EXPERIENCE_VECTORS, experience_id)
         return bool(pipe.execute()[0])
+
+    def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:  # noqa: D102
+        if not experience_ids:
+            return {}
+        raw = self._client.hmget(keys.EXPERIENCE_VECTORS, list(experience_ids))
+        found = {i: StoredVector.decode(r) for i, r in zip(experience_ids, raw, strict=True) if r}
+        return {i: v for i, v in found.items() if v is not None}
+
+    def put_vectors(self, vectors: Mapping[str, StoredVector]) -> None:  # noqa: D102
+        if vectors:
+            mapping = {i: v.encode() for i, v in vectors.items()}
+            self._client.hset(keys.EXPERIENCE_VECTORS, mapping=mapping)  # type: ignore[arg-type]
 
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:  # noqa: D102
         ids = list(experience_ids)

@@ -11,6 +11,13 @@ to running).
 
 from __future__ import annotations
 
+import json
+
+from fleet.storage.store import STARTABLE
+
+_STARTABLE = " or ".join(f"status == '{json.dumps(status)}'" for status in STARTABLE)
+"""`store.STARTABLE` as a Lua condition on the stored (JSON) status."""
+
 # A counted join's part (a host's barrier: the Celery binding's chord join,
 # `workers.join`): `member`'s part recorded once; when `size` parts are in, the body is
 # claimed (`claim` SET NX with a lease of `claim_s`), owed to `outbox` (`owed` due at
@@ -97,7 +104,8 @@ return created
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
 #           its sequence ('' for no event); iteration ('' for no model turn: else its usage
 #           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
-#           model ('' for no fleet-wide usage: else it is added to the trace's `uncounted`)
+#           model ('' for no fleet-wide usage: else it is added to the trace's `uncounted`);
+#           cached_tokens; cache_write_tokens (to the stats with the rest of the usage)
 #   stats   name, delta, ...
 #   collab  child trace id, Collaborator JSON, event JSON or '', '1' when the parent writes
 #           its own entries (their TTLs are refreshed; a child's entry only sets them new)
@@ -108,7 +116,7 @@ return created
 # `last_sequence` and hung under its head; the two fields are spliced into the caller's
 # JSON text (cjson would turn [] into {}). Stats are the `stats` field (TraceStats JSON),
 # added to here. The fleet-wide usage of model turns (`fleet metrics`) waits in the trace's
-# `uncounted` field ({model: [prompt, completion, cost]}) and goes to KEYS[3] when the
+# `uncounted` field ({model: [prompt, completion, cost, cached]}) and goes to KEYS[3] when the
 # trace changes status other than to running (a run's last write: finish, waiting, queued
 # again), the field deleted in the same step: each call is counted once, and the calls of
 # a run that died are counted by the next write that ends a run of the trace.
@@ -132,11 +140,12 @@ local function stat(name, delta)
   stats = stats or cjson.decode(state[3] or '{}')
   stats[name] = (stats[name] or 0) + tonumber(delta)
 end
-local function usage(model, prompt, completion, cost)
+local function usage(model, prompt, completion, cost, cached)
   if model == '' then return end
   uncounted = uncounted or cjson.decode(state[5] or '{}')
-  local u = uncounted[model] or {0, 0, 0}
+  local u = uncounted[model] or {0, 0, 0, 0}
   u[1], u[2], u[3] = u[1] + tonumber(prompt), u[2] + tonumber(completion), u[3] + tonumber(cost)
+  u[4] = (u[4] or 0) + tonumber(cached)  -- an entry left by an older writer has three
   uncounted[model] = u
 end
 -- The run's usage, fleet-wide, once: what its turns (and a dead run's) left uncounted.
@@ -151,6 +160,9 @@ local function count_usage()
     end
     if u[3] ~= 0 then
       redis.call('HINCRBYFLOAT', KEYS[3], 'cost_usd:' .. model, string.format('%.14g', u[3]))
+    end
+    if (u[4] or 0) ~= 0 then
+      redis.call('HINCRBY', KEYS[3], 'cached_tokens:' .. model, string.format('%d', u[4]))
     end
   end
   if state[5] then redis.call('HDEL', KEYS[1], 'uncounted') end
@@ -169,8 +181,10 @@ local function add(a)
     stat('prompt_tokens', ARGV[a + 6])
     stat('completion_tokens', ARGV[a + 7])
     stat('cost_usd', ARGV[a + 8])
+    stat('cached_tokens', ARGV[a + 10])
+    stat('cache_write_tokens', ARGV[a + 11])
   end
-  usage(ARGV[a + 9], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
+  usage(ARGV[a + 9], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 10])
   if ARGV[a + 2] ~= '' then emit(ARGV[a + 2] .. last .. ARGV[a + 3]) end
 end
 local function set(a, n)
@@ -295,13 +309,14 @@ return 1
 """
 
 # The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
-# trip. A queued or waiting trace of the given root is set running with its event first.
+# trip. A trace of the given root in a `STARTABLE` status is set running with its event first.
 # KEYS: trace, lease, running index, the guessed root's events, then pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms
 # Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
 # {the trace hash (its messages included) as a flat list, {PTTL per pause key}}.
-BEGIN_RUN = """
+BEGIN_RUN = (
+    """
 local trace = redis.call('HGETALL', KEYS[1])
 if #trace == 0 then return -1 end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -312,8 +327,9 @@ redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 local at = {}
 for i = 1, #trace, 2 do at[trace[i]] = i + 1 end
 local status = trace[at['status']]
-if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6]
-    and (status == '"queued"' or status == '"waiting"') then
+if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6] and ("""
+    + _STARTABLE
+    + """) then
   redis.call('HSET', KEYS[1], 'status', '"running"', 'updated_at_ms', ARGV[8])
   trace[at['status']] = '"running"'
   if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
@@ -323,6 +339,7 @@ local pauses = {}
 for k = 5, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
 return {trace, pauses}
 """
+)
 
 # KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
 ACQUIRE_LEASE = """
@@ -380,23 +397,3 @@ local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, AR
 for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
 return due
 """
-
-# Prepended to a write script for a runner's fenced store: KEYS[1] is the runner's lease and
-# ARGV[1] its owner token; both are taken off before the script proper runs. The lease check
-# and the write are one atomic step, so a runner whose lease lapsed (a frozen VM, a long GC)
-# cannot write into a trace another runner took over, not even in the instant after a check.
-FENCE = """
-local lease_key = table.remove(KEYS, 1)
-local lease_owner = table.remove(ARGV, 1)
-if redis.call('GET', lease_key) ~= lease_owner then
-  return redis.error_reply('FENCED the lease is not held by this runner')
-end
-"""
-
-FENCED_PREFIX = "FENCED"
-"""The start of the error a fenced script returns when the lease is not the caller's."""
-
-
-def fenced(script: str) -> str:
-    """The script behind the lease check of `FENCE`."""
-    return FENCE + script

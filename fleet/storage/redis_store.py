@@ -18,15 +18,18 @@ from typing import Any, Unpack, cast
 
 import redis
 
-from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
-from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
+from fleet.errors import ConfigError, TraceExists, TraceNotFound
+from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
 from fleet.storage import keys, redis_scripts, redis_writes
+from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
 
 # connect and redact_url lived here before redis_connect: still importable from here.
 from fleet.storage.redis_connect import Lua, unreachable
 from fleet.storage.redis_connect import connect as connect
 from fleet.storage.redis_connect import redact_url as redact_url
+from fleet.storage.redis_fence import FencedScript, lease_lost
+from fleet.storage.redis_workers import RedisWorkerTables
 from fleet.storage.redis_writes import (
     decode_fields,
     decode_messages,
@@ -40,12 +43,10 @@ from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 BLOCK_MARGIN_MS = 1_000
 """How far below the socket timeout a blocking XREAD must return."""
 
-CONSUMER_TRIM_MS = 60_000
-"""A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
 log = logging.getLogger(__name__)
 
 
-class RedisStore:
+class RedisStore(RedisWorkerTables):
     """A TraceStore on Redis, safe to share between threads."""
 
     def __init__(
@@ -62,11 +63,12 @@ class RedisStore:
         self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
         self._fence: tuple[str, str, str] | None = None
         """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
-        self._create = _Script(redis_scripts.CREATE_TRACES)
-        self._append_once = _Script(redis_scripts.APPEND_ONCE)
-        self._put_collaborator = _Script(redis_scripts.PUT_COLLABORATOR)
-        self._apply = _Script(redis_scripts.APPLY)
-        self._emit = _Script(redis_scripts.EMIT)
+        self._kept = Kept()
+        self._create = FencedScript(redis_scripts.CREATE_TRACES)
+        self._append_once = FencedScript(redis_scripts.APPEND_ONCE)
+        self._put_collaborator = FencedScript(redis_scripts.PUT_COLLABORATOR)
+        self._apply = FencedScript(redis_scripts.APPLY)
+        self._emit = FencedScript(redis_scripts.EMIT)
         self._request_stop = Lua(redis_scripts.REQUEST_STOP)
         self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)  # in a pipeline
         self._claim_due = Lua(redis_scripts.CLAIM_DUE)
@@ -75,14 +77,18 @@ class RedisStore:
         self._release = Lua(redis_scripts.RELEASE_LEASE)
 
     @classmethod
-    def from_url(cls, url: str) -> RedisStore:
+    def from_url(cls, url: str, sentinel_master: str | None = None) -> RedisStore:
         """A store with its own client (see `connect`); `close` closes it."""
-        return cls(connect(url), url=url, owns_client=True)
+        return cls(connect(url, sentinel_master), url=url, owns_client=True)
 
     @property
     def client(self) -> redis.Redis:
         """The Redis client, for other fleet-wide state on the same server (limits, budgets)."""
         return self._client
+
+    def capability(self, kind: Capability[T]) -> T:
+        """The service `kind` on this store's Redis, built once per store."""
+        return self._kept.get(kind, lambda: kind.on_redis(self._client))
 
     def ping(self) -> None:
         """Pre-flight check: `ConfigError` naming the (password-free) URL if Redis is away."""
@@ -98,7 +104,7 @@ class RedisStore:
         view._fence = (trace_id, keys.lease(trace_id), owner)
         return view
 
-    def _script(self, script: _Script, script_keys: list[str], args: Sequence[Any]) -> Any:
+    def _script(self, script: FencedScript, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a write script, behind the lease check when this is a fenced view."""
         if self._fence is None:
             return script.plain(self._client, script_keys, args)
@@ -106,7 +112,7 @@ class RedisStore:
         try:
             return script.fenced(self._client, [lease_key, *script_keys], [owner, *args])
         except redis.ResponseError as exc:
-            raise _lease_lost(trace_id, exc) from None
+            raise lease_lost(trace_id, exc) from None
 
     def close(self) -> None:
         """Close the client if this store created it."""
@@ -327,51 +333,7 @@ class RedisStore:
         holder = self._client.get(keys.lease(trace_id))
         return None if holder is None else str(holder)
 
-    # -- worker heartbeat, presence, outbox -----------------------------------
-
-    def beat(
-        self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
-    ) -> list[bool]:
-        now = now_ms()
-        pipe = self._client.pipeline(transaction=False)
-        if leases:
-            lease_keys = [keys.lease(trace_id) for trace_id, _ in leases]
-            args: list[str | int] = [ttl_ms, now + ttl_ms]
-            args += [item for trace_id, owner in leases for item in (owner, trace_id)]
-            self._renew_all(keys=[keys.RUNNING, *lease_keys], args=args, client=pipe)
-        if presence is not None:
-            pipe.set(keys.worker(presence.node), presence.model_dump_json(), px=ttl_ms)
-            for queue in presence.queues:
-                pipe.zadd(keys.consumers(queue), {presence.node: now + ttl_ms})
-                pipe.zremrangebyscore(keys.consumers(queue), "-inf", now - CONSUMER_TRIM_MS)
-        replies = pipe.execute()
-        return [bool(r) for r in replies[0]] if leases else []
-
-    def drop_presence(self, presence: WorkerPresence) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.delete(keys.worker(presence.node))
-        for queue in presence.queues:
-            pipe.zrem(keys.consumers(queue), presence.node)
-        pipe.execute()
-
-    def presences(self, nodes: Sequence[str]) -> list[WorkerPresence]:
-        if not nodes:
-            return []
-        found = self._client.mget([keys.worker(n) for n in nodes])
-        return [WorkerPresence.model_validate_json(raw) for raw in found if raw is not None]
-
-    def live_consumers(self, queue: str) -> list[str]:
-        return [str(n) for n in self._client.zrangebyscore(keys.consumers(queue), now_ms(), "+inf")]
-
-    def outbox_put(self, entry: str, due_ms: int) -> None:
-        self._client.zadd(keys.OUTBOX, {entry: due_ms})
-
-    def outbox_done(self, entry: str) -> None:
-        self._client.zrem(keys.OUTBOX, entry)
-
-    def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
-        due = self._claim_due(self._client, [keys.OUTBOX], [at_ms, at_ms + retry_ms, limit])
-        return [str(m) for m in due]
+    # -- collection, cache, counters -----------------------------------------
 
     def append_collected(self, message: Message) -> Message | None:
         if message.tool_call_id is None:
@@ -403,17 +365,8 @@ class RedisStore:
         except redis.RedisError:  # a metric must never fail the work it counts
             log.warning("fleet counter %r not updated", counter, exc_info=True)
 
-
-class _Script:
-    """A write script registered twice: as it is, and behind the lease check (`fenced`)."""
-
-    def __init__(self, source: str) -> None:
-        self.plain = Lua(source)
-        self.fenced = Lua(redis_scripts.fenced(source))
-
-
-def _lease_lost(trace_id: str, exc: redis.ResponseError) -> Exception:
-    """`LeaseLost` for a fenced script's refusal; any other script error as it is."""
-    if str(exc).startswith(redis_scripts.FENCED_PREFIX):
-        return LeaseLost(f"the lease of {trace_id!r} is no longer held by this runner")
-    return exc
+    def count_fallback(self, from_model: str, to_model: str) -> None:
+        try:
+            self._client.hincrby(keys.MODEL_FALLBACKS, json.dumps([from_model, to_model]), 1)
+        except redis.RedisError:
+            log.warning("fleet fallback count not updated", exc_info=True)

@@ -117,9 +117,10 @@ def _append(op: Append) -> list[str]:
         head += found + '"sequence":'
         tail = ("," if op.event.data else "") + tail
     usage = [str(message.prompt_tokens), str(message.completion_tokens), repr(message.cost_usd)]
+    cached = [str(message.cached_tokens), str(message.cache_write_tokens)]
     iteration = "" if op.iteration is None else str(op.iteration)
     model = message.model or ""  # a model's message: its usage also counts fleet-wide
-    return ["add", "9", body, head, tail, iteration, str(now_ms()), *usage, model]
+    return ["add", "11", body, head, tail, iteration, str(now_ms()), *usage, model, *cached]
 
 
 def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, join_at: int) -> list[str]:

@@ -10,14 +10,36 @@ from fleet.models import (
     Collaborator,
     Event,
     Message,
+    Status,
     Trace,
     TracePatch,
     WorkerPresence,
 )
+from fleet.storage.capability import Capability, T
 from fleet.storage.keys import CounterName
-from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
+from fleet.storage.writes import (
+    AddStats,
+    Append,
+    Emit,
+    JoinPart,
+    PauseRead,
+    PutCollaborator,
+    ReleaseLease,
+    SetFields,
+    TraceWrite,
+    WriteOp,
+    WriteResult,
+)
 
-STATS_FIELDS = ("messages", "prompt_tokens", "completion_tokens", "cost_usd", "duration_ms")
+STATS_FIELDS = (
+    "messages",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "duration_ms",
+    "cached_tokens",
+    "cache_write_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -45,9 +67,17 @@ class StartRun:
     event: Event
 
 
+STARTABLE: tuple[Status, ...] = ("queued", "waiting")
+"""The statuses a runner sets `running` when it takes the trace: no runner holds it then.
+
+The one source of the rule: `starts` (the memory store), `redis_scripts.BEGIN_RUN` (its
+condition is generated from this) and `lifecycle.stop_subtree` read it.
+"""
+
+
 def starts(data: dict[str, object], start: StartRun) -> bool:
     """Whether `begin_run` sets this trace (its stored fields) running, as the script decides."""
-    return data["status"] in ("queued", "waiting") and data["root_trace_id"] == start.root_trace_id
+    return data["status"] in STARTABLE and data["root_trace_id"] == start.root_trace_id
 
 
 def with_sequence(event: Event, sequence: int) -> Event:
@@ -55,8 +85,8 @@ def with_sequence(event: Event, sequence: int) -> Event:
     return event.model_copy(update={"data": {**event.data, "sequence": sequence}})
 
 
-class TraceStore(Protocol):
-    """Where traces, messages, collaborators and events live."""
+class TraceRecords(Protocol):
+    """Traces as records: create, read, update, list; a run's first read."""
 
     def create_trace(self, trace: Trace) -> None:
         """Persist a new trace (and index it under its parent); `TraceExists` if the id is taken."""
@@ -123,6 +153,10 @@ class TraceStore(Protocol):
         """Child trace ids in creation order."""
         ...
 
+
+class TraceContent(Protocol):
+    """What a trace holds: its message tree, stats, collaborators and events."""
+
     def append_message(self, message: Message) -> Message:
         """Atomically give the message the next sequence, hang it under the head, move the head."""
         ...
@@ -163,6 +197,14 @@ class TraceStore(Protocol):
         """Entries in the order the children were first added."""
         ...
 
+    def append_collected(self, message: Message) -> Message | None:
+        """Append a tool call's collected result once: None if it was collected already.
+
+        The once-mark and the message are one atomic step, so a collector killed halfway
+        leaves neither and a redelivered collect writes the result.
+        """
+        ...
+
     def emit(self, root_trace_id: str, event: Event) -> str:
         """Append to the tree's event stream; returns the entry id."""
         ...
@@ -172,6 +214,10 @@ class TraceStore(Protocol):
     ) -> list[tuple[str, Event]]:
         """Entries after `after`; with `block_ms`, wait up to that long for the first one."""
         ...
+
+
+class StopsAndWaits(Protocol):
+    """The stop flag runners check between turns, and traces waiting on a person."""
 
     def request_stop(self, trace_id: str) -> None:
         """Raise the stop flag that runners check between turns (none for a missing trace)."""
@@ -197,6 +243,10 @@ class TraceStore(Protocol):
         """Drop a trace's wait from the index; True for the one caller that removed it."""
         ...
 
+
+class Leases(Protocol):
+    """Who runs a trace now: leases, the running index, worker heartbeats and presence."""
+
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
         """Take the runner lease if free (or already ours); index it as running."""
         ...
@@ -211,6 +261,10 @@ class TraceStore(Protocol):
 
     def lease_holder(self, trace_id: str) -> str | None:
         """The owner of the trace's live lease, if any."""
+        ...
+
+    def forget_running(self, trace_id: str) -> bool:
+        """Drop a trace from the running index; True for the one caller that removed it."""
         ...
 
     def unavailable(self, exc: BaseException) -> bool:
@@ -250,6 +304,10 @@ class TraceStore(Protocol):
         """Node names of the workers whose heartbeat says they consume `queue` now."""
         ...
 
+
+class Outbox(Protocol):
+    """Work to hand to the queue, kept until it was (`fleet.storage.outbox`)."""
+
     def outbox_put(self, entry: str, due_ms: int) -> None:
         """Record work to hand to the queue (`storage.outbox`), due at `due_ms` unless done."""
         ...
@@ -265,26 +323,74 @@ class TraceStore(Protocol):
         """
         ...
 
-    def forget_running(self, trace_id: str) -> bool:
-        """Drop a trace from the running index; True for the one caller that removed it."""
-        ...
 
-    def append_collected(self, message: Message) -> Message | None:
-        """Append a tool call's collected result once: None if it was collected already.
-
-        The once-mark and the message are one atomic step, so a collector killed halfway
-        leaves neither and a redelivered collect writes the result.
-        """
-        ...
+class Services(Protocol):
+    """What else lives beside the traces: the result cache, counters, capabilities."""
 
     def cache_get(self, key: str) -> str | None:
         """A cached sub-agent answer."""
+        ...
+
+    def cache_set(self, key: str, value: str, ttl_s: int) -> None:
+        """Cache a sub-agent answer for `ttl_s`."""
         ...
 
     def count(self, counter: CounterName, by: int = 1) -> None:
         """Add to a fleet-wide counter (`fleet metrics`); best effort: a failure is logged."""
         ...
 
-    def cache_set(self, key: str, value: str, ttl_s: int) -> None:
-        """Cache a sub-agent answer for `ttl_s`."""
+    def count_fallback(self, from_model: str, to_model: str) -> None:
+        """Count a trace moved to a fallback model (`fleet metrics`); best effort too."""
         ...
+
+    def capability(self, kind: Capability[T]) -> T:
+        """The service `kind` beside this store (limits, budgets, ...): Redis or memory."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what the store opened (its own Redis client)."""
+        ...
+
+
+class TraceStore(TraceRecords, TraceContent, StopsAndWaits, Leases, Outbox, Services, Protocol):
+    """Where traces, messages, collaborators and events live: every role above.
+
+    A caller annotates the narrowest role it needs; a host (a runtime, a fleet) holds the
+    whole store. `MemoryStore` and `RedisStore` implement it all.
+    """
+
+
+def apply_one_by_one(store: TraceStore, write: TraceWrite) -> WriteResult:
+    """Apply a write through the store's single-purpose methods, in order.
+
+    `MemoryStore.apply` holds its lock around this, which makes it one atomic step; the
+    Redis store runs the same ops in one script instead.
+    """
+    if any(isinstance(op, JoinPart) for op in write.ops):  # its keys are a Redis host's
+        raise TypeError("a join part needs a Redis store (fleet.storage.redis_store.RedisStore)")
+    stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
+    return WriteResult(stored, store.stop_requested(write.trace_id))
+
+
+def _apply_op(store: TraceStore, write: TraceWrite, op: WriteOp) -> Message | None:
+    root = write.root_trace_id
+    match op:
+        case Append(message=message, event=None):
+            return store.append_message(message)
+        case Append(message=message, event=Event() as event, iteration=iteration):
+            return store.record_turn(root, message, event, iteration=iteration)
+        case SetFields(fields=fields, event=None):
+            store.update_trace(write.trace_id, **fields)
+        case SetFields(fields=fields, event=Event() as event):
+            store.update_trace_and_emit(write.trace_id, root, event, **fields)
+        case AddStats(deltas=deltas):
+            store.add_stats(write.trace_id, **deltas)
+        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=None):
+            store.put_collaborator(parent, entry)
+        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=Event() as event):
+            store.put_collaborator_and_emit(parent, root, entry, event)
+        case Emit(event=event):
+            store.emit(root, event)
+        case ReleaseLease(owner=owner):
+            store.release_lease(write.trace_id, owner)
+    return None

@@ -19,7 +19,7 @@ from typing import get_args
 from fleet.errors import ConfigError, NoLiveWorkers
 from fleet.models import Mode
 from fleet.security import trust
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Leases, TraceStore
 
 CHECK_INTERVAL_S = 2.0
 
@@ -69,7 +69,7 @@ class QueueWatch:
         return needed
 
 
-def check_served(store: TraceStore, queue: str | None, workspace: Path) -> None:
+def check_served(store: Leases, queue: str | None, workspace: Path) -> None:
     """Refuse a workspace no live worker of `queue` accepts, before anything is written.
 
     Workers announce their workspace roots (`WorkerPresence.roots`). When none is live, or

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Unpack
+from typing import Unpack
 
 from fleet.models import Collaborator, Event, Message, TracePatch, now_ms
 
@@ -227,69 +227,3 @@ class WriteResult:
     """Whether a stop was requested for the trace, as of the write."""
     pauses: PauseRead | None = None
     """The write's `pauses`, as of the write (None: none read; the in-memory store)."""
-
-
-class SingleWrites(Protocol):
-    """The single-purpose TraceStore methods a write is made of."""
-
-    def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None: ...  # noqa: D102
-
-    def update_trace_and_emit(  # noqa: D102
-        self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Unpack[TracePatch]
-    ) -> None: ...
-
-    def append_message(self, message: Message) -> Message: ...  # noqa: D102
-
-    def record_turn(  # noqa: D102
-        self, root_trace_id: str, message: Message, event: Event, *, iteration: int | None = None
-    ) -> Message: ...
-
-    def add_stats(self, trace_id: str, **deltas: float) -> None: ...  # noqa: D102
-
-    def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None: ...  # noqa: D102
-
-    def put_collaborator_and_emit(  # noqa: D102
-        self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event
-    ) -> None: ...
-
-    def emit(self, root_trace_id: str, event: Event) -> str: ...  # noqa: D102
-
-    def release_lease(self, trace_id: str, owner: str) -> None: ...  # noqa: D102
-
-    def stop_requested(self, trace_id: str) -> bool: ...  # noqa: D102
-
-
-def apply_one_by_one(store: SingleWrites, write: TraceWrite) -> WriteResult:
-    """Apply a write through the store's single-purpose methods, in order.
-
-    `MemoryStore.apply` holds its lock around this, which makes it one atomic step; the
-    Redis store runs the same ops in one script instead.
-    """
-    if any(isinstance(op, JoinPart) for op in write.ops):  # its keys are a Redis host's
-        raise TypeError("a join part needs a Redis store (fleet.storage.redis_store.RedisStore)")
-    stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
-    return WriteResult(stored, store.stop_requested(write.trace_id))
-
-
-def _apply_op(store: SingleWrites, write: TraceWrite, op: WriteOp) -> Message | None:
-    root = write.root_trace_id
-    match op:
-        case Append(message=message, event=None):
-            return store.append_message(message)
-        case Append(message=message, event=Event() as event, iteration=iteration):
-            return store.record_turn(root, message, event, iteration=iteration)
-        case SetFields(fields=fields, event=None):
-            store.update_trace(write.trace_id, **fields)
-        case SetFields(fields=fields, event=Event() as event):
-            store.update_trace_and_emit(write.trace_id, root, event, **fields)
-        case AddStats(deltas=deltas):
-            store.add_stats(write.trace_id, **deltas)
-        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=None):
-            store.put_collaborator(parent, entry)
-        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=Event() as event):
-            store.put_collaborator_and_emit(parent, root, entry, event)
-        case Emit(event=event):
-            store.emit(root, event)
-        case ReleaseLease(owner=owner):
-            store.release_lease(write.trace_id, owner)
-    return None

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleet.tools.imagecheck import Image
 from fleet.tools.webfilter import OPEN, DomainFilter
+from fleet.tools.websearch.cache import SearchCache
 from fleet.tools.websearch.results import SearchResult
 
 SHELL_NETWORKS = ("host", "none")
@@ -40,6 +42,8 @@ class ToolResult:
     long_term_memory: str | None = None
     is_error: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
+    images: tuple[Image, ...] = ()
+    """Images the model sees with the output (checked; stored once per tree by reference)."""
 
 
 class WebSearcher(Protocol):
@@ -81,3 +85,5 @@ class ToolContext:
     and every hop web_fetch takes must pass it (on top of the SSRF guard)."""
     search: WebSearcher | None = None
     """The operator's search provider (`search:` in fleet.yaml); None: web_search is off."""
+    search_cache: SearchCache | None = None
+    """The preset's cache of `web_search` answers (`cache: {tools: [web_search]}`)."""

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from fleet.errors import ConfigError, ToolError
 from fleet.presets import AgentPreset
-from fleet.tools import files, search, shell, skills, web
+from fleet.tools import files, images, search, shell, skills, web
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.schema import json_schema, parse_docstring
 from fleet.tools.websearch.tool import web_search
@@ -240,6 +240,7 @@ BUILT_IN: tuple[tuple[ToolFunction, bool, bool], ...] = (
     # are outside their own limits.
     (files.read_file, True, True),
     (files.list_dir, True, True),
+    (images.read_image, True, True),
     (search.glob, True, True),
     (search.grep, True, True),
     (web.web_fetch, True, False),

@@ -65,6 +65,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workspace", type=Path, help="workspace root (default: FLEET_WORKSPACE or .)"
     )
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH|URL",
+        help="show the model this PNG/JPEG/GIF/WebP image with the task (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--timeout-s", type=positive_float, default=None, help="give up waiting after this long"

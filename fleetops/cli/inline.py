@@ -20,6 +20,8 @@ def check_run_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--after-sequence needs --continue TRACE_ID")
     if args.continue_id and (args.model or args.preset != "default" or args.workspace):
         raise ConfigError("--continue keeps the trace's model, preset and workspace")
+    if args.continue_id and args.image:
+        raise ConfigError("--image goes with a new task, not --continue")
 
 
 def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
@@ -43,7 +45,9 @@ def run_inline(args: argparse.Namespace) -> int:
         trace = local.continue_trace(args.continue_id, args.task, args.after_sequence)
     else:
         metadata = run_metadata(args)
-        trace = local.run(args.task, model=args.model, preset=args.preset, metadata=metadata)
+        trace = local.run(
+            args.task, model=args.model, preset=args.preset, metadata=metadata, images=args.image
+        )
     question = waiting_on(trace)
     if question is not None:
         print(printable(f"? {question['question']}"), file=sys.stderr)

@@ -184,9 +184,10 @@ def run_migrate(args: argparse.Namespace) -> int:
     from fleetops.discovery import fleet_settings
     from fleetops.migrate import migrate
 
-    url = fleet_settings().redis_url
+    settings = fleet_settings()
+    url = settings.redis_url
     try:
-        done = migrate(connect(url), dry_run=args.dry_run)
+        done = migrate(connect(url, settings.redis_sentinel_master), dry_run=args.dry_run)
     except redis.RedisError as exc:
         raise unreachable(url, exc) from None
     print(done.line(args.dry_run))

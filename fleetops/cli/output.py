@@ -16,9 +16,9 @@ from typing import Any
 
 from fleet.conversation.continuation import branches, turn_of
 from fleet.conversation.human import waiting_on
-from fleet.limits.budget import budget_state
-from fleet.models import Trace
-from fleet.storage.store import TraceStore
+from fleet.limits.backends import budget_state
+from fleet.models import Trace, task_images
+from fleet.storage.store import TraceContent, TraceStore
 
 _ESCAPE = re.compile(
     r"\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC ... BEL/ST (title, clipboard, links)
@@ -118,7 +118,11 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         f"{indent}{trace.trace_id}  [{trace.mode}, {trace.status}]  "
         f"{stats.messages} msgs, {stats.prompt_tokens + stats.completion_tokens} tokens"
     )
+    if stats.cached_tokens:  # part of the tokens above, read from the provider's cache
+        line += f" ({stats.cached_tokens} cached)"
     lines = [line, f"{indent}  task: {_one_line(trace.task)}"]
+    if images := task_images(trace):  # placeholders: a trace holds references, never bytes
+        lines.append(f"{indent}  with {images}")
     if reason := trace.metadata.get("stop_reason"):
         lines[0] += f"  (stop_reason: {reason})"
     if not trace.parent_trace_id and (state := budget_state(store, trace.trace_id)):
@@ -137,7 +141,7 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
     return lines
 
 
-def _branches(store: TraceStore, trace: Trace) -> list[dict[str, Any]]:
+def _branches(store: TraceContent, trace: Trace) -> list[dict[str, Any]]:
     """The message tree's branches of a root (sub-traces: none, to keep `show` cheap)."""
     if trace.parent_trace_id is not None:
         return []

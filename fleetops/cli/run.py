@@ -94,6 +94,7 @@ def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
         metadata=run_metadata(args) or None,
         budget=budget_of(args),
         max_concurrent=args.max_concurrent,
+        images=args.image,
     )
     print(f"submitted {handle.trace_id}", file=sys.stderr, flush=True)
     return handle

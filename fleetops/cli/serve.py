@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from fleet.errors import ConfigError
 from fleetops.cli.args import is_loopback
@@ -33,6 +34,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from fleet.client import Fleet
     from fleetops.discovery import fleet_settings
     from fleetops.local import check_port_free
+    from fleetops.serve import api_approvals, api_experiences
     from fleetops.serve.app import ServeConfig, serve_forever
 
     settings = fleet_settings()
@@ -40,7 +42,8 @@ def run_serve(args: argparse.Namespace) -> int:
     fleet = Fleet.from_env(settings)
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
     check_port_free(args.port, "fleet serve", host=host)
-    config = ServeConfig(store=fleet.store, actions=fleet, token=token)
+    acting = (partial(api_experiences.routes, fleet), partial(api_approvals.routes, fleet))
+    config = ServeConfig(store=fleet.store, actions=fleet, token=token, routes=acting)
     serve_forever(
         config, args.address, args.port, lambda url: print(f"fleet serve: {url}", flush=True)
     )

@@ -1,122 +1,85 @@
-"""What a person may do from the page: stop, reply, approve, deny, continue (no HTTP here).
+"""What the API's acting endpoints share: the fleet client, a JSON body, errors as statuses.
 
-Each action is one call of the fleet client (`fleet.client.Fleet` satisfies `Actions`): the
-policy (who may be answered, once) lives in `fleet.conversation`, never here. A second
-answer to the same question or approval is the `ConversationError` those functions raise.
+An action is a POST whose body is a JSON object (`{}` when it has no fields) sent as
+`Content-Type: application/json`. With the Origin check every request gets (`app.check_request`)
+that is the CSRF guard: an HTML form on another site cannot send that type, and a script
+there cannot without a CORS preflight, which this server never answers. Auth, Host and body
+size are checked in `prepare`, as for every API request.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from fleetops.serve.listing import BadRequest
+from fleet.errors import (
+    BrokerUnavailable,
+    ConfigError,
+    ConversationError,
+    ExperienceNotFound,
+)
+from fleetops.serve.app import ApiError, ServeConfig, _Base
 
-MAX_TEXT_CHARS = 32_000
-"""The longest reply, reason or message taken (a body is capped at 64 KiB anyway)."""
+if TYPE_CHECKING:
+    from fleet.client import Fleet
 
-
-class Actions(Protocol):
-    """The fleet operations the page's buttons call; `Fleet` is one."""
-
-    def stop(self, trace_id: str) -> list[str]:
-        """Stop the trace and its subtree; the ids told to stop."""
-        ...
-
-    def reply(self, trace_id: str, answer: str) -> object:
-        """Answer the trace's `ask_human` question."""
-        ...
-
-    def approve(self, trace_id: str, approval_id: str | None = None) -> object:
-        """Approve the tool call the trace waits on."""
-        ...
-
-    def deny(self, trace_id: str, reason: str, approval_id: str | None = None) -> object:
-        """Deny the tool call the trace waits on."""
-        ...
-
-    def continue_trace(
-        self, trace_id: str, message: str, after_sequence: int | None = None
-    ) -> object:
-        """Give a finished root a new user message (after `after_sequence`: a rewind)."""
-        ...
+T = TypeVar("T")
+JSON_TYPE = "application/json"
 
 
-@dataclass(frozen=True)
-class Action:
-    """One action route: the body fields it takes and what it does with them."""
+class ActionHandler(_Base):
+    """A handler with the fleet client and the request's JSON body."""
 
-    fields: dict[str, type]
-    """Field name -> str or int; those in `required` must be there."""
-    required: frozenset[str]
-    run: Callable[[Actions, str, dict[str, Any]], dict[str, Any]]
+    fleet: Fleet
+    body: bytearray
 
+    def initialize(  # type: ignore[override]
+        self, config: ServeConfig, pool: ThreadPoolExecutor, fleet: Fleet
+    ) -> None:
+        super().initialize(config, pool)
+        self.fleet = fleet
+        self.body = bytearray()
 
-def _stop(actions: Actions, trace_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {"stopped": actions.stop(trace_id)}
+    def data_received(self, chunk: bytes) -> None:
+        """Keep the body: `prepare` refused one over `MAX_BODY_BYTES` before it was read."""
+        self.body += chunk
 
-
-def _reply(actions: Actions, trace_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    actions.reply(trace_id, body["answer"])
-    return {"replied": trace_id}
-
-
-def _approve(actions: Actions, trace_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    actions.approve(trace_id, body.get("approval_id"))
-    return {"approved": trace_id}
-
-
-def _deny(actions: Actions, trace_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    actions.deny(trace_id, body.get("reason") or "", body.get("approval_id"))
-    return {"denied": trace_id}
-
-
-def _continue(actions: Actions, trace_id: str, body: dict[str, Any]) -> dict[str, Any]:
-    actions.continue_trace(trace_id, body["message"], body.get("after_sequence"))
-    return {"continued": trace_id}
-
-
-ACTIONS: dict[str, Action] = {
-    "stop": Action({}, frozenset(), _stop),
-    "reply": Action({"answer": str}, frozenset({"answer"}), _reply),
-    "approve": Action({"approval_id": str}, frozenset(), _approve),
-    "deny": Action({"approval_id": str, "reason": str}, frozenset(), _deny),
-    "continue": Action({"message": str, "after_sequence": int}, frozenset({"message"}), _continue),
-}
-
-
-def parse_body(action: str, raw: bytes) -> dict[str, Any]:
-    """The action's JSON object, checked field by field; `BadRequest` names what is wrong."""
-    spec = ACTIONS[action]
-    if not raw.strip():
-        body: Any = {}
-    else:
+    def fields(self, allowed: frozenset[str]) -> dict[str, Any]:
+        """The JSON object posted; `ApiError` 415/400 for another type, shape or field."""
+        sent = self.request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if sent != JSON_TYPE:
+            raise ApiError(415, f"send actions as {JSON_TYPE} (an empty object {{}} will do)")
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise BadRequest(f"the {action} body is not JSON") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"the {action} body must be a JSON object")
-    unknown = sorted(set(body) - set(spec.fields))
-    if unknown:
-        raise BadRequest(f"{action}: unknown field(s) {unknown!r}")
-    missing = sorted(spec.required - set(body))
-    if missing:
-        raise BadRequest(f"{action}: missing field(s) {missing!r}")
-    for name, value in body.items():
-        _check_field(action, name, value, spec.fields[name])
-    return body
+            data = json.loads(self.body or b"{}")
+        except ValueError:
+            raise ApiError(400, "the body is not JSON") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ApiError(400, f"unknown field(s) {unknown!r} (known: {sorted(allowed)!r})")
+        return data
 
+    def text(self, data: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+        """A string field of the body; `ApiError` 400 when missing (if required) or not text."""
+        value = data.get(name)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or (required and not value.strip()):
+            raise ApiError(400, f"field {name!r} must be a non-empty string")
+        return value
 
-def _check_field(action: str, name: str, value: Any, kind: type) -> None:
-    if value is None and name not in ACTIONS[action].required:
-        return
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise BadRequest(f"{action}: {name} must be a non-negative integer")
-    if kind is str:
-        if not isinstance(value, str):
-            raise BadRequest(f"{action}: {name} must be a string")
-        if len(value) > MAX_TEXT_CHARS:
-            raise BadRequest(f"{action}: {name} is longer than {MAX_TEXT_CHARS} characters")
+    async def act(self, fn: Callable[..., T], *args: Any) -> T:
+        """`call`, with the fleet's expected refusals as statuses (one line, no traceback)."""
+        try:
+            return await self.call(fn, *args)
+        except ExperienceNotFound as exc:
+            raise ApiError(404, str(exc)) from None
+        except ConversationError as exc:  # answered already, another call, nothing pending
+            raise ApiError(409, str(exc)) from None
+        except BrokerUnavailable as exc:
+            raise ApiError(503, str(exc)) from None
+        except ConfigError as exc:  # a bad scope, an empty rule
+            raise ApiError(400, str(exc)) from None

@@ -26,7 +26,6 @@ from tornado.iostream import StreamClosedError
 from fleet.errors import BrokerUnavailable, ConversationError, InvalidTraceId, TraceNotFound
 from fleet.storage.store import TraceStore
 from fleetops.serve import listing, queries
-from fleetops.serve.actions import ACTIONS, Actions, parse_body
 from fleetops.serve.guard import (
     MAX_BODY_BYTES,
     ApiError,
@@ -36,8 +35,16 @@ from fleetops.serve.guard import (
     csrf_token,
 )
 from fleetops.serve.listing import BadRequest
+from fleetops.serve.page_actions import ACTIONS, Actions, parse_body
 
-__all__ = ["MAX_BODY_BYTES", "SERVER_LIMITS", "ServeConfig", "make_app", "serve_forever"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "SERVER_LIMITS",
+    "ApiError",
+    "ServeConfig",
+    "make_app",
+    "serve_forever",
+]
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).with_name("static")
@@ -74,6 +81,9 @@ class ServeConfig:
     stream_block_ms: int = 2000
     """How long one read of the event stream waits before a keep-alive comment; also how
     long a stop may wait on a stream's blocked read."""
+    routes: tuple[Callable[[dict[str, Any]], list[Any]], ...] = ()
+    """More endpoints: each gets the handlers' keyword arguments and returns its rules
+    (`fleetops.serve.api_experiences`, `api_approvals`: they need the fleet client)."""
 
     def __post_init__(self) -> None:
         if not self.csrf:
@@ -188,8 +198,11 @@ class MessagesHandler(_Base):
         self.reply(await self.call(queries.trace_messages, self.config.store, trace_id))
 
 
-class ActionHandler(_Base):
-    """`POST /api/traces/{id}/{stop|reply|approve|deny|continue}` with a JSON body."""
+class TraceActionHandler(_Base):
+    """`POST /api/traces/{id}/{stop|reply|continue}` with a JSON body.
+
+    Approve and deny are `api_approvals`' routes (`ServeConfig.routes`).
+    """
 
     async def post(self, raw_id: str, action: str) -> None:
         trace_id = self.trace_id(raw_id)
@@ -304,7 +317,8 @@ def make_app(config: ServeConfig) -> tornado.web.Application:
             (r"/api/traces/([^/]+)", TraceHandler, base),
             (r"/api/traces/([^/]+)/messages", MessagesHandler, base),
             (r"/api/traces/([^/]+)/events", EventsHandler, {**base, "streams": streams}),
-            (rf"/api/traces/([^/]+)/({'|'.join(ACTIONS)})", ActionHandler, base),
+            (rf"/api/traces/([^/]+)/({'|'.join(ACTIONS)})", TraceActionHandler, base),
+            *(rule for extra in config.routes for rule in extra(base)),
         ],
         stream_slots=threading.BoundedSemaphore(config.max_streams),
         pools=(pool, streams),

@@ -15,7 +15,7 @@ import redis
 import yaml
 
 from fleet import ids
-from fleet.models import Trace
+from fleet.models import Trace, text_of
 from fleet.settings import Settings
 from fleet.storage.redis_store import RedisStore
 from tests.fleetkit import wait_until
@@ -112,4 +112,4 @@ def run_forged(fleet: HardenedFleet, script: Path, workspace: str, task: str = "
 def tool_outputs(fleet: HardenedFleet, trace_id: str) -> list[str]:
     """The content of every tool message of the trace, in order."""
     with RedisStore.from_url(fleet.url) as store:
-        return [m.content or "" for m in store.messages(trace_id) if m.role == "tool"]
+        return [text_of(m.content) for m in store.messages(trace_id) if m.role == "tool"]

@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from fleet.inprocess import InProcessFleet
+from fleet.models import text_of
 from fleet.settings import Settings
 from fleet.storage.redis_server import RedisServer, start_redis_server
 from fleet.storage.redis_store import RedisStore
@@ -82,7 +83,7 @@ def tool_outputs(fleet: LocalFleet, done: subprocess.CompletedProcess[str]) -> l
     """Every tool result of the trace `fleet run --json` printed."""
     trace_id = json.loads(done.stdout)["trace_id"]
     with RedisStore.from_url(fleet.state.redis_url) as store:
-        return [m.content or "" for m in store.messages(trace_id) if m.role == "tool"]
+        return [text_of(m.content) for m in store.messages(trace_id) if m.role == "tool"]
 
 
 STATE_READS = [
@@ -237,7 +238,7 @@ def test_the_file_tools_refuse_the_state_folder_even_inside_a_root(tmp_path: Pat
 
     trace = local.run("snoop", model=f"scripted:{steps_script(tmp_path / 's.yaml', steps)}")
 
-    outputs = [m.content or "" for m in local.store.messages(trace.trace_id) if m.role == "tool"]
+    outputs = [text_of(m.content) for m in local.store.messages(trace.trace_id) if m.role == "tool"]
     assert len(outputs) == len(steps), outputs
     assert not any(CONFIDENTIAL in output for output in outputs), outputs
     assert outputs[4] == outputs[6] == "no matches", outputs

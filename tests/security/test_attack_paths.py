@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from fleet.inprocess import InProcessFleet
+from fleet.models import text_of
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, calls, text
 
@@ -30,7 +31,7 @@ def run_tools(workspace: Path, *turns: object) -> list[tuple[bool, str]]:
     local = InProcessFleet.from_settings(settings, clients={"m": model})
     trace = local.run("work", model="m")
     tools = [m for m in local.store.messages(trace.trace_id) if m.role == "tool"]
-    return [(bool(m.metadata.get("is_error")), m.content or "") for m in tools]
+    return [(bool(m.metadata.get("is_error")), text_of(m.content)) for m in tools]
 
 
 def test_a_hard_link_to_an_outside_file_is_neither_read_nor_written(tmp_path: Path) -> None:

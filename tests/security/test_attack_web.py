@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from fleet.inprocess import InProcessFleet
+from fleet.models import text_of
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, calls, text
 from fleet.tools.base import ToolContext
@@ -49,7 +50,7 @@ def fetch_all(tmp_path: Path, urls: list[str], allow: str = "") -> list[tuple[bo
     local = InProcessFleet.from_settings(Settings.from_env(env), clients={"m": model})
     trace = local.run("read these pages", model="m")
     tools = [m for m in local.store.messages(trace.trace_id) if m.role == "tool"]
-    return [(bool(m.metadata.get("is_error")), m.content or "") for m in tools]
+    return [(bool(m.metadata.get("is_error")), text_of(m.content)) for m in tools]
 
 
 def test_web_fetch_refuses_every_internal_address(tmp_path: Path, attacker: Attacker) -> None:

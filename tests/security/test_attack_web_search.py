@@ -190,7 +190,7 @@ def test_a_search_provider_on_an_internal_address_needs_fleet_web_allow(
         ("malformed", "answered something that is not JSON"),
         ("nested", "answered something that is not JSON"),
         ("wrong_shape", "has no 'results' list"),
-        ("throttle", "answered HTTP 429"),
+        ("throttle", "is overloaded (HTTP 429): try again in"),  # paused, as on a fleet
     ],
 )
 def test_a_hostile_provider_answer_is_bounded_and_one_clean_line(

@@ -36,8 +36,20 @@ class Answer:
     retry_after_s: float | None
 
 
-def get(url: str, headers: Mapping[str, str], allow: tuple[str, ...], timeout_s: float) -> Answer:
+def get(
+    url: str,
+    headers: Mapping[str, str],
+    allow: tuple[str, ...],
+    timeout_s: float,
+    *,
+    what: str = "search provider",
+    tool: str = "web_search",
+    max_bytes: int = MAX_RESPONSE_BYTES,
+) -> Answer:
     """GET `url` through the SSRF guard within `timeout_s`.
+
+    `what` names the server in errors, `tool` the caller in the guard's refusal; a body
+    longer than `max_bytes` is cut (`Answer.cut`).
 
     Raises:
         ToolError: refused by the guard, timed out, a redirect, or a transport error. The
@@ -49,18 +61,16 @@ def get(url: str, headers: Mapping[str, str], allow: tuple[str, ...], timeout_s:
     with webstream.Deadline(timeout_s) as deadline:
         try:
             with httpx.Client(follow_redirects=False, trust_env=False) as client:
-                request = _pinned(client, url, headers, allow, deadline)
+                request = _pinned(client, url, headers, allow, deadline, tool)
                 response = client.send(request, stream=True)
                 try:
-                    return _read(response)
+                    return _read(response, what, max_bytes)
                 finally:
                     response.close()
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             if deadline.passed or isinstance(exc, httpx.TimeoutException):
-                raise ToolError(
-                    f"search provider {host!r} timed out after {timeout_s:g}s"
-                ) from None
-            raise ToolError(f"search provider {host!r} failed: {type(exc).__name__}") from None
+                raise ToolError(f"{what} {host!r} timed out after {timeout_s:g}s") from None
+            raise ToolError(f"{what} {host!r} failed: {type(exc).__name__}") from None
 
 
 def _pinned(
@@ -69,6 +79,7 @@ def _pinned(
     headers: Mapping[str, str],
     allow: tuple[str, ...],
     deadline: webstream.Deadline,
+    tool: str,
 ) -> httpx.Request:
     """The request sent to the checked address, the name in Host and SNI (as web_fetch)."""
     import httpx
@@ -77,7 +88,7 @@ def _pinned(
     host = parts.hostname or ""
     scheme = parts.scheme.lower()
     port = parts.port or (443 if scheme == "https" else 80)
-    target = netguard.resolve(host, port, allow, tool="web_search")
+    target = netguard.resolve(host, port, allow, tool=tool)
     address = f"[{target.address}]" if ":" in target.address else target.address
     pinned = urlunsplit((scheme, f"{address}:{port}", parts.path or "/", parts.query, ""))
     return client.build_request(
@@ -94,16 +105,15 @@ def _pinned(
     )
 
 
-def _read(response: httpx.Response) -> Answer:
+def _read(response: httpx.Response, what: str, max_bytes: int) -> Answer:
     if response.is_redirect:
         raise ToolError(
-            f"search provider answered a redirect (HTTP {response.status_code}):"
-            " set base_url to where it points"
+            f"{what} answered a redirect (HTTP {response.status_code}): give the URL it points to"
         )
     decoded = webstream.decode_chain(
         response.iter_raw(), response.headers.get("content-encoding", "")
     )
-    body, cut = webstream.capped(decoded, MAX_RESPONSE_BYTES)
+    body, cut = webstream.capped(decoded, max_bytes)
     return Answer(
         status=response.status_code,
         content_type=response.headers.get("content-type", "").lower(),

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fleet.errors import ConfigError, ToolError
-from fleet.limits.providers import Admitted, Limiter, Scope, booked
+from fleet.limits.protocols import ProviderLimits
+from fleet.limits.providers import Admitted, Scope, booked
 from fleet.limits.searches import SearchCounter
 from fleet.llm.config import RateLimits
 from fleet.security.redact import SHAPES_ONLY, Redactor
@@ -41,7 +42,7 @@ class SearchService:
         env: Mapping[str, str],
         counter: SearchCounter,
         *,
-        limiter: Limiter | None = None,
+        limiter: ProviderLimits | None = None,
         web_allow: tuple[str, ...] = (),
         redactor: Redactor = SHAPES_ONLY,
     ) -> None:

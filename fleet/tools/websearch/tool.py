@@ -36,20 +36,24 @@ def web_search(
             raise ToolError(str(exc)) from None
         filters = filters.narrowed(DomainRules(allow=patterns))
         query = f"{query} {_site_terms(patterns)}"
-    timeout_s = min(ctx.web_timeout_s, ctx.tool_timeout_s)
-    found = ctx.search.search(
-        query,
-        max_results,
-        trace_id=ctx.trace_id,
-        root_trace_id=ctx.root_trace_id,
-        timeout_s=timeout_s,
-    )
+    found = ctx.search_cache.get(query, max_results) if ctx.search_cache else None
+    cached = found is not None
+    if found is None:
+        found = ctx.search.search(
+            query,
+            max_results,
+            trace_id=ctx.trace_id,
+            root_trace_id=ctx.root_trace_id,
+            timeout_s=min(ctx.web_timeout_s, ctx.tool_timeout_s),
+        )
+        if ctx.search_cache is not None:
+            ctx.search_cache.put(query, max_results, found)
     kept = [result for result in found if filters.refusal(result.url) is None]
     return ToolResult(
         title=f"web_search: {len(kept)} result(s)",
         output=render(query, kept, len(found) - len(kept)),
         long_term_memory=f"searched {query[:100]!r}: {len(kept)} result(s)",
-        metadata={"results": len(kept), "dropped": len(found) - len(kept)},
+        metadata={"results": len(kept), "dropped": len(found) - len(kept), "cached": cached},
     )
 
 

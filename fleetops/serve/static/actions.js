@@ -62,7 +62,7 @@ function approvalForm(waiting, act) {
   const id = waiting.tool_call_id;
   const reason = el("input");
   reason.id = "deny-reason";
-  reason.placeholder = "reason to deny";
+  reason.placeholder = "reason to deny (required)";
   reason.setAttribute("aria-label", "reason to deny");
   form.append(button("Approve", act("approve", () => ({ approval_id: id }), "approved")));
   form.append(reason, button("Deny", act("deny", () => ({ approval_id: id, reason: reason.value }), "denied"), "danger"));

@@ -72,7 +72,7 @@ function renderBranches(branches, traceId, leaf) {
   select.id = "branch-select";
   select.setAttribute("aria-label", "conversation branch");
   for (const branch of branches) {
-    const turns = branch.user_turns.map((t) => t.content).filter(Boolean);
+    const turns = branch.user_turns.map((t) => contentText(t.content)).filter(Boolean);
     const text = (branch.main ? "main · " : "rewound · ") + "#" + branch.leaf_sequence + " · "
       + (turns[turns.length - 1] || "").slice(0, 60);
     const option = el("option", null, text);
@@ -97,15 +97,28 @@ function renderMessage(message, results) {
   if (meta.injected) { item.classList.add("injected"); label.push(injectedKind(message.content)); }
   if (meta.correction) label.push("correction");
   item.append(el("div", "role", label.join(" · ")));
-  if (message.role === "system") item.append(collapsed("system prompt", message.content || ""));
-  else if (message.content) item.append(textBlock("content", message.content));
+  const content = contentText(message.content);
+  if (message.role === "system") item.append(collapsed("system prompt", content || ""));
+  else if (content) item.append(textBlock("content", content));
   if (message.long_term_memory) item.append(textBlock("memory", "kept in memory: " + message.long_term_memory));
   for (const call of message.tool_calls || []) item.append(renderCall(call, results.get(call.id)));
   return item;
 }
 
+// A message's content is text, or parts: text, and images stored by reference (never bytes).
+export function contentText(content) {
+  if (!Array.isArray(content)) return content;
+  return content.map((part) => {
+    if (part.type === "text") return part.text || "";
+    const ref = part.image_ref || {};
+    const kind = String(ref.media_type || "image/?").replace("image/", "").toUpperCase();
+    const kb = (Number(ref.bytes) || 0) / 1000;
+    return "[image " + kind + " " + ref.width + "x" + ref.height + ", " + kb.toFixed(1) + " KB]";
+  }).join("\n");
+}
+
 function injectedKind(content) {
-  const text = content || "";
+  const text = contentText(content) || "";
   if (text.includes("Active Collaborators")) return "injected: collaborators";
   if (/plan|goal/i.test(text.slice(0, 200))) return "injected: plan";
   return "injected";
@@ -124,7 +137,7 @@ function renderCall(call, result) {
   const meta = result.metadata || {};
   const res = el("div", "tool-result");
   if (meta.is_error) res.classList.add("error");
-  const text = result.content || "";
+  const text = contentText(result.content) || "";
   res.append(text.length > LONG_CHARS ? collapsed("result", text) : textBlock("result", text));
   if (result.long_term_memory) {
     res.append(textBlock("memory", "kept in memory (full text elided): " + result.long_term_memory));

@@ -1,13 +1,7 @@
-"""Every status change of a trace, and the one writer of collaborator entries.
+"""Every status change of a trace: start, wait, finish, stop, a person's wait, a new turn.
 
-A trace goes `queued -> running -> (waiting -> running)* -> completed|failed|stopped`; a
-yielded run goes back to `queued`, a reopened child (`continue_from`) from terminal to
-`queued`. Only this module writes `status`, and only this module writes a parent's
-collaborator entries, so a new transition (a budget stop, a wait on a person) is added
-here, once, for the runner, both dispatchers and the Celery tasks alike.
-
-Settling a tool call from its children (`fleet.children.settling`) writes the entries through
-`put_collaborator` here.
+The transitions of `fleet.lifecycle` (its docstring has the whole path); the parent's
+collaborator entries they change are written through `fleet.lifecycle.entries`.
 """
 
 from __future__ import annotations
@@ -17,6 +11,7 @@ from typing import Any
 
 from fleet import ids
 from fleet.control import subtree
+from fleet.lifecycle.entries import mirror, put_collaborator
 from fleet.models import (
     Collaborator,
     CollaboratorStatus,
@@ -28,7 +23,7 @@ from fleet.models import (
     now_ms,
 )
 from fleet.runtime import Runtime
-from fleet.storage.store import StartRun, TraceStore
+from fleet.storage.store import STARTABLE, StartRun, TraceStore
 from fleet.storage.writes import TraceWrite
 
 # -- the trace's own status -------------------------------------------------------------
@@ -140,12 +135,12 @@ def finish(
     if write is not None:
         write.update(None if trace.parent_trace_id else event, **fields)
         if trace.parent_trace_id:
-            _mirror(runtime, trace.parent_trace_id, trace, write, announce=False)
+            mirror(runtime, trace.parent_trace_id, trace, write, announce=False)
             write.emit(event)  # after the parent's entry: a watcher sees the entry written
         store.apply(write)
     elif trace.parent_trace_id:
         store.update_trace(trace_id, **fields)
-        _mirror(runtime, trace.parent_trace_id, trace, announce=False)
+        mirror(runtime, trace.parent_trace_id, trace, announce=False)
         store.emit(trace.root_trace_id, event)
     else:  # the root: its finish event is the last word, so it goes with the write
         store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
@@ -179,8 +174,9 @@ def stop_for_budget(runtime: Runtime, trace: Trace, partial: str | None, why: st
 def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
     """Raise the stop flag on a trace and every descendant.
 
-    Traces no runner holds (queued, waiting) are finished `stopped` here, because a revoked
-    chord never runs its body; running ones stop themselves between turns. Children are
+    Traces no runner holds (`STARTABLE`: queued, waiting) are finished `stopped` here,
+    because a revoked chord never runs its body; running ones stop themselves between
+    turns. Children are
     finished before their parents, so the root's finish event, which ends `fleet run`'s
     wait, comes after every entry it shows.
 
@@ -193,7 +189,7 @@ def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
         store.request_stop(tid)
     for tid in reversed(ids):
         trace = store.get_trace(tid)
-        if trace.status in ("queued", "waiting"):
+        if trace.status in STARTABLE:
             finish(runtime, tid, "stopped", error="stop requested", reason="stop")
             _stop_person(runtime, trace)
     return ids
@@ -208,95 +204,6 @@ def end_stopped(runtime: Runtime, trace_id: str) -> None:
     stop_subtree(runtime, trace_id)
     if not runtime.store.get_trace(trace_id).is_terminal:
         finish(runtime, trace_id, "stopped", error="stop requested", reason="stop")
-
-
-# -- a parent's collaborator entries ---------------------------------------------------
-
-
-def announce(
-    runtime: Runtime, parent: Trace, child: Trace, write: TraceWrite | None = None
-) -> None:
-    """A new (or reopened) child shows in its parent's collaborators as `running`.
-
-    With `write` (the parent's), the entry joins that batch; the caller applies it.
-    """
-    entry = Collaborator(
-        name=child.name,
-        trace_id=child.trace_id,
-        status="running",
-        summary=child.task[:120],
-        mode=child.mode,
-        tool_call_id=child.parent_tool_call_id,
-    )
-    put_collaborator(runtime.store, parent.trace_id, child, entry, "queued", write)
-
-
-def _mirror(
-    runtime: Runtime,
-    parent_trace_id: str,
-    child: Trace,
-    write: TraceWrite | None = None,
-    *,
-    announce: bool = True,
-) -> None:
-    """The child's status and answer, copied into its parent's entry (idempotent).
-
-    `announce=False`: no `collaborator` event (the child's `finish` event says it).
-    """
-    entry = mirrored(runtime, child)
-    store = runtime.store
-    put_collaborator(store, parent_trace_id, child, entry, entry.status, write, quiet=not announce)
-
-
-def mirrored(runtime: Runtime, child: Trace) -> Collaborator:
-    """The parent's entry for this child as it is now."""
-    status: CollaboratorStatus = "running"
-    if child.status in ("completed", "failed", "stopped"):
-        status = child.status
-    summary = child.answer if child.status == "completed" else (child.error or child.status)
-    if child.status == "stopped" and child.answer:  # cut short, with a partial answer
-        summary = f"{summary}: {child.answer}"
-    return Collaborator(
-        name=child.name or child.mode,
-        trace_id=child.trace_id,
-        status=status,
-        summary=(summary or "")[: runtime.settings.summary_chars],
-        mode=child.mode,
-        tool_call_id=child.parent_tool_call_id,
-        stats=child.stats,
-        output=child.output if child.status == "completed" else None,
-    )
-
-
-def put_collaborator(
-    store: TraceStore,
-    parent_trace_id: str,
-    child: Trace,
-    entry: Collaborator,
-    shown: str,
-    write: TraceWrite | None = None,
-    extra: dict[str, Any] | None = None,
-    *,
-    quiet: bool = False,
-) -> None:
-    """The one write of a collaborator entry, with its event, atomic per child.
-
-    `quiet`: no event (a child's `finish` event stands for it), and none is built.
-    """
-    if quiet:
-        if write is not None:
-            write.put_collaborator(parent_trace_id, entry, None)
-        else:
-            store.put_collaborator(parent_trace_id, entry)
-        return
-    data = {"parent_trace_id": parent_trace_id, "name": entry.name, "mode": child.mode}
-    event = Event(
-        kind="collaborator", trace_id=child.trace_id, status=shown, data=data | (extra or {})
-    )
-    if write is not None:
-        write.put_collaborator(parent_trace_id, entry, event)
-    else:
-        store.put_collaborator_and_emit(parent_trace_id, child.root_trace_id, entry, event)
 
 
 # -- conversations: a continued root, a wait on a person ---------------------------------

@@ -10,10 +10,11 @@ prompt.
     tools: [read_file, grep, web_fetch]
     max_iterations: 20
     read_only: true
-    cache: {ttl_s: 3600, keys: [task]}
+    cache: {ttl_s: 3600, keys: [task], tools: [web_search]}  # its answer; its searches
     budget: {tokens: 200000, usd: 2.0, sub_agents: 50}   # default for trees rooted here
     max_branches: 40                                     # per explore call
     max_concurrent: 10                                   # children running at once
+    warm_explore: true                                   # first branch warms the cache
     web: {allow_domains: ["*.python.org"]}               # narrows fleet.yaml's filter
     ---
     You are a careful researcher ...
@@ -22,16 +23,13 @@ prompt.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_of
 from fleet.errors import ConfigError
@@ -39,12 +37,13 @@ from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
 from fleet.mcp import names as mcp_names
 from fleet.mcp.names import PREFIX as MCP_PREFIX
-from fleet.security import trust, yamlsafe
+from fleet.presets import frontmatter, prompts
+from fleet.security import trust
 from fleet.tools.webfilter import DomainRules, WebSection
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
-READ_TOOLS = frozenset({"read_file", "list_dir", "glob", "grep"})
+READ_TOOLS = frozenset({"read_file", "read_image", "list_dir", "glob", "grep"})
 """The workspace-reading tools every preset may use."""
 TOOL_NAMES = frozenset(
     READ_TOOLS
@@ -52,14 +51,10 @@ TOOL_NAMES = frozenset(
     | {"ask_human", "web_search"}
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
-ANALYST_TOOLS = frozenset({"read_file", "glob", "grep", "web_search", "web_fetch"})
+ANALYST_TOOLS = frozenset({"read_file", "read_image", "glob", "grep", "web_search", "web_fetch"})
 """The built-in `analyst`: reads the workspace and the web, writes nothing."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})
 """Traces in these modes are read-only whatever their preset (or a file replacing it) says."""
-CACHE_ARGUMENTS = ("task", "messages", "context", "skills")
-"""`agent` arguments a `cache.keys` entry may name; `context.FIELD` names one field of
-`context` (the sub-agent's own arguments, seed-style `city`, `forecast_type`)."""
-_CONTEXT_FIELD = re.compile(r"^context\.[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -90,6 +85,8 @@ class AgentPreset:
     cache_ttl_s: int | None = None
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
+    cache_tools: frozenset[str] = frozenset()
+    """Tools of this agent whose results are cached for `cache_ttl_s` (`web_search`)."""
     output_schema: Mapping[str, Any] | None = field(default=None, hash=False)
     """JSON Schema the final answer must meet (`fleet.loop.structured`); None: free text."""
     """Arguments of the `agent` call whose values make up the cache key."""
@@ -103,6 +100,9 @@ class AgentPreset:
     """`web: {allow_domains, deny_domains}`: added to fleet.yaml's filter, never replacing it."""
     mcp_servers: frozenset[str] | None = None
     """MCP servers whose tools the agent may use (`mcp:`); None means every declared one."""
+    warm_explore: bool | None = None
+    """Its explores let the first branch's first call warm the prompt cache before the
+    others call (`fleet.children.warming`); None: fleet.yaml's `warm_explore`."""
 
     def allows(self, tool: str) -> bool:
         """Whether this preset lets the agent call `tool` (MCP tools: `fleet.mcp.names`)."""
@@ -154,43 +154,13 @@ class AgentPreset:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-_DEFAULT_PROMPT = (
-    "You are a capable software agent working in a workspace folder. Use your tools to "
-    "look before you change anything, make the change, check that it works, and finish "
-    "with a short summary of what you did and what you verified."
-)
-_EXPLORE_PROMPT = (
-    "You are a read-only explorer. Investigate the question you are given with the "
-    "reading tools; you cannot change anything. Answer with what you found, citing file "
-    "paths and line numbers, and say plainly what you could not find out."
-)
-_ANALYST_PROMPT = (
-    "You are an analyst. Read the workspace and the web to answer the question: search "
-    "with web_search, read the pages that matter with web_fetch, compare the options you "
-    "find, and end with a recommendation and the evidence behind it, citing each URL."
-)
-_EVALUATE_PROMPT = """\
-You are a strict, fair judge. You are given a goal and the work done towards it.
-Check the work against the goal with your read-only tools: do not trust a claim you have
-not verified in the workspace.
-
-Answer in exactly this shape:
-
-VERDICT: pass|fail|partial
-REASONS:
-- what meets the goal and what does not, with evidence (paths, lines, outputs)
-SUGGESTIONS:
-- concrete changes that would make the work pass, or make it better
-
-Write `VERDICT: pass` only if every part of the goal is met, `partial` if some of it is."""
-
 BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
     {
         "default": AgentPreset(
             name="default",
             description="General agent with every tool.",
             max_iterations=30,
-            system_prompt=_DEFAULT_PROMPT,
+            system_prompt=prompts.DEFAULT_PROMPT,
             experiences=True,
         ),
         "explore": AgentPreset(
@@ -199,7 +169,7 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             allowed_tools=READ_TOOLS | {"skill"},
             max_iterations=15,
             read_only=True,
-            system_prompt=_EXPLORE_PROMPT,
+            system_prompt=prompts.EXPLORE_PROMPT,
         ),
         "analyst": AgentPreset(
             name="analyst",
@@ -208,7 +178,7 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             max_iterations=25,
             temperature=0.3,
             read_only=True,
-            system_prompt=_ANALYST_PROMPT,
+            system_prompt=prompts.ANALYST_PROMPT,
         ),
         "evaluate": AgentPreset(
             name="evaluate",
@@ -216,7 +186,7 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             allowed_tools=READ_TOOLS | {"skill"},
             max_iterations=15,
             read_only=True,
-            system_prompt=_EVALUATE_PROMPT,
+            system_prompt=prompts.EVALUATE_PROMPT,
         ),
     }
 )
@@ -226,7 +196,16 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
 class _CacheSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ttl_s: PositiveCount
-    keys: list[str] = Field(min_length=1)
+    keys: list[str] = Field(default_factory=list)
+    """`agent` arguments: this agent's answer is cached under their values."""
+    tools: list[Literal["web_search"]] = Field(default_factory=list)
+    """This agent's calls of these tools are cached (same arguments, same provider)."""
+
+    @model_validator(mode="after")
+    def _something(self) -> _CacheSection:
+        if not self.keys and not self.tools:
+            raise ValueError("cache needs keys (its answer) or tools (its tool results)")
+        return self
 
 
 class _PresetFrontmatter(BaseModel):
@@ -251,6 +230,7 @@ class _PresetFrontmatter(BaseModel):
     max_concurrent: PositiveCount | None = None
     web: WebSection | None = None
     mcp: list[str] | None = None
+    warm_explore: bool | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -264,12 +244,12 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         ConfigError: One line, `FILE: reason`.
     """
     try:
-        header, body = _split_frontmatter(path.read_text(encoding="utf-8"))
-        front = _validate(_parse_yaml(header), default_name=path.stem)
-        _check_tools(front, known_tools)
-        _check_cache_keys(front)
+        header, body = frontmatter.split(path.read_text(encoding="utf-8"))
+        front = _validate(frontmatter.parse_yaml(header), default_name=path.stem)
+        frontmatter.check_tools(front.tools, front.denied_tools, known_tools)
+        frontmatter.check_cache_keys(front.cache.keys if front.cache else [])
         if front.output_schema is not None:
-            check_schema(front.output_schema, "frontmatter")
+            frontmatter.check_schema(front.output_schema, "frontmatter")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -289,12 +269,14 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         experiences=front.experiences,
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
+        cache_tools=frozenset(front.cache.tools) if front.cache else frozenset(),
         output_schema=front.output_schema,
         budget=front.budget.to_budget() if front.budget else None,
         max_branches=front.max_branches,
         max_concurrent=front.max_concurrent,
         web=front.web.rules() if front.web else None,
         mcp_servers=None if front.mcp is None else frozenset(front.mcp),
+        warm_explore=front.warm_explore,
     )
 
 
@@ -363,82 +345,9 @@ def _folder_from_env(env: Mapping[str, str]) -> Path | None:
     return Path(value) if value else None
 
 
-def check_schema(schema: object, where: str) -> dict[str, Any]:
-    """A preset's `output_schema`, checked to be a JSON Schema object.
-
-    Raises:
-        ConfigError: `where: output_schema: what is wrong`.
-    """
-    if not isinstance(schema, dict):
-        raise ConfigError(f"{where}: output_schema must be a mapping (a JSON Schema)")
-    # jsonschema (~50 ms) only when a schema is checked: every client loads the presets.
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        raise ConfigError(f"{where}: output_schema: {exc.message}") from None
-    return schema
-
-
-def _split_frontmatter(text: str) -> tuple[str, str]:
-    """The YAML between the leading `---` lines, and the body after them."""
-    lines = text.removeprefix("\ufeff").splitlines(keepends=True)
-    if not lines or lines[0].strip() != "---":
-        raise ConfigError("missing YAML frontmatter: the file must start with a '---' line")
-    for index, line in enumerate(lines[1:], start=1):
-        if line.strip() == "---":
-            return "".join(lines[1:index]), "".join(lines[index + 1 :])
-    raise ConfigError("frontmatter is not closed by a '---' line")
-
-
-def _parse_yaml(header: str) -> dict[str, Any]:
-    try:
-        data = yamlsafe.load(header, "frontmatter")
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML frontmatter: {' '.join(str(exc).split())}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError("frontmatter must be a mapping of settings")
-    return data
-
-
 def _validate(data: dict[str, Any], default_name: str) -> _PresetFrontmatter:
     try:
         return _PresetFrontmatter.model_validate({"name": default_name, **data})
     except ValidationError as exc:
-        problems = [_describe(error) for error in exc.errors()]
+        problems = [frontmatter.describe(error) for error in exc.errors()]
         raise ConfigError("; ".join(problems)) from exc
-
-
-def _describe(error: ErrorDetails) -> str:
-    """One pydantic error as `field: message`."""
-    field = ".".join(str(part) for part in error["loc"])
-    message = "unknown setting" if error["type"] == "extra_forbidden" else error["msg"]
-    return f"{field}: {message}" if field else str(message)
-
-
-def _check_tools(front: _PresetFrontmatter, known_tools: Collection[str]) -> None:
-    for setting, names in (("tools", front.tools or []), ("denied_tools", front.denied_tools)):
-        # MCP tools are known only once their server answers: any `mcp__` name may be listed.
-        unknown = sorted(n for n in set(names) - set(known_tools) if not n.startswith(MCP_PREFIX))
-        if unknown:
-            known = ", ".join(sorted(known_tools))
-            raise ConfigError(f"{setting}: unknown tool {unknown[0]!r} (known: {known})")
-
-
-def _check_cache_keys(front: _PresetFrontmatter) -> None:
-    """Each `cache.keys` entry must name an `agent` argument or a field of `context`.
-
-    A name that matches nothing would read as null in every call, so every call would
-    share one cache entry (a Paris forecast answered with Beijing's).
-    """
-    for name in front.cache.keys if front.cache else []:
-        if name not in CACHE_ARGUMENTS and not _CONTEXT_FIELD.match(name):
-            known = ", ".join(CACHE_ARGUMENTS)
-            raise ConfigError(
-                f"cache.keys: unknown argument {name!r} (known: {known};"
-                f" a field of the call's context is 'context.{name}')"
-            )

@@ -1,0 +1,54 @@
+"""Every status change of a trace, and the one writer of collaborator entries.
+
+A trace goes `queued -> running -> (waiting -> running)* -> completed|failed|stopped`; a
+yielded run goes back to `queued`, a reopened child (`continue_from`) from terminal to
+`queued`. Only this package writes `status` (`status`), and only it writes a
+parent's collaborator entries (`entries`), so a new transition (a budget stop, a wait on
+a person) is added here, once, for the runner, both dispatchers and the Celery tasks
+alike. Callers use the names below (`lifecycle.finish`, ...); it imports the runtime and
+the storage roles, never the loop, children or conversation.
+"""
+
+from fleet.lifecycle.entries import announce, mirrored, put_collaborator
+from fleet.lifecycle.status import (
+    PERSON_KEY,
+    PERSON_SUMMARY_CHARS,
+    end_stopped,
+    fail,
+    finish,
+    human_id,
+    person_answered,
+    put_person,
+    reopen,
+    reopen_root,
+    requeue,
+    start,
+    starting,
+    stop_for_budget,
+    stop_subtree,
+    wait,
+    wait_on_person,
+)
+
+__all__ = [
+    "PERSON_KEY",
+    "PERSON_SUMMARY_CHARS",
+    "announce",
+    "end_stopped",
+    "fail",
+    "finish",
+    "human_id",
+    "mirrored",
+    "person_answered",
+    "put_collaborator",
+    "put_person",
+    "reopen",
+    "reopen_root",
+    "requeue",
+    "start",
+    "starting",
+    "stop_for_budget",
+    "stop_subtree",
+    "wait",
+    "wait_on_person",
+]

@@ -1,0 +1,96 @@
+"""The Redis URL forms the fleet takes, read once: one node, TLS, or a Sentinel group.
+
+- `redis://[user:password@]host:port/db`, `unix://...`: one node, as redis-py reads them.
+- `rediss://user:password@host:port/db?ssl_ca_certs=CA&ssl_certfile=CERT&ssl_keyfile=KEY
+  &ssl_cert_reqs=required`: TLS, the options in the query as redis-py, kombu and Celery's
+  result backend each read them. `check_url` adds `ssl_cert_reqs=required` when it is
+  missing: kombu would otherwise connect without checking the certificate (its default)
+  and Celery's backend would refuse the URL.
+- `sentinel://[user:password@]host:port[/db];sentinel://host2:port2`: a Sentinel group as
+  Celery writes it; the master's name comes from `FLEET_REDIS_SENTINEL_MASTER`. The user,
+  password and database (of the first part, as Celery reads them) are the master's; the
+  sentinels themselves are reached without a password.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from fleet.errors import ConfigError
+
+SENTINEL_SCHEME = "sentinel"
+SENTINEL_SEPARATOR = ";"
+DEFAULT_SENTINEL_PORT = 26379
+CERT_REQS = ("required", "optional", "none")
+"""`ssl_cert_reqs` values all three readers take (redis-py, kombu, Celery's backend)."""
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """What a `sentinel://` URL names: the sentinels, and how to talk to the master."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+def is_sentinel(url: str) -> bool:
+    """Whether `url` names a Sentinel group (`sentinel://...`)."""
+    return url.partition("://")[0].lower() == SENTINEL_SCHEME
+
+
+def parse_sentinel(url: str, name: str = "FLEET_REDIS_URL") -> SentinelUrl:
+    """The parts of a `sentinel://h:p;sentinel://h2:p` URL.
+
+    Raises:
+        ConfigError: a part that is not `sentinel://host[:port][/db]`; the message names
+            `name` and the part's position, never the URL (it may hold a password).
+    """
+    chunks = [c.strip() for c in url.split(SENTINEL_SEPARATOR) if c.strip()]
+    sentinels: list[tuple[str, int]] = []
+    for index, chunk in enumerate(chunks, 1):
+        try:
+            parts = urlsplit(chunk)
+            port = parts.port or DEFAULT_SENTINEL_PORT
+        except ValueError:
+            parts, port = None, 0
+        if parts is None or parts.scheme != SENTINEL_SCHEME or not parts.hostname:
+            raise ConfigError(f"{name}: part {index} is not sentinel://host:port")
+        if parts.query:
+            raise ConfigError(f"{name}: part {index}: sentinel:// URLs take no ?options")
+        sentinels.append((parts.hostname, port))
+    if not sentinels:
+        raise ConfigError(f"{name}: no sentinel://host:port in the URL")
+    first = urlsplit(chunks[0])
+    db_text = first.path.strip("/") or "0"
+    if not db_text.isdecimal():
+        raise ConfigError(f"{name}: the database {db_text!r} is not a number")
+    return SentinelUrl(
+        tuple(sentinels),
+        int(db_text),
+        unquote(first.username) if first.username else None,
+        unquote(first.password) if first.password else None,
+    )
+
+
+def check_url(url: str, name: str) -> str:
+    """`url` as the fleet uses it: a `rediss://` URL gets `ssl_cert_reqs=required` if unset.
+
+    Raises:
+        ConfigError: a bad `ssl_cert_reqs`, or a malformed `sentinel://` URL.
+    """
+    scheme = url.partition("://")[0].lower()
+    if scheme == SENTINEL_SCHEME:
+        parse_sentinel(url, name)
+        return url
+    if scheme != "rediss":
+        return url
+    query = url.partition("?")[2]
+    reqs = [v for k, v in parse_qsl(query, keep_blank_values=True) if k == "ssl_cert_reqs"]
+    if not reqs:
+        return url + ("&" if query else "" if url.endswith("?") else "?") + "ssl_cert_reqs=required"
+    if any(v not in CERT_REQS for v in reqs):
+        raise ConfigError(f"{name}: ssl_cert_reqs must be one of {', '.join(CERT_REQS)}")
+    return url

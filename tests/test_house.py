@@ -1,0 +1,87 @@
+"""The house rules a newcomer relies on, checked on the source (issue 22's Done-when rows).
+
+No Protocol wider than 15 methods, no module longer than 400 lines, at most 16 modules at
+the top of `fleet/`, and no caller outside `fleet/storage/` that asks which store it has or
+reaches for the store's Redis client.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT = ("fleet", "workers", "fleetops")
+MAX_PROTOCOL_METHODS = 15
+
+
+def product_files() -> list[Path]:
+    return sorted(p for package in PRODUCT for p in (ROOT / package).rglob("*.py"))
+
+
+def protocol_widths(source: str) -> dict[str, int]:
+    """Each Protocol class of a module -> its methods, those of its Protocol bases not counted."""
+    widths = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and any(
+            ast.unparse(base) in ("Protocol", "typing.Protocol") for base in node.bases
+        ):
+            widths[node.name] = sum(isinstance(n, ast.FunctionDef) for n in node.body)
+    return widths
+
+
+MAX_MODULE_LINES = 400
+MAX_TOP_LEVEL_MODULES = 16
+
+
+def test_no_module_is_longer_than_400_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in product_files()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, long
+
+
+def test_the_top_of_fleet_keeps_only_the_public_face() -> None:
+    modules = sorted(p.name for p in (ROOT / "fleet").glob("*.py"))
+    assert len(modules) <= MAX_TOP_LEVEL_MODULES, modules
+
+
+def test_no_protocol_has_more_than_15_methods() -> None:
+    wide = {
+        f"{path.relative_to(ROOT)}:{name}": width
+        for path in product_files()
+        for name, width in protocol_widths(path.read_text(encoding="utf-8")).items()
+        if width > MAX_PROTOCOL_METHODS
+    }
+    assert not wide, wide
+
+
+def test_the_width_check_counts_a_protocols_own_methods() -> None:
+    source = "class P(Protocol):\n" + "".join(
+        f"    def m{i}(self) -> None: ...\n" for i in range(16)
+    )
+    assert protocol_widths(source) == {"P": 16}
+    assert protocol_widths("class Q(P, Protocol):\n    pass\n") == {"Q": 0}
+
+
+STORE_SIDE_DOOR = re.compile(r"isinstance\([^)]*(RedisStore|MemoryStore)|\bstore\.client\b")
+
+
+def test_only_the_storage_package_knows_which_store_it_has() -> None:
+    doors = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in product_files()
+        if not path.is_relative_to(ROOT / "fleet" / "storage")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if STORE_SIDE_DOOR.search(line)
+    ]
+    assert not doors, doors
+
+
+def test_the_side_door_check_finds_one() -> None:
+    assert STORE_SIDE_DOOR.search("if isinstance(store, RedisStore):")
+    assert STORE_SIDE_DOOR.search("Budgets(store.client)")
+    assert not STORE_SIDE_DOOR.search("from fleet.client import Fleet")
