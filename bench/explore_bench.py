@@ -29,6 +29,7 @@ workers' summed RSS above its level at the start of the run.
 from __future__ import annotations
 
 import argparse
+import compileall
 import statistics
 import sys
 import tempfile
@@ -158,6 +159,11 @@ def environment(redis_url: str, tmp: Path, base_url: str) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # The `fleet run` rows time a process start: give them the bytecode an installed package
+    # has (pip compiles it at install; a checkout run under PYTHONDONTWRITEBYTECODE, as on
+    # these machines, would otherwise compile every changed module on every start).
+    for package in ("fleet", "fleetops", "workers"):
+        compileall.compile_dir(REPO / package, quiet=1)
     config = f"pool={args.pool} concurrency={args.concurrency} workers={args.workers}"
     print(f"# {machine()}\n# {config} repeat={args.repeat} (medians)", flush=True)
     print(f"# load average before: {load()}", flush=True)

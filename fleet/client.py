@@ -6,22 +6,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from fleet import lifecycle
+from fleet.backends import Backend, RunsNoAgents
+from fleet.backends import load_backend as load_backend
 from fleet.control import subtree
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
-from fleet.errors import BrokerUnavailable, ConfigError, FleetError
+from fleet.errors import BrokerUnavailable, FleetError
 from fleet.experiences.model import Experience
-from fleet.experiences.reflect import REFLECT_PRESET, proposals, reflection_task
 from fleet.experiences.store import ExperienceStore
-from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
@@ -30,7 +29,6 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore
 from fleet.storage.watchdog import QueueWatch, check_served
-from fleet.tools.imagesource import load_images
 
 if TYPE_CHECKING:
     from fleet.batch.run import BatchEntry, BatchResult
@@ -41,37 +39,6 @@ EVENT_BLOCK_MS = 1000
 """How long one read of the event stream waits for the next event."""
 CANCEL_POLL_MS = 200
 """...and with a `cancel` event, which a signal handler sets but which cannot wake a read."""
-
-
-class Backend(Protocol):
-    """What a task queue must do for the client; `workers` provides the Celery one."""
-
-    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
-        """Start running this (already persisted) root trace somewhere in the fleet."""
-        ...
-
-    def revoke(self, stamps: list[str]) -> None:
-        """Drop queued tasks stamped with these values (`fleet.conversation.continuation.stamp`).
-
-        Best effort; the stop flag is the guarantee.
-        """
-        ...
-
-    def queue(self, mode: Mode) -> str | None:
-        """The queue traces of this mode run on (what workers announce they consume).
-
-        None when the backend runs traces without a queue (threads in this process).
-        """
-        ...
-
-
-def load_backend(settings: Settings, name: str = "celery") -> Backend:
-    """The backend plug-in registered under `fleet.backends` (installed with agent-fleet)."""
-    for plugin in entry_points(group="fleet.backends", name=name):
-        factory = plugin.load()
-        backend: Backend = factory(settings)
-        return backend
-    raise ConfigError(f"no fleet backend {name!r} installed (reinstall agent-fleet)")
 
 
 @dataclass(frozen=True)
@@ -115,7 +82,7 @@ class Fleet:
         settings = settings or process_settings()
         store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
         store.ping()
-        runtime = Runtime.build(settings, store, InProcessDispatcher())
+        runtime = Runtime.build(settings, store, RunsNoAgents(), runs_agents=False)
         return cls(runtime, load_backend(settings))
 
     def submit(
@@ -149,9 +116,14 @@ class Fleet:
                 guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
         """
         spec = TaskSpec(task, model, preset, workspace, mode, metadata)
-        loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
+        if images:
+            from fleet.tools.imagesource import load_images  # its checks only when asked
+
+            spec = replace(
+                spec, images=load_images(images, web_allow=self.runtime.settings.web_allow)
+            )
         return self.submit_spec(
-            replace(spec, images=loaded),
+            spec,
             budget=budget,
             max_concurrent=max_concurrent,
             priority=priority,
@@ -301,6 +273,8 @@ class Fleet:
 
         `ConversationError` if the tree has not finished; `TraceNotFound` if there is none.
         """
+        from fleet.experiences.reflect import REFLECT_PRESET, proposals, reflection_task
+
         task = reflection_task(self.store, trace_id)
         handle = self.submit(task, model=model, preset=REFLECT_PRESET)
         done = handle.wait(timeout_s)

@@ -6,10 +6,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from fleet.experiences.embedding import Embedder, IndexedExperiences, make_embedder
-from fleet.experiences.outcomes import with_outcomes
 from fleet.experiences.store import EXPERIENCES, ExperienceStore
 from fleet.limits.backends import LIMITS
 from fleet.limits.gate import Gate
@@ -23,7 +21,6 @@ from fleet.llm.config import (
 )
 from fleet.llm.retry import DEFAULT_RETRY
 from fleet.llm.vision import Wire
-from fleet.mcp.sessions import McpSessions
 from fleet.models import Mode, Trace
 from fleet.observe.hooks import NO_HOOKS, Hooks
 from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
@@ -36,8 +33,11 @@ from fleet.storage.store import Services, TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
 from fleet.tools.webfilter import OPEN, DomainFilter, DomainRules
-from fleet.tools.websearch.cache import SearchCache
-from fleet.tools.websearch.service import SearchService
+
+if TYPE_CHECKING:  # what only a process running agents builds, imported by `build`
+    from fleet.experiences.embedding import Embedder
+    from fleet.mcp.sessions import McpSessions
+    from fleet.tools.websearch.cache import SearchCache
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,16 @@ class Runtime:
         *,
         clients: Mapping[str, LLMClient] | None = None,
         hooks: Hooks = NO_HOOKS,
+        runs_agents: bool = True,
     ) -> Runtime:
-        """Load fleet.yaml and the presets; `ConfigError` names what is wrong."""
+        """Load fleet.yaml and the presets; `ConfigError` names what is wrong.
+
+        `runs_agents=False`: a client of the fleet (`fleet.client.Fleet`), which submits
+        roots and reads traces but runs no agent: it gets no tools, search or MCP sessions
+        and imports none of them (`fleet run` starts that much sooner).
+        """
+        from fleet.experiences.embedding import make_embedder
+
         config = operator_config(settings)
         gate = Gate.for_store(store, config, settings.env)
         redactor = Redactor.from_env(settings.env)
@@ -133,23 +141,36 @@ class Runtime:
         )
         embedder = make_embedder(config, settings.env)
         experiences = _experiences(store, embedder)
-        return cls(
+        runtime = cls(
             store=store,
             dispatcher=dispatcher,
             settings=settings,
             config=config,
             presets=presets,
-            tools=default_registry(),
+            tools=ToolRegistry(),
             gate=gate,
             trees=store.capability(LIMITS).trees,
-            hooks=with_outcomes(hooks, experiences, presets),
+            hooks=hooks,
             experiences=experiences,
             embedder=embedder,
             clients=dict(clients or {}),
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=redactor,
-            search=_search(config, settings, store, gate, redactor),
-            mcp=McpSessions(config.mcp_servers, settings.env) if config.mcp_servers else None,
+        )
+        return runtime._with_agents() if runs_agents else runtime
+
+    def _with_agents(self) -> Runtime:
+        """A copy with what running agents takes: tools, search, MCP, outcome hooks."""
+        from fleet.experiences.outcomes import with_outcomes
+        from fleet.mcp.sessions import McpSessions
+
+        config, env = self.config, self.settings.env
+        return replace(
+            self,
+            tools=default_registry(),
+            hooks=with_outcomes(self.hooks, _experiences_of(self), self.presets),
+            search=_search(config, self.settings, self.store, self.gate, self.redactor),
+            mcp=McpSessions(config.mcp_servers, env) if config.mcp_servers else None,
         )
 
     def sync_mcp_tools(self) -> None:
@@ -226,6 +247,9 @@ class Runtime:
         search = self.search
         if not preset.cache_ttl_s or "web_search" not in preset.cache_tools or search is None:
             return None
+        from fleet.tools.websearch.cache import SearchCache
+        from fleet.tools.websearch.service import SearchService
+
         provider = repr(search)
         if isinstance(search, SearchService):  # its address and key digest, never the key
             provider = f"{search.scopes[0].name} {search.config.base_url}"
@@ -283,6 +307,8 @@ def _search(
     """The search provider fleet.yaml names, counting each tree's searches beside the store."""
     if config.search is None:
         return None
+    from fleet.tools.websearch.service import SearchService
+
     return SearchService(
         config.search,
         settings.env,
@@ -295,5 +321,14 @@ def _search(
 
 def _experiences(store: Services, embedder: Embedder | None) -> ExperienceStore:
     found = store.capability(EXPERIENCES)
+    if embedder is None:
+        return found
+    from fleet.experiences.embedding import IndexedExperiences
+
     # With an embedding model, storing an approved experience embeds it.
-    return found if embedder is None else IndexedExperiences(found, embedder)
+    return IndexedExperiences(found, embedder)
+
+
+def _experiences_of(runtime: Runtime) -> ExperienceStore:
+    assert runtime.experiences is not None  # `build` always gives one
+    return runtime.experiences

@@ -234,6 +234,7 @@ FLEET_LAYERS = (
     "batch",
     # The public face.
     "inprocess",
+    "backends",
     "client",
     "testing",
     "",

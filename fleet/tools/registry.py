@@ -23,10 +23,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from fleet.errors import ConfigError, ToolError
 from fleet.presets import AgentPreset
-from fleet.tools import files, images, search, shell, skills, web
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.schema import json_schema, parse_docstring
-from fleet.tools.websearch.tool import web_search
 from fleet.tools.workspace import truncate
 
 ToolFunction = Callable[..., ToolResult]
@@ -231,31 +229,38 @@ class ToolRegistry:
             raise TypeError(f"tool {name!r} is already registered")
 
 
-BUILT_IN: tuple[tuple[ToolFunction, bool, bool], ...] = (
-    # (tool, read_only, bounded). Bounded: workspace file work that ends by itself
-    # (capped sizes and entry counts, non-blocking opens of regular files only, glob's
-    # deadline, grep's child killed at the limit) runs without a thread of its own, which
-    # cost a tenth of a branch's worker CPU. The rest keep the backstop: a shell's
-    # grandchildren, DNS lookups and a skill file's plain `read_text` (a FIFO blocks it)
-    # are outside their own limits.
-    (files.read_file, True, True),
-    (files.list_dir, True, True),
-    (images.read_image, True, True),
-    (search.glob, True, True),
-    (search.grep, True, True),
-    (web.web_fetch, True, False),
-    (web_search, True, False),
-    (skills.skill, True, False),
-    (files.write_file, False, True),
-    (files.edit_file, False, True),
-    (shell.bash, False, False),
-)
+def built_in() -> tuple[tuple[ToolFunction, bool, bool], ...]:
+    """Every built-in tool as (tool, read_only, bounded), imported only now.
+
+    Bounded: workspace file work that ends by itself (capped sizes and entry counts,
+    non-blocking opens of regular files only, glob's deadline, grep's child killed at the
+    limit) runs without a thread of its own, which cost a tenth of a branch's worker CPU.
+    The rest keep the backstop: a shell's grandchildren, DNS lookups and a skill file's
+    plain `read_text` (a FIFO blocks it) are outside their own limits. A process that runs
+    no agent (`fleet run` submitting to the fleet) never imports the tools.
+    """
+    from fleet.tools import files, images, search, shell, skills, web
+    from fleet.tools.websearch.tool import web_search
+
+    return (
+        (files.read_file, True, True),
+        (files.list_dir, True, True),
+        (images.read_image, True, True),
+        (search.glob, True, True),
+        (search.grep, True, True),
+        (web.web_fetch, True, False),
+        (web_search, True, False),
+        (skills.skill, True, False),
+        (files.write_file, False, True),
+        (files.edit_file, False, True),
+        (shell.bash, False, False),
+    )
 
 
 def default_registry() -> ToolRegistry:
     """A registry holding every built-in tool."""
     registry = ToolRegistry()
-    for fn, read_only, bounded in BUILT_IN:
+    for fn, read_only, bounded in built_in():
         registry.register(fn, read_only=read_only, bounded=bounded)
     return registry
 

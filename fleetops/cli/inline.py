@@ -8,7 +8,6 @@ from typing import Any
 
 from fleet.conversation.human import TIMEOUT_KEY, waiting_on
 from fleet.errors import ConfigError
-from fleet.inprocess import InProcessFleet
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
 from fleetops.cli.output import printable, report
@@ -31,6 +30,8 @@ def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_inline(args: argparse.Namespace) -> int:
     """Run the task in-process and print the answer (or the JSON object)."""
+    from fleet.inprocess import InProcessFleet  # the runner and tools: only `--inline` runs them
+
     check_run_arguments(args)
     settings = process_settings()
     if args.workspace is not None or "FLEET_WORKSPACE" in settings.env:
