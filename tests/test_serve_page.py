@@ -157,7 +157,7 @@ def test_a_reply_and_a_stop_from_the_page_reach_a_tree_on_real_workers(
             try:
                 wait_until(lambda: {fleet.trace(t).status for t in tree} == {"stopped"}, 60, "")
             except AssertionError:
-                shown = {t: (fleet.trace(t).status, fleet.store.stop_requested(t)) for t in tree}
+                shown = {t: (fleet.trace(t).status, fleet.trace(t).error) for t in tree}
                 raise AssertionError(
                     f"not stopped: {shown}; page: {script_errors(browser)}"
                 ) from None
