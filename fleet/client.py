@@ -198,17 +198,25 @@ class Fleet:
         max_in_flight: int = 8,
         on_result: Callable[[BatchResult], None] | None = None,
         timeout_s: float | None = None,
+        batch_api: bool | None = None,
     ) -> Iterator[BatchResult]:
         """Run many root tasks, at most `max_in_flight` unfinished at once; results as they end.
 
         `tasks` are strings or dicts like a batch file's entries (`id`, `task`, `preset`,
-        `model`, `workspace`, `metadata`). All are validated here, before anything is
-        submitted (`BatchInputError`); submitting starts when the iterator is consumed.
+        `model`, `workspace`, `metadata`, `batch_api`). All are validated here, before
+        anything is submitted (`BatchInputError`); submitting starts when the iterator is
+        consumed. `batch_api=True`: every model call of every tree goes through its
+        provider's Batch API (half the price, answers within hours; docs/batch.md), unless
+        an entry says otherwise; None leaves it to each model alias's `batch_api`.
         """
-        from fleet.batch.file import check_entries, entries_from  # not loaded by `fleet run`
+        from fleet.batch.file import (  # not loaded by `fleet run`
+            check_entries,
+            entries_from,
+            with_defaults,
+        )
         from fleet.batch.run import BatchOptions, run_batch
 
-        entries = entries_from(tasks)
+        entries = with_defaults(entries_from(tasks), batch_api=batch_api)
         check_entries(self.runtime, entries, "<batch>")
         options = BatchOptions(max_in_flight=max_in_flight, timeout_s=timeout_s)
         return run_batch(self, entries, options, on_result=on_result)

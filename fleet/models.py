@@ -16,7 +16,7 @@ from fleet.goals import GoalTree
 Mode = Literal["main", "delegate", "explore", "evaluate"]
 Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped"]
 CollaboratorStatus = Literal["running", "waiting", "completed", "failed", "stopped"]
-CollaboratorType = Literal["agent", "human", "approval"]
+CollaboratorType = Literal["agent", "human", "approval", "batch"]
 Role = Literal["system", "user", "assistant", "tool"]
 Content = str | list[dict[str, Any]] | None
 """A message's content: text, or a list of OpenAI-format parts (`text`, and `image_ref`:
@@ -61,6 +61,8 @@ class Collaborator(_Model):
     stats: TraceStats = Field(default_factory=TraceStats)
     output: dict[str, Any] | None = None
     """The child's validated structured answer (evaluate verdict, `output_schema`)."""
+    batch_id: str | None = None
+    """For `type: batch`: the provider batch holding the call (None while queued)."""
     updated_at_ms: int = Field(default_factory=now_ms)
 
 

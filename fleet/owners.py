@@ -7,6 +7,8 @@ What moves a trace that has not ended (its *owner*):
 - `queued`: a message on its queue or a worker's countdown (a throttled run also has an
   outbox `run` entry), or a pending outbox entry of its spawn.
 - `waiting` on a person: the person, and the wait's deadline.
+- `waiting` on a provider batch: its call's entry in the batch queue (`fleet.batchapi`);
+  a trace parked on a call the queue does not know is sent again (its run queues it).
 - `waiting` on children: a child that has not ended, or the outbox entry that settles them.
 - any trace told to stop: its runner, if one holds the lease; else nothing, so the stop
   itself is finished here.
@@ -28,9 +30,10 @@ from typing import Literal, Protocol
 
 from fleet.errors import TraceNotFound
 from fleet.history import main_path, open_turn
-from fleet.lifecycle import PERSON_KEY
+from fleet.lifecycle import BATCH_KEY, PERSON_KEY
 from fleet.models import Trace
 from fleet.storage import outbox
+from fleet.storage.batch_calls import batch_calls
 from fleet.storage.store import TraceRecords, TraceStore
 
 MAX_HEALS = 3
@@ -228,6 +231,13 @@ def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
 def _waiting(store: TraceRecords, state: TreeState, trace: Trace) -> Remedy | None:
     if PERSON_KEY in trace.metadata:
         return None  # a person (and the wait's deadline) owns it: a question or an approval
+    parked = trace.metadata.get(BATCH_KEY)
+    if isinstance(parked, dict) and parked.get("state") == "parked":
+        calls, custom_id = batch_calls(store), str(parked.get("custom_id"))
+        (status,) = calls.statuses([custom_id])
+        if status is not None or calls.answer_of(custom_id) is not None:
+            return None  # its call (queued, in a batch, or answered and being resumed) owns it
+        return Resend(trace, "waiting on a provider batch that holds no call of it")
     kids = [state.traces[c] for c in state.children.get(trace.trace_id, []) if c in state.traces]
     if any(not k.is_terminal for k in kids):
         return None  # live children own it

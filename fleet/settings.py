@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError
@@ -71,6 +72,10 @@ ENV_NAMES = (
     "FLEET_SWEEP_INTERVAL_S",
     "FLEET_STUCK_AFTER_S",
     "FLEET_OWNER_CHECK_INTERVAL_S",
+    "FLEET_BATCH_POLL_S",
+    "FLEET_BATCH_FLUSH_S",
+    "FLEET_BATCH_MAX_REQUESTS",
+    "FLEET_BATCH_RETRY",
     "FLEET_PROBE_DIR",
     "FLEET_SERVE_TOKEN",
     "FLEET_STATE_DIR",
@@ -149,6 +154,18 @@ class Settings:
     """FLEET_STUCK_AFTER_S: how long a tree must be quiet before the owner check walks it."""
     owner_check_interval_s: float = 5.0
     """FLEET_OWNER_CHECK_INTERVAL_S: how often one worker of the fleet runs the owner check."""
+    batch_poll_s: float = 30.0
+    """FLEET_BATCH_POLL_S: how often one worker of the fleet flushes the provider-batch queue
+    and polls the provider batches in flight (`fleet.batchapi`)."""
+    batch_flush_s: float = 60.0
+    """FLEET_BATCH_FLUSH_S: the oldest queued call of a provider waits at most this long
+    before its calls are sent as one provider batch (a full batch goes at once)."""
+    batch_max_requests: int = 10_000
+    """FLEET_BATCH_MAX_REQUESTS: most calls per provider batch (OpenAI takes 50 000, Anthropic
+    100 000; a full queue is flushed at once)."""
+    batch_retry: Literal["batch", "live"] = "batch"
+    """FLEET_BATCH_RETRY: a call that errored inside a provider batch goes into the next batch
+    (`batch`) or is made live on a worker (`live`)."""
     probe_dir: Path = Path("/tmp")
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
@@ -204,6 +221,10 @@ class Settings:
             sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 1.0),
             stuck_after_s=_positive(env, "FLEET_STUCK_AFTER_S", 15.0),
             owner_check_interval_s=_positive(env, "FLEET_OWNER_CHECK_INTERVAL_S", 5.0),
+            batch_poll_s=_positive(env, "FLEET_BATCH_POLL_S", 30.0),
+            batch_flush_s=_positive(env, "FLEET_BATCH_FLUSH_S", 60.0),
+            batch_max_requests=_count(env, "FLEET_BATCH_MAX_REQUESTS", 10_000),
+            batch_retry=_batch_retry(env.get("FLEET_BATCH_RETRY")),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             state_home=_state_home(env),
@@ -338,6 +359,15 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:
         raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
     return value
+
+
+def _batch_retry(text: str | None) -> Literal["batch", "live"]:
+    value = (text or "batch").strip()
+    if value == "batch":
+        return "batch"
+    if value == "live":
+        return "live"
+    raise ConfigError(f"FLEET_BATCH_RETRY={text!r}: expected 'batch' or 'live'")
 
 
 def _count(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:

@@ -258,6 +258,9 @@ class FleetMetrics:
             _counter(
                 counters, "stuck_traces", "Non-terminal traces the owner check found unowned."
             ),
+            _counter(counters, "batch_calls_sent", "Model calls sent in provider batches."),
+            _counter(counters, "batch_answers", "Provider-batch answers read back."),
+            _counter(counters, "batch_retries", "Provider-batch calls sent again (error, expiry)."),
         ]
 
 

@@ -282,3 +282,30 @@ def test_on_a_terminal_it_draws_a_progress_bar(
     assert process.returncode == 0, screen
     for part in ("batch", "10/10", "ETA", "done 10", "failed 0", "running", "queued", "sub-agents"):
         assert part in screen, part
+
+
+def test_batch_api_on_a_provider_without_one_is_refused_in_one_line(
+    worker_url: str, store: RedisStore, tmp_path: Path
+) -> None:
+    batch = tmp_path / "tasks.yaml"
+    batch.write_text("- task: one\n- task: two\n  batch_api: false\n")
+    scripted = model(tmp_path)
+    refused = fleet_batch(worker_url, tmp_path, str(batch), "--batch-api", "--model", scripted)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    assert f"{batch}:1: " in refused.stderr and "has no batch API" in refused.stderr
+    batch.write_text("- task: one\n  batch_api: false\n")  # an entry may opt out
+    checked = fleet_batch(
+        worker_url, tmp_path, str(batch), "--batch-api", "--dry-run", "--model", scripted
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert store.list_traces() == []
+
+
+def test_progress_shows_the_calls_in_provider_batches() -> None:
+    from fleet.batch.run import BatchCounts
+    from fleetops.cli.batch import counts_text
+
+    assert "provider batches" not in counts_text(BatchCounts(total=3))
+    text = counts_text(BatchCounts(total=3, in_batches=12, oldest_batch_s=95.0))
+    assert text.endswith("in provider batches 12 (oldest 95 s)")

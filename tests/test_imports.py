@@ -228,6 +228,7 @@ FLEET_LAYERS = (
     "history",
     "lifecycle",
     "owners",
+    "batchapi",
     "conversation",
     "children",
     "loop",

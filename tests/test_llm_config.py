@@ -184,7 +184,9 @@ def test_aliases_resolve_to_provider_model_and_prices(config: FleetConfig) -> No
         base_url="https://api.anthropic.com",
         api_key_env="ANTHROPIC_API_KEY",
         pricing=ModelPricing(2.0, 10.0),
+        batch_api=True,  # api.anthropic.com has Message Batches
     )
+    assert not resolve_target(config, "tiny").batch_api  # a local server: only if it says so
     # Only the first colon separates the provider: Ollama tags keep theirs.
     assert resolve_target(config, "local:llama3.1:8b").model == "llama3.1:8b"
     assert resolve_target(config, "tiny").base_url == "http://127.0.0.1:11434/v1"

@@ -251,4 +251,4 @@ kombu_fix.install()  # a worker must reconnect when Redis restarts, not exit
 events.install()  # a cheaper repr of a run's result for its task-succeeded event
 app = create_app()
 
-app.conf.imports = ("workers.tasks", "workers.signals")
+app.conf.imports = ("workers.tasks", "workers.signals", "workers.batch_poll")

@@ -67,7 +67,9 @@ def apply(runtime: Runtime, remedy: Remedy, via: Celery = app) -> bool:
 
 def _count_heal(runtime: Runtime, remedy: Remedy) -> None:
     """Remember the attempt on the trace (its `updated_at_ms` also holds the next check off)."""
-    trace = remedy.trace
+    # Read again: the check's snapshot is seconds old, and a metadata written since (a call
+    # parked on a provider batch) must not be overwritten with it.
+    trace = runtime.store.get_trace(remedy.trace.trace_id)
     heals = int(trace.metadata.get(owners.HEALS_KEY, 0)) + 1
     metadata = {**trace.metadata, owners.HEALS_KEY: heals}
     runtime.store.update_trace(trace.trace_id, metadata=metadata, updated_at_ms=now_ms())

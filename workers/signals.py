@@ -77,7 +77,9 @@ def _announce(sender: Any = None, **_: Any) -> None:
 def _start_sweeper(**_: Any) -> None:
     global _sweeper
     settings = process_settings()
-    _sweeper = Sweeper(settings.sweep_interval_s, settings.owner_check_interval_s)
+    _sweeper = Sweeper(
+        settings.sweep_interval_s, settings.owner_check_interval_s, settings.batch_poll_s
+    )
     _sweeper.start()
 
 

@@ -4,7 +4,8 @@ Every `Settings.sweep_interval_s` (1 s) it makes two reads — the running trace
 deadline passed, the outbox entries that are due — and acts only on what they return, so an
 idle fleet of W workers costs Redis 2·W cheap commands per second. Every
 `Settings.owner_check_interval_s` (5 s) it also asks for the fleet's owner check
-(`workers.owner_check`), which one worker runs.
+(`workers.owner_check`), which one worker runs, and every `Settings.batch_poll_s` for the
+provider-batch poll (`workers.batch_poll`), which one worker sends.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fleet.control import claim_dead_runs
 from fleet.conversation.human import time_out_waits
 from fleet.models import now_ms
 from fleet.storage import outbox
+from workers.batch_poll import sweep_batches
 from workers.dispatch import send, send_answered
 from workers.owner_check import check_owners
 from workers.runtime import get_runtime
@@ -122,10 +124,13 @@ def sweep_owners() -> list[str]:
 class Sweeper:
     """A daemon thread sweeping every `interval_s`."""
 
-    def __init__(self, interval_s: float, owner_check_interval_s: float = 5.0) -> None:
-        """Sweep every `interval_s`, and ask for the owner check every `owner_check_interval_s`."""
+    def __init__(
+        self, interval_s: float, owner_check_interval_s: float = 5.0, batch_poll_s: float = 30.0
+    ) -> None:
+        """Sweep every `interval_s`; ask for the owner check and the batch poll on their own."""
         self.interval_s = interval_s
         self.owner_check_interval_s = owner_check_interval_s
+        self.batch_poll_s = batch_poll_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fleet-sweeper", daemon=True)
 
@@ -138,12 +143,15 @@ class Sweeper:
         self._stop.set()
 
     def _loop(self) -> None:
-        next_owner_check_s = 0.0
+        next_owner_check_s = next_batch_poll_s = 0.0
         while not self._stop.wait(self.interval_s):
             sweeps = [sweep_once, sweep_outbox]
             if time.monotonic() >= next_owner_check_s:
                 sweeps.append(sweep_owners)
                 next_owner_check_s = time.monotonic() + self.owner_check_interval_s
+            if time.monotonic() >= next_batch_poll_s:
+                sweeps.append(sweep_batches)
+                next_batch_poll_s = time.monotonic() + self.batch_poll_s
             for sweep in sweeps:
                 try:
                     sweep()

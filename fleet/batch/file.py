@@ -2,9 +2,9 @@
 
 A batch file holds one task per entry: `task` (required), and optionally `id`, `preset`,
 `model`, `workspace`, `metadata`, `budget: {tokens, usd, sub_agents}`, `images: [PATH|URL]`
-(paths inside the entry's workspace only: a batch file is untrusted) (YAML: a list, or a
-`tasks:` list; JSONL: one object per line; a bare string is a task). Problems read
-`FILE:LINE: reason`; ids default to `line-N`.
+(paths inside the entry's workspace only: a batch file is untrusted), `batch_api` (YAML: a
+list, or a `tasks:` list; JSONL: one object per line; a bare string is a task). Problems
+read `FILE:LINE: reason`; ids default to `line-N`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from fleet.batch.run import BatchEntry, entry_images
+from fleet.batchapi.route import check_route, wants_batch
 from fleet.conversation.roots import check_budget
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
@@ -26,7 +35,17 @@ from fleet.runtime import Runtime
 from fleet.security import yamlsafe
 from fleet.tools.imagesource import MAX_TASK_IMAGES
 
-ENTRY_KEYS = ("id", "task", "preset", "model", "workspace", "metadata", "budget", "images")
+ENTRY_KEYS = (
+    "id",
+    "task",
+    "preset",
+    "model",
+    "workspace",
+    "metadata",
+    "budget",
+    "images",
+    "batch_api",
+)
 YAML_SUFFIXES = frozenset({".yaml", ".yml"})
 
 
@@ -55,6 +74,7 @@ class _EntryIn(BaseModel):
     workspace: StrictStr | None = None
     metadata: dict[str, Any] | None = None
     budget: BudgetIn | None = None
+    batch_api: StrictBool | None = None
     images: list[StrictStr] | None = Field(default=None, max_length=MAX_TASK_IMAGES)
 
 
@@ -188,6 +208,7 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         workspace=Path(wire.workspace).expanduser() if wire.workspace else None,
         metadata=metadata,
         budget=wire.budget.to_budget() if wire.budget else None,
+        batch_api=wire.batch_api,
         images=tuple(wire.images or ()),
     )
 
@@ -228,16 +249,30 @@ def _as_dict(entry: BatchEntry) -> dict[str, Any]:
             value[key] = getattr(entry, key)
     if entry.workspace is not None:
         value["workspace"] = str(entry.workspace)
+    if entry.batch_api is not None:
+        value["batch_api"] = entry.batch_api
     if entry.images:
         value["images"] = list(entry.images)
     return value
 
 
 def with_defaults(
-    entries: Iterable[BatchEntry], *, model: str | None = None, preset: str | None = None
+    entries: Iterable[BatchEntry],
+    *,
+    model: str | None = None,
+    preset: str | None = None,
+    batch_api: bool | None = None,
 ) -> list[BatchEntry]:
-    """Fill in `model` / `preset` where an entry names none (the CLI's --model / --preset)."""
-    return [replace(e, model=e.model or model, preset=e.preset or preset) for e in entries]
+    """Fill in `model` / `preset` / `batch_api` where an entry names none (the CLI's flags)."""
+    return [
+        replace(
+            e,
+            model=e.model or model,
+            preset=e.preset or preset,
+            batch_api=e.batch_api if e.batch_api is not None else batch_api,
+        )
+        for e in entries
+    ]
 
 
 # -- checks against the runtime ------------------------------------------------
@@ -249,10 +284,16 @@ def check_entries(runtime: Runtime, entries: Sequence[BatchEntry], where: str) -
     Raises:
         BatchInputError: naming the line of every entry `create_root` would refuse.
     """
-    seen: dict[tuple[str, str | None, Path | None, Budget | None], str | None] = {}
+    seen: dict[tuple[str, str | None, Path | None, Budget | None, bool | None], str | None] = {}
     problems: list[tuple[int, str]] = []
     for entry in entries:
-        key = (entry.preset or "default", entry.model, entry.workspace, entry.budget)
+        key = (
+            entry.preset or "default",
+            entry.model,
+            entry.workspace,
+            entry.budget,
+            entry.batch_api,
+        )
         if key not in seen:
             seen[key] = _check_one(runtime, *key)
         if (reason := seen[key]) is not None:
@@ -272,11 +313,14 @@ def _check_one(
     model: str | None,
     workspace: Path | None,
     budget: Budget | None,
+    batch_api: bool | None,
 ) -> str | None:
     try:
         spec_preset = runtime.preset(preset)
         name = runtime.model_name(model, preset)
         runtime.check_model(name)
+        if wants_batch(runtime, batch_api, name):  # refused here, before anything is sent
+            check_route(runtime, name)
         runtime.settings.with_workspace(workspace or runtime.settings.workspace)
         check_budget(runtime, name, (budget or Budget()).over(spec_preset.budget))
     except ConfigError as exc:

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleet.batch import DEFAULT_MAX_IN_FLIGHT
+from fleet.batchapi.route import BATCH_API_KEY, in_batches, wants_batch
 from fleet.conversation.human import waiting_on
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
 from fleet.limits.backends import budget_state
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
-from fleet.models import TERMINAL, Event, Trace
+from fleet.models import TERMINAL, Event, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceStore
 from fleet.tools.imagecheck import Image
@@ -78,6 +79,8 @@ class BatchEntry:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     budget: Budget | None = None
     """What this entry's whole tree may spend."""
+    batch_api: bool | None = None
+    """Model calls through the provider's Batch API (None: the model alias's default)."""
     images: tuple[str, ...] = ()
     """Paths inside the entry's workspace, or http(s) URLs (`fleet.tools.imagesource`)."""
 
@@ -170,6 +173,10 @@ class BatchCounts:
     """Live sub-agents under the in-flight roots."""
     skipped: int = 0
     """Finished in an earlier run (resume)."""
+    in_batches: int = 0
+    """Model calls queued for or held in provider batches, fleet-wide (`fleet.batchapi`)."""
+    oldest_batch_s: float | None = None
+    """How long the oldest of them has waited."""
 
 
 class BatchHooks:
@@ -282,11 +289,18 @@ class _Window:
         self.slots: dict[str, _Slot] = {}
         self._checked_s = time.monotonic()
         self._quiet = 0
+        self._batched = False
+        """A root of this batch goes through provider batches: their progress is shown."""
+        self._batch_counted_s = 0.0
 
     def submit(self, entry: BatchEntry) -> None:
         """Create the root, tell the hooks, then enqueue it."""
         self.hooks.submitting(entry)
         metadata = {**entry.metadata, BATCH_KEY: self.options.batch_key, ENTRY_KEY: entry.id}
+        runtime = self.fleet.runtime
+        model_name = runtime.model_name(entry.model, entry.preset or "default")
+        if wants_batch(runtime, entry.batch_api, model_name):
+            metadata[BATCH_API_KEY] = self._batched = True
         spec = TaskSpec(
             entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
         )
@@ -388,6 +402,11 @@ class _Window:
         )
 
     def _count(self, pending: int) -> None:
+        if self._batched and time.monotonic() - self._batch_counted_s >= STATUS_CHECK_S:
+            self._batch_counted_s = time.monotonic()
+            count, oldest_ms = in_batches(self.fleet.runtime)
+            self.counts.in_batches = count
+            self.counts.oldest_batch_s = (now_ms() - oldest_ms) / 1000 if oldest_ms else None
         slots = self.slots.values()
         self.counts.pending = pending
         self.counts.queued = sum(1 for s in slots if s.status == "queued")

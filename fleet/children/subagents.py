@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet import ids, lifecycle
+from fleet.batchapi.route import BATCH_API_KEY, routed
 from fleet.children.cache import CacheScope, cache_key
 from fleet.children.warming import WARM_KEY, warms
 from fleet.conversation.continuation import TURN_KEY, turn_of
@@ -367,4 +368,6 @@ def _metadata(
         metadata["otel"] = otel
     if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn
         metadata[TURN_KEY] = turn
+    if routed(parent):  # a batch tree's sub-agents call their models through batches too
+        metadata[BATCH_API_KEY] = True
     return metadata

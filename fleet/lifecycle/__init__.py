@@ -9,6 +9,7 @@ alike. Callers use the names below (`lifecycle.finish`, ...); it imports the run
 the storage roles, never the loop, children or conversation.
 """
 
+from fleet.lifecycle.batch import BATCH_ENTRY, BATCH_KEY, batch_answered, put_batch, wait_on_batch
 from fleet.lifecycle.entries import announce, mirrored, put_collaborator
 from fleet.lifecycle.status import (
     PERSON_KEY,
@@ -31,15 +32,19 @@ from fleet.lifecycle.status import (
 )
 
 __all__ = [
+    "BATCH_ENTRY",
+    "BATCH_KEY",
     "PERSON_KEY",
     "PERSON_SUMMARY_CHARS",
     "announce",
+    "batch_answered",
     "end_stopped",
     "fail",
     "finish",
     "human_id",
     "mirrored",
     "person_answered",
+    "put_batch",
     "put_collaborator",
     "put_person",
     "reopen",
@@ -50,5 +55,6 @@ __all__ = [
     "stop_for_budget",
     "stop_subtree",
     "wait",
+    "wait_on_batch",
     "wait_on_person",
 ]

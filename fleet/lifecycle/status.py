@@ -11,6 +11,7 @@ from typing import Any
 
 from fleet import ids
 from fleet.control import subtree
+from fleet.lifecycle.batch import stop_batch
 from fleet.lifecycle.entries import mirror, put_collaborator
 from fleet.models import (
     Collaborator,
@@ -192,6 +193,7 @@ def stop_subtree(runtime: Runtime, trace_id: str) -> list[str]:
         if trace.status in STARTABLE:
             finish(runtime, tid, "stopped", error="stop requested", reason="stop")
             _stop_person(runtime, trace)
+            stop_batch(runtime, trace)
     return ids
 
 

@@ -164,18 +164,26 @@ class Gate:
         return alias.max_output_tokens if alias is not None else None
 
     def before(
-        self, trace: Trace, model_name: str, request_chars: int, read: PauseRead | None = None
+        self,
+        trace: Trace,
+        model_name: str,
+        request_chars: int,
+        read: PauseRead | None = None,
+        *,
+        batch: bool = False,
     ) -> Verdict:
         """Reserve the tree's budget, then book the provider (or only check its pause).
 
         `read`: the pauses the runner's last store round trip read; an unbooked call that
-        finds its pause keys there checks nothing more.
+        finds its pause keys there checks nothing more. `batch`: the call goes through the
+        provider's Batch API, whose limits are its own (`fleet.batchapi`): the budget is
+        reserved as for a live call, the live limits and pauses are not touched.
         """
         max_output = self.max_output_tokens(model_name)
         output = max_output or DEFAULT_OUTPUT_BOOKING
         est = estimate_tokens(request_chars, output)
         root = trace.root_trace_id
-        scopes = self.scopes(model_name)
+        scopes = () if batch else self.scopes(model_name)
         go = Go(trace.trace_id, scopes, est, max_output, root_trace_id=root, model_name=model_name)
         limited = self.limiter is not None and booked(go.scopes)
         # A call nothing books checks only its provider's pause: in the budget's script if

@@ -69,6 +69,8 @@ class LLMResponse:
     finish_reason: str | None = None
     rate: RateSignal | None = None
     """The provider's rate-limit headers on this response, if it sent any."""
+    batch_id: str | None = None
+    """The provider batch that answered this call (`fleet.batchapi`); None for a live call."""
 
 
 class LLMClient(Protocol):

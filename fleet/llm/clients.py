@@ -24,6 +24,11 @@ def _api_key(target: ModelTarget, env: Mapping[str, str]) -> str:
     return trust.api_key(env, target.api_key_env, target.base_url, target.provider)
 
 
+def provider_key(target: ModelTarget, env: Mapping[str, str]) -> str:
+    """The provider's API key from `env` (`ConfigError` as `make_client` would raise)."""
+    return _api_key(target, env)
+
+
 def validate_model(
     config: FleetConfig,
     model_name: str,

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -84,6 +85,15 @@ class ProviderConfig(BaseModel):
     """Env var holding the key; empty for a local server that needs none."""
     limits: RateLimits | None = None
     """For this provider and key, across every model of it."""
+    batch_api: bool | None = None
+    """The provider answers OpenAI's `/v1/batches` (kind openai) or Anthropic's
+    `/v1/messages/batches` (kind anthropic). None: only api.openai.com and api.anthropic.com."""
+
+    def has_batch_api(self) -> bool:
+        """Whether `--batch-api` trees may use this provider."""
+        if self.batch_api is not None:
+            return self.batch_api
+        return urlparse(self.base_url).hostname in trust.PUBLIC_API_HOSTS
 
 
 class ModelConfig(BaseModel):
@@ -112,6 +122,12 @@ class ModelConfig(BaseModel):
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
+    batch_input_usd_per_mtok: Price | None = None
+    """Price of a prompt token sent through the provider's Batch API (None: half the live)."""
+    batch_output_usd_per_mtok: Price | None = None
+    """Price of an answer token through the Batch API (None: half the live price)."""
+    batch_api: bool = False
+    """Trees on this alias go through the provider's Batch API unless told otherwise."""
     vision: bool = True
     """Whether the model takes images: False refuses a call with one (it is never sent)."""
 
@@ -154,6 +170,10 @@ class ModelTarget:
     base_url: str = ""
     api_key_env: str = ""
     pricing: ModelPricing | None = None
+    batch_pricing: ModelPricing | None = None
+    """The alias's own Batch API prices, if it sets them (else half of `pricing`)."""
+    batch_api: bool = False
+    """The provider has a Batch API (`ProviderConfig.has_batch_api`)."""
     prompt_cache: bool = True
 
 
@@ -289,6 +309,14 @@ def _pricing(model: ModelConfig) -> ModelPricing | None:
     )
 
 
+def _batch_pricing(model: ModelConfig) -> ModelPricing | None:
+    if model.batch_input_usd_per_mtok is None and model.batch_output_usd_per_mtok is None:
+        return None
+    return ModelPricing(
+        model.batch_input_usd_per_mtok or 0.0, model.batch_output_usd_per_mtok or 0.0
+    )
+
+
 def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
     """What `model_name` (an alias or `provider:model`) points at.
 
@@ -299,9 +327,10 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
     cached = alias is None or alias.prompt_cache
     if alias is not None:
         provider_name, model, pricing = alias.provider, alias.name, _pricing(alias)
+        batch_pricing = _batch_pricing(alias)
     elif ":" in model_name:
         provider_name, model = model_name.split(":", 1)
-        pricing = None
+        pricing = batch_pricing = None
     else:
         aliases = ", ".join(sorted(config.models)) or "none"
         raise ConfigError(
@@ -326,4 +355,6 @@ def resolve_target(config: FleetConfig, model_name: str) -> ModelTarget:
         api_key_env=provider.api_key_env,
         pricing=pricing,
         prompt_cache=cached,
+        batch_pricing=batch_pricing,
+        batch_api=provider.has_batch_api(),
     )

@@ -64,7 +64,8 @@ def injection(runtime: Runtime, trace: Trace) -> Message | None:
 
 def collaborators_block(runtime: Runtime, trace_id: str) -> str:
     """`## Active Collaborators` with one line per collaborator."""
-    entries = runtime.store.collaborators(trace_id)
+    # A provider batch holding a model call is no collaborator of the agent's own making.
+    entries = [c for c in runtime.store.collaborators(trace_id) if c.type != "batch"]
     if not entries:
         return ""
     lines = ["## Active Collaborators"]

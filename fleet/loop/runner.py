@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, assert_never
 
 from fleet import lifecycle
+from fleet.batchapi.route import CALL_KEY, Parked, consumed, parked_call
 from fleet.children import settling
 from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
@@ -208,7 +209,9 @@ class Runner:
             case error:
                 return self.finish(trace_id, "failed", error=error, reason="error")
 
-    def _no_turn(self, snapshot: TraceSnapshot, why: Wait | Spent | None) -> Outcome | Wait:
+    def _no_turn(
+        self, snapshot: TraceSnapshot, why: Wait | Spent | Parked | None
+    ) -> Outcome | Wait:
         """No model call this time; what happens instead.
 
         Lease lost (None): let go. A limit said "not now": queued again, to come back
@@ -224,16 +227,19 @@ class Runner:
                 partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
                 ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
                 return terminal(ended.status)
+            case Parked():
+                return "parked"
             case _:
                 assert_never(why)
 
-    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | None:
+    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | Parked | None:
         """One model call and what to do about it; the turn is not written yet.
 
         None when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
         provider limit did not admit the call, `Spent` when the tree's budget is used up:
-        nothing of this turn is written either.
+        nothing of this turn is written either. `Parked`: the call went into a provider
+        batch (`fleet.batchapi`), and the trace waits on it.
         """
         trace = snapshot.trace
         model_name = self.runtime.model_name(trace.model, trace.preset)
@@ -261,6 +267,12 @@ class Runner:
         )
         write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
         held.pending = None
+        if answered.batched:  # the answer is in the trace now (`fleet.batchapi.route`)
+            message.metadata[CALL_KEY] = (parked_call(trace) or {}).get("custom_id")
+            trace = trace.model_copy(update={"metadata": consumed(trace)})
+            write.update(None, metadata=trace.metadata)
+        if response.batch_id:
+            message.metadata["batch_id"] = response.batch_id
         write.append(message, event, iteration=trace.iteration + 1)
         repeats = self.runtime.settings.doom_loop_repeats
         step: Step = decide_next(response, recent_calls(answered.path, repeats - 1), repeats)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet import lifecycle
+from fleet.batchapi.route import BATCHED, Parked, route_of
 from fleet.children.warming import warming
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
 from fleet.history import main_path, to_wire
@@ -22,6 +23,7 @@ from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.caching import cache_key
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
+from fleet.loop.batched import park_turn, taken
 from fleet.loop.context import injection
 from fleet.loop.images import prepared
 from fleet.loop.steps import Step
@@ -51,12 +53,14 @@ Outcome = Literal[
     "yielded",
     "throttled",
     "interrupted",
+    "parked",
 ]
 """`busy`: another runner holds the trace. `lost`: our lease was taken over.
 `yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
 `throttled`: a provider limit said "not now"; the trace is queued again, to be run in
 `RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
-was left to lapse, and a sweeper resumes the trace once the store is back."""
+was left to lapse, and a sweeper resumes the trace once the store is back. `parked`: the
+turn's model call waits in a provider batch (`fleet.batchapi`); the poller resumes it."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class Answered:
     """Recorded on the turn's message: the model name, or `FAN_OUT_MODEL`."""
     final: bool = False
     """The budget's last turn: whatever it says is the answer."""
+    batched: bool = False
+    """The trace's calls go through provider batches: the answer's custom id is recorded."""
 
 
 def terminal(status: Status) -> Outcome:
@@ -222,7 +228,7 @@ def call_model(
 
 def ask_model(
     runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
-) -> Answered | Wait | Spent:
+) -> Answered | Wait | Spent | Parked:
     """The model call of a turn: booked with the gate, the request fitted, then sent."""
     trace, messages = snapshot.trace, snapshot.messages
     if (warm := warming(runtime.store, trace)) is not None:  # the first branch goes first
@@ -230,10 +236,18 @@ def ask_model(
     tools = tool_schemas(runtime, trace)
     path = main_path(messages, trace.head_sequence)
     chars = request_chars(path, tools)
-    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses)
+    route = route_of(trace, path)  # live, or through a provider batch (`fleet.batchapi`)
+    batched = route in BATCHED
+    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched)
     if not isinstance(verdict, Go):
         return verdict
-    if (extra := note(runtime, trace, final=verdict.budget.final)) is not None:
+    if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
+        route = "live"
+    # A parked turn wrote its note when it first parked: not twice.
+    if (
+        route in ("live", "fresh")
+        and (extra := note(runtime, trace, final=verdict.budget.final)) is not None
+    ):
         if held.pending is not None:  # the first messages go first
             runtime.store.apply(held.pending)
             held.pending = None
@@ -243,14 +257,23 @@ def ask_model(
             update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
         )
         path = main_path(messages, trace.head_sequence)
-    trace, request = prepared(runtime, trace, model_name, to_wire(path), tools)
-    response = call_model(
-        runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
-    )
-    if isinstance(response, Wait):
-        return response
+    response = taken(runtime, trace, verdict, path) if route == "answered" else None
+    if response is None:
+        trace, request = prepared(runtime, trace, model_name, to_wire(path), tools)
+        if route in BATCHED:
+            if held.pending is not None:  # a fresh trace's first messages go first
+                runtime.store.apply(held.pending)
+                held.pending = None
+            return park_turn(runtime, trace, verdict, (request.sent, tools), route)
+        called = call_model(
+            runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
+        )
+        if isinstance(called, Wait):
+            return called
+        response = called
     runtime.hooks.model_responded(trace, response)
-    return Answered(trace, messages, path, response, model_name, verdict.budget.final)
+    final = verdict.budget.final
+    return Answered(trace, messages, path, response, model_name, final, batched=route != "live")
 
 
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:

@@ -163,6 +163,8 @@ class OtelHooks(Hooks):
             chat.set_attribute("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_tokens)
         if response.model:
             chat.set_attribute("gen_ai.response.model", response.model)
+        if response.batch_id:  # answered through a provider's Batch API (fleet.batchapi)
+            chat.set_attribute("fleet.batch_id", response.batch_id)
         finish = "tool_calls" if response.tool_calls else "stop"
         chat.set_attribute("gen_ai.response.finish_reasons", [finish])
         if self._capture:

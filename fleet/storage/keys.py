@@ -159,9 +159,17 @@ two model names -> how many traces moved from one to the other (`fleet.llm.fallb
 
 COUNTERS = f"{PREFIX}:counters"
 """Hash, no TTL: fleet-wide event counts for `fleet metrics`, one field per `CounterName`."""
-CounterName = Literal["lease_expiries", "resumes", "stuck_traces"]
+CounterName = Literal[
+    "lease_expiries",
+    "resumes",
+    "stuck_traces",
+    "batch_calls_sent",
+    "batch_answers",
+    "batch_retries",
+]
 """The fields of `COUNTERS`: runs re-enqueued after their lease expired, parents resumed,
-non-terminal traces the owner check found with nothing to move them (`fleet.owners`)."""
+non-terminal traces the owner check found with nothing to move them (`fleet.owners`), calls
+sent in provider batches, answers they brought back, calls sent again (`fleet.batchapi`)."""
 
 OPEN_TREES = f"{PREFIX}:open-trees"
 """Sorted set, no TTL: root trace ids whose tree may still have a non-terminal trace, scored
@@ -284,6 +292,45 @@ def searches(root_trace_id: str) -> str:
     Checked against `search.max_searches_per_tree` of fleet.yaml (`fleet.limits.searches`).
     """
     return f"{PREFIX}:searches:{check_trace_id(root_trace_id)}"
+
+
+# -- provider batches (fleet.batchapi, fleet.storage.batch_calls) --------------------------
+
+BATCH_CALLS = f"{PREFIX}:batch:calls"
+"""Hash: custom id -> PendingCall JSON, a model call routed through a provider's Batch API,
+from the moment it is queued until its trace was resumed with the answer (or it ended)."""
+
+BATCH_STATE = f"{PREFIX}:batch:state"
+"""Hash: custom id -> CallStatus JSON (queued|submitting|submitted|answered|cancelled, the
+attempt, the flush or batch holding it); each move is one Lua script."""
+
+BATCH_QUEUED = f"{PREFIX}:batch:queued"
+"""Sorted set: custom ids waiting for the next provider batch, scored by queued_at_ms."""
+
+BATCH_DEADLINES = f"{PREFIX}:batch:deadlines"
+"""Sorted set: custom ids of calls whose tree has a `wall_s` budget, scored by its deadline
+(ms): the poller cancels what is past it without reading every call."""
+
+BATCH_SUBMITTING = f"{PREFIX}:batch:submitting"
+"""Hash: flush id -> Flush JSON, written BEFORE the upload: the calls it moved out of the
+queue. A flush left here (the poller died mid-upload) is reconciled with the provider."""
+
+BATCH_IN_FLIGHT = f"{PREFIX}:batch:in-flight"
+"""Hash: provider batch id -> Flush JSON (its calls, provider, submitted_at_ms)."""
+
+BATCH_POLL = f"{PREFIX}:batch:poll"
+"""String, PX = FLEET_BATCH_POLL_S: the claim of the one worker that polls this interval."""
+
+BATCH_POLLING = f"{PREFIX}:batch:polling"
+"""String, PX = 10 poll intervals (at least 5 s): held while a poll runs, so two polls do not
+overlap (`fleet.batchapi.poller.poll_fleet`)."""
+
+
+def batch_answer(custom_id: str) -> str:
+    """String, TRACE_TTL_S: the provider's answer (or error) to one call, until consumed."""
+    if not custom_id.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"not a batch custom id: {custom_id!r}")
+    return f"{PREFIX}:batch:answer:{custom_id}"
 
 
 IMAGE_MAX_BYTES = 5_000_000

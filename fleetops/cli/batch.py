@@ -46,7 +46,10 @@ def run_batch_command(args: argparse.Namespace) -> int:
     if args.resume and args.out is None:
         raise ConfigError("--resume needs --out (the results file to continue)")
     settings = fleet_settings()
-    entries = with_defaults(load_entries(args.file), model=args.model, preset=args.preset)
+    batch_api = True if args.batch_api else None
+    entries = with_defaults(
+        load_entries(args.file), model=args.model, preset=args.preset, batch_api=batch_api
+    )
     check_entries(validation_runtime(settings), entries, str(args.file))
     if args.dry_run:
         print(f"{args.file}: {len(entries)} task(s) OK")
@@ -219,6 +222,9 @@ def counts_text(counts: BatchCounts) -> str:
     ]
     if counts.waiting:
         parts.insert(2, f"waiting {counts.waiting}")
+    if counts.in_batches or counts.oldest_batch_s is not None:
+        oldest = f" (oldest {counts.oldest_batch_s:.0f} s)" if counts.oldest_batch_s else ""
+        parts.append(f"in provider batches {counts.in_batches}{oldest}")
     return "  ".join(parts)
 
 

@@ -214,6 +214,12 @@ def _add_batch(commands: Any) -> None:
     batch.add_argument("--dry-run", action="store_true", help="validate FILE, submit nothing")
     batch.add_argument("--model", help="model for entries that name none")
     batch.add_argument("--preset", help="preset for entries that name none (default: default)")
+    batch.add_argument(
+        "--batch-api",
+        action="store_true",
+        help="model calls through the provider's Batch API: half the price, answers within "
+        "hours (entries may say batch_api: false)",
+    )
 
 
 def _add_ops(commands: Any) -> None:

@@ -15,8 +15,11 @@ const LABELS = {
   limit: "waiting on a limit / countdown",
   person: "waiting on a person",
   approval: "waiting on an approval",
+  batch: "waiting on a provider batch",
   unknown: "no events (stream trimmed)",
 };
+
+const WAITING_ON = { human: "person", batch: "batch" }; // a `waiting` event's data.on
 
 export const timeline = {
   rows: new Map(),  // trace id -> {id, name, segments: [{kind, start, end, note}], ticks: [], end}
@@ -63,7 +66,8 @@ function stretch(at) {
 
 function queuedKind(data) {
   const on = data.on || "";
-  if (on === "" || on === "yield" || on === "human" || data.turn !== undefined) return ["queued", on];
+  const answered = ["", "yield", "human", "batch"]; // handed back to run: plain queued
+  if (answered.includes(on) || data.turn !== undefined) return ["queued", on];
   return ["limit", on + (data.retry_in_s ? " (again in " + data.retry_in_s + " s)" : "")];
 }
 
@@ -83,7 +87,7 @@ export function fold(event) {
       break;
     case "trace":
       if (event.status === "running") open(row, "running", at);
-      else if (event.status === "waiting") open(row, data.on === "human" ? "person" : "children", at);
+      else if (event.status === "waiting") open(row, WAITING_ON[data.on] || "children", at);
       else if (event.status === "queued") { const [kind, note] = queuedKind(data); open(row, kind, at, note); row.end = null; }
       break;
     case "message":
