@@ -12,14 +12,60 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
 import tornado.httpserver
 import tornado.netutil
 
+from fleet.client import Fleet
+from fleet.inprocess import InProcessFleet
+from fleet.lifecycle import stop_subtree
+from fleet.limits.trees import Priority
+from fleet.loop.runner import Runner, run_to_end
+from fleet.models import Mode, Trace
+from fleet.runtime import Runtime
+from fleetops.serve import api_approvals, api_experiences
 from fleetops.serve.app import SERVER_LIMITS, ServeConfig, make_app
 from tests.fleetkit import wait_until
+
+
+class LocalActions(InProcessFleet):
+    """The page's actions run in this process (a reply runs the trace on at once)."""
+
+    def stop(self, trace_id: str) -> list[str]:
+        """As `Fleet.stop`, without a broker to revoke on."""
+        return stop_subtree(self.runtime, trace_id)
+
+
+class InlineBackend:
+    """A `Fleet` backend that runs an enqueued trace in this thread, to its end or a wait."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
+        run_to_end(Runner(self.runtime), trace.trace_id)
+
+    def revoke(self, stamps: list[str]) -> None:
+        """Nothing is queued anywhere."""
+
+    def queue(self, mode: Mode) -> str | None:
+        return None
+
+
+def page_config(actions: LocalActions, **options: Any) -> ServeConfig:
+    """What `fleet serve` builds, over an in-process fleet: the page's actions and the
+    approval and experience endpoints (those take the `Fleet` client)."""
+    fleet = Fleet(actions.runtime, InlineBackend(actions.runtime))
+    acting = (partial(api_experiences.routes, fleet), partial(api_approvals.routes, fleet))
+    return ServeConfig(store=actions.store, actions=actions, routes=acting, **options)
+
+
+def csrf(http: httpx.Client) -> dict[str, str]:
+    """The headers an action needs: the service's CSRF token."""
+    return {"X-Fleet-CSRF": http.get("/api/session").json()["csrf"]}
 
 
 @contextlib.contextmanager

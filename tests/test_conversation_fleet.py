@@ -22,7 +22,7 @@ from fleet.client import Fleet
 from fleet.conversation.continuation import branches
 from fleet.conversation.human import waiting_on
 from fleet.storage import keys
-from fleetops.serve.queries import TraceFilter, list_traces
+from fleetops.serve.listing import TraceFilter, list_traces
 from tests.fleetkit import wait_until
 from tests.procs import WorkerProcess, read_until_exit
 from tests.test_fleet_recovery import database_url, fleet_client, start_workers
@@ -199,8 +199,8 @@ def test_ask_human_waits_holding_nothing_and_fleet_reply_resumes(
         wait_until(lambda: no_task_running(control), TIMEOUT_S, "no task to run")
         listed = cli(url, workspace, "trace", "list", "--waiting")
         assert f"{trace.trace_id}  waiting" in listed.stdout and "? Which colour?" in listed.stdout
-        api = list_traces(fleet.store, TraceFilter(waiting=True))  # `fleet serve`'s ?waiting=1
-        assert [t["trace_id"] for t in api] == [trace.trace_id]
+        api = list_traces(fleet.store, TraceFilter(waiting="person"))  # `?waiting=person`
+        assert [t["trace_id"] for t in api["traces"]] == [trace.trace_id]
         replied = cli(url, workspace, "reply", trace.trace_id, "green")
         assert replied.returncode == 0, replied.stderr
         out, err = run.communicate(timeout=TIMEOUT_S)

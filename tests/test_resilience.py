@@ -36,6 +36,12 @@ def test_a_provider_error_hands_the_run_back_with_backoff_then_fails_clearly(
         delays.append(result.retry_in_s)
         assert local.store.get_trace(root.trace_id).status == "queued"
     assert delays == [2.0, 4.0, 8.0]
+    requeued = [
+        e.data
+        for _, e in local.store.read_events(root.trace_id)
+        if e.kind == "trace" and e.status == "queued" and e.data
+    ]  # what the page's timeline shows as a wait on a limit or countdown
+    assert requeued == [{"on": "provider error", "retry_in_s": d} for d in delays]
     assert local.store.get_trace(root.trace_id).metadata[TRANSIENT_RETRIES_KEY] == 3
     assert Runner(local.runtime).run(root.trace_id).outcome == "failed"
     trace = local.store.get_trace(root.trace_id)

@@ -13,7 +13,6 @@ import pytest
 
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessDispatcher
-from fleet.lifecycle import stop_subtree
 from fleet.loop.runner import Runner
 from fleet.models import Collaborator, Event, Trace
 from fleet.runtime import Runtime
@@ -22,7 +21,7 @@ from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
 from fleetops.serve.app import ServeConfig
 from tests.fleetkit import explore_script
-from tests.servekit import read_sse, serving
+from tests.servekit import LocalActions, csrf, read_sse, serving
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -40,9 +39,7 @@ def explored(store: TraceStore, tmp_path: Path, branches: int = 3) -> Trace:
 
 def config(store: TraceStore, token: str | None = None) -> ServeConfig:
     runtime = Runtime.build(Settings(), store, InProcessDispatcher())
-    return ServeConfig(
-        store=store, stop=lambda t: stop_subtree(runtime, t), token=token, stream_block_ms=200
-    )
+    return ServeConfig(store=store, actions=LocalActions(runtime), token=token, stream_block_ms=200)
 
 
 @pytest.fixture
@@ -59,7 +56,8 @@ def test_list_detail_and_messages_of_an_explore(
     listed = api.get("/api/traces", params={"root": root.trace_id}).json()["traces"]
     assert [t["trace_id"] for t in listed] == [root.trace_id, *children]
     assert {t["status"] for t in listed} == {"completed"}
-    assert api.get("/api/traces", params={"status": "failed"}).json() == {"traces": []}
+    failed = api.get("/api/traces", params={"status": "failed"}).json()
+    assert failed == {"traces": [], "next": None}
     assert len(api.get("/api/traces", params={"status": "completed"}).json()["traces"]) == 4
     detail = api.get(f"/api/traces/{root.trace_id}").json()
     assert detail["trace"]["task"] == root.task and detail["trace"]["last_tool"] == "agent"
@@ -123,9 +121,10 @@ def test_a_bad_last_event_id_is_refused(
 def test_stop_stops_the_subtree(api: httpx.Client, store: TraceStore) -> None:
     store.create_trace(Trace(trace_id="r1", root_trace_id="r1", task="x"))
     store.create_trace(Trace(trace_id="r1@c", root_trace_id="r1", parent_trace_id="r1", task="y"))
-    assert api.post("/api/traces/r1/stop").json() == {"stopped": ["r1", "r1@c"]}
+    headers = csrf(api)
+    assert api.post("/api/traces/r1/stop", headers=headers).json() == {"stopped": ["r1", "r1@c"]}
     assert store.get_trace("r1@c").status == "stopped" and store.stop_requested("r1@c")
-    assert api.post("/api/traces/nope/stop").status_code == 404
+    assert api.post("/api/traces/nope/stop", headers=headers).status_code == 404
 
 
 def test_sse_resumes_after_a_reconnect_without_losing_an_event(
@@ -162,8 +161,11 @@ def test_model_text_in_the_api_stays_data(
     page = api.get("/")
     assert "script-src 'self'" in page.headers["content-security-policy"]
     assert "<script>" not in page.text  # no inline script: the CSP forbids it anyway
-    script = api.get("/static/app.js").text
-    assert "innerHTML" not in script and "insertAdjacentHTML" not in script
+    for name in ("app", "util", "front", "tree", "timeline", "conversation", "actions"):
+        script = api.get(f"/static/{name}.js")
+        assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+            assert sink not in script.text, (name, sink)
 
 
 # -- auth ------------------------------------------------------------------------------
@@ -179,6 +181,7 @@ def test_with_a_token_the_api_needs_it(store: TraceStore) -> None:
             wrong = http.get(path, headers={"Authorization": "Bearer " + TOKEN[:-1] + "x"})
             assert wrong.status_code == 401
         assert http.post("/api/traces/t1/stop").status_code == 401
+        assert http.get("/api/session").status_code == 401  # the CSRF token is behind it too
         assert not store.stop_requested("t1")
         good = {"Authorization": f"Bearer {TOKEN}"}
         assert http.get("/api/traces/t1", headers=good).json()["trace"]["trace_id"] == "t1"
@@ -192,7 +195,8 @@ def test_without_a_token_a_foreign_host_is_refused(api: httpx.Client, store: Tra
     rebound = api.get("/api/traces/t2", headers={"Host": "attacker.example:8600"})
     assert rebound.status_code == 403
     assert api.get("/api/traces/t2", headers={"Host": "localhost:8600"}).status_code == 200
-    cross = api.post("/api/traces/t2/stop", headers={"Origin": "http://attacker.example"})
+    headers = csrf(api) | {"Origin": "http://attacker.example"}
+    cross = api.post("/api/traces/t2/stop", headers=headers)
     assert cross.status_code == 403 and not store.stop_requested("t2")
 
 

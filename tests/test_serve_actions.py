@@ -19,7 +19,6 @@ from fleet.client import Fleet
 from fleet.conversation import approval
 from fleet.conversation.approval_rules import ApprovalRule
 from fleet.inprocess import InProcessDispatcher
-from fleet.lifecycle import stop_subtree
 from fleet.limits.trees import Priority
 from fleet.llm.base import LLMResponse
 from fleet.loop.runner import Runner
@@ -30,7 +29,8 @@ from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 from fleetops.serve import api_approvals, api_experiences
 from fleetops.serve.app import MAX_BODY_BYTES, ServeConfig
-from tests.servekit import serving
+from fleetops.serve.guard import CSRF_HEADER, csrf_token
+from tests.servekit import csrf, serving
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 JSON = {"Content-Type": "application/json"}
@@ -72,8 +72,7 @@ def local_fleet(store: TraceStore, workspace: Path) -> Fleet:
 
 def config(fleet: Fleet, token: str | None = None) -> ServeConfig:
     acting = (partial(api_experiences.routes, fleet), partial(api_approvals.routes, fleet))
-    stop = partial(stop_subtree, fleet.runtime)
-    return ServeConfig(store=fleet.store, stop=stop, token=token, routes=acting)
+    return ServeConfig(store=fleet.store, actions=fleet, token=token, routes=acting)
 
 
 @pytest.fixture
@@ -84,6 +83,7 @@ def fleet(store: TraceStore, tmp_path: Path) -> Fleet:
 @pytest.fixture
 def api(fleet: Fleet) -> Iterator[httpx.Client]:
     with serving(config(fleet)) as url, httpx.Client(base_url=url, timeout=10) as http:
+        http.headers.update(csrf(http))  # every POST carries the service's CSRF token
         yield http
 
 
@@ -164,7 +164,7 @@ def test_a_forged_id_another_trees_id_or_a_missing_one_is_refused_and_nothing_ru
 def test_an_action_needs_json_same_origin_and_the_token(fleet: Fleet, tmp_path: Path) -> None:
     trace, call_id = waiting_write(fleet)
     path = f"/api/traces/{trace.trace_id}/approve"
-    good = {"Authorization": f"Bearer {TOKEN}"}
+    good = {"Authorization": f"Bearer {TOKEN}", CSRF_HEADER: csrf_token(TOKEN)}
     with serving(config(fleet, TOKEN)) as url, httpx.Client(base_url=url, timeout=10) as http:
         assert http.post(path, json={"approval_id": call_id}).status_code == 401
         assert http.get("/api/approvals").status_code == 401

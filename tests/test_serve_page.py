@@ -1,72 +1,47 @@
 """The live page in a real headless Chromium, over `fleet serve` and a real worker.
 
 Needs Debian's `chromium` and `chromium-driver` (.ci/run installs them); skipped without
-them unless `CI` is set, where their absence fails.
+them unless `CI` is set, where their absence fails (tests/browserkit.py).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
+import yaml
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
 from fleet.client import Fleet
+from tests.browserkit import chromium, page_value, script_errors
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 from tests.servekit import free_port, serve_process
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-)
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 BRANCHES = 3
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or driver is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium and chromium-driver are missing (and CI is set)")
-        pytest.skip("needs Debian's chromium and chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}"):
-        options.add_argument(flag)
-    chrome = webdriver.Chrome(options=options, service=Service(executable_path=driver))
-    try:
+    with chromium(tmp_path) as chrome:
         yield chrome
-    finally:
-        chrome.quit()
 
 
 def statuses(browser: webdriver.Chrome) -> dict[str, str]:
     nodes = browser.find_elements(By.CSS_SELECTOR, ".node")
     return {
-        str(n.get_attribute("data-trace-id")): n.find_element(By.CSS_SELECTOR, ".status").text
+        str(n.get_attribute("data-trace-id")): str(
+            n.find_element(By.CSS_SELECTOR, ".status").get_attribute("textContent")
+        )
         for n in nodes
     }
-
-
-def page_value(browser: webdriver.Chrome, name: str) -> Any:
-    return browser.execute_script(f"return window.fleetPage.{name}")
 
 
 def test_the_page_grows_the_tree_live_resumes_its_stream_and_shows_messages(
@@ -85,6 +60,8 @@ def test_the_page_grows_the_tree_live_resumes_its_stream_and_shows_messages(
         wait.until(lambda b: statuses(b).get(root) == "queued")
         browser.execute_script("window.sameDocument = true;")
         assert len(statuses(browser)) == 1  # no branch yet: no worker runs
+        browser.find_element(By.ID, "tab-timeline").click()
+        wait.until(lambda b: segments(b, root) == [("queued", "now")])  # open, still growing
     # The service is gone: the page's event stream dropped. The tree runs on meanwhile.
     worker_env = {"FLEET_WORKSPACE": str(tmp_path)}
     with start_worker(redis_url, concurrency=8, env_extra=worker_env) as worker:
@@ -99,10 +76,28 @@ def test_the_page_grows_the_tree_live_resumes_its_stream_and_shows_messages(
             assert page_value(browser, "lastEventId") == stream[-1][0]
             assert page_value(browser, "reconnects") >= 1
             assert browser.execute_script("return window.sameDocument === true") is True
+            children = fleet.store.children(root)
+            for child in children:  # grown live: each branch queued, then running, then ended
+                assert [kind for kind, _ in segments(browser, child)] == ["queued", "running"]
+            assert page_value(browser, "timeline.draws") > 2
+            browser.find_element(By.ID, "tab-tree").click()
             check_the_tree(browser, fleet, root)
             first = browser.find_elements(By.CSS_SELECTOR, ".node .children .node-head")[0]
             first.click()
+            wait.until(lambda b: b.find_element(By.ID, "messages-title").text == children[0])
             wait.until(lambda b: "done: Branch 1" in b.find_element(By.ID, "message-list").text)
+            assert script_errors(browser) == []
+
+
+def segments(browser: webdriver.Chrome, trace_id: str) -> list[tuple[str, str]]:
+    """The timeline row's segments: (kind, "now" while open else "ended")."""
+    found = browser.execute_script(
+        "const row = document.querySelector(`.tl-row[data-trace-id='${arguments[0]}']`);"
+        "return row ? Array.from(row.querySelectorAll('.tl-seg'),"
+        " s => [s.dataset.kind, s.dataset.hover.includes('→ now)') ? 'now' : 'ended']) : [];",
+        trace_id,
+    )
+    return [(str(kind), str(state)) for kind, state in found]
 
 
 def check_the_tree(browser: webdriver.Chrome, fleet: Fleet, root: str) -> None:
@@ -124,3 +119,47 @@ def check_the_tree(browser: webdriver.Chrome, fleet: Fleet, root: str) -> None:
     assert [c.text.split(":")[0] for c in collaborators] == [
         f"explore-{i:03d} [agent, completed]" for i in range(1, BRANCHES + 1)
     ]
+
+
+def test_a_reply_and_a_stop_from_the_page_reach_a_tree_on_real_workers(
+    redis_url: str, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    """Through `fleet serve` (its `Fleet` client enqueues) and a Celery worker."""
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.flushdb()
+    fleet = client(fleet_settings(redis_url, tmp_path))
+    steps = [
+        {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
+        {"content": "painted it {last_tool}"},
+    ]
+    asker = tmp_path / "ask.yaml"
+    asker.write_text(yaml.safe_dump({"scripts": [{"match": ".*", "steps": steps}]}))
+    slow = explore_script(tmp_path / "slow.yaml", 2, latency_ms=1500, branch_turns=20)
+    wait = WebDriverWait(browser, 60, poll_frequency=0.1)
+    worker_env = {"FLEET_WORKSPACE": str(tmp_path)}
+    with start_worker(redis_url, concurrency=4, env_extra=worker_env) as worker:
+        wait_for_workers(redis_url, [worker.name], timeout_s=30)
+        asked = fleet.submit("paint the shed", model=f"scripted:{asker}").trace_id
+        wait_until(lambda: fleet.trace(asked).status == "waiting", 30, "the question")
+        busy = fleet.submit("survey slowly", model=slow).trace_id
+        with serve_process(redis_url) as url:
+            browser.get(f"{url}/?trace={asked}")
+            wait.until(lambda b: b.find_elements(By.ID, "reply-input"))
+            browser.find_element(By.ID, "reply-input").send_keys("green")
+            browser.find_element(By.CSS_SELECTOR, "#reply-form button").click()
+            wait_until(lambda: fleet.trace(asked).status == "completed", 30, "the reply")
+            assert fleet.trace(asked).answer == "painted it green"
+            wait_until(lambda: len(fleet.store.children(busy)) == 2, 30, "the branches")
+            browser.get(f"{url}/?trace={busy}")
+            wait.until(lambda b: len(statuses(b)) == 3)
+            browser.find_element(By.ID, "stop").click()
+            tree = [busy, *fleet.store.children(busy)]
+            try:
+                wait_until(lambda: {fleet.trace(t).status for t in tree} == {"stopped"}, 60, "")
+            except AssertionError:
+                shown = {t: (fleet.trace(t).status, fleet.trace(t).error) for t in tree}
+                raise AssertionError(
+                    f"not stopped: {shown}; page: {script_errors(browser)}"
+                ) from None
+            wait.until(lambda b: set(statuses(b).values()) == {"stopped"})
+            assert script_errors(browser) == []

@@ -67,9 +67,13 @@ def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
     return waiting
 
 
-def requeue(runtime: Runtime, trace: Trace) -> Trace:
-    """`queued` again: the run yielded (its worker is shutting down) and is re-sent."""
-    return _set_status(runtime.store, trace, "queued")
+def requeue(runtime: Runtime, trace: Trace, why: str = "yield", retry_in_s: float = 0.0) -> Trace:
+    """`queued` again: the run yielded or waits (a limit, a provider error) and is re-sent.
+
+    `why` and `retry_in_s` go with the `trace` event, so a timeline can say what it waits on.
+    """
+    data = {"on": why, "retry_in_s": round(retry_in_s, 3)}
+    return _set_status(runtime.store, trace, "queued", data=data)
 
 
 def reopen(
@@ -298,12 +302,16 @@ def _stop_person(runtime: Runtime, trace: Trace) -> None:
 
 
 def _set_status(
-    store: TraceStore, trace: Trace, status: Status, write: TraceWrite | None = None
+    store: TraceStore,
+    trace: Trace,
+    status: Status,
+    write: TraceWrite | None = None,
+    data: dict[str, Any] | None = None,
 ) -> Trace:
     """Write a non-terminal status with its `trace` event (nothing when it is already so)."""
     if trace.status == status:
         return trace
-    event = Event(kind="trace", trace_id=trace.trace_id, status=status)
+    event = Event(kind="trace", trace_id=trace.trace_id, status=status, data=data or {})
     if write is not None:
         write.update(event, status=status)
     else:

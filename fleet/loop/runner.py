@@ -220,8 +220,8 @@ class Runner:
         match why:
             case None:
                 return "lost"
-            case Wait():
-                lifecycle.requeue(self.runtime, snapshot.trace)
+            case Wait(retry_in_s=retry_in_s, reason=reason):
+                lifecycle.requeue(self.runtime, snapshot.trace, reason, retry_in_s)
                 return why
             case Spent(reason=reason):
                 partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))

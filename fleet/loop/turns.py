@@ -331,7 +331,7 @@ def fall_back(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> Wait | 
     """
     if switch_model(runtime, trace, exc) is None:
         return None
-    lifecycle.requeue(runtime, trace)
+    lifecycle.requeue(runtime, trace, "model fallback")
     return Wait(0.0, "model fallback")
 
 
@@ -364,7 +364,7 @@ def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait |
         return f"{exc} (gave up after {tries} re-runs)"
     metadata = {**trace.metadata, TRANSIENT_RETRIES_KEY: tries + 1}
     runtime.store.update_trace(trace_id, metadata=metadata)
-    lifecycle.requeue(runtime, trace)
     delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
+    lifecycle.requeue(runtime, trace, "provider error", delay_s)
     log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
     return Wait(delay_s, "provider error")

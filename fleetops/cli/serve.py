@@ -43,7 +43,7 @@ def run_serve(args: argparse.Namespace) -> int:
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
     check_port_free(args.port, "fleet serve", host=host)
     acting = (partial(api_experiences.routes, fleet), partial(api_approvals.routes, fleet))
-    config = ServeConfig(store=fleet.store, stop=fleet.stop, token=token, routes=acting)
+    config = ServeConfig(store=fleet.store, actions=fleet, token=token, routes=acting)
     serve_forever(
         config, args.address, args.port, lambda url: print(f"fleet serve: {url}", flush=True)
     )

@@ -8,40 +8,52 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
 import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import redis
-import tornado.http1connection
 import tornado.httpserver
 import tornado.web
 from tornado.iostream import StreamClosedError
 
-from fleet.errors import InvalidTraceId, TraceNotFound
+from fleet.errors import BrokerUnavailable, ConversationError, InvalidTraceId, TraceNotFound
 from fleet.storage.store import TraceStore
-from fleetops.serve import queries
-from fleetops.serve.queries import BadRequest
+from fleetops.serve import listing, queries
+from fleetops.serve.guard import (
+    MAX_BODY_BYTES,
+    ApiError,
+    check_body_size,
+    check_csrf,
+    check_request,
+    csrf_token,
+)
+from fleetops.serve.listing import BadRequest
+from fleetops.serve.page_actions import ACTIONS, Actions, parse_body
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "SERVER_LIMITS",
+    "ApiError",
+    "ServeConfig",
+    "make_app",
+    "serve_forever",
+]
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).with_name("static")
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 PAGE_CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 T = TypeVar("T")
-MAX_BODY_BYTES = 64 * 1024
-"""The largest request body taken. The API reads none (a stop is a bare POST), so this only
-bounds what a client may make the server receive before it answers."""
+STATIC_FILES = r"(?:app|tree|timeline|conversation|front|actions|util)\.js|app\.css"
 SERVER_LIMITS: dict[str, Any] = {
     "max_body_size": MAX_BODY_BYTES,
     "max_buffer_size": 4 * MAX_BODY_BYTES,
@@ -58,10 +70,12 @@ class ServeConfig:
     """What the service needs: the store, how to stop a tree, and who may ask."""
 
     store: TraceStore
-    stop: Callable[[str], list[str]]
-    """Stops a trace and its subtree (flags and revokes); returns the ids told to stop."""
+    actions: Actions
+    """Stop, reply, approve, deny, continue: the fleet client (`fleet.client.Fleet`)."""
     token: str | None = None
     """When set, every API request must carry `Authorization: Bearer <token>`."""
+    csrf: str = field(default="")
+    """The token every POST carries in `X-Fleet-CSRF` (derived from `token` when empty)."""
     max_streams: int = 32
     """Open event streams at once; one more gets 503."""
     stream_block_ms: int = 2000
@@ -71,14 +85,9 @@ class ServeConfig:
     """More endpoints: each gets the handlers' keyword arguments and returns its rules
     (`fleetops.serve.api_experiences`, `api_approvals`: they need the fleet client)."""
 
-
-class ApiError(tornado.web.HTTPError):
-    """An HTTP error whose message is safe to show the client."""
-
-    def __init__(self, status: int, message: str) -> None:
-        """Status code and a one-line message."""
-        super().__init__(status, reason=None)
-        self.message = message
+    def __post_init__(self) -> None:
+        if not self.csrf:
+            object.__setattr__(self, "csrf", csrf_token(self.token))
 
 
 @tornado.web.stream_request_body
@@ -94,10 +103,12 @@ class _Base(tornado.web.RequestHandler):
     pool: ThreadPoolExecutor
     refused_unread = False
     """Refused in `prepare`, before the body (if any) was read."""
+    body_bytes: bytearray
 
     def initialize(self, config: ServeConfig, pool: ThreadPoolExecutor) -> None:
         self.config = config
         self.pool = pool
+        self.body_bytes = bytearray()
 
     def set_default_headers(self) -> None:
         self.set_header("X-Content-Type-Options", "nosniff")
@@ -105,16 +116,19 @@ class _Base(tornado.web.RequestHandler):
         self.set_header("Referrer-Policy", "no-referrer")
 
     def prepare(self) -> None:
-        """Refuse before any work: bad token, foreign Host, cross-site POST, big body."""
+        """Refuse before any work: bad token, foreign Host, cross-site POST, no CSRF, big body."""
         try:
             check_request(self.request, self.config.token)
             check_body_size(self.request)
+            if self.request.method == "POST":
+                check_csrf(self.request, self.config.csrf)
         except ApiError:
             self.refused_unread = True
             raise
 
     def data_received(self, chunk: bytes) -> None:
-        """Drop each piece of a (capped) body as it arrives: no handler reads one."""
+        """Keep the (capped: `check_body_size`) body; only actions read one."""
+        self.body_bytes.extend(chunk)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
@@ -137,6 +151,10 @@ class _Base(tornado.web.RequestHandler):
             raise ApiError(400, str(exc)) from None
         except TraceNotFound as exc:
             raise ApiError(404, str(exc)) from None
+        except ConversationError as exc:  # answered already, not waiting, not finished
+            raise ApiError(409, str(exc)) from None
+        except BrokerUnavailable:
+            raise ApiError(503, "the broker is unreachable: nothing was sent") from None
         except redis.exceptions.RedisError as exc:  # no URL in it: it may hold a password
             log.warning("trace store unreachable: %s", type(exc).__name__)
             raise ApiError(503, "the trace store (Redis) is unreachable") from None
@@ -147,60 +165,21 @@ class _Base(tornado.web.RequestHandler):
 
     def trace_id(self, raw: str) -> str:
         try:
-            return queries.check_trace_id(raw)
+            return listing.check_trace_id(raw)
         except BadRequest as exc:
             raise ApiError(400, str(exc)) from None
 
 
-def check_request(request: tornado.httputil.HTTPServerRequest, token: str | None) -> None:
-    """`ApiError` unless the request may be answered.
-
-    With a token: `Authorization: Bearer <token>` on every API call. Without one (the
-    service then listens on loopback only): the Host must be a loopback name, so a web page
-    elsewhere cannot reach it by DNS rebinding. A POST from another origin is refused.
-    """
-    if token is not None and request.path.startswith("/api/"):
-        sent = request.headers.get("Authorization", "")
-        scheme, _, value = sent.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
-            raise ApiError(401, "a bearer token is required (Authorization: Bearer ...)")
-    if token is None and host_name(request.host) not in LOOPBACK_HOSTS:
-        raise ApiError(403, "without a token only loopback host names are answered")
-    origin = request.headers.get("Origin")
-    if request.method == "POST" and origin is not None and urlsplit(origin).netloc != request.host:
-        raise ApiError(403, "cross-origin POST refused")
-
-
-def check_body_size(request: tornado.httputil.HTTPServerRequest) -> None:
-    """`ApiError` 413 when the declared body is over `MAX_BODY_BYTES`.
-
-    A chunked body declares no length: the connection's cap is lowered to the same size so
-    tornado stops reading it there.
-    """
-    declared = request.headers.get("Content-Length", "0")
-    if not declared.isdigit() or int(declared) > MAX_BODY_BYTES:
-        raise ApiError(413, f"request bodies are limited to {MAX_BODY_BYTES} bytes")
-    if isinstance(request.connection, tornado.http1connection.HTTP1Connection):
-        request.connection.set_max_body_size(MAX_BODY_BYTES)
-
-
-def host_name(host: str) -> str:
-    """`127.0.0.1:8600` -> `127.0.0.1`, `[::1]:8600` -> `::1`."""
-    if host.startswith("["):
-        return host[1 : host.find("]")]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
 class TracesHandler(_Base):
-    """`GET /api/traces?status=&root=&waiting=&limit=`."""
+    """`GET /api/traces?status=&root=&waiting=&model=&preset=&q=&roots=&cursor=&limit=`."""
 
     async def get(self) -> None:
         query = {k: self.get_query_argument(k) for k in self.request.query_arguments}
         try:
-            parsed = queries.TraceFilter.parse(query)
+            parsed = listing.TraceFilter.parse(query)
         except BadRequest as exc:
             raise ApiError(400, str(exc)) from None
-        self.reply({"traces": await self.call(queries.list_traces, self.config.store, parsed)})
+        self.reply(await self.call(listing.list_traces, self.config.store, parsed))
 
 
 class TraceHandler(_Base):
@@ -216,17 +195,31 @@ class MessagesHandler(_Base):
 
     async def get(self, raw_id: str) -> None:
         trace_id = self.trace_id(raw_id)
-        messages = await self.call(queries.trace_messages, self.config.store, trace_id)
-        self.reply({"messages": messages})
+        self.reply(await self.call(queries.trace_messages, self.config.store, trace_id))
 
 
-class StopHandler(_Base):
-    """`POST /api/traces/{id}/stop`: the trace and its subtree."""
+class TraceActionHandler(_Base):
+    """`POST /api/traces/{id}/{stop|reply|continue}` with a JSON body.
 
-    async def post(self, raw_id: str) -> None:
+    Approve and deny are `api_approvals`' routes (`ServeConfig.routes`).
+    """
+
+    async def post(self, raw_id: str, action: str) -> None:
         trace_id = self.trace_id(raw_id)
-        await self.call(self.config.store.get_trace, trace_id)  # 404 before stopping anything
-        self.reply({"stopped": await self.call(self.config.stop, trace_id)})
+        try:
+            body = parse_body(action, bytes(self.body_bytes))
+        except BadRequest as exc:
+            raise ApiError(400, str(exc)) from None
+        await self.call(self.config.store.get_trace, trace_id)  # 404 before doing anything
+        run = functools.partial(ACTIONS[action].run, self.config.actions, trace_id, body)
+        self.reply(await self.call(run))
+
+
+class SessionHandler(_Base):
+    """`GET /api/session`: the CSRF token a page sends with each action (same origin only)."""
+
+    def get(self) -> None:
+        self.reply({"csrf": self.config.csrf, "token_required": self.config.token is not None})
 
 
 class EventsHandler(_Base):
@@ -318,12 +311,13 @@ def make_app(config: ServeConfig) -> tornado.web.Application:
         [
             (r"/", PageHandler, base),
             (r"/healthz", HealthHandler, base),
-            (r"/static/(app\.js|app\.css)", StaticHandler, {"path": str(STATIC_DIR)}),
+            (rf"/static/({STATIC_FILES})", StaticHandler, {"path": str(STATIC_DIR)}),
+            (r"/api/session", SessionHandler, base),
             (r"/api/traces", TracesHandler, base),
             (r"/api/traces/([^/]+)", TraceHandler, base),
             (r"/api/traces/([^/]+)/messages", MessagesHandler, base),
             (r"/api/traces/([^/]+)/events", EventsHandler, {**base, "streams": streams}),
-            (r"/api/traces/([^/]+)/stop", StopHandler, base),
+            (rf"/api/traces/([^/]+)/({'|'.join(ACTIONS)})", TraceActionHandler, base),
             *(rule for extra in config.routes for rule in extra(base)),
         ],
         stream_slots=threading.BoundedSemaphore(config.max_streams),

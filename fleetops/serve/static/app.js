@@ -1,115 +1,40 @@
-// The live trace page of `fleet serve`. Plain DOM, no build step.
-// Everything a model or a task wrote is untrusted: it only ever reaches the page as
-// textContent (never parsed as HTML), and ids only through encodeURIComponent.
+// The trace page of `fleet serve`: plain ES modules, no build step, nothing fetched from
+// another origin. `/` is the front page; `/?trace=ROOT[&open=ID][&view=timeline]` a tree.
 "use strict";
 
-const TOKEN_KEY = "fleet-serve-token";
+import { renderActions } from "./actions.js";
+import { renderConversation } from "./conversation.js";
+import { startFront } from "./front.js";
+import { draw, fold, schedule, seed, startTimeline, timeline } from "./timeline.js";
+import { renderRollups, setDetail, setTrace, tree } from "./tree.js";
+import { $, api, headers, post, saveToken, showError, traceUrl } from "./util.js";
+
+const FLUSH_MS = 250;
+const MANY_DIRTY = 25;
 const page = {
   root: null,          // the root trace id shown
+  opened: null,        // the trace whose conversation is open
   lastEventId: "0",    // the last SSE id handled: a reconnect resumes after it
   reconnects: 0,
   events: 0,
-  lastTool: new Map(), // trace id -> last tool name seen in the event stream
+  lastEventAt: 0,      // performance.now() when the last event was folded in
+  timings: {},         // render times (ms since navigation) the browser test records
+  dirty: new Set(),
+  flushing: false,
   refreshing: new Map(), // trace id -> "busy" | "again"
+  tree,
+  timeline,
+  draw,                // redraw the timeline now (the render test times it)
 };
 window.fleetPage = page; // for people and tests poking at the page
+page.lastTool = tree.lastTool;
 
-function $(id) { return document.getElementById(id); }
+// --- the tree: one listing, then details of what changed ------------------------------
 
-function el(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  return node;
-}
-
-function token() { return sessionStorage.getItem(TOKEN_KEY); }
-
-function headers(extra) {
-  const out = Object.assign({}, extra || {});
-  const value = token();
-  if (value) out.Authorization = "Bearer " + value;
-  return out;
-}
-
-function showError(message) {
-  const box = $("error");
-  box.textContent = message;
-  box.hidden = !message;
-}
-
-async function api(path, options) {
-  const opts = Object.assign({ cache: "no-store" }, options || {});
-  opts.headers = headers(opts.headers);
-  const response = await fetch(path, opts);
-  if (response.status === 401) {
-    $("auth").hidden = false;
-    throw new Error("this service needs a bearer token");
-  }
-  const body = await response.json();
-  if (!response.ok) throw new Error(body.error || response.statusText);
-  return body;
-}
-
-function traceUrl(id, suffix) {
-  return "/api/traces/" + encodeURIComponent(id) + (suffix || "");
-}
-
-function tokens(stats) {
-  return (stats.prompt_tokens || 0) + (stats.completion_tokens || 0);
-}
-
-// --- the tree -------------------------------------------------------------------------
-
-function nodeFor(id) {
-  return document.querySelector('.node[data-trace-id="' + CSS.escape(id) + '"]');
-}
-
-function makeNode(id, parentId) {
-  const node = el("li", "node");
-  node.dataset.traceId = id;
-  const head = el("div", "node-head");
-  head.append(el("span", "node-name", id), el("span", "status", "…"), el("span", "node-id", id));
-  head.addEventListener("click", () => showMessages(id));
-  node.append(head, el("div", "node-task"), el("div", "node-facts"));
-  node.append(el("ul", "collaborators"), el("ul", "children"));
-  const container = parentId ? childList(parentId) : $("tree-root");
-  // Ids sort as they were spawned (explore-001, -002, ...): keep that order on screen.
-  const next = Array.from(container.children).find((other) => other.dataset.traceId > id);
-  container.insertBefore(node, next || null);
-  return node;
-}
-
-function childList(parentId) {
-  const parent = nodeFor(parentId) || makeNode(parentId, null);
-  return parent.querySelector(":scope > .children");
-}
-
-function render(detail) {
-  const trace = detail.trace;
-  const node = nodeFor(trace.trace_id) || makeNode(trace.trace_id, trace.parent_trace_id);
-  node.dataset.status = trace.status;
-  node.querySelector(".node-name").textContent = trace.name || trace.mode;
-  node.querySelector(".status").textContent = trace.status;
-  node.querySelector(".node-task").textContent = trace.task.slice(0, 300);
-  const tool = page.lastTool.get(trace.trace_id) || trace.last_tool || "–";
-  const facts = [
-    "iteration " + trace.iteration,
-    tokens(trace.stats) + " tokens",
-    "$" + Number(trace.stats.cost_usd || 0).toFixed(4),
-    "last tool " + tool,
-  ];
-  if (trace.metadata && trace.metadata.stop_reason) facts.push("reason " + trace.metadata.stop_reason);
-  node.querySelector(".node-facts").textContent = facts.join(" · ");
-  const list = node.querySelector(":scope > .collaborators");
-  list.replaceChildren(...detail.collaborators.map((c) => {
-    const item = el("li", "collaborator", c.name + " [" + c.type + ", " + c.status + "]: " + c.summary);
-    item.dataset.traceId = c.trace_id;
-    return item;
-  }));
-  for (const child of detail.children) {
-    if (!nodeFor(child.trace_id)) refresh(child.trace_id);
-  }
+async function loadListing() {
+  const body = await api("/api/traces?root=" + encodeURIComponent(page.root) + "&limit=1000");
+  for (const trace of body.traces) { setTrace(trace); seed(trace); }
+  renderRollups(page.root);
 }
 
 // One request per trace at a time; events arriving meanwhile ask for one more.
@@ -117,7 +42,11 @@ async function refresh(id) {
   if (page.refreshing.has(id)) { page.refreshing.set(id, "again"); return; }
   page.refreshing.set(id, "busy");
   try {
-    render(await api(traceUrl(id)));
+    const detail = await api(traceUrl(id));
+    setDetail(detail);
+    seed(detail.trace);
+    renderRollups(page.root);
+    if (id === page.opened) showTrace(detail);
   } catch (error) {
     showError(error.message);
   } finally {
@@ -127,14 +56,41 @@ async function refresh(id) {
   }
 }
 
+function markDirty(id) {
+  page.dirty.add(id);
+  if (page.flushing) return;
+  page.flushing = true;
+  setTimeout(flush, FLUSH_MS);
+}
+
+async function flush() {
+  const ids = Array.from(page.dirty);
+  page.dirty.clear();
+  try {
+    if (ids.length > MANY_DIRTY) {  // a wide tree moving: one listing beats many details
+      await loadListing();
+      for (const id of [page.root, page.opened]) if (id && ids.includes(id)) refresh(id);
+    } else {
+      for (const id of ids) refresh(id);
+    }
+  } catch (error) {
+    showError(error.message);
+  } finally {
+    page.flushing = false;
+    if (page.dirty.size) markDirty(Array.from(page.dirty)[0]);
+  }
+}
+
 function onEvent(event) {
   page.events += 1;
   const data = event.data || {};
   if (event.kind === "message" && data.tools && data.tools.length) {
-    page.lastTool.set(event.trace_id, data.tools[data.tools.length - 1]);
+    tree.lastTool.set(event.trace_id, data.tools[data.tools.length - 1]);
   }
-  refresh(event.trace_id);
-  if (data.parent_trace_id) refresh(data.parent_trace_id);
+  fold(event);
+  page.lastEventAt = performance.now();
+  if (!event.trace_id.startsWith("human:")) markDirty(event.trace_id);
+  if (data.parent_trace_id) markDirty(data.parent_trace_id);
 }
 
 // --- Server-Sent Events over fetch (EventSource cannot send an Authorization header) ---
@@ -154,6 +110,21 @@ function handleBlock(block) {
   if (id !== null) page.lastEventId = id;
 }
 
+async function readStream(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      handleBlock(buffer.slice(0, end));
+      buffer = buffer.slice(end + 2);
+    }
+  }
+}
+
 async function follow(root) {
   while (page.root === root) {
     try {
@@ -164,18 +135,7 @@ async function follow(root) {
       if (!response.ok) throw new Error("event stream: HTTP " + response.status);
       setConn("live");
       showError("");
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      let buffer = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += value;
-        let end;
-        while ((end = buffer.indexOf("\n\n")) >= 0) {
-          handleBlock(buffer.slice(0, end));
-          buffer = buffer.slice(end + 2);
-        }
-      }
+      await readStream(response);
     } catch (error) {
       showError(error.message);
     }
@@ -191,79 +151,83 @@ function setConn(state) {
   conn.textContent = state;
 }
 
-// --- messages -----------------------------------------------------------------------
+// --- the open trace -------------------------------------------------------------------
 
-async function showMessages(id) {
-  const panel = $("messages");
-  panel.hidden = false;
+async function openTrace(id) {
+  page.opened = id;
+  const params = new URLSearchParams(location.search);
+  if (id === page.root) params.delete("open"); else params.set("open", id);
+  history.replaceState(null, "", "?" + params.toString());
+  $("messages").hidden = false;
   $("messages-title").textContent = id;
-  const list = $("message-list");
-  list.replaceChildren();
+  $("message-list").replaceChildren();
   try {
-    const body = await api(traceUrl(id, "/messages"));
-    list.replaceChildren(...body.messages.map(renderMessage));
+    showTrace(await api(traceUrl(id)));
   } catch (error) {
     showError(error.message);
   }
 }
 
-// A message's content is text, or parts: text, and images stored by reference (never bytes).
-function contentText(content) {
-  if (!Array.isArray(content)) return content;
-  return content.map((part) => {
-    if (part.type === "text") return part.text || "";
-    const ref = part.image_ref || {};
-    const kind = String(ref.media_type || "image/?").replace("image/", "").toUpperCase();
-    const kb = (Number(ref.bytes) || 0) / 1000;
-    return "[image " + kind + " " + ref.width + "x" + ref.height + ", " + kb.toFixed(1) + " KB]";
-  }).join("\n");
+async function showTrace(detail) {
+  const id = detail.trace.trace_id;
+  renderActions(detail, () => refresh(id));
+  const body = await api(traceUrl(id, "/messages"));
+  if (page.opened !== id) return;
+  renderConversation(body, detail);
+  $("messages").dataset.loaded = String(body.messages.length);
 }
 
-function renderMessage(message) {
-  const item = el("li", "message");
-  item.dataset.role = message.role;
-  const label = message.role + (message.name ? " · " + message.name : "") + " #" + message.sequence;
-  item.append(el("div", "role", label));
-  const content = contentText(message.content);
-  if (content) item.append(el("pre", "content", content));
-  for (const call of message.tool_calls || []) {
-    const fn = call.function || {};
-    item.append(el("pre", "tool-call", "→ " + fn.name + "(" + fn.arguments + ")"));
+function closeTrace() {
+  $("messages").hidden = true;
+  page.opened = null;
+}
+
+// --- views ----------------------------------------------------------------------------
+
+function showView(name) {
+  for (const view of ["tree", "timeline"]) {
+    $("tab-" + view).setAttribute("aria-selected", String(view === name));
+    $(view === "tree" ? "tree-root" : "timeline").hidden = view !== name;
   }
-  return item;
+  const params = new URLSearchParams(location.search);
+  if (name === "timeline") params.set("view", "timeline"); else params.delete("view");
+  history.replaceState(null, "", "?" + params.toString());
+  if (name === "timeline") draw();
 }
 
-// --- start ----------------------------------------------------------------------------
-
-async function listRoots() {
-  $("traces").hidden = false;
-  const body = await api("/api/traces?limit=100");
-  $("trace-list").replaceChildren(...body.traces.filter((t) => !t.parent_trace_id).map((t) => {
-    const item = el("li");
-    const link = el("a", null, t.trace_id);
-    link.href = "?trace=" + encodeURIComponent(t.trace_id);
-    item.append(link, el("span", "status", t.status), el("span", "node-task", " " + t.task.slice(0, 120)));
-    return item;
-  }));
-}
-
-async function openTree(root) {
+async function openTree(root, opened, view) {
   page.root = root;
   $("tree").hidden = false;
-  const body = await api("/api/traces?root=" + encodeURIComponent(root) + "&limit=1000");
-  for (const trace of body.traces) refresh(trace.trace_id);
+  tree.onOpen = openTrace;
+  timeline.onOpen = openTrace;
+  startTimeline();
+  showView(view === "timeline" ? "timeline" : "tree");
+  await loadListing();
+  await refresh(root);
+  schedule();
+  page.timings.listed_ms = performance.now();
   follow(root);
+  openTrace(opened || root); // the root's conversation and actions unless another is asked for
+}
+
+function keys(event) {
+  if (event.target.tagName === "INPUT" || event.target.tagName === "TEXTAREA") return;
+  if (event.key === "Escape") closeTrace();
+  if (event.key === "t" && page.root) showView($("timeline").hidden ? "timeline" : "tree");
+  if ((event.key === "j" || event.key === "k") && page.root) {
+    const heads = Array.from(document.querySelectorAll(".node-head"));
+    const at = heads.indexOf(document.activeElement);
+    const next = heads[Math.max(0, Math.min(heads.length - 1, at + (event.key === "j" ? 1 : -1)))];
+    if (next) next.focus();
+  }
 }
 
 function start() {
   if (location.hash.startsWith("#token=")) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(location.hash.slice(7)));
+    saveToken(decodeURIComponent(location.hash.slice(7)));
     history.replaceState(null, "", location.pathname + location.search);
   }
-  $("token-save").addEventListener("click", () => {
-    sessionStorage.setItem(TOKEN_KEY, $("token-input").value);
-    location.reload();
-  });
+  $("token-save").addEventListener("click", () => { saveToken($("token-input").value); location.reload(); });
   $("open-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const id = $("open-input").value.trim();
@@ -271,13 +235,19 @@ function start() {
   });
   $("stop").addEventListener("click", async () => {
     try {
-      await api(traceUrl(page.root, "/stop"), { method: "POST" });
+      await post(traceUrl(page.root, "/stop"), {});
     } catch (error) {
       showError(error.message);
     }
   });
-  const root = new URLSearchParams(location.search).get("trace");
-  (root ? openTree(root) : listRoots()).catch((error) => showError(error.message));
+  $("tab-tree").addEventListener("click", () => showView("tree"));
+  $("tab-timeline").addEventListener("click", () => showView("timeline"));
+  $("messages-close").addEventListener("click", closeTrace);
+  document.addEventListener("keydown", keys);
+  const params = new URLSearchParams(location.search);
+  const root = params.get("trace");
+  (root ? openTree(root, params.get("open"), params.get("view")) : startFront())
+    .catch((error) => showError(error.message));
 }
 
 start();
