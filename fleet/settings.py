@@ -144,6 +144,9 @@ class Settings:
     """FLEET_STUCK_AFTER_S: how long a tree must be quiet before the owner check walks it."""
     owner_check_interval_s: float = 5.0
     """FLEET_OWNER_CHECK_INTERVAL_S: how often one worker of the fleet runs the owner check."""
+    retention_s: int = keys.TRACE_TTL_S
+    """FLEET_RETENTION_S: how long a finished tree stays in Redis once the owner check compacted
+    it (`fleet.storage.redis_compact`); `fleet archive` keeps it longer, outside Redis."""
     probe_dir: Path = Path("/tmp")
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
@@ -197,6 +200,7 @@ class Settings:
             sweep_interval_s=_positive(env, "FLEET_SWEEP_INTERVAL_S", 1.0),
             stuck_after_s=_positive(env, "FLEET_STUCK_AFTER_S", 15.0),
             owner_check_interval_s=_positive(env, "FLEET_OWNER_CHECK_INTERVAL_S", 5.0),
+            retention_s=_count(env, "FLEET_RETENTION_S", keys.TRACE_TTL_S),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             state_home=_state_home(env),

@@ -14,7 +14,8 @@ from fleet.ids import check_trace_id
 PREFIX = "fleet"
 
 TRACE_TTL_S = 7 * 24 * 3600
-"""How long a finished trace and everything under it stays readable."""
+"""How long a trace and everything under it stays readable after its last change; once its
+tree ended and was compacted, the retention (`Settings.retention_s`, this by default)."""
 
 LEASE_TTL_MS = 5_000
 """A runner's lease (default of `Settings.lease_ttl_ms`); the worker's one heartbeat thread
@@ -77,6 +78,23 @@ def children(trace_id: str) -> str:
 def events(root_trace_id: str) -> str:
     """Stream: the events of a whole trace tree, read by watch/run/batch."""
     return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:events"
+
+
+def events_archive(root_trace_id: str) -> str:
+    """String with the retention TTL: a finished tree's events, packed, once its stream is gone.
+
+    Written by compaction (`fleet.storage.redis_compact`); read where the stream has nothing.
+    """
+    return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:events-archive"
+
+
+def tree_dict(root_trace_id: str) -> str:
+    """String with the retention TTL: the text a compacted tree's traces are packed against.
+
+    base64 (`fleet.storage.compaction.TreeDict`); set once per tree (SET NX), its TTL renewed
+    by each compaction of the tree, so it outlives every trace packed against it.
+    """
+    return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:dict"
 
 
 def lease(trace_id: str) -> str:

@@ -20,7 +20,8 @@ import redis
 
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
-from fleet.storage import keys, redis_scripts, redis_writes
+from fleet.storage import keys, redis_compact, redis_scripts, redis_writes
+from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.keys import CounterName
 
 # connect and redact_url lived here before redis_connect: still importable from here.
@@ -39,6 +40,10 @@ from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 
 BLOCK_MARGIN_MS = 1_000
 """How far below the socket timeout a blocking XREAD must return."""
+
+THAW_ATTEMPTS = 3
+"""A write finding its trace packed thaws it and tries again, this often at most (compaction
+may pack it again in between: it packs only ended traces, and a continue's write ends that)."""
 
 CONSUMER_TRIM_MS = 60_000
 """A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
@@ -60,6 +65,8 @@ class RedisStore:
         self._owns_client = owns_client
         timeout_s = kwargs.get("socket_timeout")
         self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
+        self._dicts = redis_compact.DictCache(client)
+        """The dictionaries of compacted trees this store read (`fleet.storage.compaction`)."""
         self._fence: tuple[str, str, str] | None = None
         """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
         self._create = _Script(redis_scripts.CREATE_TRACES)
@@ -181,7 +188,7 @@ class RedisStore:
             raise TraceNotFound(f"no trace {trace_id!r}")
         if reply == 0:
             return None
-        data = pairs(reply[0])
+        data = self._dicts.unpacked(pairs(reply[0]))  # a packed trace is read, never started
         trace = decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
         read = PauseRead.of(pauses, reply[1]) if pauses else None
@@ -191,10 +198,14 @@ class RedisStore:
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
         script_keys, args = redis_writes.apply_call(write, fenced_by)
-        result = redis_writes.apply_result(write, self._script(self._apply, script_keys, args))
-        if result is None:
-            raise TraceNotFound(f"no trace {write.trace_id!r}")
-        return result
+        for _ in range(THAW_ATTEMPTS):
+            reply = self._script(self._apply, script_keys, args)
+            result = redis_writes.apply_result(write, reply)
+            if result is not None:
+                return result
+            if not redis_compact.thaw(self._client, write.trace_id, self._dicts):
+                break  # not packed: there is no such trace
+        raise TraceNotFound(f"no trace {write.trace_id!r}")
 
     def track_tree(self, root_trace_id: str) -> None:
         self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})
@@ -219,9 +230,9 @@ class RedisStore:
 
     def _get_traces(self, trace_ids: list[str]) -> list[Trace | None]:
         pipe = self._client.pipeline()  # MULTI: every trace as of one instant
-        for trace_id in trace_ids:  # the trace's fields, not its messages
-            pipe.hmget(keys.trace(trace_id), redis_writes.TRACE_FIELDS)
-        return [decode_fields(values) for values in pipe.execute()]
+        for trace_id in trace_ids:  # the trace's fields, not its messages (unless packed)
+            pipe.hmget(keys.trace(trace_id), [*redis_writes.TRACE_FIELDS, PACKED_FIELD])
+        return [decode_fields(values, self._dicts.unpacked) for values in pipe.execute()]
 
     # -- messages and stats --------------------------------------------------
 
@@ -239,7 +250,9 @@ class RedisStore:
         return decode_messages(self._hash(trace_id))
 
     def _hash(self, trace_id: str) -> dict[str, str]:
-        return cast(dict[str, str], self._client.hgetall(keys.trace(trace_id)))
+        return self._dicts.unpacked(
+            cast(dict[str, str], self._client.hgetall(keys.trace(trace_id)))
+        )
 
     def set_head(self, trace_id: str, sequence: int | None) -> None:
         self.update_trace(trace_id, head_sequence=sequence)
@@ -270,6 +283,7 @@ class RedisStore:
         pipe.lrange(keys.collaborator_order(parent_trace_id), 0, -1)
         pipe.hgetall(keys.collaborators(parent_trace_id))
         order, entries = pipe.execute()
+        order, entries = redis_compact.merged_collaborators(order, entries, self._dicts)
         return [Collaborator.model_validate_json(entries[c]) for c in order if c in entries]
 
     def emit(self, root_trace_id: str, event: Event) -> str:
@@ -284,6 +298,8 @@ class RedisStore:
             block = max(1, min(block, self._max_block_ms))  # a longer wait hits the read timeout
         reply = self._client.xread({keys.events(root_trace_id): after}, count=count, block=block)
         entries = redis_writes.stream_entries(reply)
+        if not entries:  # a compacted tree's events are in its archive
+            entries = redis_compact.events_after(self._client, root_trace_id, after, count)
         return [(str(i), Event.model_validate_json(f["e"])) for i, f in entries]
 
     # -- stop, leases, collection, cache -------------------------------------
@@ -380,6 +396,8 @@ class RedisStore:
         trace_id = message.trace_id
         script_keys = [keys.trace(trace_id), keys.collected(trace_id, message.tool_call_id)]
         reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
+        if reply is None and redis_compact.thaw(self._client, trace_id, self._dicts):
+            reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
         if reply == 0:
             return None
         stored = stored_message(message, reply)

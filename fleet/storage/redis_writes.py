@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 
 from fleet.models import Event, Message, Trace, now_ms
 from fleet.storage import keys
+from fleet.storage.compaction import PACKED_FIELD, unpacked
 from fleet.storage.store import STATS_FIELDS
 from fleet.storage.writes import (
     AddStats,
@@ -37,7 +38,7 @@ MESSAGE_FIELD = "m:"
 """The prefix of the trace hash's message fields: `m:{sequence}` -> Message JSON."""
 UNCOUNTED_FIELD = "uncounted"
 """The trace hash's field of model usage not yet in `keys.USAGE`; not a Trace field."""
-_NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD})
+_NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD, PACKED_FIELD})
 TRACE_FIELDS = tuple(Trace.model_fields)
 """The trace hash's fields a Trace is read from (its messages are left where they are)."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
@@ -247,9 +248,17 @@ def decode_trace(data: Mapping[str, str]) -> Trace | None:
     return Trace.model_validate_json("{" + text + "}")
 
 
-def decode_fields(values: Sequence[str | None]) -> Trace | None:
-    """A Trace from an HMGET of TRACE_FIELDS; None when the hash is gone."""
-    return decode_trace({k: v for k, v in zip(TRACE_FIELDS, values, strict=True) if v is not None})
+def decode_fields(
+    values: Sequence[str | None],
+    unpack: Callable[[dict[str, str]], dict[str, str]] = unpacked,
+) -> Trace | None:
+    """A Trace from an HMGET of TRACE_FIELDS and the packed field; None when the hash is gone.
+
+    `unpack` spreads a packed hash (`fleet.storage.compaction`), with the tree dictionaries.
+    """
+    names = (*TRACE_FIELDS, PACKED_FIELD)
+    data = {k: v for k, v in zip(names, values, strict=True) if v is not None}
+    return decode_trace(unpack(data) if PACKED_FIELD in data else data)
 
 
 def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
