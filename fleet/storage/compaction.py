@@ -125,12 +125,10 @@ def unpacked(data: Mapping[str, str], dicts: DictLookup | None = None) -> dict[s
 
 
 def digest(data: Mapping[str, str]) -> str:
-    """SHA1 of the hash as `redis_compact.PACK_TRACE` computes it: sorted `name NUL value NUL`.
+    """The hash as the pack scripts of `redis_compact` dump it: sorted `name NUL value NUL`.
 
-    The pack script replaces the hash only if it still has this digest: a write that landed
-    between the read and the pack leaves the hash as it is (packed again at the next check).
+    A script replaces the hash only if it still dumps to this: a write that landed between
+    the read and the pack leaves the hash as it is (packed at the next check). Sent whole,
+    not hashed: fakeredis's Lua has no `redis.sha1hex`, and compaction runs once per tree.
     """
-    sha = hashlib.sha1()
-    for name in sorted(data, key=lambda n: n.encode()):
-        sha.update(name.encode() + b"\0" + data[name].encode() + b"\0")
-    return sha.hexdigest()
+    return "".join(f"{name}\0{data[name]}\0" for name in sorted(data, key=lambda n: n.encode()))

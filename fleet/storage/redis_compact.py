@@ -15,7 +15,6 @@ fields they read. Readers never thaw: they unpack (`compaction.unpacked`).
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
@@ -58,7 +57,7 @@ PACK_TRACE = Lua(
     _SORTED_DUMP
     + """
 local flat = redis.call('HGETALL', KEYS[1])
-if #flat == 0 or redis.sha1hex(dump(flat)) ~= ARGV[1] then return 0 end
+if #flat == 0 or dump(flat) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'z', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -77,13 +76,13 @@ return 1
 """)
 
 # KEYS: events stream, events archive. ARGV: the stream's last id as read, its length as
-# read, sha1 of the archive as read ('' when none), the new archive, ttl_s.
+# read, the archive as read ('' when none), the new archive, ttl_s.
 ARCHIVE_EVENTS = Lua("""
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #last == 0 or last[1][1] ~= ARGV[1] or redis.call('XLEN', KEYS[1]) ~= tonumber(ARGV[2]) then
   return 0
 end
-if redis.sha1hex(redis.call('GET', KEYS[2]) or '') ~= ARGV[3] then return 0 end
+if (redis.call('GET', KEYS[2]) or '') ~= ARGV[3] then return 0 end
 redis.call('SET', KEYS[2], ARGV[4], 'EX', ARGV[5])
 redis.call('DEL', KEYS[1])
 return 1
@@ -144,7 +143,7 @@ PACK_COLLABORATORS = Lua(
     _SORTED_DUMP
     + """
 local flat = redis.call('HGETALL', KEYS[1])
-if #flat == 0 or redis.sha1hex(dump(flat)) ~= ARGV[1] then return 0 end
+if #flat == 0 or dump(flat) ~= ARGV[1] then return 0 end
 if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[1], ':packed', ARGV[3])
@@ -285,7 +284,7 @@ def archive_events(client: redis.Redis, root_trace_id: str, ttl_s: int) -> bool:
         return False
     old = cast(str | None, client.get(archive))
     merged = (archived_events(old) if old else []) + entries
-    args: list[Any] = [entries[-1][0], len(entries), _sha1(old or ""), _pack_events(merged)]
+    args: list[Any] = [entries[-1][0], len(entries), old or "", _pack_events(merged)]
     return bool(ARCHIVE_EVENTS(client, [stream, archive], [*args, ttl_s]))
 
 
@@ -296,10 +295,6 @@ def archived_events(value: str) -> list[tuple[str, str]]:
 
 def _pack_events(entries: Sequence[tuple[str, str]]) -> str:
     return pack({"events": json.dumps(list(entries), separators=(",", ":"))})
-
-
-def _sha1(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def thaw(client: redis.Redis, trace_id: str, dicts: DictCache | None = None) -> bool:
