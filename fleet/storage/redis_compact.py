@@ -284,7 +284,7 @@ def archive_events(client: redis.Redis, root_trace_id: str, ttl_s: int) -> bool:
         return False
     old = cast(str | None, client.get(archive))
     merged = (archived_events(old) if old else []) + entries
-    args: list[Any] = [entries[-1][0], len(entries), old or "", _pack_events(merged)]
+    args: list[Any] = [entries[-1][0], len(entries), old or "", packed_events(merged)]
     return bool(ARCHIVE_EVENTS(client, [stream, archive], [*args, ttl_s]))
 
 
@@ -293,7 +293,8 @@ def archived_events(value: str) -> list[tuple[str, str]]:
     return [(str(i), str(e)) for i, e in json.loads(unpack(value)["events"])]
 
 
-def _pack_events(entries: Sequence[tuple[str, str]]) -> str:
+def packed_events(entries: Sequence[tuple[str, str]]) -> str:
+    """(entry id, event JSON) pairs as an events archive's value."""
     return pack({"events": json.dumps(list(entries), separators=(",", ":"))})
 
 
@@ -329,6 +330,12 @@ def events_after(client: redis.Redis, root_trace_id: str, after: str, count: int
     cursor = _stream_id(after)
     found = [(i, {"e": e}) for i, e in archived_events(value) if _stream_id(i) > cursor]
     return found[:count]
+
+
+def is_entry_id(value: str) -> bool:
+    """Whether `value` is a stream entry id (`{ms}-{seq}`)."""
+    ms, dash, seq = value.partition("-")
+    return bool(dash) and ms.isdigit() and seq.isdigit() and len(value) <= 41
 
 
 def _stream_id(entry_id: str) -> tuple[int, int]:
