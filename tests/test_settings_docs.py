@@ -78,6 +78,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_SWEEP_INTERVAL_S": "3",
         "FLEET_STUCK_AFTER_S": "7",
         "FLEET_OWNER_CHECK_INTERVAL_S": "2",
+        "FLEET_RETENTION_S": "86400",
         "FLEET_PROBE_DIR": "/probes",
         "FLEET_SERVE_TOKEN": "t" * 20,
         "FLEET_STATE_DIR": "/var/lib/fleet",
