@@ -140,3 +140,20 @@ def test_a_dictionary_that_changed_is_refused() -> None:
     with pytest.raises(PackError, match="is gone"):
         unpack(value, lambda root: TreeDict("r", b"another dictionary"))
     assert unpack(value, lambda root: TreeDict("r", b"one dictionary")) == {"status": '"completed"'}
+
+
+def test_one_check_compacts_a_bounded_number_of_traces(
+    redis_db: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("fleet.storage.owner_index.COMPACT_PER_CHECK", 3)
+    local = explore_tree(redis_db, tmp_path, branches=2)
+    first = local.run("survey", model="m").trace_id
+    second = local.run("survey again", model="m").trace_id
+    store = local.store
+    for root in (first, second):
+        store.track_tree(root)
+    owners.check(store, owner_index(store), now_ms() + 60_000, 1_000)
+    assert owner_index(store).open_trees(10) == [second], "left for the next check"
+    owners.check(store, owner_index(store), now_ms() + 60_000, 1_000)
+    assert owner_index(store).open_trees(10) == []
+    assert list(redis_db.hkeys(keys.trace(second))) == [PACKED_FIELD]

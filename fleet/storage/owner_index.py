@@ -16,14 +16,19 @@ from fleet.storage.memory_store import MemoryStore
 from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
 
+COMPACT_PER_CHECK = 5_000
+"""Traces one owner check compacts at most (~1-2 s of the sweeper thread per 1,000): a backlog
+of ended trees (after an outage) is worked off over several checks, the rest left open."""
+
 
 class RedisOwnerIndex:
-    """The owner check's reads on the fleet's Redis."""
+    """The owner check's reads on the fleet's Redis (one instance per check)."""
 
     def __init__(self, store: RedisStore, retention_s: int = keys.TRACE_TTL_S) -> None:
         """Read through `store`'s client; an ended tree is compacted to live `retention_s`."""
         self._client = store.client
         self._retention_s = retention_s
+        self._compact_left = COMPACT_PER_CHECK
 
     def open_trees(self, limit: int) -> list[str]:
         """Up to `limit` open roots, oldest first."""
@@ -33,9 +38,12 @@ class RedisOwnerIndex:
         """The tree ended (or expired): compacted, then no longer checked.
 
         Compaction first: if it fails halfway the tree stays in the index and the next check
-        packs what is left.
+        packs what is left; so does a tree this check has no compaction budget left for.
         """
-        redis_compact.compact_tree(self._client, root_trace_id, self._retention_s)
+        if self._compact_left <= 0:
+            return
+        packed = redis_compact.compact_tree(self._client, root_trace_id, self._retention_s)
+        self._compact_left -= max(packed, 1)
         self._client.zrem(keys.OPEN_TREES, root_trace_id)
 
     def outbox_has(self, entries: Sequence[str]) -> list[bool]:
