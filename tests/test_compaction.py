@@ -11,10 +11,10 @@ import redis
 from fleet import owners
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.base import LLMResponse
-from fleet.models import Trace, now_ms
+from fleet.models import Event, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage import keys
+from fleet.storage import keys, redis_compact
 from fleet.storage.compaction import PACKED_FIELD, PackError, TreeDict, pack, unpack
 from fleet.storage.owner_index import owner_index
 from fleet.storage.redis_compact import PACK_TRACE, compact_tree, tree_ids
@@ -59,7 +59,7 @@ def test_a_compacted_tree_reads_back_the_same(redis_db: redis.Redis, tmp_path: P
     store = local.store
     assert isinstance(store, RedisStore)
     before = everything(store, root.trace_id)
-    assert compact_tree(redis_db, root.trace_id, 3600) == 13
+    assert compact_tree(redis_db, root.trace_id, 3600).packed == 13
     for trace_id in tree_ids(redis_db, root.trace_id):
         assert list(redis_db.hkeys(keys.trace(trace_id))) == [PACKED_FIELD]
         assert 0 < redis_db.ttl(keys.trace(trace_id)) <= 3600, "the retention, not 7 days"
@@ -68,7 +68,7 @@ def test_a_compacted_tree_reads_back_the_same(redis_db: redis.Redis, tmp_path: P
     assert everything(store, root.trace_id) == before
     fresh = RedisStore(redis_db)  # another process: reads the tree dictionary from Redis
     assert everything(fresh, root.trace_id) == before
-    assert compact_tree(redis_db, root.trace_id, 3600) == 0, "packed once"
+    assert compact_tree(redis_db, root.trace_id, 3600).packed == 0, "packed once"
 
 
 def test_a_compacted_tree_continues(redis_db: redis.Redis, tmp_path: Path) -> None:
@@ -86,14 +86,14 @@ def test_a_compacted_tree_continues(redis_db: redis.Redis, tmp_path: Path) -> No
     assert len(local.store.collaborators(root.trace_id)) == 3, "the packed entries remain"
     after = local.store.read_events(root.trace_id, count=1000)
     assert len(after) > events, "the archived events came back into the stream, then new ones"
-    assert compact_tree(redis_db, root.trace_id, 3600) == 1, "the thawed root packs again"
+    assert compact_tree(redis_db, root.trace_id, 3600).packed == 1, "the thawed root packs again"
     assert [m.content for m in local.store.messages(root.trace_id)][-1] == "and more"
 
 
 def test_only_ended_traces_are_packed(redis_db: redis.Redis) -> None:
     store = RedisStore(redis_db)
     store.create_trace(Trace(trace_id="r", root_trace_id="r", task="t"))  # queued
-    assert compact_tree(redis_db, "r", 3600) == 0
+    assert compact_tree(redis_db, "r", 3600).packed == 0
     assert PACKED_FIELD not in redis_db.hkeys(keys.trace("r"))
 
 
@@ -153,7 +153,34 @@ def test_one_check_compacts_a_bounded_number_of_traces(
     for root in (first, second):
         store.track_tree(root)
     owners.check(store, owner_index(store), now_ms() + 60_000, 1_000)
-    assert owner_index(store).open_trees(10) == [second], "left for the next check"
+    (left,) = owner_index(store).open_trees(10)  # one tree of 3 traces used the budget
+    assert PACKED_FIELD not in redis_db.hkeys(keys.trace(left)), "left for the next check"
     owners.check(store, owner_index(store), now_ms() + 60_000, 1_000)
     assert owner_index(store).open_trees(10) == []
-    assert list(redis_db.hkeys(keys.trace(second))) == [PACKED_FIELD]
+    for root in (first, second):
+        assert list(redis_db.hkeys(keys.trace(root))) == [PACKED_FIELD]
+
+
+def test_an_event_racing_the_archive_keeps_the_tree_open(
+    redis_db: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = explore_tree(redis_db, tmp_path, branches=2)
+    root = local.run("survey", model="m").trace_id
+    store = local.store
+    store.track_tree(root)
+    real = redis_compact.packed_events
+    late = Event(kind="trace", trace_id=root, status="completed")
+
+    def with_a_write_between(entries: Any) -> str:
+        store.emit(root, late)  # lands after the stream was read, before it is archived
+        return real(entries)
+
+    monkeypatch.setattr(redis_compact, "packed_events", with_a_write_between)
+    assert owners.check(store, owner_index(store), now_ms() + 60_000, 1_000) == []
+    assert owner_index(store).open_trees(10) == [root], "checked again"
+    assert not redis_db.exists(keys.events_archive(root))
+    assert store.read_events(root, count=1000)[-1][1] == late, "no event lost"
+    monkeypatch.setattr(redis_compact, "packed_events", real)
+    assert owners.check(store, owner_index(store), now_ms() + 60_000, 1_000) == []
+    assert owner_index(store).open_trees(10) == []
+    assert store.read_events(root, count=1000)[-1][1] == late

@@ -37,14 +37,16 @@ class RedisOwnerIndex:
     def untrack_tree(self, root_trace_id: str) -> None:
         """The tree ended (or expired): compacted, then no longer checked.
 
-        Compaction first: if it fails halfway the tree stays in the index and the next check
-        packs what is left; so does a tree this check has no compaction budget left for.
+        Compaction first: if it fails halfway, or a write raced it, the tree stays in the index
+        and the next check packs what is left; so does a tree this check has no compaction
+        budget left for.
         """
         if self._compact_left <= 0:
             return
-        packed = redis_compact.compact_tree(self._client, root_trace_id, self._retention_s)
-        self._compact_left -= max(packed, 1)
-        self._client.zrem(keys.OPEN_TREES, root_trace_id)
+        done = redis_compact.compact_tree(self._client, root_trace_id, self._retention_s)
+        self._compact_left -= max(done.packed, 1)
+        if not done.raced:  # else something wrote to it meanwhile: checked (and packed) again
+            self._client.zrem(keys.OPEN_TREES, root_trace_id)
 
     def outbox_has(self, entries: Sequence[str]) -> list[bool]:
         """Whether each entry is pending in the outbox."""

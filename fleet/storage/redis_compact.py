@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 
@@ -102,14 +102,23 @@ return 1
 _TERMINAL_JSON = frozenset(json.dumps(status) for status in TERMINAL)
 
 
-def compact_tree(client: redis.Redis, root_trace_id: str, retention_s: int) -> int:
-    """Pack every ended trace of the tree and archive its events; the traces packed.
+class Compacted(NamedTuple):
+    """What one compaction of a tree did."""
+
+    packed: int
+    """Traces packed now (packed ones before are not counted)."""
+    raced: bool
+    """A key changed between its read and its pack (it was left as it is): the tree moves."""
+
+
+def compact_tree(client: redis.Redis, root_trace_id: str, retention_s: int) -> Compacted:
+    """Pack every ended trace of the tree and archive its events.
 
     A trace that has not ended, or changed while read, is left as it is.
     """
     dicts = DictCache(client)
     tree_dict: TreeDict | None = None
-    packed = 0
+    packed = raced = 0
     for trace_ids in _batches(tree_ids(client, root_trace_id)):
         pipe = client.pipeline(transaction=False)
         for trace_id in trace_ids:
@@ -123,15 +132,16 @@ def compact_tree(client: redis.Redis, root_trace_id: str, retention_s: int) -> i
             if tree_dict is None:
                 tree_dict = _tree_dict(client, root_trace_id, found, dicts, retention_s)
             value = pack(data, tree_dict)
-            packed += int(
+            done = int(
                 PACK_TRACE(client, [keys.trace(trace_id)], [digest(raw), value, retention_s])
             )
+            packed, raced = packed + done, raced + 1 - done
         if tree_dict is not None:
             _pack_collaborators(client, trace_ids, tree_dict, retention_s)
         _expire_family(client, trace_ids, retention_s)
     client.expire(keys.tree_dict(root_trace_id), retention_s)  # after every trace packed with it
-    archive_events(client, root_trace_id, retention_s)
-    return packed
+    archived = archive_events(client, root_trace_id, retention_s)
+    return Compacted(packed, bool(raced) or archived is False)
 
 
 COLLABORATORS_PACKED = ":packed"
@@ -275,13 +285,16 @@ def _expire_family(client: redis.Redis, trace_ids: Sequence[str], ttl_s: int) ->
     pipe.execute()
 
 
-def archive_events(client: redis.Redis, root_trace_id: str, ttl_s: int) -> bool:
-    """The tree's event stream moved into its archive (merged with an older one)."""
+def archive_events(client: redis.Redis, root_trace_id: str, ttl_s: int) -> bool | None:
+    """The tree's event stream moved into its archive (merged with an older one).
+
+    None when there was no stream; False when it changed while read (left as it is).
+    """
     stream, archive = keys.events(root_trace_id), keys.events_archive(root_trace_id)
     read = cast(list[tuple[str, dict[str, str]]], client.xrange(stream))
     entries = [(str(i), str(f["e"])) for i, f in read]
     if not entries:
-        return False
+        return None
     old = cast(str | None, client.get(archive))
     merged = (archived_events(old) if old else []) + entries
     args: list[Any] = [entries[-1][0], len(entries), old or "", packed_events(merged)]
