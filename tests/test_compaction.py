@@ -184,3 +184,14 @@ def test_an_event_racing_the_archive_keeps_the_tree_open(
     assert owners.check(store, owner_index(store), now_ms() + 60_000, 1_000) == []
     assert owner_index(store).open_trees(10) == []
     assert store.read_events(root, count=1000)[-1][1] == late
+
+
+def test_a_stop_flag_packed_with_a_trace_is_cleared(redis_db: redis.Redis) -> None:
+    store = RedisStore(redis_db)
+    store.create_trace(Trace(trace_id="r", root_trace_id="r", task="t", status="stopped"))
+    store.request_stop("r")
+    compact_tree(redis_db, "r", 3600)
+    assert list(redis_db.hkeys(keys.trace("r"))) == [PACKED_FIELD]
+    assert store.snapshot("r").stop_requested, "read from the packed fields"
+    store.clear_stop("r")
+    assert not store.snapshot("r").stop_requested and not store.stop_requested("r")

@@ -312,6 +312,8 @@ class RedisStore:
 
     def clear_stop(self, trace_id: str) -> None:
         self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
+        if redis_compact.thaw(self._client, trace_id, self._dicts):  # a flag packed with it
+            self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
 
     def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
         self._client.zadd(keys.HUMAN_WAITS, {trace_id: deadline_ms})
