@@ -142,3 +142,16 @@ def test_fleet_archive_and_trace_show(
     assert redis_client.ttl(keys.trace(root)) <= 900
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert again.stderr.count("\n") == 1 and "exists" in again.stderr
+
+
+def test_import_with_roots_or_drop_is_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env["FLEET_REDIS_URL"] = "redis://127.0.0.1:1/0"  # never reached: refused before
+    command = [sys.executable, "-m", "fleetops.cli.main", "archive", "--import", "f.jsonl"]
+    for extra in (["some-root"], ["--drop"]):
+        result = subprocess.run(
+            [*command, *extra], env=env, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert "--import reads FILE back" in line
