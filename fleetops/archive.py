@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleet.errors import ConfigError, TraceNotFound
 from fleet.owners import tree_ended
+from fleet.storage import keys
 from fleet.storage.redis_archive import (
     BadRecord,
     TraceRecord,
@@ -58,22 +59,31 @@ def export(store: RedisStore, path: Path, roots: Sequence[str] = (), *, drop: bo
     """The finished trees (`roots`, else every finished root) into a new JSONL file."""
     if path.exists():
         raise ConfigError(f"{str(path)!r} exists: archive into a new file")
-    trees = list(_finished(store, roots))
+    written: list[TreeRecord] = []  # their ids only, for --drop (one tree in memory at once)
     temp = path.with_name(f".{path.name}.partial")
     try:
         with temp.open("w", encoding="utf-8") as out:
-            for tree in trees:
+            for tree in _finished(store, roots):
                 out.writelines(line + "\n" for line in tree.lines())
+                written.append(_ids_only(tree))
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, path)
-    except OSError as exc:
+    except BaseException as exc:
         temp.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+        raise
     if drop:
-        for tree in trees:
+        for tree in written:
             drop_tree(store.client, tree)
-    return Done(len(trees), sum(len(tree.traces) for tree in trees))
+    return Done(len(written), sum(len(tree.traces) for tree in written))
+
+
+def _ids_only(tree: TreeRecord) -> TreeRecord:
+    """The tree with only what `drop_tree` reads (its traces' ids), not their messages."""
+    traces = [TraceRecord({"trace_id": t.fields["trace_id"]}) for t in tree.traces]
+    return TreeRecord(tree.root_trace_id, traces, [])
 
 
 def _finished(store: RedisStore, roots: Sequence[str]) -> Iterator[TreeRecord]:
@@ -90,8 +100,17 @@ def _finished(store: RedisStore, roots: Sequence[str]) -> Iterator[TreeRecord]:
         yield tree
 
 
-def _all_roots(store: RedisStore) -> list[str]:
-    return [t.trace_id for t in store.list_traces(10**9) if t.parent_trace_id is None]
+def _all_roots(store: RedisStore, page: int = 1_000) -> Iterator[str]:
+    """Every root in the traces index, newest first, read a page at a time."""
+    start = 0
+    while ids := [str(i) for i in store.client.zrevrange(keys.TRACES, start, start + page - 1)]:
+        start += len(ids)
+        for candidate in (i for i in ids if "@" not in i):  # a child's id has an @
+            try:
+                if store.get_trace(candidate).parent_trace_id is None:
+                    yield candidate
+            except TraceNotFound:
+                continue  # expired; the index has no TTL of its own
 
 
 class _TraceLine(BaseModel):
