@@ -111,7 +111,7 @@ class Fleet:
         from fleet.storage.redis_store import RedisStore
 
         settings = settings or process_settings()
-        store = RedisStore.from_url(settings.redis_url)
+        store = RedisStore.from_url(settings.redis_url, cluster=settings.redis_cluster)
         store.ping()
         runtime = Runtime.build(settings, store, InProcessDispatcher())
         return cls(runtime, load_backend(settings))

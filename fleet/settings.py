@@ -70,6 +70,8 @@ ENV_NAMES = (
     "FLEET_STUCK_AFTER_S",
     "FLEET_OWNER_CHECK_INTERVAL_S",
     "FLEET_RETENTION_S",
+    "FLEET_REDIS_CLUSTER",
+    "FLEET_RESULT_BACKEND_URL",
     "FLEET_PROBE_DIR",
     "FLEET_SERVE_TOKEN",
     "FLEET_STATE_DIR",
@@ -87,6 +89,12 @@ class Settings:
 
     redis_url: str = DEFAULT_REDIS_URL
     broker_url: str = DEFAULT_REDIS_URL
+    redis_cluster: bool = False
+    """FLEET_REDIS_CLUSTER=1: FLEET_REDIS_URL names a node of a Redis Cluster; the store and
+    the limiter use redis-py's cluster client and name keys with hash tags (docs/operations.md)."""
+    result_backend_url: str = DEFAULT_REDIS_URL
+    """FLEET_RESULT_BACKEND_URL: Celery's result backend (a single Redis); FLEET_REDIS_URL
+    unless set, and required apart from it with FLEET_REDIS_CLUSTER=1."""
     workspace: Path = field(default_factory=Path.cwd)
     allow_shell: bool = False
     """FLEET_ALLOW_SHELL=1; a preset must also allow `bash`."""
@@ -168,10 +176,14 @@ class Settings:
         """Read FLEET_* variables; the mapping is kept for model/provider lookup."""
         env = dict(os.environ if env is None else env)
         redis_url = _redis_url(env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL))
+        redis_cluster = _true(env.get("FLEET_REDIS_CLUSTER", ""))
+        result_backend_url = _result_backend(env, redis_url, redis_cluster)
         workspace = Path(env.get("FLEET_WORKSPACE") or Path.cwd()).expanduser()
         return cls(
             redis_url=redis_url,
             broker_url=env.get("FLEET_BROKER_URL", redis_url),
+            redis_cluster=redis_cluster,
+            result_backend_url=result_backend_url,
             workspace=workspace,
             allow_shell=env.get("FLEET_ALLOW_SHELL", "") in ("1", "true", "yes"),
             agents_dir=_path(env.get("FLEET_AGENTS_DIR")),
@@ -278,8 +290,8 @@ def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:
     return resolved
 
 
-def _redis_url(url: str) -> str:
-    """FLEET_REDIS_URL as given, if redis-py takes its scheme.
+def _redis_url(url: str, name: str = "FLEET_REDIS_URL") -> str:
+    """FLEET_REDIS_URL (or `name`) as given, if redis-py takes its scheme.
 
     Raises:
         ConfigError: another scheme; the message names the scheme, never the URL (it may
@@ -288,10 +300,21 @@ def _redis_url(url: str) -> str:
     scheme = urlsplit(url).scheme
     if url and scheme not in REDIS_SCHEMES:
         raise ConfigError(
-            "FLEET_REDIS_URL must start with redis://, rediss:// or unix://"
+            f"{name} must start with redis://, rediss:// or unix://"
             + (f" (not {scheme}://)" if scheme else "")
         )
     return url
+
+
+def _result_backend(env: Mapping[str, str], redis_url: str, cluster: bool) -> str:
+    """FLEET_RESULT_BACKEND_URL, a single Redis: required apart from a cluster store."""
+    url = env.get("FLEET_RESULT_BACKEND_URL", "").strip()
+    if cluster and not url:
+        raise ConfigError(
+            "FLEET_REDIS_CLUSTER=1 needs FLEET_RESULT_BACKEND_URL: a single Redis for Celery's"
+            " results (Celery cannot use a Redis Cluster)"
+        )
+    return _redis_url(url, "FLEET_RESULT_BACKEND_URL") if url else redis_url
 
 
 def _shell_limits(env: Mapping[str, str]) -> ShellLimits:

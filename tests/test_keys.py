@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+from redis.crc import key_slot
 
 from fleet.errors import InvalidTraceId
 from fleet.storage import keys
@@ -14,7 +15,7 @@ TRACE_KEYS: list[Callable[..., str]] = [
     fn
     for _, fn in inspect.getmembers(keys, inspect.isfunction)
     if fn.__module__ == keys.__name__
-    and next(iter(inspect.signature(fn).parameters)) in ("trace_id", "root_trace_id")
+    and next(iter(inspect.signature(fn).parameters), None) in ("trace_id", "root_trace_id")
 ]
 
 
@@ -30,3 +31,44 @@ def test_a_trace_key_refuses_what_is_not_a_trace_id(fn: Callable[..., str], bad:
     with pytest.raises(InvalidTraceId):
         fn(bad, *extra)
     assert fn("20261126T021500-3f9a2c@explore-001-20261126021501-001", *extra)
+
+
+CHILD = "20261126T021500-3f9a2c@explore-001-20261126021501-001@delegate-20261126021502-001"
+
+
+@pytest.fixture
+def cluster_layout() -> Iterator[None]:
+    keys.use_cluster_layout(True)
+    yield
+    keys.use_cluster_layout(False)
+
+
+@pytest.mark.usefixtures("cluster_layout")
+def test_in_the_cluster_layout_a_tree_is_one_slot() -> None:
+    root = CHILD.split("@")[0]
+    slots = set()
+    for fn in TRACE_KEYS:
+        if fn is keys.limit_ticket or fn.__name__.startswith("legacy_"):
+            continue  # the limiter's own slot; layout-1 keys, read only by `fleet migrate`
+        extra = ["call_1"] * (len(inspect.signature(fn).parameters) - 1)
+        slots |= {key_slot(fn(CHILD, *extra).encode()), key_slot(fn(root, *extra).encode())}
+    assert slots == {key_slot(keys.trace(root).encode())}
+    assert keys.trace(CHILD) == f"fleet:trace:{{{root}}}@explore-001-20261126021501-001" + (
+        "@delegate-20261126021502-001"
+    )
+
+
+@pytest.mark.usefixtures("cluster_layout")
+def test_in_the_cluster_layout_the_limiter_is_one_slot() -> None:
+    named = [keys.limit_stats(), keys.limit_ticket(CHILD)]
+    for scope in ("openai", "openai/gpt-4o", "x}{y"):
+        named += [keys.limit_state(scope), keys.limit_slots(scope), keys.limit_pause(scope)]
+        named += [keys.limit_line(scope), keys.limit_seen(scope), keys.limit_sends(scope)]
+    assert len({key_slot(name.encode()) for name in named}) == 1
+
+
+def test_the_plain_layout_names_keys_as_before() -> None:
+    assert keys.trace("r@x") == "fleet:trace:r@x"
+    assert keys.limit_state("openai") == "fleet:limit:openai"
+    assert keys.limit_stats() == "fleet:limit-stats"
+    assert keys.limit_ticket("r@x") == "fleet:limit-ticket:r@x"

@@ -71,7 +71,7 @@ def make_config(settings: Settings) -> dict[str, Any]:
         priorities = {}
     return priorities | {
         "broker_url": settings.broker_url,
-        "result_backend": settings.redis_url,
+        "result_backend": settings.result_backend_url,
         "broker_transport_options": transport,
         "result_backend_transport_options": transport,
         "broker_connection_retry_on_startup": True,

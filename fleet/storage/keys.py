@@ -9,9 +9,41 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fleet.ids import check_trace_id
+from fleet.ids import check_trace_id, root_of
 
 PREFIX = "fleet"
+
+_layout = {"cluster": False}
+"""Which layout this process names keys in; set once at start-up (`use_cluster_layout`)."""
+
+
+def use_cluster_layout(on: bool) -> None:
+    """Name every key of a tree with its root as the hash tag (FLEET_REDIS_CLUSTER=1).
+
+    Redis Cluster keeps the keys of one tag in one slot, so a script over a tree's keys runs
+    on one node. Set once per process, before any key is named (`redis_connect.connect`);
+    a fleet's processes must all agree (a cluster store is never read in the plain layout).
+    """
+    _layout["cluster"] = on
+
+
+def cluster_layout() -> bool:
+    """Whether keys are named in the cluster layout."""
+    return _layout["cluster"]
+
+
+def _tree_id(trace_id: str) -> str:
+    """The id in a tree's key: as it is, or (cluster layout) its root part as the hash tag.
+
+    `{root}@explore-001-...`: a child's id starts with its root's, so every key of a tree
+    lands in the root's slot, whatever its depth.
+    """
+    check_trace_id(trace_id)
+    if not _layout["cluster"]:
+        return trace_id
+    root = root_of(trace_id)
+    return f"{{{root}}}{trace_id[len(root) :]}"
+
 
 TRACE_TTL_S = 7 * 24 * 3600
 """How long a trace and everything under it stays readable after its last change; once its
@@ -34,7 +66,7 @@ def trace(trace_id: str) -> str:
     model turns not yet added to USAGE, while a run has some. Messages, the stop flag and
     `uncounted` are not Trace attributes.
     """
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}"
 
 
 # Layout 1 (up to wave 2) kept these three apart from the trace hash; layout 2 folded them in
@@ -62,22 +94,22 @@ LEGACY_SUFFIXES = ("messages", "stats", "stop")
 
 def collaborators(trace_id: str) -> str:
     """Hash: child trace id -> Collaborator JSON (one field per child: atomic per child)."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborators"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:collaborators"
 
 
 def collaborator_order(trace_id: str) -> str:
     """List: child trace ids in the order their collaborator entries were first added."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborator-order"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:collaborator-order"
 
 
 def children(trace_id: str) -> str:
     """Sorted set: child trace ids scored by creation time."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:children"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:children"
 
 
 def events(root_trace_id: str) -> str:
     """Stream: the events of a whole trace tree, read by watch/run/batch."""
-    return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:events"
+    return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:events"
 
 
 def events_archive(root_trace_id: str) -> str:
@@ -85,7 +117,7 @@ def events_archive(root_trace_id: str) -> str:
 
     Written by compaction (`fleet.storage.redis_compact`); read where the stream has nothing.
     """
-    return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:events-archive"
+    return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:events-archive"
 
 
 def tree_dict(root_trace_id: str) -> str:
@@ -94,12 +126,12 @@ def tree_dict(root_trace_id: str) -> str:
     base64 (`fleet.storage.compaction.TreeDict`); set once per tree (SET NX), its TTL renewed
     by each compaction of the tree, so it outlives every trace packed against it.
     """
-    return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:dict"
+    return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:dict"
 
 
 def lease(trace_id: str) -> str:
     """String with PX TTL: the id of the one live runner of this trace."""
-    return f"{PREFIX}:lease:{check_trace_id(trace_id)}"
+    return f"{PREFIX}:lease:{_tree_id(trace_id)}"
 
 
 def worker(node: str) -> str:
@@ -117,7 +149,7 @@ def consumers(queue: str) -> str:
 
 def collected(trace_id: str, tool_call_id: str) -> str:
     """String: set once when a tool call's children were collected (dedupes redelivery)."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collected:{tool_call_id}"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:collected:{tool_call_id}"
 
 
 def cache(preset: str, digest: str) -> str:
@@ -148,7 +180,7 @@ def experiences_used(trace_id: str) -> str:
 
     Taken (once) when the trace ends, to count their successes.
     """
-    return f"{PREFIX}:experiences-used:{check_trace_id(trace_id)}"
+    return f"{PREFIX}:experiences-used:{_tree_id(trace_id)}"
 
 
 USAGE = f"{PREFIX}:usage"
@@ -179,6 +211,16 @@ when a sweeper may do it (ms)."""
 
 # -- provider limits and tree budgets (fleet.limits.providers, fleet.limits.budget) -----------
 
+LIMITS_TAG = "{limits}"
+"""In the cluster layout every limiter key (each scope's, the tickets, the stats) carries this
+hash tag: one slot, so an admission over several scopes stays one script on a cluster too."""
+
+
+def _limits(name: str) -> str:
+    """`fleet:limit{name}` (`fleet:limit:openai`); `fleet:{limits}{name}` in the cluster layout."""
+    return f"{PREFIX}:{LIMITS_TAG}{name}" if _layout["cluster"] else f"{PREFIX}:limit{name}"
+
+
 LIMIT_STATE_TTL_S = 3600
 """Limiter state of a scope: gone an hour after its last use (an idle scope needs none)."""
 
@@ -196,22 +238,22 @@ def limit_state(scope: str) -> str:
     `rnext`/`tnext`: the earliest next admission after the last one (a pause moves any of
     the four that is earlier to its end); `dur_ms` is the mean call time.
     """
-    return f"{PREFIX}:limit:{scope}"
+    return _limits(f":{scope}")
 
 
 def limit_slots(scope: str) -> str:
     """Sorted set: trace ids holding a concurrency slot, scored by the slot's deadline in ms."""
-    return f"{PREFIX}:limit:{scope}:slots"
+    return _limits(f":{scope}:slots")
 
 
 def limit_line(scope: str) -> str:
     """Sorted set: trace ids waiting for a concurrency slot, scored by when they first asked."""
-    return f"{PREFIX}:limit:{scope}:line"
+    return _limits(f":{scope}:line")
 
 
 def limit_seen(scope: str) -> str:
     """Sorted set: the same trace ids, scored by when they last asked (stale ones are dropped)."""
-    return f"{PREFIX}:limit:{scope}:seen"
+    return _limits(f":{scope}:seen")
 
 
 def limit_pause(scope: str) -> str:
@@ -219,7 +261,7 @@ def limit_pause(scope: str) -> str:
 
     Set by a 429/503/529 (for its retry-after) or by rate-limit headers saying nothing is left.
     """
-    return f"{PREFIX}:limit:{scope}:pause"
+    return _limits(f":{scope}:pause")
 
 
 def limit_sends(scope: str) -> str:
@@ -227,7 +269,7 @@ def limit_sends(scope: str) -> str:
 
     Scored in ms; one more call is held back while it holds the window's limit (`pacing`).
     """
-    return f"{PREFIX}:limit:{scope}:sends"
+    return _limits(f":{scope}:sends")
 
 
 def limit_ticket(trace_id: str) -> str:
@@ -235,12 +277,16 @@ def limit_ticket(trace_id: str) -> str:
 
     Field `at` (ms, the booked turn); TTL until `at` + LIMIT_TICKET_GRACE_MS.
     """
-    return f"{PREFIX}:limit-ticket:{check_trace_id(trace_id)}"
+    return _limits(f"-ticket:{check_trace_id(trace_id)}")
 
 
-LIMIT_STATS = f"{PREFIX}:limit-stats"
-"""Hash, no TTL: fleet-wide limiter counts for `fleet metrics`, one field per
-`{what}:{scope}` (what: admitted, waited, overloaded, paused, budget_exhausted)."""
+def limit_stats() -> str:
+    """Hash, no TTL: fleet-wide limiter counts for `fleet metrics`, by `{what}:{scope}`.
+
+    what: admitted, waited, overloaded, paused, budget_exhausted. `fleet:limit-stats` (a
+    function, not a constant: its name depends on the layout).
+    """
+    return _limits("-stats")
 
 
 def budget(root_trace_id: str) -> str:
@@ -249,7 +295,7 @@ def budget(root_trace_id: str) -> str:
     `limit_*` and `used_*` (tokens, usd, sub_agents), `final` (tokens set aside for the root's
     last turn), `exhausted` (why the tree stopped).
     """
-    return f"{PREFIX}:budget:{check_trace_id(root_trace_id)}"
+    return f"{PREFIX}:budget:{_tree_id(root_trace_id)}"
 
 
 def budget_held(root_trace_id: str) -> str:
@@ -257,17 +303,17 @@ def budget_held(root_trace_id: str) -> str:
 
     One field per trace, so a run redelivered after a crash replaces its own reservation.
     """
-    return f"{PREFIX}:budget:{check_trace_id(root_trace_id)}:held"
+    return f"{PREFIX}:budget:{_tree_id(root_trace_id)}:held"
 
 
 def window_running(root_trace_id: str) -> str:
     """Set: the children of this tree that hold one of its `max_concurrent` run slots."""
-    return f"{PREFIX}:window:{check_trace_id(root_trace_id)}:running"
+    return f"{PREFIX}:window:{_tree_id(root_trace_id)}:running"
 
 
 def window_pending(root_trace_id: str) -> str:
     """List: children of this tree waiting for a run slot, in spawn order (per-root window)."""
-    return f"{PREFIX}:window:{check_trace_id(root_trace_id)}:pending"
+    return f"{PREFIX}:window:{_tree_id(root_trace_id)}:pending"
 
 
 def tree(root_trace_id: str) -> str:
@@ -275,7 +321,7 @@ def tree(root_trace_id: str) -> str:
 
     `max_concurrent` (children running at once), `priority` (interactive | batch).
     """
-    return f"{PREFIX}:tree:{check_trace_id(root_trace_id)}"
+    return f"{PREFIX}:tree:{_tree_id(root_trace_id)}"
 
 
 def searches(root_trace_id: str) -> str:
@@ -283,4 +329,4 @@ def searches(root_trace_id: str) -> str:
 
     Checked against `search.max_searches_per_tree` of fleet.yaml (`fleet.limits.searches`).
     """
-    return f"{PREFIX}:searches:{check_trace_id(root_trace_id)}"
+    return f"{PREFIX}:searches:{_tree_id(root_trace_id)}"

@@ -21,7 +21,7 @@ from fleet.ids import check_trace_id
 from fleet.models import Collaborator, Event, Message, Trace
 from fleet.storage import keys, redis_compact
 from fleet.storage.compaction import unpacked
-from fleet.storage.redis_connect import Lua
+from fleet.storage.redis_connect import Lua, is_cluster
 from fleet.storage.redis_writes import MESSAGE_FIELD, decode_trace
 
 
@@ -136,6 +136,8 @@ def _first_line(exc: Exception) -> str:
 # collaborator order. ARGV: ttl_s, trace id, created_at_ms, '1' with a parent, n, then n
 # (child id, Collaborator JSON) pairs, then the hash's field/value pairs. A trace Redis
 # holds is kept as it is (its indexes are still written: they may be what a crash lost).
+# On a cluster the traces index is in another slot: KEYS[2] is the trace's key, and the
+# caller indexes the trace after.
 RESTORE_TRACE = Lua("""
 local fresh = redis.call('EXISTS', KEYS[1]) == 0
 local n = tonumber(ARGV[5])
@@ -143,7 +145,7 @@ if fresh then
   for i = 6 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
   redis.call('EXPIRE', KEYS[1], ARGV[1])
 end
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+if KEYS[2] ~= KEYS[1] then redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2]) end
 if ARGV[4] == '1' then
   redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
   redis.call('EXPIRE', KEYS[3], ARGV[1])
@@ -166,18 +168,21 @@ def write_tree(client: redis.Redis, tree: TreeRecord, retention_s: int) -> int:
     Each trace is one script (it and its index entries, or nothing), so an import cut short
     leaves whole traces, and running it again writes the rest.
     """
-    written = 0
+    written, cluster = 0, is_cluster(client)
     for record in tree.traces:
         trace_id = record.trace_id
         parent = json.loads(record.fields.get("parent_trace_id", "null"))
         created = int(json.loads(record.fields.get("created_at_ms", "0")))
-        script_keys = [keys.trace(trace_id), keys.TRACES, keys.children(parent or trace_id)]
+        index = keys.trace(trace_id) if cluster else keys.TRACES
+        script_keys = [keys.trace(trace_id), index, keys.children(parent or trace_id)]
         script_keys += [keys.collaborators(trace_id), keys.collaborator_order(trace_id)]
         args: list[str | int] = [retention_s, trace_id, created, "1" if parent else ""]
         args.append(len(record.collaborators))
         args += [item for pair in record.collaborators for item in pair]
         args += [item for pair in record.fields.items() for item in pair]
         written += int(RESTORE_TRACE(client, script_keys, args))
+        if cluster:
+            client.zadd(keys.TRACES, {trace_id: created})
     if tree.events and not client.exists(keys.events(tree.root_trace_id)):
         value = redis_compact.packed_events(tree.events)
         client.set(keys.events_archive(tree.root_trace_id), value, ex=retention_s, nx=True)

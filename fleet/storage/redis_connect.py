@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import redis
@@ -21,11 +21,15 @@ MAX_CONNECTIONS = 100
 POOL_TIMEOUT_S = 20.0
 
 
-def connect(url: str) -> redis.Redis:
+def connect(url: str, *, cluster: bool = False) -> redis.Redis:
     """A client as the store wants it: decoded replies, timeouts and health checks.
 
     Its pool makes a thread wait for a free connection instead of failing past the cap.
+    `cluster` (FLEET_REDIS_CLUSTER=1): redis-py's cluster client, seeded by this node's URL,
+    and keys named with hash tags from now on in this process (`keys.use_cluster_layout`).
     """
+    if cluster:
+        return connect_cluster(url)
     pool = redis.BlockingConnectionPool.from_url(
         url,
         decode_responses=True,
@@ -37,6 +41,31 @@ def connect(url: str) -> redis.Redis:
         socket_keepalive=True,
     )
     return redis.Redis.from_pool(pool)
+
+
+def connect_cluster(url: str) -> redis.Redis:
+    """A `RedisCluster` client (typed as the `Redis` it stands in for: the same commands)."""
+    from redis.cluster import RedisCluster
+
+    from fleet.storage import keys
+
+    keys.use_cluster_layout(True)
+    client = RedisCluster.from_url(
+        url,
+        decode_responses=True,
+        max_connections=MAX_CONNECTIONS,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_keepalive=True,
+    )
+    return cast(redis.Redis, client)
+
+
+def is_cluster(client: object) -> bool:
+    """Whether `client` is redis-py's cluster client."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
 
 
 class Lua:

@@ -20,12 +20,12 @@ import redis
 
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
-from fleet.storage import keys, redis_compact, redis_scripts, redis_writes
+from fleet.storage import keys, redis_compact, redis_scripts, redis_split, redis_writes
 from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.keys import CounterName
 
 # connect and redact_url lived here before redis_connect: still importable from here.
-from fleet.storage.redis_connect import Lua, unreachable
+from fleet.storage.redis_connect import Lua, is_cluster, unreachable
 from fleet.storage.redis_connect import connect as connect
 from fleet.storage.redis_connect import redact_url as redact_url
 from fleet.storage.redis_writes import (
@@ -57,7 +57,9 @@ class RedisStore:
         self, client: redis.Redis, *, url: str | None = None, owns_client: bool = False
     ) -> None:
         """Wrap a client that decodes responses; `owns_client` makes `close` close it."""
-        kwargs = client.connection_pool.connection_kwargs
+        self._cluster = is_cluster(client)
+        """A Redis Cluster: fleet-wide keys are written apart from a trace's (`redis_split`)."""
+        kwargs = self._connection_kwargs(client)
         if not kwargs.get("decode_responses"):
             raise ConfigError("RedisStore needs a client with decode_responses=True")
         self._client = client
@@ -82,9 +84,15 @@ class RedisStore:
         self._release = Lua(redis_scripts.RELEASE_LEASE)
 
     @classmethod
-    def from_url(cls, url: str) -> RedisStore:
+    def from_url(cls, url: str, *, cluster: bool = False) -> RedisStore:
         """A store with its own client (see `connect`); `close` closes it."""
-        return cls(connect(url), url=url, owns_client=True)
+        return cls(connect(url, cluster=cluster), url=url, owns_client=True)
+
+    @staticmethod
+    def _connection_kwargs(client: redis.Redis) -> dict[str, Any]:
+        if is_cluster(client):
+            return dict(client.get_connection_kwargs())
+        return dict(client.connection_pool.connection_kwargs)
 
     @property
     def client(self) -> redis.Redis:
@@ -139,7 +147,13 @@ class RedisStore:
 
     def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
         script_keys, args = redis_writes.create_call(traces)
-        return [bool(created) for created in self._script(self._create, script_keys, args)]
+        if self._cluster:  # the traces index is in another slot: indexed after
+            script_keys[0], args[1] = script_keys[1], ""
+        created = [bool(c) for c in self._script(self._create, script_keys, args)]
+        if self._cluster and any(created):
+            new = {t.trace_id: t.created_at_ms for t, c in zip(traces, created, strict=True) if c}
+            self._client.zadd(keys.TRACES, new)
+        return created
 
     def get_trace(self, trace_id: str) -> Trace:
         trace = self._get_traces([trace_id])[0]
@@ -178,16 +192,22 @@ class RedisStore:
         pauses: Sequence[str] = (),
     ) -> TraceSnapshot | None:
         root = start.root_trace_id if start else trace_id
-        script_keys = [keys.trace(trace_id), keys.lease(trace_id), keys.RUNNING]
-        script_keys += [keys.events(root), *pauses]
-        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id, keys.EVENTS_MAXLEN]
+        lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
+        running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
+        script_keys = [keys.trace(trace_id), lease, running, keys.events(root)]
+        script_keys += [] if self._cluster else pauses
+        args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
         args.append(json.dumps(root) if start else "")
         args += [start.event.model_dump_json() if start else "", now_ms()]
+        args.append("1" if self._cluster else "")
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")
         if reply == 0:
             return None
+        if self._cluster:
+            self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
+            reply = [reply[0], redis_split.pause_ttls(self._client, pauses)]
         data = self._dicts.unpacked(pairs(reply[0]))  # a packed trace is read, never started
         trace = decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
@@ -197,15 +217,25 @@ class RedisStore:
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
-        script_keys, args = redis_writes.apply_call(write, fenced_by)
+        script_keys, args = redis_writes.apply_call(write, fenced_by, split=self._cluster)
         for _ in range(THAW_ATTEMPTS):
             reply = self._script(self._apply, script_keys, args)
             result = redis_writes.apply_result(write, reply)
             if result is not None:
-                return result
+                return self._after_split(write, reply, result) if self._cluster else result
             if not redis_compact.thaw(self._client, write.trace_id, self._dicts):
                 break  # not packed: there is no such trace
         raise TraceNotFound(f"no trace {write.trace_id!r}")
+
+    def _after_split(self, write: TraceWrite, reply: Any, result: WriteResult) -> WriteResult:
+        """A cluster's second step of a write: usage, the running index, the pauses."""
+        redis_split.count_usage(self._client, reply[4] or [])
+        if reply[5]:
+            self._client.zrem(keys.RUNNING, write.trace_id)
+        if not write.pauses:
+            return result
+        ttls = redis_split.pause_ttls(self._client, write.pauses)
+        return WriteResult(result.messages, result.stop_requested, PauseRead.of(write.pauses, ttls))
 
     def track_tree(self, root_trace_id: str) -> None:
         self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})
@@ -229,7 +259,8 @@ class RedisStore:
         return [str(i) for i in self._client.zrange(keys.children(trace_id), 0, -1)]
 
     def _get_traces(self, trace_ids: list[str]) -> list[Trace | None]:
-        pipe = self._client.pipeline()  # MULTI: every trace as of one instant
+        # MULTI: every trace as of one instant (a cluster: one trace at a time, trees apart)
+        pipe = self._client.pipeline(transaction=not self._cluster)
         for trace_id in trace_ids:  # the trace's fields, not its messages (unless packed)
             pipe.hmget(keys.trace(trace_id), [*redis_writes.TRACE_FIELDS, PACKED_FIELD])
         return [decode_fields(values, self._dicts.unpacked) for values in pipe.execute()]
@@ -325,11 +356,20 @@ class RedisStore:
         return self._client.zrem(keys.HUMAN_WAITS, trace_id) == 1
 
     def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
-        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
-        return bool(self._acquire(self._client, [keys.lease(trace_id), keys.RUNNING], args))
+        lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
+        running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
+        args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, "1" if self._cluster else ""]
+        acquired = bool(self._acquire(self._client, [lease, running], args))
+        if acquired and self._cluster:
+            self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
+        return acquired
 
     def release_lease(self, trace_id: str, owner: str) -> None:
-        self._release(self._client, [keys.lease(trace_id), keys.RUNNING], [owner, trace_id])
+        lease = keys.lease(trace_id)
+        running = lease if self._cluster else keys.RUNNING
+        args = [owner, trace_id, "1" if self._cluster else ""]
+        if self._release(self._client, [lease, running], args) and self._cluster:
+            self._client.zrem(keys.RUNNING, trace_id)
 
     def expired_leases(self, at_ms: int) -> list[str]:
         return [str(i) for i in self._client.zrangebyscore(keys.RUNNING, "-inf", f"({at_ms}")]
@@ -351,6 +391,8 @@ class RedisStore:
         self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
     ) -> list[bool]:
         now = now_ms()
+        if self._cluster:
+            return self._beat_split(leases, ttl_ms, presence, now)
         pipe = self._client.pipeline(transaction=False)
         if leases:
             lease_keys = [keys.lease(trace_id) for trace_id, _ in leases]
@@ -365,6 +407,23 @@ class RedisStore:
         replies = pipe.execute()
         return [bool(r) for r in replies[0]] if leases else []
 
+    def _beat_split(
+        self,
+        leases: Sequence[tuple[str, str]],
+        ttl_ms: int,
+        presence: WorkerPresence | None,
+        now: int,
+    ) -> list[bool]:
+        renewed = redis_split.renew_each(self._client, leases, ttl_ms, now + ttl_ms)
+        if presence is not None:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.set(keys.worker(presence.node), presence.model_dump_json(), px=ttl_ms)
+            for queue in presence.queues:
+                pipe.zadd(keys.consumers(queue), {presence.node: now + ttl_ms})
+                pipe.zremrangebyscore(keys.consumers(queue), "-inf", now - CONSUMER_TRIM_MS)
+            pipe.execute()
+        return renewed
+
     def drop_presence(self, presence: WorkerPresence) -> None:
         pipe = self._client.pipeline(transaction=False)
         pipe.delete(keys.worker(presence.node))
@@ -375,7 +434,11 @@ class RedisStore:
     def presences(self, nodes: Sequence[str]) -> list[WorkerPresence]:
         if not nodes:
             return []
-        found = self._client.mget([keys.worker(n) for n in nodes])
+        names = [keys.worker(n) for n in nodes]
+        if self._cluster:  # one key per worker, in as many slots
+            found = self._client.mget_nonatomic(names)  # type: ignore[attr-defined]
+        else:
+            found = self._client.mget(names)
         return [WorkerPresence.model_validate_json(raw) for raw in found if raw is not None]
 
     def live_consumers(self, queue: str) -> list[str]:

@@ -144,19 +144,23 @@ def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, join_at: int) -> 
             return ["part", "8", str(join_at), *op.args()]
 
 
-def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[str], list[str]]:
+def apply_call(
+    write: TraceWrite, fenced_by: str | None = None, *, split: bool = False
+) -> tuple[list[str], list[str]]:
     """The KEYS and ARGV of `APPLY` for this write.
 
     `fenced_by`: the owner a fenced store checks the lease of in the same script, whose
-    release needs no second check.
+    release needs no second check. `split` (a cluster): no key outside the trace's slot
+    (the usage hash and the running index are stand-ins, the pauses are read apart).
     """
     trace_id = write.trace_id
+    trace_key = keys.trace(trace_id)
     script_keys = [
-        keys.trace(trace_id),
+        trace_key,
         keys.events(write.root_trace_id),
-        keys.USAGE,
+        trace_key if split else keys.USAGE,
         keys.lease(trace_id),
-        keys.RUNNING,
+        trace_key if split else keys.RUNNING,
     ]
     parents = [op.parent_trace_id for op in write.ops if isinstance(op, PutCollaborator)]
     if parents:
@@ -165,9 +169,11 @@ def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[st
     for op in write.ops:
         if isinstance(op, JoinPart):  # one per write (`TraceWrite.join_part`)
             script_keys += op.keys
-    script_keys += write.pauses
+    pauses = [] if split else write.pauses
+    script_keys += pauses
     root = "1" if trace_id == write.root_trace_id else ""
-    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(write.pauses))]
+    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(pauses))]
+    args.append("1" if split else "")
     for op in write.ops:
         args += _op(op, write, fenced_by, join_at)
     return script_keys, args
@@ -177,13 +183,13 @@ def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
     """The stored messages, the stop flag and the pauses read; None when there is no trace."""
     if reply is None:
         return None
-    stored, stop, ttls, joined = reply
+    stored, stop, ttls, joined = reply[:4]
     for op in write.ops:
         if isinstance(op, JoinPart):
             op.recorded, op.parts = True, joined or None
     appended = [op.message for op in write.ops if isinstance(op, Append)]
     messages = [_numbered(m, n) for m, n in zip(appended, stored, strict=True)]
-    pauses = PauseRead.of(write.pauses, ttls) if write.pauses else None
+    pauses = PauseRead.of(write.pauses, ttls) if write.pauses and ttls else None
     return WriteResult(messages, bool(stop), pauses)
 
 
@@ -197,7 +203,7 @@ def _numbered(message: Message, stored: list[Any]) -> Message:
 
 def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
     """The KEYS and ARGV of `CREATE_TRACES`."""
-    script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S)]
+    script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S), "1"]
     for trace in traces:
         fields = encode(trace.model_dump(mode="json"))
         parent = trace.parent_trace_id

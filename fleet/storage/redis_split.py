@@ -1,0 +1,64 @@
+"""The second steps of the store's writes on Redis Cluster, where fleet-wide keys are elsewhere.
+
+On a single Redis each write is one script over the trace's keys and the fleet-wide ones
+(the running index, the usage counters, the traces index, the provider pauses). On a
+cluster a script may touch one slot only: the trace's script runs alone (`split`), and what
+it returns is done here, as commands of their own. A crash between the two steps leaves:
+
+- the traces index without a new trace (it is not listed; `trace show` reads it by id);
+- the running index without a lease (the holder's heartbeat adds it again within a second,
+  and the owner check heals a trace whose runner died meanwhile) or with a released one (the
+  sweeper finds no lease and drops it);
+- the fleet-wide usage counters short by one run's calls (`fleet metrics` only);
+- provider pauses are read apart from the write: a pause set in between is seen one call late.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from fleet.storage import keys
+from fleet.storage.redis_connect import Lua
+from fleet.storage.redis_scripts import RENEW_ONE
+
+_renew_one = Lua(RENEW_ONE)
+
+
+def count_usage(client: redis.Redis, counted: Sequence[Any]) -> None:
+    """Add a run's usage (field, amount, ...) to the fleet-wide counters."""
+    if not counted:
+        return
+    pipe = client.pipeline(transaction=False)
+    for field, amount in zip(counted[0::2], counted[1::2], strict=True):
+        if str(field).startswith("cost_usd:"):
+            pipe.hincrbyfloat(keys.USAGE, str(field), float(amount))
+        else:
+            pipe.hincrby(keys.USAGE, str(field), int(amount))
+    pipe.execute()
+
+
+def pause_ttls(client: redis.Redis, pause_keys: Sequence[str]) -> list[int]:
+    """PTTL of each provider pause key (the limiter's slot)."""
+    if not pause_keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key in pause_keys:
+        pipe.pttl(key)
+    return [int(ttl) for ttl in pipe.execute()]
+
+
+def renew_each(
+    client: redis.Redis, leases: Sequence[tuple[str, str]], ttl_ms: int, deadline_ms: int
+) -> list[bool]:
+    """Each lease renewed if still its owner's (one script each), then indexed at once."""
+    renewed = [
+        bool(_renew_one(client, [keys.lease(trace_id)], [owner, ttl_ms]))
+        for trace_id, owner in leases
+    ]
+    held = {trace_id: deadline_ms for (trace_id, _), ok in zip(leases, renewed, strict=True) if ok}
+    if held:
+        client.zadd(keys.RUNNING, held)
+    return renewed

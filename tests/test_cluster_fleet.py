@@ -1,0 +1,104 @@
+"""The store on a local 3-master Redis Cluster: an explore of 200 on real workers, RabbitMQ broker.
+
+Celery's results go to a single Redis of their own (FLEET_RESULT_BACKEND_URL). Skipped when
+no RabbitMQ answers, unless `CI` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis
+import yaml
+
+from fleet.client import Fleet
+from fleet.limits.budget import Budget
+from fleet.storage import keys
+from fleet.storage.redis_server import start_redis_server
+from tests.fake_provider import RateLimitedProvider
+from tests.fleetkit import client, fleet_settings
+from tests.procs import start_worker, wait_for_workers
+from tests.redis_cluster import redis_cluster
+from tests.test_fleet_rabbitmq import RABBITMQ_URL, purge_fleet_queues, rabbitmq_answers
+from tests.test_limits_fleet import brain
+
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
+
+BRANCHES = 200
+REQUESTS_PER_S = 80
+BUDGET_TOKENS = 10_000_000
+
+
+@dataclass
+class Setup:
+    fleet: Fleet
+    provider: RateLimitedProvider
+    masters: list[str]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    if not rabbitmq_answers(RABBITMQ_URL):
+        if os.environ.get("CI"):
+            pytest.fail(f"no RabbitMQ answers at {RABBITMQ_URL} (and CI is set)")
+        pytest.skip(f"no RabbitMQ answers at {RABBITMQ_URL}")
+    purge_fleet_queues(RABBITMQ_URL)
+    tmp = tmp_path_factory.mktemp("cluster")
+    workspace = tmp_path_factory.mktemp("workspace")
+    with contextlib.ExitStack() as stack:
+        masters = stack.enter_context(redis_cluster())
+        results = stack.enter_context(start_redis_server())
+        provider = stack.enter_context(
+            RateLimitedProvider(brain(tmp, BRANCHES), requests_per_s=REQUESTS_PER_S)
+        )
+        config = tmp / "fleet.yaml"
+        limits = {"requests_per_minute": REQUESTS_PER_S * 60}
+        paced = {"kind": "openai", "base_url": f"{provider.url}/v1", "limits": limits}
+        models = {"paced": {"provider": "paced", "name": "fake-model"}}
+        config.write_text(yaml.safe_dump({"providers": {"paced": paced}, "models": models}))
+        env = {
+            "FLEET_CONFIG": str(config),
+            "FLEET_WORKSPACE": str(workspace),
+            "FLEET_WORKSPACE_ROOTS": str(workspace),
+            "FLEET_REDIS_CLUSTER": "1",
+            "FLEET_RESULT_BACKEND_URL": results.url,
+        }
+        workers = [
+            stack.enter_context(
+                start_worker(masters[0], broker_url=RABBITMQ_URL, concurrency=50, env_extra=env)
+            )
+            for _ in range(2)
+        ]
+        wait_for_workers(RABBITMQ_URL, [w.name for w in workers], timeout_s=60)
+        settings = fleet_settings(masters[0], workspace, FLEET_BROKER_URL=RABBITMQ_URL, **env)
+        stack.callback(keys.use_cluster_layout, False)  # this process's layout, for later tests
+        yield Setup(client(settings), provider, masters)
+
+
+def test_an_explore_of_200_on_a_cluster_with_limits_and_a_budget(setup: Setup) -> None:
+    budget = Budget(tokens=BUDGET_TOKENS, sub_agents=BRANCHES)
+    trace = setup.fleet.submit("survey", model="paced", budget=budget).wait(timeout_s=240)
+
+    assert trace.status == "completed", trace.error
+    entries = setup.fleet.store.collaborators(trace.trace_id)
+    assert [c.status for c in entries] == ["completed"] * BRANCHES
+    stats = setup.provider.stats
+    assert stats.answered == BRANCHES + 2 and stats.refused_share <= 0.01, stats
+    # The provider refuses past REQUESTS_PER_S (a bucket of one second's worth): none was
+    # refused, and the calls took at least as long as the limit allows, across two workers.
+    assert stats.first_at is not None and stats.last_at is not None
+    spread_s = stats.last_at - stats.first_at
+    assert spread_s >= 0.9 * (stats.answered - REQUESTS_PER_S) / REQUESTS_PER_S, spread_s
+    state = setup.fleet.runtime.gate.budgets.state(trace.trace_id)  # type: ignore[union-attr]
+    assert state is not None and state.exhausted is None
+    assert state.used_sub_agents == BRANCHES
+    assert 0 < state.used_tokens <= BUDGET_TOKENS
+    counts = []
+    for url in setup.masters:
+        with redis.Redis.from_url(url) as node:
+            counts.append(int(node.dbsize()))
+    assert all(counts), f"keys per master: {counts}"
