@@ -18,9 +18,11 @@ import yaml
 from fleet.client import Fleet
 from fleet.limits.budget import Budget
 from fleet.storage import keys
+from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.redis_server import start_redis_server
+from fleet.storage.redis_store import RedisStore
 from tests.fake_provider import RateLimitedProvider
-from tests.fleetkit import client, fleet_settings
+from tests.fleetkit import client, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 from tests.redis_cluster import redis_cluster
 from tests.test_fleet_rabbitmq import RABBITMQ_URL, purge_fleet_queues, rabbitmq_answers
@@ -66,6 +68,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             "FLEET_WORKSPACE_ROOTS": str(workspace),
             "FLEET_REDIS_CLUSTER": "1",
             "FLEET_RESULT_BACKEND_URL": results.url,
+            "FLEET_STUCK_AFTER_S": "0.5",  # the owner check compacts the tree soon after
+            "FLEET_OWNER_CHECK_INTERVAL_S": "0.5",
         }
         workers = [
             stack.enter_context(
@@ -101,4 +105,12 @@ def test_an_explore_of_200_on_a_cluster_with_limits_and_a_budget(setup: Setup) -
     for url in setup.masters:
         with redis.Redis.from_url(url) as node:
             counts.append(int(node.dbsize()))
+    print(f"keys per master: {counts}")
     assert all(counts), f"keys per master: {counts}"
+
+    store = setup.fleet.store
+    assert isinstance(store, RedisStore)
+    packed = lambda: list(store.client.hkeys(keys.trace(trace.trace_id))) == [PACKED_FIELD]  # noqa: E731
+    wait_until(packed, 60, "the tree compacted on the cluster")
+    assert len(store.messages(trace.trace_id)) == 5, "read back from the packed hash"
+    assert [c.status for c in store.collaborators(trace.trace_id)] == ["completed"] * BRANCHES
