@@ -72,6 +72,13 @@ def cpu_s(node: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
+def lease_expiries(rig: Rig) -> int:
+    """Runs re-enqueued after their lease lapsed (a worker too slow to renew, or dead)."""
+    store = rig.fleet.store
+    assert isinstance(store, RedisStore)
+    return int(store.client.hget(keys.COUNTERS, "lease_expiries") or 0)
+
+
 def kept_bytes(nodes: list[redis.Redis]) -> int:
     """`used_memory` less client buffers over the nodes, each one's Lua VM flushed first."""
     total = 0
@@ -85,6 +92,7 @@ def kept_bytes(nodes: list[redis.Redis]) -> int:
 def one_run(rig: Rig, model: str, n: int) -> tuple[float, ...]:
     """branches/s, store CPU us/br (all nodes), KiB/br kept, compacted; prints per node."""
     nodes = rig.store_nodes + ([rig.broker_node] if rig.broker_node else [])
+    expiries_before = lease_expiries(rig)
     cpu_before = [cpu_s(node) for node in nodes]
     bytes_before = kept_bytes(rig.store_nodes)
     start = time.time()
@@ -108,7 +116,8 @@ def one_run(rig: Rig, model: str, n: int) -> tuple[float, ...]:
     broker = " (last: broker + results)" if rig.broker_node else ""
     print(
         f"  {rig.name:7} {n / seconds:7.1f} branches/s   redis us/br per node [{shown}]{broker}"
-        f"   KiB/br {full / 1024 / n:5.2f} -> {packed / 1024 / n:4.2f}   ({seconds:.2f} s)",
+        f"   KiB/br {full / 1024 / n:5.2f} -> {packed / 1024 / n:4.2f}   ({seconds:.2f} s,"
+        f" {lease_expiries(rig) - expiries_before} lapsed leases)",
         flush=True,
     )
     return (n / seconds, store_cpu, full / 1024 / n, packed / 1024 / n)
