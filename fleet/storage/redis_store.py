@@ -19,7 +19,7 @@ from typing import Any, Unpack, cast
 import redis
 
 from fleet.errors import ConfigError, LeaseLost, TraceExists, TraceNotFound
-from fleet.models import Collaborator, Event, Message, Trace, TracePatch, WorkerPresence, now_ms
+from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
 from fleet.storage import keys, redis_compact, redis_scripts, redis_split, redis_writes
 from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.keys import CounterName
@@ -28,6 +28,7 @@ from fleet.storage.keys import CounterName
 from fleet.storage.redis_connect import Lua, is_cluster, unreachable
 from fleet.storage.redis_connect import connect as connect
 from fleet.storage.redis_connect import redact_url as redact_url
+from fleet.storage.redis_indexes import RedisIndexes
 from fleet.storage.redis_writes import (
     decode_fields,
     decode_messages,
@@ -45,12 +46,11 @@ THAW_ATTEMPTS = 3
 """A write finding its trace packed thaws it and tries again, this often at most (compaction
 may pack it again in between: it packs only ended traces, and a continue's write ends that)."""
 
-CONSUMER_TRIM_MS = 60_000
-"""A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
+
 log = logging.getLogger(__name__)
 
 
-class RedisStore:
+class RedisStore(RedisIndexes):
     """A TraceStore on Redis, safe to share between threads."""
 
     def __init__(
@@ -78,10 +78,7 @@ class RedisStore:
         self._emit = _Script(redis_scripts.EMIT)
         self._request_stop = Lua(redis_scripts.REQUEST_STOP)
         self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)  # in a pipeline
-        self._claim_due = Lua(redis_scripts.CLAIM_DUE)
         self._begin = Lua(redis_scripts.BEGIN_RUN)
-        self._acquire = Lua(redis_scripts.ACQUIRE_LEASE)
-        self._release = Lua(redis_scripts.RELEASE_LEASE)
 
     @classmethod
     def from_url(cls, url: str, *, cluster: bool = False) -> RedisStore:
@@ -346,113 +343,9 @@ class RedisStore:
         if redis_compact.thaw(self._client, trace_id, self._dicts):  # a flag packed with it
             self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
 
-    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
-        self._client.zadd(keys.HUMAN_WAITS, {trace_id: deadline_ms})
-
-    def expired_human_waits(self, at_ms: int) -> list[str]:
-        return [str(i) for i in self._client.zrangebyscore(keys.HUMAN_WAITS, "-inf", f"({at_ms}")]
-
-    def forget_human_wait(self, trace_id: str) -> bool:
-        return self._client.zrem(keys.HUMAN_WAITS, trace_id) == 1
-
-    def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
-        lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
-        running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
-        args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, "1" if self._cluster else ""]
-        acquired = bool(self._acquire(self._client, [lease, running], args))
-        if acquired and self._cluster:
-            self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
-        return acquired
-
-    def release_lease(self, trace_id: str, owner: str) -> None:
-        lease = keys.lease(trace_id)
-        running = lease if self._cluster else keys.RUNNING
-        args = [owner, trace_id, "1" if self._cluster else ""]
-        if self._release(self._client, [lease, running], args) and self._cluster:
-            self._client.zrem(keys.RUNNING, trace_id)
-
-    def expired_leases(self, at_ms: int) -> list[str]:
-        return [str(i) for i in self._client.zrangebyscore(keys.RUNNING, "-inf", f"({at_ms}")]
-
-    def forget_running(self, trace_id: str) -> bool:
-        return self._client.zrem(keys.RUNNING, trace_id) == 1
-
     def unavailable(self, exc: BaseException) -> bool:
         # BusyLoadingError (a restarted Redis reading its file) is a ConnectionError too.
         return isinstance(exc, redis.ConnectionError | redis.TimeoutError)
-
-    def lease_holder(self, trace_id: str) -> str | None:
-        holder = self._client.get(keys.lease(trace_id))
-        return None if holder is None else str(holder)
-
-    # -- worker heartbeat, presence, outbox -----------------------------------
-
-    def beat(
-        self, leases: Sequence[tuple[str, str]], ttl_ms: int, presence: WorkerPresence | None
-    ) -> list[bool]:
-        now = now_ms()
-        if self._cluster:
-            return self._beat_split(leases, ttl_ms, presence, now)
-        pipe = self._client.pipeline(transaction=False)
-        if leases:
-            lease_keys = [keys.lease(trace_id) for trace_id, _ in leases]
-            args: list[str | int] = [ttl_ms, now + ttl_ms]
-            args += [item for trace_id, owner in leases for item in (owner, trace_id)]
-            self._renew_all(keys=[keys.RUNNING, *lease_keys], args=args, client=pipe)
-        if presence is not None:
-            pipe.set(keys.worker(presence.node), presence.model_dump_json(), px=ttl_ms)
-            for queue in presence.queues:
-                pipe.zadd(keys.consumers(queue), {presence.node: now + ttl_ms})
-                pipe.zremrangebyscore(keys.consumers(queue), "-inf", now - CONSUMER_TRIM_MS)
-        replies = pipe.execute()
-        return [bool(r) for r in replies[0]] if leases else []
-
-    def _beat_split(
-        self,
-        leases: Sequence[tuple[str, str]],
-        ttl_ms: int,
-        presence: WorkerPresence | None,
-        now: int,
-    ) -> list[bool]:
-        renewed = redis_split.renew_each(self._client, leases, ttl_ms, now + ttl_ms)
-        if presence is not None:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.set(keys.worker(presence.node), presence.model_dump_json(), px=ttl_ms)
-            for queue in presence.queues:
-                pipe.zadd(keys.consumers(queue), {presence.node: now + ttl_ms})
-                pipe.zremrangebyscore(keys.consumers(queue), "-inf", now - CONSUMER_TRIM_MS)
-            pipe.execute()
-        return renewed
-
-    def drop_presence(self, presence: WorkerPresence) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        pipe.delete(keys.worker(presence.node))
-        for queue in presence.queues:
-            pipe.zrem(keys.consumers(queue), presence.node)
-        pipe.execute()
-
-    def presences(self, nodes: Sequence[str]) -> list[WorkerPresence]:
-        if not nodes:
-            return []
-        names = [keys.worker(n) for n in nodes]
-        if self._cluster:  # one key per worker, in as many slots
-            found = self._client.mget_nonatomic(names)  # type: ignore[attr-defined]
-        else:
-            found = self._client.mget(names)
-        return [WorkerPresence.model_validate_json(raw) for raw in found if raw is not None]
-
-    def live_consumers(self, queue: str) -> list[str]:
-        return [str(n) for n in self._client.zrangebyscore(keys.consumers(queue), now_ms(), "+inf")]
-
-    def outbox_put(self, entry: str, due_ms: int) -> None:
-        self._client.zadd(keys.OUTBOX, {entry: due_ms})
-
-    def outbox_done(self, entry: str) -> None:
-        self._client.zrem(keys.OUTBOX, entry)
-
-    def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
-        due = self._claim_due(self._client, [keys.OUTBOX], [at_ms, at_ms + retry_ms, limit])
-        return [str(m) for m in due]
 
     def append_collected(self, message: Message) -> Message | None:
         if message.tool_call_id is None:
