@@ -10,6 +10,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
@@ -22,10 +23,17 @@ from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.redis_server import start_redis_server
 from fleet.storage.redis_store import RedisStore
 from tests.fake_provider import RateLimitedProvider
-from tests.fleetkit import client, fleet_settings, wait_until
+from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 from tests.redis_cluster import redis_cluster
 from tests.test_fleet_rabbitmq import RABBITMQ_URL, purge_fleet_queues, rabbitmq_answers
+from tests.test_fleet_recovery import (
+    FAST_RECOVERY,
+    RUN_TIMEOUT_S,
+    assert_collected_once,
+    running_branches,
+    start_workers,
+)
 from tests.test_limits_fleet import brain
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
@@ -40,6 +48,7 @@ class Setup:
     fleet: Fleet
     provider: RateLimitedProvider
     masters: list[str]
+    env: dict[str, str]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +89,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         wait_for_workers(RABBITMQ_URL, [w.name for w in workers], timeout_s=60)
         settings = fleet_settings(masters[0], workspace, FLEET_BROKER_URL=RABBITMQ_URL, **env)
         stack.callback(keys.use_cluster_layout, False)  # this process's layout, for later tests
-        yield Setup(client(settings), provider, masters)
+        yield Setup(client(settings), provider, masters, env)
 
 
 def test_an_explore_of_200_on_a_cluster_with_limits_and_a_budget(setup: Setup) -> None:
@@ -114,3 +123,27 @@ def test_an_explore_of_200_on_a_cluster_with_limits_and_a_budget(setup: Setup) -
     wait_until(packed, 60, "the tree compacted on the cluster")
     assert len(store.messages(trace.trace_id)) == 5, "read back from the packed hash"
     assert [c.status for c in store.collaborators(trace.trace_id)] == ["completed"] * BRANCHES
+
+
+def test_a_killed_worker_on_a_cluster_is_recovered_and_collected_once(
+    setup: Setup, tmp_path: Path
+) -> None:
+    # Two more workers that renew and sweep fast; one is killed while it runs branches.
+    model = explore_script(tmp_path / "m.yaml", 20, latency_ms=300, branch_turns=2)
+    env = {**setup.env, **FAST_RECOVERY}
+    with contextlib.ExitStack() as stack:
+        mine = start_workers(
+            stack, setup.masters[0], 2, broker_url=RABBITMQ_URL, concurrency=4, env_extra=env
+        )
+        store = setup.fleet.store
+        assert isinstance(store, RedisStore)
+        handle = setup.fleet.submit("survey", model=model)
+
+        def a_worker_of_mine_runs_branches() -> bool:
+            running = running_branches(setup.fleet, store.client, mine)
+            return any(r.worker == mine[0].name for r in running)
+
+        wait_until(a_worker_of_mine_runs_branches, RUN_TIMEOUT_S, "branches on the victim")
+        mine[0].kill()
+        root = handle.wait(timeout_s=RUN_TIMEOUT_S)
+    assert_collected_once(setup.fleet, root.trace_id, 20)
