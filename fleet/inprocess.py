@@ -67,7 +67,7 @@ class InProcessFleet:
     ) -> InProcessFleet:
         """In-memory store unless `redis` (FLEET_REDIS_URL) or a store is given."""
         if store is None:
-            store = _redis_store(settings.redis_url) if redis else MemoryStore()
+            store = _redis_store(settings) if redis else MemoryStore()
         runtime = Runtime.build(
             settings,
             store,
@@ -117,9 +117,9 @@ class InProcessFleet:
         return self.store.get_trace(trace_id)
 
 
-def _redis_store(url: str) -> TraceStore:
+def _redis_store(settings: Settings) -> TraceStore:
     from fleet.storage.redis_store import RedisStore
 
-    store = RedisStore.from_url(url)
+    store = RedisStore.from_url(settings.redis_url, cluster=settings.redis_cluster)
     store.ping()
     return store
