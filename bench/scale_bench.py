@@ -73,10 +73,11 @@ def cpu_s(node: redis.Redis) -> float:
 
 
 def lease_expiries(rig: Rig) -> int:
-    """Runs re-enqueued after their lease lapsed (a worker too slow to renew, or dead)."""
+    """Heals: runs re-enqueued after their lease lapsed, plus traces the owner check moved."""
     store = rig.fleet.store
     assert isinstance(store, RedisStore)
-    return int(store.client.hget(keys.COUNTERS, "lease_expiries") or 0)
+    counts = store.client.hmget(keys.COUNTERS, ["lease_expiries", "stuck_traces"])
+    return sum(int(c or 0) for c in counts)
 
 
 def kept_bytes(nodes: list[redis.Redis]) -> int:
@@ -117,7 +118,7 @@ def one_run(rig: Rig, model: str, n: int) -> tuple[float, ...]:
     print(
         f"  {rig.name:7} {n / seconds:7.1f} branches/s   redis us/br per node [{shown}]{broker}"
         f"   KiB/br {full / 1024 / n:5.2f} -> {packed / 1024 / n:4.2f}   ({seconds:.2f} s,"
-        f" {lease_expiries(rig) - expiries_before} lapsed leases)",
+        f" {lease_expiries(rig) - expiries_before} healed)",
         flush=True,
     )
     return (n / seconds, store_cpu, full / 1024 / n, packed / 1024 / n)

@@ -53,6 +53,10 @@ def connect_cluster(url: str) -> redis.Redis:
     client = RedisCluster.from_url(
         url,
         decode_responses=True,
+        # As `connect`'s pool: a thread past the cap waits for a connection (the default
+        # pool raises "Too many connections" at once: a worker's 100 runners and its
+        # heartbeat share one node's pool when their trees live there).
+        connection_pool_class=redis.BlockingConnectionPool,
         max_connections=MAX_CONNECTIONS,
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
