@@ -3,6 +3,10 @@
 One screen tells the whole storage schema. All keys share `PREFIX`; ids are trace ids,
 checked by `ids.check_trace_id`: `ROOT:messages` is not a trace id, so no caller can make
 a trace key name another one.
+
+Two layouts: the plain one (a single Redis), and the cluster one (`use_cluster_layout`,
+FLEET_REDIS_CLUSTER=1), where a tree's keys carry its root as the hash tag
+(`fleet:trace:{ROOT}@explore-001-...`) and the limiter's carry `{limits}`.
 """
 
 from __future__ import annotations
