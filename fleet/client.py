@@ -80,7 +80,9 @@ class Fleet:
         from fleet.storage.redis_store import RedisStore
 
         settings = settings or process_settings()
-        store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
+        store = RedisStore.from_url(
+            settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster
+        )
         store.ping()
         runtime = Runtime.build(settings, store, RunsNoAgents(), runs_agents=False)
         return cls(runtime, load_backend(settings))

@@ -145,6 +145,8 @@ def _max_concurrent(runtime: Runtime, root_trace_id: str) -> int:
 def _redis_store(settings: Settings) -> TraceStore:
     from fleet.storage.redis_store import RedisStore
 
-    store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
+    store = RedisStore.from_url(
+        settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster
+    )
     store.ping()
     return store

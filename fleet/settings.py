@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError
 from fleet.security import trust
@@ -33,11 +32,10 @@ from fleet.security.envvalues import (
 )
 from fleet.security.redact import Redactor
 from fleet.storage import keys
-from fleet.storage.redis_urls import check_url, is_sentinel
+from fleet.storage.redis_urls import check_url, fleet_url, result_backend_url, sentinel_master
 from fleet.tools.base import SHELL_NETWORKS, ShellLimits
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 STATE_HOME_NAME = "agent-fleet"
 STATE_KEY_CHARS = 16
 """Hex digits of the directory's hash naming its state folder (64 bits: no collisions)."""
@@ -84,6 +82,9 @@ ENV_NAMES = (
     "FLEET_BATCH_FLUSH_S",
     "FLEET_BATCH_MAX_REQUESTS",
     "FLEET_BATCH_RETRY",
+    "FLEET_RETENTION_S",
+    "FLEET_REDIS_CLUSTER",
+    "FLEET_RESULT_BACKEND_URL",
     "FLEET_PROBE_DIR",
     "FLEET_SERVE_TOKEN",
     "FLEET_STATE_DIR",
@@ -104,6 +105,12 @@ class Settings:
     redis_sentinel_master: str | None = None
     """FLEET_REDIS_SENTINEL_MASTER: the master's name when FLEET_REDIS_URL (or the broker's)
     is a `sentinel://h:p;sentinel://h2:p` URL (see `fleet.storage.redis_urls`)."""
+    redis_cluster: bool = False
+    """FLEET_REDIS_CLUSTER=1: FLEET_REDIS_URL names a node of a Redis Cluster; the store and
+    the limiter use redis-py's cluster client and name keys with hash tags (docs/operations.md)."""
+    result_backend_url: str = DEFAULT_REDIS_URL
+    """FLEET_RESULT_BACKEND_URL: Celery's result backend (a single Redis); FLEET_REDIS_URL
+    unless set, and required apart from it with FLEET_REDIS_CLUSTER=1."""
     workspace: Path = field(default_factory=Path.cwd)
     allow_shell: bool = False
     """FLEET_ALLOW_SHELL=1; a preset must also allow `bash`."""
@@ -174,6 +181,9 @@ class Settings:
     batch_retry: Literal["batch", "live"] = "batch"
     """FLEET_BATCH_RETRY: a call that errored inside a provider batch goes into the next batch
     (`batch`) or is made live on a worker (`live`)."""
+    retention_s: int = keys.TRACE_TTL_S
+    """FLEET_RETENTION_S: how long a finished tree stays in Redis once the owner check compacted
+    it (`fleet.storage.redis_compact`); `fleet archive` keeps it longer, outside Redis."""
     probe_dir: Path = Path("/tmp")
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
@@ -193,13 +203,17 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read FLEET_* variables; the mapping is kept for model/provider lookup."""
         env = dict(os.environ if env is None else env)
-        redis_url = _redis_url(env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL))
+        redis_url = fleet_url(env.get("FLEET_REDIS_URL", DEFAULT_REDIS_URL), "FLEET_REDIS_URL")
         broker_url = check_url(env.get("FLEET_BROKER_URL", redis_url), "FLEET_BROKER_URL")
+        redis_cluster = is_true(env.get("FLEET_REDIS_CLUSTER", ""))
+        backend_url = result_backend_url(env, redis_url, redis_cluster)
         workspace = Path(env.get("FLEET_WORKSPACE") or Path.cwd()).expanduser()
         return cls(
             redis_url=redis_url,
             broker_url=broker_url,
-            redis_sentinel_master=_sentinel_master(env, redis_url, broker_url),
+            redis_sentinel_master=sentinel_master(env, redis_url, broker_url, backend_url),
+            redis_cluster=redis_cluster,
+            result_backend_url=backend_url,
             workspace=workspace,
             allow_shell=env.get("FLEET_ALLOW_SHELL", "") in ("1", "true", "yes"),
             agents_dir=user_path(env.get("FLEET_AGENTS_DIR")),
@@ -233,6 +247,7 @@ class Settings:
             batch_flush_s=positive_s(env, "FLEET_BATCH_FLUSH_S", 60.0),
             batch_max_requests=whole_number(env, "FLEET_BATCH_MAX_REQUESTS", 10_000),
             batch_retry=_batch_retry(env.get("FLEET_BATCH_RETRY")),
+            retention_s=whole_number(env, "FLEET_RETENTION_S", keys.TRACE_TTL_S),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             state_home=_state_home(env),
@@ -307,33 +322,6 @@ def check_workspace(path: Path, roots: tuple[Path, ...]) -> Path:
     if not os.access(resolved, os.R_OK | os.X_OK):
         raise ConfigError(f"workspace {str(path)!r} is not readable")
     return resolved
-
-
-def _redis_url(url: str) -> str:
-    """FLEET_REDIS_URL as the fleet uses it (`fleet.storage.redis_urls.check_url`).
-
-    Raises:
-        ConfigError: a scheme the fleet does not take, or a malformed TLS or Sentinel URL;
-            the message names the scheme or the part, never the URL (it may hold a password).
-    """
-    scheme = urlsplit(url).scheme
-    if url and scheme not in REDIS_SCHEMES:
-        raise ConfigError(
-            "FLEET_REDIS_URL must start with redis://, rediss://, unix:// or sentinel://"
-            + (f" (not {scheme}://)" if scheme else "")
-        )
-    return check_url(url, "FLEET_REDIS_URL")
-
-
-def _sentinel_master(env: Mapping[str, str], *urls: str) -> str | None:
-    """FLEET_REDIS_SENTINEL_MASTER; `ConfigError` if a sentinel:// URL needs it and it is unset."""
-    master = (env.get("FLEET_REDIS_SENTINEL_MASTER") or "").strip() or None
-    if master is None and any(map(is_sentinel, urls)):
-        raise ConfigError(
-            "a sentinel:// URL needs FLEET_REDIS_SENTINEL_MASTER: the name of the master"
-            " its sentinels monitor"
-        )
-    return master
 
 
 def _shell_limits(env: Mapping[str, str]) -> ShellLimits:

@@ -169,7 +169,9 @@ def check_owners(settings: Settings, shown: int = 5) -> Check:
     from fleet.storage.owner_index import owner_index
     from fleet.storage.redis_store import RedisStore
 
-    store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
+    store = RedisStore.from_url(
+        settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster
+    )
     try:
         quiet_ms = int(settings.stuck_after_s * 1000)
         found = owners.check(store, owner_index(store), now_ms(), quiet_ms, forget=False)

@@ -186,9 +186,9 @@ _LIMIT_FAMILIES = {
 
 
 def limit_families(client: redis.Redis) -> list[Family]:
-    """Provider limits and tree budgets, from `keys.LIMIT_STATS` (`what:scope` counts)."""
+    """Provider limits and tree budgets, from `keys.limit_stats()` (`what:scope` counts)."""
     samples: dict[str, dict[Labels, float]] = {what: {} for what in _LIMIT_FAMILIES}
-    for name, value in client.hgetall(keys.LIMIT_STATS).items():
+    for name, value in client.hgetall(keys.limit_stats()).items():
         what, _, scope = str(name).partition(":")
         if what in samples:
             label = "reason" if what == "budget_exhausted" else "scope"
@@ -206,7 +206,7 @@ class FleetMetrics:
         """Open clients for the store and, if it is another Redis, the broker."""
         self.settings = settings
         master = settings.redis_sentinel_master
-        self._store = connect(settings.redis_url, master)
+        self._store = connect(settings.redis_url, master, cluster=settings.redis_cluster)
         self._broker: redis.Redis | None = self._store
         if settings.broker_url != settings.redis_url:
             scheme = settings.broker_url.partition("://")[0]

@@ -69,7 +69,9 @@ def client(settings: Settings) -> Fleet:
     from fleet.client import load_backend
     from fleet.inprocess import InProcessDispatcher
 
-    store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
+    store = RedisStore.from_url(
+        settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster
+    )
     runtime = Runtime.build(settings, store, InProcessDispatcher())
     return Fleet(runtime, load_backend(settings))
 

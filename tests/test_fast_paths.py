@@ -102,7 +102,7 @@ def _full_trace() -> Trace:
 )
 def test_create_call_is_json_dumps_of_each_field(trace: Trace) -> None:
     _, args = redis_writes.create_call([trace])
-    assert args[5:] == _reference_encode(trace.model_dump(mode="json"))
+    assert args[6:] == _reference_encode(trace.model_dump(mode="json"))
 
 
 def test_set_fields_are_json_dumps_of_each_field() -> None:

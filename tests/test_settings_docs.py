@@ -6,6 +6,9 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
+from fleet.errors import ConfigError
 from fleet.settings import ENV_NAMES, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +86,8 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_BATCH_FLUSH_S": "2",
         "FLEET_BATCH_MAX_REQUESTS": "500",
         "FLEET_BATCH_RETRY": "live",
+        "FLEET_RETENTION_S": "86400",
+        "FLEET_RESULT_BACKEND_URL": "redis://results:6379/0",
         "FLEET_PROBE_DIR": "/probes",
         "FLEET_SERVE_TOKEN": "t" * 20,
         "FLEET_STATE_DIR": "/var/lib/fleet",
@@ -93,10 +98,21 @@ def test_every_variable_reaches_its_field() -> None:
     base = Settings.from_env({})
     for name, value in values.items():
         assert Settings.from_env({name: value}) != base, name
+    # A cluster store needs its results elsewhere: the one pair that is set together.
+    results = {"FLEET_RESULT_BACKEND_URL": "redis://results:6379/0"}
+    assert Settings.from_env({"FLEET_REDIS_CLUSTER": "1", **results}).redis_cluster
     # The OTEL switches that only turn tracing off: set together with one that turns it on.
     on = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
     assert Settings.from_env(on).otel_tracing
     assert Settings.from_env({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318"}).otel_tracing
     assert not Settings.from_env({**on, "OTEL_SDK_DISABLED": "true"}).otel_tracing
     exercised = {*values, *on, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"}
+    exercised.add("FLEET_REDIS_CLUSTER")
     assert exercised == set(ENV_NAMES)
+
+
+def test_a_cluster_store_without_a_result_backend_is_one_line() -> None:
+    with pytest.raises(ConfigError, match="FLEET_REDIS_CLUSTER=1 needs FLEET_RESULT_BACKEND_URL"):
+        Settings.from_env({"FLEET_REDIS_CLUSTER": "1"})
+    with pytest.raises(ConfigError, match="FLEET_RESULT_BACKEND_URL must start with redis://"):
+        Settings.from_env({"FLEET_RESULT_BACKEND_URL": "amqp://x//"})

@@ -88,9 +88,9 @@ def make_config(settings: Settings) -> dict[str, Any]:
         priorities = {}
     return priorities | {
         "broker_url": settings.broker_url,
-        "result_backend": settings.redis_url,
+        "result_backend": settings.result_backend_url,
         "broker_transport_options": transport_options(settings.broker_url, master),
-        "result_backend_transport_options": transport_options(settings.redis_url, master),
+        "result_backend_transport_options": transport_options(settings.result_backend_url, master),
         "broker_connection_retry_on_startup": True,
         "task_serializer": "json",
         "result_serializer": "json",

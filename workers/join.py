@@ -36,7 +36,7 @@ is complete the body is not sent and its errback runs through Celery's own
 Every other chord (the bench's peer chords, a user's chords on this app) and a fleet chord
 sent without the size (a sender of an older release) keep Celery's join untouched.
 
-Keys. They are Celery group keys, so they live here rather than in `fleet/storage/keys.py`: named
+Keys. They are Celery group keys, so they live here rather than in `fleet/storage/keys/`: named
 by a Celery group id with the backend's `celery-taskset-meta-` prefix (and its
 `global_keyprefix`), with Celery's `result_chord_expires` (else `result_expires`, 24 h
 here) as TTL, and only the Celery binding knows them:

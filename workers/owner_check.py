@@ -33,7 +33,7 @@ CHECKER = f"{socket.gethostname()}:{id(app)}"
 def check_owners(runtime: Runtime) -> list[Remedy]:
     """Run the check if this worker holds this interval's claim; the remedies applied."""
     store, settings = runtime.store, runtime.settings
-    index = owner_index(store)
+    index = owner_index(store, settings.retention_s)
     if not index.claim_check(CHECKER, int(settings.owner_check_interval_s * 1000)):
         return []
     found = owners.check(store, index, now_ms(), int(settings.stuck_after_s * 1000))

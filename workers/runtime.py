@@ -22,7 +22,9 @@ def get_runtime() -> Runtime:
     with _lock:
         if _runtime is None:
             settings = process_settings()
-            store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
+            store = RedisStore.from_url(
+                settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster
+            )
             hooks = build_hooks(settings, store)  # OTel when asked, and FLEET_HOOKS
             _runtime = Runtime.build(settings, store, CeleryDispatcher(), hooks=hooks)
         return _runtime

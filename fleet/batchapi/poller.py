@@ -63,7 +63,7 @@ class Poll:
 
 
 POLLS_PER_POLLING_CLAIM, MIN_POLLING_CLAIM_S = 10, 5.0
-"""A poll holds `keys.BATCH_POLLING` for 10 poll intervals (at least 5 s): a poller that died
+"""A poll holds `keys.batch_polling()` for 10 poll intervals (at least 5 s): a poller that died
 lets go then. A poll that outlives it may overlap the next one; every move is atomic and
 every resume checks the trace, so an overlap costs reads, not a second submission."""
 
@@ -72,12 +72,12 @@ def poll_fleet(runtime: Runtime, providers: ProviderFactory, owner: str) -> Poll
     """`poll_once`, unless another poll runs now (None)."""
     calls = batch_calls(runtime.store)
     ttl_s = max(runtime.settings.batch_poll_s * POLLS_PER_POLLING_CLAIM, MIN_POLLING_CLAIM_S)
-    if not calls.claim(keys.BATCH_POLLING, owner, int(ttl_s * 1000)):
+    if not calls.claim(keys.batch_polling(), owner, int(ttl_s * 1000)):
         return None
     try:
         return poll_once(runtime, providers)
     finally:
-        calls.unclaim(keys.BATCH_POLLING, owner)
+        calls.unclaim(keys.batch_polling(), owner)
 
 
 def claim_poll(runtime: Runtime, owner: str) -> bool:
@@ -90,7 +90,7 @@ def claim_poll(runtime: Runtime, owner: str) -> bool:
     if not (calls.queued(1) or calls.submitting() or calls.in_flight()):
         return False
     ttl_ms = int(runtime.settings.batch_poll_s * 1000)
-    return calls.claim(keys.BATCH_POLL, owner, ttl_ms)
+    return calls.claim(keys.batch_poll(), owner, ttl_ms)
 
 
 def poll_once(runtime: Runtime, providers: ProviderFactory) -> Poll:

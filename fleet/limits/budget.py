@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict
 from fleet.limits import limit_scripts
 from fleet.limits.values import Amount, Count, PositiveCount, validated
 from fleet.models import now_ms
-from fleet.storage import keys
+from fleet.storage import keys, redis_split
+from fleet.storage.redis_connect import is_cluster
 
 FINAL_SHARE = 0.1
 """Share of a token/usd budget set aside for the root's final turn."""
@@ -214,7 +215,13 @@ class Budgets:
         """
         if not self.has(root_trace_id):
             return UNBUDGETED
-        script_keys = [keys.budget(root_trace_id), keys.budget_held(root_trace_id), *pause_keys]
+        script_keys = [keys.budget(root_trace_id), keys.budget_held(root_trace_id)]
+        if is_cluster(self._client):  # the pauses are in the limiter's slot: read apart
+            paused_ms = max(redis_split.pause_ttls(self._client, pause_keys), default=0)
+            if paused_ms > 0:
+                return Paused(paused_ms / 1000)
+        else:
+            script_keys += pause_keys
         is_root = "1" if trace_id == root_trace_id else "0"
         args: list[str | int] = [trace_id, est_tokens, repr(float(est_usd)), is_root]
         args.append(keys.TRACE_TTL_S)
@@ -226,7 +233,7 @@ class Budgets:
         if int(ok) == 2:
             return Reserved(final=True)
         if int(newly):
-            self._client.hincrby(keys.LIMIT_STATS, f"budget_exhausted:{why}", 1)
+            self._client.hincrby(keys.limit_stats(), f"budget_exhausted:{why}", 1)
         return Exhausted(str(why))
 
     def settle(

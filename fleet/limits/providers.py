@@ -213,7 +213,7 @@ class Limiter(LimiterPolicy):
 
     def admit(self, holder: str, scopes: tuple[Scope, ...], est_tokens: int) -> Admission:
         """Book a call of `est_tokens` for `holder` (a trace id) in every scope: one round trip."""
-        script_keys = [keys.limit_ticket(holder), keys.LIMIT_STATS]
+        script_keys = [keys.limit_ticket(holder), keys.limit_stats()]
         args: list[str | int | float] = [holder, est_tokens, self._max_wait_ms]
         args.append(int(SLOT_TTL_S * 1000))
         args += [keys.LIMIT_TICKET_GRACE_MS, keys.LIMIT_LINE_STALE_MS, keys.LIMIT_STATE_TTL_S]
@@ -265,7 +265,7 @@ class Limiter(LimiterPolicy):
         """Count a call held back by a pause, as `admit` does (`fleet metrics`)."""
         pipe = self._client.pipeline(transaction=False)
         for scope in scopes:
-            pipe.hincrby(keys.LIMIT_STATS, f"waited:{scope.name}", 1)
+            pipe.hincrby(keys.limit_stats(), f"waited:{scope.name}", 1)
         pipe.execute()
 
     def settle(
@@ -292,11 +292,11 @@ class Limiter(LimiterPolicy):
     def pause(self, scope: Scope, pause_s: float, why: str = "paused") -> None:
         """Hold every worker back from this provider for `pause_s` (at most `MAX_PAUSE_S`)."""
         script_keys = [keys.limit_state(scope.name), keys.limit_pause(scope.name)]
-        script_keys.append(keys.LIMIT_STATS)
+        script_keys.append(keys.limit_stats())
         pause_ms = math.ceil(min(pause_s, MAX_PAUSE_S) * 1000)
         args: list[str | int] = [pause_ms, keys.LIMIT_STATE_TTL_S]
         self._pause(keys=script_keys, args=[*args, scope.name, why])
 
     def stats(self) -> dict[str, int]:
         """`{what}:{scope}` -> count, for `fleet metrics`."""
-        return {str(k): int(v) for k, v in self._client.hgetall(keys.LIMIT_STATS).items()}
+        return {str(k): int(v) for k, v in self._client.hgetall(keys.limit_stats()).items()}

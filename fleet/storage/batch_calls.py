@@ -1,11 +1,11 @@
 """The calls waiting on a provider's Batch API, in Redis and in memory (`fleet.batchapi`).
 
 A call is one model turn of a trace (its custom id). Its request body is written once
-(`keys.BATCH_CALLS`); its state moves `queued -> submitting -> submitted -> answered`
-(or `cancelled`) in `keys.BATCH_STATE`, each move one Lua script, so a runner queuing, the
+(`keys.batch_calls()`); its state moves `queued -> submitting -> submitted -> answered`
+(or `cancelled`) in `keys.batch_state()`, each move one Lua script, so a runner queuing, the
 poller flushing and a stop cancelling never see half a move. The flush record
-(`keys.BATCH_SUBMITTING`) is written before the upload and swapped for the in-flight record
-(`keys.BATCH_IN_FLIGHT`) after it: a poller that dies in between leaves the record for the
+(`keys.batch_submitting()`) is written before the upload and swapped for the in-flight record
+(`keys.batch_in_flight()`) after it: a poller that dies in between leaves the record for the
 next one to reconcile with the provider. A call sent again (its batch expired, its request
 errored) gets a new attempt number, so no wire id (`custom_id-attempt`) is sent twice.
 """

@@ -2,7 +2,8 @@
 
 The open-trees index (`keys.OPEN_TREES`), whether outbox entries are pending, when a tree
 last changed (its event stream's newest entry) and the fleet-wide claim of one check per
-interval. `track_tree`, the one write on the hot path, is the store's own.
+interval. `track_tree`, the one write on the hot path, is the store's own. On Redis a tree
+that ended is compacted as it leaves the index (`redis_compact.compact_tree`).
 """
 
 from __future__ import annotations
@@ -10,26 +11,42 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.models import now_ms
-from fleet.storage import keys
+from fleet.storage import keys, redis_compact
 from fleet.storage.memory_store import MemoryStore
 from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
 
+COMPACT_PER_CHECK = 5_000
+"""Traces one owner check compacts at most (~1-2 s of the sweeper thread per 1,000): a backlog
+of ended trees (after an outage) is worked off over several checks, the rest left open."""
+
 
 class RedisOwnerIndex:
-    """The owner check's reads on the fleet's Redis."""
+    """The owner check's reads on the fleet's Redis (one instance per check)."""
 
-    def __init__(self, store: RedisStore) -> None:
-        """Read through `store`'s client."""
+    def __init__(self, store: RedisStore, retention_s: int = keys.TRACE_TTL_S) -> None:
+        """Read through `store`'s client; an ended tree is compacted to live `retention_s`."""
         self._client = store.client
+        self._retention_s = retention_s
+        self._compact_left = COMPACT_PER_CHECK
 
     def open_trees(self, limit: int) -> list[str]:
         """Up to `limit` open roots, oldest first."""
         return [str(r) for r in self._client.zrange(keys.OPEN_TREES, 0, limit - 1)]
 
     def untrack_tree(self, root_trace_id: str) -> None:
-        """The tree ended (or expired): no longer checked."""
-        self._client.zrem(keys.OPEN_TREES, root_trace_id)
+        """The tree ended (or expired): compacted, then no longer checked.
+
+        Compaction first: if it fails halfway, or a write raced it, the tree stays in the index
+        and the next check packs what is left; so does a tree this check has no compaction
+        budget left for.
+        """
+        if self._compact_left <= 0:
+            return
+        done = redis_compact.compact_tree(self._client, root_trace_id, self._retention_s)
+        self._compact_left -= max(done.packed, 1)
+        if not done.raced:  # else something wrote to it meanwhile: checked (and packed) again
+            self._client.zrem(keys.OPEN_TREES, root_trace_id)
 
     def outbox_has(self, entries: Sequence[str]) -> list[bool]:
         """Whether each entry is pending in the outbox."""
@@ -75,10 +92,12 @@ class MemoryOwnerIndex:
         return True
 
 
-def owner_index(store: TraceStore) -> RedisOwnerIndex | MemoryOwnerIndex:
-    """The owner check's reads for this store."""
+def owner_index(
+    store: TraceStore, retention_s: int = keys.TRACE_TTL_S
+) -> RedisOwnerIndex | MemoryOwnerIndex:
+    """The owner check's reads for this store (`retention_s`: of a compacted tree, on Redis)."""
     if isinstance(store, RedisStore):
-        return RedisOwnerIndex(store)
+        return RedisOwnerIndex(store, retention_s)
     if isinstance(store, MemoryStore):
         return MemoryOwnerIndex(store)
     raise TypeError(f"no owner index for {type(store).__name__}")

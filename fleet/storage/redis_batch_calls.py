@@ -14,8 +14,6 @@ import redis
 from fleet.storage import keys
 from fleet.storage.batch_types import CallStatus, Flush, PendingCall
 
-BATCH_STATE = keys.BATCH_STATE
-
 _ENQUEUE = """
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
@@ -134,37 +132,42 @@ class RedisBatchCalls:
         status = CallStatus().model_dump_json()
         args: list[str | int] = [call.custom_id, call.model_dump_json(), status, call.queued_at_ms]
         args.append("" if deadline_ms is None else deadline_ms)
-        script_keys = [keys.BATCH_CALLS, BATCH_STATE, keys.BATCH_QUEUED, keys.BATCH_DEADLINES]
+        script_keys = [
+            keys.batch_calls(),
+            keys.batch_state(),
+            keys.batch_queued(),
+            keys.batch_deadlines(),
+        ]
         return bool(self._enqueue(keys=script_keys, args=args))
 
     def overdue(self, at_ms: int, limit: int) -> list[str]:
         """Custom ids of calls whose tree's `wall_s` deadline is at or before `at_ms`."""
-        found = self._client.zrangebyscore(keys.BATCH_DEADLINES, "-inf", at_ms, 0, limit)
+        found = self._client.zrangebyscore(keys.batch_deadlines(), "-inf", at_ms, 0, limit)
         return [str(c) for c in found]
 
     def calls(self, custom_ids: list[str]) -> list[PendingCall | None]:
         """The calls' requests (None where unknown)."""
         if not custom_ids:
             return []
-        raws = self._client.hmget(keys.BATCH_CALLS, custom_ids)
+        raws = self._client.hmget(keys.batch_calls(), custom_ids)
         return [PendingCall.model_validate_json(r) if r else None for r in raws]
 
     def statuses(self, custom_ids: list[str]) -> list[CallStatus | None]:
         """The calls' states (None where unknown)."""
         if not custom_ids:
             return []
-        raws = self._client.hmget(BATCH_STATE, custom_ids)
+        raws = self._client.hmget(keys.batch_state(), custom_ids)
         return [CallStatus.model_validate_json(r) if r else None for r in raws]
 
     def queued(self, limit: int) -> list[tuple[str, int]]:
         """(custom id, queued_at_ms) of up to `limit` queued calls, oldest first."""
-        found: list[Any] = self._client.zrange(keys.BATCH_QUEUED, 0, limit - 1, withscores=True)
+        found: list[Any] = self._client.zrange(keys.batch_queued(), 0, limit - 1, withscores=True)
         return [(str(member), int(score)) for member, score in found]
 
     def begin_flush(self, flush: Flush) -> list[str]:
         """Move these queued calls into a flush record (before the upload); those moved."""
         record = flush.model_dump_json(exclude={"custom_ids"})
-        script_keys = [BATCH_STATE, keys.BATCH_QUEUED, keys.BATCH_SUBMITTING]
+        script_keys = [keys.batch_state(), keys.batch_queued(), keys.batch_submitting()]
         moved = self._begin_flush(
             keys=script_keys, args=[flush.flush_id, record, *flush.custom_ids]
         )
@@ -172,30 +175,30 @@ class RedisBatchCalls:
 
     def submitted(self, flush: Flush) -> None:
         """The provider took the flush as batch `flush.batch_id`: in flight now."""
-        script_keys = [BATCH_STATE, keys.BATCH_SUBMITTING, keys.BATCH_IN_FLIGHT]
+        script_keys = [keys.batch_state(), keys.batch_submitting(), keys.batch_in_flight()]
         args = [flush.flush_id, flush.batch_id, flush.model_dump_json(), *flush.custom_ids]
         self._submitted(keys=script_keys, args=args)
 
     def requeue(self, custom_ids: list[str], at_ms: int) -> None:
         """Queue these calls again, each with its next attempt number (a new wire id)."""
         if custom_ids:
-            self._requeue(keys=[BATCH_STATE, keys.BATCH_QUEUED], args=[at_ms, *custom_ids])
+            self._requeue(keys=[keys.batch_state(), keys.batch_queued()], args=[at_ms, *custom_ids])
 
     def drop_flush(self, flush_id: str) -> None:
         """Forget a flush record (its calls were requeued or adopted)."""
-        self._client.hdel(keys.BATCH_SUBMITTING, flush_id)
+        self._client.hdel(keys.batch_submitting(), flush_id)
 
     def submitting(self) -> list[Flush]:
         """Flushes whose upload was begun and never recorded as done."""
-        return [Flush.model_validate_json(v) for v in self._client.hvals(keys.BATCH_SUBMITTING)]
+        return [Flush.model_validate_json(v) for v in self._client.hvals(keys.batch_submitting())]
 
     def in_flight(self) -> list[Flush]:
         """Provider batches in flight."""
-        return [Flush.model_validate_json(v) for v in self._client.hvals(keys.BATCH_IN_FLIGHT)]
+        return [Flush.model_validate_json(v) for v in self._client.hvals(keys.batch_in_flight())]
 
     def answer(self, custom_id: str, answer: dict[str, Any]) -> bool:
         """Store a call's answer once; False if it was answered or cancelled already."""
-        script_keys = [BATCH_STATE, keys.BATCH_QUEUED, keys.batch_answer(custom_id)]
+        script_keys = [keys.batch_state(), keys.batch_queued(), keys.batch_answer(custom_id)]
         args: list[str | int] = [custom_id, json.dumps(answer), keys.TRACE_TTL_S]
         return bool(self._answer(keys=script_keys, args=args))
 
@@ -207,38 +210,38 @@ class RedisBatchCalls:
     def cancel(self, custom_id: str) -> str:
         """Take a call out: `dropped`, `cancelled` (in a batch: its answer is ignored), `gone`."""
         script_keys = [
-            keys.BATCH_CALLS,
-            BATCH_STATE,
-            keys.BATCH_QUEUED,
+            keys.batch_calls(),
+            keys.batch_state(),
+            keys.batch_queued(),
             keys.batch_answer(custom_id),
-            keys.BATCH_DEADLINES,
+            keys.batch_deadlines(),
         ]
         return str(self._cancel(keys=script_keys, args=[custom_id]))
 
     def forget(self, custom_id: str) -> None:
         """The trace consumed the answer (or ended): nothing of the call stays."""
         pipe = self._client.pipeline(transaction=True)
-        pipe.hdel(keys.BATCH_CALLS, custom_id)
-        pipe.hdel(BATCH_STATE, custom_id)
-        pipe.zrem(keys.BATCH_QUEUED, custom_id)
-        pipe.zrem(keys.BATCH_DEADLINES, custom_id)
+        pipe.hdel(keys.batch_calls(), custom_id)
+        pipe.hdel(keys.batch_state(), custom_id)
+        pipe.zrem(keys.batch_queued(), custom_id)
+        pipe.zrem(keys.batch_deadlines(), custom_id)
         pipe.delete(keys.batch_answer(custom_id))
         pipe.execute()
 
     def release(self, custom_id: str) -> None:
         """The trace was resumed with the answer: the call's records go, its answer stays."""
         pipe = self._client.pipeline(transaction=True)
-        pipe.hdel(keys.BATCH_CALLS, custom_id)
-        pipe.hdel(BATCH_STATE, custom_id)
-        pipe.zrem(keys.BATCH_DEADLINES, custom_id)
+        pipe.hdel(keys.batch_calls(), custom_id)
+        pipe.hdel(keys.batch_state(), custom_id)
+        pipe.zrem(keys.batch_deadlines(), custom_id)
         pipe.execute()
 
     def batch_done(self, batch_id: str) -> None:
         """A provider batch was read to its end."""
-        self._client.hdel(keys.BATCH_IN_FLIGHT, batch_id)
+        self._client.hdel(keys.batch_in_flight(), batch_id)
 
     def claim(self, key: str, owner: str, ttl_ms: int) -> bool:
-        """`keys.BATCH_POLL` or `keys.BATCH_POLLING` for `ttl_ms`, if no one holds it."""
+        """`keys.batch_poll()` or `keys.batch_polling()` for `ttl_ms`, if no one holds it."""
         return bool(self._client.set(key, owner, nx=True, px=ttl_ms))
 
     def unclaim(self, key: str, owner: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -29,7 +29,11 @@ costs this long before the next one is asked."""
 
 
 def connect(
-    url: str, sentinel_master: str | None = None, *, timeout_s: float | None = None
+    url: str,
+    sentinel_master: str | None = None,
+    *,
+    timeout_s: float | None = None,
+    cluster: bool = False,
 ) -> redis.Redis:
     """A client as the store wants it: decoded replies, timeouts and health checks.
 
@@ -38,10 +42,13 @@ def connect(
     a `sentinel://h:p;sentinel://h2:p` URL gives a client of the master named
     `sentinel_master`, which asks the sentinels again whenever a connection to it is made
     (after a failover, the promoted replica). `timeout_s` shortens the socket timeouts
-    (a probe: `fleet doctor`, discovery).
+    (a probe: `fleet doctor`, discovery). `cluster` (FLEET_REDIS_CLUSTER=1): redis-py's
+    cluster client, seeded by this node's URL, and keys named with hash tags from now on in
+    this process (`keys.use_cluster_layout`).
 
     Raises:
-        ConfigError: a `sentinel://` URL without a master name, or a malformed one.
+        ConfigError: a `sentinel://` URL without a master name, or a malformed one; a
+            `sentinel://` URL with `cluster` (a cluster has no sentinels).
     """
     options: dict[str, Any] = {
         "decode_responses": True,
@@ -52,6 +59,13 @@ def connect(
         "socket_connect_timeout": timeout_s or CONNECT_TIMEOUT_S,
         "socket_keepalive": True,
     }
+    if cluster:
+        if is_sentinel(url):
+            raise ConfigError(
+                "FLEET_REDIS_CLUSTER=1 takes a redis:// or rediss:// URL of a cluster node,"
+                " not a sentinel:// URL"
+            )
+        return connect_cluster(url, timeout_s=timeout_s)
     if is_sentinel(url):
         return _sentinel_client(url, sentinel_master, options)
     return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
@@ -89,6 +103,35 @@ def _sentinel_client(url: str, master: str | None, options: dict[str, Any]) -> r
         **options,
     )
     return client
+
+
+def connect_cluster(url: str, *, timeout_s: float | None = None) -> redis.Redis:
+    """A `RedisCluster` client (typed as the `Redis` it stands in for: the same commands)."""
+    from redis.cluster import RedisCluster
+
+    from fleet.storage import keys
+
+    keys.use_cluster_layout(True)
+    client = RedisCluster.from_url(
+        url,
+        decode_responses=True,
+        # As `connect`'s pool: a thread past the cap waits for a connection (the default
+        # pool raises "Too many connections" at once: a worker's 100 runners and its
+        # heartbeat share one node's pool when their trees live there).
+        connection_pool_class=redis.BlockingConnectionPool,
+        max_connections=MAX_CONNECTIONS,
+        socket_timeout=timeout_s or SOCKET_TIMEOUT_S,
+        socket_connect_timeout=timeout_s or CONNECT_TIMEOUT_S,
+        socket_keepalive=True,
+    )
+    return cast(redis.Redis, client)
+
+
+def is_cluster(client: object) -> bool:
+    """Whether `client` is redis-py's cluster client."""
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
 
 
 class Lua:

@@ -45,7 +45,7 @@ end
 
 # `redis.call(command, key, items...)` in chunks: Lua's unpack stops at ~8000 values (an
 # explore may be wider). Returns the first chunk's reply.
-_BULK = """
+BULK = """
 local function bulk(command, key, items)
   local first
   for j = 1, #items, 4000 do
@@ -57,13 +57,14 @@ end
 """
 
 # KEYS: traces index, then per trace: its hash, its parent's children (its hash if none).
-# ARGV: ttl_s, then per trace: trace id, created_at_ms, '1' with a parent else '', n, n
-# field/value items. Returns 1 per trace created, 0 per id that existed (left untouched).
+# ARGV: ttl_s, '1' to index the new traces here (else the caller does: a cluster, where the
+# index is in another slot), then per trace: trace id, created_at_ms, '1' with a parent
+# else '', n, n field/value items. Returns 1 per trace created, 0 per id that existed.
 CREATE_TRACES = (
-    _BULK
+    BULK
     + """
 local created, indexed, children = {}, {}, {}
-local i = 2
+local i = 3
 for t = 2, #KEYS, 2 do
   local id, at, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 3])
   if redis.call('EXISTS', KEYS[t]) == 1 then
@@ -83,7 +84,7 @@ for t = 2, #KEYS, 2 do
   end
   i = i + 4 + n
 end
-if #indexed > 0 then bulk('ZADD', KEYS[1], indexed) end
+if #indexed > 0 and ARGV[2] == '1' then bulk('ZADD', KEYS[1], indexed) end
 for key, kids in pairs(children) do
   bulk('ZADD', key, kids)
   redis.call('EXPIRE', key, ARGV[1])
@@ -97,8 +98,10 @@ return created
 # KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
 # order: with a `collab` op][, a join's parts, claim and outbox: with a `part` op], then the
 # np pause keys
-# ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, np, then the ops, each
-# as kind, n, then its n arguments:
+# ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, np, '1' to split (a
+# cluster: KEYS[3] and KEYS[5] are stand-ins in the trace's slot, the usage to count and
+# the release's index removal are returned for the caller to do), then the ops, each as
+# kind, n, then its n arguments:
 #   set     event JSON or '', then field, JSON value, ... (a status other than running
 #           refreshes the trace's TTL, messages included; the root's, the tree's events)
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
@@ -121,12 +124,23 @@ return created
 # again), the field deleted in the same step: each call is counted once, and the calls of
 # a run that died are counted by the next write that ends a run of the trace.
 # Returns {{sequence, parent JSON} per appended message, stop flag, {PTTL per pause key},
-# the join's parts when a `part` op completed and claimed it (else nil)}, or nil for no trace.
+# the join's parts when a `part` op completed and claimed it (else nil), {usage field,
+# amount, ...} to count (split only), 1 if a release took the lease (split only)}, or nil
+# for no trace.
 APPLY = (
-    _BULK
+    BULK
     + JOIN_PART
     + """
 local ttl, maxlen, root, np = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
+local split, counted, released = ARGV[5] == '1', {}, 0
+local function incr(command, field, amount)
+  if split then
+    counted[#counted + 1] = field
+    counted[#counted + 1] = amount
+  else
+    redis.call(command, KEYS[3], field, amount)
+  end
+end
 local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop',
   'uncounted')
 if not state[1] then return false end
@@ -153,16 +167,16 @@ local function count_usage()
   if not (uncounted or state[5]) then return end
   for model, u in pairs(uncounted or cjson.decode(state[5])) do
     if u[1] ~= 0 then
-      redis.call('HINCRBY', KEYS[3], 'prompt_tokens:' .. model, string.format('%d', u[1]))
+      incr('HINCRBY', 'prompt_tokens:' .. model, string.format('%d', u[1]))
     end
     if u[2] ~= 0 then
-      redis.call('HINCRBY', KEYS[3], 'completion_tokens:' .. model, string.format('%d', u[2]))
+      incr('HINCRBY', 'completion_tokens:' .. model, string.format('%d', u[2]))
     end
     if u[3] ~= 0 then
-      redis.call('HINCRBYFLOAT', KEYS[3], 'cost_usd:' .. model, string.format('%.14g', u[3]))
+      incr('HINCRBYFLOAT', 'cost_usd:' .. model, string.format('%.14g', u[3]))
     end
     if (u[4] or 0) ~= 0 then
-      redis.call('HINCRBY', KEYS[3], 'cached_tokens:' .. model, string.format('%d', u[4]))
+      incr('HINCRBY', 'cached_tokens:' .. model, string.format('%d', u[4]))
     end
   end
   if state[5] then redis.call('HDEL', KEYS[1], 'uncounted') end
@@ -229,11 +243,11 @@ end
 local function release(a)
   if ARGV[a + 3] == '1' or redis.call('GET', KEYS[4]) == ARGV[a + 1] then
     redis.call('DEL', KEYS[4])
-    redis.call('ZREM', KEYS[5], ARGV[a + 2])
+    if split then released = 1 else redis.call('ZREM', KEYS[5], ARGV[a + 2]) end
   end
 end
 local first = last
-local i = 5
+local i = 6
 while i <= #ARGV do
   local kind, n = ARGV[i], tonumber(ARGV[i + 1])
   local a = i + 1
@@ -272,7 +286,7 @@ if entries then
 end
 local pauses = {}
 for k = #KEYS - np + 1, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
-return {stored, state[4] and 1 or 0, pauses, joined}
+return {stored, state[4] and 1 or 0, pauses, joined, counted, released}
 """
 )
 
@@ -312,7 +326,8 @@ return 1
 # trip. A trace of the given root in a `STARTABLE` status is set running with its event first.
 # KEYS: trace, lease, running index, the guessed root's events, then pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
-# start), the running event JSON, updated_at_ms
+# start), the running event JSON, updated_at_ms, '1' when the caller indexes the lease (a
+# cluster: KEYS[3] is a stand-in)
 # Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
 # {the trace hash (its messages included) as a flat list, {PTTL per pause key}}.
 BEGIN_RUN = (
@@ -323,7 +338,7 @@ if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 end
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+if ARGV[9] ~= '1' then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
 local at = {}
 for i = 1, #trace, 2 do at[trace[i]] = i + 1 end
 local status = trace[at['status']]
@@ -341,59 +356,9 @@ return {trace, pauses}
 """
 )
 
-# KEYS: lease, running index. ARGV: owner, ttl_ms, deadline_ms, trace id
-ACQUIRE_LEASE = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-return 1
-"""
-
-# KEYS: lease, running index. ARGV: owner, trace id
-RELEASE_LEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[2])
-return 1
-"""
-
-# KEYS: running index, then one lease per held trace. ARGV: ttl_ms, deadline_ms, then an
-# owner and a trace id per lease. Returns 1 per lease still ours (renewed), else 0. One
-# heartbeat renews every lease of a worker process: 2 commands per lease, one ZADD for all.
-RENEW_LEASES = (
-    _BULK
-    + """
-local renewed, indexed = {}, {}
-for i = 2, #KEYS do
-  local owner, trace = ARGV[2 * i - 1], ARGV[2 * i]
-  if redis.call('GET', KEYS[i]) == owner then
-    redis.call('PEXPIRE', KEYS[i], ARGV[1])
-    indexed[#indexed + 1] = ARGV[2]
-    indexed[#indexed + 1] = trace
-    renewed[i - 1] = 1
-  else
-    renewed[i - 1] = 0
-  end
-end
-if #indexed > 0 then bulk('ZADD', KEYS[1], indexed) end
-return renewed
-"""
-)
-
 # KEYS: events. ARGV: ttl_s, maxlen, event JSON. Returns the entry id.
 EMIT = """
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'e', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 return id
-"""
-
-# KEYS: a sorted set scored by due time (ms). ARGV: now_ms, next due ms, limit.
-# Members due by now are pushed back to the next due time and returned: each to one caller,
-# and one that caller fails to finish comes due again.
-CLAIM_DUE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
-for _, member in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], member) end
-return due
 """

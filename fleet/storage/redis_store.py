@@ -20,16 +20,18 @@ import redis
 
 from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
-from fleet.storage import keys, redis_scripts, redis_writes
+from fleet.storage import keys, redis_compact, redis_scripts, redis_split, redis_writes
 from fleet.storage.capability import Capability, Kept, T
+from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.keys import CounterName
 
 # connect and redact_url lived here before redis_connect: still importable from here.
-from fleet.storage.redis_connect import Lua, unreachable
+from fleet.storage.redis_connect import Lua, is_cluster, unreachable
 from fleet.storage.redis_connect import connect as connect
 from fleet.storage.redis_connect import redact_url as redact_url
 from fleet.storage.redis_fence import FencedScript, lease_lost
-from fleet.storage.redis_workers import RedisWorkerTables
+from fleet.storage.redis_indexes import RedisIndexes
+from fleet.storage.redis_lease_scripts import RENEW_LEASES
 from fleet.storage.redis_writes import (
     decode_fields,
     decode_messages,
@@ -43,17 +45,24 @@ from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 BLOCK_MARGIN_MS = 1_000
 """How far below the socket timeout a blocking XREAD must return."""
 
+THAW_ATTEMPTS = 3
+"""A write finding its trace packed thaws it and tries again, this often at most (compaction
+may pack it again in between: it packs only ended traces, and a continue's write ends that)."""
+
+
 log = logging.getLogger(__name__)
 
 
-class RedisStore(RedisWorkerTables):
+class RedisStore(RedisIndexes):
     """A TraceStore on Redis, safe to share between threads."""
 
     def __init__(
         self, client: redis.Redis, *, url: str | None = None, owns_client: bool = False
     ) -> None:
         """Wrap a client that decodes responses; `owns_client` makes `close` close it."""
-        kwargs = client.connection_pool.connection_kwargs
+        self._cluster = is_cluster(client)
+        """A Redis Cluster: fleet-wide keys are written apart from a trace's (`redis_split`)."""
+        kwargs = self._connection_kwargs(client)
         if not kwargs.get("decode_responses"):
             raise ConfigError("RedisStore needs a client with decode_responses=True")
         self._client = client
@@ -61,6 +70,8 @@ class RedisStore(RedisWorkerTables):
         self._owns_client = owns_client
         timeout_s = kwargs.get("socket_timeout")
         self._max_block_ms = None if timeout_s is None else int(timeout_s * 1000) - BLOCK_MARGIN_MS
+        self._dicts = redis_compact.DictCache(client)
+        """The dictionaries of compacted trees this store read (`fleet.storage.compaction`)."""
         self._fence: tuple[str, str, str] | None = None
         """(trace id, lease key, owner) in a `fenced` view: every write script checks it."""
         self._kept = Kept()
@@ -70,16 +81,21 @@ class RedisStore(RedisWorkerTables):
         self._apply = FencedScript(redis_scripts.APPLY)
         self._emit = FencedScript(redis_scripts.EMIT)
         self._request_stop = Lua(redis_scripts.REQUEST_STOP)
-        self._renew_all = client.register_script(redis_scripts.RENEW_LEASES)  # in a pipeline
-        self._claim_due = Lua(redis_scripts.CLAIM_DUE)
+        self._renew_all = client.register_script(RENEW_LEASES)  # in a pipeline
         self._begin = Lua(redis_scripts.BEGIN_RUN)
-        self._acquire = Lua(redis_scripts.ACQUIRE_LEASE)
-        self._release = Lua(redis_scripts.RELEASE_LEASE)
 
     @classmethod
-    def from_url(cls, url: str, sentinel_master: str | None = None) -> RedisStore:
+    def from_url(
+        cls, url: str, sentinel_master: str | None = None, *, cluster: bool = False
+    ) -> RedisStore:
         """A store with its own client (see `connect`); `close` closes it."""
-        return cls(connect(url, sentinel_master), url=url, owns_client=True)
+        return cls(connect(url, sentinel_master, cluster=cluster), url=url, owns_client=True)
+
+    @staticmethod
+    def _connection_kwargs(client: redis.Redis) -> dict[str, Any]:
+        if is_cluster(client):
+            return dict(client.get_connection_kwargs())
+        return dict(client.connection_pool.connection_kwargs)
 
     @property
     def client(self) -> redis.Redis:
@@ -138,7 +154,13 @@ class RedisStore(RedisWorkerTables):
 
     def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
         script_keys, args = redis_writes.create_call(traces)
-        return [bool(created) for created in self._script(self._create, script_keys, args)]
+        if self._cluster:  # the traces index is in another slot: indexed after
+            script_keys[0], args[1] = script_keys[1], ""
+        created = [bool(c) for c in self._script(self._create, script_keys, args)]
+        if self._cluster and any(created):
+            new = {t.trace_id: t.created_at_ms for t, c in zip(traces, created, strict=True) if c}
+            self._client.zadd(keys.TRACES, new)
+        return created
 
     def get_trace(self, trace_id: str) -> Trace:
         trace = self._get_traces([trace_id])[0]
@@ -177,17 +199,23 @@ class RedisStore(RedisWorkerTables):
         pauses: Sequence[str] = (),
     ) -> TraceSnapshot | None:
         root = start.root_trace_id if start else trace_id
-        script_keys = [keys.trace(trace_id), keys.lease(trace_id), keys.RUNNING]
-        script_keys += [keys.events(root), *pauses]
-        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id, keys.EVENTS_MAXLEN]
+        lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
+        running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
+        script_keys = [keys.trace(trace_id), lease, running, keys.events(root)]
+        script_keys += [] if self._cluster else pauses
+        args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
         args.append(json.dumps(root) if start else "")
         args += [start.event.model_dump_json() if start else "", now_ms()]
+        args.append("1" if self._cluster else "")
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")
         if reply == 0:
             return None
-        data = pairs(reply[0])
+        if self._cluster:
+            self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
+            reply = [reply[0], redis_split.pause_ttls(self._client, pauses)]
+        data = self._dicts.unpacked(pairs(reply[0]))  # a packed trace is read, never started
         trace = decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
         read = PauseRead.of(pauses, reply[1]) if pauses else None
@@ -196,11 +224,25 @@ class RedisStore(RedisWorkerTables):
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
-        script_keys, args = redis_writes.apply_call(write, fenced_by)
-        result = redis_writes.apply_result(write, self._script(self._apply, script_keys, args))
-        if result is None:
-            raise TraceNotFound(f"no trace {write.trace_id!r}")
-        return result
+        script_keys, args = redis_writes.apply_call(write, fenced_by, split=self._cluster)
+        for _ in range(THAW_ATTEMPTS):
+            reply = self._script(self._apply, script_keys, args)
+            result = redis_writes.apply_result(write, reply)
+            if result is not None:
+                return self._after_split(write, reply, result) if self._cluster else result
+            if not redis_compact.thaw(self._client, write.trace_id, self._dicts):
+                break  # not packed: there is no such trace
+        raise TraceNotFound(f"no trace {write.trace_id!r}")
+
+    def _after_split(self, write: TraceWrite, reply: Any, result: WriteResult) -> WriteResult:
+        """A cluster's second step of a write: usage, the running index, the pauses."""
+        redis_split.count_usage(self._client, reply[4] or [])
+        if reply[5]:
+            self._client.zrem(keys.RUNNING, write.trace_id)
+        if not write.pauses:
+            return result
+        ttls = redis_split.pause_ttls(self._client, write.pauses)
+        return WriteResult(result.messages, result.stop_requested, PauseRead.of(write.pauses, ttls))
 
     def track_tree(self, root_trace_id: str) -> None:
         self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})
@@ -224,10 +266,11 @@ class RedisStore(RedisWorkerTables):
         return [str(i) for i in self._client.zrange(keys.children(trace_id), 0, -1)]
 
     def _get_traces(self, trace_ids: list[str]) -> list[Trace | None]:
-        pipe = self._client.pipeline()  # MULTI: every trace as of one instant
-        for trace_id in trace_ids:  # the trace's fields, not its messages
-            pipe.hmget(keys.trace(trace_id), redis_writes.TRACE_FIELDS)
-        return [decode_fields(values) for values in pipe.execute()]
+        # MULTI: every trace as of one instant (a cluster: one trace at a time, trees apart)
+        pipe = self._client.pipeline(transaction=not self._cluster)
+        for trace_id in trace_ids:  # the trace's fields, not its messages (unless packed)
+            pipe.hmget(keys.trace(trace_id), [*redis_writes.TRACE_FIELDS, PACKED_FIELD])
+        return [decode_fields(values, self._dicts.unpacked) for values in pipe.execute()]
 
     # -- messages and stats --------------------------------------------------
 
@@ -245,7 +288,9 @@ class RedisStore(RedisWorkerTables):
         return decode_messages(self._hash(trace_id))
 
     def _hash(self, trace_id: str) -> dict[str, str]:
-        return cast(dict[str, str], self._client.hgetall(keys.trace(trace_id)))
+        return self._dicts.unpacked(
+            cast(dict[str, str], self._client.hgetall(keys.trace(trace_id)))
+        )
 
     def set_head(self, trace_id: str, sequence: int | None) -> None:
         self.update_trace(trace_id, head_sequence=sequence)
@@ -276,6 +321,7 @@ class RedisStore(RedisWorkerTables):
         pipe.lrange(keys.collaborator_order(parent_trace_id), 0, -1)
         pipe.hgetall(keys.collaborators(parent_trace_id))
         order, entries = pipe.execute()
+        order, entries = redis_compact.merged_collaborators(order, entries, self._dicts)
         return [Collaborator.model_validate_json(entries[c]) for c in order if c in entries]
 
     def emit(self, root_trace_id: str, event: Event) -> str:
@@ -290,6 +336,8 @@ class RedisStore(RedisWorkerTables):
             block = max(1, min(block, self._max_block_ms))  # a longer wait hits the read timeout
         reply = self._client.xread({keys.events(root_trace_id): after}, count=count, block=block)
         entries = redis_writes.stream_entries(reply)
+        if not entries:  # a compacted tree's events are in its archive
+            entries = redis_compact.events_after(self._client, root_trace_id, after, count)
         return [(str(i), Event.model_validate_json(f["e"])) for i, f in entries]
 
     # -- stop, leases, collection, cache -------------------------------------
@@ -302,36 +350,12 @@ class RedisStore(RedisWorkerTables):
 
     def clear_stop(self, trace_id: str) -> None:
         self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
-
-    def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
-        self._client.zadd(keys.HUMAN_WAITS, {trace_id: deadline_ms})
-
-    def expired_human_waits(self, at_ms: int) -> list[str]:
-        return [str(i) for i in self._client.zrangebyscore(keys.HUMAN_WAITS, "-inf", f"({at_ms}")]
-
-    def forget_human_wait(self, trace_id: str) -> bool:
-        return self._client.zrem(keys.HUMAN_WAITS, trace_id) == 1
-
-    def acquire_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
-        args: list[str | int] = [owner, ttl_ms, now_ms() + ttl_ms, trace_id]
-        return bool(self._acquire(self._client, [keys.lease(trace_id), keys.RUNNING], args))
-
-    def release_lease(self, trace_id: str, owner: str) -> None:
-        self._release(self._client, [keys.lease(trace_id), keys.RUNNING], [owner, trace_id])
-
-    def expired_leases(self, at_ms: int) -> list[str]:
-        return [str(i) for i in self._client.zrangebyscore(keys.RUNNING, "-inf", f"({at_ms}")]
-
-    def forget_running(self, trace_id: str) -> bool:
-        return self._client.zrem(keys.RUNNING, trace_id) == 1
+        if redis_compact.thaw(self._client, trace_id, self._dicts):  # a flag packed with it
+            self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
 
     def unavailable(self, exc: BaseException) -> bool:
         # BusyLoadingError (a restarted Redis reading its file) is a ConnectionError too.
         return isinstance(exc, redis.ConnectionError | redis.TimeoutError)
-
-    def lease_holder(self, trace_id: str) -> str | None:
-        holder = self._client.get(keys.lease(trace_id))
-        return None if holder is None else str(holder)
 
     # -- collection, cache, counters -----------------------------------------
 
@@ -342,6 +366,8 @@ class RedisStore(RedisWorkerTables):
         trace_id = message.trace_id
         script_keys = [keys.trace(trace_id), keys.collected(trace_id, message.tool_call_id)]
         reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
+        if reply is None and redis_compact.thaw(self._client, trace_id, self._dicts):
+            reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
         if reply == 0:
             return None
         stored = stored_message(message, reply)

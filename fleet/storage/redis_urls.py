@@ -14,11 +14,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from fleet.errors import ConfigError
 
+REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 SENTINEL_SCHEME = "sentinel"
 SENTINEL_SEPARATOR = ";"
 DEFAULT_SENTINEL_PORT = 26379
@@ -94,3 +96,41 @@ def check_url(url: str, name: str) -> str:
     if any(v not in CERT_REQS for v in reqs):
         raise ConfigError(f"{name}: ssl_cert_reqs must be one of {', '.join(CERT_REQS)}")
     return url
+
+
+def fleet_url(url: str, name: str) -> str:
+    """FLEET_REDIS_URL (or the variable `name`) as the fleet uses it (`check_url`).
+
+    Raises:
+        ConfigError: a scheme the fleet does not take, or a malformed TLS or Sentinel URL;
+            the message names the scheme or the part, never the URL (it may hold a password).
+    """
+    scheme = urlsplit(url).scheme
+    if url and scheme not in REDIS_SCHEMES:
+        raise ConfigError(
+            f"{name} must start with redis://, rediss://, unix:// or sentinel://"
+            + (f" (not {scheme}://)" if scheme else "")
+        )
+    return check_url(url, name)
+
+
+def sentinel_master(env: Mapping[str, str], *urls: str) -> str | None:
+    """FLEET_REDIS_SENTINEL_MASTER; `ConfigError` if a sentinel:// URL needs it and it is unset."""
+    master = (env.get("FLEET_REDIS_SENTINEL_MASTER") or "").strip() or None
+    if master is None and any(map(is_sentinel, urls)):
+        raise ConfigError(
+            "a sentinel:// URL needs FLEET_REDIS_SENTINEL_MASTER: the name of the master"
+            " its sentinels monitor"
+        )
+    return master
+
+
+def result_backend_url(env: Mapping[str, str], redis_url: str, cluster: bool) -> str:
+    """FLEET_RESULT_BACKEND_URL, a single Redis: required apart from a cluster store."""
+    url = env.get("FLEET_RESULT_BACKEND_URL", "").strip()
+    if cluster and not url:
+        raise ConfigError(
+            "FLEET_REDIS_CLUSTER=1 needs FLEET_RESULT_BACKEND_URL: a single Redis for Celery's"
+            " results (Celery cannot use a Redis Cluster)"
+        )
+    return fleet_url(url, "FLEET_RESULT_BACKEND_URL") if url else redis_url

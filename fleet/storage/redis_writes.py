@@ -15,6 +15,7 @@ from pydantic import TypeAdapter
 
 from fleet.models import Event, Message, Trace, now_ms
 from fleet.storage import keys
+from fleet.storage.compaction import PACKED_FIELD, unpacked
 from fleet.storage.store import STATS_FIELDS
 from fleet.storage.writes import (
     AddStats,
@@ -37,7 +38,7 @@ MESSAGE_FIELD = "m:"
 """The prefix of the trace hash's message fields: `m:{sequence}` -> Message JSON."""
 UNCOUNTED_FIELD = "uncounted"
 """The trace hash's field of model usage not yet in `keys.USAGE`; not a Trace field."""
-_NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD})
+_NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD, PACKED_FIELD})
 TRACE_FIELDS = tuple(Trace.model_fields)
 """The trace hash's fields a Trace is read from (its messages are left where they are)."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
@@ -144,19 +145,23 @@ def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, join_at: int) -> 
             return ["part", "8", str(join_at), *op.args()]
 
 
-def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[str], list[str]]:
+def apply_call(
+    write: TraceWrite, fenced_by: str | None = None, *, split: bool = False
+) -> tuple[list[str], list[str]]:
     """The KEYS and ARGV of `APPLY` for this write.
 
     `fenced_by`: the owner a fenced store checks the lease of in the same script, whose
-    release needs no second check.
+    release needs no second check. `split` (a cluster): no key outside the trace's slot
+    (the usage hash and the running index are stand-ins, the pauses are read apart).
     """
     trace_id = write.trace_id
+    trace_key = keys.trace(trace_id)
     script_keys = [
-        keys.trace(trace_id),
+        trace_key,
         keys.events(write.root_trace_id),
-        keys.USAGE,
+        trace_key if split else keys.USAGE,
         keys.lease(trace_id),
-        keys.RUNNING,
+        trace_key if split else keys.RUNNING,
     ]
     parents = [op.parent_trace_id for op in write.ops if isinstance(op, PutCollaborator)]
     if parents:
@@ -165,9 +170,11 @@ def apply_call(write: TraceWrite, fenced_by: str | None = None) -> tuple[list[st
     for op in write.ops:
         if isinstance(op, JoinPart):  # one per write (`TraceWrite.join_part`)
             script_keys += op.keys
-    script_keys += write.pauses
+    pauses = [] if split else write.pauses
+    script_keys += pauses
     root = "1" if trace_id == write.root_trace_id else ""
-    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(write.pauses))]
+    args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(pauses))]
+    args.append("1" if split else "")
     for op in write.ops:
         args += _op(op, write, fenced_by, join_at)
     return script_keys, args
@@ -177,13 +184,13 @@ def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
     """The stored messages, the stop flag and the pauses read; None when there is no trace."""
     if reply is None:
         return None
-    stored, stop, ttls, joined = reply
+    stored, stop, ttls, joined = reply[:4]
     for op in write.ops:
         if isinstance(op, JoinPart):
             op.recorded, op.parts = True, joined or None
     appended = [op.message for op in write.ops if isinstance(op, Append)]
     messages = [_numbered(m, n) for m, n in zip(appended, stored, strict=True)]
-    pauses = PauseRead.of(write.pauses, ttls) if write.pauses else None
+    pauses = PauseRead.of(write.pauses, ttls) if write.pauses and ttls else None
     return WriteResult(messages, bool(stop), pauses)
 
 
@@ -197,7 +204,7 @@ def _numbered(message: Message, stored: list[Any]) -> Message:
 
 def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
     """The KEYS and ARGV of `CREATE_TRACES`."""
-    script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S)]
+    script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S), "1"]
     for trace in traces:
         fields = encode(trace.model_dump(mode="json"))
         parent = trace.parent_trace_id
@@ -248,9 +255,17 @@ def decode_trace(data: Mapping[str, str]) -> Trace | None:
     return Trace.model_validate_json("{" + text + "}")
 
 
-def decode_fields(values: Sequence[str | None]) -> Trace | None:
-    """A Trace from an HMGET of TRACE_FIELDS; None when the hash is gone."""
-    return decode_trace({k: v for k, v in zip(TRACE_FIELDS, values, strict=True) if v is not None})
+def decode_fields(
+    values: Sequence[str | None],
+    unpack: Callable[[dict[str, str]], dict[str, str]] = unpacked,
+) -> Trace | None:
+    """A Trace from an HMGET of TRACE_FIELDS and the packed field; None when the hash is gone.
+
+    `unpack` spreads a packed hash (`fleet.storage.compaction`), with the tree dictionaries.
+    """
+    names = (*TRACE_FIELDS, PACKED_FIELD)
+    data = {k: v for k, v in zip(names, values, strict=True) if v is not None}
+    return decode_trace(unpack(data) if PACKED_FIELD in data else data)
 
 
 def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:

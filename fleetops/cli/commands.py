@@ -223,7 +223,7 @@ def _add_batch(commands: Any) -> None:
 
 
 def _add_ops(commands: Any) -> None:
-    """`up`, `worker`, `doctor` and `migrate`: the commands that run or check a fleet."""
+    """`up`, `worker`, `doctor`, `migrate`, `archive`: the commands that run or keep a fleet."""
     up = _command(
         commands,
         "up",
@@ -252,6 +252,18 @@ def _add_ops(commands: Any) -> None:
         help="move traces an earlier version wrote into this version's layout",
     )
     migrate.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    archive = _command(
+        commands,
+        "archive",
+        "fleetops.cli.archive:run_archive",
+        help="export finished trees to a JSONL file (--import: read one back)",
+    )
+    archive.add_argument("file", help="the JSONL file (a new one when exporting)")
+    archive.add_argument("roots", nargs="*", metavar="ROOT", help="root ids (default: all ended)")
+    archive.add_argument("--drop", action="store_true", help="delete them from Redis once written")
+    archive.add_argument(
+        "--import", dest="import_file", action="store_true", help="read FILE back into Redis"
+    )
 
 
 def _add_worker(commands: Any) -> None:

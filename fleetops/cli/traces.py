@@ -16,7 +16,9 @@ def open_store(settings: Settings | None = None) -> TraceStore:
     from fleet.storage.redis_store import RedisStore
 
     settings = settings or fleet_settings()
-    store = RedisStore.from_url(settings.redis_url, settings.redis_sentinel_master)
+    store = RedisStore.from_url(
+        settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster
+    )
     store.ping()
     return store
 

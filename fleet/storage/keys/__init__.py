@@ -3,6 +3,12 @@
 One screen tells the whole storage schema. All keys share `PREFIX`; ids are trace ids,
 checked by `ids.check_trace_id`: `ROOT:messages` is not a trace id, so no caller can make
 a trace key name another one.
+
+Two layouts: the plain one (a single Redis), and the cluster one (`use_cluster_layout`,
+FLEET_REDIS_CLUSTER=1), where a tree's keys carry its root as the hash tag
+(`fleet:trace:{ROOT}@explore-001-...`), the limiter's `{limits}` and the provider batches'
+`{batch}` (`fleet.storage.keys.layout`). The limiter's and the batches' keys are in
+`keys/limits.py` and `keys/batch.py`, and importable from here as all the others.
 """
 
 from __future__ import annotations
@@ -11,11 +17,42 @@ import re
 from typing import Literal
 
 from fleet.ids import check_trace_id
-
-PREFIX = "fleet"
+from fleet.storage.keys.batch import BATCH_TAG as BATCH_TAG
+from fleet.storage.keys.batch import batch_answer as batch_answer
+from fleet.storage.keys.batch import batch_calls as batch_calls
+from fleet.storage.keys.batch import batch_deadlines as batch_deadlines
+from fleet.storage.keys.batch import batch_in_flight as batch_in_flight
+from fleet.storage.keys.batch import batch_poll as batch_poll
+from fleet.storage.keys.batch import batch_polling as batch_polling
+from fleet.storage.keys.batch import batch_queued as batch_queued
+from fleet.storage.keys.batch import batch_state as batch_state
+from fleet.storage.keys.batch import batch_submitting as batch_submitting
+from fleet.storage.keys.layout import PREFIX as PREFIX
+from fleet.storage.keys.layout import cluster_layout as cluster_layout
+from fleet.storage.keys.layout import tree_id as _tree_id
+from fleet.storage.keys.layout import use_cluster_layout as use_cluster_layout
+from fleet.storage.keys.limits import LIMIT_LINE_STALE_MS as LIMIT_LINE_STALE_MS
+from fleet.storage.keys.limits import LIMIT_STATE_TTL_S as LIMIT_STATE_TTL_S
+from fleet.storage.keys.limits import LIMIT_TICKET_GRACE_MS as LIMIT_TICKET_GRACE_MS
+from fleet.storage.keys.limits import LIMITS_TAG as LIMITS_TAG
+from fleet.storage.keys.limits import budget as budget
+from fleet.storage.keys.limits import budget_held as budget_held
+from fleet.storage.keys.limits import limit_line as limit_line
+from fleet.storage.keys.limits import limit_pause as limit_pause
+from fleet.storage.keys.limits import limit_seen as limit_seen
+from fleet.storage.keys.limits import limit_sends as limit_sends
+from fleet.storage.keys.limits import limit_slots as limit_slots
+from fleet.storage.keys.limits import limit_state as limit_state
+from fleet.storage.keys.limits import limit_stats as limit_stats
+from fleet.storage.keys.limits import limit_ticket as limit_ticket
+from fleet.storage.keys.limits import searches as searches
+from fleet.storage.keys.limits import tree as tree
+from fleet.storage.keys.limits import window_pending as window_pending
+from fleet.storage.keys.limits import window_running as window_running
 
 TRACE_TTL_S = 7 * 24 * 3600
-"""How long a finished trace and everything under it stays readable."""
+"""How long a trace and everything under it stays readable after its last change; once its
+tree ended and was compacted, the retention (`Settings.retention_s`, this by default)."""
 
 LEASE_TTL_MS = 5_000
 """A runner's lease (default of `Settings.lease_ttl_ms`); the worker's one heartbeat thread
@@ -34,7 +71,7 @@ def trace(trace_id: str) -> str:
     the usage of model turns not yet added to USAGE, while a run has some. Messages, the
     stop flag and `uncounted` are not Trace attributes.
     """
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}"
 
 
 # Layout 1 (up to wave 2) kept these three apart from the trace hash; layout 2 folded them in
@@ -62,27 +99,44 @@ LEGACY_SUFFIXES = ("messages", "stats", "stop")
 
 def collaborators(trace_id: str) -> str:
     """Hash: child trace id -> Collaborator JSON (one field per child: atomic per child)."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborators"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:collaborators"
 
 
 def collaborator_order(trace_id: str) -> str:
     """List: child trace ids in the order their collaborator entries were first added."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collaborator-order"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:collaborator-order"
 
 
 def children(trace_id: str) -> str:
     """Sorted set: child trace ids scored by creation time."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:children"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:children"
 
 
 def events(root_trace_id: str) -> str:
     """Stream: the events of a whole trace tree, read by watch/run/batch."""
-    return f"{PREFIX}:trace:{check_trace_id(root_trace_id)}:events"
+    return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:events"
+
+
+def events_archive(root_trace_id: str) -> str:
+    """String with the retention TTL: a finished tree's events, packed, once its stream is gone.
+
+    Written by compaction (`fleet.storage.redis_compact`); read where the stream has nothing.
+    """
+    return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:events-archive"
+
+
+def tree_dict(root_trace_id: str) -> str:
+    """String with the retention TTL: the text a compacted tree's traces are packed against.
+
+    base64 (`fleet.storage.compaction.TreeDict`); set once per tree (SET NX), its TTL renewed
+    by each compaction of the tree, so it outlives every trace packed against it.
+    """
+    return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:dict"
 
 
 def lease(trace_id: str) -> str:
     """String with PX TTL: the id of the one live runner of this trace."""
-    return f"{PREFIX}:lease:{check_trace_id(trace_id)}"
+    return f"{PREFIX}:lease:{_tree_id(trace_id)}"
 
 
 def worker(node: str) -> str:
@@ -100,7 +154,7 @@ def consumers(queue: str) -> str:
 
 def collected(trace_id: str, tool_call_id: str) -> str:
     """String: set once when a tool call's children were collected (dedupes redelivery)."""
-    return f"{PREFIX}:trace:{check_trace_id(trace_id)}:collected:{tool_call_id}"
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:collected:{tool_call_id}"
 
 
 def cache(preset: str, digest: str) -> str:
@@ -144,7 +198,7 @@ def experiences_used(trace_id: str) -> str:
 
     Taken (once) when the trace ends, to count their successes.
     """
-    return f"{PREFIX}:experiences-used:{check_trace_id(trace_id)}"
+    return f"{PREFIX}:experiences-used:{_tree_id(trace_id)}"
 
 
 USAGE = f"{PREFIX}:usage"
@@ -185,154 +239,6 @@ children are created but not yet dispatched, a recovered run not yet re-sent), s
 when a sweeper may do it (ms)."""
 
 
-# -- provider limits and tree budgets (fleet.limits.providers, fleet.limits.budget) -----------
-
-LIMIT_STATE_TTL_S = 3600
-"""Limiter state of a scope: gone an hour after its last use (an idle scope needs none)."""
-
-LIMIT_TICKET_GRACE_MS = 60_000
-"""A booked admission is kept this long past its time for the trace to come back for it."""
-
-LIMIT_LINE_STALE_MS = 30_000
-"""A trace waiting for a concurrency slot that has not asked again for this long leaves the
-line (it finished, was stopped, or its worker died)."""
-
-
-def limit_state(scope: str) -> str:
-    """Hash: `rtat`/`ttat` (GCRA next-free times of requests and tokens, ms), `rnext`...
-
-    `rnext`/`tnext`: the earliest next admission after the last one (a pause moves any of
-    the four that is earlier to its end); `dur_ms` is the mean call time.
-    """
-    return f"{PREFIX}:limit:{scope}"
-
-
-def limit_slots(scope: str) -> str:
-    """Sorted set: trace ids holding a concurrency slot, scored by the slot's deadline in ms."""
-    return f"{PREFIX}:limit:{scope}:slots"
-
-
-def limit_line(scope: str) -> str:
-    """Sorted set: trace ids waiting for a concurrency slot, scored by when they first asked."""
-    return f"{PREFIX}:limit:{scope}:line"
-
-
-def limit_seen(scope: str) -> str:
-    """Sorted set: the same trace ids, scored by when they last asked (stale ones are dropped)."""
-    return f"{PREFIX}:limit:{scope}:seen"
-
-
-def limit_pause(scope: str) -> str:
-    """String with PX TTL: present while every worker must back off this provider.
-
-    Set by a 429/503/529 (for its retry-after) or by rate-limit headers saying nothing is left.
-    """
-    return f"{PREFIX}:limit:{scope}:pause"
-
-
-def limit_sends(scope: str) -> str:
-    """Sorted set with PX TTL: the calls that left in the scope's last send window, by when.
-
-    Scored in ms; one more call is held back while it holds the window's limit (`pacing`).
-    """
-    return f"{PREFIX}:limit:{scope}:sends"
-
-
-def limit_ticket(trace_id: str) -> str:
-    """Hash with PX TTL: the booked admission a handed-back trace comes back for.
-
-    Field `at` (ms, the booked turn); TTL until `at` + LIMIT_TICKET_GRACE_MS.
-    """
-    return f"{PREFIX}:limit-ticket:{check_trace_id(trace_id)}"
-
-
-LIMIT_STATS = f"{PREFIX}:limit-stats"
-"""Hash, no TTL: fleet-wide limiter counts for `fleet metrics`, one field per
-`{what}:{scope}` (what: admitted, waited, overloaded, paused, budget_exhausted)."""
-
-
-def budget(root_trace_id: str) -> str:
-    """Hash: a tree's budget, TRACE_TTL_S.
-
-    `limit_*` and `used_*` (tokens, usd, sub_agents), `final` (tokens set aside for the root's
-    last turn), `exhausted` (why the tree stopped).
-    """
-    return f"{PREFIX}:budget:{check_trace_id(root_trace_id)}"
-
-
-def budget_held(root_trace_id: str) -> str:
-    """Hash: trace id -> `tokens usd` reserved by that trace's model call in flight.
-
-    One field per trace, so a run redelivered after a crash replaces its own reservation.
-    """
-    return f"{PREFIX}:budget:{check_trace_id(root_trace_id)}:held"
-
-
-def window_running(root_trace_id: str) -> str:
-    """Set: the children of this tree that hold one of its `max_concurrent` run slots."""
-    return f"{PREFIX}:window:{check_trace_id(root_trace_id)}:running"
-
-
-def window_pending(root_trace_id: str) -> str:
-    """List: children of this tree waiting for a run slot, in spawn order (per-root window)."""
-    return f"{PREFIX}:window:{check_trace_id(root_trace_id)}:pending"
-
-
-def tree(root_trace_id: str) -> str:
-    """Hash: how a tree is scheduled, TRACE_TTL_S; absent for a tree with defaults.
-
-    `max_concurrent` (children running at once), `priority` (interactive | batch).
-    """
-    return f"{PREFIX}:tree:{check_trace_id(root_trace_id)}"
-
-
-def searches(root_trace_id: str) -> str:
-    """String (a counter), TRACE_TTL_S: `web_search` calls made by this tree so far.
-
-    Checked against `search.max_searches_per_tree` of fleet.yaml (`fleet.limits.searches`).
-    """
-    return f"{PREFIX}:searches:{check_trace_id(root_trace_id)}"
-
-
-# -- provider batches (fleet.batchapi, fleet.storage.batch_calls) --------------------------
-
-BATCH_CALLS = f"{PREFIX}:batch:calls"
-"""Hash: custom id -> PendingCall JSON, a model call routed through a provider's Batch API,
-from the moment it is queued until its trace was resumed with the answer (or it ended)."""
-
-BATCH_STATE = f"{PREFIX}:batch:state"
-"""Hash: custom id -> CallStatus JSON (queued|submitting|submitted|answered|cancelled, the
-attempt, the flush or batch holding it); each move is one Lua script."""
-
-BATCH_QUEUED = f"{PREFIX}:batch:queued"
-"""Sorted set: custom ids waiting for the next provider batch, scored by queued_at_ms."""
-
-BATCH_DEADLINES = f"{PREFIX}:batch:deadlines"
-"""Sorted set: custom ids of calls whose tree has a `wall_s` budget, scored by its deadline
-(ms): the poller cancels what is past it without reading every call."""
-
-BATCH_SUBMITTING = f"{PREFIX}:batch:submitting"
-"""Hash: flush id -> Flush JSON, written BEFORE the upload: the calls it moved out of the
-queue. A flush left here (the poller died mid-upload) is reconciled with the provider."""
-
-BATCH_IN_FLIGHT = f"{PREFIX}:batch:in-flight"
-"""Hash: provider batch id -> Flush JSON (its calls, provider, submitted_at_ms)."""
-
-BATCH_POLL = f"{PREFIX}:batch:poll"
-"""String, PX = FLEET_BATCH_POLL_S: the claim of the one worker that polls this interval."""
-
-BATCH_POLLING = f"{PREFIX}:batch:polling"
-"""String, PX = 10 poll intervals (at least 5 s): held while a poll runs, so two polls do not
-overlap (`fleet.batchapi.poller.poll_fleet`)."""
-
-
-def batch_answer(custom_id: str) -> str:
-    """String, TRACE_TTL_S: the provider's answer (or error) to one call, until consumed."""
-    if not custom_id.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"not a batch custom id: {custom_id!r}")
-    return f"{PREFIX}:batch:answer:{custom_id}"
-
-
 IMAGE_MAX_BYTES = 5_000_000
 """Largest image a key holds (`fleet.tools.imagecheck.MAX_IMAGE_BYTES`, before base64)."""
 IMAGE_TREE_MAX_BYTES = 50_000_000
@@ -341,7 +247,7 @@ IMAGE_TREE_MAX_BYTES = 50_000_000
 
 def image_bytes(root_trace_id: str) -> str:
     """String (a counter), TRACE_TTL_S: the bytes of the images this tree stored so far."""
-    return f"{PREFIX}:image-bytes:{check_trace_id(root_trace_id)}"
+    return f"{PREFIX}:image-bytes:{_tree_id(root_trace_id)}"
 
 
 def image(root_trace_id: str, digest: str) -> str:
@@ -350,7 +256,7 @@ def image(root_trace_id: str, digest: str) -> str:
     Named by the SHA-256 of the bytes, per tree: the same image attached or read twice in
     a tree is stored once; messages hold an `image_ref` part naming it, never the bytes.
     """
-    root = check_trace_id(root_trace_id)
+    root = _tree_id(root_trace_id)
     if not _DIGEST.fullmatch(digest):
         raise ValueError(f"image digest {digest[:80]!r} is not a digest")
     return f"{PREFIX}:image:{root}:{digest}"

@@ -1,0 +1,80 @@
+"""The second steps of the store's writes on Redis Cluster, where fleet-wide keys are elsewhere.
+
+On a single Redis each write is one script over the trace's keys and the fleet-wide ones
+(the running index, the usage counters, the traces index, the provider pauses). On a
+cluster a script may touch one slot only: the trace's script runs alone (`split`), and what
+it returns is done here, as commands of their own. A crash between the two steps leaves:
+
+- the traces index without a new trace (it is not listed; `trace show` reads it by id);
+- the running index without a lease (the holder's heartbeat adds it again within a second,
+  and the owner check heals a trace whose runner died meanwhile) or with a released one (the
+  sweeper finds no lease and drops it);
+- the fleet-wide usage counters short by one run's calls (`fleet metrics` only);
+- provider pauses are read apart from the write: a pause set in between is seen one call late.
+
+The heartbeat renews a worker's leases with one small script each, batched per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+from fleet.storage import keys
+from fleet.storage.redis_connect import Lua
+from fleet.storage.redis_lease_scripts import RENEW_ONE
+
+_renew_one = Lua(RENEW_ONE)
+
+
+def _renew_batch(client: redis.Redis, leases: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+    pipe = client.pipeline(transaction=False)
+    for trace_id, owner in leases:
+        pipe.evalsha(_renew_one.sha, 1, keys.lease(trace_id), owner, ttl_ms)
+    return [bool(done) for done in pipe.execute()]
+
+
+def count_usage(client: redis.Redis, counted: Sequence[Any]) -> None:
+    """Add a run's usage (field, amount, ...) to the fleet-wide counters."""
+    if not counted:
+        return
+    pipe = client.pipeline(transaction=False)
+    for field, amount in zip(counted[0::2], counted[1::2], strict=True):
+        if str(field).startswith("cost_usd:"):
+            pipe.hincrbyfloat(keys.USAGE, str(field), float(amount))
+        else:
+            pipe.hincrby(keys.USAGE, str(field), int(amount))
+    pipe.execute()
+
+
+def pause_ttls(client: redis.Redis, pause_keys: Sequence[str]) -> list[int]:
+    """PTTL of each provider pause key (the limiter's slot)."""
+    if not pause_keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key in pause_keys:
+        pipe.pttl(key)
+    return [int(ttl) for ttl in pipe.execute()]
+
+
+def renew_each(
+    client: redis.Redis, leases: Sequence[tuple[str, str]], ttl_ms: int, deadline_ms: int
+) -> list[bool]:
+    """Each lease renewed if still its owner's (one script each), then indexed at once.
+
+    The scripts go in one pipeline, which the cluster client sends as one batch per node:
+    a worker's heartbeat is a round trip per node, not per lease (a hundred leases renewed
+    one by one on a loaded machine took long enough for some to lapse).
+    """
+    try:
+        renewed = _renew_batch(client, leases, ttl_ms)
+    except NoScriptError:  # a node restarted or was flushed: load it everywhere, once more
+        client.script_load(RENEW_ONE)
+        renewed = _renew_batch(client, leases, ttl_ms)
+    held = {trace_id: deadline_ms for (trace_id, _), ok in zip(leases, renewed, strict=True) if ok}
+    if held:
+        client.zadd(keys.RUNNING, held)
+    return renewed

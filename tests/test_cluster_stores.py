@@ -1,0 +1,115 @@
+"""Main's newer keys on a local 3-master Redis Cluster: provider batches, images, cached usage.
+
+Each would raise CROSSSLOT on a cluster if its keys were not laid out for it (the plain
+layout's batch names are shown to: the test of the test). No broker, no workers: the
+stores themselves, against real cluster nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
+
+from fleet.models import Message, Trace
+from fleet.storage import keys
+from fleet.storage.batch_types import Flush, PendingCall
+from fleet.storage.images import RedisImages
+from fleet.storage.redis_batch_calls import RedisBatchCalls
+from fleet.storage.redis_store import RedisStore
+from tests.redis_cluster import redis_cluster
+
+pytestmark = pytest.mark.integration
+
+ROOT = "20261127T160000-c1a2b3"
+MODEL = "m"
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[RedisStore]:
+    with contextlib.ExitStack() as stack:
+        masters = stack.enter_context(redis_cluster())
+        stack.callback(keys.use_cluster_layout, False)  # this process's layout, for later tests
+        cluster_store = RedisStore.from_url(masters[0], cluster=True)
+        stack.callback(cluster_store.close)
+        yield cluster_store
+
+
+def pending(custom_id: str) -> PendingCall:
+    return PendingCall(
+        custom_id=custom_id,
+        trace_id=f"{ROOT}@explore-001-20261127160001-001",
+        root_trace_id=ROOT,
+        model_name=MODEL,
+        body={"messages": [{"role": "user", "content": "hi"}]},
+        queued_at_ms=1,
+    )
+
+
+def test_a_provider_batch_call_moves_through_every_state_on_a_cluster(store: RedisStore) -> None:
+    queue = RedisBatchCalls(store.client)
+    assert queue.enqueue(pending("c1"), deadline_ms=10**13) and queue.enqueue(pending("c2"))
+    flush = Flush(flush_id="f1", model_name=MODEL, custom_ids=["c1", "c2"], at_ms=2)
+    assert sorted(queue.begin_flush(flush)) == ["c1", "c2"]
+    queue.submitted(flush.model_copy(update={"batch_id": "b1"}))
+    assert [f.batch_id for f in queue.in_flight()] == ["b1"]
+    assert queue.answer("c1", {"content": "x"}) and not queue.answer("c1", {"content": "y"})
+    assert queue.answer_of("c1") == {"content": "x"}
+    assert queue.cancel("c2") == "cancelled" and not queue.answer("c2", {"content": "late"})
+    queue.release("c1")
+    queue.forget("c2")
+    assert queue.calls(["c1", "c2"]) == [None, None]
+    assert queue.claim(keys.batch_poll(), "a", 10_000)
+    assert not queue.claim(keys.batch_poll(), "b", 10_000)
+    names = [keys.batch_calls(), keys.batch_state(), keys.batch_answer("c1"), keys.batch_poll()]
+    assert len({key_slot(name.encode()) for name in names}) == 1
+
+
+def test_the_plain_layout_s_batch_names_would_not_run_on_a_cluster(store: RedisStore) -> None:
+    queue = RedisBatchCalls(store.client)
+    keys.use_cluster_layout(False)
+    try:
+        with pytest.raises((redis.RedisError, RedisClusterException), match="same key slot"):
+            queue.enqueue(pending("plain"))
+    finally:
+        keys.use_cluster_layout(True)
+    assert queue.calls(["plain"]) == [None], "nothing written by the refused script"
+
+
+def test_a_tree_s_images_are_stored_once_in_its_slot(store: RedisStore) -> None:
+    images = RedisImages(store)
+    data = b"\x89PNG\r\n\x1a\n" + bytes(100)
+    images.put(ROOT, "d1", data)
+    images.put(ROOT, "d1", data)  # stored once: the counter does not move
+    assert images.get(ROOT, "d1") == data
+    assert int(store.client.get(keys.image_bytes(ROOT)) or 0) == len(data)
+    slot = key_slot(keys.trace(ROOT).encode())
+    assert key_slot(keys.image(ROOT, "d1").encode()) == slot
+    assert keys.image(ROOT, "d1").startswith(f"fleet:image:{{{ROOT}}}:")
+
+
+def test_an_image_digest_that_would_move_the_key_is_refused(store: RedisStore) -> None:
+    images = RedisImages(store)
+    before = store.client.get(keys.image_bytes(ROOT))
+    for hostile in ("}{other", "{x}", "a:b", "../d1"):
+        with pytest.raises(ValueError, match="is not a digest"):
+            images.put(ROOT, hostile, b"\x89PNG\r\n\x1a\n")
+    assert store.client.get(keys.image_bytes(ROOT)) == before, "nothing counted"
+
+
+def test_cached_tokens_reach_the_fleet_wide_usage_on_a_cluster(store: RedisStore) -> None:
+    trace_id = "20261127T160001-c4d5e6"
+    store.create_trace(Trace(trace_id=trace_id, root_trace_id=trace_id, task="x"))
+    store.update_trace(trace_id, status="running")
+    turn = Message(trace_id=trace_id, role="assistant", model=MODEL, prompt_tokens=10)
+    store.append_message(turn.model_copy(update={"cached_tokens": 8, "completion_tokens": 2}))
+    store.update_trace(trace_id, status="completed")
+
+    usage = store.client.hgetall(keys.USAGE)
+
+    assert usage[f"cached_tokens:{MODEL}"] == "8" and usage[f"prompt_tokens:{MODEL}"] == "10"
+    assert not store.client.hexists(keys.trace(trace_id), "uncounted")
