@@ -103,3 +103,32 @@ def test_every_command_names_a_handler_that_exists() -> None:
     assert len(names) == 26, names
     for name in names:
         assert callable(resolve(name)), name
+
+
+def test_the_fleet_command_leaves_with_its_code_its_output_and_its_exit_handlers() -> None:
+    code = (
+        "import atexit, sys\n"
+        "from fleetops.cli.main import leave\n"
+        "atexit.register(lambda: print('handler ran', file=sys.stderr))\n"
+        "print('answer', end='')\n"  # unflushed: leave flushes it
+        "leave(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 3
+    assert done.stdout == "answer"
+    assert "handler ran" in done.stderr
+
+
+def test_the_fleet_command_waits_for_a_thread_still_working() -> None:
+    code = (
+        "import threading, time\n"
+        "from fleetops.cli.main import leave\n"
+        "def work():\n"
+        "    time.sleep(0.3)\n"
+        "    print('thread done', flush=True)\n"
+        "threading.Thread(target=work).start()\n"
+        "leave(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0
+    assert done.stdout == "thread done\n"
