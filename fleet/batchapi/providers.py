@@ -165,7 +165,30 @@ def _jsonl(text: str) -> list[dict[str, Any]]:
     return found
 
 
-class OpenAIBatch:
+class _Wire:
+    """What both providers share: the live client's request body and answer, one HTTP client."""
+
+    target: ModelTarget
+    _client: OpenAIClient | AnthropicClient
+    _http: _Http
+
+    def request(self, body: dict[str, Any]) -> dict[str, Any]:  # noqa: D102
+        return self._client.request_body(
+            body["messages"],
+            body.get("tools") or [],
+            temperature=body.get("temperature"),
+            max_output_tokens=body.get("max_output_tokens"),
+        )
+
+    def parse(self, body: dict[str, Any]) -> LLMResponse:  # noqa: D102
+        return _priced(self._client.parse_response(httpx.Response(200, json=body)), self.target)
+
+    def close(self) -> None:  # noqa: D102
+        self._http.close()
+        self._client.close()
+
+
+class OpenAIBatch(_Wire):
     """OpenAI's Batch API (files + batches) for one model."""
 
     max_requests, max_bytes = OPENAI_MAX_REQUESTS, OPENAI_MAX_BYTES
@@ -176,14 +199,6 @@ class OpenAIBatch:
         self.target = target
         self._client = OpenAIClient(target.base_url, "", target.model, pricing=target.pricing)
         self._http = _Http(target, key, {"Authorization": f"Bearer {key}"} if key else {}, env)
-
-    def request(self, body: dict[str, Any]) -> dict[str, Any]:  # noqa: D102
-        return self._client.request_body(
-            body["messages"],
-            body.get("tools") or [],
-            temperature=body.get("temperature"),
-            max_output_tokens=body.get("max_output_tokens"),
-        )
 
     def submit(self, lines: list[tuple[str, dict[str, Any]]], flush_id: str) -> str:  # noqa: D102
         payload = "".join(
@@ -235,13 +250,6 @@ class OpenAIBatch:
                 return _batch_id(batch, self.target)
         return None
 
-    def parse(self, body: dict[str, Any]) -> LLMResponse:  # noqa: D102
-        return _priced(self._client.parse_response(httpx.Response(200, json=body)), self.target)
-
-    def close(self) -> None:  # noqa: D102
-        self._http.close()
-        self._client.close()
-
 
 def _openai_outcome(line: dict[str, Any]) -> Outcome:
     response = line.get("response")
@@ -253,7 +261,7 @@ def _openai_outcome(line: dict[str, Any]) -> Outcome:
     return Outcome(error=json.dumps(error)[:500])
 
 
-class AnthropicBatch:
+class AnthropicBatch(_Wire):
     """Anthropic's Message Batches for one model."""
 
     max_requests, max_bytes = ANTHROPIC_MAX_REQUESTS, ANTHROPIC_MAX_BYTES
@@ -265,14 +273,6 @@ class AnthropicBatch:
         self._client = AnthropicClient(target.base_url, "", target.model, pricing=target.pricing)
         headers = {"anthropic-version": ANTHROPIC_VERSION} | ({"x-api-key": key} if key else {})
         self._http = _Http(target, key, headers, env)
-
-    def request(self, body: dict[str, Any]) -> dict[str, Any]:  # noqa: D102
-        return self._client.request_body(
-            body["messages"],
-            body.get("tools") or [],
-            temperature=body.get("temperature"),
-            max_output_tokens=body.get("max_output_tokens"),
-        )
 
     def submit(self, lines: list[tuple[str, dict[str, Any]]], flush_id: str) -> str:  # noqa: D102
         requests = [{"custom_id": c, "params": b} for c, b in lines]
@@ -305,13 +305,6 @@ class AnthropicBatch:
             if isinstance(b, dict) and _near(b.get("created_at"), at_ms) and _total(b) == count
         ]
         return _batch_id(matches[0], self.target) if len(matches) == 1 else None
-
-    def parse(self, body: dict[str, Any]) -> LLMResponse:  # noqa: D102
-        return _priced(self._client.parse_response(httpx.Response(200, json=body)), self.target)
-
-    def close(self) -> None:  # noqa: D102
-        self._http.close()
-        self._client.close()
 
 
 def _anthropic_outcome(line: dict[str, Any]) -> Outcome | None:
