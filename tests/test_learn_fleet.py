@@ -31,7 +31,7 @@ from fleet.storage.redis_store import RedisStore
 from tests.fake_embeddings import FakeEmbeddings
 from tests.fleetkit import client, fleet_settings, wait_until
 from tests.procs import WorkerProcess
-from tests.servekit import serve_process
+from tests.servekit import csrf, serve_process
 from tests.test_fleet_recovery import database_url, start_workers
 
 pytestmark = pytest.mark.integration
@@ -150,6 +150,7 @@ def serve_api(url: str, home: Path) -> Iterator[httpx.Client]:
         EMB_API_KEY=KEY,
     )
     with serving as base, httpx.Client(base_url=base, timeout=30) as api:
+        api.headers.update(csrf(api))  # every POST carries the service's CSRF token
         yield api
 
 
