@@ -25,9 +25,10 @@ typecheck: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s.
+# The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s:
+# four processes (pytest-xdist), as its tests mostly wait on subprocesses and timers.
 unit: $(STAMP)
-	$(PY) -m pytest -q -m "not integration"
+	$(PY) -m pytest -q -m "not integration" -n 4
 
 # The demo surveys docs/: the checkout itself holds .venv and fleet/, the workers' own code,
 # which no workspace root may contain (docs/security.md, "Second round").
