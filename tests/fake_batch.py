@@ -22,8 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -31,6 +30,7 @@ from urllib.parse import urlsplit
 from fleet.llm.base import LLMResponse
 from fleet.testing import Script
 from tests.fake_provider import send_json
+from tests.loopback import LoopbackServer
 
 USAGE = (100, 20)
 """Prompt and completion tokens every answer reports (cost checks compare against it)."""
@@ -49,20 +49,14 @@ class BatchServer:
         self.lock = threading.Lock()
         self._errors = 0
         self._expire = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        serve = partial(self._server.serve_forever, poll_interval=0.01)
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
+        self._http = LoopbackServer(_handler_for(self))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._http.url
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._http.stop()
 
     def __enter__(self) -> Self:
         return self

@@ -21,14 +21,14 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 
 from fleet.llm.base import LLMResponse
 from fleet.testing import Script
 from tests.fake_provider import CHARS_PER_TOKEN, send_json
+from tests.loopback import LoopbackServer
 
 MIN_CACHED_TOKENS = 0
 """Real providers cache from 1024 tokens on; this one caches any prefix (tests are small)."""
@@ -61,15 +61,11 @@ class CachingProvider:
         self._cached: set[tuple[str, str]] = set()
         """(partition, prefix text) readable from the cache."""
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        serve = partial(self._server.serve_forever, poll_interval=0.01)
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
+        self._http = LoopbackServer(_handler_for(self))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._http.url
 
     def __enter__(self) -> CachingProvider:
         return self
@@ -80,9 +76,7 @@ class CachingProvider:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._http.stop()
 
     # -- the caches ----------------------------------------------------------------------
 

@@ -19,10 +19,11 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any, Literal
+
+from tests.loopback import LoopbackServer
 
 DIMENSIONS = 64
 CONCEPTS = {
@@ -68,15 +69,14 @@ class FakeEmbeddings:
     inputs: list[list[str]] = field(default_factory=list)
     auth: list[str] = field(default_factory=list)
     """The Authorization header of every request."""
-    _server: ThreadingHTTPServer | None = None
-    _thread: threading.Thread | None = None
+    _http: LoopbackServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def url(self) -> str:
         """`http://127.0.0.1:PORT` (the provider's base_url is this plus `/v1`)."""
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        assert self._http is not None
+        return self._http.url
 
     def texts(self) -> list[str]:
         """Every text embedded so far, in order."""
@@ -84,11 +84,7 @@ class FakeEmbeddings:
             return [t for batch in self.inputs for t in batch]
 
     def __enter__(self) -> FakeEmbeddings:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        serve = partial(self._server.serve_forever, poll_interval=0.01)
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
+        self._http = LoopbackServer(_handler_for(self))
         return self
 
     def __exit__(
@@ -97,10 +93,8 @@ class FakeEmbeddings:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._server is not None and self._thread is not None
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        assert self._http is not None
+        self._http.stop()
 
     def answer(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any]:
         """Status and JSON body for one POST."""

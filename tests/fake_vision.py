@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import threading
-from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 
 from tests.fake_provider import send_json
+from tests.loopback import LoopbackServer
 
 ANSWER = "saw it"
 
@@ -28,15 +28,11 @@ class VisionProvider:
         """What a GET of any path answers."""
         self.seen: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        serve = partial(self._server.serve_forever, poll_interval=0.01)
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
+        self._http = LoopbackServer(_handler_for(self))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._http.url
 
     def bodies(self, path: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -52,9 +48,7 @@ class VisionProvider:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._http.stop()
 
     def answer(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
