@@ -157,9 +157,9 @@ class Runtime:
             leases=LeaseKeeper(store, settings.lease_ttl_ms),
             redactor=redactor,
         )
-        return runtime._with_agents() if runs_agents else runtime
+        return runtime._with_agents(experiences) if runs_agents else runtime
 
-    def _with_agents(self) -> Runtime:
+    def _with_agents(self, experiences: ExperienceStore) -> Runtime:
         """A copy with what running agents takes: tools, search, MCP, outcome hooks."""
         from fleet.experiences.outcomes import with_outcomes
         from fleet.mcp.sessions import McpSessions
@@ -168,7 +168,7 @@ class Runtime:
         return replace(
             self,
             tools=default_registry(),
-            hooks=with_outcomes(self.hooks, _experiences_of(self), self.presets),
+            hooks=with_outcomes(self.hooks, experiences, self.presets),
             search=_search(config, self.settings, self.store, self.gate, self.redactor),
             mcp=McpSessions(config.mcp_servers, env) if config.mcp_servers else None,
         )
@@ -327,8 +327,3 @@ def _experiences(store: Services, embedder: Embedder | None) -> ExperienceStore:
 
     # With an embedding model, storing an approved experience embeds it.
     return IndexedExperiences(found, embedder)
-
-
-def _experiences_of(runtime: Runtime) -> ExperienceStore:
-    assert runtime.experiences is not None  # `build` always gives one
-    return runtime.experiences
