@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
-from fleet.children import settling
+from fleet.children import after
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace
 from fleet.conversation.fanout import fan_out_task
@@ -47,9 +47,8 @@ class InProcessDispatcher:
         else:
             with ThreadPoolExecutor(width, "fleet-branch") as pool:
                 list(pool.map(lambda child: run_to_end(runner, child), ids))
-        # Every child ran to its end here, so this settles the call (a child whose runner
-        # lost its lease leaves it `Waiting`: nothing of it would be true yet).
-        settling.settle(runtime, request.parent_trace_id, request.tool_call_id, ids)
+        call = after.Call(request.parent_trace_id, request.tool_call_id)
+        apply_after_child(after.settle_call(runtime, call, ids, "inline"))
 
 
 class InProcessFleet:
@@ -134,6 +133,23 @@ class InProcessFleet:
     def _run(self, trace_id: str) -> Trace:
         run_to_end(Runner(self.runtime), trace_id)
         return self.store.get_trace(trace_id)
+
+
+def apply_after_child(action: after.AfterChild) -> None:
+    """The in-process host of the after-child policy (`fleet.children.after`).
+
+    The parent's runner called `dispatch` and goes on when it returns: on `Resume` it finds
+    its turn complete and runs the next one (`Runner.run` looks again), on `Nothing` it
+    waits (a child waiting on a person is healed when the parent runs on). No sweeper runs
+    in this process, so the policy never defers an `inline` settlement.
+    """
+    match action:
+        case after.Resume() | after.Nothing():
+            return
+        case after.Defer():
+            raise AssertionError(f"an in-process settlement cannot be deferred: {action!r}")
+        case _:
+            assert_never(action)
 
 
 def _max_concurrent(runtime: Runtime, root_trace_id: str) -> int:

@@ -14,11 +14,12 @@ import logging
 import threading
 import time
 
-from fleet.children import settling
+from fleet.children import after, settling
 from fleet.control import claim_dead_runs
 from fleet.conversation.human import time_out_waits
 from fleet.models import now_ms
 from fleet.storage import outbox
+from workers import settle
 from workers.batch_poll import sweep_batches
 from workers.dispatch import send, send_answered
 from workers.owner_check import check_owners
@@ -82,17 +83,15 @@ def sweep_outbox() -> list[str]:
 
 def settle_due(entry: str) -> None:
     """Settle a recovered child's tool call once every child ended; else look again later."""
-    from workers.tasks import resume_settled  # the tasks module imports this one
-
     runtime = get_runtime()
     _, parent_id, call_id = outbox.parse(entry)
     children = settling.call_children(runtime.store, parent_id, call_id)
-    settlement = settling.settle(runtime, parent_id, call_id, children)
-    if isinstance(settlement, settling.Waiting):
-        resend_stranded(settlement.pending)
-        runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
+    action = after.settle_call(runtime, after.Call(parent_id, call_id), children, "sweep")
+    if isinstance(action, after.Defer):  # children still run: this entry comes due later
+        resend_stranded(action.pending)
+        settle.apply(action)
         return
-    resume_settled(settlement)
+    settle.apply(action)
     runtime.store.outbox_done(entry)
 
 

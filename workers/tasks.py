@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, assert_never
+from typing import Any, NoReturn
 
 import redis
 from celery import Task
 from celery.exceptions import Ignore
 
-from fleet.children import settling
-from fleet.children.settling import AlreadyCollected, Settled, Settlement, Waiting
+from fleet.children import after, settling
 from fleet.loop.runner import Runner, RunResult, run_safely
 from fleet.models import now_ms
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from fleet.storage import outbox
-from workers import join
+from workers import join, settle
 from workers.app import MAX_WORKER_LOST_RETRIES, app
-from workers.dispatch import send, start_window, tree_schedule
+from workers.dispatch import start_window
 from workers.runtime import draining, get_runtime
 
 
@@ -63,15 +62,13 @@ def run_agent(
 
 
 def after_run(runtime: Runtime, result: RunResult, *, recovered: bool, windowed: bool) -> None:
-    """A windowed child starts the next one; a recovered run settles its own call."""
+    """A windowed child starts the next one; then the settlements its run owes its parent."""
     trace_id = result.trace_id
     ended = result.outcome in ("completed", "failed", "stopped")
     if ended and (windowed or recovered):  # a sweeper's re-send does not say `windowed`
         start_window(runtime, runtime.store.get_trace(trace_id).root_trace_id, ended=trace_id)
-    if ended and windowed:
-        resume_settled(settling.settle_from_child(runtime, trace_id))
-    if recovered and result.outcome != "interrupted":  # else the sweeper comes back
-        after_recovery(trace_id, settling.settle_from_child(runtime, trace_id))
+    for by in after.owed_after_run(result.outcome, recovered=recovered, windowed=windowed):
+        settle.apply(after.settle_child(runtime, trace_id, by))
 
 
 @app.task(name="fleet.resume_agent", bind=True, max_retries=MAX_WORKER_LOST_RETRIES)
@@ -116,11 +113,11 @@ def requeue(task: Task, countdown_s: float = 0.0) -> NoReturn:
 def collect(results: list[dict[str, str]], parent_trace_id: str, tool_call_id: str) -> bool:
     """Chord body: settle the call from its children (the header results' trace ids).
 
-    `Waiting` (a lost branch was re-enqueued) leaves it to that branch when it ends.
+    True when the parent was resumed (`fleet.children.after` decides).
     """
     child_ids = [r["trace_id"] for r in results]
-    settlement = settling.settle(get_runtime(), parent_trace_id, tool_call_id, child_ids)
-    return resume_settled(settlement)
+    call = after.Call(parent_trace_id, tool_call_id)
+    return settle.apply(after.settle_call(get_runtime(), call, child_ids, "chord"))
 
 
 @app.task(name="fleet.collect_failed")
@@ -133,47 +130,5 @@ def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     """
     runtime = get_runtime()
     children = settling.call_children(runtime.store, parent_trace_id, tool_call_id)
-    settlement = settling.settle(runtime, parent_trace_id, tool_call_id, children)
-    settle_later(parent_trace_id, tool_call_id, settlement)
-
-
-def after_recovery(trace_id: str, settlement: Settlement) -> None:
-    """A recovered run settles its own call (a lost worker's chord never runs its body).
-
-    The sibling that ends last may have reported to that chord, so while some still run
-    the call goes to the outbox: a sweeper settles it once all ended (looking every lease
-    TTL). In Redis, not a countdown task a dying worker would take with it.
-    """
-    child = get_runtime().store.get_trace(trace_id)
-    settle_later(child.parent_trace_id or "", child.parent_tool_call_id or "", settlement)
-
-
-def settle_later(parent_trace_id: str, tool_call_id: str, settlement: Settlement) -> None:
-    """Resume the parent if settled; while children still run, leave it to a sweeper."""
-    if isinstance(settlement, Waiting):
-        runtime = get_runtime()
-        entry = outbox.settle_entry(parent_trace_id, tool_call_id)
-        runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
-        return
-    resume_settled(settlement)
-
-
-def resume_settled(settlement: Settlement) -> bool:
-    """Resume the parent when this settlement answered its last open call; True if so."""
-    match settlement:
-        case Settled(turn_complete=True):
-            resume(settlement.parent_trace_id)
-            return True
-        case Settled() | Waiting() | AlreadyCollected():
-            return False
-        case _:
-            assert_never(settlement)
-
-
-def resume(trace_id: str) -> None:
-    """Enqueue `resume_agent` on the trace's queue."""
-    runtime = get_runtime()
-    trace = runtime.store.get_trace(trace_id)
-    priority = tree_schedule(runtime, trace.root_trace_id).priority
-    send(trace, "fleet.resume_agent", priority=priority)
-    runtime.store.count("resumes")
+    call = after.Call(parent_trace_id, tool_call_id)
+    settle.apply(after.settle_call(runtime, call, children, "errback"))

@@ -121,7 +121,11 @@ def settle_from_child(runtime: Runtime, child_id: str) -> Settlement:
     that ends last may be one whose chord header succeeded, so the caller asks again while
     this returns `Waiting`. A trace that is nobody's child has nothing to settle.
     """
-    child = runtime.store.get_trace(child_id)
+    return settle_siblings(runtime, runtime.store.get_trace(child_id))
+
+
+def settle_siblings(runtime: Runtime, child: Trace) -> Settlement:
+    """`settle_from_child` on the child as already read."""
     if child.parent_trace_id is None or child.parent_tool_call_id is None:
         return AlreadyCollected()
     parent_id, call_id = child.parent_trace_id, child.parent_tool_call_id
