@@ -85,3 +85,34 @@ def test_the_side_door_check_finds_one() -> None:
     assert STORE_SIDE_DOOR.search("if isinstance(store, RedisStore):")
     assert STORE_SIDE_DOOR.search("Budgets(store.client)")
     assert not STORE_SIDE_DOOR.search("from fleet.client import Fleet")
+
+
+def trace_events_built(source: str) -> list[int]:
+    """The lines of a module that build a trace's status event (`Event(kind="trace", ...)`)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func).split(".")[-1] == "Event"
+        and any(
+            k.arg == "kind" and isinstance(k.value, ast.Constant) and k.value.value == "trace"
+            for k in node.keywords
+        )
+    ]
+
+
+def test_only_the_lifecycle_builds_a_status_event() -> None:
+    """A status change and its `trace` event are written in one place (`fleet.lifecycle`)."""
+    outside = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in product_files()
+        if not path.is_relative_to(ROOT / "fleet" / "lifecycle")
+        for line in trace_events_built(path.read_text(encoding="utf-8"))
+    ]
+    assert not outside, outside
+
+
+def test_the_status_event_check_finds_one() -> None:
+    assert trace_events_built('store.emit(r, Event(kind="trace", trace_id=r, status="queued"))')
+    assert trace_events_built('models.Event(kind="trace")') == [1]
+    assert not trace_events_built('Event(kind="message", trace_id=r)')

@@ -155,3 +155,16 @@ def test_reopen_queues_an_ended_child_for_a_new_call(tmp_path: Path) -> None:
     stored = runtime.store.get_trace(child_id)
     assert (stored.status, stored.parent_tool_call_id, stored.error) == ("queued", "c9", None)
     assert reopened.status == stored.status
+
+
+def test_queue_root_creates_the_root_queued_with_its_one_event(tmp_path: Path) -> None:
+    runtime, _, _ = parent_with_calls(tmp_path, "c1")
+    root = Trace(trace_id="root-1", root_trace_id="root-1", task="t", model="test")
+
+    queued = lifecycle.queue_root(runtime, root.model_copy(update={"status": "running"}))
+
+    assert queued.status == runtime.store.get_trace("root-1").status == "queued"
+    events = [e for _, e in runtime.store.read_events("root-1")]
+    assert [(e.kind, e.trace_id, e.status, e.data) for e in events] == [
+        ("trace", "root-1", "queued", {})
+    ]

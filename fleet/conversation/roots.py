@@ -13,14 +13,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from fleet import ids
+from fleet import ids, lifecycle
 from fleet.conversation.fanout import FAN_OUT_KEY, fan_out_metadata
 from fleet.errors import ConfigError, ToolError
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.limits.values import PositiveCount, validated
-from fleet.models import Event, Mode, Trace
+from fleet.models import Mode, Trace
 from fleet.runtime import Runtime
 from fleet.tools.imagecheck import Image, stored_ref
 
@@ -88,10 +88,7 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         context={"images": refs} if refs else {},
     )
     _control(runtime, spec, model, trace_id)
-    runtime.store.track_tree(trace_id)  # first: a crash leaves an id the check drops
-    runtime.store.create_trace(trace)
-    runtime.store.emit(trace_id, Event(kind="trace", trace_id=trace_id, status="queued"))
-    return trace
+    return lifecycle.queue_root(runtime, trace)
 
 
 def _control(runtime: Runtime, spec: TaskSpec, model: str, trace_id: str) -> None:

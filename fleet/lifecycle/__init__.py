@@ -1,12 +1,14 @@
 """Every status change of a trace, and the one writer of collaborator entries.
 
 A trace goes `queued -> running -> (waiting -> running)* -> completed|failed|stopped`; a
-yielded run goes back to `queued`, a reopened child (`continue_from`) from terminal to
-`queued`. Only this package writes `status` (`status`), and only it writes a
-parent's collaborator entries (`entries`), so a new transition (a budget stop, a wait on
-a person) is added here, once, for the runner, both dispatchers and the Celery tasks
-alike. Callers use the names below (`lifecycle.finish`, ...); it imports the runtime and
-the storage roles, never the loop, children or conversation.
+new root is created `queued` with its event (`queue_root`; a new child is told by its
+parent's entry, `announce`), a yielded run goes back to `queued`, a reopened child
+(`continue_from`) from terminal to `queued`. Only this package writes `status`
+(`status`), and only it writes a parent's collaborator entries (`entries`), so a new
+transition (a budget stop, a wait on a person) is added here, once, for the runner, both
+dispatchers and the Celery tasks alike. Callers use the names below (`lifecycle.finish`,
+...); it imports the runtime and the storage roles, never the loop, children or
+conversation.
 """
 
 from fleet.lifecycle.batch import BATCH_ENTRY, BATCH_KEY, batch_answered, put_batch, wait_on_batch
@@ -20,6 +22,7 @@ from fleet.lifecycle.status import (
     human_id,
     person_answered,
     put_person,
+    queue_root,
     reopen,
     reopen_root,
     requeue,
@@ -47,6 +50,7 @@ __all__ = [
     "put_batch",
     "put_collaborator",
     "put_person",
+    "queue_root",
     "reopen",
     "reopen_root",
     "requeue",

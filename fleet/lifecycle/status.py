@@ -30,6 +30,20 @@ from fleet.storage.writes import TraceWrite
 # -- the trace's own status -------------------------------------------------------------
 
 
+def queue_root(runtime: Runtime, trace: Trace) -> Trace:
+    """`queued`: a new root is created, then its `trace` event is written.
+
+    The tree is tracked first, so a crash before the create leaves an id the owner check
+    drops. A child's creation is told by its parent's entry instead (`announce`).
+    """
+    queued = trace.model_copy(update={"status": "queued"})
+    runtime.store.track_tree(queued.root_trace_id)
+    runtime.store.create_trace(queued)
+    event = Event(kind="trace", trace_id=queued.trace_id, status="queued")
+    runtime.store.emit(queued.root_trace_id, event)
+    return queued
+
+
 def start(runtime: Runtime, trace: Trace, write: TraceWrite | None = None) -> Trace:
     """`running`: a runner took the trace (first run or resume).
 
