@@ -4,7 +4,8 @@ Attack: an OpenAI-compatible server (or an Anthropic one) answers 400/404/500 wi
 quoting the request headers. On main the body's text went into `trace.error` whole, so
 `Bearer sk-...` landed in Redis and in `fleet trace show`. Control: `fleet.security.redact` — every
 provider text is redacted (the client's key, every secret of the process, auth-header and
-key shapes) before it becomes an exception, and `Runner.finish` redacts `trace.error` again.
+key shapes) before it becomes an exception, and `lifecycle.finish` redacts `trace.error`
+again.
 """
 
 from __future__ import annotations
