@@ -124,3 +124,17 @@ def test_the_in_process_host_refuses_a_deferral_it_could_not_keep() -> None:
     apply_after_child(Nothing())
     with pytest.raises(AssertionError, match="cannot be deferred"):
         apply_after_child(DEFERRED)
+
+
+def test_settle_from_store_finds_the_calls_children(tmp_path: Path) -> None:
+    runtime, parent, (request,) = parent_with_calls(tmp_path, "c1")
+    first, second = request.child_ids
+    call = Call(parent.trace_id, "c1")
+    lifecycle.finish(runtime, first, "completed", answer="done", reason="final_answer")
+
+    deferred = after.settle_from_store(runtime, call, "errback")
+    lifecycle.finish(runtime, second, "failed", error="boom", reason="error")
+    resumed = after.settle_from_store(runtime, call, "sweep")
+
+    assert isinstance(deferred, Defer) and deferred.pending == (second,)
+    assert resumed == Resume(parent.trace_id)

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from fleet.children import after, settling
+from fleet.children import after
 from fleet.control import claim_dead_runs
 from fleet.conversation.human import time_out_waits
 from fleet.models import now_ms
@@ -85,8 +85,7 @@ def settle_due(entry: str) -> None:
     """Settle a recovered child's tool call once every child ended; else look again later."""
     runtime = get_runtime()
     _, parent_id, call_id = outbox.parse(entry)
-    children = settling.call_children(runtime.store, parent_id, call_id)
-    action = after.settle_call(runtime, after.Call(parent_id, call_id), children, "sweep")
+    action = after.settle_from_store(runtime, after.Call(parent_id, call_id), "sweep")
     if isinstance(action, after.Defer):  # children still run: this entry comes due later
         resend_stranded(action.pending)
         settle.apply(action)

@@ -8,7 +8,7 @@ import redis
 from celery import Task
 from celery.exceptions import Ignore
 
-from fleet.children import after, settling
+from fleet.children import after
 from fleet.loop.runner import Runner, RunResult, run_safely
 from fleet.models import now_ms
 from fleet.runtime import Runtime
@@ -128,7 +128,5 @@ def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     when its worker lost Redis or the broker; the children still end, and the call is
     settled once they all have (now, or by a sweeper from the outbox).
     """
-    runtime = get_runtime()
-    children = settling.call_children(runtime.store, parent_trace_id, tool_call_id)
     call = after.Call(parent_trace_id, tool_call_id)
-    settle.apply(after.settle_call(runtime, call, children, "errback"))
+    settle.apply(after.settle_from_store(get_runtime(), call, "errback"))

@@ -123,6 +123,12 @@ def settle_call(runtime: Runtime, call: Call, child_ids: Sequence[str], by: Sett
     return _decide(runtime, settlement, call, by)
 
 
+def settle_from_store(runtime: Runtime, call: Call, by: Settler) -> AfterChild:
+    """`settle_call` on the children `call` spawned, as the store lists them."""
+    children = settling.call_children(runtime.store, call.parent_trace_id, call.tool_call_id)
+    return settle_call(runtime, call, children, by)
+
+
 def settle_child(runtime: Runtime, child_id: str, by: Settler) -> AfterChild:
     """Settle the call that spawned `child_id` once every child of it ended; what is owed.
 
