@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: all check lint typecheck test unit demo format bench faults chaos clean
+.PHONY: all check lint typecheck test unit bytecode demo format bench faults chaos clean
 all: check
 check: lint typecheck test
 
@@ -22,13 +22,24 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# The suite on TEST_PROCESSES processes (pytest-xdist): its tests mostly wait on servers,
+# subprocesses and timers. Each file stays on one process (its module fixtures start once),
+# the RabbitMQ tests share one (tests/conftest.py); then the `serial` tests, one at a time:
+# they need the machine to themselves (a time bound, a count of a user's processes).
+TEST_PROCESSES ?= 6
+test: $(STAMP) bytecode
+	$(PY) -m pytest -q -m "not serial" -n $(TEST_PROCESSES) --dist loadgroup
+	$(PY) -m pytest -q -m serial
 
-# The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s:
-# four processes (pytest-xdist), as its tests mostly wait on subprocesses and timers.
-unit: $(STAMP)
-	$(PY) -m pytest -q -m "not integration" -n 4
+# The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s.
+unit: $(STAMP) bytecode
+	$(PY) -m pytest -q -m "not integration and not serial" -n 4 --dist loadgroup
+	$(PY) -m pytest -q -m "not integration and serial"
+
+# Every worker, CLI and fleet process a test starts imports the checkout: compiled once
+# here, not in each of them where PYTHONDONTWRITEBYTECODE is set (as on these machines).
+bytecode: $(STAMP)
+	$(PY) -m compileall -q fleet fleetops workers tests
 
 # The demo surveys docs/: the checkout itself holds .venv and fleet/, the workers' own code,
 # which no workspace root may contain (docs/security.md, "Second round").

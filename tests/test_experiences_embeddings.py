@@ -197,6 +197,7 @@ def test_the_embedder_leaves_a_failed_endpoint_alone_for_its_cool_off(
     assert embedder.embed(["x"]) == [tuple(vector("x"))]
 
 
+@pytest.mark.serial
 def test_a_hung_endpoint_costs_one_bounded_wait_then_nothing(server: FakeEmbeddings) -> None:
     server.mode = "hang"
     http = httpx.Client(timeout=0.2)  # the real one waits EMBED_TIMEOUT_S (5 s)

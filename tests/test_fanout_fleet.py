@@ -80,6 +80,7 @@ def run_started_ms(fleet: Fleet, root_id: str) -> dict[str, int]:
     }
 
 
+@pytest.mark.serial
 def test_max_concurrent_bounds_running_branches_and_no_slot_waits(
     fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -147,6 +148,7 @@ def two_workers(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> It
 BIG = 300
 
 
+@pytest.mark.serial
 def test_an_interactive_tree_is_not_starved_by_a_big_batch_tree(
     two_workers: Fleet, tmp_path: Path
 ) -> None:

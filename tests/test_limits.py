@@ -98,6 +98,7 @@ def limiter(probe: Probe) -> ProviderLimits:
     return probe.limiter
 
 
+@pytest.mark.serial
 def test_requests_are_spaced_evenly_at_the_rate(limiter: ProviderLimits) -> None:
     s = (scope(requests_per_minute=600),)  # one every 100 ms
     turns, waits = [], []
@@ -208,6 +209,7 @@ def test_model_scopes_never_take_a_pause(limiter: ProviderLimits) -> None:
     assert isinstance(limiter.admit("a", (alias,), 1), Admitted)
 
 
+@pytest.mark.serial
 def test_tokens_are_booked_ahead_and_settled_with_real_usage(limiter: ProviderLimits) -> None:
     s = (scope(tokens_per_minute=60_000),)  # 1 token per ms, 1.05 with the margin
     assert limiter.admit("a", s, 500) == Admitted(0.0)

@@ -119,6 +119,7 @@ def elapsed_s(trace: Trace) -> float:
     return (trace.finished_at_ms - trace.created_at_ms) / 1000
 
 
+@pytest.mark.serial
 def test_requests_limit_shared_by_every_worker(setup: Setup) -> None:
     trace = setup.fleet.submit("survey", model="paced").wait(timeout_s=180)
     assert trace.status == "completed", trace.error
@@ -131,6 +132,7 @@ def test_requests_limit_shared_by_every_worker(setup: Setup) -> None:
     assert elapsed_s(trace) <= 1.25 * minimum_s + 1.0, (elapsed_s(trace), minimum_s)
 
 
+@pytest.mark.serial
 def test_tokens_limit_with_large_completions(setup: Setup) -> None:
     trace = setup.fleet.submit("survey", model="metered").wait(timeout_s=180)
     assert trace.status == "completed", trace.error

@@ -108,6 +108,7 @@ def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
     assert elapsed_s(trace) <= 1.25 * bound_s + 3.0
 
 
+@pytest.mark.serial
 def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
     store: TraceStore, tmp_path: Path
 ) -> None:

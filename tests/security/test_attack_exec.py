@@ -176,6 +176,7 @@ def test_a_pth_planted_by_bash_runs_only_as_the_shell_user(
     assert "Permission denied" in output
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(os.geteuid() != 0, reason="RLIMIT_NPROC needs bash on a uid of its own")
 @pytest.mark.parametrize(
     "command",
