@@ -19,7 +19,7 @@ from celery.utils.saferepr import saferepr
 import workers.app  # noqa: F401  (installs the patches)
 from fleet.client import Fleet
 from tests.fleetkit import explore_script, wait_until
-from workers.events import EVENT_FLUSH_INTERVAL_S, result_repr
+from workers.patches.events import EVENT_FLUSH_INTERVAL_S, result_repr
 
 BRANCHES = 12
 

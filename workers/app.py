@@ -17,7 +17,7 @@ from fleet.limits.trees import Priority
 from fleet.settings import Settings, process_settings
 from fleet.storage.redis_connect import SENTINEL_TIMEOUT_S, Lua
 from fleet.storage.redis_urls import is_sentinel
-from workers import events, join, kombu_fix
+from workers.patches import chord_join, events, kombu_redis
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
 QUEUE_BY_MODE = {
@@ -139,7 +139,8 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
     this is `RedisBackend`.
 
     A chord whose body is `fleet.children.collect` with its size in its options
-    (`workers.join.is_fleet_join`) is joined by `workers.join`: nothing is written when it
+    (`workers.patches.chord_join.is_fleet_join`) is joined by `workers.patches.chord_join`:
+    nothing is written when it
     is sent (no `.s` size key, no saved group), each header part counted once. Every
     other chord gets Celery's join.
     """
@@ -147,12 +148,12 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
     _fleet_group: str | None = None
     """The group of the fleet chord this thread is sending (its size key is not written)."""
 
-    fleet_join_script = Lua(join.PART_RETURN)
-    """`workers.join.PART_RETURN`: `fleet_join_script(backend.client, keys, args)`."""
+    fleet_join_script = Lua(chord_join.PART_RETURN)
+    """`workers.patches.chord_join.PART_RETURN`: `fleet_join_script(backend.client, keys, args)`."""
 
     def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
         """Celery's, except for a fleet chord: nothing to save, and no size key to write."""
-        if join.is_fleet_join(body):
+        if chord_join.is_fleet_join(body):
             self._fleet_group = header_result_args[0]
             return
         self._fleet_group = None
@@ -165,8 +166,8 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
 
     def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
         """A header task ended (any state, its result stored or not): count it in its chord."""
-        if join.is_fleet_join(request.chord):
-            join.part_returned(self, request, state, result)
+        if chord_join.is_fleet_join(request.chord):
+            chord_join.part_returned(self, request, state, result)
         else:
             super().on_chord_part_return(request, state, result, **kwargs)
 
@@ -238,7 +239,7 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
     """A configured app; `workers.tasks` registers the tasks on import."""
     # Every event this app sends (Flower reads them) has its text fields redacted.
     app = FleetCelery(
-        "fleet", set_as_current=set_as_current, events="workers.events:RedactingEvents"
+        "fleet", set_as_current=set_as_current, events="workers.patches.events:RedactingEvents"
     )
     if settings is not None:
         app.conf.update(make_config(settings))
@@ -247,7 +248,7 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
     return app
 
 
-kombu_fix.install()  # a worker must reconnect when Redis restarts, not exit
+kombu_redis.install()  # a worker must reconnect when Redis restarts, not exit
 events.install()  # a cheaper repr of a run's result for its task-succeeded event
 app = create_app()
 

@@ -11,10 +11,10 @@ from fleet.conversation.continuation import stamp, turn_of
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
-from workers import join
 from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
-from workers.chords import send_chord
 from workers.naming import task_names
+from workers.patches import chord_join
+from workers.patches.chords import send_chord
 
 
 def stamps(parent_trace_id: str, root_trace_id: str, turn: int = 0) -> dict[str, Any]:
@@ -127,7 +127,9 @@ class CeleryDispatcher:
             queue=QUEUE_BY_MODE["main"],
             options={
                 "argsrepr": f"collect {request.parent_trace_id} {request.tool_call_id}",
-                join.SIZE_OPTION: len(header),  # the fleet's join (workers.join) counts to it
+                chord_join.SIZE_OPTION: len(
+                    header
+                ),  # the fleet's join (workers.patches.chord_join) counts to it
                 **tree,
             },
         )

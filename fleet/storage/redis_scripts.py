@@ -19,11 +19,11 @@ _STARTABLE = " or ".join(f"status == '{json.dumps(status)}'" for status in START
 """`store.STARTABLE` as a Lua condition on the stored (JSON) status."""
 
 # A counted join's part (a host's barrier: the Celery binding's chord join,
-# `workers.join`): `member`'s part recorded once; when `size` parts are in, the body is
-# claimed (`claim` SET NX with a lease of `claim_s`), owed to `outbox` (`owed` due at
+# `workers.patches.chord_join`): `member`'s part recorded once; when `size` parts are in, the
+# body is claimed (`claim` SET NX with a lease of `claim_s`), owed to `outbox` (`owed` due at
 # `due_ms`) and every part returned; else false. A first part finding the claim there is a
 # late copy after the body was sent: it is dropped. `APPLY`'s `part` op and
-# `workers.join.PART_RETURN` both run it.
+# `workers.patches.chord_join.PART_RETURN` both run it.
 JOIN_PART = """
 local function join_part(parts, claim, outbox, member, part, size, ttl, claim_s, owed, due_ms)
   local added = redis.call('HSETNX', parts, member, part)

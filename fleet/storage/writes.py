@@ -78,8 +78,8 @@ class JoinPart:
     """Count this run in a host's join, in the write that ends the run (Redis stores only).
 
     A host whose runs are parts of a barrier (the Celery binding's chord join,
-    `workers.join`) records a run's part in the run's last write instead of a round trip
-    of its own after it. The keys and values are the host's; the store runs
+    `workers.patches.chord_join`) records a run's part in the run's last write instead of a
+    round trip of its own after it. The keys and values are the host's; the store runs
     `fleet.storage.redis_scripts.JOIN_PART` on them and reports back here, once the write is
     applied: `recorded`, and `parts` when this part completed the join and claimed it (the
     host then sends what the join waited for).

@@ -10,7 +10,7 @@ from celery.canvas import Signature
 from kombu.messaging import Producer
 from kombu.utils.uuid import uuid
 
-from workers.header_messages import HeaderTemplate, first_publish, publish_signals_connected
+from workers.patches.header_messages import HeaderTemplate, first_publish, publish_signals_connected
 
 
 def send_chord(app: Celery, header: Sequence[Signature], body: Signature) -> str:
@@ -28,7 +28,7 @@ def send_chord(app: Celery, header: Sequence[Signature], body: Signature) -> str
     task-sent event and Celery's publish signals, through the thread's producer (the
     `one_pipeline` one in a dispatch), and every later header that differs from the first
     only in its ids, args, `argsrepr`, `shadow` and stamps is published from the first's
-    message (`workers.header_messages`: in a Redis publish batch with no receiver of the
+    message (`workers.patches.header_messages`: in a Redis publish batch with no receiver of the
     publish signals; any other header goes through `send_task`). Unlike the canvas,
     nothing is added to the sending task's result trail (`request.children`): no reader.
 

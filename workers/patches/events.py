@@ -163,7 +163,7 @@ def install() -> None:
 class RedactingEvents(Events):  # type: ignore[misc]
     """`app.events` whose dispatchers are `RedactingDispatcher`s."""
 
-    dispatcher_cls = "workers.events:RedactingDispatcher"
+    dispatcher_cls = "workers.patches.events:RedactingDispatcher"
 
 
 @contextmanager

@@ -16,7 +16,7 @@ signals) goes through `app.send_task` as before. `tests/test_dispatch_publish.py
 the result with `chord(header, body).apply_async()`.
 
 kombu and Celery internals used (both pinned to 5.7): `Producer._publish`'s positional
-arguments, `Producer._batch_local` (`workers.chords.templates_apply`), `Connection.ensure`,
+arguments, `Producer._batch_local` (`workers.patches.chords.templates_apply`), `Connection.ensure`,
 `amqp._event_dispatcher`, and the shape of `as_task_v2`'s headers and task-sent event.
 """
 

@@ -1,0 +1,1 @@
+"""Celery and kombu patches (listed in the next commit)."""
