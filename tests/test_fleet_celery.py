@@ -12,8 +12,8 @@ import redis
 
 from fleet.client import Fleet
 from tests.fleetkit import celery_fleet, explore_script, wait_until
-from workers.app import SendOnlyRedisBackend
 from workers.patches import chord_join
+from workers.patches.result_backend import SendOnlyRedisBackend
 
 pytestmark = [
     pytest.mark.integration,

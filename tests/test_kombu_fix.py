@@ -21,6 +21,7 @@ from kombu.messaging import Producer
 from redis.connection import Connection as RedisConnection
 
 from fleet.storage.redis_server import RedisServer, start_redis_server
+from workers import patches
 from workers.patches import kombu_redis
 
 pytestmark = pytest.mark.integration
@@ -45,7 +46,7 @@ def client_of(channel: Any) -> Any:
 def test_a_channel_reuses_one_client_per_pool_and_follows_a_new_pool(
     server: RedisServer,
 ) -> None:
-    kombu_redis.install()
+    patches.configure(())
     with Connection(server.url) as conn:
         channel = conn.default_channel
         first = client_of(channel)
@@ -71,7 +72,7 @@ def test_a_channel_reuses_one_client_per_pool_and_follows_a_new_pool(
 def test_publish_consume_and_ack_keep_working_across_a_redis_restart(
     server: RedisServer,
 ) -> None:
-    kombu_redis.install()
+    patches.configure(())
     queue = Queue("kombu-fix", Exchange("kombu-fix", type="direct"), routing_key="kombu-fix")
     events = Exchange("celeryev", type="topic")
     with Connection(server.url, transport_options={"max_retries": 3}) as conn:
@@ -109,7 +110,7 @@ def test_publish_consume_and_ack_keep_working_across_a_redis_restart(
 def test_a_declared_entity_is_not_declared_again_until_the_connection_is_renewed(
     server: RedisServer,
 ) -> None:
-    kombu_redis.install()
+    patches.configure(())
     queue = Queue("kombu-fix", Exchange("kombu-fix", type="direct"), routing_key="kombu-fix")
     binding = "_kombu.binding.kombu-fix"
     with Connection(server.url) as conn:
@@ -173,7 +174,7 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_delivered_message_is_recorded_unacked_as_kombu_records_it(
     server: RedisServer,
 ) -> None:
-    kombu_redis.install()
+    patches.configure(())
     queue = Queue("append", Exchange("append", type="direct"), routing_key="append")
     with Connection(server.url) as conn:
         before = time.time()
@@ -189,7 +190,7 @@ def test_a_delivered_message_is_recorded_unacked_as_kombu_records_it(
 def test_acks_on_the_loop_thread_reach_redis_in_one_script_on_the_next_turn(
     server: RedisServer, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kombu_redis.install()
+    patches.configure(())
     queue = Queue("acks", Exchange("acks", type="direct"), routing_key="acks")
     with Connection(server.url) as conn:
         messages = deliver(conn, queue, 5)
@@ -208,7 +209,7 @@ def test_acks_on_the_loop_thread_reach_redis_in_one_script_on_the_next_turn(
 
 
 def test_an_ack_off_the_loop_thread_reaches_redis_at_once(server: RedisServer, hub: Hub) -> None:
-    kombu_redis.install()
+    patches.configure(())
     queue = Queue("acks-off", Exchange("acks-off", type="direct"), routing_key="acks-off")
     with Connection(server.url) as conn:
         (message,) = deliver(conn, queue, 1)
@@ -221,7 +222,7 @@ def test_an_ack_off_the_loop_thread_reaches_redis_at_once(server: RedisServer, h
 def test_a_restore_writes_the_pending_acks_first_and_restores_only_the_unacked(
     server: RedisServer, hub: Hub
 ) -> None:
-    kombu_redis.install()
+    patches.configure(())
     queue = Queue("acks-close", Exchange("acks-close", type="direct"), routing_key="acks-close")
     with Connection(server.url) as conn:
         done, running = deliver(conn, queue, 2)
@@ -238,7 +239,7 @@ def test_a_restore_writes_the_pending_acks_first_and_restores_only_the_unacked(
 def test_pending_acks_that_cannot_be_written_are_logged_and_left_to_the_visibility_timeout(
     server: RedisServer, hub: Hub, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kombu_redis.install()
+    patches.configure(())
     queue = Queue("acks-lost", Exchange("acks-lost", type="direct"), routing_key="acks-lost")
     with Connection(server.url) as conn:
         (message,) = deliver(conn, queue, 1)
@@ -254,7 +255,7 @@ def test_pending_acks_that_cannot_be_written_are_logged_and_left_to_the_visibili
 def test_with_a_global_key_prefix_the_unacked_entries_are_kombus_own_prefixed_keys(
     server: RedisServer, hub: Hub
 ) -> None:
-    kombu_redis.install()
+    patches.configure(())
     queue = Queue("prefixed", Exchange("prefixed", type="direct"), routing_key="prefixed")
     options = {"global_keyprefix": "pre:"}
     with Connection(server.url, transport_options=options) as conn:

@@ -6,7 +6,7 @@ length, every secret this process knows and every credential shape redacted firs
 `"sk-live-..."`, `(key=...)` or `token:'...'` go whatever quotes surround them), then any
 word that still looks like a credential (a long random string) masked.
 
-`workers.patches.events.RedactingEvents` is the last layer: every event this process sends has its
+`workers.events.RedactingEvents` is the last layer: every event this process sends has its
 text fields redacted before it leaves, whoever built them.
 """
 

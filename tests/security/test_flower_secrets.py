@@ -6,7 +6,7 @@ mask only knew bare words — so Flower's task list, task page and API showed it
 `/metrics` answered without the login the rest of Flower asked for, its `task` labels
 being those shadow names.
 Controls: `workers.naming` (every known secret value and credential shape redacted before
-words are picked, punctuation ignored when judging a word), `workers.patches.events` (every text
+words are picked, punctuation ignored when judging a word), `workers.events` (every text
 field of every event the app sends), and `fleetops.flower` (`/metrics` behind the same
 login; task labels are the task kind only).
 """

@@ -11,6 +11,7 @@ from kombu.messaging import Producer
 from kombu.utils.uuid import uuid
 
 from workers.patches.header_messages import HeaderTemplate, first_publish, publish_signals_connected
+from workers.patches.switches import enabled
 
 
 def send_chord(app: Celery, header: Sequence[Signature], body: Signature) -> str:
@@ -62,7 +63,12 @@ def send_chord(app: Celery, header: Sequence[Signature], body: Signature) -> str
 
 
 def templates_apply(producer: Producer) -> bool:
-    """Headers from a template: in a Redis publish batch, with no publish signal receivers."""
+    """Headers from a template: in a Redis publish batch, with no publish signal receivers.
+
+    Never with `header-template` off: then every header goes through `send_task`.
+    """
+    if not enabled("header-template"):
+        return False
     batch = getattr(producer._batch_local, "current", None)
     transport = producer.connection.transport
     return (

@@ -1,23 +1,31 @@
-"""The app's event dispatcher: every event redacted; a worker's task events sent in batches.
+"""Two patches of Celery's events: a worker's task events in batches; a cheaper shown result.
 
-**Redacted.** Every event this process sends (task-sent, received, started, failed with its
-exception and traceback, succeeded with its result) has its text fields redacted before it
-leaves, whoever built them: the last layer behind `workers.naming`.
+Written and tested against Celery 5.7.0 and kombu 5.7.0 (pyproject pins `celery>=5.7,<5.8`).
+`workers.events.RedactingDispatcher` (the app's dispatcher: every event redacted, which is
+not a patch and cannot be switched off) is built on `BatchingDispatcher` here.
 
-**Batched.** A worker buffers its task events and Celery publishes the buffer (one
-`task.multi` message) on the next turn of the event loop: with a hundred threads finishing
-tasks, that was a PUBLISH, a JSON envelope and a kombu message for every one or two events,
-about a tenth of a busy worker's CPU. Here the loop publishes at most every
+**`event-batching`: batched.** A worker buffers its task events and Celery publishes the
+buffer (one `task.multi` message) on the next turn of the event loop: with a hundred threads
+finishing tasks, that was a PUBLISH, a JSON envelope and a kombu message for every one or
+two events, about a tenth of a busy worker's CPU. Here the loop publishes at most every
 `EVENT_FLUSH_INTERVAL_S` (sooner when EVENT_BUFFER_LIMIT events wait); a flush
 asked for earlier is put off with a timer of the worker's event loop, so no event waits
 longer than that, and closing the dispatcher (shutdown, reconnect) publishes what waits.
 Flower and every other event consumer see the same events, at most that much later.
 A worker sending a chord header (`workers.app.one_pipeline`) holds the header's task-sent
 events the same way: one message per SENT_EVENTS_PER_MESSAGE instead of one per task.
+Relies on `celery.events.dispatcher.EventDispatcher`: its `on_send_buffered` and
+`buffer_limit` arguments, `flush(errors, groups)`, `buffer_group`, `_group_buffer` (type ->
+events), `_prepare_event(type, fields, blind)`, `_publish(event, producer, routing_key)`,
+`mutex`, and `publish(type, fields, producer, **kwargs)` being what `send_task` calls for a
+task-sent event (through `app.amqp._event_dispatcher`). Off: Celery's own dispatcher
+behaviour (a flush per loop turn, buffer of 24, a task-sent message per task).
 
-**The shown result.** Celery's tracer renders each success's result with `saferepr` for the
-task-succeeded event; `result_repr` gives the same text for a run's `{trace_id, outcome}`
-at a twentieth of the cost.
+**`event-repr`: the shown result.** Celery's tracer renders each success's result with
+`saferepr` for the task-succeeded event (`celery.app.trace` calls the module-level name
+`saferepr(R, resultrepr_maxsize)`); `result_repr` gives the same text for a run's
+`{trace_id, outcome}` at a twentieth of the cost, installed as `celery.app.trace.saferepr`.
+Off: `celery.utils.saferepr.saferepr` there again.
 """
 
 from __future__ import annotations
@@ -30,12 +38,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery.app import trace as celery_trace
-from celery.app.events import Events
 from celery.events.dispatcher import EventDispatcher
 from celery.utils.saferepr import saferepr
 from kombu.asynchronous import get_event_loop
 
-from fleet.settings import process_redactor
+from workers.patches.switches import Undo, enabled, replace
 
 EVENT_FLUSH_INTERVAL_S = 0.1
 """The longest a worker's task event waits in its buffer (Flower sees it that much later)."""
@@ -51,33 +58,24 @@ half a `workers.app.PIPELINE_FLUSH_COMMANDS`, so each event leaves with its task
 HELD_ATTRIBUTE = "fleet_held_sent_events"
 """The list a producer holds its task-sent events in while `hold_sent_events` is on."""
 
-_SEND_OPTIONS = ("blind", "utcoffset", "retry", "retry_policy", "Event")
 
-
-def redact_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    """An event's fields with every text value redacted (ids and numbers pass unchanged)."""
-    redactor = process_redactor()
-    return {k: redactor(v) if isinstance(v, str) else v for k, v in fields.items()}
-
-
-class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
-    """Celery's event dispatcher: fields redacted, a worker's task events batched."""
+class BatchingDispatcher(EventDispatcher):  # type: ignore[misc]
+    """Celery's event dispatcher, a worker's task events batched (`event-batching`)."""
 
     def __init__(
         self, *args: Any, on_send_buffered: Callable[[], None] | None = None, **kwargs: Any
     ) -> None:
         """As `EventDispatcher`; `on_send_buffered` (the worker's) is asked once per batch."""
+        self.batching = enabled("event-batching")
         self._ask_loop = on_send_buffered
         self._asked = False
         self._flushed_at_s = 0.0
+        if not self.batching:
+            super().__init__(*args, on_send_buffered=on_send_buffered, **kwargs)
+            return
         ask = self._ask_for_flush if on_send_buffered is not None else None
         kwargs.setdefault("buffer_limit", EVENT_BUFFER_LIMIT)
         super().__init__(*args, on_send_buffered=ask, **kwargs)
-
-    def send(self, type: str, *args: Any, **fields: Any) -> Any:
-        """See `EventDispatcher.send`."""
-        options = {k: fields.pop(k) for k in _SEND_OPTIONS if k in fields}
-        return super().send(type, *args, **options, **redact_fields(fields))
 
     def publish(self, type: str, fields: dict[str, Any], producer: Any, **kwargs: Any) -> Any:
         """See `EventDispatcher.publish` (every sender's `task-sent` goes this way).
@@ -85,7 +83,6 @@ class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
         A producer that holds task-sent events (`hold_sent_events`) gets them as one
         `task.multi` message per SENT_EVENTS_PER_MESSAGE, as a worker sends its own.
         """
-        fields = redact_fields(fields)
         held: list[Any] | None = getattr(producer, HELD_ATTRIBUTE, None)
         if type != "task-sent" or held is None:
             return super().publish(type, fields, producer, **kwargs)
@@ -104,6 +101,9 @@ class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
 
     def flush(self, errors: bool = True, groups: bool = True) -> None:
         """Publish the buffered events, or on the event loop, once the interval has passed."""
+        if not self.batching:
+            super().flush(errors=errors, groups=groups)
+            return
         loop = get_event_loop()
         wait_s = self._flushed_at_s + EVENT_FLUSH_INTERVAL_S - time.monotonic()
         if groups and self.buffer_group and wait_s > 0 and loop and self._loop_may_wait():
@@ -117,6 +117,9 @@ class RedactingDispatcher(EventDispatcher):  # type: ignore[misc]
 
     def close(self) -> None:
         """Publish what is buffered, then close (see `EventDispatcher.close`)."""
+        if not self.batching:
+            super().close()
+            return
         self._flushed_at_s = 0.0
         super().flush()
         super().close()
@@ -155,15 +158,9 @@ def result_repr(result: Any, maxlen: int) -> str:
     return str(saferepr(result, maxlen))
 
 
-def install() -> None:
-    """Celery's tracer computes each success's shown result with `result_repr`."""
-    celery_trace.saferepr = result_repr  # its only use there: the result of a success
-
-
-class RedactingEvents(Events):  # type: ignore[misc]
-    """`app.events` whose dispatchers are `RedactingDispatcher`s."""
-
-    dispatcher_cls = "workers.patches.events:RedactingDispatcher"
+def install_result_repr() -> list[Undo]:
+    """`event-repr`: Celery's tracer computes each success's shown result with `result_repr`."""
+    return [replace(celery_trace, "saferepr", result_repr)]  # its only use there
 
 
 @contextmanager
@@ -174,6 +171,9 @@ def hold_sent_events(app: Any, producer: Any) -> Iterator[None]:
     they describe may not have left either); Flower learns of those tasks when a worker
     receives them.
     """
+    if not enabled("event-batching"):
+        yield
+        return
     setattr(producer, HELD_ATTRIBUTE, [])
     try:
         yield
