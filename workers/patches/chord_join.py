@@ -1,5 +1,22 @@
 """The fleet's chord join: each header part counted once, for chords whose body is collect.
 
+The `fleet-join` patch (`workers.patches.switches`), written and tested against Celery
+5.7.0 (redis-py 8.1.0). It relies on: `BaseBackend.mark_as_done` and `mark_as_failure`
+calling `on_chord_part_return(request, state, result)` for every header with
+`request.chord` (the body as a dict), `ignore_result` or not; the request's `id`, `group`,
+`group_index` and `args`; `backend.get_key_for_group(group_id, suffix)` (bytes, prefixed
+`celery-taskset-meta-`); `backend.chord_expires`; `backend.chord_error_from_stack(callback,
+exc)` running the errbacks; `app.amqp._retry_publish(publish, *args)` as Celery's join
+sends the body; and Celery 5.7 keeping a chord's size in a `.s` key, not in the message.
+tests/test_celery_patches.py asserts each of them on Celery.
+
+Switched off, `workers.dispatch` sends chords without the size, so they get Celery's own
+Redis join (a chord sent before keeps the join it was sent with). **This changes
+correctness**: Celery's join has no outbox net (a claimer that dies before publishing the
+body leaves the call until a redelivered part claims again, after the visibility timeout,
+or the owner check heals it), it stores and decodes every header's result, and a run's
+part costs a round trip of its own (no `count_in_run`).
+
 Celery's Redis join (`RedisBackend.on_chord_part_return`) serves any chord: it stores every
 header result, then per part runs a script of ~13 commands (a done-marker `GET`, `SISMEMBER`,
 `ZADD`, `SADD`, `ZCOUNT`, 5 `EXPIRE`, 2 `GET` of the size keys) and decodes every result to
