@@ -168,6 +168,16 @@ def test_fleet_join_the_backend_names_group_keys_and_runs_errbacks_as_assumed() 
     assert "chord_size" not in inspect.getsource(Celery.send_task)
 
 
+# send-only-results and fleet-join: `FleetCelery._get_backend` redoes Celery's three lines.
+
+
+def test_the_backend_is_built_by_celerys_get_backend_as_the_fleet_app_redoes_it() -> None:
+    body = inspect.getsource(Celery._get_backend)
+    assert "backends.by_url(" in body and "self.backend_cls or self.conf.result_backend" in body
+    assert "return backend(app=self, url=url)" in body
+    assert "_get_backend" in inspect.getsource(type(memory_app()).backend.fget)
+
+
 # send-only-results: registering a pending result subscribes to its channel.
 
 
