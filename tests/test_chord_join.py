@@ -280,10 +280,10 @@ def run_ends(store: RedisStore, chord: Chord, index: int, redis_url: str) -> Con
     store.create_trace(Trace(trace_id=trace_id, root_trace_id="root", task="branch"))
     request = chord.request(index)
     part = chord_join.count_in_run(app.backend, request, redis_url)
-    assert part is not None and not part.recorded
-    write = TraceWrite(trace_id, "root").update(status="completed").join_part(part)
+    assert part is not None and not part.applied
+    write = TraceWrite(trace_id, "root").update(status="completed").extend(part)
     store.apply(write)
-    assert part.recorded, "the write counted it"
+    assert part.applied, "the write counted it"
     return request
 
 
@@ -313,7 +313,7 @@ def test_the_write_that_completes_the_chord_sends_the_body_through_its_task(
     chord.report(1)
     request = run_ends(store, chord, 0, redis_url)
     part = getattr(request, chord_join.COUNTED_ATTR)
-    assert part.parts is not None and len(part.parts) == 2, "the write claimed the body"
+    assert part.reply is not None and len(part.reply) == 2, "the write claimed the body"
     owed = chord_join.owed_settlement(chord.body)
     assert conn.zscore(fleet_keys.OUTBOX, owed) is not None, "owed until the body is out"
     assert bodies(conn) == [], "a task that dies here leaves the call to the outbox"
@@ -335,10 +335,10 @@ def test_a_fenced_write_counts_nothing_and_the_part_is_reported_after(
     request = chord.request(0)
     part = chord_join.count_in_run(app.backend, request, redis_url)
     assert part is not None
-    write = TraceWrite(trace_id, "root").update(status="completed").join_part(part)
+    write = TraceWrite(trace_id, "root").update(status="completed").extend(part)
     with pytest.raises(LeaseLost):  # the lease went to another runner: the write is refused
         store.fenced(trace_id, "not-the-owner").apply(write)
-    assert not part.recorded
+    assert not part.applied
     assert chord.keys(conn) == [], "the refused write left no part"
     ended(request, chord, 0)
     assert bodies(conn) == [[trace_id]]
@@ -357,9 +357,9 @@ def test_a_store_on_another_redis_than_the_join_counts_no_part_in_the_run(
 def test_a_join_part_needs_a_redis_store() -> None:
     part = chord_join.join_part(app.backend, Chord(1).request(0), states.SUCCESS, None)
     assert part is not None
-    write = TraceWrite("t", "t").join_part(part)
-    with pytest.raises(ValueError, match="one join part"):
-        write.join_part(part)
+    write = TraceWrite("t", "t").extend(part)
+    with pytest.raises(ValueError, match="one extension"):
+        write.extend(part)
     memory = MemoryStore()
     memory.create_trace(Trace(trace_id="t", root_trace_id="t", task="main"))
     with pytest.raises(TypeError, match="Redis store"):

@@ -56,7 +56,7 @@ def run_agent(
     """
     runtime = get_runtime()
     part = chord_join.count_in_run(self.backend, self.request, runtime.settings.redis_url)
-    result = run_safely(Runner(runtime, should_yield=draining.is_set, join=part), trace_id)
+    result = run_safely(Runner(runtime, should_yield=draining.is_set, end_step=part), trace_id)
     hand_back(self, result)
     after_run(runtime, result, recovered=recovered, windowed=windowed)
     return envelope(result)
