@@ -238,9 +238,11 @@ def deliver_one(conn: Connection, name: str) -> Any:
     return message
 
 
-def unacked(channel: Any) -> tuple[int, int]:
+def unacked(channel: Any, tag: str) -> tuple[bool, bool]:
+    """Whether `tag` is in the unacked index and hash (shared by every channel on this Redis)."""
     with channel.conn_or_acquire() as client:
-        return client.zcard(channel.unacked_index_key), client.hlen(channel.unacked_key)
+        index = client.zscore(channel.unacked_index_key, tag) is not None
+        return index, bool(client.hexists(channel.unacked_key, tag))
 
 
 def collected_channel(redis_url: str) -> tuple[Any, Any]:
@@ -297,7 +299,7 @@ def test_kombu_unacked_script_upstream_records_what_the_script_records(
             stored = json.loads(client.hget(channel.unacked_key, tag))
         assert stored == [message._raw, "patch-append", "patch-append"]
         message.ack()
-        assert unacked(channel) == (0, 0)
+        assert unacked(channel, tag) == (False, False)
     assert parameters(QoS.append) == ["self", "message", "delivery_tag"]
 
 
@@ -307,8 +309,9 @@ def test_kombu_batched_acks_upstream_acks_at_once_and_the_loop_knows_its_thread(
 ) -> None:
     with Connection(redis_url) as conn:
         message = deliver_one(conn, "patch-ack")
+        assert unacked(conn.default_channel, message.delivery_tag) == (True, True)
         message.ack()  # upstream: the pipeline's ZREM + HDEL now, whatever the thread
-        assert unacked(conn.default_channel) == (0, 0)
+        assert unacked(conn.default_channel, message.delivery_tag) == (False, False)
     assert parameters(QoS.ack) == ["self", "delivery_tag"]
     hub = Hub()
     assert hub._loop_thread is None
