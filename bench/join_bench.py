@@ -6,9 +6,9 @@ In one process, on a real Redis (a private redis-server), the workers' app's bac
 handed every header part of one chord of `--parts` the way Celery's tracer hands it a
 succeeded task (`mark_as_done` with the task's request): for a plain chord (the result
 stored, Celery's Redis join with its size key) and for a fleet chord (`ignore_result`, the
-body `fleet.children.collect` with `chord_size`: `workers.join`). Each ends by sending its body to
-the broker. Per part: Redis commands (INFO commandstats delta, commands inside Lua scripts
-count), round trips (redis-py `send_packed_command` calls) and this process's CPU
+body `fleet.children.collect` with `chord_size`: `workers.patches.chord_join`). Each ends by
+sending its body to the broker. Per part: Redis commands (INFO commandstats delta, commands
+inside Lua scripts count), round trips (redis-py `send_packed_command` calls) and this process's CPU
 (`time.process_time`), medians over `--rounds` rounds that alternate the two.
 """
 
@@ -32,8 +32,8 @@ from redis.connection import Connection
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleet.storage.redis_server import start_redis_server  # noqa: E402
-from workers import join  # noqa: E402
 from workers.app import app  # noqa: E402
+from workers.patches import chord_join  # noqa: E402
 
 
 def one_chord(parts: int, fleet: bool) -> Callable[[], None]:
@@ -41,10 +41,10 @@ def one_chord(parts: int, fleet: bool) -> Callable[[], None]:
     group_id = str(uuid.uuid4())
     options: dict[str, Any] = {"task_id": str(uuid.uuid4())}
     if fleet:
-        options[join.SIZE_OPTION] = parts
+        options[chord_join.SIZE_OPTION] = parts
     else:
         app.backend.set_chord_size(group_id, parts)
-    body = dict(Signature(join.BODY_TASK, args=("root", "call_1"), options=options))
+    body = dict(Signature(chord_join.BODY_TASK, args=("root", "call_1"), options=options))
     requests = [
         Context(
             id=str(uuid.uuid4()),

@@ -88,6 +88,7 @@ ENV_NAMES = (
     "FLEET_PROBE_DIR",
     "FLEET_SERVE_TOKEN",
     "FLEET_STATE_DIR",
+    "FLEET_CELERY_PATCHES_OFF",
     "XDG_STATE_HOME",
     *OTEL_TRACING_ENVS,
     OTEL_CAPTURE_CONTENT_ENV,
@@ -193,6 +194,10 @@ class Settings:
     `fleet up` keeps its Redis data, logs and `up.json`, one folder per fleet directory."""
     state_dir: Path | None = None
     """FLEET_STATE_DIR: this fleet's state folder, instead of the one under `state_home`."""
+    celery_patches_off: tuple[str, ...] = ()
+    """FLEET_CELERY_PATCHES_OFF: the Celery/kombu patches a worker and client run without
+    (names from `workers.patches`, or `all`; the names are checked where the app is
+    configured, which `fleet` does not know)."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -252,6 +257,7 @@ class Settings:
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
             state_home=_state_home(env),
             state_dir=absolute_path(env.get("FLEET_STATE_DIR")),
+            celery_patches_off=name_list(env.get("FLEET_CELERY_PATCHES_OFF")),
             env=env,
         )
 

@@ -111,22 +111,25 @@ def thread_worker(concurrency: int = 32) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def celery_fleet(
-    redis_url: str, workspace: Path, monkeypatch: Any, concurrency: int = 32
+    redis_url: str, workspace: Path, monkeypatch: Any, concurrency: int = 32, **env: str
 ) -> Iterator[Fleet]:
     """A client and one in-process threads worker (`thread_worker`) on this Redis.
 
-    `monkeypatch`: the test's, so FLEET_REDIS_URL and FLEET_WORKSPACE go back afterwards.
+    `monkeypatch`: the test's, so FLEET_REDIS_URL, FLEET_WORKSPACE and `env` go back
+    afterwards. The client's app is configured with `env` (its Celery patches too).
     """
     from workers.app import app
     from workers.runtime import reset_runtime
 
     monkeypatch.setenv("FLEET_REDIS_URL", redis_url)
     monkeypatch.setenv("FLEET_WORKSPACE", str(workspace))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     app.conf.broker_url = redis_url
     app.conf.result_backend = redis_url
     reset_runtime()
     with thread_worker(concurrency=concurrency):
-        fleet = client(fleet_settings(redis_url, workspace))
+        fleet = client(fleet_settings(redis_url, workspace, **env))
         yield fleet
     assert isinstance(fleet.store, RedisStore)
     fleet.store.close()

@@ -1,4 +1,5 @@
-"""The fleet's chord join (`workers.join`) on a real Redis: each part once, the body once.
+"""The fleet's chord join (`workers.patches.chord_join`) on a real Redis: each part once, the
+body once.
 
 Header parts are reported as a worker reports them (`app.backend.on_chord_part_return` with
 the task's request), and the body is published to the real broker queue it is sent to.
@@ -28,8 +29,8 @@ from fleet.storage.memory_store import MemoryStore
 from fleet.storage.redis_store import RedisStore
 from fleet.storage.writes import TraceWrite
 from tests.fleetkit import wait_until
-from workers import join
 from workers.app import app
+from workers.patches import chord_join
 
 pytestmark = pytest.mark.integration
 
@@ -45,11 +46,11 @@ def conn(redis_url: str, redis_client: redis.Redis) -> Iterator[redis.Redis]:
     _set_task_join_will_block(False)
 
 
-def chord_body(size: int | None, task: str = join.BODY_TASK) -> dict[str, Any]:
+def chord_body(size: int | None, task: str = chord_join.BODY_TASK) -> dict[str, Any]:
     """A chord body as a header message carries it: collect, its errback, the size option."""
     options: dict[str, Any] = {"task_id": str(uuid.uuid4()), "argsrepr": "collect root call_1"}
     if size is not None:
-        options[join.SIZE_OPTION] = size
+        options[chord_join.SIZE_OPTION] = size
     body = Signature(task, args=("root", "call_1"), queue=BODY_QUEUE, options=options, app=app)
     # Not registered in this process: Celery sends it as a task, so the test sees it queued.
     body.link_error(Signature("tests.errback", args=("root",), queue=BODY_QUEUE, immutable=True))
@@ -59,7 +60,7 @@ def chord_body(size: int | None, task: str = join.BODY_TASK) -> dict[str, Any]:
 class Chord:
     """One chord's header parts, reported like a worker does when each header task ends."""
 
-    def __init__(self, size: int | None, task: str = join.BODY_TASK) -> None:
+    def __init__(self, size: int | None, task: str = chord_join.BODY_TASK) -> None:
         self.group_id = str(uuid.uuid4())
         self.body = chord_body(size, task)
         self.task_ids = [str(uuid.uuid4()) for _ in range(size or 1)]
@@ -103,7 +104,7 @@ def queued(conn: redis.Redis, task: str) -> list[list[Any]]:
 
 def bodies(conn: redis.Redis) -> list[list[str]]:
     """The trace ids each queued collect was sent with."""
-    return [[r["trace_id"] for r in args[0]] for args in queued(conn, join.BODY_TASK)]
+    return [[r["trace_id"] for r in args[0]] for args in queued(conn, chord_join.BODY_TASK)]
 
 
 def test_each_part_counts_once_and_the_last_sends_the_body_in_header_order(
@@ -116,7 +117,7 @@ def test_each_part_counts_once_and_the_last_sends_the_body_in_header_order(
     assert bodies(conn) == [], "two of three parts"
     chord.report(1)
     assert bodies(conn) == [[chord.trace_id(0), chord.trace_id(1), chord.trace_id(2)]]
-    (args,) = queued(conn, join.BODY_TASK)
+    (args,) = queued(conn, chord_join.BODY_TASK)
     assert args[1:] == ["root", "call_1"]
 
 
@@ -127,13 +128,13 @@ def test_a_copy_of_a_part_after_the_body_was_sent_sends_nothing(conn: redis.Redi
     chord.report(1)
     chord.report(0)
     assert len(bodies(conn)) == 1
-    assert chord.keys(conn) == [join.claim_key(app.backend, chord.group_id)], "only the mark"
+    assert chord.keys(conn) == [chord_join.claim_key(app.backend, chord.group_id)], "only the mark"
     one = Chord(1)
     one.report(0)
     one.report(0)
     one.report(0)
     assert len(bodies(conn)) == 2, "a chord of one fires once too"
-    assert one.keys(conn) == [join.claim_key(app.backend, one.group_id)]
+    assert one.keys(conn) == [chord_join.claim_key(app.backend, one.group_id)]
 
 
 def test_a_claimer_lost_before_sending_leaves_the_body_to_a_later_copy(
@@ -142,19 +143,19 @@ def test_a_claimer_lost_before_sending_leaves_the_body_to_a_later_copy(
     chord = Chord(2)
     chord.report(0)
     backend = app.backend
-    claim = join.claim_key(backend, chord.group_id)
-    part = join.part_of(chord.request(1), states.SUCCESS, chord.result(1))
-    keys = [join.parts_key(backend, chord.group_id), claim]
-    args = [chord.task_ids[1], part, 2, join.ttl_s(backend), join.JOIN_CLAIM_S]
+    claim = chord_join.claim_key(backend, chord.group_id)
+    part = chord_join.part_of(chord.request(1), states.SUCCESS, chord.result(1))
+    keys = [chord_join.parts_key(backend, chord.group_id), claim]
+    args = [chord.task_ids[1], part, 2, chord_join.ttl_s(backend), chord_join.JOIN_CLAIM_S]
     owed = outbox.settle_entry("root", "call_1")
     claimed_at_ms = now_ms()
-    args += [owed, claimed_at_ms + join.OWED_AFTER_MS]
+    args += [owed, claimed_at_ms + chord_join.OWED_AFTER_MS]
     script = backend.fleet_join_script
     assert script(backend.client, [*keys, fleet_keys.OUTBOX], args), "claimed; its worker dies here"
     chord.report(1)  # a copy while the claim holds
     assert bodies(conn) == []
     due_ms = conn.zscore(fleet_keys.OUTBOX, owed)
-    assert due_ms == claimed_at_ms + join.OWED_AFTER_MS, "the call is owed to a sweeper"
+    assert due_ms == claimed_at_ms + chord_join.OWED_AFTER_MS, "the call is owed to a sweeper"
     conn.pexpire(claim, 1)  # the claim's lease lapses
     wait_until(lambda: not conn.exists(claim), 5, "the claim to lapse")
     chord.report(1)  # a copy after it: redelivered (acks_late) or retried
@@ -178,9 +179,9 @@ def test_a_body_sent_owes_nothing_and_a_failed_send_stays_owed(
     def die(*_: Any) -> None:
         raise WorkerKilled
 
-    monkeypatch.setattr(join, "fire", die)
+    monkeypatch.setattr(chord_join, "fire", die)
     with pytest.raises(WorkerKilled):
-        join.part_returned(app.backend, dying.request(0), states.SUCCESS, dying.result(0))
+        chord_join.part_returned(app.backend, dying.request(0), states.SUCCESS, dying.result(0))
     monkeypatch.undo()
     owed = outbox.settle_entry("root", "call_1")
     assert conn.zscore(fleet_keys.OUTBOX, owed) is not None, "a sweeper settles the call"
@@ -227,11 +228,11 @@ def test_two_hundred_parts_at_once_send_one_body_with_every_trace(conn: redis.Re
 
 
 def test_every_join_key_has_a_ttl(conn: redis.Redis) -> None:
-    ttl_s = join.ttl_s(app.backend)
+    ttl_s = chord_join.ttl_s(app.backend)
     chord = Chord(2)
     chord.report(0)
     (parts,) = chord.keys(conn)
-    assert parts == join.parts_key(app.backend, chord.group_id)
+    assert parts == chord_join.parts_key(app.backend, chord.group_id)
     assert 0 < conn.ttl(parts) <= ttl_s
     chord.report(1)
     (claim,) = chord.keys(conn)
@@ -258,13 +259,13 @@ def test_other_chords_keep_celerys_join(conn: redis.Redis) -> None:
     for chord in (Chord(None, task="bench.done"), Chord(None)):  # no size: an older sender
         app.backend.set_chord_size(chord.group_id, 1)
         chord.report(0)
-        assert join.parts_key(app.backend, chord.group_id) not in chord.keys(conn)
+        assert chord_join.parts_key(app.backend, chord.group_id) not in chord.keys(conn)
         assert queued(conn, chord.body["task"])[-1][0] == [
             {"trace_id": chord.trace_id(0), "outcome": "completed"}
         ], "Celery's join sent the body with the stored results"
 
 
-# A run counts its part in the write that ends its trace (`join.count_in_run`).
+# A run counts its part in the write that ends its trace (`chord_join.count_in_run`).
 
 
 @pytest.fixture
@@ -278,11 +279,11 @@ def run_ends(store: RedisStore, chord: Chord, index: int, redis_url: str) -> Con
     trace_id = chord.trace_id(index)
     store.create_trace(Trace(trace_id=trace_id, root_trace_id="root", task="branch"))
     request = chord.request(index)
-    part = join.count_in_run(app.backend, request, redis_url)
-    assert part is not None and not part.recorded
-    write = TraceWrite(trace_id, "root").update(status="completed").join_part(part)
+    part = chord_join.count_in_run(app.backend, request, redis_url)
+    assert part is not None and not part.applied
+    write = TraceWrite(trace_id, "root").update(status="completed").extend(part)
     store.apply(write)
-    assert part.recorded, "the write counted it"
+    assert part.applied, "the write counted it"
     return request
 
 
@@ -297,7 +298,7 @@ def test_a_part_counted_by_the_runs_last_write_counts_once(
     chord = Chord(3)
     request = run_ends(store, chord, 0, redis_url)
     ended(request, chord, 0)
-    assert conn.hlen(join.parts_key(app.backend, chord.group_id)) == 1
+    assert conn.hlen(chord_join.parts_key(app.backend, chord.group_id)) == 1
     chord.report(0)  # a redelivered copy after the run ended: reported the usual way
     chord.report(1)
     assert bodies(conn) == [], "two parts of three, whichever way they were counted"
@@ -311,15 +312,15 @@ def test_the_write_that_completes_the_chord_sends_the_body_through_its_task(
     chord = Chord(2)
     chord.report(1)
     request = run_ends(store, chord, 0, redis_url)
-    part = getattr(request, join.COUNTED_ATTR)
-    assert part.parts is not None and len(part.parts) == 2, "the write claimed the body"
-    owed = join.owed_settlement(chord.body)
+    part = getattr(request, chord_join.COUNTED_ATTR)
+    assert part.reply is not None and len(part.reply) == 2, "the write claimed the body"
+    owed = chord_join.owed_settlement(chord.body)
     assert conn.zscore(fleet_keys.OUTBOX, owed) is not None, "owed until the body is out"
     assert bodies(conn) == [], "a task that dies here leaves the call to the outbox"
     ended(request, chord, 0)
     assert bodies(conn) == [[chord.trace_id(0), chord.trace_id(1)]]
     assert conn.zscore(fleet_keys.OUTBOX, owed) is None
-    assert chord.keys(conn) == [join.claim_key(app.backend, chord.group_id)], "marked done"
+    assert chord.keys(conn) == [chord_join.claim_key(app.backend, chord.group_id)], "marked done"
     ended(request, chord, 0)  # Celery reporting the same request twice sends nothing more
     chord.report(0)
     assert len(bodies(conn)) == 1
@@ -332,12 +333,12 @@ def test_a_fenced_write_counts_nothing_and_the_part_is_reported_after(
     trace_id = chord.trace_id(0)
     store.create_trace(Trace(trace_id=trace_id, root_trace_id="root", task="branch"))
     request = chord.request(0)
-    part = join.count_in_run(app.backend, request, redis_url)
+    part = chord_join.count_in_run(app.backend, request, redis_url)
     assert part is not None
-    write = TraceWrite(trace_id, "root").update(status="completed").join_part(part)
+    write = TraceWrite(trace_id, "root").update(status="completed").extend(part)
     with pytest.raises(LeaseLost):  # the lease went to another runner: the write is refused
         store.fenced(trace_id, "not-the-owner").apply(write)
-    assert not part.recorded
+    assert not part.applied
     assert chord.keys(conn) == [], "the refused write left no part"
     ended(request, chord, 0)
     assert bodies(conn) == [[trace_id]]
@@ -348,17 +349,17 @@ def test_a_store_on_another_redis_than_the_join_counts_no_part_in_the_run(
 ) -> None:
     chord = Chord(1)
     request = chord.request(0)
-    assert join.count_in_run(app.backend, request, redis_url + "1") is None
-    assert not hasattr(request, join.COUNTED_ATTR)
-    assert join.count_in_run(app.backend, Context(id="t", args=["x"]), redis_url) is None
+    assert chord_join.count_in_run(app.backend, request, redis_url + "1") is None
+    assert not hasattr(request, chord_join.COUNTED_ATTR)
+    assert chord_join.count_in_run(app.backend, Context(id="t", args=["x"]), redis_url) is None
 
 
 def test_a_join_part_needs_a_redis_store() -> None:
-    part = join.join_part(app.backend, Chord(1).request(0), states.SUCCESS, None)
+    part = chord_join.join_part(app.backend, Chord(1).request(0), states.SUCCESS, None)
     assert part is not None
-    write = TraceWrite("t", "t").join_part(part)
-    with pytest.raises(ValueError, match="one join part"):
-        write.join_part(part)
+    write = TraceWrite("t", "t").extend(part)
+    with pytest.raises(ValueError, match="one extension"):
+        write.extend(part)
     memory = MemoryStore()
     memory.create_trace(Trace(trace_id="t", root_trace_id="t", task="main"))
     with pytest.raises(TypeError, match="Redis store"):

@@ -18,10 +18,10 @@ from celery.signals import before_task_publish
 
 from fleet.models import Trace
 from fleet.runtime import SpawnRequest
-from workers import join
 from workers.app import MAX_RUN_S, SOFT_LIMIT_S, app, one_pipeline
-from workers.chords import send_chord
 from workers.dispatch import CeleryDispatcher, run_signature
+from workers.patches import chord_join
+from workers.patches.chords import send_chord
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,7 @@ def test_every_header_task_carries_the_tree_stamps(sender: redis.Redis) -> None:
         body = json.loads(base64.b64decode(message["body"]))
         collect = body[2]["chord"]
         assert collect["task"] == "fleet.collect" and collect["args"] == ["root", "call_1"]
-        # What the fleet's join (workers.join) needs: runs store no result, the size.
+        # What the fleet's join (workers.patches.chord_join) needs: runs store no result, the size.
         assert headers["ignore_result"] is True
         assert collect["options"]["chord_size"] == 3
         assert collect["options"]["root_trace_id"] == "root"
@@ -99,7 +99,9 @@ def test_the_header_goes_out_in_one_pipeline_without_subscriptions(sender: redis
     assert "cmdstat_subscribe" not in sent, "the sender subscribed to header results"
     assert sender.pubsub_channels("celery-task-meta-*") == []
     assert len(sender.lrange("fleet.explore", 0, -1)) == 40
-    assert list(sender.scan_iter("celery-taskset-meta-*")) == [], "no size key: see workers.join"
+    assert list(sender.scan_iter("celery-taskset-meta-*")) == [], (
+        "no size key: see workers.patches.chord_join"
+    )
 
 
 def test_a_failing_block_sends_nothing(sender: redis.Redis) -> None:
@@ -154,7 +156,7 @@ def fleet_chord(header: list[Signature], body: Signature) -> None:
 
 
 def collect_body(size: int, fleet_join: bool) -> Signature:
-    options = {join.SIZE_OPTION: size} if fleet_join else {}
+    options = {chord_join.SIZE_OPTION: size} if fleet_join else {}
     body = Signature("fleet.collect", args=("root", "call_1"), options=options)
     body.set(queue="fleet.main")
     body.link_error(Signature("fleet.collect_failed", args=("root",), immutable=True))

@@ -12,8 +12,8 @@ import redis
 
 from fleet.client import Fleet
 from tests.fleetkit import celery_fleet, explore_script, wait_until
-from workers import join
-from workers.app import SendOnlyRedisBackend
+from workers.patches import chord_join
+from workers.patches.result_backend import SendOnlyRedisBackend
 
 pytestmark = [
     pytest.mark.integration,
@@ -70,7 +70,7 @@ def test_branches_store_no_result_and_the_fleet_join_leaves_only_its_mark(
     wait_until(lambda: stored_results(redis_client) != [], 10, "the chord body's result")
     assert [r["name"] for r in stored_results(redis_client)] == ["fleet.collect"]
     (mark,) = redis_client.scan_iter("celery-taskset-meta-*")  # no parts, no `.s` size key
-    assert mark.endswith(join.CLAIM_SUFFIX) and redis_client.get(mark) == "done"
+    assert mark.endswith(chord_join.CLAIM_SUFFIX) and redis_client.get(mark) == "done"
     assert redis_client.ttl(mark) > 0
 
 

@@ -1,5 +1,5 @@
-"""workers.kombu_fix: one redis-py client per kombu channel pool, through pool changes and a
-Redis restart (a real redis-server)."""
+"""workers.patches.kombu_redis: one redis-py client per kombu channel pool, through pool
+changes and a Redis restart (a real redis-server)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from kombu.messaging import Producer
 from redis.connection import Connection as RedisConnection
 
 from fleet.storage.redis_server import RedisServer, start_redis_server
-from workers import kombu_fix
+from workers import patches
+from workers.patches import kombu_redis
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ def client_of(channel: Any) -> Any:
 def test_a_channel_reuses_one_client_per_pool_and_follows_a_new_pool(
     server: RedisServer,
 ) -> None:
-    kombu_fix.install()
+    patches.configure(())
     with Connection(server.url) as conn:
         channel = conn.default_channel
         first = client_of(channel)
@@ -71,7 +72,7 @@ def test_a_channel_reuses_one_client_per_pool_and_follows_a_new_pool(
 def test_publish_consume_and_ack_keep_working_across_a_redis_restart(
     server: RedisServer,
 ) -> None:
-    kombu_fix.install()
+    patches.configure(())
     queue = Queue("kombu-fix", Exchange("kombu-fix", type="direct"), routing_key="kombu-fix")
     events = Exchange("celeryev", type="topic")
     with Connection(server.url, transport_options={"max_retries": 3}) as conn:
@@ -109,7 +110,7 @@ def test_publish_consume_and_ack_keep_working_across_a_redis_restart(
 def test_a_declared_entity_is_not_declared_again_until_the_connection_is_renewed(
     server: RedisServer,
 ) -> None:
-    kombu_fix.install()
+    patches.configure(())
     queue = Queue("kombu-fix", Exchange("kombu-fix", type="direct"), routing_key="kombu-fix")
     binding = "_kombu.binding.kombu-fix"
     with Connection(server.url) as conn:
@@ -173,7 +174,7 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_delivered_message_is_recorded_unacked_as_kombu_records_it(
     server: RedisServer,
 ) -> None:
-    kombu_fix.install()
+    patches.configure(())
     queue = Queue("append", Exchange("append", type="direct"), routing_key="append")
     with Connection(server.url) as conn:
         before = time.time()
@@ -189,14 +190,14 @@ def test_a_delivered_message_is_recorded_unacked_as_kombu_records_it(
 def test_acks_on_the_loop_thread_reach_redis_in_one_script_on_the_next_turn(
     server: RedisServer, hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kombu_fix.install()
+    patches.configure(())
     queue = Queue("acks", Exchange("acks", type="direct"), routing_key="acks")
     with Connection(server.url) as conn:
         messages = deliver(conn, queue, 5)
         channel = conn.default_channel
         assert unacked(channel) == (5, 5)
         with channel.conn_or_acquire() as client:
-            client.script_load(kombu_fix.REMOVE_UNACKED.source)  # count the acks' trips only
+            client.script_load(kombu_redis.REMOVE_UNACKED.source)  # count the acks' trips only
         sent = round_trips(monkeypatch)
         for message in messages:
             message.ack()
@@ -208,7 +209,7 @@ def test_acks_on_the_loop_thread_reach_redis_in_one_script_on_the_next_turn(
 
 
 def test_an_ack_off_the_loop_thread_reaches_redis_at_once(server: RedisServer, hub: Hub) -> None:
-    kombu_fix.install()
+    patches.configure(())
     queue = Queue("acks-off", Exchange("acks-off", type="direct"), routing_key="acks-off")
     with Connection(server.url) as conn:
         (message,) = deliver(conn, queue, 1)
@@ -221,7 +222,7 @@ def test_an_ack_off_the_loop_thread_reaches_redis_at_once(server: RedisServer, h
 def test_a_restore_writes_the_pending_acks_first_and_restores_only_the_unacked(
     server: RedisServer, hub: Hub
 ) -> None:
-    kombu_fix.install()
+    patches.configure(())
     queue = Queue("acks-close", Exchange("acks-close", type="direct"), routing_key="acks-close")
     with Connection(server.url) as conn:
         done, running = deliver(conn, queue, 2)
@@ -238,23 +239,23 @@ def test_a_restore_writes_the_pending_acks_first_and_restores_only_the_unacked(
 def test_pending_acks_that_cannot_be_written_are_logged_and_left_to_the_visibility_timeout(
     server: RedisServer, hub: Hub, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kombu_fix.install()
+    patches.configure(())
     queue = Queue("acks-lost", Exchange("acks-lost", type="direct"), routing_key="acks-lost")
     with Connection(server.url) as conn:
         (message,) = deliver(conn, queue, 1)
         message.ack()
         channel = conn.default_channel
         server.stop()
-        with caplog.at_level("WARNING", logger="workers.kombu_fix"):
-            kombu_fix.flush_acks(channel.qos)  # what the loop's next turn runs
+        with caplog.at_level("WARNING", logger="workers.patches.kombu_redis"):
+            kombu_redis.flush_acks(channel.qos)  # what the loop's next turn runs
         assert "1 ack(s) not written to the broker" in caplog.text
-        assert not getattr(channel.qos, kombu_fix.PENDING_ACKS, None)
+        assert not getattr(channel.qos, kombu_redis.PENDING_ACKS, None)
 
 
 def test_with_a_global_key_prefix_the_unacked_entries_are_kombus_own_prefixed_keys(
     server: RedisServer, hub: Hub
 ) -> None:
-    kombu_fix.install()
+    patches.configure(())
     queue = Queue("prefixed", Exchange("prefixed", type="direct"), routing_key="prefixed")
     options = {"global_keyprefix": "pre:"}
     with Connection(server.url, transport_options=options) as conn:

@@ -29,7 +29,8 @@ from fleet.storage.redis_connect import Lua, connect, redact_url, unreachable
 from fleet.storage.redis_store import RedisStore
 from fleet.storage.redis_urls import parse_sentinel
 from tests.redis_topologies import MASTER_NAME, SentinelGroup, sentinel_group
-from workers.app import SendOnlySentinelBackend, create_app, make_config
+from workers.app import create_app, make_config
+from workers.patches.result_backend import SendOnlySentinelBackend
 
 GROUP = "sentinel://:s3cret-pw@10.0.0.1:26379/2;sentinel://:s3cret-pw@10.0.0.2:26380/2"
 

@@ -91,6 +91,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_PROBE_DIR": "/probes",
         "FLEET_SERVE_TOKEN": "t" * 20,
         "FLEET_STATE_DIR": "/var/lib/fleet",
+        "FLEET_CELERY_PATCHES_OFF": "fleet-join,chord-send",
         "XDG_STATE_HOME": "/var/state",
         "OTEL_TRACES_EXPORTER": "console",
         "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",

@@ -9,15 +9,15 @@ from typing import Any
 
 from celery import Celery
 from celery.app.backends import by_url
-from celery.backends.redis import RedisBackend, SentinelBackend
 from kombu.entity import Queue
 from kombu.messaging import Producer
 
 from fleet.limits.trees import Priority
 from fleet.settings import Settings, process_settings
-from fleet.storage.redis_connect import SENTINEL_TIMEOUT_S, Lua
+from fleet.storage.redis_connect import SENTINEL_TIMEOUT_S
 from fleet.storage.redis_urls import is_sentinel
-from workers import events, join, kombu_fix
+from workers import patches
+from workers.patches import events, result_backend
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
 QUEUE_BY_MODE = {
@@ -127,67 +127,6 @@ PIPELINE_FLUSH_COMMANDS = 64
 event are two), so the first branches start while the rest of a large chord is built."""
 
 
-class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
-    """Celery's Redis result backend: no subscriptions while sending; the fleet's own join.
-
-    Sending a chord registers every header result with the sender's backend (the
-    `GroupResult` that `apply_chord` builds, and the group's barrier), and each
-    registration subscribes the sender to that task's result channel: a round trip per
-    branch, and in a worker a subscription nobody reads. Nothing that sends inside
-    `one_pipeline` waits on those results (the chord body runs from the header tasks'
-    own counter), so registrations made there are dropped; everywhere else (`get`, `then`)
-    this is `RedisBackend`.
-
-    A chord whose body is `fleet.children.collect` with its size in its options
-    (`workers.join.is_fleet_join`) is joined by `workers.join`: nothing is written when it
-    is sent (no `.s` size key, no saved group), each header part counted once. Every
-    other chord gets Celery's join.
-    """
-
-    _fleet_group: str | None = None
-    """The group of the fleet chord this thread is sending (its size key is not written)."""
-
-    fleet_join_script = Lua(join.PART_RETURN)
-    """`workers.join.PART_RETURN`: `fleet_join_script(backend.client, keys, args)`."""
-
-    def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> None:
-        """Celery's, except for a fleet chord: nothing to save, and no size key to write."""
-        if join.is_fleet_join(body):
-            self._fleet_group = header_result_args[0]
-            return
-        self._fleet_group = None
-        super().apply_chord(header_result_args, body, **kwargs)
-
-    def set_chord_size(self, group_id: str, chord_size: int) -> None:
-        """Celery's `.s` key, which only Celery's join reads: not for a fleet chord."""
-        if group_id != self._fleet_group:
-            super().set_chord_size(group_id, chord_size)
-
-    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
-        """A header task ended (any state, its result stored or not): count it in its chord."""
-        if join.is_fleet_join(request.chord):
-            join.part_returned(self, request, state, result)
-        else:
-            super().on_chord_part_return(request, state, result, **kwargs)
-
-    def add_pending_result(
-        self, result: Any, weak: bool = False, start_drainer: bool = True
-    ) -> Any:
-        """Register a result someone waits on; not while this thread sends in one pipeline."""
-        if getattr(self.app._pipelined, "producer", None) is not None:
-            return result
-        return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)
-
-
-class SendOnlySentinelBackend(SendOnlyRedisBackend, SentinelBackend):  # type: ignore[misc]
-    """`SendOnlyRedisBackend` on Celery's Sentinel backend (a `sentinel://` result backend).
-
-    The method resolution order puts `SendOnlyRedisBackend`'s overrides first and lets
-    their `super()` calls reach `SentinelBackend`, which finds the master through the
-    sentinels (`result_backend_transport_options["master_name"]`).
-    """
-
-
 class FleetCelery(Celery):  # type: ignore[misc]
     """Celery that sends a thread's messages in one pipeline (`one_pipeline`)."""
 
@@ -201,13 +140,9 @@ class FleetCelery(Celery):  # type: ignore[misc]
         return super().producer_or_acquire(producer or getattr(self._pipelined, "producer", None))
 
     def _get_backend(self) -> Any:
-        # Celery's own three lines, with the send-only classes for the Redis backends.
+        # Celery's own three lines, with the fleet's classes for the Redis backends.
         backend, url = by_url(self.backend_cls or self.conf.result_backend, self.loader)
-        if backend is RedisBackend:
-            backend = SendOnlyRedisBackend
-        elif backend is SentinelBackend:
-            backend = SendOnlySentinelBackend
-        return backend(app=self, url=url)
+        return result_backend.fleet_class(backend)(app=self, url=url)
 
 
 @contextmanager
@@ -241,14 +176,22 @@ def create_app(settings: Settings | None = None, *, set_as_current: bool = True)
         "fleet", set_as_current=set_as_current, events="workers.events:RedactingEvents"
     )
     if settings is not None:
-        app.conf.update(make_config(settings))
+        app.conf.update(configured(settings))
     else:  # read when the configuration is first used, not when this module is imported
-        app.add_defaults(lambda: make_config(process_settings()))
+        app.add_defaults(lambda: configured(process_settings()))
     return app
 
 
-kombu_fix.install()  # a worker must reconnect when Redis restarts, not exit
-events.install()  # a cheaper repr of a run's result for its task-succeeded event
+def configured(settings: Settings) -> dict[str, Any]:
+    """`make_config(settings)`, with the Celery patches the settings leave on installed.
+
+    Where an app is configured (a worker's, before it connects; a client's): the process's
+    kombu and Celery patches follow `FLEET_CELERY_PATCHES_OFF` (`workers.patches`).
+    """
+    patches.configure(settings.celery_patches_off)
+    return make_config(settings)
+
+
 app = create_app()
 
 app.conf.imports = ("workers.tasks", "workers.signals", "workers.batch_poll")

@@ -5,16 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.canvas import Signature
+from celery.canvas import Signature, chord
 
 from fleet.conversation.continuation import stamp, turn_of
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
-from workers import join
 from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
-from workers.chords import send_chord
 from workers.naming import task_names
+from workers.patches import chord_join
+from workers.patches.chords import send_chord
+from workers.patches.switches import enabled
 
 
 def stamps(parent_trace_id: str, root_trace_id: str, turn: int = 0) -> dict[str, Any]:
@@ -127,7 +128,7 @@ class CeleryDispatcher:
             queue=QUEUE_BY_MODE["main"],
             options={
                 "argsrepr": f"collect {request.parent_trace_id} {request.tool_call_id}",
-                join.SIZE_OPTION: len(header),  # the fleet's join (workers.join) counts to it
+                **join_size(len(header)),
                 **tree,
             },
         )
@@ -140,8 +141,19 @@ class CeleryDispatcher:
                 options=dict(tree),
             )
         )
-        with one_pipeline(app):  # and no result subscriptions: see SendOnlyRedisBackend
-            send_chord(app, header, body)
+        with one_pipeline(app):  # and no result subscriptions: see `result_backend`
+            if enabled("chord-send"):
+                send_chord(app, header, body)
+            else:
+                chord(header, body).apply_async()
+
+
+def join_size(size: int) -> dict[str, int]:
+    """The body's option that gives the chord the fleet's join (`workers.patches.chord_join`).
+
+    None with `fleet-join` off: the chord then gets Celery's own join (its `.s` size key).
+    """
+    return {chord_join.SIZE_OPTION: size} if enabled("fleet-join") else {}
 
 
 def tree_schedule(runtime: Runtime, root_trace_id: str) -> Schedule:

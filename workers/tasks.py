@@ -14,9 +14,10 @@ from fleet.models import now_ms
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from fleet.storage import outbox
-from workers import join, settle
+from workers import settle
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import start_window
+from workers.patches import chord_join
 from workers.runtime import draining, get_runtime
 
 
@@ -54,8 +55,8 @@ def run_agent(
     the next waiting child and, if it was the last of its call, settles the call.
     """
     runtime = get_runtime()
-    part = join.count_in_run(self.backend, self.request, runtime.settings.redis_url)
-    result = run_safely(Runner(runtime, should_yield=draining.is_set, join=part), trace_id)
+    part = chord_join.count_in_run(self.backend, self.request, runtime.settings.redis_url)
+    result = run_safely(Runner(runtime, should_yield=draining.is_set, end_step=part), trace_id)
     hand_back(self, result)
     after_run(runtime, result, recovered=recovered, windowed=windowed)
     return envelope(result)

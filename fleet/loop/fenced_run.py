@@ -36,7 +36,7 @@ from fleet.models import Event, Status, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import JoinPart, TraceWrite
+from fleet.storage.writes import TraceWrite, WriteExtension
 
 
 class FencedRun:
@@ -47,13 +47,13 @@ class FencedRun:
         runtime: Runtime,
         *,
         should_yield: Callable[[], bool] = lambda: False,
-        join: JoinPart | None = None,
+        end_step: WriteExtension | None = None,
     ) -> None:
         """A run on `runtime`, already fenced by the run's lease (see `Runner.__init__`)."""
         self.runtime = runtime
         self.store = runtime.store
         self.should_yield = should_yield
-        self.join = join
+        self.end_step = end_step
 
     def drive(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         """Drive the trace from `snapshot` (read by `begin_run`) until its run ends.
@@ -262,8 +262,8 @@ class FencedRun:
         duration_ms = now_ms() - held.started_ms
         turn.write.add_stats(duration_ms=duration_ms)
         turn.write.release_lease(held.owner)
-        if self.join is not None and not self.join.recorded:
-            turn.write.join_part(self.join)
+        if self.end_step is not None and not self.end_step.applied:
+            turn.write.extend(self.end_step)
         stats = turn.trace.stats
         stats = stats.model_copy(update={"duration_ms": stats.duration_ms + duration_ms})
         trace = turn.trace.model_copy(update={"stats": stats})  # as the write leaves it

@@ -23,7 +23,7 @@ from fleet.loop.turns import Held, Outcome
 from fleet.loop.turns import RunResult as RunResult  # re-exported: hosts import it from here
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import JoinPart
+from fleet.storage.writes import WriteExtension
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Runner:
         runtime: Runtime,
         *,
         should_yield: Callable[[], bool] = lambda: False,
-        join: JoinPart | None = None,
+        end_step: WriteExtension | None = None,
     ) -> None:
         """Create a runner.
 
@@ -46,13 +46,14 @@ class Runner:
             runtime: The shared infrastructure.
             should_yield: Checked between turns; when true the run stops, its trace goes back
                 to `queued` and `run` returns `yielded` so the host can re-enqueue it.
-            join: The host's join part of this run, counted by the write that ends the
-                trace (`JoinPart.recorded` tells the host whether it was).
+            end_step: The host's own step (a registered write extension), run in the
+                write that ends the trace (`WriteExtension.applied` tells the host whether
+                it ran there).
         """
         self.runtime = runtime
         self.store = runtime.store
         self.should_yield = should_yield
-        self.join = join
+        self.end_step = end_step
 
     def run(self, trace_id: str) -> RunResult:
         """Run under the trace's lease; a duplicate delivery of a live trace returns `busy`."""
@@ -90,7 +91,7 @@ class Runner:
         """
         trace_id = snapshot.trace.trace_id
         fenced = self.runtime.fenced(trace_id, held.owner)
-        run = FencedRun(fenced, should_yield=self.should_yield, join=self.join)
+        run = FencedRun(fenced, should_yield=self.should_yield, end_step=self.end_step)
         try:
             return run.drive(snapshot, held)
         except LeaseLost:

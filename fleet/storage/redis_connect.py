@@ -137,7 +137,8 @@ def is_cluster(client: object) -> bool:
 class Lua:
     """A Lua script run by its SHA1 (EVALSHA), loaded again when the server lost it.
 
-    The fleet's own hot-path scripts, and kombu's unacked bookkeeping (`workers.kombu_fix`).
+    The fleet's own hot-path scripts, and kombu's unacked bookkeeping
+    (`workers.patches.kombu_redis`).
     On a plain `redis.Redis` client (`_lean`) the EVALSHA goes straight to a connection of
     the client's pool: redis-py's per-command wrappers (its retry closure, the deprecation
     check around `get_connection`, the observability records) cost more than sending the

@@ -6,9 +6,12 @@ a refusal becomes `LeaseLost` (`lease_lost`).
 
 from __future__ import annotations
 
+import functools
+
 import redis
 
 from fleet.errors import LeaseLost
+from fleet.storage import redis_scripts
 from fleet.storage.redis_connect import Lua
 
 # Prepended to a write script for a runner's fenced store: KEYS[1] is the runner's lease and
@@ -39,6 +42,12 @@ class FencedScript:
         """Register both forms (loaded into Redis on first use)."""
         self.plain = Lua(source)
         self.fenced = Lua(fenced(source))
+
+
+@functools.cache
+def applying(extension: str | None) -> FencedScript:
+    """`APPLY` with this registered write extension (or none), built once per name."""
+    return FencedScript(redis_scripts.apply_source(extension))
 
 
 def lease_lost(trace_id: str, exc: redis.ResponseError) -> Exception:

@@ -12,36 +12,12 @@ to running).
 from __future__ import annotations
 
 import json
+import re
 
 from fleet.storage.store import STARTABLE
 
 _STARTABLE = " or ".join(f"status == '{json.dumps(status)}'" for status in STARTABLE)
 """`store.STARTABLE` as a Lua condition on the stored (JSON) status."""
-
-# A counted join's part (a host's barrier: the Celery binding's chord join,
-# `workers.join`): `member`'s part recorded once; when `size` parts are in, the body is
-# claimed (`claim` SET NX with a lease of `claim_s`), owed to `outbox` (`owed` due at
-# `due_ms`) and every part returned; else false. A first part finding the claim there is a
-# late copy after the body was sent: it is dropped. `APPLY`'s `part` op and
-# `workers.join.PART_RETURN` both run it.
-JOIN_PART = """
-local function join_part(parts, claim, outbox, member, part, size, ttl, claim_s, owed, due_ms)
-  local added = redis.call('HSETNX', parts, member, part)
-  local count = redis.call('HLEN', parts)
-  if added == 1 then
-    if count == 1 and redis.call('EXISTS', claim) == 1 then
-      redis.call('DEL', parts)
-      return false
-    end
-    redis.call('EXPIRE', parts, ttl)
-  end
-  if count < tonumber(size) or not redis.call('SET', claim, 'claimed', 'NX', 'EX', claim_s) then
-    return false
-  end
-  redis.call('ZADD', outbox, due_ms, owed)
-  return redis.call('HVALS', parts)
-end
-"""
 
 # `redis.call(command, key, items...)` in chunks: Lua's unpack stops at ~8000 values (an
 # explore may be wider). Returns the first chunk's reply.
@@ -96,7 +72,7 @@ return created
 # A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write) and the
 # PTTLs of the pause keys it reads (for the model call after it).
 # KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
-# order: with a `collab` op][, a join's parts, claim and outbox: with a `part` op], then the
+# order: with a `collab` op][, an extension's keys: with an `ext` op], then the
 # np pause keys
 # ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, np, '1' to split (a
 # cluster: KEYS[3] and KEYS[5] are stand-ins in the trace's slot, the usage to count and
@@ -114,7 +90,9 @@ return created
 #           its own entries (their TTLs are refreshed; a child's entry only sets them new)
 #   emit    event JSON
 #   release owner, trace id, '1' when the fence already checked that owner this step
-#   part    index of the join's first key, then `join_part`'s arguments from `member`
+#   ext     index of the extension's first key, its number of keys, then its arguments:
+#           the registered function of the script's extension (`apply_source`) is called
+#           with those keys, then those arguments
 # Messages are fields `m:{sequence}` of the trace hash, numbered here from its
 # `last_sequence` and hung under its head; the two fields are spliced into the caller's
 # JSON text (cjson would turn [] into {}). Stats are the `stats` field (TraceStats JSON),
@@ -124,13 +102,10 @@ return created
 # again), the field deleted in the same step: each call is counted once, and the calls of
 # a run that died are counted by the next write that ends a run of the trace.
 # Returns {{sequence, parent JSON} per appended message, stop flag, {PTTL per pause key},
-# the join's parts when a `part` op completed and claimed it (else nil), {usage field,
+# what an `ext` op's function returned (else nil), {usage field,
 # amount, ...} to count (split only), 1 if a release took the lease (split only)}, or nil
 # for no trace.
-APPLY = (
-    BULK
-    + JOIN_PART
-    + """
+APPLY_BODY = """
 local ttl, maxlen, root, np = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local split, counted, released = ARGV[5] == '1', {}, 0
 local function incr(command, field, amount)
@@ -147,7 +122,7 @@ if not state[1] then return false end
 local last, head = tonumber(state[1]), state[2]
 local fields, bodies, stored, kids, children = {}, {}, {}, {}, {}
 local stats, uncounted, refresh, moved, entries = nil, nil, false, false, false
-local joined = false
+local extended = false
 local function emit(e) redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', 'e', e) end
 local function stat(name, delta)
   if tonumber(delta) == 0 then return end
@@ -258,9 +233,11 @@ while i <= #ARGV do
   elseif kind == 'collab' then collab(a)
   elseif kind == 'emit' then emit(ARGV[a + 1])
   elseif kind == 'release' then release(a)
-  elseif kind == 'part' then
-    local k = tonumber(ARGV[a + 1])
-    joined = join_part(KEYS[k], KEYS[k + 1], KEYS[k + 2], unpack(ARGV, a + 2, a + n))
+  elseif kind == 'ext' then
+    local k, values = tonumber(ARGV[a + 1]), {}
+    for j = k, k + tonumber(ARGV[a + 2]) - 1 do values[#values + 1] = KEYS[j] end
+    for j = a + 3, a + n do values[#values + 1] = ARGV[j] end
+    extended = extension(unpack(values))
   end
   i = a + n + 1
 end
@@ -286,9 +263,41 @@ if entries then
 end
 local pauses = {}
 for k = #KEYS - np + 1, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
-return {stored, state[4] and 1 or 0, pauses, joined, counted, released}
+return {stored, state[4] and 1 or 0, pauses, extended, counted, released}
 """
-)
+
+WRITE_EXTENSIONS: dict[str, tuple[str, str]] = {}
+"""Registered write extensions: name -> (Lua source defining the function, its name)."""
+
+_LUA_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def register_write_extension(name: str, source: str, function: str) -> None:
+    """Let a write run `function` (defined by the Lua `source`) as its extension `name`.
+
+    A host's own step in the atomic write (`fleet.storage.writes.WriteExtension`): the
+    function is called with the op's keys, then its arguments, and its return value comes
+    back in `WriteExtension.reply`. Registering a name again with the same source is a no-op.
+    """
+    if not _LUA_NAME.fullmatch(function):
+        raise ValueError(f"write extension {name!r}: {function!r} is not a Lua name")
+    known = WRITE_EXTENSIONS.setdefault(name, (source, function))
+    if known != (source, function):
+        raise ValueError(f"write extension {name!r} is already registered otherwise")
+
+
+def apply_source(extension: str | None = None) -> str:
+    """`APPLY` with the registered `extension` (None: with none; an `ext` op then errors)."""
+    if extension is None:
+        return BULK + "local extension = nil\n" + APPLY_BODY
+    if extension not in WRITE_EXTENSIONS:
+        raise ValueError(f"no write extension {extension!r} is registered")
+    source, function = WRITE_EXTENSIONS[extension]
+    return BULK + source + f"local extension = {function}\n" + APPLY_BODY
+
+
+APPLY = apply_source()
+"""A write's script (`fleet.storage.writes.TraceWrite`), without an extension."""
 
 # A tool call's collected result, at most once: the mark and the message in one step, so a
 # collector killed halfway leaves neither. KEYS: trace, collected mark.

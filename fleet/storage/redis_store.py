@@ -29,7 +29,7 @@ from fleet.storage.keys import CounterName
 from fleet.storage.redis_connect import Lua, is_cluster, unreachable
 from fleet.storage.redis_connect import connect as connect
 from fleet.storage.redis_connect import redact_url as redact_url
-from fleet.storage.redis_fence import FencedScript, lease_lost
+from fleet.storage.redis_fence import FencedScript, applying, lease_lost
 from fleet.storage.redis_indexes import RedisIndexes
 from fleet.storage.redis_lease_scripts import RENEW_LEASES
 from fleet.storage.redis_writes import (
@@ -78,7 +78,6 @@ class RedisStore(RedisIndexes):
         self._create = FencedScript(redis_scripts.CREATE_TRACES)
         self._append_once = FencedScript(redis_scripts.APPEND_ONCE)
         self._put_collaborator = FencedScript(redis_scripts.PUT_COLLABORATOR)
-        self._apply = FencedScript(redis_scripts.APPLY)
         self._emit = FencedScript(redis_scripts.EMIT)
         self._request_stop = Lua(redis_scripts.REQUEST_STOP)
         self._renew_all = client.register_script(RENEW_LEASES)  # in a pipeline
@@ -226,7 +225,7 @@ class RedisStore(RedisIndexes):
         fenced_by = self._fence[2] if self._fence else None
         script_keys, args = redis_writes.apply_call(write, fenced_by, split=self._cluster)
         for _ in range(THAW_ATTEMPTS):
-            reply = self._script(self._apply, script_keys, args)
+            reply = self._script(applying(redis_writes.extension_of(write)), script_keys, args)
             result = redis_writes.apply_result(write, reply)
             if result is not None:
                 return self._after_split(write, reply, result) if self._cluster else result

@@ -21,12 +21,12 @@ from fleet.storage.writes import (
     AddStats,
     Append,
     Emit,
-    JoinPart,
     PauseRead,
     PutCollaborator,
     ReleaseLease,
     SetFields,
     TraceWrite,
+    WriteExtension,
     WriteOp,
     WriteResult,
 )
@@ -124,7 +124,7 @@ def _append(op: Append) -> list[str]:
     return ["add", "11", body, head, tail, iteration, str(now_ms()), *usage, model, *cached]
 
 
-def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, join_at: int) -> list[str]:
+def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, extension_at: int) -> list[str]:
     match op:
         case Append():
             return _append(op)
@@ -141,8 +141,9 @@ def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, join_at: int) -> 
             return ["emit", "1", event.model_dump_json()]
         case ReleaseLease(owner=owner):
             return ["release", "3", owner, write.trace_id, "1" if owner == fenced_by else ""]
-        case JoinPart():  # its keys are in KEYS from `join_at` on
-            return ["part", "8", str(join_at), *op.args()]
+        case WriteExtension():  # its keys are in KEYS from `extension_at` on
+            args = op.args()
+            return ["ext", str(len(args) + 2), str(extension_at), str(len(op.keys)), *args]
 
 
 def apply_call(
@@ -166,9 +167,9 @@ def apply_call(
     parents = [op.parent_trace_id for op in write.ops if isinstance(op, PutCollaborator)]
     if parents:
         script_keys += [keys.collaborators(parents[0]), keys.collaborator_order(parents[0])]
-    join_at = len(script_keys) + 1
+    extension_at = len(script_keys) + 1
     for op in write.ops:
-        if isinstance(op, JoinPart):  # one per write (`TraceWrite.join_part`)
+        if isinstance(op, WriteExtension):  # one per write (`TraceWrite.extend`)
             script_keys += op.keys
     pauses = [] if split else write.pauses
     script_keys += pauses
@@ -176,7 +177,7 @@ def apply_call(
     args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(pauses))]
     args.append("1" if split else "")
     for op in write.ops:
-        args += _op(op, write, fenced_by, join_at)
+        args += _op(op, write, fenced_by, extension_at)
     return script_keys, args
 
 
@@ -184,10 +185,10 @@ def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
     """The stored messages, the stop flag and the pauses read; None when there is no trace."""
     if reply is None:
         return None
-    stored, stop, ttls, joined = reply[:4]
+    stored, stop, ttls, extended = reply[:4]
     for op in write.ops:
-        if isinstance(op, JoinPart):
-            op.recorded, op.parts = True, joined or None
+        if isinstance(op, WriteExtension):
+            op.applied, op.reply = True, extended
     appended = [op.message for op in write.ops if isinstance(op, Append)]
     messages = [_numbered(m, n) for m, n in zip(appended, stored, strict=True)]
     pauses = PauseRead.of(write.pauses, ttls) if write.pauses and ttls else None
@@ -200,6 +201,11 @@ def _numbered(message: Message, stored: list[Any]) -> Message:
     if (message.sequence, message.parent_sequence) == (sequence, parent):
         return message  # numbered by its writer as the store numbered it
     return message.model_copy(update={"sequence": sequence, "parent_sequence": parent})
+
+
+def extension_of(write: TraceWrite) -> str | None:
+    """The name of the write's extension, if it has one (its `APPLY` includes that one)."""
+    return next((op.name for op in write.ops if isinstance(op, WriteExtension)), None)
 
 
 def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:

@@ -21,12 +21,12 @@ from fleet.storage.writes import (
     AddStats,
     Append,
     Emit,
-    JoinPart,
     PauseRead,
     PutCollaborator,
     ReleaseLease,
     SetFields,
     TraceWrite,
+    WriteExtension,
     WriteOp,
     WriteResult,
 )
@@ -366,8 +366,8 @@ def apply_one_by_one(store: TraceStore, write: TraceWrite) -> WriteResult:
     `MemoryStore.apply` holds its lock around this, which makes it one atomic step; the
     Redis store runs the same ops in one script instead.
     """
-    if any(isinstance(op, JoinPart) for op in write.ops):  # its keys are a Redis host's
-        raise TypeError("a join part needs a Redis store (fleet.storage.redis_store.RedisStore)")
+    if any(isinstance(op, WriteExtension) for op in write.ops):  # a Redis host's Lua
+        raise TypeError("a write extension needs a Redis store (fleet.storage.redis_store)")
     stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
     return WriteResult(stored, store.stop_requested(write.trace_id))
 

@@ -18,11 +18,11 @@ the model call that follows it, so that call needs no round trip of its own to c
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Unpack
+from typing import Any, Unpack
 
-from fleet.models import Collaborator, Event, Message, TracePatch, now_ms
+from fleet.models import Collaborator, Event, Message, TracePatch
 
 
 @dataclass(frozen=True)
@@ -74,44 +74,25 @@ class ReleaseLease:
 
 
 @dataclass(eq=False)
-class JoinPart:
-    """Count this run in a host's join, in the write that ends the run (Redis stores only).
+class WriteExtension:
+    """A host's own step in a write, run in the same atomic step (Redis stores only).
 
-    A host whose runs are parts of a barrier (the Celery binding's chord join,
-    `workers.join`) records a run's part in the run's last write instead of a round trip
-    of its own after it. The keys and values are the host's; the store runs
-    `fleet.storage.redis_scripts.JOIN_PART` on them and reports back here, once the write is
-    applied: `recorded`, and `parts` when this part completed the join and claimed it (the
-    host then sends what the join waited for).
+    A host registers a Lua function under `name` with the Redis store
+    (`fleet.storage.redis_scripts.register_write_extension`; the Celery binding registers
+    its chord join) and adds this op to a write (`TraceWrite.extend`). The store calls the
+    function with `keys`, then `args()` (computed as the write is sent), inside the write's
+    script, and reports back once the write is applied: `applied`, and `reply` (what the
+    function returned; None for false or nil). The store knows nothing of what it does.
     """
 
-    parts_key: str
-    claim_key: str
-    outbox_key: str
-    member: str
-    part: str
-    size: int
-    ttl_s: int
-    claim_s: int
-    owed: str
-    owed_after_ms: int
-    """The claim owes `owed` to the outbox due this long after the write (not after now)."""
-    recorded: bool = False
-    parts: list[str] | None = None
-
-    @property
-    def keys(self) -> list[str]:
-        """`JOIN_PART`'s keys: the parts, the claim, the outbox."""
-        return [self.parts_key, self.claim_key, self.outbox_key]
-
-    def args(self) -> list[str]:
-        """`JOIN_PART`'s arguments from `member` on, the owed entry due from now."""
-        due_ms = now_ms() + self.owed_after_ms
-        values = [self.member, self.part, self.size, self.ttl_s, self.claim_s, self.owed, due_ms]
-        return [str(value) for value in values]
+    name: str
+    keys: list[str]
+    args: Callable[[], list[str]]
+    applied: bool = False
+    reply: Any = None
 
 
-WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease | JoinPart
+WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease | WriteExtension
 
 
 @dataclass(frozen=True)
@@ -204,11 +185,11 @@ class TraceWrite:
         self.ops.append(ReleaseLease(owner))
         return self
 
-    def join_part(self, part: JoinPart) -> TraceWrite:
-        """Count the run in its host's join in the same step (one per write)."""
-        if any(isinstance(op, JoinPart) for op in self.ops):
-            raise ValueError("one write counts one join part")
-        self.ops.append(part)
+    def extend(self, extension: WriteExtension) -> TraceWrite:
+        """Run a host's registered step in the same atomic step (one per write)."""
+        if any(isinstance(op, WriteExtension) for op in self.ops):
+            raise ValueError("one write runs one extension")
+        self.ops.append(extension)
         return self
 
     def read_pauses(self, pause_keys: Sequence[str]) -> TraceWrite:

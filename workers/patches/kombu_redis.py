@@ -1,4 +1,28 @@
-"""Four kombu 5.7 Redis-transport behaviours, patched where kombu defines them.
+"""Five kombu Redis-transport patches, each replacing a kombu function where kombu defines it.
+
+Written and tested against kombu 5.7.0 (Celery 5.7.0, redis-py 8.1.0; pyproject pins
+`kombu>=5.7,<5.8`). Each is one switch (`workers.patches.switches`), installed by
+`workers.patches.configure` in `INSTALLS` order, and each relies on kombu as follows
+(tests/test_celery_patches.py asserts every point on kombu itself):
+
+- `kombu-broker-loss` wraps `kombu.transport.redis.QoS.restore_unacked`, `.ack` and
+  `.reject`: upstream, after `Connection.collect()` dropped the channel's client, each
+  raises AttributeError (the bug). **Off, a worker exits** ("Unrecoverable error") when its
+  Redis broker connection breaks with messages unacknowledged, and needs a supervisor to
+  restart it; nothing else changes.
+- `kombu-unacked-script` replaces `QoS.append(message, delivery_tag)`: upstream writes
+  `ZADD unacked_index {tag: time}` and `HSET unacked {tag: [raw, exchange, routing_key]}`
+  in a MULTI pipeline, then `virtual.QoS.append`; the script writes the same entries.
+- `kombu-batched-acks` replaces `QoS.ack(delivery_tag)` (upstream: `ZREM` + `HDEL` in a
+  pipeline, then `virtual.QoS.ack`) on the event loop's thread (`Hub._loop_thread`, set by
+  `Hub.create_loop`), and runs the pending removals before `QoS.restore_unacked`.
+- `kombu-pool-client` replaces `Channel.conn_or_acquire(client=None)`: upstream yields a
+  new `Channel._create_client()` per call, on the channel's `pool`.
+- `kombu-declare-cache` wraps `kombu.messaging.Producer.maybe_declare(entity, retry=False,
+  **retry_policy)`: upstream keeps `hash(entity)` in `connection.declared_entities` (the
+  channel's `connection.client`) once declared, and returns False for a cached one.
+
+Switched off, a patch's kombu function is back as kombu has it.
 
 **A lost broker connection crashed the worker.** When the broker goes away while a worker
 holds unacknowledged messages, Celery's consumer first `collect()`s the connection
@@ -64,32 +88,48 @@ from kombu.transport.redis import QoS
 from kombu.utils.json import dumps
 
 from fleet.storage.redis_connect import Lua
+from workers.patches.switches import Undo, replace
 
 log = logging.getLogger(__name__)
 
-_installed = False
+
+def install_broker_loss() -> list[Undo]:
+    """`kombu-broker-loss`: the QoS's restore, ack and reject log a lost client, not raise."""
+    names = ("restore_unacked", "ack", "reject")
+    return [replace(QoS, name, _tolerant(name, getattr(QoS, name))) for name in names]
 
 
-def install() -> None:
-    """Patch kombu's Redis transport (idempotent).
+def install_unacked_script() -> list[Undo]:
+    """`kombu-unacked-script`: `QoS.append` in one script instead of MULTI/EXEC."""
+    return [replace(QoS, "append", _scripted_append(QoS.append))]
 
-    The QoS's `restore_unacked` (on close), `ack` and `reject` (a task that ran across the
-    loss finishing on its old channel) then log instead of raising; acks on the event
-    loop's thread go to Redis once per loop turn, flushed before a restore; `conn_or_acquire`
-    reuses one client per connection pool; `Producer.maybe_declare` looks in the cache of
-    declared entities before anything else.
-    """
-    global _installed
-    if _installed:
-        return
-    QoS.append = _scripted_append(QoS.append)  # type: ignore[method-assign]
-    QoS.ack = _batched(QoS.ack)  # type: ignore[method-assign]
-    QoS.restore_unacked = _flushed_first(QoS.restore_unacked)  # type: ignore[method-assign]
-    for name in ("restore_unacked", "ack", "reject"):
-        setattr(QoS, name, _tolerant(name, getattr(QoS, name)))
-    RedisChannel.conn_or_acquire = _conn_or_acquire  # type: ignore[method-assign]
-    Producer.maybe_declare = _cached_first(Producer.maybe_declare)  # type: ignore[method-assign]
-    _installed = True
+
+def install_batched_acks() -> list[Undo]:
+    """`kombu-batched-acks`: acks on the loop's thread written once per loop turn."""
+    return [
+        replace(QoS, "ack", _batched(QoS.ack)),
+        replace(QoS, "restore_unacked", _flushed_first(QoS.restore_unacked)),
+    ]
+
+
+def install_pool_client() -> list[Undo]:
+    """`kombu-pool-client`: `Channel.conn_or_acquire` reuses one client per pool."""
+    return [replace(RedisChannel, "conn_or_acquire", _conn_or_acquire)]
+
+
+def install_declare_cache() -> list[Undo]:
+    """`kombu-declare-cache`: `Producer.maybe_declare` looks in the cache first."""
+    return [replace(Producer, "maybe_declare", _cached_first(Producer.maybe_declare))]
+
+
+INSTALLS = {
+    "kombu-unacked-script": install_unacked_script,
+    "kombu-batched-acks": install_batched_acks,
+    "kombu-broker-loss": install_broker_loss,
+    "kombu-pool-client": install_pool_client,
+    "kombu-declare-cache": install_declare_cache,
+}
+"""In kombu's install order: the broker-loss wrapper goes around the batched ack."""
 
 
 def _tolerant(name: str, method: Callable[..., Any]) -> Callable[..., Any]:

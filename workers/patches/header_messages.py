@@ -15,9 +15,15 @@ other options, a transport without publish batches, a receiver of Celery's publi
 signals) goes through `app.send_task` as before. `tests/test_dispatch_publish.py` compares
 the result with `chord(header, body).apply_async()`.
 
-kombu and Celery internals used (both pinned to 5.7): `Producer._publish`'s positional
-arguments, `Producer._batch_local` (`workers.chords.templates_apply`), `Connection.ensure`,
-`amqp._event_dispatcher`, and the shape of `as_task_v2`'s headers and task-sent event.
+The `header-template` patch (`workers.patches.switches`), written and tested against
+kombu 5.7.0 and Celery 5.7.0. Internals used: `Producer._publish`'s 15 positional
+arguments in the order `_PUBLISH_ARGS` names, called once per message by
+`Producer.publish`; `Producer._batch_local.current` (set inside `Producer.batch`:
+`workers.patches.chords.templates_apply`); `Connection.ensure(obj, fun, **policy)`;
+`app.amqp._event_dispatcher` and its `publish("task-sent", fields, producer, retry=,
+retry_policy=)`; the shape of `as_task_v2`'s headers and task-sent event.
+tests/test_celery_patches.py checks the signatures, tests/test_dispatch_publish.py the
+messages. Off: every header goes through `app.send_task` (about 60 % more dispatch CPU).
 """
 
 from __future__ import annotations

@@ -1,5 +1,22 @@
 """The fleet's chord join: each header part counted once, for chords whose body is collect.
 
+The `fleet-join` patch (`workers.patches.switches`), written and tested against Celery
+5.7.0 (redis-py 8.1.0). It relies on: `BaseBackend.mark_as_done` and `mark_as_failure`
+calling `on_chord_part_return(request, state, result)` for every header with
+`request.chord` (the body as a dict), `ignore_result` or not; the request's `id`, `group`,
+`group_index` and `args`; `backend.get_key_for_group(group_id, suffix)` (bytes, prefixed
+`celery-taskset-meta-`); `backend.chord_expires`; `backend.chord_error_from_stack(callback,
+exc)` running the errbacks; `app.amqp._retry_publish(publish, *args)` as Celery's join
+sends the body; and Celery 5.7 keeping a chord's size in a `.s` key, not in the message.
+tests/test_celery_patches.py asserts each of them on Celery.
+
+Switched off, `workers.dispatch` sends chords without the size, so they get Celery's own
+Redis join (a chord sent before keeps the join it was sent with). **This changes
+correctness**: Celery's join has no outbox net (a claimer that dies before publishing the
+body leaves the call until a redelivered part claims again, after the visibility timeout,
+or the owner check heals it), it stores and decodes every header's result, and a run's
+part costs a round trip of its own (no `count_in_run`).
+
 Celery's Redis join (`RedisBackend.on_chord_part_return`) serves any chord: it stores every
 header result, then per part runs a script of ~13 commands (a done-marker `GET`, `SISMEMBER`,
 `ZADD`, `SADD`, `ZCOUNT`, 5 `EXPIRE`, 2 `GET` of the size keys) and decodes every result to
@@ -13,10 +30,12 @@ longer carries `chord_size` in the message and keeps the size in a `.s` key inst
 this join never reads, so `SendOnlyRedisBackend` does not write it for these chords).
 
 A run that ends its trace counts its own part in the write that ends it (`count_in_run`:
-the runner's last `APPLY` runs the same Lua, `fleet.storage.redis_scripts.JOIN_PART`), so a
-branch's part costs no round trip of its own; `part_returned` then only sends the body if
-that write claimed it. Every other part (a run that waits, yields, is throttled or fenced,
-a task that failed) is recorded when Celery reports it, as below.
+`JOIN_PART` is registered as the store's write extension `EXTENSION`, and the runner's
+last write runs it as its `end_step`: the runtime only knows an opaque
+`fleet.storage.writes.WriteExtension`), so a branch's part costs no round trip of its own;
+`part_returned` then only sends the body if that write claimed it. Every other part (a run
+that waits, yields, is throttled or fenced, a task that failed) is recorded when Celery
+reports it, as below.
 
 A part (`PART_RETURN`): recorded once per header task id (a redelivered or re-sent header,
 `requeue` and Celery's retry keep the id, counts once), counted, and when the count reaches
@@ -58,8 +77,9 @@ from celery import states
 from celery.canvas import Signature, maybe_signature
 from celery.exceptions import ChordError
 
+from fleet.models import now_ms
 from fleet.storage import keys, outbox, redis_scripts
-from fleet.storage.writes import JoinPart
+from fleet.storage.writes import WriteExtension
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +112,38 @@ FAILURE_CHARS = 300
 COUNTED_ATTR = "fleet_join_part"
 """The request attribute holding the part a run counted in its last write (`count_in_run`)."""
 
-PART_RETURN = redis_scripts.JOIN_PART + "return join_part(KEYS[1], KEYS[2], KEYS[3], unpack(ARGV))"
+JOIN_PART = """
+local function join_part(parts, claim, outbox, member, part, size, ttl, claim_s, owed, due_ms)
+  local added = redis.call('HSETNX', parts, member, part)
+  local count = redis.call('HLEN', parts)
+  if added == 1 then
+    if count == 1 and redis.call('EXISTS', claim) == 1 then
+      redis.call('DEL', parts)
+      return false
+    end
+    redis.call('EXPIRE', parts, ttl)
+  end
+  if count < tonumber(size) or not redis.call('SET', claim, 'claimed', 'NX', 'EX', claim_s) then
+    return false
+  end
+  redis.call('ZADD', outbox, due_ms, owed)
+  return redis.call('HVALS', parts)
+end
+"""
+"""A part: `member`'s part recorded once; when `size` parts are in, the body is claimed
+(`claim` SET NX with a lease of `claim_s`), owed to `outbox` (`owed` due at `due_ms`) and
+every part returned; else false. A first part finding the claim there is a late copy after
+the body was sent: it is dropped. The store's write extension `EXTENSION` and
+`PART_RETURN` both run it."""
+
+EXTENSION = "fleet-chord-join"
+"""`JOIN_PART` as a write extension of the Redis store (registered when this is imported)."""
+
+PART_RETURN = JOIN_PART + "return join_part(KEYS[1], KEYS[2], KEYS[3], unpack(ARGV))"
 """Record a part once per task id; on the last one claim the body, owe its settlement to the
 outbox (`owed`, due `due_ms`) and return every part."""
+
+redis_scripts.register_write_extension(EXTENSION, JOIN_PART, "join_part")
 
 
 def is_fleet_join(body: Any) -> bool:
@@ -144,8 +193,8 @@ def part_returned(backend: Any, request: Any, state: str, result: Any) -> None:
     failure while reporting success is reported too).
     """
     counted = getattr(request, COUNTED_ATTR, None)
-    if counted is not None and counted.recorded:
-        parts, counted.parts = counted.parts, None
+    if counted is not None and counted.applied:
+        parts, counted.reply = counted.reply, None
     else:
         part = join_part(backend, request, state, result)
         if part is None:
@@ -155,28 +204,34 @@ def part_returned(backend: Any, request: Any, state: str, result: Any) -> None:
         send_body(backend, request.group, request.chord, parts)
 
 
-def join_part(backend: Any, request: Any, state: str, result: Any) -> JoinPart | None:
-    """The part a header task leaves in its chord's join; None outside a fleet chord."""
+def join_part(backend: Any, request: Any, state: str, result: Any) -> WriteExtension | None:
+    """The part a header task leaves in its chord's join; None outside a fleet chord.
+
+    `JOIN_PART`'s keys (the parts, the claim, the outbox) and its arguments from `member`
+    on, the owed entry due OWED_AFTER_MS from when they are sent (not from now).
+    """
     group_id, task_id = request.group, request.id
     if not group_id or not task_id or not is_fleet_join(request.chord):
         return None
     body = request.chord
-    return JoinPart(
-        parts_key=parts_key(backend, group_id),
-        claim_key=claim_key(backend, group_id),
-        outbox_key=keys.OUTBOX,
-        member=task_id,
-        part=part_of(request, state, result),
-        size=int(body["options"][SIZE_OPTION]),
-        ttl_s=ttl_s(backend),
-        claim_s=JOIN_CLAIM_S,
-        owed=owed_settlement(body),
-        owed_after_ms=OWED_AFTER_MS,
-    )
+    values = [
+        task_id,
+        part_of(request, state, result),
+        int(body["options"][SIZE_OPTION]),
+        ttl_s(backend),
+        JOIN_CLAIM_S,
+        owed_settlement(body),
+    ]
+
+    def args() -> list[str]:
+        return [str(value) for value in (*values, now_ms() + OWED_AFTER_MS)]
+
+    group_keys = [parts_key(backend, group_id), claim_key(backend, group_id), keys.OUTBOX]
+    return WriteExtension(EXTENSION, group_keys, args)
 
 
-def count_in_run(backend: Any, request: Any, store_url: str) -> JoinPart | None:
-    """The part a run should count in its last write (`fleet.storage.writes.JoinPart`), if any.
+def count_in_run(backend: Any, request: Any, store_url: str) -> WriteExtension | None:
+    """The part a run should count in its last write (its `end_step`), if any.
 
     A run that ends its trace returns its envelope: its part is known before it ends
     (a success, with the run's trace id), so the write that ends the trace records it, and
