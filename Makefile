@@ -23,17 +23,17 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 # The suite on TEST_PROCESSES processes (pytest-xdist): its tests mostly wait on servers,
-# subprocesses and timers. Each file stays on one process (its module fixtures start once),
-# the RabbitMQ tests share one (tests/conftest.py); then the `serial` tests, one at a time:
-# they need the machine to themselves (a time bound, a count of a user's processes).
+# subprocesses and timers. Each file stays on one process (its module fixtures start once);
+# then the `serial` tests, one at a time: they need the machine to themselves (a time
+# bound, a count of a user's processes). tests/conftest.py says more.
 TEST_PROCESSES ?= 6
 test: $(STAMP) bytecode
-	$(PY) -m pytest -q -m "not serial" -n $(TEST_PROCESSES) --dist loadgroup
+	$(PY) -m pytest -q -m "not serial" -n $(TEST_PROCESSES) --dist loadfile
 	$(PY) -m pytest -q -m serial
 
 # The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s.
 unit: $(STAMP) bytecode
-	$(PY) -m pytest -q -m "not integration and not serial" -n 4 --dist loadgroup
+	$(PY) -m pytest -q -m "not integration and not serial" -n 4
 	$(PY) -m pytest -q -m "not integration and serial"
 
 # Every worker, CLI and fleet process a test starts imports the checkout: compiled once

@@ -6,16 +6,16 @@ worker, RabbitMQ, Chromium, a subprocess fleet) is marked `integration`; `make` 
 A test that asks for `redis_url` without the mark is a collection error, so the unit tier
 cannot start a server by accident.
 
-`make` runs the suite on several processes (pytest-xdist, `--dist loadgroup`): the
-integration tests of a file on one process, so its module fixtures (a worker, a fleet)
-start once; the tests of the shared RabbitMQ together on one (they purge its fleet
-queues); unit tests wherever a process is free (`xdist_group`). Tests marked `serial`
-need the machine to themselves (a time bound that other processes' load would break, a
-count of every process of bash's user) and run afterwards, one at a time.
+`make` runs the suite on several processes (pytest-xdist, `--dist loadfile`: a file on one
+process, so its module fixtures, a worker or a whole fleet, start once); the modules that
+purge the shared RabbitMQ's fleet queues take turns (`rabbitmq_to_itself`). Tests marked
+`serial` need the machine to themselves (a time bound that other processes' load would
+break, a count of every process of bash's user) and run afterwards, one at a time.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import tempfile
@@ -82,7 +82,6 @@ SERVER_FIXTURES = frozenset({"redis_url"})
 """Fixtures that start or reach a server; every fixture of a real Redis goes through it."""
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A unit test that reaches a real Redis would start a server in `make unit`.
     unmarked = [
@@ -95,21 +94,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "these tests need a server but are not marked integration: " + ", ".join(unmarked)
         )
-    for item in items:  # before xdist names the groups in the node ids (its hook runs later)
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
-def xdist_group(item: pytest.Item) -> str | None:
-    """Which tests `--dist loadgroup` keeps on one process: the RabbitMQ ones (they purge
-    its fleet queues), and an integration test's file (its module fixtures, a worker or a
-    whole fleet, then start once per process); a unit test goes wherever one is free."""
-    if item.get_closest_marker("rabbitmq") is not None:
-        return "rabbitmq"
-    if item.get_closest_marker("integration") is not None:
-        return item.nodeid.split("::", 1)[0]
-    return None
+@pytest.fixture(scope="module")
+def rabbitmq_to_itself() -> Iterator[None]:
+    """The shared RabbitMQ for this module alone: its tests purge the fleet queues there
+    and start workers on them, so no other test process may use them meanwhile."""
+    with (suite_temp_root() / "rabbitmq.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 @pytest.fixture(scope="session")

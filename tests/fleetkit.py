@@ -30,13 +30,13 @@ def explore_script(
     scripts: list[dict[str, Any]] = []
     if fail is not None:
         scripts.append({"match": f"^Branch {fail} ", "steps": [{"raise": "branch exploded"}]})
-    look = {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
-    scripts.append(
-        {
-            "match": "^Branch",
-            "steps": [look] * branch_turns + [{"content": "done: {task}"}],
-        }
-    )
+    # Each turn lists the workspace by another spelling: the same call three times in a row
+    # is a doom loop, which would end a long branch before a test stops it.
+    looks = [
+        {"tool_calls": [{"name": "list_dir", "arguments": {"path": "/".join(["."] * turn)}}]}
+        for turn in range(1, branch_turns + 1)
+    ]
+    scripts.append({"match": "^Branch", "steps": [*looks, {"content": "done: {task}"}]})
     tasks = [f"Branch {i} of the survey" for i in range(1, branches + 1)]
     scripts.append(
         {

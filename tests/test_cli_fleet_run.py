@@ -449,8 +449,9 @@ def test_a_budget_below_one_call_is_one_line_and_submits_nothing(
     assert trace_and_budget_ids(client) <= before
 
 
-def trace_and_budget_ids(client: redis.Redis) -> set[bytes]:
+def trace_and_budget_ids(client: redis.Redis) -> set[str]:
     """The trace and budget ids in Redis (the earlier tests' traces may be archived meanwhile:
     their keys change, their ids stay)."""
-    keys = client.keys("fleet:trace:*") + client.keys("fleet:budget:*")
-    return {b":".join(key.split(b":")[1:3]) for key in keys}
+    keys = [*client.keys("fleet:trace:*"), *client.keys("fleet:budget:*")]
+    names = [key.decode() if isinstance(key, bytes) else key for key in keys]
+    return {":".join(name.split(":")[1:3]) for name in names}

@@ -52,7 +52,7 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+def setup(tmp_path_factory: pytest.TempPathFactory, rabbitmq_to_itself: None) -> Iterator[Setup]:
     if not rabbitmq_answers(RABBITMQ_URL):
         if os.environ.get("CI"):
             pytest.fail(f"no RabbitMQ answers at {RABBITMQ_URL} (and CI is set)")

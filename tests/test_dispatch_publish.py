@@ -164,7 +164,7 @@ def collect_body(size: int, fleet_join: bool) -> Signature:
 
 
 Sent = tuple[list[dict[str, Any]], Any, list[str], list[dict[str, Any]]]
-"""The header messages (every priority's queue), the `.s` size key, every key, the events."""
+"""The header messages (every priority's queue), the `.s` size key, every other key, the events."""
 
 EVENT_CLOCK = ("timestamp", "clock", "local_received", "utcoffset", "pid")
 
@@ -184,7 +184,9 @@ def sent_by(send: Any, client: redis.Redis, make_header: Any, body: Signature, q
     messages = [m for key in lists for m in queued(client, key)]
     group_id = messages[0]["headers"]["group"]
     chord_size = client.get(f"celery-taskset-meta-{group_id}.s")
-    keys = sorted(UUID.sub("ID", str(k)) for k in client.keys("*"))
+    # Not kombu's queue bindings: this process declares them once, whoever sends first.
+    every = (str(k) for k in client.keys("*") if not str(k).startswith("_kombu.binding"))
+    keys = sorted(UUID.sub("ID", k) for k in every)
     for event in events:
         for field in EVENT_CLOCK:
             event.pop(field, None)

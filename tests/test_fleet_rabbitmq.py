@@ -65,7 +65,7 @@ def purge_fleet_queues(url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def broker_url() -> str:
+def broker_url(rabbitmq_to_itself: None) -> str:
     if not rabbitmq_answers(RABBITMQ_URL):
         if os.environ.get("CI"):
             pytest.fail(f"no RabbitMQ answers at {RABBITMQ_URL} (and CI is set)")
