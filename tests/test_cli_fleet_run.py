@@ -436,7 +436,7 @@ def test_flower_lists_the_fan_out_with_trace_ids_and_no_key(
 
 
 def test_a_budget_below_one_call_is_one_line_and_submits_nothing(
-    url: str, workspace: Path, tmp_path: Path
+    url: str, workspace: Path, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
     client = redis.Redis.from_url(url)
     before = trace_and_budget_ids(client)
