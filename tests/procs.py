@@ -91,7 +91,11 @@ def start_worker(
 ) -> WorkerProcess:
     """Start `python -m celery -A workers.app:app worker` on these URLs; output to a log file.
 
-    Use it as a context manager (or call `stop`) so the process never outlives the test.
+    Without mingle and gossip: mingle holds every start a second for neighbours' revoked
+    task ids (the fleet revokes by stamp, which mingle does not share) and gossip only
+    watches other workers; `fleet worker` and `fleet up` keep both, and their tests start
+    them so. Use it as a context manager (or call `stop`) so the process never outlives
+    the test.
     """
     name = name or f"test{next(_names)}.{os.getpid()}@{socket.gethostname()}"
     env = {
@@ -103,7 +107,7 @@ def start_worker(
     }
     argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker"]
     argv += ["-Q", ",".join(queues), "-P", pool, "-c", str(concurrency), "-E"]
-    argv += ["-n", name, "--loglevel", "INFO"]
+    argv += ["-n", name, "--loglevel", "INFO", "--without-mingle", "--without-gossip"]
     fd, log_name = tempfile.mkstemp(prefix="fleet-worker-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
         process = subprocess.Popen(
@@ -131,7 +135,7 @@ def wait_for_workers(
     deadline = time.monotonic() + timeout_s
     answered: set[str] = set()
     while time.monotonic() < deadline:
-        answered = ping(app_or_url)
+        answered = ping(app_or_url, limit=wanted if isinstance(wanted, int) else len(wanted))
         if isinstance(wanted, int) and len(answered) >= wanted:
             return answered
         if isinstance(wanted, set) and wanted <= answered:
@@ -139,13 +143,15 @@ def wait_for_workers(
     raise TimeoutError(f"after {timeout_s} s only {sorted(answered)} answered; wanted {wanted}")
 
 
-def ping(app_or_url: Celery | str, timeout_s: float = PING_TIMEOUT_S) -> set[str]:
-    """Node names answering one broadcast ping."""
+def ping(
+    app_or_url: Celery | str, timeout_s: float = PING_TIMEOUT_S, limit: int | None = None
+) -> set[str]:
+    """Node names answering one broadcast ping (within `timeout_s`, or once `limit` did)."""
     if not isinstance(app_or_url, str):
-        return _names_of(app_or_url.control.ping(timeout=timeout_s))
+        return _names_of(app_or_url.control.ping(timeout=timeout_s, limit=limit))
     app = Celery("fleet-tests-ping", broker=app_or_url, set_as_current=False)
     try:
-        return _names_of(app.control.ping(timeout=timeout_s))
+        return _names_of(app.control.ping(timeout=timeout_s, limit=limit))
     finally:
         app.close()
 

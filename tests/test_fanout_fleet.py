@@ -148,7 +148,6 @@ def two_workers(redis_url: str, redis_client: redis.Redis, tmp_path: Path) -> It
 BIG = 300
 
 
-@pytest.mark.serial
 def test_an_interactive_tree_is_not_starved_by_a_big_batch_tree(
     two_workers: Fleet, tmp_path: Path
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,14 @@ def hardened(redis_url: str) -> Iterator[HardenedFleet]:
     Module-scoped, not session: its task events are PUBLISHes on the shared Redis server,
     and tests that count server-wide command stats must not see them.
     """
-    url = urlsplit(redis_url)._replace(path=f"/{SECURITY_DB}").geturl()
+    with hardened_worker(redis_url, SECURITY_DB) as fleet:
+        yield fleet
+
+
+@contextmanager
+def hardened_worker(redis_url: str, db: int, **env_extra: str) -> Iterator[HardenedFleet]:
+    """The hardened worker on database `db` (emptied first), with `env_extra` on top."""
+    url = urlsplit(redis_url)._replace(path=f"/{db}").geturl()
     # Straight under /tmp, not pytest's 0700 tmp_path: bash's user (nobody) must be able to
     # reach the workspace by its absolute path, as it can in a real deployment.
     root = shell_writable(Path(tempfile.mkdtemp(prefix="fleet-root-")).resolve())
@@ -65,6 +73,7 @@ def hardened(redis_url: str) -> Iterator[HardenedFleet]:
         "FLEET_TOOL_TIMEOUT_S": str(TOOL_TIMEOUT_S),
         "FLEET_SHELL_MAX_PROCS": str(SHELL_MAX_PROCS),
         "FLEET_SHELL_MAX_FILE_BYTES": str(SHELL_MAX_FILE_BYTES),
+        **env_extra,
     }
     with start_worker(url, concurrency=4, env_extra=env) as worker:
         wait_for_workers(url, [worker.name], timeout_s=30)

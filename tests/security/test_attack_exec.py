@@ -15,6 +15,7 @@ import site
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ from tests.security.conftest import (
     SHELL_MAX_PROCS,
     TOOL_TIMEOUT_S,
     HardenedFleet,
+    hardened_worker,
     run_forged,
     steps_script,
     tool_outputs,
@@ -176,7 +178,19 @@ def test_a_pth_planted_by_bash_runs_only_as_the_shell_user(
     assert "Permission denied" in output
 
 
-@pytest.mark.serial
+FLOOD_UID = 65530
+"""bash's user in the flood tests alone: the kernel counts RLIMIT_NPROC over a uid, so the
+bash calls other test processes make meanwhile (as nobody) neither count here nor starve."""
+FLOOD_DB = 14
+
+
+@pytest.fixture(scope="module")
+def flood_fleet(redis_url: str) -> Iterator[HardenedFleet]:
+    """The hardened worker with bash as `FLOOD_UID`, on a database of its own."""
+    with hardened_worker(redis_url, FLOOD_DB, FLEET_SHELL_USER=str(FLOOD_UID)) as fleet:
+        yield fleet
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="RLIMIT_NPROC needs bash on a uid of its own")
 @pytest.mark.parametrize(
     "command",
@@ -186,7 +200,7 @@ def test_a_pth_planted_by_bash_runs_only_as_the_shell_user(
     ],
 )
 def test_a_process_flood_is_cut_at_the_limit_and_leaves_nothing(
-    hardened: HardenedFleet, tmp_path: Path, command: str
+    flood_fleet: HardenedFleet, tmp_path: Path, command: str
 ) -> None:
     """Route: one bash call ran 404 processes; a fork bomb would take the host's pids for the
     whole time limit. Control: RLIMIT_NPROC on bash's own user (FLEET_SHELL_MAX_PROCS); the
@@ -195,23 +209,23 @@ def test_a_process_flood_is_cut_at_the_limit_and_leaves_nothing(
     started = time.monotonic()
 
     with peak_processes("30.24") as peak:
-        trace = run_forged(hardened, script, str(hardened.root))
+        trace = run_forged(flood_fleet, script, str(flood_fleet.root))
 
     assert trace.status == "completed", trace
     assert time.monotonic() - started < TOOL_TIMEOUT_S + 15
     # The shell user's processes, plus the root `unshare` that holds the namespace.
     assert 0 < peak[0] <= SHELL_MAX_PROCS + 1, peak
-    output = tool_outputs(hardened, trace.trace_id)[0]
+    output = tool_outputs(flood_fleet, trace.trace_id)[0]
     assert "Resource temporarily unavailable" in output, output
     assert live_processes_with("30.24") == []
-    wait_until(lambda: processes_of(SHELL_UID) == 0, 5, "the pid namespace to be reaped")
-    os.kill(hardened.worker_pid, 0)  # the worker lives on
+    wait_until(lambda: processes_of(FLOOD_UID) == 0, 5, "the pid namespace to be reaped")
+    os.kill(flood_fleet.worker_pid, 0)  # the worker lives on
     after = run_forged(
-        hardened,
-        steps_script(tmp_path / "ok.yaml", [tool_step("bash", command="echo fine")]),
-        str(hardened.root),
+        flood_fleet,
+        steps_script(tmp_path / "ok.yaml", [tool_step("bash", command="echo fine; id -u")]),
+        str(flood_fleet.root),
     )
-    assert tool_outputs(hardened, after.trace_id)[0].strip() == "fine"
+    assert tool_outputs(flood_fleet, after.trace_id)[0].split() == ["fine", str(FLOOD_UID)]
 
 
 def test_a_file_size_bomb_is_cut_at_the_limit(hardened: HardenedFleet, tmp_path: Path) -> None:
