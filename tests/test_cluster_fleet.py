@@ -139,11 +139,13 @@ def test_a_killed_worker_on_a_cluster_is_recovered_and_collected_once(
         assert isinstance(store, RedisStore)
         handle = setup.fleet.submit("survey", model=model)
 
-        def a_worker_of_mine_runs_branches() -> bool:
-            running = running_branches(setup.fleet, store.client, mine)
-            return any(r.worker == mine[0].name for r in running)
+        victims: list[str] = []
 
-        wait_until(a_worker_of_mine_runs_branches, RUN_TIMEOUT_S, "branches on the victim")
-        mine[0].kill()
+        def a_worker_of_mine_runs_branches() -> bool:
+            victims[:] = [r.worker for r in running_branches(setup.fleet, store.client, mine)]
+            return bool(victims)
+
+        wait_until(a_worker_of_mine_runs_branches, RUN_TIMEOUT_S, "branches on a victim")
+        next(w for w in mine if w.name == victims[0]).kill()
         root = handle.wait(timeout_s=RUN_TIMEOUT_S)
     assert_collected_once(setup.fleet, root.trace_id, 20)

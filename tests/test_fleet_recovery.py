@@ -275,12 +275,15 @@ def running_branches(
     pool processes (prefork).
     """
     found = []
+    # One scan of /proc per look, not one per branch: under load the looks must stay quick
+    # to catch a branch between its first turn and its end.
+    by_pid = {pid: w for w in workers for pid in (w.pid, *w.child_pids())}
     for trace_id in map(str, conn.zrange(keys.RUNNING, 0, -1)):  # a decode_responses client
         owner = conn.get(keys.lease(trace_id))
         if not owner:
             continue
         pid = int(str(owner).split(":")[1])
-        worker = next((w for w in workers if pid == w.pid or pid in w.child_pids()), None)
+        worker = by_pid.get(pid)
         trace = fleet.trace(trace_id)
         branch = trace.parent_trace_id is not None  # the root runs under a lease too
         if worker is not None and branch and trace.status == "running" and trace.iteration >= 1:

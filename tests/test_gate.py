@@ -191,6 +191,7 @@ def test_the_roots_final_turn_survives_a_limit_that_hands_it_back(
     assert isinstance(gate.before(last, "paced:m", 300), Spent), "one final turn only"
 
 
+@pytest.mark.serial
 def test_a_turn_slept_through_a_pause_is_sent_back(
     workers: tuple[Gate, Gate], redis_client: redis.Redis
 ) -> None:
