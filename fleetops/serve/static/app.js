@@ -46,7 +46,7 @@ async function refresh(id) {
     setDetail(detail);
     seed(detail.trace);
     renderRollups(page.root);
-    if (id === page.opened) showTrace(detail);
+    if (id === page.opened) await showTrace(detail);  // its failure is shown, not thrown
   } catch (error) {
     showError(error.message);
   } finally {
