@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed-dev
 
 .PHONY: all check lint typecheck test unit bytecode demo format bench faults chaos clean
 all: check
-# The type check beside the tests' parallel run (it is done long before the serial tests).
+# The type check beside the tests' parallel run (it is done long before the serial tests;
+# its few lines of output may land among the tests' progress dots).
 check: lint
-	$(MAKE) --no-print-directory --jobs=2 --output-sync=line typecheck test
+	$(MAKE) --no-print-directory --jobs=2 typecheck test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "agent-fleet needs Python >= 3.11")'
