@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -20,6 +18,7 @@ from fleet.llm.base import ToolCall
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.retry import RetryPolicy
 from tests.fake_provider import send_json
+from tests.loopback import LoopbackServer
 
 KEY = "sk-ant-test-SECRET-0123456789"
 
@@ -44,20 +43,14 @@ class FakeProvider:
     def __init__(self) -> None:
         self.replies: deque[Reply] = deque()
         self.seen: list[Seen] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        # A short poll interval only makes `shutdown()` return quickly.
-        serve = partial(self._server.serve_forever, poll_interval=0.01)
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
+        self._server = LoopbackServer(_handler_for(self))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._server.stop()
 
 
 def _handler_for(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:

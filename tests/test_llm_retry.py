@@ -9,8 +9,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email.utils import formatdate
-from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
@@ -27,6 +26,7 @@ from fleet.llm.retry import (
     send_with_retry,
 )
 from tests.fake_provider import send_json
+from tests.loopback import LoopbackServer
 
 NOW_S = 1_700_000_000.0
 
@@ -54,21 +54,15 @@ class FakeProvider:
         self.replies: deque[Reply] = deque()
         self.seen: list[Seen] = []
         self.released = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        # A short poll interval only makes `shutdown()` return quickly.
-        serve = partial(self._server.serve_forever, poll_interval=0.01)
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
+        self._server = LoopbackServer(_handler_for(self))
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def stop(self) -> None:
         self.released.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._server.stop()
 
 
 def _handler_for(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
