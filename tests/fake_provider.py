@@ -23,14 +23,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
 from fleet.limits.pacing import most_in_window
 from fleet.llm.base import LLMResponse
 from fleet.testing import Script
+from tests.loopback import LoopbackServer
 
 CHARS_PER_TOKEN = 4
 """How this server counts prompt tokens (the client's estimate must not be lower)."""
@@ -172,11 +172,7 @@ class RateLimitedProvider:
         self.stats = Stats()
         self._refusal: tuple[int, float] | None = None
         """(answers before it, retry-after s) of a 429 a test asked for."""
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        serve = partial(self._server.serve_forever, poll_interval=0.01)
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
+        self._server = LoopbackServer(_handler_for(self))
 
     def _limit(self, rate: float | None, burst_s: float) -> Limit | None:
         if rate is None:
@@ -187,12 +183,10 @@ class RateLimitedProvider:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._server.stop()
 
     def __enter__(self) -> RateLimitedProvider:
         return self
