@@ -152,10 +152,22 @@ def unowned(
 
 def _remedies(store: TraceStore, state: TreeState) -> list[Remedy]:
     remedies: list[Remedy] = []
+    stopping: set[str] = set()  # stopped by this check, deepest first
     for trace in reversed(state.traces.values()):
-        if not trace.is_terminal and (found := _remedy(store, state, trace)) is not None:
-            remedies.append(_or_fail(found))
+        if trace.is_terminal or (found := _remedy(store, state, trace)) is None:
+            continue
+        if isinstance(found, Stop):
+            if not _children_end_first(state, trace, stopping):
+                continue  # a child still moves: the stop ends it first, this trace next time
+            stopping.add(trace.trace_id)
+        remedies.append(_or_fail(found))
     return remedies
+
+
+def _children_end_first(state: TreeState, trace: Trace, stopping: AbstractSet[str]) -> bool:
+    """A stopped trace ends after its children: each has ended, or this check stops it too."""
+    kids = (state.traces[k] for k in state.children.get(trace.trace_id, []) if k in state.traces)
+    return all(kid.is_terminal or kid.trace_id in stopping for kid in kids)
 
 
 def read_tree(

@@ -123,6 +123,20 @@ def test_a_stopped_tree_nobody_runs_is_finished(store: TraceStore) -> None:
     assert [(r.kind, r.trace.trace_id) for r in found] == [("stop", "r@b1"), ("stop", "r")]
 
 
+def test_a_stopped_parent_ends_after_a_child_that_still_moves(store: TraceStore) -> None:
+    """The root's stop waits for a child changed lately; its finish event comes last."""
+    put(store, "r", status="waiting")
+    open_call(store, "r")
+    put(store, "r@b1", status="running", age_ms=1_000)  # changed lately: something may move it
+    put(store, "r@b2", status="running")
+    for trace_id in ("r", "r@b1", "r@b2"):
+        store.request_stop(trace_id)
+    assert remedies(store) == [("stop", "r@b2")], "not the root while r@b1 may still move"
+    store.update_trace("r@b1", status="stopped")
+    store.update_trace("r@b2", status="stopped")
+    assert remedies(store) == [("stop", "r")]
+
+
 def test_a_trace_healed_too_often_fails(store: TraceStore) -> None:
     put(store, "r", metadata={owners.HEALS_KEY: owners.MAX_HEALS})
     found = owners.unowned(store, owner_index(store), "r", now_ms(), QUIET_MS)
