@@ -35,6 +35,8 @@ from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
 
 if TYPE_CHECKING:
+    from selenium import webdriver
+
     from fleet.client import Fleet
 
 REDIS_URL_ENV = "FLEET_TEST_REDIS_URL"
@@ -158,6 +160,24 @@ def store(request: pytest.FixtureRequest) -> TraceStore:
         return RedisStore(fake_redis())
     client: redis.Redis = request.getfixturevalue("redis_client")
     return RedisStore(client)
+
+
+@pytest.fixture(scope="module")
+def one_chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chrome]:
+    """One headless Chromium for a module's page tests (each start is ~20 processes)."""
+    from tests.browserkit import chromium
+
+    with chromium(tmp_path_factory.mktemp("chromium")) as chrome:
+        yield chrome
+
+
+@pytest.fixture
+def browser(one_chromium: webdriver.Chrome) -> Iterator[webdriver.Chrome]:
+    """The module's Chromium on a blank page with its log read empty, so an earlier test's
+    errors are not this one's (each test serves the page on a port, an origin, of its own)."""
+    one_chromium.get("about:blank")
+    one_chromium.get_log("browser")
+    yield one_chromium
 
 
 @pytest.fixture(scope="module")

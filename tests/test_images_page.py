@@ -16,10 +16,9 @@ from tests import imagekit
 from tests.fleetkit import client, fleet_settings
 from tests.procs import start_worker, wait_for_workers
 from tests.servekit import free_port, serve_process
-from tests.test_serve_page import browser, statuses
+from tests.test_serve_page import statuses
 
 pytestmark = pytest.mark.integration
-__all__ = ["browser"]  # the fixture, used by name
 
 
 def test_the_page_shows_an_image_placeholder_with_its_size(

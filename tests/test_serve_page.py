@@ -6,7 +6,6 @@ them unless `CI` is set, where their absence fails (tests/browserkit.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
 from fleet.client import Fleet
-from tests.browserkit import chromium, page_value, script_errors
+from tests.browserkit import page_value, script_errors
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 from tests.servekit import free_port, serve_process
@@ -26,12 +25,6 @@ pytestmark = pytest.mark.integration
 
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 BRANCHES = 3
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    with chromium(tmp_path) as chrome:
-        yield chrome
 
 
 def statuses(browser: webdriver.Chrome) -> dict[str, str]:

@@ -19,10 +19,10 @@ from fleet.storage.redis_store import RedisStore
 from fleet.testing import ScriptedModel
 from tests.browserkit import page_value, screenshot, script_errors
 from tests.servekit import page_config, serving
-from tests.test_serve_page_views import actions_with, browser, segment_kinds, store
+from tests.test_serve_page_views import actions_with, segment_kinds, store
 
 pytestmark = pytest.mark.integration
-__all__ = ["browser", "store"]  # fixtures, used by name
+__all__ = ["store"]  # the fixture, used by name
 
 
 def wide_tree(store: RedisStore, branches: int) -> tuple[str, int]:

@@ -38,7 +38,7 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.redis_store import RedisStore
 from fleet.testing import ScriptedModel, call, text
-from tests.browserkit import chromium, screenshot, script_errors
+from tests.browserkit import screenshot, script_errors
 from tests.fleetkit import explore_script, wait_until
 from tests.servekit import LocalActions, page_config, serving
 
@@ -53,12 +53,6 @@ HOSTILE_TEXTS = (
     "\x1b[31mred\x1b[0m\x1b]0;title\x07",
 )
 HOSTILE = " ".join(HOSTILE_TEXTS)
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    with chromium(tmp_path) as chrome:
-        yield chrome
 
 
 @pytest.fixture
