@@ -115,12 +115,12 @@ def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
 ) -> None:
     """One 429 (retry-after: 0.300) mid-run: the fleet pauses ~0.3 s, not seconds.
 
-    64 threads book ~3 s ahead of the clock at 20/s; voiding those bookings on the 429
-    (what the limiter did) idled the provider for that long. Calls already on their way
-    while the 429 travels back are not held (`RACE_S`); none may leave after that until the
-    pause ends, and the next one leaves as it ends.
+    60 branch threads book 3 s ahead of the clock at 20/s (still 1.5 s at the 429); voiding
+    those bookings on the 429 (what the limiter did) idled the provider for that long.
+    Calls already on their way while the 429 travels back are not held (`RACE_S`); none may
+    leave after that until the pause ends, and the next one leaves as it ends.
     """
-    script = brain(tmp_path, 100, branch_turns=0)
+    script = brain(tmp_path, 60, branch_turns=0)
     with RateLimitedProvider(script, window="rolling") as server:
         server.refuse_once(after_answered=30, retry_after_s=0.3)
         with local_fleet(store, tmp_path, server.url, 1200) as local:
