@@ -18,6 +18,10 @@ gevent or eventlet monkey patches a `-P` option asks for (`celery.maybe_patch_co
   used them).
 - the app's `user_options` for `worker` and `preload` added to the worker's parameters:
   the fleet's app declares none; added all the same, as the group does.
+- `celery.bin.base` builds a pygments `PythonLexer` at import when pygments is installed
+  (~0.1 s of CPU compiling its regexes) for `CLIContext.pretty`, which colours the JSON
+  replies of `celery inspect`; a worker never calls it. It is imported with pygments
+  hidden, and takes its own fallback for a missing pygments (`LEXER = None`).
 - `--detach` re-executes `python -m celery` with the process's own argv, which here has
   no `-A ... worker`: refused (a supervisor or `fleet up` keeps workers running).
 - `-b`, `--result-backend`, `--loader`, `--config`, `--skip-checks` set `CELERY_*`
@@ -49,12 +53,14 @@ def main(argv: Sequence[str]) -> int:
     import celery
 
     celery.maybe_patch_concurrency([PROG, *argv])  # gevent: before anything opens a socket
-    from fleet.storage.redis_import import import_redis_without_metrics_sdk
+    from fleet.hidden_imports import hidden, import_redis_without_metrics_sdk
 
     import_redis_without_metrics_sdk()  # before Celery and kombu import redis-py
     import click
-    from celery.bin.base import CLIContext
-    from celery.bin.worker import worker
+
+    with hidden("pygments"):  # see the module's docstring
+        from celery.bin.base import CLIContext
+        from celery.bin.worker import worker
 
     from fleet.settings import process_env
     from workers.app import app

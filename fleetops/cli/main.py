@@ -28,7 +28,7 @@ Handler = Callable[[argparse.Namespace], int]
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, and map errors to one line on stderr and an exit code."""
     args = build_parser().parse_args(argv)
-    from fleet.storage.redis_import import import_redis_without_metrics_sdk
+    from fleet.hidden_imports import import_redis_without_metrics_sdk
 
     import_redis_without_metrics_sdk()
     handler = resolve(args.handler)
