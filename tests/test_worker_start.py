@@ -90,7 +90,7 @@ def test_fleet_worker_execs_the_module_for_gevent(monkeypatch: pytest.MonkeyPatc
         seen.append(argv)
         raise SystemExit(0)
 
-    monkeypatch.setattr(ops.os, "execve", execve)
+    monkeypatch.setattr("fleetops.cli.ops.os.execve", execve)
     with pytest.raises(SystemExit):
         ops._exec_worker(["worker", "-Q", "fleet.main", "--pool", "gevent"], {})
     assert seen == [[sys.executable, "-m", "workers", "-Q", "fleet.main", "--pool", "gevent"]]
