@@ -24,7 +24,9 @@ from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd, lookup_prici
 from fleet.llm.retry import DEFAULT_RETRY, send_with_retry
 from fleet.security.redact import Redactor
 
-if TYPE_CHECKING:  # httpx and the live clients load with the first provider built (below)
+# httpx (~0.2 s of CPU, its CLI included) and the live clients are imported where a model's
+# Batch API client is built: every worker imports this module for the sweeper's poll.
+if TYPE_CHECKING:
     import httpx
 
     from fleet.llm.anthropic import AnthropicClient
@@ -57,29 +59,24 @@ class BatchProvider(Protocol):
 
     def request(self, body: dict[str, Any]) -> dict[str, Any]:
         """The provider's request for a queued call (messages, tools, temperature...)."""
-        ...
 
     def submit(self, lines: list[tuple[str, dict[str, Any]]], flush_id: str) -> str:
         """Send (wire id, request) pairs as one batch tagged `flush_id`; its batch id."""
-        ...
 
     def phase(self, batch_id: str) -> Phase:
         """Where the batch is."""
 
     def results(self, batch_id: str) -> dict[str, Outcome]:
         """Wire id -> outcome, for every request the batch answered."""
-        ...
 
     def cancel(self, batch_id: str) -> None:
         """Ask the provider to cancel the batch."""
 
     def find(self, flush_id: str, at_ms: int, count: int) -> str | None:
         """The batch a lost flush created, if the provider has one; else None."""
-        ...
 
     def parse(self, body: dict[str, Any]) -> LLMResponse:
         """An answer body as the live client reads it, at the batch price."""
-        ...
 
     def close(self) -> None:
         """Close the HTTP connections."""
@@ -110,9 +107,7 @@ class _Http:
         self.target = target
         self._headers = headers
         self._redactor = Redactor.from_env(env).with_values([key])
-        # Imported here: every worker imports this module (the sweeper's poll), and httpx
-        # (~0.2 s of CPU, its CLI included) is needed only once a model uses a Batch API.
-        import httpx
+        import httpx  # see the TYPE_CHECKING block
 
         self._http = httpx.Client(timeout=HTTP_TIMEOUT_S)
 
@@ -205,7 +200,7 @@ class OpenAIBatch(_Wire):
         """Talk to `target.base_url` (e.g. `https://api.openai.com/v1`)."""
         self.base = target.base_url.rstrip("/")
         self.target = target
-        from fleet.llm.openai import OpenAIClient  # with httpx: see `_Http`
+        from fleet.llm.openai import OpenAIClient  # see the TYPE_CHECKING block
 
         self._client = OpenAIClient(target.base_url, "", target.model, pricing=target.pricing)
         self._http = _Http(target, key, {"Authorization": f"Bearer {key}"} if key else {}, env)
@@ -280,7 +275,7 @@ class AnthropicBatch(_Wire):
         """Talk to `target.base_url` (e.g. `https://api.anthropic.com`)."""
         self.base = target.base_url.rstrip("/") + "/v1/messages/batches"
         self.target = target
-        from fleet.llm.anthropic import ANTHROPIC_VERSION, AnthropicClient  # see `_Http`
+        from fleet.llm.anthropic import ANTHROPIC_VERSION, AnthropicClient  # as OpenAIClient
 
         self._client = AnthropicClient(target.base_url, "", target.model, pricing=target.pricing)
         headers = {"anthropic-version": ANTHROPIC_VERSION} | ({"x-api-key": key} if key else {})
