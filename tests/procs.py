@@ -105,19 +105,9 @@ def start_worker(
         "PYTHONUNBUFFERED": "1",
         **(env_extra or {}),
     }
-    argv = [
-        sys.executable,
-        "-m",
-        "workers",
-        "-Q",
-        ",".join(queues),
-        "-P",
-        pool,
-        "-c",
-        str(concurrency),
-        "-E",
-    ]
-    argv += ["-n", name, "--loglevel", "INFO", "--without-mingle", "--without-gossip"]
+    argv = [sys.executable, "-m", "workers", "-Q", ",".join(queues), "-P", pool, "-E"]
+    argv += ["-c", str(concurrency), "-n", name, "--loglevel", "INFO"]
+    argv += ["--without-mingle", "--without-gossip"]
     fd, log_name = tempfile.mkstemp(prefix="fleet-worker-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
         process = subprocess.Popen(

@@ -80,7 +80,7 @@ def test_a_bad_option_is_clicks_usage_error_and_detach_is_refused(
     assert start.main(["--no-such-option"]) == 2
     assert "No such option '--no-such-option'" in capsys.readouterr().err
     assert start.main(["--detach"]) == 2
-    assert "--detach is not supported" in capsys.readouterr().out
+    assert "--detach is not supported" in capsys.readouterr().err
 
 
 def test_fleet_worker_execs_the_module_for_gevent(monkeypatch: pytest.MonkeyPatch) -> None:

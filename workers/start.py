@@ -34,6 +34,7 @@ fails there.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 PROG = "python -m workers"
@@ -48,7 +49,7 @@ def main(argv: Sequence[str]) -> int:
     A bad option prints click's usage error and returns its code (2).
     """
     if DETACH & set(argv):
-        print(f"{PROG}: --detach is not supported: run the worker under a supervisor")
+        print(f"{PROG}: --detach is not supported: run it under a supervisor", file=sys.stderr)
         return 2
     import celery
 
