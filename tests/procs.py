@@ -89,7 +89,7 @@ def start_worker(
     env_extra: Mapping[str, str] | None = None,
     name: str | None = None,
 ) -> WorkerProcess:
-    """Start `python -m celery -A workers.app:app worker` on these URLs; output to a log file.
+    """Start `python -m workers` (`celery worker`'s options) on these URLs; output to a log file.
 
     Without mingle and gossip: mingle holds every start a second for neighbours' revoked
     task ids (the fleet revokes by stamp, which mingle does not share) and gossip only
@@ -105,9 +105,9 @@ def start_worker(
         "PYTHONUNBUFFERED": "1",
         **(env_extra or {}),
     }
-    argv = [sys.executable, "-m", "celery", "-A", "workers.app:app", "worker"]
-    argv += ["-Q", ",".join(queues), "-P", pool, "-c", str(concurrency), "-E"]
-    argv += ["-n", name, "--loglevel", "INFO", "--without-mingle", "--without-gossip"]
+    argv = [sys.executable, "-m", "workers", "-Q", ",".join(queues), "-P", pool, "-E"]
+    argv += ["-c", str(concurrency), "-n", name, "--loglevel", "INFO"]
+    argv += ["--without-mingle", "--without-gossip"]
     fd, log_name = tempfile.mkstemp(prefix="fleet-worker-", suffix=".log")
     with os.fdopen(fd, "wb") as log:
         process = subprocess.Popen(

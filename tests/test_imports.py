@@ -206,7 +206,8 @@ def test_importing_the_worker_reads_no_settings() -> None:
 
 
 FLEET_LAYERS = (
-    # The base: plain values and the one exception family.
+    # The base: plain values and the one exception family; how a process imports redis-py.
+    "hidden_imports",
     "errors",
     "ids",
     "goals",

@@ -14,19 +14,23 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Literal, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fleet.errors import ConfigError, ModelBehaviorError
-from fleet.llm.anthropic import ANTHROPIC_VERSION, AnthropicClient
 from fleet.llm.base import LLMResponse, check_model_requests_allowed
 from fleet.llm.clients import provider_key
 from fleet.llm.config import FleetConfig, ModelTarget, resolve_target
-from fleet.llm.openai import OpenAIClient
 from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd, lookup_pricing
 from fleet.llm.retry import DEFAULT_RETRY, send_with_retry
 from fleet.security.redact import Redactor
+
+# httpx (~0.2 s of CPU, its CLI included) and the live clients are imported where a model's
+# Batch API client is built: every worker imports this module for the sweeper's poll.
+if TYPE_CHECKING:
+    import httpx
+
+    from fleet.llm.anthropic import AnthropicClient
+    from fleet.llm.openai import OpenAIClient
 
 OPENAI_MAX_REQUESTS, OPENAI_MAX_BYTES = 50_000, 200 * 1024 * 1024  # the providers' limits
 ANTHROPIC_MAX_REQUESTS, ANTHROPIC_MAX_BYTES = 100_000, 256 * 1024 * 1024
@@ -55,29 +59,24 @@ class BatchProvider(Protocol):
 
     def request(self, body: dict[str, Any]) -> dict[str, Any]:
         """The provider's request for a queued call (messages, tools, temperature...)."""
-        ...
 
     def submit(self, lines: list[tuple[str, dict[str, Any]]], flush_id: str) -> str:
         """Send (wire id, request) pairs as one batch tagged `flush_id`; its batch id."""
-        ...
 
     def phase(self, batch_id: str) -> Phase:
         """Where the batch is."""
 
     def results(self, batch_id: str) -> dict[str, Outcome]:
         """Wire id -> outcome, for every request the batch answered."""
-        ...
 
     def cancel(self, batch_id: str) -> None:
         """Ask the provider to cancel the batch."""
 
     def find(self, flush_id: str, at_ms: int, count: int) -> str | None:
         """The batch a lost flush created, if the provider has one; else None."""
-        ...
 
     def parse(self, body: dict[str, Any]) -> LLMResponse:
         """An answer body as the live client reads it, at the batch price."""
-        ...
 
     def close(self) -> None:
         """Close the HTTP connections."""
@@ -108,6 +107,8 @@ class _Http:
         self.target = target
         self._headers = headers
         self._redactor = Redactor.from_env(env).with_values([key])
+        import httpx  # see the TYPE_CHECKING block
+
         self._http = httpx.Client(timeout=HTTP_TIMEOUT_S)
 
     def send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
@@ -181,6 +182,8 @@ class _Wire:
         )
 
     def parse(self, body: dict[str, Any]) -> LLMResponse:  # noqa: D102
+        import httpx  # loaded already: `_Http` imported it
+
         return _priced(self._client.parse_response(httpx.Response(200, json=body)), self.target)
 
     def close(self) -> None:  # noqa: D102
@@ -197,6 +200,8 @@ class OpenAIBatch(_Wire):
         """Talk to `target.base_url` (e.g. `https://api.openai.com/v1`)."""
         self.base = target.base_url.rstrip("/")
         self.target = target
+        from fleet.llm.openai import OpenAIClient  # see the TYPE_CHECKING block
+
         self._client = OpenAIClient(target.base_url, "", target.model, pricing=target.pricing)
         self._http = _Http(target, key, {"Authorization": f"Bearer {key}"} if key else {}, env)
 
@@ -270,6 +275,8 @@ class AnthropicBatch(_Wire):
         """Talk to `target.base_url` (e.g. `https://api.anthropic.com`)."""
         self.base = target.base_url.rstrip("/") + "/v1/messages/batches"
         self.target = target
+        from fleet.llm.anthropic import ANTHROPIC_VERSION, AnthropicClient  # as OpenAIClient
+
         self._client = AnthropicClient(target.base_url, "", target.model, pricing=target.pricing)
         headers = {"anthropic-version": ANTHROPIC_VERSION} | ({"x-api-key": key} if key else {})
         self._http = _Http(target, key, headers, env)

@@ -28,30 +28,11 @@ Handler = Callable[[argparse.Namespace], int]
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, and map errors to one line on stderr and an exit code."""
     args = build_parser().parse_args(argv)
+    from fleet.hidden_imports import import_redis_without_metrics_sdk
+
     import_redis_without_metrics_sdk()
     handler = resolve(args.handler)
     return run(handler, args)
-
-
-OTEL_METRICS_SDK = "opentelemetry.sdk.metrics"
-
-
-def import_redis_without_metrics_sdk() -> None:
-    """Import redis-py as if the OpenTelemetry metrics SDK were not installed.
-
-    redis-py 8 imports `opentelemetry.sdk.metrics` at import time whenever it is installed
-    (the `otel` extra brings it) for client metrics the fleet never enables (it does not
-    call `redis.observability`): ~150 M instructions, a twentieth of `fleet run`'s start.
-    The SDK is hidden only while redis-py imports; the fleet's own OTel imports it as usual.
-    """
-    if "redis" in sys.modules or OTEL_METRICS_SDK in sys.modules:
-        return
-    sys.modules[OTEL_METRICS_SDK] = None  # type: ignore[assignment]  # "not installed"
-    try:
-        import redis  # noqa: F401
-    finally:
-        if sys.modules.get(OTEL_METRICS_SDK, ...) is None:
-            del sys.modules[OTEL_METRICS_SDK]
 
 
 def resolve(target: str) -> Handler:

@@ -86,16 +86,16 @@ def run_worker(args: argparse.Namespace) -> int:
     if args.pool == "gevent":
         if importlib.util.find_spec("gevent") is None:
             raise ConfigError("the gevent pool needs gevent: pip install gevent")
-        _exec_celery(argv, env)
+        _exec_worker(argv, env)
+    from workers import start
     from workers.app import app
 
     app.conf.update(broker_url=settings.broker_url, result_backend=settings.redis_url)
-    code = app.worker_main(argv)
-    return int(code or 0)
+    return start.main(argv[1:])  # Celery's `worker` command, not its umbrella `celery`
 
 
-def _exec_celery(argv: list[str], env: dict[str, str]) -> NoReturn:
-    command = [sys.executable, "-m", "celery", "--app", "workers.app:app", *argv]
+def _exec_worker(argv: list[str], env: dict[str, str]) -> NoReturn:
+    command = [sys.executable, "-m", "workers", *argv[1:]]  # the options after `worker`
     sys.stdout.flush()
     os.execve(sys.executable, command, env)
 
