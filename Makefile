@@ -3,13 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-dev
-# pytest where it may keep its rewritten test modules (`bytecode` below says why).
-PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
+PYTEST := $(PY) -m pytest
+# Python processes make starts keep their bytecode, pytest's rewritten test modules too
+# (`bytecode` below says why); an empty value is unset to Python.
+export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: all check lint typecheck test unit bytecode demo format bench faults chaos clean
+.PHONY: all check lint typecheck test unit durations bytecode demo format bench faults chaos clean
 all: check
-# The type check beside the tests' parallel run (it is done long before the serial tests;
-# its few lines of output may land among the tests' progress dots).
+# The type check beside the tests (at the tests' lower CPU priority, below; its few lines of
+# output may land among the tests' progress dots).
 check: lint
 	$(MAKE) --no-print-directory --jobs=2 typecheck test
 
@@ -25,27 +27,41 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 typecheck: $(STAMP)
-	$(PY) -m mypy
+	nice -n 10 $(PY) -m mypy
 
 # The suite on TEST_PROCESSES processes (pytest-xdist): its tests mostly wait on servers,
-# subprocesses and timers. Each file stays on one process (its module fixtures start once);
-# then the `serial` tests, one at a time: they need the machine to themselves (a time
-# bound, a count of a user's processes). tests/conftest.py says more.
+# subprocesses and timers. Each file stays on one process (its module fixtures start once).
+# Beside them, one at a time, the `serial` tests: time bounds that other processes' CPU
+# would break, so the rest run at a lower CPU priority (nice 10) and yield the CPU to them;
+# their report is printed after the others'. tests/conftest.py says more.
 TEST_PROCESSES ?= 6
+# $(call beside_serial,MARKS,OPTIONS): the tests MARKS selects, the serial ones at full priority.
+define beside_serial
+	log=$$(mktemp); \
+	$(PYTEST) -q -m "$(1) serial" > $$log 2>&1 & serial=$$!; \
+	nice -n 10 $(PYTEST) -q -m "$(1) not serial" $(2); rest=$$?; \
+	wait $$serial; serial=$$?; echo "the serial tests:"; cat $$log; rm -f $$log; \
+	[ $$rest -eq 0 ] && [ $$serial -eq 0 ]
+endef
+
+# Files are handed out longest first (tests/durations.py); `make durations` records them.
+PARALLEL := -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 test: $(STAMP) bytecode
-	$(PYTEST) -q -m "not serial" -n $(TEST_PROCESSES) --dist loadfile
-	$(PYTEST) -q -m serial
+	$(call beside_serial,,$(PARALLEL))
+
+durations: $(STAMP) bytecode
+	report=$$(mktemp); nice -n 10 $(PYTEST) -q -m "not serial" $(PARALLEL) --junitxml=$$report; \
+	$(PY) -m tests.durations $$report; rm -f $$report
 
 # The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s.
 unit: $(STAMP) bytecode
-	$(PYTEST) -q -m "not integration and not serial" -n 4
-	$(PYTEST) -q -m "not integration and serial"
+	$(call beside_serial,not integration and,-n 4)
 
 # Every worker, CLI and fleet process a test starts imports the checkout: compiled once
 # here, not in each of them where PYTHONDONTWRITEBYTECODE is set (as on these machines).
 # pytest keeps its assertion-rewritten test modules only where bytecode may be written:
 # without that cache each pytest process spends ~8 s of CPU rewriting the 190 test files,
-# so the tests run with the variable cleared (PYTEST above), and one collection here
+# so make clears the variable (the export above), and one collection here
 # fills the cache before the parallel processes start.
 bytecode: $(STAMP)
 	$(PY) -m compileall -q fleet fleetops workers tests

@@ -9,8 +9,9 @@ cannot start a server by accident.
 `make` runs the suite on several processes (pytest-xdist, `--dist loadfile`: a file on one
 process, so its module fixtures, a worker or a whole fleet, start once); the modules that
 purge the shared RabbitMQ's fleet queues take turns (`rabbitmq_to_itself`). Tests marked
-`serial` need the machine to themselves (a time bound that other processes' load would
-break, a count of every process of bash's user) and run afterwards, one at a time.
+`serial` hold a time bound that other processes' load would break: they run one at a time
+in a pytest of their own beside the others, which run at a lower CPU priority (nice 10)
+and so yield the CPU to them (the Makefile's `beside_serial`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from fleet.storage.redis_connect import connect
 from fleet.storage.redis_server import start_redis_server
 from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
+from tests.durations import longest_files_first
 
 if TYPE_CHECKING:
     from selenium import webdriver
@@ -96,6 +98,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "these tests need a server but are not marked integration: " + ", ".join(unmarked)
         )
+    longest_files_first(items, config.rootpath)
 
 
 @pytest.fixture(scope="module")
