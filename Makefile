@@ -61,11 +61,15 @@ unit: $(STAMP) bytecode
 # here, not in each of them where PYTHONDONTWRITEBYTECODE is set (as on these machines).
 # pytest keeps its assertion-rewritten test modules only where bytecode may be written:
 # without that cache each pytest process spends ~8 s of CPU rewriting the 190 test files,
-# so make clears the variable (the export above), and one collection here
-# fills the cache before the parallel processes start.
-bytecode: $(STAMP)
+# so make clears the variable (the export above), and one collection fills the cache
+# before the parallel processes start (again when a test file changed).
+REWRITTEN := $(VENV)/.tests-rewritten
+bytecode: $(STAMP) $(REWRITTEN)
 	$(PY) -m compileall -q fleet fleetops workers tests
+
+$(REWRITTEN): $(STAMP) $(wildcard tests/*.py tests/*/*.py)
 	$(PYTEST) -q -p no:cacheprovider --collect-only > /dev/null
+	touch $@
 
 # The demo surveys docs/: the checkout itself holds .venv and fleet/, the workers' own code,
 # which no workspace root may contain (docs/security.md, "Second round").
