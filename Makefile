@@ -10,8 +10,8 @@ export PYTHONDONTWRITEBYTECODE :=
 
 .PHONY: all check lint typecheck test unit durations bytecode demo format bench faults chaos clean
 all: check
-# The type check beside the tests (at the tests' lower CPU priority, below; its few lines of
-# output may land among the tests' progress dots).
+# The type check beside the tests' parallel run (it is done long before the serial tests;
+# its few lines of output may land among the tests' progress dots).
 check: lint
 	$(MAKE) --no-print-directory --jobs=2 typecheck test
 
@@ -27,35 +27,27 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 typecheck: $(STAMP)
-	nice -n 10 $(PY) -m mypy
+	$(PY) -m mypy
 
 # The suite on TEST_PROCESSES processes (pytest-xdist): its tests mostly wait on servers,
-# subprocesses and timers. Each file stays on one process (its module fixtures start once).
-# Beside them, one at a time, the `serial` tests: time bounds that other processes' CPU
-# would break, so the rest run at a lower CPU priority (nice 10) and yield the CPU to them;
-# their report is printed after the others'. tests/conftest.py says more.
+# subprocesses and timers. Each file stays on one process (its module fixtures start once),
+# and files are handed out longest first (tests/durations.py; `make durations` records
+# them). Then the `serial` tests, one at a time: time bounds that need the machine to
+# themselves. tests/conftest.py says more.
 TEST_PROCESSES ?= 6
-# $(call beside_serial,MARKS,OPTIONS): the tests MARKS selects, the serial ones at full priority.
-define beside_serial
-	log=$$(mktemp); \
-	$(PYTEST) -q -m "$(1) serial" > $$log 2>&1 & serial=$$!; \
-	nice -n 10 $(PYTEST) -q -m "$(1) not serial" $(2); rest=$$?; \
-	wait $$serial; serial=$$?; echo "the serial tests:"; cat $$log; rm -f $$log; \
-	[ $$rest -eq 0 ] && [ $$serial -eq 0 ]
-endef
-
-# Files are handed out longest first (tests/durations.py); `make durations` records them.
 PARALLEL := -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 test: $(STAMP) bytecode
-	$(call beside_serial,,$(PARALLEL))
+	$(PYTEST) -q -m "not serial" $(PARALLEL)
+	$(PYTEST) -q -m serial
 
 durations: $(STAMP) bytecode
-	report=$$(mktemp); nice -n 10 $(PYTEST) -q -m "not serial" $(PARALLEL) --junitxml=$$report; \
+	report=$$(mktemp); $(PYTEST) -q -m "not serial" $(PARALLEL) --junitxml=$$report; \
 	$(PY) -m tests.durations $$report; rm -f $$report
 
 # The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s.
 unit: $(STAMP) bytecode
-	$(call beside_serial,not integration and,-n 4)
+	$(PYTEST) -q -m "not integration and not serial" -n 4
+	$(PYTEST) -q -m "not integration and serial"
 
 # Every worker, CLI and fleet process a test starts imports the checkout: compiled once
 # here, not in each of them where PYTHONDONTWRITEBYTECODE is set (as on these machines).

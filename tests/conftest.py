@@ -9,9 +9,8 @@ cannot start a server by accident.
 `make` runs the suite on several processes (pytest-xdist, `--dist loadfile`: a file on one
 process, so its module fixtures, a worker or a whole fleet, start once); the modules that
 purge the shared RabbitMQ's fleet queues take turns (`rabbitmq_to_itself`). Tests marked
-`serial` hold a time bound that other processes' load would break: they run one at a time
-in a pytest of their own beside the others, which run at a lower CPU priority (nice 10)
-and so yield the CPU to them (the Makefile's `beside_serial`).
+`serial` hold a time bound that other processes' load would break: they run afterwards,
+one at a time. Files are handed out longest first (tests/durations.py).
 """
 
 from __future__ import annotations
