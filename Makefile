@@ -8,7 +8,7 @@ PYTEST := $(PY) -m pytest
 # (`bytecode` below says why); an empty value is unset to Python.
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: all check lint typecheck test unit durations bytecode demo format bench faults chaos clean
+.PHONY: all check lint typecheck test unit bytecode demo format bench faults chaos clean
 all: check
 # The type check beside the tests' parallel run (it is done long before the serial tests;
 # its few lines of output may land among the tests' progress dots).
@@ -30,19 +30,13 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 # The suite on TEST_PROCESSES processes (pytest-xdist): its tests mostly wait on servers,
-# subprocesses and timers. Each file stays on one process (its module fixtures start once),
-# and files are handed out longest first (tests/durations.py; `make durations` records
-# them). Then the `serial` tests, one at a time: time bounds that need the machine to
-# themselves. tests/conftest.py says more.
+# subprocesses and timers. Each file stays on one process (its module fixtures start once);
+# then the `serial` tests, one at a time: time bounds that need the machine to themselves.
+# tests/conftest.py says more.
 TEST_PROCESSES ?= 6
-PARALLEL := -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 test: $(STAMP) bytecode
-	$(PYTEST) -q -m "not serial" $(PARALLEL)
+	$(PYTEST) -q -m "not serial" -n $(TEST_PROCESSES) --dist loadfile
 	$(PYTEST) -q -m serial
-
-durations: $(STAMP) bytecode
-	report=$$(mktemp); $(PYTEST) -q -m "not serial" $(PARALLEL) --junitxml=$$report; \
-	$(PY) -m tests.durations $$report; rm -f $$report
 
 # The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s.
 unit: $(STAMP) bytecode

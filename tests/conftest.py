@@ -10,7 +10,7 @@ cannot start a server by accident.
 process, so its module fixtures, a worker or a whole fleet, start once); the modules that
 purge the shared RabbitMQ's fleet queues take turns (`rabbitmq_to_itself`). Tests marked
 `serial` hold a time bound that other processes' load would break: they run afterwards,
-one at a time. Files are handed out longest first (tests/durations.py).
+one at a time.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from fleet.storage.redis_connect import connect
 from fleet.storage.redis_server import start_redis_server
 from fleet.storage.redis_store import RedisStore
 from fleet.storage.store import TraceStore
-from tests.durations import longest_files_first
 
 if TYPE_CHECKING:
     from selenium import webdriver
@@ -97,7 +96,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(
             "these tests need a server but are not marked integration: " + ", ".join(unmarked)
         )
-    longest_files_first(items, config.rootpath)
 
 
 @pytest.fixture(scope="module")
