@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -30,10 +31,16 @@ MODEL = "m"
 
 
 @pytest.fixture(scope="module")
-def store() -> Iterator[RedisStore]:
+def masters() -> Iterator[list[str]]:
     with contextlib.ExitStack() as stack:
-        masters = stack.enter_context(redis_cluster())
+        nodes = stack.enter_context(redis_cluster())
         stack.callback(keys.use_cluster_layout, False)  # this process's layout, for later tests
+        yield nodes
+
+
+@pytest.fixture(scope="module")
+def store(masters: list[str]) -> Iterator[RedisStore]:
+    with contextlib.ExitStack() as stack:
         cluster_store = RedisStore.from_url(masters[0], cluster=True)
         stack.callback(cluster_store.close)
         yield cluster_store
@@ -113,3 +120,18 @@ def test_cached_tokens_reach_the_fleet_wide_usage_on_a_cluster(store: RedisStore
 
     assert usage[f"cached_tokens:{MODEL}"] == "8" and usage[f"prompt_tokens:{MODEL}"] == "10"
     assert not store.client.hexists(keys.trace(trace_id), "uncounted")
+
+
+def test_closing_a_cluster_store_closes_every_node_s_sockets(masters: list[str]) -> None:
+    cluster_store = RedisStore.from_url(masters[0], cluster=True)
+    for n in range(30):  # keys on every node
+        cluster_store.client.set(f"close-test:{n}", "x")
+    client: Any = cluster_store.client
+    pools = [node.redis_connection.connection_pool for node in client.get_nodes()]
+    assert len(pools) == len(masters)
+    assert all(any(c._sock for c in pool._connections) for pool in pools), "each node used"
+
+    cluster_store.close()
+
+    left = [c for pool in pools for c in pool._connections if c._sock is not None]
+    assert left == [], "sockets left for the garbage collector (a ResourceWarning later)"

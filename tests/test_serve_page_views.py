@@ -59,7 +59,8 @@ HOSTILE = " ".join(HOSTILE_TEXTS)
 def store(redis_url: str) -> Iterator[RedisStore]:
     with redis.Redis.from_url(redis_url) as admin:
         admin.flushdb()
-    yield RedisStore.from_url(redis_url)
+    with RedisStore.from_url(redis_url) as page_store:
+        yield page_store
 
 
 def actions_with(store: RedisStore, tmp_path: Path, model: ScriptedModel) -> LocalActions:

@@ -127,6 +127,18 @@ def connect_cluster(url: str, *, timeout_s: float | None = None) -> redis.Redis:
     return cast(redis.Redis, client)
 
 
+def close_client(client: redis.Redis) -> None:
+    """Close `client` and disconnect every connection of its pools.
+
+    redis-py 8.1's `RedisCluster.close` closes each node's client, but a node client built
+    around a given pool (as `from_url` builds them) leaves its pool connected: the sockets
+    stay open until the garbage collector finds them, with a ResourceWarning.
+    """
+    if is_cluster(client):
+        cast(Any, client).disconnect_connection_pools()
+    client.close()
+
+
 def is_cluster(client: object) -> bool:
     """Whether `client` is redis-py's cluster client."""
     from redis.cluster import RedisCluster

@@ -26,7 +26,7 @@ from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.keys import CounterName
 
 # connect and redact_url lived here before redis_connect: still importable from here.
-from fleet.storage.redis_connect import Lua, is_cluster, unreachable
+from fleet.storage.redis_connect import Lua, close_client, is_cluster, unreachable
 from fleet.storage.redis_connect import connect as connect
 from fleet.storage.redis_connect import redact_url as redact_url
 from fleet.storage.redis_fence import FencedScript, applying, lease_lost
@@ -130,9 +130,9 @@ class RedisStore(RedisIndexes):
             raise lease_lost(trace_id, exc) from None
 
     def close(self) -> None:
-        """Close the client if this store created it."""
+        """Close the client if this store created it, with every connection it holds."""
         if self._owns_client:
-            self._client.close()
+            close_client(self._client)
 
     def __enter__(self) -> RedisStore:
         return self
