@@ -316,7 +316,8 @@ def interrupt_run(
     """
     run = subprocess.Popen(
         [*FLEET, "run", "--model", model, "interrupted survey"],
-        env=cli_env(url, workspace),
+        # A run that does not exit is sent SIGABRT: faulthandler prints where it hung.
+        env=cli_env(url, workspace, PYTHONFAULTHANDLER="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -333,7 +334,11 @@ def interrupt_run(
         for _ in range(rng.randint(1, 3)):
             run.send_signal(signum)
             time.sleep(rng.uniform(0.002, 0.04))
-        stdout, stderr = run.communicate(timeout=CLI_TIMEOUT_S)
+        try:
+            stdout, stderr = run.communicate(timeout=CLI_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            run.send_signal(signal.SIGABRT)
+            stdout, stderr = run.communicate()
     finally:
         if run.poll() is None:
             run.kill()
