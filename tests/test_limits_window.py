@@ -94,8 +94,8 @@ def elapsed_s(trace: Trace) -> float:
 def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
     store: TraceStore, tmp_path: Path
 ) -> None:
-    """150 branches x 2 calls at 30 requests in any rolling second: 302 calls, ~10 s."""
-    rate, branches = 30, 150
+    """150 branches x 2 calls at 60 requests in any rolling second: 302 calls, ~5 s."""
+    rate, branches = 60, 150
     script = brain(tmp_path, branches, branch_turns=1)
     with RateLimitedProvider(script, requests_per_s=rate, window="rolling") as server:
         with local_fleet(store, tmp_path, server.url, rate * 60) as local:
