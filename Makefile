@@ -31,12 +31,17 @@ typecheck: $(STAMP)
 
 # The suite on TEST_PROCESSES processes (pytest-xdist): its tests mostly wait on servers,
 # subprocesses and timers. Each file stays on one process (its module fixtures start once);
-# then the `serial` tests, one at a time: time bounds that need the machine to themselves.
-# tests/conftest.py says more.
+# then the `serial` tests, time bounds that other processes' load would break, one at a
+# time in each of two lanes side by side: the `in_process` ones (their whole load runs in
+# one process, at most one core; output shown when both lanes end) and the rest.
+# (Not xdist's loadgroup: with pytest 9.2, xdist 3.8's groups are not applied.)
 TEST_PROCESSES ?= 6
+LANE_LOG := $(VENV)/serial-in-process.log
 test: $(STAMP) bytecode
 	$(PYTEST) -q -m "not serial" -n $(TEST_PROCESSES) --dist loadfile
-	$(PYTEST) -q -m serial
+	$(PYTEST) -q -m "serial and in_process" > $(LANE_LOG) 2>&1 & lane=$$!; \
+	$(PYTEST) -q -m "serial and not in_process"; rest=$$?; \
+	wait $$lane; own=$$?; cat $(LANE_LOG); exit $$(( rest || own ))
 
 # The fast tier: no server (the memory store, fakeredis with Lua, in-process fakes), <= 60 s.
 unit: $(STAMP) bytecode

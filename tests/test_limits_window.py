@@ -90,7 +90,10 @@ def elapsed_s(trace: Trace) -> float:
     return (trace.finished_at_ms - trace.created_at_ms) / 1000
 
 
-@pytest.mark.serial  # arrival jitter from other processes' CPU reads as bursts to the server
+# Arrival jitter from other processes' CPU reads as bursts to the server. `in_process`: the
+# fleet, the limiter and the fake provider all run in this process (at most one core).
+@pytest.mark.serial
+@pytest.mark.in_process
 def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
     store: TraceStore, tmp_path: Path
 ) -> None:
@@ -110,6 +113,7 @@ def test_a_limit_at_the_providers_exact_rate_gets_at_most_1_percent_429s(
 
 
 @pytest.mark.serial
+@pytest.mark.in_process
 def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
     store: TraceStore, tmp_path: Path
 ) -> None:
