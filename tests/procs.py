@@ -91,10 +91,8 @@ def start_worker(
 ) -> WorkerProcess:
     """Start `python -m workers` (`celery worker`'s options) on these URLs; output to a log file.
 
-    Without mingle and gossip: mingle holds every start a second for neighbours' revoked
-    task ids (the fleet revokes by stamp, which mingle does not share) and gossip only
-    watches other workers; `fleet worker` and `fleet up` keep both, and their tests start
-    them so. Use it as a context manager (or call `stop`) so the process never outlives
+    Without mingle and gossip, as `fleet worker` starts them (`fleetops.cli.ops.worker_argv`
+    says why). Use it as a context manager (or call `stop`) so the process never outlives
     the test.
     """
     name = name or f"test{next(_names)}.{os.getpid()}@{socket.gethostname()}"

@@ -233,6 +233,7 @@ def test_worker_defaults_to_16_threads_on_every_queue_with_events() -> None:
     argv = worker_args()
     assert argv[:3] == ["worker", "-Q", ",".join(QUEUES)]
     assert {"--pool", "threads", "-E", "--concurrency", "16"} <= set(argv)
+    assert {"--without-mingle", "--without-gossip"} <= set(argv)  # the fleet uses neither
 
 
 def test_worker_autoscale_needs_a_resizable_pool() -> None:

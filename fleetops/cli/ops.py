@@ -56,8 +56,16 @@ def parse_queues(text: str | None) -> list[str]:
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
-    """The `celery worker` arguments for these options, task events on."""
+    """The `celery worker` arguments for these options, task events on.
+
+    Without mingle and gossip: mingle holds every start a second to ask each running
+    worker for the task ids it revoked, and the fleet revokes by stamped headers, which
+    mingle does not share; gossip has each worker follow every other's events (CPU that
+    grows with the fleet, celery/celery#2566), and the fleet tells live workers by their
+    heartbeats in Redis.
+    """
     argv = ["worker", "-Q", ",".join(parse_queues(args.queues)), "--pool", args.pool, "-E"]
+    argv += ["--without-mingle", "--without-gossip"]
     concurrency = args.concurrency or DEFAULT_CONCURRENCY.get(args.pool)
     if args.autoscale and args.pool == "threads":
         raise ConfigError("--autoscale needs --pool prefork or gevent: threads cannot resize")
