@@ -25,7 +25,7 @@ from fleet.models import Status, now_ms
 from fleet.settings import Settings
 from fleet.storage import keys
 from fleet.storage.keys import CounterName
-from fleet.storage.redis_connect import connect, redact_url
+from fleet.storage.redis_connect import close_client, connect, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class FleetMetrics:
         """Close the Redis clients."""
         if self._broker is not None and self._broker is not self._store:
             self._broker.close()
-        self._store.close()
+        close_client(self._store)  # a cluster's node pools too
 
     def queue_lengths(self) -> dict[str, int]:
         """Messages waiting per fleet queue, on whichever broker the fleet uses."""

@@ -10,7 +10,7 @@ cannot start a server by accident.
 process, so its module fixtures, a worker or a whole fleet, start once); the modules that
 purge the shared RabbitMQ's fleet queues take turns (`rabbitmq_to_itself`). Tests marked
 `serial` hold a time bound that other processes' load would break: they run afterwards,
-one at a time.
+one at a time in each of two lanes (the `in_process` ones beside the rest).
 """
 
 from __future__ import annotations
