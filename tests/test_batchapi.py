@@ -527,14 +527,18 @@ def test_a_wall_s_budget_cancels_the_waiting_call_and_stops_the_tree(
     store = redis_trace_store
     with OpenAIBatchServer(SCRIPT, delay_s=600) as server:
         runtime = runtime_for(store, server, tmp_path)
-        spec = TaskSpec("look", "m", metadata={BATCH_API_KEY: True}, budget=Budget(wall_s=0.3))
+        # A wall clock long enough for the first poll to come before it even on a loaded
+        # machine (0.3 s did not: the park and the poll took longer in a busy suite).
+        wall_s = 3.0
+        spec = TaskSpec("look", "m", metadata={BATCH_API_KEY: True}, budget=Budget(wall_s=wall_s))
+        started = time.monotonic()
         root = create_root(runtime, spec)
         assert Runner(runtime).run(root.trace_id).outcome == "parked"
         providers = provider_for(runtime.config, {})
         time.sleep(0.05)
         assert poll_once(runtime, providers).resume == []  # sent; the provider takes its time
         assert len(server.sent) == 1
-        time.sleep(0.3)  # past wall_s
+        time.sleep(max(0.0, wall_s + 0.1 - (time.monotonic() - started)))  # past wall_s
         (resumed,) = poll_once(runtime, providers).resume
         # The root's last word (the budget's final turn) is made live: it cannot wait hours.
         assert Runner(runtime).run(resumed).outcome == "completed"
