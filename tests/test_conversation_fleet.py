@@ -179,40 +179,36 @@ def no_task_running(control: Celery) -> bool:
 def test_ask_human_waits_holding_nothing_and_fleet_reply_resumes(
     url: str, workspace: Path, fleet: Fleet, control: Celery, tmp_path: Path
 ) -> None:
-    run = subprocess.Popen(
+    # Off a terminal nobody can answer: `fleet run` prints the question and how to answer
+    # it, and exits 3 (as the README says), leaving the tree waiting with no slot held.
+    run = subprocess.run(
         [*FLEET, "run", "--model", ask_script(tmp_path), "paint the shed"],
         env=cli_env(url, workspace),
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
+        timeout=TIMEOUT_S,
     )
-    try:
-        wait_until(lambda: bool(fleet.waiting()), TIMEOUT_S, "the run to ask a person")
-        (trace,) = fleet.waiting()
-        assert trace.status == "waiting" and waiting_on(trace) is not None
-        (person,) = fleet.store.collaborators(trace.trace_id)
-        assert (person.type, person.status, person.summary) == ("human", "waiting", "Which colour?")
-        with redis.Redis.from_url(url) as conn:
-            assert not conn.exists(keys.lease(trace.trace_id)), "no runner holds it"
-            assert conn.zscore(keys.RUNNING, trace.trace_id) is None
-        wait_until(lambda: no_task_running(control), TIMEOUT_S, "no task to run")
-        listed = cli(url, workspace, "trace", "list", "--waiting")
-        assert f"{trace.trace_id}  waiting" in listed.stdout and "? Which colour?" in listed.stdout
-        api = list_traces(fleet.store, TraceFilter(waiting="person"))  # `?waiting=person`
-        assert [t["trace_id"] for t in api["traces"]] == [trace.trace_id]
-        replied = cli(url, workspace, "reply", trace.trace_id, "green")
-        assert replied.returncode == 0, replied.stderr
-        out, err = run.communicate(timeout=TIMEOUT_S)
-    finally:
-        run.kill()
-    assert run.returncode == 0, err
-    assert "? Which colour?" in err and f"fleet reply {trace.trace_id}" in err
-    assert out.strip() == "painted it green"
-    done = fleet.trace(trace.trace_id)
-    assert done.status == "completed" and fleet.store.collaborators(done.trace_id)[0].status == (
-        "completed"
-    )
+    (trace,) = fleet.waiting()
+    assert run.returncode == 3, run.stderr
+    assert "? Which colour?" in run.stderr and f"fleet reply {trace.trace_id}" in run.stderr
+    assert run.stdout == ""
+    assert trace.status == "waiting" and waiting_on(trace) is not None
+    (person,) = fleet.store.collaborators(trace.trace_id)
+    assert (person.type, person.status, person.summary) == ("human", "waiting", "Which colour?")
+    with redis.Redis.from_url(url) as conn:
+        assert not conn.exists(keys.lease(trace.trace_id)), "no runner holds it"
+        assert conn.zscore(keys.RUNNING, trace.trace_id) is None
+    wait_until(lambda: no_task_running(control), TIMEOUT_S, "no task to run")
+    listed = cli(url, workspace, "trace", "list", "--waiting")
+    assert f"{trace.trace_id}  waiting" in listed.stdout and "? Which colour?" in listed.stdout
+    api = list_traces(fleet.store, TraceFilter(waiting="person"))  # `?waiting=person`
+    assert [t["trace_id"] for t in api["traces"]] == [trace.trace_id]
+    replied = cli(url, workspace, "reply", trace.trace_id, "green")
+    assert replied.returncode == 0, replied.stderr
+    done = fleet.wait(trace.trace_id, TIMEOUT_S)
+    assert done.status == "completed" and done.answer == "painted it green"
+    assert fleet.store.collaborators(done.trace_id)[0].status == "completed"
     assert cli(url, workspace, "trace", "list", "--waiting").stdout == ""
 
 

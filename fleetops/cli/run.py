@@ -149,7 +149,8 @@ def require_workers(fleet: Fleet, queue: str) -> None:
 def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None) -> str | None:
     """One line per sub-agent start and finish, on stderr; questions go to `asker`.
 
-    Returns the id of a trace left waiting for an approval nobody here can give, if any.
+    Returns the id of a trace left waiting for an answer or an approval nobody here can
+    give, if any.
     """
     for event in events:
         line = progress_line(event, root)
@@ -161,8 +162,8 @@ def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None
             question, call_id = str(event.data.get("question", "")), event.data.get("tool_call_id")
             if not asker.approve(event.trace_id, question, str(call_id) if call_id else None):
                 return event.trace_id  # nobody here can approve it: the run ends (exit 3)
-        else:
-            asker.ask(root, str(event.data.get("question", "")))
+        elif not asker.ask(root, str(event.data.get("question", ""))):
+            return root  # nobody here can answer it: the run ends (exit 3), the tree waits
     return None
 
 
@@ -194,14 +195,14 @@ class Asker:
         self.interactive = sys.stdin.isatty() if interactive is None else interactive
         self.interrupt = interrupt or Interrupt()
 
-    def ask(self, trace_id: str, question: str) -> None:
-        """Prompt for the reply and send it; off a terminal, wait for `fleet reply`."""
+    def ask(self, trace_id: str, question: str) -> bool:
+        """Prompt for the reply and send it; False off a terminal (`fleet reply` answers)."""
         hint = f"waiting for `fleet reply {trace_id} ANSWER`"
         if self.interrupt.is_set():
-            return  # the run is stopping the tree: nobody waits for this answer
+            return True  # the run is stopping the tree: nobody waits for this answer
         if not self.interactive:
             print(hint, file=sys.stderr, flush=True)
-            return
+            return False
         try:
             with keyboard_interrupt(self.interrupt):
                 answer = ""
@@ -209,14 +210,15 @@ class Asker:
                     answer = input("reply> ")
         except KeyboardInterrupt:  # the flag is set too: the run stops the tree
             print(file=sys.stderr)
-            return
+            return True
         except EOFError:
             print(f"\n{hint}", file=sys.stderr, flush=True)
-            return
+            return False
         try:
             self.fleet.reply(trace_id, answer)
         except ConversationError as exc:  # answered elsewhere meanwhile
             print(f"fleet: {exc}", file=sys.stderr, flush=True)
+        return True
 
     def approve(self, trace_id: str, question: str, approval_id: str | None) -> bool:
         """Prompt y/n for a call waiting for approval and answer it; False off a terminal."""
