@@ -248,5 +248,8 @@ def test_trace_show_lists_goals_with_their_sub_traces(store: TraceStore, tmp_pat
     root = local_fleet(store, tmp_path, ScriptedModel(function=respond)).run("plan", model="test")
     (child,) = store.children(root.trace_id)
     shown = "\n".join(render_tree(store, root))
-    assert f"goal 1 [in_progress] survey the code  sub-traces: {child}" in shown
+    assert root.status == "completed" and root.goals.goals[0].status == "in_progress"
+    # A finished tree shows no goal still in progress: what the model left open is done.
+    assert f"goal 1 [done] survey the code  sub-traces: {child}" in shown
+    assert "took " in shown.splitlines()[1]
     assert trace_object(store, root)["goals"][0]["sub_trace_ids"] == [child]

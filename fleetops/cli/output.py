@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from typing import Any
 
 from fleet.conversation.continuation import branches, turn_of
@@ -120,7 +121,7 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
     )
     if stats.cached_tokens:  # part of the tokens above, read from the provider's cache
         line += f" ({stats.cached_tokens} cached)"
-    lines = [line, f"{indent}  task: {_one_line(trace.task)}"]
+    lines = [line, f"{indent}  {timing(trace)}", f"{indent}  task: {_one_line(trace.task)}"]
     if images := task_images(trace):  # placeholders: a trace holds references, never bytes
         lines.append(f"{indent}  with {images}")
     if reason := trace.metadata.get("stop_reason"):
@@ -141,6 +142,39 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
     return lines
 
 
+def timing(trace: Trace, now_ms: int | None = None) -> str:
+    """`started 2026-11-28 22:27:09 UTC, took 12.3 s` (or `running for` while it runs)."""
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(trace.created_at_ms / 1000))
+    if trace.finished_at_ms is not None:
+        return f"started {started}, took {duration(trace.finished_at_ms - trace.created_at_ms)}"
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return f"started {started}, {trace.status} for {duration(now_ms - trace.created_at_ms)}"
+
+
+def duration(ms: int) -> str:
+    """`850 ms`, `12.3 s`, `4 min 05 s`, `2 h 03 min`."""
+    if ms < 1000:
+        return f"{max(ms, 0)} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(ms // 1000, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def goal_status(status: str, trace: Trace) -> str:
+    """A goal's status as the tree's end left it: a finished trace has no goal in progress.
+
+    The plan is the model's; a trace that ended without marking a goal keeps the mark it
+    had, which read as if work were still going on. On a finished trace an open goal shows
+    what became of it: `done` when the trace completed, `abandoned` otherwise.
+    """
+    if not trace.is_terminal or status not in ("pending", "in_progress"):
+        return status
+    return "done" if trace.status == "completed" and status == "in_progress" else "abandoned"
+
+
 def _branches(store: TraceContent, trace: Trace) -> list[dict[str, Any]]:
     """The message tree's branches of a root (sub-traces: none, to keep `show` cheap)."""
     if trace.parent_trace_id is not None:
@@ -153,7 +187,8 @@ def _detail_lines(store: TraceStore, trace: Trace, indent: str) -> list[str]:
     lines = []
     for goal in trace.goals.goals:
         subs = f"  sub-traces: {', '.join(goal.sub_trace_ids)}" if goal.sub_trace_ids else ""
-        lines.append(f"{indent}goal {goal.id} [{goal.status}] {_one_line(goal.description)}{subs}")
+        status = goal_status(goal.status, trace)
+        lines.append(f"{indent}goal {goal.id} [{status}] {_one_line(goal.description)}{subs}")
     for person in (c for c in store.collaborators(trace.trace_id) if c.type == "human"):
         lines.append(f"{indent}human [{person.status}]: {_one_line(person.summary)}")
     found = _branches(store, trace)
