@@ -133,6 +133,9 @@ def test_yaml_and_jsonl_entries_with_default_ids(tmp_path: Path) -> None:
     assert [(e.id, e.model) for e in jsonl_entries] == [("line-1", None), ("line-3", "m")]
     filled = with_defaults(jsonl_entries, model="x", preset="explore")
     assert [(e.model, e.preset) for e in filled] == [("x", "explore"), ("m", "explore")]
+    # `fleet batch --workspace`: for entries that name none; an entry's own one wins.
+    placed = with_defaults(yaml_entries, workspace=tmp_path)
+    assert [e.workspace for e in placed] == [tmp_path, Path("~/w").expanduser()]
 
 
 def test_entries_from_python_values_use_positions() -> None:

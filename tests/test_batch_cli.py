@@ -253,6 +253,30 @@ def test_dry_run_and_bad_options_submit_nothing(
     assert store.list_traces() == []
 
 
+def test_workspace_flag_places_entries_that_name_none(worker_url: str, tmp_path: Path) -> None:
+    root = tmp_path / "projects"
+    (root / "app").mkdir(parents=True)
+    batch = write_batch(tmp_path / "tasks.jsonl", 2)
+    flags = [str(batch), "--dry-run", "--model", model(tmp_path)]
+    base = {**env(worker_url, tmp_path), "FLEET_WORKSPACE_ROOTS": str(root)}
+    base.pop("FLEET_WORKSPACE")
+
+    def fleet_batch_in(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*FLEET, "batch", *args],
+            env=base,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT_S,
+        )
+
+    refused = fleet_batch_in(*flags)  # the default workspace (.) lies outside the roots
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    placed = fleet_batch_in(*flags, "--workspace", str(root / "app"))
+    assert placed.returncode == 0 and "2 task(s) OK" in placed.stdout, placed.stderr
+
+
 def test_a_failed_task_exits_1_with_a_summary(
     worker_url: str, store: RedisStore, tmp_path: Path
 ) -> None:

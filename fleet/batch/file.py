@@ -262,14 +262,19 @@ def with_defaults(
     model: str | None = None,
     preset: str | None = None,
     batch_api: bool | None = None,
+    workspace: Path | None = None,
 ) -> list[BatchEntry]:
-    """Fill in `model` / `preset` / `batch_api` where an entry names none (the CLI's flags)."""
+    """Fill in `model` / `preset` / `batch_api` / `workspace` where an entry names none.
+
+    These are the CLI's flags; an entry's own value wins.
+    """
     return [
         replace(
             e,
             model=e.model or model,
             preset=e.preset or preset,
             batch_api=e.batch_api if e.batch_api is not None else batch_api,
+            workspace=e.workspace or workspace,
         )
         for e in entries
     ]

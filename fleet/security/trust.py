@@ -69,8 +69,9 @@ def check_workspace_root(path: Path, roots: tuple[Path, ...]) -> Path:
     if not _real_under(real, roots):  # resolved once: this runs before every tool turn
         allowed = os.pathsep.join(str(r) for r in roots) or "(none)"
         raise ConfigError(
-            f"workspace {str(path)!r} is outside {WORKSPACE_ROOTS_ENV} ({allowed});"
-            f" add its folder to {WORKSPACE_ROOTS_ENV} on the workers and the client"
+            f"workspace {str(path)!r} is outside {WORKSPACE_ROOTS_ENV} ({allowed}):"
+            " choose one inside them (--workspace DIR, or FLEET_WORKSPACE), or add its"
+            f" folder to {WORKSPACE_ROOTS_ENV} on the workers and the client"
         )
     return real
 

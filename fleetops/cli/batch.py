@@ -47,8 +47,13 @@ def run_batch_command(args: argparse.Namespace) -> int:
         raise ConfigError("--resume needs --out (the results file to continue)")
     settings = fleet_settings()
     batch_api = True if args.batch_api else None
+    workspace = args.workspace.expanduser().resolve() if args.workspace else None
     entries = with_defaults(
-        load_entries(args.file), model=args.model, preset=args.preset, batch_api=batch_api
+        load_entries(args.file),
+        model=args.model,
+        preset=args.preset,
+        batch_api=batch_api,
+        workspace=workspace,
     )
     check_entries(validation_runtime(settings), entries, str(args.file))
     if args.dry_run:

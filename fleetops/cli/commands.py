@@ -215,6 +215,11 @@ def _add_batch(commands: Any) -> None:
     batch.add_argument("--model", help="model for entries that name none")
     batch.add_argument("--preset", help="preset for entries that name none (default: default)")
     batch.add_argument(
+        "--workspace",
+        type=Path,
+        help="workspace for entries that name none (default: FLEET_WORKSPACE or .)",
+    )
+    batch.add_argument(
         "--batch-api",
         action="store_true",
         help="model calls through the provider's Batch API: half the price, answers within "
