@@ -14,6 +14,7 @@ from fleet.llm.clients import validate_model
 from fleet.llm.config import resolve_model_name
 from fleet.presets import load_presets
 from fleet.runtime import operator_config
+from fleet.security.trust import api_key
 from fleet.settings import Settings
 from fleet.storage.redis_connect import connect, redact_url, unreachable
 from workers.app import QUEUES, transport_options
@@ -146,6 +147,30 @@ def check_model(settings: Settings) -> Check:
     except ConfigError as exc:
         return Check("model", "warn", f"{name}: {exc}")
     return Check("model", "ok", name)
+
+
+def missing_keys(settings: Settings) -> list[str]:
+    """Each key a provider in use lacks here, as `OPENAI_API_KEY (provider 'openai')`.
+
+    Only providers at a public API count (a local server may need no key): those of
+    fleet.yaml's model aliases and of the default model. `fleet up` says these at start,
+    since its workers inherit this environment.
+    """
+    try:
+        config = operator_config(settings)
+    except ConfigError:
+        return []  # `fleet doctor` and every run say what is wrong with the file
+    used = {model.provider for model in config.models.values()}
+    default = settings.env.get("FLEET_MODEL") or config.default_model or ""
+    used.add(config.models[default].provider if default in config.models else default.split(":")[0])
+    found = []
+    for name in sorted(used & set(config.providers)):
+        provider = config.providers[name]
+        try:
+            api_key(settings.env, provider.api_key_env, provider.base_url, name)
+        except ConfigError:
+            found.append(f"{provider.api_key_env or 'api_key_env'} (provider {name!r})")
+    return found
 
 
 def check_presets(settings: Settings) -> Check:

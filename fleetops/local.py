@@ -46,7 +46,7 @@ from fleetops.discovery import (
     read_state,
     redis_answers,
 )
-from fleetops.doctor import check_broker, ping_workers
+from fleetops.doctor import check_broker, missing_keys, ping_workers
 from fleetops.supervisor import (
     SUPERVISOR_PID_ENV,
     Child,
@@ -238,6 +238,8 @@ def _say_ready(
     say(f"ready in {took_s:.1f} s; submit from another terminal ({where}) with:")
     say('  fleet run --model scripted:examples/explore.yaml "..."')
     say(f"state in {state_dir}")
+    for key in missing_keys(settings):  # the workers have this environment, not a later one
+        say(f"warning: the workers have no {key}: export it and restart `fleet up` to use it")
     say("Ctrl-C stops everything started here; a process that dies is restarted")
 
 

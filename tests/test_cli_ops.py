@@ -20,7 +20,7 @@ from fleet.settings import Settings
 from fleet.storage.redis_server import free_port
 from fleetops.cli.ops import flower_env, parse_queues, worker_argv
 from fleetops.discovery import UP_FILE, UpState, read_state
-from fleetops.doctor import check_presets
+from fleetops.doctor import check_presets, missing_keys
 from fleetops.local import check_port_free
 from tests.procs import pid_alive, start_worker, wait_for_workers
 from workers.app import QUEUES
@@ -124,7 +124,7 @@ def test_doctor_on_an_unreachable_redis_is_one_line_without_the_password(
 def test_up_starts_redis_and_a_worker_and_sigint_stops_them(tmp_path: Path) -> None:
     up = subprocess.Popen(
         [*FLEET, "up", "--workers", "1", "--concurrency", "2"],
-        env=up_env(tmp_path),
+        env=up_env(tmp_path, FLEET_MODEL="openai:gpt-4o-mini"),  # and no OPENAI_API_KEY
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -157,6 +157,7 @@ def test_up_starts_redis_and_a_worker_and_sigint_stops_them(tmp_path: Path) -> N
     finally:
         _kill_everything(up, state)
     assert b"ready in" in output
+    assert b"warning: the workers have no OPENAI_API_KEY (provider 'openai')" in output
     assert not any(pid_alive(pid) for pid in [*state.worker_pids, state.embedded_redis_pid])
     check_port_free(urlsplit(state.redis_url).port or 0, "Redis")
     assert not (state_dir / UP_FILE).exists()
@@ -253,3 +254,24 @@ def test_doctor_warns_about_an_agents_folder_fleet_run_would_refuse(tmp_path: Pa
     bad = check_presets(Settings.from_env({**roots, "FLEET_AGENTS_DIR": str(tmp_path / "agents")}))
     assert bad.status == "warn" and "unknown tool 'nope'" in bad.detail
     assert check_presets(Settings.from_env(roots)).status == "ok"
+
+
+def test_missing_keys_names_each_provider_in_use_without_its_key(tmp_path: Path) -> None:
+    config = tmp_path / "conf" / "fleet.yaml"
+    config.parent.mkdir()
+    config.write_text(
+        "providers:\n  local: {kind: openai, base_url: 'http://127.0.0.1:9/v1'}\n"
+        "models:\n  claude: {provider: anthropic, name: claude-sonnet-4-5}\n"
+        "  mine: {provider: local, name: m}\n"
+    )
+    roots = {"FLEET_WORKSPACE_ROOTS": str(tmp_path / "ws"), "FLEET_CONFIG": str(config)}
+    settings = Settings.from_env({**roots, "FLEET_MODEL": "openai:gpt-4o-mini"})
+    # openai by the default model, anthropic by an alias; the local server needs no key.
+    assert missing_keys(settings) == [
+        "ANTHROPIC_API_KEY (provider 'anthropic')",
+        "OPENAI_API_KEY (provider 'openai')",
+    ]
+    keyed = {**roots, "FLEET_MODEL": "mine", "ANTHROPIC_API_KEY": "sk-ant-x"}
+    assert missing_keys(Settings.from_env(keyed)) == []
+    scripted = {"FLEET_WORKSPACE_ROOTS": str(tmp_path / "ws"), "FLEET_MODEL": "scripted:x.yaml"}
+    assert missing_keys(Settings.from_env(scripted)) == []

@@ -148,8 +148,11 @@ def api_key(env: Mapping[str, str], api_key_env: str, base_url: str, provider: s
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
         raise ConfigError(f"{api_key_env} contains control characters")
     if not key and urlparse(base_url).hostname in PUBLIC_API_HOSTS:
+        # Keys are read where the model is called: a worker started before the key was
+        # exported has none, whatever the submitting shell holds.
         how = (
-            f"set {api_key_env}"
+            f"set {api_key_env} in the workers' environment (export it before `fleet up`"
+            " or `fleet worker` starts them)"
             if api_key_env
             else "give the provider an api_key_env in fleet.yaml"
         )
