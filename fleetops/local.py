@@ -31,7 +31,9 @@ from typing import Any
 import redis
 
 from fleet.errors import ConfigError
+from fleet.llm.scripted import EXAMPLE_SCRIPT
 from fleet.observe.operator import operator_members
+from fleet.runtime import operator_config
 from fleet.security.trust import WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings, process_env
 from fleet.storage.redis_connect import redact_url
@@ -236,11 +238,32 @@ def _say_ready(
     explicit = settings.state_dir is not None
     where = f"with the same {STATE_DIR_ENV}" if explicit else f"in {directory} or below"
     say(f"ready in {took_s:.1f} s; submit from another terminal ({where}) with:")
-    say('  fleet run --model scripted:examples/explore.yaml "..."')
+    say(f"  {example_run(settings)}")
     say(f"state in {state_dir}")
     for key in missing_keys(settings):  # the workers have this environment, not a later one
         say(f"warning: the workers have no {key}: export it and restart `fleet up` to use it")
     say("Ctrl-C stops everything started here; a process that dies is restarted")
+
+
+def example_run(settings: Settings) -> str:
+    """A `fleet run` that works as printed, from this directory, with these workers.
+
+    The configured model if there is one; else the bundled scripted explore (a path inside
+    the package, so it works from any directory and from an installed wheel) when these
+    workers may load scripted models; else how to let them.
+    """
+    try:
+        configured = settings.model or operator_config(settings).default_model
+    except ConfigError:  # the workers log what is wrong with fleet.yaml
+        configured = None
+    if configured:
+        return 'fleet run "Survey this project"'
+    if settings.allow_scripted:
+        return f'FLEET_ALLOW_SCRIPTED=1 fleet run --model scripted:{EXAMPLE_SCRIPT} "Survey it"'
+    return (
+        'fleet run --model MODEL "..." (no model is configured: set FLEET_MODEL before'
+        " `fleet up`, or FLEET_ALLOW_SCRIPTED=1 for the bundled scripted demo)"
+    )
 
 
 def _child_env(settings: Settings, state_dir: Path) -> dict[str, str]:

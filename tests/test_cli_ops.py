@@ -21,7 +21,7 @@ from fleet.storage.redis_server import free_port
 from fleetops.cli.ops import flower_env, parse_queues, worker_argv
 from fleetops.discovery import UP_FILE, UpState, read_state
 from fleetops.doctor import check_presets, missing_keys
-from fleetops.local import check_port_free
+from fleetops.local import check_port_free, example_run
 from tests.procs import pid_alive, start_worker, wait_for_workers
 from workers.app import QUEUES
 
@@ -275,3 +275,14 @@ def test_missing_keys_names_each_provider_in_use_without_its_key(tmp_path: Path)
     assert missing_keys(Settings.from_env(keyed)) == []
     scripted = {"FLEET_WORKSPACE_ROOTS": str(tmp_path / "ws"), "FLEET_MODEL": "scripted:x.yaml"}
     assert missing_keys(Settings.from_env(scripted)) == []
+
+
+def test_up_prints_an_example_run_that_works_from_any_directory(tmp_path: Path) -> None:
+    roots = {"FLEET_WORKSPACE_ROOTS": str(tmp_path)}
+    scripted = example_run(Settings.from_env({**roots, "FLEET_ALLOW_SCRIPTED": "1"}))
+    path = Path(scripted.split("scripted:")[1].split(" ")[0])
+    assert path.is_absolute() and path.is_file()  # inside the package, not the checkout
+    assert scripted.startswith("FLEET_ALLOW_SCRIPTED=1 fleet run --model scripted:")
+    configured = example_run(Settings.from_env({**roots, "FLEET_MODEL": "openai:gpt-4o-mini"}))
+    assert configured == 'fleet run "Survey this project"'
+    assert "set FLEET_MODEL before `fleet up`" in example_run(Settings.from_env(roots))

@@ -26,7 +26,11 @@ from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.security import yamlsafe
 
-__all__ = ["Script", "ScriptedModel", "call", "calls", "text"]
+__all__ = ["EXAMPLE_SCRIPT", "Script", "ScriptedModel", "call", "calls", "text"]
+
+EXAMPLE_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "explore.yaml"
+"""The bundled demo explore (`fleet demo`, `fleet up`'s hint): inside the package, so an
+installed wheel has it as a checkout does."""
 
 
 ModelFunction = Callable[[list[dict[str, Any]], list[dict[str, Any]]], LLMResponse]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fleet.client import Fleet
 from fleet.errors import ConfigError
+from fleet.llm.scripted import EXAMPLE_SCRIPT
 from fleet.runtime import operator_config
 from fleet.security.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings, process_env
@@ -18,7 +19,7 @@ from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
 from fleetops.discovery import read_state, redis_answers
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
+EXAMPLE = EXAMPLE_SCRIPT
 STATE_DIR_ENV = "FLEET_STATE_DIR"
 DEMO_SUFFIX = "-demo"
 """The demo's state folder sits beside the fleet's own, so a `fleet up` here is untouched."""
