@@ -150,6 +150,15 @@ def test_up_starts_redis_and_a_worker_and_sigint_stops_them(tmp_path: Path) -> N
         below.mkdir(parents=True)
         listed = fleet(["trace", "list", "--json"], up_env(tmp_path), below)  # looks up, as git
         assert listed.returncode == 0, listed.stdout + listed.stderr
+        # `fleet env`: the exports that reach this fleet from anywhere, password included.
+        exports = fleet(["env"], up_env(tmp_path), below)
+        assert exports.stdout == f"export FLEET_REDIS_URL={state.redis_url}\n", exports.stderr
+        elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+        elsewhere.mkdir()
+        found = fleet(["doctor"], up_env(elsewhere, FLEET_REDIS_URL=state.redis_url), elsewhere)
+        assert found.returncode == 0, found.stdout + found.stderr
+        nothing = fleet(["env"], up_env(elsewhere), elsewhere)
+        assert "no fleet to print" in assert_one_line_error(nothing)
 
         up.send_signal(signal.SIGINT)
         output, _ = up.communicate(timeout=60)

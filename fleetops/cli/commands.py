@@ -250,6 +250,13 @@ def _add_ops(commands: Any) -> None:
         help="check Redis, broker, workers and model config",
     )
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    env = _command(
+        commands,
+        "env",
+        "fleetops.cli.exports:run_env",
+        help="print the exports that reach this fleet from any directory (with its password)",
+    )
+    env.add_argument("--dotenv", action="store_true", help="NAME=VALUE lines, for a .env file")
     migrate = _command(
         commands,
         "migrate",
