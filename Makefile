@@ -18,8 +18,9 @@ check: lint
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "agent-fleet needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
+	@echo "installing agent-fleet and its dependencies into $(VENV) (a minute or two on a fresh machine)"
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install --progress-bar off -e '.[dev]'
 	touch $@
 
 lint: $(STAMP)

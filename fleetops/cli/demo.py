@@ -95,4 +95,13 @@ def submit_and_show(fleet: Fleet, task: str, model: str) -> int:
     trace = fleet.trace(handle.trace_id)
     print("\n".join(render_tree(fleet.store, trace)))
     print(f"\nanswer:\n{printable(trace.answer or trace.error or '')}")
+    print(NEXT_STEPS, file=sys.stderr)
     return 0 if trace.status == "completed" else 1
+
+
+NEXT_STEPS = """
+next steps (README.md, "The first hour"):
+  1. source .venv/bin/activate; cd YOUR_PROJECT; fleet up --workers 2   # a fleet that stays
+  2. fleet run ...   # in another terminal in YOUR_PROJECT: the command `fleet up` prints
+  3. fleet serve     # the live page of every tree: http://127.0.0.1:8600/"""
+"""What to try after the demo, printed when it ends."""
