@@ -79,10 +79,11 @@ class RedisBoard:
         ns, key = write.namespace, write.key
         rest = write.entry(0, now_ms()).model_dump_json(exclude={"version"})[1:]
         expected = -1 if write.expected_version is None else write.expected_version
-        args = [key, expected, rest, write.write_id or "", caps.history_depth, caps.max_keys]
+        args: list[str | int] = [key, expected, rest, write.write_id or ""]
+        args += [caps.history_depth, caps.max_keys, caps.ttl_of(ns) or 0]
         script_keys = [keys.memory_entries(ns), keys.memory_history(ns, key)]
         script_keys.append(keys.memory_proposals(ns))
-        kind, version = self._write(keys=script_keys, args=[*args, caps.ttl_of(ns) or 0])
+        kind, version = self._write(keys=script_keys, args=args)
         if kind == "full":
             raise full_error(ns, caps)
         if kind == "lost":
@@ -102,8 +103,12 @@ class RedisBoard:
         return [Entry.model_validate_json(r) for r in raw]
 
     def namespaces(self) -> list[str]:  # noqa: D102
-        listed = sorted(self._client.smembers(keys.MEMORY_NAMESPACES))
-        live = [ns for ns in listed if self._client.exists(keys.memory_entries(ns))]
+        listed = sorted(str(ns) for ns in self._client.smembers(keys.MEMORY_NAMESPACES))
+        live = [
+            ns
+            for ns in listed
+            if self._client.exists(keys.memory_entries(ns), keys.memory_proposals(ns))
+        ]
         gone = set(listed) - set(live)
         if gone:  # expired (its TTL) or emptied: listed again by its next write
             self._client.srem(keys.MEMORY_NAMESPACES, *gone)
@@ -114,7 +119,9 @@ class RedisBoard:
         proposal = proposal_of(write)
         where = keys.memory_proposals(write.namespace)
         if not self._client.hsetnx(where, proposal.id, proposal.model_dump_json()):
-            return Proposal.model_validate_json(self._client.hget(where, proposal.id))
+            kept = self._client.hget(where, proposal.id)
+            if kept is not None:  # else taken meanwhile: this one stands
+                return Proposal.model_validate_json(kept)
         self._client.sadd(keys.MEMORY_NAMESPACES, write.namespace)
         return proposal
 
