@@ -100,6 +100,7 @@ class Fleet:
         max_concurrent: int | None = None,
         priority: Priority = "interactive",
         images: Sequence[str | Path] = (),
+        memory: Sequence[str] = (),
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
@@ -116,8 +117,10 @@ class Fleet:
             priority: `batch` trees are served after `interactive` ones.
             images: File paths (read here) or http(s) URLs (fetched here, through the SSRF
                 guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
+            memory: Long-term memory namespaces the tree may use (`user:alice`); its
+                children inherit them, and no model can name another (docs/memory.md).
         """
-        spec = TaskSpec(task, model, preset, workspace, mode, metadata)
+        spec = TaskSpec(task, model, preset, workspace, mode, metadata, memory=tuple(memory))
         if images:
             from fleet.tools.imagesource import load_images  # its checks only when asked
 

@@ -100,5 +100,5 @@ class ExperienceNotFound(FleetError):
     """No experience with this id."""
 
 
-class MemoryRefused(FleetError):
+class MemoryRefused(ConfigError):
     """A memory read or write the fleet refuses: a bad name, a namespace not bound, a cap."""

@@ -89,13 +89,22 @@ class InProcessFleet:
         preset: str = "default",
         metadata: Mapping[str, Any] | None = None,
         images: Sequence[str | Path] = (),
+        memory: Sequence[str] = (),
     ) -> Trace:
         """Create a root trace, run it until it ends or waits on a person, return it.
 
-        `images`: file paths or http(s) URLs shown to the model with the task.
+        `images`: file paths or http(s) URLs shown to the model with the task; `memory`:
+        the long-term memory namespaces the tree may use.
         """
         loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
-        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata, images=loaded)
+        spec = TaskSpec(
+            task=task,
+            model=model,
+            preset=preset,
+            metadata=metadata,
+            images=loaded,
+            memory=tuple(memory),
+        )
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 

@@ -312,6 +312,7 @@ def _child_trace(
         skills=common.get("skills") or [],
         metadata=_metadata(runtime, parent, call_id, common, index),
         ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
+        memory=list(parent.memory),  # the submitter's binding, never the model's
     )
 
 

@@ -89,6 +89,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --continue: first go back to message N (rewind; the old branch stays)",
     )
     parser.add_argument(
+        "--memory",
+        action="append",
+        default=[],
+        metavar="NAMESPACE",
+        help="long-term memory the tree may use, e.g. user:alice (repeatable; docs/memory.md)",
+    )
+    parser.add_argument(
         "--human-timeout-s",
         type=positive_int,
         metavar="S",

@@ -21,6 +21,8 @@ def check_run_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--continue keeps the trace's model, preset and workspace")
     if args.continue_id and args.image:
         raise ConfigError("--image goes with a new task, not --continue")
+    if args.continue_id and args.memory:
+        raise ConfigError("--continue keeps the tree's --memory namespaces")
 
 
 def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
@@ -47,7 +49,12 @@ def run_inline(args: argparse.Namespace) -> int:
     else:
         metadata = run_metadata(args)
         trace = local.run(
-            args.task, model=args.model, preset=args.preset, metadata=metadata, images=args.image
+            args.task,
+            model=args.model,
+            preset=args.preset,
+            metadata=metadata,
+            images=args.image,
+            memory=args.memory,
         )
     question = waiting_on(trace)
     if question is not None:
