@@ -19,7 +19,9 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
+from fleet.loop import memory_calls
 from fleet.mcp.names import PREFIX as MCP_PREFIX
+from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
@@ -76,6 +78,7 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     schemas = list(cached[key])
     if preset.allows("goal"):
         schemas.append(_GOAL)
+    schemas += [memory_calls.SCHEMAS[name] for name in memory_calls.offered(preset, trace)]
     if trace.mode == "main":
         # `agent` delegates to writing presets by default: a read-only trace is not offered
         # it (and `spawn` refuses a writing child if the model calls it anyway).
@@ -153,6 +156,8 @@ def _one_call(
         return _sub_agents(runtime, trace, _persisted(runtime, call))
     if call.name == "goal":
         return _goal(runtime, trace, _persisted(runtime, call))
+    if call.name in MEMORY_TOOLS:  # the tree's bound namespaces, never one the model names
+        return memory_calls.run(runtime, trace, call)
     if approval.required(runtime, trace, call):
         children_wait = runtime.dispatcher.children_survive_restart
         refused = approval.refusal(call, trace, first=first, children_wait=children_wait)
