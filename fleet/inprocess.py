@@ -16,6 +16,8 @@ from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.roots import TaskSpec, create_root
+from fleet.errors import TraceNotFound
+from fleet.lifecycle.recorder import recorder_id, wants_recorder
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Trace
@@ -141,7 +143,24 @@ class InProcessFleet:
 
     def _run(self, trace_id: str) -> Trace:
         run_to_end(Runner(self.runtime), trace_id)
-        return self.store.get_trace(trace_id)
+        trace = self.store.get_trace(trace_id)
+        self._record(trace)
+        return trace
+
+    def _record(self, root: Trace) -> None:
+        """Run the recorder the root's end queued (`fleet.lifecycle.recorder`), if any.
+
+        In one process there is no sweeper to send it: it runs here, after the root's
+        answer was written, before `run` returns (a fleet runs it on another worker).
+        """
+        if not wants_recorder(self.runtime, root):
+            return
+        try:
+            recorder = self.store.get_trace(recorder_id(root))
+        except TraceNotFound:
+            return
+        if recorder.status == "queued":
+            run_to_end(Runner(self.runtime), recorder.trace_id)
 
 
 def apply_after_child(action: after.AfterChild) -> None:

@@ -17,6 +17,7 @@ from fleet.conversation.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, 
 from fleet.errors import HookBlocked, ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
+from fleet.lifecycle.recorder import note_tool_failure
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
 from fleet.loop import memory_calls
@@ -117,6 +118,8 @@ def execute_turn(
         elif isinstance(outcome, ToolResult):
             write_result(runtime, results, call, outcome)
             runtime.hooks.tool_finished(trace, call, outcome)
+            if outcome.is_error and outcome.title.endswith(" failed") and trace.memory:
+                note_tool_failure(runtime, trace, call.name, outcome.output)
         else:
             person = (call, outcome.question)
     written = runtime.store.apply(results) if results.ops else None
