@@ -24,6 +24,8 @@ from fleet.experiences.store import ExperienceStore
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
+from fleet.memory.board import MEMORY
+from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
@@ -276,6 +278,15 @@ class Fleet:
         """The fleet's experiences: `put`, `get`, `all(scope)`, `remove` (`fleet.experiences`)."""
         assert self.runtime.experiences is not None  # Runtime.build always gives one
         return self.runtime.experiences
+
+    @property
+    def memory(self) -> MemoryDesk:
+        """Long-term memory: `namespaces`, `entries`, `get`, `set`, `history`, `approve`.
+
+        The same compare-and-set rules as the agents' tools (docs/memory.md).
+        """
+        board = self.runtime.store.capability(MEMORY)
+        return MemoryDesk(board, self.runtime.config.memory.caps())
 
     def reflect(
         self, trace_id: str, *, model: str | None = None, timeout_s: float | None = None
