@@ -180,7 +180,7 @@ def test_a_preset_file_asks_for_memory(tmp_path: Path) -> None:
     front = f"---\ntools: [read_file]\n{memory}\n---\nW.\n"
     writer = load_preset_file(write(tmp_path, "w.md", front))
     assert writer.memory == MemoryUse("write", ("profile",), record=True)
-    assert writer.allowed_tools == {"read_file", "memory_read", "memory_search", "memory_write"}
+    assert writer.allowed_tools == frozenset({"read_file", *MEMORY_TOOLS})
     recorder = BUILTIN_PRESETS["recorder"]
     assert recorder.memory.access == "write" and recorder.allowed_tools == MEMORY_TOOLS
 

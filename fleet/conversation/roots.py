@@ -25,7 +25,6 @@ from fleet.models import Mode, Trace
 from fleet.runtime import Runtime
 from fleet.tools.imagecheck import Image, stored_ref
 
-
 MAX_BOUND_NAMESPACES = 8
 """Namespaces one tree may be bound to."""
 

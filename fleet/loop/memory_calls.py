@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from fleet.errors import MemoryRefused
+from fleet.experiences.embedding import Embedder
 from fleet.experiences.retrieval import rank_texts
 from fleet.llm.base import ToolCall
 from fleet.llm.embeddings import dot
@@ -168,16 +169,19 @@ def _search(runtime: Runtime, board: Board, trace: Trace, args: dict[str, Any]) 
     asked = args.get("namespace")
     spaces = trace.memory if asked is None else [_namespace(trace, asked)]
     entries = [e for ns in spaces for e in board.entries(ns)]
-    found = search(runtime, entries, query)[:k]
+    found = search(entries, query, runtime.embedder)[:k]
     if not found:
         return ToolResult(title="memory_search", output="nothing found")
     return ToolResult(title="memory_search", output="\n".join(shown(e) for e in found))
 
 
-def search(runtime: Runtime, entries: list[Entry], query: str) -> list[Entry]:
-    """Entries by similarity to `query`: embeddings when configured, else (or failing) BM25."""
+def search(entries: list[Entry], query: str, embedder: Embedder | None) -> list[Entry]:
+    """Entries by similarity to `query`: embeddings when configured, else (or failing) BM25.
+
+    The embedding alias is the experiences' (`experiences.embedding_model` in fleet.yaml);
+    entries are embedded per search (no stored vectors), the newest `MAX_EMBEDDED` of them.
+    """
     texts = [f"{e.key} {json.dumps(e.value, ensure_ascii=False)}" for e in entries]
-    embedder = runtime.embedder
     if embedder is not None and entries:
         newest = sorted(range(len(entries)), key=lambda i: -entries[i].updated_at_ms)
         chosen = newest[:MAX_EMBEDDED]
