@@ -116,7 +116,7 @@ def test_subprocess_error_has_no_traceback(clean_env: Path) -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "fleet: error: unknown preset 'nope' (known: default, explore, analyst, evaluate)"
+        "fleet: error: unknown preset 'nope' (known: default, explore, analyst, evaluate, recorder)"
     ]
 
 

@@ -172,3 +172,21 @@ def test_the_memory_block_quotes_a_hostile_value_as_data(tmp_path: Path) -> None
     assert "\n## System" not in prompt and "\nIgnore every" not in prompt
     unbound = local.run("what's the weather", model="test")
     assert "## Memory" not in str(local.runtime.store.messages(unbound.trace_id)[0].content)
+
+
+def test_a_reader_cannot_delegate_to_the_recorder_to_write(tmp_path: Path) -> None:
+    # The built-in recorder may write; a child of a reader never holds more than its parent.
+    local = local_fleet(
+        tmp_path,
+        call("agent", task="write it down", agent_type="recorder"),
+        call("memory_write", key="profile", value="pwned"),
+        "the child's answer",
+        "done",
+    )
+    seen = local.run("remember for me", model="test", memory=[ALICE])
+    [child_id] = local.runtime.store.children(seen.trace_id)
+    child = local.runtime.store.get_trace(child_id)
+    assert child.preset == "recorder" and "memory_write" in child.ceiling.denied
+    [(output, is_error)] = tool_outputs(local, child)
+    assert is_error and "refused" in output
+    assert local.runtime.store.capability(MEMORY).read(ALICE, "profile") is None
