@@ -17,12 +17,12 @@ def check_run_arguments(args: argparse.Namespace) -> None:
     """Options that only make sense together; `ConfigError` otherwise."""
     if args.after_sequence is not None and not args.continue_id:
         raise ConfigError("--after-sequence needs --continue TRACE_ID")
+    if args.continue_id and args.memory:
+        raise ConfigError("--continue keeps the tree's --memory namespaces")
     if args.continue_id and (args.model or args.preset != "default" or args.workspace):
         raise ConfigError("--continue keeps the trace's model, preset and workspace")
     if args.continue_id and args.image:
         raise ConfigError("--image goes with a new task, not --continue")
-    if args.continue_id and args.memory:
-        raise ConfigError("--continue keeps the tree's --memory namespaces")
 
 
 def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
