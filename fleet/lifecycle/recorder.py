@@ -73,14 +73,18 @@ def after_finish(runtime: Runtime, trace: Trace) -> None:
         log.warning("agent_errors after %s failed", trace.trace_id, exc_info=True)
 
 
+def _records_anywhere(runtime: Runtime) -> bool:
+    return runtime.config.memory.record or any(p.memory.record for p in runtime.presets.values())
+
+
 def after_root(runtime: Runtime, trace_id: str, queue: Queue) -> None:
     """Start the recorder of a root that completed, if it records; never raises.
 
     Called by the runner once it let go of the root's lease, with its unfenced runtime:
     the recorder is another tree, not the finished root's to write.
     """
-    if ids.root_of(trace_id) != trace_id:
-        return
+    if ids.root_of(trace_id) != trace_id or not _records_anywhere(runtime):
+        return  # no read of the trace: a fleet that records nothing pays nothing
     try:
         trace = runtime.store.get_trace(trace_id)
         if trace.status == "completed" and wants_recorder(runtime, trace):
