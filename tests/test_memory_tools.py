@@ -190,3 +190,12 @@ def test_a_reader_cannot_delegate_to_the_recorder_to_write(tmp_path: Path) -> No
     [(output, is_error)] = tool_outputs(local, child)
     assert is_error and "refused" in output
     assert local.runtime.store.capability(MEMORY).read(ALICE, "profile") is None
+
+
+def test_fleet_trace_show_says_what_the_tree_is_bound_to(tmp_path: Path) -> None:
+    from fleetops.cli.output import render_tree, trace_object
+
+    local = local_fleet(tmp_path, "done")
+    seen = local.run("x", model="test", memory=[ALICE, "fleet"])
+    assert trace_object(local.runtime.store, seen)["memory"] == [ALICE, "fleet"]
+    assert "  memory: user:alice, fleet" in render_tree(local.runtime.store, seen)

@@ -80,6 +80,7 @@ def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
         "status": trace.status,
         "preset": trace.preset,
         "model": trace.model,
+        "memory": trace.memory,
         "task": trace.task,
         "answer": trace.answer,
         "output": trace.output,
@@ -123,6 +124,8 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
     lines = [line, f"{indent}  task: {_one_line(trace.task)}"]
     if images := task_images(trace):  # placeholders: a trace holds references, never bytes
         lines.append(f"{indent}  with {images}")
+    if trace.memory and not trace.parent_trace_id:  # children inherit it: said once
+        lines.append(f"{indent}  memory: {', '.join(trace.memory)}")
     if reason := trace.metadata.get("stop_reason"):
         lines[0] += f"  (stop_reason: {reason})"
     if not trace.parent_trace_id and (state := budget_state(store, trace.trace_id)):
