@@ -79,14 +79,16 @@ def rank_texts(texts: Sequence[str], query: str) -> list[int]:
     if not docs or not terms:
         return []
     average = sum(len(d) for d in docs) / len(docs) or 1.0
-    frequency = Counter(t for d in docs for t in set(d))
+    # Only the query's terms are counted: a search over 10,000 memory entries reads each
+    # once, instead of building a set and a counter of every word of every entry.
+    hits = [terms.intersection(doc) for doc in docs]
+    frequency = Counter(t for present in hits for t in present)
     scored = []
-    for position, doc in enumerate(docs):
-        counts = Counter(doc)
+    for position, (doc, present) in enumerate(zip(docs, hits, strict=True)):
         score = 0.0
-        for term in terms & counts.keys():
+        for term in present:
             idf = math.log(1 + (len(docs) - frequency[term] + 0.5) / (frequency[term] + 0.5))
-            tf = counts[term]
+            tf = doc.count(term)
             score += idf * tf * (_K1 + 1) / (tf + _K1 * (1 - _B + _B * len(doc) / average))
         if score > 0:
             scored.append((score, position))
