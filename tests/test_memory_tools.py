@@ -11,8 +11,9 @@ import pytest
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import MemoryRefused
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
-from fleet.llm.base import LLMResponse
+from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.scripted import call
+from fleet.loop import memory_calls
 from fleet.memory.board import MEMORY
 from fleet.memory.config import MemoryUse
 from fleet.memory.model import Write
@@ -199,3 +200,16 @@ def test_fleet_trace_show_says_what_the_tree_is_bound_to(tmp_path: Path) -> None
     seen = local.run("x", model="test", memory=[ALICE, "fleet"])
     assert trace_object(local.runtime.store, seen)["memory"] == [ALICE, "fleet"]
     assert "  memory: user:alice, fleet" in render_tree(local.runtime.store, seen)
+
+
+def test_a_hostile_value_shape_is_refused_not_raised(tmp_path: Path) -> None:
+    deep = ToolCall(
+        "call_deep", "memory_write", '{"key": "k", "value": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    )
+    nan = ToolCall("call_nan", "memory_write", '{"key": "k", "value": NaN}')
+    local = local_fleet(tmp_path, "done")
+    trace = local.run("x", model="test", preset="writer", memory=[ALICE])
+    for hostile in (deep, nan):
+        result = memory_calls.run(local.runtime, trace, hostile)
+        assert result.is_error and "\n" not in result.output
+    assert local.runtime.store.capability(MEMORY).read(ALICE, "k") is None

@@ -112,8 +112,9 @@ def run(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         if call.name == "memory_search":
             return _search(runtime, board, trace, args)
         return _write(runtime, board, trace, namespace, args)
-    except (MemoryRefused, ValueError) as exc:
-        return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
+    except (MemoryRefused, ValueError, RecursionError) as exc:  # `[[[[...` a million deep
+        text = "arguments nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        return ToolResult(title=f"{call.name} refused", output=text, is_error=True)
 
 
 def _needed(name: str) -> str:

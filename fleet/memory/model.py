@@ -58,8 +58,9 @@ class Write:
             raise MemoryRefused(f"memory: expected_version {self.expected_version} is negative")
         try:
             text = json.dumps(self.value, ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise MemoryRefused(f"memory: {self.key!r}: value is not JSON ({exc})") from None
+        except (TypeError, ValueError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise MemoryRefused(f"memory: {self.key!r}: value is not JSON ({why})") from None
         size = len(text.encode())
         if size > caps.max_value_bytes:
             raise MemoryRefused(
