@@ -197,6 +197,42 @@ def test_operators_set_show_and_compare_and_set(fleet: Fleet, url: str, workspac
     assert cli(url, workspace, "memory", "show", "project:acme", "style").returncode == 2
 
 
+def test_sixteen_trees_on_two_workers_racing_on_one_key_lose_nothing_silently(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Each root (the recorder preset: it may write) writes its own value as a new key.
+    scripts: list[dict[str, Any]] = [
+        {
+            "match": f"^race {n}$",
+            "steps": [
+                {
+                    "tool_calls": [
+                        {"name": "memory_write", "arguments": {"key": "shared", "value": {"w": n}}}
+                    ]
+                },
+                {"content": "{last_tool}"},
+            ],
+        }
+        for n in range(16)
+    ]
+    (tmp_path / "race.yaml").write_text(yaml.safe_dump({"scripts": scripts}))
+    race = f"scripted:{tmp_path / 'race.yaml'}"
+    handles = [
+        fleet.submit(f"race {n}", model=race, preset="recorder", memory=["project:race"])
+        for n in range(16)
+    ]
+    answers = {n: h.wait(timeout_s=TIMEOUT_S).answer or "" for n, h in enumerate(handles)}
+    landed = [
+        n for n, a in answers.items() if a.startswith("wrote project:race shared as version 1")
+    ]
+    lost = [
+        n for n, a in answers.items() if a.startswith("lost: project:race shared is at version 1")
+    ]
+    assert len(landed) == 1 and len(lost) == 15, answers
+    [entry] = fleet.memory.history("project:race", "shared")
+    assert entry.version == 1 and entry.value == {"w": landed[0]}
+
+
 def test_a_recorder_whose_worker_is_killed_is_retried_and_writes_once(
     fleet: Fleet, workers: list[WorkerProcess], tmp_path: Path
 ) -> None:
