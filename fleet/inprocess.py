@@ -20,6 +20,8 @@ from fleet.errors import TraceNotFound
 from fleet.lifecycle.recorder import recorder_id, wants_recorder
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
+from fleet.memory.board import MEMORY
+from fleet.memory.desk import MemoryDesk
 from fleet.models import Trace
 from fleet.observe.operator import build_hooks
 from fleet.runtime import Dispatcher, Runtime, SpawnRequest
@@ -118,6 +120,12 @@ class InProcessFleet:
         spec = TaskSpec(fan_out_task(chosen), model, fan_out=chosen, fan_out_preset=preset)
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
+
+    @property
+    def memory(self) -> MemoryDesk:
+        """Long-term memory, as `Fleet.memory` (docs/memory.md)."""
+        board = self.runtime.store.capability(MEMORY)
+        return MemoryDesk(board, self.runtime.config.memory.caps())
 
     def continue_trace(
         self, trace_id: str, message: str, after_sequence: int | None = None

@@ -108,7 +108,7 @@ def test_a_writer_writes_compare_and_set(tmp_path: Path) -> None:
     outputs = tool_outputs(local, seen)
     assert [e for _, e in outputs] == [False, True, False]
     assert "lost" in outputs[1][0] and "version 1" in outputs[1][0]
-    entry = local.runtime.store.capability(MEMORY).read(ALICE, "profile")
+    entry = local.memory.get(ALICE, "profile")
     assert entry is not None and entry.value == {"lives": "Chaoyang"} and entry.version == 2
     assert (entry.writer, entry.source_trace) == ("trace:writer", seen.trace_id)
 
