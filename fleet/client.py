@@ -24,6 +24,8 @@ from fleet.experiences.store import ExperienceStore
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
+from fleet.memory.board import MEMORY
+from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
@@ -100,6 +102,7 @@ class Fleet:
         max_concurrent: int | None = None,
         priority: Priority = "interactive",
         images: Sequence[str | Path] = (),
+        memory: Sequence[str] = (),
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
@@ -116,8 +119,10 @@ class Fleet:
             priority: `batch` trees are served after `interactive` ones.
             images: File paths (read here) or http(s) URLs (fetched here, through the SSRF
                 guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
+            memory: Long-term memory namespaces the tree may use (`user:alice`); its
+                children inherit them, and no model can name another (docs/memory.md).
         """
-        spec = TaskSpec(task, model, preset, workspace, mode, metadata)
+        spec = TaskSpec(task, model, preset, workspace, mode, metadata, memory=tuple(memory))
         if images:
             from fleet.tools.imagesource import load_images  # its checks only when asked
 
@@ -273,6 +278,15 @@ class Fleet:
         """The fleet's experiences: `put`, `get`, `all(scope)`, `remove` (`fleet.experiences`)."""
         assert self.runtime.experiences is not None  # Runtime.build always gives one
         return self.runtime.experiences
+
+    @property
+    def memory(self) -> MemoryDesk:
+        """Long-term memory: `namespaces`, `entries`, `get`, `set`, `history`, `approve`.
+
+        The same compare-and-set rules as the agents' tools (docs/memory.md).
+        """
+        board = self.runtime.store.capability(MEMORY)
+        return MemoryDesk(board, self.runtime.config.memory.caps())
 
     def reflect(
         self, trace_id: str, *, model: str | None = None, timeout_s: float | None = None

@@ -98,3 +98,7 @@ class HookBlocked(FleetError):
 
 class ExperienceNotFound(FleetError):
     """No experience with this id."""
+
+
+class MemoryRefused(ConfigError):
+    """A memory read or write the fleet refuses: a bad name, a namespace not bound, a cap."""

@@ -1,12 +1,13 @@
-"""Trace ids that read as what they are."""
+"""Trace ids that read as what they are, and the names of long-term memory (`fleet.memory`)."""
 
 from __future__ import annotations
 
 import re
 import secrets
 import time
+from typing import Any
 
-from fleet.errors import InvalidTraceId
+from fleet.errors import InvalidTraceId, MemoryRefused
 
 TRACE_ID = re.compile(r"[A-Za-z0-9@._-]{1,512}")
 """What every trace id matches: no `:` (it would name another Redis key), no `*`, no spaces
@@ -43,3 +44,32 @@ def child_id(parent: str, mode: str, index: int | None = None, attempt: int = 1)
 def root_of(trace_id: str) -> str:
     """The root a fleet-made trace id names (`{root}@...@...`); a guess for ids made elsewhere."""
     return trace_id.split("@", 1)[0] or trace_id
+
+
+MEMORY_NAMESPACE = re.compile(r"fleet|[a-z][a-z0-9_-]{0,19}:[A-Za-z0-9_.@-]{1,100}")
+"""A memory namespace: `KIND:NAME` (`user:alice`) or the shared `fleet`. It reaches Redis
+key names and prompts, so a short run of plain characters."""
+MEMORY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+"""A memory key within a namespace (`profile`, `agent_errors`): no `:`, no spaces."""
+
+
+def check_memory_namespace(namespace: Any, where: str = "memory") -> str:
+    """The namespace, or `MemoryRefused` saying what one looks like."""
+    if not isinstance(namespace, str) or not MEMORY_NAMESPACE.fullmatch(namespace):
+        shown = namespace if isinstance(namespace, str) else type(namespace).__name__
+        raise MemoryRefused(
+            f"{where}: namespace {shown[:120]!r}: expected KIND:NAME (user:alice,"
+            " project:acme) or fleet (letters, digits, _ . @ -)"
+        )
+    return namespace
+
+
+def check_memory_key(key: Any, where: str = "memory") -> str:
+    """The key, or `MemoryRefused` saying what one looks like."""
+    if not isinstance(key, str) or not MEMORY_KEY.fullmatch(key):
+        shown = key if isinstance(key, str) else type(key).__name__
+        raise MemoryRefused(
+            f"{where}: key {shown[:120]!r}: expected up to 100 letters, digits, _ . -"
+            " (starting with a letter or digit)"
+        )
+    return key

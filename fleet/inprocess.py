@@ -16,8 +16,12 @@ from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.roots import TaskSpec, create_root
+from fleet.errors import TraceNotFound
+from fleet.lifecycle.recorder import recorder_id, wants_recorder
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
+from fleet.memory.board import MEMORY
+from fleet.memory.desk import MemoryDesk
 from fleet.models import Trace
 from fleet.observe.operator import build_hooks
 from fleet.runtime import Dispatcher, Runtime, SpawnRequest
@@ -89,13 +93,22 @@ class InProcessFleet:
         preset: str = "default",
         metadata: Mapping[str, Any] | None = None,
         images: Sequence[str | Path] = (),
+        memory: Sequence[str] = (),
     ) -> Trace:
         """Create a root trace, run it until it ends or waits on a person, return it.
 
-        `images`: file paths or http(s) URLs shown to the model with the task.
+        `images`: file paths or http(s) URLs shown to the model with the task; `memory`:
+        the long-term memory namespaces the tree may use.
         """
         loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
-        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata, images=loaded)
+        spec = TaskSpec(
+            task=task,
+            model=model,
+            preset=preset,
+            metadata=metadata,
+            images=loaded,
+            memory=tuple(memory),
+        )
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 
@@ -107,6 +120,12 @@ class InProcessFleet:
         spec = TaskSpec(fan_out_task(chosen), model, fan_out=chosen, fan_out_preset=preset)
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
+
+    @property
+    def memory(self) -> MemoryDesk:
+        """Long-term memory, as `Fleet.memory` (docs/memory.md)."""
+        board = self.runtime.store.capability(MEMORY)
+        return MemoryDesk(board, self.runtime.config.memory.caps())
 
     def continue_trace(
         self, trace_id: str, message: str, after_sequence: int | None = None
@@ -132,7 +151,24 @@ class InProcessFleet:
 
     def _run(self, trace_id: str) -> Trace:
         run_to_end(Runner(self.runtime), trace_id)
-        return self.store.get_trace(trace_id)
+        trace = self.store.get_trace(trace_id)
+        self._record(trace)
+        return trace
+
+    def _record(self, root: Trace) -> None:
+        """Run the recorder the root's end queued (`fleet.lifecycle.recorder`), if any.
+
+        In one process there is no sweeper to send it: it runs here, after the root's
+        answer was written, before `run` returns (a fleet runs it on another worker).
+        """
+        if not wants_recorder(self.runtime, root):
+            return
+        try:
+            recorder = self.store.get_trace(recorder_id(root))
+        except TraceNotFound:
+            return
+        if recorder.status == "queued":
+            run_to_end(Runner(self.runtime), recorder.trace_id)
 
 
 def apply_after_child(action: after.AfterChild) -> None:

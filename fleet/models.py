@@ -170,6 +170,10 @@ class Trace(_Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
     ceiling: ToolCeiling = Field(default_factory=ToolCeiling)
     """Inherited from the parent: this trace's tools are its preset's within this."""
+    memory: list[str] = Field(default_factory=list)
+    """Long-term memory namespaces the submitter bound to the tree (`fleet.memory`),
+    inherited by every child; the memory tools reach these and no other. Set when the
+    trace is created, never from model text nor `metadata`."""
     answer: str | None = None
     output: dict[str, Any] | None = None
     """The final answer as a validated object, for presets with an output schema."""

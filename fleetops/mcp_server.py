@@ -53,6 +53,7 @@ class FleetTools:
         preset: str = "default",
         model: str | None = None,
         workspace: str | None = None,
+        memory: list[str] | None = None,
     ) -> dict[str, Any]:
         """Start a main agent on the fleet; returns its trace id at once.
 
@@ -61,10 +62,16 @@ class FleetTools:
             preset: Agent preset (default, explore, analyst, or a project's).
             model: Model name or alias; the fleet's default when left out.
             workspace: A folder under the fleet's workspace roots; its default otherwise.
+            memory: Long-term memory namespaces the tree may use (`user:alice`).
         """
         where = _workspace(workspace)
         handle = await _off_loop(
-            self.fleet.submit, task, preset=preset, model=model, workspace=where
+            self.fleet.submit,
+            task,
+            preset=preset,
+            model=model,
+            workspace=where,
+            memory=tuple(memory or ()),
         )
         return {"trace_id": handle.trace_id}
 

@@ -63,6 +63,8 @@ JSONL_PROBLEMS = [
     ('{"task": "a", "metadata": [1]}\n', 1, "'metadata'"),
     ('{"task": "a", "id": ""}\n', 1, "empty id"),
     ("\n\n", 1, "no tasks in the batch"),
+    ('{"task": "a", "memory": ["user:alice", "bob"]}\n', 1, "namespace 'bob'"),
+    ('{"task": "a", "memory": "user:alice"}\n', 1, "'memory'"),
 ]
 
 
@@ -136,6 +138,13 @@ def test_yaml_and_jsonl_entries_with_default_ids(tmp_path: Path) -> None:
     # `fleet batch --workspace`: for entries that name none; an entry's own one wins.
     placed = with_defaults(yaml_entries, workspace=tmp_path)
     assert [e.workspace for e in placed] == [tmp_path, Path("~/w").expanduser()]
+
+
+def test_an_entry_binds_memory_namespaces(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"task": "a", "memory": ["user:alice", "fleet", "user:alice"]}\n')
+    [entry] = load_entries(path)
+    assert entry.memory == ("user:alice", "fleet")
 
 
 def test_entries_from_python_values_use_positions() -> None:
@@ -238,6 +247,15 @@ def test_the_window_never_holds_more_than_max_in_flight(
     assert 2 <= backend.peak_unfinished <= 4
     roots = [t for t in fleet.store.list_traces(100) if t.parent_trace_id is None]
     assert {t.metadata["batch_entry"] for t in roots} == {f"e{i}" for i in range(40)}
+
+
+def test_a_batch_root_is_bound_to_its_entry_namespaces(
+    memory_fleet: tuple[Fleet, ThreadBackend],
+) -> None:
+    fleet, _ = memory_fleet
+    bound = BatchEntry("m", "task m", 1, model=MODEL, memory=("user:alice",))
+    [result] = run_batch(fleet, [bound, *entries(0)], BatchOptions(max_in_flight=2))
+    assert fleet.trace(result.trace_id).memory == ["user:alice"]
 
 
 def test_an_overdue_task_is_stopped_and_reported(

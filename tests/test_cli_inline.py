@@ -40,6 +40,12 @@ def test_inline_json_explores_five_branches(
     assert out["stats"]["messages"] == 3
 
 
+def test_inline_binds_memory(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--inline", "--json", "--model", f"scripted:{EXAMPLE}", "survey"]
+    assert main([*argv, "--memory", "user:alice", "--memory", "project:acme"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "completed"
+
+
 def test_inline_prints_the_answer(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--inline", "--model", f"scripted:{EXAMPLE}", "survey"]) == 0
     assert "Explore finished: 5 branches, 5 completed." in capsys.readouterr().out
@@ -53,6 +59,9 @@ def test_inline_prints_the_answer(clean_env: Path, capsys: pytest.CaptureFixture
         (["--model", "openai:gpt-4o-mini"], "OPENAI_API_KEY"),
         (["--model", "scripted:missing.yaml"], "missing.yaml"),
         (["--workspace", "does-not-exist"], "does-not-exist"),
+        (["--memory", "user:alice\nIgnore all"], "--memory: namespace"),
+        (["--memory", "alice"], "expected KIND:NAME"),
+        (["--continue", "20261128T000000-abcdef", "--memory", "user:a"], "keeps the tree's"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -116,7 +125,7 @@ def test_subprocess_error_has_no_traceback(clean_env: Path) -> None:
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "fleet: error: unknown preset 'nope' (known: default, explore, analyst, evaluate)"
+        "fleet: error: unknown preset 'nope' (known: default, explore, analyst, evaluate, recorder)"
     ]
 
 

@@ -215,6 +215,7 @@ FLEET_LAYERS = (
     # Pieces that know no run: secret handling, Redis and memory storage, settings.
     "security",
     "storage",
+    "memory",
     "settings",
     "llm",
     "limits",

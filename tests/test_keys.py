@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from redis.crc import key_slot
 
-from fleet.errors import InvalidTraceId
+from fleet.errors import InvalidTraceId, MemoryRefused
 from fleet.storage import keys
 
 TRACE_KEYS: list[Callable[..., str]] = [
@@ -109,3 +109,23 @@ def test_in_the_cluster_layout_a_tree_s_images_are_in_its_slot() -> None:
 def test_a_batch_answer_key_refuses_an_id_that_could_move_its_slot(bad: str) -> None:
     with pytest.raises(ValueError, match="not a batch custom id"):
         keys.batch_answer(bad)
+
+
+@pytest.mark.usefixtures("cluster_layout")
+def test_in_the_cluster_layout_a_memory_namespace_is_one_slot() -> None:
+    spaces = [
+        keys.memory_entries("user:alice"),
+        keys.memory_history("user:alice", "profile"),
+        keys.memory_history("user:alice", "agent_errors"),
+        keys.memory_proposals("user:alice"),
+    ]
+    assert len({key_slot(k.encode()) for k in spaces}) == 1
+    assert keys.memory_entries("user:alice") == "fleet:{memory:user:alice}:entries"
+
+
+@pytest.mark.parametrize("bad", ["user:*", "fleet:a b", "x:y\x1b]0;t\x07", "", "USER:a"])
+def test_a_memory_key_refuses_what_is_not_a_namespace(bad: str) -> None:
+    with pytest.raises(MemoryRefused):
+        keys.memory_entries(bad)
+    with pytest.raises(MemoryRefused):
+        keys.memory_history("user:alice", bad or "a:b")

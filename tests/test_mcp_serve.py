@@ -18,6 +18,8 @@ import pytest
 import yaml
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from fleet.storage.redis_connect import connect
+from fleet.storage.redis_store import RedisStore
 from tests.procs import start_worker, wait_for_workers
 from tests.test_fleet_recovery import database_url
 
@@ -165,6 +167,20 @@ def test_submit_trace_and_wait(served: Served) -> None:
     done, shown = with_client(served, body)
     assert done["status"] == "completed" and done["answer"] == "done: Survey alone"
     assert shown == done
+
+
+def test_submit_binds_memory_and_refuses_a_malformed_namespace(served: Served) -> None:
+    async def body(client: ClientSession) -> tuple[Any, Any]:
+        bound = {"task": "Survey alone", "memory": ["user:alice"]}
+        submitted = structured(await client.call_tool("submit", bound))
+        bad = await client.call_tool("submit", {"task": "x", "memory": ["alice\nIgnore"]})
+        return submitted["trace_id"], bad
+
+    trace_id, bad = with_client(served, body)
+    store = RedisStore(connect(served.env["FLEET_REDIS_URL"]))
+    assert store.get_trace(trace_id).memory == ["user:alice"]
+    assert bad.is_error and "namespace" in bad.content[0].text
+    assert "\n" not in bad.content[0].text
 
 
 def test_stop_stops_a_running_tree(served: Served) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ConfigError
+from fleet.memory.config import MEMORY_TOOLS, MemoryUse
 from fleet.presets import (
     AGENTS_DIR_ENV,
     BUILTIN_PRESETS,
@@ -45,6 +46,7 @@ def test_builtin_presets() -> None:
     assert (default.allowed_tools, default.max_iterations) == (None, 30)
     assert explore.allowed_tools == frozenset(
         {"read_file", "read_image", "list_dir", "glob", "grep", "skill"}
+        | {"memory_read", "memory_search"}  # offered only to a tree bound to memory
     )
     assert (explore.read_only, explore.max_iterations) == (True, 15)
     assert "web_fetch" in (analyst.allowed_tools or set())
@@ -103,7 +105,7 @@ def test_load_presets_adds_files_to_builtins_from_env(tmp_path: Path) -> None:
     write(tmp_path, "explore.md", "---\nname: explore\nmax_iterations: 5\n---\nLook.\n")
     write(tmp_path, "notes.txt", "not a preset")
     presets = load_presets(None, {AGENTS_DIR_ENV: str(tmp_path)})
-    assert set(presets) == {"default", "explore", "analyst", "evaluate", "researcher"}
+    assert set(presets) == {"default", "explore", "analyst", "evaluate", "recorder", "researcher"}
     assert presets["explore"].max_iterations == 5  # a file replaces the built-in
 
 
@@ -166,4 +168,29 @@ def test_get_preset() -> None:
     assert get_preset(presets, "analyst") is BUILTIN_PRESETS["analyst"]
     with pytest.raises(ConfigError) as info:
         get_preset(presets, "x")
-    assert str(info.value) == "unknown preset 'x' (known: default, explore, analyst, evaluate)"
+    assert str(info.value) == (
+        "unknown preset 'x' (known: default, explore, analyst, evaluate, recorder)"
+    )
+
+
+def test_a_preset_file_asks_for_memory(tmp_path: Path) -> None:
+    reader = load_preset_file(write(tmp_path, "r.md", "---\nmemory: read\n---\nR.\n"))
+    assert reader.memory == MemoryUse("read")
+    memory = "memory: {access: write, inject: [profile], record: true}"
+    front = f"---\ntools: [read_file]\n{memory}\n---\nW.\n"
+    writer = load_preset_file(write(tmp_path, "w.md", front))
+    assert writer.memory == MemoryUse("write", ("profile",), record=True)
+    assert writer.allowed_tools == frozenset({"read_file", *MEMORY_TOOLS})
+    recorder = BUILTIN_PRESETS["recorder"]
+    assert recorder.memory.access == "write" and recorder.allowed_tools == MEMORY_TOOLS
+
+
+@pytest.mark.parametrize(
+    "memory",
+    ["admin", "{inject: ['a:b']}", "{inject: ['ok'], access: root}", "{extra: 1}"],
+)
+def test_a_bad_memory_section_is_refused_in_one_line(tmp_path: Path, memory: str) -> None:
+    path = write(tmp_path, "bad.md", f"---\nmemory: {memory}\n---\nB.\n")
+    with pytest.raises(ConfigError) as refused:
+        load_preset_file(path)
+    assert str(refused.value).startswith(str(path)) and "\n" not in str(refused.value)

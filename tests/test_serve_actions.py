@@ -27,7 +27,7 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
-from fleetops.serve import api_approvals, api_experiences
+from fleetops.serve import api_approvals, api_experiences, api_memory
 from fleetops.serve.app import MAX_BODY_BYTES, ServeConfig
 from fleetops.serve.guard import CSRF_HEADER, csrf_token
 from tests.servekit import csrf, serving
@@ -71,7 +71,11 @@ def local_fleet(store: TraceStore, workspace: Path) -> Fleet:
 
 
 def config(fleet: Fleet, token: str | None = None) -> ServeConfig:
-    acting = (partial(api_experiences.routes, fleet), partial(api_approvals.routes, fleet))
+    acting = (
+        partial(api_experiences.routes, fleet),
+        partial(api_approvals.routes, fleet),
+        partial(api_memory.routes, fleet),
+    )
     return ServeConfig(store=fleet.store, actions=fleet, token=token, routes=acting)
 
 
@@ -260,3 +264,55 @@ def test_bad_ids_and_queries_are_refused_before_anything_is_read(api: httpx.Clie
     assert api.get("/api/experiences", params={"sort": "x"}).status_code == 400
     assert api.get("/api/approvals", params={"limit": "0"}).status_code == 400
     assert api.post("/api/experiences", content=b"{not json", headers=JSON).status_code == 400
+
+
+# -- memory ----------------------------------------------------------------------------
+
+
+def test_memory_is_set_shown_compared_and_removed_over_the_api(api: httpx.Client) -> None:
+    path = "/api/memory/user:alice/profile"
+    assert api.post(path, json={"value": {"lives": "Tongzhou"}}).json() == {"version": 1}
+    lost = api.post(path, json={"value": "x", "expected_version": 0})
+    assert lost.status_code == 409 and "at version 1" in lost.json()["error"]
+    assert api.post(path, json={"value": "y", "expected_version": 1}).json() == {"version": 2}
+    entry = api.get(path).json()["entry"]
+    assert (entry["value"], entry["version"], entry["writer"]) == ("y", 2, "operator")
+    assert [h["version"] for h in api.get(path + "/history").json()["history"]] == [2, 1]
+    assert api.get("/api/memory").json() == {"namespaces": ["user:alice"]}
+    assert [e["key"] for e in api.get("/api/memory/user:alice").json()["entries"]] == ["profile"]
+    assert api.post(path + "/remove", json={}).json() == {"removed": "profile"}
+    assert api.get(path).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/memory/USER:alice/k", {"value": 1}),
+        ("/api/memory/user:alice/a%3Ab", {"value": 1}),
+        ("/api/memory/user:alice/k", {"value": "x" * 20_000}),
+        ("/api/memory/user:alice/k", {"value": 1, "expected_version": "1"}),
+        ("/api/memory/user:alice/k", {"value": 1, "namespace": "user:bob"}),
+        ("/api/memory/user:alice/k", {}),
+    ],
+)
+def test_a_bad_memory_write_is_one_line_400(
+    api: httpx.Client, fleet: Fleet, path: str, body: dict[str, Any]
+) -> None:
+    refused = api.post(path, json=body)
+    assert refused.status_code == 400 and "\n" not in refused.json()["error"]
+    assert fleet.memory.namespaces() == []
+
+
+def test_memory_needs_the_token(fleet: Fleet) -> None:
+    good = {"Authorization": f"Bearer {TOKEN}", CSRF_HEADER: csrf_token(TOKEN)}
+    with serving(config(fleet, TOKEN)) as url, httpx.Client(base_url=url, timeout=10) as http:
+        assert http.get("/api/memory").status_code == 401
+        assert http.post("/api/memory/user:alice/k", json={"value": 1}).status_code == 401
+        cross = http.post(
+            "/api/memory/user:alice/k",
+            json={"value": 1},
+            headers={**good, "Origin": "http://attacker.example"},
+        )
+        assert cross.status_code == 403 and fleet.memory.namespaces() == []
+        ok = http.post("/api/memory/user:alice/k", json={"value": 1}, headers=good)
+        assert ok.status_code == 200, ok.text

@@ -1,7 +1,8 @@
 """Batch files: JSONL or YAML, every entry validated before anything is submitted.
 
 A batch file holds one task per entry: `task` (required), and optionally `id`, `preset`,
-`model`, `workspace`, `metadata`, `budget: {tokens, usd, sub_agents}`, `images: [PATH|URL]`
+`model`, `workspace`, `metadata`, `budget: {tokens, usd, sub_agents}`, `images: [PATH|URL]`,
+`memory: [NAMESPACE]` (the long-term memory its tree may use)
 (paths inside the entry's workspace only: a batch file is untrusted), `batch_api` (YAML: a
 list, or a `tasks:` list; JSONL: one object per line; a bare string is a task). Problems
 read `FILE:LINE: reason`; ids default to `line-N`.
@@ -28,8 +29,8 @@ from pydantic import (
 
 from fleet.batch.values import BatchEntry, entry_images
 from fleet.batchapi.route import check_route, wants_batch
-from fleet.conversation.roots import check_budget
-from fleet.errors import ConfigError
+from fleet.conversation.roots import MAX_BOUND_NAMESPACES, bound_namespaces, check_budget
+from fleet.errors import ConfigError, MemoryRefused
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.runtime import Runtime
 from fleet.security import yamlsafe
@@ -45,6 +46,7 @@ ENTRY_KEYS = (
     "budget",
     "images",
     "batch_api",
+    "memory",
 )
 YAML_SUFFIXES = frozenset({".yaml", ".yml"})
 
@@ -76,6 +78,7 @@ class _EntryIn(BaseModel):
     budget: BudgetIn | None = None
     batch_api: StrictBool | None = None
     images: list[StrictStr] | None = Field(default=None, max_length=MAX_TASK_IMAGES)
+    memory: list[StrictStr] | None = Field(default=None, max_length=MAX_BOUND_NAMESPACES)
 
 
 # -- parsing -----------------------------------------------------------------
@@ -196,6 +199,10 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         raise ValueError("empty id")
     metadata = wire.metadata or {}
     try:
+        memory = tuple(bound_namespaces(wire.memory or ()))
+    except MemoryRefused as exc:
+        raise ValueError(str(exc).removeprefix("--memory: ")) from None
+    try:
         json.dumps(metadata)
     except (TypeError, ValueError):
         raise ValueError("metadata must be plain JSON (strings, numbers, lists, objects)") from None
@@ -210,6 +217,7 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         budget=wire.budget.to_budget() if wire.budget else None,
         batch_api=wire.batch_api,
         images=tuple(wire.images or ()),
+        memory=memory,
     )
 
 
@@ -253,6 +261,8 @@ def _as_dict(entry: BatchEntry) -> dict[str, Any]:
         value["batch_api"] = entry.batch_api
     if entry.images:
         value["images"] = list(entry.images)
+    if entry.memory:
+        value["memory"] = list(entry.memory)
     return value
 
 

@@ -167,7 +167,9 @@ class _Window:
             entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
         )
         images = entry_images(self.fleet.runtime, entry)
-        spec = replace(spec, budget=entry.budget, priority="batch", images=images)
+        spec = replace(
+            spec, budget=entry.budget, priority="batch", images=images, memory=entry.memory
+        )
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)
         self.fleet.enqueue(trace, "batch")

@@ -42,6 +42,8 @@ class BatchEntry:
     """Model calls through the provider's Batch API (None: the model alias's default)."""
     images: tuple[str, ...] = ()
     """Paths inside the entry's workspace, or http(s) URLs (`fleet.tools.imagesource`)."""
+    memory: tuple[str, ...] = ()
+    """Long-term memory namespaces the entry's tree may use (`fleet.memory`)."""
 
 
 def entry_images(runtime: Runtime, entry: BatchEntry) -> tuple[Image, ...]:

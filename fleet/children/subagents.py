@@ -15,6 +15,7 @@ from fleet.errors import ToolError, TraceExists
 from fleet.goals import GoalTree
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
+from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
@@ -173,9 +174,11 @@ def child_ceiling(runtime: Runtime, parent: Trace) -> ToolCeiling:
         )
         if layer not in web:
             web.append(layer)
+    # Memory tools the parent may not call: a child (a delegated `recorder`) gets none of them.
+    memory_denied = MEMORY_TOOLS - allowed.memory.tools()
     return ToolCeiling(
         allowed=tools,
-        denied=sorted(allowed.denied_tools),
+        denied=sorted(allowed.denied_tools | memory_denied),
         read_only=allowed.read_only,
         mcp=mcp,
         web=web,
@@ -312,6 +315,7 @@ def _child_trace(
         skills=common.get("skills") or [],
         metadata=_metadata(runtime, parent, call_id, common, index),
         ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
+        memory=list(parent.memory),  # the submitter's binding, never the model's
     )
 
 

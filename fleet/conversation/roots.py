@@ -6,7 +6,7 @@ Both `fleet.inprocess.InProcessFleet` and the remote `fleet.client.Fleet` create
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,8 @@ from pydantic import BaseModel
 
 from fleet import ids, lifecycle
 from fleet.conversation.fanout import FAN_OUT_KEY, fan_out_metadata
-from fleet.errors import ConfigError, ToolError
+from fleet.errors import ConfigError, MemoryRefused, ToolError
+from fleet.ids import check_memory_namespace
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
@@ -23,6 +24,9 @@ from fleet.limits.values import PositiveCount, validated
 from fleet.models import Mode, Trace
 from fleet.runtime import Runtime
 from fleet.tools.imagecheck import Image, stored_ref
+
+MAX_BOUND_NAMESPACES = 8
+"""Namespaces one tree may be bound to."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class TaskSpec:
     """A fan-out root: explores these tasks itself, no model deciding (`fanout`)."""
     fan_out_preset: str = "explore"
     """The preset of a fan-out root's branches (read-only whatever it says)."""
+    memory: tuple[str, ...] = ()
+    """Long-term memory namespaces the tree may use (`user:alice`); children inherit them."""
 
 
 def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
@@ -86,9 +92,17 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         workspace=str(workspace.workspace),
         metadata=metadata,
         context={"images": refs} if refs else {},
+        memory=bound_namespaces(spec.memory),
     )
     _control(runtime, spec, model, trace_id)
     return lifecycle.queue_root(runtime, trace)
+
+
+def bound_namespaces(namespaces: Sequence[str]) -> list[str]:
+    """The submitter's namespaces, checked and without repeats; `MemoryRefused` names one."""
+    if len(namespaces) > MAX_BOUND_NAMESPACES:
+        raise MemoryRefused(f"memory: at most {MAX_BOUND_NAMESPACES} namespaces per tree")
+    return list(dict.fromkeys(check_memory_namespace(ns, "--memory") for ns in namespaces))
 
 
 def _control(runtime: Runtime, spec: TaskSpec, model: str, trace_id: str) -> None:

@@ -65,24 +65,35 @@ def select(
 
 def rank(experiences: Sequence[Experience], query: str) -> list[Experience]:
     """Those sharing a word with `query`, best BM25 score first."""
-    docs = [_words(f"{e.condition} {e.rule}") for e in experiences]
+    order = rank_texts([f"{e.condition} {e.rule}" for e in experiences], query)
+    return [experiences[i] for i in order]
+
+
+def rank_texts(texts: Sequence[str], query: str) -> list[int]:
+    """The positions of the texts sharing a word with `query`, best BM25 score first.
+
+    Also what `memory_search` ranks long-term memory entries by without embeddings.
+    """
+    docs = [_words(text) for text in texts]
     terms = set(_words(query))
     if not docs or not terms:
         return []
-    average = sum(len(d) for d in docs) / len(docs)
-    frequency = Counter(t for d in docs for t in set(d))
+    average = sum(len(d) for d in docs) / len(docs) or 1.0
+    # Only the query's terms are counted: a search over 10,000 memory entries reads each
+    # once, instead of building a set and a counter of every word of every entry.
+    hits = [terms.intersection(doc) for doc in docs]
+    frequency = Counter(t for present in hits for t in present)
     scored = []
-    for experience, doc in zip(experiences, docs, strict=True):
-        counts = Counter(doc)
+    for position, (doc, present) in enumerate(zip(docs, hits, strict=True)):
         score = 0.0
-        for term in terms & counts.keys():
+        for term in present:
             idf = math.log(1 + (len(docs) - frequency[term] + 0.5) / (frequency[term] + 0.5))
-            tf = counts[term]
+            tf = doc.count(term)
             score += idf * tf * (_K1 + 1) / (tf + _K1 * (1 - _B + _B * len(doc) / average))
         if score > 0:
-            scored.append((score, experience))
+            scored.append((score, position))
     scored.sort(key=lambda pair: -pair[0])
-    return [e for _, e in scored]
+    return [position for _, position in scored]
 
 
 def render(experiences: Sequence[Experience]) -> str:

@@ -13,6 +13,7 @@ from fleet import ids
 from fleet.control import subtree
 from fleet.lifecycle.batch import stop_batch
 from fleet.lifecycle.entries import mirror, put_collaborator
+from fleet.lifecycle.recorder import after_finish
 from fleet.models import (
     Collaborator,
     CollaboratorStatus,
@@ -160,6 +161,7 @@ def finish(
     else:  # the root: its finish event is the last word, so it goes with the write
         store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
     runtime.hooks.run_finished(trace)
+    after_finish(runtime, trace)  # a failed sub-agent goes to its memory's agent_errors
     return trace
 
 

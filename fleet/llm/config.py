@@ -41,6 +41,7 @@ from fleet.llm.embeddings import ExperiencesSection, check_embedding_model
 from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
 from fleet.mcp.config import McpServerConfig, check_servers
+from fleet.memory.config import FleetMemorySection
 from fleet.security import trust, yamlsafe
 from fleet.tools.webfilter import WebSection
 from fleet.tools.websearch.config import SearchConfig
@@ -145,6 +146,8 @@ class FleetConfig(BaseModel):
     """How experiences are ranked: `embedding_model`, `min_similarity` (fleet.llm.embeddings)."""
     approve: tuple[ApproveEntry, ...] = ()
     """Tool calls that wait for a person's approval in every trace (on top of presets')."""
+    memory: FleetMemorySection = FleetMemorySection()
+    """Long-term memory's caps and the fleet-wide recorder policy (`fleet.memory.config`)."""
     model_overrides: dict[str, str] = Field(default_factory=dict)
     """Preset name -> model name, for presets that need a different model."""
     context_threshold: float = Field(default=0.8, gt=0.0, le=1.0)

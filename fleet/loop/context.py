@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from fleet.experiences.retrieval import render, select
+from fleet.loop.memory_calls import memory_block
 from fleet.loop.structured import VERDICT_SCHEMA, instruction, schema_for
 from fleet.models import Content, Message, Role, Trace
 from fleet.runtime import Runtime
@@ -31,6 +32,8 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
         if shown:  # counted as used now; `fleet.experiences.outcomes` counts the success
             runtime.experiences.count_use([e.id for e in shown], trace.trace_id)
             system += "\n\n" + render(shown)
+    if memory := memory_block(runtime, trace):  # the submitter's namespaces, quoted as data
+        system += "\n\n" + memory
     schema = schema_for(preset.output_schema, preset.name, trace)
     if schema is not None and schema is not VERDICT_SCHEMA:  # the judge's prompt has its own
         system += "\n\n" + instruction(schema)

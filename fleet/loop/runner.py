@@ -17,6 +17,7 @@ from collections.abc import Callable
 from fleet import lifecycle
 from fleet.children import settling
 from fleet.errors import LeaseLost
+from fleet.lifecycle import recorder
 from fleet.limits.gate import Wait
 from fleet.loop.fenced_run import FencedRun
 from fleet.loop.turns import Held, Outcome
@@ -77,6 +78,8 @@ class Runner:
                     raise
                 if not held.released:
                     self.store.release_lease(trace_id, owner)
+            if outcome == "completed":  # memory's recorder: a tree of its own, after this one
+                recorder.after_root(self.runtime, trace_id, lifecycle.queue_root)
             if isinstance(outcome, Wait):
                 return RunResult(trace_id, "throttled", outcome.retry_in_s)
             # A collect that finished while we held the lease could not resume us: look again.

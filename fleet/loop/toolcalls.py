@@ -17,9 +17,12 @@ from fleet.conversation.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, 
 from fleet.errors import HookBlocked, ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
+from fleet.lifecycle.recorder import note_tool_failure
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
+from fleet.loop import memory_calls
 from fleet.mcp.names import PREFIX as MCP_PREFIX
+from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
@@ -76,6 +79,7 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     schemas = list(cached[key])
     if preset.allows("goal"):
         schemas.append(_GOAL)
+    schemas += [memory_calls.SCHEMAS[name] for name in memory_calls.offered(preset, trace)]
     if trace.mode == "main":
         # `agent` delegates to writing presets by default: a read-only trace is not offered
         # it (and `spawn` refuses a writing child if the model calls it anyway).
@@ -114,6 +118,8 @@ def execute_turn(
         elif isinstance(outcome, ToolResult):
             write_result(runtime, results, call, outcome)
             runtime.hooks.tool_finished(trace, call, outcome)
+            if outcome.is_error and outcome.title.endswith(" failed") and trace.memory:
+                note_tool_failure(runtime, trace, call.name, outcome.output)
         else:
             person = (call, outcome.question)
     written = runtime.store.apply(results) if results.ops else None
@@ -153,6 +159,8 @@ def _one_call(
         return _sub_agents(runtime, trace, _persisted(runtime, call))
     if call.name == "goal":
         return _goal(runtime, trace, _persisted(runtime, call))
+    if call.name in MEMORY_TOOLS:  # the tree's bound namespaces, never one the model names
+        return memory_calls.run(runtime, trace, call)
     if approval.required(runtime, trace, call):
         children_wait = runtime.dispatcher.children_survive_restart
         refused = approval.refusal(call, trace, first=first, children_wait=children_wait)

@@ -37,6 +37,8 @@ from fleet.limits.budget import Budget, BudgetIn
 from fleet.limits.values import PositiveCount
 from fleet.mcp import names as mcp_names
 from fleet.mcp.names import PREFIX as MCP_PREFIX
+from fleet.memory.config import MEMORY_TOOLS, NO_MEMORY, Access, MemorySectionIn, MemoryUse, use_of
+from fleet.memory.config import READ_TOOLS as MEMORY_READ_TOOLS
 from fleet.presets import frontmatter, prompts
 from fleet.security import trust
 from fleet.tools.webfilter import DomainRules, WebSection
@@ -49,10 +51,13 @@ TOOL_NAMES = frozenset(
     READ_TOOLS
     | {"write_file", "edit_file", "bash", "web_fetch", "skill", "goal", "agent", "evaluate"}
     | {"ask_human", "web_search"}
+    | MEMORY_TOOLS
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
 ANALYST_TOOLS = frozenset({"read_file", "read_image", "glob", "grep", "web_search", "web_fetch"})
 """The built-in `analyst`: reads the workspace and the web, writes nothing."""
+READ_MEMORY = frozenset(MEMORY_READ_TOOLS)
+"""The memory tools every built-in reader gets (offered only to a tree bound to memory)."""
 READ_ONLY_MODES = frozenset({"explore", "evaluate"})
 """Traces in these modes are read-only whatever their preset (or a file replacing it) says."""
 
@@ -103,6 +108,8 @@ class AgentPreset:
     warm_explore: bool | None = None
     """Its explores let the first branch's first call warm the prompt cache before the
     others call (`fleet.children.warming`); None: fleet.yaml's `warm_explore`."""
+    memory: MemoryUse = NO_MEMORY
+    """`memory:` what it does with the tree's long-term memory (`fleet.memory.config`)."""
 
     def allows(self, tool: str) -> bool:
         """Whether this preset lets the agent call `tool` (MCP tools: `fleet.mcp.names`)."""
@@ -162,31 +169,44 @@ BUILTIN_PRESETS: Mapping[str, AgentPreset] = MappingProxyType(
             max_iterations=30,
             system_prompt=prompts.DEFAULT_PROMPT,
             experiences=True,
+            memory=MemoryUse(access="read", inject=("profile",)),
         ),
         "explore": AgentPreset(
             name="explore",
             description="Read-only investigation of the workspace.",
-            allowed_tools=READ_TOOLS | {"skill"},
+            allowed_tools=READ_TOOLS | {"skill"} | READ_MEMORY,
             max_iterations=15,
             read_only=True,
             system_prompt=prompts.EXPLORE_PROMPT,
+            memory=MemoryUse(access="read"),
         ),
         "analyst": AgentPreset(
             name="analyst",
             description="Reads the workspace and the web; compares and recommends.",
-            allowed_tools=ANALYST_TOOLS,
+            allowed_tools=ANALYST_TOOLS | READ_MEMORY,
             max_iterations=25,
             temperature=0.3,
             read_only=True,
             system_prompt=prompts.ANALYST_PROMPT,
+            memory=MemoryUse(access="read"),
         ),
         "evaluate": AgentPreset(
             name="evaluate",
             description="Read-only judge that returns a verdict and suggestions.",
-            allowed_tools=READ_TOOLS | {"skill"},
+            allowed_tools=READ_TOOLS | {"skill"} | READ_MEMORY,
             max_iterations=15,
             read_only=True,
             system_prompt=prompts.EVALUATE_PROMPT,
+            memory=MemoryUse(access="read"),
+        ),
+        "recorder": AgentPreset(
+            name="recorder",
+            description="Keeps the tree's long-term memory: reads it, writes what is worth it.",
+            allowed_tools=MEMORY_TOOLS,
+            max_iterations=12,
+            temperature=0.0,
+            system_prompt=prompts.RECORDER_PROMPT,
+            memory=MemoryUse(access="write"),
         ),
     }
 )
@@ -231,6 +251,7 @@ class _PresetFrontmatter(BaseModel):
     web: WebSection | None = None
     mcp: list[str] | None = None
     warm_explore: bool | None = None
+    memory: Access | MemorySectionIn | None = None
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -254,10 +275,12 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         raise ConfigError(f"{path}: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
+    memory = use_of(front.memory)
     return AgentPreset(
         name=front.name,
         description=front.description,
-        allowed_tools=None if front.tools is None else frozenset(front.tools),
+        # A `tools:` list gets the memory tools its `memory:` access offers.
+        allowed_tools=None if front.tools is None else frozenset(front.tools) | memory.tools(),
         denied_tools=frozenset(front.denied_tools),
         max_iterations=front.max_iterations,
         temperature=front.temperature,
@@ -277,6 +300,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         web=front.web.rules() if front.web else None,
         mcp_servers=None if front.mcp is None else frozenset(front.mcp),
         warm_explore=front.warm_explore,
+        memory=memory,
     )
 
 

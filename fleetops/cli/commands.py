@@ -89,6 +89,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --continue: first go back to message N (rewind; the old branch stays)",
     )
     parser.add_argument(
+        "--memory",
+        action="append",
+        default=[],
+        metavar="NAMESPACE",
+        help="long-term memory the tree may use, e.g. user:alice (repeatable; docs/memory.md)",
+    )
+    parser.add_argument(
         "--human-timeout-s",
         type=positive_int,
         metavar="S",
@@ -160,6 +167,7 @@ def _add_trace(commands: Any) -> None:
     )
     listing.add_argument("--json", action="store_true")
     _add_experience(commands)  # here, so the list of adders in build_parser stays as it is
+    _add_memory(commands)
 
 
 def _add_experience(commands: Any) -> None:
@@ -189,6 +197,34 @@ def _add_experience(commands: Any) -> None:
     reflect.add_argument("--model", help="the reflection's model (else the default)")
     reflect.add_argument("--timeout-s", type=positive_float, default=None)
     for parser in (add, listing, show, remove, approve, reflect):
+        parser.add_argument("--json", action="store_true")
+
+
+def _add_memory(commands: Any) -> None:
+    """`memory list|show|set|rm|history|approve NAMESPACE [KEY]`: long-term memory."""
+    memory = commands.add_parser("memory", help="long-term memory every bound tree reads")
+    sub = memory.add_subparsers(dest="memory_command", required=True, metavar="ACTION")
+    where = "fleetops.cli.memory"
+    listing = _command(sub, "list", f"{where}:list_all", help="namespaces, or a namespace's keys")
+    listing.add_argument("namespace", nargs="?", help="user:alice, project:acme, fleet")
+    show = _command(sub, "show", f"{where}:show", help="a key's value and version")
+    setter = _command(sub, "set", f"{where}:set_value", help="write a key (compare-and-set)")
+    remove = _command(sub, "rm", f"{where}:remove", help="forget a key and its history")
+    history = _command(sub, "history", f"{where}:history", help="a key's kept versions")
+    approve = _command(sub, "approve", f"{where}:approve", help="land the recorder's held writes")
+    for parser in (show, setter, remove, history, approve):
+        parser.add_argument("namespace", help="user:alice, project:acme, fleet")
+    for parser in (show, setter, remove, history):
+        parser.add_argument("key")
+    approve.add_argument("key", nargs="?", help="only this key's held writes")
+    setter.add_argument("value", help="JSON (else taken as a string)")
+    setter.add_argument(
+        "--expected-version",
+        type=integer,
+        metavar="N",
+        help="write only over version N (0: only a new key)",
+    )
+    for parser in (listing, show, setter, remove, history, approve):
         parser.add_argument("--json", action="store_true")
 
 

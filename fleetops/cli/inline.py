@@ -17,6 +17,8 @@ def check_run_arguments(args: argparse.Namespace) -> None:
     """Options that only make sense together; `ConfigError` otherwise."""
     if args.after_sequence is not None and not args.continue_id:
         raise ConfigError("--after-sequence needs --continue TRACE_ID")
+    if args.continue_id and args.memory:
+        raise ConfigError("--continue keeps the tree's --memory namespaces")
     if args.continue_id and (args.model or args.preset != "default" or args.workspace):
         raise ConfigError("--continue keeps the trace's model, preset and workspace")
     if args.continue_id and args.image:
@@ -47,7 +49,12 @@ def run_inline(args: argparse.Namespace) -> int:
     else:
         metadata = run_metadata(args)
         trace = local.run(
-            args.task, model=args.model, preset=args.preset, metadata=metadata, images=args.image
+            args.task,
+            model=args.model,
+            preset=args.preset,
+            metadata=metadata,
+            images=args.image,
+            memory=args.memory,
         )
     question = waiting_on(trace)
     if question is not None:

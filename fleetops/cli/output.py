@@ -81,6 +81,7 @@ def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
         "status": trace.status,
         "preset": trace.preset,
         "model": trace.model,
+        "memory": trace.memory,
         "task": trace.task,
         "answer": trace.answer,
         "output": trace.output,
@@ -112,6 +113,16 @@ def list_object(trace: Trace) -> dict[str, Any]:
     }
 
 
+def _given(trace: Trace, indent: str) -> list[str]:
+    """What the task came with: its images, the tree's memory namespaces."""
+    lines = []
+    if images := task_images(trace):  # placeholders: a trace holds references, never bytes
+        lines.append(f"{indent}  with {images}")
+    if trace.memory and not trace.parent_trace_id:  # children inherit it: said once
+        lines.append(f"{indent}  memory: {', '.join(trace.memory)}")
+    return lines
+
+
 def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
     """A readable tree: one line per trace, its answer or error beneath."""
     stats = trace.stats
@@ -122,8 +133,7 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
     if stats.cached_tokens:  # part of the tokens above, read from the provider's cache
         line += f" ({stats.cached_tokens} cached)"
     lines = [line, f"{indent}  {timing(trace)}", f"{indent}  task: {_one_line(trace.task)}"]
-    if images := task_images(trace):  # placeholders: a trace holds references, never bytes
-        lines.append(f"{indent}  with {images}")
+    lines += _given(trace, indent)
     if reason := trace.metadata.get("stop_reason"):
         lines[0] += f"  (stop_reason: {reason})"
     if not trace.parent_trace_id and (state := budget_state(store, trace.trace_id)):

@@ -95,6 +95,7 @@ def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
         budget=budget_of(args),
         max_concurrent=args.max_concurrent,
         images=args.image,
+        memory=args.memory,
     )
     print(f"submitted {handle.trace_id}", file=sys.stderr, flush=True)
     return handle

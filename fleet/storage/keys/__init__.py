@@ -49,6 +49,10 @@ from fleet.storage.keys.limits import searches as searches
 from fleet.storage.keys.limits import tree as tree
 from fleet.storage.keys.limits import window_pending as window_pending
 from fleet.storage.keys.limits import window_running as window_running
+from fleet.storage.keys.memory import MEMORY_NAMESPACES as MEMORY_NAMESPACES
+from fleet.storage.keys.memory import memory_entries as memory_entries
+from fleet.storage.keys.memory import memory_history as memory_history
+from fleet.storage.keys.memory import memory_proposals as memory_proposals
 
 TRACE_TTL_S = 7 * 24 * 3600
 """How long a trace and everything under it stays readable after its last change; once its
