@@ -170,10 +170,10 @@ def recorded(trace: Trace, message: Message) -> Trace:
     return trace.model_copy(update=update)
 
 
-def note(runtime: Runtime, trace: Trace, *, final: bool) -> Message | None:
+def note(runtime: Runtime, trace: Trace, messages: list[Message], *, final: bool) -> Message | None:
     """What this turn adds before the call: the budget's last word, or an injection."""
     if not final:
-        return injection(runtime, trace)
+        return injection(runtime, trace, messages)
     note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
     note.metadata["injected"] = True
     return note
@@ -246,7 +246,7 @@ def ask_model(
     # A parked turn wrote its note when it first parked: not twice.
     if (
         route in ("live", "fresh")
-        and (extra := note(runtime, trace, final=verdict.budget.final)) is not None
+        and (extra := note(runtime, trace, messages, final=verdict.budget.final)) is not None
     ):
         if held.pending is not None:  # the first messages go first
             runtime.store.apply(held.pending)
