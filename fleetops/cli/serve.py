@@ -34,7 +34,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from fleet.client import Fleet
     from fleetops.discovery import fleet_settings
     from fleetops.local import check_port_free
-    from fleetops.serve import api_approvals, api_experiences
+    from fleetops.serve import api_approvals, api_experiences, api_messages
     from fleetops.serve.app import ServeConfig, serve_forever
 
     settings = fleet_settings()
@@ -42,7 +42,11 @@ def run_serve(args: argparse.Namespace) -> int:
     fleet = Fleet.from_env(settings)
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
     check_port_free(args.port, "fleet serve", host=host)
-    acting = (partial(api_experiences.routes, fleet), partial(api_approvals.routes, fleet))
+    acting = (
+        partial(api_experiences.routes, fleet),
+        partial(api_approvals.routes, fleet),
+        partial(api_messages.routes, fleet),
+    )
     config = ServeConfig(store=fleet.store, actions=fleet, token=token, routes=acting)
     serve_forever(
         config, args.address, args.port, lambda url: print(f"fleet serve: {url}", flush=True)
