@@ -25,6 +25,7 @@ from fleet.llm.caching import cache_key
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
 from fleet.loop.batched import park_turn, taken
 from fleet.loop.context import injection
+from fleet.loop.cut import CallCut, call_watch, cuttable, estimated
 from fleet.loop.images import prepared
 from fleet.loop.steps import Step
 from fleet.loop.toolcalls import tool_schemas
@@ -207,14 +208,23 @@ def call_model(
     except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
         gate.after(go, None, None)
         raise
+    client, temperature = runtime.client(model_name), runtime.preset(trace.preset).temperature
     try:
-        response = runtime.client(model_name).complete(
-            wire,
-            tools,
-            temperature=runtime.preset(trace.preset).temperature,
-            max_output_tokens=go.max_output_tokens,
-            cache_key=cache_key(trace.root_trace_id, trace.preset),
-        )
+        with call_watch(runtime, trace.trace_id) as watch:  # a stop or interrupt cuts it
+            response = cuttable(
+                watch,
+                lambda: client.complete(
+                    wire,
+                    tools,
+                    temperature=temperature,
+                    max_output_tokens=go.max_output_tokens,
+                    cache_key=cache_key(trace.root_trace_id, trace.preset),
+                ),
+            )
+    except CallCut as exc:  # settled with its estimate, once: nothing of it is written
+        hooks.model_failed(trace, exc)
+        gate.after(go, estimated(go), None)
+        raise
     except ProviderOverloaded as exc:
         hooks.model_failed(trace, exc)
         return _overloaded(runtime, trace, go, exc)

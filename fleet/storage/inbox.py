@@ -39,6 +39,10 @@ class Inbox(Protocol):
         """At most `limit` entries after `cursor` (None: from the start), oldest first."""
         ...
 
+    def newest(self, trace_id: str) -> str | None:
+        """The newest entry's id, if any."""
+        ...
+
     def count(self, trace_id: str) -> int:
         """How many messages the trace ever received."""
         ...

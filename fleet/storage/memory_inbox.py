@@ -59,6 +59,12 @@ class MemoryInbox:
             entries = list(self._entries.get(trace_id, ()))
         return [e for e in entries if entry_key(e.entry_id) > start][:limit]
 
+    def newest(self, trace_id: str) -> str | None:
+        """See `Inbox.newest`."""
+        with self._lock:
+            entries = self._entries.get(trace_id)
+            return entries[-1].entry_id if entries else None
+
     def count(self, trace_id: str) -> int:
         """See `Inbox.count`."""
         with self._lock:

@@ -83,6 +83,11 @@ class RedisInbox:
             for i, fields in cast(list[tuple[str, dict[str, str]]], raw)
         ]
 
+    def newest(self, trace_id: str) -> str | None:
+        """See `Inbox.newest`."""
+        raw = cast(list[Any], self._client.xrevrange(keys.inbox(trace_id), "+", "-", count=1))
+        return str(raw[0][0]) if raw else None
+
     def count(self, trace_id: str) -> int:
         """See `Inbox.count`."""
-        return int(cast(int, self._client.xlen(keys.inbox(trace_id))))
+        return int(self._client.xlen(keys.inbox(trace_id)))
