@@ -168,3 +168,54 @@ def test_a_message_to_the_ended_tree_is_refused(setup: Setup) -> None:
     assert refused.returncode != 0
     assert "has ended" in refused.stderr and "--continue" in refused.stderr
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+
+
+KILL_DB = 9
+
+
+def test_a_worker_killed_after_the_block_was_sent_delivers_the_message_once(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The worker dies while branch 3's request carrying `## Messages` is in flight (the
+    block is written, the turn is not); another worker recovers the branch: the block is not
+    announced again, `check_messages` gives the message once."""
+    url = database_url(redis_url, KILL_DB)
+    outside = tmp_path_factory.mktemp("operator")
+    workspace = tmp_path_factory.mktemp("workspace")
+    with contextlib.ExitStack() as stack:
+        provider = SlowProvider()
+        stack.callback(provider.stop)
+        config = outside / "fleet.yaml"
+        local = {"kind": "openai", "base_url": f"{provider.url}/v1"}
+        models = {"wire": {"provider": "local", "name": "fake-model"}}
+        config.write_text(yaml.safe_dump({"providers": {"local": local}, "models": models}))
+        env = {
+            "FLEET_CONFIG": str(config),
+            "FLEET_WORKSPACE": str(workspace),
+            "FLEET_WORKSPACE_ROOTS": str(workspace),
+        }
+        first = stack.enter_context(start_worker(url, concurrency=8, env_extra=env))
+        wait_for_workers(url, [first.name], timeout_s=60)
+        fleet = client(fleet_settings(url, workspace, **env))
+        handle = fleet.submit("Explore the options", model="wire")
+        wait_until(lambda: len(provider.requests_of("branch 3")) == 1, 30, "branch 3's call")
+        three = branch(fleet, handle.trace_id, "explore-003")
+        fleet.send(three.trace_id, NOTE, sender="lead")
+
+        def block_sent() -> bool:
+            return any(
+                "## Messages" in u for r in provider.requests_of("branch 3") for u in users(r)
+            )
+
+        wait_until(block_sent, 30, "branch 3's request with the block")
+        first.kill()
+        second = stack.enter_context(start_worker(url, concurrency=8, env_extra=env))
+        wait_for_workers(url, [second.name], timeout_s=60)
+        wait_until(lambda: fleet.trace(three.trace_id).is_terminal, TIMEOUT_S, "branch 3's end")
+        done = fleet.trace(three.trace_id)
+        assert done.status == "completed", done.error
+        stored = fleet.store.messages(three.trace_id)
+        assert sum("## Messages" in str(m.content) for m in stored) == 1, "announced once"
+        results = [m for m in stored if m.role == "tool" and m.name == CHECK_MESSAGES]
+        assert sum(json.dumps(NOTE) in str(m.content) for m in results) == 1, "read once"
+        assert NOTE in (done.answer or "")
