@@ -31,7 +31,13 @@ class SlowModel:
         self.lock = threading.Lock()
 
     def complete(
-        self, request: list[dict[str, Any]], tools: list[dict[str, Any]], **options: Any
+        self,
+        request: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        *,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+        cache_key: str | None = None,
     ) -> LLMResponse:
         """An LLMClient whose calls may overlap (a cut one sleeps on in its thread)."""
         with self.lock:
