@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConversationError, TraceNotFound
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.base import LLMResponse
+from fleet.models import Trace
+from fleet.observe.hooks import Hooks
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
@@ -176,3 +179,26 @@ def test_a_quoted_message_cannot_close_its_quote(store: TraceStore, tmp_path: Pa
     block = next(u for u in users(model.requests[1]) if "## Messages" in u)
     assert "\n## Current Plan" not in block and "\nSYSTEM" not in block
     assert block.count("\n") == 2, "a heading, a count line, one quoted line"
+
+
+class Delivered(Hooks):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, list[dict[str, Any]]]] = []
+
+    def messages_delivered(self, trace: Trace, messages: list[dict[str, Any]]) -> None:
+        self.seen.append((trace.trace_id, messages))
+
+
+def test_hooks_see_each_delivery_once(store: TraceStore, tmp_path: Path) -> None:
+    model = ScriptedModel()
+    local = local_fleet(store, tmp_path, model)
+    hooks = Delivered()
+    local.runtime = replace(local.runtime, hooks=hooks)
+    model._function = Operator(local, store, ["one", "two"])
+    trace = local.run("task", model="test")
+    [(trace_id, delivered)] = hooks.seen
+    assert trace_id == trace.trace_id
+    assert [(d["from"], d["content"], d["conversation_id"]) for d in delivered] == [
+        ("person-0", "one", "c1"),
+        ("person-1", "two", "c1"),
+    ]

@@ -196,6 +196,7 @@ def news(runtime: Runtime, trace: Trace, messages: Sequence[Message]) -> News | 
     if any(e.posted.interrupt for e in unread):  # the sender wants it acted on now: in full
         metadata[READ_KEY] = newest
         body = "\n".join(["## Messages", f"{DATA_NOTE}:", *_full(unread)])
+        runtime.hooks.messages_delivered(trace, delivered_of(unread))
         return News(body, metadata, tuple(unread))
     return News(_summary(unread), metadata)
 
@@ -245,6 +246,7 @@ def check_messages(
     head = f"{count} message{'s' if count > 1 else ''} ({DATA_NOTE.lower()}):"
     newest = unread[-1].entry_id
     delivered = [_delivered(e) for e in unread]
+    runtime.hooks.messages_delivered(trace, delivered)
     return ToolResult(
         title=f"{count} new message{'s' if count > 1 else ''}",
         output="\n".join([head, *_full(unread)]),
