@@ -207,12 +207,12 @@ def _summary(unread: Sequence[InboxEntry]) -> str:
     senders = list(dict.fromkeys(e.posted.sender for e in unread))
     newest = unread[-1].posted
     first_line = " ".join(newest.content.strip().splitlines()[0].split())[:LINE_CHARS]
-    noun = "new message" if count == 1 else "new messages"
+    noun, pronoun = ("new message", "it") if count == 1 else ("new messages", "them")
     quoted = ", ".join(json.dumps(s, ensure_ascii=False) for s in senders)
     return "\n".join(
         [
             "## Messages",
-            f"{count} {noun} from {quoted} (use check_messages to read them).",
+            f"{count} {noun} from {quoted} (use check_messages to read {pronoun}).",
             f"Newest, {DATA_NOTE.lower()}: {json.dumps(first_line, ensure_ascii=False)}",
         ]
     )
