@@ -19,6 +19,8 @@ from fleet.models import Trace
 from fleet.observe.hooks import Hooks
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.storage.inbox_types import Posted, Refused
+from fleet.storage.memory_store import MemoryStore
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, calls, text
 
@@ -202,3 +204,20 @@ def test_hooks_see_each_delivery_once(store: TraceStore, tmp_path: Path) -> None
         ("person-0", "one", "c1"),
         ("person-1", "two", "c1"),
     ]
+
+
+def test_the_redis_inbox_refuses_an_ended_or_missing_trace_in_its_own_step(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    """`send` checks first; on Redis the post script checks again, with the append."""
+    if isinstance(store, MemoryStore):
+        pytest.skip("the memory twin leaves the trace's status to `send`")
+    local = local_fleet(store, tmp_path, ScriptedModel(["done"]))
+    trace = local.run("task", model="test")
+    posted = Posted(sender="x", content="late")
+    box = messages.inbox(local.runtime)
+    for trace_id, why in ((trace.trace_id, "ended"), (trace.trace_id + "@x-1", "missing")):
+        with pytest.raises(Refused) as refused:
+            box.post(trace_id, posted, messages.LIMITS, sender_trace_id=None)
+        assert refused.value.why == why
+    assert box.count(trace.trace_id) == 0 and box.newest(trace.trace_id) is None
