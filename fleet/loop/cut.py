@@ -35,7 +35,7 @@ from fleet.storage.store import StopsAndWaits
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-POLL_S = 0.05
+POLL_S = 0.1
 """How often the watcher looks at the stop flags and inboxes of the calls in flight."""
 CutReason = Literal["stop", "interrupt"]
 
