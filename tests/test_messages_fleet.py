@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 
 MESSAGES_DB = 13
 CALL_S = 3.0
+SOLO_S = 20.0
 TIMEOUT_S = 90.0
 NOTE = "branch B is a dead end: look at C"
 
@@ -49,6 +50,10 @@ def decide(messages: list[dict[str, Any]]) -> LLMResponse:
             return call("agent", task=[f"branch {i}" for i in range(1, 6)])
         return text("root done")
     last = messages[-1]
+    if task.startswith("Solo") and "## Messages" in str(last["content"]):
+        return text(f"heard: {last['content']}")
+    if task.startswith("Solo"):
+        return text("the slow answer")
     if last["role"] == "user" and "## Messages" in str(last["content"]):
         return call(CHECK_MESSAGES)
     if not tools:
@@ -70,8 +75,17 @@ class SlowProvider(RateLimitedProvider):
             self.seen.append((time.monotonic(), messages))
         response = decide(messages)
         task = str(next(m for m in messages if m["role"] == "user")["content"])
-        time.sleep(0.2 if task.startswith("Explore") else CALL_S)
+        time.sleep(self.latency_of(task, messages))
         return 200, _completion(response, 10, 5), {}
+
+    @staticmethod
+    def latency_of(task: str, messages: list[dict[str, Any]]) -> float:
+        """A root's call 0.2 s, a branch's CALL_S, a solo root's first call SOLO_S."""
+        if task.startswith("Explore"):
+            return 0.2
+        if task.startswith("Solo"):
+            return 0.2 if "## Messages" in str(messages[-1]["content"]) else SOLO_S
+        return CALL_S
 
     def requests_of(self, task: str) -> list[list[dict[str, Any]]]:
         with self._lock:
@@ -152,6 +166,23 @@ def test_a_message_to_branch_three_reaches_it_and_no_other(setup: Setup) -> None
     stored = fleet.store.messages(three.trace_id)
     assert sum(ANNOUNCED_KEY in m.metadata for m in stored) == 1
     assert sum(READ_KEY in m.metadata for m in stored) == 1
+
+
+def test_an_interrupt_cuts_a_20_s_call_and_the_next_request_leaves_within_a_second(
+    setup: Setup,
+) -> None:
+    fleet, provider = setup.fleet, setup.provider
+    handle = fleet.submit("Solo task", model="wire")
+    wait_until(lambda: len(provider.requests_of("Solo task")) == 1, 30, "the first call")
+    sent_at = time.monotonic()
+    fleet.send(handle.trace_id, "use plan C", sender="lead", interrupt=True)
+    wait_until(lambda: len(provider.requests_of("Solo task")) == 2, 10, "the next call")
+    with provider._lock:
+        left_at = [at for at, m in provider.seen if _task(m) == "Solo task"][1]
+    assert left_at - sent_at < 1.0, f"the next request left {left_at - sent_at:.2f} s later"
+    done = handle.wait(timeout_s=TIMEOUT_S)
+    assert done.status == "completed" and '"use plan C"' in (done.answer or "")
+    assert [m.role for m in fleet.store.messages(handle.trace_id)].count("assistant") == 1
 
 
 def test_a_message_to_the_ended_tree_is_refused(setup: Setup) -> None:
