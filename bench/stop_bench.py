@@ -7,7 +7,7 @@ Starts its own redis-server, the local OpenAI-wire server (`bench.openai_server`
 call `--latency-ms` long) and one worker (threads), then for each of `--instants` trees:
 submits a root that explores `--branches` branches (the root's call, then each branch's two,
 then the root's answer: all of them slow), stops it at a random instant within the tree's
-life, and measures from `Fleet.stop` returning to every trace of the tree being terminal.
+life, and measures from calling `Fleet.stop` to every trace of the tree being terminal.
 It checks that no child was created after the stop landed. With `--inline` the trees run
 in this process instead (`InProcessFleet` on the same Redis, the stop from another thread
 through `lifecycle.stop_subtree`, as `fleet stop` from another terminal does).
@@ -78,8 +78,8 @@ def one_instant(
     root = start()
     time.sleep(after_s)
     stopped_at_ms = now_ms()
+    began = time.monotonic()  # `fleet stop` itself included
     stop(root)
-    began = time.monotonic()
     while not all_ended(fleet.store, root):
         if time.monotonic() - began > 120:
             raise RuntimeError(f"tree {root!r} did not end within 120 s of the stop")
@@ -89,47 +89,46 @@ def one_instant(
     return took_s, count, late_children(fleet.store, root, stopped_at_ms)
 
 
+def starters(
+    args: argparse.Namespace, stack: ExitStack, env: dict[str, str], server_url: str
+) -> tuple[Fleet, Callable[[], str], Callable[[str], object]]:
+    """The client, how a tree starts and how it is stopped: on a worker, or in process."""
+    fleet = Fleet.from_env(Settings.from_env(env))
+    task = f"survey the workspace in {args.branches} branches"
+    model = f"{HTTP_PROVIDER}:lat{args.latency_ms}"
+    if not args.inline:
+        app.conf.broker_url = app.conf.result_backend = server_url
+        stack.enter_context(workers(env, "threads", 16, 1))
+        return fleet, lambda: fleet.submit(task, model=model).trace_id, fleet.stop
+    local = InProcessFleet.from_settings(Settings.from_env(env), redis=True)
+
+    def start() -> str:
+        before = {t.trace_id for t in fleet.store.list_traces(1000)}
+        threading.Thread(target=local.run, args=(task,), kwargs={"model": model}).start()
+        while True:
+            new = [t for t in fleet.store.list_traces(1000) if t.trace_id not in before]
+            roots = [t for t in new if t.parent_trace_id is None]
+            if roots:
+                return roots[0].trace_id
+            time.sleep(POLL_S)
+
+    return fleet, start, lambda root: stop_subtree(local.runtime, root)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rng = random.Random(args.seed)
     life_s = 4 * args.latency_ms / 1000  # root call, two per branch, the root's answer
-    task = f"survey the workspace in {args.branches} branches"
-    model = f"{HTTP_PROVIDER}:lat{args.latency_ms}"
     mode = "inline" if args.inline else "worker (threads -c 16)"
     print(f"# {machine()}\n# {mode}, calls of {args.latency_ms} ms, {args.branches} branches")
     print(f"# load average before: {load()}", flush=True)
+    results = []
     with ExitStack() as stack:
         server = stack.enter_context(start_redis_server())
         base_url = stack.enter_context(openai_server())
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
         env = environment(server.url, tmp, base_url)
-        fleet = Fleet.from_env(Settings.from_env(env))
-        if args.inline:
-            local = InProcessFleet.from_settings(Settings.from_env(env), redis=True)
-
-            def start() -> str:
-                before = {t.trace_id for t in fleet.store.list_traces(1000)}
-                threading.Thread(target=local.run, args=(task,), kwargs={"model": model}).start()
-                while True:
-                    new = [t for t in fleet.store.list_traces(1000) if t.trace_id not in before]
-                    roots = [t for t in new if t.parent_trace_id is None]
-                    if roots:
-                        return roots[0].trace_id
-                    time.sleep(POLL_S)
-
-            def stop(root: str) -> None:
-                stop_subtree(local.runtime, root)
-        else:
-            app.conf.broker_url = app.conf.result_backend = server.url
-            stack.enter_context(workers(env, "threads", 16, 1))
-
-            def start() -> str:
-                return fleet.submit(task, model=model).trace_id
-
-            def stop(root: str) -> None:
-                fleet.stop(root)
-
-        results = []
+        fleet, start, stop = starters(args, stack, env, server.url)
         for i in range(args.instants):
             after_s = rng.uniform(0.2, life_s)
             took_s, count, late = one_instant(fleet, start, stop, after_s)
@@ -139,6 +138,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"{took_s:.3f} s; children created after the stop: {late}",
                 flush=True,
             )
+    report(results)
+
+
+def report(results: list[tuple[float, int]]) -> None:
+    """p50 and max of stop -> every trace terminal, against the target."""
     times = [t for t, _ in results]
     worst = max(times)
     print(
