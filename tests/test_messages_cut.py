@@ -16,6 +16,7 @@ from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
 from fleet.testing import call, text
+from fleet.tools.base import ToolContext, ToolResult
 from tests.fleetkit import wait_until
 
 SLOW_S = 20.0
@@ -112,3 +113,32 @@ def test_a_plain_message_does_not_cut_the_call(store: TraceStore, tmp_path: Path
     runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"test": fn})
     trace = InProcessFleet(runtime).run("task", model="test")
     assert trace.status == "completed" and len(fn.sent_at) == 1
+
+
+def test_a_stop_cuts_a_tool_in_flight_and_the_trace_ends_stopped(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    started = threading.Event()
+
+    def slow_tool(ctx: ToolContext) -> ToolResult:
+        """Take a long time."""
+        started.set()
+        time.sleep(SLOW_S)
+        return ToolResult("slow", "done")
+
+    fn = SlowModel(call("slow_tool"), quick=frozenset({1, 2}))
+    settings = Settings(workspace=tmp_path, env={})
+    runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"test": fn})
+    runtime.tools.register(slow_tool, read_only=True)
+    done: dict[str, Trace] = {}
+    threading.Thread(
+        target=lambda: done.update(trace=InProcessFleet(runtime).run("task", model="test")),
+        daemon=True,
+    ).start()
+    assert started.wait(10)
+    trace_id = store.list_traces()[0].trace_id
+    stopped_at = time.monotonic()
+    stop_subtree(runtime, trace_id)
+    wait_until(lambda: "trace" in done, 5, "the run's end")
+    assert time.monotonic() - stopped_at < 1.5
+    assert done["trace"].status == "stopped" and len(fn.sent_at) == 1

@@ -56,6 +56,8 @@ class Watch:
     trace_id: str
     seen: str | None
     """The inbox's newest entry when the call left: only later messages interrupt."""
+    interrupts: bool = True
+    """An interrupting message cuts it too (a model call; a tool is cut by a stop only)."""
     wake: threading.Event = field(default_factory=threading.Event)
     reason: CutReason | None = None
 
@@ -74,9 +76,10 @@ class CallWatcher:
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def watching(self, trace_id: str) -> Iterator[Watch]:
-        """Watch the trace while the block runs its model call."""
-        watch = Watch(trace_id, self._inbox.newest(trace_id))
+    def watching(self, trace_id: str, *, interrupts: bool = True) -> Iterator[Watch]:
+        """Watch the trace while the block runs its model call (or tool)."""
+        seen = self._inbox.newest(trace_id) if interrupts else None
+        watch = Watch(trace_id, seen, interrupts)
         with self._lock:
             self._by_id[id(watch)] = watch
             if self._thread is None:
@@ -105,13 +108,16 @@ class CallWatcher:
         try:
             if self._stops.stop_requested(watch.trace_id):
                 watch.reason = "stop"
-            elif any(e.posted.interrupt for e in self._inbox.after(watch.trace_id, watch.seen, 20)):
+            elif watch.interrupts and self._interrupted(watch):
                 watch.reason = "interrupt"
         except Exception:  # a store away: the call ends as it would have without the watcher
             log.debug("call watch of %r could not read the store", watch.trace_id, exc_info=True)
             return
         if watch.reason is not None:
             watch.wake.set()
+
+    def _interrupted(self, watch: Watch) -> bool:
+        return any(e.posted.interrupt for e in self._inbox.after(watch.trace_id, watch.seen, 20))
 
 
 _WATCHERS: WeakKeyDictionary[object, CallWatcher] = WeakKeyDictionary()
@@ -153,11 +159,23 @@ def cuttable(watch: Watch, call: Callable[[], T]) -> T:
     return box["value"]  # type: ignore[return-value]
 
 
-def call_watch(runtime: Runtime, trace_id: str) -> AbstractContextManager[Watch]:
+def call_watch(
+    runtime: Runtime, trace_id: str, *, interrupts: bool = True
+) -> AbstractContextManager[Watch]:
     """Watch `trace_id` on the runtime's process-wide watcher while a call is in flight."""
     store = runtime.store
     anchor = runtime.leases if runtime.leases is not None else store
-    return watcher(anchor, store, store.capability(INBOX)).watching(trace_id)
+    return watcher(anchor, store, store.capability(INBOX)).watching(trace_id, interrupts=interrupts)
+
+
+def stoppable(runtime: Runtime, trace_id: str, call: Callable[[], T]) -> T:
+    """A tool's `call()`, cut by a stop (`CallCut("stop")`); a message waits for the model.
+
+    The cut tool runs on in its thread to its own time limit (`tool_timeout_s`, bash's
+    timeout): the run does not wait for it, and nothing of it is written.
+    """
+    with call_watch(runtime, trace_id, interrupts=False) as watch:
+        return cuttable(watch, call)
 
 
 def estimated(go: Go) -> LLMResponse:

@@ -95,6 +95,8 @@ class FencedRun:
             return self._retry_later(trace.trace_id, exc)
         except HookBlocked as exc:  # an operator's hook refused the model call
             return self.finish(trace.trace_id, "stopped", error=exc.reason, reason="hook")
+        except CallCut:  # a stop cut a tool in flight (`fleet.loop.cut`): its turn stays open
+            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
         except FleetError as exc:
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         finally:

@@ -13,22 +13,15 @@ from fleet.children import settling
 from fleet.children.cache import delegate_preset
 from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.conversation import approval
+from fleet.conversation import messages as inbox
 from fleet.conversation.between import SEND_MESSAGE, SEND_MESSAGE_SCHEMA, may_send, send_message
 from fleet.conversation.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
-from fleet.conversation.messages import (
-    CHECK_MESSAGES,
-    CHECK_MESSAGES_SCHEMA,
-    READ_KEY,
-    check_messages,
-)
-from fleet.conversation.messages import (
-    offered as messages_offered,
-)
 from fleet.errors import HookBlocked, ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
+from fleet.loop.cut import stoppable
 from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
@@ -93,8 +86,8 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
         schemas += [s for s in offered if preset.allows(s["function"]["name"])]
     if may_ask(preset, trace):
         schemas.append(ASK_HUMAN_SCHEMA)
-    if messages_offered(runtime, trace):
-        schemas.append(CHECK_MESSAGES_SCHEMA)
+    if inbox.offered(runtime, trace):
+        schemas.append(inbox.CHECK_MESSAGES_SCHEMA)
     if may_send(runtime, trace):
         schemas.append(SEND_MESSAGE_SCHEMA)
     return schemas
@@ -163,9 +156,9 @@ def _one_call(
     except HookBlocked as exc:
         text = f"blocked by the operator's policy: {exc.reason}"
         return ToolResult(title=f"{call.name} blocked", output=text, is_error=True)
-    if call.name == CHECK_MESSAGES:
+    if call.name == inbox.CHECK_MESSAGES:
         pending = [op.message for op in results.ops if isinstance(op, Append)]
-        return check_messages(runtime, trace, runtime.store.messages(trace.trace_id), pending)
+        return inbox.check_messages(runtime, trace, runtime.store.messages(trace.trace_id), pending)
     if call.name == SEND_MESSAGE:
         return send_message(runtime, trace, _persisted(runtime, call))
     if call.name == ASK_HUMAN:
@@ -353,7 +346,10 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
     if call.name.startswith(MCP_PREFIX):
         runtime.sync_mcp_tools()  # a resumed trace may call one before this process listed
-    return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
+    allowed = runtime.permissions(trace)  # a stop cuts the tool (`fleet.loop.cut`)
+    return stoppable(
+        runtime, trace.trace_id, lambda: runtime.tools.execute(call.name, arguments, ctx, allowed)
+    )
 
 
 def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
@@ -392,4 +388,4 @@ def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: 
 
 def _carried(result: ToolResult) -> dict[str, Any]:
     """What a result's metadata keeps on its message: `check_messages`' read cursor."""
-    return {k: result.metadata[k] for k in (READ_KEY, "delivered") if k in result.metadata}
+    return {k: result.metadata[k] for k in (inbox.READ_KEY, "delivered") if k in result.metadata}
