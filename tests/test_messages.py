@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -221,3 +222,40 @@ def test_the_redis_inbox_refuses_an_ended_or_missing_trace_in_its_own_step(
             box.post(trace_id, posted, messages.LIMITS, sender_trace_id=None)
         assert refused.value.why == why
     assert box.count(trace.trace_id) == 0 and box.newest(trace.trace_id) is None
+
+
+def test_a_trace_waiting_on_a_person_keeps_the_message_until_it_runs_again(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    def asker(request: Request, tools: list[dict[str, Any]]) -> LLMResponse:
+        if not any(m["role"] == "tool" for m in request):
+            return call("ask_human", question="Which colour?")
+        return text("painted")
+
+    model = ScriptedModel(function=asker)
+    local = local_fleet(store, tmp_path, model)
+    waiting = local.run("paint", model="test")
+    assert waiting.status == "waiting"
+    send(local.runtime, waiting.trace_id, "blue, not green", sender="lead")
+    assert len(model.requests) == 1, "no run for a message: it waits"
+    done = local.reply(waiting.trace_id, "green")
+    assert done.status == "completed"
+    [block] = [u for u in users(model.requests[1]) if "## Messages" in u]
+    assert '"blue, not green"' in block
+
+
+class Unreachable:
+    """A store whose every read fails, as a Redis away does."""
+
+    def stop_requested(self, trace_id: str) -> bool:
+        raise ConnectionError("away")
+
+
+def test_a_watcher_that_cannot_read_the_store_cuts_nothing() -> None:
+    from fleet.loop.cut import CallWatcher, cuttable
+    from fleet.storage.memory_inbox import MemoryInbox
+
+    watcher = CallWatcher(Unreachable(), MemoryInbox())  # type: ignore[arg-type]
+    with watcher.watching("20261126T021500-3f9a2c") as watch:
+        assert cuttable(watch, lambda: (time.sleep(0.3), "answered")[1]) == "answered"
+    assert watch.reason is None
