@@ -255,7 +255,11 @@ def test_a_watcher_that_cannot_read_the_store_cuts_nothing() -> None:
     from fleet.loop.cut import CallWatcher, cuttable
     from fleet.storage.memory_inbox import MemoryInbox
 
+    def slow() -> str:
+        time.sleep(0.3)  # three looks of the watcher, each failing
+        return "answered"
+
     watcher = CallWatcher(Unreachable(), MemoryInbox())  # type: ignore[arg-type]
     with watcher.watching("20261126T021500-3f9a2c") as watch:
-        assert cuttable(watch, lambda: (time.sleep(0.3), "answered")[1]) == "answered"
+        assert cuttable(watch, slow) == "answered"
     assert watch.reason is None
