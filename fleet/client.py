@@ -13,7 +13,7 @@ from fleet import lifecycle
 from fleet.backends import Backend, RunsNoAgents
 from fleet.backends import load_backend as load_backend
 from fleet.control import subtree
-from fleet.conversation import approval, human
+from fleet.conversation import approval, human, messages
 from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
@@ -256,6 +256,10 @@ class Fleet:
         trace = human.reply(self.runtime, trace_id, answer)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
+
+    def send(self, trace_id: str, text: str, **options: Any) -> str:
+        """Message a running trace (`fleet.conversation.messages.send`); the entry id."""
+        return messages.send(self.runtime, trace_id, text, **options).entry_id
 
     def approve(self, trace_id: str, approval_id: str | None = None) -> Handle:
         """Approve the tool call a trace waits on; a worker runs it, then the trace goes on.

@@ -1,7 +1,7 @@
 """The fleet as an MCP server: an MCP client (Claude Code, an IDE) fans work out over it.
 
 `fleet mcp` serves these tools over stdio (or streamable HTTP with `--http PORT`):
-`submit`, `explore`, `delegate`, `trace`, `wait`, `stop`, `reply`. Each goes through
+`submit`, `explore`, `delegate`, `trace`, `wait`, `stop`, `reply`, `send`. Each goes through
 `fleet.client.Fleet`, so budgets, limits, presets and workspace roots apply exactly as
 for `fleet run`. `explore` submits one tree (`Fleet.explore_tree`: a root whose branches
 are the tasks), reports progress as each branch ends, and returns the root's trace id
@@ -36,7 +36,8 @@ INSTRUCTIONS = (
     "Run LLM sub-agents on a Celery fleet. `explore` runs one read-only agent per task in "
     "parallel and returns every result; `delegate` runs one agent that may change the "
     "workspace; `submit` starts a run and returns its trace id for `trace`, `wait`, `stop` "
-    "and `reply` (the answer to an agent waiting on a person)."
+    "and `reply` (the answer to an agent waiting on a person); `send` tells a running agent "
+    "something it reads before its next model call."
 )
 
 
@@ -168,6 +169,22 @@ class FleetTools:
         handle = await _off_loop(self.fleet.reply, trace_id, answer)
         return {"trace_id": handle.trace_id, "status": "running"}
 
+    async def send(
+        self, trace_id: str, text: str, sender: str = "mcp", interrupt: bool = False
+    ) -> dict[str, Any]:
+        """Send a running trace a message; it reads it before its next model call.
+
+        Args:
+            trace_id: The running trace (a root or any agent under it).
+            text: The message.
+            sender: Who it is from, as the agent sees it.
+            interrupt: Cut its model call in flight and start its next turn with it.
+        """
+        entry_id = await _off_loop(
+            self.fleet.send, trace_id, text, sender=sender, interrupt=interrupt
+        )
+        return {"trace_id": trace_id, "entry_id": entry_id}
+
     async def _settled(self, handle: Handle, timeout_s: float) -> dict[str, Any]:
         await _off_loop(self._follow, handle.trace_id, timeout_s)
         return await _off_loop(self._view, handle.trace_id)
@@ -266,6 +283,7 @@ TOOLS: dict[str, ToolAnnotations | None] = {
     "wait": _READS,
     "stop": ToolAnnotations(read_only_hint=False, destructive_hint=True),
     "reply": None,
+    "send": None,
 }
 
 

@@ -26,7 +26,7 @@ from fleet.limits.trees import Priority
 from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Mode, Trace
 from fleet.runtime import Runtime
-from fleetops.serve import api_approvals, api_experiences, api_memory
+from fleetops.serve import api_approvals, api_experiences, api_memory, api_messages
 from fleetops.serve.app import SERVER_LIMITS, ServeConfig, make_app
 from tests.fleetkit import wait_until
 
@@ -63,6 +63,7 @@ def page_config(actions: LocalActions, **options: Any) -> ServeConfig:
         partial(api_experiences.routes, fleet),
         partial(api_approvals.routes, fleet),
         partial(api_memory.routes, fleet),
+        partial(api_messages.routes, fleet),
     )
     return ServeConfig(store=actions.store, actions=actions, routes=acting, **options)
 

@@ -135,3 +135,22 @@ def test_closing_a_cluster_store_closes_every_node_s_sockets(masters: list[str])
 
     left = [c for pool in pools for c in pool._connections if c._sock is not None]
     assert left == [], "sockets left for the garbage collector (a ResourceWarning later)"
+
+
+def test_a_message_between_branches_is_one_script_in_the_tree_s_slot(store: RedisStore) -> None:
+    from fleet.conversation.messages import LIMITS
+    from fleet.storage.inbox import INBOX
+    from fleet.storage.inbox_types import Posted, Refused
+
+    one, two = (f"{ROOT}@explore-00{i}-20261127160001-001" for i in (1, 2))
+    for trace_id in (one, two):
+        store.create_trace(Trace(trace_id=trace_id, root_trace_id=ROOT, task="t", mode="explore"))
+    inbox = store.capability(INBOX)
+    posted = Posted(sender="explore-001", content="look at C", sender_trace_id=one)
+    entry_id = inbox.post(two, posted, LIMITS, sender_trace_id=one)
+    assert [e.entry_id for e in inbox.after(two, None, 10)] == [entry_id]
+    assert inbox.newest(two) == entry_id and inbox.count(two) == 1
+    store.update_trace(two, status="completed")
+    with pytest.raises(Refused) as refused:
+        inbox.post(two, posted, LIMITS, sender_trace_id=one)
+    assert refused.value.why == "ended" and inbox.count(two) == 1

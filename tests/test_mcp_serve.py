@@ -106,7 +106,9 @@ def test_the_client_lists_the_fleet_tools(served: Served) -> None:
         return [tool.name for tool in (await client.list_tools()).tools]
 
     names = with_client(served, body)
-    assert set(names) == {"submit", "explore", "delegate", "trace", "wait", "stop", "reply"}
+    assert set(names) == {
+        "submit", "explore", "delegate", "trace", "wait", "stop", "reply", "send"
+    }  # fmt: skip
 
 
 def test_explore_five_tasks_gives_five_results_with_progress(served: Served) -> None:
@@ -217,6 +219,25 @@ def test_reply_answers_a_waiting_trace(served: Served) -> None:
 
     ended = with_client(served, body)
     assert ended["status"] == "completed" and ended["answer"] == "told: the blue one"
+
+
+def test_send_reaches_a_waiting_trace_and_refuses_an_ended_one(served: Served) -> None:
+    async def body(client: ClientSession) -> tuple[dict[str, Any], Any]:
+        trace_id = structured(await client.call_tool("submit", {"task": "Ask me"}))["trace_id"]
+        waiting = structured(await client.call_tool("wait", {"trace_id": trace_id}))
+        assert waiting["status"] == "waiting"
+        sent = structured(
+            await client.call_tool("send", {"trace_id": trace_id, "text": "use the blue one"})
+        )
+        await client.call_tool("reply", {"trace_id": trace_id, "answer": "blue"})
+        await client.call_tool("wait", {"trace_id": trace_id})
+        late = await client.call_tool("send", {"trace_id": trace_id, "text": "too late"})
+        return sent, late
+
+    sent, late = with_client(served, body)
+    assert sent["entry_id"]
+    assert late.is_error and "has ended" in late.content[0].text
+    assert "\n" not in late.content[0].text
 
 
 def test_a_bad_call_is_a_clear_tool_error(served: Served) -> None:

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessDispatcher
+from fleet.llm.base import LLMResponse
 from fleet.loop.runner import Runner
 from fleet.observe import otel
 from fleet.observe.hooks import NO_HOOKS
@@ -201,3 +202,29 @@ def test_a_continued_delegate_runs_under_the_call_that_continued_it(tmp_path: Pa
     assert first_run.parent.span_id == first_call.context.span_id
     assert second_run.parent.span_id == second_call.context.span_id
     assert len({s.context.trace_id for s in spans}) == 1
+
+
+def test_a_delivered_message_is_an_event_on_the_run_span_without_its_text(
+    tmp_path: Path,
+) -> None:
+    from fleet.conversation.messages import CHECK_MESSAGES, send
+
+    holder: dict[str, Runtime] = {}
+
+    def reader(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        done = sum(m["role"] == "tool" for m in messages)
+        if done == 0:
+            trace_id = holder["runtime"].store.list_traces(1)[0].trace_id
+            send(holder["runtime"], trace_id, SECRET_PROMPT, sender="lead")
+            return call("glob", pattern="*")
+        return call(CHECK_MESSAGES) if done == 1 else text("ok")
+
+    runtime, exporter = traced(tmp_path, m=ScriptedModel(function=reader))
+    holder["runtime"] = runtime
+    run(runtime, "task", "m")
+    [agent] = by_name(exporter.get_finished_spans(), "invoke_agent")
+    [event] = [e for e in agent.events if e.name == "fleet.messages.delivered"]
+    assert dict(event.attributes or {}) == {
+        "fleet.messages.count": 1,
+        "fleet.messages.from": ("lead",),
+    }

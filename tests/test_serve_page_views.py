@@ -326,3 +326,36 @@ FETCH_GET = """
 const [url, done] = arguments;
 fetch(url).then(r => r.json()).then(b => done(b.csrf), () => done("refused"));
 """
+
+
+def test_a_message_from_the_page_reaches_the_agent_and_shows_with_its_sender(
+    store: RedisStore, browser: webdriver.Chrome, tmp_path: Path
+) -> None:
+    from fleet.conversation.messages import CHECK_MESSAGES, inbox
+
+    def reader(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        tools_done = [m for m in messages if m["role"] == "tool"]
+        if not tools_done:
+            return call("ask_human", question="Which colour?")
+        if len(tools_done) == 1:
+            return call(CHECK_MESSAGES)
+        return text("read it")
+
+    local = actions_with(store, tmp_path, ScriptedModel(function=reader))
+    asked = local.run("paint the shed", model="m")
+    wait = waiter(browser)
+    with serving(page_config(local)) as url:
+        browser.get(f"{url}/?trace={asked.trace_id}")
+        wait.until(lambda b: b.find_elements(By.ID, "message-input"))
+        browser.find_element(By.ID, "message-input").send_keys(f"use green {HOSTILE}")
+        browser.find_element(By.CSS_SELECTOR, "#message-form button").click()
+        wait_until(lambda: inbox(local.runtime).count(asked.trace_id) == 1, 30, "the message")
+        [entry] = inbox(local.runtime).after(asked.trace_id, None, 10)
+        assert entry.posted.sender == "page" and not entry.posted.interrupt
+        browser.find_element(By.ID, "reply-input").send_keys("green")
+        browser.find_element(By.CSS_SELECTOR, "#reply-form button").click()
+        wait_until(lambda: store.get_trace(asked.trace_id).status == "completed", 30, "the run")
+        wait.until(lambda b: "injected: messages" in text_of(b, "message-list"))
+        wait.until(lambda b: "from page: use green" in text_of(b, "message-list"))
+        assert browser.execute_script("return window.pwned === undefined")
+        assert script_errors(browser) == []

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
+from fleet.conversation.messages import delivered_of, news
 from fleet.experiences.retrieval import render, select
 from fleet.loop.memory_calls import memory_block
 from fleet.loop.structured import VERDICT_SCHEMA, instruction, schema_for
@@ -52,17 +54,27 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     return out
 
 
-def injection(runtime: Runtime, trace: Trace) -> Message | None:
-    """Every N turns, the plan, `## Active Collaborators` and hook lines as a user message."""
+def injection(runtime: Runtime, trace: Trace, messages: Sequence[Message] = ()) -> Message | None:
+    """Every N turns, the plan, `## Active Collaborators` and hook lines as a user message.
+
+    And before any call after a message came to the trace's inbox, `## Messages`
+    (`fleet.conversation.messages`): the message carries the inbox cursors it moves.
+    """
     every = runtime.settings.inject_every_turns
-    if trace.iteration == 0 or every <= 0 or trace.iteration % every:
-        return None
-    blocks = [trace.goals.render(), collaborators_block(runtime, trace.trace_id)]
-    blocks.append("\n".join(runtime.hooks.context_lines(trace)))  # the operator's context hooks
+    blocks: list[str] = []
+    if trace.iteration > 0 and every > 0 and trace.iteration % every == 0:
+        blocks = [trace.goals.render(), collaborators_block(runtime, trace.trace_id)]
+        blocks.append("\n".join(runtime.hooks.context_lines(trace)))  # the operator's hooks
+    inbox = news(runtime, trace, messages)
+    if inbox is not None:
+        blocks.append(inbox.block)
     body = "\n\n".join(b for b in blocks if b)
     if not body:
         return None
-    return Message(trace_id=trace.trace_id, role="user", content=body, metadata={"injected": True})
+    metadata = {"injected": True, **(inbox.metadata if inbox else {})}
+    if inbox is not None and inbox.delivered:
+        metadata["delivered"] = delivered_of(inbox.delivered)
+    return Message(trace_id=trace.trace_id, role="user", content=body, metadata=metadata)
 
 
 def collaborators_block(runtime: Runtime, trace_id: str) -> str:

@@ -15,8 +15,9 @@ from fleet import lifecycle
 from fleet.batchapi.route import CALL_KEY, Parked, consumed, parked_call
 from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
-from fleet.history import fresh_call_ids, main_path, recent_calls
+from fleet.history import SUB_AGENT_TOOLS, fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
+from fleet.loop.cut import CallCut
 from fleet.loop.resume import opening
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
@@ -94,6 +95,8 @@ class FencedRun:
             return self._retry_later(trace.trace_id, exc)
         except HookBlocked as exc:  # an operator's hook refused the model call
             return self.finish(trace.trace_id, "stopped", error=exc.reason, reason="hook")
+        except CallCut:  # a stop cut a tool in flight (`fleet.loop.cut`): its turn stays open
+            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
         except FleetError as exc:
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         finally:
@@ -107,7 +110,7 @@ class FencedRun:
                 snapshot = self.store.snapshot(trace_id)
             if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
-            turn = self._turn(snapshot, held)
+            turn = self._uncut_turn(snapshot, held)
             if not isinstance(turn, Turn):
                 return self._no_turn(snapshot, turn)
             match turn.step:
@@ -127,6 +130,43 @@ class FencedRun:
                     snapshot = after
                 case _:
                     assert_never(turn.step)
+
+    def _uncut_turn(
+        self, snapshot: TraceSnapshot, held: Held
+    ) -> Turn | Wait | Spent | Parked | Outcome | None:
+        """`_turn`, or how a stop ended the trace (`fleet.loop.cut`): nothing cut is written.
+
+        An interrupting message cuts the call and the turn is asked again at once: its
+        injection gives the message in full.
+        """
+        trace_id = snapshot.trace.trace_id
+        while True:
+            try:
+                turn = self._turn(snapshot, held)
+            except CallCut as cut:
+                if cut.reason == "stop":
+                    return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
+                if held.pending is None:  # else nothing was written: the snapshot stands
+                    snapshot = self.store.snapshot(trace_id)
+                continue
+            if isinstance(turn, Turn) and self._stopped_meanwhile(turn):
+                return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
+            return turn
+
+    def _stopped_meanwhile(self, turn: Turn) -> bool:
+        """A stop that landed as the call returned: its answer, or children, are dropped.
+
+        Read only for a turn that would end the trace or start children (no child is
+        created after a stop landed); the cut (`fleet.loop.cut`) covers the call itself.
+        """
+        match turn.step:
+            case Finish():
+                pass
+            case CallTools(calls=calls) if any(c.name in SUB_AGENT_TOOLS for c in calls):
+                pass
+            case _:
+                return False
+        return self.store.stop_requested(turn.trace.trace_id)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -153,12 +193,13 @@ class FencedRun:
                 return self.finish(trace_id, "failed", error=error, reason="error")
 
     def _no_turn(
-        self, snapshot: TraceSnapshot, why: Wait | Spent | Parked | None
+        self, snapshot: TraceSnapshot, why: Wait | Spent | Parked | Outcome | None
     ) -> Outcome | Wait:
         """No model call this time; what happens instead.
 
         Lease lost (None): let go. A limit said "not now": queued again, to come back
-        later. The tree's budget is spent: end with what we have.
+        later. The tree's budget is spent: end with what we have. A stop cut the call:
+        the trace ended so.
         """
         match why:
             case None:
@@ -172,6 +213,8 @@ class FencedRun:
                 return terminal(ended.status)
             case Parked():
                 return "parked"
+            case str():  # a stop cut the call (`_uncut_turn`): the trace ended
+                return why
             case _:
                 assert_never(why)
 

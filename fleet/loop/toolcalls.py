@@ -13,6 +13,8 @@ from fleet.children import settling
 from fleet.children.cache import delegate_preset
 from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.conversation import approval
+from fleet.conversation import messages as inbox
+from fleet.conversation.between import SEND_MESSAGE, SEND_MESSAGE_SCHEMA, may_send, send_message
 from fleet.conversation.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
 from fleet.errors import HookBlocked, ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
@@ -21,12 +23,13 @@ from fleet.lifecycle.recorder import note_tool_failure
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
 from fleet.loop import memory_calls
+from fleet.loop.cut import stoppable
 from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
-from fleet.storage.writes import TraceWrite, WriteResult
+from fleet.storage.writes import Append, TraceWrite, WriteResult
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.imagecheck import stored_ref
 from fleet.tools.registry import ToolRegistry
@@ -87,6 +90,10 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
         schemas += [s for s in offered if preset.allows(s["function"]["name"])]
     if may_ask(preset, trace):
         schemas.append(ASK_HUMAN_SCHEMA)
+    if inbox.offered(runtime, trace):
+        schemas.append(inbox.CHECK_MESSAGES_SCHEMA)
+    if may_send(runtime, trace):
+        schemas.append(SEND_MESSAGE_SCHEMA)
     return schemas
 
 
@@ -112,7 +119,7 @@ def execute_turn(
     results = (turn or TraceWrite(trace.trace_id, trace.root_trace_id)).read_pauses(pauses)
     person: tuple[ToolCall, str | None] | None = None  # a question, or an approval (None)
     for call in calls:
-        outcome = _one_call(runtime, trace, call, first=person is None)
+        outcome = _one_call(runtime, trace, call, results, first=person is None)
         if isinstance(outcome, SpawnRequest):
             spawns.append((call, outcome))
         elif isinstance(outcome, ToolResult):
@@ -144,14 +151,22 @@ class _Person:
 
 
 def _one_call(
-    runtime: Runtime, trace: Trace, call: ToolCall, *, first: bool
+    runtime: Runtime, trace: Trace, call: ToolCall, results: TraceWrite, *, first: bool
 ) -> ToolResult | SpawnRequest | _Person:
-    """One call of the turn: its result, children to dispatch, or a wait on a person."""
+    """One call of the turn: its result, children to dispatch, or a wait on a person.
+
+    `results`: the turn's results so far (a second `check_messages` reads on from them).
+    """
     try:
         runtime.hooks.tool_started(trace, call)
     except HookBlocked as exc:
         text = f"blocked by the operator's policy: {exc.reason}"
         return ToolResult(title=f"{call.name} blocked", output=text, is_error=True)
+    if call.name == inbox.CHECK_MESSAGES:
+        pending = [op.message for op in results.ops if isinstance(op, Append)]
+        return inbox.check_messages(runtime, trace, runtime.store.messages(trace.trace_id), pending)
+    if call.name == SEND_MESSAGE:
+        return send_message(runtime, trace, _persisted(runtime, call))
     if call.name == ASK_HUMAN:
         asked = _question(runtime, trace, _persisted(runtime, call), first=first)
         return _Person(asked) if isinstance(asked, str) else asked
@@ -184,7 +199,7 @@ def plain_only(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> b
     A turn that may write, spawn, plan or ask is stored before its tools run, so that a
     crash leaves its calls to be healed on resume instead.
     """
-    special = SUB_AGENT_TOOLS | {ASK_HUMAN, "goal"}
+    special = SUB_AGENT_TOOLS | {ASK_HUMAN, "goal", SEND_MESSAGE}  # a send is not undone
     return runtime.permissions(trace).read_only and not any(c.name in special for c in calls)
 
 
@@ -339,7 +354,10 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
     if call.name.startswith(MCP_PREFIX):
         runtime.sync_mcp_tools()  # a resumed trace may call one before this process listed
-    return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
+    allowed = runtime.permissions(trace)  # a stop cuts the tool (`fleet.loop.cut`)
+    return stoppable(
+        runtime, trace.trace_id, lambda: runtime.tools.execute(call.name, arguments, ctx, allowed)
+    )
 
 
 def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
@@ -370,7 +388,12 @@ def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: 
             name=call.name,
             content=output if content is None else content,
             long_term_memory=memory,
-            metadata={"title": result.title, "is_error": result.is_error},
+            metadata={"title": result.title, "is_error": result.is_error, **_carried(result)},
         ),
         event,
     )
+
+
+def _carried(result: ToolResult) -> dict[str, Any]:
+    """What a result's metadata keeps on its message: `check_messages`' read cursor."""
+    return {k: result.metadata[k] for k in (inbox.READ_KEY, "delivered") if k in result.metadata}

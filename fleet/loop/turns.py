@@ -25,6 +25,7 @@ from fleet.llm.caching import cache_key
 from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
 from fleet.loop.batched import park_turn, taken
 from fleet.loop.context import injection
+from fleet.loop.cut import CallCut, call_watch, cuttable, estimated
 from fleet.loop.images import prepared
 from fleet.loop.steps import Step
 from fleet.loop.toolcalls import tool_schemas
@@ -170,10 +171,10 @@ def recorded(trace: Trace, message: Message) -> Trace:
     return trace.model_copy(update=update)
 
 
-def note(runtime: Runtime, trace: Trace, *, final: bool) -> Message | None:
+def note(runtime: Runtime, trace: Trace, messages: list[Message], *, final: bool) -> Message | None:
     """What this turn adds before the call: the budget's last word, or an injection."""
     if not final:
-        return injection(runtime, trace)
+        return injection(runtime, trace, messages)
     note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
     note.metadata["injected"] = True
     return note
@@ -207,14 +208,23 @@ def call_model(
     except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
         gate.after(go, None, None)
         raise
+    client, temperature = runtime.client(model_name), runtime.preset(trace.preset).temperature
     try:
-        response = runtime.client(model_name).complete(
-            wire,
-            tools,
-            temperature=runtime.preset(trace.preset).temperature,
-            max_output_tokens=go.max_output_tokens,
-            cache_key=cache_key(trace.root_trace_id, trace.preset),
-        )
+        with call_watch(runtime, trace.trace_id) as watch:  # a stop or interrupt cuts it
+            response = cuttable(
+                watch,
+                lambda: client.complete(
+                    wire,
+                    tools,
+                    temperature=temperature,
+                    max_output_tokens=go.max_output_tokens,
+                    cache_key=cache_key(trace.root_trace_id, trace.preset),
+                ),
+            )
+    except CallCut as exc:  # settled with its estimate, once: nothing of it is written
+        hooks.model_failed(trace, exc)
+        gate.after(go, estimated(go), None)
+        raise
     except ProviderOverloaded as exc:
         hooks.model_failed(trace, exc)
         return _overloaded(runtime, trace, go, exc)
@@ -246,7 +256,7 @@ def ask_model(
     # A parked turn wrote its note when it first parked: not twice.
     if (
         route in ("live", "fresh")
-        and (extra := note(runtime, trace, final=verdict.budget.final)) is not None
+        and (extra := note(runtime, trace, messages, final=verdict.budget.final)) is not None
     ):
         if held.pending is not None:  # the first messages go first
             runtime.store.apply(held.pending)

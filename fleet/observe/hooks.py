@@ -67,6 +67,13 @@ class Hooks:
     def child_settled(self, parent_trace_id: str, child: Trace) -> None:
         """An ended child was collected into its parent (once per child)."""
 
+    def messages_delivered(self, trace: Trace, messages: list[dict[str, Any]]) -> None:
+        """Messages sent to the trace reached its conversation in full.
+
+        By `check_messages`, or an interrupting one at the next call; each `{entry_id, from,
+        from_trace_id, conversation_id, content}` (`fleet.conversation.messages`).
+        """
+
     def context_lines(self, trace: Trace) -> list[str]:
         """Lines added to the periodic injection (plan and collaborators, every N turns)."""
         return []

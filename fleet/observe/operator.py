@@ -193,6 +193,10 @@ class HookChain(Hooks):
         """Each hook's `child_settled`, in order."""
         self._each("child_settled", parent_trace_id, child)
 
+    def messages_delivered(self, trace: Trace, messages: list[dict[str, Any]]) -> None:
+        """Each hook's `messages_delivered`, in order."""
+        self._each("messages_delivered", trace, messages)
+
     def context_lines(self, trace: Trace) -> list[str]:
         """Every hook's lines, in order; what is not a string is dropped, long ones cut."""
         lines: list[str] = []

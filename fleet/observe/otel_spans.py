@@ -223,6 +223,17 @@ class OtelHooks(Hooks):
             return
         span.end()
 
+    def messages_delivered(self, trace: Trace, messages: list[dict[str, Any]]) -> None:
+        """A `fleet.messages.delivered` event on the run span: how many, from whom."""
+        if (run := self._run(trace.trace_id)) is None:
+            return
+        senders = sorted({str(m.get("from", "")) for m in messages})
+        attributes: dict[str, Any] = {"fleet.messages.count": len(messages)}
+        attributes["fleet.messages.from"] = senders
+        if self._capture:
+            attributes["fleet.messages.content"] = [str(m.get("content", "")) for m in messages]
+        run.span.add_event("fleet.messages.delivered", attributes)
+
     def flush(self) -> None:
         """Export buffered spans now (worker shutdown)."""
         self._flush()

@@ -50,7 +50,7 @@ READ_TOOLS = frozenset({"read_file", "read_image", "list_dir", "glob", "grep"})
 TOOL_NAMES = frozenset(
     READ_TOOLS
     | {"write_file", "edit_file", "bash", "web_fetch", "skill", "goal", "agent", "evaluate"}
-    | {"ask_human", "web_search"}
+    | {"ask_human", "web_search", "check_messages", "send_message"}
     | MEMORY_TOOLS
 )
 """Every tool name a preset file may mention, built-in and runner-handled."""
@@ -87,6 +87,9 @@ class AgentPreset:
     """Tool calls that wait for a person's `fleet approve` (`fleet.conversation.approval`)."""
     experiences: bool = False
     """Show approved experiences of the run's scopes in its system prompt (`fleet.experiences`)."""
+    messages: bool = False
+    """Offer `send_message` (to its tree's traces) and `check_messages` from the first turn
+    (`fleet.conversation.messages`); without it `check_messages` appears once mail came."""
     cache_ttl_s: int | None = None
     """Cache this agent's result for so long; None disables the cache."""
     cache_keys: tuple[str, ...] = ()
@@ -243,6 +246,7 @@ class _PresetFrontmatter(BaseModel):
     read_only: bool = False
     approve: list[ApproveEntry] = Field(default_factory=list)
     experiences: bool = False
+    messages: bool = False
     cache: _CacheSection | None = None
     output_schema: dict[str, Any] | None = None
     budget: BudgetIn | None = None
@@ -290,6 +294,7 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         read_only=front.read_only,
         approve=rules_of(front.approve),
         experiences=front.experiences,
+        messages=front.messages,
         cache_ttl_s=front.cache.ttl_s if front.cache else None,
         cache_keys=tuple(front.cache.keys) if front.cache else (),
         cache_tools=frozenset(front.cache.tools) if front.cache else frozenset(),

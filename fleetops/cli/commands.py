@@ -121,6 +121,25 @@ def _add_follow(commands: Any) -> None:
     reply.add_argument("trace_id")
     reply.add_argument("answer")
     _add_approval(commands)
+    _add_send(commands)
+
+
+def _add_send(commands: Any) -> None:
+    """`send`: a message to a running trace, read before its next model call."""
+    send = _command(
+        commands,
+        "send",
+        "fleetops.cli.run:send",
+        help="send a message to a running trace (it reads it before its next model call)",
+    )
+    send.add_argument("trace_id")
+    send.add_argument("text")
+    send.add_argument("--from", dest="sender", default="operator", help="who sends it")
+    send.add_argument(
+        "--interrupt",
+        action="store_true",
+        help="cut the trace's model call in flight and start its next turn with the message",
+    )
 
 
 def _add_approval(commands: Any) -> None:

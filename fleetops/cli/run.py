@@ -291,6 +291,15 @@ def reply(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def send(args: argparse.Namespace) -> int:
+    """Send a message to a running trace."""
+    fleet = connect()
+    entry_id = fleet.send(args.trace_id, args.text, sender=args.sender, interrupt=args.interrupt)
+    how = "now (interrupting its model call)" if args.interrupt else "before its next model call"
+    print(f"sent {entry_id} to {args.trace_id}: it reads it {how}")
+    return EXIT_OK
+
+
 def stop(args: argparse.Namespace) -> int:
     """Stop a trace and its subtree."""
     fleet = connect()

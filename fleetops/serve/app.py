@@ -309,6 +309,8 @@ def make_app(config: ServeConfig) -> tornado.web.Application:
     base = {"config": config, "pool": pool}
     return tornado.web.Application(
         [
+            # More endpoints first: one may add a method to a path below (a POST of messages).
+            *(rule for extra in config.routes for rule in extra(base)),
             (r"/", PageHandler, base),
             (r"/healthz", HealthHandler, base),
             (rf"/static/({STATIC_FILES})", StaticHandler, {"path": str(STATIC_DIR)}),
@@ -318,7 +320,6 @@ def make_app(config: ServeConfig) -> tornado.web.Application:
             (r"/api/traces/([^/]+)/messages", MessagesHandler, base),
             (r"/api/traces/([^/]+)/events", EventsHandler, {**base, "streams": streams}),
             (rf"/api/traces/([^/]+)/({'|'.join(ACTIONS)})", TraceActionHandler, base),
-            *(rule for extra in config.routes for rule in extra(base)),
         ],
         stream_slots=threading.BoundedSemaphore(config.max_streams),
         pools=(pool, streams),

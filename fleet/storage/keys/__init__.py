@@ -138,6 +138,26 @@ def tree_dict(root_trace_id: str) -> str:
     return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:dict"
 
 
+def inbox(trace_id: str) -> str:
+    """Stream with TRACE_TTL_S (renewed by each message): messages sent to this running trace.
+
+    One entry per message, field `m` the `fleet.storage.inbox.Posted` JSON (sender, its
+    conversation id, the text, whether it interrupts); written by `fleet send`, the API, the
+    MCP tool and `send_message` (`fleet.conversation.messages`). Entries are never removed:
+    how far the trace has read is kept in the trace's own messages (their `messages_read`
+    and `messages_announced` metadata), written with them under the run's lease.
+    """
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:inbox"
+
+
+def message_sends(trace_id: str) -> str:
+    """String (a counter), 60 s TTL from its first increment: this trace's `send_message`s.
+
+    The fan-out cap counts them per minute (`fleet.conversation.between`).
+    """
+    return f"{PREFIX}:trace:{_tree_id(trace_id)}:message-sends"
+
+
 def lease(trace_id: str) -> str:
     """String with PX TTL: the id of the one live runner of this trace."""
     return f"{PREFIX}:lease:{_tree_id(trace_id)}"

@@ -1,5 +1,6 @@
-// What a person can do to the open trace: stop its subtree, reply to its question, approve
-// or deny its waiting tool call, continue a finished root. Each is one POST with the CSRF
+// What a person can do to the open trace: stop its subtree, send it a message (read before
+// its next model call, or "send now" to cut the call in flight), reply to its question,
+// approve or deny its waiting tool call, continue a finished root. Each is one POST with the CSRF
 // token; the fleet refuses a second answer to the same question (409), shown as an error.
 "use strict";
 
@@ -29,6 +30,7 @@ export function renderActions(detail, refresh) {
   };
   if (!TERMINAL.has(trace.status)) {
     parts.push(button("Stop subtree", act("stop", () => ({}), "stop sent"), "danger"));
+    parts.push(messageForm(act));
   }
   if (waiting && waiting.kind === "approval") parts.push(approvalForm(waiting, act));
   else if (waiting) parts.push(replyForm(waiting, act));
@@ -40,6 +42,20 @@ export function renderActions(detail, refresh) {
 function note(text) {
   const box = document.querySelector("#trace-actions .action-note");
   if (box) box.textContent = text;
+}
+
+function messageForm(act) {
+  const form = el("div", "action-form");
+  form.id = "message-form";
+  const input = el("textarea");
+  input.id = "message-input";
+  input.rows = 2;
+  input.setAttribute("aria-label", "message to the running agent");
+  const body = (interrupt) => () => ({ content: input.value, from: "page", interrupt });
+  form.append(el("div", "question", "message the agent (read before its next model call)"), input);
+  form.append(button("Send message", act("messages", body(false), "message sent")));
+  form.append(button("Send now", act("messages", body(true), "sent: its call is cut")));
+  return form;
 }
 
 function replyForm(waiting, act) {

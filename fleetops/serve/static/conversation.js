@@ -101,6 +101,7 @@ function renderMessage(message, results) {
   if (message.role === "system") item.append(collapsed("system prompt", content || ""));
   else if (content) item.append(textBlock("content", content));
   if (message.long_term_memory) item.append(textBlock("memory", "kept in memory: " + message.long_term_memory));
+  if (meta.delivered) item.append(delivered(meta.delivered));
   for (const call of message.tool_calls || []) item.append(renderCall(call, results.get(call.id)));
   return item;
 }
@@ -117,8 +118,19 @@ export function contentText(content) {
   }).join("\n");
 }
 
+// Messages that reached the conversation (a `## Messages` block in full, check_messages),
+// each with its sender: shown as text, never as markup.
+function delivered(entries) {
+  const list = el("ul", "delivered");
+  for (const entry of entries) {
+    list.append(el("li", null, "from " + entry.from + ": " + entry.content));
+  }
+  return list;
+}
+
 function injectedKind(content) {
   const text = contentText(content) || "";
+  if (text.includes("## Messages")) return "injected: messages";
   if (text.includes("Active Collaborators")) return "injected: collaborators";
   if (/plan|goal/i.test(text.slice(0, 200))) return "injected: plan";
   return "injected";
@@ -142,6 +154,7 @@ function renderCall(call, result) {
   if (result.long_term_memory) {
     res.append(textBlock("memory", "kept in memory (full text elided): " + result.long_term_memory));
   }
+  if (meta.delivered) res.append(delivered(meta.delivered));
   box.append(res);
   return box;
 }
