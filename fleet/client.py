@@ -252,19 +252,28 @@ class Fleet:
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 
-    def approve(self, trace_id: str, approval_id: str | None = None) -> Handle:
+    def approve(
+        self, trace_id: str, approval_id: str | None = None, digest: str | None = None
+    ) -> Handle:
         """Approve the tool call a trace waits on; a worker runs it, then the trace goes on.
 
-        `approval_id` (the call's tool_call_id), when given, must be the pending call.
-        `ConversationError` when no approval is pending, the id differs, or it was answered.
+        `approval_id` (the call's tool_call_id) and `digest` (of the call as shown), when
+        given, must be the pending call's. `ConversationError` when no approval is
+        pending, the id or digest differs, or it was answered.
         """
-        trace = approval.approve(self.runtime, trace_id, approval_id)
+        trace = approval.approve(self.runtime, trace_id, approval_id, digest)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 
-    def deny(self, trace_id: str, reason: str, approval_id: str | None = None) -> Handle:
+    def deny(
+        self,
+        trace_id: str,
+        reason: str,
+        approval_id: str | None = None,
+        digest: str | None = None,
+    ) -> Handle:
         """Deny the pending tool call: nothing runs, the model reads `reason`; as `approve`."""
-        trace = approval.deny(self.runtime, trace_id, reason, approval_id)
+        trace = approval.deny(self.runtime, trace_id, reason, approval_id, digest)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 

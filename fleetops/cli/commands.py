@@ -137,6 +137,11 @@ def _add_approval(commands: Any) -> None:
         parser.add_argument(
             "--id", dest="approval_id", help="the pending call's id (refused if another)"
         )
+        parser.add_argument(
+            "--digest",
+            help="the digest `fleet trace list --waiting` showed with the call (refused if"
+            " the waiting call is another)",
+        )
 
 
 def _add_trace(commands: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from fleet.conversation.human import waiting_on, waiting_traces
 from fleet.settings import Settings
@@ -46,8 +47,24 @@ def list_traces(args: argparse.Namespace) -> int:
         print_json([list_object(t) for t in rows])
     else:
         for t in rows:
-            question = (waiting_on(t) or {}).get("question")
+            waiting = waiting_on(t) or {}
+            question = waiting.get("question")
             text = f"? {question}" if args.waiting and question else t.task
             shown = " ".join(printable(text).split())[:80]
             print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {shown}")
+            if args.waiting and waiting.get("kind") == "approval":
+                print(approval_lines(t.trace_id, waiting))
     return 0
+
+
+def approval_lines(trace_id: str, waiting: dict[str, Any]) -> str:
+    """The whole call a trace waits to have approved, and how to approve exactly it.
+
+    `shown` is already neutralised where it was made (`fleet.conversation.shown_call`);
+    `printable` strips anything else, since it comes from Redis.
+    """
+    call = str(waiting.get("shown") or waiting.get("tool") or "")
+    digest = str(waiting.get("digest") or "")
+    how = f"fleet approve {trace_id} --digest {digest}" if digest else f"fleet approve {trace_id}"
+    lines = [*call.splitlines(), f"digest: {digest}", f"approve with `{how}`"]
+    return "\n".join("    " + printable(line) for line in lines)
