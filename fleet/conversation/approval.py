@@ -103,7 +103,8 @@ def request(runtime: Runtime, trace: Trace, call: ToolCall) -> Trace:
         arguments: Any = json.loads(masked)
     except ValueError:
         arguments = masked
-    digest = call_digest(call.name, masked)  # the call as stored is the one a resume runs
+    # Of the call as stored (masked), which is the one a resume runs.
+    digest = call_digest(trace.trace_id, call.id, call.name, masked)
     waiting = {
         "kind": APPROVAL,
         "tool_call_id": call.id,
@@ -217,5 +218,6 @@ def _stored_digest(runtime: Runtime, trace_id: str, call_id: str) -> str | None:
         for call in message.tool_calls or () if message.role == "assistant" else ():
             function = call.get("function") or {}
             if call.get("id") == call_id:
-                return call_digest(str(function.get("name")), str(function.get("arguments")))
+                name, arguments = str(function.get("name")), str(function.get("arguments"))
+                return call_digest(trace_id, call_id, name, arguments)
     return None

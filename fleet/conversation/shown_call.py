@@ -10,8 +10,8 @@ character a terminal or a page could act on (C0/C1 controls, escape sequences, b
 overrides, line separators) is written as a `\uXXXX` escape: nothing in a call can move
 the cursor, recolour or hide a part of what the approver reads.
 
-The digest is of the call as it is stored and will run (its name and raw arguments, the
-worker's secrets masked as everywhere the conversation is written) and is
+The digest is of the call as it is stored and will run (its trace, id, name and raw
+arguments, the worker's secrets masked as everywhere the conversation is written) and is
 shown beside it: `fleet approve --digest`, the terminal prompt and the page send the
 digest they showed, and an approval whose digest is not the waiting call's is refused.
 """
@@ -35,9 +35,13 @@ DIGEST_CHARS = 32
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
-def call_digest(name: str, arguments: str) -> str:
-    """The digest an approval of this call (as it will run) must carry."""
-    canonical = json.dumps([name, arguments], ensure_ascii=True)
+def call_digest(trace_id: str, call_id: str, name: str, arguments: str) -> str:
+    """The digest an approval of this call (in this trace, as it will run) must carry.
+
+    The trace and call ids are in it: the same call waiting in two trees has two digests,
+    so what a person saw of one never answers the other.
+    """
+    canonical = json.dumps([trace_id, call_id, name, arguments], ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
 
 
