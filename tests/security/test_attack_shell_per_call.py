@@ -13,6 +13,7 @@ tests check that none of it is left.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,8 +77,9 @@ def test_a_fork_flood_in_one_call_leaves_the_other_calls_their_processes(tmp_pat
     assert flooded.metadata.get("timed_out") or flooded.is_error, flooded
     assert time.monotonic() - started < FLOOD_S + 15
     wait_until(lambda: sleepers() == 0, 5, "every process of the flood to be gone")
-    left = list(cgroups.probe().pids.glob("call-*")) if cgroups.probe().pids else []
-    assert not [g for g in left if g.name.split("-")[1] == str(__import__("os").getpid())]
+    pids = cgroups.probe().pids
+    mine = list(pids.glob(f"call-{os.getpid()}-*")) if pids else []
+    assert mine == [], "every call's group is removed when it returns"
 
 
 def test_a_memory_hog_in_one_call_is_killed_at_its_bound_the_other_runs(tmp_path: Path) -> None:
@@ -87,3 +89,17 @@ def test_a_memory_hog_in_one_call_is_killed_at_its_bound_the_other_runs(tmp_path
     hogged, other = beside(tmp_path, hog)
     assert other.output.strip() == "ok" and not other.is_error, other
     assert "survived" not in hogged.output, "200 MB held by a call bounded at 64 MiB"
+
+
+def test_fleet_doctor_says_how_this_host_bounds_a_call() -> None:
+    from fleetops.doctor import check_shell
+
+    check = check_shell()
+    assert check.status == "ok" and check.detail.startswith("per call: cgroup"), check
+
+
+def test_a_host_without_cgroups_is_a_warning_naming_the_per_user_limit() -> None:
+    host = cgroups.CgroupHost("none", why="no cgroup file system is mounted")
+    assert host.describe().startswith("per user only (RLIMIT_NPROC")
+    with cgroups.call_group(host, MAX_PROCS, MAX_MEMORY_BYTES) as join:
+        assert join == ()
