@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from fleet.conversation.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
-from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
+from fleetops.cli.output import (
+    approval_lines,
+    list_object,
+    print_json,
+    printable,
+    render_tree,
+    trace_object,
+)
 from fleetops.discovery import fleet_settings
 
 
@@ -55,16 +61,3 @@ def list_traces(args: argparse.Namespace) -> int:
             if args.waiting and waiting.get("kind") == "approval":
                 print(approval_lines(t.trace_id, waiting))
     return 0
-
-
-def approval_lines(trace_id: str, waiting: dict[str, Any]) -> str:
-    """The whole call a trace waits to have approved, and how to approve exactly it.
-
-    `shown` is already neutralised where it was made (`fleet.conversation.shown_call`);
-    `printable` strips anything else, since it comes from Redis.
-    """
-    call = str(waiting.get("shown") or waiting.get("tool") or "")
-    digest = str(waiting.get("digest") or "")
-    how = f"fleet approve {trace_id} --digest {digest}" if digest else f"fleet approve {trace_id}"
-    lines = [*call.splitlines(), f"digest: {digest}", f"approve with `{how}`"]
-    return "\n".join("    " + printable(line) for line in lines)
