@@ -107,6 +107,9 @@ def list_object(trace: Trace) -> dict[str, Any]:
         "mode": trace.mode,
         "task": trace.task,
         "question": (waiting_on(trace) or {}).get("question"),
+        # A call waiting for approval: as shown to a person, and the digest to answer it.
+        "shown": (waiting_on(trace) or {}).get("shown"),
+        "digest": (waiting_on(trace) or {}).get("digest"),
         "created_at_ms": trace.created_at_ms,
     }
 

@@ -10,6 +10,7 @@ hostile file is never written.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pty
 import select
@@ -161,6 +162,9 @@ def test_the_listing_and_the_api_show_it_and_another_digest_is_refused(
     listed = cli(url, home, "trace", "list", "--waiting")
     assert REAL_PATH in listed.stdout and pending["digest"] in listed.stdout
     assert "more characters" in listed.stdout and "\x1b" not in listed.stdout
+    as_json = json.loads(cli(url, home, "trace", "list", "--waiting", "--json").stdout)
+    (row,) = [r for r in as_json if r["trace_id"] == trace_id]
+    assert REAL_PATH in row["shown"] and row["digest"] == pending["digest"]
     (api,) = [a for a in waiting_approvals(fleet, 50) if a["trace_id"] == trace_id]
     assert REAL_PATH in api["shown"] and api["digest"] == pending["digest"]
     assert "\x1b" not in api["shown"] and "\u202e" not in api["shown"]
