@@ -24,8 +24,11 @@ from fleet.tools import cgroups
 from fleet.tools.base import ShellLimits, ToolContext, ToolResult
 from fleet.tools.shell import bash
 from tests.fleetkit import wait_until
+from tests.procs import start_worker, wait_for_workers
 from tests.security.attacker import shell_writable
+from tests.test_fleet_recovery import database_url
 
+LOG_DB = 6
 MAX_PROCS = 32
 MAX_MEMORY_BYTES = 64 << 20
 FLOOD_S = 8.0
@@ -103,3 +106,11 @@ def test_a_host_without_cgroups_is_a_warning_naming_the_per_user_limit() -> None
     assert host.describe().startswith("per user only (RLIMIT_NPROC")
     with cgroups.call_group(host, MAX_PROCS, MAX_MEMORY_BYTES) as join:
         assert join == ()
+
+
+@pytest.mark.integration
+def test_a_worker_that_may_run_bash_says_at_start_how_a_call_is_bounded(redis_url: str) -> None:
+    url = database_url(redis_url, LOG_DB)
+    with start_worker(url, concurrency=1, env_extra={"FLEET_ALLOW_SHELL": "1"}) as worker:
+        wait_for_workers(url, [worker.name])
+        assert "fleet worker: bash limits per call: cgroup" in worker.log(), worker.log()
