@@ -100,16 +100,17 @@ def call_group(
     name = f"call-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     made: list[Path] = []
     try:
-        for base in dict.fromkeys(p for p in (host.pids, host.memory) if p is not None):
-            group = base / name
-            group.mkdir()
-            made.append(group)
-            _limit(host, base, group, max_procs, max_memory_bytes)
+        try:
+            for base in dict.fromkeys(p for p in (host.pids, host.memory) if p is not None):
+                group = base / name
+                group.mkdir()
+                made.append(group)
+                _limit(host, base, group, max_procs, max_memory_bytes)
+        except OSError as exc:
+            raise ToolError(f"bash is unavailable: cannot make its cgroup: {exc}") from None
         sh = shutil.which("sh", path="/usr/bin:/bin") or "/bin/sh"
         procs = tuple(str(g / "cgroup.procs") for g in made)
         yield (sh, "-c", _JOIN, "fleet-cgroup", *procs, "--")
-    except OSError as exc:
-        raise ToolError(f"bash is unavailable: cannot make its cgroup: {exc}") from None
     finally:
         for group in made:
             _remove(group)
@@ -187,17 +188,26 @@ def _v2(mounts: list[tuple[str, Path, set[str]]]) -> CgroupHost | None:
 
 
 def _v1(mounts: list[tuple[str, Path, set[str]]]) -> CgroupHost | None:
-    bases: dict[str, Path] = {}
-    for kind, point, options in mounts:
-        for controller in ("pids", "memory"):
-            if kind == "cgroup" and controller in options and controller not in bases:
-                base = point / _own(controller) / BASE_NAME
-                base.mkdir(exist_ok=True)
-                _sweep(base)
-                bases[controller] = base
-    if "pids" not in bases:
+    """Per-call groups in the v1 `pids` hierarchy, and in `memory` where that one lets us."""
+    pids = _v1_base(mounts, "pids")
+    if pids is None:
         return None
-    return CgroupHost("v1", bases["pids"], bases.get("memory"))
+    try:
+        memory = _v1_base(mounts, "memory")
+    except OSError:
+        memory = None  # processes bounded per call all the same; memory by the host
+    return CgroupHost("v1", pids, memory)
+
+
+def _v1_base(mounts: list[tuple[str, Path, set[str]]], controller: str) -> Path | None:
+    """`fleet-shell/` beside this process's group in the v1 hierarchy of `controller`."""
+    for kind, point, options in mounts:
+        if kind == "cgroup" and controller in options:
+            base = point / _own(controller) / BASE_NAME
+            base.mkdir(exist_ok=True)
+            _sweep(base)
+            return base
+    return None
 
 
 def _sweep(base: Path) -> None:
