@@ -261,19 +261,28 @@ class Fleet:
         """Message a running trace (`fleet.conversation.messages.send`); the entry id."""
         return messages.send(self.runtime, trace_id, text, **options).entry_id
 
-    def approve(self, trace_id: str, approval_id: str | None = None) -> Handle:
+    def approve(
+        self, trace_id: str, approval_id: str | None = None, digest: str | None = None
+    ) -> Handle:
         """Approve the tool call a trace waits on; a worker runs it, then the trace goes on.
 
-        `approval_id` (the call's tool_call_id), when given, must be the pending call.
-        `ConversationError` when no approval is pending, the id differs, or it was answered.
+        `approval_id` (the call's tool_call_id) and `digest` (of the call as shown), when
+        given, must be the pending call's. `ConversationError` when no approval is
+        pending, the id or digest differs, or it was answered.
         """
-        trace = approval.approve(self.runtime, trace_id, approval_id)
+        trace = approval.approve(self.runtime, trace_id, approval_id, digest)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 
-    def deny(self, trace_id: str, reason: str, approval_id: str | None = None) -> Handle:
+    def deny(
+        self,
+        trace_id: str,
+        reason: str,
+        approval_id: str | None = None,
+        digest: str | None = None,
+    ) -> Handle:
         """Deny the pending tool call: nothing runs, the model reads `reason`; as `approve`."""
-        trace = approval.deny(self.runtime, trace_id, reason, approval_id)
+        trace = approval.deny(self.runtime, trace_id, reason, approval_id, digest)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 
@@ -293,21 +302,35 @@ class Fleet:
         return MemoryDesk(board, self.runtime.config.memory.caps())
 
     def reflect(
-        self, trace_id: str, *, model: str | None = None, timeout_s: float | None = None
+        self,
+        trace_id: str,
+        *,
+        model: str | None = None,
+        timeout_s: float | None = None,
+        scope: str | None = None,
     ) -> list[Experience]:
         """Run a read-only reflection over a finished tree; store what it proposes, unapproved.
 
         Unless FLEET_EXPERIENCE_AUTO_APPROVE matches `execution:SCOPE` (the operator's policy).
+        Every proposal goes to `scope`, which must be one the tree ran in, by default the
+        root's most specific (`fleet.experiences.reflect`): never a scope the model names.
+        The reflection runs in the tree's workspace.
 
-        `ConversationError` if the tree has not finished; `TraceNotFound` if there is none.
+        `ConversationError` if the tree has not finished; `TraceNotFound` if there is none;
+        `ConfigError` for a scope the tree did not run in.
         """
-        from fleet.experiences.reflect import REFLECT_PRESET, proposals, reflection_task
+        from fleet.experiences import reflect
 
-        task = reflection_task(self.store, trace_id)
-        handle = self.submit(task, model=model, preset=REFLECT_PRESET)
+        root = self.store.get_trace(trace_id)
+        allowed = reflect.tree_scopes(self.store, trace_id)
+        chosen = reflect.check_scope(scope or reflect.default_scope(root), allowed, trace_id)
+        task = reflect.reflection_task(self.store, trace_id)
+        workspace = Path(root.workspace) if root.workspace else None
+        handle = self.submit(task, model=model, preset=reflect.REFLECT_PRESET, workspace=workspace)
         done = handle.wait(timeout_s)
         policy = self.runtime.settings.experience_auto_approve
-        proposed = proposals(done.answer or "", subtree(self.store, trace_id), policy)
+        tree = subtree(self.store, trace_id)
+        proposed = reflect.proposals(done.answer or "", tree, chosen, policy)
         for experience in proposed:
             self.experiences.put(experience)
         return proposed

@@ -139,14 +139,22 @@ class InProcessFleet:
         human.reply(self.runtime, trace_id, answer)
         return self._run(trace_id)
 
-    def approve(self, trace_id: str, approval_id: str | None = None) -> Trace:
+    def approve(
+        self, trace_id: str, approval_id: str | None = None, digest: str | None = None
+    ) -> Trace:
         """Approve the tool call a trace waits on; run it and the trace on."""
-        approval.approve(self.runtime, trace_id, approval_id)
+        approval.approve(self.runtime, trace_id, approval_id, digest)
         return self._run(trace_id)
 
-    def deny(self, trace_id: str, reason: str, approval_id: str | None = None) -> Trace:
+    def deny(
+        self,
+        trace_id: str,
+        reason: str,
+        approval_id: str | None = None,
+        digest: str | None = None,
+    ) -> Trace:
         """Deny the tool call a trace waits on (the model reads `reason`); run the trace on."""
-        approval.deny(self.runtime, trace_id, reason, approval_id)
+        approval.deny(self.runtime, trace_id, reason, approval_id, digest)
         return self._run(trace_id)
 
     def _run(self, trace_id: str) -> Trace:

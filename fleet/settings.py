@@ -64,6 +64,7 @@ ENV_NAMES = (
     trust.API_KEY_ENVS_ENV,
     "FLEET_SHELL_ENV",
     "FLEET_SHELL_USER",
+    "FLEET_SHELL_MAX_MEMORY_BYTES",
     "FLEET_SHELL_MAX_PROCS",
     "FLEET_SHELL_MAX_FILE_BYTES",
     "FLEET_SHELL_CPU_S",
@@ -143,7 +144,8 @@ class Settings:
     """FLEET_SHELL_ENV: variable names bash sees besides PATH, HOME, LANG, TERM, TZ."""
     shell_limits: ShellLimits = field(default_factory=ShellLimits)
     """FLEET_SHELL_USER, FLEET_SHELL_MAX_PROCS, FLEET_SHELL_MAX_FILE_BYTES, FLEET_SHELL_CPU_S,
-    FLEET_SHELL_NETWORK: who bash runs as and what one call may use."""
+    FLEET_SHELL_MAX_MEMORY_BYTES, FLEET_SHELL_NETWORK: who bash runs as and what one call
+    may use."""
     web_allow: tuple[str, ...] = ()
     """FLEET_WEB_ALLOW: hosts or CIDRs web_fetch may reach although not public."""
     tool_timeout_s: float = 30.0
@@ -341,6 +343,9 @@ def _shell_limits(env: Mapping[str, str]) -> ShellLimits:
         max_procs=whole_number(env, "FLEET_SHELL_MAX_PROCS", default.max_procs),
         max_file_bytes=whole_number(env, "FLEET_SHELL_MAX_FILE_BYTES", default.max_file_bytes),
         cpu_s=whole_number(env, "FLEET_SHELL_CPU_S", default.cpu_s),
+        max_memory_bytes=whole_number(
+            env, "FLEET_SHELL_MAX_MEMORY_BYTES", default.max_memory_bytes
+        ),
         network=network,
     )
 

@@ -209,6 +209,19 @@ def check_owners(settings: Settings, shown: int = 5) -> Check:
     return Check("stuck traces", "warn", f"{len(found)} without an owner: {listed}{more}")
 
 
+def check_shell() -> Check:
+    """How this host bounds one bash call's processes and memory (`fleet.tools.cgroups`).
+
+    A warning where it has no cgroups the worker may make: there `RLIMIT_NPROC` of the one
+    shell user stands in, so one call's fork bomb can starve every other call. Workers on
+    this host as the same user (root) find the same; elsewhere, run `fleet doctor` there.
+    """
+    from fleet.tools import cgroups
+
+    host = cgroups.probe()
+    return Check("shell limits", "warn" if host.version == "none" else "ok", host.describe())
+
+
 def run_checks(settings: Settings) -> list[Check]:
     """Every check, in report order.
 
@@ -220,6 +233,7 @@ def run_checks(settings: Settings) -> list[Check]:
     by_queue = workers_by_queue(settings.broker_url, sentinel_master=master)
     checks += check_queues(by_queue)
     checks += [check_model(settings), check_presets(settings), check_owners(settings)]
+    checks.append(check_shell())
     return checks
 
 

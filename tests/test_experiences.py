@@ -145,7 +145,7 @@ def test_scopes_come_from_the_preset_and_the_trace_metadata() -> None:
     [
         ('{"experiences": [{"scope": "agent:default", "condition": "c", "rule": "r"}]}', ["r"]),
         ('Here: {"experiences": [{"condition": "c", "rule": "r"}]} done', ["r"]),
-        ('{"experiences": [{"scope": "everyone", "condition": "c", "rule": "r"}]}', []),
+        ('{"experiences": [{"scope": "everyone", "condition": "c", "rule": "r"}]}', ["r"]),
         ('{"experiences": [{"scope": "agent:default", "condition": "", "rule": "r"}]}', []),
         ("not json at all", []),
         ('{"experiences": "nope"}', []),
@@ -154,8 +154,9 @@ def test_scopes_come_from_the_preset_and_the_trace_metadata() -> None:
 def test_reflection_answers_become_unapproved_proposals_or_nothing(
     answer: str, rules: list[str]
 ) -> None:
-    found = proposals(answer, ["t1", "t1@explore-000"])
+    found = proposals(answer, ["t1", "t1@explore-000"], "project:web")
     assert [e.rule for e in found] == rules
+    assert all(e.scope == "project:web" for e in found), "the tree's scope, not the answer's"
     assert all(not e.approved and e.source == "execution" for e in found)
     assert all(e.evidence == ["t1", "t1@explore-000"] for e in found)
 
@@ -178,8 +179,9 @@ def test_only_the_operators_policy_approves_a_proposal_unseen() -> None:
         ' {"scope": "agent:default", "condition": "c", "rule": "agent rule"}]}'
     )
     ids = ["t1"]
-    assert [e.approved for e in proposals(answer, ids)] == [False, False]
+    assert [e.approved for e in proposals(answer, ids, "project:docs")] == [False, False]
     policy = ("execution:project:*",)
-    assert [e.approved for e in proposals(answer, ids, policy)] == [True, False]
+    assert [e.approved for e in proposals(answer, ids, "project:docs", policy)] == [True, True]
+    assert [e.approved for e in proposals(answer, ids, "agent:default", policy)] == [False] * 2
     settings = Settings.from_env({"FLEET_EXPERIENCE_AUTO_APPROVE": "execution:project:*"})
     assert settings.experience_auto_approve == policy

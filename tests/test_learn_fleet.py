@@ -213,18 +213,21 @@ def test_fleet_serve_lists_and_answers_approvals_for_real_workers(
         assert listed[mine.trace_id]["approval_id"] == mine_call
         assert listed[mine.trace_id]["arguments"] == {"path": "mine.txt", "content": "y"}
         approve = f"/api/traces/{mine.trace_id}/approve"
-        for forged in ("call_forged", their_call):  # a made-up id; another tree's call
-            refused = api.post(approve, json={"approval_id": forged})
+        mine_digest = listed[mine.trace_id]["digest"]
+        their_digest = listed[theirs.trace_id]["digest"]
+        for forged, digest in (("call_forged", mine_digest), (their_call, their_digest)):
+            refused = api.post(approve, json={"approval_id": forged, "digest": digest})
             assert refused.status_code == 409, refused.text
         cross = cli(url, home, "approve", mine.trace_id, "--id", their_call)
         assert cross.returncode == 2 and "is not the call trace" in cross.stderr
         assert not (workspace / "mine.txt").exists() and mine.trace().status == "waiting"
 
-        assert api.post(approve, json={"approval_id": mine_call}).status_code == 200
+        answer = {"approval_id": mine_call, "digest": mine_digest}
+        assert api.post(approve, json=answer).status_code == 200
         done = mine.wait(timeout_s=TIMEOUT_S)
         assert done.status == "completed" and (workspace / "mine.txt").read_text() == "y"
-        assert api.post(approve, json={"approval_id": mine_call}).status_code == 409
-        deny = {"approval_id": their_call, "reason": "not theirs to write"}
+        assert api.post(approve, json=answer).status_code == 409
+        deny = {"approval_id": their_call, "digest": their_digest, "reason": "not theirs to write"}
         assert api.post(f"/api/traces/{theirs.trace_id}/deny", json=deny).status_code == 200
         denied = theirs.wait(timeout_s=TIMEOUT_S)
         assert "not theirs to write" in (denied.answer or "")

@@ -91,6 +91,11 @@ def api(fleet: Fleet) -> Iterator[httpx.Client]:
         yield http
 
 
+def digest_of(fleet: Fleet, trace: Trace) -> str:
+    """The digest of the call `trace` waits on, as `/api/approvals` lists it."""
+    return str((approval.pending(fleet.trace(trace.trace_id)) or {})["digest"])
+
+
 def waiting_write(fleet: Fleet) -> tuple[Trace, str]:
     """A root waiting for the approval of its write_file call, and that call's id."""
     trace = fleet.submit("write it", model="test").trace()
@@ -113,17 +118,16 @@ def test_a_waiting_call_is_listed_and_approving_it_runs_it_once(
         "write_file",
     )
     assert listed["arguments"] == {"path": "out.txt", "content": "written"}
-    done = api.post(f"/api/traces/{trace.trace_id}/approve", json={"approval_id": call_id})
+    answer = {"approval_id": call_id, "digest": listed["digest"]}
+    done = api.post(f"/api/traces/{trace.trace_id}/approve", json=answer)
     assert done.status_code == 200, done.text
     assert done.json() == {"approved": trace.trace_id, "approval_id": call_id}
     finished = fleet.trace(trace.trace_id)
     assert finished.status == "completed" and (tmp_path / "out.txt").read_text() == "written"
     assert api.get("/api/approvals").json() == {"approvals": []}
     (tmp_path / "out.txt").unlink()  # a second run of the call would write it again
-    again = api.post(f"/api/traces/{trace.trace_id}/approve", json={"approval_id": call_id})
-    late = api.post(
-        f"/api/traces/{trace.trace_id}/deny", json={"approval_id": call_id, "reason": "late"}
-    )
+    again = api.post(f"/api/traces/{trace.trace_id}/approve", json=answer)
+    late = api.post(f"/api/traces/{trace.trace_id}/deny", json={**answer, "reason": "late"})
     assert again.status_code == late.status_code == 409
     assert "no approval pending" in again.json()["error"]
     assert not (tmp_path / "out.txt").exists()
@@ -133,7 +137,7 @@ def test_deny_gives_the_model_the_reason_and_writes_nothing(
     api: httpx.Client, fleet: Fleet, tmp_path: Path
 ) -> None:
     trace, call_id = waiting_write(fleet)
-    body = {"approval_id": call_id, "reason": "not on a Friday"}
+    body = {"approval_id": call_id, "digest": digest_of(fleet, trace), "reason": "not on a Friday"}
     denied = api.post(f"/api/traces/{trace.trace_id}/deny", json=body)
     assert denied.status_code == 200, denied.text
     finished = fleet.trace(trace.trace_id)
@@ -146,19 +150,25 @@ def test_a_forged_id_another_trees_id_or_a_missing_one_is_refused_and_nothing_ru
 ) -> None:
     mine, my_call = waiting_write(fleet)
     theirs, their_call = waiting_write(fleet)
-    for approval_id in ("call_forged", their_call):
+    mine_digest, their_digest = digest_of(fleet, mine), digest_of(fleet, theirs)
+    for approval_id, digest in (("call_forged", mine_digest), (their_call, their_digest)):
         refused = api.post(
-            f"/api/traces/{mine.trace_id}/approve", json={"approval_id": approval_id}
+            f"/api/traces/{mine.trace_id}/approve",
+            json={"approval_id": approval_id, "digest": digest},
         )
         assert refused.status_code == 409, refused.text
         assert "is not the call trace" in refused.json()["error"]
+    crossed = {"approval_id": my_call, "digest": their_digest}  # another call's digest
+    refused = api.post(f"/api/traces/{mine.trace_id}/approve", json=crossed)
+    assert refused.status_code == 409 and "digest" in refused.json()["error"]
     missing = api.post(f"/api/traces/{mine.trace_id}/approve", json={})
     assert missing.status_code == 400 and "approval_id" in missing.json()["error"]
-    no_reason = api.post(f"/api/traces/{mine.trace_id}/deny", json={"approval_id": my_call})
+    mine_answer = {"approval_id": my_call, "digest": mine_digest}
+    no_reason = api.post(f"/api/traces/{mine.trace_id}/deny", json=mine_answer)
     assert no_reason.status_code == 400
-    unknown = api.post("/api/traces/no-such-trace/approve", json={"approval_id": my_call})
+    unknown = api.post("/api/traces/no-such-trace/approve", json=mine_answer)
     assert unknown.status_code == 404
-    bad_id = api.post("/api/traces/..%2Fetc/approve", json={"approval_id": my_call})
+    bad_id = api.post("/api/traces/..%2Fetc/approve", json=mine_answer)
     assert bad_id.status_code in (400, 404)
     assert not (tmp_path / "out.txt").exists()
     assert {fleet.trace(t.trace_id).status for t in (mine, theirs)} == {"waiting"}
@@ -193,7 +203,8 @@ def test_an_action_needs_json_same_origin_and_the_token(fleet: Fleet, tmp_path: 
         assert huge.status_code == 413
         assert fleet.trace(trace.trace_id).status == "waiting"
         assert not (tmp_path / "out.txt").exists()
-        ok = http.post(path, json={"approval_id": call_id}, headers=good)
+        answer = {"approval_id": call_id, "digest": digest_of(fleet, trace)}
+        ok = http.post(path, json=answer, headers=good)
         assert ok.status_code == 200, ok.text
     assert (tmp_path / "out.txt").read_text() == "written"
 

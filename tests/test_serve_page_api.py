@@ -197,14 +197,21 @@ def test_approve_and_deny_answer_once_through_the_approval_endpoints(
     second = actions.run("write that", model="test")
     assert first.status == second.status == "waiting"
     call_id = first.metadata["waiting_on"]["tool_call_id"]
-    forged = post(http, f"/api/traces/{first.trace_id}/approve", {"approval_id": "call_x"})
+    digest = first.metadata["waiting_on"]["digest"]
+    forged = post(
+        http, f"/api/traces/{first.trace_id}/approve", {"approval_id": "call_x", "digest": digest}
+    )
     assert forged.status_code == 409 and "is not the call" in forged.json()["error"]
-    ok = post(http, f"/api/traces/{first.trace_id}/approve", {"approval_id": call_id})
+    bare = post(http, f"/api/traces/{first.trace_id}/approve", {"approval_id": call_id})
+    assert bare.status_code == 400 and "'digest'" in bare.json()["error"]
+    body = {"approval_id": call_id, "digest": digest}
+    ok = post(http, f"/api/traces/{first.trace_id}/approve", body)
     assert ok.status_code == 200 and (tmp_path / "out.txt").read_text() == "written"
-    twice = post(http, f"/api/traces/{first.trace_id}/approve", {"approval_id": call_id})
+    twice = post(http, f"/api/traces/{first.trace_id}/approve", body)
     assert twice.status_code == 409
     other = second.metadata["waiting_on"]["tool_call_id"]
-    body = {"approval_id": other, "reason": "not today"}
+    body = {"approval_id": other, "digest": second.metadata["waiting_on"]["digest"]}
+    body["reason"] = "not today"
     assert post(http, f"/api/traces/{second.trace_id}/deny", body).status_code == 200
     assert "not today" in (store.get_trace(second.trace_id).answer or "")
     assert post(http, f"/api/traces/{second.trace_id}/deny", body).status_code == 409

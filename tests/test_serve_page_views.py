@@ -27,6 +27,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
+from fleet.conversation import approval
 from fleet.conversation.approval_rules import ApprovalRule
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessDispatcher
@@ -251,6 +252,8 @@ def test_approve_from_the_page_and_a_rewound_conversation_offers_its_branches(
         wait.until(lambda b: b.find_elements(By.ID, "approval-form"))
         shown = text_of(browser, "approval-form")
         assert "wants to run write_file" in shown and "out.txt" in shown
+        digest = str((approval.pending(store.get_trace(trace)) or {})["digest"])
+        assert f"digest {digest}" in shown and 'path: "out.txt"' in shown  # the call as shown
         browser.find_element(By.CSS_SELECTOR, "#approval-form button").click()  # Approve
         wait_until(lambda: store.get_trace(trace).status == "completed", 30, "the approval")
         assert (tmp_path / "out.txt").read_text() == f"written {HOSTILE}"

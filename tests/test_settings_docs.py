@@ -71,6 +71,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_SHELL_MAX_PROCS": "64",
         "FLEET_SHELL_MAX_FILE_BYTES": "1000",
         "FLEET_SHELL_CPU_S": "5",
+        "FLEET_SHELL_MAX_MEMORY_BYTES": "1000000",
         "FLEET_SHELL_NETWORK": "none",
         "FLEET_WEB_ALLOW": "wiki.internal",
         "FLEET_TOOL_TIMEOUT_S": "7",

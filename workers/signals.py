@@ -46,6 +46,17 @@ def _refuse_writable_code(**_: Any) -> None:
 
 
 @worker_init.connect
+def _say_shell_limits(**_: Any) -> None:
+    # Where bash may run, the operator learns at start whether one call's fork bomb or
+    # memory hog is bounded per call (a cgroup each) or, on a host without cgroups the
+    # worker may make, only per user (`fleet.tools.cgroups`; `fleet doctor` says the same).
+    if process_settings().allow_shell:
+        from fleet.tools import cgroups
+
+        print(f"fleet worker: bash limits {cgroups.probe().describe()}", file=sys.stderr)
+
+
+@worker_init.connect
 def _redact_logs(**_: Any) -> None:
     # Every log line of the worker (Celery's own task-failure lines and their tracebacks
     # included) has the process's secrets and credential shapes masked; pool children

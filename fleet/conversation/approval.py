@@ -13,22 +13,24 @@ result. Exactly one answer lands per wait: each claims the wait's deadline entry
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from fleet import lifecycle
-from fleet.conversation.approval_rules import needs_approval, rules_of
+from fleet.conversation.approval_rules import PathForms, as_written, needs_approval, rules_of
 from fleet.conversation.human import WAITING_KEY, wait_for_person
-from fleet.errors import ConversationError
+from fleet.conversation.shown_call import call_digest, neutral, show_call
+from fleet.errors import ConfigError, ConversationError, ToolError
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime
 from fleet.tools.base import ToolResult
+from fleet.tools.workspace import lexical_parts, resolve_in_workspace
 
 APPROVAL = "approval"
 """The `kind` of an approval wait in the trace's `waiting_on` metadata."""
 APPROVED_KEY = "approved_call"
 """Trace metadata: the tool_call_id a person approved, run by the next run, then removed."""
-MAX_SHOWN_ARGUMENT_CHARS = 2000
 
 
 def required(runtime: Runtime, trace: Trace, call: ToolCall) -> bool:
@@ -37,7 +39,37 @@ def required(runtime: Runtime, trace: Trace, call: ToolCall) -> bool:
     if not preset.allows(call.name):
         return False  # refused as it is: nobody need approve a call that cannot run
     rules = (*preset.approve, *rules_of(runtime.config.approve))
-    return needs_approval(rules, call.name, call.arguments)
+    return needs_approval(rules, call.name, call.arguments, _path_forms(runtime, trace))
+
+
+def _path_forms(runtime: Runtime, trace: Trace) -> PathForms:
+    """A `path` as the file tools will act on it in the trace's workspace (see approval_rules).
+
+    Each form relative to the root and absolute: folded (`a.py/.` is `a.py`), then with
+    every symlink followed. A path the tools would refuse (it leaves the workspace) has
+    no such form; it is matched as written, and the tool refuses it when it runs.
+    """
+    try:
+        root = runtime.workspace_of(trace)
+        base = root.resolve(strict=True)
+    except (ConfigError, OSError):
+        return as_written  # the run fails before any tool acts on a path
+
+    def forms(path: str) -> tuple[str, ...]:
+        found: list[str] = []
+        try:
+            found += _both(base, base.joinpath(*lexical_parts(root, base, path)))
+            found += _both(base, resolve_in_workspace(root, path))
+        except ToolError:
+            pass
+        return tuple(found)
+
+    return forms
+
+
+def _both(base: Path, real: Path) -> list[str]:
+    """`real` relative to the workspace root (`.` for the root itself), and absolute."""
+    return [real.relative_to(base).as_posix(), str(real)]
 
 
 def refusal(
@@ -60,36 +92,57 @@ def refusal(
 
 
 def request(runtime: Runtime, trace: Trace, call: ToolCall) -> Trace:
-    """Put the trace in `waiting` for the call's approval; its run then ends."""
-    shown = runtime.redactor.values_only(call.arguments)[:MAX_SHOWN_ARGUMENT_CHARS]
+    """Put the trace in `waiting` for the call's approval; its run then ends.
+
+    The wait holds the call as a person is shown it (`shown`, see `shown_call`: the acted-on
+    arguments in full, a marker for anything cut, escapes neutralised) and the `digest` of
+    the call as it will run, which an approval must carry to be accepted.
+    """
+    masked = runtime.redactor.values_only(call.arguments)
     try:
-        arguments: Any = json.loads(shown)
+        arguments: Any = json.loads(masked)
     except ValueError:
-        arguments = shown
+        arguments = masked
+    # Of the call as stored (masked), which is the one a resume runs.
+    digest = call_digest(trace.trace_id, call.id, call.name, masked)
     waiting = {
         "kind": APPROVAL,
         "tool_call_id": call.id,
         "tool": call.name,
         "arguments": arguments,
-        "question": f"approve {call.name} {shown}?",
+        "shown": show_call(call.name, masked),
+        "digest": digest,
+        "question": f"approve {neutral(call.name)}? (digest {digest})",
     }
     return wait_for_person(runtime, trace, waiting)
 
 
-def approve(runtime: Runtime, trace_id: str, approval_id: str | None = None) -> Trace:
+def approve(
+    runtime: Runtime, trace_id: str, approval_id: str | None = None, digest: str | None = None
+) -> Trace:
     """Approve the pending call: the trace is `queued`, the caller enqueues it.
 
+    `digest`, when given, must be the digest of the waiting call as shown (`shown_call`);
+    whatever is given, the call stored in the conversation, the one that will run, must
+    have the digest the wait showed (a forged wait names another call).
+
     Raises:
-        ConversationError: no approval pending, another id, or answered already.
+        ConversationError: no approval pending, another id or digest, or answered already.
         TraceNotFound: no such trace.
     """
-    trace, waiting = _claim(runtime, trace_id, approval_id)
+    trace, waiting = _claim(runtime, trace_id, approval_id, digest, check_stored=True)
     call_id = str(waiting["tool_call_id"])
     approved = trace.model_copy(update={"metadata": {**trace.metadata, APPROVED_KEY: call_id}})
     return lifecycle.person_answered(runtime, approved, "completed", f"approved {waiting['tool']}")
 
 
-def deny(runtime: Runtime, trace_id: str, reason: str, approval_id: str | None = None) -> Trace:
+def deny(
+    runtime: Runtime,
+    trace_id: str,
+    reason: str,
+    approval_id: str | None = None,
+    digest: str | None = None,
+) -> Trace:
     """Deny the pending call: the model reads `reason` as its result; `queued` to go on.
 
     Raises:
@@ -97,7 +150,7 @@ def deny(runtime: Runtime, trace_id: str, reason: str, approval_id: str | None =
         TraceNotFound: no such trace.
     """
     reason = " ".join(reason.split()) or "no reason given"
-    trace, waiting = _claim(runtime, trace_id, approval_id)
+    trace, waiting = _claim(runtime, trace_id, approval_id, digest)
     tool = str(waiting["tool"])
     text = f"A person denied this call; it was not run. Reason: {reason}"
     runtime.store.append_collected(
@@ -127,7 +180,12 @@ def approved(trace: Trace, tool_call_id: str) -> bool:
 
 
 def _claim(
-    runtime: Runtime, trace_id: str, approval_id: str | None
+    runtime: Runtime,
+    trace_id: str,
+    approval_id: str | None,
+    digest: str | None,
+    *,
+    check_stored: bool = False,
 ) -> tuple[Trace, dict[str, Any]]:
     """The pending approval, claimed by this answer alone (its deadline entry goes)."""
     trace = runtime.store.get_trace(trace_id)
@@ -139,7 +197,27 @@ def _claim(
         raise ConversationError(
             f"approval id {approval_id!r} is not the call trace {trace_id!r} waits on"
         )
+    if digest is not None and digest != waiting.get("digest"):
+        raise ConversationError(
+            f"digest {digest[:40]!r} is not the call trace {trace_id!r} waits on"
+            " (it was not the call shown): nothing ran"
+        )
+    if check_stored and _stored_digest(runtime, trace_id, str(waiting["tool_call_id"])) != (
+        waiting.get("digest")
+    ):
+        raise ConversationError(f"trace {trace_id!r}: the waiting call is not the one shown")
     # One winner between approve, deny, a second answer and the timeout sweeper.
     if not runtime.store.forget_human_wait(trace_id):
         raise ConversationError(f"trace {trace_id!r}: that approval was answered already")
     return trace, waiting
+
+
+def _stored_digest(runtime: Runtime, trace_id: str, call_id: str) -> str | None:
+    """The digest of call `call_id` as the conversation holds it (what a resume runs)."""
+    for message in reversed(runtime.store.messages(trace_id)):
+        for call in message.tool_calls or () if message.role == "assistant" else ():
+            function = call.get("function") or {}
+            if call.get("id") == call_id:
+                name, arguments = str(function.get("name")), str(function.get("arguments"))
+                return call_digest(trace_id, call_id, name, arguments)
+    return None

@@ -300,12 +300,14 @@ def put_person(
     )
     extra: dict[str, Any] = {"type": kind}
     if status == "waiting":  # what a person needs to answer it from the event alone
-        extra |= {k: waiting[k] for k in ("tool", "arguments", "tool_call_id") if k in waiting}
+        extra |= {k: waiting[k] for k in APPROVAL_FIELDS if k in waiting}
         extra["question"] = summary
     put_collaborator(runtime.store, trace.trace_id, trace, entry, status, extra=extra)
 
 
 PERSON_SUMMARY_CHARS = 4000
+APPROVAL_FIELDS = ("tool", "arguments", "tool_call_id", "shown", "digest")
+"""What a waiting approval's event carries: the call as shown and the digest to answer."""
 
 
 def _stop_person(runtime: Runtime, trace: Trace) -> None:

@@ -14,9 +14,12 @@ Why each piece, in order:
   nothing of the worker; and bash is refused outright when the user it would run as can
   write the worker's interpreter, site-packages or package (`check_not_writable`).
 - **Limits per call.** `RLIMIT_FSIZE` cuts a file-size bomb (the writer gets SIGXFSZ),
-  `RLIMIT_CPU` a spinning process, `RLIMIT_NPROC` a fork bomb. The kernel counts
-  `RLIMIT_NPROC` over every process of the real uid, so it is only applied when bash has
-  a uid of its own: applied to the worker's uid it would count the worker's threads.
+  `RLIMIT_CPU` a spinning process. A fork bomb and a memory hog stop at the call's own
+  cgroup (`fleet.tools.cgroups`: `pids.max`, `memory.max`) where the host has cgroups;
+  only where it has none does `RLIMIT_NPROC` stand in, which the kernel counts over every
+  process of the real uid, that is over every call at once (so one call's fork bomb
+  starves the others), and which is only applied when bash has a uid of its own: applied
+  to the worker's uid it would count the worker's threads.
   `prlimit` sets them (not `preexec_fn`, which is unsafe in a threaded worker).
 - **No network** (`FLEET_SHELL_NETWORK=none`): a network namespace with only a down
   loopback. Without namespaces that cannot be had, and bash is refused instead.
@@ -61,8 +64,12 @@ class Box:
     namespaced: bool
 
 
-def box(limits: ShellLimits) -> Box:
-    """The prefix for a call under `limits`; `ToolError` when it cannot be boxed safely."""
+def box(limits: ShellLimits, *, per_call_pids: bool = False) -> Box:
+    """The prefix for a call under `limits`; `ToolError` when it cannot be boxed safely.
+
+    `per_call_pids`: the call has a pids cgroup of its own (`fleet.tools.cgroups`), so
+    no `RLIMIT_NPROC`, which would count every other call of the same user too.
+    """
     user = shell_user(limits.user)
     check_not_writable(user)
     network_off = limits.network == "none"
@@ -75,7 +82,11 @@ def box(limits: ShellLimits) -> Box:
     if namespaces is None:
         _make_worker_undumpable()
     return Box(
-        (*(namespaces or ()), *_limits_prefix(limits, user), *_drop_prefix(user)),
+        (
+            *(namespaces or ()),
+            *_limits_prefix(limits, user if not per_call_pids else None),
+            *_drop_prefix(user),
+        ),
         namespaced=namespaces is not None,
     )
 
@@ -148,11 +159,11 @@ def _nobody() -> ShellUser:
     return ShellUser(entry.pw_uid, entry.pw_gid)
 
 
-def _limits_prefix(limits: ShellLimits, user: ShellUser | None) -> tuple[str, ...]:
+def _limits_prefix(limits: ShellLimits, nproc_user: ShellUser | None) -> tuple[str, ...]:
     prlimit = shutil.which("prlimit", path=DEFAULT_PATH)
     if prlimit is None:
         raise ToolError("bash is unavailable: it needs prlimit (util-linux) to bound each call")
-    nproc = (f"--nproc={limits.max_procs}",) if user else ()
+    nproc = (f"--nproc={limits.max_procs}",) if nproc_user else ()
     # SIGXCPU at the soft limit (a process may save its work), SIGKILL a second later.
     cpu = f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}"
     return (prlimit, f"--fsize={limits.max_file_bytes}", cpu, *nproc, "--")

@@ -26,7 +26,9 @@ environment, and a name-based scrub misses `GH_PAT`, `DB_PWD` or `redis://pw@hos
    process still carrying this call's marker variable is hunted down.
 6. **Its own user and limits** (`fleet.tools.sandbox`): a root worker runs bash as
    `FLEET_SHELL_USER` (default `nobody`), which cannot write the worker's venv, package or
-   state, with per-call process, file-size and CPU limits, and optionally no network.
+   state, with per-call file-size and CPU limits, its own cgroup bounding its processes
+   and memory (`fleet.tools.cgroups`; per user where the host has no cgroups), and
+   optionally no network.
 7. **Output is capped while it streams**: at most `output_limit_chars * 4` bytes are kept,
    the rest is read and dropped, so `yes` or a 300 MB file cannot grow the worker.
 """
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet.errors import ToolError
+from fleet.tools import cgroups
 from fleet.tools.base import ShellLimits, ToolContext, ToolResult
 from fleet.tools.sandbox import DEFAULT_PATH, box
 
@@ -144,13 +147,29 @@ def _run(
 ) -> _Outcome:
     """Run `command` sandboxed; output past `keep_bytes` is read and dropped."""
     bash_path = shutil.which("bash", path=DEFAULT_PATH) or "/bin/bash"
-    boxed = box(limits)
+    host = cgroups.probe()
+    boxed = box(limits, per_call_pids=host.pids is not None)
     marker = ""
     if not boxed.namespaced:
         marker = uuid.uuid4().hex
         env = {**env, MARKER_ENV: marker}
+    with cgroups.call_group(host, limits.max_procs, limits.max_memory_bytes) as join:
+        return _boxed(
+            [*join, *boxed.prefix, bash_path, "-c", command],
+            cwd,
+            env,
+            marker,
+            timeout_s,
+            keep_bytes,
+        )
+
+
+def _boxed(
+    argv: list[str], cwd: Path, env: dict[str, str], marker: str, timeout_s: float, keep_bytes: int
+) -> _Outcome:
+    """Run the boxed argv; every process it left is killed when it ends or times out."""
     with subprocess.Popen(
-        [*boxed.prefix, bash_path, "-c", command],
+        argv,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

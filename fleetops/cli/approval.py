@@ -10,7 +10,7 @@ from fleetops.cli.run import EXIT_OK, connect
 def approve(args: argparse.Namespace) -> int:
     """Approve the pending call; a worker runs it and the trace goes on."""
     fleet = connect()
-    fleet.approve(args.trace_id, args.approval_id)
+    fleet.approve(args.trace_id, args.approval_id, args.digest)
     print(f"approved: {args.trace_id} runs the call and resumes")
     return EXIT_OK
 
@@ -18,6 +18,6 @@ def approve(args: argparse.Namespace) -> int:
 def deny(args: argparse.Namespace) -> int:
     """Deny the pending call; the model reads the reason, nothing runs."""
     fleet = connect()
-    fleet.deny(args.trace_id, args.reason, args.approval_id)
+    fleet.deny(args.trace_id, args.reason, args.approval_id, args.digest)
     print(f"denied: {args.trace_id} resumes without the call")
     return EXIT_OK

@@ -163,6 +163,11 @@ def _add_approval(commands: Any) -> None:
         parser.add_argument(
             "--id", dest="approval_id", help="the pending call's id (refused if another)"
         )
+        parser.add_argument(
+            "--digest",
+            help="the digest `fleet trace list --waiting` showed with the call (refused if"
+            " the waiting call is another)",
+        )
 
 
 def _add_trace(commands: Any) -> None:
@@ -215,6 +220,11 @@ def _add_experience(commands: Any) -> None:
     reflect.add_argument("trace_id")
     reflect.add_argument("--model", help="the reflection's model (else the default)")
     reflect.add_argument("--timeout-s", type=positive_float, default=None)
+    reflect.add_argument(
+        "--scope",
+        help="where the proposals go: one of the scopes the tree ran in (default: its"
+        " project, else its user, else agent:PRESET); never a scope the model names",
+    )
     for parser in (add, listing, show, remove, approve, reflect):
         parser.add_argument("--json", action="store_true")
 

@@ -76,7 +76,9 @@ def _show(experience: Experience, as_json: bool) -> int:
 
 def reflect(args: argparse.Namespace) -> int:
     """Propose experiences from a finished tree; none is shown to a run until approved."""
-    proposed = connect().reflect(args.trace_id, model=args.model, timeout_s=args.timeout_s)
+    proposed = connect().reflect(
+        args.trace_id, model=args.model, timeout_s=args.timeout_s, scope=args.scope
+    )
     if args.json:
         print_json([e.model_dump(mode="json") for e in proposed])
         return EXIT_OK

@@ -10,7 +10,7 @@ from fleet.conversation.human import TIMEOUT_KEY, waiting_on
 from fleet.errors import ConfigError
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
-from fleetops.cli.output import printable, report
+from fleetops.cli.output import approval_lines, printable, report
 
 
 def check_run_arguments(args: argparse.Namespace) -> None:
@@ -61,6 +61,7 @@ def run_inline(args: argparse.Namespace) -> int:
         print(printable(f"? {question['question']}"), file=sys.stderr)
         how = f"fleet reply {trace.trace_id} ANSWER"
         if question.get("kind") == "approval":
+            print(approval_lines(trace.trace_id, question), file=sys.stderr)
             how = f"fleet approve {trace.trace_id}` or `fleet deny {trace.trace_id} REASON"
         print(f"waiting: answer with `{how}`", file=sys.stderr)
     return report(local.store, trace, as_json=args.json)

@@ -109,6 +109,9 @@ def list_object(trace: Trace) -> dict[str, Any]:
         "mode": trace.mode,
         "task": trace.task,
         "question": (waiting_on(trace) or {}).get("question"),
+        # A call waiting for approval: as shown to a person, and the digest to answer it.
+        "shown": (waiting_on(trace) or {}).get("shown"),
+        "digest": (waiting_on(trace) or {}).get("digest"),
         "created_at_ms": trace.created_at_ms,
     }
 
@@ -239,3 +242,16 @@ def report(store: TraceStore, trace: Trace, *, as_json: bool) -> int:
 def print_json(value: object) -> None:
     """Machine-readable output on stdout, control characters escaped."""
     print(dumps(value))
+
+
+def approval_lines(trace_id: str, waiting: dict[str, Any]) -> str:
+    """The whole call a trace waits to have approved, and how to approve exactly it.
+
+    `shown` is already neutralised where it was made (`fleet.conversation.shown_call`);
+    `printable` strips anything else, since it comes from Redis.
+    """
+    call = str(waiting.get("shown") or waiting.get("tool") or "")
+    digest = str(waiting.get("digest") or "")
+    how = f"fleet approve {trace_id} --digest {digest}" if digest else f"fleet approve {trace_id}"
+    lines = [*call.splitlines(), f"digest: {digest}", f"approve with `{how}`"]
+    return "\n".join("    " + printable(line) for line in lines)

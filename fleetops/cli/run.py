@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from fleet.client import Fleet, Handle
 from fleet.errors import (
@@ -160,8 +162,7 @@ def show_progress(events: Iterable[Event], root: str, asker: Asker | None = None
         if asker is None or not _is_question(event, root):
             continue
         if event.data.get("type") == "approval":
-            question, call_id = str(event.data.get("question", "")), event.data.get("tool_call_id")
-            if not asker.approve(event.trace_id, question, str(call_id) if call_id else None):
+            if not asker.approve(event.trace_id, Shown.of(event.data)):
                 return event.trace_id  # nobody here can approve it: the run ends (exit 3)
         elif not asker.ask(root, str(event.data.get("question", ""))):
             return root  # nobody here can answer it: the run ends (exit 3), the tree waits
@@ -221,11 +222,17 @@ class Asker:
             print(f"fleet: {exc}", file=sys.stderr, flush=True)
         return True
 
-    def approve(self, trace_id: str, question: str, approval_id: str | None) -> bool:
-        """Prompt y/n for a call waiting for approval and answer it; False off a terminal."""
-        hint = f"waiting for `fleet approve {trace_id}` or `fleet deny {trace_id} REASON`"
+    def approve(self, trace_id: str, shown: Shown) -> bool:
+        """Show the whole call, prompt y/n and answer it; False off a terminal.
+
+        The answer carries the call's id and the digest of the call shown: one that is
+        not the call waiting is refused (`fleet.conversation.approval`).
+        """
+        digest = f" --digest {shown.digest}" if shown.digest else ""
+        hint = f"waiting for `fleet approve {trace_id}{digest}` or `fleet deny {trace_id} REASON`"
         if self.interrupt.is_set():
             return True
+        print(printable(shown.text), file=sys.stderr, flush=True)
         if not self.interactive:
             print(hint, file=sys.stderr, flush=True)
             return False
@@ -242,12 +249,34 @@ class Asker:
             return False
         try:
             if answer == "y":
-                self.fleet.approve(trace_id, approval_id)  # exactly the call shown
+                self.fleet.approve(trace_id, shown.call_id, shown.digest)  # exactly as shown
             else:
-                self.fleet.deny(trace_id, "denied at the terminal", approval_id)
+                self.fleet.deny(trace_id, "denied at the terminal", shown.call_id, shown.digest)
         except ConversationError as exc:  # answered elsewhere meanwhile
             print(f"fleet: {exc}", file=sys.stderr, flush=True)
         return True
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A waiting approval as its event tells it: the call as shown, its id and digest."""
+
+    text: str
+    call_id: str | None
+    digest: str | None
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Shown:
+        """From a `{type: approval, status: waiting}` collaborator event's data."""
+        call_id, digest = data.get("tool_call_id"), data.get("digest")
+        text = str(data.get("shown") or data.get("tool") or "")
+        if digest:
+            text += f"\n  digest: {digest}"
+        return cls(
+            "\n".join(f"  {line}" for line in text.splitlines()),
+            str(call_id) if call_id else None,
+            str(digest) if digest else None,
+        )
 
 
 def progress_line(event: Event, root: str) -> str | None:

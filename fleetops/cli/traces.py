@@ -7,7 +7,14 @@ import argparse
 from fleet.conversation.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
-from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
+from fleetops.cli.output import (
+    approval_lines,
+    list_object,
+    print_json,
+    printable,
+    render_tree,
+    trace_object,
+)
 from fleetops.discovery import fleet_settings
 
 
@@ -46,8 +53,11 @@ def list_traces(args: argparse.Namespace) -> int:
         print_json([list_object(t) for t in rows])
     else:
         for t in rows:
-            question = (waiting_on(t) or {}).get("question")
+            waiting = waiting_on(t) or {}
+            question = waiting.get("question")
             text = f"? {question}" if args.waiting and question else t.task
             shown = " ".join(printable(text).split())[:80]
             print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {shown}")
+            if args.waiting and waiting.get("kind") == "approval":
+                print(approval_lines(t.trace_id, waiting))
     return 0

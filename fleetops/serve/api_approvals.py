@@ -1,15 +1,16 @@
 """`fleet serve`'s approval endpoints: what `fleet approve` and `fleet deny` do, as JSON.
 
     GET  /api/approvals[?limit=N]                         {"approvals": [...]}
-    POST /api/traces/{id}/approve  {approval_id}          {"approved": id, "approval_id": ...}
-    POST /api/traces/{id}/deny     {approval_id, reason}  {"denied": id, "approval_id": ...}
+    POST /api/traces/{id}/approve  {approval_id, digest}          {"approved": id, ...}
+    POST /api/traces/{id}/deny     {approval_id, digest, reason}  {"denied": id, ...}
 
 Each answer goes through `Fleet.approve` / `Fleet.deny` (`fleet.conversation.approval`), so
 the API decides nothing the CLI does not: exactly one answer lands per wait; a second one,
 a trace with nothing pending, or an `approval_id` that is not the call the trace waits on
 (a forged id, another tree's) is refused with 409 and nothing runs. The API requires the
-`approval_id` (the CLI's `--id` is optional): a button answers the call it showed, never
-one that came after it.
+`approval_id` and the `digest` of the call as it was shown (`shown`, see
+`fleet.conversation.shown_call`; the CLI's `--id` and `--digest` are optional): a button
+answers the call it showed, never one that came after it or one cut out of sight.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def _approval(trace: Trace, pending: dict[str, Any]) -> dict[str, Any]:
         "approval_id": pending["tool_call_id"],
         "tool": pending["tool"],
         "arguments": pending["arguments"],  # as stored: the worker's secrets masked
+        "shown": pending.get("shown", ""),  # what a person reads: acted-on arguments in full
+        "digest": pending.get("digest", ""),
         "question": pending.get("question", ""),
         "updated_at_ms": trace.updated_at_ms,
     }
@@ -65,28 +68,28 @@ class ApprovalsHandler(ActionHandler):
 
 
 class ApproveHandler(ActionHandler):
-    """`POST /api/traces/{id}/approve {"approval_id": CALL_ID}`: the call runs, the trace on."""
+    """`POST /api/traces/{id}/approve {"approval_id", "digest"}`: the call runs, the trace on."""
 
     async def post(self, raw_id: str) -> None:
         trace_id = self.trace_id(raw_id)
-        data = self.fields(frozenset({"approval_id"}))
-        approval_id = self.text(data, "approval_id")
-        await self.act(self.fleet.approve, trace_id, approval_id)
+        data = self.fields(frozenset({"approval_id", "digest"}))
+        approval_id, digest = self.text(data, "approval_id"), self.text(data, "digest")
+        await self.act(self.fleet.approve, trace_id, approval_id, digest)
         self.reply({"approved": trace_id, "approval_id": approval_id})
 
 
 class DenyHandler(ActionHandler):
-    """`POST /api/traces/{id}/deny {"approval_id", "reason"}`: the model reads the reason."""
+    """`POST /api/traces/{id}/deny {"approval_id", "digest", "reason"}`: the model reads it."""
 
     async def post(self, raw_id: str) -> None:
         trace_id = self.trace_id(raw_id)
-        data = self.fields(frozenset({"approval_id", "reason"}))
-        approval_id = self.text(data, "approval_id")
+        data = self.fields(frozenset({"approval_id", "digest", "reason"}))
+        approval_id, digest = self.text(data, "approval_id"), self.text(data, "digest")
         reason = self.text(data, "reason")
         assert reason is not None  # required
         if len(reason) > MAX_REASON_CHARS:
             raise ApiError(400, f"the reason is at most {MAX_REASON_CHARS} characters")
-        await self.act(self.fleet.deny, trace_id, reason, approval_id)
+        await self.act(self.fleet.deny, trace_id, reason, approval_id, digest)
         self.reply({"denied": trace_id, "approval_id": approval_id})
 
 

@@ -73,15 +73,19 @@ function replyForm(waiting, act) {
 function approvalForm(waiting, act) {
   const form = el("div", "action-form");
   form.id = "approval-form";
-  const args = typeof waiting.arguments === "string" ? waiting.arguments : JSON.stringify(waiting.arguments, null, 2);
-  form.append(el("div", "question", "wants to run " + waiting.tool), el("pre", "arguments", args));
+  // The call as the fleet shows it: every acted-on argument in full, "… N more characters"
+  // for whatever is cut, control characters escaped; the answer carries its digest.
+  const shown = waiting.shown || JSON.stringify(waiting.arguments, null, 2);
+  form.append(el("div", "question", "wants to run " + waiting.tool), el("pre", "arguments", shown));
+  form.append(el("div", "digest", "digest " + (waiting.digest || "")));
   const id = waiting.tool_call_id;
+  const digest = waiting.digest;
   const reason = el("input");
   reason.id = "deny-reason";
   reason.placeholder = "reason to deny (required)";
   reason.setAttribute("aria-label", "reason to deny");
-  form.append(button("Approve", act("approve", () => ({ approval_id: id }), "approved")));
-  form.append(reason, button("Deny", act("deny", () => ({ approval_id: id, reason: reason.value }), "denied"), "danger"));
+  form.append(button("Approve", act("approve", () => ({ approval_id: id, digest }), "approved")));
+  form.append(reason, button("Deny", act("deny", () => ({ approval_id: id, digest, reason: reason.value }), "denied"), "danger"));
   return form;
 }
 
