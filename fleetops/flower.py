@@ -59,8 +59,26 @@ class _Named:
         return getattr(self._task, attribute)
 
 
+def guard_code(command: str) -> None:
+    """`check_interpreter` on this process's roots; one line and exit 2 when refused."""
+    from fleet.errors import ConfigError
+    from fleet.security.trust import check_interpreter
+    from fleet.settings import process_settings
+
+    try:
+        check_interpreter(process_settings().workspace_roots)
+    except ConfigError as exc:
+        print(f"{command}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def main(argv: list[str]) -> None:
-    """Secure Flower, then run `celery --app workers.app:app flower ARGV`."""
+    """Secure Flower, then run `celery --app workers.app:app flower ARGV`.
+
+    Its imports are guarded first: Celery's `--app` imports with the working directory on
+    `sys.path` (`celery.utils.imports.import_from_cwd`).
+    """
+    guard_code("fleet flower")
     from celery.bin.celery import main as celery_main
 
     secure_flower()

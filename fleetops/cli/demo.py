@@ -17,6 +17,7 @@ from fleet.settings import Settings, process_env
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
 from fleetops.discovery import read_state, redis_answers
+from fleetops.supervisor import python_module
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "fleet" / "examples" / "explore.yaml"
 STATE_DIR_ENV = "FLEET_STATE_DIR"
@@ -57,7 +58,7 @@ def run_demo(args: argparse.Namespace) -> int:
     model = demo_model(args.model, settings)
     print(f"starting a local fleet (state in {state_dir}) ...", file=sys.stderr)
     up = subprocess.Popen(
-        [sys.executable, "-m", "fleetops.cli.main", "up", "--workers", "1"],
+        python_module("fleetops.cli.main", "up", "--workers", "1"),
         cwd=args.workspace,
         env=base_env,
         start_new_session=True,
