@@ -19,7 +19,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
