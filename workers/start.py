@@ -54,6 +54,9 @@ def main(argv: Sequence[str]) -> int:
     import celery
 
     celery.maybe_patch_concurrency([PROG, *argv])  # gevent: before anything opens a socket
+    from fleet.hidden_imports import hidden, import_redis_without_metrics_sdk
+
+    import_redis_without_metrics_sdk()  # before Celery and kombu import redis-py
     from fleet.errors import ConfigError
     from fleet.security.trust import check_interpreter
     from fleet.settings import process_settings
@@ -63,9 +66,6 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"fleet worker: {exc}", file=sys.stderr, flush=True)
         return 2
-    from fleet.hidden_imports import hidden, import_redis_without_metrics_sdk
-
-    import_redis_without_metrics_sdk()  # before Celery and kombu import redis-py
     import click
 
     with hidden("pygments"):  # see the module's docstring

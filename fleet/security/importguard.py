@@ -6,13 +6,14 @@ could have been, each closed here or at the spawn:
 
 - `python -m ...` puts its working directory first on `sys.path`; `fleet up` started its
   workers that way in its own directory, by default a root. The fleet's launchers now pass
-  `-P` (no such entry; `fleetops.supervisor.python_module`), and `guard_imports` drops any
-  entry inside a root that is there anyway (`PYTHONPATH`, a hand-typed `python -m`).
+  `-P` (no such entry; `fleetops.supervisor.python_module`); an entry inside a root that is
+  there anyway (`PYTHONPATH`, a hand-typed `python -m`) is passed over by `RootGuard`.
 - Celery puts the working directory back on `sys.path` while it imports task modules
   (`celery.utils.imports.cwd_in_path`), and a worker's working directory is a workspace;
   a module imported lazily later (a tool's HTTP client, a provider SDK) walks `sys.path`
-  again. `RootGuard`, first on `sys.meta_path`, refuses any import whose file lies in a
-  root, whoever put its folder on the path.
+  again. `RootGuard`, first on `sys.meta_path`, never loads a file that lies in a root,
+  whoever put its folder on the path: it takes the copy found outside the roots, else
+  the import fails.
 - A module already imported from a root has run: `guard_imports` refuses to go on.
 
 What this cannot catch: code that runs before the check, i.e. a shadowed `fleetops` or
@@ -54,11 +55,12 @@ def module_origins(module: ModuleType) -> list[str]:
 
 
 class RootGuard(importlib.abc.MetaPathFinder):
-    """A meta-path finder that refuses to import anything from inside a workspace root.
+    """A meta-path finder, first in line, that never loads code from a workspace root.
 
-    It asks the finders after it for the module's spec and returns that spec unchanged,
-    or raises `ImportError` when the spec's file or package folder lies in a root: the
-    import fails loudly instead of falling back to another copy.
+    It asks the finders after it for the module's spec. A spec whose file or package
+    folder lies in a root is a shadow: the module is looked up again on the path without
+    the roots' entries (the fleet's own copy, usually), and if there is none the import
+    fails with `ImportError` naming the module and the file.
     """
 
     def __init__(self, roots: tuple[Path, ...]) -> None:
@@ -71,37 +73,45 @@ class RootGuard(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        """The spec the other finders give, unless it would load code from a root."""
+        """The spec the other finders give, or the one found outside the roots."""
         for finder in list(sys.meta_path):
-            if finder is self or isinstance(finder, RootGuard):
-                continue
             find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
+            if isinstance(finder, RootGuard) or find is None:
+                continue
+            spec = find(fullname, path, target)
             if spec is None:
                 continue
-            for origin in _origins(spec):
-                if _inside(origin, self.roots):
-                    raise ImportError(
-                        f"refused to import {fullname!r} from {origin!r}: it is inside a"
-                        " workspace root, where agents write",
-                        name=fullname,
-                    )
-            return spec
+            shadow = self._in_root(spec)
+            if shadow is None:
+                return spec
+            entries = sys.path if path is None else path
+            outside = [p for p in entries if not _inside(p or os.curdir, self.roots)]
+            again = importlib.machinery.PathFinder.find_spec(fullname, outside, target)
+            if again is not None and self._in_root(again) is None:
+                return again
+            raise ImportError(
+                f"refused to import {fullname!r} from {shadow!r}: it is inside a workspace"
+                " root where agents write",
+                name=fullname,
+            )
         return None
+
+    def _in_root(self, spec: importlib.machinery.ModuleSpec) -> str | None:
+        return next((o for o in _origins(spec) if _inside(o, self.roots)), None)
 
 
 def guard_imports(roots: tuple[Path, ...]) -> None:
     """Keep this process's imports out of `roots`, now and for every later import.
 
-    Drops each `sys.path` entry inside a root (`''` is the working directory), refuses to
-    go on when a module was already imported from one, and puts a `RootGuard` for these
-    roots first on `sys.meta_path` (replacing an earlier one).
+    Refuses to go on when a module was already imported from a root, then puts a
+    `RootGuard` for these roots first on `sys.meta_path` (replacing an earlier one), which
+    covers every `sys.path` entry, those added later included (`''`, the working
+    directory, is one: a bare `python -m` adds it).
 
     Raises:
         ConfigError: a loaded module's file lies in a root; names the module and file.
     """
     real = tuple(Path(os.path.realpath(root)) for root in roots)
-    sys.path[:] = [p for p in sys.path if not _inside(p or os.curdir, real)]
     for name, module in list(sys.modules.items()):
         for origin in module_origins(module):
             if _inside(origin, real):

@@ -115,6 +115,8 @@ try:
     import planted_lazy
 except ImportError as exc:
     print("refused:", exc)
+import colorsys  # a shadow of a real module: the real one is imported
+assert colorsys.__file__.startswith(sys.base_prefix), colorsys.__file__
 """
 
 
@@ -122,8 +124,9 @@ def test_imports_from_a_root_are_refused_after_the_start_up_check(tmp_path: Path
     """Route: a module imported late (Celery's `import_from_cwd` of a task module, a lazy
     import after something put the working directory on `sys.path`) came from the root.
     Control: after the start-up check a meta-path guard refuses any import whose file is
-    inside a root: the planted module never runs, the import fails with one line."""
-    for name in ("planted_tool", "planted_lazy"):
+    inside a root: the planted module never runs; a shadow of a real module gives way to
+    it, a module found only in the root fails to import with one line."""
+    for name in ("planted_tool", "planted_lazy", "colorsys"):
         (tmp_path / f"{name}.py").write_text(f"open('ran-{name}', 'w').write('x')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     done = subprocess.run(
