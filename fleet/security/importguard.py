@@ -78,7 +78,7 @@ class RootGuard(importlib.abc.MetaPathFinder):
             find = getattr(finder, "find_spec", None)
             if isinstance(finder, RootGuard) or find is None:
                 continue
-            spec = find(fullname, path, target)
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
             if spec is None:
                 continue
             shadow = self._in_root(spec)
