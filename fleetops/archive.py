@@ -39,6 +39,7 @@ from fleet.storage.redis_archive import (
 )
 from fleet.storage.store import TraceStore
 from fleetops.archive_checks import (
+    refusal_of_events,
     refusal_of_ids,
     refusal_of_live,
     refusal_of_record,
@@ -195,6 +196,8 @@ def _read_line(
         check_tree(tree)
         if graft := refusal_of_tree(tree):
             raise _Refused(*graft)
+        if why := refusal_of_events(tree):
+            raise BadRecord(why)
         trees.append(tree)
         return []
     raise ValueError(f"unknown line kind {str(kind)[:40]!r}")

@@ -5,8 +5,8 @@ into the fleet's Redis, where listings, `trace show`, compaction, the owner chec
 `fleet run --continue` take them for the fleet's own. So a tree must stand alone and be over:
 
 - the root has no parent and every other trace's parent is a trace of the same tree, and
-  every agent collaborator entry names one (a parent elsewhere put the trace into another
-  tree's listing and `trace show`);
+  every agent collaborator entry and every event names one (a parent elsewhere put the
+  trace into another tree's listing and `trace show`);
 - every trace ended (completed, failed, stopped): nothing runs or waits on an import;
 - no field the fleet keeps for itself: in the trace hash only Trace fields, `stats` and
   messages (not `stop`, `uncounted`, a packed form or anything else); in `metadata` none of
@@ -16,9 +16,9 @@ into the fleet's Redis, where listings, `trace show`, compaction, the owner chec
   to import: its import mark (`keys.imported`) matches, so an import cut short runs again;
 - no trace id twice in the file.
 
-`refusal_of_record` and `refusal_of_tree` are the rules (one line each to extend);
-`check_live` needs the store. Export strips the reserved keys (`strip_reserved`), so the
-fleet's own archives import.
+`refusal_of_record`, `refusal_of_tree`, `refusal_of_events` and `refusal_of_ids` are the
+rules read from the file (one line each to extend); `refusal_of_live` needs the store.
+Export strips the reserved keys (`strip_reserved`), so the fleet's own archives import.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from fleet.models import TERMINAL, Collaborator, Trace
+from fleet.models import TERMINAL, Collaborator, Event, Trace
 from fleet.storage.redis_archive import TraceRecord, TreeArchive, TreeRecord
 from fleet.storage.redis_writes import MESSAGE_FIELD, TRACE_FIELDS
 
@@ -37,17 +37,20 @@ RESERVED_METADATA = frozenset(
         "waiting_on_batch",  # fleet.lifecycle.batch: the provider batch call parked
         "batch_call",  # fleet.batchapi.route
         "fan_out",  # fleet.conversation.fanout: the tasks a fan-out root explores
-        "turn",  # fleet.conversation.continuation
         "owner_heals",  # fleet.owners
         "transient_retries",  # fleet.loop.turns
         "overloads",  # fleet.loop.turns
         "model_fallbacks",  # fleet.llm.fallback
         "correction",  # fleet.loop.structured
-        "context",  # fleet.loop.fit: the note of a fitted context
         "warm_after_first",  # fleet.children.warming
     }
 )
-"""Metadata keys the fleet itself writes and reads back as run state, not the caller's."""
+"""Metadata keys the fleet itself writes and reads back as run state, not the caller's.
+
+Not here, though the fleet writes them too: `turn` (fleet.conversation.continuation) and
+`context` (fleet.loop.fit's note), which a continued import reads to tell its new turn's
+events from the archived ones and to count compactions; a forged value steers nothing.
+"""
 HASH_FIELDS = frozenset(TRACE_FIELDS)
 """The trace hash's fields an archive may carry, besides its messages (`m:N`)."""
 
@@ -77,6 +80,16 @@ def refusal_of_tree(tree: TreeRecord) -> tuple[TraceRecord, str] | None:
             child = Collaborator.model_validate_json(entry)
             if child.type == "agent" and child.trace_id not in ids:
                 return record, f"collaborator {child.trace_id[:80]!r} is not in its tree"
+    return None
+
+
+def refusal_of_events(tree: TreeRecord) -> str | None:
+    """Why the tree's events line may not be imported (an event of another tree), or None."""
+    ids = {record.trace_id for record in tree.traces}
+    for _, text in tree.events:
+        event = Event.model_validate_json(text)
+        if event.trace_id not in ids:
+            return f"an event of trace {event.trace_id[:80]!r}, which is not in tree"
     return None
 
 

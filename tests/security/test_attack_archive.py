@@ -90,6 +90,12 @@ def collaborator_elsewhere(items: list[Item], live: str) -> list[Item]:
     return [{**items[0], "collaborators": [[child, entry]]}, *items[1:]]
 
 
+def event_elsewhere(items: list[Item], live: str) -> list[Item]:
+    first_id, event = items[-1]["events"][0]
+    moved = [first_id, json.dumps({**json.loads(event), "trace_id": live})]
+    return [*items[:-1], {**items[-1], "events": [moved, *items[-1]["events"][1:]]}]
+
+
 def good_tree_then_graft(items: list[Item], live: str) -> list[Item]:
     """A whole good tree first: validation must reach the second before writing the first."""
     second = json.loads(json.dumps(items).replace(field(items[0], "trace_id"), "second-root"))
@@ -105,6 +111,7 @@ def good_tree_then_graft(items: list[Item], live: str) -> list[Item]:
         (approved_call, "root", "metadata 'approved_call'"),
         (stop_flag, "root", "field 'stop' is the fleet's own"),
         (collaborator_elsewhere, "root", "is not in its tree"),
+        (event_elsewhere, "events", "which is not in tree"),
         (good_tree_then_graft, "second", "is not in its tree"),
     ],
 )
@@ -126,7 +133,8 @@ def test_a_crafted_archive_is_refused_naming_its_line_and_writes_nothing(
         import_file(RedisStore(redis_db), path, 600)
 
     child = child_line(items) + 1
-    expected = {"root": 1, "child": child, "second": len(items) + child}[line]
+    lines = {"root": 1, "child": child, "second": len(items) + child, "events": len(items)}
+    expected = lines[line]
     message = str(caught.value)
     assert message.startswith(f"{path}:{expected}: ") and problem in message, message
     assert "\n" not in message
@@ -151,7 +159,8 @@ def test_the_fleets_own_archive_of_a_tree_with_run_state_imports(
     export(store, path, drop=True)
 
     assert import_file(RedisStore(redis_db), path, 600).traces == 2
-    assert RedisStore(redis_db).get_trace(root).metadata == {**trace.metadata, "mine": "kept"}
+    kept = {**trace.metadata, "turn": 2, "mine": "kept"}  # a continue reads `turn`
+    assert RedisStore(redis_db).get_trace(root).metadata == kept
 
 
 def test_an_import_cut_short_runs_again_over_what_it_wrote(
