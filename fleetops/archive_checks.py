@@ -4,6 +4,8 @@ An archive file is hostile input: anyone may have written it. The import writes 
 into the fleet's Redis, where listings, `trace show`, compaction, the owner check and
 `fleet run --continue` take them for the fleet's own. So a tree must stand alone and be over:
 
+- every id starts with the root's (a child's is `ROOT@...`: its keys are its tree's, on a
+  Redis Cluster in its root's slot);
 - the root has no parent and every other trace's parent is a trace of the same tree, and
   every agent collaborator entry and every event names one (a parent elsewhere put the
   trace into another tree's listing and `trace show`);
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from fleet.ids import root_of
 from fleet.models import TERMINAL, Collaborator, Event, Trace
 from fleet.storage.redis_archive import TraceRecord, TreeArchive, TreeRecord
 from fleet.storage.redis_writes import MESSAGE_FIELD, TRACE_FIELDS
@@ -71,6 +74,8 @@ def refusal_of_tree(tree: TreeRecord) -> tuple[TraceRecord, str] | None:
     """The first trace of `tree` that would graft it onto another tree, and why; or None."""
     ids = {record.trace_id for record in tree.traces}
     for record in tree.traces:
+        if root_of(record.trace_id) != tree.root_trace_id:  # its keys: another tree's
+            return record, f"id {record.trace_id!r} is not of tree {tree.root_trace_id!r}"
         parent = json.loads(record.fields.get("parent_trace_id", "null"))
         if record.trace_id == tree.root_trace_id and parent is not None:
             return record, f"root {record.trace_id!r} has a parent ({str(parent)[:80]!r})"

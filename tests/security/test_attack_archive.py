@@ -70,6 +70,13 @@ def reuse_live_root(items: list[Item], live: str) -> list[Item]:
     return moved
 
 
+def child_named_into_live(items: list[Item], live: str) -> list[Item]:
+    child = field(items[child_line(items)], "trace_id")
+    renamed = f"{live}@delegate-20260101000000-001"
+    moved: list[Item] = json.loads(json.dumps(items).replace(child, renamed))
+    return moved
+
+
 def unfinished(items: list[Item], live: str) -> list[Item]:
     i = child_line(items)
     return [*items[:i], set_field(items[i], "status", "running"), *items[i + 1 :]]
@@ -107,6 +114,7 @@ def good_tree_then_graft(items: list[Item], live: str) -> list[Item]:
     [
         (graft, "child", "is not in its tree"),
         (reuse_live_root, "root", "exists in this fleet's Redis"),
+        (child_named_into_live, "child", "is not of tree"),
         (unfinished, "child", "is running: only ended trees are imported"),
         (approved_call, "root", "metadata 'approved_call'"),
         (stop_flag, "root", "field 'stop' is the fleet's own"),
