@@ -54,9 +54,9 @@ def plant_steps(marker: Path) -> list[dict[str, object]]:
     return [*steps, tool_step("write_file", path="zz.pth", content=pth)]
 
 
-def fleet_run(workspace: Path, script: Path, task: str) -> dict[str, object]:
-    """The operator's plain `fleet run --json` in the fleet's directory; its JSON answer."""
-    done = subprocess.run(
+def fleet_run(workspace: Path, script: Path, task: str) -> subprocess.CompletedProcess[str]:
+    """The operator's plain `fleet run --json` in the fleet's directory."""
+    return subprocess.run(
         [*SAFE_CLI, "run", "--json", "--model", f"scripted:{script}", task],
         env=up_env(workspace, FLEET_ALLOW_SCRIPTED="1", FLEET_NO_WORKER_TIMEOUT_S="10"),
         cwd=workspace,
@@ -64,9 +64,13 @@ def fleet_run(workspace: Path, script: Path, task: str) -> dict[str, object]:
         text=True,
         timeout=RUN_TIMEOUT_S,
     )
+
+
+def answer(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    """The JSON `fleet run --json` printed (it succeeded)."""
     assert done.returncode == 0, done.stdout + done.stderr
-    answer: dict[str, object] = json.loads(done.stdout)
-    return answer
+    parsed: dict[str, object] = json.loads(done.stdout)
+    return parsed
 
 
 @pytest.mark.integration
@@ -83,7 +87,7 @@ def test_a_package_planted_in_fleet_ups_directory_never_runs_in_a_restarted_work
     plant = steps_script(tmp_path / "plant.yaml", plant_steps(marker))
     env = {**SECRET_ENV, "FLEET_NO_WORKER_TIMEOUT_S": "10"}
     with fleet_up(workspace, "--workers", "1", "--concurrency", "2", **env) as (_, state):
-        planted = fleet_run(workspace, plant, "plant the shadows")
+        planted = answer(fleet_run(workspace, plant, "plant the shadows"))
         assert planted["status"] == "completed", planted
         assert (workspace / "celery" / "__init__.py").exists()
         (old,) = state.worker_pids
@@ -97,7 +101,7 @@ def test_a_package_planted_in_fleet_ups_directory_never_runs_in_a_restarted_work
         after = fleet_run(workspace, steps_script(tmp_path / "noop.yaml", []), "still there?")
     ran = sorted(p.name for p in tmp_path.glob("ran-*"))
     assert ran == [], f"planted code ran: {ran}"
-    assert after["status"] == "completed", after  # the restarted worker took it
+    assert answer(after)["status"] == "completed", after  # the restarted worker took it
 
 
 LAZY_PROBE = """
