@@ -7,9 +7,12 @@ ROOT, "events": [[id, event], ...]}`). Only trees whose every trace ended are ex
 
 Export writes a temporary file beside the target and renames it once complete (an export
 cut short leaves no file), and refuses to replace an existing one; `--drop` deletes the
-trees from Redis only after that. Import reads and checks the whole file before it writes
-anything (a bad line is one error naming the file and line), then writes each tree back
-compacted with the retention TTL, never over a trace Redis already holds.
+trees from Redis only after that. It leaves out the fleet's run state
+(`fleetops.archive_checks.strip_reserved`). Import reads and checks the whole file before
+it writes anything, and refuses trees that would graft onto or steer the fleet's own (ids
+Redis holds, parents outside the tree, unfinished traces, the fleet's reserved fields:
+`fleetops.archive_checks`); a refusal is one error naming the file and line. Then it
+writes each tree back compacted with the retention TTL.
 """
 
 from __future__ import annotations
@@ -35,6 +38,14 @@ from fleet.storage.redis_archive import (
     check_tree,
 )
 from fleet.storage.store import TraceStore
+from fleetops.archive_checks import (
+    refusal_of_events,
+    refusal_of_ids,
+    refusal_of_live,
+    refusal_of_record,
+    refusal_of_tree,
+    strip_reserved,
+)
 
 MAX_LINE_BYTES = 256 * 1024 * 1024
 """A line longer than this is refused (a tree of 10,000 branches is far smaller)."""
@@ -96,7 +107,7 @@ def _finished(store: TraceStore, roots: Sequence[str]) -> Iterator[TreeRecord]:
             if roots:
                 raise TraceNotFound(f"no trace {root!r}")
             continue
-        yield tree
+        yield TreeRecord(root, [strip_reserved(t) for t in tree.traces], tree.events)
 
 
 def _all_roots(store: TraceStore, archive: TreeArchive, page: int = 1_000) -> Iterator[str]:
@@ -126,6 +137,14 @@ class _EventsLine(BaseModel):
     events: list[tuple[str, str]]
 
 
+class _Refused(BadRecord):
+    """A rule of `fleetops.archive_checks` broken by the trace read at `record.line`."""
+
+    def __init__(self, record: TraceRecord, why: str) -> None:
+        super().__init__(why)
+        self.line = record.line
+
+
 def read_file(path: Path) -> list[TreeRecord]:
     """Every tree of an archive file, checked; `ConfigError` naming the file and line."""
     trees: list[TreeRecord] = []
@@ -134,13 +153,16 @@ def read_file(path: Path) -> list[TreeRecord]:
         with path.open("rb") as lines:
             for number, raw in enumerate(lines, 1):
                 try:
-                    pending = _read_line(raw, pending, trees)
+                    pending = _read_line(raw, number, pending, trees)
                 except (BadRecord, ValidationError, ValueError) as exc:
-                    raise ConfigError(f"{path}:{number}: {_problem(exc)}") from None
+                    line = exc.line if isinstance(exc, _Refused) else number
+                    raise ConfigError(f"{path}:{line}: {_problem(exc)}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
     if pending:
         raise ConfigError(f"{path}: ends inside a tree (no events line after its traces)")
+    if twice := refusal_of_ids(trees):
+        raise ConfigError(f"{path}:{twice[0].line}: {twice[1]}")
     return trees
 
 
@@ -154,7 +176,7 @@ def _problem(exc: Exception) -> str:
 
 
 def _read_line(
-    raw: bytes, pending: list[TraceRecord], trees: list[TreeRecord]
+    raw: bytes, number: int, pending: list[TraceRecord], trees: list[TreeRecord]
 ) -> list[TraceRecord]:
     """Add one line: a trace to `pending`, or an events line closing a tree into `trees`."""
     if len(raw) > MAX_LINE_BYTES:
@@ -163,13 +185,19 @@ def _read_line(
     kind = item.get("kind") if isinstance(item, dict) else None
     if kind == "trace":
         line = _TraceLine.model_validate_json(raw)
-        record = TraceRecord(line.fields, list(line.collaborators))
-        check_trace(record)  # here, so that the error names this line
+        record = TraceRecord(line.fields, list(line.collaborators), number)
+        trace = check_trace(record)  # here, so that the error names this line
+        if why := refusal_of_record(record, trace):
+            raise BadRecord(why)
         return [*pending, record]
     if kind == "events":
         events = _EventsLine.model_validate_json(raw)
         tree = TreeRecord(events.root, pending, list(events.events))
         check_tree(tree)
+        if graft := refusal_of_tree(tree):
+            raise _Refused(*graft)
+        if why := refusal_of_events(tree):
+            raise BadRecord(why)
         trees.append(tree)
         return []
     raise ValueError(f"unknown line kind {str(kind)[:40]!r}")
@@ -179,5 +207,8 @@ def import_file(store: TraceStore, path: Path, retention_s: int) -> Done:
     """Every tree of the file back in Redis (checked whole first), compacted."""
     trees = read_file(path)
     archive = store.capability(ARCHIVE)
+    for tree in trees:  # every tree before the first write: a refusal writes nothing
+        if live := refusal_of_live(archive, tree):
+            raise ConfigError(f"{path}:{live[0].line}: {live[1]}")
     written = sum(archive.write_tree(tree, retention_s) for tree in trees)
     return Done(len(trees), written)

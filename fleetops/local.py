@@ -19,7 +19,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -53,6 +52,7 @@ from fleetops.supervisor import (
     SUPERVISOR_PID_ENV,
     Child,
     die_with_parent,
+    python_module,
     spawn,
     stop_all,
     supervise,
@@ -360,7 +360,7 @@ def _start_workers(
     for i in range(1, options.workers + 1):
         name = f"worker{i}.{os.getpid()}@{host}"
         log_path = state_dir / LOG_DIR / f"worker-{i}.log"
-        argv = [sys.executable, "-m", "fleetops.cli.main", "worker", "--hostname", name]
+        argv = python_module("fleetops.cli.main", "worker", "--hostname", name)
         argv += ["--concurrency", str(options.concurrency)] if options.concurrency else []
         child = Child.launch(f"worker {i}", partial(spawn, argv, env, log_path), log_path)
         children.append(child)
@@ -375,8 +375,7 @@ def _start_flower(
     if not options.flower:
         return None
     log_path = state_dir / LOG_DIR / "flower.log"
-    argv = [sys.executable, "-m", "fleetops.cli.main", "flower"]
-    argv += ["--port", str(options.flower_port)]
+    argv = python_module("fleetops.cli.main", "flower", "--port", str(options.flower_port))
     flower = Child.launch("flower", partial(spawn, argv, env, log_path), log_path)
     children.append(flower)
     url = f"http://{LOOPBACK}:{options.flower_port}"

@@ -52,6 +52,16 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def python_module(module: str, *args: str) -> list[str]:
+    """The argv running `python -m module args` on this interpreter, without `-m`'s path entry.
+
+    `-P`: `python -m` would put the working directory (for `fleet up`, by default a
+    workspace root) first on the child's `sys.path`, so a package an agent wrote there would
+    shadow the fleet's own (`fleet.security.importguard`).
+    """
+    return [sys.executable, "-P", "-m", module, *args]
+
+
 def spawn(argv: list[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     """Start `argv` in its own process group, output appended to `log_path`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -93,7 +93,7 @@ def test_fleet_worker_execs_the_module_for_gevent(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr("fleetops.cli.ops.os.execve", execve)
     with pytest.raises(SystemExit):
         ops._exec_worker(["worker", "-Q", "fleet.main", "--pool", "gevent"], {})
-    assert seen == [[sys.executable, "-m", "workers", "-Q", "fleet.main", "--pool", "gevent"]]
+    assert seen == [[sys.executable, "-P", "-m", "workers", "-Q", "fleet.main", "--pool", "gevent"]]
 
 
 # What `workers.start` relies on in Celery 5.7.0 (its module docstring says why).

@@ -57,6 +57,15 @@ def main(argv: Sequence[str]) -> int:
     from fleet.hidden_imports import hidden, import_redis_without_metrics_sdk
 
     import_redis_without_metrics_sdk()  # before Celery and kombu import redis-py
+    from fleet.errors import ConfigError
+    from fleet.security.trust import check_interpreter
+    from fleet.settings import process_settings
+
+    try:  # before Celery imports task modules with the working directory on sys.path
+        check_interpreter(process_settings().workspace_roots)
+    except ConfigError as exc:
+        print(f"fleet worker: {exc}", file=sys.stderr, flush=True)
+        return 2
     import click
 
     with hidden("pygments"):  # see the module's docstring

@@ -79,8 +79,10 @@ def _check_origin(name: str, top: str, roots: Sequence[Path], source: str) -> No
     """Refuse a module that would load from inside a workspace root (or not at all)."""
     try:
         spec = importlib.util.find_spec(top)  # a top-level name: finds, runs nothing
-    except (ImportError, ValueError):
+    except ValueError:
         spec = None
+    except ImportError as exc:  # the import guard's: its only copy is inside a root
+        raise ConfigError(f"{source}: {name!r}: {str(exc).splitlines()[0]}") from None
     if spec is None:
         raise ConfigError(f"{source}: {name!r}: no module {top!r}")
     places = [*(spec.submodule_search_locations or ()), *([spec.origin] if spec.origin else [])]

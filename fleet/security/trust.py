@@ -11,7 +11,8 @@ keep each of them inside what the operator set in the environment:
   send `AWS_SECRET_ACCESS_KEY` as a bearer token;
 - `scripted:` models, which read a file the trace names, load only when enabled;
 - the worker's own interpreter, site-packages and package lie outside every root, so no
-  tool can plant code it runs later (a `.pth` file runs at every interpreter start).
+  tool can plant code it runs later (a `.pth` file runs at every interpreter start), and
+  nothing it imports comes from a root (`fleet.security.importguard`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from fleet.errors import ConfigError
+from fleet.security.importguard import guard_imports
 
 WORKSPACE_ROOTS_ENV = "FLEET_WORKSPACE_ROOTS"
 ALLOW_SCRIPTED_ENV = "FLEET_ALLOW_SCRIPTED"
@@ -101,7 +103,12 @@ def worker_paths() -> tuple[Path, ...]:
 
 
 def check_interpreter(roots: tuple[Path, ...]) -> None:
-    """Refuse to run from code an agent could write: any `worker_paths()` inside a root."""
+    """Refuse to run from code an agent could write; keep every later import out of the roots.
+
+    Any `worker_paths()` inside a root is refused; then `guard_imports` drops the
+    `sys.path` entries inside a root, refuses a module already imported from one, and
+    guards every later import (lazy ones, Celery's `cwd_in_path`).
+    """
     for path in worker_paths():
         if _real_under(path.resolve(), roots) or _real_under(path, roots):
             raise ConfigError(
@@ -109,6 +116,7 @@ def check_interpreter(roots: tuple[Path, ...]) -> None:
                 f" can write: install it outside {WORKSPACE_ROOTS_ENV}"
                 f" ({os.pathsep.join(str(r) for r in roots)}) or narrow the roots"
             )
+    guard_imports(roots)
 
 
 def allowed_key_envs(value: str | None) -> frozenset[str]:

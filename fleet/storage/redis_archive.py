@@ -9,6 +9,7 @@ compacted tree with the retention TTL, leaving alone any trace Redis already hol
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import cast
@@ -36,6 +37,8 @@ class TraceRecord:
 
     fields: dict[str, str]
     collaborators: list[tuple[str, str]] = field(default_factory=list)
+    line: int = field(default=0, compare=False)
+    """The line of the archive file it was read from (0: read from Redis)."""
 
     @property
     def trace_id(self) -> str:
@@ -61,6 +64,10 @@ class TreeRecord:
             json.dumps({"kind": "events", "root": self.root_trace_id, "events": self.events})
         )
         return out
+
+    def digest(self) -> str:
+        """What identifies this tree's content (its lines, hashed)."""
+        return hashlib.sha256("\n".join(self.lines()).encode()).hexdigest()
 
 
 def read_tree(client: redis.Redis, root_trace_id: str) -> TreeRecord | None:
@@ -170,6 +177,7 @@ def write_tree(client: redis.Redis, tree: TreeRecord, retention_s: int) -> int:
     leaves whole traces, and running it again writes the rest.
     """
     written, cluster = 0, is_cluster(client)
+    client.set(keys.imported(tree.root_trace_id), tree.digest(), ex=retention_s)
     for record in tree.traces:
         trace_id = record.trace_id
         parent = json.loads(record.fields.get("parent_trace_id", "null"))
@@ -191,10 +199,30 @@ def write_tree(client: redis.Redis, tree: TreeRecord, retention_s: int) -> int:
     return written
 
 
+def held(client: redis.Redis, tree: TreeRecord) -> dict[str, bool]:
+    """Each trace id of the tree -> whether Redis holds any key of it (or of its tree)."""
+    root = tree.root_trace_id
+    pipe = client.pipeline(transaction=False)
+    for key in (keys.events(root), keys.events_archive(root), keys.tree_dict(root)):
+        pipe.exists(key)
+    for record in tree.traces:
+        trace_id = record.trace_id
+        for key in (keys.trace(trace_id), keys.children(trace_id), keys.collaborators(trace_id)):
+            pipe.exists(key)
+    found = [bool(n) for n in pipe.execute()]
+    tree_keys, per_trace = any(found[:3]), found[3:]
+    return {
+        record.trace_id: any(per_trace[3 * i : 3 * i + 3])
+        or (tree_keys and record.trace_id == root)
+        for i, record in enumerate(tree.traces)
+    }
+
+
 def drop_tree(client: redis.Redis, tree: TreeRecord) -> None:
     """Every key of the tree deleted, and its traces out of the traces index."""
     root = tree.root_trace_id
     doomed = [keys.events(root), keys.events_archive(root), keys.tree_dict(root)]
+    doomed.append(keys.imported(root))
     for record in tree.traces:
         trace_id = record.trace_id
         doomed += [keys.trace(trace_id), keys.children(trace_id)]
@@ -226,6 +254,15 @@ class TreeArchive:
     def drop_tree(self, tree: TreeRecord) -> None:
         """`drop_tree` on this store's Redis."""
         drop_tree(self._client, tree)
+
+    def held(self, tree: TreeRecord) -> dict[str, bool]:
+        """`held` on this store's Redis."""
+        return held(self._client, tree)
+
+    def import_mark(self, root_trace_id: str) -> str | None:
+        """The digest of the tree an import wrote (or began) under this root, if any."""
+        value = self._client.get(keys.imported(root_trace_id))
+        return None if value is None else str(value)
 
     def newest_ids(self, start: int, count: int) -> list[str]:
         """Trace ids of the traces index, newest first, from `start` (a page of `count`)."""

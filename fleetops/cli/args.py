@@ -64,6 +64,17 @@ def port_number(text: str) -> int:
     return value
 
 
+OPEN_ADDRESSES = frozenset({"127.0.0.1", "::1", "localhost"})
+"""Where a console may listen without a token: this host's own loopback addresses. Not
+the rest of 127.0.0.0/8 (127.0.0.2 ...): nothing there is meant to be reached, and a
+rebinding page's `Host` check keyed to "loopback" let it through."""
+
+
+def needs_no_token(address: str) -> bool:
+    """Whether a console on `address` may go without a bearer token (`OPEN_ADDRESSES`)."""
+    return address in OPEN_ADDRESSES
+
+
 def is_loopback(address: str) -> bool:
     """Whether a server would listen on loopback only ('' means every interface)."""
     if address == "localhost":

@@ -386,6 +386,12 @@ def _add_servers(commands: Any) -> None:
     )
     mcp.add_argument("--http", type=port_number, metavar="PORT", help="streamable HTTP")
     mcp.add_argument("--address", default="127.0.0.1", help="with --http; default 127.0.0.1")
+    mcp.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="HOST",
+        help="with --http: a Host name clients (a proxy) use besides the address; repeatable",
+    )
     metrics = _command(
         commands,
         "metrics",

@@ -18,6 +18,7 @@ from fleet.settings import Settings, process_env
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
 from fleetops.discovery import read_state, redis_answers
+from fleetops.supervisor import python_module
 
 EXAMPLE = EXAMPLE_SCRIPT
 STATE_DIR_ENV = "FLEET_STATE_DIR"
@@ -58,7 +59,7 @@ def run_demo(args: argparse.Namespace) -> int:
     model = demo_model(args.model, settings)
     print(f"starting a local fleet (state in {state_dir}) ...", file=sys.stderr)
     up = subprocess.Popen(
-        [sys.executable, "-m", "fleetops.cli.main", "up", "--workers", "1"],
+        python_module("fleetops.cli.main", "up", "--workers", "1"),
         cwd=args.workspace,
         env=base_env,
         start_new_session=True,

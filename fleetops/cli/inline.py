@@ -32,14 +32,14 @@ def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_inline(args: argparse.Namespace) -> int:
     """Run the task in-process and print the answer (or the JSON object)."""
-    from fleet.inprocess import InProcessFleet  # the runner and tools: only `--inline` runs them
-
     check_run_arguments(args)
     settings = process_settings()
     if args.workspace is not None or "FLEET_WORKSPACE" in settings.env:
         settings = settings.with_workspace(args.workspace or settings.workspace)
     # The tools run in this process, as in a worker: its code must be out of agents' reach.
-    check_interpreter(settings.workspace_roots)
+    check_interpreter(settings.workspace_roots)  # and guards every import from here on
+    from fleet.inprocess import InProcessFleet  # the runner and tools: only `--inline` runs them
+
     redis = bool(settings.env.get("FLEET_REDIS_URL"))
     if args.continue_id and not redis:
         raise ConfigError("--inline --continue needs the trace's store: set FLEET_REDIS_URL")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import hmac
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from fleet.errors import ConfigError
-from fleetops.cli.args import is_loopback
+from fleetops.cli.args import OPEN_ADDRESSES, is_loopback, needs_no_token
 from fleetops.cli.serve import MIN_TOKEN_CHARS, TOKEN_ENV
 
 Scope = MutableMapping[str, Any]
@@ -17,17 +17,55 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
 def mcp_token(address: str, token: str | None) -> str | None:
-    """The bearer token HTTP clients must send; required beyond loopback.
+    """The bearer token HTTP clients must send: on every address but 127.0.0.1 and ::1.
 
     Raises:
-        ConfigError: a non-loopback address without a token, or a token too short.
+        ConfigError: another address without a token, or a token too short.
     """
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         raise ConfigError(f"{TOKEN_ENV} must be at least {MIN_TOKEN_CHARS} characters")
-    if token is None and not is_loopback(address):
-        raise ConfigError(f"fleet mcp on {address!r} would be open to the network: set {TOKEN_ENV}")
+    if token is None and not needs_no_token(address):
+        raise ConfigError(
+            f"fleet mcp on {address!r} would be open to the network: set {TOKEN_ENV}"
+            f" (only {', '.join(sorted(OPEN_ADDRESSES))} go without one)"
+        )
     return token
+
+
+def allowed_hosts(address: str, port: int, extra: Sequence[str] = ()) -> list[str]:
+    """The `Host` values answered: the bound address, `localhost` on loopback, and `extra`.
+
+    A DNS-rebinding page reaches the server under its own name (`Host: evil.example:P`),
+    which none of these is; a proxy's name is given with `--allow-host`.
+
+    Raises:
+        ConfigError: a wildcard address with no `--allow-host`: no Host would be known good.
+    """
+    names = [] if address in WILDCARDS else [f"[{address}]" if ":" in address else address]
+    names += ["localhost", "127.0.0.1", "[::1]"] if address == "localhost" else []
+    names += ["localhost"] if is_loopback(address) and address != "localhost" else []
+    hosts = [f"{name}:{port}" for name in names] + [f"{name}:*" for name in extra]
+    hosts += list(extra)  # a proxy on the scheme's default port sends no port
+    if not hosts:
+        raise ConfigError(
+            f"fleet mcp on {address!r} listens on every address: name the host clients use"
+            " with --allow-host HOST (its Host and Origin checks answer only those)"
+        )
+    return hosts
+
+
+def transport_security(hosts: Sequence[str]) -> Any:
+    """The MCP SDK's Host and Origin checks, on, for exactly `hosts`."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    origins = [f"{scheme}://{host}" for host in hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=list(hosts), allowed_origins=origins
+    )
 
 
 class BearerGate:
@@ -57,22 +95,27 @@ def run_mcp(args: argparse.Namespace) -> int:
 
     settings = fleet_settings()
     token = mcp_token(args.address, settings.serve_token) if args.http else None
+    hosts = allowed_hosts(args.address, args.http, args.allow_host or ()) if args.http else []
     server = build_server(Fleet.from_env(settings))
     if args.http is None:
         server.run("stdio")
         return 0
-    _serve_http(server, args.address, args.http, token)
+    _serve_http(server, args.address, args.http, token, hosts)
     return 0
 
 
-def _serve_http(server: Any, address: str, port: int, token: str | None) -> None:
+def _serve_http(
+    server: Any, address: str, port: int, token: str | None, hosts: Sequence[str]
+) -> None:
     import anyio
     import uvicorn
 
     from fleetops.local import check_port_free
 
-    check_port_free(port, "fleet mcp", host=address)
-    app: Any = server.streamable_http_app(host=address)
+    check_port_free(port, "fleet mcp", host=address or "0.0.0.0")
+    app: Any = server.streamable_http_app(
+        host=address, transport_security=transport_security(hosts)
+    )
     if token is not None:
         app = BearerGate(app, token)
     config = uvicorn.Config(app, host=address, port=port, log_level="warning")

@@ -103,7 +103,9 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def _exec_worker(argv: list[str], env: dict[str, str]) -> NoReturn:
-    command = [sys.executable, "-m", "workers", *argv[1:]]  # the options after `worker`
+    from fleetops.supervisor import python_module
+
+    command = python_module("workers", *argv[1:])  # the options after `worker`
     sys.stdout.flush()
     os.execve(sys.executable, command, env)
 
@@ -136,15 +138,16 @@ def run_flower(args: argparse.Namespace) -> int:
     """`fleet flower`: replaces this process with Flower on the fleet's broker."""
     from fleetops.discovery import fleet_env, fleet_settings
     from fleetops.local import check_port_free
+    from fleetops.supervisor import python_module
 
     flower_env(args.address, args.basic_auth, dict(os.environ))  # bad input: one line, first
     env = flower_env(args.address, args.basic_auth, fleet_env(fleet_settings()))
     host = "127.0.0.1" if args.address in ("", "localhost") else args.address
     check_port_free(args.port, "Flower", host=host)
     # Through fleetops.flower: /metrics behind the same login, no task text in its labels.
-    command = [sys.executable, "-m", "fleetops.flower", f"--port={args.port}"]
+    command = python_module("fleetops.flower", f"--port={args.port}", f"--address={args.address}")
     sys.stdout.flush()
-    os.execve(sys.executable, [*command, f"--address={args.address}"], env)
+    os.execve(sys.executable, command, env)
 
 
 def run_doctor(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 from functools import partial
 
 from fleet.errors import ConfigError
-from fleetops.cli.args import is_loopback
+from fleetops.cli.args import OPEN_ADDRESSES, needs_no_token
 
 TOKEN_ENV = "FLEET_SERVE_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -16,15 +16,16 @@ def serve_token(address: str, env: dict[str, str]) -> str | None:
     """The bearer token from the environment (argv is visible to `ps`).
 
     Raises:
-        ConfigError: a non-loopback address without a token, or a token too short to resist
-            guessing.
+        ConfigError: an address but 127.0.0.1, ::1 or localhost without a token, or a
+            token too short to resist guessing.
     """
     token = env.get(TOKEN_ENV) or None
     if token is not None and len(token) < MIN_TOKEN_CHARS:
         raise ConfigError(f"{TOKEN_ENV} must be at least {MIN_TOKEN_CHARS} characters")
-    if token is None and not is_loopback(address):
+    if token is None and not needs_no_token(address):
         raise ConfigError(
             f"fleet serve on {address!r} would be open to the network: set {TOKEN_ENV}"
+            f" (only {', '.join(sorted(OPEN_ADDRESSES))} go without one)"
         )
     return token
 

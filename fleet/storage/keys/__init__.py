@@ -129,6 +129,15 @@ def events_archive(root_trace_id: str) -> str:
     return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:events-archive"
 
 
+def imported(root_trace_id: str) -> str:
+    """String with the retention TTL: the digest of the tree `fleet archive --import` wrote.
+
+    Set before its first trace, so an import cut short may be run again over the traces it
+    left, and only the same tree may (`fleetops.archive_checks`).
+    """
+    return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:imported"
+
+
 def tree_dict(root_trace_id: str) -> str:
     """String with the retention TTL: the text a compacted tree's traces are packed against.
 
