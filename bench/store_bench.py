@@ -43,8 +43,8 @@ from fleet.llm.config import FleetConfig, ProviderConfig  # noqa: E402
 from fleet.loop.runner import Runner  # noqa: E402
 from fleet.runtime import Runtime  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
-from fleet.storage.redis_store import RedisStore  # noqa: E402
+from fleet.storage.backends.redis.store import RedisStore  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from tests.fleetkit import RecordingDispatcher, explore_script  # noqa: E402
 
 PHASES = ("spawn", "branch", "collect", "resume")

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from fleet.config.webfilter import OPEN, DomainFilter, DomainRules
 from fleet.experiences.store import EXPERIENCES, ExperienceStore
-from fleet.limits.backends import LIMITS
+from fleet.limits.capability import LIMITS
 from fleet.limits.gate import Gate
 from fleet.limits.protocols import TreeSchedules
 from fleet.llm.base import LLMClient
@@ -32,7 +33,6 @@ from fleet.storage.leases import LeaseKeeper
 from fleet.storage.store import Services, TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
-from fleet.tools.webfilter import OPEN, DomainFilter, DomainRules
 
 if TYPE_CHECKING:  # what only a process running agents builds, imported by `build`
     from fleet.experiences.embedding import Embedder

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from fleet.config.shell import SHELL_NETWORKS, ShellLimits
 from fleet.errors import ConfigError
 from fleet.security import trust
 from fleet.security.envvalues import (
@@ -32,8 +33,12 @@ from fleet.security.envvalues import (
 )
 from fleet.security.redact import Redactor
 from fleet.storage import keys
-from fleet.storage.redis_urls import check_url, fleet_url, result_backend_url, sentinel_master
-from fleet.tools.base import SHELL_NETWORKS, ShellLimits
+from fleet.storage.backends.redis.urls import (
+    check_url,
+    fleet_url,
+    result_backend_url,
+    sentinel_master,
+)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 STATE_HOME_NAME = "agent-fleet"
@@ -105,7 +110,7 @@ class Settings:
     broker_url: str = DEFAULT_REDIS_URL
     redis_sentinel_master: str | None = None
     """FLEET_REDIS_SENTINEL_MASTER: the master's name when FLEET_REDIS_URL (or the broker's)
-    is a `sentinel://h:p;sentinel://h2:p` URL (see `fleet.storage.redis_urls`)."""
+    is a `sentinel://h:p;sentinel://h2:p` URL (see `fleet.storage.backends.redis.urls`)."""
     redis_cluster: bool = False
     """FLEET_REDIS_CLUSTER=1: FLEET_REDIS_URL names a node of a Redis Cluster; the store and
     the limiter use redis-py's cluster client and name keys with hash tags (docs/operations.md)."""
@@ -184,7 +189,7 @@ class Settings:
     (`batch`) or is made live on a worker (`live`)."""
     retention_s: int = keys.TRACE_TTL_S
     """FLEET_RETENTION_S: how long a finished tree stays in Redis once the owner check compacted
-    it (`fleet.storage.redis_compact`); `fleet archive` keeps it longer, outside Redis."""
+    it (`fleet.storage.backends.redis.compact`); `fleet archive` keeps it longer, outside Redis."""
     probe_dir: Path = Path("/tmp")
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleet.errors import ConfigError, TraceNotFound
 from fleet.owners import tree_ended
-from fleet.storage.redis_archive import (
+from fleet.storage.backends.redis.archive import (
     ARCHIVE,
     BadRecord,
     TraceRecord,

@@ -34,8 +34,7 @@ from fleet.errors import ConfigError
 from fleet.observe.operator import operator_members
 from fleet.security.trust import WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings, process_env
-from fleet.storage.redis_connect import redact_url
-from fleet.storage.redis_server import start_redis_server
+from fleet.storage.backends.redis.connect import redact_url
 from fleetops.discovery import (
     PING_TIMEOUT_S,
     PRIVATE_DIR_MODE,
@@ -47,6 +46,7 @@ from fleetops.discovery import (
     redis_answers,
 )
 from fleetops.doctor import check_broker, ping_workers
+from fleetops.redis_server import start_redis_server
 from fleetops.supervisor import (
     SUPERVISOR_PID_ENV,
     Child,

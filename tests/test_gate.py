@@ -21,7 +21,7 @@ from fleet.llm.base import LLMResponse, Usage
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
 from fleet.models import Trace
 from fleet.storage import keys
-from fleet.storage.redis_connect import connect
+from fleet.storage.backends.redis.connect import connect
 
 pytestmark = pytest.mark.integration
 

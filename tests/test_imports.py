@@ -212,9 +212,13 @@ FLEET_LAYERS = (
     "ids",
     "goals",
     "models",
-    # Pieces that know no run: secret handling, Redis and memory storage, settings.
+    # The schemas of fleet.yaml's and preset files' blocks (they import only the base).
+    "config",
+    # Pieces that know no run: secret handling, Redis and memory storage, queries over
+    # it, settings.
     "security",
     "storage",
+    "control",
     "settings",
     "llm",
     "limits",
@@ -225,7 +229,6 @@ FLEET_LAYERS = (
     "experiences",
     # The wiring every run shares, then what runs on it.
     "runtime",
-    "control",
     "history",
     "lifecycle",
     "owners",
@@ -243,29 +246,7 @@ FLEET_LAYERS = (
 )
 """fleet's packages and top-level modules, lowest first: each may import only those above
 it in this list (`""` is `fleet/__init__.py`). docs/architecture.md draws the same stack."""
-FLEET_KNOTS = {
-    # fleet.yaml's `limits:` block (llm.config) is validated with the limits' value types,
-    # and the limits read FleetConfig back. values.py imports only fleet.errors, so there is
-    # no module cycle; untying it means a home for the value types below both packages.
-    ("fleet.llm.config", "fleet.limits.values"),
-    # fleet.yaml and preset files carry blocks whose schema lives beside the code that uses
-    # them (approve:, web:, search:, mcp_servers:); each module imported here imports only
-    # the base. Untying them means a `fleet/config/` package of schemas below llm/presets.
-    ("fleet.llm.config", "fleet.conversation.approval_rules"),
-    ("fleet.llm.config", "fleet.tools.webfilter"),
-    ("fleet.llm.config", "fleet.tools.websearch.config"),
-    ("fleet.llm.config", "fleet.mcp.config"),
-    ("fleet.presets.preset", "fleet.conversation.approval_rules"),
-    ("fleet.presets.preset", "fleet.tools.webfilter"),
-    ("fleet.presets.preset", "fleet.mcp.names"),
-    ("fleet.presets.frontmatter", "fleet.mcp.names"),
-    # The shell's limits are settings (FLEET_SHELL_*) whose types live with the sandbox.
-    ("fleet.settings", "fleet.tools.base"),
-    # The Redis experience store sits with the other Redis code and stores the model.
-    ("fleet.storage.redis_experiences", "fleet.experiences.model"),
-    # A reflection walks the finished tree (control.subtree), which sits above the runtime.
-    ("fleet.experiences.reflect", "fleet.control"),
-}
+FLEET_KNOTS: set[tuple[str, str]] = set()
 """Imports against the direction above that are not untied yet, each with why."""
 
 

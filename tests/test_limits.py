@@ -1,7 +1,7 @@
 """The fleet-wide limiter and its memory twin, and the rate-limit header parsing.
 
-Every limiter test runs on the memory twin (`fleet.limits.memory`), the Lua on fakeredis,
-and the Lua on a real Redis (integration tier); `Probe` reads what each keeps.
+Every limiter test runs on the memory twin (`fleet.limits.backends.memory.limiter`), the Lua
+on fakeredis, and the Lua on a real Redis (integration tier); `Probe` reads what each keeps.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from fleet.limits import pacing
-from fleet.limits.memory import MemoryLimiter
+from fleet.limits.backends.memory.limiter import MemoryLimiter
 from fleet.limits.protocols import ProviderLimits
 from fleet.limits.providers import (
     MAX_PAUSE_S,

@@ -29,8 +29,8 @@ from fleet.loop.runner import Runner
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.storage import keys
-from fleet.storage.redis_connect import connect
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.connect import connect
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import ScriptedModel, call, text
 from fleetops.metrics import usage_families
 from tests.fleetkit import RecordingDispatcher

@@ -17,7 +17,7 @@ from fleet.inprocess import InProcessFleet
 from fleet.models import Trace, text_of
 from fleet.presets import load_preset_file
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.testing import ScriptedModel, call, calls, text
 from fleet.tools.websearch.cache import SearchCache
 from fleet.tools.websearch.results import SearchResult

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from fleet import lifecycle
-from fleet.conversation.approval_rules import needs_approval, rules_of
+from fleet.config.approval_rules import needs_approval, rules_of
 from fleet.conversation.human import WAITING_KEY, wait_for_person
 from fleet.errors import ConversationError
 from fleet.llm.base import ToolCall

@@ -14,7 +14,7 @@ from fleet.storage.capability import Capability
 
 
 class ExperienceStore(Protocol):
-    """Experiences with their counts; `fleet.storage.redis_experiences` is the fleet's own."""
+    """Experiences with their counts; `fleet.experiences.backends.redis` is the fleet's own."""
 
     def put(self, experience: Experience) -> None:
         """Store (or replace) one experience."""
@@ -104,7 +104,7 @@ class MemoryExperiences:
 
 
 def _on_redis(client: redis.Redis) -> ExperienceStore:
-    from fleet.storage.redis_experiences import RedisExperiences
+    from fleet.experiences.backends.redis import RedisExperiences
 
     return RedisExperiences(client)
 

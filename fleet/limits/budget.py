@@ -32,11 +32,12 @@ from typing import Any, Literal, cast
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from fleet.limits import limit_scripts
-from fleet.limits.values import Amount, Count, PositiveCount, validated
+from fleet.config.limits import Amount, Count, PositiveCount, validated
+from fleet.limits.backends.redis import scripts as limit_scripts
 from fleet.models import now_ms
-from fleet.storage import keys, redis_split
-from fleet.storage.redis_connect import is_cluster
+from fleet.storage import keys
+from fleet.storage.backends.redis import split as redis_split
+from fleet.storage.backends.redis.connect import is_cluster
 
 FINAL_SHARE = 0.1
 """Share of a token/usd budget set aside for the root's final turn."""
@@ -58,7 +59,7 @@ class Budget:
     """Seconds from submission until the tree stops spending."""
 
     def __post_init__(self) -> None:
-        """Refuse what no budget can mean (`fleet.limits.values`), whoever builds it.
+        """Refuse what no budget can mean (`fleet.config.limits`), whoever builds it.
 
         Raises:
             InvalidLimit: a negative, zero, NaN or infinite value, named with its field.

@@ -2,7 +2,7 @@
 
 Each model call with a limit is admitted before it is sent, counted as it leaves and settled
 after it (`Limiter.admit` / `Limiter.send` / `Limiter.settle`), one Lua script each
-(`fleet.limits.limit_scripts`). A scope
+(`fleet.limits.backends.redis.scripts`). A scope
 is a provider and its key (`provider:NAME:KEYHASH`) or a model alias (`model:ALIAS`), each with
 the `limits:` of fleet.yaml. The provider scope exists even without `limits:`: a 429/503/529
 pauses it for every worker (`Limiter.pause`), and rate-limit headers that say nothing is left
@@ -30,7 +30,8 @@ from typing import Literal
 
 import redis
 
-from fleet.limits import limit_scripts, pacing
+from fleet.limits import pacing
+from fleet.limits.backends.redis import scripts as limit_scripts
 from fleet.llm.config import FleetConfig, RateLimits, resolve_target
 from fleet.llm.ratelimit import RateSignal
 from fleet.storage import keys
@@ -141,7 +142,8 @@ def estimate_tokens(request_chars: int, max_output_tokens: int) -> int:
 class LimiterPolicy:
     """What every limiter decides the same way on top of its own `pause` and counters.
 
-    `Limiter` keeps the state in Redis, `fleet.limits.memory.MemoryLimiter` in memory.
+    `Limiter` keeps the state in Redis, `fleet.limits.backends.memory.limiter.MemoryLimiter`
+    in memory.
     """
 
     def __init__(self, max_wait_s: float) -> None:

@@ -11,7 +11,7 @@ from typing import Literal
 
 import redis
 
-from fleet.limits import limit_scripts
+from fleet.limits.backends.redis import scripts as limit_scripts
 from fleet.storage import keys
 
 Priority = Literal["interactive", "batch"]

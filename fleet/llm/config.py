@@ -34,16 +34,16 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fleet.conversation.approval_rules import ApproveEntry
+from fleet.config.approval_rules import ApproveEntry
+from fleet.config.limits import PositiveCount, Price
+from fleet.config.mcp import McpServerConfig, check_servers
+from fleet.config.search import SearchConfig
+from fleet.config.webfilter import WebSection
 from fleet.errors import ConfigError
-from fleet.limits.values import PositiveCount, Price
 from fleet.llm.embeddings import ExperiencesSection, check_embedding_model
 from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
-from fleet.mcp.config import McpServerConfig, check_servers
 from fleet.security import trust, yamlsafe
-from fleet.tools.webfilter import WebSection
-from fleet.tools.websearch.config import SearchConfig
 
 CONFIG_FILE = "fleet.yaml"
 CONFIG_PATH_ENV = "FLEET_CONFIG"
@@ -152,9 +152,9 @@ class FleetConfig(BaseModel):
     search: SearchConfig | None = None
     """The provider `web_search` asks (`fleet.tools.websearch`); None: no web_search."""
     web: WebSection = WebSection()
-    """Domains web_search and web_fetch may touch (`fleet.tools.webfilter`)."""
+    """Domains web_search and web_fetch may touch (`fleet.config.webfilter`)."""
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
-    """MCP servers whose tools agents may use (`fleet.mcp.config`, docs/mcp.md)."""
+    """MCP servers whose tools agents may use (`fleet.config.mcp`, docs/mcp.md)."""
     warm_explore: bool = False
     """Explore branches wait for the first one's first call (`fleet.children.warming`)."""
 

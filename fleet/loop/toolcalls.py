@@ -12,6 +12,7 @@ from fleet import lifecycle
 from fleet.children import settling
 from fleet.children.cache import delegate_preset
 from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
+from fleet.config.mcp_names import PREFIX as MCP_PREFIX
 from fleet.conversation import approval
 from fleet.conversation.human import ASK_HUMAN, ASK_HUMAN_SCHEMA, ask, may_ask, question_of
 from fleet.errors import HookBlocked, ToolError
@@ -19,7 +20,6 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
-from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox

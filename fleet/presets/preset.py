@@ -31,15 +31,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_of
+from fleet.config import mcp_names
+from fleet.config.approval_rules import ApprovalRule, ApproveEntry, rules_of
+from fleet.config.limits import PositiveCount
+from fleet.config.mcp_names import PREFIX as MCP_PREFIX
+from fleet.config.webfilter import DomainRules, WebSection
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
-from fleet.limits.values import PositiveCount
-from fleet.mcp import names as mcp_names
-from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.presets import frontmatter, prompts
 from fleet.security import trust
-from fleet.tools.webfilter import DomainRules, WebSection
 
 AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
@@ -105,7 +105,7 @@ class AgentPreset:
     others call (`fleet.children.warming`); None: fleet.yaml's `warm_explore`."""
 
     def allows(self, tool: str) -> bool:
-        """Whether this preset lets the agent call `tool` (MCP tools: `fleet.mcp.names`)."""
+        """Whether this preset lets the agent call `tool` (MCP tools: `fleet.config.mcp_names`)."""
         if tool in self.denied_tools:
             return False
         if tool.startswith(MCP_PREFIX):

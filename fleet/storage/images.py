@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from fleet.errors import ToolError
 from fleet.storage import keys
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.store import TraceStore
 
 if TYPE_CHECKING:  # redis is imported only by a process that has a Redis store
-    from fleet.storage.redis_store import RedisStore
+    from fleet.storage.backends.redis.store import RedisStore
 
 
 class ImageStore(Protocol):
@@ -104,7 +104,7 @@ class MemoryImages:
 
 def image_store(store: TraceStore) -> ImageStore:
     """The image store beside this trace store."""
-    from fleet.storage.redis_store import RedisStore
+    from fleet.storage.backends.redis.store import RedisStore
 
     if isinstance(store, RedisStore):
         return RedisImages(store)

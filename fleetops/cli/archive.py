@@ -11,7 +11,7 @@ def run_archive(args: argparse.Namespace) -> int:
     import redis
 
     from fleet.errors import ConfigError
-    from fleet.storage.redis_connect import unreachable
+    from fleet.storage.backends.redis.connect import unreachable
     from fleetops.archive import export, import_file
     from fleetops.cli.traces import open_store
     from fleetops.discovery import fleet_settings

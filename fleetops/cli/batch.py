@@ -30,7 +30,7 @@ from fleet.errors import ConfigError
 from fleet.inprocess import InProcessDispatcher
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleetops.cli.output import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130

@@ -6,7 +6,7 @@ import argparse
 
 from fleet.errors import ConfigError
 from fleet.settings import process_settings
-from fleet.storage.redis_connect import redact_url
+from fleet.storage.backends.redis.connect import redact_url
 from fleetops.discovery import fleet_settings
 from workers import probes
 

@@ -188,7 +188,7 @@ def run_migrate(args: argparse.Namespace) -> int:
     """`fleet migrate`: see `fleetops.migrate`."""
     import redis
 
-    from fleet.storage.redis_connect import connect, unreachable
+    from fleet.storage.backends.redis.connect import connect, unreachable
     from fleetops.discovery import fleet_settings
     from fleetops.migrate import migrate
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from fleet.conversation.continuation import branches, turn_of
 from fleet.conversation.human import waiting_on
-from fleet.limits.backends import budget_state
+from fleet.limits.capability import budget_state
 from fleet.models import Trace, task_images
 from fleet.storage.store import TraceContent, TraceStore
 

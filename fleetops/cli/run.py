@@ -16,7 +16,7 @@ from fleet.errors import (
 )
 from fleet.limits.budget import Budget
 from fleet.models import Event
-from fleet.storage.redis_connect import redact_url
+from fleet.storage.backends.redis.connect import redact_url
 from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
 from fleetops.cli.interrupt import Interrupt, interrupt_flag, keyboard_interrupt
 from fleetops.cli.output import EXIT_WAITING, printable, report

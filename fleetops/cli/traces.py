@@ -13,7 +13,7 @@ from fleetops.discovery import fleet_settings
 
 def open_store(settings: Settings | None = None) -> TraceStore:
     """The Redis store named by FLEET_REDIS_URL, checked to answer."""
-    from fleet.storage.redis_store import RedisStore
+    from fleet.storage.backends.redis.store import RedisStore
 
     settings = settings or fleet_settings()
     store = RedisStore.from_url(

@@ -1,8 +1,9 @@
 """Each tree's budget, schedule and run window in memory: `MemoryStore`'s twins.
 
 `MemoryBudgets` decides what `BUDGET_RESERVE`, `BUDGET_SETTLE` and `BUDGET_SPAWN` decide,
-`MemoryTrees` what `WINDOW` does (`fleet.limits.limit_scripts`); provider pauses and the
-counters are the limiter's (`fleet.limits.memory.LimitState`), shared with the budgets.
+`MemoryTrees` what `WINDOW` does (`fleet.limits.backends.redis.scripts`); provider pauses
+and the counters are the limiter's (`fleet.limits.backends.memory.limiter.LimitState`),
+shared with the budgets.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
+from fleet.limits.backends.memory.limiter import LimitState
 from fleet.limits.budget import (
     UNBUDGETED,
     Budget,
@@ -24,7 +26,6 @@ from fleet.limits.budget import (
     spawn_refusal,
     state_of,
 )
-from fleet.limits.memory import LimitState
 from fleet.limits.trees import DEFAULT_SCHEDULE, Schedule
 from fleet.models import now_ms
 

@@ -12,8 +12,10 @@ from typing import Any
 import redis
 
 from fleet.models import WorkerPresence, now_ms
-from fleet.storage import keys, redis_lease_scripts, redis_split
-from fleet.storage.redis_connect import Lua
+from fleet.storage import keys
+from fleet.storage.backends.redis import lease_scripts as redis_lease_scripts
+from fleet.storage.backends.redis import split as redis_split
+from fleet.storage.backends.redis.connect import Lua
 
 CONSUMER_TRIM_MS = 60_000
 """A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""

@@ -19,9 +19,9 @@ from fleet.models import (
     WorkerPresence,
     now_ms,
 )
+from fleet.storage.backends.memory.workers import MemoryWorkerTables
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
-from fleet.storage.memory_workers import MemoryWorkerTables
 from fleet.storage.store import (
     STATS_FIELDS,
     StartRun,

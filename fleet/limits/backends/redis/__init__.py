@@ -1,0 +1,1 @@
+"""The limits on Redis: the Lua scripts every limit runs (`scripts`)."""
