@@ -285,3 +285,54 @@ def test_the_layer_check_finds_an_upward_import() -> None:
     # storage importing the loop is exactly what the table forbids.
     graph = {"fleet.storage.store": {"fleet.loop.runner", "fleet.errors"}, "fleet.errors": set()}
     assert layer_violations(graph) == ["fleet.storage.store -> fleet.loop.runner"]
+
+
+BASE_UNITS = frozenset(FLEET_LAYERS[: FLEET_LAYERS.index("models") + 1])
+"""The base layer: plain values, ids, the exception family."""
+
+
+def imports_outside(
+    graph: Mapping[str, AbstractSet[str]], package: str, allowed: AbstractSet[str]
+) -> list[str]:
+    """Each import from `package` to a fleet unit outside it and outside `allowed`."""
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if source == package or source.startswith(package + ".")
+        for target in targets
+        if (unit := fleet_unit(target)) is not None
+        if unit != fleet_unit(package) and unit not in allowed
+    )
+
+
+def test_the_config_schemas_import_only_the_base() -> None:
+    # fleet.yaml's and preset files' blocks sit below every package that reads them.
+    assert imports_outside(import_graph(), "fleet.config", BASE_UNITS) == []
+
+
+TOOL_PACKAGES = ("fleet.tools", "fleet.mcp")
+"""Tools: each reaches the store only through a role its context or the runtime hands it."""
+
+
+def storage_reached(graph: Mapping[str, AbstractSet[str]], package: str) -> list[str]:
+    """Each import from `package` into `fleet.storage`."""
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if source == package or source.startswith(package + ".")
+        for target in targets
+        if fleet_unit(target) == "storage"
+    )
+
+
+@pytest.mark.parametrize("package", TOOL_PACKAGES)
+def test_a_tool_sees_a_role_never_the_storage_package(package: str) -> None:
+    assert storage_reached(import_graph(), package) == []
+
+
+def test_the_storage_check_finds_a_tool_importing_keys() -> None:
+    graph = {"fleet.tools.web": {"fleet.storage.keys", "fleet.errors"}, "fleet.tools": set()}
+    assert storage_reached(graph, "fleet.tools") == ["fleet.tools.web -> fleet.storage.keys"]
+    assert imports_outside(graph, "fleet.tools", BASE_UNITS) == [
+        "fleet.tools.web -> fleet.storage.keys"
+    ]

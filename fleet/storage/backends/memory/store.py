@@ -57,7 +57,7 @@ class MemoryStore(MemoryWorkerTables):
         self._outbox: dict[str, int] = {}
         self._open_trees: dict[str, int] = {}
         self.images: dict[str, str] = {}
-        """Image key -> base64 bytes (`fleet.storage.images.MemoryImages`)."""
+        """Image key -> base64 bytes (`fleet.storage.backends.memory.images`)."""
         self._fence: tuple[str, str] | None = None
         """(trace id, owner) in a `fenced` view: writes need that lease."""
         self._kept = Kept()
