@@ -34,7 +34,7 @@ from fleet.storage.backends.redis.archive import (
     check_trace,
     check_tree,
 )
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services, TraceRecords, TraceStore
 
 MAX_LINE_BYTES = 256 * 1024 * 1024
 """A line longer than this is refused (a tree of 10,000 branches is far smaller)."""
@@ -99,7 +99,7 @@ def _finished(store: TraceStore, roots: Sequence[str]) -> Iterator[TreeRecord]:
         yield tree
 
 
-def _all_roots(store: TraceStore, archive: TreeArchive, page: int = 1_000) -> Iterator[str]:
+def _all_roots(store: TraceRecords, archive: TreeArchive, page: int = 1_000) -> Iterator[str]:
     """Every root in the traces index, newest first, read a page at a time."""
     start = 0
     while ids := archive.newest_ids(start, page):
@@ -175,7 +175,7 @@ def _read_line(
     raise ValueError(f"unknown line kind {str(kind)[:40]!r}")
 
 
-def import_file(store: TraceStore, path: Path, retention_s: int) -> Done:
+def import_file(store: Services, path: Path, retention_s: int) -> Done:
     """Every tree of the file back in Redis (checked whole first), compacted."""
     trees = read_file(path)
     archive = store.capability(ARCHIVE)

@@ -20,7 +20,7 @@ from typing import Any
 from fleet.control import subtree
 from fleet.errors import ConfigError, ConversationError
 from fleet.experiences.model import Experience, new_experience
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords
 
 REFLECT_PRESET = "explore"
 MAX_TREE_CHARS = 20_000
@@ -36,7 +36,7 @@ The run:
 """
 
 
-def reflection_task(store: TraceStore, trace_id: str) -> str:
+def reflection_task(store: TraceRecords, trace_id: str) -> str:
     """The reflection's task: instructions, then each trace of the tree as text.
 
     Raises:

@@ -1,7 +1,10 @@
 """The fleet-wide indexes of `RedisStore`: human waits, leases, presence, the outbox.
 
-A part of the store (a base class of `RedisStore`), apart only to keep each module short;
-on a cluster each index is a key of its own slot (`redis_split`).
+The fleet-wide half of the store, beside the per-trace half (`store.RedisStore`, which
+inherits it): sorted sets of due times that span every tree (human waits, leases and the
+running index, the outbox), and the workers' presence. It implements `Leases`, `Outbox`
+and the wait index of `StopsAndWaits`; nothing here reads or writes one trace's hash. On a
+cluster each index is a key of its own slot (`redis_split`).
 """
 
 from __future__ import annotations

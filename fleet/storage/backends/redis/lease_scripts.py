@@ -1,6 +1,7 @@
 """The Lua scripts of `RedisIndexes`: leases, their heartbeat, and the due-time claim.
 
-Apart from `fleet.storage.backends.redis.scripts` (the trace writes) only to keep each module short.
+A lease's Lua, not a trace write's (those are `fleet.storage.backends.redis.scripts`): these
+touch the lease keys and the fleet-wide indexes, never a trace's hash.
 """
 
 from __future__ import annotations
