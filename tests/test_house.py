@@ -183,3 +183,27 @@ def test_the_role_check_finds_a_whole_store_used_for_one_role() -> None:
     assert whole_store_where_a_role_would_do(one_role, roles) == ["f(store): TraceRecords"]
     assert whole_store_where_a_role_would_do(two_roles, roles) == []
     assert whole_store_where_a_role_would_do(passed_on, roles) == []
+
+
+EXIT_CONSTANT = re.compile(r"^\s*EXIT_[A-Z_]+\s*[,=]", re.MULTILINE)
+
+
+def test_the_exit_codes_are_declared_once() -> None:
+    # One enum (fleetops.cli.exit_codes.ExitCode), not EXIT_* constants in each command module.
+    from fleetops.cli.exit_codes import ExitCode
+
+    declared = [
+        str(path.relative_to(ROOT))
+        for path in product_files()
+        if EXIT_CONSTANT.search(path.read_text(encoding="utf-8"))
+    ]
+    assert not declared, declared
+    assert {code.name: int(code) for code in ExitCode} == {
+        "OK": 0,
+        "FAILED": 1,
+        "BAD_INPUT": 2,
+        "WAITING": 3,
+        "INTERRUPTED": 130,
+    }
+    assert ExitCode(2).name == "BAD_INPUT" and ExitCode["NO_WORKERS"] == 2
+    assert EXIT_CONSTANT.search("EXIT_OK, EXIT_FAILED = 0, 1\n")

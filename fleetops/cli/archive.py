@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fleetops.cli.exit_codes import ExitCode
+
 
 def run_archive(args: argparse.Namespace) -> int:
     """Export finished trees to a JSONL file, or (`--import`) read one back."""
@@ -30,4 +32,4 @@ def run_archive(args: argparse.Namespace) -> int:
             print(done.line("archived", path) + (" and dropped them" if args.drop else ""))
     except redis.RedisError as exc:
         raise unreachable(settings.redis_url, exc) from None
-    return 0
+    return ExitCode.OK

@@ -14,6 +14,7 @@ from fleet.errors import ConfigError
 from fleet.runtime import operator_config
 from fleet.security.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings, process_env
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
 from fleetops.discovery import read_state, redis_answers
@@ -94,4 +95,4 @@ def submit_and_show(fleet: Fleet, task: str, model: str) -> int:
     trace = fleet.trace(handle.trace_id)
     print("\n".join(render_tree(fleet.store, trace)))
     print(f"\nanswer:\n{printable(trace.answer or trace.error or '')}")
-    return 0 if trace.status == "completed" else 1
+    return ExitCode.OK if trace.status == "completed" else ExitCode.FAILED

@@ -9,6 +9,7 @@ from typing import Any
 
 from fleet.errors import ConfigError
 from fleetops.cli.args import is_loopback
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.serve import MIN_TOKEN_CHARS, TOKEN_ENV
 
 Scope = MutableMapping[str, Any]
@@ -60,9 +61,9 @@ def run_mcp(args: argparse.Namespace) -> int:
     server = build_server(Fleet.from_env(settings))
     if args.http is None:
         server.run("stdio")
-        return 0
+        return ExitCode.OK
     _serve_http(server, args.address, args.http, token)
-    return 0
+    return ExitCode.OK
 
 
 def _serve_http(server: Any, address: str, port: int, token: str | None) -> None:

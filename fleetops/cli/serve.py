@@ -7,6 +7,7 @@ from functools import partial
 
 from fleet.errors import ConfigError
 from fleetops.cli.args import is_loopback
+from fleetops.cli.exit_codes import ExitCode
 
 TOKEN_ENV = "FLEET_SERVE_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -47,4 +48,4 @@ def run_serve(args: argparse.Namespace) -> int:
     serve_forever(
         config, args.address, args.port, lambda url: print(f"fleet serve: {url}", flush=True)
     )
-    return 0
+    return ExitCode.OK

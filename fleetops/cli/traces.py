@@ -7,6 +7,7 @@ import argparse
 from fleet.conversation.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.output import list_object, print_json, printable, render_tree, trace_object
 from fleetops.discovery import fleet_settings
 
@@ -31,7 +32,7 @@ def show_trace(args: argparse.Namespace) -> int:
         print_json(trace_object(store, trace))
     else:
         print("\n".join(render_tree(store, trace)))
-    return 0
+    return ExitCode.OK
 
 
 def list_traces(args: argparse.Namespace) -> int:
@@ -50,4 +51,4 @@ def list_traces(args: argparse.Namespace) -> int:
             text = f"? {question}" if args.waiting and question else t.task
             shown = " ".join(printable(text).split())[:80]
             print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {shown}")
-    return 0
+    return ExitCode.OK
