@@ -336,3 +336,45 @@ def test_the_storage_check_finds_a_tool_importing_keys() -> None:
     assert imports_outside(graph, "fleet.tools", BASE_UNITS) == [
         "fleet.tools.web -> fleet.storage.keys"
     ]
+
+
+READ_ONCE = {
+    "FLEET_CONFIG": "CONFIG_ENV",
+    "FLEET_MODEL": "MODEL_ENV",
+    "FLEET_AGENTS_DIR": "AGENTS_DIR_ENV",
+}
+"""Variables once read in two places each: now only by their reader in fleet.security.envvalues."""
+
+
+def variable_reads(source: str, variable: str, constant: str) -> int:
+    """How often a module reads `variable` from a mapping (`.get(...)` or `[...]`)."""
+    names = {variable, constant}
+    found = 0
+    for node in ast.walk(ast.parse(source)):
+        key: ast.expr | None = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("get", "pop") and node.args:
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript):
+            key = node.slice
+        if isinstance(key, ast.Constant) and key.value in names:
+            found += 1
+        elif isinstance(key, ast.Name) and key.id in names:
+            found += 1
+    return found
+
+
+@pytest.mark.parametrize("variable", sorted(READ_ONCE))
+def test_each_of_these_variables_has_one_reader(variable: str) -> None:
+    readers = sorted(
+        name
+        for name, path in project_modules().items()
+        if name.split(".")[0] in PRODUCT
+        and variable_reads(path.read_text(), variable, READ_ONCE[variable])
+    )
+    assert readers == ["fleet.security.envvalues"], readers
+
+
+def test_the_reader_scan_finds_both_forms() -> None:
+    source = "a = env.get('FLEET_MODEL') or x\nb = env[MODEL_ENV]\nc = {'FLEET_MODEL': 1}\n"
+    assert variable_reads(source, "FLEET_MODEL", "MODEL_ENV") == 2

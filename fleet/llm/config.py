@@ -44,10 +44,9 @@ from fleet.llm.embeddings import ExperiencesSection, check_embedding_model
 from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
 from fleet.security import trust, yamlsafe
+from fleet.security.envvalues import config_path_of, model_of
 
 CONFIG_FILE = "fleet.yaml"
-CONFIG_PATH_ENV = "FLEET_CONFIG"
-MODEL_ENV = "FLEET_MODEL"
 SCRIPTED_PROVIDER = "scripted"
 
 OPENAI_BASE_URL_ENV, OPENAI_DEFAULT_BASE_URL = "OPENAI_BASE_URL", "https://api.openai.com/v1"
@@ -195,11 +194,7 @@ def builtin_providers(env: Mapping[str, str]) -> dict[str, ProviderConfig]:
 
 def _config_path(path: Path | None, env: Mapping[str, str]) -> Path | None:
     """The operator's config: explicit, else `$FLEET_CONFIG`; never `./fleet.yaml`."""
-    if path is not None:
-        return path
-    if env.get(CONFIG_PATH_ENV):
-        return Path(env[CONFIG_PATH_ENV])
-    return None
+    return path if path is not None else config_path_of(env)
 
 
 def _validation_message(source: str, exc: ValidationError) -> str:
@@ -289,7 +284,7 @@ def resolve_model_name(
         ConfigError: none of them is set.
     """
     override = config.model_overrides.get(preset) if preset else None
-    name = explicit or override or env.get(MODEL_ENV) or config.default_model
+    name = explicit or override or model_of(env) or config.default_model
     if not name:
         raise ConfigError(
             "no model configured: pass --model, set FLEET_MODEL (e.g. openai:gpt-4o-mini),"

@@ -40,8 +40,9 @@ from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
 from fleet.presets import frontmatter, prompts
 from fleet.security import trust
+from fleet.security.envvalues import AGENTS_DIR_ENV as AGENTS_DIR_ENV
+from fleet.security.envvalues import agents_dir_of
 
-AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
 READ_TOOLS = frozenset({"read_file", "read_image", "list_dir", "glob", "grep"})
 """The workspace-reading tools every preset may use."""
@@ -301,7 +302,7 @@ def load_presets(
             malformed, or two files define the same name.
     """
     presets = dict(BUILTIN_PRESETS)
-    folder = agents_dir or _folder_from_env(env)
+    folder = agents_dir or agents_dir_of(env)
     if folder is None:
         return presets
     if not folder.is_dir():
@@ -338,11 +339,6 @@ def get_preset(presets: Mapping[str, AgentPreset], name: str) -> AgentPreset:
     except KeyError:
         known = ", ".join(presets)
         raise ConfigError(f"unknown preset {name!r} (known: {known})") from None
-
-
-def _folder_from_env(env: Mapping[str, str]) -> Path | None:
-    value = env.get(AGENTS_DIR_ENV, "").strip()
-    return Path(value) if value else None
 
 
 def _validate(data: dict[str, Any], default_name: str) -> _PresetFrontmatter:
