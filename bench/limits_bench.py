@@ -43,9 +43,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fleet.client import Fleet  # noqa: E402
-from fleet.limits.budget import Budget, Budgets  # noqa: E402
+from fleet.limits.backends.redis.budgets import Budgets  # noqa: E402
+from fleet.limits.backends.redis.limiter import Limiter  # noqa: E402
+from fleet.limits.budget import Budget  # noqa: E402
 from fleet.limits.gate import Gate, Go  # noqa: E402
-from fleet.limits.providers import Limiter  # noqa: E402
 from fleet.llm.base import LLMResponse, Usage  # noqa: E402
 from fleet.llm.config import FleetConfig, ProviderConfig, RateLimits  # noqa: E402
 from fleet.models import Trace  # noqa: E402

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleet.children import settling
 from fleet.conversation.roots import TaskSpec, create_root  # noqa: E402
-from fleet.limits.budget import Budgets  # noqa: E402
+from fleet.limits.backends.redis.budgets import Budgets  # noqa: E402
+from fleet.limits.backends.redis.limiter import Limiter  # noqa: E402
 from fleet.limits.gate import Gate  # noqa: E402
-from fleet.limits.providers import Limiter  # noqa: E402
 from fleet.llm.clients import make_client  # noqa: E402
 from fleet.llm.config import FleetConfig, ProviderConfig  # noqa: E402
 from fleet.loop.runner import Runner  # noqa: E402

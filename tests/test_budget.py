@@ -270,7 +270,7 @@ def test_the_memory_budgets_decide_as_the_lua_does_call_for_call() -> None:
     import random
 
     from fleet.limits.backends.memory.trees import MemoryBudgets
-    from fleet.limits.budget import Budgets
+    from fleet.limits.backends.redis.budgets import Budgets
     from tests.conftest import fake_redis
 
     rng = random.Random(22)

@@ -159,7 +159,7 @@ def test_the_memory_window_decides_as_the_lua_does_call_for_call() -> None:
     import random
 
     from fleet.limits.backends.memory.trees import MemoryTrees
-    from fleet.limits.trees import Trees
+    from fleet.limits.backends.redis.trees import Trees
     from tests.conftest import fake_redis
 
     rng = random.Random(22)

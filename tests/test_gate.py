@@ -14,9 +14,10 @@ import pytest
 import redis
 
 from fleet.errors import ProviderOverloaded
-from fleet.limits.budget import Budget, Budgets
+from fleet.limits.backends.redis.budgets import Budgets
+from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.budget import Budget
 from fleet.limits.gate import Gate, Go, Spent, Wait
-from fleet.limits.providers import Limiter
 from fleet.llm.base import LLMResponse, Usage
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
 from fleet.models import Trace

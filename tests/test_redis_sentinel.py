@@ -21,7 +21,8 @@ from celery.backends.redis import SentinelBackend
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
 from fleet.errors import ConfigError
-from fleet.limits.providers import Admitted, Limiter, Scope
+from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.providers import Admitted, Scope
 from fleet.llm.config import RateLimits
 from fleet.security.redact import Redactor
 from fleet.settings import Settings

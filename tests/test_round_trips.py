@@ -20,9 +20,9 @@ import redis
 from redis.connection import Connection
 
 from fleet.conversation.roots import TaskSpec, create_root
-from fleet.limits.budget import Budgets
+from fleet.limits.backends.redis.budgets import Budgets
+from fleet.limits.backends.redis.limiter import Limiter
 from fleet.limits.gate import Gate
-from fleet.limits.providers import Limiter
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, ProviderConfig
 from fleet.loop.runner import Runner

@@ -18,8 +18,10 @@ import yaml
 from fleet.config.search import SearchConfig, SearchLimits
 from fleet.config.webfilter import DomainFilter, DomainRules, host_of
 from fleet.errors import ConfigError, ToolError
-from fleet.limits.providers import Limiter
-from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
+from fleet.limits.backends.memory.searches import MemorySearchCounter
+from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.backends.redis.searches import RedisSearchCounter
+from fleet.limits.searches import SearchCounter
 from fleet.llm.config import load_config
 from fleet.presets import BUILTIN_PRESETS, load_preset_file
 from fleet.tools.websearch.service import SearchService

@@ -48,7 +48,7 @@ class LimitState:
 
 
 class MemoryLimiter(LimiterPolicy):
-    """Provider limits of one process: `fleet.limits.providers.Limiter` in memory."""
+    """Provider limits of one process: `fleet.limits.backends.redis.limiter.Limiter` in memory."""
 
     def __init__(self, state: LimitState | None = None, *, max_wait_s: float = MAX_WAIT_S) -> None:
         """Share `state` (pauses, counters) with the budgets of the same store."""

@@ -31,7 +31,7 @@ from fleet.models import now_ms
 
 
 class MemoryBudgets:
-    """Tree budgets of one process: `fleet.limits.budget.Budgets` in memory."""
+    """Tree budgets of one process: `backends.redis.budgets.Budgets` in memory."""
 
     def __init__(self, state: LimitState | None = None) -> None:
         """Share `state` (provider pauses, counters) with the limiter of the same store."""
@@ -158,7 +158,7 @@ def _over(
 
 
 class MemoryTrees:
-    """Tree schedules and run windows of one process: `fleet.limits.trees.Trees` in memory."""
+    """Tree schedules and run windows of one process: `backends.redis.trees.Trees` in memory."""
 
     def __init__(self) -> None:
         """No tree yet."""
