@@ -36,8 +36,8 @@ import redis
 from bench.fault_rig import check_tree, survey_model, wait_for
 from bench.faults import Rig, rig
 from fleet.errors import FleetError, TraceNotFound
-from fleet.storage.redis_server import start_redis_server
 from fleet.storage.store import TraceStore
+from fleetops.redis_server import start_redis_server
 
 BRANCHES, TURNS, LATENCY_MS = 4, 2, 300
 KINDS = ("stop", "worker-kill", "redis-restart", "redis-kill")

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.harness import load, workers  # noqa: E402
 from bench.report import machine  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from workers.app import app  # noqa: E402
 
 BIN = Path(sys.executable).parent

@@ -56,7 +56,7 @@ def measure(sizes: list[int], rounds: int) -> dict[int, list[float]]:
     import redis
     from celery._state import _set_task_join_will_block
 
-    from fleet.storage.redis_server import start_redis_server
+    from fleetops.redis_server import start_redis_server
     from workers.app import app
     from workers.dispatch import CeleryDispatcher
 

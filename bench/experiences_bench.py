@@ -25,13 +25,14 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import fleet.llm.base  # noqa: E402
+from fleet.experiences.backends.memory import MemoryExperiences  # noqa: E402
+from fleet.experiences.backends.redis import RedisExperiences  # noqa: E402
 from fleet.experiences.embedding import Embedder, index  # noqa: E402
 from fleet.experiences.model import new_experience  # noqa: E402
 from fleet.experiences.retrieval import select  # noqa: E402
-from fleet.experiences.store import ExperienceStore, MemoryExperiences  # noqa: E402
+from fleet.experiences.store import ExperienceStore  # noqa: E402
 from fleet.llm.embeddings import EmbeddingsClient  # noqa: E402
 from fleet.models import Trace  # noqa: E402
-from fleet.storage.redis_experiences import RedisExperiences  # noqa: E402
 from tests import fake_embeddings  # noqa: E402
 from tests.fake_embeddings import FakeEmbeddings  # noqa: E402
 

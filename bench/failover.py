@@ -51,8 +51,8 @@ from fleet.client import Fleet
 from fleet.errors import FleetError
 from fleet.models import now_ms
 from fleet.settings import Settings
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.owner_index import owner_index
-from fleet.storage.redis_store import RedisStore
 from tests.redis_topologies import MASTER_NAME, SentinelGroup, sentinel_group
 
 BRANCHES, TURNS, LATENCY_MS = 40, 3, 300

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet.models import Trace
-from fleet.storage.redis_server import RedisServer, free_port, start_redis_server
 from fleet.storage.store import TraceStore
+from fleetops.redis_server import RedisServer, free_port, start_redis_server
 
 REPO = Path(__file__).resolve().parent.parent
 POLL_S = 0.05

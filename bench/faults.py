@@ -50,9 +50,9 @@ from fleet.client import Fleet
 from fleet.errors import FleetError
 from fleet.models import Trace
 from fleet.settings import Settings
-from fleet.storage.redis_server import start_redis_server
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
+from fleetops.redis_server import start_redis_server
 
 BRANCHES, TURNS, LATENCY_MS = 8, 3, 700
 RUN_TIMEOUT_S = 120.0
@@ -479,7 +479,7 @@ def _down_for_good(the_rig: Rig) -> tuple[TreeCheck | None, float]:
 ORPHAN_SPAWNER = """
 import os, sys
 from pathlib import Path
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.loop.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings

@@ -44,7 +44,7 @@ from bench.runs import (  # noqa: E402
 )
 from fleet.client import Fleet  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 from workers.app import app  # noqa: E402
 

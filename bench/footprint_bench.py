@@ -25,9 +25,9 @@ import redis  # noqa: E402
 from fleet.inprocess import InProcessFleet  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
 from fleet.storage import keys  # noqa: E402
-from fleet.storage.redis_compact import compact_tree, tree_ids  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
-from fleet.storage.redis_store import RedisStore  # noqa: E402
+from fleet.storage.backends.redis.compact import compact_tree, tree_ids  # noqa: E402
+from fleet.storage.backends.redis.store import RedisStore  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 
 

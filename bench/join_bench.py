@@ -31,7 +31,7 @@ from redis.connection import Connection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from workers.app import app  # noqa: E402
 from workers.patches import chord_join  # noqa: E402
 

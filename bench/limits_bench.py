@@ -43,15 +43,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fleet.client import Fleet  # noqa: E402
-from fleet.limits.budget import Budget, Budgets  # noqa: E402
+from fleet.limits.backends.redis.budgets import Budgets  # noqa: E402
+from fleet.limits.backends.redis.limiter import Limiter  # noqa: E402
+from fleet.limits.budget import Budget  # noqa: E402
 from fleet.limits.gate import Gate, Go  # noqa: E402
-from fleet.limits.providers import Limiter  # noqa: E402
 from fleet.llm.base import LLMResponse, Usage  # noqa: E402
 from fleet.llm.config import FleetConfig, ProviderConfig, RateLimits  # noqa: E402
 from fleet.models import Trace  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
 from fleet.testing import Script  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from tests.fake_provider import RateLimitedProvider, Stats  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 from tests.procs import WorkerProcess, start_worker, wait_for_workers  # noqa: E402

@@ -33,7 +33,7 @@ from fleet.observe.hooks import NO_HOOKS, Hooks  # noqa: E402
 from fleet.observe.otel_spans import OtelHooks  # noqa: E402
 from fleet.runtime import Runtime  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
-from fleet.storage.memory_store import MemoryStore  # noqa: E402
+from fleet.storage.backends.memory.store import MemoryStore  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 
 

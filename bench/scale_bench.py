@@ -45,9 +45,9 @@ from bench.harness import load, workers  # noqa: E402
 from fleet.client import Fleet  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
 from fleet.storage import keys  # noqa: E402
-from fleet.storage.redis_compact import compact_tree  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
-from fleet.storage.redis_store import RedisStore  # noqa: E402
+from fleet.storage.backends.redis.compact import compact_tree  # noqa: E402
+from fleet.storage.backends.redis.store import RedisStore  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from tests.fleetkit import explore_script  # noqa: E402
 from tests.redis_cluster import redis_cluster  # noqa: E402
 from workers.app import app  # noqa: E402

@@ -12,7 +12,7 @@ from typing import Any
 import redis
 from celery import chord
 
-from fleet.storage.redis_connect import Lua, connect
+from fleet.storage.backends.redis.connect import Lua, connect
 from workers.app import QUEUE_BY_MODE, app
 
 DURABLE_WRITE = Lua(

@@ -35,16 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleet.children import settling
 from fleet.conversation.roots import TaskSpec, create_root  # noqa: E402
-from fleet.limits.budget import Budgets  # noqa: E402
+from fleet.limits.backends.redis.budgets import Budgets  # noqa: E402
+from fleet.limits.backends.redis.limiter import Limiter  # noqa: E402
 from fleet.limits.gate import Gate  # noqa: E402
-from fleet.limits.providers import Limiter  # noqa: E402
 from fleet.llm.clients import make_client  # noqa: E402
 from fleet.llm.config import FleetConfig, ProviderConfig  # noqa: E402
 from fleet.loop.runner import Runner  # noqa: E402
 from fleet.runtime import Runtime  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
-from fleet.storage.redis_store import RedisStore  # noqa: E402
+from fleet.storage.backends.redis.store import RedisStore  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from tests.fleetkit import RecordingDispatcher, explore_script  # noqa: E402
 
 PHASES = ("spawn", "branch", "collect", "resume")

@@ -63,8 +63,8 @@ def measure(branches: int, rounds: int, profile: Path | None = None) -> list[dic
     """`rounds` explores of `branches` branches after a warm-up; CPU ms per branch each."""
     from fleet.runtime import Runtime
     from fleet.settings import Settings
-    from fleet.storage.redis_server import start_redis_server
-    from fleet.storage.redis_store import RedisStore
+    from fleet.storage.backends.redis.store import RedisStore
+    from fleetops.redis_server import start_redis_server
     from tests.fleetkit import RecordingDispatcher, explore_script
 
     rows: list[dict[str, float]] = []

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.harness import load  # noqa: E402
 from bench.report import machine  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from tests.procs import ping  # noqa: E402
 from workers.app import QUEUES  # noqa: E402
 

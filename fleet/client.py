@@ -79,7 +79,7 @@ class Fleet:
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> Fleet:
         """Connect to FLEET_REDIS_URL / FLEET_BROKER_URL; `ConfigError` if Redis is down."""
-        from fleet.storage.redis_store import RedisStore
+        from fleet.storage.backends.redis.store import RedisStore
 
         settings = settings or process_settings()
         store = RedisStore.from_url(

@@ -26,7 +26,7 @@ from fleet.models import Trace
 from fleet.observe.operator import build_hooks
 from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.store import TraceStore
 from fleet.tools.imagesource import load_images
 
@@ -203,7 +203,7 @@ def _max_concurrent(runtime: Runtime, root_trace_id: str) -> int:
 
 
 def _redis_store(settings: Settings) -> TraceStore:
-    from fleet.storage.redis_store import RedisStore
+    from fleet.storage.backends.redis.store import RedisStore
 
     store = RedisStore.from_url(
         settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster

@@ -125,7 +125,7 @@ def image_placeholder(part: dict[str, Any]) -> str:
 
 
 class DomainLayer(_Model):
-    """One layer of a parent's web domain filter (`fleet.tools.webfilter.DomainRules`)."""
+    """One layer of a parent's web domain filter (`fleet.config.webfilter.DomainRules`)."""
 
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)

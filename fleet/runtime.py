@@ -8,8 +8,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from fleet.config.webfilter import OPEN, DomainFilter, DomainRules
 from fleet.experiences.store import EXPERIENCES, ExperienceStore
-from fleet.limits.backends import LIMITS
+from fleet.limits.capability import LIMITS
 from fleet.limits.gate import Gate
 from fleet.limits.protocols import TreeSchedules
 from fleet.llm.base import LLMClient
@@ -27,12 +28,12 @@ from fleet.presets import READ_ONLY_MODES, AgentPreset, get_preset, load_presets
 from fleet.security.redact import SHAPES_ONLY, Redactor
 from fleet.security.trust import check_workspace_root
 from fleet.settings import Settings
+from fleet.storage.caches import search_answers
 from fleet.storage.images import ImageStore, image_store
 from fleet.storage.leases import LeaseKeeper
 from fleet.storage.store import Services, TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
-from fleet.tools.webfilter import OPEN, DomainFilter, DomainRules
 
 if TYPE_CHECKING:  # what only a process running agents builds, imported by `build`
     from fleet.experiences.embedding import Embedder
@@ -253,7 +254,7 @@ class Runtime:
         provider = repr(search)
         if isinstance(search, SearchService):  # its address and key digest, never the key
             provider = f"{search.scopes[0].name} {search.config.base_url}"
-        return SearchCache(self.store, preset.cache_ttl_s, provider)
+        return SearchCache(search_answers(self.store), preset.cache_ttl_s, provider)
 
     def model_name(self, explicit: str | None, preset: str) -> str:
         """Explicit name, else the preset's, the config override, FLEET_MODEL, the default."""

@@ -20,11 +20,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from fleet.config.shell import SHELL_NETWORKS, ShellLimits
 from fleet.errors import ConfigError
 from fleet.security import trust
 from fleet.security.envvalues import (
+    AGENTS_DIR_ENV,
+    CONFIG_ENV,
+    MODEL_ENV,
     absolute_path,
+    agents_dir_of,
+    config_path_of,
     is_true,
+    model_of,
     name_list,
     positive_s,
     user_path,
@@ -32,8 +39,12 @@ from fleet.security.envvalues import (
 )
 from fleet.security.redact import Redactor
 from fleet.storage import keys
-from fleet.storage.redis_urls import check_url, fleet_url, result_backend_url, sentinel_master
-from fleet.tools.base import SHELL_NETWORKS, ShellLimits
+from fleet.storage.backends.redis.urls import (
+    check_url,
+    fleet_url,
+    result_backend_url,
+    sentinel_master,
+)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 STATE_HOME_NAME = "agent-fleet"
@@ -52,10 +63,10 @@ ENV_NAMES = (
     "FLEET_REDIS_SENTINEL_MASTER",
     "FLEET_WORKSPACE",
     "FLEET_ALLOW_SHELL",
-    "FLEET_AGENTS_DIR",
+    AGENTS_DIR_ENV,
     "FLEET_SKILLS_DIR",
-    "FLEET_CONFIG",
-    "FLEET_MODEL",
+    CONFIG_ENV,
+    MODEL_ENV,
     "FLEET_LEASE_TTL_MS",
     "FLEET_NO_WORKER_TIMEOUT_S",
     "FLEET_TRANSIENT_RETRIES",
@@ -106,7 +117,7 @@ class Settings:
     broker_url: str = DEFAULT_REDIS_URL
     redis_sentinel_master: str | None = None
     """FLEET_REDIS_SENTINEL_MASTER: the master's name when FLEET_REDIS_URL (or the broker's)
-    is a `sentinel://h:p;sentinel://h2:p` URL (see `fleet.storage.redis_urls`)."""
+    is a `sentinel://h:p;sentinel://h2:p` URL (see `fleet.storage.backends.redis.urls`)."""
     redis_cluster: bool = False
     """FLEET_REDIS_CLUSTER=1: FLEET_REDIS_URL names a node of a Redis Cluster; the store and
     the limiter use redis-py's cluster client and name keys with hash tags (docs/operations.md)."""
@@ -186,7 +197,7 @@ class Settings:
     (`batch`) or is made live on a worker (`live`)."""
     retention_s: int = keys.TRACE_TTL_S
     """FLEET_RETENTION_S: how long a finished tree stays in Redis once the owner check compacted
-    it (`fleet.storage.redis_compact`); `fleet archive` keeps it longer, outside Redis."""
+    it (`fleet.storage.backends.redis.compact`); `fleet archive` keeps it longer, outside Redis."""
     probe_dir: Path = Path("/tmp")
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
@@ -223,10 +234,10 @@ class Settings:
             result_backend_url=backend_url,
             workspace=workspace,
             allow_shell=env.get("FLEET_ALLOW_SHELL", "") in ("1", "true", "yes"),
-            agents_dir=user_path(env.get("FLEET_AGENTS_DIR")),
+            agents_dir=agents_dir_of(env),
             skills_dir=user_path(env.get("FLEET_SKILLS_DIR")),
-            config_path=user_path(env.get("FLEET_CONFIG")),
-            model=env.get("FLEET_MODEL") or None,
+            config_path=config_path_of(env),
+            model=model_of(env),
             lease_ttl_ms=whole_number(env, "FLEET_LEASE_TTL_MS", keys.LEASE_TTL_MS),
             no_worker_timeout_s=positive_s(env, "FLEET_NO_WORKER_TIMEOUT_S", 30.0),
             transient_retries=whole_number(env, "FLEET_TRANSIENT_RETRIES", 3, minimum=0),

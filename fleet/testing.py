@@ -8,6 +8,6 @@ where `scripted:FILE.yaml` models load from.
 from __future__ import annotations
 
 from fleet.llm.scripted import Script, ScriptedModel, call, calls, text
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 
 __all__ = ["MemoryStore", "Script", "ScriptedModel", "call", "calls", "text"]

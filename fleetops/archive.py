@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fleet.errors import ConfigError, TraceNotFound
 from fleet.owners import tree_ended
-from fleet.storage.redis_archive import (
+from fleet.storage.backends.redis.archive import (
     ARCHIVE,
     BadRecord,
     TraceRecord,
@@ -37,7 +37,7 @@ from fleet.storage.redis_archive import (
     check_trace,
     check_tree,
 )
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Services, TraceRecords, TraceStore
 from fleetops.archive_checks import (
     refusal_of_events,
     refusal_of_ids,
@@ -110,7 +110,7 @@ def _finished(store: TraceStore, roots: Sequence[str]) -> Iterator[TreeRecord]:
         yield TreeRecord(root, [strip_reserved(t) for t in tree.traces], tree.events)
 
 
-def _all_roots(store: TraceStore, archive: TreeArchive, page: int = 1_000) -> Iterator[str]:
+def _all_roots(store: TraceRecords, archive: TreeArchive, page: int = 1_000) -> Iterator[str]:
     """Every root in the traces index, newest first, read a page at a time."""
     start = 0
     while ids := archive.newest_ids(start, page):
@@ -203,7 +203,7 @@ def _read_line(
     raise ValueError(f"unknown line kind {str(kind)[:40]!r}")
 
 
-def import_file(store: TraceStore, path: Path, retention_s: int) -> Done:
+def import_file(store: Services, path: Path, retention_s: int) -> Done:
     """Every tree of the file back in Redis (checked whole first), compacted."""
     trees = read_file(path)
     archive = store.capability(ARCHIVE)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from fleet.errors import ConfigError
 from fleet.settings import Settings, process_env, process_settings, state_dir_for
-from fleet.storage.redis_connect import connect, redact_url
+from fleet.storage.backends.redis.connect import connect, redact_url
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from fleet.presets import load_presets
 from fleet.runtime import operator_config
 from fleet.security.trust import api_key
 from fleet.settings import Settings
-from fleet.storage.redis_connect import connect, redact_url, unreachable
+from fleet.storage.backends.redis.connect import connect, redact_url, unreachable
 from workers.app import QUEUES, transport_options
 
 CONNECT_TIMEOUT_S = 2.0
@@ -191,8 +191,8 @@ def check_owners(settings: Settings, shown: int = 5) -> Check:
     """Traces nothing moves (`fleet.owners`), as the workers' owner check would find them."""
     from fleet import owners
     from fleet.models import now_ms
+    from fleet.storage.backends.redis.store import RedisStore
     from fleet.storage.owner_index import owner_index
-    from fleet.storage.redis_store import RedisStore
 
     store = RedisStore.from_url(
         settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster

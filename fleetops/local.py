@@ -35,8 +35,7 @@ from fleet.observe.operator import operator_members
 from fleet.runtime import operator_config
 from fleet.security.trust import WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings, process_env
-from fleet.storage.redis_connect import redact_url
-from fleet.storage.redis_server import start_redis_server
+from fleet.storage.backends.redis.connect import redact_url
 from fleetops.discovery import (
     PING_TIMEOUT_S,
     PRIVATE_DIR_MODE,
@@ -48,6 +47,7 @@ from fleetops.discovery import (
     redis_answers,
 )
 from fleetops.doctor import check_broker, missing_keys, ping_workers
+from fleetops.redis_server import start_redis_server
 from fleetops.supervisor import (
     SUPERVISOR_PID_ENV,
     Child,

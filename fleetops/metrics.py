@@ -24,8 +24,8 @@ import redis
 from fleet.models import Status, now_ms
 from fleet.settings import Settings
 from fleet.storage import keys
+from fleet.storage.backends.redis.connect import close_client, connect, redact_url
 from fleet.storage.keys import CounterName
-from fleet.storage.redis_connect import close_client, connect, redact_url
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from fleet.control import subtree
-from fleet.limits.backends import budget_state
+from fleet.limits.capability import budget_state
 from fleet.models import Event, Trace, task_images
 from fleet.storage.store import TraceContent, TraceStore
 from fleetops.cli.output import printable

@@ -28,11 +28,11 @@ import pytest
 import redis
 
 import fleet.llm.base
-from fleet.storage.memory_store import MemoryStore
-from fleet.storage.redis_connect import connect
-from fleet.storage.redis_server import start_redis_server
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis.connect import connect
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
+from fleetops.redis_server import start_redis_server
 
 if TYPE_CHECKING:
     from selenium import webdriver

@@ -14,7 +14,7 @@ import yaml
 from fleet.client import Fleet
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 
 
 def explore_script(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from fleet.storage.redis_server import find_redis_server
+from fleetops.redis_server import find_redis_server
 
 MASTERS = 3
 BUS_OFFSET = 10_000

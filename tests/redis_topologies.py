@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import redis
 
-from fleet.storage.redis_server import HOST, find_redis_server, free_port
+from fleetops.redis_server import HOST, find_redis_server, free_port
 
 START_TIMEOUT_S = 15.0
 POLL_S = 0.05

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from fleet.config.approval_rules import ApprovalRule, ApprovalRuleIn, needs_approval, rules_of
 from fleet.conversation import approval
-from fleet.conversation.approval_rules import ApprovalRule, ApprovalRuleIn, needs_approval, rules_of
 from fleet.conversation.human import time_out_waits, waiting_on
 from fleet.errors import ConversationError
 from fleet.inprocess import InProcessDispatcher, InProcessFleet

@@ -14,9 +14,9 @@ import redis
 from fleet.errors import ConfigError
 from fleet.models import Trace
 from fleet.storage import keys
+from fleet.storage.backends.redis.compact import compact_tree
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.compaction import PACKED_FIELD
-from fleet.storage.redis_compact import compact_tree
-from fleet.storage.redis_store import RedisStore
 from fleet.testing import ScriptedModel, text
 from fleetops.archive import export, import_file, read_file
 from tests.test_compaction import everything, explore_tree
@@ -158,7 +158,7 @@ def test_import_with_roots_or_drop_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_memory_store_has_no_archive_and_says_so_in_one_line(tmp_path: Path) -> None:
-    from fleet.storage.memory_store import MemoryStore
+    from fleet.storage.backends.memory.store import MemoryStore
 
     with pytest.raises(ConfigError, match="needs the Redis store") as caught:
         export(MemoryStore(), tmp_path / "a.jsonl")

@@ -36,8 +36,8 @@ from fleet.loop.runner import Runner, run_safely
 from fleet.models import Mode, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import ScriptedModel, call, text
 from tests.fleetkit import client, fleet_settings
 

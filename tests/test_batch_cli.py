@@ -20,7 +20,7 @@ import redis
 
 from fleet.batch.journal import sidecar_path
 from fleet.models import Trace
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.fleetkit import wait_until
 from tests.procs import read_until_exit, start_worker, wait_for_workers
 

@@ -36,6 +36,8 @@ from fleet.loop.runner import Runner
 from fleet.models import Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.storage.backends.memory.batch_calls import MemoryBatchCalls
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.batch_calls import (
     BatchCalls,
     Flush,
@@ -43,8 +45,6 @@ from fleet.storage.batch_calls import (
     RedisBatchCalls,
     batch_calls,
 )
-from fleet.storage.memory_batch_calls import MemoryBatchCalls
-from fleet.storage.memory_store import MemoryStore
 from fleet.storage.store import TraceStore
 from fleet.testing import Script
 from tests.conftest import fake_redis
@@ -493,7 +493,7 @@ def test_an_answer_already_in_the_trace_is_never_taken_twice() -> None:
 @pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
 def redis_trace_store(request: pytest.FixtureRequest) -> TraceStore:
     """Budgets live in Redis only: the Redis store, on fakeredis and on a real Redis."""
-    from fleet.storage.redis_store import RedisStore
+    from fleet.storage.backends.redis.store import RedisStore
 
     if request.param == "fakeredis":
         return RedisStore(fake_redis())

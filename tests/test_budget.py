@@ -17,14 +17,14 @@ from fleet.batch.file import parse_entry
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
-from fleet.limits.backends import LIMITS
 from fleet.limits.budget import Budget, Exhausted, Reserved
+from fleet.limits.capability import LIMITS
 from fleet.limits.protocols import TreeBudgets
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.loop.runner import Runner, run_to_end
 from fleet.settings import Settings
 from fleet.storage import keys
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel
 
@@ -269,8 +269,8 @@ def test_the_memory_budgets_decide_as_the_lua_does_call_for_call() -> None:
     """
     import random
 
-    from fleet.limits.budget import Budgets
-    from fleet.limits.memory_trees import MemoryBudgets
+    from fleet.limits.backends.memory.trees import MemoryBudgets
+    from fleet.limits.backends.redis.budgets import Budgets
     from tests.conftest import fake_redis
 
     rng = random.Random(22)

@@ -25,8 +25,8 @@ from fleet.errors import LeaseLost
 from fleet.models import Trace, now_ms
 from fleet.storage import keys as fleet_keys
 from fleet.storage import outbox
-from fleet.storage.memory_store import MemoryStore
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.writes import TraceWrite
 from tests.fleetkit import wait_until
 from workers.app import app

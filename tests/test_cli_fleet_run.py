@@ -21,7 +21,7 @@ import redis
 import yaml
 
 from fleet.client import Fleet
-from fleet.storage.redis_server import free_port
+from fleetops.redis_server import free_port
 from tests.fleetkit import explore_script, wait_until
 from tests.procs import WorkerProcess
 from tests.test_fleet_recovery import database_url, fleet_client, start_workers, survey_script

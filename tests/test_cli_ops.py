@@ -17,11 +17,11 @@ import redis
 
 from fleet.errors import ConfigError
 from fleet.settings import Settings
-from fleet.storage.redis_server import free_port
 from fleetops.cli.ops import flower_env, parse_queues, worker_argv
 from fleetops.discovery import UP_FILE, UpState, read_state
 from fleetops.doctor import check_presets, missing_keys
 from fleetops.local import check_port_free, example_run
+from fleetops.redis_server import free_port
 from tests.procs import pid_alive, start_worker, wait_for_workers
 from workers.app import QUEUES
 

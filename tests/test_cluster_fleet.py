@@ -19,9 +19,9 @@ import yaml
 from fleet.client import Fleet
 from fleet.limits.budget import Budget
 from fleet.storage import keys
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.compaction import PACKED_FIELD
-from fleet.storage.redis_server import start_redis_server
-from fleet.storage.redis_store import RedisStore
+from fleetops.redis_server import start_redis_server
 from tests.fake_provider import RateLimitedProvider
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers

@@ -18,10 +18,10 @@ from redis.exceptions import RedisClusterException
 
 from fleet.models import Message, Trace
 from fleet.storage import keys
+from fleet.storage.backends.redis.batch_calls import RedisBatchCalls
+from fleet.storage.backends.redis.images import RedisImages
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.batch_types import Flush, PendingCall
-from fleet.storage.images import RedisImages
-from fleet.storage.redis_batch_calls import RedisBatchCalls
-from fleet.storage.redis_store import RedisStore
 from tests.redis_cluster import redis_cluster
 
 pytestmark = pytest.mark.integration

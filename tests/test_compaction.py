@@ -14,11 +14,12 @@ from fleet.llm.base import LLMResponse
 from fleet.models import Event, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage import keys, redis_compact
+from fleet.storage import keys
+from fleet.storage.backends.redis import compact as redis_compact
+from fleet.storage.backends.redis.compact import PACK_TRACE, compact_tree, tree_ids
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.compaction import PACKED_FIELD, PackError, TreeDict, pack, unpack
 from fleet.storage.owner_index import owner_index
-from fleet.storage.redis_compact import PACK_TRACE, compact_tree, tree_ids
-from fleet.storage.redis_store import RedisStore
 from fleet.testing import ScriptedModel, call, text
 
 WEEK_S = 7 * 24 * 3600

@@ -14,8 +14,8 @@ import redis
 
 from fleet.client import Fleet
 from fleet.storage import keys
+from fleet.storage.backends.redis.compact import tree_ids
 from fleet.storage.compaction import PACKED_FIELD
-from fleet.storage.redis_compact import tree_ids
 from tests.fleetkit import wait_until
 from tests.procs import WorkerProcess, start_worker, wait_for_workers
 from tests.test_fleet_recovery import database_url, fleet_client

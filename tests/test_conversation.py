@@ -226,7 +226,7 @@ def test_a_delegate_cannot_ask_a_person(store: TraceStore, tmp_path: Path) -> No
 def test_a_batch_records_the_question_and_leaves_the_trace_resumable(tmp_path: Path) -> None:
     from fleet.batch.run import BatchEntry, BatchOptions, run_batch
     from fleet.client import Fleet
-    from fleet.storage.memory_store import MemoryStore
+    from fleet.storage.backends.memory.store import MemoryStore
     from tests.test_batch import ThreadBackend
 
     def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:

@@ -31,7 +31,7 @@ import redis
 import yaml
 
 from fleet.models import Trace
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.fleetkit import wait_until
 from tests.procs import WorkerProcess
 from workers import probes

@@ -11,15 +11,16 @@ import pytest
 import redis
 
 from fleet.errors import ConfigError, ExperienceNotFound
+from fleet.experiences.backends.memory import MemoryExperiences
+from fleet.experiences.backends.redis import RedisExperiences
 from fleet.experiences.model import Experience, new_experience
 from fleet.experiences.reflect import proposals, reflection_task
 from fleet.experiences.retrieval import HEADING, rank, scopes_of
-from fleet.experiences.store import ExperienceStore, MemoryExperiences
+from fleet.experiences.store import ExperienceStore
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.models import Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.redis_experiences import RedisExperiences
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, text
 

@@ -19,10 +19,11 @@ import yaml
 
 import fleet.llm.base
 from fleet.errors import ConfigError, FleetError, ModelBehaviorError
+from fleet.experiences.backends.memory import MemoryExperiences
 from fleet.experiences.embedding import Embedder, nearest
 from fleet.experiences.model import StoredVector, new_experience, text_digest
 from fleet.experiences.retrieval import HEADING
-from fleet.experiences.store import ExperienceStore, MemoryExperiences
+from fleet.experiences.store import ExperienceStore
 from fleet.inprocess import InProcessFleet
 from fleet.llm.config import load_config
 from fleet.llm.embeddings import EmbeddingsClient, cosine

@@ -24,8 +24,8 @@ from fleet.loop.runner import Runner, run_to_end
 from fleet.observe.otel_spans import OtelHooks
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import Script
 from fleetops.cli.output import render_tree
 from fleetops.metrics import fallback_family, render

@@ -14,8 +14,8 @@ import pytest
 
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessFleet
-from fleet.limits.backends import LIMITS
 from fleet.limits.budget import Budget
+from fleet.limits.capability import LIMITS
 from fleet.limits.trees import DEFAULT_SCHEDULE, Schedule
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.loop.runner import Runner, run_to_end
@@ -158,8 +158,8 @@ def test_the_in_process_fleet_runs_at_most_max_concurrent_branches(
 def test_the_memory_window_decides_as_the_lua_does_call_for_call() -> None:
     import random
 
-    from fleet.limits.memory_trees import MemoryTrees
-    from fleet.limits.trees import Trees
+    from fleet.limits.backends.memory.trees import MemoryTrees
+    from fleet.limits.backends.redis.trees import Trees
     from tests.conftest import fake_redis
 
     rng = random.Random(22)

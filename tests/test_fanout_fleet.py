@@ -13,7 +13,7 @@ import redis
 
 from fleet.client import Fleet
 from fleet.models import Trace
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.fleetkit import celery_fleet, client, explore_script, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 

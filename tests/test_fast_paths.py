@@ -22,8 +22,8 @@ from fleet.loop.steps import CallTools, DoomLoop, Finish, Step
 from fleet.models import ToolCeiling, Trace, TraceStats
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage import redis_writes
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis import writes as redis_writes
 from fleet.storage.writes import TraceWrite
 from fleet.testing import ScriptedModel
 

@@ -25,7 +25,7 @@ from celery import Celery
 from fleet.client import Fleet
 from fleet.models import now_ms
 from fleet.storage import keys
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from tests.procs import WorkerProcess, pid_alive, start_worker, wait_for_workers
 

@@ -17,7 +17,7 @@ import redis
 
 from fleet.client import Fleet
 from fleet.models import Trace
-from fleet.storage.redis_server import free_port
+from fleetops.redis_server import free_port
 from tests.fleetkit import explore_script, wait_until
 from workers.app import QUEUES
 from workers.naming import REDACTED, first_words, shadow_name, task_names, task_repr

@@ -14,14 +14,15 @@ import pytest
 import redis
 
 from fleet.errors import ProviderOverloaded
-from fleet.limits.budget import Budget, Budgets
+from fleet.limits.backends.redis.budgets import Budgets
+from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.budget import Budget
 from fleet.limits.gate import Gate, Go, Spent, Wait
-from fleet.limits.providers import Limiter
 from fleet.llm.base import LLMResponse, Usage
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits
 from fleet.models import Trace
 from fleet.storage import keys
-from fleet.storage.redis_connect import connect
+from fleet.storage.backends.redis.connect import connect
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
 from fleet.observe.operator import HookChain, build_hooks, entry_point_members, operator_members
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 from tests import hookkit
 

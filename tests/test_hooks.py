@@ -18,7 +18,7 @@ from fleet.observe.hooks import Hooks
 from fleet.observe.operator import HookChain, Member, build_hooks, load_hook
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 from tests import hookkit

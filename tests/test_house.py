@@ -116,3 +116,94 @@ def test_the_status_event_check_finds_one() -> None:
     assert trace_events_built('store.emit(r, Event(kind="trace", trace_id=r, status="queued"))')
     assert trace_events_built('models.Event(kind="trace")') == [1]
     assert not trace_events_built('Event(kind="message", trace_id=r)')
+
+
+def store_roles() -> dict[str, frozenset[str]]:
+    """Each role Protocol of `fleet/storage/store.py` -> its methods (TraceStore, the sum, not)."""
+    tree = ast.parse((ROOT / "fleet" / "storage" / "store.py").read_text(encoding="utf-8"))
+    return {
+        node.name: frozenset(n.name for n in node.body if isinstance(n, ast.FunctionDef))
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name != "TraceStore"
+        if any(ast.unparse(base) == "Protocol" for base in node.bases)
+    }
+
+
+def whole_store_where_a_role_would_do(source: str, roles: dict[str, frozenset[str]]) -> list[str]:
+    """Functions taking a `TraceStore` they only call methods of one role on.
+
+    Only a parameter used solely as `store.method` is judged: one passed on whole (to another
+    function, a constructor) may need the whole store there, which this scan cannot see.
+    """
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for arg in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]:
+            if arg.annotation is None or ast.unparse(arg.annotation) != "TraceStore":
+                continue
+            names = [n for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id == arg.arg]
+            used = {
+                n.attr
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == arg.arg
+            }
+            if used and len(names) == sum(1 for n in ast.walk(fn) if _attribute_of(n, arg.arg)):
+                fits = sorted(role for role, methods in roles.items() if used <= methods)
+                if fits:
+                    found.append(f"{fn.name}({arg.arg}): {fits[0]}")
+    return found
+
+
+def _attribute_of(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == name
+    )
+
+
+def test_no_signature_takes_the_whole_store_where_a_role_would_do() -> None:
+    roles = store_roles()
+    wide = [
+        f"{path.relative_to(ROOT)}: {found}"
+        for path in product_files()
+        for found in whole_store_where_a_role_would_do(path.read_text(encoding="utf-8"), roles)
+    ]
+    assert not wide, wide
+
+
+def test_the_role_check_finds_a_whole_store_used_for_one_role() -> None:
+    roles = {"TraceRecords": frozenset({"get_trace"}), "Leases": frozenset({"beat"})}
+    one_role = "def f(store: TraceStore) -> None:\n    store.get_trace('r')\n"
+    two_roles = "def f(store: TraceStore) -> None:\n    store.get_trace('r')\n    store.beat()\n"
+    passed_on = "def f(store: TraceStore) -> None:\n    store.get_trace('r')\n    g(store)\n"
+    assert whole_store_where_a_role_would_do(one_role, roles) == ["f(store): TraceRecords"]
+    assert whole_store_where_a_role_would_do(two_roles, roles) == []
+    assert whole_store_where_a_role_would_do(passed_on, roles) == []
+
+
+EXIT_CONSTANT = re.compile(r"^\s*EXIT_[A-Z_]+\s*[,=]", re.MULTILINE)
+
+
+def test_the_exit_codes_are_declared_once() -> None:
+    # One enum (fleetops.cli.exit_codes.ExitCode), not EXIT_* constants in each command module.
+    from fleetops.cli.exit_codes import ExitCode
+
+    declared = [
+        str(path.relative_to(ROOT))
+        for path in product_files()
+        if EXIT_CONSTANT.search(path.read_text(encoding="utf-8"))
+    ]
+    assert not declared, declared
+    assert {code.name: int(code) for code in ExitCode} == {
+        "OK": 0,
+        "FAILED": 1,
+        "BAD_INPUT": 2,
+        "WAITING": 3,
+        "INTERRUPTED": 130,
+    }
+    assert ExitCode(2).name == "BAD_INPUT" and ExitCode["NO_WORKERS"] == 2
+    assert EXIT_CONSTANT.search("EXIT_OK, EXIT_FAILED = 0, 1\n")

@@ -24,9 +24,10 @@ from fleet.loop.fit import estimate_tokens
 from fleet.models import Message, Trace, text_of
 from fleet.settings import Settings
 from fleet.storage import keys
-from fleet.storage.images import MemoryImages, RedisImages
-from fleet.storage.memory_store import MemoryStore
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.memory.images import MemoryImages
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis.images import RedisImages
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import ScriptedModel, call, text
 from fleet.tools.base import ToolContext
 from fleet.tools.imagecheck import MAX_IMAGE_BYTES, checked

@@ -212,10 +212,14 @@ FLEET_LAYERS = (
     "ids",
     "goals",
     "models",
-    # Pieces that know no run: secret handling, Redis and memory storage, settings.
+    # The schemas of fleet.yaml's and preset files' blocks (they import only the base).
+    "config",
+    # Pieces that know no run: secret handling, Redis and memory storage, queries over
+    # it, settings.
     "security",
     "storage",
     "memory",
+    "control",
     "settings",
     "llm",
     "limits",
@@ -226,7 +230,6 @@ FLEET_LAYERS = (
     "experiences",
     # The wiring every run shares, then what runs on it.
     "runtime",
-    "control",
     "history",
     "lifecycle",
     "owners",
@@ -244,29 +247,7 @@ FLEET_LAYERS = (
 )
 """fleet's packages and top-level modules, lowest first: each may import only those above
 it in this list (`""` is `fleet/__init__.py`). docs/architecture.md draws the same stack."""
-FLEET_KNOTS = {
-    # fleet.yaml's `limits:` block (llm.config) is validated with the limits' value types,
-    # and the limits read FleetConfig back. values.py imports only fleet.errors, so there is
-    # no module cycle; untying it means a home for the value types below both packages.
-    ("fleet.llm.config", "fleet.limits.values"),
-    # fleet.yaml and preset files carry blocks whose schema lives beside the code that uses
-    # them (approve:, web:, search:, mcp_servers:); each module imported here imports only
-    # the base. Untying them means a `fleet/config/` package of schemas below llm/presets.
-    ("fleet.llm.config", "fleet.conversation.approval_rules"),
-    ("fleet.llm.config", "fleet.tools.webfilter"),
-    ("fleet.llm.config", "fleet.tools.websearch.config"),
-    ("fleet.llm.config", "fleet.mcp.config"),
-    ("fleet.presets.preset", "fleet.conversation.approval_rules"),
-    ("fleet.presets.preset", "fleet.tools.webfilter"),
-    ("fleet.presets.preset", "fleet.mcp.names"),
-    ("fleet.presets.frontmatter", "fleet.mcp.names"),
-    # The shell's limits are settings (FLEET_SHELL_*) whose types live with the sandbox.
-    ("fleet.settings", "fleet.tools.base"),
-    # The Redis experience store sits with the other Redis code and stores the model.
-    ("fleet.storage.redis_experiences", "fleet.experiences.model"),
-    # A reflection walks the finished tree (control.subtree), which sits above the runtime.
-    ("fleet.experiences.reflect", "fleet.control"),
-}
+FLEET_KNOTS: set[tuple[str, str]] = set()
 """Imports against the direction above that are not untied yet, each with why."""
 
 
@@ -305,3 +286,96 @@ def test_the_layer_check_finds_an_upward_import() -> None:
     # storage importing the loop is exactly what the table forbids.
     graph = {"fleet.storage.store": {"fleet.loop.runner", "fleet.errors"}, "fleet.errors": set()}
     assert layer_violations(graph) == ["fleet.storage.store -> fleet.loop.runner"]
+
+
+BASE_UNITS = frozenset(FLEET_LAYERS[: FLEET_LAYERS.index("models") + 1])
+"""The base layer: plain values, ids, the exception family."""
+
+
+def imports_outside(
+    graph: Mapping[str, AbstractSet[str]], package: str, allowed: AbstractSet[str]
+) -> list[str]:
+    """Each import from `package` to a fleet unit outside it and outside `allowed`."""
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if source == package or source.startswith(package + ".")
+        for target in targets
+        if (unit := fleet_unit(target)) is not None
+        if unit != fleet_unit(package) and unit not in allowed
+    )
+
+
+def test_the_config_schemas_import_only_the_base() -> None:
+    # fleet.yaml's and preset files' blocks sit below every package that reads them.
+    assert imports_outside(import_graph(), "fleet.config", BASE_UNITS) == []
+
+
+TOOL_PACKAGES = ("fleet.tools", "fleet.mcp")
+"""Tools: each reaches the store only through a role its context or the runtime hands it."""
+
+
+def storage_reached(graph: Mapping[str, AbstractSet[str]], package: str) -> list[str]:
+    """Each import from `package` into `fleet.storage`."""
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if source == package or source.startswith(package + ".")
+        for target in targets
+        if fleet_unit(target) == "storage"
+    )
+
+
+@pytest.mark.parametrize("package", TOOL_PACKAGES)
+def test_a_tool_sees_a_role_never_the_storage_package(package: str) -> None:
+    assert storage_reached(import_graph(), package) == []
+
+
+def test_the_storage_check_finds_a_tool_importing_keys() -> None:
+    graph = {"fleet.tools.web": {"fleet.storage.keys", "fleet.errors"}, "fleet.tools": set()}
+    assert storage_reached(graph, "fleet.tools") == ["fleet.tools.web -> fleet.storage.keys"]
+    assert imports_outside(graph, "fleet.tools", BASE_UNITS) == [
+        "fleet.tools.web -> fleet.storage.keys"
+    ]
+
+
+READ_ONCE = {
+    "FLEET_CONFIG": "CONFIG_ENV",
+    "FLEET_MODEL": "MODEL_ENV",
+    "FLEET_AGENTS_DIR": "AGENTS_DIR_ENV",
+}
+"""Variables once read in two places each: now only by their reader in fleet.security.envvalues."""
+
+
+def variable_reads(source: str, variable: str, constant: str) -> int:
+    """How often a module reads `variable` from a mapping (`.get(...)` or `[...]`)."""
+    names = {variable, constant}
+    found = 0
+    for node in ast.walk(ast.parse(source)):
+        key: ast.expr | None = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("get", "pop") and node.args:
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript):
+            key = node.slice
+        if isinstance(key, ast.Constant) and key.value in names:
+            found += 1
+        elif isinstance(key, ast.Name) and key.id in names:
+            found += 1
+    return found
+
+
+@pytest.mark.parametrize("variable", sorted(READ_ONCE))
+def test_each_of_these_variables_has_one_reader(variable: str) -> None:
+    readers = sorted(
+        name
+        for name, path in project_modules().items()
+        if name.split(".")[0] in PRODUCT
+        and variable_reads(path.read_text(), variable, READ_ONCE[variable])
+    )
+    assert readers == ["fleet.security.envvalues"], readers
+
+
+def test_the_reader_scan_finds_both_forms() -> None:
+    source = "a = env.get('FLEET_MODEL') or x\nb = env[MODEL_ENV]\nc = {'FLEET_MODEL': 1}\n"
+    assert variable_reads(source, "FLEET_MODEL", "MODEL_ENV") == 2

@@ -20,7 +20,7 @@ from kombu.entity import Exchange, Queue
 from kombu.messaging import Producer
 from redis.connection import Connection as RedisConnection
 
-from fleet.storage.redis_server import RedisServer, start_redis_server
+from fleetops.redis_server import RedisServer, start_redis_server
 from workers import patches
 from workers.patches import kombu_redis
 

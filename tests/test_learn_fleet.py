@@ -27,7 +27,7 @@ from fleet.conversation import approval
 from fleet.experiences.retrieval import HEADING
 from fleet.models import Trace
 from fleet.storage import keys
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.fake_embeddings import FakeEmbeddings
 from tests.fleetkit import client, fleet_settings, wait_until
 from tests.procs import WorkerProcess

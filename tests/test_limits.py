@@ -1,7 +1,7 @@
 """The fleet-wide limiter and its memory twin, and the rate-limit header parsing.
 
-Every limiter test runs on the memory twin (`fleet.limits.memory`), the Lua on fakeredis,
-and the Lua on a real Redis (integration tier); `Probe` reads what each keeps.
+Every limiter test runs on the memory twin (`fleet.limits.backends.memory.limiter`), the Lua
+on fakeredis, and the Lua on a real Redis (integration tier); `Probe` reads what each keeps.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 import redis
 
 from fleet.limits import pacing
-from fleet.limits.memory import MemoryLimiter
+from fleet.limits.backends.memory.limiter import MemoryLimiter
+from fleet.limits.backends.redis.limiter import Limiter
 from fleet.limits.protocols import ProviderLimits
 from fleet.limits.providers import (
     MAX_PAUSE_S,
     Admitted,
-    Limiter,
     Refused,
     Scope,
     estimate_tokens,
@@ -318,7 +318,8 @@ def test_an_overload_is_handed_back_at_once_when_the_fleet_limits() -> None:
 def test_fleet_metrics_show_admissions_waits_overloads_and_budget_stops(
     redis_db: redis.Redis,
 ) -> None:
-    from fleet.limits.budget import Budget, Budgets
+    from fleet.limits.backends.redis.budgets import Budgets
+    from fleet.limits.budget import Budget
     from fleetops.metrics import limit_families, render
 
     limiter = Limiter(redis_db)  # `fleet metrics` reads the fleet's Redis

@@ -21,8 +21,8 @@ from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.openai import OpenAIClient
 from fleet.models import Trace
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
 from fleet.testing import Script
 from tests.fake_provider import RateLimitedProvider, RollingWindow

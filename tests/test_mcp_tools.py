@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from fleet.config.mcp import McpServerConfig
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
 from fleet.llm.config import load_config
-from fleet.mcp.config import McpServerConfig
 from fleet.mcp.sessions import McpSessions
 from fleet.mcp.tools import sync
 from fleet.presets import BUILTIN_PRESETS, AgentPreset, load_preset_file

@@ -22,7 +22,7 @@ import yaml
 from fleet.models import Message, Mode, Trace
 from fleet.settings import Settings
 from fleet.storage import keys
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleetops.metrics import (
     Family,
     FleetMetrics,

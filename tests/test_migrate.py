@@ -12,7 +12,7 @@ import redis
 
 from fleet.models import Message, Trace
 from fleet.storage import keys
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleetops.migrate import migrate
 
 

@@ -25,7 +25,7 @@ from fleet.observe.hooks import NO_HOOKS
 from fleet.observe.otel_spans import OtelHooks
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 from tests.fleetkit import explore_script
 

@@ -14,7 +14,7 @@ import pytest
 from fleet.loop.runner import Runner
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
 from tests.fleetkit import fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
@@ -51,7 +51,7 @@ class RefusingDispatcher:
 SPAWN_AND_DIE = """
 import sys
 from pathlib import Path
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.loop.runner import Runner
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceStore

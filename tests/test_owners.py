@@ -173,7 +173,7 @@ def test_one_claim_per_interval(store: TraceStore) -> None:
 @pytest.mark.integration
 def test_doctor_lists_a_trace_without_an_owner(redis_url: str, redis_client: Any) -> None:
     from fleet.settings import Settings
-    from fleet.storage.redis_store import RedisStore
+    from fleet.storage.backends.redis.store import RedisStore
     from fleetops.doctor import check_owners
 
     settings = Settings.from_env({"FLEET_REDIS_URL": redis_url, "FLEET_STUCK_AFTER_S": "10"})

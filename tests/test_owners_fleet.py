@@ -19,7 +19,7 @@ from fleet.conversation.roots import TaskSpec, create_root
 from fleet.loop.runner import Runner
 from fleet.runtime import Runtime
 from fleet.storage import keys
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.fleetkit import RecordingDispatcher, fleet_settings, wait_until
 from tests.procs import WorkerProcess, start_worker, wait_for_workers
 from tests.test_fleet_recovery import (

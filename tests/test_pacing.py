@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from fleet.limits import pacing
-from fleet.limits.providers import Admitted, Limiter, Scope
+from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.providers import Admitted, Scope
 from fleet.llm.config import RateLimits
 from fleet.storage import keys
 

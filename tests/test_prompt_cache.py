@@ -25,7 +25,7 @@ from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd
 from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Event, Message, Trace
 from fleet.settings import Settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
 from fleet.testing import Script
 from fleetops.cli.output import render_tree

@@ -1,6 +1,7 @@
-"""`fleet.storage.redis_connect.Lua` on a real Redis: straight to a pooled connection, the same
-replies and errors as redis-py's EVALSHA, no connection kept, a dropped one replaced, a
-lost reply raised as redis-py raises it (never resent behind the caller's back)."""
+"""`fleet.storage.backends.redis.connect.Lua` on a real Redis: straight to a pooled
+connection, the same replies and errors as redis-py's EVALSHA, no connection kept, a
+dropped one replaced, a lost reply raised as redis-py raises it (never resent behind the
+caller's back)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from fleet.storage.redis_connect import Lua, connect
+from fleet.storage.backends.redis.connect import Lua, connect
 
 pytestmark = pytest.mark.integration
 

@@ -21,13 +21,14 @@ from celery.backends.redis import SentinelBackend
 from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
 
 from fleet.errors import ConfigError
-from fleet.limits.providers import Admitted, Limiter, Scope
+from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.providers import Admitted, Scope
 from fleet.llm.config import RateLimits
 from fleet.security.redact import Redactor
 from fleet.settings import Settings
-from fleet.storage.redis_connect import Lua, connect, redact_url, unreachable
-from fleet.storage.redis_store import RedisStore
-from fleet.storage.redis_urls import parse_sentinel
+from fleet.storage.backends.redis.connect import Lua, connect, redact_url, unreachable
+from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.backends.redis.urls import parse_sentinel
 from tests.redis_topologies import MASTER_NAME, SentinelGroup, sentinel_group
 from workers.app import create_app, make_config
 from workers.patches.result_backend import SendOnlySentinelBackend

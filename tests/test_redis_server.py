@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from fleet.errors import ConfigError
-from fleet.storage.redis_server import find_redis_server, start_redis_server
+from fleetops.redis_server import find_redis_server, start_redis_server
 
 
 @pytest.mark.integration

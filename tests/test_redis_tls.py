@@ -18,8 +18,8 @@ import pytest
 import redis
 
 from fleet.errors import ConfigError
-from fleet.storage.redis_connect import Lua, connect
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.connect import Lua, connect
+from fleet.storage.backends.redis.store import RedisStore
 from tests.conftest import CHECKOUT, REDIS_ADMIN_URL_ENV, REDIS_URL_ENV
 from tests.fleetkit import client, explore_script, fleet_settings
 from tests.procs import start_worker, wait_for_workers

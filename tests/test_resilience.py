@@ -11,7 +11,7 @@ from fleet.errors import TransientLLMError
 from fleet.llm.base import LLMResponse
 from fleet.loop.runner import Runner, run_safely
 from fleet.loop.turns import TRANSIENT_RETRIES_KEY
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.writes import TraceWrite, WriteResult
 from fleet.testing import ScriptedModel
 from tests.test_runner import make_fleet

@@ -20,17 +20,17 @@ import redis
 from redis.connection import Connection
 
 from fleet.conversation.roots import TaskSpec, create_root
-from fleet.limits.budget import Budgets
+from fleet.limits.backends.redis.budgets import Budgets
+from fleet.limits.backends.redis.limiter import Limiter
 from fleet.limits.gate import Gate
-from fleet.limits.providers import Limiter
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig, ProviderConfig
 from fleet.loop.runner import Runner
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.storage import keys
-from fleet.storage.redis_connect import connect
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.connect import connect
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import ScriptedModel, call, text
 from fleetops.metrics import usage_families
 from tests.fleetkit import RecordingDispatcher

@@ -14,7 +14,7 @@ from fleet.llm.base import LLMResponse
 from fleet.loop.runner import Runner
 from fleet.models import Message
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.writes import Append, TraceWrite, WriteResult
 from fleet.testing import ScriptedModel, call, calls, text
 

@@ -17,7 +17,9 @@ from fleet.inprocess import InProcessFleet
 from fleet.models import Trace, text_of
 from fleet.presets import load_preset_file
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage import keys
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.caches import search_answers
 from fleet.testing import ScriptedModel, call, calls, text
 from fleet.tools.websearch.cache import SearchCache
 from fleet.tools.websearch.results import SearchResult
@@ -115,7 +117,7 @@ def test_a_hit_is_filtered_by_the_asking_traces_own_domains(
 def test_a_forged_cache_entry_is_cleaned_as_it_is_read() -> None:
     """Attack: an entry in Redis holding terminal escapes and a javascript: URL."""
     store = MemoryStore()
-    cache = SearchCache(store, 60, "searxng")
+    cache = SearchCache(search_answers(store), 60, "searxng")
     forged = [
         [
             "\x1b]8;;https://evil.example\x07click\x1b[2J\u202eevil",
@@ -125,11 +127,11 @@ def test_a_forged_cache_entry_is_cleaned_as_it_is_read() -> None:
         ["bad", "javascript:alert(1)", "x"],
         "not a row",
     ]
-    store.cache_set(cache.key("q", 5), json.dumps(forged), 60)
+    store.cache_set(keys.search_cache(cache.digest("q", 5)), json.dumps(forged), 60)
     found = cache.get("q", 5)
     assert found is not None and len(found) == 1
     assert not any(ch in found[0].title for ch in "\x1b\x07\u202e")
-    store.cache_set(cache.key("q", 5), "{not json", 60)
+    store.cache_set(keys.search_cache(cache.digest("q", 5)), "{not json", 60)
     assert cache.get("q", 5) is None
     cache.put("q", 5, [SearchResult("t", "https://a.example/", "s")])
     assert cache.get("q", 5) == [SearchResult("t", "https://a.example/", "s")]

@@ -17,7 +17,7 @@ from fleet.loop.runner import Runner
 from fleet.models import Collaborator, Event, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
 from fleetops.serve.app import ServeConfig
 from tests.fleetkit import explore_script

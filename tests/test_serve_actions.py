@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from fleet.client import Fleet
+from fleet.config.approval_rules import ApprovalRule
 from fleet.conversation import approval
-from fleet.conversation.approval_rules import ApprovalRule
 from fleet.inprocess import InProcessDispatcher
 from fleet.limits.trees import Priority
 from fleet.llm.base import LLMResponse

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from fleet.conversation.approval_rules import ApprovalRule
+from fleet.config.approval_rules import ApprovalRule
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessDispatcher
 from fleet.limits.budget import Budget
@@ -25,7 +25,7 @@ from fleet.llm.base import LLMResponse
 from fleet.models import Collaborator, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 from fleetops.serve.app import ServeConfig

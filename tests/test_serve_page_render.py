@@ -15,7 +15,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
 from fleet.models import Event, Trace, TraceStats
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import ScriptedModel
 from tests.browserkit import page_value, screenshot, script_errors
 from tests.servekit import page_config, serving

@@ -27,17 +27,17 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
+from fleet.config.approval_rules import ApprovalRule
 from fleet.conversation import approval
-from fleet.conversation.approval_rules import ApprovalRule
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessDispatcher
-from fleet.limits.backends import budget_state
 from fleet.limits.budget import Budget
+from fleet.limits.capability import budget_state
 from fleet.llm.base import LLMResponse
 from fleet.loop.runner import Runner, run_to_end
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import ScriptedModel, call, text
 from tests.browserkit import screenshot, script_errors
 from tests.fleetkit import explore_script, wait_until

@@ -17,10 +17,10 @@ from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.goals import GoalTree
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 from fleet.storage import keys
-from fleet.storage.redis_connect import redact_url
-from fleet.storage.redis_server import free_port
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.connect import redact_url
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
+from fleetops.redis_server import free_port
 
 T = TypeVar("T")
 

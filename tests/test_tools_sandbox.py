@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from fleet.config.shell import ShellLimits
 from fleet.errors import ConfigError, ToolError
 from fleet.settings import Settings
 from fleet.tools import sandbox
-from fleet.tools.base import ShellLimits, ToolContext
+from fleet.tools.base import ToolContext
 from fleet.tools.sandbox import NOBODY_UID, ShellUser, shell_user
 from fleet.tools.shell import bash, shell_env
 from tests.security.attacker import shell_writable

@@ -16,7 +16,7 @@ from fleet.children import warming
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.settings import Settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import call, text
 from tests.fleetkit import client, explore_script, fleet_settings
 from tests.procs import start_worker, wait_for_workers

@@ -17,7 +17,7 @@ from fleet.inprocess import InProcessDispatcher
 from fleet.loop.runner import Runner
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleetops.watch_view import MAX_CHILDREN_SHOWN, TreeState, render, row_text
 from tests.fleetkit import explore_script
 from tests.procs import read_until_exit

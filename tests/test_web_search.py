@@ -15,13 +15,15 @@ import pytest
 import redis
 import yaml
 
+from fleet.config.search import SearchConfig, SearchLimits
+from fleet.config.webfilter import DomainFilter, DomainRules, host_of
 from fleet.errors import ConfigError, ToolError
-from fleet.limits.providers import Limiter
-from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
+from fleet.limits.backends.memory.searches import MemorySearchCounter
+from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.backends.redis.searches import RedisSearchCounter
+from fleet.limits.searches import SearchCounter
 from fleet.llm.config import load_config
 from fleet.presets import BUILTIN_PRESETS, load_preset_file
-from fleet.tools.webfilter import DomainFilter, DomainRules, host_of
-from fleet.tools.websearch.config import SearchConfig, SearchLimits
 from fleet.tools.websearch.service import SearchService
 from tests.fake_search import FakeSearch, Hit, run_calls
 from tests.fleetkit import celery_fleet

@@ -19,7 +19,7 @@ from celery.bin import celery as celery_group
 from celery.bin import worker as worker_command
 
 from fleet.models import Trace
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleetops.cli import ops
 from tests.fleetkit import client, fleet_settings
 from tests.procs import start_worker, wait_for_workers

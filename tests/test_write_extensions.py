@@ -13,8 +13,8 @@ import redis
 
 from fleet.errors import LeaseLost
 from fleet.models import Trace
-from fleet.storage import redis_scripts
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis import scripts as redis_scripts
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.writes import TraceWrite, WriteExtension
 from fleet.testing import MemoryStore
 

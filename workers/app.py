@@ -14,8 +14,8 @@ from kombu.messaging import Producer
 
 from fleet.limits.trees import Priority
 from fleet.settings import Settings, process_settings
-from fleet.storage.redis_connect import SENTINEL_TIMEOUT_S
-from fleet.storage.redis_urls import is_sentinel
+from fleet.storage.backends.redis.connect import SENTINEL_TIMEOUT_S
+from fleet.storage.backends.redis.urls import is_sentinel
 from workers import patches
 from workers.patches import events, result_backend
 

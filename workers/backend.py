@@ -8,7 +8,7 @@ from fleet.errors import BrokerUnavailable
 from fleet.limits.trees import Priority
 from fleet.models import Mode, Trace
 from fleet.settings import Settings
-from fleet.storage.redis_connect import redact_url
+from fleet.storage.backends.redis.connect import redact_url
 from workers.app import QUEUE_BY_MODE, create_app
 from workers.dispatch import send_answered
 

@@ -7,7 +7,7 @@ import threading
 from fleet.observe.operator import build_hooks
 from fleet.runtime import Runtime
 from fleet.settings import forget_process_settings, process_settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from workers.dispatch import CeleryDispatcher
 
 _lock = threading.Lock()

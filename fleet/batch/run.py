@@ -33,7 +33,7 @@ from fleet.batchapi.route import BATCH_API_KEY, in_batches, wants_batch
 from fleet.conversation.human import waiting_on
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
-from fleet.limits.backends import budget_state
+from fleet.limits.capability import budget_state
 from fleet.limits.trees import Priority
 from fleet.models import TERMINAL, Event, Trace, now_ms
 from fleet.runtime import Runtime

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet import lifecycle
-from fleet.conversation.approval_rules import PathForms, as_written, needs_approval, rules_of
+from fleet.config.approval_rules import PathForms, as_written, needs_approval, rules_of
 from fleet.conversation.human import WAITING_KEY, wait_for_person
 from fleet.conversation.shown_call import call_digest, neutral, show_call
 from fleet.errors import ConfigError, ConversationError, ToolError

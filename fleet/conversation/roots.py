@@ -14,13 +14,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from fleet import ids, lifecycle
+from fleet.config.limits import PositiveCount, validated
 from fleet.conversation.fanout import FAN_OUT_KEY, fan_out_metadata
 from fleet.errors import ConfigError, MemoryRefused, ToolError
 from fleet.ids import check_memory_namespace
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
-from fleet.limits.values import PositiveCount, validated
 from fleet.models import Mode, Trace
 from fleet.runtime import Runtime
 from fleet.tools.imagecheck import Image, stored_ref

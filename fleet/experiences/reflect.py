@@ -30,7 +30,7 @@ from fleet.errors import ConfigError, ConversationError
 from fleet.experiences.model import Experience, new_experience
 from fleet.experiences.retrieval import scopes_of
 from fleet.models import Trace
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords
 
 REFLECT_PRESET = "explore"
 MAX_TREE_CHARS = 20_000
@@ -46,7 +46,7 @@ The run:
 """
 
 
-def reflection_task(store: TraceStore, trace_id: str) -> str:
+def reflection_task(store: TraceRecords, trace_id: str) -> str:
     """The reflection's task: instructions, then each trace of the tree as text.
 
     Raises:

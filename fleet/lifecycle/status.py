@@ -25,7 +25,7 @@ from fleet.models import (
     now_ms,
 )
 from fleet.runtime import Runtime
-from fleet.storage.store import STARTABLE, StartRun, TraceStore
+from fleet.storage.store import STARTABLE, StartRun, TraceRecords
 from fleet.storage.writes import TraceWrite
 
 # -- the trace's own status -------------------------------------------------------------
@@ -320,7 +320,7 @@ def _stop_person(runtime: Runtime, trace: Trace) -> None:
 
 
 def _set_status(
-    store: TraceStore,
+    store: TraceRecords,
     trace: Trace,
     status: Status,
     write: TraceWrite | None = None,

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fleet.errors import ProviderOverloaded
-from fleet.limits.backends import LIMITS
 from fleet.limits.budget import UNBUDGETED, Exhausted, Paused, Reserved
+from fleet.limits.capability import LIMITS
 from fleet.limits.protocols import ProviderLimits, TreeBudgets
 from fleet.limits.providers import (
     CHARS_PER_TOKEN,

@@ -25,8 +25,8 @@ as many calls as fit in it), and a send that would be one more waits for the old
 leave (`send_wait_ms`). The spacing keeps that wait rare and short.
 
 `turns`, `send_wait_ms` and `most_in_window` are this model in plain Python: the Lua in
-`fleet.limits.limit_scripts` is tested against the first two, and `most_in_window` is what a
-rolling-window provider counts.
+`fleet.limits.backends.redis.scripts` is tested against the first two, and
+`most_in_window` is what a rolling-window provider counts.
 """
 
 from __future__ import annotations

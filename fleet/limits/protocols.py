@@ -1,9 +1,9 @@
 """The limits' seams: provider limits, tree budgets and tree schedules, each a Protocol.
 
-Each has a Redis implementation (`providers.Limiter`, `budget.Budgets`, `trees.Trees`: one
-Lua script per decision) and a memory twin (`memory`) that decides the same way in Python;
-`backends.LIMITS` is how a store builds the ones that fit it. The tests of each run against
-both (tests/test_limits.py, test_budget.py, test_fanout.py).
+Each has a Redis implementation in `backends/redis` (`Limiter`, `Budgets`, `Trees`: one
+Lua script per decision) and a memory twin in `backends/memory` that decides the same way
+in Python; `capability.LIMITS` is how a store builds the ones that fit it. The tests of
+each run against both (tests/test_limits.py, test_budget.py, test_fanout.py).
 """
 
 from __future__ import annotations

@@ -34,21 +34,20 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fleet.conversation.approval_rules import ApproveEntry
+from fleet.config.approval_rules import ApproveEntry
+from fleet.config.limits import PositiveCount, Price
+from fleet.config.mcp import McpServerConfig, check_servers
+from fleet.config.search import SearchConfig
+from fleet.config.webfilter import WebSection
 from fleet.errors import ConfigError
-from fleet.limits.values import PositiveCount, Price
 from fleet.llm.embeddings import ExperiencesSection, check_embedding_model
 from fleet.llm.fallback import check_fallbacks
 from fleet.llm.pricing import ModelPricing
-from fleet.mcp.config import McpServerConfig, check_servers
 from fleet.memory.config import FleetMemorySection
 from fleet.security import trust, yamlsafe
-from fleet.tools.webfilter import WebSection
-from fleet.tools.websearch.config import SearchConfig
+from fleet.security.envvalues import config_path_of, model_of
 
 CONFIG_FILE = "fleet.yaml"
-CONFIG_PATH_ENV = "FLEET_CONFIG"
-MODEL_ENV = "FLEET_MODEL"
 SCRIPTED_PROVIDER = "scripted"
 
 OPENAI_BASE_URL_ENV, OPENAI_DEFAULT_BASE_URL = "OPENAI_BASE_URL", "https://api.openai.com/v1"
@@ -155,9 +154,9 @@ class FleetConfig(BaseModel):
     search: SearchConfig | None = None
     """The provider `web_search` asks (`fleet.tools.websearch`); None: no web_search."""
     web: WebSection = WebSection()
-    """Domains web_search and web_fetch may touch (`fleet.tools.webfilter`)."""
+    """Domains web_search and web_fetch may touch (`fleet.config.webfilter`)."""
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
-    """MCP servers whose tools agents may use (`fleet.mcp.config`, docs/mcp.md)."""
+    """MCP servers whose tools agents may use (`fleet.config.mcp`, docs/mcp.md)."""
     warm_explore: bool = False
     """Explore branches wait for the first one's first call (`fleet.children.warming`)."""
 
@@ -198,11 +197,7 @@ def builtin_providers(env: Mapping[str, str]) -> dict[str, ProviderConfig]:
 
 def _config_path(path: Path | None, env: Mapping[str, str]) -> Path | None:
     """The operator's config: explicit, else `$FLEET_CONFIG`; never `./fleet.yaml`."""
-    if path is not None:
-        return path
-    if env.get(CONFIG_PATH_ENV):
-        return Path(env[CONFIG_PATH_ENV])
-    return None
+    return path if path is not None else config_path_of(env)
 
 
 def _validation_message(source: str, exc: ValidationError) -> str:
@@ -292,7 +287,7 @@ def resolve_model_name(
         ConfigError: none of them is set.
     """
     override = config.model_overrides.get(preset) if preset else None
-    name = explicit or override or env.get(MODEL_ENV) or config.default_model
+    name = explicit or override or model_of(env) or config.default_model
     if not name:
         raise ConfigError(
             "no model configured: pass --model, set FLEET_MODEL (e.g. openai:gpt-4o-mini),"

@@ -12,6 +12,7 @@ from fleet import lifecycle
 from fleet.children import settling
 from fleet.children.cache import delegate_preset
 from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
+from fleet.config.mcp_names import PREFIX as MCP_PREFIX
 from fleet.conversation import approval
 from fleet.conversation import messages as inbox
 from fleet.conversation.between import SEND_MESSAGE, SEND_MESSAGE_SCHEMA, may_send, send_message
@@ -24,7 +25,6 @@ from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
 from fleet.loop import memory_calls
 from fleet.loop.cut import stoppable
-from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest

@@ -18,8 +18,8 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fleet.config.mcp import McpServerConfig
 from fleet.errors import ToolError
-from fleet.mcp.config import McpServerConfig
 
 if TYPE_CHECKING:  # the SDK is imported only once a server is used
     import mcp

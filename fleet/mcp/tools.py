@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fleet.mcp.names import tool_name
+from fleet.config.mcp_names import tool_name
 from fleet.mcp.sessions import McpSessions
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.registry import ToolRegistry, ToolSpec

@@ -7,8 +7,8 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from fleet.config.mcp import McpServerConfig
 from fleet.errors import ConfigError
-from fleet.mcp.config import McpServerConfig
 
 
 def server_env(server: str, config: McpServerConfig, env: Mapping[str, str]) -> dict[str, str]:

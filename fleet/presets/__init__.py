@@ -2,9 +2,8 @@
 
 Owns `AgentPreset`, the built-in presets and the Markdown preset files a project adds in
 `FLEET_AGENTS_DIR` (`preset`), the built-ins' prompts (`prompts`), and a file's
-frontmatter text and checks (`frontmatter`). It imports the limits' value types, the
-tools' web filter and the approval rules' schema (the knots in tests/test_imports.py),
-never the loop or the runtime.
+frontmatter text and checks (`frontmatter`). The blocks' schemas (web filters, approval
+rules, MCP names) are `fleet.config`'s; it never imports the loop or the runtime.
 """
 
 from fleet.presets.frontmatter import check_schema

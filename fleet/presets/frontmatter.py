@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 from pydantic_core import ErrorDetails
 
+from fleet.config.mcp_names import PREFIX as MCP_PREFIX
 from fleet.errors import ConfigError
-from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.security import yamlsafe
 
 CACHE_ARGUMENTS = ("task", "messages", "context", "skills")

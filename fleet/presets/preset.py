@@ -31,19 +31,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fleet.conversation.approval_rules import ApprovalRule, ApproveEntry, rules_of
+from fleet.config import mcp_names
+from fleet.config.approval_rules import ApprovalRule, ApproveEntry, rules_of
+from fleet.config.limits import PositiveCount
+from fleet.config.mcp_names import PREFIX as MCP_PREFIX
+from fleet.config.webfilter import DomainRules, WebSection
 from fleet.errors import ConfigError
 from fleet.limits.budget import Budget, BudgetIn
-from fleet.limits.values import PositiveCount
-from fleet.mcp import names as mcp_names
-from fleet.mcp.names import PREFIX as MCP_PREFIX
 from fleet.memory.config import MEMORY_TOOLS, NO_MEMORY, Access, MemorySectionIn, MemoryUse, use_of
 from fleet.memory.config import READ_TOOLS as MEMORY_READ_TOOLS
 from fleet.presets import frontmatter, prompts
 from fleet.security import trust
-from fleet.tools.webfilter import DomainRules, WebSection
+from fleet.security.envvalues import AGENTS_DIR_ENV as AGENTS_DIR_ENV
+from fleet.security.envvalues import agents_dir_of
 
-AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
 """Environment variable naming the folder of Markdown preset files."""
 READ_TOOLS = frozenset({"read_file", "read_image", "list_dir", "glob", "grep"})
 """The workspace-reading tools every preset may use."""
@@ -115,7 +116,7 @@ class AgentPreset:
     """`memory:` what it does with the tree's long-term memory (`fleet.memory.config`)."""
 
     def allows(self, tool: str) -> bool:
-        """Whether this preset lets the agent call `tool` (MCP tools: `fleet.mcp.names`)."""
+        """Whether this preset lets the agent call `tool` (MCP tools: `fleet.config.mcp_names`)."""
         if tool in self.denied_tools:
             return False
         if tool.startswith(MCP_PREFIX):
@@ -330,7 +331,7 @@ def load_presets(
             malformed, or two files define the same name.
     """
     presets = dict(BUILTIN_PRESETS)
-    folder = agents_dir or _folder_from_env(env)
+    folder = agents_dir or agents_dir_of(env)
     if folder is None:
         return presets
     if not folder.is_dir():
@@ -367,11 +368,6 @@ def get_preset(presets: Mapping[str, AgentPreset], name: str) -> AgentPreset:
     except KeyError:
         known = ", ".join(presets)
         raise ConfigError(f"unknown preset {name!r} (known: {known})") from None
-
-
-def _folder_from_env(env: Mapping[str, str]) -> Path | None:
-    value = env.get(AGENTS_DIR_ENV, "").strip()
-    return Path(value) if value else None
 
 
 def _validate(data: dict[str, Any], default_name: str) -> _PresetFrontmatter:

@@ -12,6 +12,10 @@ from pathlib import Path
 
 from fleet.errors import ConfigError
 
+CONFIG_ENV = "FLEET_CONFIG"
+MODEL_ENV = "FLEET_MODEL"
+AGENTS_DIR_ENV = "FLEET_AGENTS_DIR"
+
 
 def name_list(value: str | None) -> tuple[str, ...]:
     """A comma- or whitespace-separated list of names."""
@@ -55,3 +59,25 @@ def absolute_path(value: str | None) -> Path | None:
 def user_path(value: str | None) -> Path | None:
     """The path with `~` expanded, or None when unset."""
     return Path(value).expanduser() if value else None
+
+
+def config_path_of(env: Mapping[str, str]) -> Path | None:
+    """FLEET_CONFIG, the operator's fleet.yaml (`~` expanded); None when unset.
+
+    The one reader of the variable: `Settings.from_env` and `fleet.llm.config.load_config`
+    (called without a path) both read it here.
+    """
+    return user_path(env.get(CONFIG_ENV))
+
+
+def model_of(env: Mapping[str, str]) -> str | None:
+    """FLEET_MODEL, the default model of a run; None when unset or empty (the one reader)."""
+    return env.get(MODEL_ENV) or None
+
+
+def agents_dir_of(env: Mapping[str, str]) -> Path | None:
+    """FLEET_AGENTS_DIR, the folder of preset files (`~` expanded); None when unset.
+
+    The one reader: `Settings.from_env` and `fleet.presets.load_presets` without a folder.
+    """
+    return user_path(env.get(AGENTS_DIR_ENV))

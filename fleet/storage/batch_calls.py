@@ -15,11 +15,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
+from fleet.storage.backends.memory.batch_calls import MemoryBatchCalls
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis.batch_calls import RedisBatchCalls
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.batch_types import CallState, CallStatus, Flush, PendingCall
-from fleet.storage.memory_batch_calls import MemoryBatchCalls
-from fleet.storage.memory_store import MemoryStore
-from fleet.storage.redis_batch_calls import RedisBatchCalls
-from fleet.storage.redis_store import RedisStore
 
 __all__ = [
     "BatchCalls",

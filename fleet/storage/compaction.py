@@ -12,7 +12,7 @@ per tree in `keys.tree_dict`): a branch of ~3.5 KB packs to ~150 bytes instead o
 Version `1:` values need no dictionary; `2:{root}:{digest}:` values name theirs.
 
 The Redis half (the scripts, which tree to pack, thawing before a write) is
-`fleet.storage.redis_compact`.
+`fleet.storage.backends.redis.compact`.
 """
 
 from __future__ import annotations

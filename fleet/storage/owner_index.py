@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleet.models import now_ms
-from fleet.storage import keys, redis_compact
-from fleet.storage.memory_store import MemoryStore
-from fleet.storage.redis_store import RedisStore
+from fleet.storage import keys
+from fleet.storage.backends.memory.store import MemoryStore
+from fleet.storage.backends.redis import compact as redis_compact
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
 
 COMPACT_PER_CHECK = 5_000

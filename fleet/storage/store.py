@@ -367,7 +367,9 @@ def apply_one_by_one(store: TraceStore, write: TraceWrite) -> WriteResult:
     Redis store runs the same ops in one script instead.
     """
     if any(isinstance(op, WriteExtension) for op in write.ops):  # a Redis host's Lua
-        raise TypeError("a write extension needs a Redis store (fleet.storage.redis_store)")
+        raise TypeError(
+            "a write extension needs a Redis store (fleet.storage.backends.redis.store)"
+        )
     stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
     return WriteResult(stored, store.stop_requested(write.trace_id))
 

@@ -3,8 +3,8 @@
 A runner's turn writes several things: the model's message and its event, its usage,
 tool results, a status, a finish, the parent's collaborator entry. `TraceWrite` collects
 them and `TraceStore.apply` runs them together: on Redis one Lua script, one round trip
-(`fleet.storage.redis_scripts.APPLY`), which also answers whether a stop was requested, so the
-next turn needs no read of its own.
+(`fleet.storage.backends.redis.scripts.APPLY`), which also answers whether a stop was
+requested, so the next turn needs no read of its own.
 
     write = TraceWrite(trace.trace_id, trace.root_trace_id)
     write.append(message, event, iteration=3)
@@ -78,7 +78,7 @@ class WriteExtension:
     """A host's own step in a write, run in the same atomic step (Redis stores only).
 
     A host registers a Lua function under `name` with the Redis store
-    (`fleet.storage.redis_scripts.register_write_extension`; the Celery binding registers
+    (`fleet.storage.backends.redis.scripts.register_write_extension`; the Celery binding registers
     its chord join) and adds this op to a write (`TraceWrite.extend`). The store calls the
     function with `keys`, then `args()` (computed as the write is sent), inside the write's
     script, and reports back once the write is applied: `applied`, and `reply` (what the

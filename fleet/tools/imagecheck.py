@@ -13,10 +13,9 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fleet.errors import ToolError
-from fleet.storage.images import ImageStore
 
 MAX_IMAGE_BYTES = 5_000_000
 """Largest image accepted (Anthropic's own per-image limit; OpenAI's is higher)."""
@@ -193,7 +192,18 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
     return 0, 0
 
 
-def stored_ref(images: ImageStore, root_trace_id: str, image: Image) -> dict[str, Any]:
+class TreeImages(Protocol):
+    """Where a tree's images are kept, as a tool stores one (`Runtime.images` hands it).
+
+    A role, not the storage package: no tool imports `fleet.storage`.
+    """
+
+    def put(self, root_trace_id: str, digest: str, data: bytes) -> None:
+        """Store the image once per tree; `ToolError` when the tree holds too much already."""
+        ...
+
+
+def stored_ref(images: TreeImages, root_trace_id: str, image: Image) -> dict[str, Any]:
     """Store the image for the tree (once) and return the part a message holds instead."""
     images.put(root_trace_id, image.digest, image.data)
     return image.ref()

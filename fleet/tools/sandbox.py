@@ -37,9 +37,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleet.config.shell import ShellLimits
 from fleet.errors import ToolError
 from fleet.security.trust import worker_paths
-from fleet.tools.base import ShellLimits
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 NOBODY_UID = 65534

@@ -47,9 +47,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleet.config.shell import ShellLimits
 from fleet.errors import ToolError
+from fleet.config.shell import ShellLimits
 from fleet.tools import cgroups
-from fleet.tools.base import ShellLimits, ToolContext, ToolResult
+from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.sandbox import DEFAULT_PATH, box
 
 ALLOW_SHELL_ENV = "FLEET_ALLOW_SHELL"

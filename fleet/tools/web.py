@@ -14,10 +14,10 @@ from html.parser import HTMLParser
 from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
+from fleet.config.webfilter import DomainFilter
 from fleet.errors import ToolError
 from fleet.tools import netguard, webstream
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.webfilter import DomainFilter
 from fleet.tools.workspace import truncate
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def _download(
 
     Redirects are followed here, not by httpx, so every hop is resolved and checked, and
     each connection goes to the address that was checked (see `fleet.tools.netguard`).
-    Every hop must also pass the domain filters (`fleet.tools.webfilter`).
+    Every hop must also pass the domain filters (`fleet.config.webfilter`).
     """
     import httpx
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from fleetops.cli.run import EXIT_OK, connect
+from fleetops.cli.exit_codes import ExitCode
+from fleetops.cli.run import connect
 
 
 def approve(args: argparse.Namespace) -> int:
@@ -12,7 +13,7 @@ def approve(args: argparse.Namespace) -> int:
     fleet = connect()
     fleet.approve(args.trace_id, args.approval_id, args.digest)
     print(f"approved: {args.trace_id} runs the call and resumes")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def deny(args: argparse.Namespace) -> int:
@@ -20,4 +21,4 @@ def deny(args: argparse.Namespace) -> int:
     fleet = connect()
     fleet.deny(args.trace_id, args.reason, args.approval_id, args.digest)
     print(f"denied: {args.trace_id} resumes without the call")
-    return EXIT_OK
+    return ExitCode.OK

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fleetops.cli.exit_codes import ExitCode
+
 
 def run_archive(args: argparse.Namespace) -> int:
     """Export finished trees to a JSONL file, or (`--import`) read one back."""
     import redis
 
     from fleet.errors import ConfigError
-    from fleet.storage.redis_connect import unreachable
+    from fleet.storage.backends.redis.connect import unreachable
     from fleetops.archive import export, import_file
     from fleetops.cli.traces import open_store
     from fleetops.discovery import fleet_settings
@@ -30,4 +32,4 @@ def run_archive(args: argparse.Namespace) -> int:
             print(done.line("archived", path) + (" and dropped them" if args.drop else ""))
     except redis.RedisError as exc:
         raise unreachable(settings.redis_url, exc) from None
-    return 0
+    return ExitCode.OK

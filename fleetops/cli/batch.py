@@ -30,10 +30,10 @@ from fleet.errors import ConfigError
 from fleet.inprocess import InProcessDispatcher
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.output import printable
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 PLAIN_STATUS_EVERY_S = 10.0
 """Without a terminal, a counts line this often besides one line per finished task."""
 SHOWN_FAILURES = 10
@@ -58,7 +58,7 @@ def run_batch_command(args: argparse.Namespace) -> int:
     check_entries(validation_runtime(settings), entries, str(args.file))
     if args.dry_run:
         print(f"{args.file}: {len(entries)} task(s) OK")
-        return EXIT_OK
+        return ExitCode.OK
     return _run(args, entries)
 
 
@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace, entries: list[BatchEntry]) -> int:
                 results[result.id] = result.to_json()
     except KeyboardInterrupt:
         _say_interrupted(args, len(results))
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     finally:
         if journal:
             journal.close()
@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace, entries: list[BatchEntry]) -> int:
     print_summary(results.values(), time.monotonic() - started_s, ran)
     statuses = {row["id"]: row["status"] for row in results.values()}
     failed = any(statuses.get(e.id) != "completed" for e in entries)
-    return EXIT_FAILED if failed else EXIT_OK
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 def _say_interrupted(args: argparse.Namespace, finished: int) -> None:

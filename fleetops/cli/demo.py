@@ -15,6 +15,7 @@ from fleet.llm.scripted import EXAMPLE_SCRIPT
 from fleet.runtime import operator_config
 from fleet.security.trust import ALLOW_SCRIPTED_ENV, WORKSPACE_ROOTS_ENV, check_interpreter
 from fleet.settings import Settings, process_env
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.output import printable, render_tree
 from fleetops.cli.run import show_progress
 from fleetops.discovery import read_state, redis_answers
@@ -97,7 +98,7 @@ def submit_and_show(fleet: Fleet, task: str, model: str) -> int:
     print("\n".join(render_tree(fleet.store, trace)))
     print(f"\nanswer:\n{printable(trace.answer or trace.error or '')}")
     print(NEXT_STEPS, file=sys.stderr)
-    return 0 if trace.status == "completed" else 1
+    return ExitCode.OK if trace.status == "completed" else ExitCode.FAILED
 
 
 NEXT_STEPS = """

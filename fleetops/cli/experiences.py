@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from fleet.experiences.model import Experience, new_experience
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.output import print_json, printable
-from fleetops.cli.run import EXIT_OK, connect
+from fleetops.cli.run import connect
 
 
 def add(args: argparse.Namespace) -> int:
@@ -24,12 +25,12 @@ def list_all(args: argparse.Namespace) -> int:
     found = connect().experiences.all(args.scope)
     if args.json:
         print_json([e.model_dump(mode="json") for e in found])
-        return EXIT_OK
+        return ExitCode.OK
     for e in found:
         state = "approved" if e.approved else "proposed"
         line = f"{e.id}  {e.scope}  {state}  uses {e.uses}  when {e.condition!r} then {e.rule!r}"
         print(printable(line))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def show(args: argparse.Namespace) -> int:
@@ -43,7 +44,7 @@ def remove(args: argparse.Namespace) -> int:
     fleet.experiences.get(args.experience_id)  # ExperienceNotFound: one line, exit 2
     fleet.experiences.remove(args.experience_id)
     print(f"removed {args.experience_id}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def approve(args: argparse.Namespace) -> int:
@@ -58,7 +59,7 @@ def approve(args: argparse.Namespace) -> int:
 def _show(experience: Experience, as_json: bool) -> int:
     if as_json:
         print_json(experience.model_dump(mode="json"))
-        return EXIT_OK
+        return ExitCode.OK
     rate = experience.success_rate
     for name, value in (
         ("id", experience.id),
@@ -71,7 +72,7 @@ def _show(experience: Experience, as_json: bool) -> int:
         ("uses", f"{experience.uses} ({'-' if rate is None else f'{rate:.0%}'} completed)"),
     ):
         print(printable(f"{name}: {value}"))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def reflect(args: argparse.Namespace) -> int:
@@ -81,8 +82,8 @@ def reflect(args: argparse.Namespace) -> int:
     )
     if args.json:
         print_json([e.model_dump(mode="json") for e in proposed])
-        return EXIT_OK
+        return ExitCode.OK
     print(f"{len(proposed)} proposed (approve with `fleet experience approve ID`):")
     for e in proposed:
         print(printable(f"{e.id}  {e.scope}  when {e.condition!r} then {e.rule!r}"))
-    return EXIT_OK
+    return ExitCode.OK

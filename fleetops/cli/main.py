@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from fleetops.cli.commands import build_parser
+from fleetops.cli.exit_codes import ExitCode
 
 __all__ = ["build_parser", "main"]
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -64,15 +64,15 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         code = handler(args)
     except KeyboardInterrupt:
         print("fleet: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     except BrokenPipeError:
         return reader_gone()
     except RedisUnreachable as exc:
-        return fail(with_hint(str(exc)), EXIT_BAD_INPUT)
+        return fail(with_hint(str(exc)), ExitCode.BAD_INPUT)
     except (ConfigError, TraceNotFound, ExperienceNotFound, ConversationError) as exc:
-        return fail(str(exc), EXIT_BAD_INPUT)
+        return fail(str(exc), ExitCode.BAD_INPUT)
     except FleetError as exc:
-        return fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), ExitCode.FAILED)
     if (discovery := sys.modules.get("fleetops.discovery")) is not None:
         discovery.say_where()  # only a command that looked for a fleet imported it
     return code
@@ -86,7 +86,7 @@ def reader_gone() -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return EXIT_FAILED
+    return ExitCode.FAILED
 
 
 def with_hint(message: str) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from fleet.errors import ConfigError
 from fleetops.cli.args import OPEN_ADDRESSES, is_loopback, needs_no_token
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.serve import MIN_TOKEN_CHARS, TOKEN_ENV
 
 Scope = MutableMapping[str, Any]
@@ -99,9 +100,9 @@ def run_mcp(args: argparse.Namespace) -> int:
     server = build_server(Fleet.from_env(settings))
     if args.http is None:
         server.run("stdio")
-        return 0
+        return ExitCode.OK
     _serve_http(server, args.address, args.http, token, hosts)
-    return 0
+    return ExitCode.OK
 
 
 def _serve_http(

@@ -6,7 +6,8 @@ import argparse
 
 from fleet.errors import ConfigError
 from fleet.settings import process_settings
-from fleet.storage.redis_connect import redact_url
+from fleet.storage.backends.redis.connect import redact_url
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.discovery import fleet_settings
 from workers import probes
 
@@ -30,7 +31,7 @@ def run_metrics(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
         metrics.close()
-    return 0
+    return ExitCode.OK
 
 
 def run_probe(args: argparse.Namespace) -> int:
@@ -39,6 +40,6 @@ def run_probe(args: argparse.Namespace) -> int:
     reason = probes.check(probe_dir, ready=args.ready, max_age_s=args.max_age_s)
     if reason is None:
         print("ok")
-        return 0
+        return ExitCode.OK
     print(reason)
-    return 1
+    return ExitCode.FAILED

@@ -16,6 +16,7 @@ from fleet.errors import ConfigError
 from fleet.security.trust import check_interpreter
 from fleet.settings import forget_process_settings
 from fleetops.cli.args import is_loopback
+from fleetops.cli.exit_codes import ExitCode
 
 if TYPE_CHECKING:
     from fleetops.doctor import Check
@@ -160,14 +161,14 @@ def run_doctor(args: argparse.Namespace) -> int:
     ready = doctor.is_ready(checks)
     if args.json:
         print_json({"ready": ready, "checks": [c.as_dict() for c in checks]})
-        return 0 if ready else 1
+        return ExitCode.OK if ready else ExitCode.FAILED
     _print_checks(checks)
     missing = doctor.missing_queues(checks)
     if ready:
         print("ready: the fleet can run a task")
     else:
         print(f"not ready: no worker consumes {', '.join(missing)}")
-    return 0 if ready else 1
+    return ExitCode.OK if ready else ExitCode.FAILED
 
 
 def _print_checks(checks: list[Check]) -> None:
@@ -191,7 +192,7 @@ def run_migrate(args: argparse.Namespace) -> int:
     """`fleet migrate`: see `fleetops.migrate`."""
     import redis
 
-    from fleet.storage.redis_connect import connect, unreachable
+    from fleet.storage.backends.redis.connect import connect, unreachable
     from fleetops.discovery import fleet_settings
     from fleetops.migrate import migrate
 
@@ -202,4 +203,4 @@ def run_migrate(args: argparse.Namespace) -> int:
     except redis.RedisError as exc:
         raise unreachable(url, exc) from None
     print(done.line(args.dry_run))
-    return 0
+    return ExitCode.OK

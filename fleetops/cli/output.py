@@ -17,9 +17,10 @@ from typing import Any
 
 from fleet.conversation.continuation import branches, turn_of
 from fleet.conversation.human import waiting_on
-from fleet.limits.backends import budget_state
+from fleet.limits.capability import budget_state
 from fleet.models import Trace, task_images
 from fleet.storage.store import TraceContent, TraceStore
+from fleetops.cli.exit_codes import ExitCode
 
 _ESCAPE = re.compile(
     r"\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC ... BEL/ST (title, clipboard, links)
@@ -221,7 +222,6 @@ def _one_line(text: str, limit: int = 160) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-EXIT_WAITING = 3
 """`fleet run` ended while the trace waits on a person (`fleet reply` resumes it)."""
 
 
@@ -235,8 +235,8 @@ def report(store: TraceStore, trace: Trace, *, as_json: bool) -> int:
     elif not waiting:
         print(printable(f"{trace.status}: {trace.error}"), file=sys.stderr)
     if waiting:
-        return EXIT_WAITING
-    return 0 if trace.status == "completed" else 1
+        return ExitCode.WAITING
+    return ExitCode.OK if trace.status == "completed" else ExitCode.FAILED
 
 
 def print_json(value: object) -> None:

@@ -18,15 +18,15 @@ from fleet.errors import (
 )
 from fleet.limits.budget import Budget
 from fleet.models import Event
-from fleet.storage.redis_connect import redact_url
+from fleet.storage.backends.redis.connect import redact_url
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
 from fleetops.cli.interrupt import Interrupt, interrupt_flag, keyboard_interrupt
-from fleetops.cli.output import EXIT_WAITING, printable, report
+from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
 
 BUDGET_FLAGS = ("tokens", "usd", "sub_agents", "wall_s")
 """The `Budget` fields `fleet run` takes as `--budget-<field>`."""
-EXIT_OK, EXIT_FAILED, EXIT_NO_WORKERS, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def budget_of(args: argparse.Namespace) -> Budget | None:
@@ -114,13 +114,13 @@ def follow(
         events = handle.events(timeout_s, cancel=interrupt.event)
         waiting = show_progress(events, handle.trace_id, Asker(fleet, interrupt=interrupt))
         if waiting not in (None, handle.trace_id):  # a sub-agent's: the root waits on it
-            return EXIT_WAITING
+            return ExitCode.WAITING
     except TimeoutError as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     except NoLiveWorkers as exc:  # the trace stays as it is: a worker started later resumes it
         print(f"fleet: error: {exc}", file=sys.stderr)
-        return EXIT_NO_WORKERS
+        return ExitCode.NO_WORKERS
     return None
 
 
@@ -304,12 +304,12 @@ def watch(args: argparse.Namespace) -> int:
     try:
         final = watch_trace(fleet, args.trace_id, args.timeout_s, live=sys.stdout.isatty())
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     except TimeoutError as exc:
         print(f"fleet: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return ExitCode.FAILED
     print(f"{final.trace_id} {final.status}")
-    return EXIT_OK if final.status == "completed" else EXIT_FAILED
+    return ExitCode.OK if final.status == "completed" else ExitCode.FAILED
 
 
 def reply(args: argparse.Namespace) -> int:
@@ -317,7 +317,7 @@ def reply(args: argparse.Namespace) -> int:
     fleet = connect()
     fleet.reply(args.trace_id, args.answer)
     print(f"replied: {args.trace_id} resumes")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def send(args: argparse.Namespace) -> int:
@@ -335,4 +335,4 @@ def stop(args: argparse.Namespace) -> int:
     fleet.trace(args.trace_id)
     ids = fleet.stop(args.trace_id)
     print(f"stopping {len(ids)} trace(s) under {args.trace_id}")
-    return EXIT_OK
+    return ExitCode.OK

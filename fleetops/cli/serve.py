@@ -7,6 +7,7 @@ from functools import partial
 
 from fleet.errors import ConfigError
 from fleetops.cli.args import OPEN_ADDRESSES, needs_no_token
+from fleetops.cli.exit_codes import ExitCode
 
 TOKEN_ENV = "FLEET_SERVE_TOKEN"
 MIN_TOKEN_CHARS = 16
@@ -53,4 +54,4 @@ def run_serve(args: argparse.Namespace) -> int:
     serve_forever(
         config, args.address, args.port, lambda url: print(f"fleet serve: {url}", flush=True)
     )
-    return 0
+    return ExitCode.OK

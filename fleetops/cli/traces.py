@@ -7,6 +7,7 @@ import argparse
 from fleet.conversation.human import waiting_on, waiting_traces
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.output import (
     approval_lines,
     list_object,
@@ -20,7 +21,7 @@ from fleetops.discovery import fleet_settings
 
 def open_store(settings: Settings | None = None) -> TraceStore:
     """The Redis store named by FLEET_REDIS_URL, checked to answer."""
-    from fleet.storage.redis_store import RedisStore
+    from fleet.storage.backends.redis.store import RedisStore
 
     settings = settings or fleet_settings()
     store = RedisStore.from_url(
@@ -38,7 +39,7 @@ def show_trace(args: argparse.Namespace) -> int:
         print_json(trace_object(store, trace))
     else:
         print("\n".join(render_tree(store, trace)))
-    return 0
+    return ExitCode.OK
 
 
 def list_traces(args: argparse.Namespace) -> int:
@@ -60,4 +61,4 @@ def list_traces(args: argparse.Namespace) -> int:
             print(f"{t.trace_id}  {t.status:<9}  {t.mode:<8}  {shown}")
             if args.waiting and waiting.get("kind") == "approval":
                 print(approval_lines(t.trace_id, waiting))
-    return 0
+    return ExitCode.OK

@@ -17,7 +17,7 @@ from fleet import ids
 from fleet.control import subtree
 from fleet.errors import FleetError, InvalidTraceId
 from fleet.models import Status, Trace
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceContent, TraceRecords, TraceStore
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
@@ -165,7 +165,7 @@ def matches(trace: Trace, query: TraceFilter) -> bool:
     return any(needle in field.casefold() for field in fields)
 
 
-def waiting_on(store: TraceStore, trace: Trace) -> str | None:
+def waiting_on(store: TraceContent, trace: Trace) -> str | None:
     """`person` or `approval` when a waiting trace waits on one, else None (its sub-agents)."""
     if trace.status != "waiting":
         return None
@@ -175,7 +175,7 @@ def waiting_on(store: TraceStore, trace: Trace) -> str | None:
     return None
 
 
-def row(store: TraceStore, trace: Trace, on: str | None, *, totals: bool) -> dict[str, Any]:
+def row(store: TraceRecords, trace: Trace, on: str | None, *, totals: bool) -> dict[str, Any]:
     """A trace's summary; `waiting_on`; with `totals`, its tree's branches, tokens and cost."""
     out = summary(trace) | {"waiting_on": on}
     if totals:

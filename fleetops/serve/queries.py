@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from fleet.conversation.continuation import branches
-from fleet.limits.backends import budget_state
+from fleet.limits.capability import budget_state
 from fleet.models import Message
 from fleet.storage.store import TraceStore
 from fleetops.serve.listing import BadRequest, check_trace_id, summary

@@ -18,7 +18,7 @@ import yaml
 from fleet import ids
 from fleet.models import Trace, text_of
 from fleet.settings import Settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.fleetkit import wait_until
 from tests.procs import start_worker, wait_for_workers
 from tests.security.attacker import SECRET_ENV, shell_writable

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from fleet.conversation import approval
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.procs import start_worker
 from tests.test_fleet_recovery import database_url
 

@@ -121,7 +121,7 @@ def test_the_python_api_refuses_a_width_nobody_can_mean(tmp_path: Path, width: i
     from fleet.inprocess import InProcessDispatcher
     from fleet.runtime import Runtime
     from fleet.settings import Settings
-    from fleet.storage.memory_store import MemoryStore
+    from fleet.storage.backends.memory.store import MemoryStore
     from fleet.testing import ScriptedModel
 
     store = MemoryStore()

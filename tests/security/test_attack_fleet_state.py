@@ -24,9 +24,9 @@ import redis
 from fleet.inprocess import InProcessFleet
 from fleet.models import text_of
 from fleet.settings import Settings
-from fleet.storage.redis_server import RedisServer, start_redis_server
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleetops.discovery import UP_FILE, UpState
+from fleetops.redis_server import RedisServer, start_redis_server
 from tests.security.attacker import SECRET_ENV, leaked
 from tests.security.conftest import steps_script, tool_step
 from tests.test_cli_ops import FLEET, up_env, up_state_dir

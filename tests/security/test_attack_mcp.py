@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from fleet.config.mcp import McpServerConfig
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
-from fleet.mcp.config import McpServerConfig
 from fleet.mcp.sessions import McpSessions
 from fleet.mcp.tools import MAX_RESULT_CHARS, sync
 from fleet.models import Message

@@ -18,7 +18,7 @@ import redis
 
 from fleet.inprocess import InProcessFleet
 from fleet.settings import Settings
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import Script, ScriptedModel
 from tests.fake_search import FakeSearch, Hit, Mode, run_calls
 from tests.security.attacker import attacker_server, redis_text

@@ -23,7 +23,7 @@ from fleet.inprocess import InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.presets import load_presets
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.testing import ScriptedModel, call, text
 
 

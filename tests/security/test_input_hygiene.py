@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import TraceNotFound
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import ScriptedModel
 
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]

@@ -33,8 +33,8 @@ import pytest
 import redis
 import yaml
 
-from fleet.storage.redis_server import RedisServer, free_port, start_redis_server
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
+from fleetops.redis_server import RedisServer, free_port, start_redis_server
 from tests.fleetkit import wait_until
 from tests.procs import WorkerProcess, start_worker, wait_for_workers
 from tests.security.attacker import Attacker, attacker_server, redis_text

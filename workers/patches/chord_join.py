@@ -78,7 +78,8 @@ from celery.canvas import Signature, maybe_signature
 from celery.exceptions import ChordError
 
 from fleet.models import now_ms
-from fleet.storage import keys, outbox, redis_scripts
+from fleet.storage import keys, outbox
+from fleet.storage.backends.redis import scripts as redis_scripts
 from fleet.storage.writes import WriteExtension
 
 logger = logging.getLogger(__name__)

@@ -87,7 +87,7 @@ from kombu.transport.redis import Channel as RedisChannel
 from kombu.transport.redis import QoS
 from kombu.utils.json import dumps
 
-from fleet.storage.redis_connect import Lua
+from fleet.storage.backends.redis.connect import Lua
 from workers.patches.switches import Undo, replace
 
 log = logging.getLogger(__name__)

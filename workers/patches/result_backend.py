@@ -28,7 +28,7 @@ from typing import Any
 
 from celery.backends.redis import RedisBackend, SentinelBackend
 
-from fleet.storage.redis_connect import Lua
+from fleet.storage.backends.redis.connect import Lua
 from workers.patches import chord_join
 from workers.patches.switches import enabled
 

@@ -124,7 +124,8 @@ def events(root_trace_id: str) -> str:
 def events_archive(root_trace_id: str) -> str:
     """String with the retention TTL: a finished tree's events, packed, once its stream is gone.
 
-    Written by compaction (`fleet.storage.redis_compact`); read where the stream has nothing.
+    Written by compaction (`fleet.storage.backends.redis.compact`); read where the stream
+    has nothing.
     """
     return f"{PREFIX}:trace:{_tree_id(root_trace_id)}:events-archive"
 

@@ -1,7 +1,8 @@
 """Provider batches (fleet.batchapi, fleet.storage.batch_calls): their Redis keys.
 
-Part of `fleet.storage.keys` (import them from there), apart only to keep it short.
-Functions, not constants: a name depends on the layout, set at start-up.
+The keys the provider-batch queue owns, grouped by their owner as `keys.limits` groups the
+limits'; importable from `fleet.storage.keys` like every other key. Functions, not
+constants: a name depends on the layout, set at start-up.
 """
 
 from __future__ import annotations

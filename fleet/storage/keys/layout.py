@@ -2,7 +2,8 @@
 
 In the cluster layout (`use_cluster_layout`, FLEET_REDIS_CLUSTER=1) a tree's keys carry its
 root as the hash tag (`fleet:trace:{ROOT}@explore-001-...`), the limiter's `{limits}` and the
-provider batches' `{batch}`. Part of `fleet.storage.keys`, apart only to keep it short.
+provider batches' `{batch}`. How a key is named, below the keys themselves: every key
+module names its keys through this one.
 """
 
 from __future__ import annotations

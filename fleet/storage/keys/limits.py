@@ -1,6 +1,7 @@
 """Provider limits, tree budgets, run windows and search counts: their Redis keys.
 
-Part of `fleet.storage.keys` (import them from there), apart only to keep it short.
+The keys `fleet.limits` owns, grouped by their owner as `keys.batch` groups the provider
+batches'; importable from `fleet.storage.keys` like every other key.
 """
 
 from __future__ import annotations

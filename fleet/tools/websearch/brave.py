@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
-from fleet.tools.websearch.config import SearchConfig
+from fleet.config.search import SearchConfig
 from fleet.tools.websearch.providers import ProviderRequest, entries
 from fleet.tools.websearch.results import MAX_RESULTS, SearchResult, result_of
 

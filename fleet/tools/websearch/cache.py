@@ -15,22 +15,25 @@ import json
 from dataclasses import dataclass
 from typing import Protocol
 
-from fleet.storage import keys
 from fleet.tools.websearch.results import MAX_RESULTS, SearchResult, result_of
 
 MAX_CACHED_CHARS = 200_000
 """A cached answer larger than this is not read (20 results are a few KB)."""
 
 
-class ResultCache(Protocol):
-    """The store's cache (`TraceStore.cache_get` / `cache_set`)."""
+class AnswerCache(Protocol):
+    """The store's cache of `web_search` answers, by digest (the runtime hands it).
 
-    def cache_get(self, key: str) -> str | None:
-        """A cached value."""
+    A role, not the storage package: `fleet.storage.caches.search_answers` names the store
+    key, so no tool imports `fleet.storage`.
+    """
+
+    def get(self, digest: str) -> str | None:
+        """A cached answer."""
         ...
 
-    def cache_set(self, key: str, value: str, ttl_s: int) -> None:
-        """Cache a value for `ttl_s`."""
+    def set(self, digest: str, value: str, ttl_s: int) -> None:
+        """Cache an answer for `ttl_s`."""
         ...
 
 
@@ -38,19 +41,19 @@ class ResultCache(Protocol):
 class SearchCache:
     """One preset's search cache on one provider."""
 
-    store: ResultCache
+    store: AnswerCache
     ttl_s: int
     provider: str
     """Who answers: the provider, its address and its key's digest (never the key)."""
 
-    def key(self, query: str, count: int) -> str:
-        """The store key of this search."""
+    def digest(self, query: str, count: int) -> str:
+        """What names this search in the cache: provider, query and count."""
         blob = json.dumps([self.provider, query, count], ensure_ascii=False)
-        return keys.search_cache(hashlib.sha256(blob.encode()).hexdigest()[:32])
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def get(self, query: str, count: int) -> list[SearchResult] | None:
         """The cached results, or None (a miss, or an entry that is not what we wrote)."""
-        raw = self.store.cache_get(self.key(query, count))
+        raw = self.store.get(self.digest(query, count))
         if raw is None or len(raw) > MAX_CACHED_CHARS:
             return None
         try:
@@ -65,7 +68,7 @@ class SearchCache:
     def put(self, query: str, count: int, results: list[SearchResult]) -> None:
         """Cache a fresh answer for `ttl_s`."""
         rows = [[r.title, r.url, r.snippet] for r in results]
-        self.store.cache_set(self.key(query, count), json.dumps(rows), self.ttl_s)
+        self.store.set(self.digest(query, count), json.dumps(rows), self.ttl_s)
 
 
 def _row(row: object) -> bool:

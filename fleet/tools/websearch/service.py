@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fleet.config.search import SearchConfig
 from fleet.errors import ConfigError, ToolError
 from fleet.limits.protocols import ProviderLimits
 from fleet.limits.providers import Admitted, Scope, booked
@@ -21,7 +22,6 @@ from fleet.limits.searches import SearchCounter
 from fleet.llm.config import RateLimits
 from fleet.security.redact import SHAPES_ONLY, Redactor
 from fleet.tools.websearch import brave, http, searxng
-from fleet.tools.websearch.config import SearchConfig
 from fleet.tools.websearch.providers import SearchProvider
 from fleet.tools.websearch.results import SearchResult
 

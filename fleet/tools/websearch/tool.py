@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from fleet.config.webfilter import DomainRules, check_pattern
 from fleet.errors import ToolError
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.webfilter import DomainRules, check_pattern
 from fleet.tools.websearch.results import MAX_RESULTS, render
 
 MAX_QUERY_CHARS = 400

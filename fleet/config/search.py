@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from fleet.limits.values import PositiveCount
+from fleet.config.limits import PositiveCount
 
 DEFAULT_MAX_SEARCHES_PER_TREE = 100
 

@@ -23,6 +23,7 @@ import redis
 
 from fleet.models import TERMINAL
 from fleet.storage import keys
+from fleet.storage.backends.redis.connect import Lua
 from fleet.storage.compaction import (
     PACKED_FIELD,
     PackError,
@@ -32,7 +33,6 @@ from fleet.storage.compaction import (
     unpack,
     unpacked,
 )
-from fleet.storage.redis_connect import Lua
 
 READ_BATCH = 100
 """Trace hashes read per pipeline while compacting."""

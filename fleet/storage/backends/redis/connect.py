@@ -12,7 +12,7 @@ from redis.exceptions import NoScriptError
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from fleet.errors import ConfigError, RedisUnreachable
-from fleet.storage.redis_urls import SENTINEL_SEPARATOR, is_sentinel, parse_sentinel
+from fleet.storage.backends.redis.urls import SENTINEL_SEPARATOR, is_sentinel, parse_sentinel
 
 SOCKET_TIMEOUT_S = 30.0
 """Read timeout of `from_url` clients; blocking event reads are clamped below it."""

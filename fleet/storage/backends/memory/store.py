@@ -19,9 +19,9 @@ from fleet.models import (
     WorkerPresence,
     now_ms,
 )
+from fleet.storage.backends.memory.workers import MemoryWorkerTables
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
-from fleet.storage.memory_workers import MemoryWorkerTables
 from fleet.storage.store import (
     STATS_FIELDS,
     StartRun,
@@ -57,7 +57,7 @@ class MemoryStore(MemoryWorkerTables):
         self._outbox: dict[str, int] = {}
         self._open_trees: dict[str, int] = {}
         self.images: dict[str, str] = {}
-        """Image key -> base64 bytes (`fleet.storage.images.MemoryImages`)."""
+        """Image key -> base64 bytes (`fleet.storage.backends.memory.images`)."""
         self._fence: tuple[str, str] | None = None
         """(trace id, owner) in a `fenced` view: writes need that lease."""
         self._kept = Kept()

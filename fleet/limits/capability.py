@@ -1,8 +1,8 @@
 """The limits a store keeps beside it: `store.capability(LIMITS)`.
 
 On Redis, the Lua-backed `Limiter`, `Budgets`, `Trees` and search counter every worker
-shares; on a `MemoryStore`, their memory twins (`fleet.limits.memory`), one set per store,
-so an in-process fleet keeps the same limits, budgets and fan-out caps.
+shares; on a `MemoryStore`, their memory twins (`fleet.limits.backends.memory`), one set
+per store, so an in-process fleet keeps the same limits, budgets and fan-out caps.
 """
 
 from __future__ import annotations
@@ -11,13 +11,16 @@ from dataclasses import dataclass
 
 import redis
 
-from fleet.limits.budget import Budgets, BudgetState
-from fleet.limits.memory import LimitState, MemoryLimiter
-from fleet.limits.memory_trees import MemoryBudgets, MemoryTrees
+from fleet.limits.backends.memory.limiter import LimitState, MemoryLimiter
+from fleet.limits.backends.memory.searches import MemorySearchCounter
+from fleet.limits.backends.memory.trees import MemoryBudgets, MemoryTrees
+from fleet.limits.backends.redis.budgets import Budgets
+from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.backends.redis.searches import RedisSearchCounter
+from fleet.limits.backends.redis.trees import Trees
+from fleet.limits.budget import BudgetState
 from fleet.limits.protocols import ProviderLimits, TreeBudgets, TreeSchedules
-from fleet.limits.providers import Limiter
-from fleet.limits.searches import MemorySearchCounter, RedisSearchCounter, SearchCounter
-from fleet.limits.trees import Trees
+from fleet.limits.searches import SearchCounter
 from fleet.storage.capability import Capability
 from fleet.storage.store import Services
 

@@ -1,7 +1,7 @@
 """The Lua scripts of the fleet-wide limits: provider limits, tree budgets, run windows.
 
 Each is one atomic round trip on the keys in `fleet.storage.keys`; the trace store's own scripts
-are in `fleet.storage.redis_scripts`.
+are in `fleet.storage.backends.redis.scripts`.
 """
 
 from __future__ import annotations

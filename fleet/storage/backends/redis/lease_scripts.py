@@ -1,11 +1,12 @@
 """The Lua scripts of `RedisIndexes`: leases, their heartbeat, and the due-time claim.
 
-Apart from `fleet.storage.redis_scripts` (the trace writes) only to keep each module short.
+A lease's Lua, not a trace write's (those are `fleet.storage.backends.redis.scripts`): these
+touch the lease keys and the fleet-wide indexes, never a trace's hash.
 """
 
 from __future__ import annotations
 
-from fleet.storage.redis_scripts import BULK
+from fleet.storage.backends.redis.scripts import BULK
 
 # KEYS: lease, running index (a stand-in in a cluster). ARGV: owner, ttl_ms, deadline_ms,
 # trace id, '1' when the caller indexes the lease (a cluster)

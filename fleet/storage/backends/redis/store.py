@@ -20,25 +20,25 @@ import redis
 
 from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
-from fleet.storage import keys, redis_compact, redis_scripts, redis_split, redis_writes
-from fleet.storage.capability import Capability, Kept, T
-from fleet.storage.compaction import PACKED_FIELD
-from fleet.storage.keys import CounterName
-
-# connect and redact_url lived here before redis_connect: still importable from here.
-from fleet.storage.redis_connect import Lua, close_client, is_cluster, unreachable
-from fleet.storage.redis_connect import connect as connect
-from fleet.storage.redis_connect import redact_url as redact_url
-from fleet.storage.redis_fence import FencedScript, applying, lease_lost
-from fleet.storage.redis_indexes import RedisIndexes
-from fleet.storage.redis_lease_scripts import RENEW_LEASES
-from fleet.storage.redis_writes import (
+from fleet.storage import keys
+from fleet.storage.backends.redis import compact as redis_compact
+from fleet.storage.backends.redis import scripts as redis_scripts
+from fleet.storage.backends.redis import split as redis_split
+from fleet.storage.backends.redis import writes as redis_writes
+from fleet.storage.backends.redis.connect import Lua, close_client, connect, is_cluster, unreachable
+from fleet.storage.backends.redis.fence import FencedScript, applying, lease_lost
+from fleet.storage.backends.redis.indexes import RedisIndexes
+from fleet.storage.backends.redis.lease_scripts import RENEW_LEASES
+from fleet.storage.backends.redis.writes import (
     decode_fields,
     decode_messages,
     decode_trace,
     pairs,
     stored_message,
 )
+from fleet.storage.capability import Capability, Kept, T
+from fleet.storage.compaction import PACKED_FIELD
+from fleet.storage.keys import CounterName
 from fleet.storage.store import StartRun, TraceSnapshot
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 

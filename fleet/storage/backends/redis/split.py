@@ -24,8 +24,8 @@ import redis
 from redis.exceptions import NoScriptError
 
 from fleet.storage import keys
-from fleet.storage.redis_connect import Lua
-from fleet.storage.redis_lease_scripts import RENEW_ONE
+from fleet.storage.backends.redis.connect import Lua
+from fleet.storage.backends.redis.lease_scripts import RENEW_ONE
 
 _renew_one = Lua(RENEW_ONE)
 

@@ -1,6 +1,6 @@
 """The provider-batch call queue in this process (tests, `--inline`): `BatchCalls` in memory.
 
-The same moves as `fleet.storage.redis_batch_calls.RedisBatchCalls`, each under one lock.
+The same moves as `fleet.storage.backends.redis.batch_calls.RedisBatchCalls`, each under one lock.
 """
 
 from __future__ import annotations

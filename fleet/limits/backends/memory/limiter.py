@@ -1,10 +1,11 @@
 """Provider limits in memory: `MemoryStore`'s twin of the Redis limiter.
 
-Each method decides what its Lua script in `fleet.limits.limit_scripts` decides, step for
-step (each docstring names the script), on tables guarded by one lock, with this process's
+Each method decides what its Lua script in `fleet.limits.backends.redis.scripts` decides,
+step for step (each docstring names the script), on tables guarded by one lock, with this
+process's
 clock instead of Redis's. The tests of the Redis limiter run against this one too
 (tests/test_limits.py), so the in-process fleet keeps the same provider limits as a fleet
-on Redis; budgets and run windows are in `memory_trees`. Nothing expires here: an
+on Redis; budgets and run windows are in `trees` beside it. Nothing expires here: an
 in-process fleet lives for one run.
 """
 
@@ -47,7 +48,7 @@ class LimitState:
 
 
 class MemoryLimiter(LimiterPolicy):
-    """Provider limits of one process: `fleet.limits.providers.Limiter` in memory."""
+    """Provider limits of one process: `fleet.limits.backends.redis.limiter.Limiter` in memory."""
 
     def __init__(self, state: LimitState | None = None, *, max_wait_s: float = MAX_WAIT_S) -> None:
         """Share `state` (pauses, counters) with the budgets of the same store."""

@@ -20,11 +20,12 @@ from pydantic import ValidationError
 from fleet.errors import ConfigError, InvalidTraceId
 from fleet.ids import check_trace_id
 from fleet.models import Collaborator, Event, Message, Trace
-from fleet.storage import keys, redis_compact
+from fleet.storage import keys
+from fleet.storage.backends.redis import compact as redis_compact
+from fleet.storage.backends.redis.connect import Lua, is_cluster
+from fleet.storage.backends.redis.writes import MESSAGE_FIELD, decode_trace
 from fleet.storage.capability import Capability
 from fleet.storage.compaction import unpacked
-from fleet.storage.redis_connect import Lua, is_cluster
-from fleet.storage.redis_writes import MESSAGE_FIELD, decode_trace
 
 
 class BadRecord(ValueError):

@@ -1,8 +1,9 @@
 """Each tree's budget, schedule and run window in memory: `MemoryStore`'s twins.
 
 `MemoryBudgets` decides what `BUDGET_RESERVE`, `BUDGET_SETTLE` and `BUDGET_SPAWN` decide,
-`MemoryTrees` what `WINDOW` does (`fleet.limits.limit_scripts`); provider pauses and the
-counters are the limiter's (`fleet.limits.memory.LimitState`), shared with the budgets.
+`MemoryTrees` what `WINDOW` does (`fleet.limits.backends.redis.scripts`); provider pauses
+and the counters are the limiter's (`fleet.limits.backends.memory.limiter.LimitState`),
+shared with the budgets.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
 
+from fleet.limits.backends.memory.limiter import LimitState
 from fleet.limits.budget import (
     UNBUDGETED,
     Budget,
@@ -24,13 +26,12 @@ from fleet.limits.budget import (
     spawn_refusal,
     state_of,
 )
-from fleet.limits.memory import LimitState
 from fleet.limits.trees import DEFAULT_SCHEDULE, Schedule
 from fleet.models import now_ms
 
 
 class MemoryBudgets:
-    """Tree budgets of one process: `fleet.limits.budget.Budgets` in memory."""
+    """Tree budgets of one process: `backends.redis.budgets.Budgets` in memory."""
 
     def __init__(self, state: LimitState | None = None) -> None:
         """Share `state` (provider pauses, counters) with the limiter of the same store."""
@@ -157,7 +158,7 @@ def _over(
 
 
 class MemoryTrees:
-    """Tree schedules and run windows of one process: `fleet.limits.trees.Trees` in memory."""
+    """Tree schedules and run windows of one process: `backends.redis.trees.Trees` in memory."""
 
     def __init__(self) -> None:
         """No tree yet."""

@@ -1,7 +1,10 @@
 """The fleet-wide indexes of `RedisStore`: human waits, leases, presence, the outbox.
 
-A part of the store (a base class of `RedisStore`), apart only to keep each module short;
-on a cluster each index is a key of its own slot (`redis_split`).
+The fleet-wide half of the store, beside the per-trace half (`store.RedisStore`, which
+inherits it): sorted sets of due times that span every tree (human waits, leases and the
+running index, the outbox), and the workers' presence. It implements `Leases`, `Outbox`
+and the wait index of `StopsAndWaits`; nothing here reads or writes one trace's hash. On a
+cluster each index is a key of its own slot (`redis_split`).
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from typing import Any
 import redis
 
 from fleet.models import WorkerPresence, now_ms
-from fleet.storage import keys, redis_lease_scripts, redis_split
-from fleet.storage.redis_connect import Lua
+from fleet.storage import keys
+from fleet.storage.backends.redis import lease_scripts as redis_lease_scripts
+from fleet.storage.backends.redis import split as redis_split
+from fleet.storage.backends.redis.connect import Lua
 
 CONSUMER_TRIM_MS = 60_000
 """A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""

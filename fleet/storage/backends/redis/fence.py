@@ -11,8 +11,8 @@ import functools
 import redis
 
 from fleet.errors import LeaseLost
-from fleet.storage import redis_scripts
-from fleet.storage.redis_connect import Lua
+from fleet.storage.backends.redis import scripts as redis_scripts
+from fleet.storage.backends.redis.connect import Lua
 
 # Prepended to a write script for a runner's fenced store: KEYS[1] is the runner's lease and
 # ARGV[1] its owner token; both are taken off before the script proper runs. The lease check

@@ -1,0 +1,1 @@
+"""Where experiences are kept: on the fleet's Redis (`redis`), in one process (`memory`)."""
