@@ -26,12 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import machine  # noqa: E402
 from fleet.loop.memory_calls import search  # noqa: E402
-from fleet.memory.board import Board, MemoryBoard  # noqa: E402
+from fleet.memory.backends.memory import MemoryBoard  # noqa: E402
+from fleet.memory.backends.redis import RedisBoard  # noqa: E402
+from fleet.memory.board import Board  # noqa: E402
 from fleet.memory.model import Write  # noqa: E402
 from fleet.memory.names import MemoryCaps  # noqa: E402
-from fleet.memory.redis_board import RedisBoard  # noqa: E402
-from fleet.storage.redis_connect import connect  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
+from fleet.storage.backends.redis.connect import connect  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 
 NS = "user:bench"
 CITIES = "Tongzhou Chaoyang Haidian Xicheng Dongcheng Fengtai Shunyi Daxing".split()

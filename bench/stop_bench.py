@@ -42,8 +42,8 @@ from fleet.inprocess import InProcessFleet  # noqa: E402
 from fleet.lifecycle import stop_subtree  # noqa: E402
 from fleet.models import now_ms  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
-from fleet.storage.redis_server import start_redis_server  # noqa: E402
 from fleet.storage.store import TraceStore  # noqa: E402
+from fleetops.redis_server import start_redis_server  # noqa: E402
 from workers.app import app  # noqa: E402
 
 TARGET_S = 1.5

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 
 from fleet.ids import root_of
 from fleet.models import TERMINAL, Collaborator, Event, Trace
-from fleet.storage.redis_archive import TraceRecord, TreeArchive, TreeRecord
-from fleet.storage.redis_writes import MESSAGE_FIELD, TRACE_FIELDS
+from fleet.storage.backends.redis.archive import TraceRecord, TreeArchive, TreeRecord
+from fleet.storage.backends.redis.writes import MESSAGE_FIELD, TRACE_FIELDS
 
 RESERVED_METADATA = frozenset(
     {

@@ -161,7 +161,7 @@ def missing_keys(settings: Settings) -> list[str]:
     except ConfigError:
         return []  # `fleet doctor` and every run say what is wrong with the file
     used = {model.provider for model in config.models.values()}
-    default = settings.env.get("FLEET_MODEL") or config.default_model or ""
+    default = settings.model or config.default_model or ""
     used.add(config.models[default].provider if default in config.models else default.split(":")[0])
     found = []
     for name in sorted(used & set(config.providers)):

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from fleet.storage.redis_connect import connect
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.connect import connect
+from fleet.storage.backends.redis.store import RedisStore
 from tests.procs import start_worker, wait_for_workers
 from tests.test_fleet_recovery import database_url
 

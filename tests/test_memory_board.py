@@ -9,11 +9,12 @@ import pytest
 import redis
 
 from fleet.errors import MemoryRefused
-from fleet.memory.board import Board, MemoryBoard
+from fleet.memory.backends.memory import MemoryBoard
+from fleet.memory.backends.redis import RedisBoard
+from fleet.memory.board import Board
 from fleet.memory.model import Landed, Lost, Write, WriteOutcome
 from fleet.memory.names import MemoryCaps
-from fleet.memory.redis_board import RedisBoard
-from fleet.storage.redis_connect import connect
+from fleet.storage.backends.redis.connect import connect
 from tests.conftest import fake_redis
 
 NS = "user:alice"

@@ -20,7 +20,7 @@ from fleet.memory.model import Write
 from fleet.models import Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.memory_store import MemoryStore
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.testing import ScriptedModel
 
 ALICE = "user:alice"

@@ -20,8 +20,8 @@ from fleet.models import Trace
 from fleet.observe.hooks import Hooks
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.inbox_types import Posted, Refused
-from fleet.storage.memory_store import MemoryStore
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, calls, text
 
@@ -253,7 +253,7 @@ class Unreachable:
 
 def test_a_watcher_that_cannot_read_the_store_cuts_nothing() -> None:
     from fleet.loop.cut import CallWatcher, cuttable
-    from fleet.storage.memory_inbox import MemoryInbox
+    from fleet.storage.backends.memory.inbox import MemoryInbox
 
     def slow() -> str:
         time.sleep(0.3)  # three looks of the watcher, each failing

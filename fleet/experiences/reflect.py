@@ -30,7 +30,7 @@ from fleet.errors import ConfigError, ConversationError
 from fleet.experiences.model import Experience, new_experience
 from fleet.experiences.retrieval import scopes_of
 from fleet.models import Trace
-from fleet.storage.store import TraceRecords
+from fleet.storage.store import TraceRecords, TraceStore
 
 REFLECT_PRESET = "explore"
 MAX_TREE_CHARS = 20_000

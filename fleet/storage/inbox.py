@@ -8,7 +8,7 @@ trace that ended or does not exist, an inbox over `InboxLimits.per_minute` this 
 `max_messages` in all, and a sending trace over `sends_per_minute` (`send_message`).
 
 `INBOX` is the capability: `store.capability(INBOX)` gives the Redis inbox or its memory
-twin (`fleet.storage.memory_inbox`), which decides what the script decides.
+twin (`fleet.storage.backends.memory.inbox`), which decides what the script decides.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Protocol
 
 import redis
 
+from fleet.storage.backends.memory.inbox import MemoryInbox
+from fleet.storage.backends.redis.inbox import RedisInbox
 from fleet.storage.capability import Capability
 from fleet.storage.inbox_types import InboxEntry, InboxLimits, Posted
-from fleet.storage.memory_inbox import MemoryInbox
-from fleet.storage.redis_inbox import RedisInbox
 
 
 class Inbox(Protocol):

@@ -49,7 +49,6 @@ from pathlib import Path
 
 from fleet.config.shell import ShellLimits
 from fleet.errors import ToolError
-from fleet.config.shell import ShellLimits
 from fleet.tools import cgroups
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.sandbox import DEFAULT_PATH, box

@@ -8,10 +8,9 @@ import sys
 from typing import Any
 
 from fleet.memory.model import Entry, Landed, WriteOutcome
+from fleetops.cli.exit_codes import ExitCode
 from fleetops.cli.output import print_json, printable
-from fleetops.cli.run import EXIT_FAILED, EXIT_OK, connect
-
-EXIT_NOT_FOUND = 2
+from fleetops.cli.run import connect
 
 
 def list_all(args: argparse.Namespace) -> int:
@@ -23,16 +22,16 @@ def list_all(args: argparse.Namespace) -> int:
             print_json(found)
         for namespace in [] if args.json else found:
             print(printable(namespace))
-        return EXIT_OK
+        return ExitCode.OK
     entries, held = memory.entries(args.namespace), memory.proposals(args.namespace)
     if args.json:
         print_json({"entries": [_data(e) for e in entries], "held": len(held)})
-        return EXIT_OK
+        return ExitCode.OK
     for e in entries:
         print(printable(f"{e.key}  v{e.version}  {e.writer}  {_value(e.value, 80)}"))
     if held:
         print(f"{len(held)} held for approval: fleet memory approve {args.namespace}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def show(args: argparse.Namespace) -> int:
@@ -42,9 +41,9 @@ def show(args: argparse.Namespace) -> int:
         return _missing(args)
     if args.json:
         print_json(_data(entry))
-        return EXIT_OK
+        return ExitCode.OK
     _print_entry(entry)
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def set_value(args: argparse.Namespace) -> int:
@@ -65,7 +64,7 @@ def remove(args: argparse.Namespace) -> int:
         print_json({"removed": True})
     else:
         print(printable(f"removed {args.namespace} {args.key}"))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def history(args: argparse.Namespace) -> int:
@@ -75,11 +74,11 @@ def history(args: argparse.Namespace) -> int:
         return _missing(args)
     if args.json:
         print_json([_data(e) for e in found])
-        return EXIT_OK
+        return ExitCode.OK
     for e in found:
         line = f"v{e.version}  {e.writer}  {e.source_trace or '-'}  {_value(e.value, 80)}"
         print(printable(line))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def approve(args: argparse.Namespace) -> int:
@@ -101,7 +100,7 @@ def approve(args: argparse.Namespace) -> int:
         print(printable(f"{row['key']}  {state} version {row['version']}  ({row['id']})"))
     if not done and not args.json:
         print("nothing held for approval")
-    return EXIT_OK if all(row["landed"] for row in rows) else EXIT_FAILED
+    return ExitCode.OK if all(row["landed"] for row in rows) else ExitCode.FAILED
 
 
 def _report(args: argparse.Namespace, outcome: WriteOutcome) -> int:
@@ -118,7 +117,7 @@ def _report(args: argparse.Namespace, outcome: WriteOutcome) -> int:
             ),
             file=sys.stderr,
         )
-    return EXIT_OK if landed else EXIT_FAILED
+    return ExitCode.OK if landed else ExitCode.FAILED
 
 
 def _version(outcome: WriteOutcome) -> int:
@@ -127,7 +126,7 @@ def _version(outcome: WriteOutcome) -> int:
 
 def _missing(args: argparse.Namespace) -> int:
     print(printable(f"fleet: error: no key {args.key!r} in {args.namespace}"), file=sys.stderr)
-    return EXIT_NOT_FOUND
+    return ExitCode.BAD_INPUT
 
 
 def _data(entry: Entry) -> dict[str, Any]:

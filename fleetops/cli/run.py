@@ -326,7 +326,7 @@ def send(args: argparse.Namespace) -> int:
     entry_id = fleet.send(args.trace_id, args.text, sender=args.sender, interrupt=args.interrupt)
     how = "now (interrupting its model call)" if args.interrupt else "before its next model call"
     print(f"sent {entry_id} to {args.trace_id}: it reads it {how}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def stop(args: argparse.Namespace) -> int:

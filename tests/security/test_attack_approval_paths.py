@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from fleet.config.approval_rules import ApprovalRuleIn, rules_of
 from fleet.conversation import approval
-from fleet.conversation.approval_rules import ApprovalRuleIn, rules_of
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.runtime import Runtime

@@ -20,7 +20,7 @@ import redis
 
 from fleet.errors import ConfigError
 from fleet.storage import keys
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from fleetops.archive import export, import_file
 from tests.test_compaction import explore_tree
 

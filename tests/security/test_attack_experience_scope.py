@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from fleet.client import Fleet
-from fleet.storage.redis_store import RedisStore
+from fleet.storage.backends.redis.store import RedisStore
 from tests.fleetkit import client, fleet_settings
 from tests.procs import WorkerProcess
 from tests.test_fleet_recovery import database_url, start_workers

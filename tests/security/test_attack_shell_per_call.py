@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet.config.shell import ShellLimits
 from fleet.tools import cgroups
-from fleet.tools.base import ShellLimits, ToolContext, ToolResult
+from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.shell import bash
 from tests.fleetkit import wait_until
 from tests.procs import start_worker, wait_for_workers

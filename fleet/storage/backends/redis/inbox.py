@@ -16,9 +16,9 @@ import redis
 
 from fleet.models import TERMINAL
 from fleet.storage import keys
+from fleet.storage.backends.redis.connect import Lua
 from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.inbox_types import InboxEntry, InboxLimits, Posted, Refusal, Refused
-from fleet.storage.redis_connect import Lua
 
 _ENDED = " or ".join(f"status == '{json.dumps(s)}'" for s in sorted(TERMINAL))
 
