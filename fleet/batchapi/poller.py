@@ -249,7 +249,14 @@ def _read(
         if not live:  # every call of it was stopped: the provider may stop too
             provider.cancel(flush.batch_id)
         return
-    results = provider.results(flush.batch_id)
+    wanted = {
+        f"{custom_id}-{status.attempt}"
+        for custom_id, status in zip(flush.custom_ids, statuses, strict=True)
+        if status is not None and status.batch_id == flush.batch_id
+    }
+    # Only this batch's own wire ids are kept: a line naming any other custom id (another
+    # flush's, or one the provider made up) answers nothing (`fleet.batchapi.lines`).
+    results = provider.results(flush.batch_id, wanted)
     for custom_id, status in zip(flush.custom_ids, statuses, strict=True):
         if status is None or status.batch_id != flush.batch_id:
             continue  # forgotten, or queued again since: not this batch's to answer
