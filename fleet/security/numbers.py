@@ -61,3 +61,14 @@ def finite_number(
 def bounded_count(value: object, what: str, *, high: int, error: type[FleetError]) -> int:
     """`value` as a whole count in `[0, high]` (a float is cut to its integer part)."""
     return int(finite_number(value, what, low=0, high=high, error=error))
+
+
+def client_wait_s(value: float | None, what: str, error: type[FleetError]) -> float | None:
+    """A wait a client asked for (`timeout_s`): None (no limit) or 0 to `MAX_WAIT_S`.
+
+    NaN or infinite would wait for ever (`now > nan` is never true), holding a thread;
+    negative or past a week is a mistake: each is `error`, before anything is submitted.
+    """
+    if value is None:
+        return None
+    return finite_number(value, what, low=0.0, high=MAX_WAIT_S, error=error)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import fleet.llm.base
-from fleet.errors import ModelBehaviorError
+from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.inprocess import InProcessFleet
 from fleet.llm.embeddings import parse_vectors
 from fleet.llm.pricing import token_count
@@ -176,3 +176,43 @@ def test_an_embedding_with_a_hostile_component_is_that_calls_error(component: st
     data = json.loads(f'{{"data": [{{"index": 0, "embedding": [0.5, {component}]}}]}}')
     with pytest.raises(ModelBehaviorError, match="/embeddings"):
         parse_vectors(data, 1, "emb")
+
+
+@pytest.mark.parametrize("timeout_s", [float("nan"), float("inf"), -1.0, 1e300])
+def test_a_clients_hostile_timeout_is_one_line_before_anything_is_submitted(
+    tmp_path: Path, timeout_s: float
+) -> None:
+    import asyncio
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from fleet.client import Fleet
+    from fleet.inprocess import InProcessDispatcher
+    from fleet.runtime import Runtime
+    from fleet.storage.memory_store import MemoryStore
+    from fleet.testing import ScriptedModel, text
+    from fleetops.mcp_server import FleetTools
+    from tests.test_batch import ThreadBackend
+
+    settings = Settings(workspace=tmp_path, env={})
+    store = MemoryStore()
+    model = ScriptedModel(function=lambda messages, tools: text("done"))
+    runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"test": model})
+    backend = ThreadBackend(runtime)
+    fleet = Fleet(runtime, backend)
+    tools = FleetTools(fleet)
+    try:
+        calls = [
+            tools.wait("t-none", timeout_s=timeout_s),
+            tools.delegate("change it", model="test", timeout_s=timeout_s),
+            tools.explore(["a", "b"], None, model="test", timeout_s=timeout_s),  # type: ignore[arg-type]
+        ]
+        for pending in calls:
+            with pytest.raises(ToolError, match="timeout_s") as caught:
+                asyncio.run(pending)
+            assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
+        assert store.list_traces(limit=10) == []  # nothing half-submitted
+        with pytest.raises(ConfigError, match="timeout_s"):  # the client library, too
+            list(fleet.events("t-none", timeout_s))
+    finally:
+        backend.pool.shutdown(wait=True)
