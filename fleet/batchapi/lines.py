@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from fleet.security.capped import KEEP_BYTES, Oversized, capped_lines
+
 LINE_MAX_BYTES = 8 * 1024 * 1024
 """Longest line read: an answer of 128k output tokens is ~1 MiB of JSON."""
-HEAD_BYTES = 4096
-"""Of a line that cannot be read, how much is searched for its custom id."""
 _CUSTOM_ID = re.compile(rb'"custom_id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
 
 
@@ -38,48 +38,12 @@ class Outcome:
     error: str | None = None
 
 
-@dataclass(frozen=True)
-class Oversized:
-    """A line longer than the cap: only its first `HEAD_BYTES` were kept."""
-
-    head: bytes
-
-
 @dataclass
 class LineCounts:
     """What a read skipped, for the poller's log (counts only: the lines are hostile)."""
 
     foreign: int = 0
     unreadable: int = 0
-
-
-def split_lines(
-    chunks: Iterable[bytes], max_bytes: int = LINE_MAX_BYTES
-) -> Iterator[bytes | Oversized]:
-    """The lines of a byte stream; a line past `max_bytes` comes as `Oversized`, not held."""
-    buffer = bytearray()
-    head: bytes | None = None  # set while the rest of an oversized line is skipped
-    for chunk in chunks:
-        start = 0
-        while start <= len(chunk):
-            end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end]
-            if head is None and len(buffer) + len(piece) > max_bytes:
-                head = bytes(buffer[:HEAD_BYTES]) + piece[: max(0, HEAD_BYTES - len(buffer))]
-                buffer.clear()
-            elif head is None:
-                buffer += piece
-            if end < 0:
-                break
-            yield _line(buffer, head)
-            buffer.clear()
-            head, start = None, end + 1
-    if buffer or head is not None:
-        yield _line(buffer, head)
-
-
-def _line(buffer: bytearray, head: bytes | None) -> bytes | Oversized:
-    return Oversized(head) if head is not None else bytes(buffer)
 
 
 def strict_json(raw: bytes) -> object:
@@ -96,7 +60,7 @@ def _no_constant(name: str) -> object:
 
 def custom_id_in(head: bytes) -> str | None:
     """The custom id a line's first bytes name, if they name one."""
-    found = _CUSTOM_ID.search(head[:HEAD_BYTES])
+    found = _CUSTOM_ID.search(head[:KEEP_BYTES])
     return found[1].decode() if found else None
 
 
@@ -112,7 +76,7 @@ def read_outcomes(
     again); a line that cannot be read is its custom id's error.
     """
     counts = LineCounts()
-    for line in split_lines(chunks):
+    for line in capped_lines(chunks, LINE_MAX_BYTES):
         if isinstance(line, Oversized):
             _refused(line.head, f"answer line over {LINE_MAX_BYTES} bytes", wanted, found, counts)
             continue

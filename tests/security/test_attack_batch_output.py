@@ -167,10 +167,11 @@ def _peak_of(work: Callable[[], object]) -> int:
 
 @pytest.mark.parametrize("chunk_bytes", [1, 2, 3, 7, 64])
 def test_lines_split_the_same_at_any_chunk_size_and_long_ones_come_cut(chunk_bytes: int) -> None:
-    from fleet.batchapi.lines import Oversized, split_lines
+    from fleet.security.capped import Oversized, capped_lines
 
     data = b'a\n\n{"custom_id": "fc1-1", "x": "' + b"z" * 40 + b'"}\nlast'
     chunks = [data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)]
-    lines = list(split_lines(chunks, max_bytes=30))
+    lines = list(capped_lines(chunks, max_bytes=30))
     assert lines[:2] == [b"a", b""] and lines[3] == b"last"
     assert isinstance(lines[2], Oversized) and lines[2].head.startswith(b'{"custom_id": "fc1-1"')
+    assert lines[2].tail.endswith(b'z"}') and lines[2].size_bytes == 71
