@@ -20,6 +20,7 @@ from fleet.history import SUB_AGENT_TOOLS
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
 from fleet.mcp.names import PREFIX as MCP_PREFIX
+from fleet.mcp.names import server_of
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
@@ -62,8 +63,8 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     The registry's schemas are deep-copied once per registry and tool set, not per turn;
     the dicts are shared between turns and threads, so callers must not change them.
     """
-    runtime.sync_mcp_tools()
     preset = runtime.permissions(trace)
+    runtime.sync_mcp_tools(preset.mcp_servers)  # waits for no listing of a server it can't use
     names = tuple(runtime.tools.names_for(preset))
     if not runtime.settings.allow_shell:
         names = tuple(n for n in names if n != "bash")
@@ -329,8 +330,9 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         arguments = call.parsed_arguments()
     except ValueError as exc:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
-    if call.name.startswith(MCP_PREFIX):
-        runtime.sync_mcp_tools()  # a resumed trace may call one before this process listed
+    if call.name.startswith(MCP_PREFIX) and call.name not in runtime.tools.names():
+        # A resumed trace may call one before this process listed its server: wait for it.
+        runtime.sync_mcp_tools(need=server_of(call.name))
     return runtime.tools.execute(call.name, arguments, ctx, runtime.permissions(trace))
 
 

@@ -48,7 +48,9 @@ async def open_transport(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The read and write streams of a session with `server`."""
     if config.command is not None:
-        from mcp import StdioServerParameters, stdio_client
+        from mcp import StdioServerParameters
+
+        from fleet.mcp.stdio import capped_stdio
 
         params = StdioServerParameters(
             command=config.command,
@@ -57,7 +59,7 @@ async def open_transport(
             cwd=config.cwd,
         )
         with open(os.devnull, "w") as errlog:  # a server's stderr is not the worker's log
-            async with stdio_client(params, errlog=errlog) as streams:
+            async with capped_stdio(params, errlog) as streams:  # answers capped as read
                 yield streams
         return
     import httpx2
