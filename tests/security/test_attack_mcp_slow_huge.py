@@ -159,3 +159,59 @@ def test_a_wedged_session_is_restarted(big: McpSessions) -> None:
             break
     assert answer is not None and answer.output == "echo: back", answer
     assert big.starts("raw") >= 2  # (a start cut short by a 1 s call timeout counts too)
+
+
+@pytest.mark.parametrize("answers", ["json", "sse"])
+def test_a_huge_http_answer_is_refused_while_read(answers: str) -> None:
+    import os
+    import socket
+    import subprocess
+
+    from tests.mcpkit import TEST_SERVER
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    argv = [sys.executable, str(TEST_SERVER), "--http", str(port), "tok"]
+    argv += ["json"] if answers == "json" else []
+    env = {**os.environ, "PYTHONPATH": str(TEST_SERVER.parent.parent)}
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    entry = McpServerConfig(url=f"http://127.0.0.1:{port}/mcp", headers_env={"Authorization": "A"})
+    sessions = McpSessions({"web": entry}, {"A": "Bearer tok"})
+    try:
+        wait_until(lambda: _listening(port), 30, "the test server to listen")
+        registry = default_registry()
+        sync(registry, sessions)
+        ctx = ToolContext(workspace=Path("."), tool_timeout_s=60.0)
+        started = time.monotonic()
+        tracemalloc.start()
+        try:
+            huge = registry.execute(
+                "mcp__web__huge", {"chars": 4 * MESSAGE_MAX_BYTES}, ctx, DEFAULT
+            )
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        took_s = time.monotonic() - started
+        after = registry.execute("mcp__web__echo", {"text": "on"}, ctx, DEFAULT)
+    finally:
+        sessions.close()
+        server.terminate()
+        server.wait(10)
+    print(
+        f"\n{answers}: 32 MiB refused in {took_s:.2f} s, peak {peak / 2**20:.1f} MiB: {huge.output}"
+    )
+    assert huge.is_error and "\n" not in huge.output and len(huge.output) < 300, huge.output
+    assert "xxxx" not in huge.output and took_s < 30
+    assert peak < 3 * MESSAGE_MAX_BYTES, peak  # main, JSON: the whole body, then parsed
+    assert after.output == "echo: on"
+    # A JSON answer fails alone; the SDK ends an SSE stream past its event cap as a closed
+    # connection, so that session starts again (a read-only call is sent once more first).
+    assert sessions.starts("web") == 1 or answers == "sse"
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
