@@ -158,7 +158,9 @@ class OpenAIBatchServer(BatchServer):
             return 200, {"id": file_id, "object": "file", "purpose": "batch"}
         if path == "/v1/batches":
             body = json.loads(raw)
-            lines = [json.loads(line) for line in self.files[body["input_file_id"]].splitlines()]
+            uploaded = self.files[body["input_file_id"]]
+            assert isinstance(uploaded, str)  # an input file is text; only outputs stream
+            lines = [json.loads(line) for line in uploaded.splitlines()]
             assert all(line["url"] == body["endpoint"] == "/v1/chat/completions" for line in lines)
             batch = self.new_batch(
                 [(line["custom_id"], line["body"]) for line in lines], body.get("metadata")

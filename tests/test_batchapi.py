@@ -17,12 +17,11 @@ import pytest
 import yaml
 
 import fleet.llm.base
-from fleet.batchapi.lines import read_outcomes
+from fleet.batchapi.lines import Outcome, read_outcomes
 from fleet.batchapi.poller import poll_once
 from fleet.batchapi.providers import (
     AnthropicBatch,
     OpenAIBatch,
-    Outcome,
     _openai_outcome,
     check_batch_api,
     provider_for,

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet import lifecycle
-from fleet.batchapi.providers import BatchProvider, Outcome, ProviderFactory
+from fleet.batchapi.lines import Outcome
+from fleet.batchapi.providers import BatchProvider, ProviderFactory
 from fleet.batchapi.route import answer_of, parked_call
 from fleet.errors import FleetError, TraceNotFound
 from fleet.models import now_ms

@@ -28,7 +28,7 @@ from fleet.mcp.tools import FIRST_LISTING_WAIT_S, sync
 from fleet.presets import BUILTIN_PRESETS
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
-from fleet.tools.base import ToolContext
+from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.registry import default_registry
 from tests.fleetkit import wait_until
 from tests.mcpkit import RAW_SERVER, write_config
@@ -120,7 +120,7 @@ def test_a_64_mib_answer_is_refused_while_read_and_the_servers_other_calls_go_on
     try:
         started = time.monotonic()
         beside = threading.Thread(target=echo_meanwhile)
-        answer = {}
+        answer: dict[str, ToolResult] = {}
         huge = threading.Thread(
             target=lambda: answer.update(r=registry.execute("mcp__raw__big", {}, ctx, DEFAULT))
         )
