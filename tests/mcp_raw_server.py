@@ -3,7 +3,7 @@
 `python -I tests/mcp_raw_server.py MODE`. Tool `bad`: MODE `shape` answers with `content`
 that is not a list; `garbage` writes a line that is not JSON, then nothing. MODE
 `hang_relist` answers the first `tools/list` and never another; `hang_list` never answers
-one. In every mode `echo` answers its text, `relist` sends
+one; `slow_list` answers each after 7 s. In every mode `echo` answers its text, `relist` sends
 `notifications/tools/list_changed` first, and `big` answers with `chars` characters in one
 line (64 MiB if not told), read and answered in order like every request; `freeze` stops
 the server reading anything (a wedged server) for an hour.
@@ -23,6 +23,7 @@ TOOLS = [
     for name in ("bad", "echo", "relist", "big", "freeze")
 ]
 BIG_CHARS = 64 * 1024 * 1024
+SLOW_LIST_S = 7.0
 listed = 0
 
 
@@ -69,6 +70,8 @@ def answer(request: dict[str, Any], mode: str) -> str | None:
         listed += 1
         if mode == "hang_list" or (mode == "hang_relist" and listed > 1):
             return None  # never answered
+        if mode == "slow_list":
+            time.sleep(SLOW_LIST_S)
         return reply(rid, {"tools": TOOLS})
     if method == "tools/call":
         return call(request, mode)

@@ -135,7 +135,7 @@ class McpSessions:
         or the reason there are none; nobody has to wait for it.
         """
         state = self._state(server)
-        if state.listing is None or state.listing.done():
+        if state.listing is None:  # else running, or ended and not yet taken (`listing_ended`)
             bounded = asyncio.wait_for(self._list(server), CONNECT_TIMEOUT_S)
             state.listing = asyncio.run_coroutine_threadsafe(bounded, self._ensure_loop())
         return state.listing
@@ -224,9 +224,11 @@ class McpSessions:
             return state.tools
         async with state.lock:  # for the session only: a hanging listing blocks no call
             session = await self._session(server, state)
-        listed = await asyncio.wait_for(session.list_tools(), CONNECT_TIMEOUT_S)
-        state.tools = list(listed.tools)
-        return state.tools
+        version = self.versions.get(server, 0)
+        listed = list((await asyncio.wait_for(session.list_tools(), CONNECT_TIMEOUT_S)).tools)
+        if self.versions.get(server, 0) == version:  # else it changed meanwhile: not cached
+            state.tools = listed
+        return listed
 
     async def _call(
         self, server: str, tool: str, arguments: dict[str, Any], timeout_s: float, retry: bool

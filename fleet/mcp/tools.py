@@ -56,13 +56,16 @@ def sync(
         return
     with _sync_lock:
         pending = _start(sessions)
-    if need is not None and need in pending:
+        waited = [
+            future
+            for server, (future, _) in pending.items()
+            if need is None
+            and (servers is None or server in servers)
+            and sessions.first_wait(server)
+        ]
+    if need in pending:
         concurrent.futures.wait([pending[need][0]], CONNECT_TIMEOUT_S)
-    elif waited := [
-        future
-        for server, (future, _) in pending.items()
-        if (servers is None or server in servers) and sessions.first_wait(server)
-    ]:
+    elif waited:
         concurrent.futures.wait(waited, FIRST_LISTING_WAIT_S)
     with _sync_lock:
         for server, (future, version) in pending.items():

@@ -95,6 +95,24 @@ def test_a_hanging_first_listing_costs_one_turn_a_bounded_wait_once(tmp_path: Pa
     assert max(runs_s[1:]) < 2.0, runs_s  # and never again
 
 
+def test_a_slow_first_listing_arrives_in_the_background_for_a_later_turn(tmp_path: Path) -> None:
+    model = ScriptedModel(function=lambda messages, tools: text("done"))
+    fleet = inline_fleet(tmp_path, "slow_list", model)
+    assert fleet.runtime.mcp is not None
+    try:
+        first_s = timed_run(fleet, "before the listing")  # waits 5 s, then goes on without
+        seen_first = [t["function"]["name"] for t in model.tools_seen[-1]]
+        wait_until(lambda: _offered(fleet, model), 30, "the listing to reach a turn")
+    finally:
+        fleet.runtime.mcp.close()
+    assert first_s < FIRST_LISTING_WAIT_S + 3.0 and "mcp__raw__echo" not in seen_first
+
+
+def _offered(fleet: InProcessFleet, model: ScriptedModel) -> bool:
+    timed_run(fleet, "after the listing")
+    return "mcp__raw__echo" in [t["function"]["name"] for t in model.tools_seen[-1]]
+
+
 @pytest.fixture
 def big() -> Iterator[McpSessions]:
     entry = McpServerConfig.model_validate(raw_entry("big"))
