@@ -28,6 +28,7 @@ JSON_MAX_BYTES = 8 * 1024 * 1024
 """A batch's status or a page of the batch listing is a few KiB."""
 ERROR_MAX_BYTES = 64 * 1024
 CHUNK_BYTES = 256 * 1024
+_BODY_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
 
 
 class BatchHttp:
@@ -65,9 +66,9 @@ class BatchHttp:
                 body = _capped(response.iter_bytes(CHUNK_BYTES), ERROR_MAX_BYTES, cut=True)
             finally:
                 response.close()
-            return httpx.Response(
-                response.status_code, headers=response.headers, content=body, request=request
-            )
+            # The body is decoded already: its encoding and length headers no longer apply.
+            kept = {k: v for k, v in response.headers.items() if k.lower() not in _BODY_HEADERS}
+            return httpx.Response(response.status_code, headers=kept, content=body, request=request)
 
         response = send_with_retry(
             once,

@@ -175,3 +175,55 @@ def test_lines_split_the_same_at_any_chunk_size_and_long_ones_come_cut(chunk_byt
     assert lines[:2] == [b"a", b""] and lines[3] == b"last"
     assert isinstance(lines[2], Oversized) and lines[2].head.startswith(b'{"custom_id": "fc1-1"')
     assert lines[2].tail.endswith(b'z"}') and lines[2].size_bytes == 71
+
+
+class _Blob:
+    """A provider answering every GET with `status` and `size_bytes` of JSON-ish bytes."""
+
+    def __init__(self, status: int, size_bytes: int) -> None:
+        from http.server import BaseHTTPRequestHandler
+
+        from tests.loopback import LoopbackServer
+
+        blob = b'{"id": "' + b"a" * size_bytes + b'"}'
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(blob)))
+                self.end_headers()
+                self.wfile.write(blob)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.http = LoopbackServer(Handler)
+
+
+@pytest.mark.parametrize(("status", "size_bytes"), [(200, 9 * 1024 * 1024), (400, 1024 * 1024)])
+def test_a_huge_status_or_error_answer_is_refused_in_one_line(
+    allow: None, tmp_path: Path, status: int, size_bytes: int
+) -> None:
+    from fleet.batchapi.providers import OpenAIBatch
+    from fleet.errors import FleetError
+    from tests.test_batchapi import target
+
+    blob = _Blob(status, size_bytes)
+    try:
+        provider = OpenAIBatch(target(blob.http, "openai"), "sk-x", {})  # type: ignore[arg-type]
+        tracemalloc.start()
+        try:
+            with pytest.raises(FleetError) as caught:
+                provider.phase("b1")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        provider.close()
+    finally:
+        blob.http.stop()
+    message = str(caught.value)
+    assert "\n" not in message and len(message) < 600, message[:300]
+    assert peak < 3 * LINE_MAX_BYTES
