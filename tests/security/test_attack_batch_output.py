@@ -102,7 +102,7 @@ def _server(kind: str) -> BatchServer:
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
 def test_hostile_lines_are_their_calls_errors_and_the_rest_is_answered(
-    kind: str, allow: None, tmp_path: Path
+    kind: str, allow: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with _server(kind) as server:
         runtime = runtime_for(MemoryStore(), server, tmp_path, kind)
@@ -115,6 +115,9 @@ def test_hostile_lines_are_their_calls_errors_and_the_rest_is_answered(
     # The six spoiled calls were sent again (attempt 2): 8 first turns + 6 + 8 second turns.
     assert len(server.sent) == 22 == len(set(server.sent)), server.sent
     assert FOREIGN not in server.sent
+    # Logged as counts: 1 foreign line, 2 unreadable ones (garbage bytes, nesting, no id).
+    assert "1 answer lines for calls not in it and 2 unreadable lines ignored" in caplog.text
+    assert FOREIGN not in caplog.text and "FOREIGN" not in caplog.text
     for trace in ended:  # the foreign answer (a bash call) reached no trace; costs add up
         assert trace.stats.cost_usd == pytest.approx(2 * LIVE_CALL_USD / 2)
         messages = runtime.store.messages(trace.trace_id)

@@ -216,3 +216,21 @@ def test_a_clients_hostile_timeout_is_one_line_before_anything_is_submitted(
             list(fleet.events("t-none", timeout_s))
     finally:
         backend.pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_live_answer_nested_200000_deep_is_a_malformed_answer(kind: str) -> None:
+    import httpx
+
+    from fleet.llm.anthropic import AnthropicClient
+    from fleet.llm.openai import OpenAIClient
+    from fleet.llm.retry import error_detail
+
+    deep = b'{"choices": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    client = (OpenAIClient if kind == "openai" else AnthropicClient)("http://127.0.0.1:9", "", "m")
+    try:
+        with pytest.raises(ModelBehaviorError):
+            client.parse_response(httpx.Response(200, content=deep))
+    finally:
+        client.close()
+    assert len(error_detail(httpx.Response(400, content=deep))) < 600  # an error body, too
