@@ -29,6 +29,7 @@ from fleet.loop.runner import Runner
 from fleet.models import Trace
 from fleet.runtime import Runtime
 from fleet.storage.memory_store import MemoryStore
+from fleet.storage.store import TraceStore
 from tests.fake_batch import AnthropicBatchServer, BatchServer, OpenAIBatchServer
 from tests.test_batchapi import LIVE_CALL_USD, SCRIPT, runtime_for, submit
 
@@ -102,10 +103,10 @@ def _server(kind: str) -> BatchServer:
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
 def test_hostile_lines_are_their_calls_errors_and_the_rest_is_answered(
-    kind: str, allow: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    kind: str, allow: None, tmp_path: Path, caplog: pytest.LogCaptureFixture, store: TraceStore
 ) -> None:
     with _server(kind) as server:
-        runtime = runtime_for(MemoryStore(), server, tmp_path, kind)
+        runtime = runtime_for(store, server, tmp_path, kind)  # memory, fakeredis, real Redis
         traces = [submit(runtime, f"task {i}") for i in range(8)]
         server.tamper_next(_poisoned)
         ended = _drive(runtime, traces)
