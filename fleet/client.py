@@ -18,7 +18,7 @@ from fleet.conversation.continuation import continue_trace, stamp, turn_of
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
-from fleet.errors import BrokerUnavailable, FleetError
+from fleet.errors import BrokerUnavailable, ConfigError, FleetError
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
 from fleet.lifecycle import stop_subtree
@@ -28,6 +28,7 @@ from fleet.memory.board import MEMORY
 from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
 from fleet.runtime import Runtime
+from fleet.security.numbers import client_wait_s
 from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore
 from fleet.storage.watchdog import QueueWatch, check_served
@@ -358,6 +359,7 @@ class Fleet:
             NoLiveWorkers: no live worker consumed a queue the trace needs for
                 `Settings.no_worker_timeout_s`; the trace is left as it is.
         """
+        timeout_s = client_wait_s(timeout_s, "timeout_s", ConfigError)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         root = self._reachable(lambda: self.store.get_trace(trace_id), deadline).root_trace_id
         watch = QueueWatch(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -174,12 +174,18 @@ class Runtime:
             mcp=McpSessions(config.mcp_servers, env) if config.mcp_servers else None,
         )
 
-    def sync_mcp_tools(self) -> None:
-        """Bring the MCP servers' tools into the registry (cheap when nothing changed)."""
+    def sync_mcp_tools(
+        self, servers: Collection[str] | None = None, *, need: str | None = None
+    ) -> None:
+        """Bring the MCP servers' tools into the registry (cheap when nothing changed).
+
+        `servers`: those the turn may use (None: every one); `need`: the server whose tool
+        is about to be called (`fleet.mcp.tools.sync` says who waits for a listing).
+        """
         if self.mcp is not None:
             from fleet.mcp.tools import sync
 
-            sync(self.tools, self.mcp)
+            sync(self.tools, self.mcp, servers, need=need)
 
     def fenced(self, trace_id: str, owner: str) -> Runtime:
         """A copy whose store writes only while `owner` holds the lease of `trace_id`."""

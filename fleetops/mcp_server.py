@@ -22,8 +22,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from fleet.client import Fleet, Handle
-from fleet.errors import FleetError
+from fleet.errors import ConfigError, FleetError
 from fleet.models import TERMINAL, Event
+from fleet.security.numbers import client_wait_s
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -94,6 +95,7 @@ class FleetTools:
             timeout_s: Give up waiting after this long (branches keep running; `stop`
                 with the returned trace id stops them all).
         """
+        timeout_s = _timeout_s(timeout_s)
         limit = self.fleet.runtime.settings.max_branches
         if not tasks or len(tasks) > limit:
             raise ToolError(f"explore: give between 1 and {limit} tasks, not {len(tasks)}")
@@ -127,6 +129,7 @@ class FleetTools:
             workspace: A folder under the fleet's workspace roots; its default otherwise.
             timeout_s: Give up waiting after this long (the agent keeps running).
         """
+        timeout_s = _timeout_s(timeout_s)
         where = _workspace(workspace)
         handle = await _off_loop(
             self.fleet.submit, task, preset=preset, model=model, mode="delegate", workspace=where
@@ -148,6 +151,7 @@ class FleetTools:
             trace_id: The id `submit` returned.
             timeout_s: The most to wait, in seconds.
         """
+        timeout_s = _timeout_s(timeout_s)
         return await self._settled(Handle(trace_id, self.fleet), timeout_s)
 
     async def stop(self, trace_id: str) -> dict[str, Any]:
@@ -294,6 +298,16 @@ def build_server(fleet: Fleet) -> MCPServer:
     for name, hints in TOOLS.items():
         server.add_tool(getattr(tools, name), name=name, annotations=hints)
     return server
+
+
+def _timeout_s(value: float) -> float:
+    """A client's `timeout_s`, finite and 0 to a week; else one line, before any submission."""
+    try:
+        checked = client_wait_s(value, "timeout_s", ConfigError)
+    except ConfigError as exc:
+        raise ToolError(str(exc)) from None
+    assert checked is not None  # a float came in
+    return checked
 
 
 def _workspace(value: str | None) -> Path | None:

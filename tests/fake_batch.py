@@ -10,7 +10,9 @@ live calls (`/v1/chat/completions`, `/v1/messages`), which a batch tree must nev
         server.sent, server.live_calls
 
 Faults a test asks for: `error_next(n)` answers the next n requests with an error line;
-`expire_next()` lets the next batch expire unanswered.
+`expire_next()` lets the next batch expire unanswered; `tamper_next(fn)` serves the next
+batch's output as `fn(lines)` (the answer lines it would send, as dicts -> the bytes to
+send instead, streamed chunked: hostile lines, a file of any size).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from types import TracebackType
@@ -31,6 +33,9 @@ from fleet.llm.base import LLMResponse
 from fleet.testing import Script
 from tests.fake_provider import send_json
 from tests.loopback import LoopbackServer
+
+Tamper = Callable[[list[dict[str, Any]]], Iterable[bytes]]
+"""The answer lines of a batch (dicts) -> the bytes served instead (`tamper_next`)."""
 
 USAGE = (100, 20)
 """Prompt and completion tokens every answer reports (cost checks compare against it)."""
@@ -49,6 +54,7 @@ class BatchServer:
         self.lock = threading.Lock()
         self._errors = 0
         self._expire = False
+        self._tamper: Tamper | None = None
         self._http = LoopbackServer(_handler_for(self))
 
     @property
@@ -79,6 +85,11 @@ class BatchServer:
         with self.lock:
             self._expire = True
 
+    def tamper_next(self, tamper: Tamper) -> None:
+        """Serve the next batch's output lines as `tamper(lines)` (streamed, chunked)."""
+        with self.lock:
+            self._tamper = tamper
+
     def new_batch(
         self, requests: list[tuple[str, dict[str, Any]]], metadata: Any
     ) -> dict[str, Any]:
@@ -89,6 +100,7 @@ class BatchServer:
                 max(self._errors - len(requests), 0),
             )
             expire, self._expire = self._expire, False
+            tamper, self._tamper = self._tamper, None
             self.sent += [custom_id for custom_id, _ in requests]
             batch = {
                 "id": f"batch_{uuid.uuid4().hex[:16]}",
@@ -99,6 +111,7 @@ class BatchServer:
                 "created": datetime.now(UTC).isoformat(),
                 "metadata": metadata,
                 "cancelled": False,
+                "tamper": tamper,
             }
             self.batches[batch["id"]] = batch
             return batch
@@ -129,7 +142,7 @@ class OpenAIBatchServer(BatchServer):
 
     def __init__(self, script: Script, *, delay_s: float = 0.3) -> None:
         super().__init__(script, delay_s=delay_s)
-        self.files: dict[str, str] = {}
+        self.files: dict[str, str | Callable[[], Iterable[bytes]]] = {}
 
     def post(self, path: str, headers: Any, raw: bytes) -> tuple[int, Any]:
         if path == "/v1/chat/completions":
@@ -145,7 +158,9 @@ class OpenAIBatchServer(BatchServer):
             return 200, {"id": file_id, "object": "file", "purpose": "batch"}
         if path == "/v1/batches":
             body = json.loads(raw)
-            lines = [json.loads(line) for line in self.files[body["input_file_id"]].splitlines()]
+            uploaded = self.files[body["input_file_id"]]
+            assert isinstance(uploaded, str)  # an input file is text; only outputs stream
+            lines = [json.loads(line) for line in uploaded.splitlines()]
             assert all(line["url"] == body["endpoint"] == "/v1/chat/completions" for line in lines)
             batch = self.new_batch(
                 [(line["custom_id"], line["body"]) for line in lines], body.get("metadata")
@@ -197,7 +212,12 @@ class OpenAIBatchServer(BatchServer):
             out.append({"custom_id": custom_id, "response": response, "error": None})
         batch["output_file_id"] = out_id = f"file-{uuid.uuid4().hex[:16]}"
         batch["error_file_id"] = err_id = f"file-{uuid.uuid4().hex[:16]}"
-        self.files[out_id] = "".join(json.dumps(line) + "\n" for line in out)
+        tamper = batch["tamper"]
+        self.files[out_id] = (
+            "".join(json.dumps(line) + "\n" for line in out)
+            if tamper is None
+            else lambda: tamper(out)
+        )
         self.files[err_id] = "".join(json.dumps(line) + "\n" for line in errors)
 
 
@@ -229,7 +249,11 @@ class AnthropicBatchServer(BatchServer):
             batch = self.batches.get(match[1])
             return (404, {"error": "no batch"}) if batch is None else (200, self._view(batch))
         if (match := re.fullmatch(r"/v1/messages/batches/([^/]+)/results", path)) is not None:
-            return 200, "".join(json.dumps(line) + "\n" for line in self._results(match[1]))
+            lines = self._results(match[1])
+            tamper = self.batches[match[1]]["tamper"]
+            if tamper is not None:
+                return 200, lambda: tamper(lines)
+            return 200, "".join(json.dumps(line) + "\n" for line in lines)
         return 404, {"error": {"message": f"no route {path}"}}
 
     def _view(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -335,6 +359,18 @@ def _multipart_file(content_type: str, raw: bytes) -> str:
     raise ValueError("no file part")
 
 
+def _stream(handler: BaseHTTPRequestHandler, status: int, chunks: Iterable[bytes]) -> None:
+    """Send `chunks` as they come (chunked): a file of any size, never held whole."""
+    handler.send_response(status)
+    handler.send_header("content-type", "application/jsonl")
+    handler.send_header("transfer-encoding", "chunked")
+    handler.end_headers()
+    for chunk in chunks:
+        if chunk:
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    handler.wfile.write(b"0\r\n\r\n")
+
+
 def _handler_for(fake: BatchServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -344,6 +380,9 @@ def _handler_for(fake: BatchServer) -> type[BaseHTTPRequestHandler]:
                 status, body = answer()
             except Exception as exc:  # a request the fake cannot read: a 400, as a provider
                 status, body = 400, {"error": {"message": str(exc)}}
+            if callable(body):
+                _stream(self, status, body())
+                return
             if isinstance(body, str):
                 payload = body.encode()
                 self.send_response(status)

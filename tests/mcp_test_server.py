@@ -1,5 +1,6 @@
 """A tiny MCP server for tests: `python -I tests/mcp_test_server.py` (stdio), or with
-`--http PORT TOKEN` streamable HTTP on 127.0.0.1 behind a bearer token.
+`--http PORT TOKEN [json]` streamable HTTP on 127.0.0.1 behind a bearer token (answers as
+JSON bodies with `json`, else SSE).
 
 Tools: `echo` and `pid` (read-only hints), `write_note` (writes a file), `inject` (a
 result and a description carrying instructions), `huge` (a result of N characters),
@@ -88,20 +89,23 @@ async def grow(ctx: Context) -> str:
     return "grown"
 
 
-def serve_http(port: int, token: str) -> None:
-    """Streamable HTTP on 127.0.0.1:`port`, every request needing `Bearer token`."""
+def serve_http(port: int, token: str, json_response: bool = False) -> None:
+    """Streamable HTTP on 127.0.0.1:`port`, every request needing `Bearer token`.
+
+    `json_response`: answers as one JSON body each (else as SSE events).
+    """
     import anyio
     import uvicorn
 
     from fleetops.cli.mcp import BearerGate
 
-    app = BearerGate(server.streamable_http_app(), token)
+    app = BearerGate(server.streamable_http_app(json_response=json_response), token)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     anyio.run(uvicorn.Server(config).serve)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--http":
-        serve_http(int(sys.argv[2]), sys.argv[3])
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--http":
+        serve_http(int(sys.argv[2]), sys.argv[3], sys.argv[4:] == ["json"])
     else:
         server.run()

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 import fleet.llm.base
+from fleet.batchapi.lines import Outcome, read_outcomes
 from fleet.batchapi.poller import poll_once
 from fleet.batchapi.providers import (
     AnthropicBatch,
     OpenAIBatch,
-    Outcome,
-    _jsonl,
+    _openai_outcome,
     check_batch_api,
     provider_for,
 )
@@ -193,7 +193,7 @@ def test_a_batch_goes_up_and_its_answers_come_back_at_half_price(
         batch_id = provider.submit([("fc1-1", provider.request(body))], "flush-1")
         assert provider.phase(batch_id) == "running"
         wait_until(lambda: provider.phase(batch_id) == "ended", 5, "the batch to end")
-        results = provider.results(batch_id)
+        results = provider.results(batch_id, {"fc1-1"})
         assert set(results) == {"fc1-1"} and results["fc1-1"].body is not None
         response = provider.parse(results["fc1-1"].body)
         assert [c.name for c in response.tool_calls] == ["list_dir"]
@@ -225,9 +225,13 @@ def test_hostile_result_lines_are_skipped_not_trusted() -> None:
             json.dumps({"custom_id": 7}),
             json.dumps({"custom_id": "fc1-1", "response": {"status_code": 200, "body": "x"}}),
             json.dumps({"custom_id": "fc2-1", "response": {"status_code": 200, "body": {}}}),
+            json.dumps({"custom_id": "fc9-1", "response": {"status_code": 200, "body": {}}}),
         ]
     )
-    assert [line["custom_id"] for line in _jsonl(text)] == ["fc1-1", "fc2-1"]
+    found: dict[str, Outcome] = {}
+    counts = read_outcomes([text.encode()], {"fc1-1", "fc2-1"}, _openai_outcome, found)
+    assert found["fc1-1"].error is not None and found["fc2-1"].body == {}
+    assert (counts.foreign, counts.unreadable) == (1, 3)
 
 
 def test_an_answer_without_choices_is_an_error_not_a_crash(allow_requests: None) -> None:

@@ -10,11 +10,13 @@ Short poll and flush settings keep each in seconds.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -171,6 +173,31 @@ def test_one_tree_through_anthropic_message_batches(setup: Setup) -> None:
     root = setup.fleet.trace(result.trace_id)
     assert "done: Branch 4 of the survey" in (root.answer or "")
     assert tree_cost(setup.fleet, root) == pytest.approx(CALLS_PER_TREE * LIVE_CALL_USD / 2)
+
+
+def _spoiled(lines: list[dict[str, Any]]) -> Iterator[bytes]:
+    """The first answer with `NaN` usage, then the rest, a foreign line and junk (issue 38)."""
+    first = json.dumps(lines[0]).replace('"input_tokens": 100', '"input_tokens": NaN')
+    foreign = json.dumps(lines[0] | {"custom_id": "fc" + "0" * 40 + "-1"})
+    for line in [first, foreign, "[" * 200_000, *(json.dumps(x) for x in lines[1:])]:
+        yield line.encode() + b"\n"
+
+
+def test_a_hostile_output_line_is_its_calls_error_and_retried_on_a_real_worker(
+    setup: Setup,
+) -> None:
+    server = setup.anthropic
+    before = len(server.sent)
+    server.tamper_next(_spoiled)
+    tasks = [{"task": f"survey hostile {i}", "model": "claude"} for i in range(3)]
+    results = list(setup.fleet.batch(tasks, batch_api=True, timeout_s=120))
+    assert [r.status for r in results] == ["completed"] * 3, [r.error for r in results]
+    sent = server.sent[before:]
+    assert len(sent) == 3 * CALLS_PER_TREE + 1 == len(set(sent))  # the spoiled one, once more
+    assert server.live_calls == 0
+    for r in results:  # the NaN never reached a cost
+        cost = tree_cost(setup.fleet, setup.fleet.trace(r.trace_id))
+        assert cost == pytest.approx(CALLS_PER_TREE * LIVE_CALL_USD / 2)
 
 
 def test_a_stop_while_calls_wait_in_a_batch_ends_that_tree_only(setup: Setup) -> None:

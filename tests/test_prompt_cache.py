@@ -14,6 +14,7 @@ import yaml
 
 import fleet.llm.base
 from fleet.conversation.roots import TaskSpec, create_root
+from fleet.errors import ModelBehaviorError
 from fleet.inprocess import InProcessFleet
 from fleet.limits.budget import Budget
 from fleet.llm.anthropic import AnthropicClient
@@ -199,7 +200,7 @@ def test_alias_cache_prices_override_and_unset_ones_are_the_providers_share(
     assert priced == pytest.approx(2.0 + 0.2 + 2.5)
 
 
-@pytest.mark.parametrize("bad", [-5, "many", None, True, 10**12 + 0.5])
+@pytest.mark.parametrize("bad", [-5, "many", None, True, 10**6 + 0.5])
 def test_odd_cached_counts_from_a_provider_never_make_cost_negative_or_crash(bad: Any) -> None:
     raw = {
         "prompt_tokens": 100,
@@ -212,6 +213,16 @@ def test_odd_cached_counts_from_a_provider_never_make_cost_negative_or_crash(bad
 
     assert 0 <= usage.cached_tokens <= 100
     assert usage.cost_usd >= 0
+
+
+def test_a_cached_count_past_any_context_window_is_that_calls_error() -> None:
+    raw = {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 10**12 + 0.5}}
+    client = OpenAIClient("http://x/v1", "", "gpt-4o-mini")
+    try:
+        with pytest.raises(ModelBehaviorError, match="cached_tokens"):
+            client._usage(raw)
+    finally:
+        client.close()
 
 
 def test_a_turn_with_cached_tokens_adds_them_to_the_trace_stats(store: TraceStore) -> None:

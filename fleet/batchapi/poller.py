@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet import lifecycle
-from fleet.batchapi.providers import BatchProvider, Outcome, ProviderFactory
+from fleet.batchapi.lines import Outcome
+from fleet.batchapi.providers import BatchProvider, ProviderFactory
 from fleet.batchapi.route import answer_of, parked_call
 from fleet.errors import FleetError, TraceNotFound
 from fleet.models import now_ms
@@ -249,7 +250,14 @@ def _read(
         if not live:  # every call of it was stopped: the provider may stop too
             provider.cancel(flush.batch_id)
         return
-    results = provider.results(flush.batch_id)
+    wanted = {
+        f"{custom_id}-{status.attempt}"
+        for custom_id, status in zip(flush.custom_ids, statuses, strict=True)
+        if status is not None and status.batch_id == flush.batch_id
+    }
+    # Only this batch's own wire ids are kept: a line naming any other custom id (another
+    # flush's, or one the provider made up) answers nothing (`fleet.batchapi.lines`).
+    results = provider.results(flush.batch_id, wanted)
     for custom_id, status in zip(flush.custom_ids, statuses, strict=True):
         if status is None or status.batch_id != flush.batch_id:
             continue  # forgotten, or queued again since: not this batch's to answer

@@ -11,24 +11,23 @@ parsed by the live client's own parser, then priced at the batch price.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from fleet.batchapi.http import BatchHttp
+from fleet.batchapi.lines import LineCounts, Outcome, read_outcomes
 from fleet.errors import ConfigError, ModelBehaviorError
-from fleet.llm.base import LLMResponse, check_model_requests_allowed
+from fleet.llm.base import LLMResponse
 from fleet.llm.clients import provider_key
 from fleet.llm.config import FleetConfig, ModelTarget, resolve_target
 from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd, lookup_pricing
-from fleet.llm.retry import DEFAULT_RETRY, send_with_retry
-from fleet.security.redact import Redactor
 
 # httpx (~0.2 s of CPU, its CLI included) and the live clients are imported where a model's
 # Batch API client is built: every worker imports this module for the sweeper's poll.
 if TYPE_CHECKING:
-    import httpx
-
     from fleet.llm.anthropic import AnthropicClient
     from fleet.llm.openai import OpenAIClient
 
@@ -36,19 +35,12 @@ OPENAI_MAX_REQUESTS, OPENAI_MAX_BYTES = 50_000, 200 * 1024 * 1024  # the provide
 ANTHROPIC_MAX_REQUESTS, ANTHROPIC_MAX_BYTES = 100_000, 256 * 1024 * 1024
 FIND_WINDOW_MS = 10 * 60 * 1000
 """A batch created this close to a lost flush may be that flush (Anthropic keeps no tag)."""
-HTTP_TIMEOUT_S = 120.0
+ERROR_CHARS = 500
+_log = logging.getLogger(__name__)
 
 Phase = Literal["running", "ended", "gone"]
 """`ended`: results are ready. `gone`: expired, cancelled or failed; whatever results it
 has are read, the rest is sent again."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One request's result: the provider's answer body, or the error it gave."""
-
-    body: dict[str, Any] | None = None
-    error: str | None = None
 
 
 class BatchProvider(Protocol):
@@ -66,8 +58,8 @@ class BatchProvider(Protocol):
     def phase(self, batch_id: str) -> Phase:
         """Where the batch is."""
 
-    def results(self, batch_id: str) -> dict[str, Outcome]:
-        """Wire id -> outcome, for every request the batch answered."""
+    def results(self, batch_id: str, wanted: Collection[str]) -> dict[str, Outcome]:
+        """Wire id -> outcome, for each of `wanted` the batch answered (the rest: ignored)."""
 
     def cancel(self, batch_id: str) -> None:
         """Ask the provider to cancel the batch."""
@@ -98,47 +90,6 @@ def batch_pricing(target: ModelTarget) -> ModelPricing | None:
     )
 
 
-class _Http:
-    """The HTTP side both providers share: headers, retries, redaction, the test guard."""
-
-    def __init__(
-        self, target: ModelTarget, key: str, headers: dict[str, str], env: Mapping[str, str]
-    ) -> None:
-        self.target = target
-        self._headers = headers
-        self._redactor = Redactor.from_env(env).with_values([key])
-        import httpx  # see the TYPE_CHECKING block
-
-        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S)
-
-    def send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        check_model_requests_allowed(self.target.kind)
-
-        def once() -> httpx.Response:
-            return self._http.request(method, url, headers=self._headers, **kwargs)
-
-        return send_with_retry(
-            once,
-            provider=self.target.provider,
-            api_key_env=self.target.api_key_env,
-            policy=DEFAULT_RETRY,
-            redactor=self._redactor,
-        )
-
-    def close(self) -> None:
-        self._http.close()
-
-    def json(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
-        response = self.send(method, url, **kwargs)
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise ModelBehaviorError(f"{self.target.provider} sent no JSON object from {url}")
-        return data
-
-
 def _priced(response: LLMResponse, target: ModelTarget) -> LLMResponse:
     usage = response.usage
     cached = CachedTokens(read=usage.cached_tokens, written=usage.cache_write_tokens)
@@ -153,25 +104,12 @@ def _priced(response: LLMResponse, target: ModelTarget) -> LLMResponse:
     return replace(response, usage=replace(usage, cost_usd=cost))
 
 
-def _jsonl(text: str) -> list[dict[str, Any]]:
-    """The objects of a JSONL text; a line that is not an object is skipped (hostile files)."""
-    found = []
-    for line in text.splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and isinstance(value.get("custom_id"), str):
-            found.append(value)
-    return found
-
-
 class _Wire:
     """What both providers share: the live client's request body and answer, one HTTP client."""
 
     target: ModelTarget
     _client: OpenAIClient | AnthropicClient
-    _http: _Http
+    _http: BatchHttp
 
     def request(self, body: dict[str, Any]) -> dict[str, Any]:  # noqa: D102
         return self._client.request_body(
@@ -182,9 +120,15 @@ class _Wire:
         )
 
     def parse(self, body: dict[str, Any]) -> LLMResponse:  # noqa: D102
-        import httpx  # loaded already: `_Http` imported it
+        import httpx  # loaded already: `BatchHttp` imported it
 
-        return _priced(self._client.parse_response(httpx.Response(200, json=body)), self.target)
+        try:
+            answer = httpx.Response(200, json=body)
+        except (ValueError, RecursionError) as exc:  # no strict JSON (`1e400` read as inf)
+            raise ModelBehaviorError(
+                f"{self.target.provider} sent a malformed batch answer ({type(exc).__name__})"
+            ) from None
+        return _priced(self._client.parse_response(answer), self.target)
 
     def close(self) -> None:  # noqa: D102
         self._http.close()
@@ -203,7 +147,8 @@ class OpenAIBatch(_Wire):
         from fleet.llm.openai import OpenAIClient  # see the TYPE_CHECKING block
 
         self._client = OpenAIClient(target.base_url, "", target.model, pricing=target.pricing)
-        self._http = _Http(target, key, {"Authorization": f"Bearer {key}"} if key else {}, env)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = BatchHttp(target, key, headers, env)
 
     def submit(self, lines: list[tuple[str, dict[str, Any]]], flush_id: str) -> str:  # noqa: D102
         payload = "".join(
@@ -235,13 +180,16 @@ class OpenAIBatch(_Wire):
             return "gone"
         return "running"
 
-    def results(self, batch_id: str) -> dict[str, Outcome]:  # noqa: D102
+    def results(self, batch_id: str, wanted: Collection[str]) -> dict[str, Outcome]:  # noqa: D102
         batch = self._http.json("GET", f"{self.base}/batches/{batch_id}")
         found: dict[str, Outcome] = {}
         for field in ("error_file_id", "output_file_id"):  # answers beat errors
-            if isinstance(file_id := batch.get(field), str) and file_id:
-                text = self._http.send("GET", f"{self.base}/files/{file_id}/content").text
-                found |= {line["custom_id"]: _openai_outcome(line) for line in _jsonl(text)}
+            file_id = batch.get(field)
+            if isinstance(file_id, str) and 0 < len(file_id) <= 200 and "/" not in file_id:
+                url = f"{self.base}/files/{file_id}/content"
+                with self._http.stream("GET", url) as chunks:
+                    counts = read_outcomes(chunks, wanted, _openai_outcome, found)
+                _log_skipped(self.target, batch_id, counts)
         return found
 
     def cancel(self, batch_id: str) -> None:  # noqa: D102
@@ -262,8 +210,8 @@ def _openai_outcome(line: dict[str, Any]) -> Outcome:
         body = response.get("body")
         if isinstance(body, dict):
             return Outcome(body=body)
-    error = line.get("error") or (response or {}).get("body") or "no answer"
-    return Outcome(error=json.dumps(error)[:500])
+    body = response.get("body") if isinstance(response, dict) else None
+    return Outcome(error=_error_text(line.get("error") or body))
 
 
 class AnthropicBatch(_Wire):
@@ -279,7 +227,7 @@ class AnthropicBatch(_Wire):
 
         self._client = AnthropicClient(target.base_url, "", target.model, pricing=target.pricing)
         headers = {"anthropic-version": ANTHROPIC_VERSION} | ({"x-api-key": key} if key else {})
-        self._http = _Http(target, key, headers, env)
+        self._http = BatchHttp(target, key, headers, env)
 
     def submit(self, lines: list[tuple[str, dict[str, Any]]], flush_id: str) -> str:  # noqa: D102
         requests = [{"custom_id": c, "params": b} for c, b in lines]
@@ -291,14 +239,19 @@ class AnthropicBatch(_Wire):
         batch = self._http.json("GET", f"{self.base}/{batch_id}")
         if batch.get("processing_status") != "ended":
             return "running"
-        counts = batch.get("request_counts") or {}
-        lost = int(counts.get("expired") or 0) + int(counts.get("canceled") or 0)
+        counts = batch.get("request_counts")
+        counts = counts if isinstance(counts, dict) else {}
+        # Any count but a plain 0 (NaN, 1e300, text) says requests were lost: what the
+        # batch has is read and the rest sent again, rather than the batch waited on forever.
+        lost = any((counts.get(k) or 0) != 0 for k in ("expired", "canceled"))
         return "gone" if lost else "ended"
 
-    def results(self, batch_id: str) -> dict[str, Outcome]:  # noqa: D102
-        text = self._http.send("GET", f"{self.base}/{batch_id}/results").text
-        found = {line["custom_id"]: _anthropic_outcome(line) for line in _jsonl(text)}
-        return {c: o for c, o in found.items() if o is not None}  # expired, cancelled: lost
+    def results(self, batch_id: str, wanted: Collection[str]) -> dict[str, Outcome]:  # noqa: D102
+        found: dict[str, Outcome] = {}
+        with self._http.stream("GET", f"{self.base}/{batch_id}/results") as chunks:
+            counts = read_outcomes(chunks, wanted, _anthropic_outcome, found)
+        _log_skipped(self.target, batch_id, counts)
+        return found  # expired, cancelled: not in it (lost, sent again)
 
     def cancel(self, batch_id: str) -> None:  # noqa: D102
         self._http.send("POST", f"{self.base}/{batch_id}/cancel")
@@ -323,7 +276,27 @@ def _anthropic_outcome(line: dict[str, Any]) -> Outcome | None:
         return Outcome(body=message)
     if result.get("type") in ("expired", "canceled"):
         return None
-    return Outcome(error=json.dumps(result.get("error") or "no answer")[:500])
+    return Outcome(error=_error_text(result.get("error")))
+
+
+def _error_text(error: object) -> str:
+    """A provider's error value as a short text (it may be anything JSON holds)."""
+    try:
+        return json.dumps(error or "no answer")[:ERROR_CHARS]
+    except (ValueError, RecursionError):
+        return "an error the provider described unreadably"
+
+
+def _log_skipped(target: ModelTarget, batch_id: str, counts: LineCounts) -> None:
+    """Counts only: a foreign line's text (and its custom id) is the provider's to choose."""
+    if counts.foreign or counts.unreadable:
+        _log.warning(
+            "batch %s of %s: %d answer lines for calls not in it and %d unreadable lines ignored",
+            batch_id,
+            target.provider,
+            counts.foreign,
+            counts.unreadable,
+        )
 
 
 def _near(created_at: object, at_ms: int) -> bool:

@@ -272,7 +272,7 @@ class AnthropicClient:
                 for block in blocks
                 if block.get("type") == "tool_use"
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ModelBehaviorError(
                 f"{self.provider} sent a malformed Messages response ({exc!r})"
             ) from exc

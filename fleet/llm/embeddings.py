@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.llm.base import check_model_requests_allowed
 from fleet.llm.retry import RetryPolicy, send_with_retry
+from fleet.security.numbers import finite_number
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ embedder's cool-off (`fleet.experiences.embedding`) of BM25."""
 EMBED_RETRY = RetryPolicy(max_attempts=2, base_delay_s=0.25, max_delay_s=1.0)
 """One retry at most: a failing endpoint costs a run a second, then BM25 ranks instead."""
 MAX_DIMENSIONS = 16_384
+MAX_COMPONENT = 1e6
+"""Largest magnitude of one vector component (models give |x| <= 1, some a few hundred):
+beyond it a dot product of 16,384 of them could overflow to `inf`."""
 MAX_INPUT_CHARS = 8_000
 """Each text is cut here (about 2,000 tokens): an experience or a task is far shorter."""
 
@@ -170,11 +174,13 @@ def parse_vectors(data: Any, count: int, provider: str) -> list[Vector]:
 def _vector(raw: Any, provider: str) -> Vector:
     if not isinstance(raw, list) or not 0 < len(raw) <= MAX_DIMENSIONS:
         raise ModelBehaviorError(f"{provider}: /embeddings sent a vector that is not a list")
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in raw):
-        raise ModelBehaviorError(f"{provider}: /embeddings sent a vector of non-numbers")
-    vector = tuple(float(x) for x in raw)
-    if not all(math.isfinite(x) for x in vector) or not any(vector):
-        raise ModelBehaviorError(f"{provider}: /embeddings sent a zero or non-finite vector")
+    what = f"{provider}: /embeddings vector component"
+    vector = tuple(
+        finite_number(x, what, low=-MAX_COMPONENT, high=MAX_COMPONENT, error=ModelBehaviorError)
+        for x in raw
+    )
+    if not any(vector):
+        raise ModelBehaviorError(f"{provider}: /embeddings sent a zero vector")
     return vector
 
 

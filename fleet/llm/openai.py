@@ -219,7 +219,7 @@ class OpenAIClient:
             data = response.json()
             choice = data["choices"][0]
             message = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
             raise ModelBehaviorError(
                 f"{self.provider} sent a response without choices[0].message ({exc!r})"
             ) from exc

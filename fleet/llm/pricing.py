@@ -8,7 +8,11 @@ the provider's usual share of the input price (`CACHE_SHARES`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+
+from fleet.errors import ModelBehaviorError
+from fleet.security.numbers import MAX_TOKENS_PER_CALL, bounded_count
 
 TOKENS_PER_MTOK = 1_000_000
 
@@ -61,15 +65,24 @@ class CachedTokens:
 
 
 def token_count(raw: object, key: str) -> int:
-    """A token count of a provider's `usage` mapping; a missing, negative or odd value is 0."""
+    """A token count of a provider's `usage` mapping.
+
+    Missing, negative or not a number (text that reads as none, a bool, a list): 0, as a
+    provider that leaves a field out. NaN, infinite or past `MAX_TOKENS_PER_CALL` (1e300):
+    `ModelBehaviorError`, that call's error; never a crash or a 10^300 integer in the stats.
+    """
     value = raw.get(key) if isinstance(raw, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return 0
-    try:
-        count = int(value)
-    except ValueError:
+    if -math.inf < value < 0:  # a negative count means none; -inf is as bad as inf
         return 0
-    return max(count, 0)
+    what = f"provider usage {key!r}"
+    return bounded_count(value, what, high=MAX_TOKENS_PER_CALL, error=ModelBehaviorError)
 
 
 PRICES: dict[str, ModelPricing] = {

@@ -15,11 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from fleet.errors import ModelBehaviorError
+from fleet.security.numbers import MAX_WAIT_S, bounded_count
+
 OVERLOAD_STATUS = frozenset({429, 503, 529})
 """Answers that mean "too much, come back later": the whole fleet backs off the provider."""
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_HEADER_COUNT = 10**15
+"""Largest request or token count a rate-limit header is believed for."""
 
 
 @dataclass(frozen=True)
@@ -76,16 +81,21 @@ def parse_duration_s(text: str) -> float | None:
 
 
 def finite_s(seconds: float) -> float | None:
-    """A wait read from a header: at least 0, None for `inf`/`nan` (a header may say anything)."""
-    return max(0.0, seconds) if math.isfinite(seconds) else None
+    """A wait read from a header: 0 to `MAX_WAIT_S`, None for `inf`/`nan`.
+
+    A header may say anything; a week-long `retry-after` is as long as any provider means.
+    """
+    return min(max(0.0, seconds), MAX_WAIT_S) if math.isfinite(seconds) else None
 
 
 def _int(value: str | None) -> int | None:
+    """A count header; None when unreadable, NaN, infinite, negative or absurd (`1e300`)."""
     if value is None:
         return None
     try:
-        return int(float(value))
-    except ValueError:
+        number = float(value)
+        return bounded_count(number, "header", high=MAX_HEADER_COUNT, error=ModelBehaviorError)
+    except (ValueError, ModelBehaviorError):  # an odd header is no signal, not an error
         return None
 
 
@@ -93,7 +103,7 @@ def _reset_at_s(value: str | None, now_s: float) -> float | None:
     if value is None:
         return None
     try:
-        return max(0.0, datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() - now_s)
+        return finite_s(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() - now_s)
     except ValueError:
         return parse_duration_s(value)
 

@@ -84,7 +84,7 @@ def retry_after_s(headers: Mapping[str, str], now_s: float) -> float | None:
             return seconds
         if name == "retry-after":
             try:
-                return max(0.0, parsedate_to_datetime(value).timestamp() - now_s)
+                return finite_s(parsedate_to_datetime(value).timestamp() - now_s)
             except (TypeError, ValueError):
                 return None
     return None
@@ -112,7 +112,7 @@ def error_detail(response: httpx.Response, redactor: Redactor = SHAPES_ONLY) -> 
     try:
         body = response.json()
         detail = str(body["error"]["message"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         detail = response.text
     detail = redactor(" ".join(detail.split()))
     if len(detail) > ERROR_DETAIL_MAX_CHARS:

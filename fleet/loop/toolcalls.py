@@ -13,6 +13,7 @@ from fleet.children import settling
 from fleet.children.cache import delegate_preset
 from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
 from fleet.config.mcp_names import PREFIX as MCP_PREFIX
+from fleet.config.mcp_names import server_of
 from fleet.conversation import approval
 from fleet.conversation import messages as inbox
 from fleet.conversation.between import SEND_MESSAGE, SEND_MESSAGE_SCHEMA, may_send, send_message
@@ -68,8 +69,8 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     The registry's schemas are deep-copied once per registry and tool set, not per turn;
     the dicts are shared between turns and threads, so callers must not change them.
     """
-    runtime.sync_mcp_tools()
     preset = runtime.permissions(trace)
+    runtime.sync_mcp_tools(preset.mcp_servers)  # waits for no listing of a server it can't use
     names = tuple(runtime.tools.names_for(preset))
     if not runtime.settings.allow_shell:
         names = tuple(n for n in names if n != "bash")
@@ -352,8 +353,9 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
         arguments = call.parsed_arguments()
     except ValueError as exc:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
-    if call.name.startswith(MCP_PREFIX):
-        runtime.sync_mcp_tools()  # a resumed trace may call one before this process listed
+    if call.name.startswith(MCP_PREFIX) and call.name not in runtime.tools.names():
+        # A resumed trace may call one before this process listed its server: wait for it.
+        runtime.sync_mcp_tools(need=server_of(call.name))
     allowed = runtime.permissions(trace)  # a stop cuts the tool (`fleet.loop.cut`)
     return stoppable(
         runtime, trace.trace_id, lambda: runtime.tools.execute(call.name, arguments, ctx, allowed)

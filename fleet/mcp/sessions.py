@@ -5,11 +5,22 @@ thread and callers hand it coroutines. Each server's session is entered and left
 owner task (the SDK's transports are anyio context managers that must exit in the task
 that entered them); calls from any thread share it. A server whose connection closed is
 started again by the next call.
+
+A slow or hostile server holds up only what uses it:
+- a listing (`tools/list`) runs in the background (`start_listing`), bounded by
+  `CONNECT_TIMEOUT_S`, and holds no lock a call needs; `fleet.mcp.tools.sync` decides
+  who waits for it;
+- every message is capped while it is read (`fleet.mcp.transport`): a too-big answer is
+  that call's error and the session goes on;
+- a call that times out makes the session prove it is alive (`ping` within
+  `PING_TIMEOUT_S`); a wedged one is dropped and the next call starts the server again
+  (its other calls in flight end as `McpUnavailable`, read-only ones retried once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -27,6 +38,8 @@ if TYPE_CHECKING:  # the SDK is imported only once a server is used
 CONNECT_TIMEOUT_S = 30.0
 """Start, handshake and first listing of a server."""
 CLOSE_TIMEOUT_S = 5.0
+PING_TIMEOUT_S = 5.0
+"""A session whose call timed out must answer a ping this fast, or it is restarted."""
 ERROR_CHARS = 200
 """Of a server's error message, what a tool result quotes."""
 _log = logging.getLogger(__name__)
@@ -55,6 +68,12 @@ class _Server:
     """The last `tools/list`; None until listed or after `tools/list_changed`."""
     starts: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    listing: concurrent.futures.Future[list[mcp.Tool]] | None = None
+    """The listing in flight, if one is."""
+    listed: bool = False
+    """A listing of this server succeeded once in this process."""
+    waited: bool = False
+    """A turn has waited for this server's first listing (no later turn waits for it)."""
 
 
 class McpSessions:
@@ -108,6 +127,36 @@ class McpSessions:
     def list_tools(self, server: str, timeout_s: float = CONNECT_TIMEOUT_S) -> list[mcp.Tool]:
         """The server's tools, from the cache unless `tools/list_changed` cleared it."""
         return self._run(self._list(server), timeout_s)
+
+    def start_listing(self, server: str) -> concurrent.futures.Future[list[mcp.Tool]]:
+        """The server's listing, running in the background (one at a time per server).
+
+        It ends within `CONNECT_TIMEOUT_S` (start and handshake included), with the tools
+        or the reason there are none; nobody has to wait for it.
+        """
+        state = self._state(server)
+        if state.listing is None:  # else running, or ended and not yet taken (`listing_ended`)
+            bounded = asyncio.wait_for(self._list(server), CONNECT_TIMEOUT_S)
+            state.listing = asyncio.run_coroutine_threadsafe(bounded, self._ensure_loop())
+        return state.listing
+
+    def listing_ended(self, server: str, listed: bool) -> None:
+        """Record how `server`'s last listing ended (`listed`: it gave the tools)."""
+        state = self._state(server)
+        state.listing = None
+        state.listed = state.listed or listed
+
+    def first_wait(self, server: str) -> bool:
+        """Whether a turn should wait for `server`'s listing: never listed, never waited.
+
+        True once per server and process: a server whose first listing hangs costs one
+        turn at most `FIRST_LISTING_WAIT_S` (`fleet.mcp.tools`), and no turn after it.
+        """
+        state = self._state(server)
+        if state.listed or state.waited:
+            return False
+        state.waited = True
+        return True
 
     def call(
         self,
@@ -171,12 +220,15 @@ class McpSessions:
 
     async def _list(self, server: str) -> list[mcp.Tool]:
         state = self._state(server)
-        async with state.lock:
-            if state.tools is None:
-                session = await self._session(server, state)
-                listed = await asyncio.wait_for(session.list_tools(), CONNECT_TIMEOUT_S)
-                state.tools = list(listed.tools)
+        if state.tools is not None:
             return state.tools
+        async with state.lock:  # for the session only: a hanging listing blocks no call
+            session = await self._session(server, state)
+        version = self.versions.get(server, 0)
+        listed = list((await asyncio.wait_for(session.list_tools(), CONNECT_TIMEOUT_S)).tools)
+        if self.versions.get(server, 0) == version:  # else it changed meanwhile: not cached
+            state.tools = listed
+        return listed
 
     async def _call(
         self, server: str, tool: str, arguments: dict[str, Any], timeout_s: float, retry: bool
@@ -191,7 +243,22 @@ class McpSessions:
                         raise
                     return await self._call_once(server, state, tool, arguments)
         except TimeoutError:
+            link = state.link
+            if link is not None:  # is it the tool, or the whole session? (in the background)
+                asyncio.get_running_loop().create_task(self._check_alive(server, state, link))
             raise ToolError(f"MCP tool {tool!r} did not finish within {timeout_s:g}s") from None
+
+    async def _check_alive(self, server: str, state: _Server, link: _Link) -> None:
+        """Drop the session if it does not answer a ping: the next call starts it again."""
+        try:
+            await asyncio.wait_for(link.session.send_ping(), PING_TIMEOUT_S)
+        except Exception as exc:  # any answer, an error included, says it reads and writes
+            if not isinstance(exc, TimeoutError):
+                return
+            async with state.lock:
+                if state.link is link:
+                    _log.warning("MCP server %r does not answer a ping: restarted", server)
+                    await self._drop(state)
 
     async def _call_once(
         self, server: str, state: _Server, tool: str, arguments: dict[str, Any]

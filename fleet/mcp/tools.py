@@ -8,15 +8,16 @@ or the operator's `read_only:` list, and the registry refuses it where it runs.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from fleet.config.mcp_names import tool_name
-from fleet.mcp.sessions import McpSessions
+from fleet.mcp.sessions import CONNECT_TIMEOUT_S, ERROR_CHARS, McpSessions
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.registry import ToolRegistry, ToolSpec
 
@@ -29,39 +30,90 @@ MAX_DESCRIPTION_CHARS = 2_000
 MAX_SCHEMA_CHARS = 20_000
 RETRY_LISTING_S = 30.0
 """A server that failed to start or list is tried again after this long, not every turn."""
+FIRST_LISTING_WAIT_S = 5.0
+"""How long one turn waits for a server's first listing (once per server and process)."""
 _log = logging.getLogger(__name__)
 _sync_lock = threading.Lock()
 
 
-def sync(registry: ToolRegistry, sessions: McpSessions) -> None:
+def sync(
+    registry: ToolRegistry,
+    sessions: McpSessions,
+    servers: Collection[str] | None = None,
+    *,
+    need: str | None = None,
+) -> None:
     """Bring the registry's MCP tools up to date; cheap when nothing changed.
 
     Listings are cached per server; `tools/list_changed` (or a restart) clears one and
-    sets `sessions.changed`, and the next call here lists that server again.
+    sets `sessions.changed`, and the next call here lists that server again, in the
+    background: until the new listing arrives the last good one is served. A turn waits
+    only for the first listing of a server it may use (`servers`, None: every one), at
+    most `FIRST_LISTING_WAIT_S` and once per server and process; a call of a server's
+    tool that is not listed yet waits for that server (`need`) up to `CONNECT_TIMEOUT_S`.
     """
     if not sessions.changed.is_set():
         return
     with _sync_lock:
-        if not sessions.changed.is_set():
-            return
-        sessions.changed.clear()
-        for server in sessions.names:
-            if not sessions.due(server):
-                continue
-            version = sessions.versions.get(server, 0)
-            try:
-                listed = sessions.list_tools(server)
-            except Exception as exc:  # one broken server must not take the others' tools
-                _log.warning("MCP server %r: no tools: %s", server, exc)
-                sessions.listing_failed(server, time.monotonic() + RETRY_LISTING_S)
-                registry.replace_group(tool_name(server, ""), [])
-                continue
-            specs = [spec for tool in listed if (spec := _spec(sessions, server, tool))]
-            registry.replace_group(tool_name(server, ""), specs)
-            if sessions.versions.get(server, 0) == version:  # else it changed meanwhile
-                sessions.registered.add(server)
+        pending = _start(sessions)
+        waited = [
+            future
+            for server, (future, _) in pending.items()
+            if need is None
+            and (servers is None or server in servers)
+            and sessions.first_wait(server)
+        ]
+    if need in pending:
+        concurrent.futures.wait([pending[need][0]], CONNECT_TIMEOUT_S)
+    elif waited:
+        concurrent.futures.wait(waited, FIRST_LISTING_WAIT_S)
+    with _sync_lock:
+        for server, (future, version) in pending.items():
+            if future.done():
+                _register(registry, sessions, server, future, version)
+        sessions.changed.clear()  # set again by a change from now on, or below
         if set(sessions.names) - sessions.registered:
-            sessions.changed.set()  # a failed server is tried again once its pause is over
+            sessions.changed.set()  # a listing runs, or a failed server waits out its pause
+
+
+Listing = tuple["concurrent.futures.Future[list[mcp.Tool]]", int]
+
+
+def _start(sessions: McpSessions) -> dict[str, Listing]:
+    """Each due server's listing (started now, or still running), with the version it lists."""
+    pending: dict[str, Listing] = {}
+    for server in sessions.names:
+        if sessions.due(server):
+            version = sessions.versions.get(server, 0)
+            pending[server] = (sessions.start_listing(server), version)
+    return pending
+
+
+def _register(
+    registry: ToolRegistry,
+    sessions: McpSessions,
+    server: str,
+    future: concurrent.futures.Future[list[mcp.Tool]],
+    version: int,
+) -> None:
+    """A listing that ended: its tools into the registry, or a pause before the next try."""
+    try:
+        listed = future.result()
+    except Exception as exc:  # one broken server must not take the others' tools
+        _log.warning("MCP server %r: no tools: %s", server, _one_line(exc))
+        sessions.listing_ended(server, listed=False)
+        sessions.listing_failed(server, time.monotonic() + RETRY_LISTING_S)
+        return  # its last good listing, if it had one, stays
+    sessions.listing_ended(server, listed=True)
+    specs = [spec for tool in listed if (spec := _spec(sessions, server, tool))]
+    registry.replace_group(tool_name(server, ""), specs)
+    if sessions.versions.get(server, 0) == version:  # else it changed meanwhile
+        sessions.registered.add(server)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:ERROR_CHARS]
 
 
 def _spec(sessions: McpSessions, server: str, tool: mcp.Tool) -> ToolSpec | None:

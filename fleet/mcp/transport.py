@@ -48,7 +48,9 @@ async def open_transport(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The read and write streams of a session with `server`."""
     if config.command is not None:
-        from mcp import StdioServerParameters, stdio_client
+        from mcp import StdioServerParameters
+
+        from fleet.mcp.stdio import capped_stdio
 
         params = StdioServerParameters(
             command=config.command,
@@ -57,14 +59,59 @@ async def open_transport(
             cwd=config.cwd,
         )
         with open(os.devnull, "w") as errlog:  # a server's stderr is not the worker's log
-            async with stdio_client(params, errlog=errlog) as streams:
+            async with capped_stdio(params, errlog) as streams:  # answers capped as read
                 yield streams
         return
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
+    from fleet.mcp.stdio import MESSAGE_MAX_BYTES
+
     assert config.url is not None  # one of command or url, checked with the config
     headers = http_headers(server, config, env)
-    async with httpx2.AsyncClient(headers=headers, timeout=30.0) as client:
-        async with streamable_http_client(config.url, http_client=client) as streams:
+    # Answers capped while read: a JSON body by the transport below, an SSE event by the SDK.
+    capped = capped_transport(httpx2.AsyncHTTPTransport(), MESSAGE_MAX_BYTES)
+    async with httpx2.AsyncClient(headers=headers, timeout=30.0, transport=capped) as client:
+        async with streamable_http_client(
+            config.url, http_client=client, max_sse_event_size=MESSAGE_MAX_BYTES
+        ) as streams:
             yield streams
+
+
+def capped_transport(inner: Any, max_bytes: int) -> Any:
+    """An httpx2 transport whose JSON answers end in `httpx2.StreamError` past `max_bytes`.
+
+    The SDK reads a JSON answer whole (`aread`) and turns a `StreamError` into that
+    request's error: the call fails in one line, the session goes on.
+    """
+    import httpx2
+
+    class TooBig(httpx2.StreamError):
+        """An answer past the cap (its text names no content)."""
+
+    class Capped(httpx2.AsyncByteStream):
+        def __init__(self, stream: Any) -> None:
+            self._stream = stream
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            read_bytes = 0
+            async for chunk in self._stream:
+                read_bytes += len(chunk)
+                if read_bytes > max_bytes:
+                    raise TooBig(f"answer over {max_bytes} bytes refused")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self._stream.aclose()
+
+    class Transport(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await inner.handle_async_request(request)
+            if response.headers.get("content-type", "").startswith("application/json"):
+                response.stream = Capped(response.stream)
+            return response
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return Transport()
