@@ -246,11 +246,9 @@ def _say_ready(
 
 
 def example_run(settings: Settings) -> str:
-    """A `fleet run` that works as printed, from this directory, with these workers.
+    """A `fleet run` that works as printed here, from any directory or installed wheel.
 
-    The configured model if there is one; else the bundled scripted explore (a path inside
-    the package, so it works from any directory and from an installed wheel) when these
-    workers may load scripted models; else how to let them.
+    The configured model, else the bundled scripted explore if these workers may load it.
     """
     try:
         configured = settings.model or operator_config(settings).default_model

@@ -241,6 +241,7 @@ FLEET_LAYERS = (
     # The public face.
     "inprocess",
     "backends",
+    "following",
     "client",
     "testing",
     "",

@@ -354,8 +354,7 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     except ValueError as exc:
         return ToolResult(title=f"{call.name} error", output=f"bad arguments: {exc}", is_error=True)
     if call.name.startswith(MCP_PREFIX) and call.name not in runtime.tools.names():
-        # A resumed trace may call one before this process listed its server: wait for it.
-        runtime.sync_mcp_tools(need=server_of(call.name))
+        runtime.sync_mcp_tools(need=server_of(call.name))  # a resumed trace calls it unlisted
     allowed = runtime.permissions(trace)  # a stop cuts the tool (`fleet.loop.cut`)
     return stoppable(
         runtime, trace.trace_id, lambda: runtime.tools.execute(call.name, arguments, ctx, allowed)

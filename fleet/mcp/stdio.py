@@ -33,7 +33,7 @@ MESSAGE_MAX_BYTES = 8 * 1024 * 1024
 """Largest message read from a server: a result past `tools.MAX_RESULT_CHARS` (1,000,000
 characters) is refused anyway, and one that big takes at most ~6 MiB of JSON."""
 READ_BYTES = 64 * 1024
-EXIT_GRACE_S = 2.0
+STOP_GRACE_S = 2.0
 TOO_BIG = -32001
 """The JSON-RPC error code of the answer put in place of one past the cap."""
 _ID = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"[^"\\]{1,200}")')
@@ -134,7 +134,7 @@ async def _stop(process: anyio.abc.Process) -> None:
         if sent is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, sent)
-        with anyio.move_on_after(EXIT_GRACE_S):
+        with anyio.move_on_after(STOP_GRACE_S):
             while process.returncode is None:
                 await anyio.sleep(0.01)
         if process.returncode is not None:
