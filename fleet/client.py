@@ -100,6 +100,8 @@ class Fleet:
         max_concurrent: int | None = None,
         priority: Priority = "interactive",
         images: Sequence[str | Path] = (),
+        human_timeout_s: int | None = None,
+        batch_api: bool = False,
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
@@ -108,7 +110,7 @@ class Fleet:
             model: Model name or alias; else the preset's, the config's default.
             preset: Agent preset of the root.
             workspace: Workspace root (must lie under FLEET_WORKSPACE_ROOTS).
-            metadata: Free-form data kept on the trace.
+            metadata: The caller's own data, kept on the trace as it is (the fleet never reads it).
             mode: `main` (may spawn sub-agents), or a single `delegate`/`explore`/`evaluate`.
             budget: What the whole tree may spend (`fleet.limits.budget.Budget`); see
                 docs/limits.md.
@@ -116,8 +118,11 @@ class Fleet:
             priority: `batch` trees are served after `interactive` ones.
             images: File paths (read here) or http(s) URLs (fetched here, through the SSRF
                 guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
+            human_timeout_s: How long the tree's waits on a person last (else the fleet's).
+            batch_api: Every model call of the tree goes through its provider's Batch API.
         """
-        spec = TaskSpec(task, model, preset, workspace, mode, metadata)
+        spec = TaskSpec(task, model, preset, workspace, mode, metadata, batch_api=batch_api)
+        spec = replace(spec, human_timeout_s=human_timeout_s)
         if images:
             from fleet.tools.imagesource import load_images  # its checks only when asked
 

@@ -89,13 +89,22 @@ class InProcessFleet:
         preset: str = "default",
         metadata: Mapping[str, Any] | None = None,
         images: Sequence[str | Path] = (),
+        human_timeout_s: int | None = None,
     ) -> Trace:
         """Create a root trace, run it until it ends or waits on a person, return it.
 
-        `images`: file paths or http(s) URLs shown to the model with the task.
+        `images`: file paths or http(s) URLs shown to the model with the task; `metadata`:
+        the caller's own, kept as it is; `human_timeout_s`: how long a wait on a person lasts.
         """
         loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
-        spec = TaskSpec(task=task, model=model, preset=preset, metadata=metadata, images=loaded)
+        spec = TaskSpec(
+            task=task,
+            model=model,
+            preset=preset,
+            metadata=metadata,
+            images=loaded,
+            human_timeout_s=human_timeout_s,
+        )
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 

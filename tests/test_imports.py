@@ -211,6 +211,7 @@ FLEET_LAYERS = (
     "errors",
     "ids",
     "goals",
+    "runstate",
     "models",
     # Pieces that know no run: secret handling, Redis and memory storage, settings.
     "security",

@@ -2,7 +2,7 @@
 
 A call that an `approve:` rule matches (its preset's, or fleet.yaml's) is not run: its
 result stays missing and the trace goes `waiting` on a person (`kind: approval` under
-`lifecycle.PERSON_KEY`, a `{type: approval, tool, arguments}` collaborator), holding no
+`run.waiting_on`, a `{type: approval, tool, arguments}` collaborator), holding no
 slot and no lease, as `ask_human` does; the same deadline index ends it (the fleet's
 human timeout or the tree's wall_s, as a denial) and a stop ends it leaving the call
 unrun. `approve` marks the call approved and queues the trace: the run that resumes it
@@ -17,7 +17,7 @@ from typing import Any
 
 from fleet import lifecycle
 from fleet.conversation.approval_rules import needs_approval, rules_of
-from fleet.conversation.human import WAITING_KEY, wait_for_person
+from fleet.conversation.human import wait_for_person
 from fleet.errors import ConversationError
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace
@@ -25,9 +25,8 @@ from fleet.runtime import Runtime
 from fleet.tools.base import ToolResult
 
 APPROVAL = "approval"
-"""The `kind` of an approval wait in the trace's `waiting_on` metadata."""
-APPROVED_KEY = "approved_call"
-"""Trace metadata: the tool_call_id a person approved, run by the next run, then removed."""
+"""The `kind` of an approval wait in the trace's `run.waiting_on`; the call a person
+approved is its `run.approved_call` until the next run took it to run."""
 MAX_SHOWN_ARGUMENT_CHARS = 2000
 
 
@@ -85,8 +84,8 @@ def approve(runtime: Runtime, trace_id: str, approval_id: str | None = None) -> 
     """
     trace, waiting = _claim(runtime, trace_id, approval_id)
     call_id = str(waiting["tool_call_id"])
-    approved = trace.model_copy(update={"metadata": {**trace.metadata, APPROVED_KEY: call_id}})
-    return lifecycle.person_answered(runtime, approved, "completed", f"approved {waiting['tool']}")
+    summary = f"approved {waiting['tool']}"
+    return lifecycle.person_answered(runtime, trace, "completed", summary, approved_call=call_id)
 
 
 def deny(runtime: Runtime, trace_id: str, reason: str, approval_id: str | None = None) -> Trace:
@@ -115,15 +114,15 @@ def deny(runtime: Runtime, trace_id: str, reason: str, approval_id: str | None =
 
 def pending(trace: Trace) -> dict[str, Any] | None:
     """The approval a trace waits for (tool_call_id, tool, arguments), else None."""
-    waiting = trace.metadata.get(WAITING_KEY)
-    if trace.status != "waiting" or not isinstance(waiting, dict):
+    waiting = trace.run.waiting_on
+    if trace.status != "waiting" or waiting is None:
         return None
     return waiting if waiting.get("kind") == APPROVAL else None
 
 
 def approved(trace: Trace, tool_call_id: str) -> bool:
     """Whether a person approved this call and it has not been taken to run yet."""
-    return trace.metadata.get(APPROVED_KEY) == tool_call_id
+    return trace.run.approved_call == tool_call_id
 
 
 def _claim(

@@ -214,9 +214,11 @@ class FencedRun:
         write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
         held.pending = None
         if answered.batched:  # the answer is in the trace now (`fleet.batchapi.route`)
-            message.metadata[CALL_KEY] = (parked_call(trace) or {}).get("custom_id")
-            trace = trace.model_copy(update={"metadata": consumed(trace)})
-            write.update(None, metadata=trace.metadata)
+            message.metadata[CALL_KEY] = (
+                parked.custom_id if (parked := parked_call(trace)) else None
+            )
+            trace = trace.with_run(waiting_on_batch=consumed(trace))
+            write.update_run(waiting_on_batch=consumed(trace))
         if response.batch_id:
             message.metadata["batch_id"] = response.batch_id
         write.append(message, event, iteration=trace.iteration + 1)

@@ -102,8 +102,7 @@ def _run_approved(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> None:
     The approval is taken off the trace before the tool runs: a crash while it runs
     leaves the call to be healed by the next run, never run a second time.
     """
-    metadata = {k: v for k, v in trace.metadata.items() if k != approval.APPROVED_KEY}
-    runtime.store.update_trace(trace.trace_id, metadata=metadata)
+    runtime.store.update_run(trace.trace_id, approved_call=None)
     function = call["function"]
     tool_call = ToolCall(str(call["id"]), str(function["name"]), str(function["arguments"]))
     result = run_plain(runtime, trace, tool_call)

@@ -22,7 +22,7 @@ from fleet.history import main_path, to_wire
 from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.caching import cache_key
-from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
+from fleet.llm.fallback import next_model, switch_entry
 from fleet.loop.batched import park_turn, taken
 from fleet.loop.context import injection
 from fleet.loop.images import prepared
@@ -34,11 +34,7 @@ from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import TraceWrite, WriteResult
 
-TRANSIENT_RETRIES_KEY = "transient_retries"
-"""Trace metadata: how often a provider error handed the run back to be run later."""
 FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
-OVERLOADS_KEY = "overloads"
-"""Trace metadata: how often a provider's 429/503/529 handed the run back (fleet pause)."""
 OVERLOADS_PER_RETRY = 10
 
 log = logging.getLogger(__name__)
@@ -291,10 +287,10 @@ def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded)
         and switch_model(runtime, trace, exc)
     ):
         return Wait(0.0, "model fallback")  # the runner queues it again, on the fallback
-    count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
+    count = trace.run.overloads + 1
     if count > OVERLOADS_PER_RETRY * runtime.settings.transient_retries:
         raise exc
-    runtime.store.update_trace(trace.trace_id, metadata={**trace.metadata, OVERLOADS_KEY: count})
+    runtime.store.update_run(trace.trace_id, overloads=count)
     return wait
 
 
@@ -336,15 +332,15 @@ def fall_back(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> Wait | 
 
 
 def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str | None:
-    """Set the trace's model to the next fallback alias, recorded in its metadata."""
+    """Set the trace's model to the next fallback alias, recorded in `run.model_fallbacks`."""
     current = runtime.model_name(trace.model, trace.preset)
-    switches = list(trace.metadata.get(FALLBACKS_KEY, []))
-    fallback = next_model(runtime.config.models, current, switches)
+    switches = trace.run.model_fallbacks
+    fallback = next_model(runtime.config.models, current, [s.from_model for s in switches])
     if fallback is None:
         return None
     entry = switch_entry(current, fallback, runtime.redactor.values_only(str(exc)))
-    metadata = {**trace.metadata, FALLBACKS_KEY: [*switches, entry]}
-    runtime.store.update_trace(trace.trace_id, model=fallback, metadata=metadata)
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(None, model=fallback)
+    runtime.store.apply(write.update_run(model_fallbacks=[*switches, entry]))
     runtime.store.count_fallback(current, fallback)
     log.warning("run of %r: model %r failed, falling back to %r", trace.trace_id, current, fallback)
     return fallback
@@ -353,17 +349,16 @@ def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str 
 def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | str:
     """A provider error the client's retries did not fix: queued again to run later.
 
-    At most `Settings.transient_retries` times per trace (counted in its metadata, so a
+    At most `Settings.transient_retries` times per trace (counted in its run state, so a
     worker restart does not reset it); then the error to fail the trace with.
     """
     trace = runtime.store.get_trace(trace_id)
     if (moved := fall_back(runtime, trace, exc)) is not None:
         return moved
-    tries = int(trace.metadata.get(TRANSIENT_RETRIES_KEY, 0))
+    tries = trace.run.transient_retries
     if tries >= runtime.settings.transient_retries:
         return f"{exc} (gave up after {tries} re-runs)"
-    metadata = {**trace.metadata, TRANSIENT_RETRIES_KEY: tries + 1}
-    runtime.store.update_trace(trace_id, metadata=metadata)
+    runtime.store.update_run(trace_id, transient_retries=tries + 1)
     delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
     lifecycle.requeue(runtime, trace, "provider error", delay_s)
     log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)

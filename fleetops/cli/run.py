@@ -17,7 +17,7 @@ from fleet.errors import (
 from fleet.limits.budget import Budget
 from fleet.models import Event
 from fleet.storage.redis_connect import redact_url
-from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
+from fleetops.cli.inline import check_run_arguments, run_inline
 from fleetops.cli.interrupt import Interrupt, interrupt_flag, keyboard_interrupt
 from fleetops.cli.output import EXIT_WAITING, printable, report
 from fleetops.discovery import fleet_settings
@@ -91,7 +91,7 @@ def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
         model=args.model,
         preset=args.preset,
         workspace=args.workspace,
-        metadata=run_metadata(args) or None,
+        human_timeout_s=args.human_timeout_s,
         budget=budget_of(args),
         max_concurrent=args.max_concurrent,
         images=args.image,
