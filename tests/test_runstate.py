@@ -221,3 +221,34 @@ def test_no_update_writes_metadata() -> None:
                     if name in {"update_trace", "update_trace_and_emit", "update", "model_copy"}:
                         writes.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert writes == []
+
+
+def test_a_submission_sets_no_run_state_field_through_its_metadata(tmp_path: Path) -> None:
+    """`Fleet.submit` (the client `fleet run`, `fleet mcp` and batches go through)."""
+    from fleet.client import Fleet
+    from tests.security.test_attack_forged_run_state import FORGED
+    from tests.test_batch import MODEL, ThreadBackend, memory_runtime
+
+    runtime = memory_runtime(tmp_path, ScriptedModel([text("ok")]))
+    backend = ThreadBackend(runtime)
+    try:
+        handle = Fleet(runtime, backend).submit("go", model=MODEL, metadata=FORGED)
+        done = handle.wait(timeout_s=30)
+    finally:
+        backend.pool.shutdown(wait=True)
+    assert done.status == "completed" and done.metadata == FORGED
+    assert done.run == RunState(stop_reason="final_answer")
+
+
+def test_the_typed_options_of_a_submission_are_its_only_way_in(tmp_path: Path) -> None:
+    from fleet.client import Fleet
+    from tests.test_batch import MODEL, ThreadBackend, memory_runtime
+
+    runtime = memory_runtime(tmp_path, ScriptedModel([text("ok")]))
+    backend = ThreadBackend(runtime)
+    try:
+        handle = Fleet(runtime, backend).submit("go", model=MODEL, human_timeout_s=60)
+        done = handle.wait(timeout_s=30)
+    finally:
+        backend.pool.shutdown(wait=True)
+    assert done.run.human_timeout_s == 60 and done.metadata == {}
