@@ -72,7 +72,6 @@ SCRIPT = Script.parse(
 )
 
 
-@pytest.fixture(autouse=False)
 def parked_id(trace: Trace) -> str:
     """The custom id of the call the trace parked (its `run.waiting_on_batch`)."""
     parked = trace.run.waiting_on_batch
@@ -80,6 +79,7 @@ def parked_id(trace: Trace) -> str:
     return parked.custom_id
 
 
+@pytest.fixture(autouse=False)
 def allow_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fleet.llm.base, "ALLOW_MODEL_REQUESTS", True)  # loopback only
 

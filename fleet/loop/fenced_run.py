@@ -18,6 +18,7 @@ from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
 from fleet.loop.resume import opening
+from fleet.loop.route import ask_model
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
 from fleet.loop.tool_turn import tool_turn
@@ -26,7 +27,6 @@ from fleet.loop.turns import (
     Held,
     Outcome,
     Turn,
-    ask_model,
     hand_back,
     model_message,
     recorded,

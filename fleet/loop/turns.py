@@ -15,19 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet import lifecycle
-from fleet.batchapi.route import BATCHED, Parked, route_of
-from fleet.children.warming import warming
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.history import main_path, to_wire
-from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
+from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.caching import cache_key
 from fleet.llm.fallback import next_model, switch_entry
-from fleet.loop.batched import park_turn, taken
 from fleet.loop.context import injection
-from fleet.loop.images import prepared
 from fleet.loop.steps import Step
-from fleet.loop.toolcalls import tool_schemas
 from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
@@ -220,56 +214,6 @@ def call_model(
         raise
     gate.after(go, response, int((time.monotonic() - started) * 1000))
     return response
-
-
-def ask_model(
-    runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
-) -> Answered | Wait | Spent | Parked:
-    """The model call of a turn: booked with the gate, the request fitted, then sent."""
-    trace, messages = snapshot.trace, snapshot.messages
-    if (warm := warming(runtime.store, trace)) is not None:  # the first branch goes first
-        return warm
-    tools = tool_schemas(runtime, trace)
-    path = main_path(messages, trace.head_sequence)
-    chars = request_chars(path, tools)
-    route = route_of(trace, path)  # live, or through a provider batch (`fleet.batchapi`)
-    batched = route in BATCHED
-    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched)
-    if not isinstance(verdict, Go):
-        return verdict
-    if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
-        route = "live"
-    # A parked turn wrote its note when it first parked: not twice.
-    if (
-        route in ("live", "fresh")
-        and (extra := note(runtime, trace, final=verdict.budget.final)) is not None
-    ):
-        if held.pending is not None:  # the first messages go first
-            runtime.store.apply(held.pending)
-            held.pending = None
-        stored = runtime.store.append_message(extra)
-        messages = [*messages, stored]
-        trace = trace.model_copy(
-            update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
-        )
-        path = main_path(messages, trace.head_sequence)
-    response = taken(runtime, trace, verdict, path) if route == "answered" else None
-    if response is None:
-        trace, request = prepared(runtime, trace, model_name, to_wire(path), tools)
-        if route in BATCHED:
-            if held.pending is not None:  # a fresh trace's first messages go first
-                runtime.store.apply(held.pending)
-                held.pending = None
-            return park_turn(runtime, trace, verdict, (request.sent, tools), route)
-        called = call_model(
-            runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
-        )
-        if isinstance(called, Wait):
-            return called
-        response = called
-    runtime.hooks.model_responded(trace, response)
-    final = verdict.budget.final
-    return Answered(trace, messages, path, response, model_name, final, batched=route != "live")
 
 
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
