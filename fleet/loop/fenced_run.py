@@ -9,17 +9,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 from fleet import lifecycle
-from fleet.batchapi.route import CALL_KEY, Parked, consumed, parked_call
+from fleet.batchapi.route import CALL_KEY, consumed, parked_call
 from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
 from fleet.loop.resume import opening
 from fleet.loop.route import ask_model
-from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
+from fleet.loop.steps import (
+    CallTools,
+    DoomLoop,
+    Finish,
+    OnApproval,
+    OnBatch,
+    OnChildren,
+    OnPerson,
+    Step,
+    Waiting,
+    decide_next,
+)
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
 from fleet.loop.tool_turn import tool_turn
 from fleet.loop.turns import (
@@ -37,6 +49,11 @@ from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import TraceWrite, WriteExtension
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The lease was taken over during the model call: nothing of the turn is written."""
 
 
 class FencedRun:
@@ -83,8 +100,8 @@ class FencedRun:
                 self.store.apply(start)
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         following = opening(self.runtime, snapshot, trace, start, held)
-        if following == "waiting":
-            return "waiting"
+        if isinstance(following, OnPerson | OnApproval | OnChildren):
+            return self._waiting(following)
         held.started_ms = now_ms()
         try:
             return self._loop(trace.trace_id, held, following)
@@ -110,23 +127,41 @@ class FencedRun:
             turn = self._turn(snapshot, held)
             if not isinstance(turn, Turn):
                 return self._no_turn(snapshot, turn)
-            match turn.step:
-                case Finish(answer=answer, reason=reason):
-                    if (ended := self._answer(held, turn, answer, reason)) is not None:
-                        return ended
-                    snapshot = None  # the answer and a correction were written: read again
-                case DoomLoop(call=call, repeats=repeats):
-                    error = (
-                        f"doom loop: {call.name!r} called {repeats} times with the same arguments"
-                    )
-                    return self._end(held, turn, "failed", error=error, reason="doom_loop")
-                case CallTools(calls=calls):
-                    after = tool_turn(self.runtime, turn, calls)
-                    if after == "waiting":
-                        return "waiting"
-                    snapshot = after
-                case _:
-                    assert_never(turn.step)
+            went = self._step(held, turn)
+            if went is not None and not isinstance(went, TraceSnapshot):
+                return went
+            snapshot = went
+
+    def _step(self, held: Held, turn: Turn) -> Outcome | TraceSnapshot | None:
+        """Act on the turn's step: how the run ended, or the snapshot it goes on from.
+
+        None: go on from a fresh read of the trace.
+        """
+        match turn.step:
+            case Finish(answer=answer, reason=reason):
+                return self._answer(held, turn, answer, reason)  # None: a correction written
+            case DoomLoop(call=call, repeats=repeats):
+                error = f"doom loop: {call.name!r} called {repeats} times with the same arguments"
+                return self._end(held, turn, "failed", error=error, reason="doom_loop")
+            case CallTools(calls=calls):
+                after = tool_turn(self.runtime, turn, calls)
+                if isinstance(after, OnPerson | OnApproval | OnChildren):
+                    return self._waiting(after)
+                return after
+            case OnPerson() | OnApproval() | OnBatch() | OnChildren():
+                return self._waiting(turn.step)
+            case _:
+                assert_never(turn.step)
+
+    def _waiting(self, waits: Waiting) -> Outcome:
+        """The run ends, its trace `waiting` (written by whoever put it there), no slot held."""
+        match waits:
+            case OnPerson() | OnApproval() | OnChildren():
+                return "waiting"
+            case OnBatch():
+                return "parked"
+            case _:
+                assert_never(waits)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -153,15 +188,15 @@ class FencedRun:
                 return self.finish(trace_id, "failed", error=error, reason="error")
 
     def _no_turn(
-        self, snapshot: TraceSnapshot, why: Wait | Spent | Parked | None
+        self, snapshot: TraceSnapshot, why: Wait | Spent | OnBatch | Lost
     ) -> Outcome | Wait:
         """No model call this time; what happens instead.
 
-        Lease lost (None): let go. A limit said "not now": queued again, to come back
-        later. The tree's budget is spent: end with what we have.
+        Lease lost: let go. A limit said "not now": queued again, to come back later. The
+        tree's budget is spent: end with what we have. Parked in a provider batch: wait.
         """
         match why:
-            case None:
+            case Lost():
                 return "lost"
             case Wait(retry_in_s=retry_in_s, reason=reason):
                 lifecycle.requeue(self.runtime, snapshot.trace, reason, retry_in_s)
@@ -170,18 +205,18 @@ class FencedRun:
                 partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
                 ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
                 return terminal(ended.status)
-            case Parked():
-                return "parked"
+            case OnBatch():
+                return self._waiting(why)
             case _:
                 assert_never(why)
 
-    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | Parked | None:
+    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | OnBatch | Lost:
         """One model call and what to do about it; the turn is not written yet.
 
-        None when the lease was lost during the model call: another runner may own the
+        `Lost` when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
         provider limit did not admit the call, `Spent` when the tree's budget is used up:
-        nothing of this turn is written either. `Parked`: the call went into a provider
+        nothing of this turn is written either. `OnBatch`: the call went into a provider
         batch (`fleet.batchapi`), and the trace waits on it.
         """
         model_name = self.runtime.model_name(snapshot.trace.model, snapshot.trace.preset)
@@ -189,12 +224,12 @@ class FencedRun:
         if not isinstance(answered, Answered):
             return answered
         if held.heartbeat.lost.is_set():
-            return None
+            return Lost()
         return self._next_turn(answered, held, model_name)
 
     def _ask(
         self, snapshot: TraceSnapshot, held: Held, model_name: str
-    ) -> Answered | Wait | Spent | Parked:
+    ) -> Answered | Wait | Spent | OnBatch:
         """The turn's answer: a fan-out root's planned turn, else the model's (or why not)."""
         trace = snapshot.trace
         path = main_path(snapshot.messages, trace.head_sequence)

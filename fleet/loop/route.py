@@ -13,14 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, assert_never
 
-from fleet.batchapi.route import Parked, route_of
 from fleet.batchapi.route import Route as BatchRoute
+from fleet.batchapi.route import route_of
 from fleet.children.warming import warming
 from fleet.history import main_path, to_wire
 from fleet.limits.gate import Go, Spent, Wait, request_chars
 from fleet.llm.base import LLMResponse
 from fleet.loop.batched import park_turn, taken
 from fleet.loop.images import prepared
+from fleet.loop.steps import OnBatch
 from fleet.loop.toolcalls import tool_schemas
 from fleet.loop.turns import Answered, Held, call_model, note
 from fleet.models import Message, Trace
@@ -97,7 +98,7 @@ def batched(route: Route) -> bool:
 
 def ask_model(
     runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
-) -> Answered | Wait | Spent | Parked:
+) -> Answered | Wait | Spent | OnBatch:
     """The model call of a turn: its route decided, booked with the gate, then taken."""
     path = main_path(snapshot.messages, snapshot.trace.head_sequence)
     route = decide(runtime.store, snapshot.trace, path)
@@ -116,7 +117,7 @@ def _booked(
     held: Held,
     model_name: str,
     route: Live | ToBatch | FromBatch,
-) -> Answered | Wait | Spent | Parked:
+) -> Answered | Wait | Spent | OnBatch:
     """The call booked with the gate (at the batch price for a batch), then its route taken."""
     trace, messages = snapshot.trace, snapshot.messages
     tools = tool_schemas(runtime, trace)
@@ -194,7 +195,7 @@ def _live(call: _Call, trace: Trace, messages: list[Message], route: Live) -> An
     return call.answered(trace, messages, path, called, batched=route.batched)
 
 
-def _to_batch(call: _Call, trace: Trace, messages: list[Message], fresh: bool) -> Parked:
+def _to_batch(call: _Call, trace: Trace, messages: list[Message], fresh: bool) -> OnBatch:
     """Park the call in a provider batch (a fresh one's note written first)."""
     if fresh:
         trace, messages = call.noted(trace, messages)
@@ -202,10 +203,11 @@ def _to_batch(call: _Call, trace: Trace, messages: list[Message], fresh: bool) -
     trace, request = prepared(call.runtime, trace, call.model_name, to_wire(path), call.tools)
     call.flush()
     again: BatchRoute = "fresh" if fresh else "parked"
-    return park_turn(call.runtime, trace, call.go, (request.sent, call.tools), again)
+    parked = park_turn(call.runtime, trace, call.go, (request.sent, call.tools), again)
+    return OnBatch(parked.custom_id)
 
 
-def _from_batch(call: _Call, trace: Trace, messages: list[Message]) -> Answered | Parked:
+def _from_batch(call: _Call, trace: Trace, messages: list[Message]) -> Answered | OnBatch:
     """Take the answer the provider batch gave; park the call again if none is stored."""
     path = main_path(messages, trace.head_sequence)
     response = taken(call.runtime, trace, call.go, path)
