@@ -36,6 +36,7 @@ from fleet.loop.structured import Accepted, Correct, Rejected, check_final, sche
 from fleet.loop.tool_turn import tool_turn
 from fleet.loop.turns import (
     Answered,
+    GaveUp,
     Held,
     Outcome,
     Turn,
@@ -184,8 +185,10 @@ class FencedRun:
         match hand_back(self.runtime, trace_id, exc):
             case Wait() as wait:
                 return wait
-            case error:
+            case GaveUp(error=error):
                 return self.finish(trace_id, "failed", error=error, reason="error")
+            case unreachable:
+                assert_never(unreachable)
 
     def _no_turn(
         self, snapshot: TraceSnapshot, why: Wait | Spent | OnBatch | Lost

@@ -290,7 +290,14 @@ def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str 
     return fallback
 
 
-def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | str:
+@dataclass(frozen=True)
+class GaveUp:
+    """A provider error outlasted every re-run: the trace fails with `error`."""
+
+    error: str
+
+
+def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | GaveUp:
     """A provider error the client's retries did not fix: queued again to run later.
 
     At most `Settings.transient_retries` times per trace (counted in its run state, so a
@@ -301,7 +308,7 @@ def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait |
         return moved
     tries = trace.run.transient_retries
     if tries >= runtime.settings.transient_retries:
-        return f"{exc} (gave up after {tries} re-runs)"
+        return GaveUp(f"{exc} (gave up after {tries} re-runs)")
     runtime.store.update_run(trace_id, transient_retries=tries + 1)
     delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
     lifecycle.requeue(runtime, trace, "provider error", delay_s)
