@@ -37,8 +37,10 @@ from fleet.loop.tool_turn import tool_turn
 from fleet.loop.turns import (
     Answered,
     GaveUp,
+    GoOn,
     Held,
     Outcome,
+    ReadAgain,
     Turn,
     hand_back,
     model_message,
@@ -119,28 +121,26 @@ class FencedRun:
                 with contextlib.suppress(LeaseLost):
                     self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
 
-    def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
+    def _loop(self, trace_id: str, held: Held, following: GoOn) -> Outcome | Wait:
         while True:
-            if snapshot is None:  # trace, messages and stop flag: 1 read
-                snapshot = self.store.snapshot(trace_id)
+            snapshot = (  # trace, messages and stop flag: 1 read
+                following if isinstance(following, TraceSnapshot) else self.store.snapshot(trace_id)
+            )
             if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
             turn = self._turn(snapshot, held)
             if not isinstance(turn, Turn):
                 return self._no_turn(snapshot, turn)
             went = self._step(held, turn)
-            if went is not None and not isinstance(went, TraceSnapshot):
+            if not isinstance(went, TraceSnapshot | ReadAgain):
                 return went
-            snapshot = went
+            following = went
 
-    def _step(self, held: Held, turn: Turn) -> Outcome | TraceSnapshot | None:
-        """Act on the turn's step: how the run ended, or the snapshot it goes on from.
-
-        None: go on from a fresh read of the trace.
-        """
+    def _step(self, held: Held, turn: Turn) -> Outcome | GoOn:
+        """Act on the turn's step: how the run ended, or where it goes on from."""
         match turn.step:
             case Finish(answer=answer, reason=reason):
-                return self._answer(held, turn, answer, reason)  # None: a correction written
+                return self._answer(held, turn, answer, reason)
             case DoomLoop(call=call, repeats=repeats):
                 error = f"doom loop: {call.name!r} called {repeats} times with the same arguments"
                 return self._end(held, turn, "failed", error=error, reason="doom_loop")
@@ -267,8 +267,8 @@ class FencedRun:
         pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
         return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
 
-    def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
-        """Finish with the answer; None after a correction (it missed its output schema).
+    def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | ReadAgain:
+        """Finish with the answer; read again after a correction (it missed its output schema).
 
         The budget's last turn stands as it is: there is no budget left to correct it.
         """
@@ -293,7 +293,7 @@ class FencedRun:
                 data = {"role": "user", "correction": True}
                 event = Event(kind="message", trace_id=turn.trace.trace_id, data=data)
                 self.store.record_turn(turn.trace.root_trace_id, message, event)
-                return None
+                return ReadAgain()
             case _:
                 assert_never(checked)
 

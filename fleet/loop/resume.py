@@ -23,7 +23,7 @@ from fleet.llm.base import ToolCall
 from fleet.loop.context import first_messages
 from fleet.loop.steps import OnApproval, OnChildren, OnPerson
 from fleet.loop.toolcalls import run_plain, write_result
-from fleet.loop.turns import Held, numbered
+from fleet.loop.turns import GoOn, Held, ReadAgain, numbered
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot
@@ -35,13 +35,13 @@ Resumed = OnPerson | OnApproval | OnChildren
 
 def opening(
     runtime: Runtime, snapshot: TraceSnapshot, trace: Trace, start: TraceWrite, held: Held
-) -> TraceSnapshot | Resumed | None:
+) -> GoOn | Resumed:
     """What the first turn starts from; what it waits on while a resumed trace must wait.
 
     A fresh trace's first messages, numbered as the store will number them, are written
     with its first model turn (`held.pending`): no write and no read before the call.
     A resumed trace with nothing to heal goes on from `begin_run`'s read (its collected
-    results are in it); one whose open turn is healed here reads it again first (None).
+    results are in it); one whose open turn is healed here reads it again first.
     """
     path = main_path(snapshot.messages, trace.head_sequence)
     if not path:
@@ -58,7 +58,7 @@ def opening(
     if (waits := heal(runtime, trace, snapshot.messages)) is not None:
         lifecycle.wait(runtime, trace)
         return waits
-    return None
+    return ReadAgain()
 
 
 def heal(runtime: Runtime, trace: Trace, messages: list[Message]) -> Resumed | None:

@@ -122,6 +122,15 @@ class Turn:
     """The pause keys the next model call checks: the turn's last write reads them."""
 
 
+@dataclass(frozen=True)
+class ReadAgain:
+    """The run goes on from a fresh read of the trace (something else changed it too)."""
+
+
+GoOn = TraceSnapshot | ReadAgain
+"""Where the next turn starts: a snapshot known without a read, or a fresh read."""
+
+
 def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
     """The snapshot after a write appended these messages (as a fresh read would show it)."""
     trace = snapshot.trace
