@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -252,3 +253,14 @@ def test_the_typed_options_of_a_submission_are_its_only_way_in(tmp_path: Path) -
     finally:
         backend.pool.shutdown(wait=True)
     assert done.run.human_timeout_s == 60 and done.metadata == {}
+
+
+def test_the_page_reads_no_traces_metadata() -> None:
+    """The page's scripts read a message's or a tool result's metadata, never a trace's."""
+    found = []
+    for path in sorted((ROOT / "fleetops/serve/static").glob("*.js")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in re.finditer(r"([\w.]+)\.metadata\b", line):
+                if match.group(1) not in {"message", "result"}:
+                    found.append(f"{path.name}:{number}: {line.strip()}")
+    assert found == []
