@@ -264,3 +264,24 @@ def test_the_page_reads_no_traces_metadata() -> None:
                 if match.group(1) not in {"message", "result"}:
                     found.append(f"{path.name}:{number}: {line.strip()}")
     assert found == []
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"human_timeout_s": 0}, "human_timeout_s must be at least 1"),
+        ({"batch_api": True}, "has no batch API"),
+    ],
+)
+def test_a_typed_option_out_of_place_is_a_one_line_error(
+    tmp_path: Path, options: dict[str, Any], problem: str
+) -> None:
+    from fleet.client import Fleet
+    from fleet.errors import ConfigError
+    from tests.test_batch import MODEL, ThreadBackend, memory_runtime
+
+    runtime = memory_runtime(tmp_path, ScriptedModel([text("ok")]))
+    with pytest.raises(ConfigError, match=problem) as raised:
+        Fleet(runtime, ThreadBackend(runtime)).submit("go", model=MODEL, **options)
+    assert "\n" not in str(raised.value)
+    assert runtime.store.list_traces() == [], "nothing written"
