@@ -30,7 +30,6 @@ from typing import Literal, Protocol
 
 from fleet.errors import TraceNotFound
 from fleet.history import main_path, open_turn
-from fleet.lifecycle import BATCH_KEY, PERSON_KEY
 from fleet.models import Trace
 from fleet.storage import outbox
 from fleet.storage.batch_calls import CallStates, batch_calls
@@ -38,8 +37,6 @@ from fleet.storage.store import TraceRecords, TraceStore
 
 MAX_HEALS = 3
 """Remedies per trace before it fails as lost."""
-HEALS_KEY = "owner_heals"
-"""Trace metadata: how many remedies the owner check applied to it."""
 
 
 class OwnerIndex(Protocol):
@@ -241,12 +238,12 @@ def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
 
 
 def _waiting(store: TraceRecords, state: TreeState, trace: Trace) -> Remedy | None:
-    if PERSON_KEY in trace.metadata:
+    if trace.run.waiting_on is not None:
         return None  # a person (and the wait's deadline) owns it: a question or an approval
-    parked = trace.metadata.get(BATCH_KEY)
-    if isinstance(parked, dict) and parked.get("state") == "parked":
+    parked = trace.run.waiting_on_batch
+    if parked is not None and parked.state == "parked":
         calls: CallStates = batch_calls(store)
-        custom_id = str(parked.get("custom_id"))
+        custom_id = str(parked.custom_id)
         (status,) = calls.statuses([custom_id])
         if status is not None or calls.answer_of(custom_id) is not None:
             return None  # its call (queued, in a batch, or answered and being resumed) owns it
@@ -270,7 +267,7 @@ def _owned_by_outbox(state: TreeState, trace: Trace) -> bool:
 
 
 def _or_fail(remedy: Remedy) -> Remedy:
-    heals = int(remedy.trace.metadata.get(HEALS_KEY, 0))
+    heals = remedy.trace.run.owner_heals  # written by each remedy (`run.owner_heals`)
     if heals < MAX_HEALS or isinstance(remedy, Stop):
         return remedy
     return Fail(remedy.trace, f"lost: {remedy.why}; still so after {heals} attempts to heal it")

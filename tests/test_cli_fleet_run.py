@@ -183,7 +183,7 @@ def test_run_on_an_unreachable_broker_is_one_line_and_leaves_no_queued_root(
     assert "cannot reach the broker at 'amqp://fleet@127.0.0.1:" in line
     assert "brokerpass1" not in line
     roots = [t for t in fleet.store.list_traces(limit=50) if t.task == "broker-down"]
-    ended = [(t.status, t.metadata.get("stop_reason")) for t in roots]
+    ended = [(t.status, t.run.stop_reason) for t in roots]
     assert ended == [("failed", "not_enqueued")]
 
 

@@ -102,13 +102,20 @@ def test_a_waiting_parent_whose_spawn_was_lost_is_resent(store: TraceStore) -> N
 
 
 def test_a_person_owns_a_trace_waiting_on_them(store: TraceStore) -> None:
-    put(store, "r", status="waiting", metadata={"waiting_on": {"question": "?"}})
+    put(store, "r", status="waiting", run={"waiting_on": {"question": "?"}})
     assert remedies(store) == []
+
+
+def test_metadata_naming_a_person_owns_nothing(store: TraceStore) -> None:
+    """The caller's metadata is not the run state: a forged `waiting_on` there hides nothing."""
+    put(store, "r", status="waiting", metadata={"waiting_on": {"question": "?"}})
+    open_call(store, "r")
+    assert remedies(store) == [("resend", "r")]
 
 
 def test_a_person_owns_a_trace_waiting_for_their_approval(store: TraceStore) -> None:
     waiting = {"kind": "approval", "tool_call_id": "c1", "tool": "bash", "question": "approve?"}
-    put(store, "r", status="waiting", metadata={"waiting_on": waiting})
+    put(store, "r", status="waiting", run={"waiting_on": waiting})
     open_call(store, "r")  # the call waiting for approval has no result, and no children
     assert remedies(store) == [], "owned by the person, not resent (which would heal the call)"
 
@@ -138,7 +145,7 @@ def test_a_stopped_parent_ends_after_a_child_that_still_moves(store: TraceStore)
 
 
 def test_a_trace_healed_too_often_fails(store: TraceStore) -> None:
-    put(store, "r", metadata={owners.HEALS_KEY: owners.MAX_HEALS})
+    put(store, "r", run={"owner_heals": owners.MAX_HEALS})
     found = owners.unowned(store, owner_index(store), "r", now_ms(), QUIET_MS)
     assert [type(r) for r in found] == [Fail]
     assert "lost: queued" in found[0].why

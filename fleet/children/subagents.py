@@ -7,16 +7,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet import ids, lifecycle
-from fleet.batchapi.route import BATCH_API_KEY, routed
+from fleet.batchapi.route import routed
 from fleet.children.cache import CacheScope, cache_key
-from fleet.children.warming import WARM_KEY, warms
-from fleet.conversation.continuation import TURN_KEY, turn_of
+from fleet.children.warming import warms
+from fleet.conversation.continuation import turn_of
 from fleet.errors import ToolError, TraceExists
 from fleet.goals import GoalTree
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
+from fleet.runstate import RunState
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
 
@@ -313,7 +314,7 @@ def _child_trace(
         parent_tool_call_id=call_id,
         context=context,
         skills=common.get("skills") or [],
-        metadata=_metadata(runtime, parent, call_id, common, index),
+        run=_run_state(runtime, parent, call_id, common, index),
         ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
         memory=list(parent.memory),  # the submitter's binding, never the model's
     )
@@ -361,17 +362,20 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
     return store.get_trace(sub_id)
 
 
-def _metadata(
+def _run_state(
     runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any], index: int | None
-) -> dict[str, Any]:
-    """A new child's metadata: cache key, tracing context, turn, cache warming (`warming`)."""
-    metadata = dict(common.get("cache") or {})
-    if common.get("warm") and index is not None and index > 1:
-        metadata[WARM_KEY] = True
-    if otel := runtime.hooks.child_context(parent, call_id):
-        metadata["otel"] = otel
-    if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn
-        metadata[TURN_KEY] = turn
-    if routed(parent):  # a batch tree's sub-agents call their models through batches too
-        metadata[BATCH_API_KEY] = True
-    return metadata
+) -> RunState:
+    """A new child's run state: cache key, tracing context, turn, cache warming (`warming`).
+
+    A continued root's tasks are stamped with its turn; a batch tree's sub-agents call their
+    models through batches too.
+    """
+    cache = common.get("cache") or {}
+    return RunState(
+        cache_key=cache.get("cache_key"),
+        cache_ttl_s=cache.get("cache_ttl_s"),
+        warm_after_first=bool(common.get("warm") and index is not None and index > 1),
+        otel=runtime.hooks.child_context(parent, call_id) or None,
+        turn=turn_of(parent),
+        batch_api=routed(parent),
+    )

@@ -15,7 +15,6 @@ from typing import Any
 
 from fleet import lifecycle
 from fleet.errors import ConversationError, TraceNotFound
-from fleet.lifecycle import PERSON_KEY as WAITING_KEY
 from fleet.lifecycle import human_id
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace, now_ms
@@ -26,7 +25,6 @@ from fleet.tools.base import ToolResult
 
 __all__ = [
     "ASK_HUMAN",
-    "WAITING_KEY",
     "ask",
     "human_id",
     "question_of",
@@ -36,8 +34,6 @@ __all__ = [
 ]
 
 ASK_HUMAN = "ask_human"
-TIMEOUT_KEY = "human_timeout_s"
-"""Trace metadata: this run's own human timeout, overriding the fleet's setting."""
 MAX_QUESTION_CHARS = lifecycle.PERSON_SUMMARY_CHARS
 
 ASK_HUMAN_SCHEMA: dict[str, Any] = {
@@ -92,7 +88,7 @@ def question_of(runtime: Runtime, trace: Trace, call: ToolCall) -> str | ToolRes
 def ask(runtime: Runtime, trace: Trace, tool_call_id: str, question: str) -> Trace:
     """Put the trace in `waiting` on a person; its run then ends and holds no slot.
 
-    The trace's own `human_timeout_s` (metadata) beats the fleet's setting.
+    The trace's own `run.human_timeout_s` (`fleet run --human-timeout-s`) beats the fleet's.
     """
     waiting = {"kind": "human", "tool_call_id": tool_call_id, "question": question}
     return wait_for_person(runtime, trace, waiting)
@@ -103,7 +99,7 @@ def wait_for_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> 
 
     `waiting` (kind, tool_call_id, question, ...) gets the deadline fields added.
     """
-    timeout_s = int(trace.metadata.get(TIMEOUT_KEY) or runtime.settings.human_timeout_s)
+    timeout_s = trace.run.human_timeout_s or runtime.settings.human_timeout_s
     asked = now_ms()
     deadline_ms = asked + timeout_s * 1000
     budgets = runtime.gate.budgets
@@ -125,10 +121,8 @@ def _refusal(text: str) -> ToolResult:
 
 def waiting_on(trace: Trace) -> dict[str, Any] | None:
     """The open question of a trace waiting on a person, else None."""
-    waiting = trace.metadata.get(WAITING_KEY)
-    if trace.status != "waiting" or not isinstance(waiting, dict):
-        return None
-    return waiting
+    waiting = trace.run.waiting_on
+    return waiting if trace.status == "waiting" else None
 
 
 def waiting_traces(store: TraceRecords, limit: int = 50, scan: int = 1000) -> list[Trace]:
@@ -139,8 +133,8 @@ def waiting_traces(store: TraceRecords, limit: int = 50, scan: int = 1000) -> li
 
 def still_waiting(trace: Trace, tool_call_id: str) -> bool:
     """Whether this `ask_human` call is the one the trace waits on (for a redelivered run)."""
-    waiting = trace.metadata.get(WAITING_KEY)
-    return isinstance(waiting, dict) and waiting.get("tool_call_id") == tool_call_id
+    waiting = trace.run.waiting_on
+    return waiting is not None and waiting.get("tool_call_id") == tool_call_id
 
 
 def reply(runtime: Runtime, trace_id: str, answer: str) -> Trace:

@@ -11,10 +11,9 @@ dispatchers and the Celery tasks alike. Callers use the names below (`lifecycle.
 conversation.
 """
 
-from fleet.lifecycle.batch import BATCH_ENTRY, BATCH_KEY, batch_answered, put_batch, wait_on_batch
+from fleet.lifecycle.batch import BATCH_ENTRY, batch_answered, put_batch, wait_on_batch
 from fleet.lifecycle.entries import announce, mirrored, put_collaborator
 from fleet.lifecycle.status import (
-    PERSON_KEY,
     PERSON_SUMMARY_CHARS,
     end_stopped,
     fail,
@@ -36,8 +35,6 @@ from fleet.lifecycle.status import (
 
 __all__ = [
     "BATCH_ENTRY",
-    "BATCH_KEY",
-    "PERSON_KEY",
     "PERSON_SUMMARY_CHARS",
     "announce",
     "batch_answered",

@@ -26,6 +26,7 @@ from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
 from fleet.loop import memory_calls
 from fleet.loop.cut import stoppable
+from fleet.loop.steps import OnApproval, OnChildren, OnPerson
 from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import Content, Event, Message, Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
@@ -55,8 +56,9 @@ _SCHEMAS = WeakKeyDictionary()
 class ToolTurn:
     """How one assistant turn's tool calls ended."""
 
-    waiting: bool
-    """Some sub-agent is still running: the run ends `waiting`, the collect resumes it."""
+    wait: OnPerson | OnApproval | OnChildren | None
+    """What the run ends waiting on (a person, an approval, sub-agents still running); None:
+    it goes on."""
     written: WriteResult | None
     """The results as written in one step (with the stop flag), when they are the only
     change to the trace; None when something else changed it too (a spawn, a goal), so
@@ -131,16 +133,15 @@ def execute_turn(
         else:
             person = (call, outcome.question)
     written = runtime.store.apply(results) if results.ops else None
-    if person is not None:
-        _wait_on_person(runtime, trace, *person)
+    waits = _wait_on_person(runtime, trace, *person) if person is not None else None
     runtime.hooks.turn_ended(trace, trace.iteration)
     if not spawns:
-        if person is not None:
-            return ToolTurn(waiting=True, written=None)
         changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
-        return ToolTurn(waiting=False, written=None if changed else written)
+        return ToolTurn(waits, None if changed or waits else written)
     _dispatch(runtime, trace, spawns)
-    return ToolTurn(not settling.turn_complete(runtime.store, trace.trace_id), None)
+    if settling.turn_complete(runtime.store, trace.trace_id):
+        return ToolTurn(waits, None)
+    return ToolTurn(waits or OnChildren(tuple(call.id for call, _ in spawns)), None)
 
 
 @dataclass(frozen=True)
@@ -184,12 +185,18 @@ def _one_call(
     return run_plain(runtime, trace, call)
 
 
-def _wait_on_person(runtime: Runtime, trace: Trace, call: ToolCall, question: str | None) -> None:
+def _wait_on_person(
+    runtime: Runtime, trace: Trace, call: ToolCall, question: str | None
+) -> OnPerson | OnApproval:
+    waits: OnPerson | OnApproval
     if question is None:
         approval.request(runtime, trace, call)
+        waits = OnApproval(call.id)
     else:
         ask(runtime, trace, call.id, question)
+        waits = OnPerson(call.id)
     runtime.hooks.tool_finished(trace, call, None)
+    return waits
 
 
 def plain_only(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:

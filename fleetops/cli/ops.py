@@ -195,12 +195,18 @@ def run_migrate(args: argparse.Namespace) -> int:
     from fleet.storage.backends.redis.connect import connect, unreachable
     from fleetops.discovery import fleet_settings
     from fleetops.migrate import migrate
+    from fleetops.migrate_runstate import migrate_run_state
 
     settings = fleet_settings()
     url = settings.redis_url
     try:
-        done = migrate(connect(url, settings.redis_sentinel_master), dry_run=args.dry_run)
+        client = connect(url, settings.redis_sentinel_master)
+        done = migrate(client, dry_run=args.dry_run)
+        lifted = migrate_run_state(client, dry_run=args.dry_run)
     except redis.RedisError as exc:
         raise unreachable(url, exc) from None
     print(done.line(args.dry_run))
+    if lifted:  # traces an earlier release left mid-way keep where they were
+        verb = "would lift" if args.dry_run else "lifted"
+        print(f"{verb} the run state of {lifted} trace(s) out of their metadata")
     return ExitCode.OK

@@ -203,7 +203,7 @@ def summary(trace: Trace) -> dict[str, Any]:
         "preset": trace.preset,
         "iteration": trace.iteration,
         "stats": trace.stats.model_dump(mode="json"),
-        "stop_reason": trace.metadata.get("stop_reason"),
+        "stop_reason": trace.run.stop_reason,
         "created_at_ms": trace.created_at_ms,
         "updated_at_ms": trace.updated_at_ms,
         "finished_at_ms": trace.finished_at_ms,
