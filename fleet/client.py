@@ -20,13 +20,13 @@ from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
-from fleet.following import Follower
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
 from fleet.memory.board import MEMORY
 from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
+from fleet.observe.following import Follower
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore

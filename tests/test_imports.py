@@ -242,7 +242,6 @@ FLEET_LAYERS = (
     # The public face.
     "inprocess",
     "backends",
-    "following",
     "client",
     "testing",
     "",

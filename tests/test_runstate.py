@@ -180,8 +180,9 @@ def test_a_whole_tree_leaves_the_callers_metadata_as_it_was_given(
 
 # -- no fleet code reads or writes a trace's metadata -----------------------------------
 
-MESSAGE_LIKE = {"m", "message", "note", "dist"}
-"""Bases whose `.metadata` is a message's (or a package's), never a trace's."""
+MESSAGE_LIKE = {"m", "message", "note", "dist", "inbox", "result"}
+"""Bases whose `.metadata` is a message's (or a package's, an inbox note's, a tool result's),
+never a trace's."""
 CALLERS_DATA = {
     ("fleet/batch/file.py", "wire"),
     ("fleet/batch/file.py", "entry"),

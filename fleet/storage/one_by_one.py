@@ -7,7 +7,7 @@ the Redis store runs the same ops in one script instead (`redis_scripts.APPLY`).
 from __future__ import annotations
 
 from fleet.models import Event, Message
-from fleet.storage.store import TraceStore
+from fleet.storage.store import TraceRecords, TraceStore
 from fleet.storage.writes import (
     AddStats,
     Append,
@@ -59,7 +59,7 @@ def _apply_op(store: TraceStore, write: TraceWrite, op: WriteOp) -> Message | No
     return None
 
 
-def _set_fields(store: TraceStore, write: TraceWrite, op: SetFields | SetRun) -> None:
+def _set_fields(store: TraceRecords, write: TraceWrite, op: SetFields | SetRun) -> None:
     match op:
         case SetFields(fields=fields, event=None):
             store.update_trace(write.trace_id, **fields)
