@@ -380,9 +380,10 @@ def test_flower_lists_the_fan_out_with_trace_ids_and_no_key(
 ) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    flower = subprocess.Popen(
+    flower = subprocess.Popen(  # from the workspace, as a user runs it (not the checkout)
         [*FLEET, "flower", "--port", str(port)],
         env=cli_env(url, workspace),
+        cwd=workspace,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
