@@ -16,7 +16,7 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
-from fleet.models import Message, Trace
+from fleet.models import Message, Trace, now_ms
 from fleet.storage import keys
 from fleet.storage.batch_types import Flush, PendingCall
 from fleet.storage.images import RedisImages
@@ -135,3 +135,25 @@ def test_closing_a_cluster_store_closes_every_node_s_sockets(masters: list[str])
 
     left = [c for pool in pools for c in pool._connections if c._sock is not None]
     assert left == [], "sockets left for the garbage collector (a ResourceWarning later)"
+
+
+def test_a_heartbeat_renews_the_leases_of_several_trees_on_a_cluster(store: RedisStore) -> None:
+    roots = [f"20261127T16010{n}-beat0{n}" for n in range(6)]
+    held = [(root, "me") for root in roots] + [(f"{roots[0]}@explore-001-20261127160101-001", "me")]
+    for trace_id, owner in held:
+        assert store.acquire_lease(trace_id, owner, 1_000)
+    assert store.acquire_lease(f"{roots[1]}@explore-002-20261127160101-001", "other", 1_000)
+    taken = (f"{roots[1]}@explore-002-20261127160101-001", "me")  # another runner holds it
+    slots = {key_slot(keys.lease(t).encode()) for t, _ in held}
+    assert len(slots) == len(roots), "a slot per tree: the beat spans them"
+    store.client.script_flush()  # type: ignore[no-untyped-call]  # a restarted node: loaded again
+
+    renewed = store.beat([*held, taken], 60_000, None)
+
+    assert renewed == [True] * len(held) + [False]
+    assert all(store.client.pttl(keys.lease(t)) > 50_000 for t, _ in held)
+    assert store.client.pttl(keys.lease(taken[0])) <= 1_000, "not ours: left as it was"
+    running = store.client.zrange(keys.RUNNING, 0, -1, withscores=True)
+    deadlines = dict(running)
+    assert all(deadlines[t] > now_ms() + 50_000 for t, _ in held)
+    assert store.beat([], 60_000, None) == []

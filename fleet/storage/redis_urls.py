@@ -133,4 +133,9 @@ def result_backend_url(env: Mapping[str, str], redis_url: str, cluster: bool) ->
             "FLEET_REDIS_CLUSTER=1 needs FLEET_RESULT_BACKEND_URL: a single Redis for Celery's"
             " results (Celery cannot use a Redis Cluster)"
         )
+    if cluster and url == redis_url:  # Celery's plain client on a cluster node: CROSSSLOT, MOVED
+        raise ConfigError(
+            "FLEET_RESULT_BACKEND_URL names the cluster (it is FLEET_REDIS_URL): Celery's"
+            " results need a single Redis apart from the cluster"
+        )
     return fleet_url(url, "FLEET_RESULT_BACKEND_URL") if url else redis_url
