@@ -94,6 +94,8 @@ def test_the_list_filters_by_waiting_model_preset_and_text(
     approval = Collaborator(name="approval", type="approval", trace_id="human:2", status="waiting")
     store.put_collaborator("a-person", person)
     store.put_collaborator("b-approval", approval)
+    for waiting in ("a-person", "b-approval"):  # as every wait on a person is indexed
+        store.index_human_wait(waiting, 10**13)
 
     def ids(**params: str) -> list[str]:
         response = http.get("/api/traces", params=params)

@@ -1,7 +1,8 @@
 """`GET /api/traces`: the filtered, cursor-paged list the front page works with (no HTTP here).
 
 The store keeps one index of traces, newest first; filters are applied to the newest
-`SCAN_TRACES` of them (a list of a fleet's recent work, not a search engine). A page ends
+`SCAN_TRACES` of them (a list of a fleet's recent work, not a search engine), but for
+`waiting`, read from the index of waits on a person (every one). A page ends
 with a cursor naming its last row; the next page starts strictly after that row, so traces
 created meanwhile never shift it.
 """
@@ -15,6 +16,7 @@ from typing import Any, get_args
 
 from fleet import ids
 from fleet.control import subtree
+from fleet.conversation.human import indexed_waits
 from fleet.errors import FleetError, InvalidTraceId
 from fleet.models import Status, Trace
 from fleet.storage.store import TraceStore
@@ -22,7 +24,7 @@ from fleet.storage.store import TraceStore
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 SCAN_TRACES = 2000
-"""How many of the newest traces a filtered list reads at most."""
+"""How many of the newest traces a filtered list reads at most (but `waiting`: its index)."""
 STATUSES: tuple[str, ...] = get_args(Status)
 WAITING_ON = ("person", "approval", "any")
 CURSOR = re.compile(r"^([0-9]{1,16})~([A-Za-z0-9@._:-]{1,300})$")
@@ -127,6 +129,8 @@ def list_traces(store: TraceStore, query: TraceFilter) -> dict[str, Any]:
     """`{traces, next}`: newest first (a tree: parents first), filtered, at most `limit`."""
     if query.root is not None:
         traces = store.get_traces(subtree(store, query.root))
+    elif query.waiting is not None:  # the index of waits: each one, however many are newer
+        traces = indexed_waits(store)
     else:
         unfiltered = query == TraceFilter(limit=query.limit)
         traces = store.list_traces(limit=query.limit + 1 if unfiltered else SCAN_TRACES)
