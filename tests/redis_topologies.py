@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import redis
@@ -353,7 +354,7 @@ def _tls_config(certs: Certs) -> str:
     )
 
 
-def _client_tls(certs: Certs) -> dict[str, object]:
+def _client_tls(certs: Certs) -> dict[str, Any]:
     """redis-py's options for a client of a TLS node."""
     return {
         "ssl": True,
@@ -363,10 +364,10 @@ def _client_tls(certs: Certs) -> dict[str, object]:
     }
 
 
-def _synced(password: str | None, tls: dict[str, object] | None = None) -> Callable[[int], bool]:
+def _synced(password: str | None, tls: dict[str, Any] | None = None) -> Callable[[int], bool]:
     def synced(port: int) -> bool:
         try:
-            with redis.Redis(  # type: ignore[arg-type]
+            with redis.Redis(
                 HOST, port, socket_timeout=0.5, password=password, **(tls or {})
             ) as client:
                 info = client.info("replication")
