@@ -26,6 +26,7 @@ from fleet.models import Collaborator, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.redis_store import RedisStore
+from fleet.storage.root_index import ROOTS
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 from fleetops.serve.app import ServeConfig
@@ -80,6 +81,8 @@ def make_trace(store: TraceStore, trace_id: str, created_ms: int, **fields: Any)
     store.create_trace(
         Trace(trace_id=trace_id, root_trace_id=root, created_at_ms=created_ms, **fields)
     )
+    if root == trace_id:  # as `create_root` indexes every root it creates
+        store.capability(ROOTS).add(trace_id, created_ms)
 
 
 def test_the_list_filters_by_waiting_model_preset_and_text(

@@ -11,10 +11,10 @@ The status changes themselves live in `fleet.lifecycle`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fleet import lifecycle
+from fleet.control import existing
 from fleet.errors import ConversationError, TraceNotFound
 from fleet.lifecycle import PERSON_KEY as WAITING_KEY
 from fleet.lifecycle import human_id
@@ -22,7 +22,7 @@ from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace, now_ms
 from fleet.presets import AgentPreset
 from fleet.runtime import Runtime
-from fleet.storage.store import TraceContent, TraceRecords, TraceStore
+from fleet.storage.store import TraceContent, TraceStore
 from fleet.tools.base import ToolResult
 
 __all__ = [
@@ -147,34 +147,12 @@ def indexed_waits(store: TraceStore) -> list[Trace]:
 
     A wait may have ended since it was indexed: the caller checks each trace's own state.
     """
-    found = _existing(store, store.expired_human_waits(EVERY_WAIT_MS))
+    found = existing(store, store.expired_human_waits(EVERY_WAIT_MS))
     return sorted(found, key=lambda t: (t.created_at_ms, t.trace_id), reverse=True)
 
 
 EVERY_WAIT_MS = 2**62
 """Later than any wait's deadline (ms): the waits "expired" before it are all of them."""
-
-
-def _existing(store: TraceRecords, trace_ids: list[str], chunk: int = 500) -> list[Trace]:
-    """The traces of `trace_ids` still stored (an index entry may outlive its trace)."""
-    found: list[Trace] = []
-    for start in range(0, len(trace_ids), chunk):
-        ids = trace_ids[start : start + chunk]
-        try:
-            found += store.get_traces(ids)
-        except TraceNotFound:  # one expired: read these one by one
-            found += [t for t in map(_or_none(store), ids) if t is not None]
-    return found
-
-
-def _or_none(store: TraceRecords) -> Callable[[str], Trace | None]:
-    def read(trace_id: str) -> Trace | None:
-        try:
-            return store.get_trace(trace_id)
-        except TraceNotFound:
-            return None
-
-    return read
 
 
 def still_waiting(trace: Trace, tool_call_id: str) -> bool:

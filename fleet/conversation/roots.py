@@ -22,6 +22,7 @@ from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.limits.values import PositiveCount, validated
 from fleet.models import Mode, Trace
 from fleet.runtime import Runtime
+from fleet.storage.root_index import ROOTS
 from fleet.tools.imagecheck import Image, stored_ref
 
 
@@ -88,7 +89,9 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         context={"images": refs} if refs else {},
     )
     _control(runtime, spec, model, trace_id)
-    return lifecycle.queue_root(runtime, trace)
+    queued = lifecycle.queue_root(runtime, trace)
+    runtime.store.capability(ROOTS).add(trace_id, queued.created_at_ms)  # listed once stored
+    return queued
 
 
 def _control(runtime: Runtime, spec: TaskSpec, model: str, trace_id: str) -> None:
