@@ -146,14 +146,14 @@ def test_a_heartbeat_renews_the_leases_of_several_trees_on_a_cluster(store: Redi
     taken = (f"{roots[1]}@explore-002-20261127160101-001", "me")  # another runner holds it
     slots = {key_slot(keys.lease(t).encode()) for t, _ in held}
     assert len(slots) == len(roots), "a slot per tree: the beat spans them"
-    store.client.script_flush()  # type: ignore[no-untyped-call]  # a restarted node: loaded again
+    store.client.script_flush()  # a restarted node: the script is loaded again
 
     renewed = store.beat([*held, taken], 60_000, None)
 
     assert renewed == [True] * len(held) + [False]
     assert all(store.client.pttl(keys.lease(t)) > 50_000 for t, _ in held)
     assert store.client.pttl(keys.lease(taken[0])) <= 1_000, "not ours: left as it was"
-    running = store.client.zrange(keys.RUNNING, 0, -1, withscores=True)
+    running: Any = store.client.zrange(keys.RUNNING, 0, -1, withscores=True)
     deadlines = dict(running)
     assert all(deadlines[t] > now_ms() + 50_000 for t, _ in held)
     assert store.beat([], 60_000, None) == []

@@ -34,10 +34,11 @@ pytestmark = pytest.mark.integration
 
 TREES = 6
 BRANCHES = 10
-LEASE_TTL_MS = 2_000
-"""Each branch runs about twice as long (BRANCH_TURNS x TURN_MS): only renewed leases last."""
+LEASE_TTL_MS = keys.LEASE_TTL_MS
+"""The default (5 s), renewed every TTL / 5: four missed beats (a loaded machine's stall) are
+survived. Each branch runs longer (BRANCH_TURNS x TURN_MS): only renewed leases last."""
 BRANCH_TURNS = 4
-TURN_MS = 700
+TURN_MS = 1_500
 RUN_TIMEOUT_S = 120.0
 
 
@@ -68,7 +69,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         settings = fleet_settings(masters[0], workspace, FLEET_BROKER_URL=broker, **env)
         stack.callback(keys.use_cluster_layout, False)  # this process's layout, for later tests
         fleet = client(settings)
-        stack.callback(fleet.store.close)  # type: ignore[attr-defined]
+        assert isinstance(fleet.store, RedisStore)
+        stack.callback(fleet.store.close)
         yield Setup(fleet, masters, workers)
 
 

@@ -50,7 +50,7 @@ def waits_between_tries(caplog: pytest.LogCaptureFixture) -> list[float]:
     consumer.broker_connection_retry_attempt = 0
     conn = Connection(dead_url(), connect_timeout=1)
     with caplog.at_level("ERROR"), pytest.raises(Exception):  # noqa: B017, PT011
-        Consumer.ensure_connected(consumer, conn)  # type: ignore[arg-type]
+        Consumer.ensure_connected(consumer, conn)
     conn.release()
     app.close()
     return [float(s) for s in re.findall(r"Trying again in ([0-9.]+) seconds?", caplog.text)]

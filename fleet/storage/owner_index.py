@@ -80,7 +80,8 @@ class RedisOwnerIndex:
         """When the tree last changed (its newest event), None if it has no events."""
         if root_trace_id in self._last_ms:  # read with its page
             return self._last_ms[root_trace_id]
-        return _newest_ms(self._client.xrevrange(keys.events(root_trace_id), count=1))
+        newest: Any = self._client.xrevrange(keys.events(root_trace_id), count=1)
+        return _newest_ms(newest)
 
     def claim_check(self, owner: str, ttl_ms: int) -> bool:
         """True for exactly one caller per `ttl_ms` across the fleet."""

@@ -46,7 +46,8 @@ def _renew_batch(client: redis.Redis, leases: Sequence[tuple[str, str]], ttl_ms:
     for members in by_slot.values():
         lease_keys = [keys.lease(leases[i][0]) for i in members]
         owners = [leases[i][1] for i in members]
-        pipe.execute_command("EVALSHA", _renew_slot.sha, len(members), *lease_keys, ttl_ms, *owners)
+        command = ("EVALSHA", _renew_slot.sha, len(members), *lease_keys, ttl_ms, *owners)
+        pipe.execute_command(*command)  # type: ignore[no-untyped-call]
     renewed = [False] * len(leases)
     for members, reply in zip(by_slot.values(), pipe.execute(), strict=True):
         for index, done in zip(members, reply, strict=True):

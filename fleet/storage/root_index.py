@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
@@ -43,14 +44,14 @@ class RedisRoots:
         sorted set orders members of one score.
         """
         if before is None:
-            found = self._client.zrevrange(keys.ROOTS, 0, limit - 1, withscores=True)
+            found: Any = self._client.zrevrange(keys.ROOTS, 0, limit - 1, withscores=True)
             return [(int(ms), str(r)) for r, ms in found]
         at_ms, last = before
         same_ms = self._client.zrangebyscore(keys.ROOTS, at_ms, at_ms)
         ties = [
             (at_ms, r) for r in sorted((str(r) for r in same_ms if str(r) < last), reverse=True)
         ]
-        older = self._client.zrevrangebyscore(
+        older: Any = self._client.zrevrangebyscore(
             keys.ROOTS, f"({at_ms}", "-inf", start=0, num=limit, withscores=True
         )
         return [*ties, *((int(ms), str(r)) for r, ms in older)][:limit]
