@@ -157,3 +157,26 @@ def test_a_heartbeat_renews_the_leases_of_several_trees_on_a_cluster(store: Redi
     deadlines = dict(running)
     assert all(deadlines[t] > now_ms() + 50_000 for t, _ in held)
     assert store.beat([], 60_000, None) == []
+
+
+def test_a_result_backend_on_a_cluster_node_is_refused_at_worker_start(
+    masters: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleet.settings import Settings
+    from fleet.storage.redis_probe import is_cluster_node
+    from fleet.storage.redis_server import start_redis_server
+    from workers import signals
+
+    with start_redis_server() as single:
+        assert is_cluster_node(masters[1]) is True
+        assert is_cluster_node(single.url) is False
+        assert is_cluster_node("sentinel://127.0.0.1:1;sentinel://127.0.0.1:2") is False
+    assert is_cluster_node(single.url, timeout_s=0.5) is None, "stopped: unreachable"
+    env = {"FLEET_REDIS_URL": masters[0], "FLEET_REDIS_CLUSTER": "1"}
+    settings = Settings.from_env({**env, "FLEET_RESULT_BACKEND_URL": masters[1]})
+    monkeypatch.setattr(signals, "process_settings", lambda: settings)
+    with pytest.raises(SystemExit) as refused:
+        signals._refuse_results_on_a_cluster()
+    assert refused.value.code == 2
+    said = capsys.readouterr().err.strip()
+    assert said.endswith("single Redis apart from the cluster") and "\n" not in said

@@ -22,6 +22,7 @@ from fleet.observe.operator import operator_members
 from fleet.security.redact import install_log_redaction
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_redactor, process_settings
+from fleet.storage.redis_probe import is_cluster_node
 from workers import probes
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper
@@ -43,6 +44,22 @@ def _refuse_writable_code(**_: Any) -> None:
     except ConfigError as exc:
         print(f"fleet worker: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None  # not an Exception: Celery's signal dispatch lets it out
+
+
+@worker_init.connect
+def _refuse_results_on_a_cluster(**_: Any) -> None:
+    # A cluster store's results must be a single Redis apart (`fleet.storage.redis_probe`):
+    # on a cluster node every explore's chord join would fail. Unreachable: not refused
+    # here (Celery retries its connections as it always does).
+    settings = process_settings()
+    if settings.redis_cluster and is_cluster_node(settings.result_backend_url):
+        print(
+            "fleet worker: FLEET_RESULT_BACKEND_URL is a node of a Redis Cluster: Celery's"
+            " results need a single Redis apart from the cluster",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2)
 
 
 @worker_init.connect
