@@ -23,7 +23,7 @@ fails, with an error saying what it lost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -43,6 +43,7 @@ class OwnerIndex(Protocol):
     """What the check reads beyond the trace store (`fleet.storage.owner_index`)."""
 
     def open_trees(self, limit: int) -> list[str]: ...  # noqa: D102
+    def open_tree_pages(self, page_size: int) -> Iterator[list[str]]: ...  # noqa: D102
     def untrack_tree(self, root_trace_id: str) -> None: ...  # noqa: D102
     def outbox_has(self, entries: Sequence[str]) -> list[bool]: ...  # noqa: D102
     def last_event_ms(self, root_trace_id: str) -> int | None: ...  # noqa: D102
@@ -110,29 +111,30 @@ def check(
     index: OwnerIndex,
     at_ms: int,
     quiet_ms: int,
-    limit: int = 1_000,
+    page_size: int = 1_000,
     *,
     forget: bool = True,
 ) -> list[Remedy]:
     """The remedies of every open tree quiet for `quiet_ms`.
 
-    With `forget` (the workers' check), trees that ended leave the index; `fleet doctor`
-    only reads.
+    Every tree of the open-trees index is visited, a page of `page_size` at a time (a
+    cursor over the index: a check used to read only the `page_size` oldest, so past that
+    many open trees a newer one was never checked). With `forget` (the workers' check),
+    trees that ended leave the index; `fleet doctor` only reads.
     """
     remedies: list[Remedy] = []
-    lapsed: frozenset[str] | None = None  # read once per check, not once per tree
-    for root in index.open_trees(limit):
-        last_ms = index.last_event_ms(root)
-        if last_ms is not None and at_ms - last_ms < quiet_ms:
-            continue  # it is moving
-        if tree_ended(store, root):
-            if forget:
-                index.untrack_tree(root)
-            continue
-        if lapsed is None:
-            lapsed = frozenset(store.expired_leases(at_ms))
-        state = read_tree(store, index, root, at_ms, quiet_ms, lapsed)
-        remedies += _remedies(store, state)
+    lapsed: list[frozenset[str]] = []  # read once per check, not once per tree
+    for page in index.open_tree_pages(page_size):
+        for root in page:
+            last_ms = index.last_event_ms(root)
+            if last_ms is not None and at_ms - last_ms < quiet_ms:
+                continue  # it is moving
+            if tree_ended(store, root):
+                if forget:
+                    index.untrack_tree(root)
+                continue
+            lapsed = lapsed or [frozenset(store.expired_leases(at_ms))]
+            remedies += _remedies(store, read_tree(store, index, root, at_ms, quiet_ms, lapsed[0]))
     return remedies
 
 

@@ -98,8 +98,9 @@ def test_fleet_migrate_prints_one_line(redis_client: redis.Redis, redis_url: str
     real = subprocess.run(command, env=env, capture_output=True, text=True)
 
     assert dry.returncode == real.returncode == 0, dry.stderr + real.stderr
-    assert dry.stdout.strip() == "would move 1 trace(s) to the current layout (2 messages)"
-    assert real.stdout.strip() == "moved 1 trace(s) to the current layout (2 messages)"
+    moves = "1 trace(s) to the current layout (2 messages)"
+    assert dry.stdout.strip() == f"would move {moves}; 1 root(s) to index"
+    assert real.stdout.strip() == f"moved {moves}; 1 root(s) indexed"
 
 
 def test_fleet_migrate_on_an_unreachable_redis_is_one_line(tmp_path: Path) -> None:

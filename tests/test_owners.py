@@ -201,3 +201,20 @@ def test_a_parents_settle_entry_does_not_own_a_child_nobody_runs(store: TraceSto
     put(store, "r@b1", status="running")
     store.outbox_put(outbox.settle_entry("r", "c1"), now_ms() + 60_000)
     assert remedies(store) == [("resend", "r@b1")], "the parent is owned by the entry"
+
+
+def test_the_check_visits_every_open_tree_past_a_page(store: TraceStore) -> None:
+    # More open trees than one page (and than the listpack ZSCAN returns whole): each is
+    # checked, the newest too (the check used to read only the `page_size` oldest).
+    trees, page_size = 150, 40
+    roots = [f"20261128T0000{n:03d}-{n:06x}" for n in range(trees)]
+    for root in roots:
+        store.track_tree(root)
+        put(store, root)
+
+    found = owners.check(store, owner_index(store), now_ms(), QUIET_MS, page_size)
+
+    assert sorted(r.trace.trace_id for r in found) == sorted(roots)
+    assert {type(r) for r in found} == {Resend}
+    pages = list(owner_index(store).open_tree_pages(page_size))
+    assert sorted(r for page in pages for r in page) == sorted(roots), "each root once"

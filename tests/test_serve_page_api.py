@@ -26,6 +26,7 @@ from fleet.models import Collaborator, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.root_index import ROOTS
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 from fleetops.serve.app import ServeConfig
@@ -80,6 +81,8 @@ def make_trace(store: TraceStore, trace_id: str, created_ms: int, **fields: Any)
     store.create_trace(
         Trace(trace_id=trace_id, root_trace_id=root, created_at_ms=created_ms, **fields)
     )
+    if root == trace_id:  # as `create_root` indexes every root it creates
+        store.capability(ROOTS).add(trace_id, created_ms)
 
 
 def test_the_list_filters_by_waiting_model_preset_and_text(
@@ -94,6 +97,8 @@ def test_the_list_filters_by_waiting_model_preset_and_text(
     approval = Collaborator(name="approval", type="approval", trace_id="human:2", status="waiting")
     store.put_collaborator("a-person", person)
     store.put_collaborator("b-approval", approval)
+    for waiting in ("a-person", "b-approval"):  # as every wait on a person is indexed
+        store.index_human_wait(waiting, 10**13)
 
     def ids(**params: str) -> list[str]:
         response = http.get("/api/traces", params=params)

@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from fleet import lifecycle
+from fleet.control import existing
 from fleet.errors import ConversationError, TraceNotFound
 from fleet.lifecycle import human_id
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace, now_ms
 from fleet.presets import AgentPreset
 from fleet.runtime import Runtime
-from fleet.storage.store import TraceContent, TraceRecords
+from fleet.storage.store import TraceContent, TraceStore
 from fleet.tools.base import ToolResult
 
 __all__ = [
@@ -125,10 +126,27 @@ def waiting_on(trace: Trace) -> dict[str, Any] | None:
     return waiting if trace.status == "waiting" else None
 
 
-def waiting_traces(store: TraceRecords, limit: int = 50, scan: int = 1000) -> list[Trace]:
-    """Traces waiting on a person, newest first, among the last `scan` traces."""
-    found = [t for t in store.list_traces(scan) if waiting_on(t) is not None]
-    return found[:limit]
+def waiting_traces(store: TraceStore, limit: int = 50) -> list[Trace]:
+    """Traces waiting on a person (a question or an approval), newest first.
+
+    Read from the index of waits (`TraceStore.expired_human_waits` before a deadline no
+    wait reaches: every one), not from the newest traces: a wait is listed however many
+    traces were created after it.
+    """
+    return [t for t in indexed_waits(store) if waiting_on(t) is not None][:limit]
+
+
+def indexed_waits(store: TraceStore) -> list[Trace]:
+    """Every trace in the index of waits on a person, newest first.
+
+    A wait may have ended since it was indexed: the caller checks each trace's own state.
+    """
+    found = existing(store, store.expired_human_waits(EVERY_WAIT_MS))
+    return sorted(found, key=lambda t: (t.created_at_ms, t.trace_id), reverse=True)
+
+
+EVERY_WAIT_MS = 2**62
+"""Later than any wait's deadline (ms): the waits "expired" before it are all of them."""
 
 
 def still_waiting(trace: Trace, tool_call_id: str) -> bool:

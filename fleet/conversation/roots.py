@@ -25,6 +25,7 @@ from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Mode, Trace
 from fleet.runstate import RunState
 from fleet.runtime import Runtime
+from fleet.storage.root_index import ROOTS
 from fleet.tools.imagecheck import Image, stored_ref
 
 MAX_BOUND_NAMESPACES = 8
@@ -122,7 +123,9 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         memory=bound_namespaces(spec.memory),
     )
     _control(runtime, spec, model, trace_id)
-    return lifecycle.queue_root(runtime, trace)
+    queued = lifecycle.queue_root(runtime, trace)
+    runtime.store.capability(ROOTS).add(trace_id, queued.created_at_ms)  # listed once stored
+    return queued
 
 
 def bound_namespaces(namespaces: Sequence[str]) -> list[str]:

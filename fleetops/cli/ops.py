@@ -97,9 +97,12 @@ def run_worker(args: argparse.Namespace) -> int:
             raise ConfigError("the gevent pool needs gevent: pip install gevent")
         _exec_worker(argv, env)
     from workers import start
-    from workers.app import app
+    from workers.app import app, celery_urls
 
-    app.conf.update(broker_url=settings.broker_url, result_backend=settings.redis_url)
+    # The URLs as found (discovery), as the app reads them: the result backend its own
+    # (FLEET_RESULT_BACKEND_URL: on a cluster, a single Redis apart; it was set to the
+    # store's URL here, so a cluster's workers ran the chord join on a cluster node).
+    app.conf.update(celery_urls(settings))
     return start.main(argv[1:])  # Celery's `worker` command, not its umbrella `celery`
 
 

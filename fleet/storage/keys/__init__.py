@@ -217,6 +217,11 @@ def search_cache(digest: str) -> str:
 TRACES = f"{PREFIX}:traces"
 """Sorted set: every trace id scored by creation time (newest last)."""
 
+ROOTS = f"{PREFIX}:roots"
+"""Sorted set, no TTL: root trace ids scored by creation time (newest last), for lists of
+whole trees (`fleet.storage.root_index`); an entry whose trace expired is dropped by the
+reader that finds it gone."""
+
 RUNNING = f"{PREFIX}:running"
 """Sorted set: trace ids in status running, scored by their lease deadline in ms."""
 
