@@ -14,6 +14,7 @@ from fleet.models import now_ms
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from fleet.storage import outbox
+from fleet.storage.writes import WriteExtension
 from workers import settle
 from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import start_window
@@ -55,14 +56,19 @@ def run_agent(
     the next waiting child and, if it was the last of its call, settles the call.
     """
     runtime = get_runtime()
-    settings = runtime.settings
-    part = chord_join.count_in_run(
-        self.backend, self.request, settings.redis_url, cluster=settings.redis_cluster
-    )
+    part = counted_part(self, runtime)
     result = run_safely(Runner(runtime, should_yield=draining.is_set, end_step=part), trace_id)
     hand_back(self, result)
     after_run(runtime, result, recovered=recovered, windowed=windowed)
     return envelope(result)
+
+
+def counted_part(task: Task, runtime: Runtime) -> WriteExtension | None:
+    """The chord part this run counts in the write that ends it (`count_in_run`), if any."""
+    settings = runtime.settings
+    return chord_join.count_in_run(
+        task.backend, task.request, settings.redis_url, cluster=settings.redis_cluster
+    )
 
 
 def after_run(runtime: Runtime, result: RunResult, *, recovered: bool, windowed: bool) -> None:
