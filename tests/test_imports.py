@@ -235,6 +235,7 @@ FLEET_LAYERS = (
     "owners",
     "batchapi",
     "conversation",
+    "remote",
     "children",
     "loop",
     "batch",

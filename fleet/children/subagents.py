@@ -17,6 +17,7 @@ from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
+from fleet.remote.spawn import check_may_call, find_remote_child, remote_metadata, reopened
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
 
@@ -40,7 +41,15 @@ AGENT_SCHEMA: dict[str, Any] = {
                     "description": "Context messages: one list shared, or one list per branch.",
                     "items": {},
                 },
-                "continue_from": {"type": "string", "description": "A delegate sub_trace_id."},
+                "continue_from": {
+                    "type": "string",
+                    "description": "A delegate sub_trace_id (or a remote agent's agent://...).",
+                },
+                "agent": {
+                    "type": "string",
+                    "description": "A remote agent the fleet's operator named (by its name, "
+                    "never a URL): the task goes to it instead of a local sub-agent.",
+                },
                 "agent_type": {
                     "type": "string",
                     "description": "Preset for a delegate, or for every branch of an explore "
@@ -128,6 +137,8 @@ def _agent_children(
     messages = args.get("messages")
     common = {"skills": list(args.get("skills") or []), "extra": args.get("context")}
     common["ceiling"] = _ceiling_fields(runtime, parent)
+    if args.get("agent") is not None or args.get("agent_url") is not None:
+        return _remote_children(runtime, parent, call_id, args, common)
     if isinstance(task, str) and task.strip():
         preset = str(args.get("agent_type") or "default")
         _check_preset(runtime, parent, preset)
@@ -146,6 +157,35 @@ def _agent_children(
         specs = [
             _ChildSpec("explore", branch_preset, t, i, messages)
             for i, (t, messages) in enumerate(zip(task, per_branch, strict=True), start=1)
+        ]
+        return _children(runtime, parent, call_id, specs, common)
+    raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
+
+
+def _remote_children(
+    runtime: Runtime, parent: Trace, call_id: str, args: dict[str, Any], common: dict[str, Any]
+) -> list[Trace]:
+    """Children on a remote agent: one for a task, one per item (read-only agents only)."""
+    if args.get("agent_url") is not None:
+        raise ToolError("agent: `agent_url` is refused: remote agents are named in fleet.yaml")
+    task, messages = args.get("task"), args.get("messages")
+    if isinstance(task, str) and task.strip():
+        common["remote"] = check_may_call(runtime, parent, args.get("agent"), read_only=False)
+        return [
+            _child(
+                runtime,
+                parent,
+                call_id,
+                _ChildSpec("remote", "default", task, None, messages),
+                common,
+            )
+        ]
+    if isinstance(task, list) and task and all(isinstance(t, str) and t for t in task):
+        common["remote"] = check_may_call(runtime, parent, args.get("agent"), read_only=True)
+        per_branch = _branch_messages(messages, len(task))
+        specs = [
+            _ChildSpec("remote", "default", t, i, m)
+            for i, (t, m) in enumerate(zip(task, per_branch, strict=True), start=1)
         ]
         return _children(runtime, parent, call_id, specs, common)
     raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
@@ -294,6 +334,8 @@ def _child_trace(
     name = f"{mode}-{index:03d}" if index is not None else mode
     if mode == "delegate" and preset != "default":
         name = preset
+    if mode == "remote":  # the remote agent's name, numbered in a list
+        name = common["remote"] + (f"-{index:03d}" if index is not None else "")
     context: dict[str, Any] = {}
     if spec.messages:
         context["messages"] = _check_messages(spec.messages)
@@ -342,6 +384,7 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
         raise ToolError("agent: continue_from works with a single task, not an explore list")
     sub_id = str(args["continue_from"])
     store = runtime.store
+    sub_id = find_remote_child(store, parent, sub_id) or sub_id  # agent://NAME/<task id>
     child = store.get_trace(sub_id) if sub_id in store.children(parent.trace_id) else None
     if child is None:
         raise ToolError(f"{call.name}: {sub_id!r} is not a sub-trace of this trace")
@@ -357,6 +400,9 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
     otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
+    if child.mode == "remote":  # the new message goes to the same remote conversation
+        store.update_trace(sub_id, metadata=reopened(child))
+        child = store.get_trace(sub_id)
     lifecycle.reopen(runtime, child, call.id, otel=otel)
     return store.get_trace(sub_id)
 
@@ -366,6 +412,8 @@ def _metadata(
 ) -> dict[str, Any]:
     """A new child's metadata: cache key, tracing context, turn, cache warming (`warming`)."""
     metadata = dict(common.get("cache") or {})
+    if common.get("remote"):
+        metadata |= remote_metadata(common["remote"])
     if common.get("warm") and index is not None and index > 1:
         metadata[WARM_KEY] = True
     if otel := runtime.hooks.child_context(parent, call_id):

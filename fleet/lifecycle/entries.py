@@ -18,6 +18,9 @@ from fleet.runtime import Runtime
 from fleet.storage.store import TraceContent
 from fleet.storage.writes import TraceWrite
 
+REMOTE_KEY = "remote_call"
+"""Trace metadata of a remote child: its `fleet.lifecycle.remote.RemoteCall`."""
+
 
 def announce(
     runtime: Runtime, parent: Trace, child: Trace, write: TraceWrite | None = None
@@ -71,7 +74,16 @@ def mirrored(runtime: Runtime, child: Trace) -> Collaborator:
         tool_call_id=child.parent_tool_call_id,
         stats=child.stats,
         output=child.output if child.status == "completed" else None,
+        remote_id=remote_id_of(child),
     )
+
+
+def remote_id_of(child: Trace) -> str | None:
+    """A remote child's `agent://NAME/<task id>`, once its agent gave one."""
+    call = child.metadata.get(REMOTE_KEY) if child.mode == "remote" else None
+    if not isinstance(call, dict) or not call.get("task_id"):
+        return None
+    return f"agent://{call.get('agent')}/{call.get('task_id')}"
 
 
 def put_collaborator(

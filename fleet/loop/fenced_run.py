@@ -33,7 +33,8 @@ from fleet.loop.turns import (
     recorded,
     terminal,
 )
-from fleet.models import Event, Status, now_ms
+from fleet.models import Event, Status, Trace, now_ms
+from fleet.remote.run import run_remote
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
@@ -77,12 +78,8 @@ class FencedRun:
     def _drive_open(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
         trace = lifecycle.start(self.runtime, snapshot.trace, start)  # begin_run did, mostly
-        try:
-            self.runtime.workspace_of(trace)
-        except FleetError as exc:  # a forged or stale workspace: fail before any model call
-            if start.ops:
-                self.store.apply(start)
-            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        if (ended := self._without_model(trace, start)) is not None:
+            return ended
         following = opening(self.runtime, snapshot, trace, start, held)
         if following == "waiting":
             return "waiting"
@@ -103,6 +100,22 @@ class FencedRun:
             if not held.released:  # a finish in one step wrote its duration already
                 with contextlib.suppress(LeaseLost):
                     self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
+
+    def _without_model(self, trace: Trace, start: TraceWrite) -> Outcome | None:
+        """A run that ends before any model call: a bad workspace, or a remote child."""
+        try:
+            self.runtime.workspace_of(trace)
+        except FleetError as exc:  # a forged or stale workspace: fail before any model call
+            if start.ops:
+                self.store.apply(start)
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        if trace.mode != "remote":
+            return None
+        if start.ops:
+            self.store.apply(start)
+        park = self.runtime.dispatcher.children_survive_restart  # a sweeper polls for it
+        ended = run_remote(self.runtime, trace, park=park)
+        return "waiting" if ended == "waiting" else terminal(ended)
 
     def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
         while True:
