@@ -243,7 +243,7 @@ def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
     return _waiting(store, state, trace)
 
 
-def _waiting(store: TraceRecords, state: TreeState, trace: Trace) -> Remedy | None:
+def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
     if PERSON_KEY in trace.metadata:
         return None  # a person (and the wait's deadline) owns it: a question or an approval
     parked = trace.metadata.get(BATCH_KEY)

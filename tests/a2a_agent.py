@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 from a2a.helpers.proto_helpers import new_task_from_user_message
@@ -74,7 +75,7 @@ class Reviewer(AgentExecutor):
 
 
 class _Bearer(BaseHTTPMiddleware):
-    def __init__(self, app: Starlette, token: str | None, record: Record) -> None:
+    def __init__(self, app: Any, token: str | None, record: Record) -> None:
         super().__init__(app)
         self.token, self.record = token, record
 

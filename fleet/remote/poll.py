@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from fleet.config.remote_agents import RemoteAgentConfig
 from fleet.errors import FleetError, TraceNotFound
 from fleet.lifecycle.remote import call_of
 from fleet.models import now_ms
@@ -52,10 +53,12 @@ def poll_one(runtime: Runtime, watch: RemoteWatch, trace_id: str) -> bool:
         watch.forget(trace_id)
         return False
     again_ms = now_ms() + int(runtime.settings.remote_poll_s * 1000)
+    agent: RemoteAgentConfig | None = None
+    token: str | None = None
     try:
         agent, token = run.agent_of(runtime, call)
     except FleetError:
-        agent = token = None
+        pass  # gone from fleet.yaml: no cancel is possible, the child fails below
     if trace.is_terminal:  # stopped or cut while it waited: the remote task goes too
         if agent is not None:
             run.cancel_task(agent, token, call)

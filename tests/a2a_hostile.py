@@ -1,0 +1,107 @@
+"""A hostile A2A agent speaking the JSON-RPC wire by hand (what a2a-sdk's server never does).
+
+Modes: `huge` (GetTask streams 100 MB without end of its JSON, never built in memory),
+`hang` (GetTask never answers), `forged` (GetTask answers for another task id),
+`flip` (GetTask says completed once, then working again). SendMessage always answers a
+working task `t-1` in context `c-1`. `calls` counts the methods it was asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CHUNK = b"x" * 65_536
+HUGE_BYTES = 100 * 1024 * 1024
+
+
+@dataclass
+class Hostile:
+    mode: str
+    url: str = ""
+    calls: Counter[str] = field(default_factory=Counter)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def _task(task_id: str, state: str, text: str = "") -> dict[str, Any]:
+    task: dict[str, Any] = {"id": task_id, "contextId": "c-1", "status": {"state": state}}
+    if text:
+        task["artifacts"] = [{"artifactId": "a", "parts": [{"text": text}]}]
+    return task
+
+
+def _handler(hostile: Hostile) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            method, rpc_id = body["method"], body["id"]
+            hostile.calls[method] += 1
+            if method == "SendMessage":
+                return self._json(rpc_id, {"task": _task("t-1", "TASK_STATE_WORKING")})
+            if method == "CancelTask":
+                return self._json(rpc_id, _task("t-1", "TASK_STATE_CANCELED"))
+            match hostile.mode:
+                case "huge":
+                    return self._huge()
+                case "hang":
+                    hostile.stop.wait(120)
+                    return None
+                case "forged":
+                    return self._json(rpc_id, _task("someone-else", "TASK_STATE_COMPLETED", "x"))
+                case _:  # flip: completed once, working ever after
+                    first = hostile.calls["GetTask"] == 1
+                    state = "TASK_STATE_COMPLETED" if first else "TASK_STATE_WORKING"
+                    text = "first answer" if first else "second answer"
+                    return self._json(rpc_id, _task("t-1", state, text))
+
+        def _json(self, rpc_id: str, result: dict[str, Any]) -> None:
+            data = json.dumps({"jsonrpc": "2.0", "id": rpc_id, "result": result}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _huge(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(HUGE_BYTES))
+            self.end_headers()
+            self.wfile.write(b'{"jsonrpc": "2.0", "id": "1", "result": {"id": "t-1", "x": "')
+            sent = 0
+            with contextlib.suppress(OSError):  # the client hangs up at its cap
+                while sent < HUGE_BYTES and not hostile.stop.is_set():
+                    self.wfile.write(CHUNK)
+                    sent += len(CHUNK)
+
+    return Handler
+
+
+@contextlib.contextmanager
+def serve_hostile(mode: str) -> Iterator[Hostile]:
+    """The hostile agent on a free loopback port, in a thread."""
+    hostile = Hostile(mode)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hostile))
+    server.daemon_threads = True
+    hostile.url = f"http://127.0.0.1:{server.server_address[1]}/"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield hostile
+    finally:
+        hostile.stop.set()
+        server.shutdown()
+        server.server_close()
+        time.sleep(0)
