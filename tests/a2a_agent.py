@@ -5,14 +5,15 @@ What it does is read from the message text:
 - `ask ...`: asks for input (input-required), then completes with the reply it got;
 - anything else: works 0.2 s and completes with the artifact `reviewed: <text>`.
 Each artifact names its context, so a test sees a continued conversation reach the same
-one. `log` records (task id, context id, text) of every message and `canceled` every
-cancelled task.
+one; task ids are `task-1`, `task-2`, ... in order. `record` keeps (task id, context id,
+text) of every message and `canceled` every cancelled task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 import threading
 import time
@@ -23,7 +24,9 @@ from typing import Any
 import uvicorn
 from a2a.helpers.proto_helpers import new_task_from_user_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.agent_execution.simple_request_context_builder import SimpleRequestContextBuilder
 from a2a.server.events import EventQueue
+from a2a.server.id_generator import IDGenerator, IDGeneratorContext
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
@@ -87,6 +90,16 @@ class _Bearer(BaseHTTPMiddleware):
         return await call_next(request)
 
 
+class _Numbered(IDGenerator):
+    """Task ids `task-1`, `task-2`, ...: a scripted model can name them in `continue_from`."""
+
+    def __init__(self) -> None:
+        self.count = itertools.count(1)
+
+    def generate(self, context: IDGeneratorContext) -> str:
+        return f"task-{next(self.count)}"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -126,7 +139,10 @@ def serve_reviewer(token: str | None = None) -> Iterator[RunningAgent]:
         default_output_modes=["text"],
     )
     handler = DefaultRequestHandler(
-        agent_executor=Reviewer(record), task_store=InMemoryTaskStore(), agent_card=card
+        agent_executor=Reviewer(record),
+        task_store=InMemoryTaskStore(),
+        agent_card=card,
+        request_context_builder=SimpleRequestContextBuilder(task_id_generator=_Numbered()),
     )
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
     app.add_middleware(_Bearer, token=token, record=record)

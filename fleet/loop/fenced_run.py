@@ -115,7 +115,7 @@ class FencedRun:
             self.store.apply(start)
         park = self.runtime.dispatcher.children_survive_restart  # a sweeper polls for it
         ended = run_remote(self.runtime, trace, park=park)
-        return "waiting" if ended == "waiting" else terminal(ended)
+        return "parked" if ended == "waiting" else terminal(ended)
 
     def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
         while True:
