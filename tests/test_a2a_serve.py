@@ -117,7 +117,7 @@ def message(text: str, **ids: str) -> pb.SendMessageRequest:
 
 
 async def last_task(client: Any, request: pb.SendMessageRequest) -> pb.Task:
-    task = None
+    task: pb.Task | None = None
     async for event in client.send_message(request):
         if event.HasField("task"):
             task = event.task
@@ -138,8 +138,9 @@ def test_the_endpoint_refuses_a_request_without_the_token(served: Served, token:
     body = {"jsonrpc": "2.0", "id": "1", "method": "GetTask", "params": {"id": "x"}}
     answer = httpx.post(served.url, json=body, headers=headers, timeout=10)
     assert answer.status_code == 401
-    send = {"jsonrpc": "2.0", "id": "2", "method": "SendMessage"}
-    send["params"] = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "x"}]}}
+    text = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "x"}]}
+    send: dict[str, Any] = {"jsonrpc": "2.0", "id": "2", "method": "SendMessage"}
+    send["params"] = {"message": text}
     before = len(served.fleet.store.list_traces(1000))
     assert httpx.post(served.url, json=send, headers=headers, timeout=10).status_code == 401
     assert len(served.fleet.store.list_traces(1000)) == before  # no tree was started
