@@ -9,6 +9,8 @@ from typing import Any
 from fleet import ids, lifecycle
 from fleet.batchapi.route import BATCH_API_KEY, routed
 from fleet.children.cache import CacheScope, cache_key
+from fleet.children.schemas import AGENT_SCHEMA as AGENT_SCHEMA
+from fleet.children.schemas import EVALUATE_SCHEMA as EVALUATE_SCHEMA
 from fleet.children.warming import WARM_KEY, warms
 from fleet.conversation.continuation import TURN_KEY, turn_of
 from fleet.errors import ToolError, TraceExists
@@ -20,65 +22,6 @@ from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
 from fleet.remote.spawn import check_may_call, find_remote_child, remote_metadata, reopened
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
-
-AGENT_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "agent",
-        "description": (
-            "Start sub-agents. A string `task` delegates to one sub-agent with full tools "
-            "(it cannot start sub-agents itself). A list of tasks explores: one read-only "
-            "sub-agent per item, run in parallel, results summarised together."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "task": {
-                    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
-                },
-                "messages": {
-                    "type": "array",
-                    "description": "Context messages: one list shared, or one list per branch.",
-                    "items": {},
-                },
-                "continue_from": {
-                    "type": "string",
-                    "description": "A delegate sub_trace_id (or a remote agent's agent://...).",
-                },
-                "agent": {
-                    "type": "string",
-                    "description": "A remote agent the fleet's operator named (by its name, "
-                    "never a URL): the task goes to it instead of a local sub-agent.",
-                },
-                "agent_type": {
-                    "type": "string",
-                    "description": "Preset for a delegate, or for every branch of an explore "
-                    "(default explore; branches stay read-only whatever the preset).",
-                },
-                "skills": {"type": "array", "items": {"type": "string"}},
-                "context": {"type": "object"},
-            },
-            "required": ["task"],
-        },
-    },
-}
-
-EVALUATE_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "evaluate",
-        "description": "Ask a read-only judge whether a goal is met; returns a verdict.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "messages": {"type": "array", "items": {}},
-                "target_goal_id": {"type": "string"},
-                "continue_from": {"type": "string"},
-                "context": {"type": "object"},
-            },
-        },
-    },
-}
 
 
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
