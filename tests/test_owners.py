@@ -194,3 +194,15 @@ def test_a_parents_settle_entry_does_not_own_a_child_nobody_runs(store: TraceSto
     put(store, "r@b1", status="running")
     store.outbox_put(outbox.settle_entry("r", "c1"), now_ms() + 60_000)
     assert remedies(store) == [("resend", "r@b1")], "the parent is owned by the entry"
+
+
+def test_the_watch_list_owns_a_remote_child_waiting_on_its_task(store: TraceStore) -> None:
+    from fleet.storage.remote_watch import REMOTE_WATCH
+
+    put(store, "r", status="waiting")
+    open_call(store, "r")
+    call = {"agent": "reviewer", "state": "sent", "task_id": "t-1"}
+    put(store, "r@remote-1", status="waiting", mode="remote", metadata={"remote_call": call})
+    assert remedies(store) == [("resend", "r@remote-1")]  # no poller watches it: run it again
+    store.capability(REMOTE_WATCH).watch("r@remote-1", now_ms())
+    assert remedies(store) == []

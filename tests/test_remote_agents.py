@@ -312,3 +312,27 @@ def test_a_child_message_list_is_what_the_remote_sees_first(tmp_path: Path) -> N
     child = only_child(runtime, root)
     assert [m.role for m in runtime.store.messages(child.trace_id)] == ["user"]
     assert isinstance(runtime.store.messages(child.trace_id)[0], Message)
+
+
+def test_an_explore_list_on_a_read_only_agent_makes_one_remote_child_per_item(
+    tmp_path: Path,
+) -> None:
+    with serve_reviewer() as agent:
+        model = ScriptedModel(
+            [call("agent", task=["look at a.py", "look at b.py"], agent="safe"), text("ok")]
+        )
+        agents = {
+            "safe": {"url": agent.url, "private": True, "read_only": True},
+            "writer": {"url": agent.url, "private": True},
+        }
+        fleet, runtime = build(tmp_path, agents, model)
+        root = fleet.run("survey", model="m")
+        refused_model = ScriptedModel([call("agent", task=["x", "y"], agent="writer"), text("no")])
+        refused_fleet, refused_runtime = build(tmp_path, agents, refused_model)
+        refused = refused_fleet.run("survey", model="m")
+    kids = [runtime.store.get_trace(c) for c in runtime.store.children(root.trace_id)]
+    assert sorted(k.name for k in kids) == ["safe-001", "safe-002"]
+    assert all(k.mode == "remote" and k.status == "completed" for k in kids)
+    assert sorted(m[2] for m in agent.record.messages) == ["look at a.py", "look at b.py"]
+    (result,) = tool_results(refused_runtime, refused)
+    assert "no remote agent 'writer'" in result and "it may call: safe" in result
