@@ -336,3 +336,17 @@ def test_an_explore_list_on_a_read_only_agent_makes_one_remote_child_per_item(
     assert sorted(m[2] for m in agent.record.messages) == ["look at a.py", "look at b.py"]
     (result,) = tool_results(refused_runtime, refused)
     assert "no remote agent 'writer'" in result and "it may call: safe" in result
+
+
+def test_the_agent_tool_offers_only_the_remote_agents_a_trace_may_call(tmp_path: Path) -> None:
+    from fleet.loop.toolcalls import tool_schemas
+
+    def agent_parameter(agents: dict[str, Any]) -> Any:
+        _, runtime = build(tmp_path, agents, ScriptedModel([]))
+        trace = Trace(trace_id="t1", root_trace_id="t1", task="x", mode="main")
+        (schema,) = [s for s in tool_schemas(runtime, trace) if s["function"]["name"] == "agent"]
+        return schema["function"]["parameters"]["properties"].get("agent")
+
+    assert agent_parameter({}) is None
+    entry = {"url": "http://127.0.0.1:9/", "private": True}
+    assert agent_parameter({"b": entry, "a": entry})["enum"] == ["a", "b"]

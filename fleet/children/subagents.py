@@ -19,9 +19,26 @@ from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
-from fleet.remote.spawn import check_may_call, find_remote_child, remote_metadata, reopened
+from fleet.presets.preset import AgentPreset
+from fleet.remote.spawn import (
+    check_may_call,
+    find_remote_child,
+    offered_schema,
+    remote_metadata,
+    reopened,
+)
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
+
+
+def sub_agent_schemas(runtime: Runtime, trace: Trace, preset: AgentPreset) -> list[dict[str, Any]]:
+    """`agent` and `evaluate` as a main trace with these permissions is offered them.
+
+    `agent`'s remote agents are those the trace may call (`fleet.remote.spawn`).
+    """
+    offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
+    allowed = [s for s in offered if preset.allows(s["function"]["name"])]
+    return [offered_schema(runtime, trace, s) if s is AGENT_SCHEMA else s for s in allowed]
 
 
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:

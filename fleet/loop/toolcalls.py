@@ -11,7 +11,7 @@ from weakref import WeakKeyDictionary
 from fleet import lifecycle
 from fleet.children import settling
 from fleet.children.cache import delegate_preset
-from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
+from fleet.children.subagents import delegate_cache_key, spawn, sub_agent_schemas
 from fleet.config.mcp_names import PREFIX as MCP_PREFIX
 from fleet.config.mcp_names import server_of
 from fleet.conversation import approval
@@ -87,8 +87,7 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     if trace.mode == "main":
         # `agent` delegates to writing presets by default: a read-only trace is not offered
         # it (and `spawn` refuses a writing child if the model calls it anyway).
-        offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
-        schemas += [s for s in offered if preset.allows(s["function"]["name"])]
+        schemas += sub_agent_schemas(runtime, trace, preset)
     if may_ask(preset, trace):
         schemas.append(ASK_HUMAN_SCHEMA)
     if inbox.offered(runtime, trace):

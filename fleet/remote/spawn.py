@@ -8,6 +8,8 @@ those it may call.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fleet.errors import ToolError
 from fleet.lifecycle.entries import REMOTE_KEY
 from fleet.lifecycle.remote import REMOTE_ENTRY_PREFIX, RemoteCall, call_of
@@ -67,3 +69,31 @@ def reopened(child: Trace) -> dict[str, object]:
         return dict(child.metadata)
     fresh = call.model_copy(update={"state": "sent", "ok": False, "result": "", "errors": 0})
     return {**child.metadata, REMOTE_KEY: fresh.model_dump()}
+
+
+def offered_schema(runtime: Runtime, trace: Trace, schema: dict[str, Any]) -> dict[str, Any]:
+    """The `agent` tool's schema for `trace`, its `agent` parameter narrowed.
+
+    The parameter lists the remote agents the trace may call, and is left out when there
+    are none (a model cannot guess a name).
+    """
+    names = [
+        n
+        for n in sorted(runtime.config.remote_agents)
+        if may_call(runtime, trace, n, read_only=False)
+    ]
+    function = dict(schema["function"])
+    parameters = dict(function["parameters"])
+    properties = dict(parameters["properties"])
+    if not names:
+        properties.pop("agent", None)
+    else:
+        shown = ", ".join(names)
+        properties["agent"] = {
+            **properties["agent"],
+            "enum": names,
+            "description": f"{properties['agent']['description']} Remote agents: {shown}.",
+        }
+    parameters["properties"] = properties
+    function["parameters"] = parameters
+    return {**schema, "function": function}
