@@ -54,7 +54,7 @@ def write_scripts(folder: Path) -> tuple[str, str]:
                     {"content": "you said: {last_tool}"},
                 ],
             },
-            {"match": ".*", "steps": [{"content": "the tree's answer to: {task}"}]},
+            {"match": ".*", "steps": [{"content": "the tree's answer to: {last_user}"}]},
         ]
     }
     slow = {"latency_ms": 60_000, "scripts": [{"match": ".*", "steps": [{"content": "late"}]}]}
@@ -151,6 +151,21 @@ def test_a_message_completes_with_the_trees_answer_as_its_artifact(served: Serve
     assert task.status.state == pb.TASK_STATE_COMPLETED
     (artifact,) = task.artifacts
     assert artifact.parts[0].text == "the tree's answer to: count the files"
+
+
+def test_a_message_in_the_same_context_continues_the_tree(served: Served) -> None:
+    async def twice(client: Any) -> tuple[pb.Task, pb.Task]:
+        first = await last_task(client, message("first question"))
+        again = await last_task(client, message("second question", context_id=first.context_id))
+        return first, again
+
+    first, again = asyncio.run(a2a_call(served.url, twice))
+    assert again.status.state == pb.TASK_STATE_COMPLETED and again.id != first.id
+    assert again.artifacts[0].parts[0].text == "the tree's answer to: second question"
+    root = str(again.artifacts[0].metadata["trace_id"])
+    assert root == str(first.artifacts[0].metadata["trace_id"])
+    users = [m.content for m in served.fleet.store.messages(root) if m.role == "user"]
+    assert users == ["first question", "second question"]  # one tree, two turns
 
 
 def test_streaming_shows_working_then_completed(served: Served) -> None:

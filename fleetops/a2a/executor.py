@@ -4,8 +4,9 @@
   first skill), or, in a context that already holds a tree, that root continued.
 - A message to a task that is `input-required`: the reply to the person the tree waits on.
 - The task then follows the tree (read every `POLL_S`): `working` with a note while it
-  runs, the answer as an artifact and `completed`, `failed` with its one-line error,
-  `input-required` with the question when a trace of it waits on a person.
+  runs, the answer as an artifact (its metadata names the root's `trace_id`) and
+  `completed`, `failed` with its one-line error, `input-required` with the question when
+  a trace of it waits on a person.
 - CancelTask stops the tree (`fleet stop`).
 
 Which task and context belong to which tree is kept in this process (as a2a-sdk's task
@@ -124,7 +125,8 @@ class FleetExecutor(AgentExecutor):
         while True:
             trace = await asyncio.to_thread(self.fleet.trace, root)
             if trace.status == "completed":
-                await updater.add_artifact(_parts(trace.answer or ""), name="answer")
+                meta = {"trace_id": root}  # where `fleet trace show` finds the tree
+                await updater.add_artifact(_parts(trace.answer or ""), name="answer", metadata=meta)
                 await updater.complete()
                 return
             if trace.status in ("failed", "stopped"):
