@@ -14,6 +14,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,3 +212,17 @@ def test_input_required_waits_on_a_person_whose_reply_goes_to_the_remote_task(
     assert root.status == "completed", root.error
     assert setup.reviewer.record.messages[-1][0] == task_id  # the reply went to the same task
     assert "reviewed: the auth module" in str(root.answer)
+
+
+def test_the_trees_wall_s_ends_a_remote_child_and_cancels_its_task(setup: Setup) -> None:
+    from fleet.limits.budget import Budget
+
+    model = script(setup, "walled", [delegate("slow 60", "fresh"), {"content": "out of time"}])
+    started = time.monotonic()
+    handle = setup.fleet.submit("walled review", model=model, budget=Budget(wall_s=3))
+    root = handle.wait(60)
+    assert root.is_terminal and time.monotonic() - started < 30
+    (child,) = children(setup.fleet, handle.trace_id)
+    assert child.status == "failed" and "no answer in time" in str(child.error)
+    task_id = child.metadata["remote_call"]["task_id"]
+    wait_until(lambda: task_id in setup.fresh.record.canceled, 20, "the remote task cancelled")
