@@ -27,6 +27,7 @@ class Hostile:
     mode: str
     url: str = ""
     calls: Counter[str] = field(default_factory=Counter)
+    message_ids: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
 
@@ -49,6 +50,7 @@ class Handler(BaseHTTPRequestHandler):
         method, rpc_id = body["method"], body["id"]
         self.hostile.calls[method] += 1
         if method == "SendMessage":
+            self.hostile.message_ids.append(body["params"]["message"]["messageId"])
             return self._json(rpc_id, {"task": _task("t-1", "TASK_STATE_WORKING")})
         if method == "CancelTask":
             return self._json(rpc_id, _task("t-1", "TASK_STATE_CANCELED"))

@@ -350,3 +350,16 @@ def test_the_agent_tool_offers_only_the_remote_agents_a_trace_may_call(tmp_path:
     assert agent_parameter({}) is None
     entry = {"url": "http://127.0.0.1:9/", "private": True}
     assert agent_parameter({"b": entry, "a": entry})["enum"] == ["a", "b"]
+
+
+def test_a_message_sent_again_keeps_its_message_id(tmp_path: Path) -> None:
+    from fleet.remote.run import message_id_of
+
+    with serve_hostile("flip") as hostile:
+        model = ScriptedModel([call("agent", task="look", agent="reviewer"), text("ok")])
+        fleet, runtime = build(tmp_path, {"reviewer": {"url": hostile.url, "private": True}}, model)
+        root = fleet.run("try", model="m")
+    child = only_child(runtime, root)
+    (first,) = runtime.store.messages(child.trace_id)
+    assert hostile.message_ids == [message_id_of(child.trace_id, first.sequence)]
+    assert message_id_of(child.trace_id, 1) != message_id_of(child.trace_id, 2)

@@ -8,13 +8,18 @@ returns: the worker slot is free while the remote agent works. An in-process hos
 thread that is not a worker slot. A run that finds the call ended finishes the child
 with its result; one told to stop cancels the remote task and ends `stopped`.
 
-Faults: a worker that dies after the send and before the park leaves a `running` child
-whose lease lapses; the run sent again finds the message sent (`sent_sequence`) and only
-parks. A poller that dies mid-poll leaves the entry, due again one lease later.
+Faults: a worker that dies after the send is recorded (`sent_sequence`) and before the
+park leaves a `running` child whose lease lapses; the run sent again finds the message
+sent and only parks. One that dies between the send and its record sends the message
+again on the next run, with the same message id (the trace and the message's sequence):
+an agent that keeps message ids sees a repeat, one that does not starts a second task
+(the first is never polled; its agent's own expiry ends it). A poller that dies mid-poll
+leaves the entry, due again one lease later.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import Any
@@ -92,7 +97,15 @@ def _send_unsent(
         return call
     text = "\n\n".join(str(m.content or "") for m in unsent)
     answering = call.task_id if call.state == "input" else None
-    task = wire.send(agent, token, text, task_id=answering, context_id=call.context_id)
+    message_id = hashlib.sha256(f"{trace.trace_id}#{unsent[-1].sequence}".encode()).hexdigest()
+    task = wire.send(
+        agent,
+        token,
+        text,
+        task_id=answering,
+        context_id=call.context_id,
+        message_id=message_id[:32],
+    )
     past = [*call.tasks, call.task_id] if call.task_id and call.task_id != task.task_id else []
     deadline_ms = _deadline_ms(runtime, trace, agent)
     call = call.model_copy(
@@ -109,6 +122,11 @@ def _send_unsent(
     runtime.store.update_trace(trace.trace_id, metadata=with_call(trace, call))
     decision = decide(call, task, now_ms())
     return decision.call if isinstance(decision, Ended) else call
+
+
+def message_id_of(trace_id: str, sequence: int) -> str:
+    """The A2A message id of what a child sends up to `sequence`: the same when sent again."""
+    return hashlib.sha256(f"{trace_id}#{sequence}".encode()).hexdigest()[:32]
 
 
 def _opening(trace: Trace) -> str:

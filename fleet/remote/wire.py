@@ -161,15 +161,19 @@ def send(
     *,
     task_id: str | None = None,
     context_id: str | None = None,
+    message_id: str | None = None,
 ) -> RemoteTask:
     """SendMessage without waiting for the end (`return_immediately`); the task it made.
 
     `task_id`: answer a task that asked for input; `context_id`: a new task in the same
-    remote conversation.
+    remote conversation; `message_id`: the same for a message sent again (an agent that
+    keeps message ids knows it was sent).
     """
     from a2a.types import a2a_pb2 as pb
 
-    message = pb.Message(message_id=uuid.uuid4().hex, role=pb.ROLE_USER, parts=[pb.Part(text=text)])
+    message = pb.Message(
+        message_id=message_id or uuid.uuid4().hex, role=pb.ROLE_USER, parts=[pb.Part(text=text)]
+    )
     if task_id:
         message.task_id = task_id
     if context_id:
