@@ -146,6 +146,19 @@ def test_the_endpoint_refuses_a_request_without_the_token(served: Served, token:
     assert len(served.fleet.store.list_traces(1000)) == before  # no tree was started
 
 
+def test_a_huge_or_undeclared_body_is_refused_before_it_is_read(served: Served) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    huge = b'{"jsonrpc": "2.0", "id": "1", "method": "SendMessage", "params": {"x": "'
+    huge += b"x" * 2_000_000 + b'"}}'
+    assert httpx.post(served.url, content=huge, headers=headers, timeout=10).status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"jsonrpc": "2.0", "id": "1", "method": "GetTask", "params": {"id": "x"}}'
+
+    chunked = httpx.post(served.url, content=chunks(), headers=headers, timeout=10)
+    assert chunked.status_code == 413
+
+
 def test_a_message_completes_with_the_trees_answer_as_its_artifact(served: Served) -> None:
     task = asyncio.run(a2a_call(served.url, lambda c: last_task(c, message("count the files"))))
     assert task.status.state == pb.TASK_STATE_COMPLETED

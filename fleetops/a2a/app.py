@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import json
 from typing import Any
 
 from fleet.client import Fleet
@@ -10,13 +11,16 @@ from fleetops.a2a.card import a2a_presets, agent_card
 from fleetops.a2a.executor import FleetExecutor
 
 CARD_PATH = "/.well-known/agent-card.json"
+MAX_BODY_BYTES = 1_000_000
+"""Most bytes of a request body (declared in Content-Length) a2a-sdk is handed."""
 
 
 def build_app(fleet: Fleet, url: str, token: str, poll_s: float | None = None) -> Any:
     """The Starlette app: the card (public: it says how to authenticate), JSON-RPC at `/`.
 
-    Every other request without `Authorization: Bearer <token>` is refused with 401
-    before a2a-sdk reads its body.
+    Every other request without `Authorization: Bearer <token>` is refused with 401, and
+    a POST whose declared body is over `MAX_BODY_BYTES` (or undeclared) with 413, before
+    a2a-sdk reads a byte of it.
     """
     from a2a.server.request_handlers import DefaultRequestHandler
     from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
@@ -46,15 +50,27 @@ class _Bearer:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] != CARD_PATH:
-            given = dict(scope["headers"]).get(b"authorization", b"")
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
-                await _refuse(send)
+                await _refuse(send, 401, "a bearer token is required (the card's security scheme)")
+                return
+            length = headers.get(b"content-length", b"")
+            if scope["method"] == "POST" and not _small(length):
+                await _refuse(send, 413, f"a request body is at most {MAX_BODY_BYTES} bytes")
                 return
         await self.app(scope, receive, send)
 
 
-async def _refuse(send: Any) -> None:
-    body = b'{"error": "a bearer token is required (the card\'s security scheme)"}'
-    headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
-    await send({"type": "http.response.start", "status": 401, "headers": headers})
+def _small(length: bytes) -> bool:
+    """A declared length within the cap (a body without one, chunked, is refused)."""
+    return length.isdigit() and int(length) <= MAX_BODY_BYTES
+
+
+async def _refuse(send: Any, status: int, why: str) -> None:
+    body = json.dumps({"error": why}).encode()
+    headers = [(b"content-type", b"application/json")]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
