@@ -363,3 +363,16 @@ def test_a_message_sent_again_keeps_its_message_id(tmp_path: Path) -> None:
     (first,) = runtime.store.messages(child.trace_id)
     assert hostile.message_ids == [message_id_of(child.trace_id, first.sequence)]
     assert message_id_of(child.trace_id, 1) != message_id_of(child.trace_id, 2)
+
+
+def test_an_agent_echoing_its_token_gets_it_masked(tmp_path: Path) -> None:
+    with serve_hostile("echo") as hostile:
+        model = ScriptedModel([call("agent", task="look", agent="reviewer"), text("ok")])
+        entry = {"url": hostile.url, "private": True, "token_env": "ECHO_TOKEN"}
+        fleet, runtime = build(tmp_path, {"reviewer": entry}, model, env={"ECHO_TOKEN": "tok-zz9"})
+        root = fleet.run("try", model="m")
+    child = only_child(runtime, root)
+    assert child.answer == "you sent Bearer [redacted]"
+    stored = json.dumps([m.model_dump() for m in runtime.store.messages(root.trace_id)])
+    stored += json.dumps([c.model_dump() for c in runtime.store.collaborators(root.trace_id)])
+    assert "tok-zz9" not in stored

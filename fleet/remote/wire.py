@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -139,7 +139,22 @@ def _run(agent: RemoteAgentConfig, token: str | None, act: Callable[[Any], Await
     except RemoteError:
         raise
     except Exception as exc:  # the SDK's errors, timeouts, a hostile answer: one line
-        raise _one_line(exc) from None
+        error = _one_line(exc)
+        raise type(error)(_masked(str(error), token)) from None
+
+
+def _masked(text: str, token: str | None) -> str:
+    """`text` without the agent's token: an agent may echo what it was sent."""
+    return text.replace(token, "[redacted]") if token else text
+
+
+def _scrubbed(task: RemoteTask, token: str | None) -> RemoteTask:
+    """The task's texts without the token (see `_masked`)."""
+    if not token:
+        return task
+    return replace(
+        task, message=_masked(task.message, token), artifact=_masked(task.artifact, token)
+    )
 
 
 def _one_line(exc: BaseException) -> RemoteError:
@@ -191,7 +206,7 @@ def send(
                 return RemoteTask(uuid.uuid4().hex, ids, "completed", artifact=reply)
         raise RemoteError("the agent answered with neither a task nor a message")
 
-    found = _run(agent, token, act)
+    found = _scrubbed(_run(agent, token, act), token)
     if task_id and found.task_id != task_id:
         raise RemoteRefused(f"the agent answered for task {found.task_id[:40]!r}, not ours")
     return found
@@ -204,7 +219,7 @@ def get(agent: RemoteAgentConfig, token: str | None, task_id: str) -> RemoteTask
     async def act(client: Any) -> RemoteTask:
         return task_of(await client.get_task(pb.GetTaskRequest(id=task_id, history_length=0)))
 
-    found = _run(agent, token, act)
+    found = _scrubbed(_run(agent, token, act), token)
     if found.task_id != task_id:
         raise RemoteRefused(f"the agent answered for task {found.task_id[:40]!r}, not ours")
     return found
