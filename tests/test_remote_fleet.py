@@ -115,12 +115,6 @@ def test_a_delegate_to_a_remote_agent_completes_and_shows_its_agent_id(setup: Se
     assert shown.returncode == 0, shown.stderr
     assert f"remote {remote_id} [completed]" in shown.stdout
     assert set(setup.reviewer.record.auth) == {"Bearer tok-123"}
-    told = [  # the remote task's status note became an event of the child
-        e.data.get("type")
-        for _, e in setup.fleet.store.read_events(root.trace_id)
-        if e.kind == "collaborator" and e.status == "running"
-    ]
-    assert "remote" in told
 
 
 def test_continue_from_reaches_the_same_remote_context(setup: Setup) -> None:
@@ -153,6 +147,12 @@ def test_no_slot_is_held_while_a_remote_child_waits(setup: Setup) -> None:
     (child,) = children(setup.fleet, slow.trace_id)
     assert child.status == "waiting"  # still: the remote task works on
     assert slow.wait(60).status == "completed"
+    told = [  # the remote task's status note (6 s of "reading the diff") became an event
+        e.data.get("type")
+        for _, e in setup.fleet.store.read_events(slow.trace_id)
+        if e.kind == "collaborator" and e.status == "running"
+    ]
+    assert "remote" in told
 
 
 def test_a_stop_cancels_the_remote_task(setup: Setup) -> None:

@@ -65,16 +65,15 @@ def run_remote(runtime: Runtime, trace: Trace, *, park: bool) -> Status:
         agent, token = agent_of(runtime, call)
     except FleetError as exc:
         return _finish(runtime, trace, False, str(exc))
-    if runtime.store.stop_requested(trace.trace_id):
+    if call.state != "ended" and not runtime.store.stop_requested(trace.trace_id):
+        try:
+            call = _send_unsent(runtime, trace, call, agent, token)
+        except wire.RemoteError as exc:
+            return _finish(runtime, trace, False, f"remote agent {call.agent!r}: {exc}")
+    if runtime.store.stop_requested(trace.trace_id):  # before the send, or while it went
         cancel_task(agent, token, call)
         lifecycle.finish(runtime, trace.trace_id, "stopped", error="stop requested", reason="stop")
         return "stopped"
-    if call.state == "ended":
-        return _finish(runtime, trace, call.ok, call.result)
-    try:
-        call = _send_unsent(runtime, trace, call, agent, token)
-    except wire.RemoteError as exc:
-        return _finish(runtime, trace, False, f"remote agent {call.agent!r}: {exc}")
     if call.state == "ended":
         return _finish(runtime, trace, call.ok, call.result)
     if park:
