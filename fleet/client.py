@@ -20,13 +20,13 @@ from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
-from fleet.following import Follower
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
 from fleet.memory.board import MEMORY
 from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
+from fleet.observe.following import Follower
 from fleet.runtime import Runtime
 from fleet.settings import Settings, process_settings
 from fleet.storage.store import TraceStore
@@ -96,6 +96,8 @@ class Fleet:
         priority: Priority = "interactive",
         images: Sequence[str | Path] = (),
         memory: Sequence[str] = (),
+        human_timeout_s: int | None = None,
+        batch_api: bool = False,
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
@@ -104,7 +106,7 @@ class Fleet:
             model: Model name or alias; else the preset's, the config's default.
             preset: Agent preset of the root.
             workspace: Workspace root (must lie under FLEET_WORKSPACE_ROOTS).
-            metadata: Free-form data kept on the trace.
+            metadata: The caller's own data, kept on the trace as it is (the fleet never reads it).
             mode: `main` (may spawn sub-agents), or a single `delegate`/`explore`/`evaluate`.
             budget: What the whole tree may spend (`fleet.limits.budget.Budget`); see
                 docs/limits.md.
@@ -114,8 +116,20 @@ class Fleet:
                 guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
             memory: Long-term memory namespaces the tree may use (`user:alice`); its
                 children inherit them, and no model can name another (docs/memory.md).
+            human_timeout_s: How long the tree's waits on a person last (else the fleet's).
+            batch_api: Every model call of the tree goes through its provider's Batch API.
         """
-        spec = TaskSpec(task, model, preset, workspace, mode, metadata, memory=tuple(memory))
+        spec = TaskSpec(
+            task,
+            model,
+            preset,
+            workspace,
+            mode,
+            metadata,
+            memory=tuple(memory),
+            batch_api=batch_api,
+        )
+        spec = replace(spec, human_timeout_s=human_timeout_s)
         if images:
             from fleet.tools.imagesource import load_images  # its checks only when asked
 

@@ -94,11 +94,13 @@ class InProcessFleet:
         metadata: Mapping[str, Any] | None = None,
         images: Sequence[str | Path] = (),
         memory: Sequence[str] = (),
+        human_timeout_s: int | None = None,
     ) -> Trace:
         """Create a root trace, run it until it ends or waits on a person, return it.
 
-        `images`: file paths or http(s) URLs shown to the model with the task; `memory`:
-        the long-term memory namespaces the tree may use.
+        `images`: file paths or http(s) URLs shown to the model with the task; `metadata`:
+        the caller's own, kept as it is; `human_timeout_s`: how long a wait on a person lasts;
+        `memory`: the long-term memory namespaces the tree may use.
         """
         loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
         spec = TaskSpec(
@@ -108,6 +110,7 @@ class InProcessFleet:
             metadata=metadata,
             images=loaded,
             memory=tuple(memory),
+            human_timeout_s=human_timeout_s,
         )
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)

@@ -7,11 +7,12 @@ These are pydantic models because they cross the edge into Redis and task messag
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.goals import GoalTree
+from fleet.runstate import RunPatch, RunState, check_patch
 
 Mode = Literal["main", "delegate", "explore", "evaluate", "remote"]
 Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped"]
@@ -170,6 +171,10 @@ class Trace(_Model):
     context: dict[str, Any] = Field(default_factory=dict)
     skills: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    """The caller's own data (a submission's, a batch line's): the fleet never reads it."""
+    run: RunState = Field(default_factory=RunState)
+    """The fleet's own state of this trace (`fleet.runstate`): stored field by field, written
+    only through `update_run`/`TraceWrite.update_run`, never by an update of the trace."""
     ceiling: ToolCeiling = Field(default_factory=ToolCeiling)
     """Inherited from the parent: this trace's tools are its preset's within this."""
     memory: list[str] = Field(default_factory=list)
@@ -194,6 +199,11 @@ class Trace(_Model):
         """True once the trace completed, failed or was stopped."""
         return self.status in TERMINAL
 
+    def with_run(self, **fields: Unpack[RunPatch]) -> Trace:
+        """A copy with these run-state fields set (as `update_run` writes them)."""
+        run = RunState.model_validate({**self.run.model_dump(), **check_patch(fields)})
+        return self.model_copy(update={"run": run})
+
 
 def task_images(trace: Trace) -> str:
     """`2 image(s): [image PNG 800x600, 12.3 KB], ...` for a task given images; else ""."""
@@ -207,7 +217,8 @@ class TracePatch(TypedDict, total=False):
     """The fields of a `Trace` an update may write (the store's `update_trace`).
 
     Identity (`trace_id`, `root_trace_id`, `parent_trace_id`, `mode`, `task`, `created_at_ms`)
-    and `stats` (added to with `add_stats`) are never overwritten.
+    and `stats` (added to with `add_stats`) are never overwritten; `run` is written field by
+    field (`update_run`), never as a whole.
     """
 
     status: Status

@@ -183,7 +183,7 @@ def test_run_on_an_unreachable_broker_is_one_line_and_leaves_no_queued_root(
     assert "cannot reach the broker at 'amqp://fleet@127.0.0.1:" in line
     assert "brokerpass1" not in line
     roots = [t for t in fleet.store.list_traces(limit=50) if t.task == "broker-down"]
-    ended = [(t.status, t.metadata.get("stop_reason")) for t in roots]
+    ended = [(t.status, t.run.stop_reason) for t in roots]
     assert ended == [("failed", "not_enqueued")]
 
 
@@ -380,9 +380,10 @@ def test_flower_lists_the_fan_out_with_trace_ids_and_no_key(
 ) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    flower = subprocess.Popen(
+    flower = subprocess.Popen(  # from the workspace, as a user runs it (not the checkout)
         [*FLEET, "flower", "--port", str(port)],
         env=cli_env(url, workspace),
+        cwd=workspace,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -235,7 +235,7 @@ def test_on_a_terminal_fleet_run_prompts_for_the_reply(
 def test_stop_and_timeout_end_a_wait_cleanly(fleet: Fleet, tmp_path: Path) -> None:
     model = ask_script(tmp_path)
     stopped = fleet.submit("paint the gate", model=model)
-    timed = fleet.submit("paint the door", model=model, metadata={"human_timeout_s": 1})
+    timed = fleet.submit("paint the door", model=model, human_timeout_s=1)
     wait_until(lambda: len(fleet.waiting()) == 2, TIMEOUT_S, "both to ask")
     fleet.stop(stopped.trace_id)
     assert fleet.trace(stopped.trace_id).status == "stopped"
@@ -316,6 +316,6 @@ def test_a_wall_time_budget_ends_a_wait_on_a_person(fleet: Fleet, tmp_path: Path
     wait_until(lambda: bool(fleet.waiting()), TIMEOUT_S, "the question")
     assert waiting_on(fleet.trace(handle.trace_id))["ends"] == "budget"  # type: ignore[index]
     done = handle.wait(timeout_s=TIMEOUT_S)  # a sweeper ends the wait when wall_s runs out
-    assert done.status == "completed" and done.metadata["stop_reason"] == "budget", done
+    assert done.status == "completed" and done.run.stop_reason == "budget", done
     person = fleet.store.collaborators(done.trace_id)[0]
     assert person.status == "failed" and "time budget" in person.summary

@@ -211,6 +211,7 @@ FLEET_LAYERS = (
     "errors",
     "ids",
     "goals",
+    "runstate",
     "models",
     # The schemas of fleet.yaml's and preset files' blocks (they import only the base).
     "config",
@@ -242,7 +243,6 @@ FLEET_LAYERS = (
     # The public face.
     "inprocess",
     "backends",
-    "following",
     "client",
     "testing",
     "",

@@ -103,7 +103,7 @@ def test_finish_mirrors_the_child_into_its_parents_entry(tmp_path: Path) -> None
     )
 
     assert trace == runtime.store.get_trace(child_id)
-    assert trace.metadata["stop_reason"] == "final_answer"
+    assert trace.run.stop_reason == "final_answer"
     entry = next(c for c in runtime.store.collaborators(parent.trace_id) if c.trace_id == child_id)
     assert (entry.status, entry.summary) == ("completed", "a long answe")  # summary_chars=12
     events = [e for _, e in runtime.store.read_events(parent.root_trace_id)]

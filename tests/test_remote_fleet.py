@@ -24,7 +24,6 @@ import pytest
 import yaml
 
 from fleet.client import Fleet
-from fleet.lifecycle import PERSON_KEY
 from fleet.models import Trace
 from tests.a2a_agent import RunningAgent, serve_reviewer
 from tests.fleetkit import client, fleet_settings, wait_until
@@ -201,11 +200,13 @@ def test_input_required_waits_on_a_person_whose_reply_goes_to_the_remote_task(
 
     def asked() -> bool:
         found = children(setup.fleet, handle.trace_id)
-        return bool(found) and PERSON_KEY in found[0].metadata
+        return bool(found) and found[0].run.waiting_on is not None
 
     wait_until(asked, 30, "the remote task's question reached a person")
     (child,) = children(setup.fleet, handle.trace_id)
-    assert child.metadata[PERSON_KEY]["question"] == "Which module first?"
+    assert child.run.waiting_on is not None
+    assert child.run.waiting_on["question"] == "Which module first?"
+    assert child.run.remote_call is not None and child.run.remote_call.state == "input"
     task_id = setup.reviewer.record.messages[-1][0]
     setup.fleet.reply(child.trace_id, "the auth module")
     root = handle.wait(60)
@@ -224,5 +225,6 @@ def test_the_trees_wall_s_ends_a_remote_child_and_cancels_its_task(setup: Setup)
     assert root.is_terminal and time.monotonic() - started < 30
     (child,) = children(setup.fleet, handle.trace_id)
     assert child.status == "failed" and "no answer in time" in str(child.error)
-    task_id = child.metadata["remote_call"]["task_id"]
+    assert child.run.remote_call is not None
+    task_id = child.run.remote_call.task_id
     wait_until(lambda: task_id in setup.fresh.record.canceled, 20, "the remote task cancelled")

@@ -119,3 +119,8 @@ def test_a_cluster_store_without_a_result_backend_is_one_line() -> None:
         Settings.from_env({"FLEET_REDIS_CLUSTER": "1"})
     with pytest.raises(ConfigError, match="FLEET_RESULT_BACKEND_URL must start with redis://"):
         Settings.from_env({"FLEET_RESULT_BACKEND_URL": "amqp://x//"})
+    on_the_cluster = {"FLEET_REDIS_URL": "redis://node1:7000/0", "FLEET_REDIS_CLUSTER": "1"}
+    on_the_cluster["FLEET_RESULT_BACKEND_URL"] = on_the_cluster["FLEET_REDIS_URL"]
+    with pytest.raises(ConfigError, match="names the cluster") as refused:
+        Settings.from_env(on_the_cluster)
+    assert "\n" not in str(refused.value)

@@ -22,6 +22,7 @@ from fleet.observe.operator import operator_members
 from fleet.security.redact import install_log_redaction
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_redactor, process_settings
+from fleet.storage.backends.redis.probe import is_cluster_node
 from workers import probes
 from workers.remote_poll import RemotePoller
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
@@ -56,6 +57,22 @@ def _say_shell_limits(**_: Any) -> None:
         from fleet.tools import cgroups
 
         print(f"fleet worker: bash limits {cgroups.probe().describe()}", file=sys.stderr)
+
+
+@worker_init.connect
+def _refuse_results_on_a_cluster(**_: Any) -> None:
+    # A cluster store's results must be a single Redis apart (`backends.redis.probe`):
+    # on a cluster node every explore's chord join would fail. Unreachable: not refused
+    # here (Celery retries its connections as it always does).
+    settings = process_settings()
+    if settings.redis_cluster and is_cluster_node(settings.result_backend_url):
+        print(
+            "fleet worker: FLEET_RESULT_BACKEND_URL is a node of a Redis Cluster: Celery's"
+            " results need a single Redis apart from the cluster",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2)
 
 
 @worker_init.connect

@@ -55,7 +55,10 @@ def run_agent(
     the next waiting child and, if it was the last of its call, settles the call.
     """
     runtime = get_runtime()
-    part = chord_join.count_in_run(self.backend, self.request, runtime.settings.redis_url)
+    settings = runtime.settings
+    part = chord_join.count_in_run(
+        self.backend, self.request, settings.redis_url, cluster=settings.redis_cluster
+    )
     result = run_safely(Runner(runtime, should_yield=draining.is_set, end_step=part), trace_id)
     hand_back(self, result)
     after_run(runtime, result, recovered=recovered, windowed=windowed)

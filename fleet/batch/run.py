@@ -29,7 +29,7 @@ from fleet.batch.values import (
     ResumeState,
     entry_images,
 )
-from fleet.batchapi.route import BATCH_API_KEY, in_batches, wants_batch
+from fleet.batchapi.route import in_batches, wants_batch
 from fleet.conversation.human import waiting_on
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
@@ -158,13 +158,21 @@ class _Window:
     def submit(self, entry: BatchEntry) -> None:
         """Create the root, tell the hooks, then enqueue it."""
         self.hooks.submitting(entry)
-        metadata = {**entry.metadata, BATCH_KEY: self.options.batch_key, ENTRY_KEY: entry.id}
         runtime = self.fleet.runtime
         model_name = runtime.model_name(entry.model, entry.preset or "default")
-        if wants_batch(runtime, entry.batch_api, model_name):
-            metadata[BATCH_API_KEY] = self._batched = True
+        routed = wants_batch(runtime, entry.batch_api, model_name)
+        self._batched = self._batched or routed
+        # The line's metadata is kept as the caller's; the fleet's own marks are typed options.
         spec = TaskSpec(
-            entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
+            entry.task,
+            entry.model,
+            entry.preset or "default",
+            entry.workspace,
+            "main",
+            dict(entry.metadata),
+            batch_api=routed,
+            batch_key=self.options.batch_key,
+            batch_entry=entry.id,
         )
         images = entry_images(self.fleet.runtime, entry)
         spec = replace(

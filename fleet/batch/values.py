@@ -21,7 +21,8 @@ from fleet.tools.imagesource import load_images
 
 BATCH_KEY = "batch"
 ENTRY_KEY = "batch_entry"
-"""Metadata keys every batch root carries: the batch's key and the entry's id."""
+"""The journal's keys for the batch's key and an entry's id (a root carries both in its run
+state, `run.batch` and `run.batch_entry`)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class BatchOptions:
     timeout_s: float | None = None
     """Per task, from its submission (or re-attachment): then it is stopped."""
     batch_key: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    """Stamped into each root's metadata (`batch`); the journal uses it to find orphans."""
+    """Stamped into each root's run state (`run.batch`); the journal finds orphans by it."""
     poll_ms: int = POLL_MS
 
 

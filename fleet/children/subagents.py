@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet import ids, lifecycle
-from fleet.batchapi.route import BATCH_API_KEY, routed
+from fleet.batchapi.route import routed
 from fleet.children.cache import CacheScope, cache_key
 from fleet.children.schemas import AGENT_SCHEMA as AGENT_SCHEMA
 from fleet.children.schemas import EVALUATE_SCHEMA as EVALUATE_SCHEMA
-from fleet.children.warming import WARM_KEY, warms
-from fleet.conversation.continuation import TURN_KEY, turn_of
+from fleet.children.warming import warms
+from fleet.conversation.continuation import turn_of
 from fleet.errors import ToolError, TraceExists
 from fleet.goals import GoalTree
 from fleet.history import healed_result, main_path, open_turn
@@ -23,10 +23,11 @@ from fleet.presets.preset import AgentPreset
 from fleet.remote.spawn import (
     check_may_call,
     find_remote_child,
+    new_call,
     offered_schema,
-    remote_metadata,
     reopened,
 )
+from fleet.runstate import RunState
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
 
@@ -315,7 +316,7 @@ def _child_trace(
         parent_tool_call_id=call_id,
         context=context,
         skills=common.get("skills") or [],
-        metadata=_metadata(runtime, parent, call_id, common, index),
+        run=_run_state(runtime, parent, call_id, common, index),
         ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
         memory=list(parent.memory),  # the submitter's binding, never the model's
     )
@@ -360,26 +361,26 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
     otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
-    if child.mode == "remote":  # the new message goes to the same remote conversation
-        store.update_trace(sub_id, metadata=reopened(child))
-        child = store.get_trace(sub_id)
-    lifecycle.reopen(runtime, child, call.id, otel=otel)
+    # A remote child's new message goes to the same remote conversation.
+    lifecycle.reopen(runtime, child, call.id, otel=otel, remote_call=reopened(child))
     return store.get_trace(sub_id)
 
 
-def _metadata(
+def _run_state(
     runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any], index: int | None
-) -> dict[str, Any]:
-    """A new child's metadata: cache key, tracing context, turn, cache warming (`warming`)."""
-    metadata = dict(common.get("cache") or {})
-    if common.get("remote"):
-        metadata |= remote_metadata(common["remote"])
-    if common.get("warm") and index is not None and index > 1:
-        metadata[WARM_KEY] = True
-    if otel := runtime.hooks.child_context(parent, call_id):
-        metadata["otel"] = otel
-    if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn
-        metadata[TURN_KEY] = turn
-    if routed(parent):  # a batch tree's sub-agents call their models through batches too
-        metadata[BATCH_API_KEY] = True
-    return metadata
+) -> RunState:
+    """A new child's run state: cache key, tracing context, turn, cache warming (`warming`).
+
+    A continued root's tasks are stamped with its turn; a batch tree's sub-agents call their
+    models through batches too; a remote child gets its call, nothing sent yet.
+    """
+    cache = common.get("cache") or {}
+    return RunState(
+        cache_key=cache.get("cache_key"),
+        cache_ttl_s=cache.get("cache_ttl_s"),
+        warm_after_first=bool(common.get("warm") and index is not None and index > 1),
+        otel=runtime.hooks.child_context(parent, call_id) or None,
+        turn=turn_of(parent),
+        batch_api=routed(parent),
+        remote_call=new_call(common.get("remote")),
+    )

@@ -22,8 +22,7 @@ from fleet.runtime import Runtime
 from fleet.storage.store import Leases
 
 TURN_KEY = "turn"
-"""Trace metadata: how many times the root was continued (0 for its first run)."""
-_DROPPED_ON_CONTINUE = ("stop_reason", "waiting_on")
+"""Message metadata of a continue's user message, and its event's data: the turn number."""
 RELEASE_WAIT_S = 2.0
 """A finished run releases its lease just after its finish event: a continue sent right
 away waits this long for it."""
@@ -41,7 +40,7 @@ def stamp(trace_id: str, turn: int) -> str:
 
 def turn_of(trace: Trace) -> int:
     """Which turn of its root this trace belongs to."""
-    return int(trace.metadata.get(TURN_KEY, 0))
+    return trace.run.turn
 
 
 def continue_trace(
@@ -90,7 +89,7 @@ def _check_continuable(trace: Trace) -> None:
             f"trace {trace.trace_id!r} is a sub-trace: continue its root "
             f"{trace.root_trace_id!r} (its parent resumes it with continue_from)"
         )
-    if trace.status == "waiting" and trace.metadata.get("waiting_on"):
+    if trace.status == "waiting" and trace.run.waiting_on is not None:
         raise ConversationError(
             f"trace {trace.trace_id!r} is waiting on a person: answer it with "
             f"`fleet reply {trace.trace_id} ANSWER`"
@@ -153,12 +152,8 @@ def _write_turn(
             metadata={TURN_KEY: number, "after_sequence": after},
         )
     )
-    metadata: dict[str, Any] = {
-        k: v for k, v in trace.metadata.items() if k not in _DROPPED_ON_CONTINUE
-    }
-    metadata[TURN_KEY] = number
     data = {TURN_KEY: number, "after_sequence": after, "sequence": user.sequence}
-    lifecycle.reopen_root(runtime, trace, metadata, data)
+    lifecycle.reopen_root(runtime, trace, number, data)
     return store.get_trace(trace.trace_id)
 
 

@@ -11,8 +11,8 @@ dispatchers and the Celery tasks alike. Callers use the names below (`lifecycle.
 conversation.
 """
 
-from fleet.lifecycle.batch import BATCH_ENTRY, BATCH_KEY, batch_answered, put_batch, wait_on_batch
-from fleet.lifecycle.entries import REMOTE_KEY, announce, mirrored, put_collaborator
+from fleet.lifecycle.batch import BATCH_ENTRY, batch_answered, put_batch, wait_on_batch
+from fleet.lifecycle.entries import announce, mirrored, put_collaborator
 from fleet.lifecycle.remote import (
     RemoteCall,
     call_of,
@@ -21,7 +21,6 @@ from fleet.lifecycle.remote import (
     wait_on_remote,
 )
 from fleet.lifecycle.status import (
-    PERSON_KEY,
     PERSON_SUMMARY_CHARS,
     end_stopped,
     fail,
@@ -43,10 +42,7 @@ from fleet.lifecycle.status import (
 
 __all__ = [
     "BATCH_ENTRY",
-    "BATCH_KEY",
-    "PERSON_KEY",
     "PERSON_SUMMARY_CHARS",
-    "REMOTE_KEY",
     "RemoteCall",
     "announce",
     "call_of",

@@ -18,9 +18,6 @@ from fleet.runtime import Runtime
 from fleet.storage.store import TraceContent
 from fleet.storage.writes import TraceWrite
 
-REMOTE_KEY = "remote_call"
-"""Trace metadata of a remote child: its `fleet.lifecycle.remote.RemoteCall`."""
-
 
 def announce(
     runtime: Runtime, parent: Trace, child: Trace, write: TraceWrite | None = None
@@ -80,10 +77,8 @@ def mirrored(runtime: Runtime, child: Trace) -> Collaborator:
 
 def remote_id_of(child: Trace) -> str | None:
     """A remote child's `agent://NAME/<task id>`, once its agent gave one."""
-    call = child.metadata.get(REMOTE_KEY) if child.mode == "remote" else None
-    if not isinstance(call, dict) or not call.get("task_id"):
-        return None
-    return f"agent://{call.get('agent')}/{call.get('task_id')}"
+    call = child.run.remote_call if child.mode == "remote" else None
+    return call.remote_id() if call is not None else None
 
 
 def put_collaborator(

@@ -1,6 +1,6 @@
 """A model turn through a provider batch: the stored answer taken, or the call parked.
 
-The route (`fleet.batchapi.route.route_of`) is chosen by `turns.ask_model`; these are its
+The route (`fleet.loop.route.decide`) is chosen by `route.ask_model`; these are its
 two batch-only steps, kept apart so the live path reads as before.
 """
 

@@ -9,25 +9,41 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 from fleet import lifecycle
-from fleet.batchapi.route import CALL_KEY, Parked, consumed, parked_call
+from fleet.batchapi.route import CALL_KEY, consumed, parked_call
 from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import SUB_AGENT_TOOLS, fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
 from fleet.loop.cut import CallCut
 from fleet.loop.resume import opening
-from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
+from fleet.loop.route import ask_model
+from fleet.loop.steps import (
+    CallTools,
+    DoomLoop,
+    Finish,
+    OnApproval,
+    OnBatch,
+    OnChildren,
+    OnPerson,
+    OnRemote,
+    Step,
+    Waiting,
+    decide_next,
+)
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
 from fleet.loop.tool_turn import tool_turn
 from fleet.loop.turns import (
     Answered,
+    GaveUp,
+    GoOn,
     Held,
     Outcome,
+    ReadAgain,
     Turn,
-    ask_model,
     hand_back,
     model_message,
     recorded,
@@ -35,10 +51,16 @@ from fleet.loop.turns import (
 )
 from fleet.models import Event, Status, Trace, now_ms
 from fleet.remote.run import run_remote
+from fleet.runstate import RemoteCall
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import TraceWrite, WriteExtension
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The lease was taken over during the model call: nothing of the turn is written."""
 
 
 class FencedRun:
@@ -81,8 +103,8 @@ class FencedRun:
         if (ended := self._without_model(trace, start)) is not None:
             return ended
         following = opening(self.runtime, snapshot, trace, start, held)
-        if following == "waiting":
-            return "waiting"
+        if isinstance(following, OnPerson | OnApproval | OnChildren):
+            return self._waiting(following)
         held.started_ms = now_ms()
         try:
             return self._loop(trace.trace_id, held, following)
@@ -114,39 +136,57 @@ class FencedRun:
         if start.ops:
             self.store.apply(start)
         park = self.runtime.dispatcher.children_survive_restart  # a sweeper polls for it
-        ended = run_remote(self.runtime, trace, park=park)
-        return "parked" if ended == "waiting" else terminal(ended)
+        ran = run_remote(self.runtime, trace, park=park)
+        if isinstance(ran, RemoteCall):
+            return self._waiting(OnRemote(ran.agent, ran.task_id))
+        return terminal(ran)
 
-    def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
+    def _loop(self, trace_id: str, held: Held, following: GoOn) -> Outcome | Wait:
         while True:
-            if snapshot is None:  # trace, messages and stop flag: 1 read
-                snapshot = self.store.snapshot(trace_id)
+            snapshot = (  # trace, messages and stop flag: 1 read
+                following if isinstance(following, TraceSnapshot) else self.store.snapshot(trace_id)
+            )
             if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
             turn = self._uncut_turn(snapshot, held)
             if not isinstance(turn, Turn):
                 return self._no_turn(snapshot, turn)
-            match turn.step:
-                case Finish(answer=answer, reason=reason):
-                    if (ended := self._answer(held, turn, answer, reason)) is not None:
-                        return ended
-                    snapshot = None  # the answer and a correction were written: read again
-                case DoomLoop(call=call, repeats=repeats):
-                    error = (
-                        f"doom loop: {call.name!r} called {repeats} times with the same arguments"
-                    )
-                    return self._end(held, turn, "failed", error=error, reason="doom_loop")
-                case CallTools(calls=calls):
-                    after = tool_turn(self.runtime, turn, calls)
-                    if after == "waiting":
-                        return "waiting"
-                    snapshot = after
-                case _:
-                    assert_never(turn.step)
+            went = self._step(held, turn)
+            if not isinstance(went, TraceSnapshot | ReadAgain):
+                return went
+            following = went
+
+    def _step(self, held: Held, turn: Turn) -> Outcome | GoOn:
+        """Act on the turn's step: how the run ended, or where it goes on from."""
+        match turn.step:
+            case Finish(answer=answer, reason=reason):
+                return self._answer(held, turn, answer, reason)
+            case DoomLoop(call=call, repeats=repeats):
+                error = f"doom loop: {call.name!r} called {repeats} times with the same arguments"
+                return self._end(held, turn, "failed", error=error, reason="doom_loop")
+            case CallTools(calls=calls):
+                after = tool_turn(self.runtime, turn, calls)
+                if isinstance(after, OnPerson | OnApproval | OnChildren):
+                    return self._waiting(after)
+                return after
+            case OnPerson() | OnApproval() | OnBatch() | OnChildren() | OnRemote():
+                return self._waiting(turn.step)
+            case _:
+                assert_never(turn.step)
+
+    def _waiting(self, waits: Waiting) -> Outcome:
+        """The run ends, its trace `waiting` (written by whoever put it there), no slot held."""
+        match waits:
+            case OnPerson() | OnApproval() | OnChildren():
+                return "waiting"
+            case OnBatch() | OnRemote():  # `waiting` too, which a runner must not run again
+                return "parked"
+            case _:
+                assert_never(waits)
 
     def _uncut_turn(
         self, snapshot: TraceSnapshot, held: Held
-    ) -> Turn | Wait | Spent | Parked | Outcome | None:
+    ) -> Turn | Wait | Spent | OnBatch | Lost | Outcome:
         """`_turn`, or how a stop ended the trace (`fleet.loop.cut`): nothing cut is written.
 
         An interrupting message cuts the call and the turn is asked again at once: its
@@ -202,20 +242,22 @@ class FencedRun:
         match hand_back(self.runtime, trace_id, exc):
             case Wait() as wait:
                 return wait
-            case error:
+            case GaveUp(error=error):
                 return self.finish(trace_id, "failed", error=error, reason="error")
+            case unreachable:
+                assert_never(unreachable)
 
     def _no_turn(
-        self, snapshot: TraceSnapshot, why: Wait | Spent | Parked | Outcome | None
+        self, snapshot: TraceSnapshot, why: Wait | Spent | OnBatch | Lost | Outcome
     ) -> Outcome | Wait:
         """No model call this time; what happens instead.
 
-        Lease lost (None): let go. A limit said "not now": queued again, to come back
-        later. The tree's budget is spent: end with what we have. A stop cut the call:
-        the trace ended so.
+        Lease lost: let go. A limit said "not now": queued again, to come back later. The
+        tree's budget is spent: end with what we have. Parked in a provider batch: wait. A
+        stop cut the call: the trace ended so.
         """
         match why:
-            case None:
+            case Lost():
                 return "lost"
             case Wait(retry_in_s=retry_in_s, reason=reason):
                 lifecycle.requeue(self.runtime, snapshot.trace, reason, retry_in_s)
@@ -224,20 +266,20 @@ class FencedRun:
                 partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
                 ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
                 return terminal(ended.status)
-            case Parked():
-                return "parked"
+            case OnBatch():
+                return self._waiting(why)
             case str():  # a stop cut the call (`_uncut_turn`): the trace ended
                 return why
             case _:
                 assert_never(why)
 
-    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | Parked | None:
+    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | OnBatch | Lost:
         """One model call and what to do about it; the turn is not written yet.
 
-        None when the lease was lost during the model call: another runner may own the
+        `Lost` when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
         provider limit did not admit the call, `Spent` when the tree's budget is used up:
-        nothing of this turn is written either. `Parked`: the call went into a provider
+        nothing of this turn is written either. `OnBatch`: the call went into a provider
         batch (`fleet.batchapi`), and the trace waits on it.
         """
         model_name = self.runtime.model_name(snapshot.trace.model, snapshot.trace.preset)
@@ -245,12 +287,12 @@ class FencedRun:
         if not isinstance(answered, Answered):
             return answered
         if held.heartbeat.lost.is_set():
-            return None
+            return Lost()
         return self._next_turn(answered, held, model_name)
 
     def _ask(
         self, snapshot: TraceSnapshot, held: Held, model_name: str
-    ) -> Answered | Wait | Spent | Parked:
+    ) -> Answered | Wait | Spent | OnBatch:
         """The turn's answer: a fan-out root's planned turn, else the model's (or why not)."""
         trace = snapshot.trace
         path = main_path(snapshot.messages, trace.head_sequence)
@@ -270,9 +312,11 @@ class FencedRun:
         write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
         held.pending = None
         if answered.batched:  # the answer is in the trace now (`fleet.batchapi.route`)
-            message.metadata[CALL_KEY] = (parked_call(trace) or {}).get("custom_id")
-            trace = trace.model_copy(update={"metadata": consumed(trace)})
-            write.update(None, metadata=trace.metadata)
+            message.metadata[CALL_KEY] = (
+                parked.custom_id if (parked := parked_call(trace)) else None
+            )
+            trace = trace.with_run(waiting_on_batch=consumed(trace))
+            write.update_run(waiting_on_batch=consumed(trace))
         if response.batch_id:
             message.metadata["batch_id"] = response.batch_id
         write.append(message, event, iteration=trace.iteration + 1)
@@ -283,8 +327,8 @@ class FencedRun:
         pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
         return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
 
-    def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
-        """Finish with the answer; None after a correction (it missed its output schema).
+    def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | ReadAgain:
+        """Finish with the answer; read again after a correction (it missed its output schema).
 
         The budget's last turn stands as it is: there is no budget left to correct it.
         """
@@ -309,7 +353,7 @@ class FencedRun:
                 data = {"role": "user", "correction": True}
                 event = Event(kind="message", trace_id=turn.trace.trace_id, data=data)
                 self.store.record_turn(turn.trace.root_trace_id, message, event)
-                return None
+                return ReadAgain()
             case _:
                 assert_never(checked)
 

@@ -15,31 +15,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleet import lifecycle
-from fleet.batchapi.route import BATCHED, Parked, route_of
-from fleet.children.warming import warming
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.history import main_path, to_wire
-from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
+from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.caching import cache_key
-from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
-from fleet.loop.batched import park_turn, taken
+from fleet.llm.fallback import next_model, switch_entry
 from fleet.loop.context import injection
 from fleet.loop.cut import CallCut, call_watch, cuttable, estimated
-from fleet.loop.images import prepared
 from fleet.loop.steps import Step
-from fleet.loop.toolcalls import tool_schemas
 from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import TraceWrite, WriteResult
 
-TRANSIENT_RETRIES_KEY = "transient_retries"
-"""Trace metadata: how often a provider error handed the run back to be run later."""
 FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
-OVERLOADS_KEY = "overloads"
-"""Trace metadata: how often a provider's 429/503/529 handed the run back (fleet pause)."""
 OVERLOADS_PER_RETRY = 10
 
 log = logging.getLogger(__name__)
@@ -132,6 +122,15 @@ class Turn:
     write: TraceWrite
     pauses: tuple[str, ...] = ()
     """The pause keys the next model call checks: the turn's last write reads them."""
+
+
+@dataclass(frozen=True)
+class ReadAgain:
+    """The run goes on from a fresh read of the trace (something else changed it too)."""
+
+
+GoOn = TraceSnapshot | ReadAgain
+"""Where the next turn starts: a snapshot known without a read, or a fresh read."""
 
 
 def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
@@ -237,56 +236,6 @@ def call_model(
     return response
 
 
-def ask_model(
-    runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
-) -> Answered | Wait | Spent | Parked:
-    """The model call of a turn: booked with the gate, the request fitted, then sent."""
-    trace, messages = snapshot.trace, snapshot.messages
-    if (warm := warming(runtime.store, trace)) is not None:  # the first branch goes first
-        return warm
-    tools = tool_schemas(runtime, trace)
-    path = main_path(messages, trace.head_sequence)
-    chars = request_chars(path, tools)
-    route = route_of(trace, path)  # live, or through a provider batch (`fleet.batchapi`)
-    batched = route in BATCHED
-    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched)
-    if not isinstance(verdict, Go):
-        return verdict
-    if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
-        route = "live"
-    # A parked turn wrote its note when it first parked: not twice.
-    if (
-        route in ("live", "fresh")
-        and (extra := note(runtime, trace, messages, final=verdict.budget.final)) is not None
-    ):
-        if held.pending is not None:  # the first messages go first
-            runtime.store.apply(held.pending)
-            held.pending = None
-        stored = runtime.store.append_message(extra)
-        messages = [*messages, stored]
-        trace = trace.model_copy(
-            update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
-        )
-        path = main_path(messages, trace.head_sequence)
-    response = taken(runtime, trace, verdict, path) if route == "answered" else None
-    if response is None:
-        trace, request = prepared(runtime, trace, model_name, to_wire(path), tools)
-        if route in BATCHED:
-            if held.pending is not None:  # a fresh trace's first messages go first
-                runtime.store.apply(held.pending)
-                held.pending = None
-            return park_turn(runtime, trace, verdict, (request.sent, tools), route)
-        called = call_model(
-            runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
-        )
-        if isinstance(called, Wait):
-            return called
-        response = called
-    runtime.hooks.model_responded(trace, response)
-    final = verdict.budget.final
-    return Answered(trace, messages, path, response, model_name, final, batched=route != "live")
-
-
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
     """Back off an overloaded provider, but not forever.
 
@@ -302,10 +251,10 @@ def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded)
         and switch_model(runtime, trace, exc)
     ):
         return Wait(0.0, "model fallback")  # the runner queues it again, on the fallback
-    count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
+    count = trace.run.overloads + 1
     if count > OVERLOADS_PER_RETRY * runtime.settings.transient_retries:
         raise exc
-    runtime.store.update_trace(trace.trace_id, metadata={**trace.metadata, OVERLOADS_KEY: count})
+    runtime.store.update_run(trace.trace_id, overloads=count)
     return wait
 
 
@@ -347,34 +296,40 @@ def fall_back(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> Wait | 
 
 
 def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str | None:
-    """Set the trace's model to the next fallback alias, recorded in its metadata."""
+    """Set the trace's model to the next fallback alias, recorded in `run.model_fallbacks`."""
     current = runtime.model_name(trace.model, trace.preset)
-    switches = list(trace.metadata.get(FALLBACKS_KEY, []))
-    fallback = next_model(runtime.config.models, current, switches)
+    switches = trace.run.model_fallbacks
+    fallback = next_model(runtime.config.models, current, [s.from_model for s in switches])
     if fallback is None:
         return None
     entry = switch_entry(current, fallback, runtime.redactor.values_only(str(exc)))
-    metadata = {**trace.metadata, FALLBACKS_KEY: [*switches, entry]}
-    runtime.store.update_trace(trace.trace_id, model=fallback, metadata=metadata)
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(None, model=fallback)
+    runtime.store.apply(write.update_run(model_fallbacks=[*switches, entry]))
     runtime.store.count_fallback(current, fallback)
     log.warning("run of %r: model %r failed, falling back to %r", trace.trace_id, current, fallback)
     return fallback
 
 
-def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | str:
+@dataclass(frozen=True)
+class GaveUp:
+    """A provider error outlasted every re-run: the trace fails with `error`."""
+
+    error: str
+
+
+def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | GaveUp:
     """A provider error the client's retries did not fix: queued again to run later.
 
-    At most `Settings.transient_retries` times per trace (counted in its metadata, so a
+    At most `Settings.transient_retries` times per trace (counted in its run state, so a
     worker restart does not reset it); then the error to fail the trace with.
     """
     trace = runtime.store.get_trace(trace_id)
     if (moved := fall_back(runtime, trace, exc)) is not None:
         return moved
-    tries = int(trace.metadata.get(TRANSIENT_RETRIES_KEY, 0))
+    tries = trace.run.transient_retries
     if tries >= runtime.settings.transient_retries:
-        return f"{exc} (gave up after {tries} re-runs)"
-    metadata = {**trace.metadata, TRANSIENT_RETRIES_KEY: tries + 1}
-    runtime.store.update_trace(trace_id, metadata=metadata)
+        return GaveUp(f"{exc} (gave up after {tries} re-runs)")
+    runtime.store.update_run(trace_id, transient_retries=tries + 1)
     delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
     lifecycle.requeue(runtime, trace, "provider error", delay_s)
     log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)

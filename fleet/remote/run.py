@@ -22,14 +22,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
 from fleet import lifecycle
 from fleet.config.remote_agents import RemoteAgentConfig
 from fleet.conversation.human import wait_for_person
 from fleet.errors import FleetError
-from fleet.lifecycle.remote import RemoteCall, call_of, with_call
-from fleet.models import Message, Status, Trace, now_ms
+from fleet.lifecycle.remote import RemoteCall, call_of
+from fleet.models import Message, Trace, now_ms
 from fleet.remote import wire
 from fleet.remote.decide import AskPerson, Decision, Ended, Progress, Unchanged, decide
 from fleet.runtime import Runtime
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 ASK_PREFIX = "remote-input"
 """The `tool_call_id` of a remote task's question to a person: `remote-input-N`."""
+
+RemoteEnd = Literal["completed", "failed", "stopped"]
+"""How a run of a remote child ended it; a run that parks it returns the call it waits on."""
 
 
 def agent_of(runtime: Runtime, call: RemoteCall) -> tuple[RemoteAgentConfig, str | None]:
@@ -56,8 +59,12 @@ def agent_of(runtime: Runtime, call: RemoteCall) -> tuple[RemoteAgentConfig, str
     return agent, token
 
 
-def run_remote(runtime: Runtime, trace: Trace, *, park: bool) -> Status:
-    """One run of a remote child; the status it ends the run in (see the module doc)."""
+def run_remote(runtime: Runtime, trace: Trace, *, park: bool) -> RemoteEnd | RemoteCall:
+    """One run of a remote child: how it ended the child, or the call it waits on.
+
+    The run waits (no slot held) while the remote task works, or while a person answers
+    the task's question (see the module doc).
+    """
     call = call_of(trace)
     if call is None:
         return _finish(runtime, trace, False, "not a remote call")
@@ -79,7 +86,7 @@ def run_remote(runtime: Runtime, trace: Trace, *, park: bool) -> Status:
     if park:
         runtime.store.capability(REMOTE_WATCH).watch(trace.trace_id, now_ms())
         lifecycle.wait_on_remote(runtime, trace, call)
-        return "waiting"
+        return call
     return _follow(runtime, trace, call, agent, token)
 
 
@@ -118,7 +125,7 @@ def _send_unsent(
             "seen": "",
         }
     )
-    runtime.store.update_trace(trace.trace_id, metadata=with_call(trace, call))
+    runtime.store.update_run(trace.trace_id, remote_call=call)
     decision = decide(call, task, now_ms())
     return decision.call if isinstance(decision, Ended) else call
 
@@ -145,7 +152,7 @@ def _deadline_ms(runtime: Runtime, trace: Trace, agent: RemoteAgentConfig) -> in
 
 def _follow(
     runtime: Runtime, trace: Trace, call: RemoteCall, agent: RemoteAgentConfig, token: str | None
-) -> Status:
+) -> RemoteEnd | RemoteCall:
     """In process: ask the task's state every poll interval until it ends or asks."""
     while True:
         time.sleep(runtime.settings.remote_poll_s)
@@ -156,7 +163,7 @@ def _follow(
         if isinstance(decision, Ended):
             return _finish(runtime, trace, call.ok, call.result)
         if isinstance(decision, AskPerson):
-            return "waiting"
+            return call
 
 
 def observe(agent: RemoteAgentConfig, token: str | None, call: RemoteCall) -> Decision:
@@ -177,15 +184,15 @@ def apply(runtime: Runtime, trace: Trace, decision: Decision) -> tuple[Trace, Re
     match decision:
         case Unchanged():
             if call != call_of(trace):
-                runtime.store.update_trace(trace.trace_id, metadata=with_call(trace, call))
-            return trace.model_copy(update={"metadata": with_call(trace, call)}), call
+                runtime.store.update_run(trace.trace_id, remote_call=call)
+            return trace.with_run(remote_call=call), call
         case Progress(text=text):
             return lifecycle.remote_progress(runtime, trace, call, text), call
         case AskPerson(question=question):
-            asked = trace.model_copy(update={"metadata": with_call(trace, call)})
             call_id = f"{ASK_PREFIX}-{call.sent_sequence}"
             waiting = {"kind": "human", "tool_call_id": call_id, "question": question}
-            return wait_for_person(runtime, asked, waiting), call
+            # The call's `input` state and the question in one write: never one alone.
+            return wait_for_person(runtime, trace, waiting, also={"remote_call": call}), call
         case Ended():
             return lifecycle.remote_ended(runtime, trace, call), call
 
@@ -206,8 +213,8 @@ def gone(call: RemoteCall) -> Ended:
     return Ended(call.model_copy(update={"state": "ended", "ok": False, "result": why}))
 
 
-def _finish(runtime: Runtime, trace: Trace, ok: bool, text: str) -> Status:
-    status: Status = "completed" if ok else "failed"
+def _finish(runtime: Runtime, trace: Trace, ok: bool, text: str) -> RemoteEnd:
+    status: RemoteEnd = "completed" if ok else "failed"
     if ok:
         lifecycle.finish(runtime, trace.trace_id, status, answer=text, reason="remote")
     else:

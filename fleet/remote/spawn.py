@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.errors import ToolError
-from fleet.lifecycle.entries import REMOTE_KEY
 from fleet.lifecycle.remote import REMOTE_ENTRY_PREFIX, RemoteCall, call_of
 from fleet.models import Trace
 from fleet.runtime import Runtime
@@ -42,9 +41,9 @@ def check_may_call(runtime: Runtime, trace: Trace, name: object, *, read_only: b
     )
 
 
-def remote_metadata(name: str) -> dict[str, object]:
-    """A new remote child's metadata entry: nothing sent yet."""
-    return {REMOTE_KEY: RemoteCall(agent=name).model_dump()}
+def new_call(name: str | None) -> RemoteCall | None:
+    """A new child's `run.remote_call` on agent `name` (None: not a remote child)."""
+    return RemoteCall(agent=name) if name else None
 
 
 def find_remote_child(store: TraceRecords, parent: Trace, remote_id: str) -> str | None:
@@ -62,13 +61,12 @@ def find_remote_child(store: TraceRecords, parent: Trace, remote_id: str) -> str
     return None
 
 
-def reopened(child: Trace) -> dict[str, object]:
-    """A remote child's metadata once `continue_from` gave it a new message to send."""
+def reopened(child: Trace) -> RemoteCall | None:
+    """A remote child's call once `continue_from` gave it a new message to send."""
     call = call_of(child)
     if call is None:
-        return dict(child.metadata)
-    fresh = call.model_copy(update={"state": "sent", "ok": False, "result": "", "errors": 0})
-    return {**child.metadata, REMOTE_KEY: fresh.model_dump()}
+        return None
+    return call.model_copy(update={"state": "sent", "ok": False, "result": "", "errors": 0})
 
 
 def offered_schema(runtime: Runtime, trace: Trace, schema: dict[str, Any]) -> dict[str, Any]:

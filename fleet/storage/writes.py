@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 from fleet.models import Collaborator, Event, Message, TracePatch
+from fleet.runstate import RunPatch
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class SetFields:
 
     fields: TracePatch
     event: Event | None = None
+
+
+@dataclass(frozen=True)
+class SetRun:
+    """Set run-state fields, each on its own (as `update_run`): never the whole run state."""
+
+    fields: RunPatch
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,9 @@ class WriteExtension:
     reply: Any = None
 
 
-WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease | WriteExtension
+WriteOp = (
+    SetFields | SetRun | Append | AddStats | PutCollaborator | Emit | ReleaseLease | WriteExtension
+)
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,11 @@ class TraceWrite:
     def update(self, event: Event | None = None, /, **fields: Unpack[TracePatch]) -> TraceWrite:
         """Overwrite these fields; emit `event` with them."""
         self.ops.append(SetFields(fields, event))
+        return self
+
+    def update_run(self, **fields: Unpack[RunPatch]) -> TraceWrite:
+        """Set these run-state fields (`fleet.runstate`), each on its own."""
+        self.ops.append(SetRun(fields))
         return self
 
     def append(

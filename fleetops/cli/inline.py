@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from fleet.conversation.human import TIMEOUT_KEY, waiting_on
+from fleet.conversation.human import waiting_on
 from fleet.errors import ConfigError
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
@@ -23,11 +22,6 @@ def check_run_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--continue keeps the trace's model, preset and workspace")
     if args.continue_id and args.image:
         raise ConfigError("--image goes with a new task, not --continue")
-
-
-def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
-    """Trace metadata from the run options."""
-    return {TIMEOUT_KEY: args.human_timeout_s} if args.human_timeout_s else {}
 
 
 def run_inline(args: argparse.Namespace) -> int:
@@ -47,14 +41,13 @@ def run_inline(args: argparse.Namespace) -> int:
     if args.continue_id:
         trace = local.continue_trace(args.continue_id, args.task, args.after_sequence)
     else:
-        metadata = run_metadata(args)
         trace = local.run(
             args.task,
             model=args.model,
             preset=args.preset,
-            metadata=metadata,
             images=args.image,
             memory=args.memory,
+            human_timeout_s=args.human_timeout_s,
         )
     question = waiting_on(trace)
     if question is not None:

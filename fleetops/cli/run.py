@@ -20,7 +20,7 @@ from fleet.limits.budget import Budget
 from fleet.models import Event
 from fleet.storage.backends.redis.connect import redact_url
 from fleetops.cli.exit_codes import ExitCode
-from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
+from fleetops.cli.inline import check_run_arguments, run_inline
 from fleetops.cli.interrupt import Interrupt, interrupt_flag, keyboard_interrupt
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
@@ -93,7 +93,7 @@ def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
         model=args.model,
         preset=args.preset,
         workspace=args.workspace,
-        metadata=run_metadata(args) or None,
+        human_timeout_s=args.human_timeout_s,
         budget=budget_of(args),
         max_concurrent=args.max_concurrent,
         images=args.image,

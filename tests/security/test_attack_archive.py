@@ -83,8 +83,8 @@ def unfinished(items: list[Item], live: str) -> list[Item]:
 
 
 def approved_call(items: list[Item], live: str) -> list[Item]:
-    metadata = {**field(items[0], "metadata"), "approved_call": "call_1"}
-    return [set_field(items[0], "metadata", metadata), *items[1:]]
+    fields = {**items[0]["fields"], "r:approved_call": json.dumps("call_1")}
+    return [{**items[0], "fields": fields}, *items[1:]]
 
 
 def stop_flag(items: list[Item], live: str) -> list[Item]:
@@ -116,7 +116,7 @@ def good_tree_then_graft(items: list[Item], live: str) -> list[Item]:
         (reuse_live_root, "root", "exists in this fleet's Redis"),
         (child_named_into_live, "child", "is not of tree"),
         (unfinished, "child", "is running: only ended trees are imported"),
-        (approved_call, "root", "metadata 'approved_call'"),
+        (approved_call, "root", "field 'r:approved_call' is the fleet's own"),
         (stop_flag, "root", "field 'stop' is the fleet's own"),
         (collaborator_elsewhere, "root", "is not in its tree"),
         (event_elsewhere, "events", "which is not in tree"),
@@ -154,21 +154,25 @@ def test_a_crafted_archive_is_refused_naming_its_line_and_writes_nothing(
 def test_the_fleets_own_archive_of_a_tree_with_run_state_imports(
     redis_db: redis.Redis, tmp_path: Path
 ) -> None:
-    """The refusals must not refuse the fleet's own exports: the run state in metadata is
-    left out of the file, so a tree that had some archives and comes back."""
+    """The refusals must not refuse the fleet's own exports: pending run state is left out
+    of the file, so a tree that had some archives and comes back; the caller's metadata
+    (whatever its keys) comes back as it was."""
     local = explore_tree(redis_db, tmp_path, branches=1)
     root = local.run("survey", model="m").trace_id
     store = local.store
     assert isinstance(store, RedisStore)
     trace = store.get_trace(root)
-    metadata = {**trace.metadata, "approved_call": "call_1", "turn": 2, "mine": "kept"}
-    redis_db.hset(keys.trace(root), "metadata", json.dumps(metadata))
+    metadata = {**trace.metadata, "approved_call": "the caller's", "mine": "kept"}
+    fields = {"metadata": json.dumps(metadata), "r:approved_call": '"call_1"', "r:turn": "2"}
+    for name, value in fields.items():
+        redis_db.hset(keys.trace(root), name, value)
     path = tmp_path / "a.jsonl"
     export(store, path, drop=True)
 
     assert import_file(RedisStore(redis_db), path, 600).traces == 2
-    kept = {**trace.metadata, "turn": 2, "mine": "kept"}  # a continue reads `turn`
-    assert RedisStore(redis_db).get_trace(root).metadata == kept
+    back = RedisStore(redis_db).get_trace(root)
+    assert back.metadata == metadata
+    assert (back.run.turn, back.run.approved_call) == (2, None)  # a continue reads `turn`
 
 
 def test_an_import_cut_short_runs_again_over_what_it_wrote(

@@ -57,13 +57,14 @@ export function setTrace(trace) {
     "last tool " + tool,
   ];
   if (trace.model) facts.push("model " + trace.model);
-  const reason = trace.stop_reason || (trace.metadata && trace.metadata.stop_reason);
+  const reason = trace.stop_reason || (trace.run && trace.run.stop_reason);
   if (reason) facts.push("reason " + reason);
   node.querySelector(".node-facts").textContent = facts.join(" · ");
 }
 
 export function setDetail(detail) {
-  const trace = Object.assign({}, detail.trace, { stop_reason: detail.trace.metadata.stop_reason });
+  const run = detail.trace.run || {};
+  const trace = Object.assign({}, detail.trace, { stop_reason: run.stop_reason });
   setTrace(trace);
   tree.models.set(trace.trace_id, detail.models || {});
   if (detail.budget !== undefined) tree.budget = detail.budget;

@@ -19,14 +19,15 @@ from fleet.models import (
     WorkerPresence,
     now_ms,
 )
+from fleet.runstate import RunPatch, check_patch
 from fleet.storage.backends.memory.workers import MemoryWorkerTables
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
+from fleet.storage.one_by_one import apply_one_by_one
 from fleet.storage.store import (
     STATS_FIELDS,
     StartRun,
     TraceSnapshot,
-    apply_one_by_one,
     starts,
     with_sequence,
 )
@@ -114,6 +115,8 @@ class MemoryStore(MemoryWorkerTables):
             return [self.get_trace(t) for t in trace_ids]
 
     def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None:
+        if "run" in fields:
+            raise ValueError("the run state is written field by field (update_run), not whole")
         fields.setdefault("updated_at_ms", now_ms())
         patch = Trace.model_validate(
             {**self.get_trace(trace_id).model_dump(), **fields}
@@ -128,6 +131,15 @@ class MemoryStore(MemoryWorkerTables):
         with self._lock:
             self.update_trace(trace_id, **fields)
             self.emit(root_trace_id, event)
+
+    def update_run(self, trace_id: str, **fields: Unpack[RunPatch]) -> None:
+        patch = check_patch(fields)  # each field set on its own, as Redis sets `r:{name}`
+        with self._lock:
+            self._check_fence()
+            data = self._traces.get(trace_id)
+            if data is None:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+            data["run"] = {**data["run"], **patch}
 
     def snapshot(self, trace_id: str) -> TraceSnapshot:
         with self._lock:

@@ -20,6 +20,7 @@ import redis
 
 from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
+from fleet.runstate import RunPatch
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis import scripts as redis_scripts
@@ -29,15 +30,7 @@ from fleet.storage.backends.redis.connect import Lua, close_client, connect, is_
 from fleet.storage.backends.redis.fence import FencedScript, applying, lease_lost
 from fleet.storage.backends.redis.indexes import RedisIndexes
 from fleet.storage.backends.redis.lease_scripts import RENEW_LEASES
-from fleet.storage.backends.redis.writes import (
-    decode_fields,
-    decode_messages,
-    decode_trace,
-    pairs,
-    stored_message,
-)
 from fleet.storage.capability import Capability, Kept, T
-from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.keys import CounterName
 from fleet.storage.store import StartRun, TraceSnapshot
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
@@ -182,12 +175,17 @@ class RedisStore(RedisIndexes):
     ) -> None:
         self.apply(TraceWrite(trace_id, root_trace_id).update(event, **fields))
 
+    def update_run(self, trace_id: str, **fields: Unpack[RunPatch]) -> None:
+        self.apply(TraceWrite(trace_id, trace_id).update_run(**fields))
+
     def snapshot(self, trace_id: str) -> TraceSnapshot:
         data = self._hash(trace_id)  # the messages are in it
-        trace = decode_trace(data)
+        trace = redis_writes.decode_trace(data)
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
-        return TraceSnapshot(trace, decode_messages(data), redis_writes.STOP_FIELD in data)
+        return TraceSnapshot(
+            trace, redis_writes.decode_messages(data), redis_writes.STOP_FIELD in data
+        )
 
     def begin_run(
         self,
@@ -214,12 +212,14 @@ class RedisStore(RedisIndexes):
         if self._cluster:
             self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
             reply = [reply[0], redis_split.pause_ttls(self._client, pauses)]
-        data = self._dicts.unpacked(pairs(reply[0]))  # a packed trace is read, never started
-        trace = decode_trace(data)
+        data = self._dicts.unpacked(
+            redis_writes.pairs(reply[0])
+        )  # a packed trace is read, never started
+        trace = redis_writes.decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
         read = PauseRead.of(pauses, reply[1]) if pauses else None
         stop = redis_writes.STOP_FIELD in data
-        return TraceSnapshot(trace, decode_messages(data), stop, read)
+        return TraceSnapshot(trace, redis_writes.decode_messages(data), stop, read)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
@@ -268,8 +268,8 @@ class RedisStore(RedisIndexes):
         # MULTI: every trace as of one instant (a cluster: one trace at a time, trees apart)
         pipe = self._client.pipeline(transaction=not self._cluster)
         for trace_id in trace_ids:  # the trace's fields, not its messages (unless packed)
-            pipe.hmget(keys.trace(trace_id), [*redis_writes.TRACE_FIELDS, PACKED_FIELD])
-        return [decode_fields(values, self._dicts.unpacked) for values in pipe.execute()]
+            pipe.hmget(keys.trace(trace_id), redis_writes.READ_FIELDS)
+        return [redis_writes.decode_fields(v, self._dicts.unpacked) for v in pipe.execute()]
 
     # -- messages and stats --------------------------------------------------
 
@@ -284,7 +284,7 @@ class RedisStore(RedisIndexes):
         return self.apply(write.append(message, event, iteration=iteration)).messages[0]
 
     def messages(self, trace_id: str) -> list[Message]:
-        return decode_messages(self._hash(trace_id))
+        return redis_writes.decode_messages(self._hash(trace_id))
 
     def _hash(self, trace_id: str) -> dict[str, str]:
         return self._dicts.unpacked(
@@ -369,7 +369,7 @@ class RedisStore(RedisIndexes):
             reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
         if reply == 0:
             return None
-        stored = stored_message(message, reply)
+        stored = redis_writes.stored_message(message, reply)
         if stored is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return stored

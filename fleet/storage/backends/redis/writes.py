@@ -14,6 +14,7 @@ from typing import Any, cast
 from pydantic import TypeAdapter
 
 from fleet.models import Event, Message, Trace, now_ms
+from fleet.runstate import RunPatch, RunState, check_patch
 from fleet.storage import keys
 from fleet.storage.compaction import PACKED_FIELD, unpacked
 from fleet.storage.store import STATS_FIELDS
@@ -25,6 +26,7 @@ from fleet.storage.writes import (
     PutCollaborator,
     ReleaseLease,
     SetFields,
+    SetRun,
     TraceWrite,
     WriteExtension,
     WriteOp,
@@ -39,8 +41,13 @@ MESSAGE_FIELD = "m:"
 UNCOUNTED_FIELD = "uncounted"
 """The trace hash's field of model usage not yet in `keys.USAGE`; not a Trace field."""
 _NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD, PACKED_FIELD})
-TRACE_FIELDS = tuple(Trace.model_fields)
+RUN_FIELD = keys.RUN_FIELD
+TRACE_FIELDS = tuple(name for name in Trace.model_fields if name != "run")
 """The trace hash's fields a Trace is read from (its messages are left where they are)."""
+RUN_FIELDS = tuple(RUN_FIELD + name for name in RunState.model_fields)
+"""The trace hash's run-state fields this release knows (`fleet.runstate`)."""
+READ_FIELDS = (*TRACE_FIELDS, *RUN_FIELDS, PACKED_FIELD)
+"""What a read of a trace (not its messages) asks the trace hash for (`decode_fields`)."""
 # The required Trace fields, so that an update's fields validate without reading the trace.
 _PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
 # Each Trace field on its own (no field has constraints beyond its type): an update
@@ -74,6 +81,8 @@ def _to_json(value: Any) -> str:
 def encode_fields(fields: Mapping[str, Any]) -> list[str]:
     """Validated trace fields as HSET items, each value as JSON (`updated_at_ms` added)."""
     values = {"updated_at_ms": now_ms(), **fields}
+    if "run" in values:
+        raise ValueError("the run state is written field by field (update_run), not as a whole")
     if not values.keys() <= _FIELD_ORDER.keys():  # Trace's own error names the stranger
         Trace.model_validate({**_PLACEHOLDER, **values})
     items: list[str] = []
@@ -82,6 +91,18 @@ def encode_fields(fields: Mapping[str, Any]) -> list[str]:
         value = adapter.dump_python(adapter.validate_python(values[name]), mode="json")
         items += [name, _to_json(value)]
     return items
+
+
+def run_items(fields: RunPatch | dict[str, Any]) -> list[str]:
+    """Validated run-state fields as HSET items of the trace hash: `r:{name}`, JSON value."""
+    return [item for k, v in check_patch(fields).items() for item in (RUN_FIELD + k, _to_json(v))]
+
+
+def created_run_items(run: RunState) -> list[str]:
+    """A new trace's run state as HSET items: its version and every field not at its default."""
+    fields = run.model_dump(mode="json", exclude_defaults=True)
+    fields["schema_version"] = run.schema_version
+    return [item for k, v in fields.items() for item in (RUN_FIELD + k, _to_json(v))]
 
 
 def whole(name: str, delta: float) -> int:
@@ -131,6 +152,9 @@ def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, extension_at: int
         case SetFields(fields=fields, event=event):
             items = encode_fields(fields)
             return ["set", str(len(items) + 1), _event(event), *items]
+        case SetRun(fields=fields):
+            items = run_items(fields)
+            return ["set", str(len(items) + 1), "", *items]
         case AddStats(deltas=deltas):
             items = stats_items(deltas)
             return ["stats", str(len(items)), *items]
@@ -212,7 +236,8 @@ def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
     """The KEYS and ARGV of `CREATE_TRACES`."""
     script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S), "1"]
     for trace in traces:
-        fields = encode(trace.model_dump(mode="json"))
+        fields = encode(trace.model_dump(mode="json", exclude={"run"}))
+        fields += created_run_items(trace.run)
         parent = trace.parent_trace_id
         script_keys += [keys.trace(trace.trace_id), keys.children(parent or trace.trace_id)]
         args += [trace.trace_id, str(trace.created_at_ms), "1" if parent else "", str(len(fields))]
@@ -253,24 +278,30 @@ def decode_trace(data: Mapping[str, str]) -> Trace | None:
     if not data:
         return None
     # The values are JSON texts already: one JSON object of them, parsed by pydantic at once.
+    # The run state's fields, `r:{name}`, are the object of its `run` (one a newer release
+    # added is ignored there, one an older trace lacks takes its default).
     text = ",".join(
         f'"{name}":{value}'
         for name, value in data.items()
-        if name not in _NOT_TRACE_FIELDS and not name.startswith(MESSAGE_FIELD)
+        if name not in _NOT_TRACE_FIELDS and not name.startswith((MESSAGE_FIELD, RUN_FIELD))
     )
-    return Trace.model_validate_json("{" + text + "}")
+    run = ",".join(
+        f"{json.dumps(name[len(RUN_FIELD) :])}:{value}"
+        for name, value in data.items()
+        if name.startswith(RUN_FIELD)
+    )
+    return Trace.model_validate_json("{" + text + (',"run":{' if text else '"run":{') + run + "}}")
 
 
 def decode_fields(
     values: Sequence[str | None],
     unpack: Callable[[dict[str, str]], dict[str, str]] = unpacked,
 ) -> Trace | None:
-    """A Trace from an HMGET of TRACE_FIELDS and the packed field; None when the hash is gone.
+    """A Trace from an HMGET of TRACE_FIELDS, RUN_FIELDS and the packed field; None: no hash.
 
     `unpack` spreads a packed hash (`fleet.storage.compaction`), with the tree dictionaries.
     """
-    names = (*TRACE_FIELDS, PACKED_FIELD)
-    data = {k: v for k, v in zip(names, values, strict=True) if v is not None}
+    data = {k: v for k, v in zip(READ_FIELDS, values, strict=True) if v is not None}
     return decode_trace(unpack(data) if PACKED_FIELD in data else data)
 
 
