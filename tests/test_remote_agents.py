@@ -20,13 +20,16 @@ from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.lifecycle.remote import RemoteCall
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import load_config
+from fleet.loop.runner import Runner
 from fleet.models import Message, Trace
 from fleet.remote.decide import AskPerson, Ended, Progress, Unchanged, decide
 from fleet.remote.wire import RemoteError, RemoteRefused, RemoteTask
+from fleet.runstate import RunState
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.backends.memory.remote_watch import MemoryRemoteWatch
 from fleet.storage.backends.redis.remote_watch import RedisRemoteWatch
+from fleet.storage.remote_watch import REMOTE_WATCH
 from fleet.testing import MemoryStore, ScriptedModel, call, text
 from tests.a2a_agent import serve_reviewer
 from tests.a2a_hostile import serve_hostile
@@ -42,6 +45,7 @@ def build(
     model: ScriptedModel,
     env: dict[str, str] | None = None,
     agents_dir: Path | None = None,
+    dispatcher: InProcessDispatcher | None = None,
 ) -> tuple[InProcessFleet, Runtime]:
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
@@ -55,7 +59,8 @@ def build(
         remote_poll_s=0.05,
         agents_dir=agents_dir,
     )
-    runtime = Runtime.build(settings, MemoryStore(), InProcessDispatcher(), clients={"m": model})
+    dispatcher = dispatcher or InProcessDispatcher()
+    runtime = Runtime.build(settings, MemoryStore(), dispatcher, clients={"m": model})
     return InProcessFleet(runtime), runtime
 
 
@@ -91,6 +96,10 @@ def test_a_delegate_to_a_remote_agent_completes_with_its_artifact(tmp_path: Path
         entry_of_child.status == "completed"
         and "reviewed: check the diff" in entry_of_child.summary
     )
+    call_state = child.run.remote_call  # the fleet's run state; the caller's metadata untouched
+    assert call_state is not None and (call_state.state, call_state.ok) == ("ended", True)
+    assert call_state.task_id == task_id and call_state.context_id == context_id
+    assert child.metadata == {} and root.metadata == {}
     (remote,) = runtime.store.collaborators(child.trace_id)  # the child's own: the remote agent
     assert (remote.type, remote.trace_id) == ("remote", f"agent://reviewer/{task_id}")
     assert agent.record.auth and set(agent.record.auth) == {"Bearer s3cret-token"}
@@ -121,6 +130,43 @@ def test_continue_from_an_agent_id_reaches_the_same_remote_context(tmp_path: Pat
     results = tool_results(runtime, root)
     assert f"agent://reviewer/{second_task}" in results[1]
     assert len(runtime.store.children(root.trace_id)) == 1  # the same child, continued
+    call_state = only_child(runtime, root).run.remote_call
+    assert call_state is not None
+    assert (call_state.task_id, call_state.tasks) == (second_task, (first_task,))
+
+
+class ParkingDispatcher(InProcessDispatcher):
+    """As on a task queue: a poller of the watch list, not the run, follows a remote task."""
+
+    children_survive_restart = True
+
+
+def test_a_remote_childs_run_parks_on_its_task_holding_no_slot(tmp_path: Path) -> None:
+    with serve_reviewer() as agent:
+        entry = {"url": agent.url, "private": True}
+        model = ScriptedModel([text("unused")])
+        _, runtime = build(tmp_path, {"reviewer": entry}, model, dispatcher=ParkingDispatcher())
+        store = runtime.store
+        store.create_trace(Trace(trace_id="r", root_trace_id="r", task="review", status="waiting"))
+        child = Trace(
+            trace_id="r@remote-1",
+            root_trace_id="r",
+            parent_trace_id="r",
+            parent_tool_call_id="c1",
+            task="slow 5 look",
+            mode="remote",
+            run=RunState(remote_call=RemoteCall(agent="reviewer")),
+        )
+        store.create_trace(child)
+        result = Runner(runtime).run(child.trace_id)
+        parked = store.get_trace(child.trace_id)
+        ((task_id, _, sent),) = agent.record.messages
+    assert result.outcome == "parked"  # the OnRemote step: not `waiting`, never run again
+    assert parked.status == "waiting" and sent == "slow 5 look"
+    assert parked.run.remote_call is not None
+    assert (parked.run.remote_call.state, parked.run.remote_call.task_id) == ("sent", task_id)
+    assert parked.metadata == {}
+    assert store.capability(REMOTE_WATCH).watched(child.trace_id)
 
 
 @pytest.mark.parametrize(
