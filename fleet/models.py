@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from fleet.goals import GoalTree
 from fleet.runstate import RunPatch, RunState, check_patch
 
-Mode = Literal["main", "delegate", "explore", "evaluate"]
+Mode = Literal["main", "delegate", "explore", "evaluate", "remote"]
 Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped"]
 CollaboratorStatus = Literal["running", "waiting", "completed", "failed", "stopped"]
-CollaboratorType = Literal["agent", "human", "approval", "batch"]
+CollaboratorType = Literal["agent", "human", "approval", "batch", "remote"]
 Role = Literal["system", "user", "assistant", "tool"]
 Content = str | list[dict[str, Any]] | None
 """A message's content: text, or a list of OpenAI-format parts (`text`, and `image_ref`:
@@ -64,6 +64,8 @@ class Collaborator(_Model):
     """The child's validated structured answer (evaluate verdict, `output_schema`)."""
     batch_id: str | None = None
     """For `type: batch`: the provider batch holding the call (None while queued)."""
+    remote_id: str | None = None
+    """For a `remote` child: its A2A task, `agent://NAME/<task id>` (None until sent)."""
     updated_at_ms: int = Field(default_factory=now_ms)
 
 

@@ -9,6 +9,8 @@ What moves a trace that has not ended (its *owner*):
 - `waiting` on a person: the person, and the wait's deadline.
 - `waiting` on a provider batch: its call's entry in the batch queue (`fleet.batchapi`);
   a trace parked on a call the queue does not know is sent again (its run queues it).
+- `waiting` on a remote agent's A2A task: its entry in the pollers' watch list
+  (`fleet.remote`); one without is sent again (its run parks it again).
 - `waiting` on children: a child that has not ended, or the outbox entry that settles them.
 - any trace told to stop: its runner, if one holds the lease; else nothing, so the stop
   itself is finished here.
@@ -33,6 +35,7 @@ from fleet.history import main_path, open_turn
 from fleet.models import Trace
 from fleet.storage import outbox
 from fleet.storage.batch_calls import CallStates, batch_calls
+from fleet.storage.remote_watch import REMOTE_WATCH
 from fleet.storage.store import TraceRecords, TraceStore
 
 MAX_HEALS = 3
@@ -239,7 +242,7 @@ def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
     return _waiting(store, state, trace)
 
 
-def _waiting(store: TraceRecords, state: TreeState, trace: Trace) -> Remedy | None:
+def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
     if trace.run.waiting_on is not None:
         return None  # a person (and the wait's deadline) owns it: a question or an approval
     parked = trace.run.waiting_on_batch
@@ -250,6 +253,11 @@ def _waiting(store: TraceRecords, state: TreeState, trace: Trace) -> Remedy | No
         if status is not None or calls.answer_of(custom_id) is not None:
             return None  # its call (queued, in a batch, or answered and being resumed) owns it
         return Resend(trace, "waiting on a provider batch that holds no call of it")
+    remote = trace.run.remote_call
+    if remote is not None and remote.state == "sent":
+        if store.capability(REMOTE_WATCH).watched(trace.trace_id):
+            return None  # the pollers' watch list owns it (`fleet.remote.poll`)
+        return Resend(trace, "waiting on a remote task that no poller watches")
     kids = [state.traces[c] for c in state.children.get(trace.trace_id, []) if c in state.traces]
     if any(not k.is_terminal for k in kids):
         return None  # live children own it

@@ -74,6 +74,42 @@ class FanOutPlan(_Part):
     preset: str = "explore"
 
 
+REMOTE_ENTRY_PREFIX = "agent://"
+"""A remote task's id, as a collaborator entry and `continue_from` name it: `agent://NAME/ID`."""
+
+RemoteCallState = Literal["new", "sent", "input", "ended"]
+"""new: nothing sent yet; sent: the task works (a poller watches it); input: it asked for
+input (a person answers, `fleet reply`); ended: the call's `result` holds its end."""
+
+
+class RemoteCall(_Part):
+    """Where a remote child's A2A task is (`fleet.remote`): the child's `run.remote_call`."""
+
+    agent: str
+    """The `remote_agents` name the call goes to."""
+    state: RemoteCallState = "new"
+    task_id: str | None = None
+    context_id: str | None = None
+    """The remote conversation: a later message (`continue_from`) goes to it."""
+    sent_sequence: int = 0
+    """The child's last message that went to the remote task."""
+    tasks: tuple[str, ...] = ()
+    """Earlier tasks of this child's remote conversation (each `continue_from` makes one)."""
+    deadline_ms: int | None = None
+    """When the remote task is cancelled and the child fails (timeout_s or the tree's wall_s)."""
+    seen: str = ""
+    """The last status text seen (a poll that sees it again adds no event)."""
+    errors: int = 0
+    """Polls in a row that could not reach the agent."""
+    ok: bool = False
+    result: str = ""
+    """The artifact's text (ok) or a one-line error."""
+
+    def remote_id(self) -> str | None:
+        """`agent://NAME/<task id>`, once the agent gave a task id."""
+        return f"{REMOTE_ENTRY_PREFIX}{self.agent}/{self.task_id}" if self.task_id else None
+
+
 class RunState(_Part):
     """The fleet's own state of one trace, apart from the caller's `metadata`."""
 
@@ -116,6 +152,9 @@ class RunState(_Part):
     """The tool_call_id a person approved, run by the next run, then cleared."""
     waiting_on_batch: BatchWait | None = None
     """The model call parked on a provider batch."""
+    remote_call: RemoteCall | None = None
+    """A remote child's A2A call (mode `remote`): set by its spawner, written by its runs
+    and the pollers of the watch list (`fleet.remote`)."""
     owner_heals: int = 0
     """How many remedies the owner check applied to the trace (`fleet.owners`)."""
     stop_reason: str | None = None
@@ -145,6 +184,7 @@ class RunPatch(TypedDict, total=False):
     waiting_on: dict[str, Any] | None
     approved_call: str | None
     waiting_on_batch: BatchWait | None
+    remote_call: RemoteCall | None
     owner_heals: int
     stop_reason: str | None
 

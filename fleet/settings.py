@@ -91,6 +91,7 @@ ENV_NAMES = (
     "FLEET_STUCK_AFTER_S",
     "FLEET_OWNER_CHECK_INTERVAL_S",
     "FLEET_BATCH_POLL_S",
+    "FLEET_REMOTE_POLL_S",
     "FLEET_BATCH_FLUSH_S",
     "FLEET_BATCH_MAX_REQUESTS",
     "FLEET_BATCH_RETRY",
@@ -186,6 +187,8 @@ class Settings:
     batch_poll_s: float = 30.0
     """FLEET_BATCH_POLL_S: how often one worker of the fleet flushes the provider-batch queue
     and polls the provider batches in flight (`fleet.batchapi`)."""
+    remote_poll_s: float = 2.0
+    """FLEET_REMOTE_POLL_S: how often a parked remote sub-agent's A2A task is asked about."""
     batch_flush_s: float = 60.0
     """FLEET_BATCH_FLUSH_S: the oldest queued call of a provider waits at most this long
     before its calls are sent as one provider batch (a full batch goes at once)."""
@@ -262,6 +265,7 @@ class Settings:
             stuck_after_s=positive_s(env, "FLEET_STUCK_AFTER_S", 15.0),
             owner_check_interval_s=positive_s(env, "FLEET_OWNER_CHECK_INTERVAL_S", 5.0),
             batch_poll_s=positive_s(env, "FLEET_BATCH_POLL_S", 30.0),
+            remote_poll_s=positive_s(env, "FLEET_REMOTE_POLL_S", 2.0),
             batch_flush_s=positive_s(env, "FLEET_BATCH_FLUSH_S", 60.0),
             batch_max_requests=whole_number(env, "FLEET_BATCH_MAX_REQUESTS", 10_000),
             batch_retry=_batch_retry(env.get("FLEET_BATCH_RETRY")),

@@ -236,6 +236,7 @@ FLEET_LAYERS = (
     "owners",
     "batchapi",
     "conversation",
+    "remote",
     "children",
     "loop",
     "batch",

@@ -203,6 +203,18 @@ def test_a_parents_settle_entry_does_not_own_a_child_nobody_runs(store: TraceSto
     assert remedies(store) == [("resend", "r@b1")], "the parent is owned by the entry"
 
 
+def test_the_watch_list_owns_a_remote_child_waiting_on_its_task(store: TraceStore) -> None:
+    from fleet.storage.remote_watch import REMOTE_WATCH
+
+    put(store, "r", status="waiting")
+    open_call(store, "r")
+    call = {"agent": "reviewer", "state": "sent", "task_id": "t-1"}
+    put(store, "r@remote-1", status="waiting", mode="remote", run={"remote_call": call})
+    assert remedies(store) == [("resend", "r@remote-1")]  # no poller watches it: run it again
+    store.capability(REMOTE_WATCH).watch("r@remote-1", now_ms())
+    assert remedies(store) == []
+
+
 def test_the_check_visits_every_open_tree_past_a_page(store: TraceStore) -> None:
     # More open trees than one page (and than the listpack ZSCAN returns whole): each is
     # checked, the newest too (the check used to read only the `page_size` oldest).

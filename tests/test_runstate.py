@@ -190,6 +190,9 @@ CALLERS_DATA = {
     ("fleet/conversation/roots.py", "spec"),
 }
 """Where the caller's metadata passes through on its way to the trace, untouched."""
+A2A_REQUEST = {("fleetops/a2a/executor.py", "context")}
+"""An A2A request's own metadata (a2a-sdk's `RequestContext.metadata`: the skill the
+caller picks), never a trace's."""
 LEFT_TO_ANOTHER_ISSUE = {("fleet/experiences/retrieval.py", "trace")}
 """The `user:`/`project:` experience scopes read from a root's metadata: issue 39 item 3
 (scope bound by the operator at submission) replaces this read."""
@@ -209,7 +212,7 @@ def metadata_uses() -> set[tuple[str, str]]:
 
 
 def test_no_fleet_code_reads_or_writes_a_traces_metadata() -> None:
-    assert metadata_uses() == CALLERS_DATA | LEFT_TO_ANOTHER_ISSUE
+    assert metadata_uses() == CALLERS_DATA | A2A_REQUEST | LEFT_TO_ANOTHER_ISSUE
 
 
 def test_no_update_writes_metadata() -> None:

@@ -84,6 +84,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_STUCK_AFTER_S": "7",
         "FLEET_OWNER_CHECK_INTERVAL_S": "2",
         "FLEET_BATCH_POLL_S": "0.5",
+        "FLEET_REMOTE_POLL_S": "0.5",
         "FLEET_BATCH_FLUSH_S": "2",
         "FLEET_BATCH_MAX_REQUESTS": "500",
         "FLEET_BATCH_RETRY": "live",

@@ -26,6 +26,8 @@ QUEUE_BY_MODE = {
     "delegate": "fleet.delegate",
     "explore": "fleet.explore",
     "evaluate": "fleet.evaluate",
+    # A remote child holds a slot only to send its message (`fleet.remote`): delegate's queue.
+    "remote": "fleet.delegate",
 }
 
 MAX_RUN_S = 2 * 3600

@@ -24,11 +24,13 @@ from fleet.security.trust import check_interpreter
 from fleet.settings import process_redactor, process_settings
 from fleet.storage.backends.redis.probe import is_cluster_node
 from workers import probes
+from workers.remote_poll import RemotePoller
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper
 
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
+_remote_poller: RemotePoller | None = None
 
 
 @worker_init.connect
@@ -109,6 +111,9 @@ def _start_sweeper(**_: Any) -> None:
         settings.sweep_interval_s, settings.owner_check_interval_s, settings.batch_poll_s
     )
     _sweeper.start()
+    global _remote_poller
+    _remote_poller = RemotePoller(settings.remote_poll_s)
+    _remote_poller.start()
 
 
 @worker_ready.connect
@@ -143,6 +148,8 @@ def _drain(**_: Any) -> None:
 def _stop_sweeper(**_: Any) -> None:
     if _sweeper is not None:
         _sweeper.stop()
+    if _remote_poller is not None:
+        _remote_poller.stop()
 
 
 @worker_shutdown.connect

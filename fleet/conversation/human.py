@@ -20,6 +20,7 @@ from fleet.lifecycle import human_id
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace, now_ms
 from fleet.presets import AgentPreset
+from fleet.runstate import RunPatch
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceContent, TraceStore
 from fleet.tools.base import ToolResult
@@ -95,10 +96,13 @@ def ask(runtime: Runtime, trace: Trace, tool_call_id: str, question: str) -> Tra
     return wait_for_person(runtime, trace, waiting)
 
 
-def wait_for_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> Trace:
+def wait_for_person(
+    runtime: Runtime, trace: Trace, waiting: dict[str, Any], *, also: RunPatch | None = None
+) -> Trace:
     """`waiting` on a person until a deadline: the fleet's timeout, or the tree's wall_s.
 
-    `waiting` (kind, tool_call_id, question, ...) gets the deadline fields added.
+    `waiting` (kind, tool_call_id, question, ...) gets the deadline fields added; `also`:
+    other run-state fields written with it (a remote child's call that asked).
     """
     timeout_s = trace.run.human_timeout_s or runtime.settings.human_timeout_s
     asked = now_ms()
@@ -113,7 +117,7 @@ def wait_for_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> 
     # Indexed first: a wait is never left without its deadline (the sweeper ignores an
     # entry whose trace no longer waits).
     runtime.store.index_human_wait(trace.trace_id, deadline_ms)
-    return lifecycle.wait_on_person(runtime, trace, waiting)
+    return lifecycle.wait_on_person(runtime, trace, waiting, also)
 
 
 def _refusal(text: str) -> ToolResult:

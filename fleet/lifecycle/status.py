@@ -24,6 +24,7 @@ from fleet.models import (
     TracePatch,
     now_ms,
 )
+from fleet.runstate import RemoteCall, RunPatch
 from fleet.runtime import Runtime
 from fleet.storage.store import STARTABLE, StartRun, TraceRecords
 from fleet.storage.writes import TraceWrite
@@ -92,20 +93,30 @@ def requeue(runtime: Runtime, trace: Trace, why: str = "yield", retry_in_s: floa
 
 
 def reopen(
-    runtime: Runtime, child: Trace, tool_call_id: str, *, otel: dict[str, str] | None = None
+    runtime: Runtime,
+    child: Trace,
+    tool_call_id: str,
+    *,
+    otel: dict[str, str] | None = None,
+    remote_call: RemoteCall | None = None,
 ) -> Trace:
     """An ended child answers a new call (`continue_from`): `queued`, answer and error cleared.
 
     `otel`: the new call's tracing context (`Hooks.child_context`), which its runs continue.
+    `remote_call`: a remote child's call, ready to send the new message (same write).
     """
     fields: TracePatch = {"status": "queued", "parent_tool_call_id": tool_call_id}
     fields |= {"answer": None, "error": None}
     write = TraceWrite(child.trace_id, child.root_trace_id).update(None, **fields)
+    run: RunPatch = {}
     if otel:
-        write.update_run(otel=otel)
+        run["otel"] = otel
+    if remote_call is not None:
+        run["remote_call"] = remote_call
+    if run:
+        write.update_run(**run)
     runtime.store.apply(write)
-    reopened = child.model_copy(update=fields)
-    return reopened.with_run(otel=otel) if otel else reopened
+    return child.model_copy(update=fields).with_run(**run)
 
 
 def finish(
@@ -253,16 +264,20 @@ def reopen_root(runtime: Runtime, trace: Trace, turn: int, data: dict[str, Any])
     return reopened.with_run(turn=turn, stop_reason=None, waiting_on=None)
 
 
-def wait_on_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> Trace:
+def wait_on_person(
+    runtime: Runtime, trace: Trace, waiting: dict[str, Any], also: RunPatch | None = None
+) -> Trace:
     """`waiting` on a person (`ask_human`): no runner, a `{human, waiting}` collaborator.
 
-    The question goes into the trace's run state first (`waiting_on`), then into the entry
-    and its event, so whoever sees the event can reply at once.
+    The question goes into the trace's run state first (`waiting_on`, with the fields of
+    `also` in the same write), then into the entry and its event, so whoever sees the event
+    can reply at once.
     """
     event = Event(kind="trace", trace_id=trace.trace_id, status="waiting", data={"on": "human"})
     write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, status="waiting")
-    runtime.store.apply(write.update_run(waiting_on=waiting))
-    waited = trace.model_copy(update={"status": "waiting"}).with_run(waiting_on=waiting)
+    run: RunPatch = {**(also or {}), "waiting_on": waiting}
+    runtime.store.apply(write.update_run(**run))
+    waited = trace.model_copy(update={"status": "waiting"}).with_run(**run)
     put_person(runtime, waited, str(waiting["tool_call_id"]), "waiting", str(waiting["question"]))
     return waited
 

@@ -29,6 +29,7 @@ from fleet.loop.steps import (
     OnBatch,
     OnChildren,
     OnPerson,
+    OnRemote,
     Step,
     Waiting,
     decide_next,
@@ -48,7 +49,9 @@ from fleet.loop.turns import (
     recorded,
     terminal,
 )
-from fleet.models import Event, Status, now_ms
+from fleet.models import Event, Status, Trace, now_ms
+from fleet.remote.run import run_remote
+from fleet.runstate import RemoteCall
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
@@ -97,12 +100,8 @@ class FencedRun:
     def _drive_open(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
         trace = lifecycle.start(self.runtime, snapshot.trace, start)  # begin_run did, mostly
-        try:
-            self.runtime.workspace_of(trace)
-        except FleetError as exc:  # a forged or stale workspace: fail before any model call
-            if start.ops:
-                self.store.apply(start)
-            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        if (ended := self._without_model(trace, start)) is not None:
+            return ended
         following = opening(self.runtime, snapshot, trace, start, held)
         if isinstance(following, OnPerson | OnApproval | OnChildren):
             return self._waiting(following)
@@ -123,6 +122,24 @@ class FencedRun:
             if not held.released:  # a finish in one step wrote its duration already
                 with contextlib.suppress(LeaseLost):
                     self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
+
+    def _without_model(self, trace: Trace, start: TraceWrite) -> Outcome | None:
+        """A run that ends before any model call: a bad workspace, or a remote child."""
+        try:
+            self.runtime.workspace_of(trace)
+        except FleetError as exc:  # a forged or stale workspace: fail before any model call
+            if start.ops:
+                self.store.apply(start)
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        if trace.mode != "remote":
+            return None
+        if start.ops:
+            self.store.apply(start)
+        park = self.runtime.dispatcher.children_survive_restart  # a sweeper polls for it
+        ran = run_remote(self.runtime, trace, park=park)
+        if isinstance(ran, RemoteCall):
+            return self._waiting(OnRemote(ran.agent, ran.task_id))
+        return terminal(ran)
 
     def _loop(self, trace_id: str, held: Held, following: GoOn) -> Outcome | Wait:
         while True:
@@ -152,7 +169,7 @@ class FencedRun:
                 if isinstance(after, OnPerson | OnApproval | OnChildren):
                     return self._waiting(after)
                 return after
-            case OnPerson() | OnApproval() | OnBatch() | OnChildren():
+            case OnPerson() | OnApproval() | OnBatch() | OnChildren() | OnRemote():
                 return self._waiting(turn.step)
             case _:
                 assert_never(turn.step)
@@ -162,7 +179,7 @@ class FencedRun:
         match waits:
             case OnPerson() | OnApproval() | OnChildren():
                 return "waiting"
-            case OnBatch():
+            case OnBatch() | OnRemote():  # `waiting` too, which a runner must not run again
                 return "parked"
             case _:
                 assert_never(waits)

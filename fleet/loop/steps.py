@@ -1,8 +1,8 @@
 """What the loop does next: a pure function of the model's response, and what it waits on.
 
-`decide_next` turns a response into `Finish | CallTools | DoomLoop`; the waits a turn can
-end in (a person's answer or approval, a provider batch, spawned sub-agents) are steps too,
-so the runner `match`es every way a run goes on or ends.
+`decide_next` turns a response into `Finish | CallTools | DoomLoop`; the waits a run can
+end in (a person's answer or approval, a provider batch, spawned sub-agents, a remote
+child's A2A task) are steps too, so the runner `match`es every way a run goes on or ends.
 """
 
 from __future__ import annotations
@@ -73,9 +73,22 @@ class OnChildren:
     kind: Literal["on_children"] = "on_children"
 
 
+@dataclass(frozen=True)
+class OnRemote:
+    """A remote child (`fleet.remote`) waits on its A2A task, or on a person it asked.
+
+    A poller of the watch list, or the person's `fleet reply`, sends the child again.
+    """
+
+    agent: str
+    """The `remote_agents` name the task runs on."""
+    task_id: str | None
+    kind: Literal["on_remote"] = "on_remote"
+
+
 Decision = Finish | CallTools | DoomLoop
 """What a model's response decides (`decide_next`)."""
-Waiting = OnPerson | OnApproval | OnBatch | OnChildren
+Waiting = OnPerson | OnApproval | OnBatch | OnChildren | OnRemote
 """What a run ends waiting on: the trace is `waiting`, and something else resumes it."""
 Step = Decision | Waiting
 

@@ -9,7 +9,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from fleet.children import settling
-from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA
+from fleet.children.subagents import sub_agent_schemas
 from fleet.config.mcp_names import PREFIX as MCP_PREFIX
 from fleet.config.mcp_names import server_of
 from fleet.conversation import approval
@@ -86,8 +86,7 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     if trace.mode == "main":
         # `agent` delegates to writing presets by default: a read-only trace is not offered
         # it (and `spawn` refuses a writing child if the model calls it anyway).
-        offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
-        schemas += [s for s in offered if preset.allows(s["function"]["name"])]
+        schemas += sub_agent_schemas(runtime, trace, preset)
     if may_ask(preset, trace):
         schemas.append(ASK_HUMAN_SCHEMA)
     if inbox.offered(runtime, trace):

@@ -51,7 +51,8 @@ Outcome = Literal[
 `throttled`: a provider limit said "not now"; the trace is queued again, to be run in
 `RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
 was left to lapse, and a sweeper resumes the trace once the store is back. `parked`: the
-turn's model call waits in a provider batch (`fleet.batchapi`); the poller resumes it."""
+turn's model call waits in a provider batch (`fleet.batchapi`), or a remote child waits on
+its A2A task or a person (`fleet.remote`); a poller (or `fleet reply`) sends it again."""
 
 
 @dataclass(frozen=True)

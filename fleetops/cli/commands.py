@@ -19,6 +19,7 @@ from workers.probes import DEFAULT_MAX_AGE_S
 POOLS = ("threads", "prefork", "gevent")
 DEFAULT_FLOWER_PORT = 5555
 DEFAULT_SERVE_PORT = 8600
+DEFAULT_A2A_PORT = 8700
 DEFAULT_METRICS_PORT = 9808
 DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
 
@@ -378,6 +379,15 @@ def _add_servers(commands: Any) -> None:
     )
     serve.add_argument("--port", type=port_number, default=DEFAULT_SERVE_PORT)
     serve.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    a2a = _command(
+        commands,
+        "a2a",
+        "fleetops.cli.a2a:run_a2a",
+        help="serve the presets marked a2a: true as an A2A agent (needs FLEET_SERVE_TOKEN)",
+    )
+    a2a.add_argument("--port", type=port_number, default=DEFAULT_A2A_PORT)
+    a2a.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    a2a.add_argument("--url", help="the public URL clients use, for the Agent Card")
     mcp = _command(
         commands,
         "mcp",

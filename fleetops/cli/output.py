@@ -203,8 +203,12 @@ def _detail_lines(store: TraceStore, trace: Trace, indent: str) -> list[str]:
         subs = f"  sub-traces: {', '.join(goal.sub_trace_ids)}" if goal.sub_trace_ids else ""
         status = goal_status(goal.status, trace)
         lines.append(f"{indent}goal {goal.id} [{status}] {_one_line(goal.description)}{subs}")
-    for person in (c for c in store.collaborators(trace.trace_id) if c.type == "human"):
-        lines.append(f"{indent}human [{person.status}]: {_one_line(person.summary)}")
+    for entry in store.collaborators(trace.trace_id):
+        if entry.type == "human":
+            lines.append(f"{indent}human [{entry.status}]: {_one_line(entry.summary)}")
+        if entry.type == "remote":  # a remote child's A2A task (fleet.remote)
+            remote = printable(entry.trace_id)
+            lines.append(f"{indent}remote {remote} [{entry.status}]: {_one_line(entry.summary)}")
     found = _branches(store, trace)
     if len(found) > 1 or turn_of(trace) > 0:
         lines.append(f"{indent}conversation: {len(found)} branch(es)")

@@ -87,6 +87,14 @@ def approved_call(items: list[Item], live: str) -> list[Item]:
     return [{**items[0], "fields": fields}, *items[1:]]
 
 
+def remote_call(items: list[Item], live: str) -> list[Item]:
+    """A remote child's A2A call, 'sent': a poller would ask (and cancel) a task on its agent."""
+    i = child_line(items)
+    call = {"agent": "reviewer", "state": "sent", "task_id": "t-1", "context_id": "c-1"}
+    fields = {**items[i]["fields"], "r:remote_call": json.dumps(call)}
+    return [*items[:i], {**items[i], "fields": fields}, *items[i + 1 :]]
+
+
 def stop_flag(items: list[Item], live: str) -> list[Item]:
     return [{**items[0], "fields": {**items[0]["fields"], "stop": "1"}}, *items[1:]]
 
@@ -117,6 +125,7 @@ def good_tree_then_graft(items: list[Item], live: str) -> list[Item]:
         (child_named_into_live, "child", "is not of tree"),
         (unfinished, "child", "is running: only ended trees are imported"),
         (approved_call, "root", "field 'r:approved_call' is the fleet's own"),
+        (remote_call, "child", "field 'r:remote_call' is the fleet's own"),
         (stop_flag, "root", "field 'stop' is the fleet's own"),
         (collaborator_elsewhere, "root", "is not in its tree"),
         (event_elsewhere, "events", "which is not in tree"),
@@ -164,6 +173,7 @@ def test_the_fleets_own_archive_of_a_tree_with_run_state_imports(
     trace = store.get_trace(root)
     metadata = {**trace.metadata, "approved_call": "the caller's", "mine": "kept"}
     fields = {"metadata": json.dumps(metadata), "r:approved_call": '"call_1"', "r:turn": "2"}
+    fields["r:remote_call"] = json.dumps({"agent": "reviewer", "state": "sent", "task_id": "t"})
     for name, value in fields.items():
         redis_db.hset(keys.trace(root), name, value)
     path = tmp_path / "a.jsonl"
@@ -173,6 +183,7 @@ def test_the_fleets_own_archive_of_a_tree_with_run_state_imports(
     back = RedisStore(redis_db).get_trace(root)
     assert back.metadata == metadata
     assert (back.run.turn, back.run.approved_call) == (2, None)  # a continue reads `turn`
+    assert back.run.remote_call is None  # pending: a poller would ask its agent
 
 
 def test_an_import_cut_short_runs_again_over_what_it_wrote(

@@ -53,6 +53,7 @@ from fleet.storage.keys.memory import MEMORY_NAMESPACES as MEMORY_NAMESPACES
 from fleet.storage.keys.memory import memory_entries as memory_entries
 from fleet.storage.keys.memory import memory_history as memory_history
 from fleet.storage.keys.memory import memory_proposals as memory_proposals
+from fleet.storage.keys.remote import remote_watch as remote_watch
 
 TRACE_TTL_S = 7 * 24 * 3600
 """How long a trace and everything under it stays readable after its last change; once its
