@@ -13,7 +13,7 @@ from fleet.backends import Backend, RunsNoAgents
 from fleet.backends import load_backend as load_backend
 from fleet.control import subtree
 from fleet.conversation import approval, human, messages
-from fleet.conversation.continuation import continue_trace, stamp, turn_of
+from fleet.conversation.continuation import continue_trace, regenerate, stamp, turn_of
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.roots import TaskSpec, create_root
@@ -244,6 +244,16 @@ class Fleet:
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 
+    def regenerate(self, trace_id: str, after_sequence: int) -> Handle:
+        """Run a finished root again from message `after_sequence`, with no new message.
+
+        The model answers that message once more; its earlier answer stays in the trace,
+        off the main path (`fleet.conversation.continuation.regenerate`).
+        """
+        trace = regenerate(self.runtime, trace_id, after_sequence)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
     def reply(self, trace_id: str, answer: str) -> Handle:
         """Answer the question a trace waits on (`ask_human`); it resumes on any worker."""
         trace = human.reply(self.runtime, trace_id, answer)
@@ -301,29 +311,51 @@ class Fleet:
         model: str | None = None,
         timeout_s: float | None = None,
         scope: str | None = None,
+        focus: str | None = None,
     ) -> list[Experience]:
         """Run a read-only reflection over a finished tree; store what it proposes, unapproved.
 
         Unless FLEET_EXPERIENCE_AUTO_APPROVE matches `execution:SCOPE` (the operator's policy).
         Every proposal goes to `scope`, which must be one the tree ran in, by default the
         root's most specific (`fleet.experiences.reflect`): never a scope the model names.
-        The reflection runs in the tree's workspace.
+        The reflection runs in the tree's workspace; `focus` says what to look at above all.
 
         `ConversationError` if the tree has not finished; `TraceNotFound` if there is none;
         `ConfigError` for a scope the tree did not run in.
+        """
+        handle, chosen = self.start_reflection(trace_id, model=model, scope=scope, focus=focus)
+        return self.keep_reflection(trace_id, handle.wait(timeout_s), chosen)
+
+    def start_reflection(
+        self,
+        trace_id: str,
+        *,
+        model: str | None = None,
+        scope: str | None = None,
+        focus: str | None = None,
+    ) -> tuple[Handle, str]:
+        """Submit the reflection of `reflect` without waiting.
+
+        Returns its handle and the scope its proposals go to (`keep_reflection` stores
+        them once it ended).
         """
         from fleet.experiences import reflect
 
         root = self.store.get_trace(trace_id)
         allowed = reflect.tree_scopes(self.store, trace_id)
         chosen = reflect.check_scope(scope or reflect.default_scope(root), allowed, trace_id)
-        task = reflect.reflection_task(self.store, trace_id)
+        task = reflect.reflection_task(self.store, trace_id, focus)
         workspace = Path(root.workspace) if root.workspace else None
         handle = self.submit(task, model=model, preset=reflect.REFLECT_PRESET, workspace=workspace)
-        done = handle.wait(timeout_s)
+        return handle, chosen
+
+    def keep_reflection(self, trace_id: str, done: Trace, scope: str) -> list[Experience]:
+        """Store the proposals of a reflection on `trace_id` that ended as `done`."""
+        from fleet.experiences import reflect
+
         policy = self.runtime.settings.experience_auto_approve
         tree = subtree(self.store, trace_id)
-        proposed = reflect.proposals(done.answer or "", tree, chosen, policy)
+        proposed = reflect.proposals(done.answer or "", tree, scope, policy)
         for experience in proposed:
             self.experiences.put(experience)
         return proposed

@@ -13,7 +13,7 @@ from typing import Any, assert_never
 
 from fleet.children import after
 from fleet.conversation import approval, human
-from fleet.conversation.continuation import continue_trace
+from fleet.conversation.continuation import continue_trace, regenerate
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
@@ -132,6 +132,11 @@ class InProcessFleet:
     ) -> Trace:
         """Continue a finished root with `message` (after message `after_sequence`), run it."""
         continue_trace(self.runtime, trace_id, message, after_sequence)
+        return self._run(trace_id)
+
+    def regenerate(self, trace_id: str, after_sequence: int) -> Trace:
+        """Run a finished root again from message `after_sequence` (no new message)."""
+        regenerate(self.runtime, trace_id, after_sequence)
         return self._run(trace_id)
 
     def reply(self, trace_id: str, answer: str) -> Trace:

@@ -57,7 +57,9 @@ def _add_run(commands: Any) -> None:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by inline and fleet runs."""
     parser.add_argument(
-        "task", help="what the main agent should do (with --continue: the new message)"
+        "task",
+        nargs="?",
+        help="what the main agent should do (with --continue: the new message)",
     )
     parser.add_argument("--inline", action="store_true", help="run in this process")
     parser.add_argument("--model", help="provider:model, an alias, or scripted:FILE.yaml")
@@ -87,6 +89,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="with --continue: first go back to message N (rewind; the old branch stays)",
+    )
+    parser.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="with --continue and --after-sequence, no message: answer message N again",
     )
     parser.add_argument(
         "--memory",

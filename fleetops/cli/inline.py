@@ -17,12 +17,25 @@ def check_run_arguments(args: argparse.Namespace) -> None:
     """Options that only make sense together; `ConfigError` otherwise."""
     if args.after_sequence is not None and not args.continue_id:
         raise ConfigError("--after-sequence needs --continue TRACE_ID")
+    check_task_argument(args)
     if args.continue_id and args.memory:
         raise ConfigError("--continue keeps the tree's --memory namespaces")
     if args.continue_id and (args.model or args.preset != "default" or args.workspace):
         raise ConfigError("--continue keeps the trace's model, preset and workspace")
     if args.continue_id and args.image:
         raise ConfigError("--image goes with a new task, not --continue")
+
+
+def check_task_argument(args: argparse.Namespace) -> None:
+    """A task (or message) unless `--regenerate`, which takes none; `ConfigError` otherwise."""
+    if args.regenerate:
+        if not args.continue_id or args.after_sequence is None:
+            raise ConfigError("--regenerate needs --continue TRACE_ID and --after-sequence N")
+        if args.task is not None:
+            raise ConfigError("--regenerate takes no message: the model answers message N again")
+    elif args.task is None:
+        what = "the message" if args.continue_id else "the task"
+        raise ConfigError(f"give {what} (or --continue ID --after-sequence N --regenerate)")
 
 
 def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,7 +57,9 @@ def run_inline(args: argparse.Namespace) -> int:
     if args.continue_id and not redis:
         raise ConfigError("--inline --continue needs the trace's store: set FLEET_REDIS_URL")
     local = InProcessFleet.from_settings(settings, redis=redis)
-    if args.continue_id:
+    if args.regenerate:
+        trace = local.regenerate(args.continue_id, args.after_sequence)
+    elif args.continue_id:
         trace = local.continue_trace(args.continue_id, args.task, args.after_sequence)
     else:
         metadata = run_metadata(args)

@@ -84,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
 
 def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
     """Continue the trace `--continue` names, else submit a new root; say which."""
+    if args.regenerate:
+        handle = fleet.regenerate(args.continue_id, args.after_sequence)
+        print(f"regenerating {handle.trace_id} from {args.after_sequence}", file=sys.stderr)
+        return handle
     if args.continue_id:
         handle = fleet.continue_trace(args.continue_id, args.task, args.after_sequence)
         print(f"continued {handle.trace_id}", file=sys.stderr)
