@@ -243,6 +243,7 @@ FLEET_LAYERS = (
     "backends",
     "following",
     "client",
+    "aclient",
     "testing",
     "",
 )
