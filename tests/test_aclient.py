@@ -95,7 +95,7 @@ def test_watch_stop_and_continue_from_asyncio(worker_fleet: Fleet, tmp_path: Pat
     async def main() -> tuple[list[str], str, str, int]:
         async with AsyncFleet(worker_fleet) as fleet:
             handle = await fleet.submit("first", model=quick)
-            kinds = [event.kind async for event in handle.watch(timeout_s=60)]
+            kinds: list[str] = [event.kind async for event in handle.watch(timeout_s=60)]
             going_on = await fleet.continue_trace(handle.trace_id, "second")
             answer = (await going_on.wait(timeout_s=60)).answer or ""
             long = await fleet.submit("forever", model=slow)
