@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["AsyncFleet", "Fleet", "HookBlocked", "Hooks", "InProcessFleet"]
 
 if TYPE_CHECKING:
-    from fleet.aclient import AsyncFleet
+    from fleet.aio.client import AsyncFleet
     from fleet.client import Fleet
     from fleet.errors import HookBlocked
     from fleet.inprocess import InProcessFleet
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return InProcessFleet
     if name == "AsyncFleet":
-        from fleet.aclient import AsyncFleet
+        from fleet.aio.client import AsyncFleet
 
         return AsyncFleet
     if name == "Fleet":

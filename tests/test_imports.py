@@ -243,7 +243,7 @@ FLEET_LAYERS = (
     "backends",
     "following",
     "client",
-    "aclient",
+    "aio",
     "testing",
     "",
 )
