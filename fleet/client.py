@@ -16,6 +16,7 @@ from fleet.conversation import approval, human, messages
 from fleet.conversation.continuation import continue_trace, regenerate, stamp, turn_of
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
+from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable
 from fleet.experiences.model import Experience
@@ -84,7 +85,7 @@ class Fleet:
 
     def submit(
         self,
-        task: str,
+        task: str | None = None,
         *,
         model: str | None = None,
         preset: str = "default",
@@ -96,11 +97,13 @@ class Fleet:
         priority: Priority = "interactive",
         images: Sequence[str | Path] = (),
         memory: Sequence[str] = (),
+        prompt: Path | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
         Args:
-            task: What the agent should do.
+            task: What the agent should do (or give `prompt`).
             model: Model name or alias; else the preset's, the config's default.
             preset: Agent preset of the root.
             workspace: Workspace root (must lie under FLEET_WORKSPACE_ROOTS).
@@ -114,8 +117,13 @@ class Fleet:
                 guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
             memory: Long-term memory namespaces the tree may use (`user:alice`); its
                 children inherit them, and no model can name another (docs/memory.md).
+            prompt: A `.prompt` file (`fleet.conversation.prompts`) in place of `task`: its
+                `$user$` part is the task, `$system$` joins the system prompt, its front
+                matter's model and temperature apply (`model` still wins).
+            variables: The values of the prompt file's `%variables%`.
         """
-        spec = TaskSpec(task, model, preset, workspace, mode, metadata, memory=tuple(memory))
+        spec = TaskSpec("", model, preset, workspace, mode, metadata, memory=tuple(memory))
+        spec = with_task(spec, task, prompt, variables)
         if images:
             from fleet.tools.imagesource import load_images  # its checks only when asked
 

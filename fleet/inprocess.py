@@ -15,6 +15,7 @@ from fleet.children import after
 from fleet.conversation import approval, human
 from fleet.conversation.continuation import continue_trace, regenerate
 from fleet.conversation.fanout import fan_out_task
+from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
 from fleet.lifecycle.recorder import recorder_id, wants_recorder
@@ -87,28 +88,32 @@ class InProcessFleet:
 
     def run(
         self,
-        task: str,
+        task: str | None = None,
         *,
         model: str | None = None,
         preset: str = "default",
         metadata: Mapping[str, Any] | None = None,
         images: Sequence[str | Path] = (),
         memory: Sequence[str] = (),
+        prompt: Path | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> Trace:
         """Create a root trace, run it until it ends or waits on a person, return it.
 
         `images`: file paths or http(s) URLs shown to the model with the task; `memory`:
-        the long-term memory namespaces the tree may use.
+        the long-term memory namespaces the tree may use; `prompt` and `variables`: a
+        prompt file in place of `task` (as `Fleet.submit`).
         """
         loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
         spec = TaskSpec(
-            task=task,
+            task="",
             model=model,
             preset=preset,
             metadata=metadata,
             images=loaded,
             memory=tuple(memory),
         )
+        spec = with_task(spec, task, prompt, variables)
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 

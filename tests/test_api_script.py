@@ -53,8 +53,7 @@ def model_script(path: Path) -> str:
 
 def test_the_documented_curl_session_runs_on_a_real_fleet(worker_url: str, tmp_path: Path) -> None:
     model = model_script(tmp_path / "model.yaml")
-    env = {"FLEET_SERVE_TOKEN": TOKEN, "FLEET_WORKSPACE": str(tmp_path)}
-    with serve_process(worker_url, **env) as url:
+    with serve_process(worker_url, FLEET_SERVE_TOKEN=TOKEN, FLEET_WORKSPACE=str(tmp_path)) as url:
         run = subprocess.run(
             ["bash", "-c", the_script()],
             env={**os.environ, "FLEET_URL": url, "FLEET_SERVE_TOKEN": TOKEN, "MODEL": model},

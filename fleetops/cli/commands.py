@@ -91,6 +91,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --continue: first go back to message N (rewind; the old branch stays)",
     )
     parser.add_argument(
+        "--prompt",
+        type=Path,
+        metavar="FILE.prompt",
+        help="the task from a prompt file (front matter, $system$/$user$, %%variables%%)",
+    )
+    parser.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a %%NAME%% of the prompt file (repeatable)",
+    )
+    parser.add_argument(
         "--regenerate",
         action="store_true",
         help="with --continue and --after-sequence, no message: answer message N again",

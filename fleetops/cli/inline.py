@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from fleet.conversation.human import TIMEOUT_KEY, waiting_on
+from fleet.conversation.prompts import parse_vars
 from fleet.errors import ConfigError
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
@@ -33,9 +34,14 @@ def check_task_argument(args: argparse.Namespace) -> None:
             raise ConfigError("--regenerate needs --continue TRACE_ID and --after-sequence N")
         if args.task is not None:
             raise ConfigError("--regenerate takes no message: the model answers message N again")
+    elif args.prompt is not None:
+        if args.continue_id or args.task is not None:
+            raise ConfigError("--prompt is the task of a new root: no TASK, no --continue")
     elif args.task is None:
         what = "the message" if args.continue_id else "the task"
         raise ConfigError(f"give {what} (or --continue ID --after-sequence N --regenerate)")
+    if args.var and args.prompt is None:
+        raise ConfigError("--var goes with --prompt FILE")
 
 
 def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
@@ -65,6 +71,8 @@ def run_inline(args: argparse.Namespace) -> int:
         metadata = run_metadata(args)
         trace = local.run(
             args.task,
+            prompt=args.prompt,
+            variables=parse_vars(args.var),
             model=args.model,
             preset=args.preset,
             metadata=metadata,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.client import Fleet, Handle
+from fleet.conversation.prompts import parse_vars
 from fleet.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -94,6 +95,8 @@ def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
         return handle
     handle = fleet.submit(
         args.task,
+        prompt=args.prompt,
+        variables=parse_vars(args.var),
         model=args.model,
         preset=args.preset,
         workspace=args.workspace,
