@@ -25,6 +25,7 @@ from fleet.following import Follower
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
+from fleet.loop.compact import Compacted, compact_now
 from fleet.memory.board import MEMORY
 from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
@@ -261,6 +262,10 @@ class Fleet:
         trace = regenerate(self.runtime, trace_id, after_sequence)
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
+
+    def compact(self, trace_id: str) -> Compacted:
+        """Summarise a finished root's main path now, here (`fleet.loop.compact.compact_now`)."""
+        return compact_now(self.runtime, trace_id)
 
     def reply(self, trace_id: str, answer: str) -> Handle:
         """Answer the question a trace waits on (`ask_human`); it resumes on any worker."""

@@ -203,6 +203,21 @@ def test_regenerate_answers_message_n_again_with_no_new_message(
     )
 
 
+def test_fleet_compact_summarises_a_finished_root_through_a_side_branch(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = script(tmp_path / "m.yaml", [{"content": "noted: {last_user}"}])
+    root = fleet.submit("remember these", model=model).wait(timeout_s=TIMEOUT_S)
+    for turn in range(6):
+        fleet.continue_trace(root.trace_id, f"fact {turn}").wait(timeout_s=TIMEOUT_S)
+    done = cli(url, workspace, "compact", root.trace_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"compacted {root.trace_id}: messages ")
+    after = fleet.continue_trace(root.trace_id, "and now?").wait(timeout_s=TIMEOUT_S)
+    assert after.status == "completed"
+    assert_one_line_error(cli(url, workspace, "compact", "no-such-trace"), "no trace")
+
+
 def ask_script(tmp_path: Path) -> str:
     steps: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},

@@ -326,3 +326,26 @@ def test_reflect_starts_a_read_only_reflection_with_the_focus(
     queued = Fleet(actions.runtime, _Idle()).submit("later", model="test")
     unfinished = http.post(f"/api/traces/{queued.trace_id}/reflect", json={})
     assert unfinished.status_code == 409
+
+
+def test_compact_summarises_a_finished_root_and_keeps_every_message(
+    served: tuple[httpx.Client, LocalActions],
+) -> None:
+    http, actions = served
+    trace_id = finished(http, "remember")
+    path = f"/api/traces/{trace_id}/compact"
+    short = http.post(path, json={})
+    assert short.status_code == 409 and "too little to compact" in short.json()["error"]
+    for turn in range(6):
+        message = {"messages": [{"role": "user", "content": f"fact {turn}"}]}
+        assert http.post(f"/api/traces/{trace_id}/run", json=message).status_code == 202
+    before = {m.sequence for m in actions.store.messages(trace_id)}
+    assert http.post(path, json={"evil": 1}).status_code == 422
+    done = http.post(path, json={})
+    assert done.status_code == 200, done.text
+    body = done.json()
+    assert body["status"] == "compacted" and body["summarised"] >= 4
+    assert before <= {m.sequence for m in actions.store.messages(trace_id)}, "nothing deleted"
+    shown = main_path(http, trace_id)
+    assert any(m["sequence"] == body["summary_sequence"] for m in shown)
+    assert http.post("/api/traces/nope-1/compact", json={}).status_code == 404

@@ -188,6 +188,8 @@ def calls(ids: dict[str, str], pending: dict[str, Any]) -> list[tuple[str, str, 
         ("post", t + "/run", f"/api/traces/{waiting}/run", {"messages": [user]}),
         ("post", t + "/reflect", f"/api/traces/{done}/reflect", {"focus": "why", "model": "test"}),
         ("post", t + "/reflect", f"/api/traces/{waiting}/reflect", {}),
+        ("post", t + "/compact", f"/api/traces/{done}/compact", {}),  # too short: 409
+        ("post", t + "/compact", f"/api/traces/{done}/compact", {"x": 1}),
         ("post", t + "/reply", f"/api/traces/{done}/reply", {"answer": "x"}),
         ("post", t + "/continue", f"/api/traces/{done}/continue", {"message": "again"}),
         ("get", "/api/approvals", "/api/approvals", None),

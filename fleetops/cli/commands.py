@@ -140,6 +140,13 @@ def _add_follow(commands: Any) -> None:
     )
     reply.add_argument("trace_id")
     reply.add_argument("answer")
+    compact = _command(
+        commands,
+        "compact",
+        "fleetops.cli.run:compact",
+        help="summarise a finished root's conversation through a side branch (all kept)",
+    )
+    compact.add_argument("trace_id")
     _add_approval(commands)
     _add_send(commands)
 

@@ -336,6 +336,17 @@ def send(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def compact(args: argparse.Namespace) -> int:
+    """Compact a finished root now (`fleet.loop.compact`): one model call, in this process."""
+    done = connect().compact(args.trace_id)
+    print(
+        f"compacted {args.trace_id}: messages {done.first_sequence}..{done.last_sequence}"
+        f" summarised in {done.summary_sequence} (about {done.tokens_before} -> "
+        f"{done.tokens_after} tokens); the originals stay (--after-sequence N goes back)"
+    )
+    return ExitCode.OK
+
+
 def stop(args: argparse.Namespace) -> int:
     """Stop a trace and its subtree."""
     fleet = connect()

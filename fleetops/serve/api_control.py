@@ -7,6 +7,7 @@
                                           continue; with after_sequence a rewind; with
                                           after_sequence and no message a regenerate
     POST /api/traces/{id}/reflect         {focus?, scope?, model?}  202 {"reflection_trace_id"}
+    POST /api/traces/{id}/compact         {}  200 {"status": "compacted", "summary_sequence"...}
     GET  /api/traces/running              every trace that has not ended, newest first
     GET  /api/openapi.json                the OpenAPI document of every route
 
@@ -34,6 +35,7 @@ from fleetops.serve.actions import JSON_TYPE, ActionHandler
 from fleetops.serve.app import ApiError
 from fleetops.serve.submission import (
     Body,
+    CompactBody,
     FieldError,
     ReflectBody,
     RunBody,
@@ -150,6 +152,16 @@ def _keep(fleet: Fleet, trace_id: str, handle: Handle, scope: str) -> None:
         log.warning("reflection %s on %s kept nothing: %s", handle.trace_id, trace_id, exc)
 
 
+class CompactHandler(ControlHandler):
+    """`POST /api/traces/{id}/compact {}`: summarise a finished root through a side branch."""
+
+    async def post(self, raw_id: str) -> None:
+        trace_id = self.trace_id(raw_id)
+        self.body_of(CompactBody)
+        done = await self.act(self.fleet.compact, trace_id)
+        self.reply({"trace_id": trace_id, "status": "compacted", **done.__dict__})
+
+
 class RunningHandler(ControlHandler):
     """`GET /api/traces/running`: every trace not ended (queued, running, waiting)."""
 
@@ -181,4 +193,5 @@ def routes(fleet: Fleet, base: dict[str, Any]) -> list[tuple[str, type, dict[str
         (r"/api/traces/running", RunningHandler, kwargs),
         (r"/api/traces/([^/]+)/run", RunHandler, kwargs),
         (r"/api/traces/([^/]+)/reflect", ReflectHandler, kwargs),
+        (r"/api/traces/([^/]+)/compact", CompactHandler, kwargs),
     ]

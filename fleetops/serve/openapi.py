@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from fleetops.serve.submission import ReflectBody, RunBody, SubmitBody
+from fleetops.serve.submission import CompactBody, ReflectBody, RunBody, SubmitBody
 
 REF = "#/components/schemas/{model}"
 JSON = "application/json"
@@ -47,6 +47,19 @@ SCHEMAS: dict[str, Any] = {
     ),
     "Reflecting": _obj(
         {"trace_id": STR, "status": {"const": "started"}, "reflection_trace_id": STR, "scope": STR}
+    ),
+    "Compacted": _obj(
+        {
+            "trace_id": STR,
+            "status": {"const": "compacted"},
+            "summarised": INT,
+            "first_sequence": INT,
+            "last_sequence": INT,
+            "summary_sequence": INT,
+            "side_branch_sequence": INT,
+            "tokens_before": INT,
+            "tokens_after": INT,
+        }
     ),
     "Summary": _obj(
         {
@@ -178,6 +191,15 @@ def _trace_paths() -> dict[str, Any]:
                 " after_sequence and no message a regenerate",
                 "requestBody": _body("RunBody"),
                 "responses": _answers("202", "Started", *POSTED, *on_trace, "409", "422"),
+            },
+        },
+        "/api/traces/{trace_id}/compact": {
+            "parameters": [ID],
+            "post": {
+                "summary": "Summarise a finished root's main path through a side branch (the"
+                " originals stay; a rewind into them undoes it)",
+                "requestBody": _body("CompactBody"),
+                "responses": _answers("200", "Compacted", *POSTED, *on_trace, "409", "422"),
             },
         },
         "/api/traces/{trace_id}/reflect": {
@@ -350,7 +372,7 @@ def _side_paths() -> dict[str, Any]:
 @functools.cache
 def document() -> dict[str, Any]:
     """The whole document: paths, the request models' schemas, the answers' schemas."""
-    models = [(m, "validation") for m in (SubmitBody, RunBody, ReflectBody)]
+    models = [(m, "validation") for m in (SubmitBody, RunBody, ReflectBody, CompactBody)]
     _, generated = models_json_schema(models, ref_template=REF)  # type: ignore[arg-type]
     schemas = {**generated.get("$defs", {}), **SCHEMAS}
     return {

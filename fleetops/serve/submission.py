@@ -110,6 +110,10 @@ class ReflectBody(Body):
     model: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS)
 
 
+class CompactBody(Body):
+    """`POST /api/traces/{id}/compact`: no fields (`{}`)."""
+
+
 def parsed(kind: type[B], raw: bytes) -> B:
     """The body as `kind`; `FieldError` naming the first field that does not fit.
 
