@@ -9,6 +9,7 @@
     POST /api/traces/{id}/reflect         {focus?, scope?, model?}  202 {"reflection_trace_id"}
     POST /api/traces/{id}/compact         {}  200 {"status": "compacted", "summary_sequence"...}
     GET  /api/traces/running              every trace that has not ended, newest first
+    GET  /api/traces/{id}/dag             the plan as a graph (`fleetops.serve.dag`)
     GET  /api/openapi.json                the OpenAPI document of every route
 
 `POST /api/traces/{id}/stop` and the messages, events and approvals routes are the page's
@@ -30,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.errors import FleetError
-from fleetops.serve import listing, openapi
+from fleetops.serve import dag, listing, openapi
 from fleetops.serve.actions import JSON_TYPE, ActionHandler
 from fleetops.serve.app import ApiError
 from fleetops.serve.submission import (
@@ -162,6 +163,14 @@ class CompactHandler(ControlHandler):
         self.reply({"trace_id": trace_id, "status": "compacted", **done.__dict__})
 
 
+class DagHandler(ControlHandler):
+    """`GET /api/traces/{id}/dag`: goals with their messages and sub-agents, the branches."""
+
+    async def get(self, raw_id: str) -> None:
+        trace_id = self.trace_id(raw_id)
+        self.reply(await self.call(dag.trace_dag, self.config.store, trace_id))
+
+
 class RunningHandler(ControlHandler):
     """`GET /api/traces/running`: every trace not ended (queued, running, waiting)."""
 
@@ -194,4 +203,5 @@ def routes(fleet: Fleet, base: dict[str, Any]) -> list[tuple[str, type, dict[str
         (r"/api/traces/([^/]+)/run", RunHandler, kwargs),
         (r"/api/traces/([^/]+)/reflect", ReflectHandler, kwargs),
         (r"/api/traces/([^/]+)/compact", CompactHandler, kwargs),
+        (r"/api/traces/([^/]+)/dag", DagHandler, kwargs),
     ]

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
+from fleetops.serve.openapi_schemas import BOOL, INT, LIST, OBJECT, REF, SCHEMAS, STR, obj
 from fleetops.serve.submission import CompactBody, ReflectBody, RunBody, SubmitBody
 
-REF = "#/components/schemas/{model}"
 JSON = "application/json"
 ERRORS = {
     "400": "the id, a query argument or a field is malformed",
@@ -28,70 +28,6 @@ ERRORS = {
     "415": "the body is not application/json",
     "422": "a field does not fit: `field` names it, nothing was written",
     "503": "Redis or the broker is unreachable: nothing was done",
-}
-
-
-def _obj(required: dict[str, Any], **optional: Any) -> dict[str, Any]:
-    """An object schema: `required` properties, more `optional` ones, others allowed."""
-    return {"type": "object", "required": sorted(required), "properties": required | optional}
-
-
-STR, INT, BOOL = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
-OBJECT, LIST = {"type": "object"}, {"type": "array"}
-MAYBE_STR = {"type": ["string", "null"]}
-SCHEMAS: dict[str, Any] = {
-    "Error": _obj({"error": STR}, field=STR),
-    "Started": _obj(
-        {"trace_id": STR, "status": {"const": "started"}, "turn": INT},
-        run={"enum": ["continue", "rewind", "regenerate"]},
-    ),
-    "Reflecting": _obj(
-        {"trace_id": STR, "status": {"const": "started"}, "reflection_trace_id": STR, "scope": STR}
-    ),
-    "Compacted": _obj(
-        {
-            "trace_id": STR,
-            "status": {"const": "compacted"},
-            "summarised": INT,
-            "first_sequence": INT,
-            "last_sequence": INT,
-            "summary_sequence": INT,
-            "side_branch_sequence": INT,
-            "tokens_before": INT,
-            "tokens_after": INT,
-        }
-    ),
-    "Summary": _obj(
-        {
-            "trace_id": STR,
-            "root_trace_id": STR,
-            "parent_trace_id": MAYBE_STR,
-            "mode": STR,
-            "status": {"enum": ["queued", "running", "waiting", "completed", "failed", "stopped"]},
-            "task": STR,
-            "stats": OBJECT,
-        }
-    ),
-    "TraceList": _obj(
-        {"traces": {"type": "array", "items": {"$ref": REF.format(model="Summary")}}},
-        next=MAYBE_STR,
-    ),
-    "TraceDetail": _obj(
-        {"trace": OBJECT, "children": LIST, "collaborators": LIST, "models": OBJECT},
-        budget={"type": ["object", "null"]},
-    ),
-    "Message": _obj(
-        {"sequence": INT, "role": {"enum": ["system", "user", "assistant", "tool"]}},
-        parent_sequence={"type": ["integer", "null"]},
-    ),
-    "Messages": _obj(
-        {
-            "mode": {"enum": ["all", "main_path"]},
-            "messages": {"type": "array", "items": {"$ref": REF.format(model="Message")}},
-            "head_sequence": {"type": ["integer", "null"]},
-            "branches": LIST,
-        }
-    ),
 }
 
 
@@ -164,11 +100,19 @@ def _trace_paths() -> dict[str, Any]:
             "post": {
                 "summary": "Message a running trace (`fleet send`)",
                 "requestBody": _free_body(
-                    _obj({"content": STR}, **{"from": STR}, conversation_id=STR, interrupt=BOOL)
+                    obj({"content": STR}, **{"from": STR}, conversation_id=STR, interrupt=BOOL)
                 ),
                 "responses": _inline(
-                    "200", _obj({"sent": STR, "entry_id": STR}), *POSTED, *on_trace, "409"
+                    "200", obj({"sent": STR, "entry_id": STR}), *POSTED, *on_trace, "409"
                 ),
+            },
+        },
+        "/api/traces/{trace_id}/dag": {
+            "parameters": [ID],
+            "get": {
+                "summary": "The plan as a graph: goals with their messages and sub-agents,"
+                " abandoned and rewound ones greyed, the branches",
+                "responses": _answers("200", "Dag", *on_trace),
             },
         },
         "/api/traces/{trace_id}/events": {
@@ -215,14 +159,14 @@ def _trace_paths() -> dict[str, Any]:
 
 def _action_paths() -> dict[str, Any]:
     on_trace = (*POSTED, "400", "404", "409")
-    text = _obj({"answer": STR})
+    text = obj({"answer": STR})
     return {
         "/api/traces/{trace_id}/stop": {
             "parameters": [ID],
             "post": {
                 "summary": "Stop the trace and its subtree",
                 "responses": _inline(
-                    "200", _obj({"stopped": {"type": "array", "items": STR}}), *on_trace
+                    "200", obj({"stopped": {"type": "array", "items": STR}}), *on_trace
                 ),
             },
         },
@@ -231,37 +175,37 @@ def _action_paths() -> dict[str, Any]:
             "post": {
                 "summary": "Answer the trace's question",
                 "requestBody": _free_body(text),
-                "responses": _inline("200", _obj({"replied": STR}), *on_trace),
+                "responses": _inline("200", obj({"replied": STR}), *on_trace),
             },
         },
         "/api/traces/{trace_id}/continue": {
             "parameters": [ID],
             "post": {
                 "summary": "The page's continue (one message; `run` is the API's)",
-                "requestBody": _free_body(_obj({"message": STR}, after_sequence=INT)),
-                "responses": _inline("200", _obj({"continued": STR}), *on_trace),
+                "requestBody": _free_body(obj({"message": STR}, after_sequence=INT)),
+                "responses": _inline("200", obj({"continued": STR}), *on_trace),
             },
         },
         "/api/traces/{trace_id}/approve": {
             "parameters": [ID],
             "post": {
                 "summary": "Approve the tool call the trace waits on (as shown: its digest)",
-                "requestBody": _free_body(_obj({"approval_id": STR, "digest": STR})),
-                "responses": _inline("200", _obj({"approved": STR, "approval_id": STR}), *on_trace),
+                "requestBody": _free_body(obj({"approval_id": STR, "digest": STR})),
+                "responses": _inline("200", obj({"approved": STR, "approval_id": STR}), *on_trace),
             },
         },
         "/api/traces/{trace_id}/deny": {
             "parameters": [ID],
             "post": {
                 "summary": "Deny it: nothing runs, the model reads the reason",
-                "requestBody": _free_body(_obj({"approval_id": STR, "digest": STR, "reason": STR})),
-                "responses": _inline("200", _obj({"denied": STR, "approval_id": STR}), *on_trace),
+                "requestBody": _free_body(obj({"approval_id": STR, "digest": STR, "reason": STR})),
+                "responses": _inline("200", obj({"denied": STR, "approval_id": STR}), *on_trace),
             },
         },
         "/api/approvals": {
             "get": {
                 "summary": "Tool calls waiting for a person",
-                "responses": _inline("200", _obj({"approvals": LIST}), "400"),
+                "responses": _inline("200", obj({"approvals": LIST}), "400"),
             },
         },
     }
@@ -271,21 +215,21 @@ def _side_paths() -> dict[str, Any]:
     """Experiences and memory (their own modules say every field)."""
     name = {"in": "path", "required": True, "schema": STR}
     exp, ns, key = ({"name": n, **name} for n in ("experience_id", "namespace", "key"))
-    one = _inline("200", _obj({"experience": OBJECT}), "400", "404")
+    one = _inline("200", obj({"experience": OBJECT}), "400", "404")
     posted = (*POSTED, "400", "404")
     return {
         "/healthz": {
             "get": {
                 "summary": "The process answers (no token)",
                 "responses": {
-                    "200": {"description": "up", "content": {JSON: {"schema": _obj({"ok": BOOL})}}}
+                    "200": {"description": "up", "content": {JSON: {"schema": obj({"ok": BOOL})}}}
                 },
             }
         },
         "/api/session": {
             "get": {
                 "summary": "The CSRF token of a token-less service's page",
-                "responses": _inline("200", _obj({"csrf": STR, "token_required": BOOL})),
+                "responses": _inline("200", obj({"csrf": STR, "token_required": BOOL})),
             }
         },
         "/api/openapi.json": {
@@ -294,12 +238,12 @@ def _side_paths() -> dict[str, Any]:
         "/api/experiences": {
             "get": {
                 "summary": "Experiences",
-                "responses": _inline("200", _obj({"experiences": LIST}), "400"),
+                "responses": _inline("200", obj({"experiences": LIST}), "400"),
             },
             "post": {
                 "summary": "Add one",
                 "requestBody": _free_body(OBJECT),
-                "responses": _inline("201", _obj({"experience": OBJECT}), *posted),
+                "responses": _inline("201", obj({"experience": OBJECT}), *posted),
             },
         },
         "/api/experiences/{experience_id}": {
@@ -310,60 +254,60 @@ def _side_paths() -> dict[str, Any]:
             "parameters": [exp],
             "post": {
                 "summary": "Approve it",
-                "responses": _inline("200", _obj({"experience": OBJECT}), *posted),
+                "responses": _inline("200", obj({"experience": OBJECT}), *posted),
             },
         },
         "/api/experiences/{experience_id}/remove": {
             "parameters": [exp],
             "post": {
                 "summary": "Remove it",
-                "responses": _inline("200", _obj({"removed": STR}), *posted),
+                "responses": _inline("200", obj({"removed": STR}), *posted),
             },
         },
         "/api/memory": {
             "get": {
                 "summary": "Memory namespaces",
-                "responses": _inline("200", _obj({"namespaces": LIST})),
+                "responses": _inline("200", obj({"namespaces": LIST})),
             }
         },
         "/api/memory/{namespace}": {
             "parameters": [ns],
             "get": {
                 "summary": "A namespace's entries",
-                "responses": _inline("200", _obj({"entries": LIST, "held": LIST}), "400"),
+                "responses": _inline("200", obj({"entries": LIST, "held": LIST}), "400"),
             },
         },
         "/api/memory/{namespace}/approve": {
             "parameters": [ns],
             "post": {
                 "summary": "Approve held writes",
-                "responses": _inline("200", _obj({"approved": LIST}), *posted),
+                "responses": _inline("200", obj({"approved": LIST}), *posted),
             },
         },
         "/api/memory/{namespace}/{key}": {
             "parameters": [ns, key],
             "get": {
                 "summary": "One entry",
-                "responses": _inline("200", _obj({"entry": OBJECT}), "400", "404"),
+                "responses": _inline("200", obj({"entry": OBJECT}), "400", "404"),
             },
             "post": {
                 "summary": "Set it (compare-and-set with expected_version)",
                 "requestBody": _free_body(OBJECT),
-                "responses": _inline("200", _obj({"version": INT}), *posted, "409"),
+                "responses": _inline("200", obj({"version": INT}), *posted, "409"),
             },
         },
         "/api/memory/{namespace}/{key}/history": {
             "parameters": [ns, key],
             "get": {
                 "summary": "Its versions",
-                "responses": _inline("200", _obj({"history": LIST}), "400", "404"),
+                "responses": _inline("200", obj({"history": LIST}), "400", "404"),
             },
         },
         "/api/memory/{namespace}/{key}/remove": {
             "parameters": [ns, key],
             "post": {
                 "summary": "Remove it",
-                "responses": _inline("200", _obj({"removed": STR}), *posted),
+                "responses": _inline("200", obj({"removed": STR}), *posted),
             },
         },
     }
