@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -48,7 +48,9 @@ def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMR
     return text("noted")
 
 
-def small_fleet(tmp_path: Path, strategy: str = "compact") -> tuple[InProcessFleet, ScriptedModel]:
+def small_fleet(
+    tmp_path: Path, strategy: Literal["elide", "compact"] = "compact"
+) -> tuple[InProcessFleet, ScriptedModel]:
     model = ScriptedModel(function=respond)
     alias = ModelConfig(
         provider="scripted", name="x", context_window=WINDOW, context_strategy=strategy

@@ -38,7 +38,7 @@ def dag(trace: Trace, messages: list[Message], children: list[Trace]) -> dict[st
     owner = goal_of_messages(messages)
     nodes = [_node(m, owner.get(m.sequence), m.sequence in on_path) for m in messages]
     by_call = {c["id"]: m.sequence for m in messages for c in m.tool_calls or ()}
-    agents = [_agent(c, owner.get(by_call.get(c.parent_tool_call_id or ""))) for c in children]
+    agents = [_agent(c, _spawner(owner, by_call, c)) for c in children]
     goals = [_goal(g.model_dump(mode="json"), nodes, agents) for g in trace.goals.goals]
     return {
         "trace_id": trace.trace_id,
@@ -51,6 +51,12 @@ def dag(trace: Trace, messages: list[Message], children: list[Trace]) -> dict[st
         "sub_agents": agents,
         "branches": [_fork(b, messages, on_path) for b in branches(messages, trace.head_sequence)],
     }
+
+
+def _spawner(owner: dict[int, str | None], by_call: dict[str, int], child: Trace) -> str | None:
+    """The goal of the message whose tool call spawned `child`."""
+    sequence = by_call.get(child.parent_tool_call_id or "")
+    return owner.get(sequence) if sequence is not None else None
 
 
 def goal_of_messages(messages: list[Message]) -> dict[int, str | None]:
