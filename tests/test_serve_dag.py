@@ -115,22 +115,34 @@ def test_the_plan_view_shows_goals_their_messages_and_a_rewound_branch(
     with serving(page_config(actions)) as url:
         browser.get(f"{url}/?trace={root}")
         wait.until(lambda b: b.find_element(By.ID, "plan").get_attribute("data-goals") == "2")
-        goals = browser.find_elements(By.CSS_SELECTOR, "#plan details.goal[data-goal]")
-        assert [g.get_attribute("data-goal") for g in goals] == ["1", "2"]
-        first, second = goals
-        assert "survey the code" in first.text and "done" in first.text
-        assert first.find_elements(By.CSS_SELECTOR, ".plan-message"), "goal 1's messages"
-        assert store_children(redis_store, root)[0] in first.text, "its sub-agent"
-        assert "greyed" in (second.get_attribute("class") or "")
-        assert "rewrite it in <b>rust</b>" in second.text, "text stays text"
-        assert browser.find_elements(By.CSS_SELECTOR, "#plan b") == []
-        rewound = browser.find_element(By.CSS_SELECTOR, "#plan .branch-rewound")
-        assert rewound.get_attribute("data-fork") == str(point)
-        first.find_element(By.CSS_SELECTOR, "summary").click()  # folds
-        wait.until(lambda b: first.get_attribute("open") is None)
+        shown = wait.until(lambda b: plan_shown(b) if plan_shown(b)["goals"] else None)
+        assert [g["id"] for g in shown["goals"]] == ["1", "2"]
+        first, second = shown["goals"]
+        assert "survey the code" in first["text"] and "done" in first["text"]
+        assert first["messages"] > 0, "goal 1's messages"
+        assert redis_store.children(root)[0] in first["text"], "its sub-agent"
+        assert second["greyed"] and "rewound" in second["text"]
+        assert "rewrite it in <b>rust</b>" in second["text"], "text stays text"
+        assert shown["bold"] == 0, "no markup from the model's text"
+        assert shown["fork"] == str(point), "the rewound branch and where it forked"
+        browser.execute_script(f"document.querySelector(`{GOAL_ONE} > summary`).click()")
+        wait.until(lambda b: b.execute_script(f"return !document.querySelector(`{GOAL_ONE}`).open"))
         screenshot(browser, "serve-plan")
         assert script_errors(browser) == []
 
 
-def store_children(store: RedisStore, root: str) -> list[str]:
-    return store.children(root)
+GOAL_ONE = "#plan details.goal[data-goal='1']"
+PLAN_SHOWN = """
+const goals = [...document.querySelectorAll('#plan details.goal[data-goal]')].map((g) => ({
+  id: g.dataset.goal, text: g.textContent, greyed: g.classList.contains('greyed'),
+  messages: g.querySelectorAll('.plan-message').length}));
+const fork = document.querySelector('#plan .branch-rewound');
+return {goals, bold: document.querySelectorAll('#plan b').length,
+        fork: fork ? fork.dataset.fork : null};
+"""
+
+
+def plan_shown(browser: webdriver.Chrome) -> dict[str, Any]:
+    """The Plan view as one snapshot (a live redraw cannot leave a stale element behind)."""
+    shown: dict[str, Any] = browser.execute_script(PLAN_SHOWN)
+    return shown
