@@ -26,6 +26,7 @@ from fleet.loop.compact import BRANCH, INSTRUCTION, compact_now
 from fleet.loop.fit import estimate_tokens
 from fleet.runtime import Runtime
 from fleet.settings import Settings
+from fleet.storage.store import TraceStore
 from fleet.testing import MemoryStore, ScriptedModel, text
 
 WINDOW = 6000
@@ -49,7 +50,9 @@ def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMR
 
 
 def small_fleet(
-    tmp_path: Path, strategy: Literal["elide", "compact"] = "compact"
+    tmp_path: Path,
+    strategy: Literal["elide", "compact"] = "compact",
+    store: TraceStore | None = None,
 ) -> tuple[InProcessFleet, ScriptedModel]:
     model = ScriptedModel(function=respond)
     alias = ModelConfig(
@@ -57,7 +60,7 @@ def small_fleet(
     )
     settings = Settings(workspace=tmp_path, env={})
     runtime = Runtime.build(
-        settings, MemoryStore(), InProcessDispatcher(), clients={"small": model}
+        settings, store or MemoryStore(), InProcessDispatcher(), clients={"small": model}
     )
     runtime = Runtime(**{**runtime.__dict__, "config": FleetConfig(models={"small": alias})})
     return InProcessFleet(runtime), model
@@ -107,8 +110,10 @@ def test_a_long_conversation_is_compacted_keeps_its_facts_and_fits_the_window(
     assert trace.metadata["context"]["compacted"] >= 1
 
 
-def test_a_rewind_before_the_compaction_runs_on_the_original_messages(tmp_path: Path) -> None:
-    fleet, model = small_fleet(tmp_path)
+def test_a_rewind_before_the_compaction_runs_on_the_original_messages(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    fleet, model = small_fleet(tmp_path, store=store)  # the Redis store's fenced writes too
     root = fleet.run("Remember the facts I give you.", model="small", preset="explore")
     for turn in range(1, 60):
         fleet.continue_trace(root.trace_id, f"fact: item {turn} is W{turn}{FILLER}")

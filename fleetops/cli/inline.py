@@ -11,6 +11,7 @@ from fleet.conversation.prompts import parse_vars
 from fleet.errors import ConfigError
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
+from fleetops.cli.commands import task_problem
 from fleetops.cli.output import approval_lines, printable, report
 
 
@@ -28,20 +29,12 @@ def check_run_arguments(args: argparse.Namespace) -> None:
 
 
 def check_task_argument(args: argparse.Namespace) -> None:
-    """A task (or message) unless `--regenerate`, which takes none; `ConfigError` otherwise."""
-    if args.regenerate:
-        if not args.continue_id or args.after_sequence is None:
-            raise ConfigError("--regenerate needs --continue TRACE_ID and --after-sequence N")
-        if args.task is not None:
-            raise ConfigError("--regenerate takes no message: the model answers message N again")
-    elif args.prompt is not None:
-        if args.continue_id or args.task is not None:
-            raise ConfigError("--prompt is the task of a new root: no TASK, no --continue")
-    elif args.task is None:
-        what = "the message" if args.continue_id else "the task"
-        raise ConfigError(f"give {what} (or --continue ID --after-sequence N --regenerate)")
-    if args.var and args.prompt is None:
-        raise ConfigError("--var goes with --prompt FILE")
+    """A task (or message, or prompt file) unless `--regenerate`; `ConfigError` otherwise.
+
+    `fleet run` checks this while parsing; this is for callers that build `args` themselves.
+    """
+    if (problem := task_problem(args)) is not None:
+        raise ConfigError(problem)
 
 
 def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
