@@ -21,7 +21,7 @@ from fleet import AsyncFleet
 from fleet.client import Fleet
 from fleet.config.approval_rules import ApprovalRule
 from fleet.conversation import approval
-from fleet.errors import ConversationError
+from fleet.errors import ConfigError, ConversationError
 from fleet.inprocess import InProcessDispatcher
 from fleet.llm.base import LLMResponse
 from fleet.runtime import Runtime
@@ -149,3 +149,46 @@ def test_reply_approve_and_regenerate_from_asyncio(store: TraceStore, tmp_path: 
     answer, status = asyncio.run(main())
     assert answer.startswith("wrote it") and (tmp_path / "out.txt").read_text() == "x"
     assert status == "waiting", "regenerated from the task: it asks again"
+
+
+class _Idle:
+    """A backend that queues and never runs: a trace stays `queued`, a wait never ends."""
+
+    def enqueue(self, trace: Any, priority: str = "interactive") -> None:
+        pass
+
+    def revoke(self, stamps: list[str]) -> None:
+        pass
+
+    def queue(self, mode: str) -> str | None:
+        return None
+
+
+def test_refusals_come_through_and_a_cancelled_wait_frees_its_thread(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    settings = Settings(workspace=tmp_path, env={})
+    runtime = Runtime.build(
+        settings, store, InProcessDispatcher(), clients={"test": ScriptedModel(function=waiter)}
+    )
+    sync = Fleet(runtime, _Idle())
+
+    async def main() -> None:
+        fleet = AsyncFleet(sync, max_threads=1)  # one thread: a leaked wait would hold it
+        with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+            await fleet.submit("x", model="test", preset="nope")
+        handle = await fleet.submit("never runs", model="test")
+        waiting = asyncio.create_task(handle.wait())
+        await asyncio.sleep(0.3)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        # the only thread is free again: this call answers (it would hang otherwise)
+        trace = await asyncio.wait_for(fleet.trace(handle.trace_id), 2.0)
+        assert trace.status == "queued"
+        with pytest.raises(TimeoutError):
+            await handle.wait(timeout_s=0.3)
+        await fleet.close()
+
+    asyncio.run(main())
+    assert store.list_traces(10)[0].status == "queued", "the tree itself was left as it was"

@@ -115,7 +115,9 @@ def test_the_plan_view_shows_goals_their_messages_and_a_rewound_branch(
     with serving(page_config(actions)) as url:
         browser.get(f"{url}/?trace={root}")
         wait.until(lambda b: b.find_element(By.ID, "plan").get_attribute("data-goals") == "2")
-        shown = wait.until(lambda b: plan_shown(b) if plan_shown(b)["goals"] else None)
+        found = wait.until(lambda b: plan_shown(b) if plan_shown(b)["goals"] else None)
+        assert found is not None
+        shown: dict[str, Any] = found
         assert [g["id"] for g in shown["goals"]] == ["1", "2"]
         first, second = shown["goals"]
         assert "survey the code" in first["text"] and "done" in first["text"]
