@@ -154,3 +154,16 @@ def test_compacting_a_running_or_a_sub_trace_is_refused(tmp_path: Path) -> None:
     queued = create_root(fleet.runtime, TaskSpec("later", "small", "explore"))
     with pytest.raises(ConversationError, match="finished root only"):
         compact_now(fleet.runtime, queued.trace_id)
+
+
+def test_without_compaction_the_same_conversation_overflows(tmp_path: Path) -> None:
+    """The control: `elide` has no tool output to cut here, so the window runs out."""
+    fleet, _ = small_fleet(tmp_path, strategy="elide")
+    root = fleet.run("Remember the facts I give you.", model="small", preset="explore")
+    for turn in range(1, TURNS + 1):
+        done = fleet.continue_trace(root.trace_id, f"fact: item {turn} is W{turn}{FILLER}")
+        if done.status != "completed":
+            break
+    assert done.status == "failed" and "even with every tool output elided" in (done.error or "")
+    print(f"\nwith elide only, the conversation failed at turn {turn} of {TURNS}")
+    assert turn < TURNS // 4
