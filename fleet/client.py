@@ -13,9 +13,10 @@ from fleet.backends import Backend, RunsNoAgents
 from fleet.backends import load_backend as load_backend
 from fleet.control import subtree
 from fleet.conversation import approval, human, messages
-from fleet.conversation.continuation import continue_trace, stamp, turn_of
+from fleet.conversation.continuation import continue_trace, regenerate, stamp, turn_of
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
+from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import BrokerUnavailable
 from fleet.experiences.model import Experience
@@ -23,6 +24,7 @@ from fleet.experiences.store import ExperienceStore
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
+from fleet.loop.compact import Compacted, compact_now
 from fleet.memory.board import MEMORY
 from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
@@ -84,7 +86,7 @@ class Fleet:
 
     def submit(
         self,
-        task: str,
+        task: str | None = None,
         *,
         model: str | None = None,
         preset: str = "default",
@@ -98,11 +100,13 @@ class Fleet:
         memory: Sequence[str] = (),
         human_timeout_s: int | None = None,
         batch_api: bool = False,
+        prompt: Path | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
         Args:
-            task: What the agent should do.
+            task: What the agent should do (or give `prompt`).
             model: Model name or alias; else the preset's, the config's default.
             preset: Agent preset of the root.
             workspace: Workspace root (must lie under FLEET_WORKSPACE_ROOTS).
@@ -118,18 +122,14 @@ class Fleet:
                 children inherit them, and no model can name another (docs/memory.md).
             human_timeout_s: How long the tree's waits on a person last (else the fleet's).
             batch_api: Every model call of the tree goes through its provider's Batch API.
+            prompt: A `.prompt` file (`fleet.conversation.prompts`) in place of `task`: its
+                `$user$` part is the task, `$system$` joins the system prompt, its front
+                matter's model and temperature apply (`model` still wins).
+            variables: The values of the prompt file's `%variables%`.
         """
-        spec = TaskSpec(
-            task,
-            model,
-            preset,
-            workspace,
-            mode,
-            metadata,
-            memory=tuple(memory),
-            batch_api=batch_api,
-        )
-        spec = replace(spec, human_timeout_s=human_timeout_s)
+        spec = TaskSpec("", model, preset, workspace, mode, metadata, memory=tuple(memory))
+        spec = replace(spec, human_timeout_s=human_timeout_s, batch_api=batch_api)
+        spec = with_task(spec, task, prompt, variables)
         if images:
             from fleet.tools.imagesource import load_images  # its checks only when asked
 
@@ -258,6 +258,20 @@ class Fleet:
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 
+    def regenerate(self, trace_id: str, after_sequence: int) -> Handle:
+        """Run a finished root again from message `after_sequence`, with no new message.
+
+        The model answers that message once more; its earlier answer stays in the trace,
+        off the main path (`fleet.conversation.continuation.regenerate`).
+        """
+        trace = regenerate(self.runtime, trace_id, after_sequence)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
+    def compact(self, trace_id: str) -> Compacted:
+        """Summarise a finished root's main path now, here (`fleet.loop.compact.compact_now`)."""
+        return compact_now(self.runtime, trace_id)
+
     def reply(self, trace_id: str, answer: str) -> Handle:
         """Answer the question a trace waits on (`ask_human`); it resumes on any worker."""
         trace = human.reply(self.runtime, trace_id, answer)
@@ -315,29 +329,51 @@ class Fleet:
         model: str | None = None,
         timeout_s: float | None = None,
         scope: str | None = None,
+        focus: str | None = None,
     ) -> list[Experience]:
         """Run a read-only reflection over a finished tree; store what it proposes, unapproved.
 
         Unless FLEET_EXPERIENCE_AUTO_APPROVE matches `execution:SCOPE` (the operator's policy).
         Every proposal goes to `scope`, which must be one the tree ran in, by default the
         root's most specific (`fleet.experiences.reflect`): never a scope the model names.
-        The reflection runs in the tree's workspace.
+        The reflection runs in the tree's workspace; `focus` says what to look at above all.
 
         `ConversationError` if the tree has not finished; `TraceNotFound` if there is none;
         `ConfigError` for a scope the tree did not run in.
+        """
+        handle, chosen = self.start_reflection(trace_id, model=model, scope=scope, focus=focus)
+        return self.keep_reflection(trace_id, handle.wait(timeout_s), chosen)
+
+    def start_reflection(
+        self,
+        trace_id: str,
+        *,
+        model: str | None = None,
+        scope: str | None = None,
+        focus: str | None = None,
+    ) -> tuple[Handle, str]:
+        """Submit the reflection of `reflect` without waiting.
+
+        Returns its handle and the scope its proposals go to (`keep_reflection` stores
+        them once it ended).
         """
         from fleet.experiences import reflect
 
         root = self.store.get_trace(trace_id)
         allowed = reflect.tree_scopes(self.store, trace_id)
         chosen = reflect.check_scope(scope or reflect.default_scope(root), allowed, trace_id)
-        task = reflect.reflection_task(self.store, trace_id)
+        task = reflect.reflection_task(self.store, trace_id, focus)
         workspace = Path(root.workspace) if root.workspace else None
         handle = self.submit(task, model=model, preset=reflect.REFLECT_PRESET, workspace=workspace)
-        done = handle.wait(timeout_s)
+        return handle, chosen
+
+    def keep_reflection(self, trace_id: str, done: Trace, scope: str) -> list[Experience]:
+        """Store the proposals of a reflection on `trace_id` that ended as `done`."""
+        from fleet.experiences import reflect
+
         policy = self.runtime.settings.experience_auto_approve
         tree = subtree(self.store, trace_id)
-        proposed = reflect.proposals(done.answer or "", tree, chosen, policy)
+        proposed = reflect.proposals(done.answer or "", tree, scope, policy)
         for experience in proposed:
             self.experiences.put(experience)
         return proposed

@@ -163,6 +163,61 @@ def test_rewind_reruns_from_a_point_and_show_lists_both_branches(
     assert "'make it blue'" in shown.stdout and "'make it red'" in shown.stdout
 
 
+def test_regenerate_answers_message_n_again_with_no_new_message(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = script(tmp_path / "m.yaml", [{"content": "v{turn}: {last_user}"}])
+    root = fleet.submit("draft it", model=model).wait(timeout_s=TIMEOUT_S)
+    fleet.continue_trace(root.trace_id, "make it blue").wait(timeout_s=TIMEOUT_S)
+    second = [m for m in fleet.store.messages(root.trace_id) if m.role == "user"][-1]
+    again = cli(
+        url,
+        workspace,
+        "run",
+        "--continue",
+        root.trace_id,
+        "--after-sequence",
+        str(second.sequence),
+        "--regenerate",
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"regenerating {root.trace_id} from {second.sequence}" in again.stderr
+    messages = fleet.store.messages(root.trace_id)
+    answers = [m for m in messages if m.parent_sequence == second.sequence]
+    assert len(answers) == 2, "the first answer stays, off the main path"
+    assert again.stdout.strip() == answers[-1].content == "v1: make it blue"
+    assert [m.content for m in messages if m.role == "user"] == ["draft it", "make it blue"]
+    assert fleet.trace(root.trace_id).head_sequence == answers[-1].sequence
+    assert_one_line_error(
+        cli(
+            url,
+            workspace,
+            "run",
+            "--continue",
+            root.trace_id,
+            "--after-sequence",
+            str(answers[-1].sequence),
+            "--regenerate",
+        ),
+        "is an answer of the model",
+    )
+
+
+def test_fleet_compact_summarises_a_finished_root_through_a_side_branch(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = script(tmp_path / "m.yaml", [{"content": "noted: {last_user}"}])
+    root = fleet.submit("remember these", model=model).wait(timeout_s=TIMEOUT_S)
+    for turn in range(6):
+        fleet.continue_trace(root.trace_id, f"fact {turn}").wait(timeout_s=TIMEOUT_S)
+    done = cli(url, workspace, "compact", root.trace_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"compacted {root.trace_id}: messages ")
+    after = fleet.continue_trace(root.trace_id, "and now?").wait(timeout_s=TIMEOUT_S)
+    assert after.status == "completed"
+    assert_one_line_error(cli(url, workspace, "compact", "no-such-trace"), "no trace")
+
+
 def ask_script(tmp_path: Path) -> str:
     steps: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
@@ -254,6 +309,13 @@ def test_stop_and_timeout_end_a_wait_cleanly(fleet: Fleet, tmp_path: Path) -> No
         (["reply", "no-such-trace", "green"], "no trace 'no-such-trace'"),
         (["run", "--continue", "no-such-trace", "more"], "no trace 'no-such-trace'"),
         (["run", "--after-sequence", "2", "more"], "--after-sequence needs --continue"),
+        (["run", "--continue", "x", "--regenerate"], "--regenerate needs --continue TRACE_ID"),
+        (
+            ["run", "--continue", "x", "--after-sequence", "2", "--regenerate", "more"],
+            "--regenerate takes no message",
+        ),
+        (["run", "--continue", "x"], "give the message"),
+        (["run"], "give the task"),
     ],
 )
 def test_bad_ids_are_one_line_errors(url: str, workspace: Path, args: list[str], part: str) -> None:

@@ -244,6 +244,7 @@ FLEET_LAYERS = (
     "inprocess",
     "backends",
     "client",
+    "aio",
     "testing",
     "",
 )

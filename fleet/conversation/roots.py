@@ -57,6 +57,10 @@ class TaskSpec:
     """The preset of a fan-out root's branches (read-only whatever it says)."""
     memory: tuple[str, ...] = ()
     """Long-term memory namespaces the tree may use (`user:alice`); children inherit them."""
+    system: str | None = None
+    """Added to the root's system prompt after its preset's (a prompt file's `$system$`)."""
+    temperature: float | None = None
+    """The root's sampling temperature (a prompt file's), where its preset sets none."""
     batch_api: bool = False
     """Every model call of the tree goes through the providers' Batch APIs."""
     batch_key: str | None = None
@@ -102,6 +106,7 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
     workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
     if spec.images and not runtime.has_vision(model):
         raise ConfigError(f"model {model!r} takes no images (vision: false in fleet.yaml)")
+    check_temperature(runtime, spec)
     trace_id = ids.root_id()
     # Stored once for the tree before its root exists; the trace names them, never holds them.
     try:
@@ -119,13 +124,40 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         workspace=str(workspace.workspace),
         metadata=dict(spec.metadata or {}),
         run=run,
-        context={"images": refs} if refs else {},
+        context=_context(spec, refs),
         memory=bound_namespaces(spec.memory),
     )
     _control(runtime, spec, model, trace_id)
     queued = lifecycle.queue_root(runtime, trace)
     runtime.store.capability(ROOTS).add(trace_id, queued.created_at_ms)  # listed once stored
     return queued
+
+
+def _context(spec: TaskSpec, refs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the root's first messages and model calls read besides its task."""
+    out: dict[str, Any] = {"images": refs} if refs else {}
+    if spec.system:
+        out["system"] = spec.system
+    if spec.temperature is not None:
+        out["temperature"] = spec.temperature
+    return out
+
+
+def check_temperature(runtime: Runtime, spec: TaskSpec) -> None:
+    """`ConfigError` for a temperature the preset does not allow.
+
+    A preset that sets its temperature runs at that one only; any other takes 0..2.
+    """
+    asked = spec.temperature
+    if asked is None:
+        return
+    if not 0.0 <= asked <= 2.0:
+        raise ConfigError(f"temperature {asked}: give a number from 0 to 2")
+    fixed = runtime.preset(spec.preset).temperature
+    if fixed is not None and asked != fixed:
+        raise ConfigError(
+            f"temperature {asked}: preset {spec.preset!r} runs at temperature {fixed} only"
+        )
 
 
 def bound_namespaces(namespaces: Sequence[str]) -> list[str]:

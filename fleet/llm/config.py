@@ -123,6 +123,9 @@ class ModelConfig(BaseModel):
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
+    context_strategy: Literal["elide", "compact"] = "elide"
+    """Past the threshold: `elide` old tool outputs in the request, or `compact` the trace
+    through a side branch that summarises its main path (`fleet.loop.compact`)."""
     batch_input_usd_per_mtok: Price | None = None
     """Price of a prompt token sent through the provider's Batch API (None: half the live)."""
     batch_output_usd_per_mtok: Price | None = None

@@ -49,6 +49,6 @@ def park_turn(
     runtime.gate.after(go, None, None)
     sent, tools = request
     body: dict[str, Any] = {"messages": sent, "tools": tools}
-    body |= {"temperature": runtime.preset(trace.preset).temperature}
+    body |= {"temperature": runtime.temperature(trace)}
     body["max_output_tokens"] = go.max_output_tokens
     return park(runtime, trace, go.model_name, body, route)

@@ -23,9 +23,15 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     """System prompt, any context messages the parent passed, then the task."""
     preset = runtime.preset(trace.preset)
     workspace = trace.workspace or str(runtime.settings.workspace)
-    system = BASE_PROMPT.format(workspace=workspace)
-    if preset.system_prompt:
-        system = f"{system}\n\n{preset.system_prompt}"
+    system = "\n\n".join(
+        part
+        for part in (
+            BASE_PROMPT.format(workspace=workspace),
+            preset.system_prompt,
+            trace.context.get("system"),  # the submitter's (a prompt file's `$system$`)
+        )
+        if part
+    )
     skills = [*preset.skills, *trace.skills]
     if skills:
         system += "\n\nLoad these skills with the `skill` tool when useful: " + ", ".join(skills)

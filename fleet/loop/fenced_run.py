@@ -18,6 +18,7 @@ from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import SUB_AGENT_TOOLS, fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
+from fleet.loop.compact import compacted
 from fleet.loop.cut import CallCut
 from fleet.loop.resume import opening
 from fleet.loop.route import ask_model
@@ -299,6 +300,8 @@ class FencedRun:
         planned = planned_turn(trace, path)  # a fan-out root's turns need no model
         if planned is not None:
             return Answered(trace, snapshot.messages, path, planned, FAN_OUT_MODEL)
+        if held.pending is None:  # past `context_threshold` of a `compact` alias: summarise
+            snapshot = compacted(self.runtime, snapshot, model_name) or snapshot
         return ask_model(self.runtime, snapshot, held, model_name)
 
     def _next_turn(self, answered: Answered, held: Held, model_name: str) -> Turn:

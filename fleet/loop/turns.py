@@ -208,7 +208,7 @@ def call_model(
     except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
         gate.after(go, None, None)
         raise
-    client, temperature = runtime.client(model_name), runtime.preset(trace.preset).temperature
+    client, temperature = runtime.client(model_name), runtime.temperature(trace)
     try:
         with call_watch(runtime, trace.trace_id) as watch:  # a stop or interrupt cuts it
             response = cuttable(

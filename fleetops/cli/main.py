@@ -28,6 +28,8 @@ Handler = Callable[[argparse.Namespace], int]
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, and map errors to one line on stderr and an exit code."""
     args = build_parser().parse_args(argv)
+    if (check := getattr(args, "check", None)) is not None:
+        check(args)  # what argparse cannot say alone, still before any import
     from fleet.hidden_imports import import_redis_without_metrics_sdk
 
     import_redis_without_metrics_sdk()

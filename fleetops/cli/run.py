@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.client import Fleet, Handle
+from fleet.conversation.prompts import parse_vars
 from fleet.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -84,12 +85,18 @@ def run(args: argparse.Namespace) -> int:
 
 def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
     """Continue the trace `--continue` names, else submit a new root; say which."""
+    if args.regenerate:
+        handle = fleet.regenerate(args.continue_id, args.after_sequence)
+        print(f"regenerating {handle.trace_id} from {args.after_sequence}", file=sys.stderr)
+        return handle
     if args.continue_id:
         handle = fleet.continue_trace(args.continue_id, args.task, args.after_sequence)
         print(f"continued {handle.trace_id}", file=sys.stderr)
         return handle
     handle = fleet.submit(
         args.task,
+        prompt=args.prompt,
+        variables=parse_vars(args.var),
         model=args.model,
         preset=args.preset,
         workspace=args.workspace,
@@ -326,6 +333,17 @@ def send(args: argparse.Namespace) -> int:
     entry_id = fleet.send(args.trace_id, args.text, sender=args.sender, interrupt=args.interrupt)
     how = "now (interrupting its model call)" if args.interrupt else "before its next model call"
     print(f"sent {entry_id} to {args.trace_id}: it reads it {how}")
+    return ExitCode.OK
+
+
+def compact(args: argparse.Namespace) -> int:
+    """Compact a finished root now (`fleet.loop.compact`): one model call, in this process."""
+    done = connect().compact(args.trace_id)
+    print(
+        f"compacted {args.trace_id}: messages {done.first_sequence}..{done.last_sequence}"
+        f" summarised in {done.summary_sequence} (about {done.tokens_before} -> "
+        f"{done.tokens_after} tokens); the originals stay (--after-sequence N goes back)"
+    )
     return ExitCode.OK
 
 
