@@ -315,10 +315,7 @@ class Fleet:
 
     @property
     def memory(self) -> MemoryDesk:
-        """Long-term memory: `namespaces`, `entries`, `get`, `set`, `history`, `approve`.
-
-        The same compare-and-set rules as the agents' tools (docs/memory.md).
-        """
+        """Long-term memory, on the agents' compare-and-set rules (docs/memory.md)."""
         board = self.runtime.store.capability(MEMORY)
         return MemoryDesk(board, self.runtime.config.memory.caps())
 
@@ -390,7 +387,7 @@ class Fleet:
         turn: int = 0,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
-        """Events of the trace's tree until it finishes (`fleet.following.Follower.events`)."""
+        """Events of the trace's tree until it finishes (`observe.following.Follower.events`)."""
         return self._follower().events(trace_id, timeout_s, turn=turn, cancel=cancel)
 
     def wait(self, trace_id: str, timeout_s: float | None = None, *, turn: int = 0) -> Trace:
@@ -398,5 +395,4 @@ class Fleet:
         return self._follower().wait(trace_id, timeout_s, turn=turn)
 
     def _follower(self) -> Follower:
-        settings = self.runtime.settings
-        return Follower(self.store, self.backend.queue, settings.no_worker_timeout_s)
+        return Follower(self.store, self.backend.queue, self.runtime.settings.no_worker_timeout_s)

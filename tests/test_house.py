@@ -33,7 +33,7 @@ def protocol_widths(source: str) -> dict[str, int]:
 
 MAX_MODULE_LINES = 400
 MAX_TOP_LEVEL_MODULES = 16
-LONG_BY_CONCEPT = {"fleetops/cli/commands.py": 480}
+LONG_BY_CONCEPT = {"fleetops/cli/commands.py": 500}
 """Modules that are one concept longer than the cap, each with its own: the argument table
 of every `fleet` command, read top to bottom (`fleet --help` imports it alone, so it must
 stay one module of declarations; cutting it would split the table, not a concept)."""

@@ -188,6 +188,7 @@ CALLERS_DATA = {
     ("fleet/batch/file.py", "entry"),
     ("fleet/batch/run.py", "entry"),
     ("fleet/conversation/roots.py", "spec"),
+    ("fleetops/serve/submission.py", "body"),
 }
 """Where the caller's metadata passes through on its way to the trace, untouched."""
 A2A_REQUEST = {("fleetops/a2a/executor.py", "context")}

@@ -98,7 +98,7 @@ def test_a_script_submits_a_root_with_the_token_alone(
     done = trace(actions, answer.json()["trace_id"])
     assert (done.status, done.answer) == ("completed", "answer 1 to say hi")
     assert done.memory == ["user:alice"] and done.metadata["ticket"] == "T-1"
-    assert done.metadata["human_timeout_s"] == 60
+    assert done.run.human_timeout_s == 60 and "human_timeout_s" not in done.metadata
 
 
 def test_an_explore_is_one_tree_with_a_branch_per_task(
@@ -127,7 +127,6 @@ BAD_SUBMISSIONS = [
     ({"task": "x", "model": "test", "workspace": "/etc"}, "workspace"),
     ({"task": "x", "model": "test", "images": ["../../../etc/passwd"]}, "images"),
     ({"task": "x", "model": "test", "images": ["file:///etc/shadow"]}, "images"),
-    ({"task": "x", "model": "test", "metadata": {"fan_out": {"tasks": ["x"]}}}, "metadata"),
     ({"task": "x", "model": "test", "mode": "root"}, "mode"),
     ({"task": "x", "model": "test", "evil": True}, "evil"),
     ({"model": "test"}, "task"),
