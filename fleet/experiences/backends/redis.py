@@ -6,7 +6,10 @@ counter (`keys.EXPERIENCES_VERSION`, raised in the same transaction as every put
 removal) or the hash's length differ from when it was filled: one round trip of two
 commands per run start however many experiences there are. The version is read before
 the hash, so a put between the two reads fills the cache under the older version and the
-next start reads again. A Redis that restarted without its data reads as a new version.
+next start reads again. A Redis that restarted without its data reads as a new version
+(or a new length). On a Redis Cluster the hash and the counter sit in different slots:
+a put's two commands go together but not as one transaction, so a start in between keeps
+its cache until the counter moves, an instant later.
 """
 
 from __future__ import annotations
