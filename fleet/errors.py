@@ -79,6 +79,10 @@ class LeaseLost(FleetError):
     """A runner's write was refused: its lease lapsed and another runner may own the trace."""
 
 
+class StopLanded(FleetError):
+    """A write made `unless_stopped` was refused whole: the trace's stop flag is raised."""
+
+
 class NoLiveWorkers(FleetError):
     """No live worker has consumed a queue a trace waits on for too long (it is left as is)."""
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
 from fleet import lifecycle
 from fleet.batchapi.route import CALL_KEY, consumed, parked_call
 from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
-from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
+from fleet.errors import FleetError, HookBlocked, LeaseLost, StopLanded, TransientLLMError
 from fleet.history import SUB_AGENT_TOOLS, fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
 from fleet.loop.compact import compacted
@@ -202,25 +202,24 @@ class FencedRun:
                     return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
                 if held.pending is None:  # else nothing was written: the snapshot stands
                     snapshot = self.store.snapshot(trace_id)
+                snapshot = replace(snapshot, inbox=None)  # the interrupt came after its read
                 continue
             if isinstance(turn, Turn) and self._stopped_meanwhile(turn):
                 return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
             return turn
 
     def _stopped_meanwhile(self, turn: Turn) -> bool:
-        """A stop that landed as the call returned: its answer, or children, are dropped.
+        """A stop that landed as the call returned: the children it asks for are dropped.
 
-        Read only for a turn that would end the trace or start children (no child is
-        created after a stop landed); the cut (`fleet.loop.cut`) covers the call itself.
+        Read only for a turn that would start children (no child is created after a stop
+        landed); a turn that ends the trace asks in its own write (`_end`: no read of its
+        own), and the cut (`fleet.loop.cut`) covers the call itself.
         """
         match turn.step:
-            case Finish():
-                pass
             case CallTools(calls=calls) if any(c.name in SUB_AGENT_TOOLS for c in calls):
-                pass
+                return self.store.stop_requested(turn.trace.trace_id)
             case _:
                 return False
-        return self.store.stop_requested(turn.trace.trace_id)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -361,8 +360,14 @@ class FencedRun:
                 assert_never(checked)
 
     def _end(self, held: Held, turn: Turn, status: Status, **outcome: Any) -> Outcome:
-        """The last model turn, the finish, the duration and the lease's release: one step."""
+        """The last model turn, the finish, the duration and the lease's release: one step.
+
+        Refused whole if a stop landed as the last call returned (`StopLanded`: the stop
+        flag is read in that step, not by a read of its own): the answer is dropped and
+        the trace ends `stopped`.
+        """
         duration_ms = now_ms() - held.started_ms
+        turn.write.refused_if_stopped()
         turn.write.add_stats(duration_ms=duration_ms)
         turn.write.release_lease(held.owner)
         if self.end_step is not None and not self.end_step.applied:
@@ -375,6 +380,9 @@ class FencedRun:
             lifecycle.finish(
                 self.runtime, trace.trace_id, status, trace=trace, write=turn.write, **outcome
             )
+        except StopLanded:  # nothing was written: the lease is still ours
+            held.released = False
+            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
         except BaseException:
             held.released = False
             raise

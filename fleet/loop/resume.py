@@ -12,6 +12,7 @@ else gets a synthetic result (for `agent`/`evaluate` naming the sub-trace, so th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, assert_never
 
 from fleet import lifecycle
@@ -50,9 +51,9 @@ def opening(
             start.append(message)
         held.pending = start
         messages = [*snapshot.messages, *first]
-        return TraceSnapshot(trace, messages, snapshot.stop_requested, snapshot.pauses)
+        return replace(snapshot, trace=trace, messages=messages)
     if not start.ops and open_turn(path) is None:
-        return TraceSnapshot(trace, snapshot.messages, snapshot.stop_requested, snapshot.pauses)
+        return replace(snapshot, trace=trace)
     if start.ops:
         runtime.store.apply(start)
     if (waits := heal(runtime, trace, snapshot.messages)) is not None:

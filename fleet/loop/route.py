@@ -16,6 +16,7 @@ from typing import Any, Literal, assert_never
 from fleet.batchapi.route import Route as BatchRoute
 from fleet.batchapi.route import route_of
 from fleet.children.warming import warming
+from fleet.conversation.messages import baseline
 from fleet.history import main_path, to_wire
 from fleet.limits.gate import Go, Spent, Wait, request_chars
 from fleet.llm.base import LLMResponse
@@ -27,6 +28,7 @@ from fleet.loop.turns import Answered, Held, call_model, note
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot, TraceStore
+from fleet.storage.writes import InboxSeen, TraceWrite
 
 
 @dataclass(frozen=True)
@@ -120,14 +122,14 @@ def _booked(
 ) -> Answered | Wait | Spent | OnBatch:
     """The call booked with the gate (at the batch price for a batch), then its route taken."""
     trace, messages = snapshot.trace, snapshot.messages
-    tools = tool_schemas(runtime, trace)
+    tools = tool_schemas(runtime, trace, snapshot.inbox)
     chars = request_chars(main_path(messages, trace.head_sequence), tools)
     verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched(route))
     if not isinstance(verdict, Go):
         return verdict
     if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
         route = Live()
-    call = _Call(runtime, held, model_name, tools, verdict)
+    call = _Call(runtime, held, model_name, tools, verdict, snapshot.inbox)
     match route:
         case Live():
             return _live(call, trace, messages, route)
@@ -148,14 +150,18 @@ class _Call:
     model_name: str
     tools: list[dict[str, Any]]
     go: Go
+    seen: InboxSeen | None
+    """The inbox as the run's last round trip read it (None: not read)."""
 
     def noted(self, trace: Trace, messages: list[Message]) -> tuple[Trace, list[Message]]:
         """The turn's note written first (an injection, the budget's last word), if any."""
-        extra = note(self.runtime, trace, messages, final=self.go.budget.final)
+        extra = note(self.runtime, trace, messages, final=self.go.budget.final, seen=self.seen)
         if extra is None:
             return trace, messages
-        self.flush()  # a fresh trace's first messages go first
-        stored = self.runtime.store.append_message(extra)
+        # A fresh trace's first messages go first, in the same step.
+        write = self.held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
+        self.held.pending = None
+        stored = self.runtime.store.apply(write.append(extra)).messages[-1]
         update = {"head_sequence": stored.sequence, "last_sequence": stored.sequence}
         return trace.model_copy(update=update), [*messages, stored]
 
@@ -187,8 +193,16 @@ def _live(call: _Call, trace: Trace, messages: list[Message], route: Live) -> An
     path = main_path(messages, trace.head_sequence)
     runtime = call.runtime
     trace, request = prepared(runtime, trace, call.model_name, to_wire(path), call.tools)
+    seen = baseline(call.seen, messages)  # a message the note gave in full cuts nothing
     called = call_model(
-        runtime, trace, call.model_name, call.go, request.sent, call.tools, shown=request.shown
+        runtime,
+        trace,
+        call.model_name,
+        call.go,
+        request.sent,
+        call.tools,
+        shown=request.shown,
+        seen=seen,
     )
     if isinstance(called, Wait):
         return called

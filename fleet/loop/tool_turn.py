@@ -6,6 +6,8 @@ The runner's `CallTools` step (`fleet.loop.runner`); the tools themselves run in
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fleet import lifecycle
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.llm.base import ToolCall
@@ -14,7 +16,7 @@ from fleet.loop.toolcalls import execute_turn, plain_only
 from fleet.loop.turns import GoOn, ReadAgain, Turn, advanced
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import Append, WriteResult
+from fleet.storage.writes import Append
 
 
 def tool_turn(
@@ -36,7 +38,7 @@ def tool_turn(
     written = tools.written
     if together and written is not None:
         stored, rest = written.messages[:own], written.messages[own:]
-        written = WriteResult(rest, written.stop_requested, written.pauses)
+        written = replace(written, messages=rest)
     if tools.wait is not None:
         return tools.wait
     if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait

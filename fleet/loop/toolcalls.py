@@ -28,7 +28,7 @@ from fleet.loop.steps import OnApproval, OnChildren, OnPerson
 from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import Content, Event, Message, Trace
 from fleet.runtime import Runtime, SpawnRequest
-from fleet.storage.writes import Append, TraceWrite, WriteResult
+from fleet.storage.writes import Append, InboxSeen, TraceWrite, WriteResult
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.imagecheck import stored_ref
 from fleet.tools.registry import ToolRegistry
@@ -62,8 +62,12 @@ class ToolTurn:
     the runner reads it again."""
 
 
-def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
+def tool_schemas(
+    runtime: Runtime, trace: Trace, seen: InboxSeen | None = None
+) -> list[dict[str, Any]]:
     """The tools this trace's model is offered: what its preset and mode allow.
+
+    `seen`: the inbox as the run's last round trip read it (None: it is counted here).
 
     The registry's schemas are deep-copied once per registry and tool set, not per turn;
     the dicts are shared between turns and threads, so callers must not change them.
@@ -89,7 +93,7 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
         schemas += sub_agent_schemas(runtime, trace, preset)
     if may_ask(preset, trace):
         schemas.append(ASK_HUMAN_SCHEMA)
-    if inbox.offered(runtime, trace):
+    if inbox.offered(runtime, trace, seen):
         schemas.append(inbox.CHECK_MESSAGES_SCHEMA)
     if may_send(runtime, trace):
         schemas.append(SEND_MESSAGE_SCHEMA)
@@ -116,6 +120,7 @@ def execute_turn(
     """
     spawns: list[tuple[ToolCall, SpawnRequest]] = []
     results = (turn or TraceWrite(trace.trace_id, trace.root_trace_id)).read_pauses(pauses)
+    results.read_inbox()  # for the next call's `## Messages` and tools, with no read of its own
     person: tuple[ToolCall, str | None] | None = None  # a question, or an approval (None)
     for call in calls:
         outcome = _one_call(runtime, trace, call, results, first=person is None)

@@ -27,7 +27,7 @@ from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import TraceWrite, WriteResult
+from fleet.storage.writes import InboxSeen, TraceWrite, WriteResult
 
 FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
 OVERLOADS_PER_RETRY = 10
@@ -140,7 +140,7 @@ def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
         last = written.messages[-1].sequence
         trace = trace.model_copy(update={"head_sequence": last, "last_sequence": last})
     messages = [*snapshot.messages, *written.messages]
-    return TraceSnapshot(trace, messages, written.stop_requested, written.pauses)
+    return TraceSnapshot(trace, messages, written.stop_requested, written.pauses, written.inbox)
 
 
 def numbered(trace: Trace, messages: list[Message]) -> tuple[Trace, list[Message]]:
@@ -171,10 +171,20 @@ def recorded(trace: Trace, message: Message) -> Trace:
     return trace.model_copy(update=update)
 
 
-def note(runtime: Runtime, trace: Trace, messages: list[Message], *, final: bool) -> Message | None:
-    """What this turn adds before the call: the budget's last word, or an injection."""
+def note(
+    runtime: Runtime,
+    trace: Trace,
+    messages: list[Message],
+    *,
+    final: bool,
+    seen: InboxSeen | None = None,
+) -> Message | None:
+    """What this turn adds before the call: the budget's last word, or an injection.
+
+    `seen`: the inbox as the run's last round trip read it (None: not read).
+    """
     if not final:
-        return injection(runtime, trace, messages)
+        return injection(runtime, trace, messages, seen)
     note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
     note.metadata["injected"] = True
     return note
@@ -188,11 +198,13 @@ def call_model(
     wire: list[dict[str, Any]],
     tools: list[dict[str, Any]],
     shown: list[dict[str, Any]] | None = None,
+    seen: InboxSeen | None = None,
 ) -> LLMResponse | Wait:
     """The model call on its booked turn, settled with the gate whatever happens.
 
     `shown`: the request as hooks see it, when it differs from what is sent (images as
-    their references: an operator's hook or a span never holds an image's bytes).
+    their references: an operator's hook or a span never holds an image's bytes). `seen`:
+    the inbox entry an interrupting message must come after (None: the watcher reads it).
     """
     if go.wait_s > 0:
         time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
@@ -210,7 +222,7 @@ def call_model(
         raise
     client, temperature = runtime.client(model_name), runtime.temperature(trace)
     try:
-        with call_watch(runtime, trace.trace_id) as watch:  # a stop or interrupt cuts it
+        with call_watch(runtime, trace.trace_id, seen=seen) as watch:  # a stop or interrupt cuts it
             response = cuttable(
                 watch,
                 lambda: client.complete(

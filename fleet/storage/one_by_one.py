@@ -6,6 +6,7 @@ the Redis store runs the same ops in one script instead (`redis_scripts.APPLY`).
 
 from __future__ import annotations
 
+from fleet.errors import StopLanded
 from fleet.models import Event, Message
 from fleet.storage.store import TraceRecords, TraceStore
 from fleet.storage.writes import (
@@ -33,6 +34,8 @@ def apply_one_by_one(store: TraceStore, write: TraceWrite) -> WriteResult:
         raise TypeError(
             "a write extension needs a Redis store (fleet.storage.backends.redis.store)"
         )
+    if write.unless_stopped and store.stop_requested(write.trace_id):
+        raise StopLanded(f"a stop was requested for {write.trace_id!r}: nothing was written")
     stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
     return WriteResult(stored, store.stop_requested(write.trace_id))
 

@@ -20,6 +20,7 @@ from fleet.runstate import RunPatch
 from fleet.storage.capability import Capability, T
 from fleet.storage.keys import CounterName
 from fleet.storage.writes import (
+    InboxSeen,
     PauseRead,
     TraceWrite,
     WriteResult,
@@ -39,6 +40,8 @@ class TraceSnapshot:
     stop_requested: bool
     pauses: PauseRead | None = None
     """Provider pauses read in the same step (`begin_run`, a write), for the next call."""
+    inbox: InboxSeen | None = None
+    """The inbox read in the same step (`begin_run`, a write); None: not read, ask it."""
 
 
 @dataclass(frozen=True)

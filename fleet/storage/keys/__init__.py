@@ -234,6 +234,11 @@ entry, and whoever removes it (reply, approve, deny, the sweeper) is the one tha
 EXPERIENCES = f"{PREFIX}:experiences"
 """Hash, no TTL: experience id -> Experience JSON (`fleet.experiences`), counts excluded."""
 
+EXPERIENCES_VERSION = f"{PREFIX}:experiences-version"
+"""String (a counter), no TTL: raised with every put or removal of an experience, in the
+same transaction; a process's cache of the approved ones (`fleet.experiences.backends.
+redis`) holds while this and the hash's length read as when it was filled."""
+
 EXPERIENCE_COUNTS = f"{PREFIX}:experience-counts"
 """Hash, no TTL: `{id}:uses` and `{id}:successes`, added to with HINCRBY (one writer each)."""
 

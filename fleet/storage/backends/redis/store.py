@@ -13,6 +13,7 @@ import copy
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Unpack, cast
 
@@ -114,13 +115,13 @@ class RedisStore(RedisIndexes):
 
     def _script(self, script: FencedScript, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a write script, behind the lease check when this is a fenced view."""
-        if self._fence is None:
-            return script.plain(self._client, script_keys, args)
-        trace_id, lease_key, owner = self._fence
-        try:
-            return script.fenced(self._client, [lease_key, *script_keys], [owner, *args])
+        fence = self._fence
+        try:  # a write refused for a stop (`StopLanded`) is an error reply too
+            if fence is None:
+                return script.plain(self._client, script_keys, args)
+            return script.fenced(self._client, [fence[1], *script_keys], [fence[2], *args])
         except redis.ResponseError as exc:
-            raise lease_lost(trace_id, exc) from None
+            raise lease_lost(fence[0] if fence else script_keys[0], exc) from None
 
     def close(self) -> None:
         """Close the client if this store created it, with every connection it holds."""
@@ -198,8 +199,8 @@ class RedisStore(RedisIndexes):
         root = start.root_trace_id if start else trace_id
         lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
         running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
-        script_keys = [keys.trace(trace_id), lease, running, keys.events(root)]
-        script_keys += [] if self._cluster else pauses
+        tree = [keys.trace(trace_id), lease, running, keys.events(root), keys.inbox(trace_id)]
+        script_keys = tree + ([] if self._cluster else list(pauses))
         args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
         args.append(json.dumps(root) if start else "")
         args += [start.event.model_dump_json() if start else "", now_ms()]
@@ -211,15 +212,14 @@ class RedisStore(RedisIndexes):
             return None
         if self._cluster:
             self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
-            reply = [reply[0], redis_split.pause_ttls(self._client, pauses)]
-        data = self._dicts.unpacked(
-            redis_writes.pairs(reply[0])
-        )  # a packed trace is read, never started
+            reply = [reply[0], redis_split.pause_ttls(self._client, pauses), reply[2]]
+        packed = redis_writes.pairs(reply[0])  # a packed trace is read, never started
+        data = self._dicts.unpacked(packed)
         trace = redis_writes.decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
         read = PauseRead.of(pauses, reply[1]) if pauses else None
-        stop = redis_writes.STOP_FIELD in data
-        return TraceSnapshot(trace, redis_writes.decode_messages(data), stop, read)
+        stop, inbox = redis_writes.STOP_FIELD in data, redis_writes.inbox_seen(reply[2])
+        return TraceSnapshot(trace, redis_writes.decode_messages(data), stop, read, inbox)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
@@ -241,7 +241,7 @@ class RedisStore(RedisIndexes):
         if not write.pauses:
             return result
         ttls = redis_split.pause_ttls(self._client, write.pauses)
-        return WriteResult(result.messages, result.stop_requested, PauseRead.of(write.pauses, ttls))
+        return replace(result, pauses=PauseRead.of(write.pauses, ttls))
 
     def track_tree(self, root_trace_id: str) -> None:
         self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})

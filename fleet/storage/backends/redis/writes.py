@@ -22,6 +22,7 @@ from fleet.storage.writes import (
     AddStats,
     Append,
     Emit,
+    InboxSeen,
     PauseRead,
     PutCollaborator,
     ReleaseLease,
@@ -195,11 +196,13 @@ def apply_call(
     for op in write.ops:
         if isinstance(op, WriteExtension):  # one per write (`TraceWrite.extend`)
             script_keys += op.keys
+    if write.inbox:  # the tree's: in the trace's slot
+        script_keys.append(keys.inbox(trace_id))
     pauses = [] if split else write.pauses
     script_keys += pauses
     root = "1" if trace_id == write.root_trace_id else ""
     args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(pauses))]
-    args.append("1" if split else "")
+    args += ["1" if split else "", "1" if write.inbox else "", "1" if write.unless_stopped else ""]
     for op in write.ops:
         args += _op(op, write, fenced_by, extension_at)
     return script_keys, args
@@ -216,7 +219,14 @@ def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
     appended = [op.message for op in write.ops if isinstance(op, Append)]
     messages = [_numbered(m, n) for m, n in zip(appended, stored, strict=True)]
     pauses = PauseRead.of(write.pauses, ttls) if write.pauses and ttls else None
-    return WriteResult(messages, bool(stop), pauses)
+    return WriteResult(messages, bool(stop), pauses, inbox_seen(reply[6] if write.inbox else None))
+
+
+def inbox_seen(newest: Any) -> InboxSeen | None:
+    """The inbox's newest entry id as a script read it ('' for none; None: not read)."""
+    if newest is None:
+        return None
+    return InboxSeen(str(newest) or None)
 
 
 def _numbered(message: Message, stored: list[Any]) -> Message:
