@@ -23,7 +23,7 @@ from fleet.llm.config import load_config
 from fleet.loop.runner import Runner
 from fleet.models import Message, Trace
 from fleet.remote.decide import AskPerson, Ended, Progress, Unchanged, decide
-from fleet.remote.wire import RemoteError, RemoteRefused, RemoteTask
+from fleet.remote.task import RemoteError, RemoteRefused, RemoteTask
 from fleet.runstate import RunState
 from fleet.runtime import Runtime
 from fleet.settings import Settings

@@ -1,8 +1,7 @@
 """One run of a trace under its lease: the loop, writing only through a fenced runtime.
 
 `fleet.loop.runner.Runner` takes the lease and hands a `FencedRun` the runtime fenced by it
-(`Runtime.fenced`): every write checks the lease inside its Lua script, so a run that comes
-back from a freeze after its lease was taken over writes nothing (`LeaseLost`).
+(`Runtime.fenced`): every write checks the lease in its Lua script (`LeaseLost`).
 """
 
 from __future__ import annotations
@@ -136,9 +135,8 @@ class FencedRun:
             return None
         if start.ops:
             self.store.apply(start)
-        park = self.runtime.dispatcher.children_survive_restart  # a sweeper polls for it
-        ran = run_remote(self.runtime, trace, park=park)
-        if isinstance(ran, RemoteCall):
+        ran = run_remote(self.runtime, trace, park=self.runtime.dispatcher.children_survive_restart)
+        if isinstance(ran, RemoteCall):  # parked where a sweeper polls for it (a task queue)
             return self._waiting(OnRemote(ran.agent, ran.task_id))
         return terminal(ran)
 

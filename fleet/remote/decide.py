@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fleet.lifecycle.remote import RemoteCall
-from fleet.remote.wire import TERMINAL, RemoteError, RemoteRefused, RemoteTask
+from fleet.remote.task import TERMINAL, RemoteError, RemoteRefused, RemoteTask
 
 MAX_POLL_ERRORS = 3
 """Polls in a row that cannot reach the agent before the child fails (a killed agent)."""

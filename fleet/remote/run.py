@@ -30,8 +30,8 @@ from fleet.conversation.human import wait_for_person
 from fleet.errors import FleetError
 from fleet.lifecycle.remote import RemoteCall, call_of
 from fleet.models import Message, Trace, now_ms
-from fleet.remote import wire
 from fleet.remote.decide import AskPerson, Decision, Ended, Progress, Unchanged, decide
+from fleet.remote.task import RemoteError, RemoteTask
 from fleet.runtime import Runtime
 from fleet.storage.remote_watch import REMOTE_WATCH
 
@@ -75,7 +75,7 @@ def run_remote(runtime: Runtime, trace: Trace, *, park: bool) -> RemoteEnd | Rem
     if call.state != "ended" and not runtime.store.stop_requested(trace.trace_id):
         try:
             call = _send_unsent(runtime, trace, call, agent, token)
-        except wire.RemoteError as exc:
+        except RemoteError as exc:
             return _finish(runtime, trace, False, f"remote agent {call.agent!r}: {exc}")
     if runtime.store.stop_requested(trace.trace_id):  # before the send, or while it went
         cancel_task(agent, token, call)
@@ -104,6 +104,8 @@ def _send_unsent(
     text = "\n\n".join(str(m.content or "") for m in unsent)
     answering = call.task_id if call.state == "input" else None
     message_id = hashlib.sha256(f"{trace.trace_id}#{unsent[-1].sequence}".encode()).hexdigest()
+    from fleet.remote import wire  # a2a-sdk and httpx: loaded by a call, not by a worker's start
+
     task = wire.send(
         agent,
         token,
@@ -168,9 +170,11 @@ def _follow(
 
 def observe(agent: RemoteAgentConfig, token: str | None, call: RemoteCall) -> Decision:
     """Ask the task's state once and decide (a timeout cancels the remote task)."""
+    from fleet.remote import wire  # loaded by a call, not by a worker's start
+
     try:
-        seen: wire.RemoteTask | wire.RemoteError = wire.get(agent, token, str(call.task_id))
-    except wire.RemoteError as exc:
+        seen: RemoteTask | RemoteError = wire.get(agent, token, str(call.task_id))
+    except RemoteError as exc:
         seen = exc
     decision = decide(call, seen, now_ms())
     if isinstance(decision, Ended) and decision.cancel:
@@ -201,9 +205,11 @@ def cancel_task(agent: RemoteAgentConfig, token: str | None, call: RemoteCall) -
     """Cancel the remote task, if one runs; an agent that does not answer is logged."""
     if call.task_id is None or call.state == "ended":
         return
+    from fleet.remote import wire  # loaded by a call, not by a worker's start
+
     try:
         wire.cancel(agent, token, call.task_id)
-    except wire.RemoteError as exc:
+    except RemoteError as exc:
         log.warning("cancel of remote task %s of %r: %s", call.task_id, call.agent, exc)
 
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from fleet.config.remote_agents import RemoteAgentConfig
-from fleet.errors import FleetError, ToolError
+from fleet.errors import ToolError
+from fleet.remote.task import RemoteError, RemoteRefused, RemoteTask
 from fleet.tools import netguard
 
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
@@ -33,29 +34,6 @@ CALL_TIMEOUT_S = 15.0
 """Most seconds one request (send, get, cancel) may take, whatever the agent's timeout_s."""
 
 T = TypeVar("T")
-
-
-class RemoteError(FleetError):
-    """A remote agent could not be reached or answered wrongly; the message is one line."""
-
-
-class RemoteRefused(RemoteError):
-    """Nothing a retry fixes: the address is refused, the answer too large or forged."""
-
-
-@dataclass(frozen=True)
-class RemoteTask:
-    """A remote task as the fleet keeps it: ids, state and capped text."""
-
-    task_id: str
-    context_id: str
-    state: str
-    """submitted | working | input-required | completed | failed | canceled | rejected |
-    auth-required | unknown."""
-    message: str = ""
-    """The status message's text (a question when input-required)."""
-    artifact: str = ""
-    """Every artifact's text parts, joined and capped."""
 
 
 class _TooLarge(httpx.ReadError):
@@ -245,7 +223,6 @@ _STATES = {
     "TASK_STATE_REJECTED": "rejected",
     "TASK_STATE_AUTH_REQUIRED": "auth-required",
 }
-TERMINAL = frozenset({"completed", "failed", "canceled", "rejected"})
 
 
 def task_of(task: Any) -> RemoteTask:

@@ -156,7 +156,9 @@ def test_a_crafted_archive_is_refused_naming_its_line_and_writes_nothing(
     assert message.startswith(f"{path}:{expected}: ") and problem in message, message
     assert "\n" not in message
     assert {k: redis_db.dump(k) for k in redis_db.scan_iter()} == before, "nothing written"
-    assert {k: redis_db.ttl(k) for k in before} == ttls, "no TTL moved"
+    after = {k: redis_db.ttl(k) for k in before}
+    # Counted down by the clock only (a second may pass while the import is refused).
+    assert all(ttls[k] - 2 <= after[k] <= ttls[k] for k in ttls), "no TTL moved"
     assert redis_db.zcard(keys.children(live)) == 1, "the live root's children as they were"
 
 
