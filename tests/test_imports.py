@@ -221,6 +221,7 @@ FLEET_LAYERS = (
     "memory",
     "control",
     "settings",
+    "discovery",
     "llm",
     "limits",
     "presets",
