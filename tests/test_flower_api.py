@@ -164,6 +164,10 @@ def test_flower_off_loopback_asks_for_basic_auth(worker_url: str, tmp_path: Path
         ("log in with password=hunter2 then", f"log in with {REDACTED} then"),
         ("push with ghp_abcdefghijklmnopqrstu", f"push with {REDACTED}"),
         ("the skeleton key: is fine", f"the skeleton {REDACTED} is fine"),
+        # Counts and plain words that merely start like a credential name stay readable.
+        ("budget tokens:400 max_tokens=4096 then", "budget tokens:400 max_tokens=4096 then"),
+        ("author: keyboard:qwerty token:400", "author: keyboard:qwerty token:400"),
+        ("api_key=abc123def token:4000000 x", f"{REDACTED} {REDACTED} x"),
         ("x" * 10_000, "x" * 23 + "…"),
         (
             " ".join(["abcdefghijklmnopqrstuvw"] * 8),

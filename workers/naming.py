@@ -26,7 +26,14 @@ MAX_WORD_CHARS = 24
 """A single 'word' (no spaces) cannot smuggle a whole prompt."""
 MAX_WORDS_CHARS = 80
 _PUNCTUATION = "\"'`()[]{}<>,;:.!?*|"
-_SECRET_PAIR = re.compile(r"(key|token|secret|password|passwd|pwd|auth)\w*[=:]", re.IGNORECASE)
+_SECRET_PAIR = re.compile(
+    r"(?:key|token|secret|password|passwd|pwd|auth)[=:](?P<value>.*)", re.IGNORECASE
+)
+"""`api_key=X`, `token:X`, `key:` (the value may be the next word): the name ends in a
+credential word. Not `tokens:400`, `max_tokens=4096`, `author:` or `keyboard:` (a count or
+a plain word whose name merely starts like one)."""
+_COUNT = re.compile(r"\d{1,5}")
+"""A value of a few digits is a count (`token:400`), not a secret (MIN_SECRET_CHARS is 6)."""
 _LONG_RANDOM = re.compile(r"^[A-Za-z0-9_\-+/=.]{20,}$")
 
 
@@ -37,7 +44,10 @@ def looks_secret(word: str) -> bool:
     bare value.
     """
     core = word.strip(_PUNCTUATION)
-    if _SECRET_PAIR.search(word) or process_redactor()(core) != core:
+    pair = _SECRET_PAIR.search(word)
+    if pair and not _COUNT.fullmatch(pair.group("value").strip(_PUNCTUATION)):
+        return True
+    if process_redactor()(core) != core:
         return True
     return bool(
         _LONG_RANDOM.match(core) and re.search(r"\d", core) and re.search(r"[A-Za-z]", core)
