@@ -76,6 +76,10 @@ def transport_options(url: str, sentinel_master: str | None) -> dict[str, Any]:
     return options
 
 
+TRACE_URL_TEMPLATE_CONF = "fleet_trace_url_template"
+"""The app's own setting (not Celery's): FLEET_TRACE_URL_TEMPLATE, read where tasks are sent."""
+
+
 def make_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for a fleet on these URLs."""
     master = settings.redis_sentinel_master
@@ -92,6 +96,7 @@ def make_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": transport_options(settings.broker_url, master),
         "result_backend_transport_options": transport_options(settings.result_backend_url, master),
         "broker_connection_retry_on_startup": True,
+        TRACE_URL_TEMPLATE_CONF: settings.trace_url_template,  # Flower's link to the page
         "task_serializer": "json",
         "result_serializer": "json",
         "accept_content": ["json"],

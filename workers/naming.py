@@ -13,12 +13,21 @@ text fields redacted before it leaves, whoever built them.
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 from fleet.models import Trace
 from fleet.security.redact import REDACTED, Redactor
 from fleet.settings import process_redactor
 
-__all__ = ["REDACTED", "first_words", "looks_secret", "shadow_name", "task_names", "task_repr"]
+__all__ = [
+    "REDACTED",
+    "first_words",
+    "looks_secret",
+    "shadow_name",
+    "task_names",
+    "task_repr",
+    "trace_page",
+]
 
 TASK_WORDS = 8
 SHADOW_WORDS = 5
@@ -102,3 +111,15 @@ def _task_repr(trace: Trace, words: str) -> str:
 
 def _shadow(trace: Trace, words: str) -> str:
     return f"fleet.{trace.mode}: {words}"
+
+
+def trace_page(trace_id: str, template: str | None) -> str | None:
+    """`kwargsrepr`: the trace page of `trace_id` from FLEET_TRACE_URL_TEMPLATE, if set.
+
+    Flower shows it as the task's kwargs (and its search finds it); the id is URL-quoted,
+    its `@` kept, so a child's page reads as its id.
+    """
+    if template is None:
+        return None
+    url = template.replace("{trace_id}", quote(trace_id, safe="@"))
+    return f"trace_page={url}"
