@@ -52,6 +52,7 @@ def test_the_wheel_installs_in_a_fresh_venv_and_fleet_demo_completes(tmp_path: P
     assert "5 branches, 5 completed" in demo.stdout
     installed = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import fleet; print(fleet.__file__)"],
+        cwd=work,
         capture_output=True,
         text=True,
         check=True,
