@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,19 +104,16 @@ def start_terminal1(hour: Hour, clone: Path, env: dict[str, str]) -> subprocess.
 
 
 def wait_ready(up: subprocess.Popen[str], log: list[str]) -> bool:
+    """Until terminal 1 printed `ready in`; its output goes on into `log` (a reader thread)."""
     started = time.monotonic()
-    assert up.stdout is not None
-    os.set_blocking(up.stdout.fileno(), False)
-    buffer = ""
+    stream = up.stdout
+    assert stream is not None
+    threading.Thread(target=lambda: log.extend(stream), daemon=True).start()
     while time.monotonic() - started < READY_TIMEOUT_S and up.poll() is None:
-        chunk = up.stdout.read() or ""
-        buffer += chunk
-        if READY.search(buffer):
-            log.append(buffer)
+        if any(READY.search(line) for line in list(log)):
             return step("terminal 1: fleet up (ready)", started, True)
         time.sleep(0.2)
-    log.append(buffer)
-    return step("terminal 1: fleet up (ready)", started, False, buffer.strip()[-300:])
+    return step("terminal 1: fleet up (ready)", started, False, "".join(log)[-300:])
 
 
 def run_terminal2(hour: Hour, clone: Path, env: dict[str, str], home: Path) -> tuple[bool, str]:
@@ -127,18 +125,22 @@ def run_terminal2(hour: Hour, clone: Path, env: dict[str, str], home: Path) -> t
         lines += [f"echo '>>> {line.split('#')[0].strip()}' >&2", line]
     lines.append('echo "serve: $(jobs -p)"')
     started = time.monotonic()
-    done = subprocess.run(
-        ["bash", "-c", "\n".join(lines)],
-        cwd=clone,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=STEP_TIMEOUT_S,
-    )
-    output = done.stdout + done.stderr
-    ok = done.returncode == 0 and FELL_BACK not in output
-    ok = ok and any(line.startswith("completed ") for line in done.stdout.splitlines())
-    last = [line for line in done.stderr.splitlines() if line.startswith(">>> ")][-1:]
+    out, err = home / "terminal2.out", home / "terminal2.err"
+    # Files, not pipes: `fleet serve ... &` keeps its terminal's output open after bash ends.
+    with out.open("w") as stdout, err.open("w") as stderr:
+        code = subprocess.run(
+            ["bash", "-c", "\n".join(lines)],
+            cwd=clone,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            timeout=STEP_TIMEOUT_S,
+        ).returncode
+    said, errors = out.read_text(), err.read_text()
+    output = said + errors
+    ok = code == 0 and FELL_BACK not in output
+    ok = ok and any(line.startswith("completed ") for line in said.splitlines())
+    last = [line for line in errors.splitlines() if line.startswith(">>> ")][-1:]
     step(
         "terminal 2: " + str(len(hour.terminal2)) + " lines",
         started,
@@ -147,7 +149,7 @@ def run_terminal2(hour: Hour, clone: Path, env: dict[str, str], home: Path) -> t
     )
     if not ok:
         print(output[-2000:])
-    return ok, done.stdout + done.stderr
+    return ok, output
 
 
 def check_the_fleets_redis(home: Path, output: str) -> bool:
