@@ -308,7 +308,7 @@ def test_a_handed_back_run_ends_with_a_retried_event_so_flowers_counts_add_up() 
 
     task = _HandedBack()
     with pytest.raises(Ignore):
-        requeue(task, countdown_s=2.5, why="throttled: runs again when let in")  # type: ignore[arg-type]
+        requeue(task, countdown_s=2.5, why="throttled: runs again when let in")
     assert task.sent == [2.5]
     assert task.events == [
         ("task-retried", {"exception": "throttled: runs again when let in", "traceback": ""})
