@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from fleet import lifecycle
 from fleet.backends import Backend, RunsNoAgents
@@ -18,7 +18,8 @@ from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
 from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
-from fleet.errors import BrokerUnavailable
+from fleet.discovery import client_settings, url_chosen
+from fleet.errors import BrokerUnavailable, NoLiveWorkers
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
 from fleet.lifecycle import stop_subtree
@@ -30,8 +31,9 @@ from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
 from fleet.observe.following import Follower
 from fleet.runtime import Runtime
-from fleet.settings import Settings, process_settings
-from fleet.storage.store import TraceStore
+from fleet.settings import Settings
+from fleet.storage.backends.redis.connect import redact_url
+from fleet.storage.store import Leases, TraceStore
 from fleet.storage.watchdog import check_served
 
 if TYPE_CHECKING:
@@ -73,16 +75,30 @@ class Fleet:
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> Fleet:
-        """Connect to FLEET_REDIS_URL / FLEET_BROKER_URL; `ConfigError` if Redis is down."""
+        """Connect to the fleet `fleet.discovery` finds, as every `fleet` command does.
+
+        FLEET_REDIS_URL (and FLEET_BROKER_URL), else the nearest `fleet up` of the working
+        directory or above it (its private `up.json`), else the default Redis, said once
+        on stderr. On a Redis nobody chose, nothing is written unless a live worker of the
+        fleet consumes one of its queues: an unrelated Redis on the default port is left
+        untouched (`NoLiveWorkers`, before any write).
+
+        Raises:
+            RedisUnreachable: the Redis does not answer.
+            NoLiveWorkers: the Redis was the default one and no fleet runs there.
+        """
         from fleet.storage.backends.redis.store import RedisStore
 
-        settings = settings or process_settings()
+        settings = settings or client_settings()
         store = RedisStore.from_url(
             settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster
         )
         store.ping()
+        backend = load_backend(settings)
+        if not url_chosen(settings):
+            require_a_fleet(store, backend, settings.redis_url)
         runtime = Runtime.build(settings, store, RunsNoAgents(), runs_agents=False)
-        return cls(runtime, load_backend(settings))
+        return cls(runtime, backend)
 
     def submit(
         self,
@@ -396,3 +412,19 @@ class Fleet:
 
     def _follower(self) -> Follower:
         return Follower(self.store, self.backend.queue, self.runtime.settings.no_worker_timeout_s)
+
+
+def require_a_fleet(store: Leases, backend: Backend, redis_url: str) -> None:
+    """`NoLiveWorkers` unless a live worker consumes one of `backend`'s queues (reads only).
+
+    Asked of a Redis nobody chose (the default URL) before anything is written there.
+    """
+    queues = {backend.queue(mode) for mode in get_args(Mode)} - {None}
+    if any(store.live_consumers(queue) for queue in queues if queue):
+        return
+    raise NoLiveWorkers(
+        f"no fleet runs at {redact_url(redis_url)} (the default Redis: FLEET_REDIS_URL is"
+        " unset and no `fleet up` runs for this directory or above it); nothing was"
+        " written there: run this below the directory of a `fleet up`, or set"
+        " FLEET_REDIS_URL (`fleet env` prints the exports)"
+    )

@@ -34,6 +34,7 @@ from fleet.security.envvalues import (
     model_of,
     name_list,
     positive_s,
+    trace_url_template,
     user_path,
     whole_number,
 )
@@ -100,6 +101,7 @@ ENV_NAMES = (
     "FLEET_RESULT_BACKEND_URL",
     "FLEET_PROBE_DIR",
     "FLEET_SERVE_TOKEN",
+    "FLEET_TRACE_URL_TEMPLATE",
     "FLEET_STATE_DIR",
     "FLEET_CELERY_PATCHES_OFF",
     "XDG_STATE_HOME",
@@ -205,6 +207,9 @@ class Settings:
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
     """FLEET_SERVE_TOKEN: the bearer token `fleet serve` requires (needed off loopback)."""
+    trace_url_template: str | None = None
+    """FLEET_TRACE_URL_TEMPLATE: the trace page of a trace id (`{trace_id}` in an http(s)
+    URL), shown with each task in Flower."""
     state_home: Path = field(default_factory=lambda: _state_home({}))
     """XDG_STATE_HOME/agent-fleet (default ~/.local/state/agent-fleet): where each local
     `fleet up` keeps its Redis data, logs and `up.json`, one folder per fleet directory."""
@@ -272,6 +277,7 @@ class Settings:
             retention_s=whole_number(env, "FLEET_RETENTION_S", keys.TRACE_TTL_S),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
+            trace_url_template=trace_url_template(env.get("FLEET_TRACE_URL_TEMPLATE")),
             state_home=_state_home(env),
             state_dir=absolute_path(env.get("FLEET_STATE_DIR")),
             celery_patches_off=name_list(env.get("FLEET_CELERY_PATCHES_OFF")),

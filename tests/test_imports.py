@@ -222,6 +222,7 @@ FLEET_LAYERS = (
     "memory",
     "control",
     "settings",
+    "discovery",
     "llm",
     "limits",
     "presets",

@@ -92,6 +92,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_RESULT_BACKEND_URL": "redis://results:6379/0",
         "FLEET_PROBE_DIR": "/probes",
         "FLEET_SERVE_TOKEN": "t" * 20,
+        "FLEET_TRACE_URL_TEMPLATE": "http://127.0.0.1:8600/?trace={trace_id}",
         "FLEET_STATE_DIR": "/var/lib/fleet",
         "FLEET_CELERY_PATCHES_OFF": "fleet-join,chord-send",
         "XDG_STATE_HOME": "/var/state",

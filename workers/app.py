@@ -92,6 +92,10 @@ def celery_urls(settings: Settings) -> dict[str, Any]:
     return found
 
 
+TRACE_URL_TEMPLATE_CONF = "fleet_trace_url_template"
+"""The app's own setting (not Celery's): FLEET_TRACE_URL_TEMPLATE, read where tasks are sent."""
+
+
 def make_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for a fleet on these URLs."""
     master = settings.redis_sentinel_master
@@ -111,6 +115,7 @@ def make_config(settings: Settings) -> dict[str, Any]:
                 settings.result_backend_url, master
             ),
             "broker_connection_retry_on_startup": True,
+            TRACE_URL_TEMPLATE_CONF: settings.trace_url_template,  # Flower's link to the page
             "task_serializer": "json",
             "result_serializer": "json",
             "accept_content": ["json"],

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, NoReturn
 
 import redis
 from celery import Task
 from celery.exceptions import Ignore
+from kombu.exceptions import OperationalError
 
 from fleet.children import after
 from fleet.loop.runner import Runner, RunResult, run_safely
@@ -20,6 +22,8 @@ from workers.app import MAX_WORKER_LOST_RETRIES, app
 from workers.dispatch import start_window
 from workers.patches import chord_join
 from workers.runtime import draining, get_runtime
+
+log = logging.getLogger(__name__)
 
 
 class RunTask(Task):  # type: ignore[misc]
@@ -92,24 +96,31 @@ def resume_agent(self: Task, trace_id: str) -> dict[str, str]:
 def hand_back(task: Task, result: RunResult) -> None:
     """A drained run goes back at once; a throttled one when its limit lets it in."""
     if result.outcome == "yielded":
-        requeue(task)
+        requeue(task, why="drained: handed back")
     if result.outcome == "throttled":
         # The countdown lives in this worker's memory: the outbox sends the run again if
         # the worker dies (or loses its broker) before it is due.
         due_ms = now_ms() + int(result.retry_in_s * 1000) + 2 * get_runtime().settings.lease_ttl_ms
         get_runtime().store.outbox_put(outbox.run_entry(result.trace_id), due_ms)
-        requeue(task, countdown_s=result.retry_in_s)
+        requeue(task, countdown_s=result.retry_in_s, why="throttled: runs again when let in")
 
 
-def requeue(task: Task, countdown_s: float = 0.0) -> NoReturn:
+def requeue(task: Task, countdown_s: float = 0.0, why: str = "handed back") -> NoReturn:
     """Hand a run back: the same task (id, chord membership) for any worker, maybe later.
 
     Not `Task.retry`: its count is what bounds restarts after a lost worker
     (`MAX_WORKER_LOST_RETRIES`), and a drain or a rate limit is not a failure. A countdown
     is held by a worker as an ETA task, which takes no pool slot until it is due.
+    `Ignore` sends no event, so Flower would count the execution as processed but neither
+    succeeded nor failed, and show the task STARTED until it runs again: a `task-retried`
+    event says what happened (Flower's RETRY state and its workers' "retried" count).
     """
     signature = task.signature_from_request(task.request, retries=task.request.retries)
     signature.apply_async(countdown=countdown_s or None)
+    try:
+        task.send_event("task-retried", exception=why, traceback="")
+    except (OperationalError, OSError):  # the run is handed back already; only a count lags
+        log.warning("fleet: no task-retried event for %s (broker unreachable)", task.request.id)
     raise Ignore()
 
 

@@ -220,7 +220,10 @@ def check_budget(runtime: Runtime, model: str, budget: Budget) -> None:
 
 
 def _portable(model: str) -> str:
-    """`scripted:rel.yaml` becomes absolute so a worker in another directory finds it."""
-    if model.startswith("scripted:"):
+    """`scripted:rel.yaml` becomes absolute so a worker in another directory finds it.
+
+    `scripted:example` stays: every worker finds the bundled example in its own package.
+    """
+    if model.startswith("scripted:") and model != "scripted:example":
         return "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
     return model

@@ -6,7 +6,7 @@ collaborator entries they change are written through `fleet.lifecycle.entries`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet import ids
@@ -83,12 +83,22 @@ def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
     return waiting
 
 
-def requeue(runtime: Runtime, trace: Trace, why: str = "yield", retry_in_s: float = 0.0) -> Trace:
+def requeue(
+    runtime: Runtime,
+    trace: Trace,
+    why: str = "yield",
+    retry_in_s: float = 0.0,
+    *,
+    attempts: Sequence[Mapping[str, object]] = (),
+) -> Trace:
     """`queued` again: the run yielded or waits (a limit, a provider error) and is re-sent.
 
-    `why` and `retry_in_s` go with the `trace` event, so a timeline can say what it waits on.
+    `why` and `retry_in_s` go with the `trace` event, so a timeline can say what it waits on;
+    so do the failed call's `attempts` after a provider error (the trace page lists them).
     """
-    data = {"on": why, "retry_in_s": round(retry_in_s, 3)}
+    data: dict[str, Any] = {"on": why, "retry_in_s": round(retry_in_s, 3)}
+    if attempts:
+        data["attempts"] = [dict(a) for a in attempts]
     return _set_status(runtime.store, trace, "queued", data=data)
 
 

@@ -17,6 +17,7 @@ from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
 from fleet.errors import FleetError, HookBlocked, LeaseLost, StopLanded, TransientLLMError
 from fleet.history import SUB_AGENT_TOOLS, fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
+from fleet.llm.timing import span_of
 from fleet.loop.compact import compacted
 from fleet.loop.cut import CallCut
 from fleet.loop.resume import opening
@@ -307,7 +308,7 @@ class FencedRun:
         response = fresh_call_ids(answered.response, messages, trace.last_sequence + 1)
         message = model_message(self.runtime, trace, response, answered.model)
         tools = [c["function"]["name"] for c in message.tool_calls or ()]
-        data = {"role": "assistant", "tools": tools}
+        data = {"role": "assistant", "tools": tools, **span_of(message)}
         event = Event(kind="message", trace_id=trace.trace_id, data=data)
         write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
         held.pending = None

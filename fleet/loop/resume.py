@@ -22,8 +22,9 @@ from fleet.conversation.human import still_waiting
 from fleet.history import SUB_AGENT_TOOLS, healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.loop.context import first_messages
+from fleet.loop.results import write_result
 from fleet.loop.steps import OnApproval, OnChildren, OnPerson
-from fleet.loop.toolcalls import run_plain, write_result
+from fleet.loop.toolcalls import run_plain
 from fleet.loop.turns import GoOn, Held, ReadAgain, numbered
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime

@@ -21,16 +21,17 @@ from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.lifecycle.recorder import note_tool_failure
 from fleet.llm.base import ToolCall
+from fleet.llm.timing import wall_ms
 from fleet.loop import memory_calls
 from fleet.loop.cut import stoppable
+from fleet.loop.results import write_result
 from fleet.loop.spawning import dispatch, sub_agents
 from fleet.loop.steps import OnApproval, OnChildren, OnPerson
 from fleet.memory.config import MEMORY_TOOLS
-from fleet.models import Content, Event, Message, Trace
+from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import Append, InboxSeen, TraceWrite, WriteResult
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.imagecheck import stored_ref
 from fleet.tools.registry import ToolRegistry
 
 _GOAL = {
@@ -123,11 +124,12 @@ def execute_turn(
     results.read_inbox()  # for the next call's `## Messages` and tools, with no read of its own
     person: tuple[ToolCall, str | None] | None = None  # a question, or an approval (None)
     for call in calls:
+        started_ms = wall_ms()  # its span: to the result's message (written at its end)
         outcome = _one_call(runtime, trace, call, results, first=person is None)
         if isinstance(outcome, SpawnRequest):
             spawns.append((call, outcome))
         elif isinstance(outcome, ToolResult):
-            write_result(runtime, results, call, outcome)
+            write_result(runtime, results, call, outcome, started_at_ms=started_ms)
             runtime.hooks.tool_finished(trace, call, outcome)
             if outcome.is_error and outcome.title.endswith(" failed") and trace.memory:
                 note_tool_failure(runtime, trace, call.name, outcome.output)
@@ -275,42 +277,3 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     return stoppable(
         runtime, trace.trace_id, lambda: runtime.tools.execute(call.name, arguments, ctx, allowed)
     )
-
-
-def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
-    """Add the call's result, the worker's secrets masked, to `results` (not applied)."""
-    content: Content = None
-    if result.images:  # stored once per tree; the message names them, never holds them
-        try:
-            refs = [stored_ref(runtime.images, results.root_trace_id, i) for i in result.images]
-            content = [{"type": "text", "text": ""}, *refs]
-        except ToolError as exc:  # the tree's image cap: the model is told, the run goes on
-            result = ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
-    # A tool may have read one of the worker's secrets (a file, a response): never stored.
-    scrub = runtime.redactor.values_only
-    memory = scrub(result.long_term_memory) if result.long_term_memory else None
-    event = Event(
-        kind="message",
-        trace_id=results.trace_id,
-        data={"role": "tool", "tool": call.name, "is_error": result.is_error},
-    )
-    output = scrub(result.output)
-    if isinstance(content, list):
-        content[0]["text"] = output
-    results.append(
-        Message(
-            trace_id=results.trace_id,
-            role="tool",
-            tool_call_id=call.id,
-            name=call.name,
-            content=output if content is None else content,
-            long_term_memory=memory,
-            metadata={"title": result.title, "is_error": result.is_error, **_carried(result)},
-        ),
-        event,
-    )
-
-
-def _carried(result: ToolResult) -> dict[str, Any]:
-    """What a result's metadata keeps on its message: `check_messages`' read cursor."""
-    return {k: result.metadata[k] for k in (inbox.READ_KEY, "delivered") if k in result.metadata}

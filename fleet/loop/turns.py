@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fleet import lifecycle
@@ -20,6 +20,7 @@ from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.caching import cache_key
 from fleet.llm.fallback import next_model, switch_entry
+from fleet.llm.timing import CALL_SPAN_KEY, Attempt, CallTiming, recording_attempts, wall_ms
 from fleet.loop.context import injection
 from fleet.loop.cut import CallCut, call_watch, cuttable, estimated
 from fleet.loop.steps import Step
@@ -221,9 +222,13 @@ def call_model(
         gate.after(go, None, None)
         raise
     client, temperature = runtime.client(model_name), runtime.temperature(trace)
+    started_ms, attempts = wall_ms(), list[Attempt]()
     try:
-        with call_watch(runtime, trace.trace_id, seen=seen) as watch:  # a stop or interrupt cuts it
-            response = cuttable(
+        with (
+            call_watch(runtime, trace.trace_id, seen=seen) as watch,
+            recording_attempts(attempts),
+        ):
+            response = cuttable(  # a stop or interrupt cuts it
                 watch,
                 lambda: client.complete(
                     wire,
@@ -233,6 +238,7 @@ def call_model(
                     cache_key=cache_key(trace.root_trace_id, trace.preset),
                 ),
             )
+        response = replace(response, timing=CallTiming(started_ms, wall_ms(), tuple(attempts)))
     except CallCut as exc:  # settled with its estimate, once: nothing of it is written
         hooks.model_failed(trace, exc)
         gate.after(go, estimated(go), None)
@@ -243,6 +249,8 @@ def call_model(
     except BaseException as exc:
         hooks.model_failed(trace, exc)
         gate.after(go, None, None)
+        if isinstance(exc, TransientLLMError):  # its attempts go with the hand-back's event
+            exc.attempts = tuple(a.as_dict() for a in attempts)
         raise
     gate.after(go, response, int((time.monotonic() - started) * 1000))
     return response
@@ -293,6 +301,7 @@ def model_message(
         cost_usd=response.usage.cost_usd,
         cached_tokens=response.usage.cached_tokens,
         cache_write_tokens=response.usage.cache_write_tokens,
+        metadata={CALL_SPAN_KEY: response.timing.as_dict()} if response.timing else {},
     )
 
 
@@ -343,6 +352,6 @@ def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait |
         return GaveUp(f"{exc} (gave up after {tries} re-runs)")
     runtime.store.update_run(trace_id, transient_retries=tries + 1)
     delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
-    lifecycle.requeue(runtime, trace, "provider error", delay_s)
+    lifecycle.requeue(runtime, trace, "provider error", delay_s, attempts=exc.attempts)
     log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
     return Wait(delay_s, "provider error")

@@ -51,6 +51,7 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         ConversationError,
         ExperienceNotFound,
         FleetError,
+        NoLiveWorkers,
         RedisUnreachable,
         TraceNotFound,
     )
@@ -73,6 +74,8 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         return fail(with_hint(str(exc)), ExitCode.BAD_INPUT)
     except (ConfigError, TraceNotFound, ExperienceNotFound, ConversationError) as exc:
         return fail(str(exc), ExitCode.BAD_INPUT)
+    except NoLiveWorkers as exc:  # e.g. the default Redis, where no fleet runs
+        return fail(str(exc), ExitCode.NO_WORKERS)
     except FleetError as exc:
         return fail(str(exc), ExitCode.FAILED)
     if (discovery := sys.modules.get("fleetops.discovery")) is not None:

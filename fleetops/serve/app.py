@@ -53,7 +53,7 @@ PAGE_CSP = (
     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 T = TypeVar("T")
-STATIC_FILES = r"(?:app|tree|timeline|conversation|front|actions|plan|util)\.js|app\.css"
+STATIC_FILES = r"(?:app|tree|timeline|conversation|front|actions|plan|util|md)\.js|app\.css"
 SERVER_LIMITS: dict[str, Any] = {
     "max_body_size": MAX_BODY_BYTES,
     "max_buffer_size": 4 * MAX_BODY_BYTES,

@@ -213,6 +213,9 @@ def row(store: TraceRecords, trace: Trace, on: str | None, *, totals: bool) -> d
     if totals:
         tree = store.get_traces(subtree(store, trace.trace_id))
         out["branches"] = len(tree) - 1
+        out["failed_branches"] = sum(
+            t.status == "failed" for t in tree if t.trace_id != trace.trace_id
+        )
         out["tree_stats"] = {
             "prompt_tokens": sum(t.stats.prompt_tokens for t in tree),
             "completion_tokens": sum(t.stats.completion_tokens for t in tree),
@@ -236,7 +239,19 @@ def summary(trace: Trace) -> dict[str, Any]:
         "iteration": trace.iteration,
         "stats": trace.stats.model_dump(mode="json"),
         "stop_reason": trace.run.stop_reason,
+        "error": first_line(trace.error),
         "created_at_ms": trace.created_at_ms,
         "updated_at_ms": trace.updated_at_ms,
         "finished_at_ms": trace.finished_at_ms,
     }
+
+
+ERROR_CHARS = 200
+
+
+def first_line(error: str | None) -> str | None:
+    """A trace's error as a list shows it: its first line, at most ERROR_CHARS."""
+    if not error:
+        return None
+    line = error.strip().splitlines()[0] if error.strip() else ""
+    return line[:ERROR_CHARS] or None

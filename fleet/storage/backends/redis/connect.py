@@ -72,6 +72,24 @@ def connect(
     return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
 
 
+def answers(url: str, sentinel_master: str | None = None, *, timeout_s: float = 1.0) -> bool:
+    """Whether a Redis at `url` answers PING within `timeout_s` (the master, for Sentinel).
+
+    A probe that writes nothing: discovery asks it of a `fleet up`'s Redis before trusting
+    its `up.json`, and of the default Redis before a client would write there.
+    """
+    try:
+        client = connect(url, sentinel_master, timeout_s=timeout_s)
+    except ConfigError:  # a sentinel:// URL without its master's name
+        return False
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
     """redis-py's Sentinel pool of the master, blocking at its cap as `connect`'s pools do.
 
