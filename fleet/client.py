@@ -19,7 +19,7 @@ from fleet.conversation.human import waiting_traces
 from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.discovery import client_settings, url_chosen
-from fleet.errors import BrokerUnavailable, NoLiveWorkers
+from fleet.errors import BrokerUnavailable
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
 from fleet.lifecycle import stop_subtree
@@ -32,9 +32,8 @@ from fleet.models import Event, Mode, Trace
 from fleet.observe.following import Follower
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.backends.redis.connect import redact_url
-from fleet.storage.store import Leases, TraceStore
-from fleet.storage.watchdog import check_served
+from fleet.storage.store import TraceStore
+from fleet.storage.watchdog import check_served, require_a_fleet
 
 if TYPE_CHECKING:
     from fleet.batch.values import BatchEntry, BatchResult
@@ -96,7 +95,7 @@ class Fleet:
         store.ping()
         backend = load_backend(settings)
         if not url_chosen(settings):
-            require_a_fleet(store, backend, settings.redis_url)
+            require_a_fleet(store, map(backend.queue, get_args(Mode)), settings.redis_url)
         runtime = Runtime.build(settings, store, RunsNoAgents(), runs_agents=False)
         return cls(runtime, backend)
 
@@ -412,19 +411,3 @@ class Fleet:
 
     def _follower(self) -> Follower:
         return Follower(self.store, self.backend.queue, self.runtime.settings.no_worker_timeout_s)
-
-
-def require_a_fleet(store: Leases, backend: Backend, redis_url: str) -> None:
-    """`NoLiveWorkers` unless a live worker consumes one of `backend`'s queues (reads only).
-
-    Asked of a Redis nobody chose (the default URL) before anything is written there.
-    """
-    queues = {backend.queue(mode) for mode in get_args(Mode)} - {None}
-    if any(store.live_consumers(queue) for queue in queues if queue):
-        return
-    raise NoLiveWorkers(
-        f"no fleet runs at {redact_url(redis_url)} (the default Redis: FLEET_REDIS_URL is"
-        " unset and no `fleet up` runs for this directory or above it); nothing was"
-        " written there: run this below the directory of a `fleet up`, or set"
-        " FLEET_REDIS_URL (`fleet env` prints the exports)"
-    )

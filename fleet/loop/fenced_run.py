@@ -310,8 +310,7 @@ class FencedRun:
         tools = [c["function"]["name"] for c in message.tool_calls or ()]
         data = {"role": "assistant", "tools": tools, **span_of(message)}
         event = Event(kind="message", trace_id=trace.trace_id, data=data)
-        write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
-        held.pending = None
+        write, held.pending = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id), None
         if answered.batched:  # the answer is in the trace now (`fleet.batchapi.route`)
             message.metadata[CALL_KEY] = (
                 parked.custom_id if (parked := parked_call(trace)) else None
