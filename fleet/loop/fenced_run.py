@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
 from fleet.batchapi.route import CALL_KEY, consumed, parked_call
@@ -19,7 +19,7 @@ from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
 from fleet.history import SUB_AGENT_TOOLS, fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
 from fleet.loop.cut import CallCut
-from fleet.loop.resume import opening
+from fleet.loop.resume import Resumed, opening
 from fleet.loop.route import ask_model
 from fleet.loop.steps import (
     CallTools,
@@ -104,8 +104,8 @@ class FencedRun:
                 self.store.apply(start)
             return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
         following = opening(self.runtime, snapshot, trace, start, held)
-        if isinstance(following, OnPerson | OnApproval | OnChildren):
-            return self._waiting(following)
+        if not isinstance(following, TraceSnapshot | ReadAgain):
+            return self._waits_again(following)
         held.started_ms = now_ms()
         try:
             return self._loop(trace.trace_id, held, following)
@@ -166,6 +166,10 @@ class FencedRun:
                 return "parked"
             case _:
                 assert_never(waits)
+
+    def _waits_again(self, waits: Resumed | Literal["stopped"]) -> Outcome:
+        """A resumed trace that still waits: no turn this run (a stop meanwhile ended it)."""
+        return waits if isinstance(waits, str) else self._waiting(waits)
 
     def _uncut_turn(
         self, snapshot: TraceSnapshot, held: Held
