@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 from typing import Any
 
 from celery.signals import (
+    task_revoked,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
@@ -25,8 +27,11 @@ from fleet.settings import process_redactor, process_settings
 from fleet.storage.backends.redis.probe import is_cluster_node
 from workers import probes
 from workers.remote_poll import RemotePoller
+from workers.revoked import stop_revoked
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper
+
+log = logging.getLogger(__name__)
 
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
@@ -163,3 +168,21 @@ def _stop_heartbeat(**_: Any) -> None:
 def _flush_hooks(**_: Any) -> None:
     # Spans wait in a batch: send them before the process goes (a pool child may skip atexit).
     flush_hooks()
+
+
+@task_revoked.connect
+def _stop_revoked_run(
+    sender: Any = None, request: Any = None, expired: bool = False, **_: Any
+) -> None:
+    # A run discarded because a stop revoked its stamps (`workers.revoked`); an expired
+    # task was not stopped. A store away: the owner check looks again later, no traceback.
+    if request is None or expired:
+        return
+    runtime = get_runtime()
+    stamps = getattr(request, "stamps", None) or {}
+    try:
+        stop_revoked(runtime, str(getattr(sender, "name", "")), request.args or (), stamps)
+    except Exception as exc:
+        if not runtime.store.unavailable(exc):
+            raise
+        log.warning("revoked run %s: the store is unreachable (%s)", request.id, exc)

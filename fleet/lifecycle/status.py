@@ -64,20 +64,24 @@ def starting(trace_id: str) -> StartRun:
     return StartRun(ids.root_of(trace_id), event)
 
 
-def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
-    """`waiting` on sub-agents: written before they are dispatched (a fast one may end first).
+def wait(runtime: Runtime, trace: Trace) -> Trace:
+    """`waiting` on new sub-agents, or (a resumed run) again on what it still waits on.
 
-    A trace told to stop while its model call ran ends here, `stopped`, with the `children`
-    that call spawned: nothing would ever run them (workers discard their tasks as revoked,
-    so their chord never joins) and the trace would wait on them for ever. The status is
-    written before the flag is read, and `stop_subtree` raises the flag before it reads the
-    status, so a stop racing this call is seen by one side or the other.
+    New children's wait is written before they are dispatched (a fast one may end first).
+    A trace told to stop meanwhile ends here, `stopped`, with its subtree: with the
+    children its model call spawned while the stop landed (nothing would ever run them:
+    workers discard their tasks as revoked, so their chord never joins), or as a resumed
+    run found its children still running (`stop_subtree` left the `running` trace to its
+    runner, and its later resume is revoked). Either way the trace would otherwise wait for
+    ever, or until the owner check. The status is written before the flag is read, and
+    `stop_subtree` raises the flag before it reads the status, so a stop racing this call
+    is seen by one side or the other.
 
     Returns:
         The trace `waiting`, or `stopped` with its children.
     """
     waiting = _set_status(runtime.store, trace, "waiting")
-    if children and runtime.store.stop_requested(trace.trace_id):
+    if runtime.store.stop_requested(trace.trace_id):
         stop_subtree(runtime, trace.trace_id)
         return runtime.store.get_trace(trace.trace_id)
     return waiting

@@ -104,7 +104,9 @@ class FencedRun:
         if (ended := self._without_model(trace, start)) is not None:
             return ended
         following = opening(self.runtime, snapshot, trace, start, held)
-        if isinstance(following, OnPerson | OnApproval | OnChildren):
+        if isinstance(following, str):  # a stop landed as it went back to waiting
+            return following
+        if not isinstance(following, TraceSnapshot | ReadAgain):
             return self._waiting(following)
         held.started_ms = now_ms()
         try:

@@ -13,7 +13,7 @@ else gets a synthetic result (for `agent`/`evaluate` naming the sub-trace, so th
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, assert_never
+from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
 from fleet.children import settling
@@ -37,13 +37,15 @@ Resumed = OnPerson | OnApproval | OnChildren
 
 def opening(
     runtime: Runtime, snapshot: TraceSnapshot, trace: Trace, start: TraceWrite, held: Held
-) -> GoOn | Resumed:
+) -> GoOn | Resumed | Literal["stopped"]:
     """What the first turn starts from; what it waits on while a resumed trace must wait.
 
     A fresh trace's first messages, numbered as the store will number them, are written
     with its first model turn (`held.pending`): no write and no read before the call.
     A resumed trace with nothing to heal goes on from `begin_run`'s read (its collected
     results are in it); one whose open turn is healed here reads it again first.
+    `stopped`: a resumed trace that must wait again was told to stop meanwhile, and ended
+    so as it went back to `waiting` (`lifecycle.wait`).
     """
     path = main_path(snapshot.messages, trace.head_sequence)
     if not path:
@@ -58,7 +60,8 @@ def opening(
     if start.ops:
         runtime.store.apply(start)
     if (waits := heal(runtime, trace, snapshot.messages)) is not None:
-        lifecycle.wait(runtime, trace)
+        if lifecycle.wait(runtime, trace).is_terminal:
+            return "stopped"  # a stop landed since `begin_run` read the flag (`wait`)
         return waits
     return ReadAgain()
 

@@ -60,8 +60,7 @@ def dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnR
     The wait is written before dispatch: a fast chord may collect before we return.
     Stopped while this turn's model call ran: the trace and its new children end stopped.
     """
-    children = [c for _, request in spawns for c in request.child_ids]
-    stopped = lifecycle.wait(runtime, trace, children).is_terminal
+    stopped = lifecycle.wait(runtime, trace).is_terminal
     for call, request in spawns:
         if stopped:
             _drop(runtime, trace, request)
