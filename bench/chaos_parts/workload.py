@@ -1,0 +1,156 @@
+"""A round's workload: trees of every kind, drawn with weights, and the script they run.
+
+Each tree's task starts with its own tag (`T3x2 explore ...`), so one scripted model file
+serves the whole round: its rules match the tags. What a tree expects is kept beside it:
+at most how many model turns each of its traces may write (the script's steps; a fault
+must never make one more), and what the harness does to it while it runs (reply to its
+question, send it a message, continue or rewind it once it ended).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet.limits.budget import Budget
+
+KINDS = (
+    "explore-small",
+    "explore-large",
+    "delegate",
+    "evaluate",
+    "ask-reply",
+    "ask-timeout",
+    "memory",
+    "image",
+    "budget",
+    "capped",
+    "message",
+    "mcp-echo",
+    "mcp-huge",
+    "mcp-slow",
+    "continue",
+    "rewind",
+)
+WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1)
+LOOK = {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
+MCP_SERVER = "chaos"
+HUMAN_TIMEOUT_S = 3
+"""How long an `ask-timeout` tree's question waits before it ends unanswered."""
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082"
+)
+
+
+@dataclass
+class Tree:
+    """One drawn tree: how to submit it, what it may write, what to do to it."""
+
+    tag: str
+    kind: str
+    rules: list[dict[str, Any]]
+    turns: dict[str, int]
+    """Task regex -> most assistant turns a trace of that task may write."""
+    submit: dict[str, Any] = field(default_factory=dict)
+    action: str = ""
+    """`reply`, `send`, `continue` or `rewind` (see `chaos_parts.actions`); empty for none."""
+    root_id: str = ""
+
+
+def _tools(*calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"tool_calls": [{"name": n, "arguments": a} for n, a in calls]}
+
+
+def _explore(tag: str, branches: int, looks: int, root_turns: int = 2) -> Tree:
+    tasks = [f"{tag}b{i} look around" for i in range(branches)]
+    branch = {"match": f"^{tag}b", "steps": [LOOK] * looks + [{"content": "done {task}"}]}
+    root = {"match": f"^{tag} ", "steps": [_tools(("agent", {"task": tasks})), {"content": "sum"}]}
+    turns = {f"^{tag}b": looks + 1, f"^{tag} ": root_turns}
+    return Tree(tag, "explore", [branch, root], turns)
+
+
+def _single(tag: str, steps: list[dict[str, Any]], turns: int | None = None) -> Tree:
+    rule = {"match": f"^{tag} ", "steps": [*steps, {"content": "done"}]}
+    return Tree(tag, "", [rule], {f"^{tag} ": turns or len(steps) + 1})
+
+
+def draw(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """One tree of a kind drawn with `WEIGHTS`."""
+    kind = rng.choices(KINDS, WEIGHTS)[0]
+    tree = _build(rng, kind, tag, folder)
+    tree.kind = kind
+    return tree
+
+
+def _build(rng: random.Random, kind: str, tag: str, folder: Path) -> Tree:  # noqa: C901
+    if kind == "explore-small":
+        return _explore(tag, rng.randint(1, 3), rng.randint(1, 2))
+    if kind == "explore-large":
+        return _explore(tag, rng.randint(8, 16), rng.randint(1, 3))
+    if kind == "capped":
+        tree = _explore(tag, rng.randint(4, 6), 1)
+        tree.submit["max_concurrent"] = rng.randint(1, 2)
+        return tree
+    if kind == "budget":
+        tree = _explore(tag, rng.randint(3, 6), 3)
+        tree.submit["budget"] = Budget(tokens=rng.randint(40, 400), sub_agents=rng.randint(1, 4))
+        return tree
+    if kind == "message":
+        tree = _explore(tag, 2, 4)
+        tree.action = "send"
+        return tree
+    if kind == "delegate":
+        child = {"match": f"^{tag}d ", "steps": [LOOK, {"content": "delegated"}]}
+        root = _single(tag, [_tools(("agent", {"task": f"{tag}d do it"}))])
+        return Tree(tag, kind, [child, *root.rules], {f"^{tag}d ": 2, **root.turns})
+    if kind == "evaluate":
+        return _single(tag, [_tools(("evaluate", {}))])
+    if kind in ("ask-reply", "ask-timeout"):
+        tree = _single(tag, [_tools(("ask_human", {"question": f"{tag} may I?"}))])
+        tree.action = "reply" if kind == "ask-reply" else ""
+        tree.submit["human_timeout_s"] = HUMAN_TIMEOUT_S if kind == "ask-timeout" else 60
+        return tree
+    return _build_more(rng, kind, tag, folder)
+
+
+def _build_more(rng: random.Random, kind: str, tag: str, folder: Path) -> Tree:
+    if kind == "memory":
+        key = f"k{rng.randint(1, 3)}"
+        write = ("memory_write", {"key": key, "value": {"by": tag}, "version": 0})
+        tree = _single(tag, [_tools(write), _tools(("memory_read", {"key": key}))])
+        tree.submit["memory"] = ["user:chaos"]
+        return tree
+    if kind == "image":
+        image = folder / f"{tag}.png"
+        image.write_bytes(PNG)
+        tree = _single(tag, [LOOK])
+        tree.submit["images"] = [image]
+        return tree
+    if kind.startswith("mcp-"):
+        arguments = {
+            "mcp-echo": ("echo", {"text": f"{tag} hello"}),
+            "mcp-huge": ("huge", {"chars": 12_000_000}),  # past the 8 MiB message cap
+            "mcp-slow": ("slow", {"seconds": rng.uniform(1, 6)}),
+        }
+        name, args = arguments[kind]
+        return _single(tag, [_tools((f"mcp__{MCP_SERVER}__{name}", args))])
+    tree = _single(tag, [LOOK], turns=3 if kind == "continue" else 4)
+    tree.action = kind  # continue / rewind: one more turn (a rewind keeps the old branch)
+    return tree
+
+
+def write_script(trees: list[Tree], path: Path, latency_ms: int) -> str:
+    """The round's scripted model file; its model name."""
+    rules = [rule for tree in trees for rule in tree.rules]
+    rules.append({"match": ".*", "steps": [{"content": "verdict: met"}]})  # judges
+    path.write_text(json.dumps({"latency_ms": latency_ms, "jitter_ms": latency_ms, "scripts": rules}))
+    return f"scripted:{path}"
+
+
+def task_of(tree: Tree) -> str:
+    """The root's task."""
+    return f"{tree.tag} {tree.kind} task"
