@@ -20,7 +20,6 @@ instants (what the machine does around them still varies).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import random
 import sys
 import tempfile
@@ -107,7 +106,10 @@ class Table:
 
     def markdown(self, options: Options) -> str:
         """The table docs/reliability.md records."""
-        head = "| backend | rounds | trees | faults | stuck | lost (gone) | doubled | tracebacks | secrets | CLI errors not one line | slowest |"
+        head = (
+            "| backend | rounds | trees | faults | stuck | lost (gone) | doubled"
+            " | tracebacks | secrets | CLI errors not one line | slowest |"
+        )
         lines = [head, "|" + "---|" * 11]
         for name, r in self.rows.items():
             lines.append(
@@ -120,8 +122,10 @@ class Table:
         for r in self.rows.values():
             kinds.update(r.injected)
             features.update(r.features)
-        lines.append(f"\nseed {options.seed}, bound {options.bound_s:.0f} s; faults: "
-                     + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+        lines.append(
+            f"\nseed {options.seed}, bound {options.bound_s:.0f} s; faults: "
+            + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+        )
         lines.append("trees: " + ", ".join(f"{k} {n}" for k, n in sorted(features.items())))
         return "\n".join(lines)
 
@@ -153,7 +157,9 @@ class Round:
             (self.rng.uniform(0, options.window_s), self.rng.choices(kinds, weights)[0])
             for _ in range(count)
         )
-        self.model = workload.write_script(self.trees, folder / f"r{number}.json", options.latency_ms)
+        self.model = workload.write_script(
+            self.trees, folder / f"r{number}.json", options.latency_ms
+        )
 
     def run(self, row: Row, say: Callable[[str], None]) -> None:
         """Submit, inject, check; count into `row`."""
@@ -161,7 +167,10 @@ class Round:
         for tree in self.trees:
             tree.root_id = _retried(lambda t=tree: self._submit(t))
             row.features[tree.kind] += 1
-        threads = [threading.Thread(target=act, args=(self.the.fleet, t, self.rng.random()), daemon=True) for t in self.trees]
+        threads = [
+            threading.Thread(target=act, args=(self.the.fleet, t, self.rng.random()), daemon=True)
+            for t in self.trees
+        ]
         for thread in threads:
             thread.start()
         for at_s, kind in self.plan:
@@ -184,7 +193,9 @@ class Round:
             row.trees += 1
             ended = invariants.wait_ended(store, tree.root_id, deadline_s)
             if ended and follow_up(self.the.fleet, tree):
-                ended = invariants.wait_ended(store, tree.root_id, time.monotonic() + self.options.bound_s)
+                ended = invariants.wait_ended(
+                    store, tree.root_id, time.monotonic() + self.options.bound_s
+                )
             if not ended:
                 row.stuck.append(f"round {self.number} {tree.kind} {tree.root_id}")
                 say(invariants.describe(store, tree.root_id))
@@ -244,7 +255,11 @@ def _session(
     row = table.rows[name]
     seen: dict[Path, int] = {}
     say(f"{name} store, {broker} broker")
-    last = first if options.only_round is not None else first - first % options.rounds_per_backend + options.rounds_per_backend - 1
+    last = (
+        first
+        if options.only_round is not None
+        else first - first % options.rounds_per_backend + options.rounds_per_backend - 1
+    )
     with backend(name, broker, folder / f"s{first}", env, options.workers) as the:
         for number in range(first, last + 1):
             before = row.broken

@@ -27,6 +27,7 @@ from bench.chaos_parts.cluster import Cluster, replicated_cluster
 from bench.fault_rig import Redis, Worker, start_worker, wait_consuming
 from fleet.client import Fleet
 from fleet.settings import Settings
+from fleet.storage import keys
 from fleetops.redis_server import start_redis_server
 from tests.redis_topologies import (
     BASE_CONFIG,
@@ -83,6 +84,7 @@ def backend(
     name: str, broker: str, folder: Path, extra_env: dict[str, str], workers: int = 2
 ) -> Iterator[Backend]:
     """Start the store `name` with broker `broker`, `workers` workers, and a client."""
+    folder.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         env, faults = stack.enter_context(_STORES[name](folder))
         if broker == "rabbitmq":
@@ -94,6 +96,9 @@ def backend(
             "FLEET_ALLOW_SCRIPTED": "1",
             **extra_env,
         }
+        # The key layout is set once per process (keys.use_cluster_layout): this process
+        # serves the backends in turn, so it goes back to the plain one after a cluster.
+        stack.callback(keys.use_cluster_layout, False)
         fleet = Fleet.from_env(Settings.from_env({**os.environ, **env}))
         the = Backend(name, broker, env, fleet, data_faults=faults)
         stack.callback(_stop_workers, the)
@@ -172,7 +177,13 @@ def _kill_master(cluster: Cluster, choose: int) -> None:
     cluster.kill_master(choose)
 
 
-_STORES: dict[str, Callable[[Path], contextlib.AbstractContextManager[tuple[dict[str, str], dict[str, Callable[[int], None]]]]]] = {
+_STORES: dict[
+    str,
+    Callable[
+        [Path],
+        contextlib.AbstractContextManager[tuple[dict[str, str], dict[str, Callable[[int], None]]]],
+    ],
+] = {
     "redis": _single,
     "sentinel": _sentinel,
     "cluster": _cluster,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,73 +82,122 @@ def _single(tag: str, steps: list[dict[str, Any]], turns: int | None = None) -> 
 def draw(rng: random.Random, tag: str, folder: Path) -> Tree:
     """One tree of a kind drawn with `WEIGHTS`."""
     kind = rng.choices(KINDS, WEIGHTS)[0]
-    tree = _build(rng, kind, tag, folder)
+    tree = BUILDERS[kind](rng, tag, folder)
     tree.kind = kind
     return tree
 
 
-def _build(rng: random.Random, kind: str, tag: str, folder: Path) -> Tree:  # noqa: C901
-    if kind == "explore-small":
-        return _explore(tag, rng.randint(1, 3), rng.randint(1, 2))
-    if kind == "explore-large":
-        return _explore(tag, rng.randint(8, 16), rng.randint(1, 3))
-    if kind == "capped":
-        tree = _explore(tag, rng.randint(4, 6), 1)
-        tree.submit["max_concurrent"] = rng.randint(1, 2)
-        return tree
-    if kind == "budget":
-        tree = _explore(tag, rng.randint(3, 6), 3)
-        tree.submit["budget"] = Budget(tokens=rng.randint(40, 400), sub_agents=rng.randint(1, 4))
-        return tree
-    if kind == "message":
-        tree = _explore(tag, 2, 4)
-        tree.action = "send"
-        return tree
-    if kind == "delegate":
-        child = {"match": f"^{tag}d ", "steps": [LOOK, {"content": "delegated"}]}
-        root = _single(tag, [_tools(("agent", {"task": f"{tag}d do it"}))])
-        return Tree(tag, kind, [child, *root.rules], {f"^{tag}d ": 2, **root.turns})
-    if kind == "evaluate":
-        return _single(tag, [_tools(("evaluate", {}))])
-    if kind in ("ask-reply", "ask-timeout"):
-        tree = _single(tag, [_tools(("ask_human", {"question": f"{tag} may I?"}))])
-        tree.action = "reply" if kind == "ask-reply" else ""
-        tree.submit["human_timeout_s"] = HUMAN_TIMEOUT_S if kind == "ask-timeout" else 60
-        return tree
-    return _build_more(rng, kind, tag, folder)
+Builder = Callable[[random.Random, str, Path], Tree]
 
 
-def _build_more(rng: random.Random, kind: str, tag: str, folder: Path) -> Tree:
-    if kind == "memory":
-        key = f"k{rng.randint(1, 3)}"
-        write = ("memory_write", {"key": key, "value": {"by": tag}, "version": 0})
-        tree = _single(tag, [_tools(write), _tools(("memory_read", {"key": key}))])
-        tree.submit["memory"] = ["user:chaos"]
-        return tree
-    if kind == "image":
-        image = folder / f"{tag}.png"
-        image.write_bytes(PNG)
-        tree = _single(tag, [LOOK])
-        tree.submit["images"] = [image]
-        return tree
-    if kind.startswith("mcp-"):
-        arguments = {
-            "mcp-echo": ("echo", {"text": f"{tag} hello"}),
-            "mcp-huge": ("huge", {"chars": 12_000_000}),  # past the 8 MiB message cap
-            "mcp-slow": ("slow", {"seconds": rng.uniform(1, 6)}),
-        }
-        name, args = arguments[kind]
-        return _single(tag, [_tools((f"mcp__{MCP_SERVER}__{name}", args))])
-    tree = _single(tag, [LOOK], turns=3 if kind == "continue" else 4)
-    tree.action = kind  # continue / rewind: one more turn (a rewind keeps the old branch)
+def _explore_small(rng: random.Random, tag: str, folder: Path) -> Tree:
+    return _explore(tag, rng.randint(1, 3), rng.randint(1, 2))
+
+
+def _explore_large(rng: random.Random, tag: str, folder: Path) -> Tree:
+    return _explore(tag, rng.randint(8, 16), rng.randint(1, 3))
+
+
+def _capped(rng: random.Random, tag: str, folder: Path) -> Tree:
+    tree = _explore(tag, rng.randint(4, 6), 1)
+    tree.submit["max_concurrent"] = rng.randint(1, 2)
     return tree
+
+
+def _budget(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """A budget that usually runs out: few tokens, few sub-agents."""
+    tree = _explore(tag, rng.randint(3, 6), 3)
+    tree.submit["budget"] = Budget(tokens=rng.randint(40, 400), sub_agents=rng.randint(1, 4))
+    return tree
+
+
+def _message(rng: random.Random, tag: str, folder: Path) -> Tree:
+    tree = _explore(tag, 2, 4)
+    tree.action = "send"
+    return tree
+
+
+def _delegate(rng: random.Random, tag: str, folder: Path) -> Tree:
+    child = {"match": f"^{tag}d ", "steps": [LOOK, {"content": "delegated"}]}
+    root = _single(tag, [_tools(("agent", {"task": f"{tag}d do it"}))])
+    return Tree(tag, "", [child, *root.rules], {f"^{tag}d ": 2, **root.turns})
+
+
+def _evaluate(rng: random.Random, tag: str, folder: Path) -> Tree:
+    return _single(tag, [_tools(("evaluate", {}))])
+
+
+def _ask(answered: bool) -> Builder:
+    def build(rng: random.Random, tag: str, folder: Path) -> Tree:
+        tree = _single(tag, [_tools(("ask_human", {"question": f"{tag} may I?"}))])
+        tree.action = "reply" if answered else ""
+        tree.submit["human_timeout_s"] = 60 if answered else HUMAN_TIMEOUT_S
+        return tree
+
+    return build
+
+
+def _memory(rng: random.Random, tag: str, folder: Path) -> Tree:
+    key = f"k{rng.randint(1, 3)}"  # a few keys: trees of a round write the same one
+    write = ("memory_write", {"key": key, "value": {"by": tag}, "version": 0})
+    tree = _single(tag, [_tools(write), _tools(("memory_read", {"key": key}))])
+    tree.submit["memory"] = ["user:chaos"]
+    return tree
+
+
+def _image(rng: random.Random, tag: str, folder: Path) -> Tree:
+    image = folder / f"{tag}.png"
+    image.write_bytes(PNG)
+    tree = _single(tag, [LOOK])
+    tree.submit["images"] = [image]
+    return tree
+
+
+def _mcp(name: str, arguments: Callable[[random.Random], dict[str, Any]]) -> Builder:
+    def build(rng: random.Random, tag: str, folder: Path) -> Tree:
+        return _single(tag, [_tools((f"mcp__{MCP_SERVER}__{name}", arguments(rng)))])
+
+    return build
+
+
+def _again(action: str) -> Builder:
+    """Continue (one more turn) or rewind to the task (the old branch stays: two more)."""
+
+    def build(rng: random.Random, tag: str, folder: Path) -> Tree:
+        tree = _single(tag, [LOOK], turns=3 if action == "continue" else 4)
+        tree.action = action
+        return tree
+
+    return build
+
+
+BUILDERS: dict[str, Builder] = {
+    "explore-small": _explore_small,
+    "explore-large": _explore_large,
+    "delegate": _delegate,
+    "evaluate": _evaluate,
+    "ask-reply": _ask(answered=True),
+    "ask-timeout": _ask(answered=False),
+    "memory": _memory,
+    "image": _image,
+    "budget": _budget,
+    "capped": _capped,
+    "message": _message,
+    "mcp-echo": _mcp("echo", lambda rng: {"text": "hello"}),
+    "mcp-huge": _mcp("huge", lambda rng: {"chars": 12_000_000}),  # past the 8 MiB cap
+    "mcp-slow": _mcp("slow", lambda rng: {"seconds": round(rng.uniform(1, 6), 1)}),
+    "continue": _again("continue"),
+    "rewind": _again("rewind"),
+}
 
 
 def write_script(trees: list[Tree], path: Path, latency_ms: int) -> str:
     """The round's scripted model file; its model name."""
     rules = [rule for tree in trees for rule in tree.rules]
     rules.append({"match": ".*", "steps": [{"content": "verdict: met"}]})  # judges
-    path.write_text(json.dumps({"latency_ms": latency_ms, "jitter_ms": latency_ms, "scripts": rules}))
+    path.write_text(
+        json.dumps({"latency_ms": latency_ms, "jitter_ms": latency_ms, "scripts": rules})
+    )
     return f"scripted:{path}"
 
 

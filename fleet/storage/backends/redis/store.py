@@ -32,6 +32,7 @@ from fleet.storage.backends.redis.indexes import RedisIndexes
 from fleet.storage.backends.redis.lease_scripts import RENEW_LEASES
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
+from fleet.storage.outage import warn_failed
 from fleet.storage.store import StartRun, TraceSnapshot
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 
@@ -388,10 +389,10 @@ class RedisStore(RedisIndexes):
         try:
             self._client.hincrby(keys.COUNTERS, counter, by)
         except redis.RedisError:  # a metric must never fail the work it counts
-            log.warning("fleet counter %r not updated", counter, exc_info=True)
+            warn_failed(log, "fleet counter %r not updated", counter)
 
     def count_fallback(self, from_model: str, to_model: str) -> None:
         try:
             self._client.hincrby(keys.MODEL_FALLBACKS, json.dumps([from_model, to_model]), 1)
         except redis.RedisError:
-            log.warning("fleet fallback count not updated", exc_info=True)
+            warn_failed(log, "fleet fallback count not updated")
