@@ -39,6 +39,7 @@ import redis
 from bench.chaos_parts import faults, invariants, workload
 from bench.chaos_parts.actions import act, follow_up
 from bench.chaos_parts.backends import BACKENDS, Backend, backend
+from bench.chaos_parts.faults import FREEZE_S
 from fleet.errors import FleetError
 from tests.mcpkit import server_entry, write_config
 
@@ -69,6 +70,7 @@ class Options:
     latency_ms: int = 150
     only_round: int | None = None
     workers: int = 2
+    freeze_s: tuple[float, float] = FREEZE_S
 
 
 @dataclass
@@ -165,8 +167,14 @@ class Round:
         """Submit, inject, check; count into `row`."""
         started_s = time.monotonic()
         for tree in self.trees:
-            tree.root_id = _retried(lambda t=tree: self._submit(t))
+            try:
+                tree.root_id = _retried(lambda t=tree: self._submit(t))
+            except FleetError as exc:  # refused as a whole: one line, nothing written
+                row.cli += [] if "\n" not in str(exc) else [f"submit {tree.kind}: {exc!r}"]
+                say(f"  {tree.tag} {tree.kind} refused: {exc}")
+                continue
             row.features[tree.kind] += 1
+        self.trees = [t for t in self.trees if t.root_id]
         threads = [
             threading.Thread(target=act, args=(self.the.fleet, t, self.rng.random()), daemon=True)
             for t in self.trees
@@ -177,8 +185,10 @@ class Round:
             time.sleep(max(0.0, started_s + at_s - time.monotonic()))
             say(f"  round {self.number}: {kind} at {at_s:.2f} s")
             row.injected[kind] += 1
-            faults.inject(kind, self.the, [t.root_id for t in self.trees], self.rng)
-        time.sleep(max(0.0, faults.FREEZE_S[1] - self.options.window_s))  # frozen ones thawed
+            faults.inject(
+                kind, self.the, [t.root_id for t in self.trees], self.rng, self.options.freeze_s
+            )
+        time.sleep(max(0.0, self.options.freeze_s[1] - self.options.window_s))  # all thawed
         self.the.replace_dead()
         self._check(row, started_s, say)
 
@@ -271,13 +281,24 @@ def _session(
             for line in [*tracebacks[:3], *secrets[:3]]:
                 say(f"  {line}")
             if row.broken and not before:
-                replay = f"python bench/chaos.py --seed {options.seed} --round {number}"
+                replay = replay_command(options, number)
                 table.failing.append(f"round {number} ({name}, {broker}): {replay}")
                 say(f"  round {number} broke an invariant: replay with {replay}")
             say(f"  {table.faults()} faults so far")
             if table.faults() >= options.faults and options.only_round is None:
                 break
     return last + 1
+
+
+def replay_command(options: Options, number: int) -> str:
+    """The command that draws round `number` again (the options that shape the draw)."""
+    return (
+        f"python bench/chaos.py --seed {options.seed} --round {number}"
+        f" --rounds-per-backend {options.rounds_per_backend}"
+        f" --trees {options.trees[0]} {options.trees[1]}"
+        f" --per-round {options.per_round[0]} {options.per_round[1]}"
+        f" --window-s {options.window_s:g} --workers {options.workers}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -288,13 +309,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--round", type=int, default=None, help="replay only this round")
     parser.add_argument("--rounds-per-backend", type=int, default=Options.rounds_per_backend)
     parser.add_argument("--bound-s", type=float, default=Options.bound_s)
+    parser.add_argument("--trees", type=int, nargs=2, default=Options.trees, metavar=("MIN", "MAX"))
+    parser.add_argument(
+        "--per-round", type=int, nargs=2, default=Options.per_round, metavar=("MIN", "MAX")
+    )
+    parser.add_argument("--window-s", type=float, default=Options.window_s)
+    parser.add_argument("--workers", type=int, default=Options.workers)
     args = parser.parse_args(argv)
     options = Options(
         args.faults,
         args.seed,
         args.rounds_per_backend,
+        trees=tuple(args.trees),
+        per_round=tuple(args.per_round),
+        window_s=args.window_s,
         bound_s=args.bound_s,
         only_round=args.round,
+        workers=args.workers,
     )
     started_s = time.monotonic()
     table = run(options)

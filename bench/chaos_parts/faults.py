@@ -41,12 +41,18 @@ def kinds_of(the: Backend) -> tuple[list[str], list[int]]:
     return names, [COMMON.get(n) or DATA[n] for n in names]
 
 
-def inject(kind: str, the: Backend, roots: list[str], rng: random.Random) -> None:
-    """Inject one fault of `kind` now."""
+def inject(
+    kind: str,
+    the: Backend,
+    roots: list[str],
+    rng: random.Random,
+    freeze_s: tuple[float, float] = FREEZE_S,
+) -> None:
+    """Inject one fault of `kind` now (a frozen worker thaws within `freeze_s`)."""
     actions: dict[str, Callable[[], None]] = {
         "stop": lambda: _stop(the, rng.choice(roots)) if roots else None,
         "worker-kill": lambda: _signal_worker(the, rng, signal.SIGKILL),
-        "worker-freeze": lambda: _freeze(the, rng),
+        "worker-freeze": lambda: _freeze(the, rng, freeze_s),
         "mcp-kill": lambda: _kill_mcp_servers(the),
     }
     action = actions.get(kind) or (lambda: the.data_faults[kind](rng.randrange(1 << 16)))
@@ -67,11 +73,11 @@ def _signal_worker(the: Backend, rng: random.Random, signum: int) -> int | None:
     return victim.pid
 
 
-def _freeze(the: Backend, rng: random.Random) -> None:
+def _freeze(the: Backend, rng: random.Random, freeze_s: tuple[float, float]) -> None:
     pid = _signal_worker(the, rng, signal.SIGSTOP)
     if pid is None:
         return
-    thaw = threading.Timer(rng.uniform(*FREEZE_S), _thaw, args=(pid,))
+    thaw = threading.Timer(rng.uniform(*freeze_s), _thaw, args=(pid,))
     thaw.daemon = True
     thaw.start()
 

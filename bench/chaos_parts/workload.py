@@ -107,7 +107,8 @@ def _capped(rng: random.Random, tag: str, folder: Path) -> Tree:
 def _budget(rng: random.Random, tag: str, folder: Path) -> Tree:
     """A budget that usually runs out: few tokens, few sub-agents."""
     tree = _explore(tag, rng.randint(3, 6), 3)
-    tree.submit["budget"] = Budget(tokens=rng.randint(40, 400), sub_agents=rng.randint(1, 4))
+    # each call books its longest answer (4,096 tokens) and a tenth is kept: 4,552 at least
+    tree.submit["budget"] = Budget(tokens=rng.randint(4_600, 12_000), sub_agents=rng.randint(1, 4))
     return tree
 
 
