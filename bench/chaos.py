@@ -71,6 +71,8 @@ class Options:
     only_round: int | None = None
     workers: int = 2
     freeze_s: tuple[float, float] = FREEZE_S
+    brokers: tuple[str, ...] = tuple(BROKER_WEIGHTS)
+    """The brokers a session may draw (`rabbitmq` needs the local RabbitMQ and rabbitmqctl)."""
 
 
 @dataclass
@@ -138,7 +140,8 @@ def session_of(options: Options, round_no: int) -> tuple[str, str]:
     order = list(BACKENDS)
     random.Random(f"{options.seed}:order").shuffle(order)
     rng = random.Random(f"{options.seed}:session:{session}")
-    broker = rng.choices(list(BROKER_WEIGHTS), list(BROKER_WEIGHTS.values()))[0]
+    brokers = [b for b in BROKER_WEIGHTS if b in options.brokers]
+    broker = rng.choices(brokers, [BROKER_WEIGHTS[b] for b in brokers])[0]
     return order[session % len(order)], broker
 
 
@@ -298,6 +301,7 @@ def replay_command(options: Options, number: int) -> str:
         f" --trees {options.trees[0]} {options.trees[1]}"
         f" --per-round {options.per_round[0]} {options.per_round[1]}"
         f" --window-s {options.window_s:g} --workers {options.workers}"
+        f" --brokers {' '.join(options.brokers)}"
     )
 
 
@@ -315,6 +319,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--window-s", type=float, default=Options.window_s)
     parser.add_argument("--workers", type=int, default=Options.workers)
+    parser.add_argument(
+        "--brokers", nargs="+", choices=list(BROKER_WEIGHTS), default=Options.brokers
+    )
     args = parser.parse_args(argv)
     options = Options(
         args.faults,
@@ -326,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         bound_s=args.bound_s,
         only_round=args.round,
         workers=args.workers,
+        brokers=tuple(args.brokers),
     )
     started_s = time.monotonic()
     table = run(options)
