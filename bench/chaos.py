@@ -20,6 +20,7 @@ instants (what the machine does around them still varies).
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import tempfile
@@ -171,7 +172,7 @@ class Round:
         started_s = time.monotonic()
         for tree in self.trees:
             try:
-                tree.root_id = _retried(lambda t=tree: self._submit(t))
+                tree.root_id = _retried(functools.partial(self._submit, tree))
             except FleetError as exc:  # refused as a whole: one line, nothing written
                 row.cli += [] if "\n" not in str(exc) else [f"submit {tree.kind}: {exc!r}"]
                 say(f"  {tree.tag} {tree.kind} refused: {exc}")
@@ -214,7 +215,7 @@ class Round:
                 say(invariants.describe(store, tree.root_id))
                 continue
             row.slowest_s = max(row.slowest_s, time.monotonic() - started_s)
-            verdict = _retried(lambda t=tree: invariants.check(store, t))
+            verdict = _retried(functools.partial(invariants.check, store, tree))
             row.ended[verdict.status] += 1
             row.doubled += [f"round {self.number} {tree.kind}: {d}" for d in verdict.doubled]
         problem = invariants.cli_error(self.the.env | _os_env(), ["trace", "show", "nosuchtrace"])

@@ -125,10 +125,13 @@ def _single(folder: Path) -> Store:
             server.server.process.wait()
             server.server = start_redis_server(server.port, server.data_dir, appendonly=True)
 
-        faults = {
-            "redis-restart": lambda _: server.restart() and None,
+        def restart(_: int) -> None:
+            server.restart()
+
+        faults: dict[str, Callable[[int], None]] = {
+            "redis-restart": restart,
             "redis-kill": kill,
-            "broker-restart": lambda _: server.restart() and None,
+            "broker-restart": restart,
         }
         yield {"FLEET_REDIS_URL": server.url, "FLEET_BROKER_URL": server.url}, faults
     finally:

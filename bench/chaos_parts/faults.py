@@ -49,7 +49,7 @@ def inject(
     freeze_s: tuple[float, float] = FREEZE_S,
 ) -> None:
     """Inject one fault of `kind` now (a frozen worker thaws within `freeze_s`)."""
-    actions: dict[str, Callable[[], None]] = {
+    actions: dict[str, Callable[[], object]] = {
         "stop": lambda: _stop(the, rng.choice(roots)) if roots else None,
         "worker-kill": lambda: _signal_worker(the, rng, signal.SIGKILL),
         "worker-freeze": lambda: _freeze(the, rng, freeze_s),
