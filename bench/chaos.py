@@ -41,6 +41,7 @@ from bench.chaos_parts import faults, invariants, workload
 from bench.chaos_parts.actions import act, follow_up
 from bench.chaos_parts.backends import BACKENDS, Backend, backend
 from bench.chaos_parts.faults import FREEZE_S
+from bench.chaos_parts.provider import MODEL, HostileProvider
 from fleet.errors import FleetError
 from tests.mcpkit import server_entry, write_config
 
@@ -104,6 +105,8 @@ class Table:
 
     rows: dict[str, Row] = field(default_factory=lambda: {b: Row() for b in BACKENDS})
     failing: list[str] = field(default_factory=list)
+    hostile: dict[str, int] = field(default_factory=dict)
+    """Hostile provider answers sent, by kind (cut, nan, deep, hang)."""
 
     def faults(self) -> int:
         """Faults injected over every backend."""
@@ -131,6 +134,7 @@ class Table:
             f"\nseed {options.seed}, bound {options.bound_s:.0f} s; faults: "
             + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
         )
+        lines.append("hostile answers: " + ", ".join(f"{k} {n}" for k, n in self.hostile.items()))
         lines.append("trees: " + ", ".join(f"{k} {n}" for k, n in sorted(features.items())))
         return "\n".join(lines)
 
@@ -198,7 +202,8 @@ class Round:
 
     def _submit(self, tree: workload.Tree) -> str:
         task = workload.task_of(tree)
-        return self.the.fleet.submit(task, model=self.model, **tree.submit).trace_id
+        options = {"model": self.model, **tree.submit}  # a provider tree names its own
+        return self.the.fleet.submit(task, **options).trace_id
 
     def _check(self, row: Row, started_s: float, say: Callable[[str], None]) -> None:
         store = self.the.fleet.store
@@ -247,13 +252,26 @@ def run(options: Options, say: Callable[[str], None] = print) -> Table:
     number = options.only_round or 0
     with tempfile.TemporaryDirectory(prefix="fleet-chaos-") as name:
         folder = Path(name)
-        config = write_config(folder / "fleet.yaml", {workload.MCP_SERVER: server_entry()})
-        env = {**CHAOS_ENV, "FLEET_CONFIG": str(config)}
-        while table.faults() < options.faults or options.only_round is not None:
-            number = _session(options, number, folder, env, table, say)
-            if options.only_round is not None:
-                break
+        hostile = HostileProvider(failure_rate=0.1, hostile_rate=0.1, seed=options.seed)
+        env = {**CHAOS_ENV, "FLEET_CONFIG": str(_config(folder, hostile))}
+        extra = {"provider-down": lambda n: hostile.down_for(2 + n % 9)}
+        try:
+            while table.faults() < options.faults or options.only_round is not None:
+                number = _session(options, number, folder, env, extra, table, say)
+                if options.only_round is not None:
+                    break
+        finally:
+            hostile.close()
+        table.hostile = dict(hostile.hostile)
     return table
+
+
+def _config(folder: Path, hostile: HostileProvider) -> Path:
+    """fleet.yaml: the test MCP server, and the hostile provider as model `flaky`."""
+    providers = {"flaky": {"kind": "openai", "base_url": hostile.base_url}}
+    models = {MODEL: {"provider": "flaky", "name": "flaky-1"}}
+    servers = {workload.MCP_SERVER: server_entry()}
+    return write_config(folder / "fleet.yaml", servers, providers=providers, models=models)
 
 
 def _session(
@@ -261,6 +279,7 @@ def _session(
     first: int,
     folder: Path,
     env: dict[str, str],
+    extra: dict[str, Callable[[int], None]],
     table: Table,
     say: Callable[[str], None],
 ) -> int:
@@ -274,7 +293,7 @@ def _session(
         if options.only_round is not None
         else first - first % options.rounds_per_backend + options.rounds_per_backend - 1
     )
-    with backend(name, broker, folder / f"s{first}", env, options.workers) as the:
+    with backend(name, broker, folder / f"s{first}", env, options.workers, extra) as the:
         for number in range(first, last + 1):
             before = row.broken
             Round(the, options, number, folder).run(row, say)

@@ -81,15 +81,24 @@ class Backend:
 
 @contextlib.contextmanager
 def backend(
-    name: str, broker: str, folder: Path, extra_env: dict[str, str], workers: int = 2
+    name: str,
+    broker: str,
+    folder: Path,
+    extra_env: dict[str, str],
+    workers: int = 2,
+    extra_faults: dict[str, Callable[[int], None]] | None = None,
 ) -> Iterator[Backend]:
-    """Start the store `name` with broker `broker`, `workers` workers, and a client."""
+    """Start the store `name` with broker `broker`, `workers` workers, and a client.
+
+    `extra_faults` join the store's (the provider's outage, which any backend takes).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         env, faults = stack.enter_context(_STORES[name](folder))
         if broker == "rabbitmq":
             env["FLEET_BROKER_URL"] = stack.enter_context(_rabbitmq_vhost())
             faults.pop("broker-restart", None)
+        faults |= extra_faults or {}
         env |= {
             "FLEET_WORKSPACE": str(folder),
             "FLEET_WORKSPACE_ROOTS": str(folder),

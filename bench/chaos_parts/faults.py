@@ -30,6 +30,7 @@ DATA = {
     "broker-restart": 1,
     "sentinel-failover": 2,
     "cluster-master-kill": 2,
+    "provider-down": 1,
 }
 FREEZE_S = (1.0, 8.0)
 """How long a frozen worker stays stopped (its leases lapse past the 5 s TTL)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.chaos_parts import provider
 from fleet.limits.budget import Budget
 
 KINDS = (
@@ -35,8 +36,9 @@ KINDS = (
     "mcp-slow",
     "continue",
     "rewind",
+    "provider",
 )
-WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1)
+WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1, 3)
 LOOK = {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
 MCP_SERVER = "chaos"
 HUMAN_TIMEOUT_S = 3
@@ -172,6 +174,13 @@ def _again(action: str) -> Builder:
     return build
 
 
+def _provider(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """An explore on the hostile OpenAI-wire provider (`chaos_parts.provider`)."""
+    tree = Tree(tag, "", [], {f"^{tag} ": 2, **provider.turns()})
+    tree.submit["model"] = provider.MODEL
+    return tree
+
+
 BUILDERS: dict[str, Builder] = {
     "explore-small": _explore_small,
     "explore-large": _explore_large,
@@ -189,6 +198,7 @@ BUILDERS: dict[str, Builder] = {
     "mcp-slow": _mcp("slow", lambda rng: {"seconds": round(rng.uniform(1, 6), 1)}),
     "continue": _again("continue"),
     "rewind": _again("rewind"),
+    "provider": _provider,
 }
 
 
