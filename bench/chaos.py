@@ -91,12 +91,14 @@ class Row:
     tracebacks: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
     cli: list[str] = field(default_factory=list)
+    costs: list[str] = field(default_factory=list)
     slowest_s: float = 0.0
 
     @property
     def broken(self) -> bool:
         """Any invariant broken."""
-        return bool(self.stuck or self.doubled or self.tracebacks or self.secrets or self.cli)
+        broken = [self.stuck, self.doubled, self.tracebacks, self.secrets, self.cli, self.costs]
+        return any(broken)
 
 
 @dataclass
@@ -116,13 +118,14 @@ class Table:
         """The table docs/reliability.md records."""
         head = (
             "| backend | rounds | trees | faults | stuck | lost (gone) | doubled"
-            " | tracebacks | secrets | CLI errors not one line | slowest |"
+            " | costs off | tracebacks | secrets | CLI errors not one line | slowest |"
         )
-        lines = [head, "|" + "---|" * 11]
+        lines = [head, "|" + "---|" * 12]
         for name, r in self.rows.items():
             lines.append(
                 f"| {name} | {r.rounds} | {r.trees} | {sum(r.injected.values())} "
-                f"| {len(r.stuck)} | {r.ended['gone']} | {len(r.doubled)} | {len(r.tracebacks)} "
+                f"| {len(r.stuck)} | {r.ended['gone']} | {len(r.doubled)} | {len(r.costs)} "
+                f"| {len(r.tracebacks)} "
                 f"| {len(r.secrets)} | {len(r.cli)} | {r.slowest_s:.1f} s |"
             )
         kinds = Counter[str]()
@@ -223,6 +226,9 @@ class Round:
             verdict = _retried(functools.partial(invariants.check, store, tree))
             row.ended[verdict.status] += 1
             row.doubled += [f"round {self.number} {tree.kind}: {d}" for d in verdict.doubled]
+            row.costs += [f"round {self.number} {tree.kind}: {c}" for c in verdict.costs]
+            for line in [*verdict.doubled, *verdict.costs]:
+                say(f"  {tree.kind} {line}")
         problem = invariants.cli_error(self.the.env | _os_env(), ["trace", "show", "nosuchtrace"])
         if problem:
             row.cli.append(problem)

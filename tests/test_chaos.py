@@ -3,10 +3,11 @@
 Three rounds, one on each backend (single Redis, Sentinel with a replica, a 3-master
 Cluster with replicas; a Redis broker, and RabbitMQ where the machine has one), a few
 trees of the drawn kinds each and two faults per round: every tree ends within the bound,
-nothing is written twice, no worker logs a traceback or a secret, a CLI error is one
-line. Seed 4 draws explores, a budget, a per-root cap, MCP calls (quick, huge, slow) and
-an explore on the hostile provider. ~45 s alone on 2 cores, ~80 s beside a chaos run. `make chaos` is the large run (docs/reliability.md).
-A failure prints the round's replay command.
+nothing is written twice, token totals and budgets are what the turns spent, no worker
+logs a traceback or a secret, a CLI error is one line. Seed 4 draws explores, a budget, a
+per-root cap, MCP calls (quick, huge, slow) and an explore on the hostile provider.
+~45 s alone on 2 cores, ~90 s beside a chaos run. `make chaos` is the large run
+(docs/reliability.md). A failure prints the round's replay command.
 """
 
 from __future__ import annotations
@@ -49,3 +50,4 @@ def test_a_small_seeded_chaos_run_on_every_backend_breaks_no_invariant() -> None
         assert row.tracebacks == [], f"{name}: {row.tracebacks}\n{report}"
         assert row.secrets == [], f"{name}: {row.secrets}\n{report}"
         assert row.cli == [], f"{name}: {row.cli}\n{report}"
+        assert row.costs == [], f"{name}: {row.costs}\n{report}"

@@ -27,7 +27,8 @@ from bench.chaos_parts.workload import Tree
 from fleet import owners
 from fleet.errors import FleetError, TraceNotFound
 from fleet.history import main_path
-from fleet.models import Trace
+from fleet.limits.capability import budget_state
+from fleet.models import Message, Trace
 from fleet.storage.store import TraceStore
 
 SECRETS_ENV = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
@@ -41,6 +42,8 @@ class Verdict:
 
     status: str
     doubled: list[str] = field(default_factory=list)
+    costs: list[str] = field(default_factory=list)
+    """A trace whose totals differ from its model turns', a budget not what they spent."""
 
 
 def tree_ended(store: TraceStore, root_id: str) -> bool:
@@ -71,17 +74,48 @@ def check(store: TraceStore, tree: Tree) -> Verdict:
         root = store.get_trace(tree.root_id)
     except TraceNotFound:
         return Verdict("gone")
-    doubled: list[str] = []
+    verdict = Verdict(root.status)
+    spent = 0
     frontier = [root]
     while frontier:
         trace = frontier.pop()
-        doubled += _doubled(store, tree, trace)
+        messages = store.messages(trace.trace_id)
+        verdict.doubled += _doubled(store, tree, trace, messages)
+        verdict.costs += _totals(trace, messages)
+        spent += sum(m.prompt_tokens + m.completion_tokens for m in messages)
         frontier += store.get_traces(store.children(trace.trace_id))
-    return Verdict(root.status, doubled)
+    verdict.costs += _budget(store, tree.root_id, spent)
+    return verdict
 
 
-def _doubled(store: TraceStore, tree: Tree, trace: Trace) -> list[str]:
-    messages = store.messages(trace.trace_id)
+def _totals(trace: Trace, messages: list[Message]) -> list[str]:
+    """The trace's running token totals are its model turns' sums."""
+    turns = [m for m in messages if m.role == "assistant"]
+    prompt = sum(m.prompt_tokens for m in turns)
+    completion = sum(m.completion_tokens for m in turns)
+    stats = trace.stats
+    if (stats.prompt_tokens, stats.completion_tokens) == (prompt, completion):
+        return []
+    return [
+        f"{trace.trace_id}: totals {stats.prompt_tokens}+{stats.completion_tokens} tokens,"
+        f" its turns {prompt}+{completion}"
+    ]
+
+
+def _budget(store: TraceStore, root_id: str, spent: int) -> list[str]:
+    """A budget's tokens used are what the tree's turns spent, nothing left reserved."""
+    state = budget_state(store, root_id)
+    if state is None:
+        return []
+    found = []
+    if state.used_tokens != spent:
+        found.append(f"{root_id}: budget used {state.used_tokens} tokens, turns spent {spent}")
+    if state.reserved_tokens:
+        found.append(f"{root_id}: {state.reserved_tokens} tokens still reserved after the end")
+    return found
+
+
+def _doubled(store: TraceStore, tree: Tree, trace: Trace, messages: list[Message]) -> list[str]:
     path = main_path(messages, trace.head_sequence)
     calls = [m.tool_call_id for m in path if m.role == "tool"]
     found = [f"{trace.trace_id}: tool result {c} twice" for c in set(calls) if calls.count(c) > 1]
