@@ -277,7 +277,13 @@ def _config(folder: Path, hostile: HostileProvider) -> Path:
     providers = {"flaky": {"kind": "openai", "base_url": hostile.base_url}}
     models = {MODEL: {"provider": "flaky", "name": "flaky-1"}}
     servers = {workload.MCP_SERVER: server_entry()}
-    return write_config(folder / "fleet.yaml", servers, providers=providers, models=models)
+    return write_config(
+        folder / "fleet.yaml",
+        servers,
+        providers=providers,
+        models=models,
+        approve=[workload.APPROVE_RULE],
+    )
 
 
 def _session(

@@ -19,6 +19,7 @@ from typing import Any
 from bench.chaos_parts import provider
 from fleet.limits.budget import Budget
 
+MCP_SERVER = "chaos"
 KINDS = (
     "explore-small",
     "explore-large",
@@ -37,10 +38,14 @@ KINDS = (
     "continue",
     "rewind",
     "provider",
+    "approve",
+    "deny",
+    "approval-timeout",
 )
-WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1, 3)
+WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1, 3, 1, 1, 1)
+APPROVE_RULE = {"tool": f"mcp__{MCP_SERVER}__echo", "arguments": {"text": "approve *"}}
+"""fleet.yaml's `approve:` entry: an echo of `approve ...` waits for a person."""
 LOOK = {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
-MCP_SERVER = "chaos"
 HUMAN_TIMEOUT_S = 3
 """How long an `ask-timeout` tree's question waits before it ends unanswered."""
 PNG = bytes.fromhex(
@@ -181,6 +186,19 @@ def _provider(rng: random.Random, tag: str, folder: Path) -> Tree:
     return tree
 
 
+def _approval(action: str) -> Builder:
+    """An MCP call that waits for approval: approved, denied, or left to time out."""
+
+    def build(rng: random.Random, tag: str, folder: Path) -> Tree:
+        echo = (f"mcp__{MCP_SERVER}__echo", {"text": f"approve {tag}"})
+        tree = _single(tag, [_tools(echo)])
+        tree.action = action
+        tree.submit["human_timeout_s"] = 60 if action else HUMAN_TIMEOUT_S
+        return tree
+
+    return build
+
+
 BUILDERS: dict[str, Builder] = {
     "explore-small": _explore_small,
     "explore-large": _explore_large,
@@ -199,6 +217,9 @@ BUILDERS: dict[str, Builder] = {
     "continue": _again("continue"),
     "rewind": _again("rewind"),
     "provider": _provider,
+    "approve": _approval("approve"),
+    "deny": _approval("deny"),
+    "approval-timeout": _approval(""),
 }
 
 
