@@ -12,6 +12,7 @@ import time
 import pytest
 import redis
 
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.leases import LeaseKeeper
 from fleet.storage.outage import is_outage, warn_failed
 from fleet.testing import MemoryStore
@@ -69,3 +70,24 @@ def test_the_heartbeat_logs_a_store_away_in_one_line(caplog: pytest.LogCaptureFi
     record = caplog.records[0]
     assert record.getMessage().startswith("heartbeat failed (store or broker away: ")
     assert record.exc_info is None
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.MasterDownError("MASTERDOWN Link with MASTER is down"),
+        redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing"),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.ConnectionError("Connection closed by server."),
+    ],
+)
+def test_a_cluster_or_sentinel_failing_over_interrupts_a_run_not_fails_it(
+    exc: Exception,
+) -> None:
+    # Found by bench/chaos.py: a Cluster master killed, a branch's write met CLUSTERDOWN
+    # while its replica was promoted, and the run was failed as "crashed".
+    assert RedisStore.unavailable(RedisStore.__new__(RedisStore), exc)
+    assert not RedisStore.unavailable(
+        RedisStore.__new__(RedisStore), redis.ResponseError("WRONGTYPE")
+    )

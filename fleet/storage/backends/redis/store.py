@@ -23,6 +23,7 @@ from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
 from fleet.runstate import RunPatch
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
+from fleet.storage.backends.redis import connect as redis_connect
 from fleet.storage.backends.redis import scripts as redis_scripts
 from fleet.storage.backends.redis import split as redis_split
 from fleet.storage.backends.redis import writes as redis_writes
@@ -354,8 +355,7 @@ class RedisStore(RedisIndexes):
             self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
 
     def unavailable(self, exc: BaseException) -> bool:
-        # BusyLoadingError (a restarted Redis reading its file) is a ConnectionError too.
-        return isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+        return isinstance(exc, redis_connect.UNAVAILABLE)  # a failover's answers too
 
     # -- collection, cache, counters -----------------------------------------
 
