@@ -92,6 +92,8 @@ class Row:
     secrets: list[str] = field(default_factory=list)
     cli: list[str] = field(default_factory=list)
     costs: list[str] = field(default_factory=list)
+    rig: list[str] = field(default_factory=list)
+    """Faults the rig could not inject (a failover that did not come): the harness's."""
     slowest_s: float = 0.0
 
     @property
@@ -196,9 +198,12 @@ class Round:
             time.sleep(max(0.0, started_s + at_s - time.monotonic()))
             say(f"  round {self.number}: {kind} at {at_s:.2f} s")
             row.injected[kind] += 1
-            faults.inject(
-                kind, self.the, [t.root_id for t in self.trees], self.rng, self.options.freeze_s
-            )
+            roots = [t.root_id for t in self.trees]
+            try:
+                faults.inject(kind, self.the, roots, self.rng, self.options.freeze_s)
+            except (TimeoutError, RuntimeError, OSError) as exc:  # the rig's, not the fleet's
+                row.rig.append(f"round {self.number} {kind}: {exc}")
+                say(f"  {kind} could not be injected: {exc}")
         time.sleep(max(0.0, self.options.freeze_s[1] - self.options.window_s))  # all thawed
         self.the.replace_dead()
         self._check(row, started_s, say)
@@ -373,6 +378,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{time.monotonic() - started_s:.0f} s")
     for line in table.failing:
         print("failing:", line)
+    for name, row in table.rows.items():
+        for line in row.rig:
+            print(f"not injected ({name}): {line}")
     sys.exit(1 if any(r.broken for r in table.rows.values()) else 0)
 
 

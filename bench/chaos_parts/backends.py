@@ -19,9 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import redis
 
 from bench.chaos_parts.cluster import Cluster, replicated_cluster
 from bench.fault_rig import Redis, Worker, start_worker, wait_consuming
@@ -31,6 +34,7 @@ from fleet.storage import keys
 from fleetops.redis_server import start_redis_server
 from tests.redis_topologies import (
     BASE_CONFIG,
+    FAILOVER_TIMEOUT_MS,
     MASTER_NAME,
     SentinelGroup,
     _synced,
@@ -171,6 +175,30 @@ def failover(group: SentinelGroup) -> None:
     name = f"replica-{os.urandom(3).hex()}"
     fresh = start_node(group.directory, config, _synced(REDIS_PASSWORD), name)
     group.primary, group.replica = survivor, fresh
+    _wait_known(group, fresh.port)
+
+
+def _wait_known(group: SentinelGroup, port: int, timeout_s: float = 60.0) -> None:
+    """Until the sentinel lists the new replica as healthy and its failover may run again.
+
+    A sentinel learns a replica from the master's INFO (every 10 s) and fails the same
+    master over again only after twice its failover timeout: a master killed before both
+    stays dead (a run once waited 30 s for a failover that could not come).
+    """
+    deadline_s = time.monotonic() + timeout_s
+    ready_after_s = time.monotonic() + 2 * FAILOVER_TIMEOUT_MS / 1000
+    sentinel = group.sentinels[0]
+    while time.monotonic() < deadline_s:
+        with contextlib.suppress(redis.RedisError, OSError):
+            with redis.Redis("127.0.0.1", sentinel.port, socket_timeout=1) as client:
+                replicas = client.sentinel_slaves(MASTER_NAME)
+            healthy = [
+                r for r in replicas if int(r["port"]) == port and "down" not in str(r["flags"])
+            ]
+            if healthy and time.monotonic() >= ready_after_s:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"the sentinel did not take the replica on port {port} in {timeout_s} s")
 
 
 @contextlib.contextmanager
