@@ -53,6 +53,16 @@ CHAOS_ENV = {
 """The owner check quicker than its defaults (15 s, 5 s), so rounds stay short; the API
 keys are canaries the log scan looks for."""
 T = TypeVar("T")
+WRONG_COMMANDS = [
+    ["trace", "show", "nosuchtrace"],
+    ["reply", "nosuchtrace", "yes"],
+    ["approve", "{root}"],  # an ended tree: nothing waits to be approved
+    ["deny", "{root}", "no"],
+    ["send", "nosuchtrace", "hello"],
+    ["stop", "no such trace"],
+    ["memory", "show", "user:chaos", "no-such-key"],
+]
+"""Commands a round runs that must fail in one line (`{root}`: one of its ended trees)."""
 BROKER_WEIGHTS = {"redis": 2, "rabbitmq": 1}
 
 
@@ -234,7 +244,9 @@ class Round:
             row.costs += [f"round {self.number} {tree.kind}: {c}" for c in verdict.costs]
             for line in [*verdict.doubled, *verdict.costs]:
                 say(f"  {tree.kind} {line}")
-        problem = invariants.cli_error(self.the.env | _os_env(), ["trace", "show", "nosuchtrace"])
+        wrong = self.rng.choice(WRONG_COMMANDS) + [self.rng.choice(self.trees).root_id]
+        wrong = [w.replace("{root}", wrong[-1]) for w in wrong[:-1]]
+        problem = invariants.cli_error(self.the.env | _os_env(), wrong)
         if problem:
             row.cli.append(problem)
 
