@@ -80,8 +80,8 @@ bench: $(STAMP)
 faults: $(STAMP)
 	$(PY) bench/faults.py --runs 20
 
-# The randomised fleet (docs/reliability.md): >= 1,000 faults over every backend; see the
-# duration measured there. `make` runs a small seeded one (tests/test_chaos.py, ~40 s).
+# The randomised fleet (docs/reliability.md): >= 1,000 faults over every backend, ~70 min
+# on a loaded 2-core machine. `make` runs a small seeded one (tests/test_chaos.py, ~45 s).
 chaos: $(STAMP)
 	$(PY) bench/chaos.py --faults 1000
 
