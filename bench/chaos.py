@@ -1,249 +1,399 @@
-"""Randomised lifecycle: many trees, faults at random instants, and every tree must end.
+"""Randomised fleet: a seeded mix of features, backends and faults; every tree must end.
 
-    python bench/chaos.py --faults 500            # make chaos: >= 500 faults, ~15-25 min
-    python bench/chaos.py --faults 8 --seed 3     # what CI runs (tests/test_chaos.py)
+    python bench/chaos.py --faults 1000            # make chaos: every backend, ~1,000 faults
+    python bench/chaos.py --faults 12 --rounds-per-backend 1   # the standing check (tests/)
+    python bench/chaos.py --seed 7 --round 12      # replay one round a failing run named
 
-Each round submits `--trees` explores (4 branches, 2 looks each, 300 ms per model call) to
-two `fleet worker` processes on an append-only Redis, then injects `--per-round` faults at
-instants drawn from a seeded generator within the trees' first seconds: `fleet stop` of a
-random tree, SIGKILL of a worker (a fresh one replaces it), a clean Redis restart, or a
-Redis SIGKILL (append-only file, fsync every second: up to a second of writes is lost).
-After each round every tree must end (root, every branch and every collaborator entry
-terminal) within `--bound-s`; *stuck* counts those that did not; *duplicated* counts tool
-results beyond one per call and model turns beyond the script. The same seed draws the
-same faults at the same instants (what the machine does around them still varies).
+A run is a sequence of rounds. Round R draws, from the generator seeded with (seed, R), a
+workload (`chaos_parts.workload`: explore/delegate/evaluate trees of various sizes,
+questions answered or left to time out, memory, images, budgets that run out, per-root
+caps, messages to running trees, MCP tools quick, huge and slow, continue and rewind) and
+faults at instants within the round's first seconds (`chaos_parts.faults`). Rounds run in
+sessions of `--rounds-per-backend` on one backend (`chaos_parts.backends`: single Redis,
+Sentinel, 3-master Cluster; a Redis or RabbitMQ broker), the backends taken in a seeded
+order so that every one serves. After each round the invariants of
+`chaos_parts.invariants` are checked; a round that breaks one prints its seed and the
+command that replays it. The same seed draws the same trees and faults at the same
+instants (what the machine does around them still varies).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import random
-import signal
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from bench.fault_rig import check_tree, survey_model, wait_for
-from bench.faults import Rig, rig
-from fleet.errors import FleetError, TraceNotFound
-from fleet.storage.store import TraceStore
-from fleetops.redis_server import start_redis_server
+from bench.chaos_parts import faults, invariants, workload
+from bench.chaos_parts.actions import act, follow_up
+from bench.chaos_parts.backends import BACKENDS, Backend, backend
+from bench.chaos_parts.faults import FREEZE_S
+from bench.chaos_parts.provider import MODEL, HostileProvider
+from fleet.errors import FleetError
+from tests.mcpkit import server_entry, write_config
 
-BRANCHES, TURNS, LATENCY_MS = 4, 2, 300
-KINDS = ("stop", "worker-kill", "redis-restart", "redis-kill")
-WEIGHTS = (5, 3, 1, 1)
-CHAOS_ENV = {"FLEET_STUCK_AFTER_S": "5", "FLEET_OWNER_CHECK_INTERVAL_S": "1"}
-"""The owner check a little quicker than its defaults (15 s, 5 s), so rounds stay short."""
+CHAOS_ENV = {
+    "FLEET_STUCK_AFTER_S": "5",
+    "FLEET_OWNER_CHECK_INTERVAL_S": "1",
+    **dict.fromkeys(invariants.SECRETS_ENV, invariants.CANARY),
+}
+"""The owner check quicker than its defaults (15 s, 5 s), so rounds stay short; the API
+keys are canaries the log scan looks for."""
+T = TypeVar("T")
+WRONG_COMMANDS = [
+    ["trace", "show", "nosuchtrace"],
+    ["reply", "nosuchtrace", "yes"],
+    ["approve", "{root}"],  # an ended tree: nothing waits to be approved
+    ["deny", "{root}", "no"],
+    ["send", "nosuchtrace", "hello"],
+    ["stop", "no such trace"],
+    ["memory", "show", "user:chaos", "no-such-key"],
+]
+"""Commands a round runs that must fail in one line (`{root}`: one of its ended trees)."""
+BROKER_WEIGHTS = {"redis": 2, "rabbitmq": 1}
 
 
 @dataclass(frozen=True)
 class Options:
     """How much chaos."""
 
-    faults: int = 500
-    trees: int = 4
-    per_round: int = 3
-    window_s: float = 3.0
+    faults: int = 1000
+    seed: int = 1
+    rounds_per_backend: int = 4
+    trees: tuple[int, int] = (3, 6)
+    per_round: tuple[int, int] = (1, 4)
+    window_s: float = 4.0
     """Faults land at uniform instants within this long after the round's submissions."""
     bound_s: float = 90.0
-    seed: int = 1
-    weights: tuple[int, ...] = WEIGHTS
-    """How often each of `KINDS` is drawn."""
+    """Every tree ends within this long of its submission."""
+    latency_ms: int = 150
+    only_round: int | None = None
+    workers: int = 2
+    freeze_s: tuple[float, float] = FREEZE_S
+    brokers: tuple[str, ...] = tuple(BROKER_WEIGHTS)
+    """The brokers a session may draw (`rabbitmq` needs the local RabbitMQ and rabbitmqctl)."""
+
+
+@dataclass
+class Row:
+    """One backend's counts."""
+
+    rounds: int = 0
+    trees: int = 0
+    injected: Counter[str] = field(default_factory=Counter)
+    features: Counter[str] = field(default_factory=Counter)
+    ended: Counter[str] = field(default_factory=Counter)
+    stuck: list[str] = field(default_factory=list)
+    doubled: list[str] = field(default_factory=list)
+    tracebacks: list[str] = field(default_factory=list)
+    secrets: list[str] = field(default_factory=list)
+    cli: list[str] = field(default_factory=list)
+    costs: list[str] = field(default_factory=list)
+    rig: list[str] = field(default_factory=list)
+    """Faults the rig could not inject (a failover that did not come): the harness's."""
+    slowest_s: float = 0.0
+
+    @property
+    def broken(self) -> bool:
+        """Any invariant broken."""
+        broken = [self.stuck, self.doubled, self.tracebacks, self.secrets, self.cli, self.costs]
+        return any(broken)
 
 
 @dataclass
 class Table:
-    """What the rounds left."""
+    """Every backend's row, and the failing rounds' replay commands."""
 
-    injected: Counter[str] = field(default_factory=Counter)
-    trees: int = 0
-    ended: Counter[str] = field(default_factory=Counter)
-    stuck: list[str] = field(default_factory=list)
-    gone: int = 0
-    """Trees whose root a Redis SIGKILL took with the last second of writes."""
-    duplicated: int = 0
-    slowest_s: float = 0.0
+    rows: dict[str, Row] = field(default_factory=lambda: {b: Row() for b in BACKENDS})
+    failing: list[str] = field(default_factory=list)
+    hostile: dict[str, int] = field(default_factory=dict)
+    """Hostile provider answers sent, by kind (cut, nan, deep, hang)."""
 
-    def markdown(self) -> str:
+    def faults(self) -> int:
+        """Faults injected over every backend."""
+        return sum(sum(r.injected.values()) for r in self.rows.values())
+
+    def markdown(self, options: Options) -> str:
         """The table docs/reliability.md records."""
-        faults = ", ".join(f"{k} {self.injected[k]}" for k in KINDS)
-        ends = ", ".join(f"{s} {n}" for s, n in sorted(self.ended.items()))
-        rows = [
-            "| faults injected | trees | ended (status) | gone | stuck | duplicated | slowest |",
-            "|---|---|---|---|---|---|---|",
-            f"| {sum(self.injected.values())} ({faults}) | {self.trees} | {ends} | {self.gone} "
-            f"| {len(self.stuck)} | {self.duplicated} | {self.slowest_s:.1f} s |",
-        ]
-        return "\n".join(rows)
-
-
-def tree_ended(store: TraceStore, root_id: str) -> bool:
-    """Root, branches and the root's collaborator entries all terminal (or the root gone)."""
-    try:
-        traces = [store.get_trace(t) for t in [root_id, *store.children(root_id)]]
-        entries = store.collaborators(root_id)
-    except TraceNotFound:
-        return True
-    except redis.ConnectionError:  # Redis is coming back from a fault
-        return False
-    return all(t.is_terminal for t in traces) and all(
-        e.status in ("completed", "failed", "stopped") for e in entries
-    )
-
-
-def describe(store: TraceStore, root_id: str) -> str:
-    """A stuck tree, trace by trace: what an operator would look at first."""
-    lines = [f"stuck tree {root_id}:"]
-    for trace_id in [root_id, *store.children(root_id)]:
-        trace = store.get_trace(trace_id)
-        holder = store.lease_holder(trace_id)
-        stop = store.stop_requested(trace_id)
-        lines.append(
-            f"  {trace_id} {trace.status} it={trace.iteration} lease={holder} stop={stop}"
-            f" updated={trace.updated_at_ms} run={trace.run.model_dump(exclude_defaults=True)}"
+        head = (
+            "| backend | rounds | trees | faults | stuck | lost (gone) | doubled"
+            " | costs off | tracebacks | secrets | CLI errors not one line | slowest |"
         )
-    for entry in store.collaborators(root_id):
-        lines.append(f"  entry {entry.trace_id} {entry.status}")
-    return "\n".join(lines)
+        lines = [head, "|" + "---|" * 12]
+        for name, r in self.rows.items():
+            lines.append(
+                f"| {name} | {r.rounds} | {r.trees} | {sum(r.injected.values())} "
+                f"| {len(r.stuck)} | {r.ended['gone']} | {len(r.doubled)} | {len(r.costs)} "
+                f"| {len(r.tracebacks)} "
+                f"| {len(r.secrets)} | {len(r.cli)} | {r.slowest_s:.1f} s |"
+            )
+        kinds = Counter[str]()
+        features = Counter[str]()
+        for r in self.rows.values():
+            kinds.update(r.injected)
+            features.update(r.features)
+        lines.append(
+            f"\nseed {options.seed}, bound {options.bound_s:.0f} s; faults: "
+            + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+        )
+        lines.append("hostile answers: " + ", ".join(f"{k} {n}" for k, n in self.hostile.items()))
+        lines.append("trees: " + ", ".join(f"{k} {n}" for k, n in sorted(features.items())))
+        return "\n".join(lines)
 
 
-def retried(action: Callable[[], str], attempts: int = 50) -> str:
-    """`action`, again while Redis is coming back from a fault."""
+def session_of(options: Options, round_no: int) -> tuple[str, str]:
+    """The backend and broker round `round_no` runs on."""
+    session = round_no // options.rounds_per_backend
+    order = list(BACKENDS)
+    random.Random(f"{options.seed}:order").shuffle(order)
+    rng = random.Random(f"{options.seed}:session:{session}")
+    brokers = [b for b in BROKER_WEIGHTS if b in options.brokers]
+    broker = rng.choices(brokers, [BROKER_WEIGHTS[b] for b in brokers])[0]
+    return order[session % len(order)], broker
+
+
+class Round:
+    """One round: its draw, its submissions, its faults, its checks."""
+
+    def __init__(self, the: Backend, options: Options, number: int, folder: Path) -> None:
+        """Draw the round's trees and faults from (seed, number)."""
+        self.the, self.options, self.number = the, options, number
+        self.rng = random.Random(f"{options.seed}:{number}")
+        self.trees = [
+            workload.draw(self.rng, f"T{number}x{i}", folder)
+            for i in range(self.rng.randint(*options.trees))
+        ]
+        kinds, weights = faults.kinds_of(the)
+        count = self.rng.randint(*options.per_round)
+        self.plan = sorted(
+            (self.rng.uniform(0, options.window_s), self.rng.choices(kinds, weights)[0])
+            for _ in range(count)
+        )
+        self.model = workload.write_script(
+            self.trees, folder / f"r{number}.json", options.latency_ms
+        )
+
+    def run(self, row: Row, say: Callable[[str], None]) -> None:
+        """Submit, inject, check; count into `row`."""
+        started_s = time.monotonic()
+        for tree in self.trees:
+            try:
+                tree.root_id = _retried(functools.partial(self._submit, tree))
+            except FleetError as exc:  # refused as a whole: one line, nothing written
+                row.cli += [] if "\n" not in str(exc) else [f"submit {tree.kind}: {exc!r}"]
+                say(f"  {tree.tag} {tree.kind} refused: {exc}")
+                continue
+            row.features[tree.kind] += 1
+        self.trees = [t for t in self.trees if t.root_id]
+        threads = [
+            threading.Thread(target=act, args=(self.the.fleet, t, self.rng.random()), daemon=True)
+            for t in self.trees
+        ]
+        for thread in threads:
+            thread.start()
+        for at_s, kind in self.plan:
+            time.sleep(max(0.0, started_s + at_s - time.monotonic()))
+            say(f"  round {self.number}: {kind} at {at_s:.2f} s")
+            row.injected[kind] += 1
+            roots = [t.root_id for t in self.trees]
+            try:
+                faults.inject(kind, self.the, roots, self.rng, self.options.freeze_s)
+            except (TimeoutError, RuntimeError, OSError) as exc:  # the rig's, not the fleet's
+                row.rig.append(f"round {self.number} {kind}: {exc}")
+                say(f"  {kind} could not be injected: {exc}")
+        time.sleep(max(0.0, self.options.freeze_s[1] - self.options.window_s))  # all thawed
+        self.the.replace_dead()
+        self._check(row, started_s, say)
+
+    def _submit(self, tree: workload.Tree) -> str:
+        task = workload.task_of(tree)
+        options = {"model": self.model, **tree.submit}  # a provider tree names its own
+        return self.the.fleet.submit(task, **options).trace_id
+
+    def _check(self, row: Row, started_s: float, say: Callable[[str], None]) -> None:
+        store = self.the.fleet.store
+        deadline_s = started_s + self.options.bound_s
+        for tree in self.trees:
+            row.trees += 1
+            ended = invariants.wait_ended(store, tree.root_id, deadline_s)
+            if ended and follow_up(self.the.fleet, tree):
+                ended = invariants.wait_ended(
+                    store, tree.root_id, time.monotonic() + self.options.bound_s
+                )
+            if not ended:
+                row.stuck.append(f"round {self.number} {tree.kind} {tree.root_id}")
+                say(invariants.describe(store, tree.root_id))
+                continue
+            row.slowest_s = max(row.slowest_s, time.monotonic() - started_s)
+            verdict = _retried(functools.partial(invariants.check, store, tree))
+            row.ended[verdict.status] += 1
+            row.doubled += [f"round {self.number} {tree.kind}: {d}" for d in verdict.doubled]
+            row.costs += [f"round {self.number} {tree.kind}: {c}" for c in verdict.costs]
+            for line in [*verdict.doubled, *verdict.costs]:
+                say(f"  {tree.kind} {line}")
+        wrong = self.rng.choice(WRONG_COMMANDS) + [self.rng.choice(self.trees).root_id]
+        wrong = [w.replace("{root}", wrong[-1]) for w in wrong[:-1]]
+        problem = invariants.cli_error(self.the.env | _os_env(), wrong)
+        if problem:
+            row.cli.append(problem)
+
+
+def _os_env() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+def _retried(action: Callable[[], T], attempts: int = 100) -> T:
+    """`action`, again while the store is coming back from a fault."""
     for _ in range(attempts - 1):
         try:
             return action()
-        except redis.ConnectionError:
+        except (redis.RedisError, OSError, FleetError) as exc:
+            if isinstance(exc, FleetError) and "connect" not in str(exc).lower():
+                raise
             time.sleep(0.2)
     return action()
 
 
-class Chaos:
-    """Injects the faults of one run into a rig."""
-
-    def __init__(self, the_rig: Rig, options: Options, say: Callable[[str], None]) -> None:
-        """Draw from `options.seed`."""
-        self.say = say
-        self.rig = the_rig
-        self.options = options
-        self.random = random.Random(options.seed)
-        self.table = Table()
-
-    def round(self, model: str) -> None:
-        """Submit the round's trees, inject its faults at their instants, check every tree."""
-        plan = sorted(
-            (self.random.uniform(0, self.options.window_s), self._kind())
-            for _ in range(self.options.per_round)
-        )
-        fleet = self.rig.fleet
-        roots = [
-            retried(lambda: fleet.submit("survey", model=model).trace_id)
-            for _ in range(self.options.trees)
-        ]
-        started_s = time.monotonic()
-        for at_s, kind in plan:
-            time.sleep(max(0.0, started_s + at_s - time.monotonic()))
-            self.say(f"  {kind} at {at_s:.2f} s")
-            self._inject(kind, roots)
-        self._replace_dead_workers()
-        self._check(roots, started_s)
-
-    def _kind(self) -> str:
-        return self.random.choices(KINDS, self.options.weights)[0]
-
-    def _inject(self, kind: str, roots: list[str]) -> None:
-        self.table.injected[kind] += 1
-        actions: dict[str, Callable[[], None]] = {
-            "stop": lambda: self._stop(self.random.choice(roots)),
-            "worker-kill": self._kill_worker,
-            "redis-restart": self._restart_redis,
-            "redis-kill": self._kill_redis,
-        }
-        actions[kind]()
-
-    def _stop(self, root_id: str) -> None:
-        with contextlib.suppress(FleetError, redis.ConnectionError, OSError):
-            self.rig.fleet.stop(root_id)
-
-    def _kill_worker(self) -> None:
-        alive = [w for w in self.rig.workers if w.process.poll() is None]
-        if alive:
-            self.random.choice(alive).signal(signal.SIGKILL)
-
-    def _restart_redis(self) -> None:
-        self.rig.redis.restart()
-
-    def _kill_redis(self) -> None:
-        redis = self.rig.redis
-        redis.server.process.kill()
-        redis.server.process.wait()
-        redis.server = start_redis_server(redis.port, redis.data_dir, appendonly=True)
-
-    def _replace_dead_workers(self) -> None:
-        for dead in [w for w in self.rig.workers if w.process.poll() is not None]:
-            self.rig.replace(dead)
-
-    def _check(self, roots: list[str], started_s: float) -> None:
-        store = self.rig.observer
-        for root_id in roots:
-            self.table.trees += 1
-            try:
-                wait_for(
-                    functools.partial(tree_ended, store, root_id), self.options.bound_s, root_id
-                )
-            except TimeoutError:
-                self.table.stuck.append(root_id)
-                self.say(describe(store, root_id))
-                continue
-            self.table.slowest_s = max(self.table.slowest_s, time.monotonic() - started_s)
-            try:
-                self.table.ended[store.get_trace(root_id).status] += 1
-            except TraceNotFound:
-                self.table.gone += 1
-                continue
-            check = check_tree(store, root_id, BRANCHES, TURNS)
-            self.table.duplicated += check.duplicated + check.extra_turns
-
-
 def run(options: Options, say: Callable[[str], None] = print) -> Table:
-    """Rounds until `options.faults` faults were injected."""
-    with rig(extra_env=CHAOS_ENV) as (the_rig, _):
-        model = survey_model(the_rig.workspace / "m.json", BRANCHES, TURNS, LATENCY_MS)
-        chaos = Chaos(the_rig, options, say)
-        while sum(chaos.table.injected.values()) < options.faults:
-            chaos.round(model)
-            table = chaos.table
-            say(
-                f"{sum(table.injected.values())} faults, {table.trees} trees, "
-                f"{len(table.stuck)} stuck, {table.duplicated} duplicated"
-            )
-        return chaos.table
+    """Rounds until `options.faults` faults were injected (or only `options.only_round`)."""
+    table = Table()
+    number = options.only_round or 0
+    with tempfile.TemporaryDirectory(prefix="fleet-chaos-") as name:
+        folder = Path(name)
+        hostile = HostileProvider(failure_rate=0.1, hostile_rate=0.1, seed=options.seed)
+        env = {**CHAOS_ENV, "FLEET_CONFIG": str(_config(folder, hostile))}
+        extra = {"provider-down": lambda n: hostile.down_for(2 + n % 9)}
+        try:
+            while table.faults() < options.faults or options.only_round is not None:
+                number = _session(options, number, folder, env, extra, table, say)
+                if options.only_round is not None:
+                    break
+        finally:
+            hostile.close()
+        table.hostile = dict(hostile.hostile)
+    return table
+
+
+def _config(folder: Path, hostile: HostileProvider) -> Path:
+    """fleet.yaml: the test MCP server, and the hostile provider as model `flaky`."""
+    providers = {"flaky": {"kind": "openai", "base_url": hostile.base_url}}
+    models = {MODEL: {"provider": "flaky", "name": "flaky-1"}}
+    servers = {workload.MCP_SERVER: server_entry()}
+    return write_config(
+        folder / "fleet.yaml",
+        servers,
+        providers=providers,
+        models=models,
+        approve=[workload.APPROVE_RULE],
+    )
+
+
+def _session(
+    options: Options,
+    first: int,
+    folder: Path,
+    env: dict[str, str],
+    extra: dict[str, Callable[[int], None]],
+    table: Table,
+    say: Callable[[str], None],
+) -> int:
+    """Rounds on one backend from round `first`; the next round's number."""
+    name, broker = session_of(options, first)
+    row = table.rows[name]
+    seen: dict[Path, int] = {}
+    say(f"{name} store, {broker} broker")
+    last = (
+        first
+        if options.only_round is not None
+        else first - first % options.rounds_per_backend + options.rounds_per_backend - 1
+    )
+    with backend(name, broker, folder / f"s{first}", env, options.workers, extra) as the:
+        for number in range(first, last + 1):
+            before = row.broken
+            Round(the, options, number, folder).run(row, say)
+            row.rounds += 1
+            tracebacks, secrets = invariants.log_findings(the.logs(), seen)
+            row.tracebacks += tracebacks
+            row.secrets += secrets
+            for line in [*tracebacks[:3], *secrets[:3]]:
+                say(f"  {line}")
+            if row.broken and not before:
+                replay = replay_command(options, number)
+                table.failing.append(f"round {number} ({name}, {broker}): {replay}")
+                say(f"  round {number} broke an invariant: replay with {replay}")
+            say(f"  {table.faults()} faults so far")
+            if table.faults() >= options.faults and options.only_round is None:
+                break
+    return last + 1
+
+
+def replay_command(options: Options, number: int) -> str:
+    """The command that draws round `number` again (the options that shape the draw)."""
+    return (
+        f"python bench/chaos.py --seed {options.seed} --round {number}"
+        f" --rounds-per-backend {options.rounds_per_backend}"
+        f" --trees {options.trees[0]} {options.trees[1]}"
+        f" --per-round {options.per_round[0]} {options.per_round[1]}"
+        f" --window-s {options.window_s:g} --workers {options.workers}"
+        f" --brokers {' '.join(options.brokers)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run and print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--faults", type=int, default=Options.faults)
-    parser.add_argument("--trees", type=int, default=Options.trees)
-    parser.add_argument("--per-round", type=int, default=Options.per_round)
-    parser.add_argument("--bound-s", type=float, default=Options.bound_s)
     parser.add_argument("--seed", type=int, default=Options.seed)
+    parser.add_argument("--round", type=int, default=None, help="replay only this round")
+    parser.add_argument("--rounds-per-backend", type=int, default=Options.rounds_per_backend)
+    parser.add_argument("--bound-s", type=float, default=Options.bound_s)
+    parser.add_argument("--trees", type=int, nargs=2, default=Options.trees, metavar=("MIN", "MAX"))
+    parser.add_argument(
+        "--per-round", type=int, nargs=2, default=Options.per_round, metavar=("MIN", "MAX")
+    )
+    parser.add_argument("--window-s", type=float, default=Options.window_s)
+    parser.add_argument("--workers", type=int, default=Options.workers)
+    parser.add_argument(
+        "--brokers", nargs="+", choices=list(BROKER_WEIGHTS), default=Options.brokers
+    )
     args = parser.parse_args(argv)
-    options = Options(args.faults, args.trees, args.per_round, bound_s=args.bound_s, seed=args.seed)
+    options = Options(
+        args.faults,
+        args.seed,
+        args.rounds_per_backend,
+        trees=tuple(args.trees),
+        per_round=tuple(args.per_round),
+        window_s=args.window_s,
+        bound_s=args.bound_s,
+        only_round=args.round,
+        workers=args.workers,
+        brokers=tuple(args.brokers),
+    )
+    started_s = time.monotonic()
     table = run(options)
-    print(table.markdown())
-    if table.stuck:
-        print("stuck:", " ".join(table.stuck))
-    sys.exit(1 if table.stuck or table.duplicated else 0)
+    print(table.markdown(options))
+    print(f"{time.monotonic() - started_s:.0f} s")
+    for line in table.failing:
+        print("failing:", line)
+    for name, row in table.rows.items():
+        for line in row.rig:
+            print(f"not injected ({name}): {line}")
+    sys.exit(1 if any(r.broken for r in table.rows.values()) else 0)
 
 
 if __name__ == "__main__":

@@ -138,3 +138,17 @@ def test_settle_from_store_finds_the_calls_children(tmp_path: Path) -> None:
 
     assert isinstance(deferred, Defer) and deferred.pending == (second,)
     assert resumed == Resume(parent.trace_id)
+
+
+def test_a_call_whose_children_the_store_lost_settles_nothing_and_waits(tmp_path: Path) -> None:
+    # Found by bench/chaos.py: a Cluster master killed before its replica had a spawn's
+    # children, the chord's errback settled from the store, found none, and crashed on
+    # `children[0]` (IndexError). Nothing to settle yet: the call stays owed, and the owner
+    # check resumes the parent, whose resume heals the orphaned call.
+    runtime, parent, _ = parent_with_calls(tmp_path, "c1")
+    orphan = Call(parent.trace_id, "no-such-call")
+
+    owed = after.settle_from_store(runtime, orphan, "errback")
+
+    assert isinstance(owed, Defer) and owed.pending == ()
+    assert runtime.store.messages(parent.trace_id)[-1].role != "tool", "nothing written"

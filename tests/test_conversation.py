@@ -256,3 +256,30 @@ def test_a_batch_records_the_question_and_leaves_the_trace_resumable(tmp_path: P
         assert done.answer == "painted it teal"
     finally:
         backend.pool.shutdown(wait=True)
+
+
+def test_a_reply_the_moment_the_trace_waits_leaves_the_person_answered(
+    store: TraceStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by bench/chaos.py: a person (a UI polling the status) replied between the ask's
+    # status write and its entry write; the reply's `completed` entry was then overwritten
+    # by `waiting`, and the tree ended with its person waiting for ever.
+    local = local_fleet(store, tmp_path, ScriptedModel(function=asker))
+    apply = store.apply
+    replied: list[str] = []
+
+    def apply_then_reply(write: Any) -> Any:
+        result = apply(write)
+        waiting = [t for t in store.list_traces() if t.status == "waiting"]
+        if waiting and not replied:
+            replied.append(waiting[0].trace_id)
+            local.runtime.store.apply = apply  # type: ignore[method-assign]
+            from fleet.conversation import human
+
+            human.reply(local.runtime, waiting[0].trace_id, "green")
+        return result
+
+    monkeypatch.setattr(store, "apply", apply_then_reply)
+    local.run("paint the shed", model="test")
+    (person,) = store.collaborators(replied[0])
+    assert (person.status, person.summary) == ("completed", "green")

@@ -8,6 +8,7 @@ import socket
 import sys
 from typing import Any
 
+from celery.concurrency import get_implementation, solo, thread
 from celery.signals import (
     task_revoked,
     worker_init,
@@ -32,7 +33,8 @@ from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
-
+UNKILLABLE_POOLS = (thread.TaskPool, solo.TaskPool)
+"""Pools whose `terminate_job` is Celery's NotImplementedError (a thread, the main one)."""
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
 _remote_poller: RemotePoller | None = None
@@ -78,6 +80,18 @@ def _refuse_results_on_a_cluster(**_: Any) -> None:
             flush=True,
         )
         raise SystemExit(2)
+
+
+@worker_init.connect
+def _no_cancel_where_the_pool_cannot(sender: Any = None, **_: Any) -> None:
+    # A thread cannot be killed: after a broker connection loss Celery cancels the runs in
+    # flight (worker_cancel_long_running_tasks_on_connection_loss), which on the threads
+    # pool raised NotImplementedError, a traceback per run per loss (found by bench/chaos).
+    # Such a run goes on under its lease; its message, redelivered, finds the lease held
+    # and returns. A pool that can end a job (prefork) still has it ended.
+    pool = get_implementation(getattr(sender, "pool_cls", None) or "prefork")
+    if issubclass(pool, UNKILLABLE_POOLS):
+        sender.app.conf.worker_cancel_long_running_tasks_on_connection_loss = False
 
 
 @worker_init.connect

@@ -19,6 +19,7 @@ from fleet.control import claim_dead_runs
 from fleet.conversation.human import time_out_waits
 from fleet.models import now_ms
 from fleet.storage import outbox
+from fleet.storage.outage import warn_failed
 from workers import settle
 from workers.batch_poll import sweep_batches
 from workers.dispatch import send, send_answered
@@ -45,7 +46,7 @@ def sweep_once() -> list[str]:
         try:
             send(runtime.store.get_trace(trace_id), recovered=True)
         except Exception:  # the broker is away: the outbox keeps it for a later sweep
-            log.warning("re-enqueue of %s failed; kept in the outbox", trace_id, exc_info=True)
+            warn_failed(log, "re-enqueue of %s failed; kept in the outbox", trace_id)
             runtime.store.outbox_put(outbox.run_entry(trace_id), now_ms() + OUTBOX_RETRY_MS)
             continue
         log.warning("re-enqueued %s: its runner's lease expired", trace_id)
@@ -154,4 +155,4 @@ class Sweeper:
                 try:
                     sweep()
                 except Exception:  # Redis or broker blips must not kill the sweeper
-                    log.warning("%s failed", sweep.__name__, exc_info=True)
+                    warn_failed(log, "%s failed", sweep.__name__)

@@ -76,7 +76,7 @@ def _settle(
     """`settle`, on the children as read in one step."""
     store = runtime.store
     pending = tuple(c.trace_id for c in children if not c.is_terminal)
-    if pending:
+    if pending or not children:  # none: the store lost them (a failover); the call stays owed
         return Waiting(pending)
     # Each child's finish wrote its entry; what a lost finish or a later change left
     # behind is written again here (with its event), the rest is left as it is.

@@ -283,16 +283,20 @@ def wait_on_person(
 ) -> Trace:
     """`waiting` on a person (`ask_human`): no runner, a `{human, waiting}` collaborator.
 
-    The question goes into the trace's run state first (`waiting_on`, with the fields of
-    `also` in the same write), then into the entry and its event, so whoever sees the event
-    can reply at once.
+    The status, the question (`waiting_on`, with the fields of `also`) and the `waiting`
+    entry with its event are one write: whoever sees any of them can reply at once. (They
+    were two: a person who saw the status and replied between them had the reply's
+    `completed` entry overwritten by the ask's `waiting` one, and the tree ended with its
+    person waiting for ever; found by bench/chaos.)
     """
     event = Event(kind="trace", trace_id=trace.trace_id, status="waiting", data={"on": "human"})
     write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, status="waiting")
     run: RunPatch = {**(also or {}), "waiting_on": waiting}
-    runtime.store.apply(write.update_run(**run))
+    write.update_run(**run)
     waited = trace.model_copy(update={"status": "waiting"}).with_run(**run)
-    put_person(runtime, waited, str(waiting["tool_call_id"]), "waiting", str(waiting["question"]))
+    question = str(waiting["question"])
+    put_person(runtime, waited, str(waiting["tool_call_id"]), "waiting", question, write)
+    runtime.store.apply(write)
     return waited
 
 
@@ -326,9 +330,17 @@ def human_id(tool_call_id: str) -> str:
 
 
 def put_person(
-    runtime: Runtime, trace: Trace, tool_call_id: str, status: CollaboratorStatus, summary: str
+    runtime: Runtime,
+    trace: Trace,
+    tool_call_id: str,
+    status: CollaboratorStatus,
+    summary: str,
+    write: TraceWrite | None = None,
 ) -> None:
-    """The asked person's entry (`{type: approval}` for an approval) with its event."""
+    """The asked person's entry (`{type: approval}` for an approval) with its event.
+
+    Into `write` when given (applied by the caller), else written at once.
+    """
     waiting = trace.run.waiting_on or {}
     kind: CollaboratorType = "approval" if waiting.get("kind") == "approval" else "human"
     entry = Collaborator(
@@ -344,7 +356,7 @@ def put_person(
     if status == "waiting":  # what a person needs to answer it from the event alone
         extra |= {k: waiting[k] for k in APPROVAL_FIELDS if k in waiting}
         extra["question"] = summary
-    put_collaborator(runtime.store, trace.trace_id, trace, entry, status, extra=extra)
+    put_collaborator(runtime.store, trace.trace_id, trace, entry, status, write, extra=extra)
 
 
 PERSON_SUMMARY_CHARS = 4000

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from fleet.models import WorkerPresence
+from fleet.storage.outage import warn_failed
 from fleet.storage.store import TraceStore
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class LeaseKeeper:
             try:
                 self.store.drop_presence(presence)
             except Exception:  # going away anyway: the presence lapses with its TTL
-                log.warning("could not withdraw the presence of %s", presence.node, exc_info=True)
+                warn_failed(log, "could not withdraw the presence of %s", presence.node)
 
     @contextmanager
     def hold(self, trace_id: str, owner: str) -> Iterator[HeldLease]:
@@ -133,4 +134,4 @@ class LeaseKeeper:
             try:
                 self.beat()
             except Exception:  # a Redis blip must not kill the heartbeat; the next beat retries
-                log.warning("heartbeat failed", exc_info=True)
+                warn_failed(log, "heartbeat failed")

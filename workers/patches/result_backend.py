@@ -24,13 +24,17 @@ never completes: switch both off only with no explore running).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery.backends.redis import RedisBackend, SentinelBackend
 
 from fleet.storage.backends.redis.connect import Lua
+from fleet.storage.outage import is_outage, warn_failed
 from workers.patches import chord_join
 from workers.patches.switches import enabled
+
+log = logging.getLogger(__name__)
 
 
 class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
@@ -73,7 +77,15 @@ class SendOnlyRedisBackend(RedisBackend):  # type: ignore[misc]
     def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
         """A header task ended (any state, its result stored or not): count it in its chord."""
         if chord_join.is_fleet_join(request.chord):
-            chord_join.part_returned(self, request, state, result)
+            try:
+                chord_join.part_returned(self, request, state, result)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                # Celery logged this as a traceback "outside body" and went on all the
+                # same; the part left uncounted is the owner check's (it settles the
+                # parent from the children's ends), so one line says it.
+                warn_failed(log, "chord part %s not counted", request.id)
         else:
             super().on_chord_part_return(request, state, result, **kwargs)
 

@@ -29,6 +29,19 @@ SENTINEL_TIMEOUT_S = 2.0
 costs this long before the next one is asked."""
 
 
+UNAVAILABLE = (
+    redis.ConnectionError,  # BusyLoadingError (a restarted Redis reading its file) too
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,  # MasterDownError too
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ReadOnlyError,
+)
+"""What a store away for a moment raises: a Cluster failing a master over answers CLUSTERDOWN
+or TRYAGAIN, a Sentinel master just demoted READONLY, until the new one serves. A run cut off
+by them is interrupted and recovered, not failed (bench/chaos saw a branch fail "crashed" on
+a CLUSTERDOWN while a killed master's replica was being promoted)."""
+
+
 def connect(
     url: str,
     sentinel_master: str | None = None,

@@ -24,6 +24,7 @@ from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
 from fleet.runstate import RunPatch
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
+from fleet.storage.backends.redis import connect as redis_connect
 from fleet.storage.backends.redis import scripts as redis_scripts
 from fleet.storage.backends.redis import split as redis_split
 from fleet.storage.backends.redis import writes as redis_writes
@@ -33,6 +34,7 @@ from fleet.storage.backends.redis.indexes import RedisIndexes
 from fleet.storage.backends.redis.lease_scripts import RENEW_LEASES
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
+from fleet.storage.outage import warn_failed
 from fleet.storage.store import StartRun, TraceSnapshot
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 
@@ -353,8 +355,7 @@ class RedisStore(RedisIndexes):
             self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
 
     def unavailable(self, exc: BaseException) -> bool:
-        # BusyLoadingError (a restarted Redis reading its file) is a ConnectionError too.
-        return isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+        return isinstance(exc, redis_connect.UNAVAILABLE)  # a failover's answers too
 
     # -- collection, cache, counters -----------------------------------------
 
@@ -388,10 +389,10 @@ class RedisStore(RedisIndexes):
         try:
             self._client.hincrby(keys.COUNTERS, counter, by)
         except redis.RedisError:  # a metric must never fail the work it counts
-            log.warning("fleet counter %r not updated", counter, exc_info=True)
+            warn_failed(log, "fleet counter %r not updated", counter)
 
     def count_fallback(self, from_model: str, to_model: str) -> None:
         try:
             self._client.hincrby(keys.MODEL_FALLBACKS, json.dumps([from_model, to_model]), 1)
         except redis.RedisError:
-            log.warning("fleet fallback count not updated", exc_info=True)
+            warn_failed(log, "fleet fallback count not updated")

@@ -1,0 +1,46 @@
+"""A store or broker that is away for a moment, logged in one line, not as a traceback.
+
+A worker's background loops (lease heartbeat, sweeper, counters) retry on their next beat
+when Redis restarts, fails over or a Cluster master is replaced; the operator needs one
+line saying so, not forty lines of redis-py's frames per loop per second of the outage
+(the chaos harness counts tracebacks in worker logs: each must be a defect). Any other
+exception keeps its traceback.
+
+The classes are matched by name along the exception's MRO, so this module needs no Redis
+or broker client (the layer rule): redis-py's `ConnectionError` (and `MasterNotFoundError`,
+`BusyLoadingError` under it), `TimeoutError`, `ClusterDownError`, `TryAgainError`,
+`ReadOnlyError` (a write that reached a master just demoted), kombu's `OperationalError`,
+and every `OSError` (a refused or reset socket).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+OUTAGE_NAMES = frozenset(
+    {
+        "ConnectionError",
+        "TimeoutError",
+        "ClusterDownError",
+        "TryAgainError",
+        "ReadOnlyError",
+        "OperationalError",
+    }
+)
+MAX_CHARS = 200
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether `exc` says the store or broker is away (the next try may succeed)."""
+    return isinstance(exc, OSError) or any(c.__name__ in OUTAGE_NAMES for c in type(exc).__mro__)
+
+
+def warn_failed(log: logging.Logger, message: str, *args: object) -> None:
+    """Log the exception being handled: one line for an outage, else with its traceback."""
+    exc = sys.exc_info()[1]
+    if exc is not None and is_outage(exc):
+        text = " ".join(str(exc).split())[:MAX_CHARS]
+        log.warning(message + " (store or broker away: %s: %s)", *args, type(exc).__name__, text)
+    else:
+        log.warning(message, *args, exc_info=True)

@@ -1,0 +1,93 @@
+"""A store that is away is one log line from a worker's background loops, not a traceback.
+
+Found by bench/chaos.py: every Sentinel failover left ~30 tracebacks of redis-py frames
+(heartbeat, sweeps) in each worker's log, which hid the one traceback that is a defect.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import redis
+
+from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.leases import LeaseKeeper
+from fleet.storage.outage import is_outage, warn_failed
+from fleet.testing import MemoryStore
+
+log = logging.getLogger("tests.outage")
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused."),
+        redis.TimeoutError("Timeout reading from socket"),
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.sentinel.MasterNotFoundError("No master found for 'fleetmaster'"),
+        ConnectionRefusedError(111, "Connection refused"),
+    ],
+)
+def test_an_outage_is_one_line_naming_it(exc: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    assert is_outage(exc)
+    try:
+        raise exc
+    except Exception:
+        warn_failed(log, "%s failed", "sweep_once")
+    (record,) = caplog.records
+    assert record.exc_info is None
+    assert record.getMessage().startswith("sweep_once failed (store or broker away: ")
+    assert "\n" not in record.getMessage()
+
+
+def test_any_other_error_keeps_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    assert not is_outage(KeyError("x"))
+    try:
+        raise KeyError("x")
+    except KeyError:
+        warn_failed(log, "heartbeat failed")
+    (record,) = caplog.records
+    assert record.exc_info is not None
+
+
+class AwayStore(MemoryStore):
+    def beat(self, *args: object, **kwargs: object) -> list[bool]:
+        raise redis.ConnectionError("Connection closed by server.")
+
+
+def test_the_heartbeat_logs_a_store_away_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "fleet.storage.leases")
+    keeper = LeaseKeeper(AwayStore(), ttl_ms=100)  # a beat every 20 ms
+    with keeper.hold("t1", "me"):
+        deadline_s = time.monotonic() + 10
+        while not caplog.records and time.monotonic() < deadline_s:
+            time.sleep(0.02)
+    keeper.stop()
+    assert caplog.records, "the heartbeat never beat"
+    record = caplog.records[0]
+    assert record.getMessage().startswith("heartbeat failed (store or broker away: ")
+    assert record.exc_info is None
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.MasterDownError("MASTERDOWN Link with MASTER is down"),
+        redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing"),
+        redis.exceptions.ReadOnlyError("You can't write against a read only replica."),
+        redis.ConnectionError("Connection closed by server."),
+    ],
+)
+def test_a_cluster_or_sentinel_failing_over_interrupts_a_run_not_fails_it(
+    exc: Exception,
+) -> None:
+    # Found by bench/chaos.py: a Cluster master killed, a branch's write met CLUSTERDOWN
+    # while its replica was promoted, and the run was failed as "crashed".
+    assert RedisStore.unavailable(RedisStore.__new__(RedisStore), exc)
+    assert not RedisStore.unavailable(
+        RedisStore.__new__(RedisStore), redis.ResponseError("WRONGTYPE")
+    )
