@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from fleet.errors import ToolError
+from fleet.records import Kept
 
 GoalStatus = Literal["pending", "in_progress", "done", "abandoned"]
 
 
-class Goal(BaseModel):
-    """One step of the plan."""
-
-    model_config = ConfigDict(extra="forbid")
+class Goal(Kept):
+    """One step of the plan (stored in its trace: fields a newer release added are kept)."""
 
     id: str
     description: str
@@ -25,10 +24,8 @@ class Goal(BaseModel):
     """The sub-agents (delegate, explore, evaluate traces) that worked on this goal."""
 
 
-class GoalTree(BaseModel):
+class GoalTree(Kept):
     """An ordered goal tree with one focused goal."""
-
-    model_config = ConfigDict(extra="forbid")
 
     goals: list[Goal] = Field(default_factory=list)
     focus_id: str | None = None

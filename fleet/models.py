@@ -1,17 +1,20 @@
 """The persisted data: traces, messages, collaborators.
 
 These are pydantic models because they cross the edge into Redis and task messages;
-`model_dump_json` / `model_validate_json` round-trip them exactly.
+`model_dump_json` / `model_validate_json` round-trip them exactly, fields a newer release
+added included (`fleet.records`: the schema version and the rules between releases).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, TypedDict
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from fleet.goals import GoalTree
+from fleet.records import Kept, Record
 
 Mode = Literal["main", "delegate", "explore", "evaluate"]
 Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped"]
@@ -30,11 +33,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TraceStats(_Model):
+class TraceStats(Kept):
     """Running totals of a trace."""
 
     messages: int = 0
@@ -48,7 +47,7 @@ class TraceStats(_Model):
     """Prompt tokens written to the provider's prompt cache (part of `prompt_tokens`)."""
 
 
-class Collaborator(_Model):
+class Collaborator(Record):
     """One child (or human) working for a parent trace."""
 
     name: str
@@ -66,7 +65,7 @@ class Collaborator(_Model):
     updated_at_ms: int = Field(default_factory=now_ms)
 
 
-class Message(_Model):
+class Message(Record):
     """An OpenAI-format message plus its place in the trace's message tree."""
 
     trace_id: str
@@ -124,14 +123,14 @@ def image_placeholder(part: dict[str, Any]) -> str:
     return f"[image {kind} {ref.get('width', '?')}x{ref.get('height', '?')}, {size_kb:.1f} KB]"
 
 
-class DomainLayer(_Model):
+class DomainLayer(Kept):
     """One layer of a parent's web domain filter (`fleet.config.webfilter.DomainRules`)."""
 
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)
 
 
-class ToolCeiling(_Model):
+class ToolCeiling(Kept):
     """The most a trace may do, whatever its preset says: what its parent could do.
 
     Set when a child is created and enforced where tools run, so no child ever holds a
@@ -149,8 +148,10 @@ class ToolCeiling(_Model):
     is narrowed by every layer (never widened)."""
 
 
-class Trace(_Model):
+class Trace(Record):
     """A main agent, a sub-agent or an evaluator: everything is a trace."""
+
+    SINCE: ClassVar[dict[str, int]] = {"memory": 2}
 
     trace_id: str
     root_trace_id: str
@@ -229,7 +230,18 @@ class TracePatch(TypedDict, total=False):
     finished_at_ms: int | None
 
 
-class Event(_Model):
+def check_patch(fields: Mapping[str, object]) -> None:
+    """`ValueError` naming a field an update may not write.
+
+    A Trace keeps fields it does not know (`fleet.records`); no writer of this release
+    invents one.
+    """
+    strangers = sorted(set(fields) - Trace.model_fields.keys())
+    if strangers:
+        raise ValueError(f"{strangers[0]!r} is not a field of a trace this release writes")
+
+
+class Event(Record):
     """One entry of a trace tree's event stream."""
 
     kind: Literal["trace", "message", "collaborator", "finish", "stop", "context"]
@@ -239,7 +251,7 @@ class Event(_Model):
     at_ms: int = Field(default_factory=now_ms)
 
 
-class WorkerPresence(_Model):
+class WorkerPresence(Record):
     """A live worker as its heartbeat announces it (`fleet:worker:{node}`)."""
 
     node: str

@@ -210,6 +210,7 @@ FLEET_LAYERS = (
     "hidden_imports",
     "errors",
     "ids",
+    "records",
     "goals",
     "models",
     # The schemas of fleet.yaml's and preset files' blocks (they import only the base).

@@ -17,6 +17,7 @@ from fleet.models import (
     TracePatch,
     TraceStats,
     WorkerPresence,
+    check_patch,
     now_ms,
 )
 from fleet.storage.backends.memory.workers import MemoryWorkerTables
@@ -115,6 +116,7 @@ class MemoryStore(MemoryWorkerTables):
 
     def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None:
         fields.setdefault("updated_at_ms", now_ms())
+        check_patch(fields)
         patch = Trace.model_validate(
             {**self.get_trace(trace_id).model_dump(), **fields}
         ).model_dump(mode="json", include=set(fields))

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from pydantic import TypeAdapter
 
-from fleet.models import Event, Message, Trace, now_ms
+from fleet.models import Event, Message, Trace, check_patch, now_ms
 from fleet.storage import keys
 from fleet.storage.compaction import PACKED_FIELD, unpacked
 from fleet.storage.store import STATS_FIELDS
@@ -41,8 +41,6 @@ UNCOUNTED_FIELD = "uncounted"
 _NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD, PACKED_FIELD})
 TRACE_FIELDS = tuple(Trace.model_fields)
 """The trace hash's fields a Trace is read from (its messages are left where they are)."""
-# The required Trace fields, so that an update's fields validate without reading the trace.
-_PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
 # Each Trace field on its own (no field has constraints beyond its type): an update
 # validates only the fields it writes, not a whole placeholder Trace with its defaults.
 _FIELD_TYPES: dict[str, TypeAdapter[Any]] = {
@@ -74,8 +72,7 @@ def _to_json(value: Any) -> str:
 def encode_fields(fields: Mapping[str, Any]) -> list[str]:
     """Validated trace fields as HSET items, each value as JSON (`updated_at_ms` added)."""
     values = {"updated_at_ms": now_ms(), **fields}
-    if not values.keys() <= _FIELD_ORDER.keys():  # Trace's own error names the stranger
-        Trace.model_validate({**_PLACEHOLDER, **values})
+    check_patch(values)
     items: list[str] = []
     for name in sorted(values, key=_FIELD_ORDER.__getitem__):  # as Trace.model_dump orders them
         adapter = _FIELD_TYPES[name]

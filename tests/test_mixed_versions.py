@@ -1,0 +1,168 @@
+"""Two releases in one fleet: the previous one (`tests/previous.py`) and this checkout.
+
+As during a rolling upgrade (or a rollback): workers of both serve the same queues and
+Redis, trees are submitted by either release's client, branches run on either worker, and
+a worker of one release killed mid-tree leaves its branches to the other. Every tree
+completes and each branch is collected once. On Redis as broker and on RabbitMQ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet.client import Fleet
+from tests.fleetkit import explore_script, wait_until
+from tests.previous import Release, previous_release
+from tests.procs import WorkerProcess, start_worker
+from tests.test_fleet_rabbitmq import RABBITMQ_URL, purge_fleet_queues, rabbitmq_answers
+from tests.test_fleet_recovery import (
+    FAST_RECOVERY,
+    RUN_TIMEOUT_S,
+    Running,
+    assert_collected_once,
+    begin_shutdown,
+    database_url,
+    fleet_client,
+    running_branches,
+    wait_for_workers,
+)
+
+pytestmark = pytest.mark.integration
+
+MIXED_DB = 4
+BRANCHES = 8
+
+
+@pytest.fixture(scope="module")
+def previous() -> Release:
+    release = previous_release()
+    if release is None:
+        pytest.skip("the previous release's commit is not in this checkout (a shallow clone?)")
+    return release
+
+
+@pytest.fixture(params=["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
+def broker(request: pytest.FixtureRequest, redis_url: str) -> Iterator[str]:
+    """The broker's URL: the test's Redis, or the shared RabbitMQ (held for this test)."""
+    if request.param == "redis":
+        yield database_url(redis_url, MIXED_DB)
+        return
+    request.getfixturevalue("rabbitmq_to_itself")
+    if not rabbitmq_answers(RABBITMQ_URL):
+        pytest.skip(f"no RabbitMQ answers at {RABBITMQ_URL}")
+    purge_fleet_queues(RABBITMQ_URL)
+    yield RABBITMQ_URL
+
+
+@pytest.fixture
+def url(redis_url: str, broker: str) -> str:
+    return database_url(redis_url, MIXED_DB)
+
+
+@pytest.fixture
+def conn(url: str) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(url, decode_responses=True) as c:
+        yield c
+
+
+def both_workers(
+    stack: contextlib.ExitStack, previous: Release, url: str, broker: str, workspace: Path
+) -> tuple[WorkerProcess, WorkerProcess]:
+    """One worker of each release on the same queues, Redis and broker."""
+    env = {"FLEET_WORKSPACE": str(workspace), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
+    old = stack.enter_context(
+        start_worker(
+            url,
+            broker_url=broker,
+            concurrency=4,
+            env_extra={**env, **previous.env()},
+            python=str(previous.python),
+            cwd=workspace,
+            name=f"previous@{previous.sha[:8]}",
+        )
+    )
+    new = stack.enter_context(
+        start_worker(url, broker_url=broker, concurrency=4, env_extra=env, name="current@here")
+    )
+    stack.callback(begin_shutdown, [old, new])
+    wait_for_workers(broker, [old.name, new.name], timeout_s=60)
+    return old, new
+
+
+def previous_client(
+    previous: Release, url: str, broker: str, workspace: Path, model: str
+) -> subprocess.Popen[str]:
+    """`fleet run --json` of the previous release: submits a tree and waits for its end."""
+    env = {
+        "FLEET_REDIS_URL": url,
+        "FLEET_BROKER_URL": broker,
+        "FLEET_WORKSPACE": str(workspace),
+        "FLEET_ALLOW_SCRIPTED": "1",
+        "PATH": "/usr/bin:/bin",
+        **previous.env(),
+    }
+    argv = [str(previous.python), "-m", "fleetops.cli.main", "run", "--json", "--model", model]
+    argv += ["--timeout-s", str(int(RUN_TIMEOUT_S)), "survey by the previous client"]
+    return subprocess.Popen(
+        argv, env=env, cwd=workspace, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def ended_root(process: subprocess.Popen[str]) -> str:
+    """The root id the previous client printed, once it exited 0."""
+    out, err = process.communicate(timeout=RUN_TIMEOUT_S + 10)
+    assert process.returncode == 0, (process.returncode, out[-2000:], err[-2000:])
+    return str(json.loads(out)["trace_id"])
+
+
+def test_trees_of_both_clients_run_on_workers_of_both_releases(
+    previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path
+) -> None:
+    model = explore_script(tmp_path / "m.yaml", BRANCHES, latency_ms=200, branch_turns=2)
+    with contextlib.ExitStack() as stack:
+        old, new = both_workers(stack, previous, url, broker, tmp_path)
+        fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
+        theirs = previous_client(previous, url, broker, tmp_path, model)
+        mine = fleet.submit("survey by the current client", model=model)
+        ran_on: set[str] = set()
+
+        def note_runners() -> bool:
+            ran_on.update(r.worker for r in running_branches(fleet, conn, [old, new]))
+            return ran_on == {old.name, new.name}
+
+        wait_until(note_runners, RUN_TIMEOUT_S, "branches running on both releases' workers")
+        root = mine.wait(timeout_s=RUN_TIMEOUT_S)
+        assert_collected_once(fleet, root.trace_id, BRANCHES)
+        assert_collected_once(fleet, ended_root(theirs), BRANCHES)
+
+
+@pytest.mark.parametrize("victim", ["previous", "current"])
+def test_a_release_killed_mid_tree_leaves_its_branches_to_the_other(
+    previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path, victim: str
+) -> None:
+    model = explore_script(tmp_path / "m.yaml", BRANCHES, latency_ms=300, branch_turns=3)
+    with contextlib.ExitStack() as stack:
+        old, new = both_workers(stack, previous, url, broker, tmp_path)
+        killed = old if victim == "previous" else new
+        fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
+        theirs = previous_client(previous, url, broker, tmp_path, model)
+        mine = fleet.submit("survey by the current client", model=model)
+        victims: list[Running] = []
+
+        def killed_runs_branches() -> bool:
+            running = running_branches(fleet, conn, [old, new])
+            victims[:] = [r for r in running if r.worker == killed.name]
+            return bool(victims)
+
+        wait_until(killed_runs_branches, RUN_TIMEOUT_S, f"branches on the {victim} worker")
+        killed.kill()
+        root = mine.wait(timeout_s=RUN_TIMEOUT_S)
+        assert_collected_once(fleet, root.trace_id, BRANCHES)
+        assert_collected_once(fleet, ended_root(theirs), BRANCHES)
