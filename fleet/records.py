@@ -38,6 +38,16 @@ unknown fields kept."""
 UNVERSIONED = 1
 """The schema of a record that carries no `schema_version`."""
 
+TASK_SCHEMA = 1
+"""The oldest schema that runs this release's task messages right (their `fleet_schema`
+header): their arguments have not changed since release 0.1.0. A task argument added later
+must be one an older worker may ignore (the tasks take `**newer`), or raise this."""
+
+
+def newer_than_this(schema: object) -> bool:
+    """Whether a record's or a message's schema is above the one this release reads."""
+    return isinstance(schema, int) and schema > SCHEMA_VERSION
+
 
 class NewerRecord(FleetError):
     """A record written for a newer release than this one reads (its `schema_version`)."""

@@ -22,11 +22,16 @@ from fleet.limits.gate import Wait
 from fleet.loop.fenced_run import FencedRun
 from fleet.loop.turns import Held, Outcome
 from fleet.loop.turns import RunResult as RunResult  # re-exported: hosts import it from here
+from fleet.records import NewerRecord
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import WriteExtension
 
 log = logging.getLogger(__name__)
+
+NEWER_RECORD_RETRY_S = 30.0
+"""How long a run this release cannot read waits before it is offered again (a worker of the
+newer release, during an upgrade, takes it meanwhile; after a rollback it waits here)."""
 
 _HOST = socket.gethostname()
 
@@ -110,6 +115,9 @@ def run_safely(runner: Runner, trace_id: str) -> RunResult:
     """
     try:
         return runner.run(trace_id)
+    except NewerRecord as exc:  # during an upgrade: a worker of the newer release runs it
+        log.warning("run of %r handed back: %s", trace_id, exc)
+        return RunResult(trace_id, "throttled", retry_in_s=NEWER_RECORD_RETRY_S)
     except Exception as exc:  # the envelope *is* the error handling for branches
         if runner.store.unavailable(exc):
             log.warning("run of %r interrupted, the store is unreachable: %s", trace_id, exc)

@@ -34,6 +34,7 @@ from fleet.storage.backends.redis.writes import (
     decode_messages,
     decode_trace,
     pairs,
+    readable_events,
     stored_message,
 )
 from fleet.storage.capability import Capability, Kept, T
@@ -337,7 +338,7 @@ class RedisStore(RedisIndexes):
         entries = redis_writes.stream_entries(reply)
         if not entries:  # a compacted tree's events are in its archive
             entries = redis_compact.events_after(self._client, root_trace_id, after, count)
-        return [(str(i), Event.model_validate_json(f["e"])) for i, f in entries]
+        return readable_events(entries)
 
     # -- stop, leases, collection, cache -------------------------------------
 

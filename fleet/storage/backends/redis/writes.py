@@ -7,6 +7,7 @@ arguments; the trace hash (its messages included) and the event stream as models
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, cast
@@ -14,6 +15,7 @@ from typing import Any, cast
 from pydantic import TypeAdapter
 
 from fleet.models import Event, Message, Trace, check_patch, now_ms
+from fleet.records import NewerRecord
 from fleet.storage import keys
 from fleet.storage.compaction import PACKED_FIELD, unpacked
 from fleet.storage.store import STATS_FIELDS
@@ -30,6 +32,8 @@ from fleet.storage.writes import (
     WriteOp,
     WriteResult,
 )
+
+log = logging.getLogger(__name__)
 
 FLOAT_STATS = frozenset({"cost_usd"})
 STOP_FIELD = "stop"
@@ -279,3 +283,18 @@ def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
         (entries,) = reply.values()
         return list(entries[0]) if entries and isinstance(entries[0], list) else list(entries)
     return list(reply[0][1])
+
+
+def readable_events(entries: list[tuple[str, dict[str, str]]]) -> list[tuple[str, Event]]:
+    """The stream's events this release reads.
+
+    One a newer release wrote in a form this one does not read (a new kind, a newer
+    `schema_version`) is left out with one log line, so a follower of the tree goes on.
+    """
+    events: list[tuple[str, Event]] = []
+    for entry_id, fields in entries:
+        try:
+            events.append((str(entry_id), Event.model_validate_json(fields["e"])))
+        except (ValueError, NewerRecord) as exc:
+            log.warning("event %s left out: %s", entry_id, str(exc).splitlines()[0])
+    return events
