@@ -166,3 +166,43 @@ def test_a_release_killed_mid_tree_leaves_its_branches_to_the_other(
         root = mine.wait(timeout_s=RUN_TIMEOUT_S)
         assert_collected_once(fleet, root.trace_id, BRANCHES)
         assert_collected_once(fleet, ended_root(theirs), BRANCHES)
+
+
+def test_what_only_a_newer_release_reads_goes_back_to_the_queue_in_one_line(
+    url: str, broker: str, conn: redis.Redis, tmp_path: Path
+) -> None:
+    # A task message whose header names a newer schema, and a run whose trace hash does:
+    # this release's worker runs neither, fails neither, and says so once each.
+    from fleet.models import Trace
+    from fleet.storage import keys
+    from fleet.storage.backends.redis.store import RedisStore
+    from tests.fleetkit import fleet_settings
+    from workers.app import SCHEMA_HEADER, create_app
+
+    env = {"FLEET_WORKSPACE": str(tmp_path), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
+    store = RedisStore.from_url(url)
+    settings = fleet_settings(url, tmp_path, FLEET_BROKER_URL=broker)
+    sender = create_app(settings, set_as_current=False)  # the fleet's queues (priorities)
+    for trace_id in ("by-message", "by-record"):
+        store.create_trace(Trace(trace_id=trace_id, root_trace_id=trace_id, task="x"))
+    conn.hset(keys.trace("by-record"), "schema_version", "99")
+    with start_worker(url, broker_url=broker, concurrency=2, env_extra=env) as worker:
+        wait_for_workers(broker, [worker.name], timeout_s=60)
+        sender.send_task(
+            "fleet.run_agent", ["by-message"], queue="fleet.main", headers={SCHEMA_HEADER: 99}
+        )
+        sender.send_task("fleet.run_agent", ["by-record"], queue="fleet.main")
+        wait_until(
+            lambda: (
+                "run of 'by-record' handed back" in worker.log()
+                and "handed back: its schema 99" in worker.log()
+            ),
+            30,
+            "both handed back",
+        )
+        log = worker.log()
+        assert "'by-record' is for a newer release than this one" in log
+    sender.close()
+    for trace_id in ("by-message", "by-record"):
+        assert conn.hget(keys.trace(trace_id), "status") == '"queued"', "not run, not failed"
+    store.close()

@@ -20,6 +20,7 @@ import redis
 
 from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
+from fleet.records import SCHEMA_VERSION, NewerRecord
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis import scripts as redis_scripts
@@ -49,7 +50,6 @@ BLOCK_MARGIN_MS = 1_000
 THAW_ATTEMPTS = 3
 """A write finding its trace packed thaws it and tries again, this often at most (compaction
 may pack it again in between: it packs only ended traces, and a continue's write ends that)."""
-
 
 log = logging.getLogger(__name__)
 
@@ -204,12 +204,14 @@ class RedisStore(RedisIndexes):
         script_keys = [keys.trace(trace_id), lease, running, keys.events(root)]
         script_keys += [] if self._cluster else pauses
         args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
-        args.append(json.dumps(root) if start else "")
-        args += [start.event.model_dump_json() if start else "", now_ms()]
-        args.append("1" if self._cluster else "")
+        args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
+        args.append(now_ms())
+        args += ["1" if self._cluster else "", SCHEMA_VERSION]
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")
+        if reply == -2:
+            raise NewerRecord(f"trace {trace_id!r} is for a newer release than this one")
         if reply == 0:
             return None
         if self._cluster:
