@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.errors import ToolError
-from fleet.records import Kept
 
 GoalStatus = Literal["pending", "in_progress", "done", "abandoned"]
 
 
-class Goal(Kept):
+class Goal(BaseModel):
     """One step of the plan (stored in its trace: fields a newer release added are kept)."""
+
+    model_config = ConfigDict(extra="allow")
 
     id: str
     description: str
@@ -24,8 +25,10 @@ class Goal(Kept):
     """The sub-agents (delegate, explore, evaluate traces) that worked on this goal."""
 
 
-class GoalTree(Kept):
+class GoalTree(BaseModel):
     """An ordered goal tree with one focused goal."""
+
+    model_config = ConfigDict(extra="allow")
 
     goals: list[Goal] = Field(default_factory=list)
     focus_id: str | None = None

@@ -210,7 +210,6 @@ FLEET_LAYERS = (
     "hidden_imports",
     "errors",
     "ids",
-    "records",
     "goals",
     "models",
     # The schemas of fleet.yaml's and preset files' blocks (they import only the base).

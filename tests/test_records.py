@@ -1,4 +1,4 @@
-"""The records' contract between releases (`fleet.records`, docs/operations.md "Upgrading").
+"""The records' contract between releases (`fleet.models.Record`, docs/operations.md "Upgrading").
 
 What this release writes by default carries no field release 0.1.0 lacks; a field a newer
 release wrote is kept (and written back where a record is rewritten whole); a field a record
@@ -14,8 +14,8 @@ import sys
 import pytest
 import redis
 
-from fleet.models import Collaborator, Event, Message, Trace
-from fleet.records import SCHEMA_VERSION, NewerRecord
+from fleet.errors import NewerRecord
+from fleet.models import SCHEMA_VERSION, Collaborator, Event, Message, Trace
 from fleet.storage import keys, outbox
 from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.backends.redis.store import RedisStore

@@ -14,7 +14,7 @@ from kombu.entity import Queue
 from kombu.messaging import Producer
 
 from fleet.limits.trees import Priority
-from fleet.records import TASK_SCHEMA
+from fleet.models import TASK_SCHEMA
 from fleet.settings import Settings, process_settings
 from fleet.storage.backends.redis.connect import SENTINEL_TIMEOUT_S
 from fleet.storage.backends.redis.urls import is_sentinel
@@ -195,7 +195,7 @@ def configured(settings: Settings) -> dict[str, Any]:
 
 
 SCHEMA_HEADER = "fleet_schema"
-"""The task message header that says the oldest schema that runs it right (`fleet.records`)."""
+"""The task message header: the oldest schema that runs it right (`fleet.models.Record`)."""
 
 
 @before_task_publish.connect

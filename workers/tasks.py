@@ -11,8 +11,7 @@ from celery.exceptions import Ignore
 
 from fleet.children import after
 from fleet.loop.runner import NEWER_RECORD_RETRY_S, Runner, RunResult, run_safely
-from fleet.models import now_ms
-from fleet.records import newer_than_this
+from fleet.models import newer_than_this, now_ms
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from fleet.storage import outbox

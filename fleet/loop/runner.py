@@ -16,13 +16,12 @@ from collections.abc import Callable
 
 from fleet import lifecycle
 from fleet.children import settling
-from fleet.errors import LeaseLost
+from fleet.errors import LeaseLost, NewerRecord
 from fleet.lifecycle import recorder
 from fleet.limits.gate import Wait
 from fleet.loop.fenced_run import FencedRun
 from fleet.loop.turns import Held, Outcome
 from fleet.loop.turns import RunResult as RunResult  # re-exported: hosts import it from here
-from fleet.records import NewerRecord
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import WriteExtension

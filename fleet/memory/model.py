@@ -9,8 +9,7 @@ from typing import Any
 
 from fleet.errors import MemoryRefused
 from fleet.memory.names import MemoryCaps, check_key, check_namespace
-from fleet.models import now_ms
-from fleet.records import Record
+from fleet.models import Record, now_ms
 
 
 class Entry(Record):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fleet.records import Record
+from fleet.models import Record
 
 CallState = Literal["queued", "submitting", "submitted", "answered", "cancelled"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fleet.records import Record
+from fleet.models import Record
 
 Refusal = Literal["missing", "ended", "rate", "full", "sender_rate"]
 """Why `post` refused: no such trace, it ended, too many this minute or in all, or the

@@ -39,7 +39,7 @@ class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
         from importlib.metadata import version
 
-        from fleet.records import SCHEMA_VERSION, TASK_SCHEMA
+        from fleet.models import SCHEMA_VERSION, TASK_SCHEMA
 
         release = version("agent-fleet")
         line = f"fleet {release} (record schema {SCHEMA_VERSION}, task schema {TASK_SCHEMA})"

@@ -19,8 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from fleet.errors import ConfigError, InvalidTraceId
 from fleet.ids import check_trace_id
-from fleet.models import Collaborator, Event, Message, Trace
-from fleet.records import unknown_fields
+from fleet.models import Collaborator, Event, Message, Trace, unknown_fields
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis.connect import Lua, is_cluster

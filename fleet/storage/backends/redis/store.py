@@ -18,9 +18,8 @@ from typing import Any, Unpack, cast
 
 import redis
 
-from fleet.errors import ConfigError, TraceExists, TraceNotFound
-from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
-from fleet.records import SCHEMA_VERSION, NewerRecord
+from fleet.errors import ConfigError, NewerRecord, TraceExists, TraceNotFound
+from fleet.models import SCHEMA_VERSION, Collaborator, Event, Message, Trace, TracePatch, now_ms
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis import scripts as redis_scripts

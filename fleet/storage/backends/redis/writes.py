@@ -14,8 +14,8 @@ from typing import Any, cast
 
 from pydantic import TypeAdapter
 
+from fleet.errors import NewerRecord
 from fleet.models import Event, Message, Trace, check_patch, now_ms
-from fleet.records import NewerRecord
 from fleet.storage import keys
 from fleet.storage.compaction import PACKED_FIELD, unpacked
 from fleet.storage.store import STATS_FIELDS
