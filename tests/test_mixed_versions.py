@@ -18,6 +18,9 @@ import pytest
 import redis
 
 from fleet.client import Fleet
+from fleet.storage import keys
+from fleet.storage.backends.redis.compact import compact_tree
+from fleet.storage.compaction import PACKED_FIELD
 from tests.fleetkit import explore_script, wait_until
 from tests.previous import Release, previous_release
 from tests.procs import WorkerProcess, start_worker
@@ -38,6 +41,7 @@ pytestmark = pytest.mark.integration
 
 MIXED_DB = 4
 BRANCHES = 8
+RETENTION_S = 3600
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +144,34 @@ def test_trees_of_both_clients_run_on_workers_of_both_releases(
         wait_until(note_runners, RUN_TIMEOUT_S, "branches running on both releases' workers")
         root = mine.wait(timeout_s=RUN_TIMEOUT_S)
         assert_collected_once(fleet, root.trace_id, BRANCHES)
-        assert_collected_once(fleet, ended_root(theirs), BRANCHES)
+        their_root = ended_root(theirs)
+        assert_collected_once(fleet, their_root, BRANCHES)
+        # Packed trees: each release compacts one; both read both.
+        assert compact_tree(conn, root.trace_id, RETENTION_S).packed == BRANCHES + 1
+        previous_compacts(previous, url, their_root)
+        for tree in (root.trace_id, their_root):
+            assert conn.hexists(keys.trace(tree), PACKED_FIELD)
+            assert_collected_once(fleet, tree, BRANCHES)
+            assert '"completed"' in previous_shows(previous, url, tree, tmp_path)
+
+
+def previous_compacts(previous: Release, url: str, root_id: str) -> None:
+    """The previous release packs a finished tree (what its owner check does)."""
+    code = (
+        "import sys, redis; from fleet.storage.redis_compact import compact_tree;"
+        "c = redis.Redis.from_url(sys.argv[1], decode_responses=True);"
+        f"print(compact_tree(c, sys.argv[2], {RETENTION_S}))"
+    )
+    subprocess.run([str(previous.python), "-c", code, url, root_id], check=True, cwd="/")
+
+
+def previous_shows(previous: Release, url: str, trace_id: str, workspace: Path) -> str:
+    """`fleet trace show --json` of the previous release (its exit status checked)."""
+    env = {"FLEET_REDIS_URL": url, "PATH": "/usr/bin:/bin", **previous.env()}
+    argv = [str(previous.python), "-m", "fleetops.cli.main", "trace", "show", "--json", trace_id]
+    shown = subprocess.run(argv, env=env, cwd=workspace, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    return shown.stdout
 
 
 @pytest.mark.parametrize("victim", ["previous", "current"])
@@ -174,7 +205,6 @@ def test_what_only_a_newer_release_reads_goes_back_to_the_queue_in_one_line(
     # A task message whose header names a newer schema, and a run whose trace hash does:
     # this release's worker runs neither, fails neither, and says so once each.
     from fleet.models import Trace
-    from fleet.storage import keys
     from fleet.storage.backends.redis.store import RedisStore
     from tests.fleetkit import fleet_settings
     from workers.app import SCHEMA_HEADER, create_app
