@@ -23,7 +23,7 @@ from fleet.storage.backends.redis.compact import compact_tree
 from fleet.storage.compaction import PACKED_FIELD
 from tests.fleetkit import explore_script, wait_until
 from tests.previous import Release, previous_release
-from tests.procs import WorkerProcess, start_worker
+from tests.procs import WorkerProcess, start_worker, wait_for_workers
 from tests.test_fleet_rabbitmq import RABBITMQ_URL, purge_fleet_queues, rabbitmq_answers
 from tests.test_fleet_recovery import (
     FAST_RECOVERY,
@@ -34,7 +34,6 @@ from tests.test_fleet_recovery import (
     database_url,
     fleet_client,
     running_branches,
-    wait_for_workers,
 )
 
 pytestmark = pytest.mark.integration

@@ -67,7 +67,8 @@ def test_a_record_missing_a_field_takes_its_default() -> None:
 
 @pytest.mark.parametrize("model", [Trace, Message, Collaborator, Event])
 def test_a_record_for_a_newer_schema_is_refused_in_one_line(model: type[Trace]) -> None:
-    data = {"trace_id": "t", "root_trace_id": "t", "task": "x", "role": "user", "name": "a"}
+    data: dict[str, object] = {"trace_id": "t", "root_trace_id": "t", "task": "x"}
+    data |= {"role": "user", "name": "a"}
     data |= {"kind": "trace", "schema_version": NEWER}
     fields = {k: v for k, v in data.items() if k in model.model_fields}
     with pytest.raises(NewerRecord, match=f"schema {NEWER}; this one reads up to") as caught:
