@@ -235,3 +235,31 @@ def test_what_only_a_newer_release_reads_goes_back_to_the_queue_in_one_line(
     for trace_id in ("by-message", "by-record"):
         assert conn.hget(keys.trace(trace_id), "status") == '"queued"', "not run, not failed"
     store.close()
+
+
+def test_a_tree_bound_to_memory_is_refused_by_the_previous_release_alone(
+    previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path
+) -> None:
+    # What docs/operations.md says release 0.1.0 refuses of 0.2.0: a tree bound to memory
+    # (its trace carries `memory` and `schema_version: 2`). Only a previous worker runs here.
+    model = explore_script(tmp_path / "m.yaml", 2, latency_ms=50)
+    env = {"FLEET_WORKSPACE": str(tmp_path), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
+    with contextlib.ExitStack() as stack:
+        old = stack.enter_context(
+            start_worker(
+                url,
+                broker_url=broker,
+                concurrency=2,
+                env_extra={**env, **previous.env()},
+                python=str(previous.python),
+                cwd=tmp_path,
+            )
+        )
+        wait_for_workers(broker, [old.name], timeout_s=60)
+        fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
+        bound = fleet.submit("survey", model=model, memory=["user:alice"])
+        plain = fleet.submit("survey", model=model)
+        assert plain.wait(timeout_s=RUN_TIMEOUT_S).status == "completed"
+        refused = bound.wait(timeout_s=RUN_TIMEOUT_S)
+        assert refused.status == "failed" and "memory" in (refused.error or "")
+        assert "Extra inputs are not permitted" in old.log()
