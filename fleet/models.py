@@ -7,17 +7,19 @@ added included (`Record`: the schema version and the rules between releases).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, TypedDict
+from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationInfo,
     model_serializer,
-    model_validator,
 )
 
 from fleet.errors import NewerRecord
@@ -80,43 +82,57 @@ class Kept(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class Record(Kept):
-    """A stored record: unknown fields kept, new fields written only when set.
+def _readable(version: int, info: ValidationInfo) -> int:
+    """A record's `schema_version`, or `NewerRecord` when it is above this release's."""
+    if version > SCHEMA_VERSION:
+        kind = (info.config or {}).get("title", "record")
+        raise NewerRecord(
+            f"a {kind} written by a newer release (schema {version};"
+            f" this one reads up to {SCHEMA_VERSION}): upgrade it"
+        )
+    return version
 
-    `SINCE` names the fields added after schema 1 and the schema that added each.
+
+def _unversioned(version: int) -> bool:
+    return version == UNVERSIONED
+
+
+class Record(Kept):
+    """A stored record: unknown fields kept, `schema_version` written only when above 1."""
+
+    schema_version: Annotated[int, AfterValidator(_readable)] = Field(
+        default=UNVERSIONED, exclude_if=_unversioned
+    )
+    """The oldest schema that reads this record right (checked only when present)."""
+
+
+class Evolving(Record):
+    """A record with fields added since schema 1: `SINCE` names each and its schema.
+
+    Such a field is written only when it is not at its default, and then raises the
+    written `schema_version` to the schema that added it.
     """
 
     SINCE: ClassVar[dict[str, int]] = {}
 
-    schema_version: int = UNVERSIONED
-    """The oldest schema that reads this record right; written only when above 1."""
-
-    @model_validator(mode="after")
-    def _readable(self) -> Record:
-        if self.schema_version > SCHEMA_VERSION:
-            raise NewerRecord(
-                f"a {type(self).__name__} written by a newer release (schema"
-                f" {self.schema_version}; this one reads up to {SCHEMA_VERSION}): upgrade it"
-            )
-        return self
-
     @model_serializer(mode="wrap")
     def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        floor = self.schema_version
+        floor = data.pop("schema_version", UNVERSIONED)  # written last, whatever its source
         for name, since in self.SINCE.items():
-            if name not in data:
-                continue
-            if getattr(self, name) == type(self).model_fields[name].get_default(
-                call_default_factory=True
-            ):
-                del data[name]  # at its default: an older reader lacks nothing
-            else:
+            if name in data and getattr(self, name) != _default(type(self), name):
                 floor = max(floor, since)
-        data.pop("schema_version", None)
+            else:
+                data.pop(name, None)  # at its default: an older reader lacks nothing
         if floor > UNVERSIONED:
             data["schema_version"] = floor
         return data
+
+
+@functools.cache
+def _default(model: type[BaseModel], name: str) -> Any:
+    """A field's default, made once (compared with, never handed out)."""
+    return model.model_fields[name].get_default(call_default_factory=True)
 
 
 def unknown_fields(record: BaseModel) -> list[str]:
@@ -249,7 +265,7 @@ class ToolCeiling(Kept):
     is narrowed by every layer (never widened)."""
 
 
-class Trace(Record):
+class Trace(Evolving):
     """A main agent, a sub-agent or an evaluator: everything is a trace."""
 
     SINCE: ClassVar[dict[str, int]] = {"memory": 2}
