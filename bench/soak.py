@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -98,6 +99,7 @@ class Soak:
         memory = self.client.info("memory")
         row["redis_used_mb"] = round(int(memory["used_memory"]) / 2**20, 2)
         row["redis_keys"] = int(self.client.dbsize())
+        row["redis_keys_no_ttl"] = sum(lasting(self.client).values())
         row["queued"] = sum(redis_queue_lengths(self.client, QUEUES).values())
         row["in_flight"] = len(self.open)
         row |= percentiles("first_call_ms", [f for f, _ in self.ended])
@@ -106,6 +108,16 @@ class Soak:
         self.ended = []
         self.rows.append(row)
         return row
+
+
+def lasting(client: redis.Redis) -> dict[str, int]:
+    """Keys with no TTL, by shape (ids folded): what a steady fleet must not grow."""
+    shapes: dict[str, int] = {}
+    for key in client.scan_iter(count=1000):
+        if client.ttl(key) == -1:
+            shape = re.sub(r"\d{8}T\d{6}-[0-9a-f]+|[0-9a-f]{8,}|\d+", "N", str(key))
+            shapes[shape] = shapes.get(shape, 0) + 1
+    return shapes
 
 
 def process_numbers(pid: int) -> dict[str, float]:
@@ -204,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         columns = [c for c in rows[0] if c != "minute"]
         slopes = {c: round(slope_per_10_min(rows, c), 2) for c in columns}
         print(json.dumps({"slopes_per_10_min_after_warmup": slopes, "failed": soak.failed}))
+        print(json.dumps({"keys_without_ttl": lasting(soak.client)}))
         if options.csv:
             header = list(soak.rows[0])
             lines = [",".join(header)] + [",".join(str(r[h]) for h in header) for r in soak.rows]
