@@ -110,11 +110,13 @@ class Soak:
         return row
 
 
-def lasting(client: redis.Redis) -> dict[str, int]:
-    """Keys with no TTL, by shape (ids folded): what a steady fleet must not grow."""
+def lasting(client: redis.Redis, over_s: int = -1) -> dict[str, int]:
+    """Keys with no TTL (or one above `over_s`), by shape (ids folded): what a steady fleet
+    must not grow."""
     shapes: dict[str, int] = {}
     for key in client.scan_iter(count=1000):
-        if client.ttl(key) == -1:
+        ttl_s = client.ttl(key)
+        if ttl_s == -1 or (over_s >= 0 and ttl_s > over_s):
             shape = re.sub(r"\d{8}T\d{6}-[0-9a-f]+|[0-9a-f]{8,}|\d+", "N", str(key))
             shapes[shape] = shapes.get(shape, 0) + 1
     return shapes
@@ -217,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         slopes = {c: round(slope_per_10_min(rows, c), 2) for c in columns}
         print(json.dumps({"slopes_per_10_min_after_warmup": slopes, "failed": soak.failed}))
         print(json.dumps({"keys_without_ttl": lasting(soak.client)}))
+        longer = lasting(soak.client, over_s=10 * options.retention_s)
+        print(json.dumps({"keys_kept_past_10x_retention": longer}))
         if options.csv:
             header = list(soak.rows[0])
             lines = [",".join(header)] + [",".join(str(r[h]) for h in header) for r in soak.rows]
