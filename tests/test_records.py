@@ -15,7 +15,9 @@ import pytest
 import redis
 
 from fleet.errors import NewerRecord
-from fleet.models import SCHEMA_VERSION, Collaborator, Event, Message, Trace
+from fleet.experiences.model import Experience
+from fleet.memory.model import Entry
+from fleet.models import SCHEMA_VERSION, Collaborator, Event, Message, Record, Trace
 from fleet.storage import keys, outbox
 from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.backends.redis.store import RedisStore
@@ -49,10 +51,16 @@ def test_a_trace_bound_to_memory_says_which_schema_reads_it() -> None:
         (Event, {"kind": "trace", "trace_id": "t"}),
         (Posted, {"sender": "bob", "content": "hi"}),
         (CallStatus, {"state": "queued"}),
+        (Experience, {"id": "e1", "scope": "user:bob", "condition": "c", "rule": "r"}),
+        (
+            Entry,
+            {"namespace": "user:bob", "key": "k", "value": 1, "version": 1}
+            | {"updated_at_ms": 1, "writer": "operator"},
+        ),
     ],
 )
 def test_a_field_of_a_newer_release_is_kept_through_a_rewrite(
-    model: type[Message | Collaborator | Event | Posted | CallStatus], data: dict[str, object]
+    model: type[Record], data: dict[str, object]
 ) -> None:
     text = json.dumps({**data, "from_the_future": {"x": [1]}})
     record = model.model_validate_json(text)
