@@ -164,8 +164,14 @@ class TraceStats(Kept):
     """Prompt tokens written to the provider's prompt cache (part of `prompt_tokens`)."""
 
 
-class Collaborator(Record):
-    """One child (or human) working for a parent trace."""
+class Collaborator(Evolving):
+    """One child (or human) working for a parent trace.
+
+    An entry is rewritten whole at every status change: a field added to it goes in `SINCE`,
+    or the previous release refuses every entry of every parent its workers settle.
+    """
+
+    SINCE: ClassVar[dict[str, int]] = {}
 
     name: str
     type: CollaboratorType = "agent"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import ClassVar
 
 import pytest
 import redis
@@ -143,3 +144,15 @@ def test_fleet_version_names_the_release_and_its_schemas() -> None:
         check=True,
     ).stdout
     assert out.startswith("fleet 0.2.0 ") and f"record schema {SCHEMA_VERSION}" in out
+
+
+def test_a_collaborator_field_added_later_is_written_only_when_set() -> None:
+    # As a release that adds `Collaborator.priority` (default 0) lists it in SINCE.
+    class Later(Collaborator):
+        SINCE: ClassVar[dict[str, int]] = {"priority": 3}
+        priority: int = 0
+
+    plain = json.loads(Later(name="a", trace_id="p@a").model_dump_json())
+    assert "priority" not in plain and "schema_version" not in plain
+    set_ = json.loads(Later(name="a", trace_id="p@a", priority=2).model_dump_json())
+    assert set_["priority"] == 2 and set_["schema_version"] == 3
