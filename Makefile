@@ -75,6 +75,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/explore_bench.py --quick
 	$(PY) bench/cli_bench.py --quick
+	$(PY) bench/branch_cost_bench.py --quick
 
 # Fault injection (docs/reliability.md): every scenario x 20 runs, ~40 min; not part of `make`.
 faults: $(STAMP)

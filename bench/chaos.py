@@ -110,7 +110,7 @@ def describe(store: TraceStore, root_id: str) -> str:
         stop = store.stop_requested(trace_id)
         lines.append(
             f"  {trace_id} {trace.status} it={trace.iteration} lease={holder} stop={stop}"
-            f" updated={trace.updated_at_ms} meta={trace.metadata}"
+            f" updated={trace.updated_at_ms} run={trace.run.model_dump(exclude_defaults=True)}"
         )
     for entry in store.collaborators(root_id):
         lines.append(f"  entry {entry.trace_id} {entry.status}")

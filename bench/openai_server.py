@@ -13,6 +13,10 @@ process may ask it anything in any order:
 
 The latency is the model name: `lat200` waits 200 ms before answering. One asyncio loop
 serves every connection (HTTP/1.1 keep-alive), so hundreds of calls wait together.
+
+`GET /v1/arrivals` returns (`?clear`: and forgets) when (`time.time()`) each task's first request
+arrived (`first`), how many requests came in all (`count`), and when the first answer with
+an `agent` call left (`spawned`): bench/branch_cost_bench.py's clocks.
 """
 
 from __future__ import annotations
@@ -22,12 +26,31 @@ import asyncio
 import json
 import re
 import sys
+import time
 from itertools import count
 from typing import Any
 
 _ROOT = re.compile(r"survey the workspace in (\d+) branches")
 _LATENCY = re.compile(r"lat(\d+)")
 _ids = count(1)
+_seen: dict[str, Any] = {"first": {}, "count": 0, "spawned": {}}
+
+
+def _arrived(body: dict[str, Any]) -> str:
+    """Note the request's arrival under its task; the task."""
+    messages = body.get("messages") or []
+    task = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
+    _seen["first"].setdefault(task, time.time())
+    _seen["count"] += 1
+    return task
+
+
+def _arrivals(clear: bool) -> bytes:
+    global _seen
+    payload = json.dumps(_seen).encode()
+    if clear:
+        _seen = {"first": {}, "count": 0, "spawned": {}}
+    return payload
 
 
 def answer(body: dict[str, Any]) -> dict[str, Any]:
@@ -96,13 +119,20 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             fields = dict(line.split(":", 1) for line in lines[1:] if ":" in line)
             length = int({k.lower(): v for k, v in fields.items()}.get("content-length", "0"))
             raw = await reader.readexactly(length)
+            if lines[0].startswith("GET ") and "/arrivals" in lines[0]:
+                await _respond(writer, "200 OK", _arrivals("clear" in lines[0]))
+                continue
             if not lines[0].startswith("POST ") or "/chat/completions" not in lines[0]:
                 await _respond(writer, "404 Not Found", b'{"error": {"message": "not found"}}')
                 continue
             body = json.loads(raw)
+            task = _arrived(body)
             if (wait_s := latency_s(body)) > 0:
                 await asyncio.sleep(wait_s)
-            await _respond(writer, "200 OK", completion(body))
+            payload = completion(body)
+            await _respond(writer, "200 OK", payload)
+            if b'"agent"' in payload:
+                _seen["spawned"].setdefault(task, time.time())
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
     finally:

@@ -107,3 +107,10 @@ def http_summary(answers: list[str], base_url: str, model: str, task: str) -> fl
     ]
     _complete(base_url, model, messages)
     return time.time()
+
+
+@app.task(name="bench.http_once")  # type: ignore[untyped-decorator]
+def http_once(base_url: str, model: str, task: str) -> str:
+    """One completion of a task, as a one-turn fleet run makes (bench/branch_cost_bench.py)."""
+    messages = [_system(), {"role": "user", "content": task}]
+    return str(_complete(base_url, model, messages)["content"])

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["Fleet", "HookBlocked", "Hooks", "InProcessFleet"]
+__all__ = ["AsyncFleet", "Fleet", "HookBlocked", "Hooks", "InProcessFleet"]
 
 if TYPE_CHECKING:
+    from fleet.aio.client import AsyncFleet
     from fleet.client import Fleet
     from fleet.errors import HookBlocked
     from fleet.inprocess import InProcessFleet
@@ -22,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from fleet.inprocess import InProcessFleet
 
         return InProcessFleet
+    if name == "AsyncFleet":
+        from fleet.aio.client import AsyncFleet
+
+        return AsyncFleet
     if name == "Fleet":
         from fleet.client import Fleet
 

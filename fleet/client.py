@@ -6,31 +6,34 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from fleet import lifecycle
 from fleet.backends import Backend, RunsNoAgents
 from fleet.backends import load_backend as load_backend
 from fleet.control import subtree
 from fleet.conversation import approval, human, messages
-from fleet.conversation.continuation import continue_trace, stamp, turn_of
+from fleet.conversation.continuation import continue_trace, regenerate, stamp, turn_of
 from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.human import waiting_traces
+from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
+from fleet.discovery import client_settings, url_chosen
 from fleet.errors import BrokerUnavailable
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
-from fleet.following import Follower
 from fleet.lifecycle import stop_subtree
 from fleet.limits.budget import Budget
 from fleet.limits.trees import Priority
+from fleet.loop.compact import Compacted, compact_now
 from fleet.memory.board import MEMORY
 from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
+from fleet.observe.following import Follower
 from fleet.runtime import Runtime
-from fleet.settings import Settings, process_settings
+from fleet.settings import Settings
 from fleet.storage.store import TraceStore
-from fleet.storage.watchdog import check_served
+from fleet.storage.watchdog import check_served, require_a_fleet
 
 if TYPE_CHECKING:
     from fleet.batch.values import BatchEntry, BatchResult
@@ -71,20 +74,34 @@ class Fleet:
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> Fleet:
-        """Connect to FLEET_REDIS_URL / FLEET_BROKER_URL; `ConfigError` if Redis is down."""
+        """Connect to the fleet `fleet.discovery` finds, as every `fleet` command does.
+
+        FLEET_REDIS_URL (and FLEET_BROKER_URL), else the nearest `fleet up` of the working
+        directory or above it (its private `up.json`), else the default Redis, said once
+        on stderr. On a Redis nobody chose, nothing is written unless a live worker of the
+        fleet consumes one of its queues: an unrelated Redis on the default port is left
+        untouched (`NoLiveWorkers`, before any write).
+
+        Raises:
+            RedisUnreachable: the Redis does not answer.
+            NoLiveWorkers: the Redis was the default one and no fleet runs there.
+        """
         from fleet.storage.backends.redis.store import RedisStore
 
-        settings = settings or process_settings()
+        settings = settings or client_settings()
         store = RedisStore.from_url(
             settings.redis_url, settings.redis_sentinel_master, cluster=settings.redis_cluster
         )
         store.ping()
+        backend = load_backend(settings)
+        if not url_chosen(settings):
+            require_a_fleet(store, map(backend.queue, get_args(Mode)), settings.redis_url)
         runtime = Runtime.build(settings, store, RunsNoAgents(), runs_agents=False)
-        return cls(runtime, load_backend(settings))
+        return cls(runtime, backend)
 
     def submit(
         self,
-        task: str,
+        task: str | None = None,
         *,
         model: str | None = None,
         preset: str = "default",
@@ -96,15 +113,19 @@ class Fleet:
         priority: Priority = "interactive",
         images: Sequence[str | Path] = (),
         memory: Sequence[str] = (),
+        human_timeout_s: int | None = None,
+        batch_api: bool = False,
+        prompt: Path | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> Handle:
         """Create a root trace and enqueue it on its mode's queue.
 
         Args:
-            task: What the agent should do.
+            task: What the agent should do (or give `prompt`).
             model: Model name or alias; else the preset's, the config's default.
             preset: Agent preset of the root.
             workspace: Workspace root (must lie under FLEET_WORKSPACE_ROOTS).
-            metadata: Free-form data kept on the trace.
+            metadata: The caller's own data, kept on the trace as it is (the fleet never reads it).
             mode: `main` (may spawn sub-agents), or a single `delegate`/`explore`/`evaluate`.
             budget: What the whole tree may spend (`fleet.limits.budget.Budget`); see
                 docs/limits.md.
@@ -114,8 +135,16 @@ class Fleet:
                 guard) of PNG/JPEG/GIF/WebP images the model is shown with the task.
             memory: Long-term memory namespaces the tree may use (`user:alice`); its
                 children inherit them, and no model can name another (docs/memory.md).
+            human_timeout_s: How long the tree's waits on a person last (else the fleet's).
+            batch_api: Every model call of the tree goes through its provider's Batch API.
+            prompt: A `.prompt` file (`fleet.conversation.prompts`) in place of `task`: its
+                `$user$` part is the task, `$system$` joins the system prompt, its front
+                matter's model and temperature apply (`model` still wins).
+            variables: The values of the prompt file's `%variables%`.
         """
-        spec = TaskSpec(task, model, preset, workspace, mode, metadata, memory=tuple(memory))
+        spec = TaskSpec("", model, preset, workspace, mode, metadata, memory=tuple(memory))
+        spec = replace(spec, human_timeout_s=human_timeout_s, batch_api=batch_api)
+        spec = with_task(spec, task, prompt, variables)
         if images:
             from fleet.tools.imagesource import load_images  # its checks only when asked
 
@@ -244,6 +273,20 @@ class Fleet:
         self.backend.enqueue(trace)
         return Handle(trace_id, self, turn_of(trace))
 
+    def regenerate(self, trace_id: str, after_sequence: int) -> Handle:
+        """Run a finished root again from message `after_sequence`, with no new message.
+
+        The model answers that message once more; its earlier answer stays in the trace,
+        off the main path (`fleet.conversation.continuation.regenerate`).
+        """
+        trace = regenerate(self.runtime, trace_id, after_sequence)
+        self.backend.enqueue(trace)
+        return Handle(trace_id, self, turn_of(trace))
+
+    def compact(self, trace_id: str) -> Compacted:
+        """Summarise a finished root's main path now, here (`fleet.loop.compact.compact_now`)."""
+        return compact_now(self.runtime, trace_id)
+
     def reply(self, trace_id: str, answer: str) -> Handle:
         """Answer the question a trace waits on (`ask_human`); it resumes on any worker."""
         trace = human.reply(self.runtime, trace_id, answer)
@@ -287,10 +330,7 @@ class Fleet:
 
     @property
     def memory(self) -> MemoryDesk:
-        """Long-term memory: `namespaces`, `entries`, `get`, `set`, `history`, `approve`.
-
-        The same compare-and-set rules as the agents' tools (docs/memory.md).
-        """
+        """Long-term memory, on the agents' compare-and-set rules (docs/memory.md)."""
         board = self.runtime.store.capability(MEMORY)
         return MemoryDesk(board, self.runtime.config.memory.caps())
 
@@ -301,29 +341,51 @@ class Fleet:
         model: str | None = None,
         timeout_s: float | None = None,
         scope: str | None = None,
+        focus: str | None = None,
     ) -> list[Experience]:
         """Run a read-only reflection over a finished tree; store what it proposes, unapproved.
 
         Unless FLEET_EXPERIENCE_AUTO_APPROVE matches `execution:SCOPE` (the operator's policy).
         Every proposal goes to `scope`, which must be one the tree ran in, by default the
         root's most specific (`fleet.experiences.reflect`): never a scope the model names.
-        The reflection runs in the tree's workspace.
+        The reflection runs in the tree's workspace; `focus` says what to look at above all.
 
         `ConversationError` if the tree has not finished; `TraceNotFound` if there is none;
         `ConfigError` for a scope the tree did not run in.
+        """
+        handle, chosen = self.start_reflection(trace_id, model=model, scope=scope, focus=focus)
+        return self.keep_reflection(trace_id, handle.wait(timeout_s), chosen)
+
+    def start_reflection(
+        self,
+        trace_id: str,
+        *,
+        model: str | None = None,
+        scope: str | None = None,
+        focus: str | None = None,
+    ) -> tuple[Handle, str]:
+        """Submit the reflection of `reflect` without waiting.
+
+        Returns its handle and the scope its proposals go to (`keep_reflection` stores
+        them once it ended).
         """
         from fleet.experiences import reflect
 
         root = self.store.get_trace(trace_id)
         allowed = reflect.tree_scopes(self.store, trace_id)
         chosen = reflect.check_scope(scope or reflect.default_scope(root), allowed, trace_id)
-        task = reflect.reflection_task(self.store, trace_id)
+        task = reflect.reflection_task(self.store, trace_id, focus)
         workspace = Path(root.workspace) if root.workspace else None
         handle = self.submit(task, model=model, preset=reflect.REFLECT_PRESET, workspace=workspace)
-        done = handle.wait(timeout_s)
+        return handle, chosen
+
+    def keep_reflection(self, trace_id: str, done: Trace, scope: str) -> list[Experience]:
+        """Store the proposals of a reflection on `trace_id` that ended as `done`."""
+        from fleet.experiences import reflect
+
         policy = self.runtime.settings.experience_auto_approve
         tree = subtree(self.store, trace_id)
-        proposed = reflect.proposals(done.answer or "", tree, chosen, policy)
+        proposed = reflect.proposals(done.answer or "", tree, scope, policy)
         for experience in proposed:
             self.experiences.put(experience)
         return proposed
@@ -340,7 +402,7 @@ class Fleet:
         turn: int = 0,
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
-        """Events of the trace's tree until it finishes (`fleet.following.Follower.events`)."""
+        """Events of the trace's tree until it finishes (`observe.following.Follower.events`)."""
         return self._follower().events(trace_id, timeout_s, turn=turn, cancel=cancel)
 
     def wait(self, trace_id: str, timeout_s: float | None = None, *, turn: int = 0) -> Trace:
@@ -348,5 +410,4 @@ class Fleet:
         return self._follower().wait(trace_id, timeout_s, turn=turn)
 
     def _follower(self) -> Follower:
-        settings = self.runtime.settings
-        return Follower(self.store, self.backend.queue, settings.no_worker_timeout_s)
+        return Follower(self.store, self.backend.queue, self.runtime.settings.no_worker_timeout_s)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fleet.models import now_ms
+from fleet.errors import TraceNotFound
+from fleet.models import Trace, now_ms
 from fleet.storage.store import TraceRecords, TraceStore
 
 
@@ -24,3 +25,22 @@ def claim_dead_runs(store: TraceStore, at_ms: int | None = None) -> list[str]:
             if not store.get_trace(trace_id).is_terminal:
                 claimed.append(trace_id)
     return claimed
+
+
+def existing(store: TraceRecords, trace_ids: list[str], chunk: int = 500) -> list[Trace]:
+    """The traces of `trace_ids` still stored, in order (an index entry may outlive its trace)."""
+    found: list[Trace] = []
+    for start in range(0, len(trace_ids), chunk):
+        ids = trace_ids[start : start + chunk]
+        try:
+            found += store.get_traces(ids)
+        except TraceNotFound:  # one expired: read these one by one
+            found += [t for t in (_or_none(store, i) for i in ids) if t is not None]
+    return found
+
+
+def _or_none(store: TraceRecords, trace_id: str) -> Trace | None:
+    try:
+        return store.get_trace(trace_id)
+    except TraceNotFound:
+        return None

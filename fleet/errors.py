@@ -41,6 +41,10 @@ class InvalidTraceId(TraceNotFound):
 class TransientLLMError(FleetError):
     """A model call failed in a way a retry may fix (429, 5xx, timeout)."""
 
+    attempts: tuple[dict[str, object], ...] = ()
+    """The call's HTTP attempts (`fleet.llm.timing.Attempt.as_dict`), set by the loop that
+    made it, so the `queued` event of the hand-back lists them for the trace page."""
+
 
 class ProviderOverloaded(TransientLLMError):
     """The provider answered 429/503/529: the whole fleet backs off it, this run is handed back.
@@ -77,6 +81,10 @@ class ContextOverflow(FleetError):
 
 class LeaseLost(FleetError):
     """A runner's write was refused: its lease lapsed and another runner may own the trace."""
+
+
+class StopLanded(FleetError):
+    """A write made `unless_stopped` was refused whole: the trace's stop flag is raised."""
 
 
 class NoLiveWorkers(FleetError):

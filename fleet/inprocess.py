@@ -13,8 +13,9 @@ from typing import Any, assert_never
 
 from fleet.children import after
 from fleet.conversation import approval, human
-from fleet.conversation.continuation import continue_trace
+from fleet.conversation.continuation import continue_trace, regenerate
 from fleet.conversation.fanout import fan_out_task
+from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
 from fleet.lifecycle.recorder import recorder_id, wants_recorder
@@ -87,28 +88,35 @@ class InProcessFleet:
 
     def run(
         self,
-        task: str,
+        task: str | None = None,
         *,
         model: str | None = None,
         preset: str = "default",
         metadata: Mapping[str, Any] | None = None,
         images: Sequence[str | Path] = (),
         memory: Sequence[str] = (),
+        human_timeout_s: int | None = None,
+        prompt: Path | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> Trace:
         """Create a root trace, run it until it ends or waits on a person, return it.
 
-        `images`: file paths or http(s) URLs shown to the model with the task; `memory`:
-        the long-term memory namespaces the tree may use.
+        `images`: file paths or http(s) URLs shown to the model with the task; `metadata`:
+        the caller's own, kept as it is; `human_timeout_s`: how long a wait on a person lasts;
+        `memory`: the long-term memory namespaces the tree may use; `prompt` and
+        `variables`: a prompt file in place of `task` (as `Fleet.submit`).
         """
         loaded = load_images(images, web_allow=self.runtime.settings.web_allow)
         spec = TaskSpec(
-            task=task,
+            task="",
             model=model,
             preset=preset,
             metadata=metadata,
             images=loaded,
             memory=tuple(memory),
+            human_timeout_s=human_timeout_s,
         )
+        spec = with_task(spec, task, prompt, variables)
         trace = create_root(self.runtime, spec)
         return self._run(trace.trace_id)
 
@@ -132,6 +140,11 @@ class InProcessFleet:
     ) -> Trace:
         """Continue a finished root with `message` (after message `after_sequence`), run it."""
         continue_trace(self.runtime, trace_id, message, after_sequence)
+        return self._run(trace_id)
+
+    def regenerate(self, trace_id: str, after_sequence: int) -> Trace:
+        """Run a finished root again from message `after_sequence` (no new message)."""
+        regenerate(self.runtime, trace_id, after_sequence)
         return self._run(trace_id)
 
     def reply(self, trace_id: str, answer: str) -> Trace:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, TypedDict
+from typing import Annotated, Any, ClassVar, Literal, TypedDict, Unpack
 
 from pydantic import (
     AfterValidator,
@@ -24,11 +24,13 @@ from pydantic import (
 
 from fleet.errors import NewerRecord
 from fleet.goals import GoalTree
+from fleet.runstate import RunPatch, RunState
+from fleet.runstate import check_patch as check_run_patch  # the trace's own: check_patch
 
-Mode = Literal["main", "delegate", "explore", "evaluate"]
+Mode = Literal["main", "delegate", "explore", "evaluate", "remote"]
 Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped"]
 CollaboratorStatus = Literal["running", "waiting", "completed", "failed", "stopped"]
-CollaboratorType = Literal["agent", "human", "approval", "batch"]
+CollaboratorType = Literal["agent", "human", "approval", "batch", "remote"]
 Role = Literal["system", "user", "assistant", "tool"]
 Content = str | list[dict[str, Any]] | None
 """A message's content: text, or a list of OpenAI-format parts (`text`, and `image_ref`:
@@ -171,7 +173,7 @@ class Collaborator(Evolving):
     or the previous release refuses every entry of every parent its workers settle.
     """
 
-    SINCE: ClassVar[dict[str, int]] = {}
+    SINCE: ClassVar[dict[str, int]] = {"remote_id": 2}
 
     name: str
     type: CollaboratorType = "agent"
@@ -185,6 +187,8 @@ class Collaborator(Evolving):
     """The child's validated structured answer (evaluate verdict, `output_schema`)."""
     batch_id: str | None = None
     """For `type: batch`: the provider batch holding the call (None while queued)."""
+    remote_id: str | None = None
+    """For a `remote` child: its A2A task, `agent://NAME/<task id>` (None until sent)."""
     updated_at_ms: int = Field(default_factory=now_ms)
 
 
@@ -292,6 +296,10 @@ class Trace(Evolving):
     context: dict[str, Any] = Field(default_factory=dict)
     skills: list[str] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    """The caller's own data (a submission's, a batch line's): the fleet never reads it."""
+    run: RunState = Field(default_factory=RunState)
+    """The fleet's own state of this trace (`fleet.runstate`): stored field by field, written
+    only through `update_run`/`TraceWrite.update_run`, never by an update of the trace."""
     ceiling: ToolCeiling = Field(default_factory=ToolCeiling)
     """Inherited from the parent: this trace's tools are its preset's within this."""
     memory: list[str] = Field(default_factory=list)
@@ -316,6 +324,11 @@ class Trace(Evolving):
         """True once the trace completed, failed or was stopped."""
         return self.status in TERMINAL
 
+    def with_run(self, **fields: Unpack[RunPatch]) -> Trace:
+        """A copy with these run-state fields set (as `update_run` writes them)."""
+        run = RunState.model_validate({**self.run.model_dump(), **check_run_patch(fields)})
+        return self.model_copy(update={"run": run})
+
 
 def task_images(trace: Trace) -> str:
     """`2 image(s): [image PNG 800x600, 12.3 KB], ...` for a task given images; else ""."""
@@ -329,7 +342,8 @@ class TracePatch(TypedDict, total=False):
     """The fields of a `Trace` an update may write (the store's `update_trace`).
 
     Identity (`trace_id`, `root_trace_id`, `parent_trace_id`, `mode`, `task`, `created_at_ms`)
-    and `stats` (added to with `add_stats`) are never overwritten.
+    and `stats` (added to with `add_stats`) are never overwritten; `run` is written field by
+    field (`update_run`), never as a whole.
     """
 
     status: Status
@@ -354,11 +368,9 @@ class TracePatch(TypedDict, total=False):
 
 
 def check_patch(fields: Mapping[str, object]) -> None:
-    """`ValueError` naming a field an update may not write.
-
-    A Trace keeps fields it does not know (`Record`); no writer of this release
-    invents one.
-    """
+    """`ValueError` naming `run` or a stranger (kept when read, `Record`, never invented)."""
+    if "run" in fields:
+        raise ValueError("the run state is written field by field (update_run), not as a whole")
     strangers = sorted(set(fields) - Trace.model_fields.keys())
     if strangers:
         raise ValueError(f"{strangers[0]!r} is not a field of a trace this release writes")

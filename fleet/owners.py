@@ -9,6 +9,8 @@ What moves a trace that has not ended (its *owner*):
 - `waiting` on a person: the person, and the wait's deadline.
 - `waiting` on a provider batch: its call's entry in the batch queue (`fleet.batchapi`);
   a trace parked on a call the queue does not know is sent again (its run queues it).
+- `waiting` on a remote agent's A2A task: its entry in the pollers' watch list
+  (`fleet.remote`); one without is sent again (its run parks it again).
 - `waiting` on children: a child that has not ended, or the outbox entry that settles them.
 - any trace told to stop: its runner, if one holds the lease; else nothing, so the stop
   itself is finished here.
@@ -23,29 +25,28 @@ fails, with an error saying what it lost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from fleet.errors import TraceNotFound
 from fleet.history import main_path, open_turn
-from fleet.lifecycle import BATCH_KEY, PERSON_KEY
 from fleet.models import Trace
 from fleet.storage import outbox
 from fleet.storage.batch_calls import CallStates, batch_calls
+from fleet.storage.remote_watch import REMOTE_WATCH
 from fleet.storage.store import TraceRecords, TraceStore
 
 MAX_HEALS = 3
 """Remedies per trace before it fails as lost."""
-HEALS_KEY = "owner_heals"
-"""Trace metadata: how many remedies the owner check applied to it."""
 
 
 class OwnerIndex(Protocol):
     """What the check reads beyond the trace store (`fleet.storage.owner_index`)."""
 
     def open_trees(self, limit: int) -> list[str]: ...  # noqa: D102
+    def open_tree_pages(self, page_size: int) -> Iterator[list[str]]: ...  # noqa: D102
     def untrack_tree(self, root_trace_id: str) -> None: ...  # noqa: D102
     def outbox_has(self, entries: Sequence[str]) -> list[bool]: ...  # noqa: D102
     def last_event_ms(self, root_trace_id: str) -> int | None: ...  # noqa: D102
@@ -113,29 +114,30 @@ def check(
     index: OwnerIndex,
     at_ms: int,
     quiet_ms: int,
-    limit: int = 1_000,
+    page_size: int = 1_000,
     *,
     forget: bool = True,
 ) -> list[Remedy]:
     """The remedies of every open tree quiet for `quiet_ms`.
 
-    With `forget` (the workers' check), trees that ended leave the index; `fleet doctor`
-    only reads.
+    Every tree of the open-trees index is visited, a page of `page_size` at a time (a
+    cursor over the index: a check used to read only the `page_size` oldest, so past that
+    many open trees a newer one was never checked). With `forget` (the workers' check),
+    trees that ended leave the index; `fleet doctor` only reads.
     """
     remedies: list[Remedy] = []
-    lapsed: frozenset[str] | None = None  # read once per check, not once per tree
-    for root in index.open_trees(limit):
-        last_ms = index.last_event_ms(root)
-        if last_ms is not None and at_ms - last_ms < quiet_ms:
-            continue  # it is moving
-        if tree_ended(store, root):
-            if forget:
-                index.untrack_tree(root)
-            continue
-        if lapsed is None:
-            lapsed = frozenset(store.expired_leases(at_ms))
-        state = read_tree(store, index, root, at_ms, quiet_ms, lapsed)
-        remedies += _remedies(store, state)
+    lapsed: list[frozenset[str]] = []  # read once per check, not once per tree
+    for page in index.open_tree_pages(page_size):
+        for root in page:
+            last_ms = index.last_event_ms(root)
+            if last_ms is not None and at_ms - last_ms < quiet_ms:
+                continue  # it is moving
+            if tree_ended(store, root):
+                if forget:
+                    index.untrack_tree(root)
+                continue
+            lapsed = lapsed or [frozenset(store.expired_leases(at_ms))]
+            remedies += _remedies(store, read_tree(store, index, root, at_ms, quiet_ms, lapsed[0]))
     return remedies
 
 
@@ -240,17 +242,22 @@ def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
     return _waiting(store, state, trace)
 
 
-def _waiting(store: TraceRecords, state: TreeState, trace: Trace) -> Remedy | None:
-    if PERSON_KEY in trace.metadata:
+def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
+    if trace.run.waiting_on is not None:
         return None  # a person (and the wait's deadline) owns it: a question or an approval
-    parked = trace.metadata.get(BATCH_KEY)
-    if isinstance(parked, dict) and parked.get("state") == "parked":
+    parked = trace.run.waiting_on_batch
+    if parked is not None and parked.state == "parked":
         calls: CallStates = batch_calls(store)
-        custom_id = str(parked.get("custom_id"))
+        custom_id = str(parked.custom_id)
         (status,) = calls.statuses([custom_id])
         if status is not None or calls.answer_of(custom_id) is not None:
             return None  # its call (queued, in a batch, or answered and being resumed) owns it
         return Resend(trace, "waiting on a provider batch that holds no call of it")
+    remote = trace.run.remote_call
+    if remote is not None and remote.state == "sent":
+        if store.capability(REMOTE_WATCH).watched(trace.trace_id):
+            return None  # the pollers' watch list owns it (`fleet.remote.poll`)
+        return Resend(trace, "waiting on a remote task that no poller watches")
     kids = [state.traces[c] for c in state.children.get(trace.trace_id, []) if c in state.traces]
     if any(not k.is_terminal for k in kids):
         return None  # live children own it
@@ -270,7 +277,7 @@ def _owned_by_outbox(state: TreeState, trace: Trace) -> bool:
 
 
 def _or_fail(remedy: Remedy) -> Remedy:
-    heals = int(remedy.trace.metadata.get(HEALS_KEY, 0))
+    heals = remedy.trace.run.owner_heals  # written by each remedy (`run.owner_heals`)
     if heals < MAX_HEALS or isinstance(remedy, Stop):
         return remedy
     return Fail(remedy.trace, f"lost: {remedy.why}; still so after {heals} attempts to heal it")

@@ -201,6 +201,14 @@ class Runtime:
         """The preset, or `ConfigError` listing the known ones."""
         return get_preset(self.presets, name)
 
+    def temperature(self, trace: Trace) -> float | None:
+        """The trace's sampling temperature: its submitter's, else its preset's.
+
+        The submitter's was checked against the preset when the root was created.
+        """
+        asked = trace.context.get("temperature")
+        return float(asked) if asked is not None else self.preset(trace.preset).temperature
+
     def context_window(self, model_name: str) -> int | None:
         """The `context_window` of a model alias in fleet.yaml, if it has one."""
         alias = self.config.models.get(model_name)

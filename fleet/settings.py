@@ -34,6 +34,7 @@ from fleet.security.envvalues import (
     model_of,
     name_list,
     positive_s,
+    trace_url_template,
     user_path,
     whole_number,
 )
@@ -91,6 +92,7 @@ ENV_NAMES = (
     "FLEET_STUCK_AFTER_S",
     "FLEET_OWNER_CHECK_INTERVAL_S",
     "FLEET_BATCH_POLL_S",
+    "FLEET_REMOTE_POLL_S",
     "FLEET_BATCH_FLUSH_S",
     "FLEET_BATCH_MAX_REQUESTS",
     "FLEET_BATCH_RETRY",
@@ -99,6 +101,7 @@ ENV_NAMES = (
     "FLEET_RESULT_BACKEND_URL",
     "FLEET_PROBE_DIR",
     "FLEET_SERVE_TOKEN",
+    "FLEET_TRACE_URL_TEMPLATE",
     "FLEET_STATE_DIR",
     "FLEET_CELERY_PATCHES_OFF",
     "XDG_STATE_HOME",
@@ -186,6 +189,8 @@ class Settings:
     batch_poll_s: float = 30.0
     """FLEET_BATCH_POLL_S: how often one worker of the fleet flushes the provider-batch queue
     and polls the provider batches in flight (`fleet.batchapi`)."""
+    remote_poll_s: float = 2.0
+    """FLEET_REMOTE_POLL_S: how often a parked remote sub-agent's A2A task is asked about."""
     batch_flush_s: float = 60.0
     """FLEET_BATCH_FLUSH_S: the oldest queued call of a provider waits at most this long
     before its calls are sent as one provider batch (a full batch goes at once)."""
@@ -202,6 +207,9 @@ class Settings:
     """FLEET_PROBE_DIR: where a worker writes its liveness and readiness files."""
     serve_token: str | None = field(default=None, repr=False)
     """FLEET_SERVE_TOKEN: the bearer token `fleet serve` requires (needed off loopback)."""
+    trace_url_template: str | None = None
+    """FLEET_TRACE_URL_TEMPLATE: the trace page of a trace id (`{trace_id}` in an http(s)
+    URL), shown with each task in Flower."""
     state_home: Path = field(default_factory=lambda: _state_home({}))
     """XDG_STATE_HOME/agent-fleet (default ~/.local/state/agent-fleet): where each local
     `fleet up` keeps its Redis data, logs and `up.json`, one folder per fleet directory."""
@@ -262,12 +270,14 @@ class Settings:
             stuck_after_s=positive_s(env, "FLEET_STUCK_AFTER_S", 15.0),
             owner_check_interval_s=positive_s(env, "FLEET_OWNER_CHECK_INTERVAL_S", 5.0),
             batch_poll_s=positive_s(env, "FLEET_BATCH_POLL_S", 30.0),
+            remote_poll_s=positive_s(env, "FLEET_REMOTE_POLL_S", 2.0),
             batch_flush_s=positive_s(env, "FLEET_BATCH_FLUSH_S", 60.0),
             batch_max_requests=whole_number(env, "FLEET_BATCH_MAX_REQUESTS", 10_000),
             batch_retry=_batch_retry(env.get("FLEET_BATCH_RETRY")),
             retention_s=whole_number(env, "FLEET_RETENTION_S", keys.TRACE_TTL_S),
             probe_dir=Path(env.get("FLEET_PROBE_DIR") or "/tmp"),
             serve_token=env.get("FLEET_SERVE_TOKEN") or None,
+            trace_url_template=trace_url_template(env.get("FLEET_TRACE_URL_TEMPLATE")),
             state_home=_state_home(env),
             state_dir=absolute_path(env.get("FLEET_STATE_DIR")),
             celery_patches_off=name_list(env.get("FLEET_CELERY_PATCHES_OFF")),

@@ -10,9 +10,11 @@ into the fleet's Redis, where listings, `trace show`, compaction, the owner chec
   every agent collaborator entry and every event names one (a parent elsewhere put the
   trace into another tree's listing and `trace show`);
 - every trace ended (completed, failed, stopped): nothing runs or waits on an import;
-- no field the fleet keeps for itself: in the trace hash only Trace fields, `stats` and
-  messages (not `stop`, `uncounted`, a packed form or anything else); in `metadata` none of
-  `RESERVED_METADATA` (an approved call would let a continued run skip its approval);
+- no field the fleet keeps for itself: in the trace hash only Trace fields, `stats`,
+  messages and the run-state fields an ended trace is read with (`ARCHIVED_RUN_FIELDS`:
+  its stop reason, turn, context note, model fallbacks); not `stop`, `uncounted`, a packed
+  form, and no pending run state (an approved call would let a continued run skip its
+  approval; a wait, a parked batch call or a fan-out plan would steer the fleet);
 - no trace id or root Redis already holds a key of (a root equal to a live one ran
   compaction, TTL and event moves on the live tree), except the tree this same file began
   to import: its import mark (`keys.imported`) matches, so an import cut short runs again;
@@ -20,7 +22,8 @@ into the fleet's Redis, where listings, `trace show`, compaction, the owner chec
 
 `refusal_of_record`, `refusal_of_tree`, `refusal_of_events` and `refusal_of_ids` are the
 rules read from the file (one line each to extend); `refusal_of_live` needs the store.
-Export strips the reserved keys (`strip_reserved`), so the fleet's own archives import.
+Export keeps only those fields (`strip_reserved`), so the fleet's own archives import.
+`metadata` is the caller's alone (`fleet.runstate`): the fleet reads nothing from it.
 """
 
 from __future__ import annotations
@@ -31,30 +34,16 @@ from collections.abc import Iterable
 from fleet.ids import root_of
 from fleet.models import TERMINAL, Collaborator, Event, Trace
 from fleet.storage.backends.redis.archive import TraceRecord, TreeArchive, TreeRecord
-from fleet.storage.backends.redis.writes import MESSAGE_FIELD, TRACE_FIELDS
+from fleet.storage.backends.redis.writes import MESSAGE_FIELD, RUN_FIELD, TRACE_FIELDS
 
-RESERVED_METADATA = frozenset(
-    {
-        "approved_call",  # fleet.conversation.approval: the call `fleet approve` approved
-        "waiting_on",  # fleet.lifecycle.status: the person (or approval) waited on
-        "waiting_on_batch",  # fleet.lifecycle.batch: the provider batch call parked
-        "batch_call",  # fleet.batchapi.route
-        "fan_out",  # fleet.conversation.fanout: the tasks a fan-out root explores
-        "owner_heals",  # fleet.owners
-        "transient_retries",  # fleet.loop.turns
-        "overloads",  # fleet.loop.turns
-        "model_fallbacks",  # fleet.llm.fallback
-        "correction",  # fleet.loop.structured
-        "warm_after_first",  # fleet.children.warming
-    }
+ARCHIVED_RUN_FIELDS = frozenset(
+    RUN_FIELD + name
+    for name in ("schema_version", "stop_reason", "turn", "context", "model_fallbacks")
 )
-"""Metadata keys the fleet itself writes and reads back as run state, not the caller's.
-
-Not here, though the fleet writes them too: `turn` (fleet.conversation.continuation) and
-`context` (fleet.loop.fit's note), which a continued import reads to tell its new turn's
-events from the archived ones and to count compactions; a forged value steers nothing.
-"""
-HASH_FIELDS = frozenset(TRACE_FIELDS)
+"""The run-state fields (`r:{name}`) of an ended trace an archive carries: what `trace show`
+prints and what a continued import reads (`turn` tells its new run's events from the
+archived ones). Every other one is pending state the fleet acts on, never archived."""
+HASH_FIELDS = frozenset(TRACE_FIELDS) | ARCHIVED_RUN_FIELDS
 """The trace hash's fields an archive may carry, besides its messages (`m:N`)."""
 
 
@@ -65,8 +54,6 @@ def refusal_of_record(record: TraceRecord, trace: Trace) -> str | None:
         return f"field {extra[0][:40]!r} is the fleet's own, not an archived trace's"
     if trace.status not in TERMINAL:
         return f"trace {trace.trace_id!r} is {trace.status}: only ended trees are imported"
-    if reserved := sorted(RESERVED_METADATA & set(trace.metadata)):
-        return f"metadata {reserved[0]!r} of trace {trace.trace_id!r} is the fleet's run state"
     return None
 
 
@@ -127,8 +114,4 @@ def strip_reserved(record: TraceRecord) -> TraceRecord:
         for name, value in record.fields.items()
         if name in HASH_FIELDS or name.startswith(MESSAGE_FIELD)
     }
-    metadata = json.loads(fields.get("metadata", "{}"))
-    if isinstance(metadata, dict) and RESERVED_METADATA & set(metadata):
-        kept = {k: v for k, v in metadata.items() if k not in RESERVED_METADATA}
-        fields["metadata"] = json.dumps(kept, ensure_ascii=False)
     return TraceRecord(fields, record.collaborators)

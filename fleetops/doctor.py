@@ -16,6 +16,7 @@ from fleet.presets import load_presets
 from fleet.runtime import operator_config
 from fleet.security.trust import api_key
 from fleet.settings import Settings
+from fleet.storage.backends.redis import sentinel as redis_sentinel
 from fleet.storage.backends.redis.connect import connect, redact_url, unreachable
 from workers.app import QUEUES, transport_options
 
@@ -66,8 +67,9 @@ def check_broker(url: str, sentinel_master: str | None = None) -> Check:
     from kombu.connection import Connection
 
     options = transport_options(url, sentinel_master)
+    kombu_url, tls = redis_sentinel.for_celery(url)  # a sentinel:// URL's options, apart
     with Connection(
-        url, connect_timeout=CONNECT_TIMEOUT_S, transport_options=options
+        kombu_url, ssl=tls or False, connect_timeout=CONNECT_TIMEOUT_S, transport_options=options
     ) as connection:
         try:
             connection.ensure_connection(max_retries=1, interval_start=0, timeout=CONNECT_TIMEOUT_S)
@@ -81,8 +83,11 @@ def check_broker(url: str, sentinel_master: str | None = None) -> Check:
 def _control_app(broker_url: str, sentinel_master: str | None) -> Any:
     from celery import Celery
 
-    app = Celery("fleet-doctor", broker=broker_url, set_as_current=False)
+    kombu_url, tls = redis_sentinel.for_celery(broker_url)
+    app = Celery("fleet-doctor", broker=kombu_url, set_as_current=False)
     app.conf.broker_transport_options = transport_options(broker_url, sentinel_master)
+    if tls is not None:
+        app.conf.broker_use_ssl = tls
     return app
 
 

@@ -259,7 +259,7 @@ class FleetTools:
             "status": trace.status,
             "answer": trace.answer,
             "error": trace.error,
-            "stop_reason": trace.metadata.get("stop_reason"),
+            "stop_reason": trace.run.stop_reason,
             "collaborators": [
                 {
                     "name": c.name,

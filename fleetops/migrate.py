@@ -5,6 +5,9 @@ Layout 1 (up to wave 2) kept a trace's messages, stats and stop flag in keys of 
 (`m:{sequence}`, `stats`, `stop`), so one write is one HSET; it does not read layout-1 keys.
 Upgrade: stop the old workers, run `fleet migrate`, start the new ones.
 
+Every root of the traces index is also put in the roots index (`fleet.storage.root_index`,
+which lists whole trees on `fleet serve`'s front page): roots created before it existed.
+
 Each trace moves in one script (all its parts or none), so an interrupted run leaves every
 trace either moved or untouched and running again moves the rest; a message or stats field
 the new version already wrote is kept (sequences continue from the hash's `last_sequence`,
@@ -13,12 +16,14 @@ which both layouts share). Keys whose trace hash has expired are left to their o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from fleet.errors import InvalidTraceId
-from fleet.ids import check_trace_id
+from fleet.ids import check_trace_id, root_of
 from fleet.storage import keys
 
 MOVE_TRACE = """
@@ -53,6 +58,8 @@ class Migration:
     """Layout-1 keys of a trace whose hash is gone (left to expire)."""
     skipped: int = 0
     """Keys under `fleet:trace:` that are not a trace's layout-1 keys (left alone)."""
+    roots: int = 0
+    """Roots of the traces index put in the roots index (`fleet.storage.root_index`)."""
 
     def line(self, dry_run: bool) -> str:
         """One line for the terminal."""
@@ -60,6 +67,8 @@ class Migration:
         text = f"{verb} {self.traces} trace(s) to the current layout ({self.messages} messages)"
         extra = [f"{self.expired} expired" if self.expired else ""]
         extra.append(f"{self.skipped} foreign key(s) left alone" if self.skipped else "")
+        indexed = "to index" if dry_run else "indexed"
+        extra.append(f"{self.roots} root(s) {indexed}" if self.roots else "")
         notes = ", ".join(e for e in extra if e)
         return f"{text}; {notes}" if notes else text
 
@@ -81,10 +90,40 @@ def legacy_trace_ids(client: redis.Redis) -> tuple[set[str], int]:
     return found, skipped
 
 
+def index_roots(client: redis.Redis, dry_run: bool = False) -> int:
+    """Put every root of the traces index in the roots index (created before it existed).
+
+    A root's id is its own root (`fleet.ids.root_of`); its score, its creation time, is
+    the traces index's. Roots indexed already are counted again, harmlessly (same score).
+    """
+    count = 0
+    for chunk in _chunks(client.zscan_iter(keys.TRACES, count=SCAN_COUNT)):
+        roots = {str(t): ms for t, ms in chunk if _is_root(str(t))}
+        if roots and not dry_run:
+            client.zadd(keys.ROOTS, roots)
+        count += len(roots)
+    return count
+
+
+def _is_root(trace_id: str) -> bool:
+    return root_of(trace_id) == trace_id
+
+
+def _chunks(items: Iterator[Any]) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == SCAN_COUNT:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def migrate(client: redis.Redis, dry_run: bool = False) -> Migration:
-    """Move every layout-1 trace on this Redis (`client` decodes responses)."""
+    """Move every layout-1 trace on this Redis (`client` decodes responses); index roots."""
     trace_ids, skipped = legacy_trace_ids(client)
-    done = Migration(skipped=skipped)
+    done = Migration(skipped=skipped, roots=index_roots(client, dry_run))
     move = client.register_script(MOVE_TRACE)
     for trace_id in sorted(trace_ids):
         parts = [

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import redis
@@ -219,18 +220,25 @@ class SentinelGroup:
     directory: Path
     password: str | None = field(default=None, repr=False)
     """The data nodes' `requirepass`, if any (in the URL's userinfo)."""
+    sentinel_password: str | None = field(default=None, repr=False)
+    """The sentinels' `requirepass`, if any (`?sentinel_password=` in the URL)."""
 
     @property
     def url(self) -> str:
         """`sentinel://127.0.0.1:S1/0;sentinel://127.0.0.1:S2/0`, as Celery writes it."""
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
-        return ";".join(f"sentinel://{auth}{HOST}:{s.port}/0" for s in self.sentinels)
+        parts = [f"sentinel://{auth}{HOST}:{s.port}/0" for s in self.sentinels]
+        if self.sentinel_password:  # the options go on the first part
+            parts[0] += f"?sentinel_password={quote(self.sentinel_password, safe='')}"
+        return ";".join(parts)
 
     def master_port(self) -> int | None:
         """The master's port as the first live sentinel reports it."""
         for node in self.sentinels:
             with contextlib.suppress(redis.RedisError):
-                with redis.Redis(HOST, node.port, socket_timeout=1) as client:
+                with redis.Redis(
+                    HOST, node.port, socket_timeout=1, password=self.sentinel_password
+                ) as client:
                     address = client.sentinel_get_master_addr_by_name(MASTER_NAME)
                     return int(address[1]) if address else None
         return None
@@ -271,33 +279,53 @@ class SentinelGroup:
 
 @contextlib.contextmanager
 def sentinel_group(
-    directory: Path, sentinels: int = 1, password: str | None = None
+    directory: Path,
+    sentinels: int = 1,
+    password: str | None = None,
+    sentinel_password: str | None = None,
+    certs: Certs | None = None,
 ) -> Iterator[SentinelGroup]:
     """Start the primary, its replica (synced) and `sentinels` sentinels (quorum 1).
 
     With `password`, both data nodes require it (and use it to replicate); the sentinels
-    know it (`auth-pass`) and require none themselves.
+    know it (`auth-pass`). With `sentinel_password`, the sentinels require it too
+    (`requirepass`, and `sentinel-pass` among themselves). With `certs`, the data nodes
+    speak only TLS (replication too, clients showing a certificate), and the sentinels
+    reach them over TLS while answering on plain TCP.
     """
     started: list[Node] = []
     auth = f'requirepass "{password}"\nmasterauth "{password}"\n' if password else ""
+    tls = _tls_config(certs) if certs else ""
+    client_tls = _client_tls(certs) if certs else {}
     try:
-        config = BASE_CONFIG + auth + "port {port}\n"
-        primary = start_node(directory, config, _answers(password=password), "primary")
+        config = (
+            BASE_CONFIG + auth + tls + ("port 0\ntls-port {port}\n" if certs else "port {port}\n")
+        )
+        answers = _answers(password=password, **client_tls)
+        primary = start_node(directory, config, answers, "primary")
         started.append(primary)
         replica_config = config + f"replicaof {HOST} {primary.port}\n"
-        replica = start_node(directory, replica_config, _synced(password), "replica")
+        replica = start_node(directory, replica_config, _synced(password, client_tls), "replica")
         started.append(replica)
         sentinel_auth = f"sentinel auth-pass {MASTER_NAME} {password}\n" if password else ""
-        sentinel_config = sentinel_auth + (
-            "bind 127.0.0.1\nport {port}\ndir {dir}\nlogfile {log}\n"
-            f"sentinel monitor {MASTER_NAME} {HOST} {primary.port} 1\n"
-            f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
-            f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
-            f"sentinel parallel-syncs {MASTER_NAME} 1\n"
+        if sentinel_password:
+            sentinel_auth += f'requirepass "{sentinel_password}"\n'
+            sentinel_auth += f'sentinel sentinel-pass "{sentinel_password}"\n'
+        sentinel_config = (
+            sentinel_auth
+            + tls
+            + (
+                "bind 127.0.0.1\nport {port}\ndir {dir}\nlogfile {log}\n"
+                f"sentinel monitor {MASTER_NAME} {HOST} {primary.port} 1\n"
+                f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
+                f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
+                f"sentinel parallel-syncs {MASTER_NAME} 1\n"
+            )
         )
-        group = SentinelGroup(primary, replica, [], directory, password)
+        group = SentinelGroup(primary, replica, [], directory, password, sentinel_password)
         for i in range(sentinels):
-            node = start_node(directory, sentinel_config, _knows_replica, f"sentinel{i}")
+            ready = _knows_replica(sentinel_password)
+            node = start_node(directory, sentinel_config, ready, f"sentinel{i}")
             started.append(node)
             group.sentinels.append(node)
         yield group
@@ -317,10 +345,31 @@ def _replica_lag_bytes(port: int, password: str | None) -> int:
     return int(info.get("master_repl_offset", 0)) - int(replica.get("offset", 0))
 
 
-def _synced(password: str | None) -> Callable[[int], bool]:
+def _tls_config(certs: Certs) -> str:
+    """A node that speaks TLS to its clients and its replicas (a sentinel: to the nodes)."""
+    return (
+        f"tls-cert-file {certs.server_cert}\ntls-key-file {certs.server_key}\n"
+        f"tls-ca-cert-file {certs.ca}\ntls-replication yes\n"
+        f"tls-client-cert-file {certs.client_cert}\ntls-client-key-file {certs.client_key}\n"
+    )
+
+
+def _client_tls(certs: Certs) -> dict[str, Any]:
+    """redis-py's options for a client of a TLS node."""
+    return {
+        "ssl": True,
+        "ssl_ca_certs": str(certs.ca),
+        "ssl_certfile": str(certs.client_cert),
+        "ssl_keyfile": str(certs.client_key),
+    }
+
+
+def _synced(password: str | None, tls: dict[str, Any] | None = None) -> Callable[[int], bool]:
     def synced(port: int) -> bool:
         try:
-            with redis.Redis(HOST, port, socket_timeout=0.5, password=password) as client:
+            with redis.Redis(
+                HOST, port, socket_timeout=0.5, password=password, **(tls or {})
+            ) as client:
                 info = client.info("replication")
         except (redis.RedisError, OSError):
             return False
@@ -329,10 +378,13 @@ def _synced(password: str | None) -> Callable[[int], bool]:
     return synced
 
 
-def _knows_replica(port: int) -> bool:
-    """A sentinel that has found the replica (it can fail over to it)."""
-    try:
-        with redis.Redis(HOST, port, socket_timeout=0.5) as client:
-            return bool(client.sentinel_slaves(MASTER_NAME))
-    except (redis.RedisError, OSError):
-        return False
+def _knows_replica(password: str | None = None) -> Callable[[int], bool]:
+    def knows(port: int) -> bool:
+        """A sentinel that has found the replica (it can fail over to it)."""
+        try:
+            with redis.Redis(HOST, port, socket_timeout=0.5, password=password) as client:
+                return bool(client.sentinel_slaves(MASTER_NAME))
+        except (redis.RedisError, OSError):
+            return False
+
+    return knows

@@ -26,7 +26,13 @@ from fleet.limits.trees import Priority
 from fleet.loop.runner import Runner, run_to_end
 from fleet.models import Mode, Trace
 from fleet.runtime import Runtime
-from fleetops.serve import api_approvals, api_experiences, api_memory, api_messages
+from fleetops.serve import (
+    api_approvals,
+    api_control,
+    api_experiences,
+    api_memory,
+    api_messages,
+)
 from fleetops.serve.app import SERVER_LIMITS, ServeConfig, make_app
 from tests.fleetkit import wait_until
 
@@ -64,6 +70,7 @@ def page_config(actions: LocalActions, **options: Any) -> ServeConfig:
         partial(api_approvals.routes, fleet),
         partial(api_memory.routes, fleet),
         partial(api_messages.routes, fleet),
+        partial(api_control.routes, fleet),
     )
     return ServeConfig(store=actions.store, actions=actions, routes=acting, **options)
 

@@ -54,7 +54,7 @@ def test_a_call_needing_approval_waits_unrun_and_approve_runs_it(
     done = local.approve(trace.trace_id, pending["tool_call_id"])
     assert done.status == "completed", done.error
     assert (tmp_path / "out.txt").read_text() == "written"
-    assert approval.APPROVED_KEY not in done.metadata and waiting_on(done) is None
+    assert done.run.approved_call is None and waiting_on(done) is None
     assert store.collaborators(trace.trace_id)[0].status == "completed"
 
 

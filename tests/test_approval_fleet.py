@@ -239,7 +239,7 @@ def test_the_trees_wall_time_ends_an_approval_wait_as_a_denial(
     pending = approval.pending(fleet.trace(handle.trace_id))
     assert pending is not None and pending["ends"] == "budget"
     done = handle.wait(timeout_s=TIMEOUT_S)  # a sweeper ends the wait when wall_s runs out
-    assert done.status == "completed" and done.metadata["stop_reason"] == "budget", done
+    assert done.status == "completed" and done.run.stop_reason == "budget", done
     assert not target.exists(), "the call never ran"
     entry = fleet.store.collaborators(done.trace_id)[0]
     assert (entry.type, entry.status) == ("approval", "failed")

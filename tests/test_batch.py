@@ -246,7 +246,7 @@ def test_the_window_never_holds_more_than_max_in_flight(
     assert results[0].answer is not None and results[0].stats["messages"] == 1
     assert 2 <= backend.peak_unfinished <= 4
     roots = [t for t in fleet.store.list_traces(100) if t.parent_trace_id is None]
-    assert {t.metadata["batch_entry"] for t in roots} == {f"e{i}" for i in range(40)}
+    assert {t.run.batch_entry for t in roots} == {f"e{i}" for i in range(40)}
 
 
 def test_a_batch_root_is_bound_to_its_entry_namespaces(
@@ -315,8 +315,8 @@ def test_resume_cuts_a_torn_line_and_adopts_an_orphan_root(tmp_path: Path) -> No
     journal.submitting(first)
     journal.submitted(first, "T-a")
     journal.submitting(orphaned)  # killed after creating the root, before writing its id
-    meta = {"batch": journal.batch_key, "batch_entry": "b"}
-    orphan = create_root(runtime, TaskSpec("t", MODEL, metadata=meta))
+    spec = TaskSpec("t", MODEL, batch_key=journal.batch_key, batch_entry="b")
+    orphan = create_root(runtime, spec)
     journal.submitting(never)  # killed before creating the root
     journal.close()
     with out.open("a") as handle:

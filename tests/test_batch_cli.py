@@ -197,7 +197,7 @@ def test_killed_batch_resumes_without_running_a_task_twice(
     lines = result_lines(out)
     assert len(lines) == 200
     assert Counter(str(line["id"]) for line in lines) == {f"t{i:03d}": 1 for i in range(1, 201)}
-    per_entry = Counter(str(t.metadata["batch_entry"]) for t in roots(store))
+    per_entry = Counter(str(t.run.batch_entry) for t in roots(store))
     assert per_entry == {f"t{i:03d}": 1 for i in range(1, 201)}, "one root per task"
     assert {t.stats.messages for t in roots(store)} == {1}, "each model answered once"
 
@@ -218,7 +218,7 @@ def test_ctrl_c_stops_submitting_and_resume_finishes(
     again = fleet_batch(worker_url, tmp_path, *args, "--resume")
     assert again.returncode == 0, again.stderr
     assert len(result_lines(out)) == 30
-    assert Counter(str(t.metadata["batch_entry"]) for t in roots(store)).most_common(1)[0][1] == 1
+    assert Counter(str(t.run.batch_entry) for t in roots(store)).most_common(1)[0][1] == 1
 
 
 def test_a_bad_line_17_exits_2_and_submits_nothing(

@@ -26,14 +26,15 @@ from fleet.batchapi.providers import (
     check_batch_api,
     provider_for,
 )
-from fleet.batchapi.route import BATCH_API_KEY, custom_id_of
+from fleet.batchapi.route import custom_id_of
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.inprocess import InProcessDispatcher
-from fleet.lifecycle import BATCH_KEY, stop_subtree
+from fleet.lifecycle import stop_subtree
 from fleet.llm.config import FleetConfig, resolve_target
 from fleet.loop.runner import Runner
 from fleet.models import Trace, now_ms
+from fleet.runstate import BatchWait, RunState
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.backends.memory.batch_calls import MemoryBatchCalls
@@ -69,6 +70,13 @@ SCRIPT = Script.parse(
     },
     "<test>",
 )
+
+
+def parked_id(trace: Trace) -> str:
+    """The custom id of the call the trace parked (its `run.waiting_on_batch`)."""
+    parked = trace.run.waiting_on_batch
+    assert parked is not None and parked.custom_id is not None, trace.run
+    return parked.custom_id
 
 
 @pytest.fixture(autouse=False)
@@ -307,7 +315,7 @@ def runtime_for(
 
 
 def submit(runtime: Runtime, task: str = "look around") -> Trace:
-    spec = TaskSpec(task, "m", metadata={BATCH_API_KEY: True})
+    spec = TaskSpec(task, "m", batch_api=True)
     return create_root(runtime, spec)
 
 
@@ -338,7 +346,7 @@ def test_a_parked_trace_holds_no_lease_and_completes_from_the_batch_answers(
     assert parked.status == "waiting" and store.lease_holder(root.trace_id) is None
     (entry,) = [c for c in store.collaborators(root.trace_id) if c.type == "batch"]
     assert entry.status == "waiting"
-    custom_id = parked.metadata[BATCH_KEY]["custom_id"]
+    custom_id = parked_id(parked)
     assert Runner(runtime).run(root.trace_id).outcome == "parked"  # a redelivery: no new call
     assert [c for c, _ in batch_calls(store).queued(10)] == [custom_id]
     trace = drive(runtime, root.trace_id)
@@ -447,7 +455,7 @@ def test_a_tool_call_the_batch_answer_asks_for_is_checked_like_a_live_one(
     )
     with OpenAIBatchServer(hostile, delay_s=0.05) as server:
         runtime = runtime_for(store, server, tmp_path)
-        spec = TaskSpec("t", "m", preset="explore", metadata={BATCH_API_KEY: True})
+        spec = TaskSpec("t", "m", preset="explore", batch_api=True)
         root = create_root(runtime, spec)
         trace = drive(runtime, root.trace_id)
         assert trace.status == "completed", trace.error
@@ -472,7 +480,7 @@ def test_a_parked_trace_is_owned_by_its_call_and_resent_without_one(
     index = owner_index(store)
     later = now_ms() + 60_000
     assert unowned(store, index, root.trace_id, later, 1) == []  # its queued call owns it
-    custom_id = store.get_trace(root.trace_id).metadata[BATCH_KEY]["custom_id"]
+    custom_id = parked_id(store.get_trace(root.trace_id))
     batch_calls(store).forget(custom_id)  # lost (a Redis that dropped its last writes)
     (remedy,) = unowned(store, index, root.trace_id, later, 1)
     assert isinstance(remedy, Resend) and "provider batch" in remedy.why
@@ -482,16 +490,20 @@ def test_a_parked_trace_is_owned_by_its_call_and_resent_without_one(
 
 
 def test_an_answer_already_in_the_trace_is_never_taken_twice() -> None:
-    """A stale metadata write (an old `answered` state put back) must not replay a turn."""
+    """A stale run-state write (an old `answered` state put back) must not replay a turn."""
     from fleet.batchapi.route import CALL_KEY, route_of
     from fleet.models import Message
 
-    metadata = {BATCH_API_KEY: True, BATCH_KEY: {"custom_id": "fc1", "state": "answered"}}
-    trace = Trace(trace_id="t1", root_trace_id="t1", task="x", metadata=metadata)
+    run = RunState(batch_api=True, waiting_on_batch=BatchWait(custom_id="fc1", state="answered"))
+    trace = Trace(trace_id="t1", root_trace_id="t1", task="x", run=run)
     answered = Message(trace_id="t1", role="assistant", content="hi", metadata={CALL_KEY: "fc1"})
     assert route_of(trace, []) == "answered"
     assert route_of(trace, [answered]) == "fresh"
-    assert route_of(trace.model_copy(update={"metadata": {}}), []) == "live"
+    assert route_of(trace.model_copy(update={"run": RunState()}), []) == "live"
+    assert (
+        route_of(Trace(trace_id="t2", root_trace_id="t2", task="x", metadata=run.model_dump()), [])
+        == "live"
+    )
 
 
 @pytest.fixture(params=["fakeredis", pytest.param("redis", marks=pytest.mark.integration)])
@@ -511,7 +523,7 @@ def test_a_budget_reserves_and_settles_batch_calls_at_the_batch_price(
 
     store = redis_trace_store
     runtime = runtime_for(store, served, tmp_path)
-    spec = TaskSpec("look", "m", metadata={BATCH_API_KEY: True}, budget=Budget(usd=1.0))
+    spec = TaskSpec("look", "m", batch_api=True, budget=Budget(usd=1.0))
     root = create_root(runtime, spec)
     trace = drive(runtime, root.trace_id)
     assert trace.status == "completed", trace.error
@@ -534,7 +546,7 @@ def test_a_wall_s_budget_cancels_the_waiting_call_and_stops_the_tree(
         # A wall clock long enough for the first poll to come before it even on a loaded
         # machine (0.3 s did not: the park and the poll took longer in a busy suite).
         wall_s = 3.0
-        spec = TaskSpec("look", "m", metadata={BATCH_API_KEY: True}, budget=Budget(wall_s=wall_s))
+        spec = TaskSpec("look", "m", batch_api=True, budget=Budget(wall_s=wall_s))
         started = time.monotonic()
         root = create_root(runtime, spec)
         assert Runner(runtime).run(root.trace_id).outcome == "parked"
@@ -550,7 +562,7 @@ def test_a_wall_s_budget_cancels_the_waiting_call_and_stops_the_tree(
         for client in runtime.clients.values():
             client.close()  # type: ignore[attr-defined]
         trace = store.get_trace(root.trace_id)
-        assert trace.metadata["stop_reason"] == "budget" and server.live_calls == 1
+        assert trace.run.stop_reason == "budget" and server.live_calls == 1
         assert batch_calls(store).in_flight() == [] or all(
             s is None or s.state == "cancelled"
             for f in batch_calls(store).in_flight()

@@ -23,7 +23,7 @@ import redis
 import yaml
 
 from bench.fault_rig import Redis as AofRedis
-from fleet.batchapi.route import BATCH_API_KEY, in_batches
+from fleet.batchapi.route import in_batches
 from fleet.client import Fleet
 from fleet.models import Trace
 from fleet.storage import keys
@@ -203,8 +203,7 @@ def test_a_hostile_output_line_is_its_calls_error_and_retried_on_a_real_worker(
 def test_a_stop_while_calls_wait_in_a_batch_ends_that_tree_only(setup: Setup) -> None:
     store = setup.fleet.store
     handles = [
-        setup.fleet.submit(f"survey slow {i}", model="slow", metadata={BATCH_API_KEY: True})
-        for i in range(2)
+        setup.fleet.submit(f"survey slow {i}", model="slow", batch_api=True) for i in range(2)
     ]
     stopped, kept = handles[0].trace_id, handles[1].trace_id
 
@@ -233,7 +232,7 @@ def dump(fleet: Fleet, roots: list[str], process: WorkerProcess) -> None:
     for root in roots:
         for trace_id in [root, *store.children(root)]:
             t = store.get_trace(trace_id)
-            print(trace_id, t.status, t.metadata.get("waiting_on_batch"), t.iteration)
+            print(trace_id, t.status, t.run.waiting_on_batch, t.iteration)
     calls = batch_calls(store)
     print("queued", calls.queued(100))
     print("submitting", calls.submitting())
@@ -253,10 +252,7 @@ def test_a_worker_sigkill_and_a_redis_restart_mid_batch_lose_and_double_nothing(
         fleet = client(fleet_settings(url, Path(setup.env["FLEET_WORKSPACE"]), **env))
         first = start_worker(url, concurrency=4, env_extra=env)
         wait_for_workers(url, [first.name], timeout_s=60)
-        handles = [
-            fleet.submit(f"survey k{i}", model="gpt", metadata={BATCH_API_KEY: True})
-            for i in range(6)
-        ]
+        handles = [fleet.submit(f"survey k{i}", model="gpt", batch_api=True) for i in range(6)]
         wait_until(lambda: len(server.sent) - sent_before >= 6 * 2, 60, "branches in batches")
         first.kill()  # SIGKILL, mid-batch
         first.stop()

@@ -151,7 +151,7 @@ def test_a_tree_stops_at_its_budget_and_answers_from_what_it_has(
     store = local.store
     trace = store.get_trace(root.trace_id)
     assert trace.status == "completed", trace.error
-    assert trace.metadata["stop_reason"] == "budget"
+    assert trace.run.stop_reason == "budget"
     branches = [store.get_trace(c) for c in store.children(root.trace_id)]
     spent = sum(t.stats.prompt_tokens + t.stats.completion_tokens for t in [trace, *branches])
     state = local.runtime.gate.budgets.state(root.trace_id)  # type: ignore[union-attr]
@@ -163,7 +163,7 @@ def test_a_tree_stops_at_its_budget_and_answers_from_what_it_has(
     done = [b for b in branches if b.status == "completed"]
     cut = [b for b in branches if b.status == "stopped"]
     assert len(done) + len(cut) == BRANCHES and done and cut
-    assert all(b.metadata["stop_reason"] == "budget" for b in cut)
+    assert all(b.run.stop_reason == "budget" for b in cut)
     for branch in done:
         assert f"found: {branch.task}" in (trace.answer or "")
     entries = {c.trace_id: c for c in store.collaborators(root.trace_id)}

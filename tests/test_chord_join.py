@@ -350,6 +350,8 @@ def test_a_store_on_another_redis_than_the_join_counts_no_part_in_the_run(
     chord = Chord(1)
     request = chord.request(0)
     assert chord_join.count_in_run(app.backend, request, redis_url + "1") is None
+    # A cluster store: the join's keys are in the group's slots, never the trace's.
+    assert chord_join.count_in_run(app.backend, request, redis_url, cluster=True) is None
     assert not hasattr(request, chord_join.COUNTED_ATTR)
     assert chord_join.count_in_run(app.backend, Context(id="t", args=["x"]), redis_url) is None
 

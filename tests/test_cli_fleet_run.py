@@ -183,7 +183,7 @@ def test_run_on_an_unreachable_broker_is_one_line_and_leaves_no_queued_root(
     assert "cannot reach the broker at 'amqp://fleet@127.0.0.1:" in line
     assert "brokerpass1" not in line
     roots = [t for t in fleet.store.list_traces(limit=50) if t.task == "broker-down"]
-    ended = [(t.status, t.metadata.get("stop_reason")) for t in roots]
+    ended = [(t.status, t.run.stop_reason) for t in roots]
     assert ended == [("failed", "not_enqueued")]
 
 
@@ -263,10 +263,13 @@ def assert_tree_stopped(fleet: Fleet, root_id: str) -> None:
 def test_stop_on_the_root_stops_every_descendant(
     url: str, workspace: Path, fleet: Fleet, tmp_path: Path
 ) -> None:
-    # 10 turns of 1 s (10 s a branch): `fleet stop` starts well before a branch could end,
-    # even on a loaded machine; a working stop ends them after their current turn. (More
-    # turns would not help: an explore branch stops at max_iterations=15.)
-    model = survey_script(tmp_path / "m.yaml", 6, latency_ms=1000, turns=10)
+    # 11 model calls of 6 s (66 s a branch): longer than `fleet stop` may take to return
+    # (CLI_TIMEOUT_S), so a stop that lands at all lands while every branch runs. With 1 s
+    # calls a loaded machine (load 13 on 2 cores: the CLI's imports alone take 7-8 s) let
+    # the tree end before the stop landed, and the root end `completed`. A working stop
+    # cuts the calls in flight (`fleet.loop.cut`): the length costs only the root's first
+    # call. (More turns would not help: an explore branch stops at max_iterations=15.)
+    model = survey_script(tmp_path / "m.yaml", 6, latency_ms=6000, turns=10)
     handle = fleet.submit("survey", model=model)
     wait_until(lambda: all_branches_running(fleet, handle.trace_id, 6), 30, "branches to run")
     result = fleet_cli(["stop", handle.trace_id], cli_env(url, workspace))
@@ -380,9 +383,10 @@ def test_flower_lists_the_fan_out_with_trace_ids_and_no_key(
 ) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    flower = subprocess.Popen(
+    flower = subprocess.Popen(  # from the workspace, as a user runs it (not the checkout)
         [*FLEET, "flower", "--port", str(port)],
         env=cli_env(url, workspace),
+        cwd=workspace,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -16,7 +16,7 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
-from fleet.models import Message, Trace
+from fleet.models import Message, Trace, now_ms
 from fleet.storage import keys
 from fleet.storage.backends.redis.batch_calls import RedisBatchCalls
 from fleet.storage.backends.redis.images import RedisImages
@@ -154,3 +154,48 @@ def test_a_message_between_branches_is_one_script_in_the_tree_s_slot(store: Redi
     with pytest.raises(Refused) as refused:
         inbox.post(two, posted, LIMITS, sender_trace_id=one)
     assert refused.value.why == "ended" and inbox.count(two) == 1
+
+
+def test_a_heartbeat_renews_the_leases_of_several_trees_on_a_cluster(store: RedisStore) -> None:
+    roots = [f"20261127T16010{n}-beat0{n}" for n in range(6)]
+    held = [(root, "me") for root in roots] + [(f"{roots[0]}@explore-001-20261127160101-001", "me")]
+    for trace_id, owner in held:
+        assert store.acquire_lease(trace_id, owner, 1_000)
+    assert store.acquire_lease(f"{roots[1]}@explore-002-20261127160101-001", "other", 1_000)
+    taken = (f"{roots[1]}@explore-002-20261127160101-001", "me")  # another runner holds it
+    slots = {key_slot(keys.lease(t).encode()) for t, _ in held}
+    assert len(slots) == len(roots), "a slot per tree: the beat spans them"
+    store.client.script_flush()  # a restarted node: the script is loaded again
+
+    renewed = store.beat([*held, taken], 60_000, None)
+
+    assert renewed == [True] * len(held) + [False]
+    assert all(store.client.pttl(keys.lease(t)) > 50_000 for t, _ in held)
+    assert store.client.pttl(keys.lease(taken[0])) <= 1_000, "not ours: left as it was"
+    running: Any = store.client.zrange(keys.RUNNING, 0, -1, withscores=True)
+    deadlines = dict(running)
+    assert all(deadlines[t] > now_ms() + 50_000 for t, _ in held)
+    assert store.beat([], 60_000, None) == []
+
+
+def test_a_result_backend_on_a_cluster_node_is_refused_at_worker_start(
+    masters: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fleet.settings import Settings
+    from fleet.storage.backends.redis.probe import is_cluster_node
+    from fleetops.redis_server import start_redis_server
+    from workers import signals
+
+    with start_redis_server() as single:
+        assert is_cluster_node(masters[1]) is True
+        assert is_cluster_node(single.url) is False
+        assert is_cluster_node("sentinel://127.0.0.1:1;sentinel://127.0.0.1:2") is False
+    assert is_cluster_node(single.url, timeout_s=0.5) is None, "stopped: unreachable"
+    env = {"FLEET_REDIS_URL": masters[0], "FLEET_REDIS_CLUSTER": "1"}
+    settings = Settings.from_env({**env, "FLEET_RESULT_BACKEND_URL": masters[1]})
+    monkeypatch.setattr(signals, "process_settings", lambda: settings)
+    with pytest.raises(SystemExit) as refused:
+        signals._refuse_results_on_a_cluster()
+    assert refused.value.code == 2
+    said = capsys.readouterr().err.strip()
+    assert said.endswith("single Redis apart from the cluster") and "\n" not in said

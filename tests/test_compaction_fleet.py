@@ -104,7 +104,7 @@ def test_a_finished_explore_is_compacted_then_shown_and_continued(
         continued = cli(url, workspace, "run", "--continue", root.trace_id, "and then?")
         assert continued.returncode == 0, continued.stderr
         assert continued.stdout.strip() == "more: and then?"
-        assert fleet.trace(root.trace_id).metadata["turn"] == 1
+        assert fleet.trace(root.trace_id).run.turn == 1
         wait_until(lambda: compacted(conn, root.trace_id), TIMEOUT_S, "the tree compacted")
     messages = fleet.store.messages(root.trace_id)
     assert [m.content for m in messages][-2:] == ["and then?", "more: and then?"]

@@ -45,7 +45,7 @@ def test_continue_twice_keeps_one_trace_with_three_user_turns(
     assert third.trace_id == first.trace_id and third.status == "completed"
     assert second.answer == "first task | second message"
     assert third.answer == "first task | second message | third message"
-    assert third.metadata["turn"] == 2 and third.iteration == 1
+    assert third.run.turn == 2 and third.iteration == 1
     assert len(store.list_traces()) == 1, "one tree, no new root"
 
 

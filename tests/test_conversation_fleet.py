@@ -163,6 +163,61 @@ def test_rewind_reruns_from_a_point_and_show_lists_both_branches(
     assert "'make it blue'" in shown.stdout and "'make it red'" in shown.stdout
 
 
+def test_regenerate_answers_message_n_again_with_no_new_message(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = script(tmp_path / "m.yaml", [{"content": "v{turn}: {last_user}"}])
+    root = fleet.submit("draft it", model=model).wait(timeout_s=TIMEOUT_S)
+    fleet.continue_trace(root.trace_id, "make it blue").wait(timeout_s=TIMEOUT_S)
+    second = [m for m in fleet.store.messages(root.trace_id) if m.role == "user"][-1]
+    again = cli(
+        url,
+        workspace,
+        "run",
+        "--continue",
+        root.trace_id,
+        "--after-sequence",
+        str(second.sequence),
+        "--regenerate",
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"regenerating {root.trace_id} from {second.sequence}" in again.stderr
+    messages = fleet.store.messages(root.trace_id)
+    answers = [m for m in messages if m.parent_sequence == second.sequence]
+    assert len(answers) == 2, "the first answer stays, off the main path"
+    assert again.stdout.strip() == answers[-1].content == "v1: make it blue"
+    assert [m.content for m in messages if m.role == "user"] == ["draft it", "make it blue"]
+    assert fleet.trace(root.trace_id).head_sequence == answers[-1].sequence
+    assert_one_line_error(
+        cli(
+            url,
+            workspace,
+            "run",
+            "--continue",
+            root.trace_id,
+            "--after-sequence",
+            str(answers[-1].sequence),
+            "--regenerate",
+        ),
+        "is an answer of the model",
+    )
+
+
+def test_fleet_compact_summarises_a_finished_root_through_a_side_branch(
+    url: str, workspace: Path, fleet: Fleet, tmp_path: Path
+) -> None:
+    model = script(tmp_path / "m.yaml", [{"content": "noted: {last_user}"}])
+    root = fleet.submit("remember these", model=model).wait(timeout_s=TIMEOUT_S)
+    for turn in range(6):
+        fleet.continue_trace(root.trace_id, f"fact {turn}").wait(timeout_s=TIMEOUT_S)
+    done = cli(url, workspace, "compact", root.trace_id)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"compacted {root.trace_id}: messages ")
+    after = fleet.continue_trace(root.trace_id, "and now?").wait(timeout_s=TIMEOUT_S)
+    assert after.status == "completed"
+    assert_one_line_error(cli(url, workspace, "compact", "no-such-trace"), "no trace")
+
+
 def ask_script(tmp_path: Path) -> str:
     steps: list[dict[str, Any]] = [
         {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
@@ -235,7 +290,7 @@ def test_on_a_terminal_fleet_run_prompts_for_the_reply(
 def test_stop_and_timeout_end_a_wait_cleanly(fleet: Fleet, tmp_path: Path) -> None:
     model = ask_script(tmp_path)
     stopped = fleet.submit("paint the gate", model=model)
-    timed = fleet.submit("paint the door", model=model, metadata={"human_timeout_s": 1})
+    timed = fleet.submit("paint the door", model=model, human_timeout_s=1)
     wait_until(lambda: len(fleet.waiting()) == 2, TIMEOUT_S, "both to ask")
     fleet.stop(stopped.trace_id)
     assert fleet.trace(stopped.trace_id).status == "stopped"
@@ -254,6 +309,13 @@ def test_stop_and_timeout_end_a_wait_cleanly(fleet: Fleet, tmp_path: Path) -> No
         (["reply", "no-such-trace", "green"], "no trace 'no-such-trace'"),
         (["run", "--continue", "no-such-trace", "more"], "no trace 'no-such-trace'"),
         (["run", "--after-sequence", "2", "more"], "--after-sequence needs --continue"),
+        (["run", "--continue", "x", "--regenerate"], "--regenerate needs --continue TRACE_ID"),
+        (
+            ["run", "--continue", "x", "--after-sequence", "2", "--regenerate", "more"],
+            "--regenerate takes no message",
+        ),
+        (["run", "--continue", "x"], "give the message"),
+        (["run"], "give the task"),
     ],
 )
 def test_bad_ids_are_one_line_errors(url: str, workspace: Path, args: list[str], part: str) -> None:
@@ -316,6 +378,6 @@ def test_a_wall_time_budget_ends_a_wait_on_a_person(fleet: Fleet, tmp_path: Path
     wait_until(lambda: bool(fleet.waiting()), TIMEOUT_S, "the question")
     assert waiting_on(fleet.trace(handle.trace_id))["ends"] == "budget"  # type: ignore[index]
     done = handle.wait(timeout_s=TIMEOUT_S)  # a sweeper ends the wait when wall_s runs out
-    assert done.status == "completed" and done.metadata["stop_reason"] == "budget", done
+    assert done.status == "completed" and done.run.stop_reason == "budget", done
     person = fleet.store.collaborators(done.trace_id)[0]
     assert person.status == "failed" and "time budget" in person.summary

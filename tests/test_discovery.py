@@ -71,7 +71,7 @@ def test_an_up_json_others_could_write_or_read_is_ignored_with_a_warning(
     (state_dir / UP_FILE).chmod(file_mode)
     state_dir.chmod(dir_mode)
 
-    with caplog.at_level(logging.WARNING, logger="fleetops.discovery"):
+    with caplog.at_level(logging.WARNING, logger="fleet.discovery"):
         assert find_state_dir(tmp_path, settings) is None
     (warning,) = caplog.messages
     assert str(state_dir / UP_FILE) in warning and problem in warning
@@ -138,7 +138,7 @@ def test_a_command_outside_any_fleet_up_says_which_redis_it_reads(tmp_path: Path
     if done.returncode == 0:  # a Redis answers on the default URL (CI's does)
         assert lines[0] == (
             f"fleet: no `fleet up` for {tmp_path.resolve()} or above and FLEET_REDIS_URL"
-            " unset: read redis://127.0.0.1:6379/0"
+            " unset: using redis://127.0.0.1:6379/0"
         )
     else:  # none does (a fresh machine): the one error line says why it looked there
         assert done.returncode == 2 and "FLEET_REDIS_URL is not set" in lines[0], lines

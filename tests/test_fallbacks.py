@@ -90,9 +90,9 @@ def test_a_refused_primary_falls_back_and_the_trace_says_who_answered(
 
     assert trace.status == "completed" and trace.answer == "ok"
     assert trace.model == "backup"
-    (moved,) = trace.metadata["model_fallbacks"]
-    assert (moved["from"], moved["to"]) == ("primary", "backup")
-    assert "\n" not in moved["error"]
+    (moved,) = trace.run.model_fallbacks
+    assert (moved.from_model, moved.to) == ("primary", "backup")
+    assert "\n" not in moved.error
     answered = [m.model for m in inline.store.messages(trace.trace_id) if m.role == "assistant"]
     assert answered == ["backup"]
     assert isinstance(inline.store, MemoryStore)
@@ -132,8 +132,8 @@ def test_a_provider_pause_longer_than_max_wait_s_falls_back(
 
     assert time.monotonic() - started < 30  # not the provider's 600 s pause
     assert trace.status == "completed" and trace.answer == "ok" and trace.model == "backup"
-    (moved,) = trace.metadata["model_fallbacks"]
-    assert (moved["from"], moved["to"]) == ("primary", "backup")
+    (moved,) = trace.run.model_fallbacks
+    assert (moved.from_model, moved.to) == ("primary", "backup")
     assert paused.stats.refused == 1
 
 

@@ -79,14 +79,15 @@ def test_a_branch_of_a_fan_out_root_cannot_write(tmp_path: Path) -> None:
 
 
 def test_a_submission_cannot_make_itself_a_fan_out_root(tmp_path: Path) -> None:
-    local = make_fleet(tmp_path, branch_model())
+    """`fan_out` in a submission's metadata is the caller's data: the root asks its model."""
+    local = make_fleet(tmp_path, ScriptedModel([text("done without branches")]))
     forged = {"fan_out": {"tasks": ["look"], "preset": "default"}}
 
-    with pytest.raises(ConfigError, match="'fan_out' is the fleet's own key") as raised:
-        local.run("anything", model="test", metadata=forged)
+    root = local.run("anything", model="test", metadata=forged)
 
-    assert "\n" not in str(raised.value)
-    assert local.store.list_traces() == []
+    assert root.status == "completed" and root.answer == "done without branches"
+    assert root.metadata == forged and root.run.fan_out is None
+    assert local.store.children(root.trace_id) == []
 
 
 @pytest.mark.parametrize("tasks", [[], ["ok", "  "]])

@@ -20,6 +20,7 @@ from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.loop import steps
 from fleet.loop.steps import CallTools, DoomLoop, Finish, Step
 from fleet.models import ToolCeiling, Trace, TraceStats
+from fleet.runstate import RunState
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.backends.memory.store import MemoryStore
@@ -83,6 +84,7 @@ def _full_trace() -> Trace:
         context={"messages": [{"role": "user", "content": "hi"}], "extra": {"n": 1.5}},
         skills=["a", "b"],
         metadata={"otel": {"traceparent": "00-ab-cd-01"}, "turn": 3, "flag": True},
+        run=RunState(otel={"traceparent": "00-ab-cd-01"}, turn=3, stop_reason="ü"),
         ceiling=ToolCeiling(allowed=["read_file", "list_dir"], denied=["bash"], read_only=True),
         answer=None,
         output={"verdict": "pass", "score": 0.5},
@@ -102,7 +104,9 @@ def _full_trace() -> Trace:
 )
 def test_create_call_is_json_dumps_of_each_field(trace: Trace) -> None:
     _, args = redis_writes.create_call([trace])
-    assert args[6:] == _reference_encode(trace.model_dump(mode="json"))
+    run = trace.run.model_dump(mode="json", exclude_defaults=True)
+    run = {f"r:{k}": v for k, v in {**run, "schema_version": trace.run.schema_version}.items()}
+    assert args[6:] == _reference_encode(trace.model_dump(mode="json", exclude={"run"}) | run)
 
 
 def test_set_fields_are_json_dumps_of_each_field() -> None:

@@ -16,16 +16,26 @@ import pytest
 import redis
 
 from fleet.client import Fleet
+from fleet.errors import ConfigError
 from fleet.models import Trace
+from fleet.settings import Settings
 from fleetops.redis_server import free_port
-from tests.fleetkit import explore_script, wait_until
+from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from workers.app import QUEUES
-from workers.naming import REDACTED, first_words, shadow_name, task_names, task_repr
+from workers.naming import (
+    REDACTED,
+    first_words,
+    shadow_name,
+    task_names,
+    task_repr,
+    trace_page,
+)
 
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 SECRET = "sk-live-abcdefghijklmnopqrstuvwx"
 """A key-shaped word in a task: Flower must never show it."""
 SEEN_TIMEOUT_S = 30.0
+PAGE = "http://127.0.0.1:8600/?trace={trace_id}"
 
 
 def start_flower(url: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:
@@ -105,7 +115,11 @@ def test_flower_lists_the_tasks_of_a_trace_with_their_trace_ids(
     model = explore_script(tmp_path / "model.yaml", 3)
     wait_until(lambda: hears(flower, fleet, model), SEEN_TIMEOUT_S, "Flower to hear events")
 
-    root = fleet.submit(f"Survey the repo with key {SECRET} and more words", model=model)
+    # A client whose operator set the page's URL: its root's tasks link to the trace page.
+    paged = client(
+        fleet_settings(fleet.runtime.settings.redis_url, tmp_path, FLEET_TRACE_URL_TEMPLATE=PAGE)
+    )
+    root = paged.submit(f"Survey the repo with key {SECRET} and more words", model=model)
     assert root.wait(timeout_s=30).status == "completed"
     children = fleet.store.children(root.trace_id)
     assert len(children) == 3
@@ -121,6 +135,9 @@ def test_flower_lists_the_tasks_of_a_trace_with_their_trace_ids(
     assert len(main_runs) == 2, "the first run and the resume after collect"
     for task in main_runs:
         assert task["args"].startswith(f"('{root.trace_id}') mode=main parent=-")
+    first_run = next(t for t in main_runs if t["kwargs"] != "{}")
+    assert first_run["kwargs"] == f"trace_page=http://127.0.0.1:8600/?trace={root.trace_id}"
+    for task in main_runs:
         assert "task='Survey the repo with key" in task["args"]
     branches = [t for t in runs if "mode=explore" in t["args"]]
     assert sorted(t["args"].split("'")[1] for t in branches) == sorted(children)
@@ -164,6 +181,10 @@ def test_flower_off_loopback_asks_for_basic_auth(worker_url: str, tmp_path: Path
         ("log in with password=hunter2 then", f"log in with {REDACTED} then"),
         ("push with ghp_abcdefghijklmnopqrstu", f"push with {REDACTED}"),
         ("the skeleton key: is fine", f"the skeleton {REDACTED} is fine"),
+        # Counts and plain words that merely start like a credential name stay readable.
+        ("budget tokens:400 max_tokens=4096 then", "budget tokens:400 max_tokens=4096 then"),
+        ("author: keyboard:qwerty token:400", "author: keyboard:qwerty token:400"),
+        ("api_key=abc123def token:4000000 x", f"{REDACTED} {REDACTED} x"),
         ("x" * 10_000, "x" * 23 + "…"),
         (
             " ".join(["abcdefghijklmnopqrstuvw"] * 8),
@@ -228,3 +249,67 @@ def test_a_running_branch_is_started_in_flower_from_its_event_not_the_result_bac
         assert conn.get(f"celery-task-meta-{started[0]['uuid']}") is None, "no STARTED result"
         assert fleet.trace(started[0]["args"].split("'")[1]).status in ("queued", "running")
     assert root.wait(timeout_s=60).status == "completed"
+
+
+def test_a_task_links_to_its_trace_page_only_when_the_operator_set_the_template() -> None:
+    trace = Trace(trace_id="R@explore-001-20261126021500-001", root_trace_id="R", task="x")
+    assert trace_page(trace.trace_id, None) is None
+    assert trace_page(trace.trace_id, PAGE) == (
+        "trace_page=http://127.0.0.1:8600/?trace=R@explore-001-20261126021500-001"
+    )
+    # A hostile id cannot break out of the URL (ids are checked, and quoted here too).
+    assert (
+        trace_page("a b&c=<x>", PAGE)
+        == "trace_page=http://127.0.0.1:8600/?trace=a%20b%26c%3D%3Cx%3E"
+    )
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "javascript:alert(1)//{trace_id}",
+        "http://h/no-id",
+        "http://h/?t={trace_id} x",
+        "ftp://h/{trace_id}",
+    ],
+)
+def test_a_bad_trace_url_template_is_one_error_naming_the_variable(template: str) -> None:
+    with pytest.raises(ConfigError, match="FLEET_TRACE_URL_TEMPLATE"):
+        Settings.from_env({"FLEET_TRACE_URL_TEMPLATE": template})
+
+
+class _HandedBack:
+    """A task as `requeue` sees it: its request, a signature to send again, its events."""
+
+    def __init__(self) -> None:
+        self.request = type("Request", (), {"retries": 0})()
+        self.sent: list[float | None] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def signature_from_request(self, request: Any, retries: int) -> Any:
+        task = self
+
+        class _Again:
+            def apply_async(self, countdown: float | None = None) -> None:
+                task.sent.append(countdown)
+
+        return _Again()
+
+    def send_event(self, kind: str, **fields: Any) -> None:
+        self.events.append((kind, fields))
+
+
+def test_a_handed_back_run_ends_with_a_retried_event_so_flowers_counts_add_up() -> None:
+    """Processed = succeeded + failed + retried: a hand-back is no longer an execution
+    that ended without an event (Flower's 42 processed, 39 succeeded, 0 failed)."""
+    from celery.exceptions import Ignore
+
+    from workers.tasks import requeue
+
+    task = _HandedBack()
+    with pytest.raises(Ignore):
+        requeue(task, countdown_s=2.5, why="throttled: runs again when let in")
+    assert task.sent == [2.5]
+    assert task.events == [
+        ("task-retried", {"exception": "throttled: runs again when let in", "traceback": ""})
+    ]

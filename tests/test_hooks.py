@@ -81,7 +81,7 @@ def test_a_hook_blocking_the_model_call_ends_the_trace(store: TraceStore, tmp_pa
     model = ScriptedModel(function=planner)
     local = local_fleet(store, tmp_path, model, "MODEL_BLOCKER")
     done = local.run("tidy", model="test")
-    assert done.status == "stopped" and done.metadata["stop_reason"] == "hook"
+    assert done.status == "stopped" and done.run.stop_reason == "hook"
     assert done.error == "model calls are paused by the operator"
     assert model.requests == [], "the model was never called"
 

@@ -33,10 +33,18 @@ def protocol_widths(source: str) -> dict[str, int]:
 
 MAX_MODULE_LINES = 400
 MAX_TOP_LEVEL_MODULES = 16
-LONG_BY_CONCEPT = {"fleetops/cli/commands.py": 480}
+LONG_BY_CONCEPT = {
+    "fleetops/cli/commands.py": 500,
+    "fleet/client.py": 440,
+    "fleet/loop/fenced_run.py": 420,
+}
 """Modules that are one concept longer than the cap, each with its own: the argument table
 of every `fleet` command, read top to bottom (`fleet --help` imports it alone, so it must
-stay one module of declarations; cutting it would split the table, not a concept)."""
+stay one module of declarations; cutting it would split the table, not a concept); and
+`Fleet`, the public client, one method per action a user takes (each a few lines handing
+over to the package that does it); the fenced run, one loop and the match of every outcome
+it meets (the waits, a cut, a stop landing at each instant: apart, each reads as a
+fragment of the loop)."""
 
 
 def test_no_module_is_longer_than_400_lines() -> None:

@@ -211,6 +211,7 @@ FLEET_LAYERS = (
     "errors",
     "ids",
     "goals",
+    "runstate",
     "models",
     # The schemas of fleet.yaml's and preset files' blocks (they import only the base).
     "config",
@@ -221,6 +222,7 @@ FLEET_LAYERS = (
     "memory",
     "control",
     "settings",
+    "discovery",
     "llm",
     "limits",
     "presets",
@@ -235,14 +237,15 @@ FLEET_LAYERS = (
     "owners",
     "batchapi",
     "conversation",
+    "remote",
     "children",
     "loop",
     "batch",
     # The public face.
     "inprocess",
     "backends",
-    "following",
     "client",
+    "aio",
     "testing",
     "",
 )

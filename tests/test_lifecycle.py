@@ -14,6 +14,7 @@ from fleet.children.subagents import spawn
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessFleet
 from fleet.llm.base import ToolCall
+from fleet.loop.runner import Runner
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
@@ -103,7 +104,7 @@ def test_finish_mirrors_the_child_into_its_parents_entry(tmp_path: Path) -> None
     )
 
     assert trace == runtime.store.get_trace(child_id)
-    assert trace.metadata["stop_reason"] == "final_answer"
+    assert trace.run.stop_reason == "final_answer"
     entry = next(c for c in runtime.store.collaborators(parent.trace_id) if c.trace_id == child_id)
     assert (entry.status, entry.summary) == ("completed", "a long answe")  # summary_chars=12
     events = [e for _, e in runtime.store.read_events(parent.root_trace_id)]
@@ -117,7 +118,7 @@ def test_wait_is_an_event_and_hands_a_stop_to_the_new_children(tmp_path: Path) -
 
     running = lifecycle.start(runtime, parent)
     runtime.store.request_stop(parent.trace_id)
-    lifecycle.wait(runtime, running, request.child_ids)
+    lifecycle.wait(runtime, running)
 
     assert all(runtime.store.stop_requested(c) for c in request.child_ids)
 
@@ -168,3 +169,30 @@ def test_queue_root_creates_the_root_queued_with_its_one_event(tmp_path: Path) -
     assert [(e.kind, e.trace_id, e.status, e.data) for e in events] == [
         ("trace", "root-1", "queued", {})
     ]
+
+
+def test_a_stop_as_a_resumed_parent_goes_back_to_waiting_ends_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bad instant: a run took the waiting parent (`running`) and finds its children
+    # still running, when the stop lands. `stop_subtree` leaves a `running` trace to its
+    # runner; the runner must see the flag as it goes back to `waiting`, or the parent
+    # waits, stopped in name only, until the owner check (its resume is revoked).
+    runtime, parent, (request,) = parent_with_calls(tmp_path, "c1")
+    for child in runtime.store.get_traces(request.child_ids):
+        lifecycle.start(runtime, child)  # runners hold them: the stop leaves them too
+    landed: list[list[str]] = []
+
+    def settle_as_the_stop_lands(*args: object) -> settling.Settlement:
+        if not landed:
+            landed.append(lifecycle.stop_subtree(runtime, parent.trace_id))
+        return real_settle(*args)  # type: ignore[arg-type]
+
+    real_settle = settling.settle
+    monkeypatch.setattr(settling, "settle", settle_as_the_stop_lands)
+
+    result = Runner(runtime).run(parent.trace_id)
+
+    assert landed and runtime.store.get_trace(parent.trace_id).status == "stopped"
+    assert result.outcome == "stopped"
+    assert all(runtime.store.stop_requested(c) for c in request.child_ids)

@@ -150,7 +150,7 @@ def test_a_budget_stops_the_tree_with_a_partial_answer(setup: Setup) -> None:
     budget = Budget(tokens=BUDGET_TOKENS)
     trace = setup.fleet.submit("survey", model="generous", budget=budget).wait(timeout_s=120)
     assert trace.status == "completed", trace.error
-    assert trace.metadata["stop_reason"] == "budget"
+    assert trace.run.stop_reason == "budget"
     store = setup.fleet.store
     branches = [store.get_trace(c) for c in store.children(trace.trace_id)]
     spent = sum(t.stats.prompt_tokens + t.stats.completion_tokens for t in [trace, *branches])

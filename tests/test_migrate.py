@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from fleet.models import Message, Trace
 from fleet.storage import keys
 from fleet.storage.backends.redis.store import RedisStore
 from fleetops.migrate import migrate
+from fleetops.migrate_runstate import migrate_run_state
 
 
 def _old_trace(client: redis.Redis, store: RedisStore, trace_id: str) -> Trace:
@@ -96,8 +98,9 @@ def test_fleet_migrate_prints_one_line(redis_client: redis.Redis, redis_url: str
     real = subprocess.run(command, env=env, capture_output=True, text=True)
 
     assert dry.returncode == real.returncode == 0, dry.stderr + real.stderr
-    assert dry.stdout.strip() == "would move 1 trace(s) to the current layout (2 messages)"
-    assert real.stdout.strip() == "moved 1 trace(s) to the current layout (2 messages)"
+    moves = "1 trace(s) to the current layout (2 messages)"
+    assert dry.stdout.strip() == f"would move {moves}; 1 root(s) to index"
+    assert real.stdout.strip() == f"moved {moves}; 1 root(s) indexed"
 
 
 def test_fleet_migrate_on_an_unreachable_redis_is_one_line(tmp_path: Path) -> None:
@@ -112,3 +115,32 @@ def test_fleet_migrate_on_an_unreachable_redis_is_one_line(tmp_path: Path) -> No
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert "cannot reach Redis" in line and "pw-secret" not in line
+
+
+def test_the_run_state_an_earlier_release_kept_in_metadata_is_lifted(
+    redis_db: redis.Redis,
+) -> None:
+    store = RedisStore(redis_db)
+    store.create_trace(Trace(trace_id="r4", root_trace_id="r4", task="t", status="waiting"))
+    waiting = {"kind": "human", "tool_call_id": "c1", "question": "which colour?"}
+    old = {"waiting_on": waiting, "turn": 2, "context": "the caller's", "ticket": "T-9"}
+    key = keys.trace("r4")
+    redis_db.hdel(key, "r:schema_version")  # as the earlier release wrote it: no run state
+    redis_db.hset(key, "metadata", json.dumps(old))
+
+    assert migrate_run_state(redis_db, dry_run=True) == 1
+    assert store.get_trace("r4").run.waiting_on is None, "a dry run changes nothing"
+    assert migrate_run_state(redis_db) == 1
+    assert migrate_run_state(redis_db) == 0, "lifted once"
+    trace = store.get_trace("r4")
+    assert (trace.run.waiting_on, trace.run.turn, trace.run.schema_version) == (waiting, 2, 0)
+    assert trace.run.context is None, "a value that is not the fleet's stays where it was"
+    assert trace.metadata == old
+
+
+def test_traces_of_this_release_are_not_lifted(redis_db: redis.Redis) -> None:
+    store = RedisStore(redis_db)
+    trace = Trace(trace_id="r5", root_trace_id="r5", task="t", metadata={"turn": 9})
+    store.create_trace(trace)
+    assert migrate_run_state(redis_db) == 0
+    assert store.get_trace("r5").run.turn == 0

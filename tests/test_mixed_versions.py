@@ -1,9 +1,16 @@
 """Two releases in one fleet: the previous one (`tests/previous.py`) and this checkout.
 
-As during a rolling upgrade (or a rollback): workers of both serve the same queues and
-Redis, trees are submitted by either release's client, branches run on either worker, and
-a worker of one release killed mid-tree leaves its branches to the other. Every tree
-completes and each branch is collected once. On Redis as broker and on RabbitMQ.
+The previous release is 0.1.0 (8e0d467). It predates the rules between releases and the
+run state (`fleet/runstate.py`, `r:{name}` fields of the trace hash), and refuses any field
+it does not know: so 0.1.0 -> 0.2.0 is a stop-the-world upgrade (docs/operations.md,
+"Upgrading"), and what is tested across that boundary is what must hold there: trees 0.1.0
+finished (packed by its compaction or not) and trees its client queued while the workers
+were stopped are, after `fleet migrate`, read and run to the end by this release's workers,
+each branch collected once; a 0.1.0 worker left running beside 0.2.0 data refuses every
+tree 0.2.0 writes (it fails it, one validation line) rather than running it wrongly; and
+this release hands back, untouched, what only a newer release reads. The same machinery runs
+both releases side by side from 0.2.0 on (`FLEET_PREVIOUS_REF` names the release before).
+On Redis as broker and on RabbitMQ.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +28,6 @@ import redis
 
 from fleet.client import Fleet
 from fleet.storage import keys
-from fleet.storage.backends.redis.compact import compact_tree
 from fleet.storage.compaction import PACKED_FIELD
 from tests.fleetkit import explore_script, wait_until
 from tests.previous import Release, previous_release
@@ -29,12 +36,10 @@ from tests.test_fleet_rabbitmq import RABBITMQ_URL, purge_fleet_queues, rabbitmq
 from tests.test_fleet_recovery import (
     FAST_RECOVERY,
     RUN_TIMEOUT_S,
-    Running,
     assert_collected_once,
     begin_shutdown,
     database_url,
     fleet_client,
-    running_branches,
 )
 
 pytestmark = pytest.mark.integration
@@ -79,12 +84,12 @@ def conn(url: str) -> Iterator[redis.Redis]:
         yield c
 
 
-def both_workers(
+def old_worker(
     stack: contextlib.ExitStack, previous: Release, url: str, broker: str, workspace: Path
-) -> tuple[WorkerProcess, WorkerProcess]:
-    """One worker of each release on the same queues, Redis and broker."""
+) -> WorkerProcess:
+    """A worker of the previous release alone on the fleet's queues, Redis and broker."""
     env = {"FLEET_WORKSPACE": str(workspace), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
-    old = stack.enter_context(
+    worker = stack.enter_context(
         start_worker(
             url,
             broker_url=broker,
@@ -95,19 +100,12 @@ def both_workers(
             name=f"previous@{previous.sha[:8]}",
         )
     )
-    new = stack.enter_context(
-        start_worker(url, broker_url=broker, concurrency=4, env_extra=env, name="current@here")
-    )
-    stack.callback(begin_shutdown, [old, new])
-    wait_for_workers(broker, [old.name, new.name], timeout_s=60)
-    return old, new
+    wait_for_workers(broker, [worker.name], timeout_s=60)
+    return worker
 
 
-def previous_client(
-    previous: Release, url: str, broker: str, workspace: Path, model: str
-) -> subprocess.Popen[str]:
-    """`fleet run --json` of the previous release: submits a tree and waits for its end."""
-    env = {
+def previous_env(previous: Release, url: str, broker: str, workspace: Path) -> dict[str, str]:
+    return {
         "FLEET_REDIS_URL": url,
         "FLEET_BROKER_URL": broker,
         "FLEET_WORKSPACE": str(workspace),
@@ -115,11 +113,40 @@ def previous_client(
         "PATH": "/usr/bin:/bin",
         **previous.env(),
     }
+
+
+def previous_client(
+    previous: Release, url: str, broker: str, workspace: Path, model: str
+) -> subprocess.Popen[str]:
+    """`fleet run --json` of the previous release: submits a tree and waits for its end."""
     argv = [str(previous.python), "-m", "fleetops.cli.main", "run", "--json", "--model", model]
     argv += ["--timeout-s", str(int(RUN_TIMEOUT_S)), "survey by the previous client"]
     return subprocess.Popen(
-        argv, env=env, cwd=workspace, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        env=previous_env(previous, url, broker, workspace),
+        cwd=workspace,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+
+
+def previous_submits(previous: Release, url: str, broker: str, workspace: Path, model: str) -> str:
+    """The previous release's client queues a tree (no worker needed) and prints its id."""
+    code = (
+        "import sys; from fleet.client import Fleet; f = Fleet.from_env();"
+        "print(f.submit('queued by the previous client', model=sys.argv[1]).trace_id)"
+    )
+    done = subprocess.run(
+        [str(previous.python), "-c", code, model],
+        env=previous_env(previous, url, broker, workspace),
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
 
 
 def ended_root(process: subprocess.Popen[str]) -> str:
@@ -127,35 +154,6 @@ def ended_root(process: subprocess.Popen[str]) -> str:
     out, err = process.communicate(timeout=RUN_TIMEOUT_S + 10)
     assert process.returncode == 0, (process.returncode, out[-2000:], err[-2000:])
     return str(json.loads(out)["trace_id"])
-
-
-def test_trees_of_both_clients_run_on_workers_of_both_releases(
-    previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path
-) -> None:
-    model = explore_script(tmp_path / "m.yaml", BRANCHES, latency_ms=200, branch_turns=2)
-    with contextlib.ExitStack() as stack:
-        old, new = both_workers(stack, previous, url, broker, tmp_path)
-        fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
-        theirs = previous_client(previous, url, broker, tmp_path, model)
-        mine = fleet.submit("survey by the current client", model=model)
-        ran_on: set[str] = set()
-
-        def note_runners() -> bool:
-            ran_on.update(r.worker for r in running_branches(fleet, conn, [old, new]))
-            return ran_on == {old.name, new.name}
-
-        wait_until(note_runners, RUN_TIMEOUT_S, "branches running on both releases' workers")
-        root = mine.wait(timeout_s=RUN_TIMEOUT_S)
-        assert_collected_once(fleet, root.trace_id, BRANCHES)
-        their_root = ended_root(theirs)
-        assert_collected_once(fleet, their_root, BRANCHES)
-        # Packed trees: each release compacts one; both read both.
-        assert compact_tree(conn, root.trace_id, RETENTION_S).packed == BRANCHES + 1
-        previous_compacts(previous, url, their_root)
-        for tree in (root.trace_id, their_root):
-            assert conn.hexists(keys.trace(tree), PACKED_FIELD)
-            assert_collected_once(fleet, tree, BRANCHES)
-            assert '"completed"' in previous_shows(previous, url, tree, tmp_path)
 
 
 def previous_compacts(previous: Release, url: str, root_id: str) -> None:
@@ -168,38 +166,38 @@ def previous_compacts(previous: Release, url: str, root_id: str) -> None:
     subprocess.run([str(previous.python), "-c", code, url, root_id], check=True, cwd="/")
 
 
-def previous_shows(previous: Release, url: str, trace_id: str, workspace: Path) -> str:
-    """`fleet trace show --json` of the previous release (its exit status checked)."""
-    env = {"FLEET_REDIS_URL": url, "PATH": "/usr/bin:/bin", **previous.env()}
-    argv = [str(previous.python), "-m", "fleetops.cli.main", "trace", "show", "--json", trace_id]
-    shown = subprocess.run(argv, env=env, cwd=workspace, capture_output=True, text=True)
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    return shown.stdout
+def current_migrates(url: str, workspace: Path) -> str:
+    """`fleet migrate` of this release (its exit status checked), as the operator runs it."""
+    env = {**os.environ, "FLEET_REDIS_URL": url}
+    argv = [sys.executable, "-m", "fleetops.cli.main", "migrate"]
+    done = subprocess.run(argv, env=env, cwd=workspace, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
-@pytest.mark.parametrize("victim", ["previous", "current"])
-def test_a_release_killed_mid_tree_leaves_its_branches_to_the_other(
-    previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path, victim: str
+def test_a_stop_the_world_upgrade_from_0_1_0_finishes_every_tree_it_left(
+    previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path
 ) -> None:
-    model = explore_script(tmp_path / "m.yaml", BRANCHES, latency_ms=300, branch_turns=3)
+    model = explore_script(tmp_path / "m.yaml", BRANCHES, latency_ms=100, branch_turns=2)
     with contextlib.ExitStack() as stack:
-        old, new = both_workers(stack, previous, url, broker, tmp_path)
-        killed = old if victim == "previous" else new
+        old = old_worker(stack, previous, url, broker, tmp_path)
+        finished = [ended_root(previous_client(previous, url, broker, tmp_path, model))]
+        finished.append(ended_root(previous_client(previous, url, broker, tmp_path, model)))
+        previous_compacts(previous, url, finished[0])
+        old.stop()
+    # The workers are stopped: what the previous client queues now waits in the broker.
+    queued = previous_submits(previous, url, broker, tmp_path, model)
+    assert "lifted the run state of" in current_migrates(url, tmp_path)
+    with contextlib.ExitStack() as stack:
+        env = {"FLEET_WORKSPACE": str(tmp_path), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
+        new = stack.enter_context(start_worker(url, broker_url=broker, env_extra=env))
+        stack.callback(begin_shutdown, [new])
+        wait_for_workers(broker, [new.name], timeout_s=60)
         fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
-        theirs = previous_client(previous, url, broker, tmp_path, model)
-        mine = fleet.submit("survey by the current client", model=model)
-        victims: list[Running] = []
-
-        def killed_runs_branches() -> bool:
-            running = running_branches(fleet, conn, [old, new])
-            victims[:] = [r for r in running if r.worker == killed.name]
-            return bool(victims)
-
-        wait_until(killed_runs_branches, RUN_TIMEOUT_S, f"branches on the {victim} worker")
-        killed.kill()
-        root = mine.wait(timeout_s=RUN_TIMEOUT_S)
-        assert_collected_once(fleet, root.trace_id, BRANCHES)
-        assert_collected_once(fleet, ended_root(theirs), BRANCHES)
+        assert fleet.wait(queued, timeout_s=RUN_TIMEOUT_S).status == "completed"
+        assert conn.hexists(keys.trace(finished[0]), PACKED_FIELD), "0.1.0 packed it"
+        for tree in (*finished, queued):
+            assert_collected_once(fleet, tree, BRANCHES)
 
 
 def test_what_only_a_newer_release_reads_goes_back_to_the_queue_in_one_line(
@@ -241,29 +239,18 @@ def test_what_only_a_newer_release_reads_goes_back_to_the_queue_in_one_line(
     store.close()
 
 
-def test_a_tree_bound_to_memory_is_refused_by_the_previous_release_alone(
+def test_a_0_1_0_worker_left_running_refuses_every_tree_0_2_0_writes(
     previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path
 ) -> None:
-    # What docs/operations.md says release 0.1.0 refuses of 0.2.0: a tree bound to memory
-    # (its trace carries `memory` and `schema_version: 2`). Only a previous worker runs here.
+    # Why 0.1.0 -> 0.2.0 stops the world: every trace 0.2.0 creates carries its run state
+    # (`r:schema_version` at least), a field 0.1.0 does not know. A 0.1.0 worker that takes
+    # such a run fails that trace in one validation line; it never runs it half-understood.
     model = explore_script(tmp_path / "m.yaml", 2, latency_ms=50)
-    env = {"FLEET_WORKSPACE": str(tmp_path), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
     with contextlib.ExitStack() as stack:
-        old = stack.enter_context(
-            start_worker(
-                url,
-                broker_url=broker,
-                concurrency=2,
-                env_extra={**env, **previous.env()},
-                python=str(previous.python),
-                cwd=tmp_path,
-            )
-        )
-        wait_for_workers(broker, [old.name], timeout_s=60)
+        old = old_worker(stack, previous, url, broker, tmp_path)
         fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
-        bound = fleet.submit("survey", model=model, memory=["user:alice"])
         plain = fleet.submit("survey", model=model)
-        assert plain.wait(timeout_s=RUN_TIMEOUT_S).status == "completed"
-        refused = bound.wait(timeout_s=RUN_TIMEOUT_S)
-        assert refused.status == "failed" and "memory" in (refused.error or "")
+        refused = plain.wait(timeout_s=RUN_TIMEOUT_S)
+        assert refused.status == "failed" and "r:schema_version" in (refused.error or "")
+        assert refused.answer is None and not fleet.trace(plain.trace_id).run.stop_reason
         assert "Extra inputs are not permitted" in old.log()

@@ -102,13 +102,20 @@ def test_a_waiting_parent_whose_spawn_was_lost_is_resent(store: TraceStore) -> N
 
 
 def test_a_person_owns_a_trace_waiting_on_them(store: TraceStore) -> None:
-    put(store, "r", status="waiting", metadata={"waiting_on": {"question": "?"}})
+    put(store, "r", status="waiting", run={"waiting_on": {"question": "?"}})
     assert remedies(store) == []
+
+
+def test_metadata_naming_a_person_owns_nothing(store: TraceStore) -> None:
+    """The caller's metadata is not the run state: a forged `waiting_on` there hides nothing."""
+    put(store, "r", status="waiting", metadata={"waiting_on": {"question": "?"}})
+    open_call(store, "r")
+    assert remedies(store) == [("resend", "r")]
 
 
 def test_a_person_owns_a_trace_waiting_for_their_approval(store: TraceStore) -> None:
     waiting = {"kind": "approval", "tool_call_id": "c1", "tool": "bash", "question": "approve?"}
-    put(store, "r", status="waiting", metadata={"waiting_on": waiting})
+    put(store, "r", status="waiting", run={"waiting_on": waiting})
     open_call(store, "r")  # the call waiting for approval has no result, and no children
     assert remedies(store) == [], "owned by the person, not resent (which would heal the call)"
 
@@ -138,7 +145,7 @@ def test_a_stopped_parent_ends_after_a_child_that_still_moves(store: TraceStore)
 
 
 def test_a_trace_healed_too_often_fails(store: TraceStore) -> None:
-    put(store, "r", metadata={owners.HEALS_KEY: owners.MAX_HEALS})
+    put(store, "r", run={"owner_heals": owners.MAX_HEALS})
     found = owners.unowned(store, owner_index(store), "r", now_ms(), QUIET_MS)
     assert [type(r) for r in found] == [Fail]
     assert "lost: queued" in found[0].why
@@ -194,3 +201,32 @@ def test_a_parents_settle_entry_does_not_own_a_child_nobody_runs(store: TraceSto
     put(store, "r@b1", status="running")
     store.outbox_put(outbox.settle_entry("r", "c1"), now_ms() + 60_000)
     assert remedies(store) == [("resend", "r@b1")], "the parent is owned by the entry"
+
+
+def test_the_watch_list_owns_a_remote_child_waiting_on_its_task(store: TraceStore) -> None:
+    from fleet.storage.remote_watch import REMOTE_WATCH
+
+    put(store, "r", status="waiting")
+    open_call(store, "r")
+    call = {"agent": "reviewer", "state": "sent", "task_id": "t-1"}
+    put(store, "r@remote-1", status="waiting", mode="remote", run={"remote_call": call})
+    assert remedies(store) == [("resend", "r@remote-1")]  # no poller watches it: run it again
+    store.capability(REMOTE_WATCH).watch("r@remote-1", now_ms())
+    assert remedies(store) == []
+
+
+def test_the_check_visits_every_open_tree_past_a_page(store: TraceStore) -> None:
+    # More open trees than one page (and than the listpack ZSCAN returns whole): each is
+    # checked, the newest too (the check used to read only the `page_size` oldest).
+    trees, page_size = 150, 40
+    roots = [f"20261128T0000{n:03d}-{n:06x}" for n in range(trees)]
+    for root in roots:
+        store.track_tree(root)
+        put(store, root)
+
+    found = owners.check(store, owner_index(store), now_ms(), QUIET_MS, page_size)
+
+    assert sorted(r.trace.trace_id for r in found) == sorted(roots)
+    assert {type(r) for r in found} == {Resend}
+    pages = list(owner_index(store).open_tree_pages(page_size))
+    assert sorted(r for page in pages for r in page) == sorted(roots), "each root once"

@@ -51,7 +51,7 @@ def test_a_sentinel_url_names_every_sentinel_and_the_masters_database() -> None:
     [
         ("sentinel://h:1;redis://h:2", "part 2 is not sentinel://host:port"),
         ("sentinel://h:1/x", "the database 'x' is not a number"),
-        ("sentinel://h:1?ssl_cert_reqs=none", "take no ?options"),
+        ("sentinel://h:1;sentinel://h:2?ssl=true", "only the first part takes ?options"),
         ("sentinel://h:notaport", "part 1 is not sentinel://host:port"),
     ],
 )

@@ -10,7 +10,6 @@ from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TransientLLMError
 from fleet.llm.base import LLMResponse
 from fleet.loop.runner import Runner, run_safely
-from fleet.loop.turns import TRANSIENT_RETRIES_KEY
 from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.writes import TraceWrite, WriteResult
 from fleet.testing import ScriptedModel
@@ -42,7 +41,7 @@ def test_a_provider_error_hands_the_run_back_with_backoff_then_fails_clearly(
         if e.kind == "trace" and e.status == "queued" and e.data
     ]  # what the page's timeline shows as a wait on a limit or countdown
     assert requeued == [{"on": "provider error", "retry_in_s": d} for d in delays]
-    assert local.store.get_trace(root.trace_id).metadata[TRANSIENT_RETRIES_KEY] == 3
+    assert local.store.get_trace(root.trace_id).run.transient_retries == 3
     assert Runner(local.runtime).run(root.trace_id).outcome == "failed"
     trace = local.store.get_trace(root.trace_id)
     assert trace.status == "failed"

@@ -149,7 +149,7 @@ def test_doom_loop_stops_the_run(tmp_path: Path) -> None:
     model = ScriptedModel([call("list_dir", path=".") for _ in range(5)])
     trace = make_fleet(tmp_path, model).run("loop", model="test")
     assert trace.status == "failed"
-    assert trace.metadata["stop_reason"] == "doom_loop"
+    assert trace.run.stop_reason == "doom_loop"
     assert "doom loop" in (trace.error or "")
     assert trace.iteration == 3
 
@@ -160,7 +160,7 @@ def test_max_iterations_stops_the_run(tmp_path: Path) -> None:
         (tmp_path / str(i)).mkdir()
     trace = make_fleet(tmp_path, model).run("wander", model="test")
     assert trace.status == "failed"
-    assert trace.metadata["stop_reason"] == "max_iterations"
+    assert trace.run.stop_reason == "max_iterations"
     assert trace.iteration == 30
     assert "max_iterations=30" in (trace.error or "")
 

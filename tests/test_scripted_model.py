@@ -54,3 +54,22 @@ def test_keep_holds_only_the_last_calls_in_order() -> None:
 def test_a_negative_keep_is_refused() -> None:
     with pytest.raises(ValueError, match="keep must be None or at least 0, not -1"):
         ScriptedModel(function=echo, keep=-1)
+
+
+def test_scripted_example_names_the_bundled_script_from_any_directory(tmp_path: Path) -> None:
+    """The README's `--model scripted:example` works as printed: no path to know."""
+    from fleet.conversation.roots import TaskSpec, create_root
+    from fleet.errors import ConfigError
+    from fleet.inprocess import InProcessFleet
+    from fleet.settings import Settings
+
+    (tmp_path / "docs").mkdir()  # the bundled example explores docs/
+    (tmp_path / "docs" / "a.md").write_text("# a\n")
+    local = InProcessFleet.from_settings(Settings(workspace=tmp_path, allow_scripted=True, env={}))
+    root = create_root(local.runtime, TaskSpec("Survey it", "scripted:example"))
+    assert root.model == "scripted:example"  # not made into a path of this directory
+    trace = local.run("Survey it", model="scripted:example")
+    assert trace.status == "completed", trace.error
+    off = InProcessFleet.from_settings(Settings(workspace=tmp_path, env={}))
+    with pytest.raises(ConfigError, match="FLEET_ALLOW_SCRIPTED"):
+        off.run("Survey it", model="scripted:example")

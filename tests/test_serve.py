@@ -82,6 +82,7 @@ def test_waiting_lists_only_traces_waiting_on_a_person(
         store.create_trace(Trace(trace_id=trace_id, root_trace_id=trace_id, task="x"))
         store.update_trace(trace_id, status="waiting")
         store.put_collaborator(trace_id, entry)
+    store.index_human_wait("t-human", 10**13)  # as every wait on a person is indexed
     waiting = api.get("/api/traces", params={"waiting": "1"}).json()["traces"]
     assert [t["trace_id"] for t in waiting] == ["t-human"]
     both = api.get("/api/traces", params={"status": "waiting"}).json()["traces"]

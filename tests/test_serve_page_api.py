@@ -26,6 +26,7 @@ from fleet.models import Collaborator, Trace
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.root_index import ROOTS
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 from fleetops.serve.app import ServeConfig
@@ -80,6 +81,8 @@ def make_trace(store: TraceStore, trace_id: str, created_ms: int, **fields: Any)
     store.create_trace(
         Trace(trace_id=trace_id, root_trace_id=root, created_at_ms=created_ms, **fields)
     )
+    if root == trace_id:  # as `create_root` indexes every root it creates
+        store.capability(ROOTS).add(trace_id, created_ms)
 
 
 def test_the_list_filters_by_waiting_model_preset_and_text(
@@ -94,6 +97,8 @@ def test_the_list_filters_by_waiting_model_preset_and_text(
     approval = Collaborator(name="approval", type="approval", trace_id="human:2", status="waiting")
     store.put_collaborator("a-person", person)
     store.put_collaborator("b-approval", approval)
+    for waiting in ("a-person", "b-approval"):  # as every wait on a person is indexed
+        store.index_human_wait(waiting, 10**13)
 
     def ids(**params: str) -> list[str]:
         response = http.get("/api/traces", params=params)
@@ -180,7 +185,7 @@ def test_a_reply_from_the_api_resumes_the_trace_once(
     trace = actions.run("paint the shed", model="test")
     assert trace.status == "waiting"
     detail = http.get(f"/api/traces/{trace.trace_id}").json()
-    assert detail["trace"]["metadata"]["waiting_on"]["question"].endswith(HOSTILE)
+    assert detail["trace"]["run"]["waiting_on"]["question"].endswith(HOSTILE)
     done = post(http, f"/api/traces/{trace.trace_id}/reply", {"answer": "green"})
     assert done.json() == {"replied": trace.trace_id}
     assert store.get_trace(trace.trace_id).answer == "painted it green"
@@ -196,8 +201,9 @@ def test_approve_and_deny_answer_once_through_the_approval_endpoints(
     first = actions.run("write it", model="test")
     second = actions.run("write that", model="test")
     assert first.status == second.status == "waiting"
-    call_id = first.metadata["waiting_on"]["tool_call_id"]
-    digest = first.metadata["waiting_on"]["digest"]
+    assert first.run.waiting_on is not None and second.run.waiting_on is not None
+    call_id = first.run.waiting_on["tool_call_id"]
+    digest = first.run.waiting_on["digest"]
     forged = post(
         http, f"/api/traces/{first.trace_id}/approve", {"approval_id": "call_x", "digest": digest}
     )
@@ -209,8 +215,8 @@ def test_approve_and_deny_answer_once_through_the_approval_endpoints(
     assert ok.status_code == 200 and (tmp_path / "out.txt").read_text() == "written"
     twice = post(http, f"/api/traces/{first.trace_id}/approve", body)
     assert twice.status_code == 409
-    other = second.metadata["waiting_on"]["tool_call_id"]
-    body = {"approval_id": other, "digest": second.metadata["waiting_on"]["digest"]}
+    other = second.run.waiting_on["tool_call_id"]
+    body = {"approval_id": other, "digest": second.run.waiting_on["digest"]}
     body["reason"] = "not today"
     assert post(http, f"/api/traces/{second.trace_id}/deny", body).status_code == 200
     assert "not today" in (store.get_trace(second.trace_id).answer or "")

@@ -110,8 +110,8 @@ def test_conversation_timeline_and_budget_of_an_explore(
     wait = waiter(browser)
     with serving(page_config(local)) as url:
         browser.get(f"{url}/?trace={root}")
-        expected = f"tokens: used {state.used_tokens} · reserved {state.reserved_tokens}"
-        wait.until(lambda b: expected + " · limit 50000" in text_of(b, "tree-budget"))
+        expected = f"tokens: used {state.used_tokens:,} · reserved {state.reserved_tokens:,}"
+        wait.until(lambda b: expected + " · limit 50,000" in text_of(b, "tree-budget"))
         assert "4 traces" in text_of(browser, "tree-totals")
         assert f"models answered: {model}" in text_of(browser, "tree-models")
         browser.find_element(By.ID, "tab-timeline").click()

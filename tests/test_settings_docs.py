@@ -84,6 +84,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_STUCK_AFTER_S": "7",
         "FLEET_OWNER_CHECK_INTERVAL_S": "2",
         "FLEET_BATCH_POLL_S": "0.5",
+        "FLEET_REMOTE_POLL_S": "0.5",
         "FLEET_BATCH_FLUSH_S": "2",
         "FLEET_BATCH_MAX_REQUESTS": "500",
         "FLEET_BATCH_RETRY": "live",
@@ -91,6 +92,7 @@ def test_every_variable_reaches_its_field() -> None:
         "FLEET_RESULT_BACKEND_URL": "redis://results:6379/0",
         "FLEET_PROBE_DIR": "/probes",
         "FLEET_SERVE_TOKEN": "t" * 20,
+        "FLEET_TRACE_URL_TEMPLATE": "http://127.0.0.1:8600/?trace={trace_id}",
         "FLEET_STATE_DIR": "/var/lib/fleet",
         "FLEET_CELERY_PATCHES_OFF": "fleet-join,chord-send",
         "XDG_STATE_HOME": "/var/state",
@@ -118,3 +120,8 @@ def test_a_cluster_store_without_a_result_backend_is_one_line() -> None:
         Settings.from_env({"FLEET_REDIS_CLUSTER": "1"})
     with pytest.raises(ConfigError, match="FLEET_RESULT_BACKEND_URL must start with redis://"):
         Settings.from_env({"FLEET_RESULT_BACKEND_URL": "amqp://x//"})
+    on_the_cluster = {"FLEET_REDIS_URL": "redis://node1:7000/0", "FLEET_REDIS_CLUSTER": "1"}
+    on_the_cluster["FLEET_RESULT_BACKEND_URL"] = on_the_cluster["FLEET_REDIS_URL"]
+    with pytest.raises(ConfigError, match="names the cluster") as refused:
+        Settings.from_env(on_the_cluster)
+    assert "\n" not in str(refused.value)

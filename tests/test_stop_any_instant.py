@@ -19,6 +19,7 @@ import redis
 from fleet.client import Fleet
 from fleet.models import Trace
 from tests.fleetkit import celery_fleet, explore_script, wait_until
+from workers.dispatch import send
 
 pytestmark = [
     pytest.mark.integration,
@@ -89,3 +90,26 @@ def test_the_stop_during_the_roots_model_call_cuts_it_and_births_no_branch(
     assert root.status == "stopped"
     assert _tree(fleet, handle.trace_id)[1:] == [], "the call was cut: no branch was created"
     assert root.iteration == 0, "nothing of the cut call was written"
+
+
+def test_a_run_discarded_as_revoked_raises_its_traces_stop_flag_again(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # A Redis SIGKILL may take the stop's last second of writes (its flags, its finishes)
+    # while the workers keep its revoked stamps: every re-send of a branch back `running`
+    # is then discarded, and without its flag the owner check re-sent it until it failed
+    # as lost. The worker that discards a run of the stopped turn raises the flag again,
+    # so the owner check ends the branch `stopped`.
+    model = explore_script(tmp_path / "m.yaml", 2, latency_ms=LATENCY_MS)
+    handle = fleet.submit("survey", model=model)
+    wait_until(lambda: len(_tree(fleet, handle.trace_id)) == 3, 10, "the branches")
+    fleet.stop(handle.trace_id)
+    wait_until(lambda: _ended(fleet, handle.trace_id), 30, "every trace and entry terminal")
+    branch = _tree(fleet, handle.trace_id)[1]
+    fleet.store.update_trace(branch.trace_id, status="running")  # the lost second
+    fleet.store.clear_stop(branch.trace_id)
+
+    send(fleet.trace(branch.trace_id), recovered=True)  # what the sweeper re-sends
+
+    wait_until(lambda: fleet.store.stop_requested(branch.trace_id), 10, "the flag raised again")
+    assert fleet.trace(branch.trace_id).status == "running", "the discarded run ran nothing"

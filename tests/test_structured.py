@@ -139,7 +139,7 @@ def test_two_failed_corrections_fail_the_trace(store: TraceStore, tmp_path: Path
     child = store.get_trace(store.children(root.trace_id)[0])
     assert child.status == "failed" and child.output is None
     assert "after 2 corrections: the answer holds no JSON object" in (child.error or "")
-    assert child.metadata["stop_reason"] == "output_schema"
+    assert child.run.stop_reason == "output_schema"
     assert sum(1 for m in store.messages(child.trace_id) if m.role == "assistant") == 3
 
 
@@ -204,7 +204,7 @@ def test_a_tiny_window_keeps_every_request_under_it(store: TraceStore, tmp_path:
     assert root.status == "completed", root.error
     sizes = [estimate_tokens(r, t) for r, t in zip(model.requests, model.tools_seen, strict=True)]
     assert max(sizes) <= window * 0.8, sizes
-    assert root.metadata["context"]["compactions"] >= 1
+    assert root.run.context is not None and root.run.context.compactions >= 1
     stored = [m for m in store.messages(root.trace_id) if m.role == "tool"]
     assert all(len(m.content or "") >= 3000 for m in stored), "stored outputs stay whole"
 

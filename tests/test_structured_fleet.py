@@ -170,6 +170,6 @@ def test_a_tiny_context_window_keeps_every_request_under_it(setup: Setup) -> Non
     assert root.status == "completed", root.error
     sizes = setup.provider.sizes[before:]
     assert len(sizes) == 7 and max(sizes) <= WINDOW * 0.8, sizes
-    assert root.metadata["context"]["compactions"] >= 1
+    assert root.run.context is not None and root.run.context.compactions >= 1
     stored = [m for m in setup.fleet.store.messages(root.trace_id) if m.role == "tool"]
     assert len(stored) == 6 and all(len(m.content or "") >= 3000 for m in stored)

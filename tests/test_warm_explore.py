@@ -74,7 +74,7 @@ def test_with_warm_explore_the_siblings_call_after_the_first_branch_answered(
     others = [recorder.first_calls[f"branch {i}"][0] for i in range(2, 5)]
     assert all(started >= first_ended for started in others)
     branches = [local.store.get_trace(c.trace_id) for c in local.store.collaborators(root.trace_id)]
-    assert [bool(b.metadata.get(warming.WARM_KEY)) for b in branches] == [False, True, True, True]
+    assert [b.run.warm_after_first for b in branches] == [False, True, True, True]
 
 
 def test_without_it_the_branches_call_together(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_without_it_the_branches_call_together(tmp_path: Path) -> None:
     first_ended = recorder.first_calls["branch 1"][1]
     assert any(recorder.first_calls[f"branch {i}"][0] < first_ended for i in range(2, 5))
     branches = [local.store.get_trace(c.trace_id) for c in local.store.collaborators(root.trace_id)]
-    assert not any(b.metadata.get(warming.WARM_KEY) for b in branches)
+    assert not any(b.run.warm_after_first for b in branches)
 
 
 def test_a_first_branch_that_fails_does_not_hold_its_siblings(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_on_real_workers_the_siblings_first_calls_follow_the_first_branch(
             fleet.store.close()
 
     assert root.status == "completed" and [b.status for b in branches] == ["completed"] * 4
-    assert [bool(b.metadata.get(warming.WARM_KEY)) for b in branches] == [False, True, True, True]
+    assert [b.run.warm_after_first for b in branches] == [False, True, True, True]
     # a sibling's first call started once the first branch's first answer was written, and
     # takes the model's 400 ms: its answer is written that much later
     first_answered = firsts[0].created_at_ms

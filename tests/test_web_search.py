@@ -191,9 +191,9 @@ def test_a_bad_domain_pattern_in_fleet_yaml_is_refused(tmp_path: Path) -> None:
 
 def test_the_analyst_preset_reads_and_searches_and_writes_nothing() -> None:
     analyst = BUILTIN_PRESETS["analyst"]
-    assert analyst.allowed_tools == frozenset(
-        {"read_file", "read_image", "glob", "grep", "web_search", "web_fetch"}
-    )
+    # Memory is read only, and offered only to a tree bound to a namespace (docs/memory.md).
+    reads = {"read_file", "read_image", "glob", "grep", "web_search", "web_fetch"}
+    assert analyst.allowed_tools == frozenset(reads | {"memory_read", "memory_search"})
     assert (analyst.read_only, analyst.temperature, analyst.max_iterations) == (True, 0.3, 25)
 
 

@@ -17,7 +17,8 @@ from fleet.models import Collaborator, Event, Message, Status, Trace
 from fleet.settings import Settings
 from fleet.storage import keys as fleet_keys
 from fleet.storage.backends.redis.store import RedisStore
-from fleet.storage.store import STARTABLE, TraceStore, apply_one_by_one
+from fleet.storage.one_by_one import apply_one_by_one
+from fleet.storage.store import STARTABLE, TraceStore
 from fleet.storage.writes import TraceWrite
 from fleet.testing import ScriptedModel, call, text
 

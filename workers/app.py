@@ -16,8 +16,9 @@ from kombu.messaging import Producer
 from fleet.limits.trees import Priority
 from fleet.models import TASK_SCHEMA
 from fleet.settings import Settings, process_settings
+from fleet.storage.backends.redis import sentinel as redis_sentinel
 from fleet.storage.backends.redis.connect import SENTINEL_TIMEOUT_S
-from fleet.storage.backends.redis.urls import is_sentinel
+from fleet.storage.backends.redis.urls import is_sentinel, parse_sentinel
 from workers import patches
 from workers.patches import events, result_backend
 
@@ -27,6 +28,8 @@ QUEUE_BY_MODE = {
     "delegate": "fleet.delegate",
     "explore": "fleet.explore",
     "evaluate": "fleet.evaluate",
+    # A remote child holds a slot only to send its message (`fleet.remote`): delegate's queue.
+    "remote": "fleet.delegate",
 }
 
 MAX_RUN_S = 2 * 3600
@@ -69,13 +72,30 @@ def transport_options(url: str, sentinel_master: str | None) -> dict[str, Any]:
     and Celery's `SentinelBackend` both read it) and short timeouts for asking a sentinel.
     """
     options: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
-    if is_sentinel(url):
-        asking = {
-            "socket_timeout": SENTINEL_TIMEOUT_S,
-            "socket_connect_timeout": SENTINEL_TIMEOUT_S,
-        }
+    if is_sentinel(url):  # the sentinels' password, from the URL's options
+        asking = redis_sentinel.sentinel_kwargs(parse_sentinel(url).options, SENTINEL_TIMEOUT_S)
         options |= {"master_name": sentinel_master, "sentinel_kwargs": asking}
     return options
+
+
+def celery_urls(settings: Settings) -> dict[str, Any]:
+    """The broker and result backend URLs as Celery reads them, and their TLS settings.
+
+    A `sentinel://` URL's options (`backends.redis.sentinel`) are not Celery's: the URL
+    goes without them, TLS to the master as `broker_use_ssl`/`redis_backend_use_ssl`.
+    """
+    broker, broker_tls = redis_sentinel.for_celery(settings.broker_url)
+    results, results_tls = redis_sentinel.for_celery(settings.result_backend_url)
+    found: dict[str, Any] = {"broker_url": broker, "result_backend": results}
+    if broker_tls is not None:
+        found["broker_use_ssl"] = broker_tls
+    if results_tls is not None:
+        found["redis_backend_use_ssl"] = results_tls
+    return found
+
+
+TRACE_URL_TEMPLATE_CONF = "fleet_trace_url_template"
+"""The app's own setting (not Celery's): FLEET_TRACE_URL_TEMPLATE, read where tasks are sent."""
 
 
 def make_config(settings: Settings) -> dict[str, Any]:
@@ -88,40 +108,45 @@ def make_config(settings: Settings) -> dict[str, Any]:
         }
     else:
         priorities = {}
-    return priorities | {
-        "broker_url": settings.broker_url,
-        "result_backend": settings.result_backend_url,
-        "broker_transport_options": transport_options(settings.broker_url, master),
-        "result_backend_transport_options": transport_options(settings.result_backend_url, master),
-        "broker_connection_retry_on_startup": True,
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "accept_content": ["json"],
-        "result_accept_content": ["json"],
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "task_retry_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        # The worker's event loop sleeps up to this long: a slot that frees waits that long
-        # to fetch the next message, and a countdown (a throttled run's booked turn) is
-        # late by as much. 1.0 s (Celery's default) let a batch tree's slot turnover delay
-        # an interactive tree's branches by ~0.6 s each.
-        "worker_timer_precision": TIMER_PRECISION_S,
-        "task_time_limit": MAX_RUN_S,
-        "task_soft_time_limit": SOFT_LIMIT_S,
-        # No STARTED result per task (a GET and a SETEX + PUBLISH): Flower and `celery
-        # inspect active` know a task started from its task-started event.
-        "task_track_started": False,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
-        "result_expires": 24 * 3600,
-        "result_extended": True,
-        "task_queues": [Queue(name) for name in QUEUES],
-        "task_default_queue": "fleet.main",
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "worker_hijack_root_logger": False,
-        "worker_redirect_stdouts": False,
-    }
+    return (
+        priorities
+        | celery_urls(settings)
+        | {
+            "broker_transport_options": transport_options(settings.broker_url, master),
+            "result_backend_transport_options": transport_options(
+                settings.result_backend_url, master
+            ),
+            "broker_connection_retry_on_startup": True,
+            TRACE_URL_TEMPLATE_CONF: settings.trace_url_template,  # Flower's link to the page
+            "task_serializer": "json",
+            "result_serializer": "json",
+            "accept_content": ["json"],
+            "result_accept_content": ["json"],
+            "task_acks_late": True,
+            "task_reject_on_worker_lost": True,
+            "task_retry_on_worker_lost": True,
+            "worker_prefetch_multiplier": 1,
+            # The worker's event loop sleeps up to this long: a slot that frees waits that long
+            # to fetch the next message, and a countdown (a throttled run's booked turn) is
+            # late by as much. 1.0 s (Celery's default) let a batch tree's slot turnover delay
+            # an interactive tree's branches by ~0.6 s each.
+            "worker_timer_precision": TIMER_PRECISION_S,
+            "task_time_limit": MAX_RUN_S,
+            "task_soft_time_limit": SOFT_LIMIT_S,
+            # No STARTED result per task (a GET and a SETEX + PUBLISH): Flower and `celery
+            # inspect active` know a task started from its task-started event.
+            "task_track_started": False,
+            "worker_send_task_events": True,
+            "task_send_sent_event": True,
+            "result_expires": 24 * 3600,
+            "result_extended": True,
+            "task_queues": [Queue(name) for name in QUEUES],
+            "task_default_queue": "fleet.main",
+            "worker_cancel_long_running_tasks_on_connection_loss": True,
+            "worker_hijack_root_logger": False,
+            "worker_redirect_stdouts": False,
+        }
+    )
 
 
 PIPELINE_FLUSH_COMMANDS = 64

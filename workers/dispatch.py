@@ -11,8 +11,14 @@ from fleet.conversation.continuation import stamp, turn_of
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
-from workers.app import QUEUE_BY_MODE, app, message_priority, one_pipeline
-from workers.naming import task_names
+from workers.app import (
+    QUEUE_BY_MODE,
+    TRACE_URL_TEMPLATE_CONF,
+    app,
+    message_priority,
+    one_pipeline,
+)
+from workers.naming import task_names, trace_page
 from workers.patches import chord_join
 from workers.patches.chords import send_chord
 from workers.patches.switches import enabled
@@ -49,6 +55,7 @@ def run_signature(
     """`fleet.run_agent(trace_id)` on its mode's queue, readable in Flower, stamped."""
     sender = via or app
     argsrepr, shadow = task_names(trace)
+    page = trace_page(trace.trace_id, sender.conf.get(TRACE_URL_TEMPLATE_CONF))
     return Signature(
         task,
         args=(trace.trace_id,),
@@ -57,6 +64,7 @@ def run_signature(
         options={
             "argsrepr": argsrepr,
             "shadow": shadow,
+            **({"kwargsrepr": page} if page else {}),
             "priority": message_priority(priority, sender.conf.broker_url),
             # Nobody reads a run's stored result: a chord's join takes its part as it ends.
             "ignore_result": True,

@@ -13,12 +13,21 @@ text fields redacted before it leaves, whoever built them.
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 
 from fleet.models import Trace
 from fleet.security.redact import REDACTED, Redactor
 from fleet.settings import process_redactor
 
-__all__ = ["REDACTED", "first_words", "looks_secret", "shadow_name", "task_names", "task_repr"]
+__all__ = [
+    "REDACTED",
+    "first_words",
+    "looks_secret",
+    "shadow_name",
+    "task_names",
+    "task_repr",
+    "trace_page",
+]
 
 TASK_WORDS = 8
 SHADOW_WORDS = 5
@@ -26,7 +35,14 @@ MAX_WORD_CHARS = 24
 """A single 'word' (no spaces) cannot smuggle a whole prompt."""
 MAX_WORDS_CHARS = 80
 _PUNCTUATION = "\"'`()[]{}<>,;:.!?*|"
-_SECRET_PAIR = re.compile(r"(key|token|secret|password|passwd|pwd|auth)\w*[=:]", re.IGNORECASE)
+_SECRET_PAIR = re.compile(
+    r"(?:key|token|secret|password|passwd|pwd|auth)[=:](?P<value>.*)", re.IGNORECASE
+)
+"""`api_key=X`, `token:X`, `key:` (the value may be the next word): the name ends in a
+credential word. Not `tokens:400`, `max_tokens=4096`, `author:` or `keyboard:` (a count or
+a plain word whose name merely starts like one)."""
+_COUNT = re.compile(r"\d{1,5}")
+"""A value of a few digits is a count (`token:400`), not a secret (MIN_SECRET_CHARS is 6)."""
 _LONG_RANDOM = re.compile(r"^[A-Za-z0-9_\-+/=.]{20,}$")
 
 
@@ -37,7 +53,10 @@ def looks_secret(word: str) -> bool:
     bare value.
     """
     core = word.strip(_PUNCTUATION)
-    if _SECRET_PAIR.search(word) or process_redactor()(core) != core:
+    pair = _SECRET_PAIR.search(word)
+    if pair and not _COUNT.fullmatch(pair.group("value").strip(_PUNCTUATION)):
+        return True
+    if process_redactor()(core) != core:
         return True
     return bool(
         _LONG_RANDOM.match(core) and re.search(r"\d", core) and re.search(r"[A-Za-z]", core)
@@ -92,3 +111,15 @@ def _task_repr(trace: Trace, words: str) -> str:
 
 def _shadow(trace: Trace, words: str) -> str:
     return f"fleet.{trace.mode}: {words}"
+
+
+def trace_page(trace_id: str, template: str | None) -> str | None:
+    """`kwargsrepr`: the trace page of `trace_id` from FLEET_TRACE_URL_TEMPLATE, if set.
+
+    Flower shows it as the task's kwargs (and its search finds it); the id is URL-quoted,
+    its `@` kept, so a child's page reads as its id.
+    """
+    if template is None:
+        return None
+    url = template.replace("{trace_id}", quote(trace_id, safe="@"))
+    return f"trace_page={url}"

@@ -21,6 +21,7 @@ from fleet.owners import Fail, Remedy, Resend, Settle, Stop
 from fleet.runtime import Runtime
 from fleet.storage import outbox
 from fleet.storage.owner_index import owner_index
+from fleet.storage.writes import TraceWrite
 from workers.app import QUEUE_BY_MODE, app
 from workers.dispatch import send
 
@@ -67,12 +68,11 @@ def apply(runtime: Runtime, remedy: Remedy, via: Celery = app) -> bool:
 
 def _count_heal(runtime: Runtime, remedy: Remedy) -> None:
     """Remember the attempt on the trace (its `updated_at_ms` also holds the next check off)."""
-    # Read again: the check's snapshot is seconds old, and a metadata written since (a call
-    # parked on a provider batch) must not be overwritten with it.
+    # Only `run.owner_heals` is written (one field: a call parked on a provider batch since
+    # the check's snapshot is left as it is), counted from a fresh read.
     trace = runtime.store.get_trace(remedy.trace.trace_id)
-    heals = int(trace.metadata.get(owners.HEALS_KEY, 0)) + 1
-    metadata = {**trace.metadata, owners.HEALS_KEY: heals}
-    runtime.store.update_trace(trace.trace_id, metadata=metadata, updated_at_ms=now_ms())
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(None, updated_at_ms=now_ms())
+    runtime.store.apply(write.update_run(owner_heals=trace.run.owner_heals + 1))
 
 
 def queued_messages(via: Celery, queue: str) -> int:

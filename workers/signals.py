@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 from typing import Any
 
 from celery.signals import (
+    task_revoked,
     worker_init,
     worker_process_init,
     worker_process_shutdown,
@@ -22,12 +24,18 @@ from fleet.observe.operator import operator_members
 from fleet.security.redact import install_log_redaction
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_redactor, process_settings
+from fleet.storage.backends.redis.probe import is_cluster_node
 from workers import probes
+from workers.remote_poll import RemotePoller
+from workers.revoked import stop_revoked
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
 from workers.sweeper import Sweeper
 
+log = logging.getLogger(__name__)
+
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
+_remote_poller: RemotePoller | None = None
 
 
 @worker_init.connect
@@ -54,6 +62,22 @@ def _say_shell_limits(**_: Any) -> None:
         from fleet.tools import cgroups
 
         print(f"fleet worker: bash limits {cgroups.probe().describe()}", file=sys.stderr)
+
+
+@worker_init.connect
+def _refuse_results_on_a_cluster(**_: Any) -> None:
+    # A cluster store's results must be a single Redis apart (`backends.redis.probe`):
+    # on a cluster node every explore's chord join would fail. Unreachable: not refused
+    # here (Celery retries its connections as it always does).
+    settings = process_settings()
+    if settings.redis_cluster and is_cluster_node(settings.result_backend_url):
+        print(
+            "fleet worker: FLEET_RESULT_BACKEND_URL is a node of a Redis Cluster: Celery's"
+            " results need a single Redis apart from the cluster",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2)
 
 
 @worker_init.connect
@@ -92,6 +116,9 @@ def _start_sweeper(**_: Any) -> None:
         settings.sweep_interval_s, settings.owner_check_interval_s, settings.batch_poll_s
     )
     _sweeper.start()
+    global _remote_poller
+    _remote_poller = RemotePoller(settings.remote_poll_s)
+    _remote_poller.start()
 
 
 @worker_ready.connect
@@ -126,6 +153,8 @@ def _drain(**_: Any) -> None:
 def _stop_sweeper(**_: Any) -> None:
     if _sweeper is not None:
         _sweeper.stop()
+    if _remote_poller is not None:
+        _remote_poller.stop()
 
 
 @worker_shutdown.connect
@@ -139,3 +168,21 @@ def _stop_heartbeat(**_: Any) -> None:
 def _flush_hooks(**_: Any) -> None:
     # Spans wait in a batch: send them before the process goes (a pool child may skip atexit).
     flush_hooks()
+
+
+@task_revoked.connect
+def _stop_revoked_run(
+    sender: Any = None, request: Any = None, expired: bool = False, **_: Any
+) -> None:
+    # A run discarded because a stop revoked its stamps (`workers.revoked`); an expired
+    # task was not stopped. A store away: the owner check looks again later, no traceback.
+    if request is None or expired:
+        return
+    runtime = get_runtime()
+    stamps = getattr(request, "stamps", None) or {}
+    try:
+        stop_revoked(runtime, str(getattr(sender, "name", "")), request.args or (), stamps)
+    except Exception as exc:
+        if not runtime.store.unavailable(exc):
+            raise
+        log.warning("revoked run %s: the store is unreachable (%s)", request.id, exc)

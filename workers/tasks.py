@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 import redis
 from celery import Task
 from celery.exceptions import Ignore
+from kombu.exceptions import OperationalError
 
 from fleet.children import after
 from fleet.loop.runner import NEWER_RECORD_RETRY_S, Runner, RunResult, run_safely
@@ -15,6 +16,7 @@ from fleet.models import newer_than_this, now_ms
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from fleet.storage import outbox
+from fleet.storage.writes import WriteExtension
 from workers import settle
 from workers.app import MAX_WORKER_LOST_RETRIES, SCHEMA_HEADER, app
 from workers.dispatch import start_window
@@ -59,11 +61,19 @@ def run_agent(
     """
     refuse_newer(self)
     runtime = get_runtime()
-    part = chord_join.count_in_run(self.backend, self.request, runtime.settings.redis_url)
+    part = counted_part(self, runtime)
     result = run_safely(Runner(runtime, should_yield=draining.is_set, end_step=part), trace_id)
     hand_back(self, result)
     after_run(runtime, result, recovered=recovered, windowed=windowed)
     return envelope(result)
+
+
+def counted_part(task: Task, runtime: Runtime) -> WriteExtension | None:
+    """The chord part this run counts in the write that ends it (`count_in_run`), if any."""
+    settings = runtime.settings
+    return chord_join.count_in_run(
+        task.backend, task.request, settings.redis_url, cluster=settings.redis_cluster
+    )
 
 
 def after_run(runtime: Runtime, result: RunResult, *, recovered: bool, windowed: bool) -> None:
@@ -100,24 +110,31 @@ def refuse_newer(task: Task) -> None:
 def hand_back(task: Task, result: RunResult) -> None:
     """A drained run goes back at once; a throttled one when its limit lets it in."""
     if result.outcome == "yielded":
-        requeue(task)
+        requeue(task, why="drained: handed back")
     if result.outcome == "throttled":
         # The countdown lives in this worker's memory: the outbox sends the run again if
         # the worker dies (or loses its broker) before it is due.
         due_ms = now_ms() + int(result.retry_in_s * 1000) + 2 * get_runtime().settings.lease_ttl_ms
         get_runtime().store.outbox_put(outbox.run_entry(result.trace_id), due_ms)
-        requeue(task, countdown_s=result.retry_in_s)
+        requeue(task, countdown_s=result.retry_in_s, why="throttled: runs again when let in")
 
 
-def requeue(task: Task, countdown_s: float = 0.0) -> NoReturn:
+def requeue(task: Task, countdown_s: float = 0.0, why: str = "handed back") -> NoReturn:
     """Hand a run back: the same task (id, chord membership) for any worker, maybe later.
 
     Not `Task.retry`: its count is what bounds restarts after a lost worker
     (`MAX_WORKER_LOST_RETRIES`), and a drain or a rate limit is not a failure. A countdown
     is held by a worker as an ETA task, which takes no pool slot until it is due.
+    `Ignore` sends no event, so Flower would count the execution as processed but neither
+    succeeded nor failed, and show the task STARTED until it runs again: a `task-retried`
+    event says what happened (Flower's RETRY state and its workers' "retried" count).
     """
     signature = task.signature_from_request(task.request, retries=task.request.retries)
     signature.apply_async(countdown=countdown_s or None)
+    try:
+        task.send_event("task-retried", exception=why, traceback="")
+    except (OperationalError, OSError):  # the run is handed back already; only a count lags
+        log.warning("fleet: no task-retried event for %s (broker unreachable)", task.request.id)
     raise Ignore()
 
 

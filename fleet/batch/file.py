@@ -27,7 +27,7 @@ from pydantic import (
     ValidationError,
 )
 
-from fleet.batch.values import BatchEntry, entry_images
+from fleet.batch.values import BatchEntry, entry_images, entry_spec
 from fleet.batchapi.route import check_route, wants_batch
 from fleet.conversation.roots import MAX_BOUND_NAMESPACES, bound_namespaces, check_budget
 from fleet.errors import ConfigError, MemoryRefused
@@ -47,6 +47,8 @@ ENTRY_KEYS = (
     "images",
     "batch_api",
     "memory",
+    "prompt",
+    "variables",
 )
 YAML_SUFFIXES = frozenset({".yaml", ".yml"})
 
@@ -70,7 +72,10 @@ class _EntryIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     id: StrictStr | StrictInt | None = None
-    task: StrictStr
+    task: StrictStr | None = None
+    prompt: StrictStr | None = Field(default=None, min_length=1, max_length=4096)
+    """A prompt file inside the entry's workspace, in place of `task`."""
+    variables: dict[StrictStr, StrictStr] | None = None
     preset: StrictStr | None = None
     model: StrictStr | None = None
     workspace: StrictStr | None = None
@@ -192,8 +197,7 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         wire = _EntryIn.model_validate(value)
     except ValidationError as exc:
         raise ValueError(_reason(exc)) from None
-    if not wire.task.strip():
-        raise ValueError("empty task")
+    _check_task(wire)
     entry_id = f"line-{line}" if wire.id is None else str(wire.id)
     if not entry_id.strip():
         raise ValueError("empty id")
@@ -208,7 +212,7 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         raise ValueError("metadata must be plain JSON (strings, numbers, lists, objects)") from None
     return BatchEntry(
         id=entry_id,
-        task=wire.task,
+        task=wire.task or "",
         line=line,
         preset=wire.preset,
         model=wire.model,
@@ -218,7 +222,21 @@ def parse_entry(value: object, line: int) -> BatchEntry:
         batch_api=wire.batch_api,
         images=tuple(wire.images or ()),
         memory=memory,
+        prompt=wire.prompt,
+        variables=dict(wire.variables or {}),
     )
+
+
+def _check_task(wire: _EntryIn) -> None:
+    """A task or a prompt file (with its variables), never both; `ValueError` otherwise."""
+    if wire.task is None and wire.prompt is None:
+        raise ValueError("missing required key 'task' (or 'prompt': a prompt file)")
+    if wire.task is not None and wire.prompt is not None:
+        raise ValueError("give 'task' or 'prompt' (a prompt file), not both")
+    if wire.task is not None and not wire.task.strip():
+        raise ValueError("empty task")
+    if wire.variables and wire.prompt is None:
+        raise ValueError("'variables' go with a 'prompt' file")
 
 
 def _reason(exc: ValidationError) -> str:
@@ -251,7 +269,11 @@ def entries_from(tasks: Iterable[str | Mapping[str, Any] | BatchEntry]) -> list[
 
 
 def _as_dict(entry: BatchEntry) -> dict[str, Any]:
-    value: dict[str, Any] = {"id": entry.id, "task": entry.task, "metadata": dict(entry.metadata)}
+    value: dict[str, Any] = {"id": entry.id, "metadata": dict(entry.metadata)}
+    if entry.prompt is None:
+        value["task"] = entry.task
+    else:
+        value |= {"prompt": entry.prompt, "variables": dict(entry.variables)}
     for key in ("preset", "model"):
         if getattr(entry, key) is not None:
             value[key] = getattr(entry, key)
@@ -302,22 +324,17 @@ def check_entries(runtime: Runtime, entries: Sequence[BatchEntry], where: str) -
     seen: dict[tuple[str, str | None, Path | None, Budget | None, bool | None], str | None] = {}
     problems: list[tuple[int, str]] = []
     for entry in entries:
-        key = (
-            entry.preset or "default",
-            entry.model,
-            entry.workspace,
-            entry.budget,
-            entry.batch_api,
-        )
+        try:  # files read now: a refused image or prompt stops the batch before it starts
+            model = entry_spec(runtime, entry, {}).model  # a prompt file's model too
+            entry_images(runtime, entry)
+        except ConfigError as exc:
+            problems.append((entry.line, str(exc)))
+            continue
+        key = (entry.preset or "default", model, entry.workspace, entry.budget, entry.batch_api)
         if key not in seen:
             seen[key] = _check_one(runtime, *key)
         if (reason := seen[key]) is not None:
             problems.append((entry.line, reason))
-        elif entry.images:  # read now too: a refused image must stop the batch before it starts
-            try:
-                entry_images(runtime, entry)
-            except ConfigError as exc:
-                problems.append((entry.line, str(exc)))
     if problems:
         raise BatchInputError(where, problems)
 

@@ -19,7 +19,6 @@ from typing import IO, Any
 from fleet.batch.file import BatchInputError
 from fleet.batch.values import (
     BATCH_KEY,
-    ENTRY_KEY,
     BatchEntry,
     BatchHooks,
     BatchResult,
@@ -148,8 +147,8 @@ def find_orphan(store: TraceRecords, batch_key: str, entry_id: str, since_ms: in
     while True:
         traces = store.list_traces(limit)
         for trace in traces:
-            meta = trace.metadata
-            if trace.parent_trace_id is None and (meta.get(BATCH_KEY), meta.get(ENTRY_KEY)) == (
+            run = trace.run  # the fleet's own marks: a line's metadata cannot claim them
+            if trace.parent_trace_id is None and (run.batch, run.batch_entry) == (
                 batch_key,
                 entry_id,
             ):

@@ -28,10 +28,11 @@ from fleet.batch.values import (
     ChainHooks,
     ResumeState,
     entry_images,
+    entry_spec,
 )
-from fleet.batchapi.route import BATCH_API_KEY, in_batches, wants_batch
+from fleet.batchapi.route import in_batches, wants_batch
 from fleet.conversation.human import waiting_on
-from fleet.conversation.roots import TaskSpec, create_root
+from fleet.conversation.roots import create_root
 from fleet.errors import TraceNotFound
 from fleet.limits.capability import budget_state
 from fleet.limits.trees import Priority
@@ -158,17 +159,22 @@ class _Window:
     def submit(self, entry: BatchEntry) -> None:
         """Create the root, tell the hooks, then enqueue it."""
         self.hooks.submitting(entry)
-        metadata = {**entry.metadata, BATCH_KEY: self.options.batch_key, ENTRY_KEY: entry.id}
         runtime = self.fleet.runtime
-        model_name = runtime.model_name(entry.model, entry.preset or "default")
-        if wants_batch(runtime, entry.batch_api, model_name):
-            metadata[BATCH_API_KEY] = self._batched = True
-        spec = TaskSpec(
-            entry.task, entry.model, entry.preset or "default", entry.workspace, "main", metadata
-        )
+        # The line's metadata is kept as the caller's; the fleet's own marks are typed options.
+        spec = entry_spec(runtime, entry, dict(entry.metadata))
+        model_name = runtime.model_name(spec.model, entry.preset or "default")
+        routed = wants_batch(runtime, entry.batch_api, model_name)
+        self._batched = self._batched or routed
         images = entry_images(self.fleet.runtime, entry)
         spec = replace(
-            spec, budget=entry.budget, priority="batch", images=images, memory=entry.memory
+            spec,
+            budget=entry.budget,
+            priority="batch",
+            images=images,
+            memory=entry.memory,
+            batch_api=routed,
+            batch_key=self.options.batch_key,
+            batch_entry=entry.id,
         )
         trace = create_root(self.fleet.runtime, spec)
         self.hooks.submitted(entry, trace.trace_id)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet.batch import DEFAULT_MAX_IN_FLIGHT
+from fleet.conversation.prompts import with_task
+from fleet.conversation.roots import TaskSpec
 from fleet.limits.budget import Budget
 from fleet.runtime import Runtime
 from fleet.tools.imagecheck import Image
@@ -21,7 +23,8 @@ from fleet.tools.imagesource import load_images
 
 BATCH_KEY = "batch"
 ENTRY_KEY = "batch_entry"
-"""Metadata keys every batch root carries: the batch's key and the entry's id."""
+"""The journal's keys for the batch's key and an entry's id (a root carries both in its run
+state, `run.batch` and `run.batch_entry`)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class BatchEntry:
     """Paths inside the entry's workspace, or http(s) URLs (`fleet.tools.imagesource`)."""
     memory: tuple[str, ...] = ()
     """Long-term memory namespaces the entry's tree may use (`fleet.memory`)."""
+    prompt: str | None = None
+    """A prompt file inside the entry's workspace, in place of `task` (`variables` fill it)."""
+    variables: Mapping[str, str] = field(default_factory=dict)
 
 
 def entry_images(runtime: Runtime, entry: BatchEntry) -> tuple[Image, ...]:
@@ -55,6 +61,27 @@ def entry_images(runtime: Runtime, entry: BatchEntry) -> tuple[Image, ...]:
         entry.images,
         workspace=settings.workspace,
         web_allow=settings.web_allow,
+        private=settings.private_dirs,
+    )
+
+
+def entry_spec(runtime: Runtime, entry: BatchEntry, metadata: Mapping[str, Any]) -> TaskSpec:
+    """The entry's root as a `TaskSpec` (its prompt file read inside its workspace).
+
+    Raises:
+        ConfigError: the prompt file is refused (outside the workspace, too big, a
+            variable missing).
+    """
+    spec = TaskSpec("", entry.model, entry.preset or "default", entry.workspace, "main", metadata)
+    if entry.prompt is None:
+        return with_task(spec, entry.task, None, None)
+    settings = runtime.settings.with_workspace(entry.workspace or runtime.settings.workspace)
+    return with_task(
+        spec,
+        None,
+        Path(entry.prompt),
+        entry.variables,
+        workspace=settings.workspace,
         private=settings.private_dirs,
     )
 
@@ -105,7 +132,7 @@ class BatchOptions:
     timeout_s: float | None = None
     """Per task, from its submission (or re-attachment): then it is stopped."""
     batch_key: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    """Stamped into each root's metadata (`batch`); the journal uses it to find orphans."""
+    """Stamped into each root's run state (`run.batch`); the journal finds orphans by it."""
     poll_ms: int = POLL_MS
 
 

@@ -33,6 +33,7 @@ from fleet.batchapi.providers import BatchProvider, ProviderFactory
 from fleet.batchapi.route import answer_of, parked_call
 from fleet.errors import FleetError, TraceNotFound
 from fleet.models import now_ms
+from fleet.runstate import BatchCallState
 from fleet.runtime import Runtime
 from fleet.storage import keys
 from fleet.storage.batch_calls import (
@@ -309,7 +310,7 @@ def _resume(
     runtime: Runtime,
     calls: CallStates,
     custom_id: str,
-    state: str,
+    state: BatchCallState,
     batch_id: str | None,
     poll: Poll,
 ) -> bool:
@@ -323,11 +324,11 @@ def _resume(
     except TraceNotFound:
         calls.forget(custom_id)
         return False
-    parked = parked_call(trace) or {}
-    if trace.is_terminal or parked.get("custom_id") != custom_id:
+    parked = parked_call(trace)
+    if trace.is_terminal or parked is None or parked.custom_id != custom_id:
         calls.forget(custom_id)  # stopped, or moved on: the answer has no reader
         return False
-    if trace.status != "waiting" or parked.get("state") != "parked":
+    if trace.status != "waiting" or parked.state != "parked":
         return False  # resumed already (an earlier poll that died before it let go)
     lifecycle.batch_answered(runtime, trace, state, batch_id)
     poll.resume.append(trace_id)
@@ -349,6 +350,7 @@ def _resume_cancelled(runtime: Runtime, call: PendingCall, poll: Poll) -> None:
         trace = runtime.store.get_trace(call.trace_id)
     except TraceNotFound:
         return
-    if trace.status == "waiting" and (parked_call(trace) or {}).get("custom_id") == call.custom_id:
+    parked = parked_call(trace)
+    if trace.status == "waiting" and parked is not None and parked.custom_id == call.custom_id:
         lifecycle.batch_answered(runtime, trace, "cancelled", None)
         poll.resume.append(call.trace_id)

@@ -3,7 +3,7 @@
 The turn's custom id is the trace's turn: a hash of the trace id and the sequence the
 model's message will get (`custom_id_of`), so a redelivered run, a resend by the owner
 check or a sweeper's recovery finds the same call and queues nothing new. The trace's
-metadata (`lifecycle.BATCH_KEY`) says where its call is:
+run state (`run.waiting_on_batch`, a `fleet.runstate.BatchWait`) says where its call is:
 
 - `parked`: queued or in a provider batch; a run that finds no answer parks again (the
   note of the turn was written when it first parked: it is not written twice).
@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 from fleet import lifecycle
 from fleet.errors import ConfigError
-from fleet.lifecycle import BATCH_KEY
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.models import Message, Trace, now_ms
+from fleet.runstate import BatchWait
 from fleet.runtime import Runtime
 from fleet.storage.batch_calls import CallStates, Flushes, PendingCall, batch_calls
 
@@ -31,8 +31,6 @@ COUNT_LIMIT = 1_000_000
 """Most queued calls `in_batches` counts (ids and times only)."""
 CALL_KEY = "batch_call"
 """Message metadata: the custom id whose answer this assistant message is."""
-BATCH_API_KEY = "batch_api"
-"""Trace metadata: true when the tree's model calls go through the providers' Batch APIs."""
 
 Route = Literal["live", "fresh", "parked", "answered", "retry_live"]
 BATCHED: tuple[Route, ...] = ("fresh", "parked", "answered")
@@ -58,27 +56,26 @@ def custom_id_of(trace_id: str, sequence: int) -> str:
 
 def routed(trace: Trace) -> bool:
     """Whether this trace's model calls go through a provider batch."""
-    return trace.metadata.get(BATCH_API_KEY) is True
+    return trace.run.batch_api
 
 
-def parked_call(trace: Trace) -> dict[str, Any] | None:
-    """The trace's `BATCH_KEY` entry, if it has one."""
-    parked = trace.metadata.get(BATCH_KEY)
-    return parked if isinstance(parked, dict) else None
+def parked_call(trace: Trace) -> BatchWait | None:
+    """The trace's call on a provider batch (`run.waiting_on_batch`), if it has one."""
+    return trace.run.waiting_on_batch
 
 
 def route_of(trace: Trace, path: Sequence[Message] = ()) -> Route:
     """How this turn's model call goes (read before the note of the turn is written).
 
     `path`: the trace's main path. A call whose answer is on it already was consumed,
-    whatever the metadata says (a stale write may have put an old state back): the turn
+    whatever the run state says (a stale write may have put an old state back): the turn
     is a fresh one, so no answer is taken twice and no turn is sent twice.
     """
     if not routed(trace):
         return "live"
     parked = parked_call(trace)
-    state = parked.get("state") if parked else None
-    if state is None or state == "consumed" or _on_path(str((parked or {}).get("custom_id")), path):
+    state = parked.state if parked else None
+    if state is None or state == "consumed" or _on_path(str(parked and parked.custom_id), path):
         return "fresh"
     if state == "live":
         return "retry_live"
@@ -96,7 +93,7 @@ def take(runtime: Runtime, trace: Trace) -> LLMResponse | None:
     parked = parked_call(trace)
     if parked is None:
         return None
-    answer = batch_calls(runtime.store).answer_of(str(parked.get("custom_id")))
+    answer = batch_calls(runtime.store).answer_of(str(parked.custom_id))
     return None if answer is None else response_of(answer)
 
 
@@ -114,13 +111,13 @@ def park(
     `temperature`, `max_output_tokens`.
     """
     calls: CallStates = batch_calls(runtime.store)
-    parked = parked_call(trace) or {}
+    parked = parked_call(trace) or BatchWait()
     if route == "fresh":
-        if parked.get("custom_id"):  # the last turn's answer is in the trace now
-            calls.forget(str(parked["custom_id"]))
+        if parked.custom_id:  # the last turn's answer is in the trace now
+            calls.forget(parked.custom_id)
         custom_id = custom_id_of(trace.trace_id, trace.last_sequence + 1)
     else:
-        custom_id = str(parked.get("custom_id"))
+        custom_id = str(parked.custom_id)
     # The trace says where its call is before the call exists: a crash between the two
     # leaves a waiting trace the owner check sends again, and that run queues the call.
     lifecycle.wait_on_batch(runtime, trace, custom_id)
@@ -138,13 +135,10 @@ def park(
     return Parked(custom_id)
 
 
-def consumed(trace: Trace) -> dict[str, Any]:
-    """The trace's metadata once its model message holds the answer."""
-    parked = parked_call(trace) or {}
-    return {
-        **trace.metadata,
-        BATCH_KEY: {"custom_id": parked.get("custom_id"), "state": "consumed"},
-    }
+def consumed(trace: Trace) -> BatchWait:
+    """The trace's `run.waiting_on_batch` once its model message holds the answer."""
+    parked = parked_call(trace) or BatchWait()
+    return BatchWait(custom_id=parked.custom_id, state="consumed")
 
 
 def wants_batch(runtime: Runtime, explicit: bool | None, model_name: str) -> bool:

@@ -69,6 +69,6 @@ def delegate_preset(call: ToolCall) -> tuple[str, dict[str, Any]] | None:
 
 def remember(store: Services, child: Trace, result: str) -> None:
     """Store a completed child's tool result under the key it was spawned with."""
-    key, ttl_s = child.metadata.get("cache_key"), child.metadata.get("cache_ttl_s")
+    key, ttl_s = child.run.cache_key, child.run.cache_ttl_s
     if key and ttl_s and child.status == "completed":
-        store.cache_set(str(key), result, int(ttl_s))
+        store.cache_set(key, result, ttl_s)

@@ -7,69 +7,39 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet import ids, lifecycle
-from fleet.batchapi.route import BATCH_API_KEY, routed
+from fleet.batchapi.route import routed
 from fleet.children.cache import CacheScope, cache_key
-from fleet.children.warming import WARM_KEY, warms
-from fleet.conversation.continuation import TURN_KEY, turn_of
+from fleet.children.schemas import AGENT_SCHEMA as AGENT_SCHEMA
+from fleet.children.schemas import EVALUATE_SCHEMA as EVALUATE_SCHEMA
+from fleet.children.warming import warms
+from fleet.conversation.continuation import turn_of
 from fleet.errors import ToolError, TraceExists
 from fleet.goals import GoalTree
 from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.memory.config import MEMORY_TOOLS
 from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
+from fleet.presets.preset import AgentPreset
+from fleet.remote.spawn import (
+    check_may_call,
+    find_remote_child,
+    new_call,
+    offered_schema,
+    reopened,
+)
+from fleet.runstate import RunState
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage.writes import TraceWrite
 
-AGENT_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "agent",
-        "description": (
-            "Start sub-agents. A string `task` delegates to one sub-agent with full tools "
-            "(it cannot start sub-agents itself). A list of tasks explores: one read-only "
-            "sub-agent per item, run in parallel, results summarised together."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "task": {
-                    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
-                },
-                "messages": {
-                    "type": "array",
-                    "description": "Context messages: one list shared, or one list per branch.",
-                    "items": {},
-                },
-                "continue_from": {"type": "string", "description": "A delegate sub_trace_id."},
-                "agent_type": {
-                    "type": "string",
-                    "description": "Preset for a delegate, or for every branch of an explore "
-                    "(default explore; branches stay read-only whatever the preset).",
-                },
-                "skills": {"type": "array", "items": {"type": "string"}},
-                "context": {"type": "object"},
-            },
-            "required": ["task"],
-        },
-    },
-}
 
-EVALUATE_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "evaluate",
-        "description": "Ask a read-only judge whether a goal is met; returns a verdict.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "messages": {"type": "array", "items": {}},
-                "target_goal_id": {"type": "string"},
-                "continue_from": {"type": "string"},
-                "context": {"type": "object"},
-            },
-        },
-    },
-}
+def sub_agent_schemas(runtime: Runtime, trace: Trace, preset: AgentPreset) -> list[dict[str, Any]]:
+    """`agent` and `evaluate` as a main trace with these permissions is offered them.
+
+    `agent`'s remote agents are those the trace may call (`fleet.remote.spawn`).
+    """
+    offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
+    allowed = [s for s in offered if preset.allows(s["function"]["name"])]
+    return [offered_schema(runtime, trace, s) if s is AGENT_SCHEMA else s for s in allowed]
 
 
 def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
@@ -128,6 +98,8 @@ def _agent_children(
     messages = args.get("messages")
     common = {"skills": list(args.get("skills") or []), "extra": args.get("context")}
     common["ceiling"] = _ceiling_fields(runtime, parent)
+    if args.get("agent") is not None or args.get("agent_url") is not None:
+        return _remote_children(runtime, parent, call_id, args, common)
     if isinstance(task, str) and task.strip():
         preset = str(args.get("agent_type") or "default")
         _check_preset(runtime, parent, preset)
@@ -146,6 +118,35 @@ def _agent_children(
         specs = [
             _ChildSpec("explore", branch_preset, t, i, messages)
             for i, (t, messages) in enumerate(zip(task, per_branch, strict=True), start=1)
+        ]
+        return _children(runtime, parent, call_id, specs, common)
+    raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
+
+
+def _remote_children(
+    runtime: Runtime, parent: Trace, call_id: str, args: dict[str, Any], common: dict[str, Any]
+) -> list[Trace]:
+    """Children on a remote agent: one for a task, one per item (read-only agents only)."""
+    if args.get("agent_url") is not None:
+        raise ToolError("agent: `agent_url` is refused: remote agents are named in fleet.yaml")
+    task, messages = args.get("task"), args.get("messages")
+    if isinstance(task, str) and task.strip():
+        common["remote"] = check_may_call(runtime, parent, args.get("agent"), read_only=False)
+        return [
+            _child(
+                runtime,
+                parent,
+                call_id,
+                _ChildSpec("remote", "default", task, None, messages),
+                common,
+            )
+        ]
+    if isinstance(task, list) and task and all(isinstance(t, str) and t for t in task):
+        common["remote"] = check_may_call(runtime, parent, args.get("agent"), read_only=True)
+        per_branch = _branch_messages(messages, len(task))
+        specs = [
+            _ChildSpec("remote", "default", t, i, m)
+            for i, (t, m) in enumerate(zip(task, per_branch, strict=True), start=1)
         ]
         return _children(runtime, parent, call_id, specs, common)
     raise ToolError("agent: `task` must be a non-empty string or a list of non-empty strings")
@@ -294,6 +295,8 @@ def _child_trace(
     name = f"{mode}-{index:03d}" if index is not None else mode
     if mode == "delegate" and preset != "default":
         name = preset
+    if mode == "remote":  # the remote agent's name, numbered in a list
+        name = common["remote"] + (f"-{index:03d}" if index is not None else "")
     context: dict[str, Any] = {}
     if spec.messages:
         context["messages"] = _check_messages(spec.messages)
@@ -313,7 +316,7 @@ def _child_trace(
         parent_tool_call_id=call_id,
         context=context,
         skills=common.get("skills") or [],
-        metadata=_metadata(runtime, parent, call_id, common, index),
+        run=_run_state(runtime, parent, call_id, common, index),
         ceiling=common["ceiling"],  # fields, validated into each child's own ToolCeiling
         memory=list(parent.memory),  # the submitter's binding, never the model's
     )
@@ -342,6 +345,7 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
         raise ToolError("agent: continue_from works with a single task, not an explore list")
     sub_id = str(args["continue_from"])
     store = runtime.store
+    sub_id = find_remote_child(store, parent, sub_id) or sub_id  # agent://NAME/<task id>
     child = store.get_trace(sub_id) if sub_id in store.children(parent.trace_id) else None
     if child is None:
         raise ToolError(f"{call.name}: {sub_id!r} is not a sub-trace of this trace")
@@ -357,21 +361,26 @@ def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any
         store.append_message(healed_result(sub_id, missing, None))
     store.append_message(Message(trace_id=sub_id, role="user", content=text))
     otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
-    lifecycle.reopen(runtime, child, call.id, otel=otel)
+    # A remote child's new message goes to the same remote conversation.
+    lifecycle.reopen(runtime, child, call.id, otel=otel, remote_call=reopened(child))
     return store.get_trace(sub_id)
 
 
-def _metadata(
+def _run_state(
     runtime: Runtime, parent: Trace, call_id: str, common: dict[str, Any], index: int | None
-) -> dict[str, Any]:
-    """A new child's metadata: cache key, tracing context, turn, cache warming (`warming`)."""
-    metadata = dict(common.get("cache") or {})
-    if common.get("warm") and index is not None and index > 1:
-        metadata[WARM_KEY] = True
-    if otel := runtime.hooks.child_context(parent, call_id):
-        metadata["otel"] = otel
-    if turn := turn_of(parent):  # a continued root's tasks are stamped with its turn
-        metadata[TURN_KEY] = turn
-    if routed(parent):  # a batch tree's sub-agents call their models through batches too
-        metadata[BATCH_API_KEY] = True
-    return metadata
+) -> RunState:
+    """A new child's run state: cache key, tracing context, turn, cache warming (`warming`).
+
+    A continued root's tasks are stamped with its turn; a batch tree's sub-agents call their
+    models through batches too; a remote child gets its call, nothing sent yet.
+    """
+    cache = common.get("cache") or {}
+    return RunState(
+        cache_key=cache.get("cache_key"),
+        cache_ttl_s=cache.get("cache_ttl_s"),
+        warm_after_first=bool(common.get("warm") and index is not None and index > 1),
+        otel=runtime.hooks.child_context(parent, call_id) or None,
+        turn=turn_of(parent),
+        batch_api=routed(parent),
+        remote_call=new_call(common.get("remote")),
+    )

@@ -19,8 +19,6 @@ from fleet.models import Trace, now_ms
 from fleet.presets import AgentPreset
 from fleet.storage.store import TraceStore
 
-WARM_KEY = "warm_after_first"
-"""Trace metadata of an explore branch (not the first) that waits for the first's call."""
 WARM_POLL_S = 0.5
 """How long a waiting branch is handed back for before it looks again."""
 WARM_MAX_WAIT_S = 60.0
@@ -35,7 +33,7 @@ def warms(preset: AgentPreset, fleet_default: bool) -> bool:
 
 def warming(store: TraceStore, trace: Trace) -> Wait | None:
     """A `Wait` while this branch's first call must let the first branch's go first."""
-    if not trace.metadata.get(WARM_KEY) or trace.iteration > 0 or not trace.parent_trace_id:
+    if not trace.run.warm_after_first or trace.iteration > 0 or not trace.parent_trace_id:
         return None
     if now_ms() - trace.created_at_ms > WARM_MAX_WAIT_S * 1000:
         return None

@@ -2,7 +2,7 @@
 
 A call that an `approve:` rule matches (its preset's, or fleet.yaml's) is not run: its
 result stays missing and the trace goes `waiting` on a person (`kind: approval` under
-`lifecycle.PERSON_KEY`, a `{type: approval, tool, arguments}` collaborator), holding no
+`run.waiting_on`, a `{type: approval, tool, arguments}` collaborator), holding no
 slot and no lease, as `ask_human` does; the same deadline index ends it (the fleet's
 human timeout or the tree's wall_s, as a denial) and a stop ends it leaving the call
 unrun. `approve` marks the call approved and queues the trace: the run that resumes it
@@ -18,7 +18,7 @@ from typing import Any
 
 from fleet import lifecycle
 from fleet.config.approval_rules import PathForms, as_written, needs_approval, rules_of
-from fleet.conversation.human import WAITING_KEY, wait_for_person
+from fleet.conversation.human import wait_for_person
 from fleet.conversation.shown_call import call_digest, neutral, show_call
 from fleet.errors import ConfigError, ConversationError, ToolError
 from fleet.llm.base import ToolCall
@@ -28,9 +28,8 @@ from fleet.tools.base import ToolResult
 from fleet.tools.workspace import lexical_parts, resolve_in_workspace
 
 APPROVAL = "approval"
-"""The `kind` of an approval wait in the trace's `waiting_on` metadata."""
-APPROVED_KEY = "approved_call"
-"""Trace metadata: the tool_call_id a person approved, run by the next run, then removed."""
+"""The `kind` of an approval wait in the trace's `run.waiting_on`; the call a person
+approved is its `run.approved_call` until the next run took it to run."""
 
 
 def required(runtime: Runtime, trace: Trace, call: ToolCall) -> bool:
@@ -132,8 +131,8 @@ def approve(
     """
     trace, waiting = _claim(runtime, trace_id, approval_id, digest, check_stored=True)
     call_id = str(waiting["tool_call_id"])
-    approved = trace.model_copy(update={"metadata": {**trace.metadata, APPROVED_KEY: call_id}})
-    return lifecycle.person_answered(runtime, approved, "completed", f"approved {waiting['tool']}")
+    summary = f"approved {waiting['tool']}"
+    return lifecycle.person_answered(runtime, trace, "completed", summary, approved_call=call_id)
 
 
 def deny(
@@ -168,7 +167,7 @@ def deny(
 
 def pending(trace: Trace) -> dict[str, Any] | None:
     """The approval a trace waits for (tool_call_id, tool, arguments), else None."""
-    waiting = trace.metadata.get(WAITING_KEY)
+    waiting = trace.run.waiting_on
     if trace.status != "waiting" or not isinstance(waiting, dict):
         return None
     return waiting if waiting.get("kind") == APPROVAL else None
@@ -176,7 +175,7 @@ def pending(trace: Trace) -> dict[str, Any] | None:
 
 def approved(trace: Trace, tool_call_id: str) -> bool:
     """Whether a person approved this call and it has not been taken to run yet."""
-    return trace.metadata.get(APPROVED_KEY) == tool_call_id
+    return trace.run.approved_call == tool_call_id
 
 
 def _claim(

@@ -4,7 +4,8 @@ A root that completed, failed or was stopped takes a new user message and runs a
 its whole history (the seeds' "continue"). With `after_sequence` the head first moves to
 that message, so the new turn branches off there (the seeds' "rewind"/"regenerate"); the
 old branch stays in the message tree, and the children and collaborators of old turns stay
-readable. Every check runs before the first write: bad input writes nothing.
+readable. `regenerate` is a rewind with no new message: the model answers the message at
+`after_sequence` again. Every check runs before the first write: bad input writes nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from fleet.runtime import Runtime
 from fleet.storage.store import Leases
 
 TURN_KEY = "turn"
-"""Trace metadata: how many times the root was continued (0 for its first run)."""
-_DROPPED_ON_CONTINUE = ("stop_reason", "waiting_on")
+"""Message metadata of a continue's user message, and its event's data: the turn number."""
 RELEASE_WAIT_S = 2.0
 """A finished run releases its lease just after its finish event: a continue sent right
 away waits this long for it."""
@@ -41,7 +41,7 @@ def stamp(trace_id: str, turn: int) -> str:
 
 def turn_of(trace: Trace) -> int:
     """Which turn of its root this trace belongs to."""
-    return int(trace.metadata.get(TURN_KEY, 0))
+    return trace.run.turn
 
 
 def continue_trace(
@@ -59,6 +59,29 @@ def continue_trace(
     """
     if not message.strip():
         raise ConversationError("the message is empty")
+    return _reopen(runtime, trace_id, after_sequence, message)
+
+
+def regenerate(runtime: Runtime, trace_id: str, after_sequence: int) -> Trace:
+    """Run a finished root again from message `after_sequence`, with no new message.
+
+    The seeds' "regenerate": the head goes back to that message and the model answers it
+    once more; the answer it gave before stays in the message tree, off the main path. The
+    message must be one a model answers (the task, a user turn, a tool result; an assistant
+    turn with tool calls stands for its last result), never an answer or the system prompt.
+
+    Raises:
+        ConversationError: a sub-trace, a trace that has not ended, a sequence that is not
+            in the trace or that nothing answers; nothing was written.
+        TraceNotFound: no such trace.
+    """
+    return _reopen(runtime, trace_id, after_sequence, None)
+
+
+def _reopen(
+    runtime: Runtime, trace_id: str, after_sequence: int | None, message: str | None
+) -> Trace:
+    """Under the trace's lease: the checks, then the new turn (`message` None: regenerate)."""
     store = runtime.store
     _check_continuable(store.get_trace(trace_id))
     owner = uuid.uuid4().hex  # hold the lease: no runner and no second continue meanwhile
@@ -69,9 +92,26 @@ def continue_trace(
         trace = snapshot.trace
         _check_continuable(trace)
         head = rewind_point(snapshot.messages, trace, after_sequence)
+        if message is None:
+            _check_answerable(snapshot.messages, trace, head, after_sequence)
         return _write_turn(runtime, trace, snapshot.messages, head, message, after_sequence)
     finally:
         store.release_lease(trace_id, owner)
+
+
+def _check_answerable(
+    messages: list[Message], trace: Trace, head: int | None, after: int | None
+) -> None:
+    """`ConversationError` unless the message at `head` is one a model answers."""
+    point = next((m for m in messages if m.sequence == head), None)
+    if point is None or point.role in ("user", "tool") or point.tool_calls:
+        return  # tool calls at the head: an interrupted turn, its results healed on the way
+    what = "the system prompt" if point.role == "system" else "an answer of the model"
+    before = f" (its parent is {point.parent_sequence})" if point.parent_sequence else ""
+    raise ConversationError(
+        f"trace {trace.trace_id!r}: message {after} is {what}: regenerate from a message the"
+        f" model answers{before}"
+    )
 
 
 def _take_lease(store: Leases, trace_id: str, owner: str, ttl_ms: int) -> bool:
@@ -90,7 +130,7 @@ def _check_continuable(trace: Trace) -> None:
             f"trace {trace.trace_id!r} is a sub-trace: continue its root "
             f"{trace.root_trace_id!r} (its parent resumes it with continue_from)"
         )
-    if trace.status == "waiting" and trace.metadata.get("waiting_on"):
+    if trace.status == "waiting" and trace.run.waiting_on is not None:
         raise ConversationError(
             f"trace {trace.trace_id!r} is waiting on a person: answer it with "
             f"`fleet reply {trace.trace_id} ANSWER`"
@@ -133,9 +173,10 @@ def _write_turn(
     trace: Trace,
     messages: list[Message],
     head: int | None,
-    text: str,
+    text: str | None,
     after: int | None,
 ) -> Trace:
+    """Move the head, heal an open turn, add the user message (if any), reopen the root."""
     store = runtime.store
     if head != trace.head_sequence:
         store.set_head(trace.trace_id, head)
@@ -145,20 +186,20 @@ def _write_turn(
     for missing in turn.missing if turn else ():
         store.append_message(healed_result(trace.trace_id, missing, None))
     number = turn_of(trace) + 1
-    user = store.append_message(
-        Message(
-            trace_id=trace.trace_id,
-            role="user",
-            content=text,
-            metadata={TURN_KEY: number, "after_sequence": after},
+    data: dict[str, Any] = {TURN_KEY: number, "after_sequence": after}
+    if text is None:
+        data["regenerate"] = True
+    else:
+        user = store.append_message(
+            Message(
+                trace_id=trace.trace_id,
+                role="user",
+                content=text,
+                metadata={TURN_KEY: number, "after_sequence": after},
+            )
         )
-    )
-    metadata: dict[str, Any] = {
-        k: v for k, v in trace.metadata.items() if k not in _DROPPED_ON_CONTINUE
-    }
-    metadata[TURN_KEY] = number
-    data = {TURN_KEY: number, "after_sequence": after, "sequence": user.sequence}
-    lifecycle.reopen_root(runtime, trace, metadata, data)
+        data["sequence"] = user.sequence
+    lifecycle.reopen_root(runtime, trace, number, data)
     return store.get_trace(trace.trace_id)
 
 

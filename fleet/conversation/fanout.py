@@ -1,7 +1,7 @@
 """Fan-out roots: a root that explores a list of tasks with no model choosing to.
 
 `Fleet.explore_tree` (and so `fleet mcp`'s `explore`) submits one root whose trace carries
-its tasks in `metadata.fan_out`. Its runner makes the two turns a model would have made,
+its tasks in `run.fan_out`. Its runner makes the two turns a model would have made,
 without a model call: first an `agent` call with the tasks (one read-only explore branch
 per task, dispatched as any explore is: a chord on the fleet, threads in process), then,
 once the branches are collected, the tool result as its answer. So the tree has one root,
@@ -17,24 +17,22 @@ from typing import Any
 from fleet.errors import ConfigError
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.models import Trace
+from fleet.runstate import FanOutPlan
 
-FAN_OUT_KEY = "fan_out"
-"""Trace metadata of a fan-out root: `{tasks: [...], preset: ...}`; written by
-`create_root` only (a submission's own metadata may not carry it)."""
 FAN_OUT_MODEL = "fan-out"
 """The `model` recorded on a fan-out root's own turns (no model answered them)."""
 CALL_ID = "call_fan_out"
 
 
-def fan_out_metadata(tasks: tuple[str, ...], preset: str) -> dict[str, Any]:
-    """What `create_root` stores for a fan-out root.
+def fan_out_plan(tasks: tuple[str, ...], preset: str) -> FanOutPlan:
+    """What `create_root` stores for a fan-out root (its `run.fan_out`).
 
     Raises:
         ConfigError: no task, or an empty one.
     """
     if not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
         raise ConfigError("explore: every task must be a non-empty string")
-    return {FAN_OUT_KEY: {"tasks": list(tasks), "preset": preset}}
+    return FanOutPlan(tasks=list(tasks), preset=preset)
 
 
 def fan_out_task(tasks: tuple[str, ...]) -> str:
@@ -48,12 +46,12 @@ def planned_turn(trace: Trace, path: list[Any]) -> LLMResponse | None:
 
     `path` is the trace's main path of `Message`s.
     """
-    plan = trace.metadata.get(FAN_OUT_KEY)
-    if not isinstance(plan, dict):
+    plan = trace.run.fan_out
+    if plan is None:
         return None
     said = [m for m in path if m.role == "assistant"]
     if not said:
-        arguments = {"task": list(plan.get("tasks") or []), "agent_type": plan.get("preset")}
+        arguments = {"task": list(plan.tasks), "agent_type": plan.preset}
         call = ToolCall(CALL_ID, "agent", json.dumps(arguments))
         return LLMResponse(content=None, tool_calls=(call,), model=FAN_OUT_MODEL)
     if len(said) == 1 and path[-1].role == "tool":

@@ -14,19 +14,19 @@ from __future__ import annotations
 from typing import Any
 
 from fleet import lifecycle
+from fleet.control import existing
 from fleet.errors import ConversationError, TraceNotFound
-from fleet.lifecycle import PERSON_KEY as WAITING_KEY
 from fleet.lifecycle import human_id
 from fleet.llm.base import ToolCall
 from fleet.models import Message, Trace, now_ms
 from fleet.presets import AgentPreset
+from fleet.runstate import RunPatch
 from fleet.runtime import Runtime
-from fleet.storage.store import TraceContent, TraceRecords
+from fleet.storage.store import TraceContent, TraceStore
 from fleet.tools.base import ToolResult
 
 __all__ = [
     "ASK_HUMAN",
-    "WAITING_KEY",
     "ask",
     "human_id",
     "question_of",
@@ -36,8 +36,6 @@ __all__ = [
 ]
 
 ASK_HUMAN = "ask_human"
-TIMEOUT_KEY = "human_timeout_s"
-"""Trace metadata: this run's own human timeout, overriding the fleet's setting."""
 MAX_QUESTION_CHARS = lifecycle.PERSON_SUMMARY_CHARS
 
 ASK_HUMAN_SCHEMA: dict[str, Any] = {
@@ -92,18 +90,21 @@ def question_of(runtime: Runtime, trace: Trace, call: ToolCall) -> str | ToolRes
 def ask(runtime: Runtime, trace: Trace, tool_call_id: str, question: str) -> Trace:
     """Put the trace in `waiting` on a person; its run then ends and holds no slot.
 
-    The trace's own `human_timeout_s` (metadata) beats the fleet's setting.
+    The trace's own `run.human_timeout_s` (`fleet run --human-timeout-s`) beats the fleet's.
     """
     waiting = {"kind": "human", "tool_call_id": tool_call_id, "question": question}
     return wait_for_person(runtime, trace, waiting)
 
 
-def wait_for_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> Trace:
+def wait_for_person(
+    runtime: Runtime, trace: Trace, waiting: dict[str, Any], *, also: RunPatch | None = None
+) -> Trace:
     """`waiting` on a person until a deadline: the fleet's timeout, or the tree's wall_s.
 
-    `waiting` (kind, tool_call_id, question, ...) gets the deadline fields added.
+    `waiting` (kind, tool_call_id, question, ...) gets the deadline fields added; `also`:
+    other run-state fields written with it (a remote child's call that asked).
     """
-    timeout_s = int(trace.metadata.get(TIMEOUT_KEY) or runtime.settings.human_timeout_s)
+    timeout_s = trace.run.human_timeout_s or runtime.settings.human_timeout_s
     asked = now_ms()
     deadline_ms = asked + timeout_s * 1000
     budgets = runtime.gate.budgets
@@ -116,7 +117,7 @@ def wait_for_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> 
     # Indexed first: a wait is never left without its deadline (the sweeper ignores an
     # entry whose trace no longer waits).
     runtime.store.index_human_wait(trace.trace_id, deadline_ms)
-    return lifecycle.wait_on_person(runtime, trace, waiting)
+    return lifecycle.wait_on_person(runtime, trace, waiting, also)
 
 
 def _refusal(text: str) -> ToolResult:
@@ -125,22 +126,37 @@ def _refusal(text: str) -> ToolResult:
 
 def waiting_on(trace: Trace) -> dict[str, Any] | None:
     """The open question of a trace waiting on a person, else None."""
-    waiting = trace.metadata.get(WAITING_KEY)
-    if trace.status != "waiting" or not isinstance(waiting, dict):
-        return None
-    return waiting
+    waiting = trace.run.waiting_on
+    return waiting if trace.status == "waiting" else None
 
 
-def waiting_traces(store: TraceRecords, limit: int = 50, scan: int = 1000) -> list[Trace]:
-    """Traces waiting on a person, newest first, among the last `scan` traces."""
-    found = [t for t in store.list_traces(scan) if waiting_on(t) is not None]
-    return found[:limit]
+def waiting_traces(store: TraceStore, limit: int = 50) -> list[Trace]:
+    """Traces waiting on a person (a question or an approval), newest first.
+
+    Read from the index of waits (`TraceStore.expired_human_waits` before a deadline no
+    wait reaches: every one), not from the newest traces: a wait is listed however many
+    traces were created after it.
+    """
+    return [t for t in indexed_waits(store) if waiting_on(t) is not None][:limit]
+
+
+def indexed_waits(store: TraceStore) -> list[Trace]:
+    """Every trace in the index of waits on a person, newest first.
+
+    A wait may have ended since it was indexed: the caller checks each trace's own state.
+    """
+    found = existing(store, store.expired_human_waits(EVERY_WAIT_MS))
+    return sorted(found, key=lambda t: (t.created_at_ms, t.trace_id), reverse=True)
+
+
+EVERY_WAIT_MS = 2**62
+"""Later than any wait's deadline (ms): the waits "expired" before it are all of them."""
 
 
 def still_waiting(trace: Trace, tool_call_id: str) -> bool:
     """Whether this `ask_human` call is the one the trace waits on (for a redelivered run)."""
-    waiting = trace.metadata.get(WAITING_KEY)
-    return isinstance(waiting, dict) and waiting.get("tool_call_id") == tool_call_id
+    waiting = trace.run.waiting_on
+    return waiting is not None and waiting.get("tool_call_id") == tool_call_id
 
 
 def reply(runtime: Runtime, trace_id: str, answer: str) -> Trace:

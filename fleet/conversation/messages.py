@@ -33,6 +33,7 @@ from fleet.models import Event, Message, Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.storage.inbox import INBOX, Inbox
 from fleet.storage.inbox_types import InboxEntry, InboxLimits, Posted, Refused, entry_key
+from fleet.storage.writes import InboxSeen
 from fleet.tools.base import ToolResult
 
 MAX_MESSAGE_CHARS = 4_000
@@ -183,8 +184,16 @@ class News:
     """Messages given in full (an interrupt among them)."""
 
 
-def news(runtime: Runtime, trace: Trace, messages: Sequence[Message]) -> News | None:
-    """The `## Messages` block for this model call, if a message came since the last one."""
+def news(
+    runtime: Runtime, trace: Trace, messages: Sequence[Message], seen: InboxSeen | None = None
+) -> News | None:
+    """The `## Messages` block for this model call, if a message came since the last one.
+
+    `seen`: the inbox as the run's last round trip read it (None: not read). Nothing newer
+    than the cursors there: no read at all (entries are never removed, so none is missed).
+    """
+    if seen is not None and not arrived(seen, messages):
+        return None
     unread = inbox(runtime).after(trace.trace_id, cursor(messages, READ_KEY), MAX_PER_CHECK)
     if not unread:
         return None
@@ -199,6 +208,24 @@ def news(runtime: Runtime, trace: Trace, messages: Sequence[Message]) -> News | 
         runtime.hooks.messages_delivered(trace, delivered_of(unread))
         return News(body, metadata, tuple(unread))
     return News(_summary(unread), metadata)
+
+
+def arrived(seen: InboxSeen, messages: Sequence[Message]) -> bool:
+    """Whether the inbox, as `seen`, holds an entry the conversation has not announced."""
+    if seen.newest is None:
+        return False
+    known = [c for key in (READ_KEY, ANNOUNCED_KEY) if (c := cursor(messages, key)) is not None]
+    return all(entry_key(seen.newest) > entry_key(c) for c in known)
+
+
+def baseline(seen: InboxSeen | None, messages: Sequence[Message]) -> InboxSeen | None:
+    """What a call watcher's interrupts count from: the newest entry `seen` or announced."""
+    if seen is None:
+        return None
+    announced = cursor(messages, ANNOUNCED_KEY)
+    if seen.newest is None or (announced and entry_key(announced) > entry_key(seen.newest)):
+        return InboxSeen(announced)
+    return seen
 
 
 def _summary(unread: Sequence[InboxEntry]) -> str:
@@ -271,10 +298,17 @@ def delivered_of(entries: Sequence[InboxEntry]) -> list[dict[str, Any]]:
     return [_delivered(e) for e in entries]
 
 
-def offered(runtime: Runtime, trace: Trace) -> bool:
-    """Whether `check_messages` is offered: the preset opts in, or the trace got mail."""
+def offered(runtime: Runtime, trace: Trace, seen: InboxSeen | None = None) -> bool:
+    """Whether `check_messages` is offered: the preset opts in, or the trace got mail.
+
+    `seen`: the inbox as the run's last round trip read it (None: not read, count it).
+    """
     # Reading one's own messages changes nothing: offered whatever the tool list says,
     # unless the preset denies it by name.
     if CHECK_MESSAGES in runtime.permissions(trace).denied_tools:
         return False
-    return runtime.preset(trace.preset).messages or inbox(runtime).count(trace.trace_id) > 0
+    if runtime.preset(trace.preset).messages:
+        return True
+    if seen is not None:
+        return seen.newest is not None
+    return inbox(runtime).count(trace.trace_id) > 0

@@ -14,15 +14,18 @@ from typing import Any
 from pydantic import BaseModel
 
 from fleet import ids, lifecycle
+from fleet.batchapi.route import check_route
 from fleet.config.limits import PositiveCount, validated
-from fleet.conversation.fanout import FAN_OUT_KEY, fan_out_metadata
+from fleet.conversation.fanout import fan_out_plan
 from fleet.errors import ConfigError, MemoryRefused, ToolError
 from fleet.ids import check_memory_namespace
 from fleet.limits.budget import FINAL_SHARE, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Mode, Trace
+from fleet.runstate import RunState
 from fleet.runtime import Runtime
+from fleet.storage.root_index import ROOTS
 from fleet.tools.imagecheck import Image, stored_ref
 
 MAX_BOUND_NAMESPACES = 8
@@ -39,6 +42,7 @@ class TaskSpec:
     workspace: Path | None = None
     mode: Mode = "main"
     metadata: Mapping[str, Any] | None = None
+    """The caller's own data, kept on the trace as it is: the fleet never reads it."""
     budget: Budget | None = None
     """What the whole tree may spend; the preset's budget fills what it leaves open."""
     max_concurrent: int | None = None
@@ -53,6 +57,34 @@ class TaskSpec:
     """The preset of a fan-out root's branches (read-only whatever it says)."""
     memory: tuple[str, ...] = ()
     """Long-term memory namespaces the tree may use (`user:alice`); children inherit them."""
+    system: str | None = None
+    """Added to the root's system prompt after its preset's (a prompt file's `$system$`)."""
+    temperature: float | None = None
+    """The root's sampling temperature (a prompt file's), where its preset sets none."""
+    batch_api: bool = False
+    """Every model call of the tree goes through the providers' Batch APIs."""
+    batch_key: str | None = None
+    """The batch file run this root belongs to (`fleet.batch`), with `batch_entry`."""
+    batch_entry: str | None = None
+    human_timeout_s: int | None = None
+    """How long this tree's waits on a person last (else the fleet's `human_timeout_s`)."""
+
+    def run_state(self) -> RunState:
+        """The root's run state, from these typed options alone (never from `metadata`).
+
+        Raises:
+            ConfigError: a fan-out with no task or an empty one; a timeout below 1 s.
+        """
+        if self.human_timeout_s is not None and self.human_timeout_s < 1:
+            raise ConfigError(f"human_timeout_s must be at least 1, got {self.human_timeout_s}")
+        plan = None if self.fan_out is None else fan_out_plan(self.fan_out, self.fan_out_preset)
+        return RunState(
+            fan_out=plan,
+            batch_api=self.batch_api,
+            batch=self.batch_key,
+            batch_entry=self.batch_entry,
+            human_timeout_s=self.human_timeout_s,
+        )
 
 
 def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
@@ -63,18 +95,18 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
     """
     if not spec.task.strip():
         raise ConfigError("the task is empty")
-    if FAN_OUT_KEY in (spec.metadata or {}):
-        raise ConfigError(f"metadata: {FAN_OUT_KEY!r} is the fleet's own key, not a submission's")
-    metadata = dict(spec.metadata or {})
+    run = spec.run_state()
     if spec.fan_out is not None:
         runtime.preset(spec.fan_out_preset)
-        metadata |= fan_out_metadata(spec.fan_out, spec.fan_out_preset)
     runtime.preset(spec.preset)
     model = runtime.model_name(spec.model, spec.preset)
     runtime.check_model(model)
+    if spec.batch_api:  # a provider without a Batch API is refused here, in one line
+        check_route(runtime, model)
     workspace = runtime.settings.with_workspace(spec.workspace or runtime.settings.workspace)
     if spec.images and not runtime.has_vision(model):
         raise ConfigError(f"model {model!r} takes no images (vision: false in fleet.yaml)")
+    check_temperature(runtime, spec)
     trace_id = ids.root_id()
     # Stored once for the tree before its root exists; the trace names them, never holds them.
     try:
@@ -90,12 +122,42 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         preset=spec.preset,
         model=_portable(model),
         workspace=str(workspace.workspace),
-        metadata=metadata,
-        context={"images": refs} if refs else {},
+        metadata=dict(spec.metadata or {}),
+        run=run,
+        context=_context(spec, refs),
         memory=bound_namespaces(spec.memory),
     )
     _control(runtime, spec, model, trace_id)
-    return lifecycle.queue_root(runtime, trace)
+    queued = lifecycle.queue_root(runtime, trace)
+    runtime.store.capability(ROOTS).add(trace_id, queued.created_at_ms)  # listed once stored
+    return queued
+
+
+def _context(spec: TaskSpec, refs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the root's first messages and model calls read besides its task."""
+    out: dict[str, Any] = {"images": refs} if refs else {}
+    if spec.system:
+        out["system"] = spec.system
+    if spec.temperature is not None:
+        out["temperature"] = spec.temperature
+    return out
+
+
+def check_temperature(runtime: Runtime, spec: TaskSpec) -> None:
+    """`ConfigError` for a temperature the preset does not allow.
+
+    A preset that sets its temperature runs at that one only; any other takes 0..2.
+    """
+    asked = spec.temperature
+    if asked is None:
+        return
+    if not 0.0 <= asked <= 2.0:
+        raise ConfigError(f"temperature {asked}: give a number from 0 to 2")
+    fixed = runtime.preset(spec.preset).temperature
+    if fixed is not None and asked != fixed:
+        raise ConfigError(
+            f"temperature {asked}: preset {spec.preset!r} runs at temperature {fixed} only"
+        )
 
 
 def bound_namespaces(namespaces: Sequence[str]) -> list[str]:
@@ -158,7 +220,10 @@ def check_budget(runtime: Runtime, model: str, budget: Budget) -> None:
 
 
 def _portable(model: str) -> str:
-    """`scripted:rel.yaml` becomes absolute so a worker in another directory finds it."""
-    if model.startswith("scripted:"):
+    """`scripted:rel.yaml` becomes absolute so a worker in another directory finds it.
+
+    `scripted:example` stays: every worker finds the bundled example in its own package.
+    """
+    if model.startswith("scripted:") and model != "scripted:example":
         return "scripted:" + str(Path(model.removeprefix("scripted:")).expanduser().resolve())
     return model

@@ -188,6 +188,12 @@ class IndexedExperiences:
     def remove(self, experience_id: str) -> bool:  # noqa: D102
         return self.store.remove(experience_id)
 
+    def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:  # noqa: D102
+        return self.store.approved(scopes)
+
+    def counted(self, experiences: Sequence[Experience]) -> list[Experience]:  # noqa: D102
+        return self.store.counted(experiences)
+
     def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:  # noqa: D102
         return self.store.vectors(experience_ids)
 

@@ -46,8 +46,11 @@ The run:
 """
 
 
-def reflection_task(store: TraceRecords, trace_id: str) -> str:
-    """The reflection's task: instructions, then each trace of the tree as text.
+MAX_FOCUS_CHARS = 2000
+
+
+def reflection_task(store: TraceRecords, trace_id: str, focus: str | None = None) -> str:
+    """The reflection's task: instructions, what to look at (`focus`), then the tree as text.
 
     Raises:
         ConversationError: the tree has not finished.
@@ -61,7 +64,8 @@ def reflection_task(store: TraceRecords, trace_id: str) -> str:
         lines.append(f"### {trace.trace_id} [{trace.preset}, {trace.status}]")
         lines.append(f"Task: {trace.task}")
         lines.append(f"Answer: {trace.answer or trace.error or '(none)'}")
-    return INSTRUCTIONS.format(limit=MAX_PROPOSALS) + "\n".join(lines)[:MAX_TREE_CHARS]
+    asked = f"Look above all at: {' '.join(focus.split())[:MAX_FOCUS_CHARS]}\n\n" if focus else ""
+    return INSTRUCTIONS.format(limit=MAX_PROPOSALS) + asked + "\n".join(lines)[:MAX_TREE_CHARS]
 
 
 def tree_scopes(store: TraceStore, trace_id: str) -> list[str]:

@@ -11,11 +11,14 @@ quoted as JSON strings under a heading that says it is data, not the user's inst
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from fleet.experiences.embedding import Embedder, nearest
 from fleet.experiences.model import Experience
@@ -48,19 +51,102 @@ def select(
     k: int = TOP_K_PER_SCOPE,
     embedder: Embedder | None = None,
 ) -> list[Experience]:
-    """The approved experiences of the trace's scopes that best match its task."""
+    """The approved experiences of the trace's scopes that best match its task.
+
+    With their counts as stored now (read for the chosen ones only).
+    """
     scopes = scopes_of(trace)
-    # One read, however many scopes; one embeddings request, for every scope at once.
-    candidates = [e for e in store.all() if e.approved and e.scope in scopes]
+    # One read, however many scopes (a process's cache: `ExperienceStore.approved`); one
+    # embeddings request, for every scope at once.
+    by_scope = store.approved(scopes)
+    candidates = [e for scope in scopes for e in by_scope[scope]]
     ranked = None if embedder is None else nearest(store, embedder, candidates, trace.task)
     chosen: list[Experience] = []
     for scope in scopes:
         if ranked is None:  # none configured, or the endpoint failed: BM25 per scope
-            mine = rank([e for e in candidates if e.scope == scope], trace.task)
+            mine = bm25_of(by_scope[scope]).top(trace.task, k)
         else:
             mine = [e for e in ranked if e.scope == scope]
         chosen += mine[:k]
-    return chosen
+    return store.counted(chosen)
+
+
+@dataclass(frozen=True)
+class Bm25:
+    """A BM25 index of one scope's experiences (condition and rule): scores as `rank`.
+
+    Each posting keeps its term's weight in that text (all of BM25 but the idf, which
+    depends on the text alone); `top` stops reading postings once the terms left could not
+    lift an unseen text into the best k (MaxScore), so a start over 10,000 experiences
+    reads the postings of the task's rare words, not of "the".
+    """
+
+    experiences: tuple[Experience, ...]
+    postings: dict[str, dict[int, float]]
+    """term -> {position: the term's BM25 weight in that text, without the idf}."""
+    best: dict[str, float]
+    """term -> its highest weight in any text."""
+
+    @classmethod
+    def of(cls, experiences: tuple[Experience, ...]) -> Bm25:
+        """The index of these experiences."""
+        docs = [_words(f"{e.condition} {e.rule}") for e in experiences]
+        average = (sum(len(d) for d in docs) / len(docs) if docs else 0.0) or 1.0
+        postings: dict[str, dict[int, float]] = {}
+        for position, doc in enumerate(docs):
+            norm = _K1 * (1 - _B + _B * len(doc) / average)
+            for term, tf in Counter(doc).items():
+                postings.setdefault(term, {})[position] = tf * (_K1 + 1) / (tf + norm)
+        best = {term: max(weights.values()) for term, weights in postings.items()}
+        return cls(experiences, postings, best)
+
+    def top(self, query: str, k: int) -> list[Experience]:
+        """The best `k` sharing a word with `query`, best score first (ties: oldest first)."""
+        n, terms = len(self.experiences), [t for t in set(_words(query)) if t in self.postings]
+        idf = {
+            t: math.log(1 + (n - len(self.postings[t]) + 0.5) / (len(self.postings[t]) + 0.5))
+            for t in terms
+        }
+        terms.sort(key=lambda t: -idf[t] * self.best[t])
+        left = sum(idf[t] * self.best[t] for t in terms)
+        scores: dict[int, float] = {}
+        for read, term in enumerate(terms):
+            if len(scores) >= k > 0 and left < heapq.nlargest(k, scores.values())[-1]:
+                self._add_seen(scores, terms[read:], idf)  # no unseen text can reach the best
+                break
+            for position, weight in self.postings[term].items():
+                scores[position] = scores.get(position, 0.0) + idf[term] * weight
+            left -= idf[term] * self.best[term]
+        best = heapq.nsmallest(
+            k, (p for p, s in scores.items() if s > 0), key=lambda p: (-scores[p], p)
+        )
+        return [self.experiences[p] for p in best]
+
+    def _add_seen(self, scores: dict[int, float], terms: list[str], idf: dict[str, float]) -> None:
+        """The terms' share of the texts already scored (looked up, not read through)."""
+        for term in terms:
+            weights = self.postings[term]
+            for position in scores:
+                if (weight := weights.get(position)) is not None:
+                    scores[position] += idf[term] * weight
+
+
+_INDEXES: dict[int, Bm25] = {}
+_INDEXES_LOCK = threading.Lock()
+
+
+def bm25_of(experiences: tuple[Experience, ...]) -> Bm25:
+    """The index of a scope's experiences, built once per tuple the store returned."""
+    with _INDEXES_LOCK:
+        found = _INDEXES.get(id(experiences))
+    if found is not None and found.experiences is experiences:
+        return found
+    built = Bm25.of(experiences)
+    with _INDEXES_LOCK:
+        if len(_INDEXES) >= 64:  # tuples of older versions are never asked again
+            _INDEXES.clear()
+        _INDEXES[id(experiences)] = built
+    return built
 
 
 def rank(experiences: Sequence[Experience], query: str) -> list[Experience]:

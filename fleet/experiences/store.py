@@ -31,6 +31,19 @@ class ExperienceStore(Protocol):
         """Forget one (and its vector); False if there was none."""
         ...
 
+    def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:
+        """The approved experiences of these scopes, oldest first, their counts not read.
+
+        What a run's start ranks (`fleet.experiences.retrieval`): the Redis store keeps
+        them parsed in the process while no experience was put or removed since, and
+        returns the same tuple for a scope until then.
+        """
+        ...
+
+    def counted(self, experiences: Sequence[Experience]) -> list[Experience]:
+        """These experiences with their uses and successes as stored now."""
+        ...
+
     def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:
         """The stored embeddings of these experiences (those that have one)."""
         ...

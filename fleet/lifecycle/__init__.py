@@ -11,10 +11,16 @@ dispatchers and the Celery tasks alike. Callers use the names below (`lifecycle.
 conversation.
 """
 
-from fleet.lifecycle.batch import BATCH_ENTRY, BATCH_KEY, batch_answered, put_batch, wait_on_batch
+from fleet.lifecycle.batch import BATCH_ENTRY, batch_answered, put_batch, wait_on_batch
 from fleet.lifecycle.entries import announce, mirrored, put_collaborator
+from fleet.lifecycle.remote import (
+    RemoteCall,
+    call_of,
+    remote_ended,
+    remote_progress,
+    wait_on_remote,
+)
 from fleet.lifecycle.status import (
-    PERSON_KEY,
     PERSON_SUMMARY_CHARS,
     end_stopped,
     fail,
@@ -36,10 +42,10 @@ from fleet.lifecycle.status import (
 
 __all__ = [
     "BATCH_ENTRY",
-    "BATCH_KEY",
-    "PERSON_KEY",
     "PERSON_SUMMARY_CHARS",
+    "RemoteCall",
     "announce",
+    "call_of",
     "batch_answered",
     "end_stopped",
     "fail",
@@ -51,6 +57,8 @@ __all__ = [
     "put_collaborator",
     "put_person",
     "queue_root",
+    "remote_ended",
+    "remote_progress",
     "reopen",
     "reopen_root",
     "requeue",
@@ -61,4 +69,5 @@ __all__ = [
     "wait",
     "wait_on_batch",
     "wait_on_person",
+    "wait_on_remote",
 ]

@@ -9,39 +9,40 @@ from __future__ import annotations
 
 from fleet.lifecycle.entries import put_collaborator
 from fleet.models import Collaborator, CollaboratorStatus, Event, Trace
+from fleet.runstate import BatchCallState, BatchWait
 from fleet.runtime import Runtime
 from fleet.storage.batch_calls import batch_calls
+from fleet.storage.writes import TraceWrite
 
-BATCH_KEY = "waiting_on_batch"
-"""Trace metadata while its model call waits on a provider batch, and until the resumed run
-consumes the answer: `custom_id`, `state` (parked | answered | live | cancelled)."""
 BATCH_ENTRY = "batch"
 """The collaborator key of a trace's provider-batch entry (one per trace, every turn)."""
 
 
 def wait_on_batch(runtime: Runtime, trace: Trace, custom_id: str) -> Trace:
-    """`waiting` on a provider batch: no runner, no slot, a `{type: batch}` collaborator."""
-    metadata = {**trace.metadata, BATCH_KEY: {"custom_id": custom_id, "state": "parked"}}
+    """`waiting` on a provider batch: no runner, no slot, a `{type: batch}` collaborator.
+
+    The call is the trace's `run.waiting_on_batch` until the resumed run consumed its answer.
+    """
+    parked = BatchWait(custom_id=custom_id, state="parked")
     event = Event(kind="trace", trace_id=trace.trace_id, status="waiting", data={"on": "batch"})
-    runtime.store.update_trace_and_emit(
-        trace.trace_id, trace.root_trace_id, event, status="waiting", metadata=metadata
-    )
-    waited = trace.model_copy(update={"status": "waiting", "metadata": metadata})
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, status="waiting")
+    runtime.store.apply(write.update_run(waiting_on_batch=parked))
+    waited = trace.model_copy(update={"status": "waiting"}).with_run(waiting_on_batch=parked)
     put_batch(runtime, waited, "waiting", "queued for the next provider batch")
     return waited
 
 
-def batch_answered(runtime: Runtime, trace: Trace, state: str, batch_id: str | None) -> Trace:
+def batch_answered(
+    runtime: Runtime, trace: Trace, state: BatchCallState, batch_id: str | None
+) -> Trace:
     """The call's answer is stored (or it goes live, or was cancelled): `queued` to run on."""
-    parked = dict(trace.metadata.get(BATCH_KEY) or {})
-    metadata = {**trace.metadata, BATCH_KEY: {**parked, "state": state}}
+    parked = (trace.run.waiting_on_batch or BatchWait()).model_copy(update={"state": state})
     summary = {"answered": "answered", "live": "errored in its batch: made live"}
     put_batch(runtime, trace, "completed", summary.get(state, state), batch_id)
     event = Event(kind="trace", trace_id=trace.trace_id, status="queued", data={"on": "batch"})
-    runtime.store.update_trace_and_emit(
-        trace.trace_id, trace.root_trace_id, event, status="queued", metadata=metadata
-    )
-    return trace.model_copy(update={"status": "queued", "metadata": metadata})
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, status="queued")
+    runtime.store.apply(write.update_run(waiting_on_batch=parked))
+    return trace.model_copy(update={"status": "queued"}).with_run(waiting_on_batch=parked)
 
 
 def put_batch(
@@ -67,8 +68,8 @@ def put_batch(
 
 def stop_batch(runtime: Runtime, trace: Trace) -> None:
     """A stopped trace's call leaves the queue (or is marked cancelled in its batch)."""
-    parked = trace.metadata.get(BATCH_KEY)
-    if trace.status != "waiting" or not isinstance(parked, dict):
+    parked = trace.run.waiting_on_batch
+    if trace.status != "waiting" or parked is None:
         return
-    batch_calls(runtime.store).cancel(str(parked.get("custom_id")))
+    batch_calls(runtime.store).cancel(str(parked.custom_id))
     put_batch(runtime, trace, "stopped", "stop requested")

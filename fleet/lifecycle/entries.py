@@ -71,7 +71,14 @@ def mirrored(runtime: Runtime, child: Trace) -> Collaborator:
         tool_call_id=child.parent_tool_call_id,
         stats=child.stats,
         output=child.output if child.status == "completed" else None,
+        remote_id=remote_id_of(child),
     )
+
+
+def remote_id_of(child: Trace) -> str | None:
+    """A remote child's `agent://NAME/<task id>`, once its agent gave one."""
+    call = child.run.remote_call if child.mode == "remote" else None
+    return call.remote_id() if call is not None else None
 
 
 def put_collaborator(

@@ -6,7 +6,7 @@ collaborator entries they change are written through `fleet.lifecycle.entries`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleet import ids
@@ -24,6 +24,7 @@ from fleet.models import (
     TracePatch,
     now_ms,
 )
+from fleet.runstate import RemoteCall, RunPatch
 from fleet.runtime import Runtime
 from fleet.storage.store import STARTABLE, StartRun, TraceRecords
 from fleet.storage.writes import TraceWrite
@@ -63,47 +64,73 @@ def starting(trace_id: str) -> StartRun:
     return StartRun(ids.root_of(trace_id), event)
 
 
-def wait(runtime: Runtime, trace: Trace, children: Sequence[str] = ()) -> Trace:
-    """`waiting` on sub-agents: written before they are dispatched (a fast one may end first).
+def wait(runtime: Runtime, trace: Trace) -> Trace:
+    """`waiting` on new sub-agents, or (a resumed run) again on what it still waits on.
 
-    A trace told to stop while its model call ran ends here, `stopped`, with the `children`
-    that call spawned: nothing would ever run them (workers discard their tasks as revoked,
-    so their chord never joins) and the trace would wait on them for ever. The status is
-    written before the flag is read, and `stop_subtree` raises the flag before it reads the
-    status, so a stop racing this call is seen by one side or the other.
+    New children's wait is written before they are dispatched (a fast one may end first).
+    A trace told to stop meanwhile ends here, `stopped`, with its subtree: with the
+    children its model call spawned while the stop landed (nothing would ever run them:
+    workers discard their tasks as revoked, so their chord never joins), or as a resumed
+    run found its children still running (`stop_subtree` left the `running` trace to its
+    runner, and its later resume is revoked). Either way the trace would otherwise wait for
+    ever, or until the owner check. The status is written before the flag is read, and
+    `stop_subtree` raises the flag before it reads the status, so a stop racing this call
+    is seen by one side or the other.
 
     Returns:
         The trace `waiting`, or `stopped` with its children.
     """
     waiting = _set_status(runtime.store, trace, "waiting")
-    if children and runtime.store.stop_requested(trace.trace_id):
+    if runtime.store.stop_requested(trace.trace_id):
         stop_subtree(runtime, trace.trace_id)
         return runtime.store.get_trace(trace.trace_id)
     return waiting
 
 
-def requeue(runtime: Runtime, trace: Trace, why: str = "yield", retry_in_s: float = 0.0) -> Trace:
+def requeue(
+    runtime: Runtime,
+    trace: Trace,
+    why: str = "yield",
+    retry_in_s: float = 0.0,
+    *,
+    attempts: Sequence[Mapping[str, object]] = (),
+) -> Trace:
     """`queued` again: the run yielded or waits (a limit, a provider error) and is re-sent.
 
-    `why` and `retry_in_s` go with the `trace` event, so a timeline can say what it waits on.
+    `why` and `retry_in_s` go with the `trace` event, so a timeline can say what it waits on;
+    so do the failed call's `attempts` after a provider error (the trace page lists them).
     """
-    data = {"on": why, "retry_in_s": round(retry_in_s, 3)}
+    data: dict[str, Any] = {"on": why, "retry_in_s": round(retry_in_s, 3)}
+    if attempts:
+        data["attempts"] = [dict(a) for a in attempts]
     return _set_status(runtime.store, trace, "queued", data=data)
 
 
 def reopen(
-    runtime: Runtime, child: Trace, tool_call_id: str, *, otel: dict[str, str] | None = None
+    runtime: Runtime,
+    child: Trace,
+    tool_call_id: str,
+    *,
+    otel: dict[str, str] | None = None,
+    remote_call: RemoteCall | None = None,
 ) -> Trace:
     """An ended child answers a new call (`continue_from`): `queued`, answer and error cleared.
 
     `otel`: the new call's tracing context (`Hooks.child_context`), which its runs continue.
+    `remote_call`: a remote child's call, ready to send the new message (same write).
     """
     fields: TracePatch = {"status": "queued", "parent_tool_call_id": tool_call_id}
     fields |= {"answer": None, "error": None}
+    write = TraceWrite(child.trace_id, child.root_trace_id).update(None, **fields)
+    run: RunPatch = {}
     if otel:
-        fields["metadata"] = {**child.metadata, "otel": otel}
-    runtime.store.update_trace(child.trace_id, **fields)
-    return child.model_copy(update=fields)
+        run["otel"] = otel
+    if remote_call is not None:
+        run["remote_call"] = remote_call
+    if run:
+        write.update_run(**run)
+    runtime.store.apply(write)
+    return child.model_copy(update=fields).with_run(**run)
 
 
 def finish(
@@ -141,28 +168,34 @@ def finish(
         "output": redactor.values_in(output) if output else output,
         "finished_at_ms": finished,
         "updated_at_ms": finished,
-        "metadata": {**before.metadata, "stop_reason": reason},
     }
     data = {"reason": reason, "name": before.name or before.mode}
     if before.parent_trace_id:  # the event stands for the parent's entry too: no event of its own
         data |= {"parent_trace_id": before.parent_trace_id, "mode": before.mode}
     event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
-    trace = before.model_copy(update=fields)
+    trace = before.model_copy(update=fields).with_run(stop_reason=reason)
     if write is not None:
         write.update(None if trace.parent_trace_id else event, **fields)
+        write.update_run(stop_reason=reason)
         if trace.parent_trace_id:
             mirror(runtime, trace.parent_trace_id, trace, write, announce=False)
             write.emit(event)  # after the parent's entry: a watcher sees the entry written
         store.apply(write)
     elif trace.parent_trace_id:
-        store.update_trace(trace_id, **fields)
+        store.apply(_ended(trace, fields, None))
         mirror(runtime, trace.parent_trace_id, trace, announce=False)
         store.emit(trace.root_trace_id, event)
     else:  # the root: its finish event is the last word, so it goes with the write
-        store.update_trace_and_emit(trace_id, before.root_trace_id, event, **fields)
+        store.apply(_ended(trace, fields, event))
     runtime.hooks.run_finished(trace)
     after_finish(runtime, trace)  # a failed sub-agent goes to its memory's agent_errors
     return trace
+
+
+def _ended(trace: Trace, fields: TracePatch, event: Event | None) -> TraceWrite:
+    """A finish's own write: its fields, its `stop_reason`, its event (a root's)."""
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, **fields)
+    return write.update_run(stop_reason=trace.run.stop_reason)
 
 
 def fail(runtime: Runtime, trace_id: str, *, error: str, reason: str) -> Trace | None:
@@ -226,56 +259,65 @@ def end_stopped(runtime: Runtime, trace_id: str) -> None:
 
 # -- conversations: a continued root, a wait on a person ---------------------------------
 
-PERSON_KEY = "waiting_on"
-"""Trace metadata while a person is asked: tool_call_id, question, asked_at_ms, deadline_ms."""
 
+def reopen_root(runtime: Runtime, trace: Trace, turn: int, data: dict[str, Any]) -> Trace:
+    """A finished root takes its user turn `turn` (continue/rewind): `queued`, answer cleared.
 
-def reopen_root(
-    runtime: Runtime, trace: Trace, metadata: dict[str, Any], data: dict[str, Any]
-) -> Trace:
-    """A finished root takes a new user turn (continue/rewind): `queued`, answer cleared.
-
-    `iteration` restarts (max_iterations counts per user turn) and the stop flag of an
-    earlier `fleet stop` is lowered. `data` goes with the `trace` event (the turn number).
+    `iteration` restarts (max_iterations counts per user turn), the stop reason and any
+    wait on a person go, and the stop flag of an earlier `fleet stop` is lowered. `data`
+    goes with the `trace` event (the turn number).
     """
     fields: TracePatch = {"status": "queued", "answer": None, "output": None}
-    fields |= {"error": None, "finished_at_ms": None, "iteration": 0, "metadata": metadata}
+    fields |= {"error": None, "finished_at_ms": None, "iteration": 0}
     event = Event(kind="trace", trace_id=trace.trace_id, status="queued", data=data)
     runtime.store.track_tree(trace.trace_id)
-    runtime.store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, **fields)
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, **fields)
+    runtime.store.apply(write.update_run(turn=turn, stop_reason=None, waiting_on=None))
     runtime.store.clear_stop(trace.trace_id)
-    return trace.model_copy(update=fields)
+    reopened = trace.model_copy(update=fields)
+    return reopened.with_run(turn=turn, stop_reason=None, waiting_on=None)
 
 
-def wait_on_person(runtime: Runtime, trace: Trace, waiting: dict[str, Any]) -> Trace:
+def wait_on_person(
+    runtime: Runtime, trace: Trace, waiting: dict[str, Any], also: RunPatch | None = None
+) -> Trace:
     """`waiting` on a person (`ask_human`): no runner, a `{human, waiting}` collaborator.
 
-    The question goes into the trace's metadata first, then into the entry and its event,
-    so whoever sees the event can reply at once.
+    The question goes into the trace's run state first (`waiting_on`, with the fields of
+    `also` in the same write), then into the entry and its event, so whoever sees the event
+    can reply at once.
     """
-    metadata = {**trace.metadata, PERSON_KEY: waiting}
     event = Event(kind="trace", trace_id=trace.trace_id, status="waiting", data={"on": "human"})
-    runtime.store.update_trace_and_emit(
-        trace.trace_id, trace.root_trace_id, event, status="waiting", metadata=metadata
-    )
-    waited = trace.model_copy(update={"status": "waiting", "metadata": metadata})
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, status="waiting")
+    run: RunPatch = {**(also or {}), "waiting_on": waiting}
+    runtime.store.apply(write.update_run(**run))
+    waited = trace.model_copy(update={"status": "waiting"}).with_run(**run)
     put_person(runtime, waited, str(waiting["tool_call_id"]), "waiting", str(waiting["question"]))
     return waited
 
 
 def person_answered(
-    runtime: Runtime, trace: Trace, status: CollaboratorStatus, summary: str
+    runtime: Runtime,
+    trace: Trace,
+    status: CollaboratorStatus,
+    summary: str,
+    approved_call: str | None = None,
 ) -> Trace:
-    """The wait ended with a tool result (a reply, a timeout): `queued` for any worker."""
-    waiting = trace.metadata.get(PERSON_KEY) or {}
+    """The wait ended with a tool result (a reply, a timeout): `queued` for any worker.
+
+    `approved_call`: the call a person approved, for the next run to run (same step).
+    """
+    waiting = trace.run.waiting_on or {}
     runtime.store.forget_human_wait(trace.trace_id)
-    metadata = {k: v for k, v in trace.metadata.items() if k != PERSON_KEY}
     put_person(runtime, trace, str(waiting.get("tool_call_id")), status, summary)
     event = Event(kind="trace", trace_id=trace.trace_id, status="queued", data={"on": "human"})
-    runtime.store.update_trace_and_emit(
-        trace.trace_id, trace.root_trace_id, event, status="queued", metadata=metadata
-    )
-    return trace.model_copy(update={"status": "queued", "metadata": metadata})
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, status="queued")
+    write.update_run(waiting_on=None)
+    if approved_call is not None:
+        write.update_run(approved_call=approved_call)
+    runtime.store.apply(write)
+    answered = trace.model_copy(update={"status": "queued"}).with_run(waiting_on=None)
+    return answered.with_run(approved_call=approved_call) if approved_call else answered
 
 
 def human_id(tool_call_id: str) -> str:
@@ -287,7 +329,7 @@ def put_person(
     runtime: Runtime, trace: Trace, tool_call_id: str, status: CollaboratorStatus, summary: str
 ) -> None:
     """The asked person's entry (`{type: approval}` for an approval) with its event."""
-    waiting = trace.metadata.get(PERSON_KEY) or {}
+    waiting = trace.run.waiting_on or {}
     kind: CollaboratorType = "approval" if waiting.get("kind") == "approval" else "human"
     entry = Collaborator(
         name=kind,
@@ -312,8 +354,8 @@ APPROVAL_FIELDS = ("tool", "arguments", "tool_call_id", "shown", "digest")
 
 def _stop_person(runtime: Runtime, trace: Trace) -> None:
     """A stopped trace no longer waits on a person: the entry says so, the deadline goes."""
-    waiting = trace.metadata.get(PERSON_KEY)
-    if trace.status != "waiting" or not isinstance(waiting, dict):
+    waiting = trace.run.waiting_on
+    if trace.status != "waiting" or waiting is None:
         return
     runtime.store.forget_human_wait(trace.trace_id)
     put_person(runtime, trace, str(waiting["tool_call_id"]), "stopped", "stop requested")

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from fleet.errors import ModelRequestsDisabled
 from fleet.llm.ratelimit import RateSignal
+from fleet.llm.timing import CallTiming
 
 ALLOW_MODEL_REQUESTS = True
 """Switched off by the test suite so no real client can ever send a request."""
@@ -71,6 +72,8 @@ class LLMResponse:
     """The provider's rate-limit headers on this response, if it sent any."""
     batch_id: str | None = None
     """The provider batch that answered this call (`fleet.batchapi`); None for a live call."""
+    timing: CallTiming | None = None
+    """When the call ran and its attempts (`fleet.loop.turns.call_model` sets it)."""
 
 
 class LLMClient(Protocol):

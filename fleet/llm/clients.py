@@ -8,7 +8,6 @@ real client is built.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from fleet.errors import ConfigError
@@ -43,8 +42,10 @@ def validate_model(
     """
     target = resolve_target(config, model_name)
     if target.kind == "scripted":
+        from fleet.llm.scripted import script_file  # only a scripted model needs it
+
         trust.check_scripted_allowed(allow_scripted)
-        if not Path(target.model).is_file():
+        if not script_file(target.model).is_file():
             raise ConfigError(f"scripted model file not found: {target.model!r}")
         return
     _api_key(target, env)
@@ -67,9 +68,9 @@ def make_client(
     validate_model(config, model_name, env, allow_scripted=allow_scripted)
     target = resolve_target(config, model_name)
     if target.kind == "scripted":
-        from fleet.llm.scripted import ScriptedModel  # only a scripted run needs it
+        from fleet.llm.scripted import ScriptedModel, script_file  # only a scripted run
 
-        return ScriptedModel.from_file(Path(target.model))
+        return ScriptedModel.from_file(script_file(target.model))
     # The HTTP clients (httpx) only here: `fleet run` reads this config but calls no model.
     from fleet.llm.anthropic import AnthropicClient
     from fleet.llm.openai import OpenAIClient

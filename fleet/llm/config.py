@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fleet.config.approval_rules import ApproveEntry
 from fleet.config.limits import PositiveCount, Price
 from fleet.config.mcp import McpServerConfig, check_servers
+from fleet.config.remote_agents import RemoteAgentConfig, check_remote_agents
 from fleet.config.search import SearchConfig
 from fleet.config.webfilter import WebSection
 from fleet.errors import ConfigError
@@ -122,6 +123,9 @@ class ModelConfig(BaseModel):
     context_window: PositiveCount | None = None
     """Tokens the model takes per request; requests are fitted under `context_threshold`
     of it (`fleet.loop.fit`). None: requests are sent as built."""
+    context_strategy: Literal["elide", "compact"] = "elide"
+    """Past the threshold: `elide` old tool outputs in the request, or `compact` the trace
+    through a side branch that summarises its main path (`fleet.loop.compact`)."""
     batch_input_usd_per_mtok: Price | None = None
     """Price of a prompt token sent through the provider's Batch API (None: half the live)."""
     batch_output_usd_per_mtok: Price | None = None
@@ -157,6 +161,8 @@ class FleetConfig(BaseModel):
     """Domains web_search and web_fetch may touch (`fleet.config.webfilter`)."""
     mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
     """MCP servers whose tools agents may use (`fleet.config.mcp`, docs/mcp.md)."""
+    remote_agents: dict[str, RemoteAgentConfig] = Field(default_factory=dict)
+    """A2A agents a tree may delegate to (`fleet.config.remote_agents`, docs/a2a.md)."""
     warm_explore: bool = False
     """Explore branches wait for the first one's first call (`fleet.children.warming`)."""
 
@@ -263,6 +269,7 @@ def load_config(
         raise ConfigError(_validation_message(source, exc)) from None
     _check_key_envs(source, config, key_envs)
     check_servers(source, config.mcp_servers)
+    check_remote_agents(source, config.remote_agents)
     config = config.model_copy(update={"providers": {**builtin_providers(env), **config.providers}})
     _check_model_providers(source, config)
     check_embedding_model(

@@ -8,18 +8,17 @@ A call that still fails after the client's retries (connection refused, 5xx, tim
 moves the trace to the next alias not tried yet, before any re-run is spent on it: the
 trace's `model` becomes the fallback, so every later turn is booked in the fallback's
 limit scopes and priced at its prices, each assistant message records the model that
-answered it, and `metadata.model_fallbacks` lists every switch (`fleet trace show`).
+answered it, and the trace's `run.model_fallbacks` lists every switch (`fleet trace show`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from fleet.errors import ConfigError
+from fleet.runstate import Fallback
 
-FALLBACKS_KEY = "model_fallbacks"
-"""Trace metadata: `[{from, to, error}, ...]`, one entry per switch."""
 ERROR_CHARS = 200
 
 
@@ -45,14 +44,18 @@ def check_fallbacks(source: str, models: Mapping[str, _Alias]) -> None:
 
 
 def next_model(
-    models: Mapping[str, _Alias], current: str, switches: Sequence[Mapping[str, Any]]
+    models: Mapping[str, _Alias], current: str, tried_before: Sequence[str]
 ) -> str | None:
-    """The alias to try after `current` failed: its first fallback not tried yet."""
+    """The alias to try after `current` failed: its first fallback not tried yet.
+
+    `tried_before`: the models the trace moved away from already (`run.model_fallbacks`).
+    """
     alias = models.get(current)
-    tried = {current, *(str(s.get("from")) for s in switches)}
+    tried = {current, *tried_before}
     return next((name for name in alias.fallbacks if name not in tried), None) if alias else None
 
 
-def switch_entry(current: str, fallback: str, error: str) -> dict[str, str]:
-    """One `model_fallbacks` entry; the error cut to one short line."""
-    return {"from": current, "to": fallback, "error": " ".join(error.split())[:ERROR_CHARS]}
+def switch_entry(current: str, fallback: str, error: str) -> Fallback:
+    """One `run.model_fallbacks` entry; the error cut to one short line."""
+    error = " ".join(error.split())[:ERROR_CHARS]
+    return Fallback.model_validate({"from": current, "to": fallback, "error": error})

@@ -22,6 +22,7 @@ from fleet.errors import (
     TransientLLMError,
 )
 from fleet.llm.ratelimit import OVERLOAD_STATUS, finite_s, rate_signal
+from fleet.llm.timing import record_attempt, wall_ms
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
 if TYPE_CHECKING:
@@ -165,10 +166,12 @@ def send_with_retry(
 
     failure = ""
     for attempt in range(policy.max_attempts):
+        started_ms = wall_ms()
         try:
             response = send()
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             failure = redactor(" ".join(f"{type(exc).__name__}: {exc}".split()))
+            record_attempt(started_ms, failure)
             delay_s = backoff_s(attempt, policy)
         except httpx.HTTPError as exc:
             # Never the text: httpx quotes the offending header, API key included.
@@ -178,10 +181,13 @@ def send_with_retry(
             ) from None
         else:
             if response.is_success:
+                record_attempt(started_ms)
                 return response
             if not is_retryable_status(response.status_code):
+                record_attempt(started_ms, f"HTTP {response.status_code}")
                 raise non_retryable_error(response, provider, api_key_env, redactor)
             failure = f"HTTP {response.status_code}: {error_detail(response, redactor)}"
+            record_attempt(started_ms, failure)
             asked_s = overload_wait_s(response.headers, policy.clock())
             if policy.hand_back_overload and response.status_code in OVERLOAD_STATUS:
                 raise ProviderOverloaded(

@@ -26,11 +26,28 @@ from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.security import yamlsafe
 
-__all__ = ["EXAMPLE_SCRIPT", "Script", "ScriptedModel", "call", "calls", "text"]
+__all__ = [
+    "EXAMPLE_NAME",
+    "EXAMPLE_SCRIPT",
+    "Script",
+    "ScriptedModel",
+    "call",
+    "calls",
+    "script_file",
+    "text",
+]
 
 EXAMPLE_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "explore.yaml"
 """The bundled demo explore (`fleet demo`, `fleet up`'s hint): inside the package, so an
 installed wheel has it as a checkout does."""
+EXAMPLE_NAME = "example"
+"""`scripted:example` names EXAMPLE_SCRIPT: the README's commands work as printed, from any
+directory, in a checkout or an installed wheel."""
+
+
+def script_file(name: str) -> Path:
+    """The file of `scripted:NAME`: the bundled example for `example`, else the path."""
+    return EXAMPLE_SCRIPT if name == EXAMPLE_NAME else Path(name)
 
 
 ModelFunction = Callable[[list[dict[str, Any]], list[dict[str, Any]]], LLMResponse]

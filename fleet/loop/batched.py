@@ -1,6 +1,6 @@
 """A model turn through a provider batch: the stored answer taken, or the call parked.
 
-The route (`fleet.batchapi.route.route_of`) is chosen by `turns.ask_model`; these are its
+The route (`fleet.loop.route.decide`) is chosen by `route.ask_model`; these are its
 two batch-only steps, kept apart so the live path reads as before.
 """
 
@@ -49,6 +49,6 @@ def park_turn(
     runtime.gate.after(go, None, None)
     sent, tools = request
     body: dict[str, Any] = {"messages": sent, "tools": tools}
-    body |= {"temperature": runtime.preset(trace.preset).temperature}
+    body |= {"temperature": runtime.temperature(trace)}
     body["max_output_tokens"] = go.max_output_tokens
     return park(runtime, trace, go.model_name, body, route)

@@ -11,6 +11,7 @@ from fleet.loop.memory_calls import memory_block
 from fleet.loop.structured import VERDICT_SCHEMA, instruction, schema_for
 from fleet.models import Content, Message, Role, Trace
 from fleet.runtime import Runtime
+from fleet.storage.writes import InboxSeen
 
 BASE_PROMPT = (
     "You are an agent working in the workspace {workspace}. Use the tools to inspect and "
@@ -23,9 +24,15 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     """System prompt, any context messages the parent passed, then the task."""
     preset = runtime.preset(trace.preset)
     workspace = trace.workspace or str(runtime.settings.workspace)
-    system = BASE_PROMPT.format(workspace=workspace)
-    if preset.system_prompt:
-        system = f"{system}\n\n{preset.system_prompt}"
+    system = "\n\n".join(
+        part
+        for part in (
+            BASE_PROMPT.format(workspace=workspace),
+            preset.system_prompt,
+            trace.context.get("system"),  # the submitter's (a prompt file's `$system$`)
+        )
+        if part
+    )
     skills = [*preset.skills, *trace.skills]
     if skills:
         system += "\n\nLoad these skills with the `skill` tool when useful: " + ", ".join(skills)
@@ -54,18 +61,24 @@ def first_messages(runtime: Runtime, trace: Trace) -> list[Message]:
     return out
 
 
-def injection(runtime: Runtime, trace: Trace, messages: Sequence[Message] = ()) -> Message | None:
+def injection(
+    runtime: Runtime,
+    trace: Trace,
+    messages: Sequence[Message] = (),
+    seen: InboxSeen | None = None,
+) -> Message | None:
     """Every N turns, the plan, `## Active Collaborators` and hook lines as a user message.
 
     And before any call after a message came to the trace's inbox, `## Messages`
     (`fleet.conversation.messages`): the message carries the inbox cursors it moves.
+    `seen`: the inbox as the run's last round trip read it (None: `news` reads it).
     """
     every = runtime.settings.inject_every_turns
     blocks: list[str] = []
     if trace.iteration > 0 and every > 0 and trace.iteration % every == 0:
         blocks = [trace.goals.render(), collaborators_block(runtime, trace.trace_id)]
         blocks.append("\n".join(runtime.hooks.context_lines(trace)))  # the operator's hooks
-    inbox = news(runtime, trace, messages)
+    inbox = news(runtime, trace, messages, seen)
     if inbox is not None:
         blocks.append(inbox.block)
     body = "\n\n".join(b for b in blocks if b)

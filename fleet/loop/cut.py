@@ -31,6 +31,7 @@ from fleet.llm.base import LLMResponse, Usage
 from fleet.runtime import Runtime
 from fleet.storage.inbox import INBOX, Inbox
 from fleet.storage.store import StopsAndWaits
+from fleet.storage.writes import InboxSeen
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -76,10 +77,18 @@ class CallWatcher:
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def watching(self, trace_id: str, *, interrupts: bool = True) -> Iterator[Watch]:
-        """Watch the trace while the block runs its model call (or tool)."""
-        seen = self._inbox.newest(trace_id) if interrupts else None
-        watch = Watch(trace_id, seen, interrupts)
+    def watching(
+        self, trace_id: str, *, interrupts: bool = True, seen: InboxSeen | None = None
+    ) -> Iterator[Watch]:
+        """Watch the trace while the block runs its model call (or tool).
+
+        `seen`: the inbox entry later messages are counted from, as the run read it in a
+        round trip it made anyway; None: read here (interrupts only).
+        """
+        newest = seen.newest if seen is not None else None
+        if interrupts and seen is None:
+            newest = self._inbox.newest(trace_id)
+        watch = Watch(trace_id, newest, interrupts)
         with self._lock:
             self._by_id[id(watch)] = watch
             if self._thread is None:
@@ -160,12 +169,13 @@ def cuttable(watch: Watch, call: Callable[[], T]) -> T:
 
 
 def call_watch(
-    runtime: Runtime, trace_id: str, *, interrupts: bool = True
+    runtime: Runtime, trace_id: str, *, interrupts: bool = True, seen: InboxSeen | None = None
 ) -> AbstractContextManager[Watch]:
     """Watch `trace_id` on the runtime's process-wide watcher while a call is in flight."""
     store = runtime.store
     anchor = runtime.leases if runtime.leases is not None else store
-    return watcher(anchor, store, store.capability(INBOX)).watching(trace_id, interrupts=interrupts)
+    found = watcher(anchor, store, store.capability(INBOX))
+    return found.watching(trace_id, interrupts=interrupts, seen=seen)
 
 
 def stoppable(runtime: Runtime, trace_id: str, call: Callable[[], T]) -> T:

@@ -1,43 +1,67 @@
 """One run of a trace under its lease: the loop, writing only through a fenced runtime.
 
 `fleet.loop.runner.Runner` takes the lease and hands a `FencedRun` the runtime fenced by it
-(`Runtime.fenced`): every write checks the lease inside its Lua script, so a run that comes
-back from a freeze after its lease was taken over writes nothing (`LeaseLost`).
+(`Runtime.fenced`): every write checks the lease in its Lua script (`LeaseLost`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
 from fleet import lifecycle
-from fleet.batchapi.route import CALL_KEY, Parked, consumed, parked_call
+from fleet.batchapi.route import CALL_KEY, consumed, parked_call
 from fleet.conversation.fanout import FAN_OUT_MODEL, planned_turn
-from fleet.errors import FleetError, HookBlocked, LeaseLost, TransientLLMError
+from fleet.errors import FleetError, HookBlocked, LeaseLost, StopLanded, TransientLLMError
 from fleet.history import SUB_AGENT_TOOLS, fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
+from fleet.llm.timing import span_of
+from fleet.loop.compact import compacted
 from fleet.loop.cut import CallCut
 from fleet.loop.resume import opening
-from fleet.loop.steps import CallTools, DoomLoop, Finish, Step, decide_next
+from fleet.loop.route import ask_model
+from fleet.loop.steps import (
+    CallTools,
+    DoomLoop,
+    Finish,
+    OnApproval,
+    OnBatch,
+    OnChildren,
+    OnPerson,
+    OnRemote,
+    Step,
+    Waiting,
+    decide_next,
+)
 from fleet.loop.structured import Accepted, Correct, Rejected, check_final, schema_for
 from fleet.loop.tool_turn import tool_turn
 from fleet.loop.turns import (
     Answered,
+    GaveUp,
+    GoOn,
     Held,
     Outcome,
+    ReadAgain,
     Turn,
-    ask_model,
     hand_back,
     model_message,
     recorded,
     terminal,
 )
-from fleet.models import Event, Status, now_ms
+from fleet.models import Event, Status, Trace, now_ms
+from fleet.remote.run import run_remote
+from fleet.runstate import RemoteCall
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import TraceWrite, WriteExtension
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The lease was taken over during the model call: nothing of the turn is written."""
 
 
 class FencedRun:
@@ -77,15 +101,13 @@ class FencedRun:
     def _drive_open(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         start = TraceWrite(snapshot.trace.trace_id, snapshot.trace.root_trace_id)
         trace = lifecycle.start(self.runtime, snapshot.trace, start)  # begin_run did, mostly
-        try:
-            self.runtime.workspace_of(trace)
-        except FleetError as exc:  # a forged or stale workspace: fail before any model call
-            if start.ops:
-                self.store.apply(start)
-            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        if (ended := self._without_model(trace, start)) is not None:
+            return ended
         following = opening(self.runtime, snapshot, trace, start, held)
-        if following == "waiting":
-            return "waiting"
+        if isinstance(following, str):  # a stop landed as it went back to waiting
+            return following
+        if not isinstance(following, TraceSnapshot | ReadAgain):
+            return self._waiting(following)
         held.started_ms = now_ms()
         try:
             return self._loop(trace.trace_id, held, following)
@@ -104,36 +126,69 @@ class FencedRun:
                 with contextlib.suppress(LeaseLost):
                     self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
 
-    def _loop(self, trace_id: str, held: Held, snapshot: TraceSnapshot | None) -> Outcome | Wait:
+    def _without_model(self, trace: Trace, start: TraceWrite) -> Outcome | None:
+        """A run that ends before any model call: a bad workspace, or a remote child."""
+        try:
+            self.runtime.workspace_of(trace)
+        except FleetError as exc:  # a forged or stale workspace: fail before any model call
+            if start.ops:
+                self.store.apply(start)
+            return self.finish(trace.trace_id, "failed", error=str(exc), reason="error")
+        if trace.mode != "remote":
+            return None
+        if start.ops:
+            self.store.apply(start)
+        ran = run_remote(self.runtime, trace, park=self.runtime.dispatcher.children_survive_restart)
+        if isinstance(ran, RemoteCall):  # parked where a sweeper polls for it (a task queue)
+            return self._waiting(OnRemote(ran.agent, ran.task_id))
+        return terminal(ran)
+
+    def _loop(self, trace_id: str, held: Held, following: GoOn) -> Outcome | Wait:
         while True:
-            if snapshot is None:  # trace, messages and stop flag: 1 read
-                snapshot = self.store.snapshot(trace_id)
+            snapshot = (  # trace, messages and stop flag: 1 read
+                following if isinstance(following, TraceSnapshot) else self.store.snapshot(trace_id)
+            )
             if (ended := self._between_turns(snapshot, held.heartbeat)) is not None:
                 return ended
             turn = self._uncut_turn(snapshot, held)
             if not isinstance(turn, Turn):
                 return self._no_turn(snapshot, turn)
-            match turn.step:
-                case Finish(answer=answer, reason=reason):
-                    if (ended := self._answer(held, turn, answer, reason)) is not None:
-                        return ended
-                    snapshot = None  # the answer and a correction were written: read again
-                case DoomLoop(call=call, repeats=repeats):
-                    error = (
-                        f"doom loop: {call.name!r} called {repeats} times with the same arguments"
-                    )
-                    return self._end(held, turn, "failed", error=error, reason="doom_loop")
-                case CallTools(calls=calls):
-                    after = tool_turn(self.runtime, turn, calls)
-                    if after == "waiting":
-                        return "waiting"
-                    snapshot = after
-                case _:
-                    assert_never(turn.step)
+            went = self._step(held, turn)
+            if not isinstance(went, TraceSnapshot | ReadAgain):
+                return went
+            following = went
+
+    def _step(self, held: Held, turn: Turn) -> Outcome | GoOn:
+        """Act on the turn's step: how the run ended, or where it goes on from."""
+        match turn.step:
+            case Finish(answer=answer, reason=reason):
+                return self._answer(held, turn, answer, reason)
+            case DoomLoop(call=call, repeats=repeats):
+                error = f"doom loop: {call.name!r} called {repeats} times with the same arguments"
+                return self._end(held, turn, "failed", error=error, reason="doom_loop")
+            case CallTools(calls=calls):
+                after = tool_turn(self.runtime, turn, calls)
+                if isinstance(after, OnPerson | OnApproval | OnChildren):
+                    return self._waiting(after)
+                return after
+            case OnPerson() | OnApproval() | OnBatch() | OnChildren() | OnRemote():
+                return self._waiting(turn.step)
+            case _:
+                assert_never(turn.step)
+
+    def _waiting(self, waits: Waiting) -> Outcome:
+        """The run ends, its trace `waiting` (written by whoever put it there), no slot held."""
+        match waits:
+            case OnPerson() | OnApproval() | OnChildren():
+                return "waiting"
+            case OnBatch() | OnRemote():  # `waiting` too, which a runner must not run again
+                return "parked"
+            case _:
+                assert_never(waits)
 
     def _uncut_turn(
         self, snapshot: TraceSnapshot, held: Held
-    ) -> Turn | Wait | Spent | Parked | Outcome | None:
+    ) -> Turn | Wait | Spent | OnBatch | Lost | Outcome:
         """`_turn`, or how a stop ended the trace (`fleet.loop.cut`): nothing cut is written.
 
         An interrupting message cuts the call and the turn is asked again at once: its
@@ -148,25 +203,24 @@ class FencedRun:
                     return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
                 if held.pending is None:  # else nothing was written: the snapshot stands
                     snapshot = self.store.snapshot(trace_id)
+                snapshot = replace(snapshot, inbox=None)  # the interrupt came after its read
                 continue
             if isinstance(turn, Turn) and self._stopped_meanwhile(turn):
                 return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
             return turn
 
     def _stopped_meanwhile(self, turn: Turn) -> bool:
-        """A stop that landed as the call returned: its answer, or children, are dropped.
+        """A stop that landed as the call returned: the children it asks for are dropped.
 
-        Read only for a turn that would end the trace or start children (no child is
-        created after a stop landed); the cut (`fleet.loop.cut`) covers the call itself.
+        Read only for a turn that would start children (no child is created after a stop
+        landed); a turn that ends the trace asks in its own write (`_end`: no read of its
+        own), and the cut (`fleet.loop.cut`) covers the call itself.
         """
         match turn.step:
-            case Finish():
-                pass
             case CallTools(calls=calls) if any(c.name in SUB_AGENT_TOOLS for c in calls):
-                pass
+                return self.store.stop_requested(turn.trace.trace_id)
             case _:
                 return False
-        return self.store.stop_requested(turn.trace.trace_id)
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""
@@ -189,20 +243,22 @@ class FencedRun:
         match hand_back(self.runtime, trace_id, exc):
             case Wait() as wait:
                 return wait
-            case error:
+            case GaveUp(error=error):
                 return self.finish(trace_id, "failed", error=error, reason="error")
+            case unreachable:
+                assert_never(unreachable)
 
     def _no_turn(
-        self, snapshot: TraceSnapshot, why: Wait | Spent | Parked | Outcome | None
+        self, snapshot: TraceSnapshot, why: Wait | Spent | OnBatch | Lost | Outcome
     ) -> Outcome | Wait:
         """No model call this time; what happens instead.
 
-        Lease lost (None): let go. A limit said "not now": queued again, to come back
-        later. The tree's budget is spent: end with what we have. A stop cut the call:
-        the trace ended so.
+        Lease lost: let go. A limit said "not now": queued again, to come back later. The
+        tree's budget is spent: end with what we have. Parked in a provider batch: wait. A
+        stop cut the call: the trace ended so.
         """
         match why:
-            case None:
+            case Lost():
                 return "lost"
             case Wait(retry_in_s=retry_in_s, reason=reason):
                 lifecycle.requeue(self.runtime, snapshot.trace, reason, retry_in_s)
@@ -211,20 +267,20 @@ class FencedRun:
                 partial = last_answer(main_path(snapshot.messages, snapshot.trace.head_sequence))
                 ended = lifecycle.stop_for_budget(self.runtime, snapshot.trace, partial, reason)
                 return terminal(ended.status)
-            case Parked():
-                return "parked"
+            case OnBatch():
+                return self._waiting(why)
             case str():  # a stop cut the call (`_uncut_turn`): the trace ended
                 return why
             case _:
                 assert_never(why)
 
-    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | Parked | None:
+    def _turn(self, snapshot: TraceSnapshot, held: Held) -> Turn | Wait | Spent | OnBatch | Lost:
         """One model call and what to do about it; the turn is not written yet.
 
-        None when the lease was lost during the model call: another runner may own the
+        `Lost` when the lease was lost during the model call: another runner may own the
         trace now, so nothing of this turn is written and no tool runs. `Wait` when a
         provider limit did not admit the call, `Spent` when the tree's budget is used up:
-        nothing of this turn is written either. `Parked`: the call went into a provider
+        nothing of this turn is written either. `OnBatch`: the call went into a provider
         batch (`fleet.batchapi`), and the trace waits on it.
         """
         model_name = self.runtime.model_name(snapshot.trace.model, snapshot.trace.preset)
@@ -232,18 +288,20 @@ class FencedRun:
         if not isinstance(answered, Answered):
             return answered
         if held.heartbeat.lost.is_set():
-            return None
+            return Lost()
         return self._next_turn(answered, held, model_name)
 
     def _ask(
         self, snapshot: TraceSnapshot, held: Held, model_name: str
-    ) -> Answered | Wait | Spent | Parked:
+    ) -> Answered | Wait | Spent | OnBatch:
         """The turn's answer: a fan-out root's planned turn, else the model's (or why not)."""
         trace = snapshot.trace
         path = main_path(snapshot.messages, trace.head_sequence)
         planned = planned_turn(trace, path)  # a fan-out root's turns need no model
         if planned is not None:
             return Answered(trace, snapshot.messages, path, planned, FAN_OUT_MODEL)
+        if held.pending is None:  # past `context_threshold` of a `compact` alias: summarise
+            snapshot = compacted(self.runtime, snapshot, model_name) or snapshot
         return ask_model(self.runtime, snapshot, held, model_name)
 
     def _next_turn(self, answered: Answered, held: Held, model_name: str) -> Turn:
@@ -252,14 +310,15 @@ class FencedRun:
         response = fresh_call_ids(answered.response, messages, trace.last_sequence + 1)
         message = model_message(self.runtime, trace, response, answered.model)
         tools = [c["function"]["name"] for c in message.tool_calls or ()]
-        data = {"role": "assistant", "tools": tools}
+        data = {"role": "assistant", "tools": tools, **span_of(message)}
         event = Event(kind="message", trace_id=trace.trace_id, data=data)
-        write = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id)
-        held.pending = None
+        write, held.pending = held.pending or TraceWrite(trace.trace_id, trace.root_trace_id), None
         if answered.batched:  # the answer is in the trace now (`fleet.batchapi.route`)
-            message.metadata[CALL_KEY] = (parked_call(trace) or {}).get("custom_id")
-            trace = trace.model_copy(update={"metadata": consumed(trace)})
-            write.update(None, metadata=trace.metadata)
+            message.metadata[CALL_KEY] = (
+                parked.custom_id if (parked := parked_call(trace)) else None
+            )
+            trace = trace.with_run(waiting_on_batch=consumed(trace))
+            write.update_run(waiting_on_batch=consumed(trace))
         if response.batch_id:
             message.metadata["batch_id"] = response.batch_id
         write.append(message, event, iteration=trace.iteration + 1)
@@ -270,8 +329,8 @@ class FencedRun:
         pauses = self.runtime.gate.pauses_for(model_name, trace.root_trace_id)  # the next call's
         return Turn(step, recorded(trace, message), [*messages, message], write, pauses)
 
-    def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | None:
-        """Finish with the answer; None after a correction (it missed its output schema).
+    def _answer(self, held: Held, turn: Turn, answer: str, reason: str) -> Outcome | ReadAgain:
+        """Finish with the answer; read again after a correction (it missed its output schema).
 
         The budget's last turn stands as it is: there is no budget left to correct it.
         """
@@ -296,13 +355,19 @@ class FencedRun:
                 data = {"role": "user", "correction": True}
                 event = Event(kind="message", trace_id=turn.trace.trace_id, data=data)
                 self.store.record_turn(turn.trace.root_trace_id, message, event)
-                return None
+                return ReadAgain()
             case _:
                 assert_never(checked)
 
     def _end(self, held: Held, turn: Turn, status: Status, **outcome: Any) -> Outcome:
-        """The last model turn, the finish, the duration and the lease's release: one step."""
+        """The last model turn, the finish, the duration and the lease's release: one step.
+
+        Refused whole if a stop landed as the last call returned (`StopLanded`: the stop
+        flag is read in that step, not by a read of its own): the answer is dropped and
+        the trace ends `stopped`.
+        """
         duration_ms = now_ms() - held.started_ms
+        turn.write.refused_if_stopped()
         turn.write.add_stats(duration_ms=duration_ms)
         turn.write.release_lease(held.owner)
         if self.end_step is not None and not self.end_step.applied:
@@ -315,6 +380,9 @@ class FencedRun:
             lifecycle.finish(
                 self.runtime, trace.trace_id, status, trace=trace, write=turn.write, **outcome
             )
+        except StopLanded:  # nothing was written: the lease is still ours
+            held.released = False
+            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
         except BaseException:
             held.released = False
             raise

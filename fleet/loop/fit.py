@@ -6,7 +6,7 @@ window, tool outputs are elided *in the request only*, following the seeds' comp
 rules: the system prompt, every user message and every assistant message stay; the oldest
 tool outputs go first; the results of the turn being answered are cut last, and only as
 far as needed. The stored messages stay whole, and the trace records that it happened
-(`metadata.context` and a `context` event). Tokens are estimated at four characters each
+(`run.context` and a `context` event). Tokens are estimated at four characters each
 (no tokenizer dependency); a conversation that cannot fit even then fails the trace with
 `ContextOverflow` rather than being sent to be refused.
 """
@@ -20,11 +20,11 @@ from typing import Any
 from fleet.errors import ContextOverflow
 from fleet.llm.vision import Wire, content_image_tokens
 from fleet.models import Event, Trace
+from fleet.runstate import ContextNote
 from fleet.storage.store import TraceRecords
+from fleet.storage.writes import TraceWrite
 
 CHARS_PER_TOKEN = 4
-CONTEXT_KEY = "context"
-"""Trace metadata: compactions so far, and the last one's numbers."""
 _MARK = "[{n} characters of tool output elided to fit the context window; call the tool again if you need them]"  # noqa: E501
 
 
@@ -94,19 +94,20 @@ def fit(
 
 
 def record(store: TraceRecords, trace: Trace, fitted: Fitted, window: int) -> Trace:
-    """Note on the trace (metadata and a `context` event) that a request was fitted."""
-    previous = trace.metadata.get(CONTEXT_KEY) or {}
-    note = {
-        "compactions": int(previous.get("compactions", 0)) + 1,
-        "elided": fitted.elided,
-        "tokens_before": fitted.tokens_before,
-        "tokens_after": fitted.tokens_after,
-        "window": window,
-    }
-    metadata = {**trace.metadata, CONTEXT_KEY: note}
-    event = Event(kind="context", trace_id=trace.trace_id, data=note)
-    store.update_trace_and_emit(trace.trace_id, trace.root_trace_id, event, metadata=metadata)
-    return trace.model_copy(update={"metadata": metadata})
+    """Note on the trace (`run.context` and a `context` event) that a request was fitted."""
+    previous = trace.run.context or ContextNote()
+    note = ContextNote(
+        compactions=previous.compactions + 1,
+        elided=fitted.elided,
+        tokens_before=fitted.tokens_before,
+        tokens_after=fitted.tokens_after,
+        window=window,
+    )
+    event = Event(kind="context", trace_id=trace.trace_id, data=note.model_dump())
+    store.apply(
+        TraceWrite(trace.trace_id, trace.root_trace_id).emit(event).update_run(context=note)
+    )
+    return trace.with_run(context=note)
 
 
 def _size(message: dict[str, Any], wire: Wire | None) -> int:

@@ -12,6 +12,7 @@ else gets a synthetic result (for `agent`/`evaluate` naming the sub-trace, so th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal, assert_never
 
 from fleet import lifecycle
@@ -21,23 +22,30 @@ from fleet.conversation.human import still_waiting
 from fleet.history import SUB_AGENT_TOOLS, healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.loop.context import first_messages
-from fleet.loop.toolcalls import run_plain, write_result
-from fleet.loop.turns import Held, numbered
+from fleet.loop.results import write_result
+from fleet.loop.steps import OnApproval, OnChildren, OnPerson
+from fleet.loop.toolcalls import run_plain
+from fleet.loop.turns import GoOn, Held, ReadAgain, numbered
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import TraceWrite
 
+Resumed = OnPerson | OnApproval | OnChildren
+"""What a resumed trace still waits on: a person not answered yet, children still running."""
+
 
 def opening(
     runtime: Runtime, snapshot: TraceSnapshot, trace: Trace, start: TraceWrite, held: Held
-) -> TraceSnapshot | Literal["waiting"] | None:
-    """What the first turn starts from; `waiting` while a resumed trace's children run.
+) -> GoOn | Resumed | Literal["stopped"]:
+    """What the first turn starts from; what it waits on while a resumed trace must wait.
 
     A fresh trace's first messages, numbered as the store will number them, are written
     with its first model turn (`held.pending`): no write and no read before the call.
     A resumed trace with nothing to heal goes on from `begin_run`'s read (its collected
-    results are in it); one whose open turn is healed here reads it again first (None).
+    results are in it); one whose open turn is healed here reads it again first.
+    `stopped`: a resumed trace that must wait again was told to stop meanwhile, and ended
+    so as it went back to `waiting` (`lifecycle.wait`).
     """
     path = main_path(snapshot.messages, trace.head_sequence)
     if not path:
@@ -46,37 +54,39 @@ def opening(
             start.append(message)
         held.pending = start
         messages = [*snapshot.messages, *first]
-        return TraceSnapshot(trace, messages, snapshot.stop_requested, snapshot.pauses)
+        return replace(snapshot, trace=trace, messages=messages)
     if not start.ops and open_turn(path) is None:
-        return TraceSnapshot(trace, snapshot.messages, snapshot.stop_requested, snapshot.pauses)
+        return replace(snapshot, trace=trace)
     if start.ops:
         runtime.store.apply(start)
-    if not heal(runtime, trace, snapshot.messages):
-        lifecycle.wait(runtime, trace)
-        return "waiting"
-    return None
+    if (waits := heal(runtime, trace, snapshot.messages)) is not None:
+        if lifecycle.wait(runtime, trace).is_terminal:
+            return "stopped"  # a stop landed since `begin_run` read the flag (`wait`)
+        return waits
+    return ReadAgain()
 
 
-def heal(runtime: Runtime, trace: Trace, messages: list[Message]) -> bool:
-    """Heal a resumed trace's open turn; False while its children still run."""
+def heal(runtime: Runtime, trace: Trace, messages: list[Message]) -> Resumed | None:
+    """Heal a resumed trace's open turn; what it still waits on, None once healed."""
     turn = open_turn(main_path(messages, trace.head_sequence))
     if turn is None:
-        return True
-    waiting = False
-    for call in turn.missing:
-        waiting |= _settle(runtime, trace, call)
-    return not waiting
+        return None
+    waits: Resumed | None = None
+    for call in turn.missing:  # every call is settled, whatever the first waits on
+        waits = _settle(runtime, trace, call) or waits
+    return waits
 
 
-def _settle(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> bool:
-    """Collect or heal one unanswered call; True if its children are still running."""
+def _settle(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> Resumed | None:
+    """Collect or heal one unanswered call; what it waits on, if anything."""
     call_id = str(call["id"])
     name = str(call["function"]["name"])
-    if still_waiting(trace, call_id):
-        return True  # a person has not answered yet: a redelivered run waits again
+    if still_waiting(trace, call_id):  # a person has not answered yet: a redelivered run waits
+        asked = trace.run.waiting_on or {}
+        return OnApproval(call_id) if asked.get("kind") == approval.APPROVAL else OnPerson(call_id)
     if approval.approved(trace, call_id):
         _run_approved(runtime, trace, call)
-        return False
+        return None
     kids: list[str] = []
     if name in SUB_AGENT_TOOLS:
         kids = settling.call_children(runtime.store, trace.trace_id, call_id)
@@ -84,16 +94,16 @@ def _settle(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> bool:
         # Their collect was lost (or is still to come): settle it here if they all ended.
         match settling.settle(runtime, trace.trace_id, call_id, kids):
             case settling.Settled() | settling.AlreadyCollected():
-                return False
+                return None
             case settling.Waiting() if runtime.dispatcher.children_survive_restart:
-                return True
+                return OnChildren((call_id,))
             case settling.Waiting():
                 pass  # they died with this process: heal the call below
             case unreachable:
                 assert_never(unreachable)
     sub_id = kids[0] if kids else None
     runtime.store.append_message(healed_result(trace.trace_id, call, sub_id))
-    return False
+    return None
 
 
 def _run_approved(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> None:
@@ -102,8 +112,7 @@ def _run_approved(runtime: Runtime, trace: Trace, call: dict[str, Any]) -> None:
     The approval is taken off the trace before the tool runs: a crash while it runs
     leaves the call to be healed by the next run, never run a second time.
     """
-    metadata = {k: v for k, v in trace.metadata.items() if k != approval.APPROVED_KEY}
-    runtime.store.update_trace(trace.trace_id, metadata=metadata)
+    runtime.store.update_run(trace.trace_id, approved_call=None)
     function = call["function"]
     tool_call = ToolCall(str(call["id"]), str(function["name"]), str(function["arguments"]))
     result = run_plain(runtime, trace, tool_call)

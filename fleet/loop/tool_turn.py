@@ -6,24 +6,26 @@ The runner's `CallTools` step (`fleet.loop.runner`); the tools themselves run in
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import replace
 
 from fleet import lifecycle
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.llm.base import ToolCall
+from fleet.loop.steps import OnApproval, OnChildren, OnPerson
 from fleet.loop.toolcalls import execute_turn, plain_only
-from fleet.loop.turns import Turn, advanced
+from fleet.loop.turns import GoOn, ReadAgain, Turn, advanced
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import Append, WriteResult
+from fleet.storage.writes import Append
 
 
 def tool_turn(
     runtime: Runtime, turn: Turn, calls: tuple[ToolCall, ...]
-) -> TraceSnapshot | Literal["waiting"] | None:
+) -> GoOn | OnPerson | OnApproval | OnChildren:
     """Store the model turn, run its tools; the snapshot after them, if known without a read.
 
-    `waiting` while sub-agents run; None when the trace must be read again.
+    What the run waits on (a person, an approval, sub-agents still running), if anything;
+    `ReadAgain` when the trace must be read again.
     """
     store = runtime.store
     # The model turn is stored before its tools run: a crash heals them on resume. A
@@ -36,12 +38,12 @@ def tool_turn(
     written = tools.written
     if together and written is not None:
         stored, rest = written.messages[:own], written.messages[own:]
-        written = WriteResult(rest, written.stop_requested, written.pauses)
-    if tools.waiting:
-        return "waiting"
+        written = replace(written, messages=rest)
+    if tools.wait is not None:
+        return tools.wait
     if any(c.name in SUB_AGENT_TOOLS for c in calls):  # only spawns wait
         lifecycle.start(runtime, store.get_trace(turn.trace.trace_id))
-        return None
+        return ReadAgain()
     if written is None or stored[-1:] != turn.messages[-1:]:
-        return None  # another write changed the trace (a goal): read it
+        return ReadAgain()  # another write changed the trace (a goal): read it
     return advanced(TraceSnapshot(turn.trace, turn.messages, False), written)

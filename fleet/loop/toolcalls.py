@@ -8,10 +8,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from fleet import lifecycle
 from fleet.children import settling
-from fleet.children.cache import delegate_preset
-from fleet.children.subagents import AGENT_SCHEMA, EVALUATE_SCHEMA, delegate_cache_key, spawn
+from fleet.children.subagents import sub_agent_schemas
 from fleet.config.mcp_names import PREFIX as MCP_PREFIX
 from fleet.config.mcp_names import server_of
 from fleet.conversation import approval
@@ -22,17 +20,18 @@ from fleet.errors import HookBlocked, ToolError
 from fleet.goals import GOAL_TOOL_SCHEMA, apply_goal_action
 from fleet.history import SUB_AGENT_TOOLS
 from fleet.lifecycle.recorder import note_tool_failure
-from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
+from fleet.llm.timing import wall_ms
 from fleet.loop import memory_calls
 from fleet.loop.cut import stoppable
+from fleet.loop.results import write_result
+from fleet.loop.spawning import dispatch, sub_agents
+from fleet.loop.steps import OnApproval, OnChildren, OnPerson
 from fleet.memory.config import MEMORY_TOOLS
-from fleet.models import Content, Event, Message, Trace, now_ms
+from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
-from fleet.storage import outbox
-from fleet.storage.writes import Append, TraceWrite, WriteResult
+from fleet.storage.writes import Append, InboxSeen, TraceWrite, WriteResult
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.imagecheck import stored_ref
 from fleet.tools.registry import ToolRegistry
 
 _GOAL = {
@@ -55,16 +54,21 @@ _SCHEMAS = WeakKeyDictionary()
 class ToolTurn:
     """How one assistant turn's tool calls ended."""
 
-    waiting: bool
-    """Some sub-agent is still running: the run ends `waiting`, the collect resumes it."""
+    wait: OnPerson | OnApproval | OnChildren | None
+    """What the run ends waiting on (a person, an approval, sub-agents still running); None:
+    it goes on."""
     written: WriteResult | None
     """The results as written in one step (with the stop flag), when they are the only
     change to the trace; None when something else changed it too (a spawn, a goal), so
     the runner reads it again."""
 
 
-def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
+def tool_schemas(
+    runtime: Runtime, trace: Trace, seen: InboxSeen | None = None
+) -> list[dict[str, Any]]:
     """The tools this trace's model is offered: what its preset and mode allow.
+
+    `seen`: the inbox as the run's last round trip read it (None: it is counted here).
 
     The registry's schemas are deep-copied once per registry and tool set, not per turn;
     the dicts are shared between turns and threads, so callers must not change them.
@@ -87,11 +91,10 @@ def tool_schemas(runtime: Runtime, trace: Trace) -> list[dict[str, Any]]:
     if trace.mode == "main":
         # `agent` delegates to writing presets by default: a read-only trace is not offered
         # it (and `spawn` refuses a writing child if the model calls it anyway).
-        offered = (EVALUATE_SCHEMA,) if preset.read_only else (AGENT_SCHEMA, EVALUATE_SCHEMA)
-        schemas += [s for s in offered if preset.allows(s["function"]["name"])]
+        schemas += sub_agent_schemas(runtime, trace, preset)
     if may_ask(preset, trace):
         schemas.append(ASK_HUMAN_SCHEMA)
-    if inbox.offered(runtime, trace):
+    if inbox.offered(runtime, trace, seen):
         schemas.append(inbox.CHECK_MESSAGES_SCHEMA)
     if may_send(runtime, trace):
         schemas.append(SEND_MESSAGE_SCHEMA)
@@ -118,29 +121,30 @@ def execute_turn(
     """
     spawns: list[tuple[ToolCall, SpawnRequest]] = []
     results = (turn or TraceWrite(trace.trace_id, trace.root_trace_id)).read_pauses(pauses)
+    results.read_inbox()  # for the next call's `## Messages` and tools, with no read of its own
     person: tuple[ToolCall, str | None] | None = None  # a question, or an approval (None)
     for call in calls:
+        started_ms = wall_ms()  # its span: to the result's message (written at its end)
         outcome = _one_call(runtime, trace, call, results, first=person is None)
         if isinstance(outcome, SpawnRequest):
             spawns.append((call, outcome))
         elif isinstance(outcome, ToolResult):
-            write_result(runtime, results, call, outcome)
+            write_result(runtime, results, call, outcome, started_at_ms=started_ms)
             runtime.hooks.tool_finished(trace, call, outcome)
             if outcome.is_error and outcome.title.endswith(" failed") and trace.memory:
                 note_tool_failure(runtime, trace, call.name, outcome.output)
         else:
             person = (call, outcome.question)
     written = runtime.store.apply(results) if results.ops else None
-    if person is not None:
-        _wait_on_person(runtime, trace, *person)
+    waits = _wait_on_person(runtime, trace, *person) if person is not None else None
     runtime.hooks.turn_ended(trace, trace.iteration)
     if not spawns:
-        if person is not None:
-            return ToolTurn(waiting=True, written=None)
         changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
-        return ToolTurn(waiting=False, written=None if changed else written)
-    _dispatch(runtime, trace, spawns)
-    return ToolTurn(not settling.turn_complete(runtime.store, trace.trace_id), None)
+        return ToolTurn(waits, None if changed or waits else written)
+    dispatch(runtime, trace, spawns)
+    if settling.turn_complete(runtime.store, trace.trace_id):
+        return ToolTurn(waits, None)
+    return ToolTurn(waits or OnChildren(tuple(call.id for call, _ in spawns)), None)
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,7 @@ def _one_call(
         asked = _question(runtime, trace, _persisted(runtime, call), first=first)
         return _Person(asked) if isinstance(asked, str) else asked
     if call.name in SUB_AGENT_TOOLS:
-        return _sub_agents(runtime, trace, _persisted(runtime, call))
+        return sub_agents(runtime, trace, _persisted(runtime, call))
     if call.name == "goal":
         return _goal(runtime, trace, _persisted(runtime, call))
     if call.name in MEMORY_TOOLS:  # the tree's bound namespaces, never one the model names
@@ -184,12 +188,18 @@ def _one_call(
     return run_plain(runtime, trace, call)
 
 
-def _wait_on_person(runtime: Runtime, trace: Trace, call: ToolCall, question: str | None) -> None:
+def _wait_on_person(
+    runtime: Runtime, trace: Trace, call: ToolCall, question: str | None
+) -> OnPerson | OnApproval:
+    waits: OnPerson | OnApproval
     if question is None:
         approval.request(runtime, trace, call)
+        waits = OnApproval(call.id)
     else:
         ask(runtime, trace, call.id, question)
+        waits = OnPerson(call.id)
     runtime.hooks.tool_finished(trace, call, None)
+    return waits
 
 
 def plain_only(runtime: Runtime, trace: Trace, calls: tuple[ToolCall, ...]) -> bool:
@@ -220,98 +230,6 @@ def _persisted(runtime: Runtime, call: ToolCall) -> ToolCall:
     """
     arguments = runtime.redactor.values_only(call.arguments)
     return call if arguments == call.arguments else replace(call, arguments=arguments)
-
-
-def _sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
-    """Children to dispatch, or the result at once (cached answer, refusal)."""
-    try:
-        _check_may_spawn(runtime, trace, call)
-        if (cached := _cached(runtime, trace, call)) is not None:
-            return cached
-        widest = runtime.preset(trace.preset).max_branches or runtime.settings.max_branches
-        check_spawn(trace, call, max_branches=widest, budgets=runtime.gate.budgets)
-        return _spawn(runtime, trace, call)
-    except ToolError as exc:
-        return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
-
-
-def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
-    """Create the children, recorded in the outbox first when a task queue runs them.
-
-    If this process dies (or the broker refuses the chord) between creating the children
-    and handing them over, a sweeper finds the entry and dispatches them (`fleet.storage.outbox`).
-    """
-    if not runtime.dispatcher.children_survive_restart:
-        return spawn(runtime, trace, call)
-    entry = outbox.spawn_entry(trace.trace_id, call.id)
-    runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
-    try:
-        return spawn(runtime, trace, call)
-    except ToolError:
-        runtime.store.outbox_done(entry)  # no child was created
-        raise
-
-
-def _dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnRequest]]) -> None:
-    # Waiting is written before dispatch: a fast chord may collect before we return.
-    # Stopped while this turn's model call ran: the trace and its new children end stopped.
-    children = [c for _, request in spawns for c in request.child_ids]
-    stopped = lifecycle.wait(runtime, trace, children).is_terminal
-    for call, request in spawns:
-        if stopped:
-            _drop(runtime, trace, request)
-        else:
-            _hand_over(runtime, trace, request)
-            for child in request.children:
-                runtime.hooks.child_spawned(trace, child)
-        runtime.hooks.tool_finished(trace, call, None)
-
-
-def _drop(runtime: Runtime, trace: Trace, request: SpawnRequest) -> None:
-    """Children born stopped are not sent; their outbox entry, if any, is done."""
-    if runtime.dispatcher.children_survive_restart:
-        runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))
-
-
-def _hand_over(runtime: Runtime, trace: Trace, request: SpawnRequest) -> None:
-    """Dispatch; on a task queue, a refused chord stays in the outbox for a sweeper."""
-    if not runtime.dispatcher.children_survive_restart:
-        runtime.dispatcher.dispatch(runtime, request)
-        return
-    try:
-        runtime.dispatcher.dispatch(runtime, request)
-    except Exception:  # the broker refused: the outbox entry stays, a sweeper sends them
-        count = len(request.children)
-        log.warning(
-            "dispatch of %d children of %r failed; a sweeper will retry",
-            count,
-            trace.trace_id,
-            exc_info=True,
-        )
-        return
-    runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))
-
-
-def _cached(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult | None:
-    """A delegate call answered from the result cache of its preset, if any."""
-    found = delegate_preset(call)
-    if found is None or found[0] not in runtime.presets:
-        return None
-    key = delegate_cache_key(runtime, trace, found[0], found[1])
-    hit = runtime.store.cache_get(key) if key else None
-    if hit is None:
-        return None
-    return ToolResult(title="agent (cached)", output=hit, metadata={"cached": True})
-
-
-def _check_may_spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> None:
-    """Sub-agents never start sub-agents, and the trace's permissions must allow the tool."""
-    preset = runtime.permissions(trace)
-    if trace.mode != "main" or not preset.allows(call.name):
-        raise ToolError(
-            f"tool {call.name!r} is not allowed for preset {preset.name!r} in a {trace.mode} "
-            "trace (sub-agents cannot start sub-agents)"
-        )
 
 
 def _goal(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
@@ -359,42 +277,3 @@ def run_plain(runtime: Runtime, trace: Trace, call: ToolCall) -> ToolResult:
     return stoppable(
         runtime, trace.trace_id, lambda: runtime.tools.execute(call.name, arguments, ctx, allowed)
     )
-
-
-def write_result(runtime: Runtime, results: TraceWrite, call: ToolCall, result: ToolResult) -> None:
-    """Add the call's result, the worker's secrets masked, to `results` (not applied)."""
-    content: Content = None
-    if result.images:  # stored once per tree; the message names them, never holds them
-        try:
-            refs = [stored_ref(runtime.images, results.root_trace_id, i) for i in result.images]
-            content = [{"type": "text", "text": ""}, *refs]
-        except ToolError as exc:  # the tree's image cap: the model is told, the run goes on
-            result = ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
-    # A tool may have read one of the worker's secrets (a file, a response): never stored.
-    scrub = runtime.redactor.values_only
-    memory = scrub(result.long_term_memory) if result.long_term_memory else None
-    event = Event(
-        kind="message",
-        trace_id=results.trace_id,
-        data={"role": "tool", "tool": call.name, "is_error": result.is_error},
-    )
-    output = scrub(result.output)
-    if isinstance(content, list):
-        content[0]["text"] = output
-    results.append(
-        Message(
-            trace_id=results.trace_id,
-            role="tool",
-            tool_call_id=call.id,
-            name=call.name,
-            content=output if content is None else content,
-            long_term_memory=memory,
-            metadata={"title": result.title, "is_error": result.is_error, **_carried(result)},
-        ),
-        event,
-    )
-
-
-def _carried(result: ToolResult) -> dict[str, Any]:
-    """What a result's metadata keeps on its message: `check_messages`' read cursor."""
-    return {k: result.metadata[k] for k in (inbox.READ_KEY, "delivered") if k in result.metadata}

@@ -11,35 +11,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from fleet import lifecycle
-from fleet.batchapi.route import BATCHED, Parked, route_of
-from fleet.children.warming import warming
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.history import main_path, to_wire
-from fleet.limits.gate import FINAL_NOTE, Go, Spent, Wait, request_chars
+from fleet.limits.gate import FINAL_NOTE, Go, Wait
 from fleet.llm.base import LLMResponse, ToolCall
 from fleet.llm.caching import cache_key
-from fleet.llm.fallback import FALLBACKS_KEY, next_model, switch_entry
-from fleet.loop.batched import park_turn, taken
+from fleet.llm.fallback import next_model, switch_entry
+from fleet.llm.timing import CALL_SPAN_KEY, Attempt, CallTiming, recording_attempts, wall_ms
 from fleet.loop.context import injection
 from fleet.loop.cut import CallCut, call_watch, cuttable, estimated
-from fleet.loop.images import prepared
 from fleet.loop.steps import Step
-from fleet.loop.toolcalls import tool_schemas
 from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import TraceWrite, WriteResult
+from fleet.storage.writes import InboxSeen, TraceWrite, WriteResult
 
-TRANSIENT_RETRIES_KEY = "transient_retries"
-"""Trace metadata: how often a provider error handed the run back to be run later."""
 FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
-OVERLOADS_KEY = "overloads"
-"""Trace metadata: how often a provider's 429/503/529 handed the run back (fleet pause)."""
 OVERLOADS_PER_RETRY = 10
 
 log = logging.getLogger(__name__)
@@ -61,7 +52,8 @@ Outcome = Literal[
 `throttled`: a provider limit said "not now"; the trace is queued again, to be run in
 `RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
 was left to lapse, and a sweeper resumes the trace once the store is back. `parked`: the
-turn's model call waits in a provider batch (`fleet.batchapi`); the poller resumes it."""
+turn's model call waits in a provider batch (`fleet.batchapi`), or a remote child waits on
+its A2A task or a person (`fleet.remote`); a poller (or `fleet reply`) sends it again."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +125,15 @@ class Turn:
     """The pause keys the next model call checks: the turn's last write reads them."""
 
 
+@dataclass(frozen=True)
+class ReadAgain:
+    """The run goes on from a fresh read of the trace (something else changed it too)."""
+
+
+GoOn = TraceSnapshot | ReadAgain
+"""Where the next turn starts: a snapshot known without a read, or a fresh read."""
+
+
 def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
     """The snapshot after a write appended these messages (as a fresh read would show it)."""
     trace = snapshot.trace
@@ -140,7 +141,7 @@ def advanced(snapshot: TraceSnapshot, written: WriteResult) -> TraceSnapshot:
         last = written.messages[-1].sequence
         trace = trace.model_copy(update={"head_sequence": last, "last_sequence": last})
     messages = [*snapshot.messages, *written.messages]
-    return TraceSnapshot(trace, messages, written.stop_requested, written.pauses)
+    return TraceSnapshot(trace, messages, written.stop_requested, written.pauses, written.inbox)
 
 
 def numbered(trace: Trace, messages: list[Message]) -> tuple[Trace, list[Message]]:
@@ -171,10 +172,20 @@ def recorded(trace: Trace, message: Message) -> Trace:
     return trace.model_copy(update=update)
 
 
-def note(runtime: Runtime, trace: Trace, messages: list[Message], *, final: bool) -> Message | None:
-    """What this turn adds before the call: the budget's last word, or an injection."""
+def note(
+    runtime: Runtime,
+    trace: Trace,
+    messages: list[Message],
+    *,
+    final: bool,
+    seen: InboxSeen | None = None,
+) -> Message | None:
+    """What this turn adds before the call: the budget's last word, or an injection.
+
+    `seen`: the inbox as the run's last round trip read it (None: not read).
+    """
     if not final:
-        return injection(runtime, trace, messages)
+        return injection(runtime, trace, messages, seen)
     note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
     note.metadata["injected"] = True
     return note
@@ -188,11 +199,13 @@ def call_model(
     wire: list[dict[str, Any]],
     tools: list[dict[str, Any]],
     shown: list[dict[str, Any]] | None = None,
+    seen: InboxSeen | None = None,
 ) -> LLMResponse | Wait:
     """The model call on its booked turn, settled with the gate whatever happens.
 
     `shown`: the request as hooks see it, when it differs from what is sent (images as
-    their references: an operator's hook or a span never holds an image's bytes).
+    their references: an operator's hook or a span never holds an image's bytes). `seen`:
+    the inbox entry an interrupting message must come after (None: the watcher reads it).
     """
     if go.wait_s > 0:
         time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
@@ -208,10 +221,14 @@ def call_model(
     except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
         gate.after(go, None, None)
         raise
-    client, temperature = runtime.client(model_name), runtime.preset(trace.preset).temperature
+    client, temperature = runtime.client(model_name), runtime.temperature(trace)
+    started_ms, attempts = wall_ms(), list[Attempt]()
     try:
-        with call_watch(runtime, trace.trace_id) as watch:  # a stop or interrupt cuts it
-            response = cuttable(
+        with (
+            call_watch(runtime, trace.trace_id, seen=seen) as watch,
+            recording_attempts(attempts),
+        ):
+            response = cuttable(  # a stop or interrupt cuts it
                 watch,
                 lambda: client.complete(
                     wire,
@@ -221,6 +238,7 @@ def call_model(
                     cache_key=cache_key(trace.root_trace_id, trace.preset),
                 ),
             )
+        response = replace(response, timing=CallTiming(started_ms, wall_ms(), tuple(attempts)))
     except CallCut as exc:  # settled with its estimate, once: nothing of it is written
         hooks.model_failed(trace, exc)
         gate.after(go, estimated(go), None)
@@ -231,59 +249,11 @@ def call_model(
     except BaseException as exc:
         hooks.model_failed(trace, exc)
         gate.after(go, None, None)
+        if isinstance(exc, TransientLLMError):  # its attempts go with the hand-back's event
+            exc.attempts = tuple(a.as_dict() for a in attempts)
         raise
     gate.after(go, response, int((time.monotonic() - started) * 1000))
     return response
-
-
-def ask_model(
-    runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
-) -> Answered | Wait | Spent | Parked:
-    """The model call of a turn: booked with the gate, the request fitted, then sent."""
-    trace, messages = snapshot.trace, snapshot.messages
-    if (warm := warming(runtime.store, trace)) is not None:  # the first branch goes first
-        return warm
-    tools = tool_schemas(runtime, trace)
-    path = main_path(messages, trace.head_sequence)
-    chars = request_chars(path, tools)
-    route = route_of(trace, path)  # live, or through a provider batch (`fleet.batchapi`)
-    batched = route in BATCHED
-    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched)
-    if not isinstance(verdict, Go):
-        return verdict
-    if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
-        route = "live"
-    # A parked turn wrote its note when it first parked: not twice.
-    if (
-        route in ("live", "fresh")
-        and (extra := note(runtime, trace, messages, final=verdict.budget.final)) is not None
-    ):
-        if held.pending is not None:  # the first messages go first
-            runtime.store.apply(held.pending)
-            held.pending = None
-        stored = runtime.store.append_message(extra)
-        messages = [*messages, stored]
-        trace = trace.model_copy(
-            update={"head_sequence": stored.sequence, "last_sequence": stored.sequence}
-        )
-        path = main_path(messages, trace.head_sequence)
-    response = taken(runtime, trace, verdict, path) if route == "answered" else None
-    if response is None:
-        trace, request = prepared(runtime, trace, model_name, to_wire(path), tools)
-        if route in BATCHED:
-            if held.pending is not None:  # a fresh trace's first messages go first
-                runtime.store.apply(held.pending)
-                held.pending = None
-            return park_turn(runtime, trace, verdict, (request.sent, tools), route)
-        called = call_model(
-            runtime, trace, model_name, verdict, request.sent, tools, shown=request.shown
-        )
-        if isinstance(called, Wait):
-            return called
-        response = called
-    runtime.hooks.model_responded(trace, response)
-    final = verdict.budget.final
-    return Answered(trace, messages, path, response, model_name, final, batched=route != "live")
 
 
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
@@ -301,10 +271,10 @@ def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded)
         and switch_model(runtime, trace, exc)
     ):
         return Wait(0.0, "model fallback")  # the runner queues it again, on the fallback
-    count = int(trace.metadata.get(OVERLOADS_KEY, 0)) + 1
+    count = trace.run.overloads + 1
     if count > OVERLOADS_PER_RETRY * runtime.settings.transient_retries:
         raise exc
-    runtime.store.update_trace(trace.trace_id, metadata={**trace.metadata, OVERLOADS_KEY: count})
+    runtime.store.update_run(trace.trace_id, overloads=count)
     return wait
 
 
@@ -331,6 +301,7 @@ def model_message(
         cost_usd=response.usage.cost_usd,
         cached_tokens=response.usage.cached_tokens,
         cache_write_tokens=response.usage.cache_write_tokens,
+        metadata={CALL_SPAN_KEY: response.timing.as_dict()} if response.timing else {},
     )
 
 
@@ -346,35 +317,41 @@ def fall_back(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> Wait | 
 
 
 def switch_model(runtime: Runtime, trace: Trace, exc: TransientLLMError) -> str | None:
-    """Set the trace's model to the next fallback alias, recorded in its metadata."""
+    """Set the trace's model to the next fallback alias, recorded in `run.model_fallbacks`."""
     current = runtime.model_name(trace.model, trace.preset)
-    switches = list(trace.metadata.get(FALLBACKS_KEY, []))
-    fallback = next_model(runtime.config.models, current, switches)
+    switches = trace.run.model_fallbacks
+    fallback = next_model(runtime.config.models, current, [s.from_model for s in switches])
     if fallback is None:
         return None
     entry = switch_entry(current, fallback, runtime.redactor.values_only(str(exc)))
-    metadata = {**trace.metadata, FALLBACKS_KEY: [*switches, entry]}
-    runtime.store.update_trace(trace.trace_id, model=fallback, metadata=metadata)
+    write = TraceWrite(trace.trace_id, trace.root_trace_id).update(None, model=fallback)
+    runtime.store.apply(write.update_run(model_fallbacks=[*switches, entry]))
     runtime.store.count_fallback(current, fallback)
     log.warning("run of %r: model %r failed, falling back to %r", trace.trace_id, current, fallback)
     return fallback
 
 
-def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | str:
+@dataclass(frozen=True)
+class GaveUp:
+    """A provider error outlasted every re-run: the trace fails with `error`."""
+
+    error: str
+
+
+def hand_back(runtime: Runtime, trace_id: str, exc: TransientLLMError) -> Wait | GaveUp:
     """A provider error the client's retries did not fix: queued again to run later.
 
-    At most `Settings.transient_retries` times per trace (counted in its metadata, so a
+    At most `Settings.transient_retries` times per trace (counted in its run state, so a
     worker restart does not reset it); then the error to fail the trace with.
     """
     trace = runtime.store.get_trace(trace_id)
     if (moved := fall_back(runtime, trace, exc)) is not None:
         return moved
-    tries = int(trace.metadata.get(TRANSIENT_RETRIES_KEY, 0))
+    tries = trace.run.transient_retries
     if tries >= runtime.settings.transient_retries:
-        return f"{exc} (gave up after {tries} re-runs)"
-    metadata = {**trace.metadata, TRANSIENT_RETRIES_KEY: tries + 1}
-    runtime.store.update_trace(trace_id, metadata=metadata)
+        return GaveUp(f"{exc} (gave up after {tries} re-runs)")
+    runtime.store.update_run(trace_id, transient_retries=tries + 1)
     delay_s = min(MAX_RETRY_DELAY_S, FIRST_RETRY_DELAY_S * 2**tries)
-    lifecycle.requeue(runtime, trace, "provider error", delay_s)
+    lifecycle.requeue(runtime, trace, "provider error", delay_s, attempts=exc.attempts)
     log.warning("run of %r handed back after %s; again in %.0f s", trace_id, exc, delay_s)
     return Wait(delay_s, "provider error")

@@ -81,7 +81,7 @@ class Hooks:
     def child_context(self, parent: Trace, tool_call_id: str) -> dict[str, str]:
         """Propagation fields for a child that this tool call spawns, kept on the child.
 
-        Stored under the child's `metadata["otel"]`, so a run of the child on any machine,
+        Stored as the child's `run.otel`, so a run of the child on any machine,
         redelivered or resumed, continues its parent's distributed trace.
         """
         return {}

@@ -6,7 +6,7 @@ per tool call, with the GenAI semantic-convention attributes and the fleet's ids
 
 Across machines the context travels in the trace, not in process memory: a child trace
 carries the W3C `traceparent` of its parent's `execute_tool agent` span in
-`metadata["otel"]` (written when the child is created), so every run of the child — on any
+`run.otel` (written when the child is created), so every run of the child — on any
 worker, redelivered, or continued later — is that span's child. A root keeps the context of
 its first run the same way, so a resumed parent continues the same distributed trace.
 """
@@ -25,16 +25,12 @@ from opentelemetry import propagate
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 
 from fleet.llm.base import LLMResponse, ToolCall
-from fleet.llm.fallback import FALLBACKS_KEY
 from fleet.models import Trace, text_of
 from fleet.observe.hooks import Hooks
 from fleet.storage.store import TraceStore
 from fleet.tools.base import ToolResult
 
 log = logging.getLogger(__name__)
-
-CONTEXT_KEY = "otel"
-"""Where a trace keeps the propagation fields its runs continue from (`Trace.metadata`)."""
 
 
 @dataclass
@@ -72,8 +68,8 @@ class OtelHooks(Hooks):
 
     def run_started(self, trace: Trace) -> None:
         """Open `invoke_agent {name}` under the trace's stored context (or a new trace)."""
-        carrier = trace.metadata.get(CONTEXT_KEY)
-        parent = propagate.extract(carrier) if isinstance(carrier, dict) else None
+        carrier = trace.run.otel
+        parent = propagate.extract(carrier) if carrier is not None else None
         name = trace.name or trace.mode
         span = self._tracer.start_span(
             f"invoke_agent {name}",
@@ -92,9 +88,8 @@ class OtelHooks(Hooks):
             self._runs[trace.trace_id] = _Run(span)
         if parent is None and trace.parent_trace_id is None:
             # A root's first run: later runs (after its children) continue this trace.
-            metadata = {**trace.metadata, CONTEXT_KEY: _inject(span)}
             try:
-                self._store.update_trace(trace.trace_id, metadata=metadata)
+                self._store.update_run(trace.trace_id, otel=_inject(span))
             except Exception:  # tracing must never fail a run: its resume starts a new trace
                 log.warning("could not keep the trace context of %r", trace.trace_id)
 
@@ -118,7 +113,7 @@ class OtelHooks(Hooks):
         if error is not None:
             _fail(span, type(error).__qualname__, end=False)
         elif run.final is not None and run.final.status != "completed":
-            reason = str(run.final.metadata.get("stop_reason") or run.final.status)
+            reason = str(run.final.run.stop_reason or run.final.status)
             _fail(span, reason, end=False)
         span.end()
 
@@ -253,12 +248,12 @@ def _fleet_attributes(trace: Trace) -> dict[str, str]:
 
 def _fallback_attributes(trace: Trace) -> dict[str, Any]:
     """On a call made by a fallback model: which model it stands in for, after how many."""
-    switches = trace.metadata.get(FALLBACKS_KEY)
-    if not isinstance(switches, list) or not switches or not isinstance(switches[0], dict):
+    switches = trace.run.model_fallbacks
+    if not switches:
         return {}
     return {
         "fleet.model.fallback": True,
-        "fleet.model.fallback_from": str(switches[0].get("from", "")),
+        "fleet.model.fallback_from": switches[0].from_model,
         "fleet.model.fallback_count": len(switches),
     }
 

@@ -114,6 +114,10 @@ class AgentPreset:
     others call (`fleet.children.warming`); None: fleet.yaml's `warm_explore`."""
     memory: MemoryUse = NO_MEMORY
     """`memory:` what it does with the tree's long-term memory (`fleet.memory.config`)."""
+    remote_agents: frozenset[str] | None = None
+    """`remote_agents:` the A2A agents of fleet.yaml it may call; None means every one."""
+    a2a: bool = False
+    """`a2a: true`: `fleet a2a` offers it as a skill of the fleet's Agent Card."""
 
     def allows(self, tool: str) -> bool:
         """Whether this preset lets the agent call `tool` (MCP tools: `fleet.config.mcp_names`)."""
@@ -257,6 +261,8 @@ class _PresetFrontmatter(BaseModel):
     mcp: list[str] | None = None
     warm_explore: bool | None = None
     memory: Access | MemorySectionIn | None = None
+    remote_agents: list[str] | None = None
+    a2a: bool = False
 
 
 def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> AgentPreset:
@@ -307,6 +313,8 @@ def load_preset_file(path: Path, known_tools: Collection[str] = TOOL_NAMES) -> A
         mcp_servers=None if front.mcp is None else frozenset(front.mcp),
         warm_explore=front.warm_explore,
         memory=memory,
+        remote_agents=None if front.remote_agents is None else frozenset(front.remote_agents),
+        a2a=front.a2a,
     )
 
 

@@ -81,3 +81,25 @@ def agents_dir_of(env: Mapping[str, str]) -> Path | None:
     The one reader: `Settings.from_env` and `fleet.presets.load_presets` without a folder.
     """
     return user_path(env.get(AGENTS_DIR_ENV))
+
+
+TRACE_ID_FIELD = "{trace_id}"
+
+
+def trace_url_template(value: str | None) -> str | None:
+    """FLEET_TRACE_URL_TEMPLATE: an http(s) URL with `{trace_id}`, or None when unset.
+
+    Raises:
+        ConfigError: a template that is not http(s) or names no `{trace_id}`.
+    """
+    value = (value or "").strip()
+    if not value:
+        return None
+    if not value.startswith(("http://", "https://")) or TRACE_ID_FIELD not in value:
+        raise ConfigError(
+            f"FLEET_TRACE_URL_TEMPLATE={value!r}: expected an http(s) URL with {TRACE_ID_FIELD}"
+            " in it, e.g. http://127.0.0.1:8600/?trace={trace_id}"
+        )
+    if any(c.isspace() or c in "\"'<>" for c in value):
+        raise ConfigError(f"FLEET_TRACE_URL_TEMPLATE={value!r}: no spaces, quotes or brackets")
+    return value

@@ -8,7 +8,8 @@ that ended is compacted as it leaves the index (`redis_compact.compact_tree`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from fleet.models import now_ms
 from fleet.storage import keys
@@ -30,10 +31,31 @@ class RedisOwnerIndex:
         self._client = store.client
         self._retention_s = retention_s
         self._compact_left = COMPACT_PER_CHECK
+        self._last_ms: dict[str, int | None] = {}
+        """The newest event of each root of the page being checked."""
 
     def open_trees(self, limit: int) -> list[str]:
         """Up to `limit` open roots, oldest first."""
         return [str(r) for r in self._client.zrange(keys.OPEN_TREES, 0, limit - 1)]
+
+    def open_tree_pages(self, page_size: int) -> Iterator[list[str]]:
+        """Every open root once, a page at a time.
+
+        ZSCAN: a tree in the index from the first page to the last is in one of them,
+        however the index changes meanwhile (one it returns twice is given once). Each
+        page's newest events are read in one round trip (`last_event_ms` answers from them).
+        """
+        cursor: int | None = None
+        seen: set[str] = set()
+        while cursor != 0:
+            cursor, found = self._client.zscan(keys.OPEN_TREES, cursor or 0, count=page_size)
+            page = [r for r in dict.fromkeys(str(root) for root, _ in found) if r not in seen]
+            seen.update(page)
+            pipe = self._client.pipeline(transaction=False)
+            for root in page:
+                pipe.xrevrange(keys.events(root), count=1)
+            self._last_ms = {r: _newest_ms(n) for r, n in zip(page, pipe.execute(), strict=True)}
+            yield page
 
     def untrack_tree(self, root_trace_id: str) -> None:
         """The tree ended (or expired): compacted, then no longer checked.
@@ -57,12 +79,19 @@ class RedisOwnerIndex:
 
     def last_event_ms(self, root_trace_id: str) -> int | None:
         """When the tree last changed (its newest event), None if it has no events."""
-        newest = self._client.xrevrange(keys.events(root_trace_id), count=1)
-        return int(str(newest[0][0]).split("-")[0]) if newest else None
+        if root_trace_id in self._last_ms:  # read with its page
+            return self._last_ms[root_trace_id]
+        newest: Any = self._client.xrevrange(keys.events(root_trace_id), count=1)
+        return _newest_ms(newest)
 
     def claim_check(self, owner: str, ttl_ms: int) -> bool:
         """True for exactly one caller per `ttl_ms` across the fleet."""
         return bool(self._client.set(keys.OWNER_CHECK, owner, nx=True, px=ttl_ms))
+
+
+def _newest_ms(newest: list[Any]) -> int | None:
+    """The time of the one entry an `XREVRANGE ... COUNT 1` read, if any."""
+    return int(str(newest[0][0]).split("-")[0]) if newest else None
 
 
 class MemoryOwnerIndex:
@@ -75,6 +104,11 @@ class MemoryOwnerIndex:
 
     def open_trees(self, limit: int) -> list[str]:  # noqa: D102
         return self._store.tracked_trees()[:limit]
+
+    def open_tree_pages(self, page_size: int) -> Iterator[list[str]]:  # noqa: D102
+        roots = self._store.tracked_trees()
+        for start in range(0, len(roots), page_size):
+            yield roots[start : start + page_size]
 
     def untrack_tree(self, root_trace_id: str) -> None:  # noqa: D102
         self._store.untrack_tree(root_trace_id)

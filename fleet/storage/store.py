@@ -13,33 +13,21 @@ from fleet.models import (
     Status,
     Trace,
     TracePatch,
+    TraceStats,
     WorkerPresence,
 )
+from fleet.runstate import RunPatch
 from fleet.storage.capability import Capability, T
 from fleet.storage.keys import CounterName
 from fleet.storage.writes import (
-    AddStats,
-    Append,
-    Emit,
+    InboxSeen,
     PauseRead,
-    PutCollaborator,
-    ReleaseLease,
-    SetFields,
     TraceWrite,
-    WriteExtension,
-    WriteOp,
     WriteResult,
 )
 
-STATS_FIELDS = (
-    "messages",
-    "prompt_tokens",
-    "completion_tokens",
-    "cost_usd",
-    "duration_ms",
-    "cached_tokens",
-    "cache_write_tokens",
-)
+STATS_FIELDS = tuple(TraceStats.model_fields)
+"""The `TraceStats` counters, each added to on its own (`add_stats`)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +40,8 @@ class TraceSnapshot:
     stop_requested: bool
     pauses: PauseRead | None = None
     """Provider pauses read in the same step (`begin_run`, a write), for the next call."""
+    inbox: InboxSeen | None = None
+    """The inbox read in the same step (`begin_run`, a write); None: not read, ask it."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +102,10 @@ class TraceRecords(Protocol):
         self, trace_id: str, root_trace_id: str, event: Event, /, **fields: Unpack[TracePatch]
     ) -> None:
         """`update_trace` and `emit` in one atomic step."""
+        ...
+
+    def update_run(self, trace_id: str, **fields: Unpack[RunPatch]) -> None:
+        """Set these run-state fields (`fleet.runstate`), each on its own: never the whole."""
         ...
 
     def snapshot(self, trace_id: str) -> TraceSnapshot:
@@ -358,41 +352,3 @@ class TraceStore(TraceRecords, TraceContent, StopsAndWaits, Leases, Outbox, Serv
     A caller annotates the narrowest role it needs; a host (a runtime, a fleet) holds the
     whole store. `MemoryStore` and `RedisStore` implement it all.
     """
-
-
-def apply_one_by_one(store: TraceStore, write: TraceWrite) -> WriteResult:
-    """Apply a write through the store's single-purpose methods, in order.
-
-    `MemoryStore.apply` holds its lock around this, which makes it one atomic step; the
-    Redis store runs the same ops in one script instead.
-    """
-    if any(isinstance(op, WriteExtension) for op in write.ops):  # a Redis host's Lua
-        raise TypeError(
-            "a write extension needs a Redis store (fleet.storage.backends.redis.store)"
-        )
-    stored = [m for op in write.ops if (m := _apply_op(store, write, op)) is not None]
-    return WriteResult(stored, store.stop_requested(write.trace_id))
-
-
-def _apply_op(store: TraceStore, write: TraceWrite, op: WriteOp) -> Message | None:
-    root = write.root_trace_id
-    match op:
-        case Append(message=message, event=None):
-            return store.append_message(message)
-        case Append(message=message, event=Event() as event, iteration=iteration):
-            return store.record_turn(root, message, event, iteration=iteration)
-        case SetFields(fields=fields, event=None):
-            store.update_trace(write.trace_id, **fields)
-        case SetFields(fields=fields, event=Event() as event):
-            store.update_trace_and_emit(write.trace_id, root, event, **fields)
-        case AddStats(deltas=deltas):
-            store.add_stats(write.trace_id, **deltas)
-        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=None):
-            store.put_collaborator(parent, entry)
-        case PutCollaborator(parent_trace_id=parent, collaborator=entry, event=Event() as event):
-            store.put_collaborator_and_emit(parent, root, entry, event)
-        case Emit(event=event):
-            store.emit(root, event)
-        case ReleaseLease(owner=owner):
-            store.release_lease(write.trace_id, owner)
-    return None

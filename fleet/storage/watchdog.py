@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import get_args
@@ -19,6 +19,7 @@ from typing import get_args
 from fleet.errors import ConfigError, NoLiveWorkers
 from fleet.models import Mode
 from fleet.security import trust
+from fleet.storage.backends.redis.connect import redact_url
 from fleet.storage.store import Leases, TraceStore
 
 CHECK_INTERVAL_S = 2.0
@@ -94,4 +95,19 @@ def check_served(store: Leases, queue: str | None, workspace: Path) -> None:
         f"workspace {str(workspace)!r} is outside the workspace roots of every live worker on"
         f" {queue!r} ({roots}); start them with {trust.WORKSPACE_ROOTS_ENV} covering it, or"
         " use a workspace under one of those roots"
+    )
+
+
+def require_a_fleet(store: Leases, queues: Iterable[str | None], redis_url: str) -> None:
+    """`NoLiveWorkers` unless a live worker consumes one of `queues` (reads only).
+
+    Asked of a Redis nobody chose (the default URL) before anything is written there.
+    """
+    if any(store.live_consumers(queue) for queue in queues if queue):
+        return
+    raise NoLiveWorkers(
+        f"no fleet runs at {redact_url(redis_url)} (the default Redis: FLEET_REDIS_URL is"
+        " unset and no `fleet up` runs for this directory or above it); nothing was"
+        " written there: run this below the directory of a `fleet up`, or set"
+        " FLEET_REDIS_URL (`fleet env` prints the exports)"
     )

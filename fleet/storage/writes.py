@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 from fleet.models import Collaborator, Event, Message, TracePatch
+from fleet.runstate import RunPatch
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,13 @@ class SetFields:
 
     fields: TracePatch
     event: Event | None = None
+
+
+@dataclass(frozen=True)
+class SetRun:
+    """Set run-state fields, each on its own (as `update_run`): never the whole run state."""
+
+    fields: RunPatch
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,9 @@ class WriteExtension:
     reply: Any = None
 
 
-WriteOp = SetFields | Append | AddStats | PutCollaborator | Emit | ReleaseLease | WriteExtension
+WriteOp = (
+    SetFields | SetRun | Append | AddStats | PutCollaborator | Emit | ReleaseLease | WriteExtension
+)
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,19 @@ class PauseRead:
         return max(0.0, longest_ms / 1000 - (time.monotonic() - self.read_at_s))
 
 
+@dataclass(frozen=True)
+class InboxSeen:
+    """A trace's inbox as a round trip the run made anyway saw it (`fleet.storage.inbox`).
+
+    Entries are never removed while the trace lives, so `newest` None means no message
+    ever came; a message that comes after the read is found by the next write's read, or
+    by the call watcher (`fleet.loop.cut`) while a call is in flight.
+    """
+
+    newest: str | None
+    """The newest entry's id when read; None: the inbox is empty."""
+
+
 @dataclass
 class TraceWrite:
     """Writes to one trace (and its parent's collaborator entry), in order."""
@@ -132,6 +155,11 @@ class TraceWrite:
     ops: list[WriteOp] = field(default_factory=list)
     pauses: tuple[str, ...] = ()
     """Pause keys to read in the same step (`WriteResult.pauses`): the next call's."""
+    inbox: bool = False
+    """Read the trace's inbox (its newest entry) in the same step (`WriteResult.inbox`)."""
+    unless_stopped: bool = False
+    """Refuse the whole write (`StopLanded`, nothing written) if a stop was requested: a
+    run's last write, so a stop that landed as its last call returned ends it `stopped`."""
     _parent: str | None = field(default=None, init=False, repr=False, compare=False)
     """The parent whose collaborators `ops` write, if any: checked per entry without a
     scan of every op (a spawn of 1000 children puts 1000 entries in one write)."""
@@ -149,6 +177,11 @@ class TraceWrite:
     def update(self, event: Event | None = None, /, **fields: Unpack[TracePatch]) -> TraceWrite:
         """Overwrite these fields; emit `event` with them."""
         self.ops.append(SetFields(fields, event))
+        return self
+
+    def update_run(self, **fields: Unpack[RunPatch]) -> TraceWrite:
+        """Set these run-state fields (`fleet.runstate`), each on its own."""
+        self.ops.append(SetRun(fields))
         return self
 
     def append(
@@ -197,6 +230,16 @@ class TraceWrite:
         self.pauses = tuple(dict.fromkeys([*self.pauses, *pause_keys]))
         return self
 
+    def read_inbox(self) -> TraceWrite:
+        """Read the trace's inbox state in the same step, for the model call after the write."""
+        self.inbox = True
+        return self
+
+    def refused_if_stopped(self) -> TraceWrite:
+        """Write nothing (`StopLanded`) if the trace's stop flag is raised (`unless_stopped`)."""
+        self.unless_stopped = True
+        return self
+
 
 @dataclass(frozen=True)
 class WriteResult:
@@ -208,3 +251,5 @@ class WriteResult:
     """Whether a stop was requested for the trace, as of the write."""
     pauses: PauseRead | None = None
     """The write's `pauses`, as of the write (None: none read; the in-memory store)."""
+    inbox: InboxSeen | None = None
+    """The inbox as of the write, when it asked (`TraceWrite.inbox`); None: not read."""

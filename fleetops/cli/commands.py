@@ -9,6 +9,7 @@ and an argument error exit without loading Redis, HTTP, OpenTelemetry, Celery or
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from workers.probes import DEFAULT_MAX_AGE_S
 POOLS = ("threads", "prefork", "gevent")
 DEFAULT_FLOWER_PORT = 5555
 DEFAULT_SERVE_PORT = 8600
+DEFAULT_A2A_PORT = 8700
 DEFAULT_METRICS_PORT = 9808
 DEMO_TASK = "Survey this workspace in five parallel branches and summarise what you find."
 
@@ -41,9 +43,8 @@ class _Version(argparse.Action):
 
         from fleet.models import SCHEMA_VERSION, TASK_SCHEMA
 
-        release = version("agent-fleet")
-        line = f"fleet {release} (record schema {SCHEMA_VERSION}, task schema {TASK_SCHEMA})"
-        print(line, flush=True)  # stdout, as argparse's own version action
+        schemas = f"record schema {SCHEMA_VERSION}, task schema {TASK_SCHEMA}"
+        print(f"fleet {version('agent-fleet')} ({schemas})", flush=True)  # stdout, as argparse's
         parser.exit(0)
 
 
@@ -58,6 +59,7 @@ def _add_run(commands: Any) -> None:
         commands, "run", "fleetops.cli.run:run", help="run a task (in-process with --inline)"
     )
     add_run_arguments(run)
+    run.set_defaults(check=partial(_check_task, run))
     group = run.add_argument_group("tree budget and fan-out (see docs/limits.md)")
     # numbers only here: what a budget may hold is checked by `Budget` itself (one place)
     group.add_argument("--budget-tokens", type=integer, metavar="N")
@@ -69,10 +71,32 @@ def _add_run(commands: Any) -> None:
     )
 
 
+def task_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with `fleet run`'s task, message, --prompt and --regenerate, if anything."""
+    if args.regenerate:
+        if not args.continue_id or args.after_sequence is None:
+            return "--regenerate needs --continue TRACE_ID and --after-sequence N"
+        return "--regenerate takes no message" if args.task is not None else None
+    if args.prompt is not None and (args.continue_id or args.task is not None):
+        return "--prompt is the task of a new root: no TASK, no --continue"
+    if args.prompt is None and args.task is None:
+        what = "the message" if args.continue_id else "the task"
+        return f"give {what} (or --continue ID --after-sequence N --regenerate)"
+    return "--var goes with --prompt FILE" if args.var and args.prompt is None else None
+
+
+def _check_task(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse before any handler is imported (`fleet run` alone answers at once)."""
+    if (problem := task_problem(args)) is not None:  # one line, as the handlers' errors
+        parser.exit(2, f"fleet: error: {problem}\n")
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by inline and fleet runs."""
     parser.add_argument(
-        "task", help="what the main agent should do (with --continue: the new message)"
+        "task",
+        nargs="?",
+        help="what the main agent should do (with --continue: the new message)",
     )
     parser.add_argument("--inline", action="store_true", help="run in this process")
     parser.add_argument("--model", help="provider:model, an alias, or scripted:FILE.yaml")
@@ -102,6 +126,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="with --continue: first go back to message N (rewind; the old branch stays)",
+    )
+    parser.add_argument(
+        "--prompt",
+        type=Path,
+        metavar="FILE.prompt",
+        help="the task from a prompt file (front matter, $system$/$user$, %%variables%%)",
+    )
+    parser.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a %%NAME%% of the prompt file (repeatable)",
+    )
+    parser.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="with --continue and --after-sequence, no message: answer message N again",
     )
     parser.add_argument(
         "--memory",
@@ -135,6 +177,13 @@ def _add_follow(commands: Any) -> None:
     )
     reply.add_argument("trace_id")
     reply.add_argument("answer")
+    compact = _command(
+        commands,
+        "compact",
+        "fleetops.cli.run:compact",
+        help="summarise a finished root's conversation through a side branch (all kept)",
+    )
+    compact.add_argument("trace_id")
     _add_approval(commands)
     _add_send(commands)
 
@@ -393,6 +442,15 @@ def _add_servers(commands: Any) -> None:
     )
     serve.add_argument("--port", type=port_number, default=DEFAULT_SERVE_PORT)
     serve.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    a2a = _command(
+        commands,
+        "a2a",
+        "fleetops.cli.a2a:run_a2a",
+        help="serve the presets marked a2a: true as an A2A agent (needs FLEET_SERVE_TOKEN)",
+    )
+    a2a.add_argument("--port", type=port_number, default=DEFAULT_A2A_PORT)
+    a2a.add_argument("--address", default="127.0.0.1", help="default 127.0.0.1")
+    a2a.add_argument("--url", help="the public URL clients use, for the Agent Card")
     mcp = _command(
         commands,
         "mcp",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from fleet.conversation.human import TIMEOUT_KEY, waiting_on
+from fleet.conversation.human import waiting_on
+from fleet.conversation.prompts import parse_vars
 from fleet.errors import ConfigError
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_settings
+from fleetops.cli.commands import task_problem
 from fleetops.cli.output import approval_lines, printable, report
 
 
@@ -17,6 +18,7 @@ def check_run_arguments(args: argparse.Namespace) -> None:
     """Options that only make sense together; `ConfigError` otherwise."""
     if args.after_sequence is not None and not args.continue_id:
         raise ConfigError("--after-sequence needs --continue TRACE_ID")
+    check_task_argument(args)
     if args.continue_id and args.memory:
         raise ConfigError("--continue keeps the tree's --memory namespaces")
     if args.continue_id and (args.model or args.preset != "default" or args.workspace):
@@ -25,9 +27,13 @@ def check_run_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--image goes with a new task, not --continue")
 
 
-def run_metadata(args: argparse.Namespace) -> dict[str, Any]:
-    """Trace metadata from the run options."""
-    return {TIMEOUT_KEY: args.human_timeout_s} if args.human_timeout_s else {}
+def check_task_argument(args: argparse.Namespace) -> None:
+    """A task (or message, or prompt file) unless `--regenerate`; `ConfigError` otherwise.
+
+    `fleet run` checks this while parsing; this is for callers that build `args` themselves.
+    """
+    if (problem := task_problem(args)) is not None:
+        raise ConfigError(problem)
 
 
 def run_inline(args: argparse.Namespace) -> int:
@@ -44,17 +50,20 @@ def run_inline(args: argparse.Namespace) -> int:
     if args.continue_id and not redis:
         raise ConfigError("--inline --continue needs the trace's store: set FLEET_REDIS_URL")
     local = InProcessFleet.from_settings(settings, redis=redis)
-    if args.continue_id:
+    if args.regenerate:
+        trace = local.regenerate(args.continue_id, args.after_sequence)
+    elif args.continue_id:
         trace = local.continue_trace(args.continue_id, args.task, args.after_sequence)
     else:
-        metadata = run_metadata(args)
         trace = local.run(
             args.task,
+            prompt=args.prompt,
+            variables=parse_vars(args.var),
             model=args.model,
             preset=args.preset,
-            metadata=metadata,
             images=args.image,
             memory=args.memory,
+            human_timeout_s=args.human_timeout_s,
         )
     question = waiting_on(trace)
     if question is not None:

@@ -28,6 +28,8 @@ Handler = Callable[[argparse.Namespace], int]
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run, and map errors to one line on stderr and an exit code."""
     args = build_parser().parse_args(argv)
+    if (check := getattr(args, "check", None)) is not None:
+        check(args)  # what argparse cannot say alone, still before any import
     from fleet.hidden_imports import import_redis_without_metrics_sdk
 
     import_redis_without_metrics_sdk()
@@ -49,6 +51,7 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         ConversationError,
         ExperienceNotFound,
         FleetError,
+        NoLiveWorkers,
         RedisUnreachable,
         TraceNotFound,
     )
@@ -71,6 +74,8 @@ def run(handler: Handler, args: argparse.Namespace) -> int:
         return fail(with_hint(str(exc)), ExitCode.BAD_INPUT)
     except (ConfigError, TraceNotFound, ExperienceNotFound, ConversationError) as exc:
         return fail(str(exc), ExitCode.BAD_INPUT)
+    except NoLiveWorkers as exc:  # e.g. the default Redis, where no fleet runs
+        return fail(str(exc), ExitCode.NO_WORKERS)
     except FleetError as exc:
         return fail(str(exc), ExitCode.FAILED)
     if (discovery := sys.modules.get("fleetops.discovery")) is not None:

@@ -97,9 +97,12 @@ def run_worker(args: argparse.Namespace) -> int:
             raise ConfigError("the gevent pool needs gevent: pip install gevent")
         _exec_worker(argv, env)
     from workers import start
-    from workers.app import app
+    from workers.app import app, celery_urls
 
-    app.conf.update(broker_url=settings.broker_url, result_backend=settings.redis_url)
+    # The URLs as found (discovery), as the app reads them: the result backend its own
+    # (FLEET_RESULT_BACKEND_URL: on a cluster, a single Redis apart; it was set to the
+    # store's URL here, so a cluster's workers ran the chord join on a cluster node).
+    app.conf.update(celery_urls(settings))
     return start.main(argv[1:])  # Celery's `worker` command, not its umbrella `celery`
 
 
@@ -195,12 +198,18 @@ def run_migrate(args: argparse.Namespace) -> int:
     from fleet.storage.backends.redis.connect import connect, unreachable
     from fleetops.discovery import fleet_settings
     from fleetops.migrate import migrate
+    from fleetops.migrate_runstate import migrate_run_state
 
     settings = fleet_settings()
     url = settings.redis_url
     try:
-        done = migrate(connect(url, settings.redis_sentinel_master), dry_run=args.dry_run)
+        client = connect(url, settings.redis_sentinel_master)
+        done = migrate(client, dry_run=args.dry_run)
+        lifted = migrate_run_state(client, dry_run=args.dry_run)
     except redis.RedisError as exc:
         raise unreachable(url, exc) from None
     print(done.line(args.dry_run))
+    if lifted:  # traces an earlier release left mid-way keep where they were
+        verb = "would lift" if args.dry_run else "lifted"
+        print(f"{verb} the run state of {lifted} trace(s) out of their metadata")
     return ExitCode.OK

@@ -59,7 +59,7 @@ def result_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
             for c in store.collaborators(trace.trace_id)
         ],
         "stats": trace.stats.model_dump(),
-        "stop_reason": trace.metadata.get("stop_reason"),
+        "stop_reason": trace.run.stop_reason,
         "budget": _budget_json(store, trace),
     }
 
@@ -90,7 +90,7 @@ def trace_object(store: TraceStore, trace: Trace) -> dict[str, Any]:
         "waiting_on": waiting_on(trace),
         "iteration": trace.iteration,
         "stats": trace.stats.model_dump(),
-        "stop_reason": trace.metadata.get("stop_reason"),
+        "stop_reason": trace.run.stop_reason,
         "budget": _budget_json(store, trace),
         "goals": trace.goals.model_dump(mode="json")["goals"],
         "branches": _branches(store, trace),
@@ -138,7 +138,7 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         line += f" ({stats.cached_tokens} cached)"
     lines = [line, f"{indent}  {timing(trace)}", f"{indent}  task: {_one_line(trace.task)}"]
     lines += _given(trace, indent)
-    if reason := trace.metadata.get("stop_reason"):
+    if reason := trace.run.stop_reason:
         lines[0] += f"  (stop_reason: {reason})"
     if not trace.parent_trace_id and (state := budget_state(store, trace.trace_id)):
         lines.append(f"{indent}  {state.line()}")
@@ -148,8 +148,8 @@ def render_tree(store: TraceStore, trace: Trace, indent: str = "") -> list[str]:
         lines.append(f"{indent}  output: {_one_line(json.dumps(trace.output))}")
     if trace.error:
         lines.append(f"{indent}  error: {_one_line(trace.error)}")
-    for moved in trace.metadata.get("model_fallbacks", []):
-        lines.append(f"{indent}  model: {moved['to']} (after {moved['from']}: {moved['error']})")
+    for moved in trace.run.model_fallbacks:
+        lines.append(f"{indent}  model: {moved.to} (after {moved.from_model}: {moved.error})")
     lines += _detail_lines(store, trace, indent + "  ")
     for child in store.children(trace.trace_id):
         lines += render_tree(store, store.get_trace(child), indent + "  ")
@@ -203,8 +203,12 @@ def _detail_lines(store: TraceStore, trace: Trace, indent: str) -> list[str]:
         subs = f"  sub-traces: {', '.join(goal.sub_trace_ids)}" if goal.sub_trace_ids else ""
         status = goal_status(goal.status, trace)
         lines.append(f"{indent}goal {goal.id} [{status}] {_one_line(goal.description)}{subs}")
-    for person in (c for c in store.collaborators(trace.trace_id) if c.type == "human"):
-        lines.append(f"{indent}human [{person.status}]: {_one_line(person.summary)}")
+    for entry in store.collaborators(trace.trace_id):
+        if entry.type == "human":
+            lines.append(f"{indent}human [{entry.status}]: {_one_line(entry.summary)}")
+        if entry.type == "remote":  # a remote child's A2A task (fleet.remote)
+            remote = printable(entry.trace_id)
+            lines.append(f"{indent}remote {remote} [{entry.status}]: {_one_line(entry.summary)}")
     found = _branches(store, trace)
     if len(found) > 1 or turn_of(trace) > 0:
         lines.append(f"{indent}conversation: {len(found)} branch(es)")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.client import Fleet, Handle
+from fleet.conversation.prompts import parse_vars
 from fleet.errors import (
     BrokerUnavailable,
     ConfigError,
@@ -20,7 +21,7 @@ from fleet.limits.budget import Budget
 from fleet.models import Event
 from fleet.storage.backends.redis.connect import redact_url
 from fleetops.cli.exit_codes import ExitCode
-from fleetops.cli.inline import check_run_arguments, run_inline, run_metadata
+from fleetops.cli.inline import check_run_arguments, run_inline
 from fleetops.cli.interrupt import Interrupt, interrupt_flag, keyboard_interrupt
 from fleetops.cli.output import printable, report
 from fleetops.discovery import fleet_settings
@@ -84,16 +85,22 @@ def run(args: argparse.Namespace) -> int:
 
 def start(fleet: Fleet, args: argparse.Namespace) -> Handle:
     """Continue the trace `--continue` names, else submit a new root; say which."""
+    if args.regenerate:
+        handle = fleet.regenerate(args.continue_id, args.after_sequence)
+        print(f"regenerating {handle.trace_id} from {args.after_sequence}", file=sys.stderr)
+        return handle
     if args.continue_id:
         handle = fleet.continue_trace(args.continue_id, args.task, args.after_sequence)
         print(f"continued {handle.trace_id}", file=sys.stderr)
         return handle
     handle = fleet.submit(
         args.task,
+        prompt=args.prompt,
+        variables=parse_vars(args.var),
         model=args.model,
         preset=args.preset,
         workspace=args.workspace,
-        metadata=run_metadata(args) or None,
+        human_timeout_s=args.human_timeout_s,
         budget=budget_of(args),
         max_concurrent=args.max_concurrent,
         images=args.image,
@@ -326,6 +333,17 @@ def send(args: argparse.Namespace) -> int:
     entry_id = fleet.send(args.trace_id, args.text, sender=args.sender, interrupt=args.interrupt)
     how = "now (interrupting its model call)" if args.interrupt else "before its next model call"
     print(f"sent {entry_id} to {args.trace_id}: it reads it {how}")
+    return ExitCode.OK
+
+
+def compact(args: argparse.Namespace) -> int:
+    """Compact a finished root now (`fleet.loop.compact`): one model call, in this process."""
+    done = connect().compact(args.trace_id)
+    print(
+        f"compacted {args.trace_id}: messages {done.first_sequence}..{done.last_sequence}"
+        f" summarised in {done.summary_sequence} (about {done.tokens_before} -> "
+        f"{done.tokens_after} tokens); the originals stay (--after-sequence N goes back)"
+    )
     return ExitCode.OK
 
 

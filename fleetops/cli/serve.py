@@ -36,7 +36,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from fleet.client import Fleet
     from fleetops.discovery import fleet_settings
     from fleetops.local import check_port_free
-    from fleetops.serve import api_approvals, api_experiences, api_memory, api_messages
+    from fleetops.serve import (
+        api_approvals,
+        api_control,
+        api_experiences,
+        api_memory,
+        api_messages,
+    )
     from fleetops.serve.app import ServeConfig, serve_forever
 
     settings = fleet_settings()
@@ -49,6 +55,7 @@ def run_serve(args: argparse.Namespace) -> int:
         partial(api_approvals.routes, fleet),
         partial(api_memory.routes, fleet),
         partial(api_messages.routes, fleet),
+        partial(api_control.routes, fleet),
     )
     config = ServeConfig(store=fleet.store, actions=fleet, token=token, routes=acting)
     serve_forever(

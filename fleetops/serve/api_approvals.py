@@ -26,17 +26,19 @@ if TYPE_CHECKING:
     from fleet.client import Fleet
 
 DEFAULT_LIMIT, MAX_LIMIT = 50, 500
+EVERY_WAIT = 100_000
+"""Waits on a person read at most (from their index): every one, in practice."""
 MAX_REASON_CHARS = 2000
 
 
 def waiting_approvals(fleet: Fleet, limit: int) -> list[dict[str, Any]]:
     """The traces waiting for an approval, newest first, each with the call it waits on."""
     out = []
-    for trace in fleet.waiting(limit):
+    for trace in fleet.waiting(EVERY_WAIT):  # questions too: the approvals among them
         pending = approval.pending(trace)
         if pending is not None:
             out.append(_approval(trace, pending))
-    return out
+    return out[:limit]
 
 
 def _approval(trace: Trace, pending: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """`fleet serve`'s inbox endpoint: what `fleet send` does, as JSON (a gateway's webhook too).
 
-    GET  /api/traces/{id}/messages                         the conversation (as before)
+    GET  /api/traces/{id}/messages[?mode=all|main_path]    the conversation (as before)
     POST /api/traces/{id}/messages  {content, from?, conversation_id?, interrupt?}
                                                            {"sent": id, "entry_id": ...}
 
@@ -31,7 +31,8 @@ class InboxHandler(ActionHandler):
 
     async def get(self, raw_id: str) -> None:
         trace_id = self.trace_id(raw_id)
-        self.reply(await self.call(queries.trace_messages, self.config.store, trace_id))
+        mode = self.message_mode()
+        self.reply(await self.call(queries.trace_messages, self.config.store, trace_id, mode))
 
     async def post(self, raw_id: str) -> None:
         trace_id = self.trace_id(raw_id)

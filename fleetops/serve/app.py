@@ -53,7 +53,7 @@ PAGE_CSP = (
     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 T = TypeVar("T")
-STATIC_FILES = r"(?:app|tree|timeline|conversation|front|actions|util)\.js|app\.css"
+STATIC_FILES = r"(?:app|tree|timeline|conversation|front|actions|plan|util|md)\.js|app\.css"
 SERVER_LIMITS: dict[str, Any] = {
     "max_body_size": MAX_BODY_BYTES,
     "max_buffer_size": 4 * MAX_BODY_BYTES,
@@ -73,9 +73,11 @@ class ServeConfig:
     actions: Actions
     """Stop, reply, approve, deny, continue: the fleet client (`fleet.client.Fleet`)."""
     token: str | None = None
-    """When set, every API request must carry `Authorization: Bearer <token>`."""
+    """When set, every API request must carry `Authorization: Bearer <token>` (and a POST
+    needs no CSRF token: scripts send the bearer token alone)."""
     csrf: str = field(default="")
-    """The token every POST carries in `X-Fleet-CSRF` (derived from `token` when empty)."""
+    """The token every POST of a token-less service carries in `X-Fleet-CSRF` (the page
+    sends it always; derived from `token` when empty)."""
     max_streams: int = 32
     """Open event streams at once; one more gets 503."""
     stream_block_ms: int = 2000
@@ -120,7 +122,10 @@ class _Base(tornado.web.RequestHandler):
         try:
             check_request(self.request, self.config.token)
             check_body_size(self.request)
-            if self.request.method == "POST":
+            # With a bearer token every API request carried it (check_request): a browser
+            # never adds one on its own, so no other site can forge the POST. The page's
+            # calls on a token-less (loopback) service carry the CSRF token instead.
+            if self.request.method == "POST" and self.config.token is None:
                 check_csrf(self.request, self.config.csrf)
         except ApiError:
             self.refused_unread = True
@@ -138,7 +143,8 @@ class _Base(tornado.web.RequestHandler):
         if status_code == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="fleet"')
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"error": message}))
+        field = error.field if isinstance(error, ApiError) else None
+        self.finish(json.dumps({"error": message} | ({"field": field} if field else {})))
 
     async def call(
         self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None
@@ -162,6 +168,13 @@ class _Base(tornado.web.RequestHandler):
     def reply(self, value: Any) -> None:
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(value, ensure_ascii=False))
+
+    def message_mode(self) -> str:
+        """The `mode=` query argument of a messages request (`all` when absent)."""
+        try:
+            return queries.check_mode(self.get_query_argument("mode", "all"))
+        except BadRequest as exc:
+            raise ApiError(400, str(exc)) from None
 
     def trace_id(self, raw: str) -> str:
         try:
@@ -191,11 +204,12 @@ class TraceHandler(_Base):
 
 
 class MessagesHandler(_Base):
-    """`GET /api/traces/{id}/messages`."""
+    """`GET /api/traces/{id}/messages?mode=all|main_path`."""
 
     async def get(self, raw_id: str) -> None:
         trace_id = self.trace_id(raw_id)
-        self.reply(await self.call(queries.trace_messages, self.config.store, trace_id))
+        mode = self.message_mode()
+        self.reply(await self.call(queries.trace_messages, self.config.store, trace_id, mode))
 
 
 class TraceActionHandler(_Base):

@@ -1,10 +1,13 @@
 """Who may ask `fleet serve` what: the bearer token, the Host, and CSRF for every POST.
 
-A POST (every action: stop, reply, approve, deny, continue) must carry the CSRF token in
-`X-Fleet-CSRF` (the page reads it from `GET /api/session`, which another origin cannot
-read: no CORS header is ever sent) and, when it says where it comes from (`Origin`,
-`Sec-Fetch-Site`, which browsers always send), come from this service's own origin. A
-custom header also makes any cross-site fetch a preflight that this service never grants.
+A POST (every action: submit, run, stop, reply, approve, deny, continue...) must come,
+when it says where it comes from (`Origin`, `Sec-Fetch-Site`, which browsers always send),
+from this service's own origin, and must prove it was not forged by another site: on a
+service with a bearer token the token itself does (no browser adds `Authorization` on its
+own, so a script sends the token alone); on a token-less (loopback) service it carries the
+CSRF token in `X-Fleet-CSRF` (the page reads it from `GET /api/session`, which another
+origin cannot read: no CORS header is ever sent). A custom header also makes any
+cross-site fetch a preflight that this service never grants.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ SAME_SITE_FETCH = frozenset({"same-origin", "none"})
 class ApiError(tornado.web.HTTPError):
     """An HTTP error whose message is safe to show the client."""
 
-    def __init__(self, status: int, message: str) -> None:
-        """Status code and a one-line message."""
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        """Status code and a one-line message; `field` names the body's field at fault."""
         super().__init__(status, reason=None)
         self.message = message
+        self.field = field
 
 
 def csrf_token(bearer: str | None) -> str:

@@ -1,7 +1,9 @@
 """`GET /api/traces`: the filtered, cursor-paged list the front page works with (no HTTP here).
 
-The store keeps one index of traces, newest first; filters are applied to the newest
-`SCAN_TRACES` of them (a list of a fleet's recent work, not a search engine). A page ends
+The store keeps an index of traces, newest first; filters are applied to the newest
+`SCAN_TRACES` of them (a list of a fleet's recent work, not a search engine). `roots` reads
+the index of roots instead (`fleet.storage.root_index`: a page of trees from any cursor,
+whatever the branches), `waiting` the index of waits on a person (every one). A page ends
 with a cursor naming its last row; the next page starts strictly after that row, so traces
 created meanwhile never shift it.
 """
@@ -14,15 +16,20 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from fleet import ids
-from fleet.control import subtree
+from fleet.control import existing, subtree
+from fleet.conversation.human import indexed_waits
 from fleet.errors import FleetError, InvalidTraceId
 from fleet.models import Status, Trace
+from fleet.storage.root_index import ROOTS
 from fleet.storage.store import TraceContent, TraceRecords, TraceStore
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 100
 SCAN_TRACES = 2000
-"""How many of the newest traces a filtered list reads at most."""
+"""How many traces a filtered list reads at most: the newest, or for `roots` the roots from
+the cursor on (their index); `waiting` reads its own index whole."""
+ROOTS_PAGE = 200
+"""Roots read from their index per round trip."""
 STATUSES: tuple[str, ...] = get_args(Status)
 WAITING_ON = ("person", "approval", "any")
 CURSOR = re.compile(r"^([0-9]{1,16})~([A-Za-z0-9@._:-]{1,300})$")
@@ -127,6 +134,10 @@ def list_traces(store: TraceStore, query: TraceFilter) -> dict[str, Any]:
     """`{traces, next}`: newest first (a tree: parents first), filtered, at most `limit`."""
     if query.root is not None:
         traces = store.get_traces(subtree(store, query.root))
+    elif query.waiting is not None:  # the index of waits: each one, however many are newer
+        traces = indexed_waits(store)
+    elif query.roots:  # the index of roots: trees however many branches are newer
+        traces = indexed_roots(store, query)
     else:
         unfiltered = query == TraceFilter(limit=query.limit)
         traces = store.list_traces(limit=query.limit + 1 if unfiltered else SCAN_TRACES)
@@ -144,6 +155,27 @@ def list_traces(store: TraceStore, query: TraceFilter) -> dict[str, Any]:
     rows = [row(store, trace, on, totals=query.roots) for trace, on in page]
     last = page[-1][0] if page and more else None
     return {"traces": rows, "next": f"{last.created_at_ms}~{last.trace_id}" if last else None}
+
+
+def indexed_roots(store: TraceStore, query: TraceFilter) -> list[Trace]:
+    """Roots from the roots index, newest first from the cursor on, until a page is full.
+
+    At most SCAN_TRACES roots are read for one page (filters that match few of them).
+    """
+    index = store.capability(ROOTS)
+    found: list[Trace] = []
+    cursor, read = query.cursor, 0
+    while read < SCAN_TRACES:
+        entries = index.page(min(ROOTS_PAGE, SCAN_TRACES - read), cursor)
+        if not entries:
+            break
+        read, cursor = read + len(entries), entries[-1]
+        traces = existing(store, [root for _, root in entries])
+        index.drop(sorted({r for _, r in entries} - {t.trace_id for t in traces}))
+        found += traces
+        if sum(matches(t, query) for t in found) > query.limit:
+            break
+    return found
 
 
 def matches(trace: Trace, query: TraceFilter) -> bool:
@@ -181,6 +213,9 @@ def row(store: TraceRecords, trace: Trace, on: str | None, *, totals: bool) -> d
     if totals:
         tree = store.get_traces(subtree(store, trace.trace_id))
         out["branches"] = len(tree) - 1
+        out["failed_branches"] = sum(
+            t.status == "failed" for t in tree if t.trace_id != trace.trace_id
+        )
         out["tree_stats"] = {
             "prompt_tokens": sum(t.stats.prompt_tokens for t in tree),
             "completion_tokens": sum(t.stats.completion_tokens for t in tree),
@@ -203,8 +238,20 @@ def summary(trace: Trace) -> dict[str, Any]:
         "preset": trace.preset,
         "iteration": trace.iteration,
         "stats": trace.stats.model_dump(mode="json"),
-        "stop_reason": trace.metadata.get("stop_reason"),
+        "stop_reason": trace.run.stop_reason,
+        "error": first_line(trace.error),
         "created_at_ms": trace.created_at_ms,
         "updated_at_ms": trace.updated_at_ms,
         "finished_at_ms": trace.finished_at_ms,
     }
+
+
+ERROR_CHARS = 200
+
+
+def first_line(error: str | None) -> str | None:
+    """A trace's error as a list shows it: its first line, at most ERROR_CHARS."""
+    if not error:
+        return None
+    line = error.strip().splitlines()[0] if error.strip() else ""
+    return line[:ERROR_CHARS] or None

@@ -6,13 +6,22 @@ import re
 from typing import Any
 
 from fleet.conversation.continuation import branches
+from fleet.history import main_path
 from fleet.limits.capability import budget_state
 from fleet.models import Message
 from fleet.storage.store import TraceStore
 from fleetops.serve.listing import BadRequest, check_trace_id, summary
 
-__all__ = ["BadRequest", "check_event_id", "check_trace_id", "trace_detail", "trace_messages"]
+__all__ = [
+    "BadRequest",
+    "check_event_id",
+    "check_mode",
+    "check_trace_id",
+    "trace_detail",
+    "trace_messages",
+]
 
+MESSAGE_MODES = ("all", "main_path")
 EVENT_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 """A Redis stream entry id, as SSE `id:` lines carry it and `Last-Event-ID` returns it."""
 
@@ -44,12 +53,25 @@ def trace_detail(store: TraceStore, trace_id: str) -> dict[str, Any]:
     return out
 
 
-def trace_messages(store: TraceStore, trace_id: str) -> dict[str, Any]:
-    """Every message of the trace (all branches) by sequence, the head, and the branches."""
+def check_mode(mode: str) -> str:
+    """`all` or `main_path`, the `mode=` of `GET /api/traces/{id}/messages`."""
+    if mode not in MESSAGE_MODES:
+        raise BadRequest(f"mode {mode[:40]!r} is not one of {', '.join(MESSAGE_MODES)}")
+    return mode
+
+
+def trace_messages(store: TraceStore, trace_id: str, mode: str = "all") -> dict[str, Any]:
+    """The trace's messages by sequence, the head, and the branches.
+
+    `all`: every branch; `main_path`: the root down to the head (what the model is shown
+    next).
+    """
     trace = store.get_trace(trace_id)  # TraceNotFound for an unknown id, not an empty list
     messages = store.messages(trace_id)
+    shown = main_path(messages, trace.head_sequence) if mode == "main_path" else messages
     return {
-        "messages": [m.model_dump(mode="json") for m in messages],
+        "mode": mode,
+        "messages": [m.model_dump(mode="json") for m in shown],
         "head_sequence": trace.head_sequence,
         "branches": branches(messages, trace.head_sequence),
     }

@@ -83,8 +83,16 @@ def unfinished(items: list[Item], live: str) -> list[Item]:
 
 
 def approved_call(items: list[Item], live: str) -> list[Item]:
-    metadata = {**field(items[0], "metadata"), "approved_call": "call_1"}
-    return [set_field(items[0], "metadata", metadata), *items[1:]]
+    fields = {**items[0]["fields"], "r:approved_call": json.dumps("call_1")}
+    return [{**items[0], "fields": fields}, *items[1:]]
+
+
+def remote_call(items: list[Item], live: str) -> list[Item]:
+    """A remote child's A2A call, 'sent': a poller would ask (and cancel) a task on its agent."""
+    i = child_line(items)
+    call = {"agent": "reviewer", "state": "sent", "task_id": "t-1", "context_id": "c-1"}
+    fields = {**items[i]["fields"], "r:remote_call": json.dumps(call)}
+    return [*items[:i], {**items[i], "fields": fields}, *items[i + 1 :]]
 
 
 def stop_flag(items: list[Item], live: str) -> list[Item]:
@@ -116,7 +124,8 @@ def good_tree_then_graft(items: list[Item], live: str) -> list[Item]:
         (reuse_live_root, "root", "exists in this fleet's Redis"),
         (child_named_into_live, "child", "is not of tree"),
         (unfinished, "child", "is running: only ended trees are imported"),
-        (approved_call, "root", "metadata 'approved_call'"),
+        (approved_call, "root", "field 'r:approved_call' is the fleet's own"),
+        (remote_call, "child", "field 'r:remote_call' is the fleet's own"),
         (stop_flag, "root", "field 'stop' is the fleet's own"),
         (collaborator_elsewhere, "root", "is not in its tree"),
         (event_elsewhere, "events", "which is not in tree"),
@@ -147,28 +156,36 @@ def test_a_crafted_archive_is_refused_naming_its_line_and_writes_nothing(
     assert message.startswith(f"{path}:{expected}: ") and problem in message, message
     assert "\n" not in message
     assert {k: redis_db.dump(k) for k in redis_db.scan_iter()} == before, "nothing written"
-    assert {k: redis_db.ttl(k) for k in before} == ttls, "no TTL moved"
+    after = {k: redis_db.ttl(k) for k in before}
+    # Counted down by the clock only (a second may pass while the import is refused).
+    assert all(ttls[k] - 2 <= after[k] <= ttls[k] for k in ttls), "no TTL moved"
     assert redis_db.zcard(keys.children(live)) == 1, "the live root's children as they were"
 
 
 def test_the_fleets_own_archive_of_a_tree_with_run_state_imports(
     redis_db: redis.Redis, tmp_path: Path
 ) -> None:
-    """The refusals must not refuse the fleet's own exports: the run state in metadata is
-    left out of the file, so a tree that had some archives and comes back."""
+    """The refusals must not refuse the fleet's own exports: pending run state is left out
+    of the file, so a tree that had some archives and comes back; the caller's metadata
+    (whatever its keys) comes back as it was."""
     local = explore_tree(redis_db, tmp_path, branches=1)
     root = local.run("survey", model="m").trace_id
     store = local.store
     assert isinstance(store, RedisStore)
     trace = store.get_trace(root)
-    metadata = {**trace.metadata, "approved_call": "call_1", "turn": 2, "mine": "kept"}
-    redis_db.hset(keys.trace(root), "metadata", json.dumps(metadata))
+    metadata = {**trace.metadata, "approved_call": "the caller's", "mine": "kept"}
+    fields = {"metadata": json.dumps(metadata), "r:approved_call": '"call_1"', "r:turn": "2"}
+    fields["r:remote_call"] = json.dumps({"agent": "reviewer", "state": "sent", "task_id": "t"})
+    for name, value in fields.items():
+        redis_db.hset(keys.trace(root), name, value)
     path = tmp_path / "a.jsonl"
     export(store, path, drop=True)
 
     assert import_file(RedisStore(redis_db), path, 600).traces == 2
-    kept = {**trace.metadata, "turn": 2, "mine": "kept"}  # a continue reads `turn`
-    assert RedisStore(redis_db).get_trace(root).metadata == kept
+    back = RedisStore(redis_db).get_trace(root)
+    assert back.metadata == metadata
+    assert (back.run.turn, back.run.approved_call) == (2, None)  # a continue reads `turn`
+    assert back.run.remote_call is None  # pending: a poller would ask its agent
 
 
 def test_an_import_cut_short_runs_again_over_what_it_wrote(

@@ -22,6 +22,7 @@ upgrade that changes one fails there first. Each patch has a switch name
 | `header-template` | header_messages | header messages from the first one's message |
 | `event-batching` | events | task events in batches (per interval, per chord) |
 | `event-repr` | events | a run's shown result without `saferepr` |
+| `consumer-reconnect` | reconnect | a lost broker retried every 1-2 s, not up to 30 s apart |
 
 Two change correctness when off, and say so in their docstrings: `kombu-broker-loss` (a
 worker exits when its Redis broker connection breaks with work unacknowledged) and
@@ -38,12 +39,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from workers.patches import events, kombu_redis
+from workers.patches import events, kombu_redis, reconnect
 from workers.patches.switches import Undo, parse, set_off
 
 GLOBAL_INSTALLS: dict[str, Callable[[], list[Undo]]] = {
     **kombu_redis.INSTALLS,
     "event-repr": events.install_result_repr,
+    **reconnect.INSTALLS,
 }
 """The patches that replace a Celery or kombu attribute for the whole process, in order.
 The others are read where they act (`switches.enabled`)."""

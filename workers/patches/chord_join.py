@@ -231,7 +231,9 @@ def join_part(backend: Any, request: Any, state: str, result: Any) -> WriteExten
     return WriteExtension(EXTENSION, group_keys, args)
 
 
-def count_in_run(backend: Any, request: Any, store_url: str) -> WriteExtension | None:
+def count_in_run(
+    backend: Any, request: Any, store_url: str, *, cluster: bool = False
+) -> WriteExtension | None:
     """The part a run should count in its last write (its `end_step`), if any.
 
     A run that ends its trace returns its envelope: its part is known before it ends
@@ -242,8 +244,10 @@ def count_in_run(backend: Any, request: Any, store_url: str) -> WriteExtension |
     does not end its trace (it waits, yields, is throttled, loses its lease, or fails
     outside the runner) writes no part, and `part_returned` records it as before; a part
     recorded twice (a redelivery after the run ended) counts once, by its task id.
+    Never on a cluster store (`cluster`): the join's keys are named by the chord's group,
+    not the tree, so they cannot share the trace's slot (its script would be refused).
     """
-    if getattr(backend, "url", None) != store_url:
+    if cluster or getattr(backend, "url", None) != store_url:
         return None
     part = join_part(backend, request, states.SUCCESS, None)
     if part is not None:

@@ -35,6 +35,21 @@ class MemoryExperiences:
             items = list(self._items.values())
         return [e.model_copy() for e in items if scope is None or e.scope == scope]
 
+    def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:  # noqa: D102
+        found = [e for e in self.all() if e.approved and e.scope in scopes]
+        found.sort(key=lambda e: e.created_at_ms)
+        return {s: tuple(e for e in found if e.scope == s) for s in scopes}
+
+    def counted(self, experiences: Sequence[Experience]) -> list[Experience]:  # noqa: D102
+        with self._lock:
+            known = {e.id: self._items[e.id] for e in experiences if e.id in self._items}
+        return [
+            e.model_copy(update={"uses": k.uses, "successes": k.successes})
+            if (k := known.get(e.id))
+            else e
+            for e in experiences
+        ]
+
     def remove(self, experience_id: str) -> bool:  # noqa: D102
         with self._lock:
             self._vectors.pop(experience_id, None)

@@ -1,8 +1,22 @@
-"""`ExperienceStore` on the fleet's Redis (keys in `fleet.storage.keys`)."""
+"""`ExperienceStore` on the fleet's Redis (keys in `fleet.storage.keys`).
+
+A run's start ranks the approved experiences of its scopes (`approved`): the process keeps
+them parsed, grouped by scope, and reads the whole hash again only when the version
+counter (`keys.EXPERIENCES_VERSION`, raised in the same transaction as every put and
+removal) or the hash's length differ from when it was filled: one round trip of two
+commands per run start however many experiences there are. The version is read before
+the hash, so a put between the two reads fills the cache under the older version and the
+next start reads again. A Redis that restarted without its data reads as a new version
+(or a new length). On a Redis Cluster the hash and the counter sit in different slots:
+a put's two commands go together but not as one transaction, so a start in between keeps
+its cache until the counter moves, an instant later.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import redis
 
@@ -11,16 +25,63 @@ from fleet.experiences.model import Experience, StoredVector
 from fleet.storage import keys
 
 
+@dataclass(frozen=True)
+class _Approved:
+    """The approved experiences by scope, as of one version and length of the hash."""
+
+    version: tuple[str | None, int]
+    by_scope: dict[str, tuple[Experience, ...]]
+
+
 class RedisExperiences:
     """Experiences in one hash, their counts in another (atomic increments)."""
 
     def __init__(self, client: redis.Redis) -> None:
         """Use this client (the trace store's)."""
         self._client = client
+        self._approved: _Approved | None = None
+        self._lock = threading.Lock()
 
     def put(self, experience: Experience) -> None:  # noqa: D102 (the Protocol's)
         data = experience.model_dump_json(exclude={"uses", "successes"})
-        self._client.hset(keys.EXPERIENCES, experience.id, data)
+        pipe = self._client.pipeline()  # one transaction: no process caches it unversioned
+        pipe.hset(keys.EXPERIENCES, experience.id, data)
+        pipe.incr(keys.EXPERIENCES_VERSION)
+        pipe.execute()
+
+    def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:  # noqa: D102
+        pipe = self._client.pipeline(transaction=False)
+        pipe.get(keys.EXPERIENCES_VERSION)
+        pipe.hlen(keys.EXPERIENCES)
+        raw, length = pipe.execute()
+        version = (None if raw is None else str(raw), int(length))
+        with self._lock:
+            cached = self._approved
+        if cached is None or cached.version != version:
+            cached = _Approved(version, self._load() if length else {})
+            with self._lock:
+                self._approved = cached
+        return {s: cached.by_scope.get(s, ()) for s in scopes}
+
+    def _load(self) -> dict[str, tuple[Experience, ...]]:
+        raw = self._client.hgetall(keys.EXPERIENCES)
+        found = [Experience.model_validate_json(v) for v in raw.values()]
+        found.sort(key=lambda e: e.created_at_ms)
+        by_scope: dict[str, list[Experience]] = {}
+        for e in found:
+            if e.approved:
+                by_scope.setdefault(e.scope, []).append(e)
+        return {s: tuple(es) for s, es in by_scope.items()}
+
+    def counted(self, experiences: Sequence[Experience]) -> list[Experience]:  # noqa: D102
+        if not experiences:
+            return []
+        fields = [f"{e.id}:{c}" for e in experiences for c in ("uses", "successes")]
+        counts = self._client.hmget(keys.EXPERIENCE_COUNTS, fields)
+        return [
+            e.model_copy(update={"uses": int(u or 0), "successes": int(s or 0)})
+            for e, u, s in zip(experiences, counts[0::2], counts[1::2], strict=True)
+        ]
 
     def get(self, experience_id: str) -> Experience:  # noqa: D102
         raw = self._client.hget(keys.EXPERIENCES, experience_id)
@@ -38,6 +99,7 @@ class RedisExperiences:
         pipe.hdel(keys.EXPERIENCES, experience_id)
         pipe.hdel(keys.EXPERIENCE_COUNTS, f"{experience_id}:uses", f"{experience_id}:successes")
         pipe.hdel(keys.EXPERIENCE_VECTORS, experience_id)
+        pipe.incr(keys.EXPERIENCES_VERSION)
         return bool(pipe.execute()[0])
 
     def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:  # noqa: D102

@@ -53,6 +53,7 @@ from fleet.storage.keys.memory import MEMORY_NAMESPACES as MEMORY_NAMESPACES
 from fleet.storage.keys.memory import memory_entries as memory_entries
 from fleet.storage.keys.memory import memory_history as memory_history
 from fleet.storage.keys.memory import memory_proposals as memory_proposals
+from fleet.storage.keys.remote import remote_watch as remote_watch
 
 TRACE_TTL_S = 7 * 24 * 3600
 """How long a trace and everything under it stays readable after its last change; once its
@@ -72,10 +73,20 @@ def trace(trace_id: str) -> str:
     `stats` (TraceStats) is added to inside the write scripts; `m:{sequence}` holds each
     message (Message JSON); `stop` ("1") is present while a stop is requested (runners check
     it between turns); `uncounted` (`{model: [prompt, completion, cost, cached]}`) holds
-    the usage of model turns not yet added to USAGE, while a run has some. Messages, the
-    stop flag and `uncounted` are not Trace attributes.
+    the usage of model turns not yet added to USAGE, while a run has some; `r:{name}` holds
+    one field of the trace's run state (`fleet.runstate.RunState`, JSON; see `RUN_FIELD`).
+    Messages, the stop flag and `uncounted` are not Trace attributes.
     """
     return f"{PREFIX}:trace:{_tree_id(trace_id)}"
+
+
+RUN_FIELD = "r:"
+"""The prefix of the trace hash's run-state fields: `r:{name}` -> that `RunState` field's JSON.
+
+The fleet's own state of a run, apart from the caller's `metadata` field; each one written by
+HSET of that field alone (so two writers of different fields never undo each other), with the
+trace hash's TTL, slot, compaction and archive. A field a reader does not know is ignored.
+"""
 
 
 # Layout 1 (up to wave 2) kept these three apart from the trace hash; layout 2 folded them in
@@ -207,6 +218,11 @@ def search_cache(digest: str) -> str:
 TRACES = f"{PREFIX}:traces"
 """Sorted set: every trace id scored by creation time (newest last)."""
 
+ROOTS = f"{PREFIX}:roots"
+"""Sorted set, no TTL: root trace ids scored by creation time (newest last), for lists of
+whole trees (`fleet.storage.root_index`); an entry whose trace expired is dropped by the
+reader that finds it gone."""
+
 RUNNING = f"{PREFIX}:running"
 """Sorted set: trace ids in status running, scored by their lease deadline in ms."""
 
@@ -217,6 +233,11 @@ entry, and whoever removes it (reply, approve, deny, the sweeper) is the one tha
 
 EXPERIENCES = f"{PREFIX}:experiences"
 """Hash, no TTL: experience id -> Experience JSON (`fleet.experiences`), counts excluded."""
+
+EXPERIENCES_VERSION = f"{PREFIX}:experiences-version"
+"""String (a counter), no TTL: raised with every put or removal of an experience, in the
+same transaction; a process's cache of the approved ones (`fleet.experiences.backends.
+redis`) holds while this and the hash's length read as when it was filled."""
 
 EXPERIENCE_COUNTS = f"{PREFIX}:experience-counts"
 """Hash, no TTL: `{id}:uses` and `{id}:successes`, added to with HINCRBY (one writer each)."""

@@ -12,7 +12,8 @@ const WAITING_KEY = "waiting_on";
 export function renderActions(detail, refresh) {
   const trace = detail.trace;
   const box = $("trace-actions");
-  const waiting = trace.status === "waiting" ? trace.metadata[WAITING_KEY] : null;
+  // The fleet's own state of the run (its `run`), never the caller's metadata.
+  const waiting = trace.status === "waiting" && trace.run ? trace.run[WAITING_KEY] : null;
   // Rebuilt only when what can be done changes: a refresh must not eat what is being typed.
   const key = [trace.trace_id, trace.status, waiting ? waiting.tool_call_id : ""].join(" ");
   if (box.dataset.key === key) return;

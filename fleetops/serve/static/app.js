@@ -4,6 +4,7 @@
 
 import { renderActions } from "./actions.js";
 import { renderConversation } from "./conversation.js";
+import { renderPlan } from "./plan.js";
 import { startFront } from "./front.js";
 import { draw, fold, schedule, seed, startTimeline, timeline } from "./timeline.js";
 import { renderRollups, setDetail, setTrace, tree } from "./tree.js";
@@ -175,6 +176,7 @@ async function showTrace(detail) {
   if (page.opened !== id) return;
   renderConversation(body, detail);
   $("messages").dataset.loaded = String(body.messages.length);
+  renderPlan(id, () => page.opened === id);  // live: every refresh of the open trace
 }
 
 function closeTrace() {

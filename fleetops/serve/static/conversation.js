@@ -3,7 +3,8 @@
 // blocks marked, structured outputs as fields; a rewound conversation's branches selectable.
 "use strict";
 
-import { $, el, fields, size } from "./util.js";
+import { renderMarkdown } from "./md.js";
+import { $, clock, count, duration, el, fields, money, size } from "./util.js";
 
 const LONG_CHARS = 1500;
 
@@ -91,14 +92,13 @@ function renderMessage(message, results) {
   const meta = message.metadata || {};
   const label = [message.role + (message.name ? " · " + message.name : ""), "#" + message.sequence];
   if (message.model) label.push(message.model);
-  if (message.prompt_tokens || message.completion_tokens) {
-    label.push(message.prompt_tokens + "+" + message.completion_tokens + " tokens");
-  }
   if (meta.injected) { item.classList.add("injected"); label.push(injectedKind(message.content)); }
   if (meta.correction) label.push("correction");
   item.append(el("div", "role", label.join(" · ")));
+  if (message.role === "assistant") item.append(modelSpan(message));
   const content = contentText(message.content);
   if (message.role === "system") item.append(collapsed("system prompt", content || ""));
+  else if (content && message.role === "assistant") item.append(renderMarkdown(content, "content"));
   else if (content) item.append(textBlock("content", content));
   if (message.long_term_memory) item.append(textBlock("memory", "kept in memory: " + message.long_term_memory));
   if (meta.delivered) item.append(delivered(meta.delivered));
@@ -147,6 +147,9 @@ function renderCall(call, result) {
     return box;
   }
   const meta = result.metadata || {};
+  if (meta.started_at_ms) {
+    box.append(span("tool", "tool call", meta.started_at_ms, result.created_at_ms, meta.is_error ? "error" : ""));
+  }
   const res = el("div", "tool-result");
   if (meta.is_error) res.classList.add("error");
   const text = contentText(result.content) || "";
@@ -186,6 +189,44 @@ function renderOutput(detail) {
     if (c.output) parts.push(el("h3", null, c.name + " (" + c.type + ") output"), fields(c.output));
   }
   if (trace.error) parts.push(el("h3", null, "error"), textBlock("error", trace.error));
-  if (trace.answer) parts.push(el("h3", null, "answer"), textBlock("answer", trace.answer));
+  if (trace.answer) parts.push(el("h3", null, "answer"), renderMarkdown(trace.answer, "answer"));
   box.replaceChildren(...parts);
+}
+
+// A call as a timed span: what, how long, from when to when, and what it cost.
+function span(kind, what, start, end, extra) {
+  const line = el("div", "call-span");
+  line.dataset.kind = kind;
+  line.dataset.durationMs = String(end - start);
+  line.append(el("span", "span-what", what), el("span", "span-duration", duration(end - start)),
+    el("span", "span-when", clock(start) + " → " + clock(end)));
+  if (extra) line.append(el("span", "span-extra", extra));
+  return line;
+}
+
+// An assistant turn's model call: its span, tokens, cost and, when retried, every attempt.
+function modelSpan(message) {
+  const call = (message.metadata || {}).call_span;
+  const tokens = (message.prompt_tokens || 0) + (message.completion_tokens || 0);
+  const facts = count(message.prompt_tokens) + "+" + count(message.completion_tokens) + " tokens";
+  if (!call) {
+    const line = el("div", "call-span", "model call · " + facts + " · ");
+    line.append(money(message.cost_usd, tokens));
+    return line;
+  }
+  const attempts = call.attempts || [];
+  const line = span("model", "model call", call.started_at_ms, call.ended_at_ms,
+    facts + (attempts.length > 1 ? " · attempt " + attempts.length + " of " + attempts.length : ""));
+  line.append(money(message.cost_usd, tokens));
+  if (attempts.length < 2) return line;
+  const box = el("div", "call");
+  const list = el("ol", "attempts");
+  for (const attempt of attempts) {
+    const item = el("li", attempt.error ? "attempt failed" : "attempt",
+      duration(attempt.ended_at_ms - attempt.started_at_ms) + " · " + clock(attempt.started_at_ms)
+      + " · " + (attempt.error || "answered"));
+    list.append(item);
+  }
+  box.append(line, list);
+  return box;
 }

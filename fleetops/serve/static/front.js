@@ -1,7 +1,9 @@
 // The front page: recent trees (or traces waiting on a person), filtered, paged by cursor.
 "use strict";
 
-import { $, api, duration, el, pageUrl, showError, tokens, usd } from "./util.js";
+import { $, api, count, cut, duration, el, money, pageUrl, showError, tokens } from "./util.js";
+
+const TERMINAL = new Set(["completed", "failed", "stopped"]);
 
 const FILTERS = ["status", "waiting", "model", "preset", "q"];
 const PAGE_SIZE = 50;
@@ -82,18 +84,25 @@ function row(trace) {
   link.href = pageUrl(trace.root_trace_id, trace.trace_id);
   const stats = trace.tree_stats || trace.stats;
   const end = trace.finished_at_ms || Date.now();
-  const waiting = trace.waiting_on ? "waiting on " + trace.waiting_on : trace.status;
+  const failed = trace.failed_branches || 0;
+  const status = trace.waiting_on ? "waiting on " + trace.waiting_on : trace.status
+    + (failed && TERMINAL.has(trace.status) ? " with " + failed + " failed " + (failed === 1 ? "child" : "children") : "");
+  const task = el("span", "task", cut(trace.task, 120));
+  task.title = trace.task;
+  const error = el("span", "error-cell", trace.error ? cut(trace.error, 100) : "");
+  if (trace.error) error.title = trace.error;
   const cells = [
     link,
-    el("span", "status", waiting),
-    el("span", "task", trace.task.slice(0, 120)),
+    el("span", "status", status),
+    task,
+    error,
     trace.model || "–",
     trace.preset,
     duration(Date.now() - trace.created_at_ms),
     duration(end - trace.created_at_ms),
     trace.branches === undefined ? "–" : trace.branches,
-    tokens(stats),
-    usd(stats.cost_usd),
+    count(tokens(stats)),
+    money(stats.cost_usd, tokens(stats)),
   ];
   for (const cell of cells) {
     const td = el("td");
@@ -102,5 +111,6 @@ function row(trace) {
     tr.append(td);
   }
   tr.children[0].dataset.col = "id";
+  tr.children[3].dataset.col = "error";
   return tr;
 }

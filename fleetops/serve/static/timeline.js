@@ -1,10 +1,11 @@
 // The timeline: one row per trace, segments folded from the tree's event stream (queued,
 // running, waiting on children / a limit / a person / an approval), model and tool calls
-// as ticks. Rows are virtualised: only those in view are in the DOM, so 1,000 branches
+// as timed spans (start to end, tokens, cost, attempts; a tick for an event that predates
+// spans), rows in spawn order (parents first, children as they were created). Rows are virtualised: only those in view are in the DOM, so 1,000 branches
 // cost what 40 do.
 "use strict";
 
-import { $, clock, duration, el } from "./util.js";
+import { $, clock, count, duration, el, usd } from "./util.js";
 
 const ROW_PX = 22;
 const OVERSCAN = 10;
@@ -35,7 +36,7 @@ export const timeline = {
 function rowFor(id) {
   let row = timeline.rows.get(id);
   if (!row) {
-    row = { id, name: id, segments: [], ticks: [], end: null, status: null };
+    row = { id, name: id, segments: [], ticks: [], calls: [], end: null, status: null };
     timeline.rows.set(id, row);
     timeline.order = null; // re-sorted at the next draw
   }
@@ -76,6 +77,7 @@ export function fold(event) {
   const at = event.at_ms;
   const data = event.data || {};
   const row = rowFor(event.trace_id);
+  if (row.firstAt === undefined) row.firstAt = at; // its spawn time until the listing says
   switch (event.kind) {
     case "collaborator":
       if (data.type === "human" || data.type === "approval") {
@@ -88,10 +90,18 @@ export function fold(event) {
     case "trace":
       if (event.status === "running") open(row, "running", at);
       else if (event.status === "waiting") open(row, WAITING_ON[data.on] || "children", at);
-      else if (event.status === "queued") { const [kind, note] = queuedKind(data); open(row, kind, at, note); row.end = null; }
+      else if (event.status === "queued") {
+        const [kind, note] = queuedKind(data);
+        open(row, kind, at, note);
+        row.end = null;
+        failedAttempts(row, data.attempts || []);
+      }
       break;
     case "message":
-      if (data.role === "assistant") row.ticks.push({ kind: "model", at, note: (data.tools || []).join(", ") });
+      if (data.started_at_ms && (data.role === "assistant" || data.tool)) {
+        row.calls.push(callOf(data, at));
+        stretch(data.started_at_ms);
+      } else if (data.role === "assistant") row.ticks.push({ kind: "model", at, note: (data.tools || []).join(", ") });
       else if (data.role === "tool" && data.tool) row.ticks.push({ kind: "tool", at, note: data.tool });
       stretch(at);
       break;
@@ -105,10 +115,35 @@ export function fold(event) {
   schedule();
 }
 
+// A model or tool call as a span: from its start to its message (the event's time).
+function callOf(data, at) {
+  if (data.role === "assistant") {
+    const tokens = (data.prompt_tokens || 0) + (data.completion_tokens || 0);
+    const cost = tokens && !data.cost_usd ? "unpriced" : usd(data.cost_usd);
+    const tries = data.attempts > 1 ? " · attempt " + data.attempts + " of " + data.attempts : "";
+    const note = count(data.prompt_tokens) + "+" + count(data.completion_tokens) + " tokens · " + cost + tries
+      + ((data.tools || []).length ? " → " + data.tools.join(", ") : "");
+    return { kind: "model", start: data.started_at_ms, end: at, what: "model call", note, attempts: data.attempts || 1 };
+  }
+  return { kind: data.is_error ? "tool-error" : "tool", start: data.started_at_ms, end: at, what: "tool " + data.tool, note: "" };
+}
+
+// The attempts of a model call that failed (a provider error handed the run back).
+function failedAttempts(row, attempts) {
+  attempts.forEach((attempt, index) => {
+    row.calls.push({
+      kind: "attempt-failed", start: attempt.started_at_ms, end: attempt.ended_at_ms, what: "failed model call",
+      note: "attempt " + (index + 1) + " of " + attempts.length + " · " + (attempt.error || "failed"),
+    });
+    stretch(attempt.started_at_ms);
+  });
+}
+
 // What the listing knows of a trace: its name, and its life when the stream lost its events.
 export function seed(trace) {
   const row = rowFor(trace.trace_id);
   row.name = trace.name || trace.mode || row.name;
+  if (row.parent !== trace.parent_trace_id || row.created !== trace.created_at_ms) timeline.order = null;
   row.parent = trace.parent_trace_id;
   row.status = trace.status;
   row.created = trace.created_at_ms;
@@ -131,9 +166,7 @@ function live() {
 
 export function draw() {
   const started = performance.now();
-  if (timeline.order === null || timeline.order.length !== timeline.rows.size) {
-    timeline.order = Array.from(timeline.rows.keys()).sort();
-  }
+  if (timeline.order === null || timeline.order.length !== timeline.rows.size) timeline.order = spawnOrder();
   const t0 = timeline.t0 === null ? Date.now() : timeline.t0;
   const t1 = Math.max(live() ? Date.now() : (timeline.t1 || t0), t0 + 1);
   const box = $("timeline-rows");
@@ -178,6 +211,17 @@ function drawRow(row, index, t0, t1) {
     part.title = part.dataset.hover;
     bar.append(part);
   }
+  for (const call of row.calls) {
+    const part = el("div", "tl-call");
+    part.dataset.kind = call.kind;
+    part.dataset.durationMs = String(call.end - call.start);
+    part.style.left = ((call.start - t0) / span) * 100 + "%";
+    part.style.width = Math.max(0.3, ((call.end - call.start) / span) * 100) + "%";
+    part.dataset.hover = call.what + " " + duration(call.end - call.start) + " (" + clock(call.start) + " → "
+      + clock(call.end) + ")" + (call.note ? " · " + call.note : "");
+    part.title = part.dataset.hover;
+    bar.append(part);
+  }
   for (const tick of row.ticks) {
     const mark = el("div", "tl-tick");
     mark.dataset.kind = tick.kind;
@@ -189,6 +233,25 @@ function drawRow(row, index, t0, t1) {
   }
   line.append(label, bar);
   return line;
+}
+
+// Parents first, each one's children in the order they were spawned (created, then id).
+function spawnOrder() {
+  const kids = new Map();
+  const tops = [];
+  for (const row of timeline.rows.values()) {
+    const parent = row.parent && timeline.rows.has(row.parent) ? row.parent : null;
+    if (parent === null) tops.push(row);
+    else { if (!kids.has(parent)) kids.set(parent, []); kids.get(parent).push(row); }
+  }
+  const order = [];
+  const when = (row) => row.created || row.firstAt || 0;
+  const bySpawn = (a, b) => when(a) - when(b) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+  const walk = (rows) => {
+    for (const row of rows.sort(bySpawn)) { order.push(row.id); walk(kids.get(row.id) || []); }
+  };
+  walk(tops);
+  return order;
 }
 
 function fallback(row) {
@@ -205,7 +268,7 @@ export function startTimeline() {
   });
   view.addEventListener("focusin", (event) => { // the keyboard's hover: the row's segments
     if (!event.target.classList.contains("tl-label")) return;
-    const parts = event.target.parentElement.querySelectorAll(".tl-seg");
+    const parts = event.target.parentElement.querySelectorAll(".tl-seg, .tl-call");
     $("timeline-hover").textContent = event.target.textContent + ": "
       + Array.from(parts, (part) => part.dataset.hover).join(" | ");
   });

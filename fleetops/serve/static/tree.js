@@ -2,7 +2,9 @@
 // collaborators), subtree roll-ups, and the tree's totals against its budget.
 "use strict";
 
-import { $, el, fields, tokens, usd } from "./util.js";
+import { $, count, cut, el, fields, money, tokens, usd } from "./util.js";
+
+const TERMINAL = new Set(["completed", "failed", "stopped"]);
 
 export const tree = {
   traces: new Map(),      // trace id -> summary (or the trace of a detail)
@@ -31,10 +33,21 @@ function makeNode(id, parentId) {
   node.append(head, el("div", "node-task"), el("div", "node-facts"), el("div", "node-rollup"));
   node.append(el("ul", "collaborators"), el("ul", "children"));
   const container = parentId ? childList(parentId) : $("tree-root");
-  // Ids sort as they were spawned (explore-001, -002, ...): keep that order on screen.
-  const next = Array.from(container.children).find((other) => other.dataset.traceId > id);
-  container.insertBefore(node, next || null);
+  container.append(node); // placed in spawn order once its creation time is known (`place`)
   return node;
+}
+
+// Children in the order they were spawned: by creation time, then id (explore-001, -002).
+function before(a, b) {
+  const at = Number(a.dataset.created || 0);
+  const bt = Number(b.dataset.created || 0);
+  return at !== bt ? at < bt : a.dataset.traceId < b.dataset.traceId;
+}
+
+function place(node) {
+  const container = node.parentElement;
+  const next = Array.from(container.children).find((other) => other !== node && before(node, other));
+  if (next !== node.nextElementSibling) container.insertBefore(node, next || null);
 }
 
 function childList(parentId) {
@@ -46,24 +59,29 @@ export function setTrace(trace) {
   tree.traces.set(trace.trace_id, trace);
   const node = nodeFor(trace.trace_id) || makeNode(trace.trace_id, trace.parent_trace_id);
   node.dataset.status = trace.status;
+  if (trace.created_at_ms && node.dataset.created !== String(trace.created_at_ms)) {
+    node.dataset.created = String(trace.created_at_ms);
+    place(node);
+  }
   node.querySelector(".node-name").textContent = trace.name || trace.mode;
   node.querySelector(".status").textContent = trace.status;
-  node.querySelector(".node-task").textContent = trace.task.slice(0, 300);
+  const task = node.querySelector(".node-task");
+  task.textContent = cut(trace.task, 300);
+  task.title = trace.task.length > 300 ? cut(trace.task, 2000) : "";
   const tool = tree.lastTool.get(trace.trace_id) || trace.last_tool || "–";
-  const facts = [
-    "iteration " + trace.iteration,
-    tokens(trace.stats) + " tokens",
-    usd(trace.stats.cost_usd),
-    "last tool " + tool,
-  ];
-  if (trace.model) facts.push("model " + trace.model);
-  const reason = trace.stop_reason || (trace.metadata && trace.metadata.stop_reason);
-  if (reason) facts.push("reason " + reason);
-  node.querySelector(".node-facts").textContent = facts.join(" · ");
+  const facts = ["iteration " + trace.iteration, count(tokens(trace.stats)) + " tokens"];
+  const rest = ["last tool " + tool];
+  if (trace.model) rest.push("model " + trace.model);
+  const reason = trace.stop_reason || (trace.run && trace.run.stop_reason);
+  if (reason) rest.push("reason " + reason);
+  const box = node.querySelector(".node-facts");
+  box.replaceChildren(facts.join(" · ") + " · ", money(trace.stats.cost_usd, tokens(trace.stats)),
+    " · " + rest.join(" · "));
 }
 
 export function setDetail(detail) {
-  const trace = Object.assign({}, detail.trace, { stop_reason: detail.trace.metadata.stop_reason });
+  const run = detail.trace.run || {};
+  const trace = Object.assign({}, detail.trace, { stop_reason: run.stop_reason });
   setTrace(trace);
   tree.models.set(trace.trace_id, detail.models || {});
   if (detail.budget !== undefined) tree.budget = detail.budget;
@@ -106,9 +124,11 @@ export function renderRollups(root) {
   for (const [id, total] of totals) {
     const node = nodeFor(id);
     if (!node) continue;
-    node.querySelector(".node-rollup").textContent = total.traces > 1
-      ? "subtree: " + total.traces + " traces · " + total.tokens + " tokens · " + usd(total.usd)
-      : "";
+    const box = node.querySelector(".node-rollup");
+    if (total.traces > 1) {
+      box.replaceChildren("subtree: " + total.traces + " traces · " + count(total.tokens) + " tokens · ",
+        money(total.usd, total.tokens));
+    } else box.replaceChildren();
   }
   renderSummary(root, totals.get(root));
 }
@@ -120,13 +140,13 @@ function renderSummary(root, total) {
   for (const counts of tree.models.values()) {
     for (const [model, turns] of Object.entries(counts)) models.set(model, (models.get(model) || 0) + turns);
   }
-  const parts = [
-    rootTrace.status,
-    total.traces + " traces",
-    total.tokens + " tokens",
-    usd(total.usd),
-  ];
-  $("tree-totals").textContent = "tree: " + parts.join(" · ");
+  const failed = Array.from(tree.traces.values())
+    .filter((t) => t.trace_id !== root && t.status === "failed").length;
+  const status = rootTrace.status + (failed && TERMINAL.has(rootTrace.status)
+    ? " with " + failed + " failed " + (failed === 1 ? "child" : "children") : "");
+  const parts = [status, total.traces + " traces", count(total.tokens) + " tokens"];
+  $("tree-totals").replaceChildren("tree: " + parts.join(" · ") + " · ", money(total.usd, total.tokens));
+  $("stop").hidden = TERMINAL.has(rootTrace.status); // "Stop tree" only while it runs
   $("tree-models").textContent = models.size
     ? "models answered: " + Array.from(models, ([m, n]) => m + " ×" + n).join(", ")
     : "";
@@ -149,7 +169,9 @@ function renderBudget(budget) {
   for (const [unit, used, reserved, max] of lines) {
     const item = el("span", "budget-line");
     item.dataset.unit = unit;
-    item.append(el("span", null, unit + ": used " + used + " · reserved " + reserved + " · limit " + max));
+    const shown = unit === "usd" ? usd : count;
+    item.append(el("span", null, unit + ": used " + shown(used) + " · reserved " + shown(reserved)
+      + " · limit " + shown(max)));
     const meter = el("meter");
     meter.min = 0; meter.max = max; meter.value = Math.min(max, used + reserved);
     meter.title = unit + " used + reserved of the limit";

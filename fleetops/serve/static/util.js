@@ -78,7 +78,34 @@ export function tokens(stats) {
   return (stats.prompt_tokens || 0) + (stats.completion_tokens || 0);
 }
 
-export function usd(value) { return "$" + Number(value || 0).toFixed(4); }
+// Dollars as people read them: cents from a cent up, four places below it ($0.0031).
+export function usd(value) {
+  const n = Number(value || 0);
+  return "$" + (n === 0 || Math.abs(n) >= 0.01 ? n.toFixed(2) : n.toFixed(4));
+}
+
+// A cost, or a visible "unpriced" mark when tokens were spent but nothing is known of the
+// model's price (the scripted model, an alias without `pricing:` in fleet.yaml).
+export function money(value, tokenCount) {
+  if (Number(value || 0) === 0 && Number(tokenCount || 0) > 0) {
+    const mark = el("span", "unpriced", "unpriced");
+    mark.title = "no price known for this model: set pricing in fleet.yaml (cost counted as $0)";
+    return mark;
+  }
+  return el("span", "money", usd(value));
+}
+
+// A whole number with thousands separators (tokens).
+export function count(value) { return Number(value || 0).toLocaleString("en-US"); }
+
+// `text` cut to at most `max` characters at a word, with an ellipsis when cut.
+export function cut(text, max) {
+  const flat = String(text || "").replace(/\s+/g, " ").trim();
+  if (flat.length <= max) return flat;
+  const head = flat.slice(0, max);
+  const space = head.lastIndexOf(" ");
+  return (space > max * 0.6 ? head.slice(0, space) : head).replace(/[\s.,;:]+$/, "") + "…";
+}
 
 export function duration(ms) {
   if (ms === null || ms === undefined || ms < 0) return "–";

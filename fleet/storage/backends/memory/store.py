@@ -20,14 +20,16 @@ from fleet.models import (
     check_patch,
     now_ms,
 )
+from fleet.runstate import RunPatch
+from fleet.runstate import check_patch as check_run_patch
 from fleet.storage.backends.memory.workers import MemoryWorkerTables
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
+from fleet.storage.one_by_one import apply_one_by_one
 from fleet.storage.store import (
     STATS_FIELDS,
     StartRun,
     TraceSnapshot,
-    apply_one_by_one,
     starts,
     with_sequence,
 )
@@ -130,6 +132,15 @@ class MemoryStore(MemoryWorkerTables):
         with self._lock:
             self.update_trace(trace_id, **fields)
             self.emit(root_trace_id, event)
+
+    def update_run(self, trace_id: str, **fields: Unpack[RunPatch]) -> None:
+        patch = check_run_patch(fields)  # each field set on its own, as Redis sets `r:{name}`
+        with self._lock:
+            self._check_fence()
+            data = self._traces.get(trace_id)
+            if data is None:
+                raise TraceNotFound(f"no trace {trace_id!r}")
+            data["run"] = {**data["run"], **patch}
 
     def snapshot(self, trace_id: str) -> TraceSnapshot:
         with self._lock:

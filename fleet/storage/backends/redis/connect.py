@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.exceptions import NoScriptError
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from fleet.errors import ConfigError, RedisUnreachable
+from fleet.storage.backends.redis import sentinel as redis_sentinel
 from fleet.storage.backends.redis.urls import SENTINEL_SEPARATOR, is_sentinel, parse_sentinel
 
 SOCKET_TIMEOUT_S = 30.0
@@ -71,6 +72,24 @@ def connect(
     return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
 
 
+def answers(url: str, sentinel_master: str | None = None, *, timeout_s: float = 1.0) -> bool:
+    """Whether a Redis at `url` answers PING within `timeout_s` (the master, for Sentinel).
+
+    A probe that writes nothing: discovery asks it of a `fleet up`'s Redis before trusting
+    its `up.json`, and of the default Redis before a client would write there.
+    """
+    try:
+        client = connect(url, sentinel_master, timeout_s=timeout_s)
+    except ConfigError:  # a sentinel:// URL without its master's name
+        return False
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
     """redis-py's Sentinel pool of the master, blocking at its cap as `connect`'s pools do.
 
@@ -91,7 +110,7 @@ def _sentinel_client(url: str, master: str | None, options: dict[str, Any]) -> r
     timeout_s = min(SENTINEL_TIMEOUT_S, options["socket_connect_timeout"])
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(parsed.sentinels),
-        sentinel_kwargs={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s},
+        sentinel_kwargs=redis_sentinel.sentinel_kwargs(parsed.options, timeout_s),
     )
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         master,
@@ -100,6 +119,7 @@ def _sentinel_client(url: str, master: str | None, options: dict[str, Any]) -> r
         db=parsed.db,
         username=parsed.username,
         password=parsed.password,
+        **redis_sentinel.redis_kwargs(parsed.options),  # TLS: SentinelManagedSSLConnection
         **options,
     )
     return client
@@ -248,8 +268,13 @@ def _redact_one(url: str) -> str:
         return "<malformed URL>"
     host = parts.netloc.rpartition("@")[2]
     user = f"{parts.username}@" if parts.username else ""
-    query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("password="))
+    query = "&".join(p for p in parts.query.split("&") if p and not _secret_option(p))
     return f"{parts.scheme}://{user}{host}{parts.path}" + (f"?{query}" if query else "")
+
+
+def _secret_option(item: str) -> bool:
+    """`password=...`, `sentinel_password=...`: a query option that holds a password."""
+    return item.partition("=")[0].lower().endswith("password")
 
 
 def unreachable(url: str, exc: BaseException) -> RedisUnreachable:
@@ -260,6 +285,7 @@ def unreachable(url: str, exc: BaseException) -> RedisUnreachable:
             password = urlsplit(part).password
         except ValueError:
             password = None
-        if password:  # belt and braces: no redis-py message should carry it
-            reason = reason.replace(password, "***").replace(unquote(password), "***")
+        sentinels = parse_qs(part.partition("?")[2]).get(redis_sentinel.SENTINEL_PASSWORD, [])
+        for secret in filter(None, [password, *sentinels]):  # no redis-py message should say it
+            reason = reason.replace(secret, "***").replace(unquote(secret), "***")
     return RedisUnreachable(f"cannot reach Redis at {redact_url(url)!r}: {reason}")

@@ -10,7 +10,7 @@ import functools
 
 import redis
 
-from fleet.errors import LeaseLost
+from fleet.errors import LeaseLost, StopLanded
 from fleet.storage.backends.redis import scripts as redis_scripts
 from fleet.storage.backends.redis.connect import Lua
 
@@ -28,6 +28,8 @@ end
 
 FENCED_PREFIX = "FENCED"
 """The start of the error a fenced script returns when the lease is not the caller's."""
+STOPPED_PREFIX = "STOPPED"
+"""The start of the error `APPLY` returns for a write refused because of a stop."""
 
 
 def fenced(script: str) -> str:
@@ -51,7 +53,12 @@ def applying(extension: str | None) -> FencedScript:
 
 
 def lease_lost(trace_id: str, exc: redis.ResponseError) -> Exception:
-    """`LeaseLost` for a fenced script's refusal; any other script error as it is."""
+    """A script's refusal as the fleet's error; any other script error as it is.
+
+    `LeaseLost` for a fenced script's lease check, `StopLanded` for a write refused for a stop.
+    """
     if str(exc).startswith(FENCED_PREFIX):
         return LeaseLost(f"the lease of {trace_id!r} is no longer held by this runner")
+    if str(exc).startswith(STOPPED_PREFIX):
+        return StopLanded(f"a stop was requested for {trace_id!r}: nothing was written")
     return exc

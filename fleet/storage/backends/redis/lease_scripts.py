@@ -28,12 +28,20 @@ if ARGV[3] ~= '1' then redis.call('ZREM', KEYS[2], ARGV[2]) end
 return 1
 """
 
-# KEYS: lease. ARGV: owner, ttl_ms. One lease renewed if still the owner's (a cluster, where
-# a worker's leases are in many slots): 1, else 0.
-RENEW_ONE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
+# KEYS: the leases of one slot (a cluster, where a worker's leases are in many slots: one tree's
+# share its root's). ARGV: ttl_ms, then one owner per lease. 1 per lease renewed (still its
+# owner's), else 0.
+RENEW_SLOT = """
+local renewed = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[i + 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    renewed[i] = 1
+  else
+    renewed[i] = 0
+  end
+end
+return renewed
 """
 
 # KEYS: running index, then one lease per held trace. ARGV: ttl_ms, deadline_ms, then an

@@ -72,12 +72,13 @@ return created
 # A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write) and the
 # PTTLs of the pause keys it reads (for the model call after it).
 # KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
-# order: with a `collab` op][, an extension's keys: with an `ext` op], then the
-# np pause keys
+# order: with a `collab` op][, an extension's keys: with an `ext` op][, the inbox: with
+# ARGV[6]], then the np pause keys
 # ARGV: ttl_s, events maxlen, '1' when the trace is its tree's root, np, '1' to split (a
 # cluster: KEYS[3] and KEYS[5] are stand-ins in the trace's slot, the usage to count and
-# the release's index removal are returned for the caller to do), then the ops, each as
-# kind, n, then its n arguments:
+# the release's index removal are returned for the caller to do), '1' to read the inbox's
+# newest entry, '1' to refuse the write whole (a `STOPPED` error, nothing written) when
+# the stop flag is raised, then the ops, each as kind, n, then its n arguments:
 #   set     event JSON or '', then field, JSON value, ... (a status other than running
 #           refreshes the trace's TTL, messages included; the root's, the tree's events)
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
@@ -103,8 +104,8 @@ return created
 # a run that died are counted by the next write that ends a run of the trace.
 # Returns {{sequence, parent JSON} per appended message, stop flag, {PTTL per pause key},
 # what an `ext` op's function returned (else nil), {usage field,
-# amount, ...} to count (split only), 1 if a release took the lease (split only)}, or nil
-# for no trace.
+# amount, ...} to count (split only), 1 if a release took the lease (split only), the
+# inbox's newest entry id ('' for none; nil when not asked)}, or nil for no trace.
 APPLY_BODY = """
 local ttl, maxlen, root, np = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local split, counted, released = ARGV[5] == '1', {}, 0
@@ -119,6 +120,7 @@ end
 local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop',
   'uncounted')
 if not state[1] then return false end
+if ARGV[7] == '1' and state[4] then return redis.error_reply('STOPPED a stop was requested') end
 local last, head = tonumber(state[1]), state[2]
 local fields, bodies, stored, kids, children = {}, {}, {}, {}, {}
 local stats, uncounted, refresh, moved, entries = nil, nil, false, false, false
@@ -222,7 +224,7 @@ local function release(a)
   end
 end
 local first = last
-local i = 6
+local i = 8
 while i <= #ARGV do
   local kind, n = ARGV[i], tonumber(ARGV[i + 1])
   local a = i + 1
@@ -263,7 +265,12 @@ if entries then
 end
 local pauses = {}
 for k = #KEYS - np + 1, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
-return {stored, state[4] and 1 or 0, pauses, extended, counted, released}
+local newest = false
+if ARGV[6] == '1' then
+  local found = redis.call('XREVRANGE', KEYS[#KEYS - np], '+', '-', 'COUNT', 1)
+  newest = found[1] and found[1][1] or ''
+end
+return {stored, state[4] and 1 or 0, pauses, extended, counted, released, newest}
 """
 
 WRITE_EXTENSIONS: dict[str, tuple[str, str]] = {}
@@ -333,13 +340,15 @@ return 1
 
 # The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
 # trip. A trace of the given root in a `STARTABLE` status is set running with its event first.
-# KEYS: trace, lease, running index, the guessed root's events, then pause keys to read
+# KEYS: trace, lease, running index, the guessed root's events, the trace's inbox, then
+# pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms, '1' when the caller indexes the lease (a
 # cluster: KEYS[3] is a stand-in), the newest record schema the caller reads
 # Returns -1 for no trace (nothing taken), -2 for a trace of a newer schema (nothing taken:
 # a worker of that release runs it), 0 when another runner holds the lease, else
-# {the trace hash (its messages included) as a flat list, {PTTL per pause key}}.
+# {the trace hash (its messages included) as a flat list, {PTTL per pause key}, the
+# inbox's newest entry id ('' for none)}: the first model call needs no read of its own.
 BEGIN_RUN = (
     """
 local trace = redis.call('HGETALL', KEYS[1])
@@ -363,8 +372,9 @@ if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6] and ("""
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
 end
 local pauses = {}
-for k = 5, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
-return {trace, pauses}
+for k = 6, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
+local newest = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
+return {trace, pauses, newest[1] and newest[1][1] or ''}
 """
 )
 

@@ -12,7 +12,8 @@ it returns is done here, as commands of their own. A crash between the two steps
 - the fleet-wide usage counters short by one run's calls (`fleet metrics` only);
 - provider pauses are read apart from the write: a pause set in between is seen one call late.
 
-The heartbeat renews a worker's leases with one small script each, batched per node.
+The heartbeat renews a worker's leases with one small script per slot (a tree's leases share
+its root's slot), all of them batched per node.
 """
 
 from __future__ import annotations
@@ -21,20 +22,37 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
 from fleet.storage import keys
 from fleet.storage.backends.redis.connect import Lua
-from fleet.storage.backends.redis.lease_scripts import RENEW_ONE
+from fleet.storage.backends.redis.lease_scripts import RENEW_SLOT
 
-_renew_one = Lua(RENEW_ONE)
+_renew_slot = Lua(RENEW_SLOT)
 
 
 def _renew_batch(client: redis.Redis, leases: Sequence[tuple[str, str]], ttl_ms: int) -> list[bool]:
+    """One `RENEW_SLOT` per slot the leases are in, sent in one cluster pipeline.
+
+    Through `execute_command`: redis-py's cluster pipeline refuses its `evalsha` method
+    outright (it cannot know the script's keys share a slot), but routes an EVALSHA sent
+    as a command by its keys, refusing only keys of several slots, which these never are.
+    """
+    by_slot: dict[int, list[int]] = {}
+    for index, (trace_id, _) in enumerate(leases):
+        by_slot.setdefault(key_slot(keys.lease(trace_id).encode()), []).append(index)
     pipe = client.pipeline(transaction=False)
-    for trace_id, owner in leases:
-        pipe.evalsha(_renew_one.sha, 1, keys.lease(trace_id), owner, ttl_ms)
-    return [bool(done) for done in pipe.execute()]
+    for members in by_slot.values():
+        lease_keys = [keys.lease(leases[i][0]) for i in members]
+        owners = [leases[i][1] for i in members]
+        command = ("EVALSHA", _renew_slot.sha, len(members), *lease_keys, ttl_ms, *owners)
+        pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+    renewed = [False] * len(leases)
+    for members, reply in zip(by_slot.values(), pipe.execute(), strict=True):
+        for index, done in zip(members, reply, strict=True):
+            renewed[index] = bool(done)
+    return renewed
 
 
 def count_usage(client: redis.Redis, counted: Sequence[Any]) -> None:
@@ -63,7 +81,7 @@ def pause_ttls(client: redis.Redis, pause_keys: Sequence[str]) -> list[int]:
 def renew_each(
     client: redis.Redis, leases: Sequence[tuple[str, str]], ttl_ms: int, deadline_ms: int
 ) -> list[bool]:
-    """Each lease renewed if still its owner's (one script each), then indexed at once.
+    """Each lease renewed if still its owner's (one script per slot), then indexed at once.
 
     The scripts go in one pipeline, which the cluster client sends as one batch per node:
     a worker's heartbeat is a round trip per node, not per lease (a hundred leases renewed
@@ -72,7 +90,7 @@ def renew_each(
     try:
         renewed = _renew_batch(client, leases, ttl_ms)
     except NoScriptError:  # a node restarted or was flushed: load it everywhere, once more
-        client.script_load(RENEW_ONE)
+        client.script_load(RENEW_SLOT)
         renewed = _renew_batch(client, leases, ttl_ms)
     held = {trace_id: deadline_ms for (trace_id, _), ok in zip(leases, renewed, strict=True) if ok}
     if held:

@@ -13,6 +13,7 @@ import copy
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Unpack, cast
 
@@ -20,6 +21,7 @@ import redis
 
 from fleet.errors import ConfigError, NewerRecord, TraceExists, TraceNotFound
 from fleet.models import SCHEMA_VERSION, Collaborator, Event, Message, Trace, TracePatch, now_ms
+from fleet.runstate import RunPatch
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis import scripts as redis_scripts
@@ -29,16 +31,7 @@ from fleet.storage.backends.redis.connect import Lua, close_client, connect, is_
 from fleet.storage.backends.redis.fence import FencedScript, applying, lease_lost
 from fleet.storage.backends.redis.indexes import RedisIndexes
 from fleet.storage.backends.redis.lease_scripts import RENEW_LEASES
-from fleet.storage.backends.redis.writes import (
-    decode_fields,
-    decode_messages,
-    decode_trace,
-    pairs,
-    readable_events,
-    stored_message,
-)
 from fleet.storage.capability import Capability, Kept, T
-from fleet.storage.compaction import PACKED_FIELD
 from fleet.storage.keys import CounterName
 from fleet.storage.store import StartRun, TraceSnapshot
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
@@ -121,13 +114,13 @@ class RedisStore(RedisIndexes):
 
     def _script(self, script: FencedScript, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a write script, behind the lease check when this is a fenced view."""
-        if self._fence is None:
-            return script.plain(self._client, script_keys, args)
-        trace_id, lease_key, owner = self._fence
-        try:
-            return script.fenced(self._client, [lease_key, *script_keys], [owner, *args])
+        fence = self._fence
+        try:  # a write refused for a stop (`StopLanded`) is an error reply too
+            if fence is None:
+                return script.plain(self._client, script_keys, args)
+            return script.fenced(self._client, [fence[1], *script_keys], [fence[2], *args])
         except redis.ResponseError as exc:
-            raise lease_lost(trace_id, exc) from None
+            raise lease_lost(fence[0] if fence else script_keys[0], exc) from None
 
     def close(self) -> None:
         """Close the client if this store created it, with every connection it holds."""
@@ -182,12 +175,17 @@ class RedisStore(RedisIndexes):
     ) -> None:
         self.apply(TraceWrite(trace_id, root_trace_id).update(event, **fields))
 
+    def update_run(self, trace_id: str, **fields: Unpack[RunPatch]) -> None:
+        self.apply(TraceWrite(trace_id, trace_id).update_run(**fields))
+
     def snapshot(self, trace_id: str) -> TraceSnapshot:
         data = self._hash(trace_id)  # the messages are in it
-        trace = decode_trace(data)
+        trace = redis_writes.decode_trace(data)
         if trace is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
-        return TraceSnapshot(trace, decode_messages(data), redis_writes.STOP_FIELD in data)
+        return TraceSnapshot(
+            trace, redis_writes.decode_messages(data), redis_writes.STOP_FIELD in data
+        )
 
     def begin_run(
         self,
@@ -200,8 +198,8 @@ class RedisStore(RedisIndexes):
         root = start.root_trace_id if start else trace_id
         lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
         running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
-        script_keys = [keys.trace(trace_id), lease, running, keys.events(root)]
-        script_keys += [] if self._cluster else pauses
+        tree = [keys.trace(trace_id), lease, running, keys.events(root), keys.inbox(trace_id)]
+        script_keys = tree + ([] if self._cluster else list(pauses))
         args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
         args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
         args.append(now_ms())
@@ -215,13 +213,14 @@ class RedisStore(RedisIndexes):
             return None
         if self._cluster:
             self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
-            reply = [reply[0], redis_split.pause_ttls(self._client, pauses)]
-        data = self._dicts.unpacked(pairs(reply[0]))  # a packed trace is read, never started
-        trace = decode_trace(data)
+            reply = [reply[0], redis_split.pause_ttls(self._client, pauses), reply[2]]
+        packed = redis_writes.pairs(reply[0])  # a packed trace is read, never started
+        data = self._dicts.unpacked(packed)
+        trace = redis_writes.decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
         read = PauseRead.of(pauses, reply[1]) if pauses else None
-        stop = redis_writes.STOP_FIELD in data
-        return TraceSnapshot(trace, decode_messages(data), stop, read)
+        stop, inbox = redis_writes.STOP_FIELD in data, redis_writes.inbox_seen(reply[2])
+        return TraceSnapshot(trace, redis_writes.decode_messages(data), stop, read, inbox)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
@@ -243,7 +242,7 @@ class RedisStore(RedisIndexes):
         if not write.pauses:
             return result
         ttls = redis_split.pause_ttls(self._client, write.pauses)
-        return WriteResult(result.messages, result.stop_requested, PauseRead.of(write.pauses, ttls))
+        return replace(result, pauses=PauseRead.of(write.pauses, ttls))
 
     def track_tree(self, root_trace_id: str) -> None:
         self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})
@@ -270,8 +269,8 @@ class RedisStore(RedisIndexes):
         # MULTI: every trace as of one instant (a cluster: one trace at a time, trees apart)
         pipe = self._client.pipeline(transaction=not self._cluster)
         for trace_id in trace_ids:  # the trace's fields, not its messages (unless packed)
-            pipe.hmget(keys.trace(trace_id), [*redis_writes.TRACE_FIELDS, PACKED_FIELD])
-        return [decode_fields(values, self._dicts.unpacked) for values in pipe.execute()]
+            pipe.hmget(keys.trace(trace_id), redis_writes.READ_FIELDS)
+        return [redis_writes.decode_fields(v, self._dicts.unpacked) for v in pipe.execute()]
 
     # -- messages and stats --------------------------------------------------
 
@@ -286,7 +285,7 @@ class RedisStore(RedisIndexes):
         return self.apply(write.append(message, event, iteration=iteration)).messages[0]
 
     def messages(self, trace_id: str) -> list[Message]:
-        return decode_messages(self._hash(trace_id))
+        return redis_writes.decode_messages(self._hash(trace_id))
 
     def _hash(self, trace_id: str) -> dict[str, str]:
         return self._dicts.unpacked(
@@ -339,7 +338,7 @@ class RedisStore(RedisIndexes):
         entries = redis_writes.stream_entries(reply)
         if not entries:  # a compacted tree's events are in its archive
             entries = redis_compact.events_after(self._client, root_trace_id, after, count)
-        return readable_events(entries)
+        return redis_writes.readable_events(entries)
 
     # -- stop, leases, collection, cache -------------------------------------
 
@@ -371,7 +370,7 @@ class RedisStore(RedisIndexes):
             reply = self._script(self._append_once, script_keys, [keys.TRACE_TTL_S, body])
         if reply == 0:
             return None
-        stored = stored_message(message, reply)
+        stored = redis_writes.stored_message(message, reply)
         if stored is None:
             raise TraceNotFound(f"no trace {trace_id!r}")
         return stored

@@ -6,10 +6,11 @@
   result backend each read them. `check_url` adds `ssl_cert_reqs=required` when it is
   missing: kombu would otherwise connect without checking the certificate (its default)
   and Celery's backend would refuse the URL.
-- `sentinel://[user:password@]host:port[/db];sentinel://host2:port2`: a Sentinel group as
-  Celery writes it; the master's name comes from `FLEET_REDIS_SENTINEL_MASTER`. The user,
-  password and database (of the first part, as Celery reads them) are the master's; the
-  sentinels themselves are reached without a password.
+- `sentinel://[user:password@]host:port[/db][?options];sentinel://host2:port2`: a Sentinel
+  group as Celery writes it; the master's name comes from `FLEET_REDIS_SENTINEL_MASTER`. The
+  user, password and database (of the first part, as Celery reads them) are the master's;
+  the first part's options (`fleet.storage.backends.redis.sentinel`) add TLS to the master and the
+  sentinels' own password.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from fleet.errors import ConfigError
+from fleet.storage.backends.redis.sentinel import SentinelOptions, parse_options
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 SENTINEL_SCHEME = "sentinel"
@@ -36,6 +38,8 @@ class SentinelUrl:
     db: int = 0
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    options: SentinelOptions = SentinelOptions()
+    """The first part's query: TLS to the master, the sentinels' password."""
 
 
 def is_sentinel(url: str) -> bool:
@@ -60,8 +64,8 @@ def parse_sentinel(url: str, name: str = "FLEET_REDIS_URL") -> SentinelUrl:
             parts, port = None, 0
         if parts is None or parts.scheme != SENTINEL_SCHEME or not parts.hostname:
             raise ConfigError(f"{name}: part {index} is not sentinel://host:port")
-        if parts.query:
-            raise ConfigError(f"{name}: part {index}: sentinel:// URLs take no ?options")
+        if parts.query and index > 1:
+            raise ConfigError(f"{name}: part {index}: only the first part takes ?options")
         sentinels.append((parts.hostname, port))
     if not sentinels:
         raise ConfigError(f"{name}: no sentinel://host:port in the URL")
@@ -74,6 +78,7 @@ def parse_sentinel(url: str, name: str = "FLEET_REDIS_URL") -> SentinelUrl:
         int(db_text),
         unquote(first.username) if first.username else None,
         unquote(first.password) if first.password else None,
+        parse_options(first.query, name),
     )
 
 
@@ -132,5 +137,10 @@ def result_backend_url(env: Mapping[str, str], redis_url: str, cluster: bool) ->
         raise ConfigError(
             "FLEET_REDIS_CLUSTER=1 needs FLEET_RESULT_BACKEND_URL: a single Redis for Celery's"
             " results (Celery cannot use a Redis Cluster)"
+        )
+    if cluster and url == redis_url:  # Celery's plain client on a cluster node: CROSSSLOT, MOVED
+        raise ConfigError(
+            "FLEET_RESULT_BACKEND_URL names the cluster (it is FLEET_REDIS_URL): Celery's"
+            " results need a single Redis apart from the cluster"
         )
     return fleet_url(url, "FLEET_RESULT_BACKEND_URL") if url else redis_url

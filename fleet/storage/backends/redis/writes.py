@@ -16,6 +16,8 @@ from pydantic import TypeAdapter
 
 from fleet.errors import NewerRecord
 from fleet.models import Event, Message, Trace, check_patch, now_ms
+from fleet.runstate import RunPatch, RunState
+from fleet.runstate import check_patch as check_run_patch
 from fleet.storage import keys
 from fleet.storage.compaction import PACKED_FIELD, unpacked
 from fleet.storage.store import STATS_FIELDS
@@ -23,10 +25,12 @@ from fleet.storage.writes import (
     AddStats,
     Append,
     Emit,
+    InboxSeen,
     PauseRead,
     PutCollaborator,
     ReleaseLease,
     SetFields,
+    SetRun,
     TraceWrite,
     WriteExtension,
     WriteOp,
@@ -43,8 +47,13 @@ MESSAGE_FIELD = "m:"
 UNCOUNTED_FIELD = "uncounted"
 """The trace hash's field of model usage not yet in `keys.USAGE`; not a Trace field."""
 _NOT_TRACE_FIELDS = frozenset({STOP_FIELD, UNCOUNTED_FIELD, PACKED_FIELD})
-TRACE_FIELDS = tuple(Trace.model_fields)
+RUN_FIELD = keys.RUN_FIELD
+TRACE_FIELDS = tuple(name for name in Trace.model_fields if name != "run")
 """The trace hash's fields a Trace is read from (its messages are left where they are)."""
+RUN_FIELDS = tuple(RUN_FIELD + name for name in RunState.model_fields)
+"""The trace hash's run-state fields this release knows (`fleet.runstate`)."""
+READ_FIELDS = (*TRACE_FIELDS, *RUN_FIELDS, PACKED_FIELD)
+"""What a read of a trace (not its messages) asks the trace hash for (`decode_fields`)."""
 # Each Trace field on its own (no field has constraints beyond its type): an update
 # validates only the fields it writes, not a whole placeholder Trace with its defaults.
 _FIELD_TYPES: dict[str, TypeAdapter[Any]] = {
@@ -76,13 +85,26 @@ def _to_json(value: Any) -> str:
 def encode_fields(fields: Mapping[str, Any]) -> list[str]:
     """Validated trace fields as HSET items, each value as JSON (`updated_at_ms` added)."""
     values = {"updated_at_ms": now_ms(), **fields}
-    check_patch(values)
+    check_patch(values)  # a stranger, and `run`, refused with one line
     items: list[str] = []
     for name in sorted(values, key=_FIELD_ORDER.__getitem__):  # as Trace.model_dump orders them
         adapter = _FIELD_TYPES[name]
         value = adapter.dump_python(adapter.validate_python(values[name]), mode="json")
         items += [name, _to_json(value)]
     return items
+
+
+def run_items(fields: RunPatch | dict[str, Any]) -> list[str]:
+    """Validated run-state fields as HSET items of the trace hash: `r:{name}`, JSON value."""
+    checked = check_run_patch(fields)
+    return [item for k, v in checked.items() for item in (RUN_FIELD + k, _to_json(v))]
+
+
+def created_run_items(run: RunState) -> list[str]:
+    """A new trace's run state as HSET items: its version and every field not at its default."""
+    fields = run.model_dump(mode="json", exclude_defaults=True)
+    fields["schema_version"] = run.schema_version
+    return [item for k, v in fields.items() for item in (RUN_FIELD + k, _to_json(v))]
 
 
 def whole(name: str, delta: float) -> int:
@@ -132,6 +154,9 @@ def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, extension_at: int
         case SetFields(fields=fields, event=event):
             items = encode_fields(fields)
             return ["set", str(len(items) + 1), _event(event), *items]
+        case SetRun(fields=fields):
+            items = run_items(fields)
+            return ["set", str(len(items) + 1), "", *items]
         case AddStats(deltas=deltas):
             items = stats_items(deltas)
             return ["stats", str(len(items)), *items]
@@ -172,11 +197,13 @@ def apply_call(
     for op in write.ops:
         if isinstance(op, WriteExtension):  # one per write (`TraceWrite.extend`)
             script_keys += op.keys
+    if write.inbox:  # the tree's: in the trace's slot
+        script_keys.append(keys.inbox(trace_id))
     pauses = [] if split else write.pauses
     script_keys += pauses
     root = "1" if trace_id == write.root_trace_id else ""
     args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(pauses))]
-    args.append("1" if split else "")
+    args += ["1" if split else "", "1" if write.inbox else "", "1" if write.unless_stopped else ""]
     for op in write.ops:
         args += _op(op, write, fenced_by, extension_at)
     return script_keys, args
@@ -193,7 +220,14 @@ def apply_result(write: TraceWrite, reply: Any) -> WriteResult | None:
     appended = [op.message for op in write.ops if isinstance(op, Append)]
     messages = [_numbered(m, n) for m, n in zip(appended, stored, strict=True)]
     pauses = PauseRead.of(write.pauses, ttls) if write.pauses and ttls else None
-    return WriteResult(messages, bool(stop), pauses)
+    return WriteResult(messages, bool(stop), pauses, inbox_seen(reply[6] if write.inbox else None))
+
+
+def inbox_seen(newest: Any) -> InboxSeen | None:
+    """The inbox's newest entry id as a script read it ('' for none; None: not read)."""
+    if newest is None:
+        return None
+    return InboxSeen(str(newest) or None)
 
 
 def _numbered(message: Message, stored: list[Any]) -> Message:
@@ -213,7 +247,8 @@ def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
     """The KEYS and ARGV of `CREATE_TRACES`."""
     script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S), "1"]
     for trace in traces:
-        fields = encode(trace.model_dump(mode="json"))
+        fields = encode(trace.model_dump(mode="json", exclude={"run"}))
+        fields += created_run_items(trace.run)
         parent = trace.parent_trace_id
         script_keys += [keys.trace(trace.trace_id), keys.children(parent or trace.trace_id)]
         args += [trace.trace_id, str(trace.created_at_ms), "1" if parent else "", str(len(fields))]
@@ -254,24 +289,30 @@ def decode_trace(data: Mapping[str, str]) -> Trace | None:
     if not data:
         return None
     # The values are JSON texts already: one JSON object of them, parsed by pydantic at once.
+    # The run state's fields, `r:{name}`, are the object of its `run` (one a newer release
+    # added is ignored there, one an older trace lacks takes its default).
     text = ",".join(
         f'"{name}":{value}'
         for name, value in data.items()
-        if name not in _NOT_TRACE_FIELDS and not name.startswith(MESSAGE_FIELD)
+        if name not in _NOT_TRACE_FIELDS and not name.startswith((MESSAGE_FIELD, RUN_FIELD))
     )
-    return Trace.model_validate_json("{" + text + "}")
+    run = ",".join(
+        f"{json.dumps(name[len(RUN_FIELD) :])}:{value}"
+        for name, value in data.items()
+        if name.startswith(RUN_FIELD)
+    )
+    return Trace.model_validate_json("{" + text + (',"run":{' if text else '"run":{') + run + "}}")
 
 
 def decode_fields(
     values: Sequence[str | None],
     unpack: Callable[[dict[str, str]], dict[str, str]] = unpacked,
 ) -> Trace | None:
-    """A Trace from an HMGET of TRACE_FIELDS and the packed field; None when the hash is gone.
+    """A Trace from an HMGET of TRACE_FIELDS, RUN_FIELDS and the packed field; None: no hash.
 
     `unpack` spreads a packed hash (`fleet.storage.compaction`), with the tree dictionaries.
     """
-    names = (*TRACE_FIELDS, PACKED_FIELD)
-    data = {k: v for k, v in zip(names, values, strict=True) if v is not None}
+    data = {k: v for k, v in zip(READ_FIELDS, values, strict=True) if v is not None}
     return decode_trace(unpack(data) if PACKED_FIELD in data else data)
 
 

@@ -1,0 +1,244 @@
+"""The fleet as an A2A agent: a2a-sdk's client against `fleet a2a`'s app on a real worker.
+
+The Done-when rows of issue 43's second part: a message completes with the tree's answer
+as its artifact; streaming shows working then completed; CancelTask stops the tree; an
+`ask_human` round trip goes through input-required; the endpoint refuses a request
+without the card's bearer token; `fleet a2a` without a token does not start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+import yaml
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.types import a2a_pb2 as pb
+
+from fleet.client import Fleet
+from fleetops.a2a.app import build_app
+from tests.a2a_agent import free_port
+from tests.fleetkit import client, fleet_settings, wait_until
+from tests.procs import start_worker, wait_for_workers
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+TOKEN = "a2a-token-0123456789"
+
+
+@dataclass
+class Served:
+    fleet: Fleet
+    url: str
+
+
+def write_scripts(folder: Path) -> tuple[str, str]:
+    main = {
+        "scripts": [
+            {
+                "match": "^ask",
+                "steps": [
+                    {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which?"}}]},
+                    {"content": "you said: {last_tool}"},
+                ],
+            },
+            {"match": ".*", "steps": [{"content": "the tree's answer to: {last_user}"}]},
+        ]
+    }
+    slow = {"latency_ms": 60_000, "scripts": [{"match": ".*", "steps": [{"content": "late"}]}]}
+    (folder / "main.yaml").write_text(yaml.safe_dump(main))
+    (folder / "slow.yaml").write_text(yaml.safe_dump(slow))
+    return f"scripted:{folder / 'main.yaml'}", f"scripted:{folder / 'slow.yaml'}"
+
+
+@pytest.fixture(scope="module")
+def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    from tests.conftest import flush
+
+    flush(redis_url)
+    conf = tmp_path_factory.mktemp("conf")
+    workspace = tmp_path_factory.mktemp("ws")
+    main, slow = write_scripts(conf)
+    agents = conf / "agents"
+    agents.mkdir()
+    (agents / "helper.md").write_text(
+        "---\nname: helper\ndescription: helps\na2a: true\n---\nHelp.\n"
+    )
+    (agents / "slowpoke.md").write_text(f"---\nname: slowpoke\nmodel: {slow}\na2a: true\n---\nS\n")
+    env = {
+        "FLEET_ALLOW_SCRIPTED": "1",
+        "FLEET_MODEL": main,
+        "FLEET_AGENTS_DIR": str(agents),
+        "FLEET_WORKSPACE": str(workspace),
+        "FLEET_WORKSPACE_ROOTS": str(workspace),
+    }
+    with contextlib.ExitStack() as stack:
+        worker = stack.enter_context(start_worker(redis_url, concurrency=2, env_extra=env))
+        wait_for_workers(redis_url, [worker.name], timeout_s=30)
+        fleet = client(fleet_settings(redis_url, workspace, **env))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/"
+        app = build_app(fleet, url, TOKEN, poll_s=0.1)
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        wait_until(lambda: server.started, 10, "fleet a2a listening")
+        yield Served(fleet, url)
+        server.should_exit = True
+        thread.join(10)
+
+
+async def a2a_call(url: str, act: Any, *, streaming: bool = False, token: str = TOKEN) -> Any:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(headers=headers, timeout=30) as http:
+        card = await A2ACardResolver(http, url).get_agent_card()
+        config = ClientConfig(streaming=streaming, httpx_client=http)
+        return await act(ClientFactory(config).create(card))
+
+
+def message(text: str, **ids: str) -> pb.SendMessageRequest:
+    msg = pb.Message(message_id=uuid.uuid4().hex, role=pb.ROLE_USER, parts=[pb.Part(text=text)])
+    for name, value in ids.items():
+        setattr(msg, name, value)
+    return pb.SendMessageRequest(message=msg)
+
+
+async def last_task(client: Any, request: pb.SendMessageRequest) -> pb.Task:
+    task: pb.Task | None = None
+    async for event in client.send_message(request):
+        if event.HasField("task"):
+            task = event.task
+    assert task is not None
+    return task
+
+
+def test_the_card_names_the_a2a_presets_and_the_bearer_scheme(served: Served) -> None:
+    card = httpx.get(served.url + ".well-known/agent-card.json", timeout=10).json()
+    assert sorted(s["id"] for s in card["skills"]) == ["helper", "slowpoke"]
+    scheme = card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]
+    assert scheme["scheme"] == "Bearer"
+
+
+@pytest.mark.parametrize("token", ["", "wrong-token-0123456789"])
+def test_the_endpoint_refuses_a_request_without_the_token(served: Served, token: str) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    body = {"jsonrpc": "2.0", "id": "1", "method": "GetTask", "params": {"id": "x"}}
+    answer = httpx.post(served.url, json=body, headers=headers, timeout=10)
+    assert answer.status_code == 401
+    text = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "x"}]}
+    send: dict[str, Any] = {"jsonrpc": "2.0", "id": "2", "method": "SendMessage"}
+    send["params"] = {"message": text}
+    before = len(served.fleet.store.list_traces(1000))
+    assert httpx.post(served.url, json=send, headers=headers, timeout=10).status_code == 401
+    assert len(served.fleet.store.list_traces(1000)) == before  # no tree was started
+
+
+def test_a_huge_or_undeclared_body_is_refused_before_it_is_read(served: Served) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    huge = b'{"jsonrpc": "2.0", "id": "1", "method": "SendMessage", "params": {"x": "'
+    huge += b"x" * 2_000_000 + b'"}}'
+    assert httpx.post(served.url, content=huge, headers=headers, timeout=10).status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"jsonrpc": "2.0", "id": "1", "method": "GetTask", "params": {"id": "x"}}'
+
+    chunked = httpx.post(served.url, content=chunks(), headers=headers, timeout=10)
+    assert chunked.status_code == 413
+
+
+def test_a_message_completes_with_the_trees_answer_as_its_artifact(served: Served) -> None:
+    task = asyncio.run(a2a_call(served.url, lambda c: last_task(c, message("count the files"))))
+    assert task.status.state == pb.TASK_STATE_COMPLETED
+    (artifact,) = task.artifacts
+    assert artifact.parts[0].text == "the tree's answer to: count the files"
+
+
+def test_a_message_in_the_same_context_continues_the_tree(served: Served) -> None:
+    async def twice(client: Any) -> tuple[pb.Task, pb.Task]:
+        first = await last_task(client, message("first question"))
+        again = await last_task(client, message("second question", context_id=first.context_id))
+        return first, again
+
+    first, again = asyncio.run(a2a_call(served.url, twice))
+    assert again.status.state == pb.TASK_STATE_COMPLETED and again.id != first.id
+    assert again.artifacts[0].parts[0].text == "the tree's answer to: second question"
+    root = str(again.artifacts[0].metadata["trace_id"])
+    assert root == str(first.artifacts[0].metadata["trace_id"])
+    users = [m.content for m in served.fleet.store.messages(root) if m.role == "user"]
+    assert users == ["first question", "second question"]  # one tree, two turns
+
+
+def test_streaming_shows_working_then_completed(served: Served) -> None:
+    async def stream(client: Any) -> list[int]:
+        states = []
+        async for event in client.send_message(message("stream it")):
+            if event.HasField("status_update"):
+                states.append(event.status_update.status.state)
+            if event.HasField("task"):
+                states.append(event.task.status.state)
+        return states
+
+    states = asyncio.run(a2a_call(served.url, stream, streaming=True))
+    assert pb.TASK_STATE_WORKING in states and states[-1] == pb.TASK_STATE_COMPLETED
+    assert states.index(pb.TASK_STATE_WORKING) < len(states) - 1
+
+
+def test_cancel_task_stops_the_tree(served: Served) -> None:
+    async def start_and_cancel(client: Any) -> tuple[pb.Task, pb.Task]:
+        request = message("take your time")
+        request.metadata["skill"] = "slowpoke"
+        request.configuration.return_immediately = True
+        task = await last_task(client, request)
+        for _ in range(100):
+            task = await client.get_task(pb.GetTaskRequest(id=task.id))
+            if task.status.state == pb.TASK_STATE_WORKING:
+                break
+            await asyncio.sleep(0.1)
+        return task, await client.cancel_task(pb.CancelTaskRequest(id=task.id))
+
+    working, canceled = asyncio.run(a2a_call(served.url, start_and_cancel))
+    assert canceled.status.state == pb.TASK_STATE_CANCELED
+    root = working.status.message.parts[0].text.removeprefix("fleet trace ")
+    wait_until(lambda: served.fleet.trace(root).status == "stopped", 30, "the tree stopped")
+
+
+def test_ask_human_round_trip_through_input_required(served: Served) -> None:
+    async def ask_and_answer(client: Any) -> tuple[pb.Task, pb.Task]:
+        asked = await last_task(client, message("ask me"))
+        reply = message("the blue one", task_id=asked.id, context_id=asked.context_id)
+        return asked, await last_task(client, reply)
+
+    asked, answered = asyncio.run(a2a_call(served.url, ask_and_answer))
+    assert asked.status.state == pb.TASK_STATE_INPUT_REQUIRED
+    assert asked.status.message.parts[0].text == "Which?"
+    assert answered.status.state == pb.TASK_STATE_COMPLETED
+    assert answered.artifacts[0].parts[0].text == "you said: the blue one"
+
+
+def test_fleet_a2a_does_not_start_without_a_token(redis_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "FLEET_SERVE_TOKEN"}
+    env["FLEET_REDIS_URL"] = redis_url
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "fleetops.cli.main", "a2a", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and time.monotonic() - started < 60
+    assert "fleet a2a needs FLEET_SERVE_TOKEN" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
