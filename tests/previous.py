@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PREVIOUS_REF = "8e0d467"
-"""The last release (tag it `v0.1.0`): the fleet this session's work started from."""
+"""The last release (tag it `v0.1.0`): the fleet this session's work started from. From it to
+0.2.0 is a stop-the-world upgrade (docs/operations.md "Upgrading"); once 0.2.0 is tagged, this
+names it and the two releases run side by side."""
 REF_ENV = "FLEET_PREVIOUS_REF"
 CHECKOUT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fleet", "fleetops", "workers")

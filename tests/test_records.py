@@ -32,7 +32,8 @@ NEWER = SCHEMA_VERSION + 1
 def test_a_trace_at_its_defaults_is_written_as_release_0_1_0_wrote_it() -> None:
     dumped = Trace(trace_id="t", root_trace_id="t", task="x").model_dump(mode="json")
     assert "memory" not in dumped and "schema_version" not in dumped
-    # release 0.1.0's Trace fields, and no other (it refuses any field it does not know)
+    # release 0.1.0's Trace fields and the run state, no other: 0.1.0 refuses any field it
+    # does not know, so `run` (in Redis: `r:{name}` fields) makes 0.1.0 -> 0.2.0 stop the world
     assert set(dumped) <= set(Trace.model_fields) - {"memory", "schema_version"}
 
 
@@ -156,3 +157,28 @@ def test_a_collaborator_field_added_later_is_written_only_when_set() -> None:
     assert "priority" not in plain and "schema_version" not in plain
     set_ = json.loads(Later(name="a", trace_id="p@a", priority=2).model_dump_json())
     assert set_["priority"] == 2 and set_["schema_version"] == 3
+
+
+def test_a_collaborator_entry_names_its_remote_task_only_when_it_has_one() -> None:
+    plain = json.loads(Collaborator(name="a", trace_id="p@a").model_dump_json())
+    assert "remote_id" not in plain and "schema_version" not in plain
+    entry = Collaborator(name="r", trace_id="p@r", type="remote", remote_id="agent://x/1")
+    remote = json.loads(entry.model_dump_json())
+    assert remote["remote_id"] == "agent://x/1" and remote["schema_version"] == 2
+
+
+def test_an_update_of_the_whole_run_state_is_refused(store: TraceStore) -> None:
+    store.create_trace(Trace(trace_id="t", root_trace_id="t", task="x"))
+    with pytest.raises(ValueError, match="field by field"):
+        store.update_trace("t", run={})  # type: ignore[call-arg]
+
+
+@pytest.mark.integration
+def test_a_run_state_field_of_a_newer_release_stays_in_redis(redis_client: redis.Redis) -> None:
+    store = RedisStore(redis_client)
+    store.create_trace(Trace(trace_id="t1", root_trace_id="t1", task="x"))
+    redis_client.hset(keys.trace("t1"), "r:from_the_future", json.dumps([1, 2]))
+    store.update_run("t1", turn=3)
+    store.update_trace("t1", status="running")
+    assert store.snapshot("t1").trace.run.turn == 3, "read, the stranger ignored"
+    assert redis_client.hget(keys.trace("t1"), "r:from_the_future") == "[1, 2]"
