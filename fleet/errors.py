@@ -110,3 +110,7 @@ class ExperienceNotFound(FleetError):
 
 class MemoryRefused(ConfigError):
     """A memory read or write the fleet refuses: a bad name, a namespace not bound, a cap."""
+
+
+class NewerRecord(FleetError):
+    """A record written for a newer release than this one reads (its `schema_version`)."""

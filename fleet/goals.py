@@ -12,9 +12,9 @@ GoalStatus = Literal["pending", "in_progress", "done", "abandoned"]
 
 
 class Goal(BaseModel):
-    """One step of the plan."""
+    """One step of the plan (stored in its trace: fields a newer release added are kept)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     id: str
     description: str
@@ -28,7 +28,7 @@ class Goal(BaseModel):
 class GoalTree(BaseModel):
     """An ordered goal tree with one focused goal."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     goals: list[Goal] = Field(default_factory=list)
     focus_id: str | None = None

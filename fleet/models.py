@@ -1,18 +1,31 @@
 """The persisted data: traces, messages, collaborators.
 
 These are pydantic models because they cross the edge into Redis and task messages;
-`model_dump_json` / `model_validate_json` round-trip them exactly.
+`model_dump_json` / `model_validate_json` round-trip them exactly, fields a newer release
+added included (`Record`: the schema version and the rules between releases).
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any, Literal, TypedDict, Unpack
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, TypedDict, Unpack
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    model_serializer,
+)
 
+from fleet.errors import NewerRecord
 from fleet.goals import GoalTree
-from fleet.runstate import RunPatch, RunState, check_patch
+from fleet.runstate import RunPatch, RunState
+from fleet.runstate import check_patch as check_run_patch  # the trace's own: check_patch
 
 Mode = Literal["main", "delegate", "explore", "evaluate", "remote"]
 Status = Literal["queued", "running", "waiting", "completed", "failed", "stopped"]
@@ -31,11 +44,115 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# -- records across releases: the schema version and the tolerant reader ---------------
+# Everything the fleet keeps in Redis or sends in a task message is read, during a rolling
+# upgrade, by the release before this one and the release after it (docs/operations.md,
+# "Upgrading"). A `Record` follows three rules:
+#
+# - **Unknown fields are kept.** A field a newer release added is read into the model's
+#   extras and written back with it when the record is rewritten whole (a collaborator
+#   entry, a memory entry); records updated field by field (the trace hash) never touch it.
+# - **Missing fields take their defaults**, so a record an older release wrote reads here.
+# - **A field added since the previous release is written only when it says something** (not
+#   at its default), and the record then carries `schema_version`: the oldest schema that
+#   reads it right. A record without one is schema 1 (release 0.1.0, which refuses any field
+#   it does not know: so what this release writes by default must carry no field 0.1.0 lacks).
+#   A reader older than a record's `schema_version` refuses that record, one line
+#   (`NewerRecord`), and nothing else.
+SCHEMA_VERSION = 2
+"""The record schema this release writes and reads: 1 was release 0.1.0's (no version on any
+record), 2 adds `schema_version` where a record needs it, the trace's memory namespaces and
+unknown fields kept."""
+
+UNVERSIONED = 1
+"""The schema of a record that carries no `schema_version`."""
+
+TASK_SCHEMA = 1
+"""The oldest schema that runs this release's task messages right (their `fleet_schema`
+header): their arguments have not changed since release 0.1.0. A task argument added later
+must be one an older worker may ignore (the tasks take `**newer`), or raise this."""
 
 
-class TraceStats(_Model):
+def newer_than_this(schema: object) -> bool:
+    """Whether a record's or a message's schema is above the one this release reads."""
+    return isinstance(schema, int) and schema > SCHEMA_VERSION
+
+
+class Kept(BaseModel):
+    """A value inside a stored record: the fields this release does not know are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def _readable(version: int, info: ValidationInfo) -> int:
+    """A record's `schema_version`, or `NewerRecord` when it is above this release's."""
+    if version > SCHEMA_VERSION:
+        kind = (info.config or {}).get("title", "record")
+        raise NewerRecord(
+            f"a {kind} written by a newer release (schema {version};"
+            f" this one reads up to {SCHEMA_VERSION}): upgrade it"
+        )
+    return version
+
+
+def _unversioned(version: int) -> bool:
+    return version == UNVERSIONED
+
+
+class Record(Kept):
+    """A stored record: unknown fields kept, `schema_version` written only when above 1."""
+
+    schema_version: Annotated[int, AfterValidator(_readable)] = Field(
+        default=UNVERSIONED, exclude_if=_unversioned
+    )
+    """The oldest schema that reads this record right (checked only when present)."""
+
+
+class Evolving(Record):
+    """A record with fields added since schema 1: `SINCE` names each and its schema.
+
+    Such a field is written only when it is not at its default, and then raises the
+    written `schema_version` to the schema that added it.
+    """
+
+    SINCE: ClassVar[dict[str, int]] = {}
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        floor = data.pop("schema_version", UNVERSIONED)  # written last, whatever its source
+        for name, since in self.SINCE.items():
+            if name in data and getattr(self, name) != _default(type(self), name):
+                floor = max(floor, since)
+            else:
+                data.pop(name, None)  # at its default: an older reader lacks nothing
+        if floor > UNVERSIONED:
+            data["schema_version"] = floor
+        return data
+
+
+@functools.cache
+def _default(model: type[BaseModel], name: str) -> Any:
+    """A field's default, made once (compared with, never handed out)."""
+    return model.model_fields[name].get_default(call_default_factory=True)
+
+
+def unknown_fields(record: BaseModel) -> list[str]:
+    """The fields of `record` and its nested records that this release does not know."""
+    found = [f"{name!r}" for name in record.model_extra or {}]
+    for name in type(record).model_fields:
+        value = getattr(record, name)
+        nested = value if isinstance(value, list) else [value]
+        found += [
+            f"{name}.{inner}"
+            for v in nested
+            if isinstance(v, BaseModel)
+            for inner in unknown_fields(v)
+        ]
+    return found
+
+
+class TraceStats(Kept):
     """Running totals of a trace."""
 
     messages: int = 0
@@ -49,8 +166,14 @@ class TraceStats(_Model):
     """Prompt tokens written to the provider's prompt cache (part of `prompt_tokens`)."""
 
 
-class Collaborator(_Model):
-    """One child (or human) working for a parent trace."""
+class Collaborator(Evolving):
+    """One child (or human) working for a parent trace.
+
+    An entry is rewritten whole at every status change: a field added to it goes in `SINCE`,
+    or the previous release refuses every entry of every parent its workers settle.
+    """
+
+    SINCE: ClassVar[dict[str, int]] = {"remote_id": 2}
 
     name: str
     type: CollaboratorType = "agent"
@@ -69,7 +192,7 @@ class Collaborator(_Model):
     updated_at_ms: int = Field(default_factory=now_ms)
 
 
-class Message(_Model):
+class Message(Record):
     """An OpenAI-format message plus its place in the trace's message tree."""
 
     trace_id: str
@@ -127,14 +250,14 @@ def image_placeholder(part: dict[str, Any]) -> str:
     return f"[image {kind} {ref.get('width', '?')}x{ref.get('height', '?')}, {size_kb:.1f} KB]"
 
 
-class DomainLayer(_Model):
+class DomainLayer(Kept):
     """One layer of a parent's web domain filter (`fleet.config.webfilter.DomainRules`)."""
 
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)
 
 
-class ToolCeiling(_Model):
+class ToolCeiling(Kept):
     """The most a trace may do, whatever its preset says: what its parent could do.
 
     Set when a child is created and enforced where tools run, so no child ever holds a
@@ -152,8 +275,10 @@ class ToolCeiling(_Model):
     is narrowed by every layer (never widened)."""
 
 
-class Trace(_Model):
+class Trace(Evolving):
     """A main agent, a sub-agent or an evaluator: everything is a trace."""
+
+    SINCE: ClassVar[dict[str, int]] = {"memory": 2}
 
     trace_id: str
     root_trace_id: str
@@ -201,7 +326,7 @@ class Trace(_Model):
 
     def with_run(self, **fields: Unpack[RunPatch]) -> Trace:
         """A copy with these run-state fields set (as `update_run` writes them)."""
-        run = RunState.model_validate({**self.run.model_dump(), **check_patch(fields)})
+        run = RunState.model_validate({**self.run.model_dump(), **check_run_patch(fields)})
         return self.model_copy(update={"run": run})
 
 
@@ -242,7 +367,16 @@ class TracePatch(TypedDict, total=False):
     finished_at_ms: int | None
 
 
-class Event(_Model):
+def check_patch(fields: Mapping[str, object]) -> None:
+    """`ValueError` naming `run` or a stranger (kept when read, `Record`, never invented)."""
+    if "run" in fields:
+        raise ValueError("the run state is written field by field (update_run), not as a whole")
+    strangers = sorted(set(fields) - Trace.model_fields.keys())
+    if strangers:
+        raise ValueError(f"{strangers[0]!r} is not a field of a trace this release writes")
+
+
+class Event(Record):
     """One entry of a trace tree's event stream."""
 
     kind: Literal["trace", "message", "collaborator", "finish", "stop", "context"]
@@ -252,7 +386,7 @@ class Event(_Model):
     at_ms: int = Field(default_factory=now_ms)
 
 
-class WorkerPresence(_Model):
+class WorkerPresence(Record):
     """A live worker as its heartbeat announces it (`fleet:worker:{node}`)."""
 
     node: str

@@ -88,12 +88,15 @@ def start_worker(
     concurrency: int = 8,
     env_extra: Mapping[str, str] | None = None,
     name: str | None = None,
+    python: str = sys.executable,
+    cwd: Path | None = None,
 ) -> WorkerProcess:
     """Start `python -m workers` (`celery worker`'s options) on these URLs; output to a log file.
 
     Without mingle and gossip, as `fleet worker` starts them (`fleetops.cli.ops.worker_argv`
     says why). Use it as a context manager (or call `stop`) so the process never outlives
-    the test.
+    the test. `python` and `cwd`: another release's interpreter, started outside this
+    checkout (`python -m` puts the working directory first on `sys.path`).
     """
     name = name or f"test{next(_names)}.{os.getpid()}@{socket.gethostname()}"
     env = {
@@ -103,7 +106,7 @@ def start_worker(
         "PYTHONUNBUFFERED": "1",
         **(env_extra or {}),
     }
-    argv = [sys.executable, "-m", "workers", "-Q", ",".join(queues), "-P", pool, "-E"]
+    argv = [python, "-m", "workers", "-Q", ",".join(queues), "-P", pool, "-E"]
     argv += ["-c", str(concurrency), "-n", name, "--loglevel", "INFO"]
     argv += ["--without-mingle", "--without-gossip"]
     fd, log_name = tempfile.mkstemp(prefix="fleet-worker-", suffix=".log")
@@ -112,6 +115,7 @@ def start_worker(
             argv,
             env=env,
             stdin=subprocess.DEVNULL,
+            cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

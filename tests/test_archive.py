@@ -87,6 +87,15 @@ def _trace_line(fields: dict[str, str]) -> str:
             ],
             ":1: ",
         ),
+        (  # a field no release of the fleet wrote, planted for a later one to read
+            lambda lines: [
+                lines[0].replace(
+                    '\\"role\\":\\"system\\"', '\\"role\\":\\"system\\",\\"run_as\\":1'
+                ),
+                *lines[1:],
+            ],
+            "Message field 'run_as' is not this release's",
+        ),
         (
             lambda lines: [*lines[:-1], lines[-1].replace('[["', '[["../x', 1)],
             "is not a stream entry id",

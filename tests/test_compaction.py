@@ -72,6 +72,18 @@ def test_a_compacted_tree_reads_back_the_same(redis_db: redis.Redis, tmp_path: P
     assert compact_tree(redis_db, root.trace_id, 3600).packed == 0, "packed once"
 
 
+def test_nothing_of_a_compacted_tree_outlives_its_retention(
+    redis_db: redis.Redis, tmp_path: Path
+) -> None:
+    root = explore_tree(redis_db, tmp_path, branches=3).run("survey", model="m").trace_id
+    family = [str(k) for k in redis_db.scan_iter(match=f"fleet:trace:{root}*", count=1000)]
+    assert any(":collected:" in k for k in family), "the explore's call was collected"
+    compact_tree(redis_db, root, 3600)
+    left = [str(k) for k in redis_db.scan_iter(match=f"fleet:trace:{root}*", count=1000)]
+    kept = {k: redis_db.ttl(k) for k in left}
+    assert all(0 < ttl_s <= 3600 for ttl_s in kept.values()), kept
+
+
 def test_a_compacted_tree_continues(redis_db: redis.Redis, tmp_path: Path) -> None:
     local = explore_tree(redis_db, tmp_path, branches=3)
     root = local.run("survey", model="m")

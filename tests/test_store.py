@@ -457,7 +457,7 @@ def test_update_trace_validates_only_trace_fields(store: TraceStore) -> None:
     store.create_trace(make_trace("t1"))
     with pytest.raises(ValidationError):
         store.update_trace("t1", status="sleeping")  # type: ignore[arg-type]
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValueError, match="'colour' is not a field of a trace"):
         store.update_trace("t1", colour="red")  # type: ignore[call-arg]
     store.update_trace("t1", status="running", metadata={"k": "é"}, head_sequence=None)
     trace = store.get_trace("t1")

@@ -9,10 +9,12 @@ from typing import Any
 
 from celery import Celery
 from celery.app.backends import by_url
+from celery.signals import before_task_publish
 from kombu.entity import Queue
 from kombu.messaging import Producer
 
 from fleet.limits.trees import Priority
+from fleet.models import TASK_SCHEMA
 from fleet.settings import Settings, process_settings
 from fleet.storage.backends.redis import sentinel as redis_sentinel
 from fleet.storage.backends.redis.connect import SENTINEL_TIMEOUT_S
@@ -215,6 +217,18 @@ def configured(settings: Settings) -> dict[str, Any]:
     """
     patches.configure(settings.celery_patches_off)
     return make_config(settings)
+
+
+SCHEMA_HEADER = "fleet_schema"
+"""The task message header: the oldest schema that runs it right (`fleet.models.Record`)."""
+
+
+@before_task_publish.connect
+def _stamp_schema(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    # Every message this release sends, whatever sends it (a client, a chord, a sweeper):
+    # a worker of an older release than the header names hands it back instead of running it.
+    if headers is not None:
+        headers.setdefault(SCHEMA_HEADER, TASK_SCHEMA)
 
 
 app = create_app()

@@ -11,14 +11,14 @@ from celery.exceptions import Ignore
 from kombu.exceptions import OperationalError
 
 from fleet.children import after
-from fleet.loop.runner import Runner, RunResult, run_safely
-from fleet.models import now_ms
+from fleet.loop.runner import NEWER_RECORD_RETRY_S, Runner, RunResult, run_safely
+from fleet.models import newer_than_this, now_ms
 from fleet.runtime import Runtime
 from fleet.settings import process_settings
 from fleet.storage import outbox
 from fleet.storage.writes import WriteExtension
 from workers import settle
-from workers.app import MAX_WORKER_LOST_RETRIES, app
+from workers.app import MAX_WORKER_LOST_RETRIES, SCHEMA_HEADER, app
 from workers.dispatch import start_window
 from workers.patches import chord_join
 from workers.runtime import draining, get_runtime
@@ -50,7 +50,7 @@ def envelope(result: RunResult) -> dict[str, str]:
     max_retries=MAX_WORKER_LOST_RETRIES,
 )
 def run_agent(
-    self: Task, trace_id: str, recovered: bool = False, windowed: bool = False
+    self: Task, trace_id: str, recovered: bool = False, windowed: bool = False, **newer: Any
 ) -> dict[str, str]:
     """Run a trace (main agent or branch) until it finishes or waits on children.
 
@@ -59,6 +59,7 @@ def run_agent(
     `windowed`: a child of a tree with `max_concurrent` (no chord): when it ends it starts
     the next waiting child and, if it was the last of its call, settles the call.
     """
+    refuse_newer(self)
     runtime = get_runtime()
     part = counted_part(self, runtime)
     result = run_safely(Runner(runtime, should_yield=draining.is_set, end_step=part), trace_id)
@@ -86,11 +87,24 @@ def after_run(runtime: Runtime, result: RunResult, *, recovered: bool, windowed:
 
 
 @app.task(name="fleet.resume_agent", bind=True, max_retries=MAX_WORKER_LOST_RETRIES)
-def resume_agent(self: Task, trace_id: str) -> dict[str, str]:
+def resume_agent(self: Task, trace_id: str, **newer: Any) -> dict[str, str]:
     """Continue a trace from its persisted messages once its children were collected."""
+    refuse_newer(self)
     result = run_safely(Runner(get_runtime(), should_yield=draining.is_set), trace_id)
     hand_back(self, result)
     return envelope(result)
+
+
+def refuse_newer(task: Task) -> None:
+    """A message only a newer release runs right goes back for one (`Ignore`), in one line.
+
+    Its arguments beyond this release's (`**newer`) are ignored otherwise: a sender adds
+    only arguments an older worker may ignore, unless it raises the header's schema.
+    """
+    schema = getattr(task.request, SCHEMA_HEADER, None)
+    if newer_than_this(schema):
+        log.warning("%s handed back: its schema %s is newer than this worker's", task.name, schema)
+        requeue(task, countdown_s=NEWER_RECORD_RETRY_S)
 
 
 def hand_back(task: Task, result: RunResult) -> None:

@@ -11,11 +11,11 @@ from array import array
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from fleet.errors import ConfigError
 from fleet.llm.embeddings import Vector
-from fleet.models import now_ms
+from fleet.models import Record, now_ms
 
 Source = Literal["execution", "feedback", "manual"]
 SCOPE_KINDS = ("agent", "user", "project")
@@ -23,10 +23,8 @@ _SCOPE = re.compile(r"(agent|user|project):[A-Za-z0-9_.@-]{1,100}")
 MAX_TEXT_CHARS = 1000
 
 
-class Experience(BaseModel):
-    """When `condition`, then `rule`; injected only once `approved`."""
-
-    model_config = ConfigDict(extra="forbid")
+class Experience(Record):
+    """When `condition`, then `rule`; injected only once `approved` (a stored `Record`)."""
 
     id: str
     scope: str

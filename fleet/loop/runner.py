@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from fleet import lifecycle
 from fleet.children import settling
-from fleet.errors import LeaseLost
+from fleet.errors import LeaseLost, NewerRecord
 from fleet.lifecycle import recorder
 from fleet.limits.gate import Wait
 from fleet.loop.fenced_run import FencedRun
@@ -27,6 +27,10 @@ from fleet.storage.store import TraceSnapshot
 from fleet.storage.writes import WriteExtension
 
 log = logging.getLogger(__name__)
+
+NEWER_RECORD_RETRY_S = 30.0
+"""How long a run this release cannot read waits before it is offered again (a worker of the
+newer release, during an upgrade, takes it meanwhile; after a rollback it waits here)."""
 
 _HOST = socket.gethostname()
 
@@ -110,6 +114,9 @@ def run_safely(runner: Runner, trace_id: str) -> RunResult:
     """
     try:
         return runner.run(trace_id)
+    except NewerRecord as exc:  # during an upgrade: a worker of the newer release runs it
+        log.warning("run of %r handed back: %s", trace_id, exc)
+        return RunResult(trace_id, "throttled", retry_in_s=NEWER_RECORD_RETRY_S)
     except Exception as exc:  # the envelope *is* the error handling for branches
         if runner.store.unavailable(exc):
             log.warning("run of %r interrupted, the store is unreachable: %s", trace_id, exc)

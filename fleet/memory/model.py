@@ -7,17 +7,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from fleet.errors import MemoryRefused
 from fleet.memory.names import MemoryCaps, check_key, check_namespace
-from fleet.models import now_ms
+from fleet.models import Record, now_ms
 
 
-class Entry(BaseModel):
+class Entry(Record):
     """One version of a key's value, with where it came from."""
-
-    model_config = ConfigDict(extra="forbid")
 
     namespace: str
     key: str
@@ -101,10 +97,8 @@ class Lost:
 WriteOutcome = Landed | Lost
 
 
-class Proposal(BaseModel):
+class Proposal(Record):
     """A recorder write held for a person's `fleet memory approve` (`memory: {review: true}`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str
     namespace: str

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from fleet.models import Record
 
 CallState = Literal["queued", "submitting", "submitted", "answered", "cancelled"]
 
 
-class CallStatus(BaseModel):
+class CallStatus(Record):
     """Where one call is: its state, attempt and the flush or batch that holds it."""
-
-    model_config = ConfigDict(extra="ignore")
 
     state: CallState = "queued"
     attempt: int = 1
@@ -20,10 +18,8 @@ class CallStatus(BaseModel):
     batch_id: str = ""
 
 
-class PendingCall(BaseModel):
+class PendingCall(Record):
     """One model call waiting on a provider batch: its trace turn and its request."""
-
-    model_config = ConfigDict(extra="ignore")
 
     custom_id: str
     trace_id: str
@@ -34,7 +30,7 @@ class PendingCall(BaseModel):
     queued_at_ms: int
 
 
-class Flush(BaseModel):
+class Flush(Record):
     """Calls of one model sent (or being sent) as one provider batch."""
 
     flush_id: str

@@ -5,17 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from fleet.models import Record
 
 Refusal = Literal["missing", "ended", "rate", "full", "sender_rate"]
 """Why `post` refused: no such trace, it ended, too many this minute or in all, or the
 sending trace sent too many this minute."""
 
 
-class Posted(BaseModel):
+class Posted(Record):
     """One message as the inbox stream holds it (JSON in field `m`)."""
 
-    model_config = ConfigDict(extra="forbid")
     sender: str
     """Who sent it, as shown to the model (quoted as data): `--from`, a name, a trace id."""
     content: str

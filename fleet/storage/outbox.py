@@ -46,6 +46,8 @@ def parse(entry: str) -> tuple[str, str, str]:
 def runs_for(store: TraceStore, entry: str) -> list[str] | None:
     """The traces to send a recovered run for; None while the entry is not ripe yet.
 
+    None too for a kind a newer release added: a worker of that release takes it.
+
     A spawn is ripe once its parent's runner let go of the lease (it died, or it went on
     waiting after the broker refused the chord). A recovered run of a child collects its
     tool call once every sibling has ended, so when all children ended already one run of
@@ -57,8 +59,10 @@ def runs_for(store: TraceStore, entry: str) -> list[str] | None:
             return []
         return [trace_id]
     parent_id = trace_id
-    if kind != SPAWN or not call_id:
-        return []  # not ours (an older format): drop it
+    if kind != SPAWN:  # a kind a newer release added: left for a worker that knows it
+        return None
+    if not call_id:
+        return []  # an older format: drop it
     if store.lease_holder(parent_id) is not None:
         return None
     kids = [store.get_trace(c) for c in store.children(parent_id)]

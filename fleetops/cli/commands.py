@@ -28,10 +28,24 @@ DEMO_TASK = "Survey this workspace in five parallel branches and summarise what 
 def build_parser() -> argparse.ArgumentParser:
     """The parser with every command; each sets `handler` to a "module:function" string."""
     parser = argparse.ArgumentParser(prog="fleet", description="Run LLM sub-agents as jobs.")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the release and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_run, _add_follow, _add_trace, _add_batch, _add_ops, _add_servers, _add_demo):
         add(commands)
     return parser
+
+
+class _Version(argparse.Action):
+    """`fleet --version`: the release and the record schema it writes (read when asked)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        from importlib.metadata import version
+
+        from fleet.models import SCHEMA_VERSION, TASK_SCHEMA
+
+        schemas = f"record schema {SCHEMA_VERSION}, task schema {TASK_SCHEMA}"
+        print(f"fleet {version('agent-fleet')} ({schemas})", flush=True)  # stdout, as argparse's
+        parser.exit(0)
 
 
 def _command(commands: Any, name: str, handler: str, **options: Any) -> argparse.ArgumentParser:

@@ -17,9 +17,11 @@ from fleet.models import (
     TracePatch,
     TraceStats,
     WorkerPresence,
+    check_patch,
     now_ms,
 )
-from fleet.runstate import RunPatch, check_patch
+from fleet.runstate import RunPatch
+from fleet.runstate import check_patch as check_run_patch
 from fleet.storage.backends.memory.workers import MemoryWorkerTables
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
@@ -115,9 +117,8 @@ class MemoryStore(MemoryWorkerTables):
             return [self.get_trace(t) for t in trace_ids]
 
     def update_trace(self, trace_id: str, **fields: Unpack[TracePatch]) -> None:
-        if "run" in fields:
-            raise ValueError("the run state is written field by field (update_run), not whole")
         fields.setdefault("updated_at_ms", now_ms())
+        check_patch(fields)
         patch = Trace.model_validate(
             {**self.get_trace(trace_id).model_dump(), **fields}
         ).model_dump(mode="json", include=set(fields))
@@ -133,7 +134,7 @@ class MemoryStore(MemoryWorkerTables):
             self.emit(root_trace_id, event)
 
     def update_run(self, trace_id: str, **fields: Unpack[RunPatch]) -> None:
-        patch = check_patch(fields)  # each field set on its own, as Redis sets `r:{name}`
+        patch = check_run_patch(fields)  # each field set on its own, as Redis sets `r:{name}`
         with self._lock:
             self._check_fence()
             data = self._traces.get(trace_id)

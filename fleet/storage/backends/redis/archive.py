@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import redis
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fleet.errors import ConfigError, InvalidTraceId
 from fleet.ids import check_trace_id
-from fleet.models import Collaborator, Event, Message, Trace
+from fleet.models import Collaborator, Event, Message, Trace, unknown_fields
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis.connect import Lua, is_cluster
@@ -108,7 +108,7 @@ def check_tree(tree: TreeRecord) -> None:
         if not redis_compact.is_entry_id(entry_id):
             raise BadRecord(f"event id {entry_id[:40]!r} is not a stream entry id")
         try:
-            Event.model_validate_json(event)
+            known(Event.model_validate_json(event))
         except ValueError as exc:
             raise BadRecord(_first_line(exc)) from None
 
@@ -117,18 +117,31 @@ def check_trace(record: TraceRecord) -> Trace:
     """The record's trace, its id, messages and collaborator entries checked (`BadRecord`)."""
     try:
         trace = decode_trace(unpacked(record.fields))
+        if trace is not None:
+            known(trace)
         check_trace_id(record.trace_id)
         for name, value in record.fields.items():
             if name.startswith(MESSAGE_FIELD):
-                Message.model_validate_json(value)
+                known(Message.model_validate_json(value))
         for child, entry in record.collaborators:
-            Collaborator.model_validate_json(entry)
+            known(Collaborator.model_validate_json(entry))
             check_trace_id(child)
     except (ValueError, KeyError, InvalidTraceId) as exc:
         raise BadRecord(_first_line(exc)) from None
     if trace is None:
         raise BadRecord("a trace record without fields")
     return trace
+
+
+def known(record: BaseModel) -> None:
+    """`ValueError` for a field this release does not know.
+
+    The store keeps such fields for the release that wrote them, but a file from outside
+    may not plant one for a later release to read.
+    """
+    strangers = unknown_fields(record)
+    if strangers:
+        raise ValueError(f"{type(record).__name__} field {strangers[0]} is not this release's")
 
 
 def _first_line(exc: Exception) -> str:

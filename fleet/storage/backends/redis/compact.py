@@ -24,6 +24,7 @@ import redis
 from fleet.models import TERMINAL
 from fleet.storage import keys
 from fleet.storage.backends.redis.connect import Lua
+from fleet.storage.backends.redis.writes import MESSAGE_FIELD
 from fleet.storage.compaction import (
     PACKED_FIELD,
     PackError,
@@ -138,7 +139,7 @@ def compact_tree(client: redis.Redis, root_trace_id: str, retention_s: int) -> C
             packed, raced = packed + done, raced + 1 - done
         if tree_dict is not None:
             _pack_collaborators(client, trace_ids, tree_dict, retention_s)
-        _expire_family(client, trace_ids, retention_s)
+        _expire_family(client, found, retention_s)
     client.expire(keys.tree_dict(root_trace_id), retention_s)  # after every trace packed with it
     archived = archive_events(client, root_trace_id, retention_s)
     return Compacted(packed, bool(raced) or archived is False)
@@ -276,13 +277,32 @@ class DictCache:
             return unpacked(data, self)
 
 
-def _expire_family(client: redis.Redis, trace_ids: Sequence[str], ttl_s: int) -> None:
-    """The retention TTL on the keys beside each trace hash (children, collaborators)."""
+def _expire_family(
+    client: redis.Redis, found: Sequence[tuple[str, dict[str, str]]], ttl_s: int
+) -> None:
+    """The retention TTL on the keys beside each trace hash.
+
+    Children, collaborators, and the marker of each tool call whose children were collected
+    (it kept the trace's 7 days: a soak saw one per collected call outlive its tree).
+    """
     pipe = client.pipeline(transaction=False)
-    for trace_id in trace_ids:
+    for trace_id, raw in found:
         for key in (keys.children, keys.collaborators, keys.collaborator_order):
             pipe.expire(key(trace_id), ttl_s)
+        for call_id in _tool_results(raw):
+            pipe.expire(keys.collected(trace_id, call_id), ttl_s)
     pipe.execute()
+
+
+def _tool_results(raw: dict[str, str]) -> list[str]:
+    """The tool call ids a trace hash holds results of (a packed hash: none left to find)."""
+    calls = []
+    for name, value in raw.items():
+        if name.startswith(MESSAGE_FIELD) and '"role":"tool"' in value:
+            call_id = json.loads(value).get("tool_call_id")
+            if isinstance(call_id, str):
+                calls.append(call_id)
+    return calls
 
 
 def archive_events(client: redis.Redis, root_trace_id: str, ttl_s: int) -> bool | None:

@@ -344,14 +344,17 @@ return 1
 # pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms, '1' when the caller indexes the lease (a
-# cluster: KEYS[3] is a stand-in)
-# Returns -1 for no trace (nothing taken), 0 when another runner holds the lease, else
+# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads
+# Returns -1 for no trace (nothing taken), -2 for a trace of a newer schema (nothing taken:
+# a worker of that release runs it), 0 when another runner holds the lease, else
 # {the trace hash (its messages included) as a flat list, {PTTL per pause key}, the
 # inbox's newest entry id ('' for none)}: the first model call needs no read of its own.
 BEGIN_RUN = (
     """
 local trace = redis.call('HGETALL', KEYS[1])
 if #trace == 0 then return -1 end
+local schema = redis.call('HGET', KEYS[1], 'schema_version')
+if schema and tonumber(schema) > tonumber(ARGV[10]) then return -2 end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])

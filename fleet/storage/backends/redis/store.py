@@ -19,8 +19,8 @@ from typing import Any, Unpack, cast
 
 import redis
 
-from fleet.errors import ConfigError, TraceExists, TraceNotFound
-from fleet.models import Collaborator, Event, Message, Trace, TracePatch, now_ms
+from fleet.errors import ConfigError, NewerRecord, TraceExists, TraceNotFound
+from fleet.models import SCHEMA_VERSION, Collaborator, Event, Message, Trace, TracePatch, now_ms
 from fleet.runstate import RunPatch
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
@@ -44,7 +44,6 @@ BLOCK_MARGIN_MS = 1_000
 THAW_ATTEMPTS = 3
 """A write finding its trace packed thaws it and tries again, this often at most (compaction
 may pack it again in between: it packs only ended traces, and a continue's write ends that)."""
-
 
 log = logging.getLogger(__name__)
 
@@ -204,12 +203,14 @@ class RedisStore(RedisIndexes):
         tree = [keys.trace(trace_id), lease, running, keys.events(root), keys.inbox(trace_id)]
         script_keys = tree + ([] if self._cluster else list(pauses))
         args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
-        args.append(json.dumps(root) if start else "")
-        args += [start.event.model_dump_json() if start else "", now_ms()]
-        args.append("1" if self._cluster else "")
+        args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
+        args.append(now_ms())
+        args += ["1" if self._cluster else "", SCHEMA_VERSION]
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")
+        if reply == -2:
+            raise NewerRecord(f"trace {trace_id!r} is for a newer release than this one")
         if reply == 0:
             return None
         if self._cluster:
@@ -339,7 +340,7 @@ class RedisStore(RedisIndexes):
         entries = redis_writes.stream_entries(reply)
         if not entries:  # a compacted tree's events are in its archive
             entries = redis_compact.events_after(self._client, root_trace_id, after, count)
-        return [(str(i), Event.model_validate_json(f["e"])) for i, f in entries]
+        return redis_writes.readable_events(entries)
 
     # -- stop, leases, collection, cache -------------------------------------
 

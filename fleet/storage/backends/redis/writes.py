@@ -7,14 +7,17 @@ arguments; the trace hash (its messages included) and the event stream as models
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, cast
 
 from pydantic import TypeAdapter
 
-from fleet.models import Event, Message, Trace, now_ms
-from fleet.runstate import RunPatch, RunState, check_patch
+from fleet.errors import NewerRecord
+from fleet.models import Event, Message, Trace, check_patch, now_ms
+from fleet.runstate import RunPatch, RunState
+from fleet.runstate import check_patch as check_run_patch
 from fleet.storage import keys
 from fleet.storage.compaction import PACKED_FIELD, unpacked
 from fleet.storage.store import STATS_FIELDS
@@ -34,6 +37,8 @@ from fleet.storage.writes import (
     WriteResult,
 )
 
+log = logging.getLogger(__name__)
+
 FLOAT_STATS = frozenset({"cost_usd"})
 STOP_FIELD = "stop"
 """The trace hash's field that is present ("1") while a stop is requested; not a Trace field."""
@@ -49,8 +54,6 @@ RUN_FIELDS = tuple(RUN_FIELD + name for name in RunState.model_fields)
 """The trace hash's run-state fields this release knows (`fleet.runstate`)."""
 READ_FIELDS = (*TRACE_FIELDS, *RUN_FIELDS, PACKED_FIELD)
 """What a read of a trace (not its messages) asks the trace hash for (`decode_fields`)."""
-# The required Trace fields, so that an update's fields validate without reading the trace.
-_PLACEHOLDER: dict[str, Any] = {"trace_id": "_", "root_trace_id": "_", "task": ""}
 # Each Trace field on its own (no field has constraints beyond its type): an update
 # validates only the fields it writes, not a whole placeholder Trace with its defaults.
 _FIELD_TYPES: dict[str, TypeAdapter[Any]] = {
@@ -82,10 +85,7 @@ def _to_json(value: Any) -> str:
 def encode_fields(fields: Mapping[str, Any]) -> list[str]:
     """Validated trace fields as HSET items, each value as JSON (`updated_at_ms` added)."""
     values = {"updated_at_ms": now_ms(), **fields}
-    if "run" in values:
-        raise ValueError("the run state is written field by field (update_run), not as a whole")
-    if not values.keys() <= _FIELD_ORDER.keys():  # Trace's own error names the stranger
-        Trace.model_validate({**_PLACEHOLDER, **values})
+    check_patch(values)  # a stranger, and `run`, refused with one line
     items: list[str] = []
     for name in sorted(values, key=_FIELD_ORDER.__getitem__):  # as Trace.model_dump orders them
         adapter = _FIELD_TYPES[name]
@@ -96,7 +96,8 @@ def encode_fields(fields: Mapping[str, Any]) -> list[str]:
 
 def run_items(fields: RunPatch | dict[str, Any]) -> list[str]:
     """Validated run-state fields as HSET items of the trace hash: `r:{name}`, JSON value."""
-    return [item for k, v in check_patch(fields).items() for item in (RUN_FIELD + k, _to_json(v))]
+    checked = check_run_patch(fields)
+    return [item for k, v in checked.items() for item in (RUN_FIELD + k, _to_json(v))]
 
 
 def created_run_items(run: RunState) -> list[str]:
@@ -323,3 +324,18 @@ def stream_entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
         (entries,) = reply.values()
         return list(entries[0]) if entries and isinstance(entries[0], list) else list(entries)
     return list(reply[0][1])
+
+
+def readable_events(entries: list[tuple[str, dict[str, str]]]) -> list[tuple[str, Event]]:
+    """The stream's events this release reads.
+
+    One a newer release wrote in a form this one does not read (a new kind, a newer
+    `schema_version`) is left out with one log line, so a follower of the tree goes on.
+    """
+    events: list[tuple[str, Event]] = []
+    for entry_id, fields in entries:
+        try:
+            events.append((str(entry_id), Event.model_validate_json(fields["e"])))
+        except (ValueError, NewerRecord) as exc:
+            log.warning("event %s left out: %s", entry_id, str(exc).splitlines()[0])
+    return events
