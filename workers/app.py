@@ -21,6 +21,7 @@ from fleet.storage.backends.redis.connect import SENTINEL_TIMEOUT_S
 from fleet.storage.backends.redis.urls import is_sentinel, parse_sentinel
 from workers import patches
 from workers.patches import events, result_backend
+from workers.patches.header_messages import constant_headers
 
 QUEUES = ("fleet.main", "fleet.delegate", "fleet.explore", "fleet.evaluate")
 QUEUE_BY_MODE = {
@@ -224,6 +225,7 @@ SCHEMA_HEADER = "fleet_schema"
 
 
 @before_task_publish.connect
+@constant_headers  # the same header on every message: header templates carry it
 def _stamp_schema(headers: dict[str, Any] | None = None, **_: Any) -> None:
     # Every message this release sends, whatever sends it (a client, a chord, a sweeper):
     # a worker of an older release than the header names hands it back instead of running it.

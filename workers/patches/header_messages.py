@@ -50,14 +50,28 @@ retry_policy)`."""
 _BODY, _HEADERS, _PROPERTIES, _ROUTING_KEY, _EXCHANGE, _RETRY, _RETRY_POLICY = 0, 4, 5, 6, 9, 13, 14
 
 
+CONSTANT_HEADER_RECEIVERS: set[int] = set()
+"""Ids of publish-signal receivers that give every message the same headers: a template,
+copied from the first message they stamped, carries them (`constant_headers`)."""
+
+
+def constant_headers(receiver: Callable[..., None]) -> Callable[..., None]:
+    """Mark a `before_task_publish` receiver whose headers are the same for every message."""
+    CONSTANT_HEADER_RECEIVERS.add(id(receiver))
+    return receiver
+
+
 def publish_signals_connected() -> bool:
     """Whether anything listens to Celery's per-message publish signals (then no template).
 
-    Nothing in this repository does; an OpenTelemetry Celery instrumentation would (it adds
-    its trace context to each message's headers in `before_task_publish`).
+    The fleet's own schema stamp (`workers.app`) adds one constant header, which the
+    template copies; an OpenTelemetry Celery instrumentation would count (it adds its trace
+    context, different for each message, in `before_task_publish`).
     """
     publish = (signals.before_task_publish, signals.after_task_publish, signals.task_sent)
-    return any(signal.receivers for signal in publish)
+    return any(
+        key[0] not in CONSTANT_HEADER_RECEIVERS for signal in publish for key, _ in signal.receivers
+    )
 
 
 @contextmanager
