@@ -36,9 +36,11 @@ pytestmark = [
 
 THREADS = 64
 """Branch threads: enough that the limiter's line runs seconds ahead of the clock."""
-RACE_S = 0.1
+RACE_S = 0.15
 """How long after a 429 calls already past their last check may still reach the provider:
-the answer's way back and the pause's write, on a loaded machine."""
+the answer's way back and the pause's write, on a loaded machine (0.11 s was seen with two
+busy loops beside the suite on 2 cores). A pause that did not hold shows calls every 50 ms
+(20/s) between this and 0.29 s."""
 
 
 def brain(tmp: Path, branches: int, branch_turns: int) -> Script:
