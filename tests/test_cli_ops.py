@@ -295,3 +295,14 @@ def test_up_prints_an_example_run_that_works_from_any_directory(tmp_path: Path) 
     configured = example_run(Settings.from_env({**roots, "FLEET_MODEL": "openai:gpt-4o-mini"}))
     assert configured == 'fleet run "Survey this project"'
     assert "set FLEET_MODEL before `fleet up`" in example_run(Settings.from_env(roots))
+
+
+def test_a_missing_key_says_it_belongs_in_the_workers_environment() -> None:
+    from fleet.security.trust import api_key
+
+    with pytest.raises(ConfigError) as missing:
+        api_key({}, "OPENAI_API_KEY", "https://api.openai.com/v1", "openai")
+    said = str(missing.value)
+    assert said.startswith("provider 'openai' needs an API key: set OPENAI_API_KEY")
+    assert "in the workers' environment" in said and "before `fleet up`" in said
+    assert "\n" not in said
