@@ -52,10 +52,28 @@ def rabbitmq_answers(url: str) -> bool:
     return True
 
 
+PURGE_WAIT_S = 30.0
+"""How long a purge waits for the workers of the module before (they held the broker until
+its fixtures ended, and a worker stopping on a loaded machine takes seconds to leave)."""
+
+
 def purge_fleet_queues(url: str) -> None:
     """Delete the fleet's queues: the vhost outlives test runs, and the workers declare them
     afresh (priority queues: an older declaration without `x-max-priority` would clash).
-    Fails if others consume them."""
+
+    Fails if others still consume them after PURGE_WAIT_S."""
+    deadline = time.monotonic() + PURGE_WAIT_S
+    while True:
+        try:
+            _delete_fleet_queues(url)
+            return
+        except Exception as exc:  # py-amqp's PreconditionFailed: a worker still consumes one
+            if "PRECONDITION_FAILED" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _delete_fleet_queues(url: str) -> None:
     with Connection(url, connect_timeout=CONNECT_TIMEOUT_S) as conn:
         channel = conn.channel()
         for name in QUEUES:
