@@ -99,7 +99,7 @@ def test_a_fill_step_builds_its_tool_call_from_the_prompts_memory_block(tmp_path
     messages = [{"role": "system", "content": PROMPT}, {"role": "user", "content": "weather?"}]
     [call_] = model.complete(messages, TOOLS).tool_calls
     assert call_.parsed_arguments() == {
-        "task": 'weather where she lives: user:alice profile (version 1, recorder,'
+        "task": "weather where she lives: user:alice profile (version 1, recorder,"
         ' r.memory-1): {"lives": "Tongzhou"}; user:alice pets (version 2, operator,'
         ' an operator): ["cat"]',
         "note": ["weather?", 3],

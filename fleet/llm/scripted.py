@@ -346,7 +346,7 @@ def _memory_lines(messages: list[dict[str, Any]]) -> str:
     _, heading, rest = system.partition(f"\n{MEMORY_HEADING}\n")
     if not heading and system.startswith(f"{MEMORY_HEADING}\n"):
         rest = system[len(MEMORY_HEADING) + 1 :]
-    found = []
+    found: list[str] = []
     for line in rest.splitlines():
         if line.startswith("#") or (found and not line.startswith("- ")):
             break
