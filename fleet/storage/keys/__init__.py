@@ -52,7 +52,10 @@ from fleet.storage.keys.limits import window_running as window_running
 from fleet.storage.keys.memory import MEMORY_NAMESPACES as MEMORY_NAMESPACES
 from fleet.storage.keys.memory import memory_entries as memory_entries
 from fleet.storage.keys.memory import memory_history as memory_history
+from fleet.storage.keys.memory import memory_index as memory_index
 from fleet.storage.keys.memory import memory_proposals as memory_proposals
+from fleet.storage.keys.memory import memory_recent as memory_recent
+from fleet.storage.keys.memory import memory_terms as memory_terms
 from fleet.storage.keys.remote import remote_watch as remote_watch
 
 TRACE_TTL_S = 7 * 24 * 3600
