@@ -88,15 +88,24 @@ def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         worker = stack.enter_context(start_worker(redis_url, concurrency=2, env_extra=env))
         wait_for_workers(redis_url, [worker.name], timeout_s=30)
         fleet = client(fleet_settings(redis_url, workspace, **env))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/"
-        app = build_app(fleet, url, TOKEN, poll_s=0.1)
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        wait_until(lambda: server.started, 10, "fleet a2a listening")
-        yield Served(fleet, url)
+        with serving(fleet) as url:
+            yield Served(fleet, url)
+
+
+@contextlib.contextmanager
+def serving(fleet: Fleet) -> Iterator[str]:
+    """`fleet a2a`'s app on a loopback port, on its own thread, until the block ends."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    app = build_app(fleet, url, TOKEN, poll_s=0.1)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 10, "fleet a2a listening")
+    try:
+        yield url
+    finally:
         server.should_exit = True
         thread.join(10)
 
@@ -228,6 +237,46 @@ def test_ask_human_round_trip_through_input_required(served: Served) -> None:
     assert answered.artifacts[0].parts[0].text == "you said: the blue one"
 
 
+def test_a_restarted_fleet_a2a_answers_get_and_cancel_of_earlier_tasks(served: Served) -> None:
+    async def start_two(client: Any) -> tuple[pb.Task, pb.Task]:
+        asking = message("ask me later")
+        asking.configuration.return_immediately = True
+        slow = message("take your time again")
+        slow.metadata["skill"] = "slowpoke"
+        slow.configuration.return_immediately = True
+        return await last_task(client, asking), await last_task(client, slow)
+
+    async def state_of(url: str, task_id: str) -> int:
+        got = await a2a_call(url, lambda c: c.get_task(pb.GetTaskRequest(id=task_id)))
+        return int(got.status.state)
+
+    with serving(served.fleet) as first:  # the first `fleet a2a`, gone after this block
+        asking, slow = asyncio.run(a2a_call(first, start_two))
+        waits = ((asking.id, pb.TASK_STATE_INPUT_REQUIRED), (slow.id, pb.TASK_STATE_WORKING))
+        for task_id, state in waits:
+            reached = lambda t=task_id, s=state: asyncio.run(state_of(first, t)) == s  # noqa: E731
+            wait_until(reached, 60, "task state")
+
+    async def after_restart(client: Any) -> tuple[pb.Task, pb.Task, pb.Task]:
+        asked = await client.get_task(pb.GetTaskRequest(id=asking.id))
+        reply = message("the red one", task_id=asking.id, context_id=asking.context_id)
+        answered = await last_task(client, reply)
+        canceled = await client.cancel_task(pb.CancelTaskRequest(id=slow.id))
+        return asked, answered, canceled
+
+    with serving(served.fleet) as second:  # a new process's app: nothing in its memory
+        asked, answered, canceled = asyncio.run(a2a_call(second, after_restart))
+        assert asked.status.state == pb.TASK_STATE_INPUT_REQUIRED
+        assert asked.status.message.parts[0].text == "Which?"
+        assert answered.status.state == pb.TASK_STATE_COMPLETED
+        assert answered.artifacts[0].parts[0].text == "you said: the red one"
+        assert canceled.status.state == pb.TASK_STATE_CANCELED
+        got = asyncio.run(a2a_call(second, lambda c: c.get_task(pb.GetTaskRequest(id=slow.id))))
+        assert got.status.state == pb.TASK_STATE_CANCELED
+    stopped = [t for t in served.fleet.store.list_traces(200) if t.task == "take your time again"]
+    assert [t.status for t in stopped] == ["stopped"]  # CancelTask stopped the tree
+
+
 def test_fleet_a2a_does_not_start_without_a_token(redis_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "FLEET_SERVE_TOKEN"}
     env["FLEET_REDIS_URL"] = redis_url
@@ -242,3 +291,23 @@ def test_fleet_a2a_does_not_start_without_a_token(redis_url: str) -> None:
     assert done.returncode != 0 and time.monotonic() - started < 60
     assert "fleet a2a needs FLEET_SERVE_TOKEN" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_every_key_fleet_a2a_keeps_lives_the_retention(redis_url: str) -> None:
+    import redis
+
+    from fleet.storage import keys
+    from fleet.storage.backends.redis.a2a_tasks import RedisA2ATasks
+
+    raw = redis.Redis.from_url(redis_url, decode_responses=True)
+    tasks = RedisA2ATasks(raw)
+    tasks.save("t-" + "x" * 5000, "{}", 1_000_000, 60)  # any id: hashed into the key
+    tasks.link("context", "{odd}id", "root-1", 60)
+    names = [keys.a2a_task("t-" + "x" * 5000), keys.a2a_link("context", "{odd}id")]
+    names.append(keys.a2a_recent())
+    assert all(0 < raw.ttl(name) <= 60 for name in names)
+    assert all(len(name) < 80 for name in names)
+    assert tasks.root_of("context", "{odd}id") == "root-1"
+    tasks.save("t-2", "{}", 1_000_000 + 61_000, 60)  # a minute later: the first left the list
+    kept = raw.zrange(keys.a2a_recent(), 0, -1)
+    assert "t-2" in kept and "t-" + "x" * 5000 not in kept
