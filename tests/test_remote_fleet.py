@@ -152,6 +152,7 @@ def test_no_slot_is_held_while_a_remote_child_waits(setup: Setup) -> None:
         if e.kind == "collaborator" and e.status == "running"
     ]
     assert "remote" in told
+    assert setup.reviewer.record.methods["SubscribeToTask"] >= 1  # followed by its stream
 
 
 def test_a_stop_cancels_the_remote_task(setup: Setup) -> None:
