@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +100,7 @@ class _Counting(DefaultRequestHandler):
         self.record.methods["GetTask"] += 1
         return await super().on_get_task(params, context)
 
-    async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncIterator[Any]:
+    async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncGenerator[Any, None]:
         self.record.methods["SubscribeToTask"] += 1
         async for event in super().on_subscribe_to_task(params, context):
             yield event
