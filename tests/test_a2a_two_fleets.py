@@ -25,12 +25,15 @@ from typing import Any
 import pytest
 import yaml
 
+from fleet.client import Fleet
 from fleet.llm.base import LLMResponse
+from fleet.models import Trace
+from fleet.storage.backends.redis.store import RedisStore
 from fleet.testing import call, text
 from fleetops.discovery import UpState
 from tests.a2a_agent import free_port
 from tests.fake_provider import RateLimitedProvider
-from tests.fleetkit import wait_until
+from tests.fleetkit import client, fleet_settings, wait_until
 from tests.test_cli_ops import FLEET, up_env
 from tests.test_fleet_recovery import fleet_client
 from tests.test_supervisor import fleet_up
@@ -46,6 +49,11 @@ class MainAgent:
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
         turn = sum(1 for m in messages if m["role"] == "assistant")
         told = next((str(m["content"]) for m in reversed(messages) if m["role"] == "tool"), "")
+        task = next(str(m["content"]) for m in messages if m["role"] == "user")
+        if "to be stopped" in task:  # B's tree will wait on a person until A stops it
+            if turn == 0:
+                return call("agent", task="ask me which module", agent="terminal")
+            return text(f"A heard: {told}")
         if turn == 0:
             return call("agent", task="analyse the local project", agent="terminal")
         if turn == 1:
@@ -70,8 +78,13 @@ def fleet_b(tmp: Path) -> Iterator[tuple[UpState, str]]:
     (conf / "agents" / "terminal.md").write_text(
         "---\nname: terminal\ndescription: the terminal agent\na2a: true\n---\nAnalyse.\n"
     )
+    asks = [
+        {"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which module?"}}]},
+        {"content": "B got: {last_tool}"},
+    ]
     steps = [{"content": "B turn {turn}: {last_user}"}]
-    (conf / "b.yaml").write_text(yaml.safe_dump({"scripts": [{"match": ".*", "steps": steps}]}))
+    rules = [{"match": "^ask me", "steps": asks}, {"match": ".*", "steps": steps}]
+    (conf / "b.yaml").write_text(yaml.safe_dump({"scripts": rules}))
     env = {"FLEET_AGENTS_DIR": str(conf / "agents"), "FLEET_MODEL": f"scripted:{conf / 'b.yaml'}"}
     with fleet_up(folder, "--workers", "1", "--concurrency", "2", **env) as (_, state):
         port = free_port()
@@ -148,6 +161,12 @@ def test_a_tree_of_one_fleet_up_delegates_to_and_continues_a_preset_of_another(
                 [m.content for m in b.store.messages(t.trace_id) if m.role == "user"]
                 for t in b_roots
             ]
+            a = client(fleet_settings(a_state.redis_url, folder, **env))
+            try:
+                stopped, b_tree = stop_across(a, b)
+            finally:
+                assert isinstance(a.store, RedisStore)
+                a.store.close()
     assert root.status == "completed", root.error
     assert "B turn 1: now focus on the core module" in str(root.answer)
     # One remote child, continued: its entry names the second task of the same conversation.
@@ -158,3 +177,24 @@ def test_a_tree_of_one_fleet_up_delegates_to_and_continues_a_preset_of_another(
     assert [(t.preset, t.status) for t in b_roots] == [("terminal", "completed")]
     assert b_said == [["analyse the local project", "now focus on the core module"]]
     assert took < 150
+    # `fleet stop` on A: A's child (waiting on B's question) stops, B's task is cancelled,
+    # and B's tree stops.
+    assert stopped.status == "stopped"
+    assert b_tree.status == "stopped" and b_tree.task == "ask me which module"
+
+
+def stop_across(a: Fleet, b: Fleet) -> tuple[Trace, Trace]:
+    """A's tree waits on B's tree's question; A's stop reaches B. (A's root, B's root.)"""
+    before = {t.trace_id for t in b.store.list_traces(100)}
+    handle = a.submit("a task to be stopped", model="main")
+
+    def asked() -> bool:
+        found = [a.trace(c) for c in a.store.children(handle.trace_id)]
+        return bool(found) and found[0].run.waiting_on is not None
+
+    wait_until(asked, 60, "B's question reached A's child")
+    (b_root,) = [t for t in b.store.list_traces(100) if t.trace_id not in before]
+    a.stop(handle.trace_id)
+    root = handle.wait(60)
+    wait_until(lambda: b.trace(b_root.trace_id).status == "stopped", 60, "B's tree stopped")
+    return root, b.trace(b_root.trace_id)

@@ -89,9 +89,12 @@ async def _follow(runtime: Runtime, watch: RemoteWatch, trace_id: str) -> bool:
         watch.forget(trace_id)
         return False
     run.apply(runtime, trace, decision)
-    if isinstance(decision, Ended | AskPerson):
+    if isinstance(decision, Ended):
         watch.forget(trace_id)
-        return isinstance(decision, Ended)
+        return True
+    if isinstance(decision, AskPerson):  # still watched: a stop while a person is asked
+        watch.watch(trace_id, again_ms)  # must cancel the remote task too
+        return False
     watch.watch(trace_id, now_ms() if decision.call.streams else again_ms)
     return False
 
