@@ -92,10 +92,9 @@ async def _follow(runtime: Runtime, watch: RemoteWatch, trace_id: str) -> bool:
     if isinstance(decision, Ended):
         watch.forget(trace_id)
         return True
-    if isinstance(decision, AskPerson):  # still watched: a stop while a person is asked
-        watch.watch(trace_id, again_ms)  # must cancel the remote task too
-        return False
-    watch.watch(trace_id, now_ms() if decision.call.streams else again_ms)
+    # Still watched while a person is asked: a stop then must cancel the remote task too.
+    streamed = decision.call.streams and not isinstance(decision, AskPerson)
+    watch.watch(trace_id, now_ms() if streamed else again_ms)
     return False
 
 

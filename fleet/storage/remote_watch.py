@@ -6,7 +6,8 @@ here is its owner (`fleet.owners`). Every worker's watcher takes the entries tha
 task at once, and an entry whose watcher died is due again after that lease), follows
 the remote task (a stream window or one GetTask), and either re-scores the entry for the
 next follow (also while a person is asked the task's question: a stop then still cancels
-it) or forgets it once the task or the child ended. `store.capability(REMOTE_WATCH)` gives the Redis list or its memory twin.
+it) or forgets it once the task or the child ended. `store.capability(REMOTE_WATCH)` gives
+the Redis list or its memory twin.
 """
 
 from __future__ import annotations
