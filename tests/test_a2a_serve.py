@@ -42,6 +42,7 @@ TOKEN = "a2a-token-0123456789"
 class Served:
     fleet: Fleet
     url: str
+    env: dict[str, str]
 
 
 def write_scripts(folder: Path) -> tuple[str, str]:
@@ -89,7 +90,35 @@ def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         wait_for_workers(redis_url, [worker.name], timeout_s=30)
         fleet = client(fleet_settings(redis_url, workspace, **env))
         with serving(fleet) as url:
-            yield Served(fleet, url)
+            yield Served(fleet, url, {**env, "FLEET_REDIS_URL": redis_url})
+
+
+@contextlib.contextmanager
+def fleet_a2a(env: dict[str, str], log: Path) -> Iterator[str]:
+    """The real `fleet a2a` command, SIGKILLed when the block ends (nothing is flushed)."""
+    port = free_port()
+    with log.open("ab") as out:
+        served = subprocess.Popen(
+            [sys.executable, "-m", "fleetops.cli.main", "a2a", "--port", str(port)],
+            env={**os.environ, **env, "FLEET_SERVE_TOKEN": TOKEN},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_until(lambda: listening(url) or served.poll() is not None, 60, "fleet a2a")
+        assert served.poll() is None, log.read_text()
+        yield url
+    finally:
+        served.kill()
+        served.wait(10)
+
+
+def listening(url: str) -> bool:
+    try:
+        return httpx.get(url + ".well-known/agent-card.json", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @contextlib.contextmanager
@@ -237,42 +266,51 @@ def test_ask_human_round_trip_through_input_required(served: Served) -> None:
     assert answered.artifacts[0].parts[0].text == "you said: the blue one"
 
 
-def test_a_restarted_fleet_a2a_answers_get_and_cancel_of_earlier_tasks(served: Served) -> None:
-    async def start_two(client: Any) -> tuple[pb.Task, pb.Task]:
-        asking = message("ask me later")
-        asking.configuration.return_immediately = True
-        slow = message("take your time again")
-        slow.metadata["skill"] = "slowpoke"
-        slow.configuration.return_immediately = True
-        return await last_task(client, asking), await last_task(client, slow)
+def test_a_restarted_fleet_a2a_answers_get_and_cancel_of_earlier_tasks(
+    served: Served, tmp_path: Path
+) -> None:
+    async def start_three(client: Any) -> list[pb.Task]:
+        requests = [message("ask me later"), message("ask me meanwhile")]
+        requests.append(message("take your time again"))
+        requests[-1].metadata["skill"] = "slowpoke"
+        for request in requests:
+            request.configuration.return_immediately = True
+        return [await last_task(client, r) for r in requests]
 
     async def state_of(url: str, task_id: str) -> int:
         got = await a2a_call(url, lambda c: c.get_task(pb.GetTaskRequest(id=task_id)))
         return int(got.status.state)
 
-    with serving(served.fleet) as first:  # the first `fleet a2a`, gone after this block
-        asking, slow = asyncio.run(a2a_call(first, start_two))
-        waits = ((asking.id, pb.TASK_STATE_INPUT_REQUIRED), (slow.id, pb.TASK_STATE_WORKING))
-        for task_id, state in waits:
+    log = tmp_path / "a2a.log"
+    with fleet_a2a(served.env, log) as first:  # the first `fleet a2a`, SIGKILLed after
+        asking, meanwhile, slow = asyncio.run(a2a_call(first, start_three))
+        asked, working = pb.TASK_STATE_INPUT_REQUIRED, pb.TASK_STATE_WORKING
+        for task_id, state in ((asking.id, asked), (meanwhile.id, asked), (slow.id, working)):
             reached = lambda t=task_id, s=state: asyncio.run(state_of(first, t)) == s  # noqa: E731
             wait_until(reached, 60, "task state")
+        root = [t for t in served.fleet.store.list_traces(200) if t.task == "ask me meanwhile"]
+    served.fleet.reply(root[0].trace_id, "answered while no fleet a2a ran")
+    wait_until(lambda: served.fleet.trace(root[0].trace_id).status == "completed", 60, "tree")
 
-    async def after_restart(client: Any) -> tuple[pb.Task, pb.Task, pb.Task]:
+    async def after_restart(client: Any) -> list[pb.Task]:
+        done = await client.get_task(pb.GetTaskRequest(id=meanwhile.id))
         asked = await client.get_task(pb.GetTaskRequest(id=asking.id))
         reply = message("the red one", task_id=asking.id, context_id=asking.context_id)
         answered = await last_task(client, reply)
         canceled = await client.cancel_task(pb.CancelTaskRequest(id=slow.id))
-        return asked, answered, canceled
+        return [done, asked, answered, canceled]
 
-    with serving(served.fleet) as second:  # a new process's app: nothing in its memory
-        asked, answered, canceled = asyncio.run(a2a_call(second, after_restart))
-        assert asked.status.state == pb.TASK_STATE_INPUT_REQUIRED
-        assert asked.status.message.parts[0].text == "Which?"
-        assert answered.status.state == pb.TASK_STATE_COMPLETED
-        assert answered.artifacts[0].parts[0].text == "you said: the red one"
-        assert canceled.status.state == pb.TASK_STATE_CANCELED
+    with fleet_a2a(served.env, log) as second:  # a new process: nothing in its memory
+        done, asked, answered, canceled = asyncio.run(a2a_call(second, after_restart))
         got = asyncio.run(a2a_call(second, lambda c: c.get_task(pb.GetTaskRequest(id=slow.id))))
-        assert got.status.state == pb.TASK_STATE_CANCELED
+    assert done.status.state == pb.TASK_STATE_COMPLETED  # the tree ended while none ran
+    assert done.artifacts[0].parts[0].text == "you said: answered while no fleet a2a ran"
+    assert asked.status.state == pb.TASK_STATE_INPUT_REQUIRED
+    assert asked.status.message.parts[0].text == "Which?"
+    assert answered.status.state == pb.TASK_STATE_COMPLETED
+    assert answered.artifacts[0].parts[0].text == "you said: the red one"
+    assert canceled.status.state == pb.TASK_STATE_CANCELED
+    assert got.status.state == pb.TASK_STATE_CANCELED
     stopped = [t for t in served.fleet.store.list_traces(200) if t.task == "take your time again"]
     assert [t.status for t in stopped] == ["stopped"]  # CancelTask stopped the tree
 
