@@ -144,3 +144,32 @@ def test_a_hostile_stream_costs_only_its_cap_or_its_timeout(
     assert hostile.calls["CancelTask"] >= 1  # and its task cancelled
     if mode == "trickle":
         assert took >= 4  # a quiet stream is not a failure: only the timeout ended it
+
+
+def test_a_stream_adds_up_to_the_task_and_refuses_another_tasks_events() -> None:
+    from a2a.types import a2a_pb2 as pb
+
+    from fleet.remote.stream import Streamed
+    from fleet.remote.task import RemoteRefused
+
+    def working(note: str) -> pb.TaskStatus:
+        said = pb.Message(message_id="m", role=pb.ROLE_AGENT, parts=[pb.Part(text=note)])
+        return pb.TaskStatus(state=pb.TASK_STATE_WORKING, message=said)
+
+    part = pb.Artifact(artifact_id="a1", parts=[pb.Part(text="half ")])
+    first = pb.Task(id="t-1", context_id="c-1", status=working("start"), artifacts=[part])
+    streamed = Streamed("t-1")
+    assert streamed.add(pb.StreamResponse(task=first)).artifact == "half "
+    more = pb.Artifact(artifact_id="a1", parts=[pb.Part(text="whole")])
+    update = pb.TaskArtifactUpdateEvent(task_id="t-1", artifact=more, append=True)
+    assert streamed.add(pb.StreamResponse(artifact_update=update)).artifact == "half whole"
+    status = pb.TaskStatusUpdateEvent(task_id="t-1", status=working("halfway"))
+    now = streamed.add(pb.StreamResponse(status_update=status))
+    assert (now.state, now.message, now.context_id) == ("working", "halfway", "c-1")
+    done = pb.TaskStatusUpdateEvent(
+        task_id="t-1", status=pb.TaskStatus(state=pb.TASK_STATE_COMPLETED)
+    )
+    assert streamed.add(pb.StreamResponse(status_update=done)).state == "completed"
+    forged = pb.TaskStatusUpdateEvent(task_id="t-2", status=working("mine now"))
+    with pytest.raises(RemoteRefused, match="not ours"):
+        streamed.add(pb.StreamResponse(status_update=forged))

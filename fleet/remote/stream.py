@@ -69,7 +69,10 @@ class Streamed:
         if event.HasField("task"):
             self._ours(event.task.id)
             self.task = wire.task_of(event.task)
-            self.artifacts = {"": self.task.artifact} if self.task.artifact else {}
+            self.artifacts = {
+                str(a.artifact_id)[:200]: wire.text_of(a.parts, wire.MAX_RESULT_CHARS)
+                for a in event.task.artifacts
+            }
         elif event.HasField("status_update"):
             update = event.status_update
             self._ours(update.task_id)
