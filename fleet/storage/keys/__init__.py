@@ -17,6 +17,10 @@ import re
 from typing import Literal
 
 from fleet.ids import check_trace_id
+from fleet.storage.keys.a2a import A2A_RECENT_MAX as A2A_RECENT_MAX
+from fleet.storage.keys.a2a import a2a_link as a2a_link
+from fleet.storage.keys.a2a import a2a_recent as a2a_recent
+from fleet.storage.keys.a2a import a2a_task as a2a_task
 from fleet.storage.keys.batch import BATCH_TAG as BATCH_TAG
 from fleet.storage.keys.batch import batch_answer as batch_answer
 from fleet.storage.keys.batch import batch_calls as batch_calls
