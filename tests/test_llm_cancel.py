@@ -22,7 +22,7 @@ import pytest
 import fleet.llm.base
 from fleet.llm.anthropic import AnthropicClient
 from fleet.llm.base import LLMClient
-from fleet.llm.cancel import CallCancelled, Cancel, run_cancelling
+from fleet.llm.cancel import CallCancelled, Cancel, cancelling
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.retry import RetryPolicy
 from fleet.llm.transport import CutBackend, arm, cuttable_client
@@ -86,7 +86,8 @@ class Call:
 
         def target() -> None:
             try:
-                self.result = run_cancelling(handle, complete)
+                with cancelling(handle):
+                    self.result = complete()
             except BaseException as exc:
                 self.error = exc
             self.ended_at = time.monotonic()

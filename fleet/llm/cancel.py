@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from fleet.errors import FleetError
-
-T = TypeVar("T")
-
 
 class CallCancelled(FleetError):
     """Raised in a cancelled call's own thread: its connection was closed on purpose."""
@@ -121,10 +118,13 @@ def cancelling(handle: Cancel) -> Iterator[Cancel]:
         handle.release()
 
 
-def run_cancelling(handle: Cancel, call: Callable[[], T]) -> T:
-    """`call()` inside `cancelling(handle)`."""
-    with cancelling(handle):
-        return call()
+def bind(handle: Cancel) -> None:
+    """Make `handle` the cancel handle of the calls made in this context from now on.
+
+    For a context made for one call (`contextvars.copy_context()`, then `run(bind, ...)`
+    and `run(call)`); the caller releases the handle when the call ends.
+    """
+    _CURRENT.set(handle)
 
 
 def shut_socket(sock: socket.socket) -> None:

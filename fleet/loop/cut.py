@@ -32,7 +32,7 @@ from weakref import WeakKeyDictionary
 from fleet.errors import FleetError
 from fleet.limits.gate import Go
 from fleet.llm.base import LLMResponse, Usage
-from fleet.llm.cancel import Cancel, run_cancelling
+from fleet.llm.cancel import Cancel, bind
 from fleet.runtime import Runtime
 from fleet.storage.inbox import INBOX, Inbox
 from fleet.storage.store import StopsAndWaits
@@ -159,11 +159,13 @@ def cuttable(watch: Watch, call: Callable[[], T]) -> T:
     context = contextvars.copy_context()
 
     def target() -> None:
+        context.run(bind, watch.cancel)
         try:
-            box["value"] = context.run(run_cancelling, watch.cancel, call)
+            box["value"] = context.run(call)
         except BaseException as exc:  # handed to the run's thread, raised there
             box["error"] = exc
         finally:
+            watch.cancel.release()
             watch.wake.set()
 
     threading.Thread(target=target, name=f"fleet-call-{watch.trace_id[-24:]}", daemon=True).start()
