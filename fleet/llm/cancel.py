@@ -26,6 +26,7 @@ from typing import Protocol
 
 from fleet.errors import FleetError
 
+
 class CallCancelled(FleetError):
     """Raised in a cancelled call's own thread: its connection was closed on purpose."""
 
