@@ -83,8 +83,11 @@ def setup(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def stopped_all(setup: Setup, root: str, tasks: list[str]) -> float:
     """Stop the tree once each of `tasks` has its request in flight; stop -> last cut, s."""
     provider = setup.provider
-    for task in tasks:
-        wait_until(lambda t=task: len(provider.in_flight(t)) == 1, 60, f"{task}'s request")
+
+    def all_in_flight() -> bool:
+        return all(len(provider.in_flight(task)) == 1 for task in tasks)
+
+    wait_until(all_in_flight, 60, "every request in flight")
     stopped_at = time.monotonic()
     setup.fleet.stop(root)
     wait_until(lambda: len(cut(provider, tasks)) == len(tasks), SLOW_S / 2, "the cuts")
