@@ -5,6 +5,8 @@ environment's proxies included), whose connection pools open every connection th
 `CutBackend`: each read and write claims the connection for the call running in that
 context (`fleet.llm.cancel`), so the call's `Cancel.cancel()` can shut it down from
 another thread. Keep-alive is kept: a connection goes back to the pool after its call.
+HTTP/1.1 only (httpx's default): a connection carries one request at a time, so shutting
+it down cuts that call alone (an HTTP/2 connection would carry other calls' streams too).
 
 httpx has no public seam for this. It relies on httpx 0.28 / httpcore 1.0 internals:
 `Client._transport` and `Client._mounts` (the transports), `HTTPTransport._pool` (an
