@@ -1,5 +1,6 @@
 """`fleet stop` on real workers closes the model requests in flight: the provider sees each
-one cancelled within a bound, on the OpenAI wire and the Anthropic one.
+one cancelled within a bound, on the OpenAI wire and the Anthropic one; an interrupting
+message closes the request it cuts too.
 
 A local provider holds every request (`tests.fake_held_provider`): a root's call takes
 0.2 s, a branch's or a solo root's `SLOW_S`; it notes when a client shuts a connection.
@@ -44,7 +45,10 @@ def decide(messages: list[dict[str, Any]]) -> LLMResponse:
 
 
 def latency(messages: list[dict[str, Any]]) -> float:
-    return 0.2 if task_of(messages).startswith("Explore") else SLOW_S
+    """A root's call 0.2 s, and a call after an interrupting message; any other SLOW_S."""
+    if task_of(messages).startswith("Explore") or "## Messages" in str(messages[-1]["content"]):
+        return 0.2
+    return SLOW_S
 
 
 @dataclass
@@ -121,3 +125,17 @@ def test_a_stop_cancels_the_request_on_the_anthropic_wire(setup: Setup) -> None:
     assert held.wire == "anthropic"
     wait_until(lambda: setup.fleet.trace(root).is_terminal, 30, "the end")
     assert setup.fleet.trace(root).status == "stopped"
+
+
+def test_an_interrupt_closes_the_request_it_cuts(setup: Setup) -> None:
+    fleet, provider = setup.fleet, setup.provider
+    task = "Solo, then interrupted"
+    handle = fleet.submit(task, model="openai-wire")
+    wait_until(lambda: len(provider.in_flight(task)) == 1, 60, "the first request")
+    sent_at = time.monotonic()
+    fleet.send(handle.trace_id, "use plan C", sender="lead", interrupt=True)
+    wait_until(lambda: len(cut(provider, [task])) == 1, SLOW_S / 2, "the cut")
+    [held] = cut(provider, [task])
+    assert held.ended_at is not None and held.ended_at - sent_at < BOUND_S
+    assert handle.wait(timeout_s=60).status == "completed"
+    assert [h.cancelled for h in provider.requests if h.task == task] == [True, False]
