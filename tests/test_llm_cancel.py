@@ -7,6 +7,7 @@ Real HTTP against a local provider that holds each request and watches its conne
 
 from __future__ import annotations
 
+import shutil
 import ssl
 import subprocess
 import threading
@@ -115,6 +116,7 @@ def test_a_cancel_closes_the_request_and_the_provider_sees_it_at_once(
 
 
 @pytest.mark.usefixtures("allow_requests")
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl to make a certificate")
 def test_a_cancel_over_tls_closes_the_request(tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
