@@ -9,9 +9,13 @@ call's answer, should it come, is dropped: nothing of it is written, no tool of 
 no child of it is created. Its booking is settled with the estimate it was booked with
 (the provider bills the prompt it read), once.
 
-The provider's connection is not closed: the abandoned request ends in its own thread
-when the provider answers or the client's timeout passes. A watcher that cannot read the
-store (Redis away) cuts nothing: the call ends as it would have without it.
+The cut closes the call's HTTP request: the call runs with a cancel handle
+(`fleet.llm.cancel`), and the model clients' connections (`fleet.llm.transport`) are shut
+down by it, so the provider sees the client go and the abandoned thread ends at once
+(`CallCancelled`, dropped). A client that is not HTTP (the scripted model, a test's
+function) is abandoned as before: its thread ends when the call returns. A tool's thread
+is abandoned too. A watcher that cannot read the store (Redis away) cuts nothing: the call
+ends as it would have without it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from weakref import WeakKeyDictionary
 from fleet.errors import FleetError
 from fleet.limits.gate import Go
 from fleet.llm.base import LLMResponse, Usage
+from fleet.llm.cancel import Cancel, bind
 from fleet.runtime import Runtime
 from fleet.storage.inbox import INBOX, Inbox
 from fleet.storage.store import StopsAndWaits
@@ -61,6 +66,8 @@ class Watch:
     """An interrupting message cuts it too (a model call; a tool is cut by a stop only)."""
     wake: threading.Event = field(default_factory=threading.Event)
     reason: CutReason | None = None
+    cancel: Cancel = field(default_factory=Cancel)
+    """The call's cancel handle: a cut closes its connection (`fleet.llm.cancel`)."""
 
 
 class CallWatcher:
@@ -145,23 +152,27 @@ def watcher(anchor: object, stops: StopsAndWaits, inbox: Inbox) -> CallWatcher:
 def cuttable(watch: Watch, call: Callable[[], T]) -> T:
     """`call()` in its own thread; `CallCut` as soon as the watcher finds a reason.
 
-    The thread runs in a copy of this context (a tracing span's parent goes with it).
+    The thread runs in a copy of this context (a tracing span's parent goes with it), as
+    the call `watch.cancel` cancels: the cut closes the call's connection.
     """
     box: dict[str, object] = {}
     context = contextvars.copy_context()
 
     def target() -> None:
+        context.run(bind, watch.cancel)
         try:
             box["value"] = context.run(call)
         except BaseException as exc:  # handed to the run's thread, raised there
             box["error"] = exc
         finally:
+            watch.cancel.release()
             watch.wake.set()
 
     threading.Thread(target=target, name=f"fleet-call-{watch.trace_id[-24:]}", daemon=True).start()
     watch.wake.wait()
     if "value" not in box and "error" not in box:
         assert watch.reason is not None
+        watch.cancel.cancel()
         raise CallCut(watch.reason)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
