@@ -32,8 +32,8 @@ from fleet.models import Event, Mode, Trace
 from fleet.observe.following import Follower
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.store import TraceStore
-from fleet.storage.watchdog import check_served, require_a_fleet
+from fleet.storage.store import Serving, TraceStore
+from fleet.storage.watchdog import require_a_fleet
 
 if TYPE_CHECKING:
     from fleet.batch.values import BatchEntry, BatchResult
@@ -178,8 +178,8 @@ class Fleet:
             priority=priority,
         )
         chosen = (spec.workspace or self.runtime.settings.workspace).expanduser().resolve()
-        check_served(self.store, self.backend.queue(spec.mode), chosen)
-        trace = create_root(self.runtime, spec)
+        queue = self.backend.queue(spec.mode)
+        trace = create_root(self.runtime, spec, None if queue is None else Serving(queue, chosen))
         try:
             self.enqueue(trace, priority)
         except BrokerUnavailable as exc:  # no task will ever run it: not left `queued`

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -27,15 +26,15 @@ from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis import connect as redis_connect
 from fleet.storage.backends.redis import scripts as redis_scripts
 from fleet.storage.backends.redis import split as redis_split
+from fleet.storage.backends.redis import submit as redis_submit
 from fleet.storage.backends.redis import writes as redis_writes
 from fleet.storage.backends.redis.connect import Lua, close_client, connect, is_cluster, unreachable
 from fleet.storage.backends.redis.fence import FencedScript, applying, lease_lost
 from fleet.storage.backends.redis.indexes import RedisIndexes
 from fleet.storage.backends.redis.lease_scripts import RENEW_LEASES
 from fleet.storage.capability import Capability, Kept, T
-from fleet.storage.keys import CounterName
-from fleet.storage.outage import warn_failed
-from fleet.storage.store import StartRun, TraceSnapshot
+from fleet.storage.root_queue import queue_in_steps
+from fleet.storage.store import Serving, StartRun, TraceSnapshot
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 
 BLOCK_MARGIN_MS = 1_000
@@ -44,8 +43,6 @@ BLOCK_MARGIN_MS = 1_000
 THAW_ATTEMPTS = 3
 """A write finding its trace packed thaws it and tries again, this often at most (compaction
 may pack it again in between: it packs only ended traces, and a continue's write ends that)."""
-
-log = logging.getLogger(__name__)
 
 
 class RedisStore(RedisIndexes):
@@ -246,8 +243,13 @@ class RedisStore(RedisIndexes):
         ttls = redis_split.pause_ttls(self._client, write.pauses)
         return replace(result, pauses=PauseRead.of(write.pauses, ttls))
 
-    def track_tree(self, root_trace_id: str) -> None:
-        self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})
+    def queue_root(
+        self, trace: Trace, event: Event, serving: Serving | None = None, *, listed: bool = True
+    ) -> None:
+        if self._cluster or self._fence is not None:  # in slots apart; or behind a lease
+            queue_in_steps(self, trace, event, serving, listed)
+        else:
+            redis_submit.queue_root(self._client, trace, event, serving, listed)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         traces: list[Trace] = []
@@ -385,15 +387,3 @@ class RedisStore(RedisIndexes):
             self._client.delete(key)
         else:
             self._client.set(key, value, ex=ttl_s)
-
-    def count(self, counter: CounterName, by: int = 1) -> None:
-        try:
-            self._client.hincrby(keys.COUNTERS, counter, by)
-        except redis.RedisError:  # a metric must never fail the work it counts
-            warn_failed(log, "fleet counter %r not updated", counter)
-
-    def count_fallback(self, from_model: str, to_model: str) -> None:
-        try:
-            self._client.hincrby(keys.MODEL_FALLBACKS, json.dumps([from_model, to_model]), 1)
-        except redis.RedisError:
-            warn_failed(log, "fleet fallback count not updated")
