@@ -19,7 +19,7 @@ from fleet.conversation.human import waiting_traces
 from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.discovery import client_settings, url_chosen
-from fleet.errors import BrokerUnavailable
+from fleet.errors import BrokerUnavailable, ConfigError
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
 from fleet.lifecycle import stop_subtree
@@ -33,7 +33,7 @@ from fleet.observe.following import Follower
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.store import Serving, TraceStore
-from fleet.storage.watchdog import require_a_fleet
+from fleet.storage.watchdog import check_served, require_a_fleet
 
 if TYPE_CHECKING:
     from fleet.batch.values import BatchEntry, BatchResult
@@ -179,7 +179,12 @@ class Fleet:
         )
         chosen = (spec.workspace or self.runtime.settings.workspace).expanduser().resolve()
         queue = self.backend.queue(spec.mode)
-        trace = create_root(self.runtime, spec, None if queue is None else Serving(queue, chosen))
+        serving = None if queue is None else Serving(queue, chosen)
+        try:  # the serving check goes with the writes, in one step
+            trace = create_root(self.runtime, spec, serving)
+        except ConfigError:  # an unserved workspace is said first, whatever else is wrong
+            check_served(self.store, queue, chosen)
+            raise
         try:
             self.enqueue(trace, priority)
         except BrokerUnavailable as exc:  # no task will ever run it: not left `queued`
