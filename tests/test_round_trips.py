@@ -134,9 +134,10 @@ def test_a_worker_that_never_called_the_model_checks_its_pause_once(
     me = threading.get_ident()
     meter[me] = 0
     assert Runner(fresh).run(child).outcome == "completed"
-    # begin_run could not know the model: its first call asks whether the tree has a budget
-    # and checks the pause on its own (EXISTS, PTTL); the write before the next call reads it.
-    assert meter[me] == 3 + 2
+    # begin_run could not know the model: its first call checks the pause on its own (PTTL);
+    # whether the tree has a budget came with begin_run; the write before the next call
+    # reads the pause.
+    assert meter[me] == 3 + 1
 
 
 def test_an_unlimited_provider_holds_back_for_a_pause_another_worker_set(

@@ -70,6 +70,7 @@ class Runner:
             snapshot = self.store.begin_run(trace_id, owner, ttl_ms, start, pauses)
             if snapshot is None:
                 return RunResult(trace_id, "busy")
+            self.runtime.gate.learn_budget(snapshot.trace.root_trace_id, snapshot.budgeted)
             with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
                 held = Held(owner, lease)
                 try:

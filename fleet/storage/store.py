@@ -43,6 +43,9 @@ class TraceSnapshot:
     """Provider pauses read in the same step (`begin_run`, a write), for the next call."""
     inbox: InboxSeen | None = None
     """The inbox read in the same step (`begin_run`, a write); None: not read, ask it."""
+    budgeted: bool | None = None
+    """Whether the trace's tree has a budget, read in the same step (`begin_run`); None: not
+    read (the limits ask it themselves)."""
 
 
 @dataclass(frozen=True)

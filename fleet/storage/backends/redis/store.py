@@ -198,6 +198,7 @@ class RedisStore(RedisIndexes):
         lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
         running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
         tree = [keys.trace(trace_id), lease, running, keys.events(root), keys.inbox(trace_id)]
+        tree.append(keys.budget(root))
         script_keys = tree + ([] if self._cluster else list(pauses))
         args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
         args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
@@ -212,14 +213,16 @@ class RedisStore(RedisIndexes):
             return None
         if self._cluster:
             self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
-            reply = [reply[0], redis_split.pause_ttls(self._client, pauses), reply[2]]
+            reply = [reply[0], redis_split.pause_ttls(self._client, pauses), *reply[2:]]
         packed = redis_writes.pairs(reply[0])  # a packed trace is read, never started
         data = self._dicts.unpacked(packed)
         trace = redis_writes.decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
         read = PauseRead.of(pauses, reply[1]) if pauses else None
         stop, inbox = redis_writes.STOP_FIELD in data, redis_writes.inbox_seen(reply[2])
-        return TraceSnapshot(trace, redis_writes.decode_messages(data), stop, read, inbox)
+        budgeted = bool(reply[3]) if trace.root_trace_id == root else None  # a guess missed
+        messages = redis_writes.decode_messages(data)
+        return TraceSnapshot(trace, messages, stop, read, inbox, budgeted)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
