@@ -53,7 +53,11 @@ class ExperienceStore(Protocol):
         ...
 
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:
-        """These were injected into `trace_id`: one more use each, remembered for its end."""
+        """These were injected into `trace_id`: one more use each, remembered for its end.
+
+        None at all (its first messages showed none): its end counts nothing, so a store
+        may skip its `count_outcome` read when the trace ends in this process.
+        """
         ...
 
     def count_outcome(self, trace_id: str, succeeded: bool) -> list[str]:

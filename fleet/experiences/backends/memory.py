@@ -66,6 +66,8 @@ class MemoryExperiences:
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:  # noqa: D102
         with self._lock:
             ids = [i for i in experience_ids if i in self._items]
+            if not ids:  # none shown: nothing to remember (its end finds nothing)
+                return
             for i in ids:
                 self._items[i].uses += 1
             self._used[trace_id] = ids

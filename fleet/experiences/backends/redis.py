@@ -7,9 +7,12 @@ removal) or the hash's length differ from when it was filled: one round trip of 
 commands per run start however many experiences there are. The version is read before
 the hash, so a put between the two reads fills the cache under the older version and the
 next start reads again. A Redis that restarted without its data reads as a new version
-(or a new length). On a Redis Cluster the hash and the counter sit in different slots:
-a put's two commands go together but not as one transaction, so a start in between keeps
-its cache until the counter moves, an instant later.
+(or a new length). A trace whose first messages showed no experience (`count_use` of none)
+is remembered in the process: its end there reads nothing (`count_outcome`); a trace that
+ends in another process reads its list as before. On a Redis Cluster the hash and the
+counter sit in different slots: a put's two commands go together but not as one
+transaction, so a start in between keeps its cache until the counter moves, an instant
+later.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import redis
 from fleet.errors import ExperienceNotFound
 from fleet.experiences.model import Experience, StoredVector
 from fleet.storage import keys
+
+NONE_SHOWN_KEPT = 100_000
+"""Traces remembered as shown no experience (`count_use` of none), at most."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class RedisExperiences:
         """Use this client (the trace store's)."""
         self._client = client
         self._approved: _Approved | None = None
+        self._none_shown: dict[str, bool] = {}
+        """Traces whose first messages this process chose with no experience in them."""
         self._lock = threading.Lock()
 
     def put(self, experience: Experience) -> None:  # noqa: D102 (the Protocol's)
@@ -116,6 +124,13 @@ class RedisExperiences:
 
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:  # noqa: D102
         ids = list(experience_ids)
+        with self._lock:
+            if ids:
+                self._none_shown.pop(trace_id, None)
+            else:
+                if len(self._none_shown) > NONE_SHOWN_KEPT:  # a long-lived worker sees many
+                    self._none_shown.clear()
+                self._none_shown[trace_id] = True
         if not ids:
             return
         pipe = self._client.pipeline()
@@ -128,6 +143,9 @@ class RedisExperiences:
         pipe.execute()
 
     def count_outcome(self, trace_id: str, succeeded: bool) -> list[str]:  # noqa: D102
+        with self._lock:
+            if self._none_shown.pop(trace_id, False):  # its first messages here showed none
+                return []
         # GETDEL-like for a list: the first finish takes it; a second finish finds nothing.
         pipe = self._client.pipeline()
         used = keys.experiences_used(trace_id)
