@@ -215,3 +215,36 @@ def test_a_run_killed_midway_counts_every_call_once_when_resumed(
         "completion": sum(t.stats.completion_tokens for t in traces),
     }
     assert not redis_client.hexists(keys.trace(child), "uncounted")
+
+
+def test_a_root_run_reads_the_experiences_version_with_its_lease(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path, meter: Counter[int]
+) -> None:
+    """`default` shows experiences: begin_run reads their version, and the cache follows it."""
+    from fleet.experiences.backends.redis import RedisExperiences
+    from fleet.experiences.model import new_experience
+
+    seen: list[tuple[int, str]] = []
+    me = threading.get_ident()
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        seen.append((meter[me], str(messages[0]["content"])))
+        return text("done")
+
+    store = RedisStore(redis_client)
+    runtime, _ = worker_runtime(store, tmp_path, ScriptedModel(function=respond))
+    for task in ("warm up", "fix the parser"):
+        root = create_root(runtime, TaskSpec(task, MODEL))
+        meter[me] = 0
+        assert Runner(runtime).run(root.trace_id).outcome == "completed"
+    assert seen[-1][0] == 1, "begin_run alone before the model call"
+    other = connect(redis_url)  # another process approves a rule
+    RedisExperiences(other).put(
+        new_experience("agent:default", "when the parser breaks", "read the grammar", approved=True)
+    )
+    root = create_root(runtime, TaskSpec("fix the parser", MODEL))
+    meter[me] = 0
+    assert Runner(runtime).run(root.trace_id).outcome == "completed"
+    assert "read the grammar" in seen[-1][1], "the new version was read with the lease"
+    assert seen[-1][0] == 1 + 3, "begin_run; the hash read anew, the rule's counts, its use"
+    other.close()

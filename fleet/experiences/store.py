@@ -44,6 +44,14 @@ class ExperienceStore(Protocol):
         """These experiences with their uses and successes as stored now."""
         ...
 
+    def note_version(self, version: tuple[str | None, int] | None) -> None:
+        """The version counter and count as this thread's run just read them (`begin_run`).
+
+        The thread's next `approved` uses them instead of reading them again; None forgets
+        a note (the run read nothing).
+        """
+        ...
+
     def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:
         """The stored embeddings of these experiences (those that have one)."""
         ...

@@ -46,6 +46,9 @@ class TraceSnapshot:
     budgeted: bool | None = None
     """Whether the trace's tree has a budget, read in the same step (`begin_run`); None: not
     read (the limits ask it themselves)."""
+    experiences: tuple[str | None, int] | None = None
+    """The experiences' version counter and count, read in the same step (`begin_run`, see
+    `StartRun.experiences`); None: not read (the experience store asks it itself)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class StartRun:
 
     root_trace_id: str
     event: Event
+    experiences: frozenset[str] = frozenset()
+    """Presets that show experiences: a trace of one with no message yet (its first run)
+    has the experiences' version read in the same step (`TraceSnapshot.experiences`)."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ A run's start ranks the approved experiences of its scopes (`approved`): the pro
 them parsed, grouped by scope, and reads the whole hash again only when the version
 counter (`keys.EXPERIENCES_VERSION`, raised in the same transaction as every put and
 removal) or the hash's length differ from when it was filled: one round trip of two
-commands per run start however many experiences there are. The version is read before
+commands per run start however many experiences there are, read in the run's first round
+trip (`begin_run`, then `note_version`) where it can. The version is read before
 the hash, so a put between the two reads fills the cache under the older version and the
 next start reads again. A Redis that restarted without its data reads as a new version
 (or a new length). A trace whose first messages showed no experience (`count_use` of none)
@@ -46,6 +47,8 @@ class RedisExperiences:
         """Use this client (the trace store's)."""
         self._client = client
         self._approved: _Approved | None = None
+        self._noted = threading.local()
+        """`version`: the version and count this thread's run read with `begin_run`."""
         self._none_shown: dict[str, bool] = {}
         """Traces whose first messages this process chose with no experience in them."""
         self._lock = threading.Lock()
@@ -57,12 +60,18 @@ class RedisExperiences:
         pipe.incr(keys.EXPERIENCES_VERSION)
         pipe.execute()
 
+    def note_version(self, version: tuple[str | None, int] | None) -> None:  # noqa: D102
+        self._noted.version = version
+
     def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:  # noqa: D102
-        pipe = self._client.pipeline(transaction=False)
-        pipe.get(keys.EXPERIENCES_VERSION)
-        pipe.hlen(keys.EXPERIENCES)
-        raw, length = pipe.execute()
-        version = (None if raw is None else str(raw), int(length))
+        version, self._noted.version = getattr(self._noted, "version", None), None
+        if version is None:  # not read with this thread's run: read here
+            pipe = self._client.pipeline(transaction=False)
+            pipe.get(keys.EXPERIENCES_VERSION)
+            pipe.hlen(keys.EXPERIENCES)
+            raw, length = pipe.execute()
+            version = (None if raw is None else str(raw), int(length))
+        length = version[1]
         with self._lock:
             cached = self._approved
         if cached is None or cached.version != version:

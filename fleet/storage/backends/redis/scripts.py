@@ -341,15 +341,17 @@ return 1
 # The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
 # trip. A trace of the given root in a `STARTABLE` status is set running with its event first.
 # KEYS: trace, lease, running index, the guessed root's events, the trace's inbox, the
-# guessed root's budget, then pause keys to read
+# guessed root's budget, the experiences' version counter and hash, then pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms, '1' when the caller indexes the lease (a
-# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads
+# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads, then the
+# presets (JSON) whose trace with no message yet reads the experiences' keys
 # Returns -1 for no trace (nothing taken), -2 for a trace of a newer schema (nothing taken:
 # a worker of that release runs it), 0 when another runner holds the lease, else
 # {the trace hash (its messages included) as a flat list, {PTTL per pause key}, the
-# inbox's newest entry id ('' for none), 1 if the budget exists else 0}: the first model
-# call needs no read of its own.
+# inbox's newest entry id ('' for none), 1 if the budget exists else 0, {the experiences'
+# version or false, their count} or 0 when not read}: the first model call needs no read
+# of its own.
 BEGIN_RUN = (
     """
 local trace = redis.call('HGETALL', KEYS[1])
@@ -373,9 +375,18 @@ if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6] and ("""
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
 end
 local pauses = {}
-for k = 7, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
+for k = 9, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
 local newest = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
-return {trace, pauses, newest[1] and newest[1][1] or '', redis.call('EXISTS', KEYS[6])}
+local learnt, last = 0, at['last_sequence'] and trace[at['last_sequence']]
+if #ARGV > 10 and (not last or last == '0') then
+  for k = 11, #ARGV do
+    if trace[at['preset']] == ARGV[k] then
+      learnt = {redis.call('GET', KEYS[7]), redis.call('HLEN', KEYS[8])}
+      break
+    end
+  end
+end
+return {trace, pauses, newest[1] and newest[1][1] or '', redis.call('EXISTS', KEYS[6]), learnt}
 """
 )
 

@@ -198,12 +198,16 @@ class RedisStore(RedisIndexes):
         lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
         running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
         tree = [keys.trace(trace_id), lease, running, keys.events(root), keys.inbox(trace_id)]
-        tree.append(keys.budget(root))
+        tree += [keys.budget(root), keys.EXPERIENCES_VERSION, keys.EXPERIENCES]
+        if self._cluster:  # fleet-wide keys are in other slots: stand-ins, nothing read there
+            tree[-2:] = [lease, lease]
+        shows = start.experiences if start and not self._cluster else frozenset()
         script_keys = tree + ([] if self._cluster else list(pauses))
         args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
         args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
         args.append(now_ms())
         args += ["1" if self._cluster else "", SCHEMA_VERSION]
+        args += [json.dumps(p) for p in sorted(shows)]
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")
@@ -222,7 +226,8 @@ class RedisStore(RedisIndexes):
         stop, inbox = redis_writes.STOP_FIELD in data, redis_writes.inbox_seen(reply[2])
         budgeted = bool(reply[3]) if trace.root_trace_id == root else None  # a guess missed
         messages = redis_writes.decode_messages(data)
-        return TraceSnapshot(trace, messages, stop, read, inbox, budgeted)
+        learnt = (reply[4][0] or None, int(reply[4][1])) if reply[4] else None
+        return TraceSnapshot(trace, messages, stop, read, inbox, budgeted, learnt)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
