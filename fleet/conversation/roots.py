@@ -19,7 +19,7 @@ from fleet.config.limits import PositiveCount, validated
 from fleet.conversation.fanout import fan_out_plan
 from fleet.errors import ConfigError, MemoryRefused, ToolError
 from fleet.ids import check_memory_namespace
-from fleet.limits.budget import FINAL_SHARE, Budget
+from fleet.limits.budget import FINAL_SHARE, NO_BUDGET, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Mode, Trace
@@ -187,7 +187,7 @@ def _controls(
     Checked, not written; None for what the tree does not need written.
     """
     preset = runtime.preset(spec.preset)
-    budget = (spec.budget or Budget()).over(preset.budget)
+    budget = (spec.budget or NO_BUDGET).over(preset.budget)
     if spec.max_concurrent is not None:  # the Python API too, not only the CLI's flag
         validated(_Width, {"max_concurrent": spec.max_concurrent})
     schedule = Schedule(spec.max_concurrent or preset.max_concurrent, spec.priority)
