@@ -75,10 +75,6 @@ class Budget:
         return Budget(**{k: theirs[k] if v is None else v for k, v in mine.items()})
 
 
-NO_BUDGET = Budget()
-"""A tree with no budget of its own (built once: each `Budget` is validated when built)."""
-
-
 class BudgetIn(BaseModel):
     """A budget as written anywhere (API, CLI, batch entry, preset): the one validation."""
 
@@ -93,6 +89,10 @@ class BudgetIn(BaseModel):
     def to_budget(self) -> Budget:
         """The dataclass used inside."""
         return Budget(**self.model_dump())
+
+
+NO_BUDGET = Budget()
+"""A tree with no budget of its own (built once: each `Budget` is validated when built)."""
 
 
 @dataclass(frozen=True)
