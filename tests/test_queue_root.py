@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ def test_a_taken_id_is_refused_whole(store: TraceStore, tmp_path: Path) -> None:
 def meter() -> Iterator[Counter[int]]:
     """Round trips by the thread that made them."""
     trips: Counter[int] = Counter()
-    send = Connection.send_packed_command
+    send: Callable[..., None] = Connection.send_packed_command
 
     def counting(self: Connection, command: Any, check_health: bool = True) -> None:
         trips[threading.get_ident()] += 1

@@ -80,7 +80,7 @@ def worker_runtime(
 def meter() -> Iterator[Counter[int]]:
     """Round trips (a pipeline is one) by the thread that made them."""
     trips: Counter[int] = Counter()
-    send = Connection.send_packed_command
+    send: Callable[..., None] = Connection.send_packed_command
 
     def counting(self: Connection, command: Any, check_health: bool = True) -> None:
         trips[threading.get_ident()] += 1
