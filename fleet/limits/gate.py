@@ -143,6 +143,11 @@ class Gate:
             self._tree_pauses[root_trace_id] = found
         return found
 
+    def learn_budget(self, root_trace_id: str, budgeted: bool | None) -> None:
+        """Whether the tree has a budget, as `begin_run` read it (None: it did not)."""
+        if budgeted is not None and self.budgets is not None:
+            self.budgets.learn(root_trace_id, budgeted)
+
     def known_pauses(self, root_trace_id: str) -> tuple[str, ...]:
         """The pause keys `begin_run` reads for a trace of this tree, before its model is known.
 

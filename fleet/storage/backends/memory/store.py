@@ -26,8 +26,10 @@ from fleet.storage.backends.memory.workers import MemoryWorkerTables
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.keys import CounterName
 from fleet.storage.one_by_one import apply_one_by_one
+from fleet.storage.root_queue import queue_in_steps
 from fleet.storage.store import (
     STATS_FIELDS,
+    Serving,
     StartRun,
     TraceSnapshot,
     starts,
@@ -179,6 +181,11 @@ class MemoryStore(MemoryWorkerTables):
     def track_tree(self, root_trace_id: str) -> None:
         with self._lock:
             self._open_trees[root_trace_id] = now_ms()
+
+    def queue_root(
+        self, trace: Trace, event: Event, serving: Serving | None = None, *, listed: bool = True
+    ) -> None:
+        queue_in_steps(self, trace, event, serving, listed)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:
