@@ -73,7 +73,7 @@ class LLMResponse:
     batch_id: str | None = None
     """The provider batch that answered this call (`fleet.batchapi`); None for a live call."""
     timing: CallTiming | None = None
-    """When the call ran and its attempts (`fleet.loop.turns.call_model` sets it)."""
+    """When the call ran and its attempts (`fleet.loop.call.call_model` sets it)."""
 
 
 class LLMClient(Protocol):
