@@ -1,7 +1,7 @@
 """One model call of a run: its inputs, prepared once per run, and the call on its turn.
 
 The runner prepares a `Prepared` before a run's first model call (`prepare`): the model's
-client, the tools offered, what the gate knows of the model, the request's window and
+client, the tools offered, the gate's terms for the model, the request's window and
 wire, the cache key and the temperature. A turn (`fleet.loop.route.ask_model`) takes it,
 so it computes only what varies per turn: the note, the request, the booking, the call.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from fleet.conversation.messages import got_mail
 from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.limits.gate import FINAL_NOTE, Go, Wait
+from fleet.limits.gate import FINAL_NOTE, Go, Terms, Wait
 from fleet.llm.base import LLMClient, LLMResponse
 from fleet.llm.caching import cache_key
 from fleet.llm.timing import Attempt, CallTiming, recording_attempts, wall_ms
@@ -41,6 +41,8 @@ class Prepared:
     client: LLMClient | None
     """None: it could not be built; the call builds it again, raising what it raises."""
     offered: Offered
+    terms: Terms
+    """What the gate books each call with (`fleet.limits.gate.Terms`)."""
     cache_key: str
     """The call's `prompt_cache_key` (`fleet.llm.caching.cache_key`)."""
     temperature: float | None
@@ -93,6 +95,7 @@ def prepare(runtime: Runtime, trace: Trace, model_name: str) -> Prepared:
         model_name=model_name,
         client=client,
         offered=offered(runtime, trace),
+        terms=runtime.gate.terms(model_name, trace.root_trace_id),
         cache_key=cache_key(trace.root_trace_id, trace.preset),
         temperature=runtime.temperature(trace),
         window=runtime.context_window(model_name),

@@ -129,8 +129,8 @@ def _booked(
     trace, messages, runtime = snapshot.trace, snapshot.messages, prepared.runtime
     tools = prepared.tools(trace, snapshot.inbox)
     chars = request_chars(path, tools)
-    model_name = prepared.model_name
-    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched(route))
+    terms = prepared.terms
+    verdict = runtime.gate.before(trace, terms, chars, snapshot.pauses, batch=batched(route))
     if not isinstance(verdict, Go):
         return verdict
     if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
