@@ -1,9 +1,10 @@
 """One model call of a run: its inputs, prepared once per run, and the call on its turn.
 
 The runner prepares a `Prepared` before a run's first model call (`prepare`): the model's
-client, the tools offered, the gate's terms for the model, the request's window and
-wire, the cache key and the temperature. A turn (`fleet.loop.route.ask_model`) takes it,
-so it computes only what varies per turn: the note, the request, the booking, the call.
+client, the tools offered, the gate's terms for the model, the request's window and wire,
+the cache key, the temperature, and which call events some hook listens to. A turn
+(`fleet.loop.route.ask_model`) takes it, so it computes only what varies per turn: the
+note, the request, the booking, the call.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from fleet.runtime import Runtime
 from fleet.storage.writes import InboxSeen
 
 OVERLOADS_PER_RETRY = 10
+CALL_EVENTS = ("turn_started", "model_requested", "model_responded", "model_failed")
+"""The hook events of every model call: those no hook listens to are not called."""
 
 
 @dataclass
@@ -50,6 +53,8 @@ class Prepared:
     """The model's `context_window` (None: nothing to fit)."""
     threshold: float
     wire: Wire | None
+    live: frozenset[str]
+    """The `CALL_EVENTS` some hook listens to (`Hooks.listens`)."""
 
     def tools(self, trace: Trace, seen: InboxSeen | None) -> list[dict[str, Any]]:
         """The tools offered to this call: built again only if the registry changed."""
@@ -101,6 +106,7 @@ def prepare(runtime: Runtime, trace: Trace, model_name: str) -> Prepared:
         window=runtime.context_window(model_name),
         threshold=runtime.config.context_threshold,
         wire=runtime.wire_of(model_name),
+        live=frozenset(e for e in CALL_EVENTS if runtime.hooks.listens(e)),
     )
 
 
@@ -145,11 +151,13 @@ def call_model(
     # one inside a pause set meanwhile (a 429 elsewhere) does not go; it books again.
     if (held := runtime.gate.sending(go)) is not None:
         return held
-    hooks = runtime.hooks
-    hooks.turn_started(trace, trace.iteration)
+    hooks, live = runtime.hooks, prepared.live
+    if "turn_started" in live:
+        hooks.turn_started(trace, trace.iteration)
     gate, started = runtime.gate, time.monotonic()
     try:
-        hooks.model_requested(trace, prepared.model_name, wire if shown is None else shown)
+        if "model_requested" in live:
+            hooks.model_requested(trace, prepared.model_name, wire if shown is None else shown)
     except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
         gate.after(go, None, None)
         raise
@@ -171,21 +179,32 @@ def call_model(
                 ),
             )
         response = replace(response, timing=CallTiming(started_ms, wall_ms(), tuple(attempts)))
-    except CallCut as exc:  # settled with its estimate, once: nothing of it is written
-        hooks.model_failed(trace, exc)
-        gate.after(go, estimated(go), None)
-        raise
-    except ProviderOverloaded as exc:
-        hooks.model_failed(trace, exc)
-        return _overloaded(runtime, trace, go, exc)
     except BaseException as exc:
-        hooks.model_failed(trace, exc)
-        gate.after(go, None, None)
-        if isinstance(exc, TransientLLMError):  # its attempts go with the hand-back's event
-            exc.attempts = tuple(a.as_dict() for a in attempts)
-        raise
+        return _failed(prepared, trace, go, exc, attempts)
     gate.after(go, response, int((time.monotonic() - started) * 1000))
     return response
+
+
+def _failed(
+    prepared: Prepared, trace: Trace, go: Go, exc: BaseException, attempts: list[Attempt]
+) -> Wait:
+    """A call that raised, told to the hooks and settled: an overload waits, else it raises.
+
+    A cut call is settled with its estimate, once (nothing of it is written); any other
+    is refunded, and a transient error carries its attempts to the hand-back's event.
+    """
+    runtime = prepared.runtime
+    if "model_failed" in prepared.live:
+        runtime.hooks.model_failed(trace, exc)
+    if isinstance(exc, CallCut):
+        runtime.gate.after(go, estimated(go), None)
+        raise exc
+    if isinstance(exc, ProviderOverloaded):
+        return _overloaded(runtime, trace, go, exc)
+    runtime.gate.after(go, None, None)
+    if isinstance(exc, TransientLLMError):
+        exc.attempts = tuple(a.as_dict() for a in attempts)
+    raise exc
 
 
 def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:

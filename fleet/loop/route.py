@@ -196,7 +196,8 @@ class _Call:
         batched: bool,
     ) -> Answered:
         """The turn's answer, told to the hooks."""
-        self.runtime.hooks.model_responded(trace, response)
+        if "model_responded" in self.prepared.live:
+            self.runtime.hooks.model_responded(trace, response)
         final = self.go.budget.final
         return Answered(trace, messages, path, response, self.model_name, final, batched=batched)
 
