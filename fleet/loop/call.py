@@ -2,9 +2,9 @@
 
 The runner prepares a `Prepared` before a run's first model call (`prepare`): the model's
 client, the tools offered, the gate's terms for the model, the request's window and wire,
-the cache key, the temperature, and which call events some hook listens to. A turn
-(`fleet.loop.route.ask_model`) takes it, so it computes only what varies per turn: the
-note, the request, the booking, the call.
+the cache key, the temperature, which call events some hook listens to, and the call
+watcher. A turn (`fleet.loop.route.ask_model`) takes it, so it computes only what varies
+per turn: the note, the request, the booking, the call.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fleet.llm.caching import cache_key
 from fleet.llm.timing import Attempt, CallTiming, recording_attempts, wall_ms
 from fleet.llm.vision import Wire
 from fleet.loop.context import injection
-from fleet.loop.cut import CallCut, call_watch, cuttable, estimated
+from fleet.loop.cut import CallCut, CallWatcher, cuttable, estimated, runtime_watcher
 from fleet.loop.fit import fit, record
 from fleet.loop.images import Request, with_images
 from fleet.loop.toolcalls import Offered, offered
@@ -55,6 +55,8 @@ class Prepared:
     wire: Wire | None
     live: frozenset[str]
     """The `CALL_EVENTS` some hook listens to (`Hooks.listens`)."""
+    watcher: CallWatcher
+    """The process's call watcher (`fleet.loop.cut`): a stop or a message cuts the call."""
 
     def tools(self, trace: Trace, seen: InboxSeen | None) -> list[dict[str, Any]]:
         """The tools offered to this call: built again only if the registry changed."""
@@ -81,7 +83,9 @@ class Prepared:
             if fitted.elided:
                 trace = record(self.runtime.store, trace, fitted, self.window)
             wire = fitted.messages
-        sent = with_images(self.runtime, trace.root_trace_id, self.model_name, wire)
+        sent = wire
+        if any(isinstance(m.get("content"), list) for m in wire):  # parts: an image, maybe
+            sent = with_images(self.runtime, trace.root_trace_id, self.model_name, wire)
         return trace, Request(sent, wire)
 
     def built_client(self) -> LLMClient:
@@ -107,6 +111,7 @@ def prepare(runtime: Runtime, trace: Trace, model_name: str) -> Prepared:
         threshold=runtime.config.context_threshold,
         wire=runtime.wire_of(model_name),
         live=frozenset(e for e in CALL_EVENTS if runtime.hooks.listens(e)),
+        watcher=runtime_watcher(runtime),
     )
 
 
@@ -123,6 +128,10 @@ def note(
     `seen`: the inbox as the run's last round trip read it (None: not read).
     """
     if not final:
+        every = runtime.settings.inject_every_turns  # `injection`'s own conditions:
+        due = trace.iteration > 0 and every > 0 and trace.iteration % every == 0
+        if not due and seen is not None and seen.newest is None:
+            return None  # no block due and no message ever came: nothing to add or read
         return injection(runtime, trace, messages, seen)
     note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
     note.metadata["injected"] = True
@@ -165,7 +174,7 @@ def call_model(
     started_ms, attempts = wall_ms(), list[Attempt]()
     try:
         with (
-            call_watch(runtime, trace.trace_id, seen=seen) as watch,
+            prepared.watcher.watching(trace.trace_id, seen=seen) as watch,
             recording_attempts(attempts),
         ):
             response = cuttable(  # a stop or interrupt cuts it

@@ -103,7 +103,10 @@ class CallWatcher:
                 self._by_id.pop(id(watch), None)
 
     def _loop(self) -> None:
+        # A look first waits a poll: a call's run read the stop flag and inbox as it left,
+        # and a call shorter than a poll is never looked at (no read of the store at all).
         while True:
+            threading.Event().wait(POLL_S)
             with self._lock:
                 watches = list(self._by_id.values())
                 if not watches:
@@ -111,7 +114,6 @@ class CallWatcher:
                     return
             for watch in watches:
                 self._look(watch)
-            threading.Event().wait(POLL_S)
 
     def _look(self, watch: Watch) -> None:
         try:
@@ -168,14 +170,18 @@ def cuttable(watch: Watch, call: Callable[[], T]) -> T:
     return box["value"]  # type: ignore[return-value]
 
 
+def runtime_watcher(runtime: Runtime) -> CallWatcher:
+    """The runtime's process-wide watcher (its fenced copies share it)."""
+    store = runtime.store
+    anchor = runtime.leases if runtime.leases is not None else store
+    return watcher(anchor, store, store.capability(INBOX))
+
+
 def call_watch(
     runtime: Runtime, trace_id: str, *, interrupts: bool = True, seen: InboxSeen | None = None
 ) -> AbstractContextManager[Watch]:
     """Watch `trace_id` on the runtime's process-wide watcher while a call is in flight."""
-    store = runtime.store
-    anchor = runtime.leases if runtime.leases is not None else store
-    found = watcher(anchor, store, store.capability(INBOX))
-    return found.watching(trace_id, interrupts=interrupts, seen=seen)
+    return runtime_watcher(runtime).watching(trace_id, interrupts=interrupts, seen=seen)
 
 
 def stoppable(runtime: Runtime, trace_id: str, call: Callable[[], T]) -> T:

@@ -208,7 +208,9 @@ def _live(call: _Call, trace: Trace, messages: list[Message], route: Live) -> An
         trace, messages = call.noted(trace, messages)
     path = main_path(messages, trace.head_sequence)
     trace, request = call.prepared.request(trace, to_wire(path), call.tools)
-    seen = baseline(call.seen, messages)  # a message the note gave in full cuts nothing
+    seen = call.seen  # a message the note gave in full cuts nothing (an empty inbox: none)
+    if seen is None or seen.newest is not None:
+        seen = baseline(seen, messages)
     called = call_model(
         call.prepared,
         trace,

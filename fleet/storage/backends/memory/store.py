@@ -6,6 +6,7 @@ import copy
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Unpack
 
 from fleet.errors import LeaseLost, TraceExists, TraceNotFound
@@ -24,6 +25,7 @@ from fleet.runstate import RunPatch
 from fleet.runstate import check_patch as check_run_patch
 from fleet.storage.backends.memory.workers import MemoryWorkerTables
 from fleet.storage.capability import Capability, Kept, T
+from fleet.storage.inbox import INBOX
 from fleet.storage.keys import CounterName
 from fleet.storage.one_by_one import apply_one_by_one
 from fleet.storage.store import (
@@ -33,7 +35,7 @@ from fleet.storage.store import (
     starts,
     with_sequence,
 )
-from fleet.storage.writes import TraceWrite, WriteResult
+from fleet.storage.writes import InboxSeen, TraceWrite, WriteResult
 
 
 class MemoryStore(MemoryWorkerTables):
@@ -165,7 +167,9 @@ class MemoryStore(MemoryWorkerTables):
             if start is not None and starts(data, start):
                 data.update(status="running", updated_at_ms=now_ms())
                 self.emit(start.root_trace_id, start.event)
-            return self.snapshot(trace_id)
+            # The inbox read in the same step, as Redis's BEGIN_RUN reads it.
+            seen = InboxSeen(self.capability(INBOX).newest(trace_id))
+            return replace(self.snapshot(trace_id), inbox=seen)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         with self._lock:
