@@ -90,7 +90,7 @@ class Prepared:
 
     def built_client(self) -> LLMClient:
         """The model's client (built again if preparing it failed: that error is raised)."""
-        return self.client or self.runtime.client(self.model_name)
+        return self.client if self.client is not None else self.runtime.client(self.model_name)
 
 
 def prepare(runtime: Runtime, trace: Trace, model_name: str) -> Prepared:
