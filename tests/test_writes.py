@@ -134,7 +134,7 @@ def test_begin_run_takes_the_lease_and_reads_the_trace(store: TraceStore) -> Non
     assert store.begin_run("t", "me", 10_000) is not None, "the holder may begin again"
 
 
-def test_begin_run_reads_the_inbox_in_the_same_step(store: TraceStore) -> None:
+def test_begin_run_and_a_write_read_the_inbox_in_the_same_step(store: TraceStore) -> None:
     # Every store, the memory twin too: the run's first call then reads no inbox of its own.
     make(store, "t")
     began = store.begin_run("t", "me", 10_000)
@@ -145,6 +145,9 @@ def test_begin_run_reads_the_inbox_in_the_same_step(store: TraceStore) -> None:
     )
     again = store.begin_run("t", "me", 10_000)
     assert again is not None and again.inbox == InboxSeen(entry)
+    written = store.apply(TraceWrite("t", "t").update(None, status="running").read_inbox())
+    assert written.inbox == InboxSeen(entry), "a write that asks reads it in its step too"
+    assert store.apply(TraceWrite("t", "t").update(None, status="running")).inbox is None
 
 
 def test_begin_run_of_a_missing_trace_takes_no_lease(store: TraceStore) -> None:

@@ -178,7 +178,11 @@ class MemoryStore(MemoryWorkerTables):
             self._check_fence()  # once for the whole write, as the Redis script does: a
             plain = copy.copy(self)  # write may release the lease before its last op
             plain._fence = None
-            return apply_one_by_one(plain, write)
+            written = apply_one_by_one(plain, write)
+            if write.inbox:  # read in the same step, as Redis's script reads it
+                seen = InboxSeen(self.capability(INBOX).newest(write.trace_id))
+                written = replace(written, inbox=seen)
+            return written
 
     def track_tree(self, root_trace_id: str) -> None:
         with self._lock:
