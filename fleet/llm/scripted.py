@@ -95,6 +95,9 @@ def _usage(body: str) -> Usage:
 class ScriptedModel:
     """An LLMClient that answers from a script; never touches the network."""
 
+    holds_no_connection = True
+    """A cut call of it has nothing to close (`fleet.llm.base.LLMClient`)."""
+
     def __init__(
         self,
         responses: Iterable[LLMResponse | str] = (),

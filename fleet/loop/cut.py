@@ -67,8 +67,9 @@ class Watch:
     """An interrupting message cuts it too (a model call; a tool is cut by a stop only)."""
     wake: threading.Event = field(default_factory=threading.Event)
     reason: CutReason | None = None
-    cancel: Cancel = field(default_factory=Cancel)
-    """The call's cancel handle: a cut closes its connection (`fleet.llm.cancel`)."""
+    cancel: Cancel | None = None
+    """The call's cancel handle: a cut closes its connection (`fleet.llm.cancel`); None for
+    a call that opens none (the scripted model)."""
 
 
 class CallWatcher:
@@ -86,17 +87,23 @@ class CallWatcher:
 
     @contextmanager
     def watching(
-        self, trace_id: str, *, interrupts: bool = True, seen: InboxSeen | None = None
+        self,
+        trace_id: str,
+        *,
+        interrupts: bool = True,
+        seen: InboxSeen | None = None,
+        cancellable: bool = True,
     ) -> Iterator[Watch]:
         """Watch the trace while the block runs its model call (or tool).
 
         `seen`: the inbox entry later messages are counted from, as the run read it in a
-        round trip it made anyway; None: read here (interrupts only).
+        round trip it made anyway; None: read here (interrupts only). `cancellable`: the
+        call is given a cancel handle (False: it opens no connection to close).
         """
         newest = seen.newest if seen is not None else None
         if interrupts and seen is None:
             newest = self._inbox.newest(trace_id)
-        watch = Watch(trace_id, newest, interrupts)
+        watch = Watch(trace_id, newest, interrupts, cancel=Cancel() if cancellable else None)
         with self._lock:
             self._by_id[id(watch)] = watch
             if self._thread is None:
@@ -111,7 +118,10 @@ class CallWatcher:
                 self._by_id.pop(id(watch), None)
 
     def _loop(self) -> None:
+        # A look first waits a poll: a call's run read the stop flag and inbox as it left,
+        # and a call shorter than a poll is never looked at (no read of the store at all).
         while True:
+            threading.Event().wait(POLL_S)
             with self._lock:
                 watches = list(self._by_id.values())
                 if not watches:
@@ -119,7 +129,6 @@ class CallWatcher:
                     return
             for watch in watches:
                 self._look(watch)
-            threading.Event().wait(POLL_S)
 
     def _look(self, watch: Watch) -> None:
         try:
@@ -206,35 +215,44 @@ def cuttable(watch: Watch, call: Callable[[], T]) -> T:
     box: dict[str, object] = {}
     context = contextvars.copy_context()
 
+    cancel = watch.cancel
+
     def target() -> None:
-        context.run(bind, watch.cancel)
+        if cancel is not None:
+            context.run(bind, cancel)
         try:
             box["value"] = context.run(call)
         except BaseException as exc:  # handed to the run's thread, raised there
             box["error"] = exc
         finally:
-            watch.cancel.release()
+            if cancel is not None:
+                cancel.release()
             watch.wake.set()
 
     _SPARE.run(target)
     watch.wake.wait()
     if "value" not in box and "error" not in box:
         assert watch.reason is not None
-        watch.cancel.cancel()
+        if cancel is not None:
+            cancel.cancel()
         raise CallCut(watch.reason)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
 
 
+def runtime_watcher(runtime: Runtime) -> CallWatcher:
+    """The runtime's process-wide watcher (its fenced copies share it)."""
+    store = runtime.store
+    anchor = runtime.leases if runtime.leases is not None else store
+    return watcher(anchor, store, store.capability(INBOX))
+
+
 def call_watch(
     runtime: Runtime, trace_id: str, *, interrupts: bool = True, seen: InboxSeen | None = None
 ) -> AbstractContextManager[Watch]:
     """Watch `trace_id` on the runtime's process-wide watcher while a call is in flight."""
-    store = runtime.store
-    anchor = runtime.leases if runtime.leases is not None else store
-    found = watcher(anchor, store, store.capability(INBOX))
-    return found.watching(trace_id, interrupts=interrupts, seen=seen)
+    return runtime_watcher(runtime).watching(trace_id, interrupts=interrupts, seen=seen)
 
 
 def stoppable(runtime: Runtime, trace_id: str, call: Callable[[], T]) -> T:

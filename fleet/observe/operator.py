@@ -144,6 +144,10 @@ class HookChain(Hooks):
         """`members` in the order their events are delivered."""
         self.members = tuple(members)
 
+    def listens(self, event: str) -> bool:
+        """Whether some member listens to `event`."""
+        return any(m.hook.listens(event) for m in self.members)
+
     def _each(self, event: str, *args: Any, may_block: bool = False) -> list[Any]:
         # A member that keeps `Hooks`' no-op for this event is not called (nor its thread
         # started): what it would give is what the chain's callers start from.
