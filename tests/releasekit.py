@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.previous import Pin, Release, previous_release
+from tests.previous import PREVIOUS, REF_ENV, Pin, Release, previous_release
 from tests.procs import WorkerProcess, start_worker
 from tests.test_fleet_rabbitmq import RABBITMQ_URL, purge_fleet_queues, rabbitmq_answers
 from tests.test_fleet_recovery import FAST_RECOVERY, RUN_TIMEOUT_S, database_url
@@ -31,7 +31,9 @@ def installed(release: Pin | None = None) -> Release:
     """The release, built on first use; a missing commit fails under CI, else skips."""
     found = previous_release(release)
     if found is None:
-        missing = "the previous release's commit is not in this checkout (a shallow clone?)"
+        wanted = release or os.environ.get(REF_ENV) or PREVIOUS
+        named = f"{wanted.tag} ({wanted.commit[:12]})" if isinstance(wanted, Pin) else wanted
+        missing = f"release {named} is not in this checkout (a shallow clone? {REF_ENV}?)"
         if os.environ.get("CI"):  # CI must fetch it (a full clone; actions: fetch-depth: 0)
             pytest.fail(missing)
         pytest.skip(missing)

@@ -221,7 +221,8 @@ def test_what_the_next_release_adds_the_previous_release_keeps(
     with contextlib.ExitStack() as stack:
         fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
         root = fleet.submit("survey", model=model).trace_id  # waits in the broker
-        conn.hset(keys.trace(root), mapping=added)
+        for name, value in added.items():
+            conn.hset(keys.trace(root), name, value)
         fleet.store.create_trace(
             Trace(
                 trace_id="with-an-argument",
@@ -234,12 +235,14 @@ def test_what_the_next_release_adds_the_previous_release_keeps(
             fleet_settings(url, tmp_path, FLEET_BROKER_URL=broker), set_as_current=False
         )
         stack.callback(sender.close)
-        args = {"kwargs": {NEXT: 1}, "queue": "fleet.main"}
-        sender.send_task("fleet.run_agent", ["with-an-argument"], **args)
         old = release_worker(stack, previous, url, broker, tmp_path)
         stack.callback(begin_shutdown, [old])
+        wait_for_workers(broker, [old.name], timeout_s=60)  # RabbitMQ: its queues declared
+        args = {"kwargs": {NEXT: 1}, "queue": "fleet.main"}
+        sender.send_task("fleet.run_agent", ["with-an-argument"], **args)
         wait_until(lambda: fleet.trace(root).status == "waiting", RUN_TIMEOUT_S, "the spawn")
-        first = min((f for f in conn.hkeys(keys.trace(root)) if f.startswith("m:")), key=seq)
+        names = [str(name) for name in conn.hkeys(keys.trace(root))]
+        first = min((name for name in names if name.startswith("m:")), key=seq)
         message = json.loads(conn.hget(keys.trace(root), first) or "{}")
         conn.hset(keys.trace(root), first, json.dumps({**message, NEXT: "kept"}))
         for trace_id in (root, "with-an-argument"):
@@ -247,7 +250,7 @@ def test_what_the_next_release_adds_the_previous_release_keeps(
             assert ended.status == "completed", (trace_id, ended.error)
         assert_collected_once(fleet, root, 4)
         release_compacts(previous, url, root, "fleet.storage.backends.redis.compact")
-        stored = conn.hgetall(keys.trace(root))
+        stored = {str(k): str(v) for k, v in conn.hgetall(keys.trace(root)).items()}
         assert PACKED_FIELD in stored, "the previous release packed the tree"
         fields = unpacked(stored, DictCache(conn))
         assert {name: fields.get(name) for name in added} == added
