@@ -41,6 +41,8 @@ from fleet.storage.backends.redis.store import RedisStore
 from fleetops.metrics import redis_queue_lengths
 from workers.app import QUEUES
 
+CELERY_RESULTS = "celery-task*-meta-*"
+"""Celery's result keys (chord bodies' results, the join's claim markers): `result_expires`."""
 TASKS = ("survey the workspace in 3 branches", "survey the workspace in 8 branches", "hello")
 
 
@@ -103,11 +105,13 @@ class Soak:
         row["redis_used_mb"] = round(int(memory["used_memory"]) / 2**20, 2)
         row["redis_keys"] = int(self.client.dbsize())
         row["redis_keys_no_ttl"] = sum(lasting(self.client).values())
+        row["celery_result_keys"] = sum(1 for _ in self.client.scan_iter(CELERY_RESULTS, 1000))
         row["queued"] = sum(redis_queue_lengths(self.client, QUEUES).values())
         row["in_flight"] = len(self.open)
         row |= percentiles("first_call_ms", [f for f, _ in self.ended])
         row |= percentiles("tree_ms", [d for _, d in self.ended])
         row["ended"] = len(self.ended)
+        row["load1"] = round(os.getloadavg()[0], 1)  # the machine's: what moves p99 here
         self.ended = []
         self.rows.append(row)
         return row
