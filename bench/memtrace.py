@@ -56,7 +56,7 @@ def compare(old: Path, new: Path, top: int) -> None:
     print(f"traced: {total / 1024:+.1f} KiB from {old.name} to {new.name}")
     for stat in after.compare_to(before, "traceback")[:top]:
         print(f"{stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks")
-        for line in stat.traceback.format()[-2 * FRAMES :]:
+        for line in stat.traceback.format(most_recent_first=True):
             print(f"        {line}")
 
 
