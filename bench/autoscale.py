@@ -80,8 +80,8 @@ class Scaler:
 
     def desired(self, metric: int) -> int:
         """ceil(metric / threshold) within [min, max]."""
-        want = math.ceil(metric / self.options.threshold)
-        return max(self.options.min_replicas, min(self.options.max_replicas, want))
+        want = math.ceil(metric / int(self.options.threshold))
+        return max(int(self.options.min_replicas), min(int(self.options.max_replicas), want))
 
     def poll(self, client: redis.Redis, started_s: float) -> None:
         """One look of the autoscaler: up at once, down after the stabilization window."""
@@ -131,8 +131,8 @@ class Scaler:
 def calls_needed(options: argparse.Namespace) -> int:
     """Model calls the trees need: each root asks for its branches, then sums up; each
     branch looks around `turns` times, then answers."""
-    per_tree = 2 + options.branches * (options.turns + 1)
-    return per_tree * options.trees * options.cycles
+    per_tree = 2 + int(options.branches) * (int(options.turns) + 1)
+    return per_tree * int(options.trees) * int(options.cycles)
 
 
 def burst(fleet: Fleet, options: argparse.Namespace) -> list[str]:

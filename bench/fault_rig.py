@@ -187,10 +187,16 @@ class Worker:
 _names = count(1)
 
 
-def start_worker(env: dict[str, str], concurrency: int = 8) -> Worker:
-    """`fleet worker` on every queue, as an operator runs it."""
+def start_worker(
+    env: dict[str, str], concurrency: int = 8, launcher: tuple[str, ...] = ()
+) -> Worker:
+    """`fleet worker` on every queue, as an operator runs it.
+
+    `launcher`: a module that runs the CLI's module for it (`bench.memtrace OUT_DIR`).
+    """
     name = f"faults{next(_names)}.{os.getpid()}@{socket.gethostname()}"
-    argv = [sys.executable, "-m", "fleetops.cli.main", "worker", "-n", name]
+    module = ["-m", *launcher, "fleetops.cli.main"] if launcher else ["-m", "fleetops.cli.main"]
+    argv = [sys.executable, *module, "worker", "-n", name]
     argv += ["-c", str(concurrency), "-l", "INFO"]
     fd, log_name = tempfile.mkstemp(prefix="fleet-faults-worker-", suffix=".log")
     with os.fdopen(fd, "wb") as log:

@@ -1,6 +1,7 @@
 """A soak: mixed trees at a steady rate for a long time; what grows is the result.
 
 python -m bench.soak [--minutes 30] [--rate-per-min 30] [--workers 2] [--csv FILE]
+                     [--memtrace DIR]
 
 Two `fleet worker` processes on their own redis-server and a local OpenAI-wire server
 (`bench.openai_server`, `--latency-ms` per call). Every 60 / `--rate-per-min` seconds one tree
@@ -12,6 +13,8 @@ Every minute one row: each worker's RSS, open files and threads (/proc), Redis
 `used_memory` and keys, the queues' depth, and over the trees that ended that minute the
 p50/p99 of submit -> first model call and of the tree's duration. At the end, the slope of
 each column over the run after the first `--warmup-min` minutes, per 10 minutes: what grows.
+With `--memtrace DIR` the workers run under tracemalloc (`bench.memtrace`), a snapshot a
+minute, to compare: `python -m bench.memtrace --compare DIR/PID-005.snap DIR/PID-030.snap`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from fleet.storage.backends.redis.store import RedisStore
 from fleetops.metrics import redis_queue_lengths
 from workers.app import QUEUES
 
+CELERY_RESULTS = "celery-task*-meta-*"
+"""Celery's result keys (chord bodies' results, the join's claim markers): `result_expires`."""
 TASKS = ("survey the workspace in 3 branches", "survey the workspace in 8 branches", "hello")
 
 
@@ -100,11 +105,13 @@ class Soak:
         row["redis_used_mb"] = round(int(memory["used_memory"]) / 2**20, 2)
         row["redis_keys"] = int(self.client.dbsize())
         row["redis_keys_no_ttl"] = sum(lasting(self.client).values())
+        row["celery_result_keys"] = sum(1 for _ in self.client.scan_iter(CELERY_RESULTS, 1000))
         row["queued"] = sum(redis_queue_lengths(self.client, QUEUES).values())
         row["in_flight"] = len(self.open)
         row |= percentiles("first_call_ms", [f for f, _ in self.ended])
         row |= percentiles("tree_ms", [d for _, d in self.ended])
         row["ended"] = len(self.ended)
+        row["load1"] = round(os.getloadavg()[0], 1)  # the machine's: what moves p99 here
         self.ended = []
         self.rows.append(row)
         return row
@@ -180,8 +187,10 @@ def soaking(options: argparse.Namespace) -> Iterator[Soak]:
             "FLEET_CONFIG": str(config),
             "FLEET_RETENTION_S": str(options.retention_s),
         }
-        workers = [start_worker(env, options.concurrency) for _ in range(options.workers)]
-        stack.callback(lambda: [w.stop() for w in workers])
+        launcher = ("bench.memtrace", options.memtrace) if options.memtrace else ()
+        workers = [start_worker(env, options.concurrency, launcher) for _ in range(options.workers)]
+        for worker in workers:
+            stack.callback(worker.stop)
         observer = stack.enter_context(RedisStore.from_url(server.url))
         names = {w.name for w in workers}
         wait_for(lambda: names <= set(observer.live_consumers("fleet.explore")), 90, "workers")
@@ -240,6 +249,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--concurrency", type=int, default=8)
     add("--retention-s", type=int, default=60, help="FLEET_RETENTION_S")
     add("--csv", help="also write every row to this CSV file")
+    add("--memtrace", help="run the workers under tracemalloc, a snapshot a minute in this dir")
     return parser.parse_args(argv)
 
 

@@ -1,11 +1,19 @@
 """The previous release in a venv of its own, for the mixed-version tests.
 
-`previous_release()` exports the release's tree from git (`FLEET_PREVIOUS_REF`, default
-`PREVIOUS_REF`: the last release) into `.venv/prev-<sha>/src` and makes a venv there whose
-`fleet`, `workers` and `fleetops` are that tree's, beside this venv's third-party packages
-(the releases of one window pin the same Celery, kombu and redis-py; a release that changes
-a dependency's range says so in the CHANGELOG and this test installs it from the index).
-Built once per checkout: the venv is kept, and a later session reuses it in ~0 s.
+`previous_release()` exports a release's tree from git into `.venv/prev-<sha>/src` and makes
+a venv there whose `fleet`, `workers` and `fleetops` are that tree's, beside this venv's
+third-party packages (the releases of one window pin the same Celery, kombu and redis-py; a
+release that changes a dependency's range says so in the CHANGELOG and this test installs it
+from the index). Built once per checkout: the venv is kept, and a later session reuses it in
+~0 s.
+
+Which release: `FLEET_PREVIOUS_REF` (any git revision), else `PREVIOUS` (the last release).
+A release is pinned by its tag *and* its commit: a clone of main (what CI runs) has every
+commit of main's history but not always its tags (a tag is pushed apart, and a mirror may
+not carry them), so the commit is what is resolved; a tag that is present must name the
+same commit, or the test stops at once rather than test another tree. A shallow clone has
+neither: then `previous_release` returns None and the fixture fails under CI (`CI` set),
+skipping only on a developer's machine.
 
 `git archive`, not `git worktree add`: the same tree, without a worktree registered in
 the repository that a test killed mid-way would leave behind (`git worktree prune`).
@@ -24,13 +32,28 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-PREVIOUS_REF = "8e0d467"
-"""The last release (tag it `v0.1.0`): the fleet this session's work started from. From it to
-0.2.0 is a stop-the-world upgrade (docs/operations.md "Upgrading"); once 0.2.0 is tagged, this
-names it and the two releases run side by side."""
+
+@dataclass(frozen=True)
+class Pin:
+    """A release as git knows it: its tag and the commit the tag names."""
+
+    tag: str
+    commit: str
+
+
+RELEASE_0_1_0 = Pin("v0.1.0", "8e0d467ccd1d73a0085a82773be41ecb9f8b99f2")
+"""The first release: from it to 0.2.0 is a stop-the-world upgrade (docs/operations.md)."""
+RELEASE_0_2_0 = Pin("v0.2.0", "91f6984a6bd8c3c5efcefae950c8899e905bd4fe")
+"""The first release of the rules between releases: it and the next roll side by side."""
+PREVIOUS = RELEASE_0_2_0
+"""The last release: what this checkout must serve one fleet with (move it at each release)."""
 REF_ENV = "FLEET_PREVIOUS_REF"
 CHECKOUT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fleet", "fleetops", "workers")
+
+
+class MovedTag(RuntimeError):
+    """A release's tag names another commit than the one pinned here."""
 
 
 @dataclass(frozen=True)
@@ -61,20 +84,38 @@ def resolve(ref: str) -> str | None:
     return out.stdout.strip() or None
 
 
-def previous_release(ref: str | None = None) -> Release | None:
-    """The previous release installed (built on first use); None if the ref is not here."""
-    ref = ref or os.environ.get(REF_ENV) or PREVIOUS_REF
-    sha = resolve(ref)
+def resolve_pin(pin: Pin) -> str | None:
+    """The pinned commit if this checkout has it (its tag, if present, must agree).
+
+    Raises:
+        MovedTag: the tag is here and names another commit.
+    """
+    tagged = resolve(f"refs/tags/{pin.tag}")
+    if tagged is not None and tagged != pin.commit:
+        raise MovedTag(f"tag {pin.tag!r} names {tagged[:12]}, but the release is {pin.commit[:12]}")
+    return resolve(pin.commit)
+
+
+def previous_release(release: Pin | str | None = None) -> Release | None:
+    """A release installed (built on first use); None if its commit is not in this checkout.
+
+    `release`: a pin, or any git revision; by default `FLEET_PREVIOUS_REF`, else `PREVIOUS`.
+    """
+    release = release or os.environ.get(REF_ENV) or PREVIOUS
+    if isinstance(release, Pin):
+        ref, sha = release.tag, resolve_pin(release)
+    else:
+        ref, sha = release, resolve(release)
     if sha is None:
         return None
     home = Path(sys.prefix) / f"prev-{sha[:12]}"
-    release = Release(ref, sha, home / "bin" / "python", home / "src")
+    installed = Release(ref, sha, home / "bin" / "python", home / "src")
     lock_path = Path(sys.prefix) / f".prev-{sha[:12]}.lock"
     with lock_path.open("a") as lock:  # xdist processes build it once between them
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (home / ".built").exists():
             _build(sha, home)
-    return release
+    return installed
 
 
 def _build(sha: str, home: Path) -> None:

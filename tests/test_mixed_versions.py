@@ -1,16 +1,16 @@
 """Two releases in one fleet: the previous one (`tests/previous.py`) and this checkout.
 
-The previous release is 0.1.0 (8e0d467). It predates the rules between releases and the
-run state (`fleet/runstate.py`, `r:{name}` fields of the trace hash), and refuses any field
-it does not know: so 0.1.0 -> 0.2.0 is a stop-the-world upgrade (docs/operations.md,
-"Upgrading"), and what is tested across that boundary is what must hold there: trees 0.1.0
-finished (packed by its compaction or not) and trees its client queued while the workers
-were stopped are, after `fleet migrate`, read and run to the end by this release's workers,
-each branch collected once; a 0.1.0 worker left running beside 0.2.0 data refuses every
-tree 0.2.0 writes (it fails it, one validation line) rather than running it wrongly; and
-this release hands back, untouched, what only a newer release reads. The same machinery runs
-both releases side by side from 0.2.0 on (`FLEET_PREVIOUS_REF` names the release before).
-On Redis as broker and on RabbitMQ.
+The previous release is `tests.previous.PREVIOUS` (0.2.0, the first with the rules between
+releases; `FLEET_PREVIOUS_REF` names another). Its workers and this checkout's serve the same
+queues, Redis and broker, as during a rolling update or a rollback: trees submitted by
+either client, branches run by either worker, the workers of one release killed mid-tree
+(SIGKILL, or the SIGTERM of a pod taken away) and the other finishing every tree, each branch
+collected once and each turn written once. The contract is also held against a change:
+what a newer release adds (a trace field, a run-state field, a message field, a task
+argument), written here as the next release would write it, is kept by the previous
+release's workers and compaction; what only a newer release reads is handed back in one
+line. On Redis as broker and on RabbitMQ. (0.1.0 -> 0.2.0 stopped the world:
+tests/test_upgrade_from_0_1_0.py.)
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,55 +26,58 @@ import pytest
 import redis
 
 from fleet.client import Fleet
+from fleet.models import Trace
 from fleet.storage import keys
-from fleet.storage.compaction import PACKED_FIELD
-from tests.fleetkit import explore_script, wait_until
-from tests.previous import Release, previous_release
-from tests.procs import WorkerProcess, start_worker, wait_for_workers
-from tests.test_fleet_rabbitmq import RABBITMQ_URL, purge_fleet_queues, rabbitmq_answers
+from fleet.storage.backends.redis.compact import DictCache
+from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.compaction import PACKED_FIELD, unpacked
+from tests.fleetkit import explore_script, fleet_settings, wait_until
+from tests.previous import Release
+from tests.procs import WorkerProcess, wait_for_workers
+from tests.releasekit import (
+    BROKERS,
+    broker_url,
+    ended_root,
+    installed,
+    release_compacts,
+    release_reads,
+    release_runs,
+    release_submits,
+    release_worker,
+    store_url,
+)
 from tests.test_fleet_recovery import (
-    FAST_RECOVERY,
     RUN_TIMEOUT_S,
+    Running,
     assert_collected_once,
     begin_shutdown,
-    database_url,
     fleet_client,
+    running_branches,
 )
+from workers.app import SCHEMA_HEADER, create_app
 
 pytestmark = pytest.mark.integration
 
-MIXED_DB = 4
 BRANCHES = 8
-RETENTION_S = 3600
+TURNS = 3
+"""Model turns of a branch before its answer: long enough to be caught mid-branch."""
+NEXT = "since_next"
+"""The name of what the next release adds, in every kind of record the contract covers."""
 
 
 @pytest.fixture(scope="module")
 def previous() -> Release:
-    release = previous_release()
-    if release is None:
-        missing = "the previous release's commit is not in this checkout (a shallow clone?)"
-        if os.environ.get("CI"):  # CI must fetch it (actions/checkout: fetch-depth: 0)
-            pytest.fail(missing)
-        pytest.skip(missing)
-    return release
+    return installed()
 
 
-@pytest.fixture(params=["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
+@pytest.fixture(params=BROKERS)
 def broker(request: pytest.FixtureRequest, redis_url: str) -> Iterator[str]:
-    """The broker's URL: the test's Redis, or the shared RabbitMQ (held for this test)."""
-    if request.param == "redis":
-        yield database_url(redis_url, MIXED_DB)
-        return
-    request.getfixturevalue("rabbitmq_to_itself")
-    if not rabbitmq_answers(RABBITMQ_URL):
-        pytest.skip(f"no RabbitMQ answers at {RABBITMQ_URL}")
-    purge_fleet_queues(RABBITMQ_URL)
-    yield RABBITMQ_URL
+    yield from broker_url(request, redis_url)
 
 
 @pytest.fixture
 def url(redis_url: str, broker: str) -> str:
-    return database_url(redis_url, MIXED_DB)
+    return store_url(redis_url)
 
 
 @pytest.fixture
@@ -84,140 +86,106 @@ def conn(url: str) -> Iterator[redis.Redis]:
         yield c
 
 
-def old_worker(
-    stack: contextlib.ExitStack, previous: Release, url: str, broker: str, workspace: Path
-) -> WorkerProcess:
-    """A worker of the previous release alone on the fleet's queues, Redis and broker."""
-    env = {"FLEET_WORKSPACE": str(workspace), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
-    worker = stack.enter_context(
-        start_worker(
-            url,
-            broker_url=broker,
-            concurrency=4,
-            env_extra={**env, **previous.env()},
-            python=str(previous.python),
-            cwd=workspace,
-            name=f"previous@{previous.sha[:8]}",
-        )
-    )
-    wait_for_workers(broker, [worker.name], timeout_s=60)
-    return worker
+def assert_each_turn_once(fleet: Fleet, root_id: str) -> None:
+    """Every trace of the tree wrote each of its model turns once (none repeated)."""
+    assistant = [m for m in fleet.store.messages(root_id) if m.role == "assistant"]
+    assert len(assistant) == 2, "the root: its explore, then its summary"
+    for child in fleet.store.children(root_id):
+        turns = [m for m in fleet.store.messages(child) if m.role == "assistant"]
+        assert len(turns) == TURNS + 1, (child, len(turns))
 
 
-def previous_env(previous: Release, url: str, broker: str, workspace: Path) -> dict[str, str]:
-    return {
-        "FLEET_REDIS_URL": url,
-        "FLEET_BROKER_URL": broker,
-        "FLEET_WORKSPACE": str(workspace),
-        "FLEET_ALLOW_SCRIPTED": "1",
-        "PATH": "/usr/bin:/bin",
-        **previous.env(),
-    }
+RABBITMQ = pytest.mark.rabbitmq
+SIDE_BY_SIDE = [
+    pytest.param("redis", "previous", signal.SIGTERM, id="redis-upgrade-drained"),
+    pytest.param("redis", "current", signal.SIGKILL, id="redis-rollback-killed"),
+    pytest.param(
+        "rabbitmq", "previous", signal.SIGKILL, id="rabbitmq-upgrade-killed", marks=RABBITMQ
+    ),
+    pytest.param(
+        "rabbitmq", "current", signal.SIGTERM, id="rabbitmq-rollback-drained", marks=RABBITMQ
+    ),
+]
+"""Which release's worker is stopped mid-tree, and how: SIGTERM as a pod taken away (it
+drains), SIGKILL as a pod lost. Both directions on each broker, and each direction both
+ways across the two (each case is ~20-50 s of real workers: the suite's longest file)."""
 
 
-def previous_client(
-    previous: Release, url: str, broker: str, workspace: Path, model: str
-) -> subprocess.Popen[str]:
-    """`fleet run --json` of the previous release: submits a tree and waits for its end."""
-    argv = [str(previous.python), "-m", "fleetops.cli.main", "run", "--json", "--model", model]
-    argv += ["--timeout-s", str(int(RUN_TIMEOUT_S)), "survey by the previous client"]
-    return subprocess.Popen(
-        argv,
-        env=previous_env(previous, url, broker, workspace),
-        cwd=workspace,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def previous_submits(previous: Release, url: str, broker: str, workspace: Path, model: str) -> str:
-    """The previous release's client queues a tree (no worker needed) and prints its id."""
-    code = (
-        "import sys; from fleet.client import Fleet; f = Fleet.from_env();"
-        "print(f.submit('queued by the previous client', model=sys.argv[1]).trace_id)"
-    )
-    done = subprocess.run(
-        [str(previous.python), "-c", code, model],
-        env=previous_env(previous, url, broker, workspace),
-        cwd=workspace,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
-def ended_root(process: subprocess.Popen[str]) -> str:
-    """The root id the previous client printed, once it exited 0."""
-    out, err = process.communicate(timeout=RUN_TIMEOUT_S + 10)
-    assert process.returncode == 0, (process.returncode, out[-2000:], err[-2000:])
-    return str(json.loads(out)["trace_id"])
-
-
-def previous_compacts(previous: Release, url: str, root_id: str) -> None:
-    """The previous release packs a finished tree (what its owner check does)."""
-    code = (
-        "import sys, redis; from fleet.storage.redis_compact import compact_tree;"
-        "c = redis.Redis.from_url(sys.argv[1], decode_responses=True);"
-        f"print(compact_tree(c, sys.argv[2], {RETENTION_S}))"
-    )
-    subprocess.run([str(previous.python), "-c", code, url, root_id], check=True, cwd="/")
-
-
-def current_migrates(url: str, workspace: Path) -> str:
-    """`fleet migrate` of this release (its exit status checked), as the operator runs it."""
-    env = {**os.environ, "FLEET_REDIS_URL": url}
-    argv = [sys.executable, "-m", "fleetops.cli.main", "migrate"]
-    done = subprocess.run(argv, env=env, cwd=workspace, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
-def test_a_stop_the_world_upgrade_from_0_1_0_finishes_every_tree_it_left(
-    previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path
+@pytest.mark.parametrize(("broker", "victim", "signum"), SIDE_BY_SIDE, indirect=["broker"])
+def test_two_releases_serve_one_fleet_and_either_finishes_what_the_other_left(
+    previous: Release,
+    url: str,
+    broker: str,
+    conn: redis.Redis,
+    tmp_path: Path,
+    victim: str,
+    signum: signal.Signals,
 ) -> None:
-    model = explore_script(tmp_path / "m.yaml", BRANCHES, latency_ms=100, branch_turns=2)
+    model = explore_script(tmp_path / "m.yaml", BRANCHES, latency_ms=400, branch_turns=TURNS)
     with contextlib.ExitStack() as stack:
-        old = old_worker(stack, previous, url, broker, tmp_path)
-        finished = [ended_root(previous_client(previous, url, broker, tmp_path, model))]
-        finished.append(ended_root(previous_client(previous, url, broker, tmp_path, model)))
-        previous_compacts(previous, url, finished[0])
-        old.stop()
-    # The workers are stopped: what the previous client queues now waits in the broker.
-    queued = previous_submits(previous, url, broker, tmp_path, model)
-    assert "lifted the run state of" in current_migrates(url, tmp_path)
-    with contextlib.ExitStack() as stack:
-        env = {"FLEET_WORKSPACE": str(tmp_path), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
-        new = stack.enter_context(start_worker(url, broker_url=broker, env_extra=env))
-        stack.callback(begin_shutdown, [new])
-        wait_for_workers(broker, [new.name], timeout_s=60)
+        workers = {
+            "previous": release_worker(stack, previous, url, broker, tmp_path),
+            "current": release_worker(stack, None, url, broker, tmp_path),
+        }
+        stack.callback(begin_shutdown, list(workers.values()))
+        release_of = {w.name: r for r, w in workers.items()}
+        wait_for_workers(broker, list(release_of), timeout_s=60)
         fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
-        assert fleet.wait(queued, timeout_s=RUN_TIMEOUT_S).status == "completed"
-        assert conn.hexists(keys.trace(finished[0]), PACKED_FIELD), "0.1.0 packed it"
-        for tree in (*finished, queued):
-            assert_collected_once(fleet, tree, BRANCHES)
+        roots = [fleet.submit("survey by the current client", model=model).trace_id]
+        roots.append(release_submits(previous, url, broker, tmp_path, model))
+        waiting = release_runs(previous, url, broker, tmp_path, model)  # to the tree's end
+        roots.append(fleet.submit("survey by the current client", model=model).trace_id)
+        doomed = workers[victim]
+        ran: dict[str, set[str]] = {"previous": set(), "current": set()}
+        caught: list[Running] = []
+
+        def both_run_branches_and_the_victim_is_mid_branch() -> bool:
+            running = running_branches(fleet, conn, list(workers.values()))
+            for branch in running:
+                ran[release_of[branch.worker]].add(branch.trace_id)
+            caught[:] = [b for b in running if b.worker == doomed.name and b.iteration < TURNS]
+            return len(caught) >= 2 and all(ran.values())
+
+        wait_until(both_run_branches_and_the_victim_is_mid_branch, RUN_TIMEOUT_S, "both busy")
+        stop(doomed, signum)
+        roots.append(ended_root(waiting))
+        for root in roots:
+            assert fleet.wait(root, timeout_s=RUN_TIMEOUT_S).status == "completed", root
+        for root in roots:
+            assert_collected_once(fleet, root, BRANCHES)
+            assert_each_turn_once(fleet, root)
+        for branch in caught:  # what the victim held was ended by the other release
+            assert fleet.trace(branch.trace_id).status == "completed"
+        # Each client reads the trees of the other (the previous one: a root of the current).
+        read = release_reads(previous, url, broker, tmp_path, roots[0])
+        assert read == f"completed {BRANCHES} completed"
+        assert doomed.process.wait(timeout=30) is not None
+    print(f"{victim} {signum.name}: branches run {len(ran['previous'])} / {len(ran['current'])}")
 
 
+def stop(worker: WorkerProcess, signum: signal.Signals) -> None:
+    """SIGTERM to the worker process (a pod taken away: it drains), or SIGKILL to all of it."""
+    if signum == signal.SIGKILL:
+        worker.kill()
+    else:
+        os.kill(worker.pid, signum)
+
+
+@pytest.mark.parametrize("release", ["previous", "current"])
 def test_what_only_a_newer_release_reads_goes_back_to_the_queue_in_one_line(
-    url: str, broker: str, conn: redis.Redis, tmp_path: Path
+    previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path, release: str
 ) -> None:
     # A task message whose header names a newer schema, and a run whose trace hash does:
-    # this release's worker runs neither, fails neither, and says so once each.
-    from fleet.models import Trace
-    from fleet.storage.backends.redis.store import RedisStore
-    from tests.fleetkit import fleet_settings
-    from workers.app import SCHEMA_HEADER, create_app
-
-    env = {"FLEET_WORKSPACE": str(tmp_path), "FLEET_ALLOW_SCRIPTED": "1", **FAST_RECOVERY}
+    # a worker of either release runs neither, fails neither, and says so once each.
     store = RedisStore.from_url(url)
     settings = fleet_settings(url, tmp_path, FLEET_BROKER_URL=broker)
     sender = create_app(settings, set_as_current=False)  # the fleet's queues (priorities)
     for trace_id in ("by-message", "by-record"):
         store.create_trace(Trace(trace_id=trace_id, root_trace_id=trace_id, task="x"))
     conn.hset(keys.trace("by-record"), "schema_version", "99")
-    with start_worker(url, broker_url=broker, concurrency=2, env_extra=env) as worker:
+    with contextlib.ExitStack() as stack:
+        chosen = previous if release == "previous" else None
+        worker = release_worker(stack, chosen, url, broker, tmp_path, concurrency=2)
         wait_for_workers(broker, [worker.name], timeout_s=60)
         sender.send_task(
             "fleet.run_agent", ["by-message"], queue="fleet.main", headers={SCHEMA_HEADER: 99}
@@ -231,26 +199,65 @@ def test_what_only_a_newer_release_reads_goes_back_to_the_queue_in_one_line(
             30,
             "both handed back",
         )
-        log = worker.log()
-        assert "'by-record' is for a newer release than this one" in log
+        assert "'by-record' is for a newer release than this one" in worker.log()
     sender.close()
     for trace_id in ("by-message", "by-record"):
         assert conn.hget(keys.trace(trace_id), "status") == '"queued"', "not run, not failed"
     store.close()
 
 
-def test_a_0_1_0_worker_left_running_refuses_every_tree_0_2_0_writes(
+def test_what_the_next_release_adds_the_previous_release_keeps(
     previous: Release, url: str, broker: str, conn: redis.Redis, tmp_path: Path
 ) -> None:
-    # Why 0.1.0 -> 0.2.0 stops the world: every trace 0.2.0 creates carries its run state
-    # (`r:schema_version` at least), a field 0.1.0 does not know. A 0.1.0 worker that takes
-    # such a run fails that trace in one validation line; it never runs it half-understood.
-    model = explore_script(tmp_path / "m.yaml", 2, latency_ms=50)
+    # This checkout plays the next release: as the next release would, it writes a field of
+    # its own into a root's trace hash and its run state before a worker of the previous
+    # release takes the tree, one into the root's first message while the root waits for
+    # its branches (its resume reads it), and sends a run with an argument of its own. The
+    # previous release runs both to the end, packs the tree, and hands every one of those
+    # back untouched to the next release's reads.
+    model = explore_script(tmp_path / "m.yaml", 4, latency_ms=300, branch_turns=2)
+    added = {NEXT: json.dumps({"kept": True}), f"{keys.RUN_FIELD}{NEXT}": json.dumps([1, 2])}
     with contextlib.ExitStack() as stack:
-        old = old_worker(stack, previous, url, broker, tmp_path)
         fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
-        plain = fleet.submit("survey", model=model)
-        refused = plain.wait(timeout_s=RUN_TIMEOUT_S)
-        assert refused.status == "failed" and "r:schema_version" in (refused.error or "")
-        assert refused.answer is None and not fleet.trace(plain.trace_id).run.stop_reason
-        assert "Extra inputs are not permitted" in old.log()
+        root = fleet.submit("survey", model=model).trace_id  # waits in the broker
+        for name, value in added.items():
+            conn.hset(keys.trace(root), name, value)
+        fleet.store.create_trace(
+            Trace(
+                trace_id="with-an-argument",
+                root_trace_id="with-an-argument",
+                task="hello",
+                model=model,
+            )
+        )
+        sender = create_app(
+            fleet_settings(url, tmp_path, FLEET_BROKER_URL=broker), set_as_current=False
+        )
+        stack.callback(sender.close)
+        old = release_worker(stack, previous, url, broker, tmp_path)
+        stack.callback(begin_shutdown, [old])
+        wait_for_workers(broker, [old.name], timeout_s=60)  # RabbitMQ: its queues declared
+        args = {"kwargs": {NEXT: 1}, "queue": "fleet.main"}
+        sender.send_task("fleet.run_agent", ["with-an-argument"], **args)
+        wait_until(lambda: fleet.trace(root).status == "waiting", RUN_TIMEOUT_S, "the spawn")
+        names = [str(name) for name in conn.hkeys(keys.trace(root))]
+        first = min((name for name in names if name.startswith("m:")), key=seq)
+        message = json.loads(conn.hget(keys.trace(root), first) or "{}")
+        conn.hset(keys.trace(root), first, json.dumps({**message, NEXT: "kept"}))
+        for trace_id in (root, "with-an-argument"):
+            ended = fleet.wait(trace_id, timeout_s=RUN_TIMEOUT_S)
+            assert ended.status == "completed", (trace_id, ended.error)
+        assert_collected_once(fleet, root, 4)
+        release_compacts(previous, url, root, "fleet.storage.backends.redis.compact")
+        stored = {str(k): str(v) for k, v in conn.hgetall(keys.trace(root)).items()}
+        assert PACKED_FIELD in stored, "the previous release packed the tree"
+        fields = unpacked(stored, DictCache(conn))
+        assert {name: fields.get(name) for name in added} == added
+        assert json.loads(fields[first])[NEXT] == "kept"
+        assert fleet.store.messages(root)[0].model_extra == {NEXT: "kept"}
+        assert fleet.trace(root).status == "completed"
+
+
+def seq(field: str) -> int:
+    """The sequence of a trace hash's message field (`m:{sequence}`)."""
+    return int(field.split(":", 1)[1])
