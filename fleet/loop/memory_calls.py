@@ -257,6 +257,10 @@ MEMORY_HEADING = (
 )
 
 
+_LINE_ENDS = {ord(c): f"\\u{ord(c):04x}" for c in "\u2028\u2029\u0085"}
+"""What `json.dumps(ensure_ascii=False)` leaves raw that ends a line (`str.splitlines`)."""
+
+
 def memory_block(runtime: Runtime, trace: Trace) -> str:
     """`## Memory` with the preset's `inject` keys of each bound namespace; "" for none."""
     keys = runtime.preset(trace.preset).memory.inject
@@ -268,7 +272,7 @@ def memory_block(runtime: Runtime, trace: Trace) -> str:
         for key in keys:
             entry = board.read(namespace, key)
             if entry is not None:
-                value = json.dumps(entry.value, ensure_ascii=False)
+                value = json.dumps(entry.value, ensure_ascii=False).translate(_LINE_ENDS)
                 source = f"{entry.writer}, {entry.source_trace or 'an operator'}"
                 lines.append(f"- {namespace} {key} (version {entry.version}, {source}): {value}")
     return "\n".join(lines) if len(lines) > 1 else ""
