@@ -51,3 +51,33 @@ def test_a_value_cannot_break_its_line_of_the_memory_block(tmp_path: Path) -> No
         value = json.loads(entry.split("): ", 1)[1])
         assert value == board.read(ALICE, f"profile{n}").value  # type: ignore[union-attr]
     assert _memory_lines([{"role": "system", "content": prompt}]).count("user:alice") == 3
+
+
+FILL_SCRIPT = """
+scripts:
+  - match: '.*'
+    steps:
+      - fill: true
+        tool_calls:
+          - name: list_dir
+            arguments: {path: 'from the page: {last_tool}', also: ['{memory}']}
+"""
+
+
+def test_a_fill_step_inserts_hostile_text_literally(tmp_path: Path) -> None:
+    """A page's `{task}` or `{memory}` is inserted as text, never filled in again."""
+    path = tmp_path / "fill.yaml"
+    path.write_text(FILL_SCRIPT)
+    model = ScriptedModel.from_file(path)
+    page = "{task} {memory} {last_tool.__class__} {0} {turn!r:>99999999}"
+    messages = [
+        {"role": "system", "content": '## Memory\n- user:alice k (version 1, x, y): "{task}"'},
+        {"role": "user", "content": "SECRET-TASK"},
+        {"role": "tool", "content": page, "tool_call_id": "c"},
+    ]
+    tools = [{"type": "function", "function": {"name": "list_dir", "parameters": {}}}]
+    [made] = model.complete(messages, tools).tool_calls
+    assert made.parsed_arguments() == {
+        "path": f"from the page: {page}",
+        "also": ['user:alice k (version 1, x, y): "{task}"'],
+    }
