@@ -20,7 +20,7 @@ from fleet.llm.base import ToolCall
 from fleet.llm.embeddings import dot
 from fleet.memory.board import MEMORY, Board
 from fleet.memory.config import WRITE_TOOL
-from fleet.memory.index import rank, text_of, words
+from fleet.memory.index import query_words, rank, text_of
 from fleet.memory.model import Entry, Landed, Write
 from fleet.memory.names import check_key
 from fleet.models import Trace
@@ -196,7 +196,7 @@ def search(
             scored = [(-dot(vectors[0], v), i) for i, v in enumerate(vectors[1:])]
             kept = sorted(s for s in scored if -s[0] >= embedder.min_similarity)
             return [newest[i] for _, i in kept[:k]]
-    terms = sorted(set(words(query)))
+    terms = query_words(query)  # its first MAX_QUERY_WORDS: a query's cost is bounded
     ranked = rank(query, [(ns, board.postings(ns, terms)) for ns in spaces])[:k]
     found = {
         (e.namespace, e.key): e
@@ -257,6 +257,10 @@ MEMORY_HEADING = (
 )
 
 
+_LINE_ENDS = {ord(c): f"\\u{ord(c):04x}" for c in "\u2028\u2029\u0085"}
+"""What `json.dumps(ensure_ascii=False)` leaves raw that ends a line (`str.splitlines`)."""
+
+
 def memory_block(runtime: Runtime, trace: Trace) -> str:
     """`## Memory` with the preset's `inject` keys of each bound namespace; "" for none."""
     keys = runtime.preset(trace.preset).memory.inject
@@ -268,7 +272,7 @@ def memory_block(runtime: Runtime, trace: Trace) -> str:
         for key in keys:
             entry = board.read(namespace, key)
             if entry is not None:
-                value = json.dumps(entry.value, ensure_ascii=False)
+                value = json.dumps(entry.value, ensure_ascii=False).translate(_LINE_ENDS)
                 source = f"{entry.writer}, {entry.source_trace or 'an operator'}"
                 lines.append(f"- {namespace} {key} (version {entry.version}, {source}): {value}")
     return "\n".join(lines) if len(lines) > 1 else ""

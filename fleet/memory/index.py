@@ -25,11 +25,20 @@ from typing import Any
 
 _WORD = re.compile(r"[a-z0-9]+")
 _K1, _B = 1.2, 0.75
+MAX_QUERY_WORDS = 64
+"""Distinct words of a query searched (its first ones): each costs one read of postings."""
+MAX_ENTRY_WORDS = 512
+"""Distinct words of an entry indexed (its first ones, the key's first): each is a posting."""
 
 
 def words(text: str) -> list[str]:
     """The text's words, lowercase letters and digits, in order."""
     return _WORD.findall(text.lower())
+
+
+def query_words(query: str) -> list[str]:
+    """The query's first `MAX_QUERY_WORDS` distinct words, sorted: what a search reads."""
+    return sorted(list(dict.fromkeys(words(query)))[:MAX_QUERY_WORDS])
 
 
 def text_of(key: str, value: Any) -> str:
@@ -38,11 +47,15 @@ def text_of(key: str, value: Any) -> str:
 
 
 def postings_of(key: str, value: Any) -> tuple[int, list[str]]:
-    """The entry's length in words and its postings (`WORD KEY TF LENGTH`), by word."""
+    """The entry's length in words and its postings (`WORD KEY TF LENGTH`), by word.
+
+    At most `MAX_ENTRY_WORDS` postings (its first distinct words); the length counts all.
+    """
     found = words(text_of(key, value))
     length = len(found)
-    counts = Counter(found)
-    return length, [f"{word} {key} {tf} {length}" for word, tf in sorted(counts.items())]
+    counts = Counter(found)  # in the order the words first appear
+    kept = sorted(list(counts)[:MAX_ENTRY_WORDS])
+    return length, [f"{word} {key} {counts[word]} {length}" for word in kept]
 
 
 def parse_posting(posting: str) -> tuple[str, str, int, int]:
@@ -75,7 +88,7 @@ def rank(query: str, spaces: Sequence[tuple[str, Postings]]) -> list[tuple[str, 
     average = sum(p.length for _, p in spaces) / total or 1.0
     order = {ns: i for i, (ns, _) in enumerate(spaces)}
     scores: dict[tuple[str, str], float] = {}
-    for term in sorted(set(words(query))):
+    for term in query_words(query):
         frequency = sum(len(p.hits.get(term, ())) for _, p in spaces)
         if not frequency:
             continue

@@ -55,9 +55,10 @@ async def streams(agent: RemoteAgentConfig, token: str | None) -> bool:
 class Streamed:
     """The task as a stream's events tell it so far (text capped as `wire.task_of` does)."""
 
-    def __init__(self, task_id: str) -> None:
-        """Nothing heard yet of `task_id`."""
+    def __init__(self, task_id: str, token: str | None = None) -> None:
+        """Nothing heard yet of `task_id` (`token`: the agent's, never shown in an error)."""
         self.task = RemoteTask(task_id, "", "submitted")
+        self.token = token
         self.artifacts: dict[str, str] = {}
 
     def add(self, event: Any) -> RemoteTask:
@@ -95,7 +96,8 @@ class Streamed:
 
     def _ours(self, task_id: str) -> None:
         if task_id and task_id != self.task.task_id:
-            raise RemoteRefused(f"the stream told of task {task_id[:40]!r}, not ours")
+            shown = "another task" if self.token and self.token in task_id else task_id[:40]
+            raise RemoteRefused(f"the stream told of task {shown!r}, not ours")
 
 
 def _as_task(update: Any) -> Any:
@@ -119,7 +121,7 @@ async def follow(
     from a2a.types import a2a_pb2 as pb
 
     async def act(client: Any) -> None:
-        streamed, count = Streamed(task_id), 0
+        streamed, count = Streamed(task_id, token), 0
         try:
             async with asyncio.timeout(window_s):
                 async for event in client.subscribe(pb.SubscribeToTaskRequest(id=task_id)):

@@ -156,9 +156,16 @@ def _masked(text: str, token: str | None) -> str:
 
 
 def scrubbed(task: RemoteTask, token: str | None) -> RemoteTask:
-    """The task's texts without the token (see `_masked`)."""
+    """The task's texts without the token (see `_masked`).
+
+    Raises:
+        RemoteRefused: an id holds the token (ids are kept in the trace and logged as
+            they come, so one is refused, never shown).
+    """
     if not token:
         return task
+    if token in task.task_id or token in task.context_id:
+        raise RemoteRefused("the agent answered with an id holding the token it was sent")
     return replace(
         task, message=_masked(task.message, token), artifact=_masked(task.artifact, token)
     )
