@@ -8,6 +8,7 @@ failing call becomes an error result for the model, never an exception in the lo
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import inspect
@@ -345,7 +346,10 @@ def _call_bounded(
         except BaseException as exc:  # handed to the caller's thread below
             outcome.append(exc)
 
-    thread = threading.Thread(target=run, name=f"tool:{name}", daemon=True)
+    # In a copy of this context: the run's cancel handle (`fleet.llm.cancel`) goes with it,
+    # so a stop closes the tool's own HTTP request (web_fetch) as it does a model call's.
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(run,), name=f"tool:{name}", daemon=True)
     thread.start()
     thread.join(ctx.tool_timeout_s + TOOL_TIMEOUT_GRACE_S)
     if not outcome:
