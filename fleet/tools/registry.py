@@ -8,7 +8,6 @@ failing call becomes an error result for the model, never an exception in the lo
 
 from __future__ import annotations
 
-import contextvars
 import copy
 import functools
 import inspect
@@ -23,6 +22,7 @@ from typing import Any, get_args, get_type_hints
 from pydantic import TypeAdapter, ValidationError
 
 from fleet.errors import ConfigError, ToolError
+from fleet.llm import cancel
 from fleet.presets import AgentPreset
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.schema import json_schema, parse_docstring
@@ -339,17 +339,17 @@ def _call_bounded(
     tool stuck in it keeps running in the background until it returns.
     """
     outcome: list[ToolResult | BaseException] = []
+    handle = cancel.current()  # the run's, if a stop may cut this call (`fleet.loop.cut`)
 
     def run() -> None:
+        if handle is not None:  # so a stop closes the tool's own HTTP request (web_fetch)
+            cancel.bind(handle)
         try:
             outcome.append(fn(ctx, **values))
         except BaseException as exc:  # handed to the caller's thread below
             outcome.append(exc)
 
-    # In a copy of this context: the run's cancel handle (`fleet.llm.cancel`) goes with it,
-    # so a stop closes the tool's own HTTP request (web_fetch) as it does a model call's.
-    context = contextvars.copy_context()
-    thread = threading.Thread(target=context.run, args=(run,), name=f"tool:{name}", daemon=True)
+    thread = threading.Thread(target=run, name=f"tool:{name}", daemon=True)
     thread.start()
     thread.join(ctx.tool_timeout_s + TOOL_TIMEOUT_GRACE_S)
     if not outcome:
