@@ -17,12 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis
+import yaml
 
 from fleet.inprocess import InProcessFleet
 from fleet.llm.cancel import Cancel, cancelling
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
 from fleet.tools.websearch.http import get
+from tests.fleetkit import client, fleet_settings, wait_until
+from tests.procs import start_worker, wait_for_workers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -161,3 +165,36 @@ def test_a_fetch_outside_any_run_is_never_cut(tmp_path: Path) -> None:
         assert held.closed_at is None  # still open: only its own timeout (1 s) ends it
         thread.join(10)
     assert outcome and "timed out" in outcome[0]
+
+
+@pytest.mark.integration
+def test_on_a_real_worker_fleet_stop_closes_the_web_fetch_request(
+    redis_url: str, tmp_path: Path
+) -> None:
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.flushdb()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with hanging_server() as server:
+        fetch = {"name": "web_fetch", "arguments": {"url": f"{server.url}/slow"}}
+        steps = [{"tool_calls": [fetch]}, {"content": "unused"}]
+        brain = tmp_path / "brain.yaml"
+        brain.write_text(yaml.safe_dump({"scripts": [{"match": ".*", "steps": steps}]}))
+        env = {
+            "FLEET_WORKSPACE": str(workspace),
+            "FLEET_WORKSPACE_ROOTS": str(workspace),
+            "FLEET_WEB_ALLOW": "127.0.0.1",
+            "FLEET_TOOL_TIMEOUT_S": str(TOOL_TIMEOUT_S),
+        }
+        with start_worker(redis_url, concurrency=2, env_extra=env) as process:
+            wait_for_workers(redis_url, [process.name], timeout_s=60)
+            fleet = client(fleet_settings(redis_url, workspace, **env))
+            handle = fleet.submit("fetch it", model=f"scripted:{brain}")
+            wait_until(lambda: bool(server.held), 60, "the fetch at the server")
+            (held,) = server.held
+            stopped_at = time.monotonic()
+            fleet.stop(handle.trace_id)
+            wait_for(lambda: held.closed_at is not None, TOOL_TIMEOUT_S / 2)
+            assert handle.wait(30).status == "stopped"
+    assert held.closed_at is not None, "the server never saw the request closed"
+    assert held.closed_at - stopped_at < BOUND_S
