@@ -20,18 +20,32 @@ from fleet.batchapi.providers import provider_for
 from fleet.llm import base as llm_base
 from fleet.storage import keys
 from fleet.storage.batch_calls import batch_calls
+from fleet.storage.store import TraceStore
 from fleet.testing import Script
 from tests.fake_batch import OpenAIBatchServer
 from tests.fleetkit import client, explore_script, fleet_settings, wait_until
 from tests.procs import start_worker, wait_for_workers
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 LONG_POLL = {"FLEET_BATCH_POLL_S": "300", "FLEET_BATCH_FLUSH_S": "0.01"}
 CANCEL_WITHIN_S = 15.0
 """Generous under load; the poll would take up to 300 s."""
 
 
+def test_wakes_before_a_wait_are_one_wake_and_a_wait_without_one_times_out(
+    store: TraceStore,
+) -> None:
+    calls = batch_calls(store)
+    for _ in range(3):  # three stops before the waker looked: one pass answers them all
+        calls.wake()
+    assert calls.woken(1.0)
+    began = time.monotonic()
+    assert not calls.woken(0.2)
+    assert time.monotonic() - began >= 0.15
+
+
+@pytest.mark.integration
 def test_a_stop_cancels_its_provider_batch_at_once_not_at_the_next_poll(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
