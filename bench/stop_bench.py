@@ -2,7 +2,7 @@
 provider sees the calls in flight cancelled.
 
 python bench/stop_bench.py [--instants 20] [--latency-ms 20000] [--branches 5] [--seed 1]
-                           [--inline | --batch-api [--poll-s 1.0]]
+                           [--inline | --batch-api [--poll-s 1.0] [--flush-s S] [--in-batch]]
 
 Starts its own redis-server, a local provider and one worker (threads), then for each of
 `--instants` trees: submits a root that explores `--branches` branches (the root's call,
@@ -15,12 +15,15 @@ cancelled (the client closed it), and it reports when the provider saw the last 
 - default: live calls on a worker, to `bench.openai_server` (OpenAI wire, every call
   `--latency-ms` long; it notes a client that closes its connection).
 - `--inline`: the trees run in this process (`InProcessFleet` on the same Redis, the stop
-  from another thread through `lifecycle.stop_subtree`, as `fleet stop` from another
+  from another thread through `InProcessFleet.stop`, as `fleet stop` from another
   terminal does).
 - `--batch-api`: every call is parked in a provider batch (`tests.fake_batch`'s OpenAI
   Batch API server, batches answered `--latency-ms` after creation; the worker polls every
-  `--poll-s`). In flight means a batch running at the stop: it holds only this tree's
-  calls, so the poller must cancel it at the provider (docs/batch.md).
+  `--poll-s`, flushing calls `--flush-s` old, default half the poll). In flight means a
+  batch running at the stop: it holds only this tree's calls, so it must be cancelled at
+  the provider (docs/batch.md): the stop wakes a worker that does it at once. With
+  `--in-batch` each stop lands at a random instant while the tree's first batch runs
+  (20 instants at the default 30 s poll would otherwise take hours of queued waits).
 
 Prints one line per instant, then p50 and max of both times. The issue-41 target: every
 trace terminal within 1.5 s; the provider sees every live request in flight cancelled.
@@ -54,7 +57,6 @@ from bench.report import machine  # noqa: E402
 from fleet.client import Fleet  # noqa: E402
 from fleet.control import subtree  # noqa: E402
 from fleet.inprocess import InProcessFleet  # noqa: E402
-from fleet.lifecycle import stop_subtree  # noqa: E402
 from fleet.models import now_ms  # noqa: E402
 from fleet.settings import Settings  # noqa: E402
 from fleet.storage.store import TraceStore  # noqa: E402
@@ -98,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     mode.add_argument("--inline", action="store_true")
     mode.add_argument("--batch-api", action="store_true")
     parser.add_argument("--poll-s", type=float, default=1.0)
+    parser.add_argument("--flush-s", type=float, default=None)
+    parser.add_argument("--in-batch", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -153,6 +157,24 @@ class BatchProvider:
             self._running = {i for i, b in server.batches.items() if not server.ended(b)}
         return time.monotonic()
 
+    def wait_running(self, known: set[str]) -> None:
+        """Until a batch not in `known` runs at the provider (the tree's first one)."""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            with self.server.lock:
+                if any(
+                    not self.server.ended(b)
+                    for i, b in self.server.batches.items()
+                    if i not in known
+                ):
+                    return
+            time.sleep(POLL_S)
+        raise RuntimeError("no batch of the tree ran within 300 s")
+
+    def known(self) -> set[str]:
+        with self.server.lock:
+            return set(self.server.batches)
+
     def settle(self, stopped_at: float) -> tuple[int, int, float | None]:
         """(batches running at or made after the stop, cancelled of them, stop -> last)."""
         server = self.server
@@ -181,9 +203,13 @@ def one_instant(
     start: Callable[[], str],
     stop: Callable[[str], object],
     after_s: float,
+    in_batch: BatchProvider | None = None,
 ) -> Instant:
-    """Start a tree, stop it `after_s` later, and measure."""
+    """Start a tree, stop it `after_s` later (`in_batch`: after its first batch runs)."""
+    known = in_batch.known() if in_batch is not None else set()
     root = start()
+    if in_batch is not None:
+        in_batch.wait_running(known)
     time.sleep(after_s)
     stopped_at_ms, at_stop = now_ms(), provider.at_stop()
     began = time.monotonic()  # `fleet stop` itself included
@@ -216,7 +242,8 @@ def batch_setup(
     providers = {"batchy": {"kind": "openai", "base_url": f"{server.url}/v1", "batch_api": True}}
     models = {"batchy": {"provider": "batchy", "name": "fake-model"}}
     config.write_text(yaml.safe_dump({"providers": providers, "models": models}))
-    poll = {"FLEET_BATCH_POLL_S": str(args.poll_s), "FLEET_BATCH_FLUSH_S": str(args.poll_s / 2)}
+    flush_s = args.flush_s if args.flush_s is not None else args.poll_s / 2
+    poll = {"FLEET_BATCH_POLL_S": str(args.poll_s), "FLEET_BATCH_FLUSH_S": str(flush_s)}
     return {**env, **poll}, BatchProvider(server)
 
 
@@ -251,7 +278,7 @@ def starters(
                 return roots[0].trace_id
             time.sleep(POLL_S)
 
-    return fleet, start, lambda root: stop_subtree(local.runtime, root)
+    return fleet, start, local.stop
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -272,8 +299,13 @@ def main(argv: list[str] | None = None) -> None:
         if args.batch_api:
             env, provider = batch_setup(args, stack, env, tmp)
         fleet, start, stop = starters(args, stack, env, server.url)
+        in_batch = provider if args.in_batch and isinstance(provider, BatchProvider) else None
+        if in_batch is not None:
+            life_s = 0.8 * args.latency_ms / 1000  # within the running batch
+            print(f"# stops while the tree's first batch runs; poll {args.poll_s} s", flush=True)
         for i in range(args.instants):
-            found = one_instant(fleet, provider, start, stop, rng.uniform(0.2, life_s))
+            after_s = rng.uniform(0.2, life_s)
+            found = one_instant(fleet, provider, start, stop, after_s, in_batch)
             results.append(found)
             cut = "-" if found.cut_s is None else f"{found.cut_s:.3f} s"
             print(

@@ -30,6 +30,7 @@ from fleet.memory.board import MEMORY
 from fleet.memory.desk import MemoryDesk
 from fleet.models import Event, Mode, Trace
 from fleet.observe.following import Follower
+from fleet.remote.run import cancel_unwatched
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.store import Serving, TraceStore
@@ -264,6 +265,7 @@ class Fleet:
         turn = turn_of(self.store.get_trace(trace_id))
         ids = stop_subtree(self.runtime, trace_id)
         self.backend.revoke([stamp(t, turn) for t in ids])
+        cancel_unwatched(self.runtime, ids)  # a tree run inline: no watcher cancels them
         return ids
 
     def continue_trace(

@@ -18,6 +18,7 @@ from fleet.conversation.fanout import fan_out_task
 from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TraceNotFound
+from fleet.lifecycle import stop_subtree
 from fleet.lifecycle.recorder import recorder_id, wants_recorder
 from fleet.llm.base import LLMClient
 from fleet.loop.runner import Runner, run_to_end
@@ -25,6 +26,7 @@ from fleet.memory.board import MEMORY
 from fleet.memory.desk import MemoryDesk
 from fleet.models import Trace
 from fleet.observe.operator import build_hooks
+from fleet.remote.run import cancel_unwatched
 from fleet.runtime import Dispatcher, Runtime, SpawnRequest
 from fleet.settings import Settings
 from fleet.storage.backends.memory.store import MemoryStore
@@ -169,6 +171,17 @@ class InProcessFleet:
         """Deny the tool call a trace waits on (the model reads `reason`); run the trace on."""
         approval.deny(self.runtime, trace_id, reason, approval_id, digest)
         return self._run(trace_id)
+
+    def stop(self, trace_id: str) -> list[str]:
+        """Stop a trace and its subtree (as `Fleet.stop`); the ids told to stop.
+
+        A running trace stops at its next look (a model call or tool in flight is cut);
+        a remote child waiting on a person has its remote task cancelled here, since no
+        worker's watcher follows it in this process (`fleet.remote.run.cancel_unwatched`).
+        """
+        ids = stop_subtree(self.runtime, trace_id)
+        cancel_unwatched(self.runtime, ids)
+        return ids
 
     def _run(self, trace_id: str) -> Trace:
         run_to_end(Runner(self.runtime), trace_id)

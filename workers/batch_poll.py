@@ -3,6 +3,11 @@
 Every `FLEET_BATCH_POLL_S` each worker's sweeper asks for the fleet-wide claim; the one that
 gets it sends `fleet.batch_poll`, which any worker runs (a second poll while one runs
 returns at once). The task resumes each trace whose call was answered on any worker.
+
+Each worker also runs a `BatchWaker`: a daemon thread blocked on the stop's wake
+(`BatchCalls.woken`); the one worker a stop wakes cancels at the provider every batch whose
+calls were all stopped (`cancel_stopped`), within a round trip of the stop rather than at
+the next poll. The provider keys live here, not with `fleet stop`.
 """
 
 from __future__ import annotations
@@ -11,9 +16,11 @@ import logging
 import socket
 import threading
 
-from fleet.batchapi.poller import claim_poll, poll_fleet
+from fleet.batchapi.poller import cancel_stopped, claim_poll, poll_fleet
 from fleet.batchapi.providers import ProviderFactory, provider_for
 from fleet.runtime import Runtime
+from fleet.storage.batch_calls import batch_calls
+from fleet.storage.outage import warn_failed
 from workers.app import app
 from workers.dispatch import send_answered, tree_schedule
 from workers.runtime import get_runtime
@@ -57,3 +64,36 @@ def sweep_batches() -> list[str]:
     if claim_poll(get_runtime(), POLLER):
         batch_poll.apply_async(queue="fleet.main")
     return []
+
+
+WAKE_WAIT_S = 5.0
+"""How long one wait for a stop's wake blocks (a wake ends it at once): an idle worker
+asks Redis once per this, and a stopped waker ends within it."""
+
+
+class BatchWaker:
+    """A daemon thread: a stop's wake cancels its provider batches at once (module doc)."""
+
+    def __init__(self, wait_s: float = WAKE_WAIT_S) -> None:
+        """Prepare; `start` begins."""
+        self.wait_s = wait_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fleet-batch-wake", daemon=True)
+
+    def start(self) -> None:
+        """Begin waiting for wakes."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the current wait."""
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                runtime = get_runtime()
+                if batch_calls(runtime.store).woken(self.wait_s):
+                    cancel_stopped(runtime, providers(runtime))
+            except Exception:  # Redis away: wait, then listen again (the poll is the backstop)
+                warn_failed(log, "batch wake failed")
+                self._stop.wait(self.wait_s)

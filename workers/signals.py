@@ -27,6 +27,7 @@ from fleet.security.trust import check_interpreter
 from fleet.settings import process_redactor, process_settings
 from fleet.storage.backends.redis.probe import is_cluster_node
 from workers import probes
+from workers.batch_poll import BatchWaker
 from workers.remote_poll import RemotePoller
 from workers.revoked import stop_revoked
 from workers.runtime import draining, flush_hooks, get_runtime, reset_runtime
@@ -38,6 +39,7 @@ UNKILLABLE_POOLS = (thread.TaskPool, solo.TaskPool)
 _sweeper: Sweeper | None = None
 _heartbeat: probes.HeartbeatFile | None = None
 _remote_poller: RemotePoller | None = None
+_batch_waker: BatchWaker | None = None
 
 
 @worker_init.connect
@@ -133,6 +135,9 @@ def _start_sweeper(**_: Any) -> None:
     global _remote_poller
     _remote_poller = RemotePoller(settings.remote_poll_s)
     _remote_poller.start()
+    global _batch_waker
+    _batch_waker = BatchWaker()
+    _batch_waker.start()
 
 
 @worker_ready.connect
@@ -169,6 +174,8 @@ def _stop_sweeper(**_: Any) -> None:
         _sweeper.stop()
     if _remote_poller is not None:
         _remote_poller.stop()
+    if _batch_waker is not None:
+        _batch_waker.stop()
 
 
 @worker_shutdown.connect

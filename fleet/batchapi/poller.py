@@ -117,6 +117,28 @@ def poll_once(runtime: Runtime, providers: ProviderFactory) -> Poll:
     return poll
 
 
+def cancel_stopped(runtime: Runtime, providers: ProviderFactory) -> list[str]:
+    """Cancel at the provider every batch in flight whose every call was stopped; their ids.
+
+    Run by the worker a stop woke (`BatchCalls.woken`), at once; a poll does the same for
+    a running batch (`_read`), should no worker have heard the wake. A batch the provider
+    ended meanwhile refuses the cancel (logged); the next poll reads it as usual.
+    """
+    calls = batch_calls(runtime.store)
+    cancelled: list[str] = []
+    for flush in calls.in_flight():
+        states = {st.state for st in calls.statuses(flush.custom_ids) if st is not None}
+        if states != {"cancelled"}:
+            continue  # another tree's call is in it (the batch goes on), or it is read now
+        try:
+            providers(flush.model_name).cancel(flush.batch_id)
+        except FleetError as exc:
+            log.warning("cancel of stopped batch %s: %s", flush.batch_id, exc)
+            continue
+        cancelled.append(flush.batch_id)
+    return cancelled
+
+
 def _reconcile(runtime: Runtime, calls: Flushes, providers: ProviderFactory, flush: Flush) -> None:
     """A flush whose upload was never recorded: adopt the provider's batch, or send again."""
     try:

@@ -67,9 +67,15 @@ def put_batch(
 
 
 def stop_batch(runtime: Runtime, trace: Trace) -> None:
-    """A stopped trace's call leaves the queue (or is marked cancelled in its batch)."""
+    """A stopped trace's call leaves the queue (or is marked cancelled in its batch).
+
+    A call cancelled in a batch wakes a worker's batch waker (`workers.batch_poll`): a batch
+    whose every call is now cancelled is cancelled at the provider within a round trip.
+    """
     parked = trace.run.waiting_on_batch
     if trace.status != "waiting" or parked is None:
         return
-    batch_calls(runtime.store).cancel(str(parked.custom_id))
+    calls = batch_calls(runtime.store)
+    if calls.cancel(str(parked.custom_id)) == "cancelled":  # in a batch the provider holds
+        calls.wake()  # a worker cancels it there now, not at the next poll
     put_batch(runtime, trace, "stopped", "stop requested")

@@ -224,6 +224,35 @@ async def acancel_task(agent: RemoteAgentConfig, token: str | None, call: Remote
         log.warning("cancel of remote task %s of %r: %s", call.task_id, call.agent, exc)
 
 
+def cancel_unwatched(runtime: Runtime, trace_ids: list[str]) -> list[str]:
+    """Cancel the remote task of each stopped remote child no watcher follows; their ids.
+
+    After a stop (`lifecycle.stop_subtree`), by the stopping process. A worker's watcher
+    follows every parked child, also one whose task asks a person, and cancels its task
+    itself; an in-process host (`park=False`) follows a task only while its run polls, so
+    a child left waiting on a person is watched by no one: its task is cancelled here. An
+    agent this process cannot reach (not in its fleet.yaml, no token) is logged, not raised.
+    """
+    if not runtime.config.remote_agents:
+        return []  # no agent to cancel at (and no read for a fleet that has none)
+    watch = runtime.store.capability(REMOTE_WATCH)
+    cancelled: list[str] = []
+    for trace in runtime.store.get_traces(trace_ids):
+        call = call_of(trace)
+        if call is None or call.task_id is None or call.state == "ended":
+            continue
+        if trace.status != "stopped" or watch.watched(trace.trace_id):
+            continue  # a run still holds it (it cancels), or a watcher does
+        try:
+            agent, token = agent_of(runtime, call)
+        except FleetError as exc:
+            log.warning("cannot cancel remote task of %s: %s", trace.trace_id, exc)
+            continue
+        cancel_task(agent, token, call)
+        cancelled.append(trace.trace_id)
+    return cancelled
+
+
 def gone(call: RemoteCall) -> Ended:
     """The end of a call whose agent left fleet.yaml (or lost its token) while it waited."""
     why = f"remote agent {call.agent!r} is no longer configured (fleet.yaml, its token)"

@@ -48,6 +48,7 @@ class CallStates(Protocol):
     def answer(self, custom_id: str, answer: dict[str, Any]) -> bool: ...  # noqa: D102
     def answer_of(self, custom_id: str) -> dict[str, Any] | None: ...  # noqa: D102
     def cancel(self, custom_id: str) -> str: ...  # noqa: D102
+    def wake(self) -> None: ...  # noqa: D102
     def forget(self, custom_id: str) -> None: ...  # noqa: D102
     def release(self, custom_id: str) -> None: ...  # noqa: D102
 
@@ -67,6 +68,7 @@ class Flushes(Protocol):
     def submitting(self) -> list[Flush]: ...  # noqa: D102
     def in_flight(self) -> list[Flush]: ...  # noqa: D102
     def batch_done(self, batch_id: str) -> None: ...  # noqa: D102
+    def woken(self, timeout_s: float) -> bool: ...  # noqa: D102
     def claim(self, key: str, owner: str, ttl_ms: int) -> bool: ...  # noqa: D102
     def unclaim(self, key: str, owner: str) -> None: ...  # noqa: D102
 

@@ -22,6 +22,7 @@ from typing import Any, get_args, get_type_hints
 from pydantic import TypeAdapter, ValidationError
 
 from fleet.errors import ConfigError, ToolError
+from fleet.llm import cancel
 from fleet.presets import AgentPreset
 from fleet.tools.base import ToolContext, ToolResult
 from fleet.tools.schema import json_schema, parse_docstring
@@ -338,8 +339,11 @@ def _call_bounded(
     tool stuck in it keeps running in the background until it returns.
     """
     outcome: list[ToolResult | BaseException] = []
+    handle = cancel.current()  # the run's, if a stop may cut this call (`fleet.loop.cut`)
 
     def run() -> None:
+        if handle is not None:  # so a stop closes the tool's own HTTP request (web_fetch)
+            cancel.bind(handle)
         try:
             outcome.append(fn(ctx, **values))
         except BaseException as exc:  # handed to the caller's thread below

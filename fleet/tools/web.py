@@ -93,8 +93,11 @@ def _download(
     """
     import httpx
 
+    from fleet.llm.transport import arm  # with httpx: loaded by a fetch, not by a start
+
     # trust_env=False: an HTTP(S)_PROXY from the environment would connect elsewhere.
     with httpx.Client(follow_redirects=False, trust_env=False) as client:
+        arm(client)  # a stop of the run closes the request in flight (`fleet.loop.cut`)
         for _ in range(MAX_REDIRECTS + 1):
             domains.check(url, "web_fetch")
             request = _pinned_request(client, url, allow, deadline)

@@ -31,6 +31,7 @@ from fleet.storage.keys.batch import batch_polling as batch_polling
 from fleet.storage.keys.batch import batch_queued as batch_queued
 from fleet.storage.keys.batch import batch_state as batch_state
 from fleet.storage.keys.batch import batch_submitting as batch_submitting
+from fleet.storage.keys.batch import batch_wake as batch_wake
 from fleet.storage.keys.layout import PREFIX as PREFIX
 from fleet.storage.keys.layout import cluster_layout as cluster_layout
 from fleet.storage.keys.layout import tree_id as _tree_id

@@ -75,6 +75,15 @@ def batch_polling() -> str:
     return _batch("polling")
 
 
+def batch_wake() -> str:
+    """List, PX 60 s: a stop cancelled a call in a provider batch; a worker's waker pops it.
+
+    The worker that pops it cancels at the provider every batch whose calls were all
+    cancelled, at once rather than at the next poll (`fleet.batchapi.poller.cancel_stopped`).
+    """
+    return _batch("wake")
+
+
 def batch_answer(custom_id: str) -> str:
     """String, TRACE_TTL_S: the provider's answer (or error) to one call, until consumed."""
     if not custom_id.replace("-", "").replace("_", "").isalnum():

@@ -57,10 +57,13 @@ def get(
     """
     import httpx  # here: every registry lists this tool, few runs search (fleet run's start-up)
 
+    from fleet.llm.transport import arm
+
     host = urlsplit(url).hostname or "?"
     with webstream.Deadline(timeout_s) as deadline:
         try:
             with httpx.Client(follow_redirects=False, trust_env=False) as client:
+                arm(client)  # a stop of the run closes the request in flight (`fleet.loop.cut`)
                 request = _pinned(client, url, headers, allow, deadline, tool)
                 response = client.send(request, stream=True)
                 try:

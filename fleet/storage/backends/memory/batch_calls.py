@@ -26,6 +26,7 @@ class MemoryBatchCalls:
         self._answers: dict[str, dict[str, Any]] = {}
         self._claims: dict[str, tuple[str, int]] = {}
         self._deadlines: dict[str, int] = {}
+        self._wake = threading.Event()
 
     def enqueue(self, call: PendingCall, deadline_ms: int | None = None) -> bool:  # noqa: D102
         with self._lock:
@@ -138,6 +139,14 @@ class MemoryBatchCalls:
     def _drop(self, custom_id: str) -> None:
         for table in (self._calls, self._state, self._queued, self._answers, self._deadlines):
             table.pop(custom_id, None)
+
+    def wake(self) -> None:  # noqa: D102
+        self._wake.set()
+
+    def woken(self, timeout_s: float) -> bool:  # noqa: D102
+        came = self._wake.wait(timeout_s)
+        self._wake.clear()
+        return came
 
     def batch_done(self, batch_id: str) -> None:  # noqa: D102
         with self._lock:

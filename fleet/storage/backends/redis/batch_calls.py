@@ -90,6 +90,9 @@ redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[3])
 return 1
 """
 
+WAKE_TTL_MS = 60_000
+"""A wake no worker took (none runs) goes after this: a later one has the poll for it."""
+
 _CANCEL = """
 redis.call('ZREM', KEYS[5], ARGV[1])
 local function drop()
@@ -235,6 +238,24 @@ class RedisBatchCalls:
         pipe.hdel(keys.batch_state(), custom_id)
         pipe.zrem(keys.batch_deadlines(), custom_id)
         pipe.execute()
+
+    def wake(self) -> None:
+        """A stop cancelled a call in a batch: wake one worker's waker (`woken`)."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.rpush(keys.batch_wake(), "stop")
+        pipe.pexpire(keys.batch_wake(), WAKE_TTL_MS)
+        pipe.execute()
+
+    def woken(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for a wake; True if one came (every wake so far is taken).
+
+        One pass after the wakes are taken sees every cancel made before them (each stop
+        cancels its call before it wakes), so the rest of the list is dropped.
+        """
+        if self._client.blpop([keys.batch_wake()], timeout=timeout_s) is None:
+            return False
+        self._client.delete(keys.batch_wake())
+        return True
 
     def batch_done(self, batch_id: str) -> None:
         """A provider batch was read to its end."""
