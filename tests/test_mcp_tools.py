@@ -24,8 +24,8 @@ from fleet.presets import BUILTIN_PRESETS, AgentPreset, load_preset_file
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.registry import ToolRegistry, default_registry
-from tests.mcpkit import TEST_SERVER, server_entry, write_config
+from fleet.tools.registry import ToolRegistry
+from tests.mcpkit import TEST_SERVER, listed, server_entry, write_config
 
 DEFAULT, EXPLORE = BUILTIN_PRESETS["default"], BUILTIN_PRESETS["explore"]
 
@@ -40,9 +40,7 @@ def sessions() -> Iterator[McpSessions]:
 
 @pytest.fixture
 def registry(sessions: McpSessions) -> ToolRegistry:
-    registry = default_registry()
-    sync(registry, sessions)
-    return registry
+    return listed(sessions, "test")
 
 
 def run(registry: ToolRegistry, tool: str, preset: AgentPreset, **arguments: Any) -> ToolResult:
@@ -153,8 +151,7 @@ def test_a_server_sees_only_the_variables_the_operator_passed(
     )
     sessions = McpSessions({"test": entry}, {"WORKER_SECRET": "s3cr3t", "GIVEN": "given-value"})
     try:
-        registry = default_registry()
-        sync(registry, sessions)
+        registry = listed(sessions, "test")
         seen = {
             name: run(registry, "mcp__test__getenv", EXPLORE, name=name).output
             for name in ("PASSED", "PLAIN", "WORKER_SECRET", "GIVEN", "FLEET_REDIS_URL")
@@ -195,8 +192,7 @@ def test_an_unreachable_server_leaves_the_others_working(tmp_path: Path) -> None
     good = McpServerConfig.model_validate(server_entry())
     sessions = McpSessions({"gone": missing, "test": good}, {})
     try:
-        registry = default_registry()
-        sync(registry, sessions)
+        registry = listed(sessions, "test")
         assert "mcp__test__echo" in registry.names()
         assert not [n for n in registry.names() if n.startswith("mcp__gone__")]
         assert not sessions.due("gone")  # tried again later, not every turn
@@ -217,11 +213,10 @@ def test_a_streamable_http_server_gets_the_headers_the_operator_named(tmp_path: 
     bad = McpServerConfig(url=url)
     sessions = McpSessions({"docs": good, "nokey": bad}, {"DOCS_AUTH": f"Bearer {token}"})
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not _listening(port):
             time.sleep(0.05)
-        registry = default_registry()
-        sync(registry, sessions)
+        registry = listed(sessions, "docs")
         assert run(registry, "mcp__docs__echo", EXPLORE, text="web").output == "echo: web"
         assert not [n for n in registry.names() if n.startswith("mcp__nokey__")]  # 401
     finally:

@@ -24,14 +24,13 @@ from fleet.config.mcp import McpServerConfig
 from fleet.inprocess import InProcessFleet
 from fleet.mcp.sessions import PING_TIMEOUT_S, McpSessions
 from fleet.mcp.stdio import MESSAGE_MAX_BYTES
-from fleet.mcp.tools import FIRST_LISTING_WAIT_S, sync
+from fleet.mcp.tools import FIRST_LISTING_WAIT_S
 from fleet.presets import BUILTIN_PRESETS
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
 from fleet.tools.base import ToolContext, ToolResult
-from fleet.tools.registry import default_registry
 from tests.fleetkit import wait_until
-from tests.mcpkit import RAW_SERVER, write_config
+from tests.mcpkit import RAW_SERVER, listed, write_config
 
 DEFAULT = BUILTIN_PRESETS["default"]
 
@@ -78,7 +77,9 @@ def test_a_hanging_relisting_costs_a_run_that_calls_no_mcp_tool_nothing(tmp_path
     print(f"\nfirst run {first_s:.2f} s; runs with the relisting hanging: {runs_s}")
     # main: the turn after the notification waited 30 s (CONNECT_TIMEOUT_S), then the
     # server's tools were gone from the registry for the retry pause
-    assert first_s < FIRST_LISTING_WAIT_S + 3.0 and max(runs_s) < 2.0, (first_s, runs_s)
+    # The first run starts the server and calls it (no bound of the product's: seen 14 s at
+    # load 19); the runs while its relisting hangs are what this test is about.
+    assert max(runs_s) < 2.0, (first_s, runs_s)
     assert "mcp__raw__echo" in [t["function"]["name"] for t in model.tools_seen[-1]]
 
 
@@ -124,8 +125,7 @@ def big() -> Iterator[McpSessions]:
 def test_a_64_mib_answer_is_refused_while_read_and_the_servers_other_calls_go_on(
     big: McpSessions,
 ) -> None:
-    registry = default_registry()
-    sync(registry, big)
+    registry = listed(big, "raw")
     ctx = ToolContext(workspace=Path("."), tool_timeout_s=60.0)
     echoes: list[tuple[float, str]] = []
 
@@ -163,8 +163,7 @@ def test_a_64_mib_answer_is_refused_while_read_and_the_servers_other_calls_go_on
 
 
 def test_a_wedged_session_is_restarted(big: McpSessions) -> None:
-    registry = default_registry()
-    sync(registry, big)
+    registry = listed(big, "raw")
     ctx = ToolContext(workspace=Path("."), tool_timeout_s=1.0)
     frozen = registry.execute("mcp__raw__freeze", {}, ctx, DEFAULT)
     assert frozen.is_error and "did not finish within 1s" in frozen.output
@@ -197,9 +196,8 @@ def test_a_huge_http_answer_is_refused_while_read(answers: str) -> None:
     entry = McpServerConfig(url=f"http://127.0.0.1:{port}/mcp", headers_env={"Authorization": "A"})
     sessions = McpSessions({"web": entry}, {"A": "Bearer tok"})
     try:
-        wait_until(lambda: _listening(port), 30, "the test server to listen")
-        registry = default_registry()
-        sync(registry, sessions)
+        wait_until(lambda: _listening(port), 90, "the test server to listen")
+        registry = listed(sessions, "web")
         ctx = ToolContext(workspace=Path("."), tool_timeout_s=60.0)
         started = time.monotonic()
         tracemalloc.start()
