@@ -13,6 +13,7 @@ import logging
 import threading
 
 from fleet.remote.poll import poll_due
+from fleet.storage.outage import warn_failed
 from workers.dispatch import send_answered, tree_schedule
 from workers.runtime import get_runtime
 
@@ -51,4 +52,4 @@ class RemotePoller:
             try:
                 poll_remote()
             except Exception:  # Redis or broker blips must not kill the poller
-                log.warning("remote poll failed", exc_info=True)
+                warn_failed(log, "remote poll failed")  # an outage in one line
