@@ -14,9 +14,15 @@ process may ask it anything in any order:
 The latency is the model name: `lat200` waits 200 ms before answering. One asyncio loop
 serves every connection (HTTP/1.1 keep-alive), so hundreds of calls wait together.
 
+While it holds a request it watches the connection: a client that closes it (a stop that
+cuts the call, `fleet.llm.cancel`) ends the request at once, unanswered, as a provider stops
+generating there.
+
 `GET /v1/arrivals` returns (`?clear`: and forgets) when (`time.time()`) each task's first request
 arrived (`first`), how many requests came in all (`count`), and when the first answer with
-an `agent` call left (`spawned`): bench/branch_cost_bench.py's clocks.
+an `agent` call left (`spawned`): bench/branch_cost_bench.py's clocks. And `requests`: every
+request as `[task, arrived, ended, cancelled]` (`ended` null while held; `cancelled`: the
+client left first): bench/stop_bench.py's record.
 """
 
 from __future__ import annotations
@@ -33,24 +39,47 @@ from typing import Any
 _ROOT = re.compile(r"survey the workspace in (\d+) branches")
 _LATENCY = re.compile(r"lat(\d+)")
 _ids = count(1)
-_seen: dict[str, Any] = {"first": {}, "count": 0, "spawned": {}}
+_seen: dict[str, Any] = {"first": {}, "count": 0, "spawned": {}, "requests": []}
 
 
-def _arrived(body: dict[str, Any]) -> str:
-    """Note the request's arrival under its task; the task."""
+def _arrived(body: dict[str, Any]) -> tuple[str, list[Any]]:
+    """Note the request's arrival under its task; the task and its `requests` entry."""
     messages = body.get("messages") or []
     task = next((str(m.get("content")) for m in messages if m.get("role") == "user"), "")
-    _seen["first"].setdefault(task, time.time())
+    now = time.time()
+    _seen["first"].setdefault(task, now)
     _seen["count"] += 1
-    return task
+    entry: list[Any] = [task, now, None, False]
+    _seen["requests"].append(entry)
+    return task, entry
 
 
 def _arrivals(clear: bool) -> bytes:
     global _seen
     payload = json.dumps(_seen).encode()
     if clear:
-        _seen = {"first": {}, "count": 0, "spawned": {}}
+        _seen = {"first": {}, "count": 0, "spawned": {}, "requests": []}
     return payload
+
+
+async def _client_left_within(reader: asyncio.StreamReader, wait_s: float) -> bool:
+    """Hold for `wait_s` unless the client closes the connection first (True then).
+
+    A client sends nothing more while it waits for an answer (no pipelining): the next
+    thing read is the end of the stream.
+    """
+    if wait_s <= 0:
+        return False
+    eof = asyncio.ensure_future(reader.read(1))
+    done, _ = await asyncio.wait({eof}, timeout=wait_s)
+    if not done:
+        eof.cancel()
+        await asyncio.gather(eof, return_exceptions=True)  # its read is over before the next
+        return False
+    try:
+        return not eof.result()
+    except ConnectionError:  # reset rather than closed: gone all the same
+        return True
 
 
 def answer(body: dict[str, Any]) -> dict[str, Any]:
@@ -126,9 +155,11 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
                 await _respond(writer, "404 Not Found", b'{"error": {"message": "not found"}}')
                 continue
             body = json.loads(raw)
-            task = _arrived(body)
-            if (wait_s := latency_s(body)) > 0:
-                await asyncio.sleep(wait_s)
+            task, entry = _arrived(body)
+            left = await _client_left_within(reader, latency_s(body))
+            entry[2:] = [time.time(), left]
+            if left:
+                return
             payload = completion(body)
             await _respond(writer, "200 OK", payload)
             if b'"agent"' in payload:

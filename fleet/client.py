@@ -19,7 +19,7 @@ from fleet.conversation.human import waiting_traces
 from fleet.conversation.prompts import with_task
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.discovery import client_settings, url_chosen
-from fleet.errors import BrokerUnavailable
+from fleet.errors import BrokerUnavailable, ConfigError
 from fleet.experiences.model import Experience
 from fleet.experiences.store import ExperienceStore
 from fleet.lifecycle import stop_subtree
@@ -32,7 +32,7 @@ from fleet.models import Event, Mode, Trace
 from fleet.observe.following import Follower
 from fleet.runtime import Runtime
 from fleet.settings import Settings
-from fleet.storage.store import TraceStore
+from fleet.storage.store import Serving, TraceStore
 from fleet.storage.watchdog import check_served, require_a_fleet
 
 if TYPE_CHECKING:
@@ -178,8 +178,13 @@ class Fleet:
             priority=priority,
         )
         chosen = (spec.workspace or self.runtime.settings.workspace).expanduser().resolve()
-        check_served(self.store, self.backend.queue(spec.mode), chosen)
-        trace = create_root(self.runtime, spec)
+        queue = self.backend.queue(spec.mode)
+        serving = None if queue is None else Serving(queue, chosen)
+        try:  # the serving check goes with the writes, in one step
+            trace = create_root(self.runtime, spec, serving)
+        except ConfigError:  # an unserved workspace is said first, whatever else is wrong
+            check_served(self.store, queue, chosen)
+            raise
         try:
             self.enqueue(trace, priority)
         except BrokerUnavailable as exc:  # no task will ever run it: not left `queued`

@@ -101,6 +101,9 @@ class RemoteCall(_Part):
     """The last status text seen (a poll that sees it again adds no event)."""
     errors: int = 0
     """Polls in a row that could not reach the agent."""
+    streams: bool | None = None
+    """The agent's card says it streams: the watcher follows the task over SSE (None: not
+    read yet; False: polled with GetTask)."""
     ok: bool = False
     result: str = ""
     """The artifact's text (ok) or a one-line error."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
@@ -31,7 +32,7 @@ from fleet.settings import Settings
 from fleet.storage.caches import search_answers
 from fleet.storage.images import ImageStore, image_store
 from fleet.storage.leases import LeaseKeeper
-from fleet.storage.store import Services, TraceStore
+from fleet.storage.store import Services, TraceSnapshot, TraceStore
 from fleet.tools.base import WebSearcher
 from fleet.tools.registry import ToolRegistry, default_registry
 
@@ -186,6 +187,19 @@ class Runtime:
             from fleet.mcp.tools import sync
 
             sync(self.tools, self.mcp, servers, need=need)
+
+    @functools.cached_property
+    def shows_experiences(self) -> frozenset[str]:
+        """The presets whose first messages show experiences (`StartRun.experiences`)."""
+        if self.experiences is None:
+            return frozenset()
+        return frozenset(name for name, preset in self.presets.items() if preset.experiences)
+
+    def began(self, snapshot: TraceSnapshot) -> None:
+        """What a run's `begin_run` read for its limits and experiences, handed to them."""
+        self.gate.learn_budget(snapshot.trace.root_trace_id, snapshot.budgeted)
+        if self.experiences is not None:
+            self.experiences.note_version(snapshot.experiences)
 
     def fenced(self, trace_id: str, owner: str) -> Runtime:
         """A copy whose store writes only while `owner` holds the lease of `trace_id`."""

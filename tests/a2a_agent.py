@@ -3,10 +3,13 @@
 What it does is read from the message text:
 - `slow N ...`: works N seconds (status "working" with a note), then completes;
 - `ask ...`: asks for input (input-required), then completes with the reply it got;
+- `notes N ...`: works 3 s, says `note 1` ... `note N` 50 ms apart (status "working"),
+  then completes;
 - anything else: works 0.2 s and completes with the artifact `reviewed: <text>`.
 Each artifact names its context, so a test sees a continued conversation reach the same
 one; task ids are `task-1`, `task-2`, ... in order. `record` keeps (task id, context id,
-text) of every message and `canceled` every cancelled task.
+text) of every message, `canceled` every cancelled task and `methods` how often GetTask
+and SubscribeToTask were asked. `serve_reviewer(streaming=False)`: a card without streaming.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import itertools
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +48,7 @@ class Record:
     messages: list[tuple[str, str, str]] = field(default_factory=list)
     canceled: list[str] = field(default_factory=list)
     auth: list[str] = field(default_factory=list)
+    methods: Counter[str] = field(default_factory=Counter)
 
 
 class Reviewer(AgentExecutor):
@@ -64,6 +69,13 @@ class Reviewer(AgentExecutor):
             question = updater.new_agent_message([pb.Part(text="Which module first?")])
             await updater.requires_input(question)
             return
+        if text.startswith("notes"):
+            await updater.start_work()
+            await asyncio.sleep(3)  # a watcher polling every second subscribes meanwhile
+            for number in range(1, int(text.split()[1]) + 1):
+                note = updater.new_agent_message([pb.Part(text=f"note {number}")])
+                await updater.update_status(pb.TASK_STATE_WORKING, note)
+                await asyncio.sleep(0.05)
         seconds = float(text.split()[1]) if text.startswith("slow") else 0.2
         await updater.start_work(updater.new_agent_message([pb.Part(text="reading the diff")]))
         await asyncio.sleep(seconds)
@@ -75,6 +87,23 @@ class Reviewer(AgentExecutor):
         assert context.task_id and context.context_id
         self.record.canceled.append(context.task_id)
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+class _Counting(DefaultRequestHandler):
+    """a2a-sdk's handler, counting GetTask and SubscribeToTask."""
+
+    def __init__(self, record: Record, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.record = record
+
+    async def on_get_task(self, params: Any, context: Any) -> Any:
+        self.record.methods["GetTask"] += 1
+        return await super().on_get_task(params, context)
+
+    async def on_subscribe_to_task(self, params: Any, context: Any) -> AsyncGenerator[Any, None]:
+        self.record.methods["SubscribeToTask"] += 1
+        async for event in super().on_subscribe_to_task(params, context):
+            yield event
 
 
 class _Bearer(BaseHTTPMiddleware):
@@ -121,7 +150,7 @@ class RunningAgent:
 
 
 @contextlib.contextmanager
-def serve_reviewer(token: str | None = None) -> Iterator[RunningAgent]:
+def serve_reviewer(token: str | None = None, streaming: bool = True) -> Iterator[RunningAgent]:
     """The reviewer on a free loopback port, in a thread; its JSON-RPC URL is `/`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
@@ -134,11 +163,12 @@ def serve_reviewer(token: str | None = None) -> Iterator[RunningAgent]:
             pb.AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
         ],
         skills=[pb.AgentSkill(id="review", name="review", description="reviews", tags=["code"])],
-        capabilities=pb.AgentCapabilities(streaming=True),
+        capabilities=pb.AgentCapabilities(streaming=streaming),
         default_input_modes=["text"],
         default_output_modes=["text"],
     )
-    handler = DefaultRequestHandler(
+    handler = _Counting(
+        record,
         agent_executor=Reviewer(record),
         task_store=InMemoryTaskStore(),
         agent_card=card,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,8 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class LoopbackServer:
     """Serves `handler` on 127.0.0.1 (a free port) until `stop`."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(
+        self, handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None
+    ) -> None:
+        """Serve `handler`; over TLS with `tls` (a server context), else plain HTTP."""
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._server.daemon_threads = True
         serve = partial(self._server.serve_forever, poll_interval=0.01)
         self._thread = threading.Thread(target=serve, daemon=True)

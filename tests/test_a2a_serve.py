@@ -42,6 +42,7 @@ TOKEN = "a2a-token-0123456789"
 class Served:
     fleet: Fleet
     url: str
+    env: dict[str, str]
 
 
 def write_scripts(folder: Path) -> tuple[str, str]:
@@ -88,15 +89,52 @@ def served(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         worker = stack.enter_context(start_worker(redis_url, concurrency=2, env_extra=env))
         wait_for_workers(redis_url, [worker.name], timeout_s=30)
         fleet = client(fleet_settings(redis_url, workspace, **env))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/"
-        app = build_app(fleet, url, TOKEN, poll_s=0.1)
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        wait_until(lambda: server.started, 10, "fleet a2a listening")
-        yield Served(fleet, url)
+        with serving(fleet) as url:
+            yield Served(fleet, url, {**env, "FLEET_REDIS_URL": redis_url})
+
+
+@contextlib.contextmanager
+def fleet_a2a(env: dict[str, str], log: Path) -> Iterator[str]:
+    """The real `fleet a2a` command, SIGKILLed when the block ends (nothing is flushed)."""
+    port = free_port()
+    with log.open("ab") as out:
+        served = subprocess.Popen(
+            [sys.executable, "-m", "fleetops.cli.main", "a2a", "--port", str(port)],
+            env={**os.environ, **env, "FLEET_SERVE_TOKEN": TOKEN},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_until(lambda: listening(url) or served.poll() is not None, 60, "fleet a2a")
+        assert served.poll() is None, log.read_text()
+        yield url
+    finally:
+        served.kill()
+        served.wait(10)
+
+
+def listening(url: str) -> bool:
+    try:
+        return httpx.get(url + ".well-known/agent-card.json", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def serving(fleet: Fleet) -> Iterator[str]:
+    """`fleet a2a`'s app on a loopback port, on its own thread, until the block ends."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    app = build_app(fleet, url, TOKEN, poll_s=0.1)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 10, "fleet a2a listening")
+    try:
+        yield url
+    finally:
         server.should_exit = True
         thread.join(10)
 
@@ -228,6 +266,55 @@ def test_ask_human_round_trip_through_input_required(served: Served) -> None:
     assert answered.artifacts[0].parts[0].text == "you said: the blue one"
 
 
+def test_a_restarted_fleet_a2a_answers_get_and_cancel_of_earlier_tasks(
+    served: Served, tmp_path: Path
+) -> None:
+    async def start_three(client: Any) -> list[pb.Task]:
+        requests = [message("ask me later"), message("ask me meanwhile")]
+        requests.append(message("take your time again"))
+        requests[-1].metadata["skill"] = "slowpoke"
+        for request in requests:
+            request.configuration.return_immediately = True
+        return [await last_task(client, r) for r in requests]
+
+    async def state_of(url: str, task_id: str) -> int:
+        got = await a2a_call(url, lambda c: c.get_task(pb.GetTaskRequest(id=task_id)))
+        return int(got.status.state)
+
+    log = tmp_path / "a2a.log"
+    with fleet_a2a(served.env, log) as first:  # the first `fleet a2a`, SIGKILLed after
+        asking, meanwhile, slow = asyncio.run(a2a_call(first, start_three))
+        asked, working = pb.TASK_STATE_INPUT_REQUIRED, pb.TASK_STATE_WORKING
+        for task_id, state in ((asking.id, asked), (meanwhile.id, asked), (slow.id, working)):
+            reached = lambda t=task_id, s=state: asyncio.run(state_of(first, t)) == s  # noqa: E731
+            wait_until(reached, 60, "task state")
+        root = [t for t in served.fleet.store.list_traces(200) if t.task == "ask me meanwhile"]
+    served.fleet.reply(root[0].trace_id, "answered while no fleet a2a ran")
+    wait_until(lambda: served.fleet.trace(root[0].trace_id).status == "completed", 60, "tree")
+
+    async def after_restart(client: Any) -> list[pb.Task]:
+        done = await client.get_task(pb.GetTaskRequest(id=meanwhile.id))
+        asked = await client.get_task(pb.GetTaskRequest(id=asking.id))
+        reply = message("the red one", task_id=asking.id, context_id=asking.context_id)
+        answered = await last_task(client, reply)
+        canceled = await client.cancel_task(pb.CancelTaskRequest(id=slow.id))
+        return [done, asked, answered, canceled]
+
+    with fleet_a2a(served.env, log) as second:  # a new process: nothing in its memory
+        done, asked, answered, canceled = asyncio.run(a2a_call(second, after_restart))
+        got = asyncio.run(a2a_call(second, lambda c: c.get_task(pb.GetTaskRequest(id=slow.id))))
+    assert done.status.state == pb.TASK_STATE_COMPLETED  # the tree ended while none ran
+    assert done.artifacts[0].parts[0].text == "you said: answered while no fleet a2a ran"
+    assert asked.status.state == pb.TASK_STATE_INPUT_REQUIRED
+    assert asked.status.message.parts[0].text == "Which?"
+    assert answered.status.state == pb.TASK_STATE_COMPLETED
+    assert answered.artifacts[0].parts[0].text == "you said: the red one"
+    assert canceled.status.state == pb.TASK_STATE_CANCELED
+    assert got.status.state == pb.TASK_STATE_CANCELED
+    stopped = [t for t in served.fleet.store.list_traces(200) if t.task == "take your time again"]
+    assert [t.status for t in stopped] == ["stopped"]  # CancelTask stopped the tree
+
+
 def test_fleet_a2a_does_not_start_without_a_token(redis_url: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "FLEET_SERVE_TOKEN"}
     env["FLEET_REDIS_URL"] = redis_url
@@ -242,3 +329,23 @@ def test_fleet_a2a_does_not_start_without_a_token(redis_url: str) -> None:
     assert done.returncode != 0 and time.monotonic() - started < 60
     assert "fleet a2a needs FLEET_SERVE_TOKEN" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_every_key_fleet_a2a_keeps_lives_the_retention(redis_url: str) -> None:
+    import redis
+
+    from fleet.storage import keys
+    from fleet.storage.backends.redis.a2a_tasks import RedisA2ATasks
+
+    raw = redis.Redis.from_url(redis_url, decode_responses=True)
+    tasks = RedisA2ATasks(raw)
+    tasks.save("t-" + "x" * 5000, "{}", 1_000_000, 60)  # any id: hashed into the key
+    tasks.link("context", "{odd}id", "root-1", 60)
+    names = [keys.a2a_task("t-" + "x" * 5000), keys.a2a_link("context", "{odd}id")]
+    names.append(keys.a2a_recent())
+    assert all(0 < raw.ttl(name) <= 60 for name in names)
+    assert all(len(name) < 80 for name in names)
+    assert tasks.root_of("context", "{odd}id") == "root-1"
+    tasks.save("t-2", "{}", 1_000_000 + 61_000, 60)  # a minute later: the first left the list
+    kept = raw.zrange(keys.a2a_recent(), 0, -1)
+    assert "t-2" in kept and "t-" + "x" * 5000 not in kept

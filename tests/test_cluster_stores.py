@@ -199,3 +199,23 @@ def test_a_result_backend_on_a_cluster_node_is_refused_at_worker_start(
     assert refused.value.code == 2
     said = capsys.readouterr().err.strip()
     assert said.endswith("single Redis apart from the cluster") and "\n" not in said
+
+
+def test_memory_writes_searches_and_removals_run_in_the_namespace_s_slot(
+    store: RedisStore,
+) -> None:
+    from fleet.loop.memory_calls import search
+    from fleet.memory.backends.redis import RedisBoard
+    from fleet.memory.model import Write
+
+    board = RedisBoard(store.client)
+    for n, city in enumerate(["Tongzhou", "Shunyi", "Tongzhou"]):
+        board.write(Write("user:alice", f"k{n}", {"lives": city}, 0, "test"))
+    assert [e.key for e in search(board, ["user:alice"], "tongzhou", None, 5)] == ["k0", "k2"]
+    assert board.remove("user:alice", "k0")
+    assert [e.key for e in search(board, ["user:alice"], "tongzhou", None, 5)] == ["k2"]
+    assert [e.key for e in board.newest("user:alice", 1)] == ["k2"]
+    names = [keys.memory_entries("user:alice"), keys.memory_index("user:alice")]
+    names += [keys.memory_terms("user:alice"), keys.memory_recent("user:alice")]
+    names.append(keys.memory_history("user:alice", "k1"))
+    assert len({key_slot(name.encode()) for name in names}) == 1

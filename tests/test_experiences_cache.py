@@ -119,3 +119,28 @@ def test_ten_thousand_approved_experiences_add_at_most_2_ms_to_a_start(
         took_s.append(time.perf_counter() - start)
     # The best of 20: the work itself, not the scheduler of a loaded machine (2 shared cores).
     assert min(took_s) < 0.002, f"best {min(took_s) * 1000:.2f} ms"
+
+
+def test_the_end_of_a_trace_shown_no_experience_here_reads_nothing(
+    redis_client: redis.Redis,
+) -> None:
+    """Its first messages chose none in this process: the end has nothing to count."""
+    store = RedisExperiences(redis_client)
+    elsewhere = RedisExperiences(redis_client)  # another worker process
+    assert select(store, trace()) == []  # none approved: none shown
+    before = commands(redis_client)
+    assert store.count_outcome("t", succeeded=True) == []
+    spent = {k: v - before.get(k, 0) for k, v in commands(redis_client).items()}
+    assert {k: v for k, v in spent.items() if v and k != "info"} == {}, "no read at all"
+    # Shown some later (a first message chosen again): the end counts them.
+    store.put(rule(1))
+    shown = select(store, trace())
+    assert shown
+    store.count_use([e.id for e in shown], "t")
+    assert store.count_outcome("t", succeeded=True) == [shown[0].id]
+    assert store.counted(shown)[0].successes == 1
+    # Another process knows nothing of what this one chose: it reads, as before.
+    store.count_use((), "v")
+    before = commands(redis_client)
+    assert elsewhere.count_outcome("v", succeeded=True) == []
+    assert commands(redis_client)["lrange"] == before["lrange"] + 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -169,3 +170,66 @@ def test_a_hook_sees_each_child_spawned_and_settled_once(
     settled = [e["child"] for e in seen if e["event"] == "child_settled"]
     assert len(spawned) == 2 and sorted(settled) == sorted(spawned)
     assert {e["trace_id"] for e in seen if e["event"].startswith("child_")} == {done.trace_id}
+
+
+def test_a_member_keeping_the_no_op_of_an_event_is_not_called_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No guard thread is started for a hook that does nothing on that event."""
+
+    class OnlyTurns(Hooks):
+        def __init__(self) -> None:
+            self.turns: list[int] = []
+
+        def turn_started(self, trace: Any, iteration: int) -> None:
+            self.turns.append(iteration)
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    hook = OnlyTurns()
+    chain = HookChain([Member("plain", Hooks(), 1.0), Member("turns", hook, 1.0)])
+    trace: Any = object()
+    chain.model_requested(trace, "m", [])
+    assert chain.context_lines(trace) == [] and chain.child_context(trace, "t") == {}
+    assert started == []
+    chain.turn_started(trace, 3)
+    assert hook.turns == [3] and started == ["hook:turns:turn_started"]
+
+
+class _Responded(Hooks):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def model_responded(self, trace: Any, response: LLMResponse) -> None:
+        self.seen.append(trace.trace_id)
+
+
+def test_a_hook_listens_only_to_the_events_it_overrides() -> None:
+    responded = _Responded()
+    assert responded.listens("model_responded")
+    assert not responded.listens("turn_started") and not Hooks().listens("model_requested")
+    chain = HookChain([Member("quiet", Hooks()), Member("loud", responded, 0.3)])
+    assert chain.listens("model_responded") and not chain.listens("model_failed")
+    assert not HookChain([Member("quiet", Hooks())]).listens("model_responded")
+    patched = Hooks()
+    patched.turn_started = lambda trace, iteration: None  # type: ignore[method-assign]
+    assert patched.listens("turn_started"), "a method set on the instance is live too"
+
+
+def test_a_turn_skips_the_events_nobody_listens_to_and_calls_the_others(tmp_path: Path) -> None:
+    # Only model_responded is overridden: it is still called once per model call.
+    store = MemoryStore()
+    model = ScriptedModel([call("list_dir", path="."), text("done")])
+    config = Settings(workspace=tmp_path, env={})
+    runtime = Runtime.build(config, store, InProcessDispatcher(), clients={"test": model})
+    responded = _Responded()
+    local = InProcessFleet(replace(runtime, hooks=HookChain([Member("r", responded, 0.3)])))
+    result = local.run("work", model="test")
+    assert result.status == "completed"
+    assert responded.seen == [result.trace_id, result.trace_id]

@@ -17,13 +17,13 @@ import redis
 from fleet.limits import pacing
 from fleet.limits.backends.memory.limiter import MemoryLimiter
 from fleet.limits.backends.redis.limiter import Limiter
+from fleet.limits.gate import estimate_tokens
 from fleet.limits.protocols import ProviderLimits
 from fleet.limits.providers import (
     MAX_PAUSE_S,
     Admitted,
     Refused,
     Scope,
-    estimate_tokens,
     scopes_for,
 )
 from fleet.llm.config import FleetConfig, ModelConfig, ProviderConfig, RateLimits

@@ -221,22 +221,21 @@ def test_search_ranks_by_embeddings_when_configured_and_by_bm25_when_they_fail(
     import fleet.llm.base
     from fleet.experiences.embedding import Embedder
     from fleet.llm.embeddings import EmbeddingsClient
-    from fleet.memory.model import Entry
+    from fleet.memory.backends.memory import MemoryBoard
     from tests.fake_embeddings import FakeEmbeddings
 
-    def entry(key: str, value: object, at_ms: int) -> Entry:
-        return Entry(namespace=ALICE, key=key, value=value, version=1, updated_at_ms=at_ms,
-                     writer="test")  # fmt: skip
-
-    entries = [entry("deploys", "the release notes ship on Fridays", 1),
-               entry("db", "the schema upgrade needs a backup", 2)]  # fmt: skip
+    board = MemoryBoard()
+    for key, value in (("deploys", "the release notes ship on Fridays"),
+                       ("db", "the schema upgrade needs a backup")):  # fmt: skip
+        board.write(Write(ALICE, key, value, 0, "test"))
+    spaces = [ALICE]
     monkeypatch.setattr(fleet.llm.base, "ALLOW_MODEL_REQUESTS", True)  # loopback only
     with FakeEmbeddings(key="sk-test") as server:
         client = EmbeddingsClient(server.url + "/v1", "sk-test", "fake-embed")
         embedder = Embedder(client, "emb", 0.3)
         # No word in common with "database migration": only the embeddings find it.
-        found = memory_calls.search(entries, "database migration", embedder)
+        found = memory_calls.search(board, spaces, "database migration", embedder)
         assert [e.key for e in found] == ["db"] and server.inputs
-    assert memory_calls.search(entries, "database migration", None) == []
+    assert memory_calls.search(board, spaces, "database migration", None) == []
     down = Embedder(EmbeddingsClient("http://127.0.0.1:9/v1", "", "x"), "emb", 0.3)
-    assert [e.key for e in memory_calls.search(entries, "release", down)] == ["deploys"]
+    assert [e.key for e in memory_calls.search(board, spaces, "release", down)] == ["deploys"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from fleet.conversation.between import SEND_MESSAGE, send_message
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.ids import child_id
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
-from fleet.llm.base import LLMResponse, ToolCall
+from fleet.llm.base import LLMClient, LLMResponse, ToolCall
 from fleet.loop.toolcalls import tool_schemas
 from fleet.models import Trace
 from fleet.runtime import Runtime
@@ -23,8 +24,10 @@ from fleet.storage.inbox_types import InboxEntry
 from fleet.storage.store import TraceStore
 from fleet.testing import ScriptedModel, call, text
 
+Request = list[dict[str, Any]]
 
-def talking_runtime(store: TraceStore, workspace: Path, model: ScriptedModel) -> Runtime:
+
+def talking_runtime(store: TraceStore, workspace: Path, model: LLMClient) -> Runtime:
     """Explore branches may send messages (`messages: true` on the explore preset)."""
     settings = Settings(workspace=workspace, env={})
     runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"test": model})
@@ -111,6 +114,26 @@ def test_fan_out_is_capped_per_minute_and_by_size(store: TraceStore, tmp_path: P
     assert received(runtime, one) == []
 
 
+class Unlocked:
+    """A model function called as it is: `ScriptedModel` runs its function under a lock,
+    so a branch waiting inside its call would hold every other branch's call back."""
+
+    def __init__(self, function: Callable[[Request, Request], LLMResponse]) -> None:
+        self.function = function
+
+    def complete(
+        self,
+        messages: Request,
+        tools: Request,
+        *,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+        cache_key: str | None = None,
+    ) -> LLMResponse:
+        """`function(messages, tools)`, in the caller's thread, beside other calls."""
+        return self.function(messages, tools)
+
+
 def test_in_a_live_explore_branch_one_tells_branch_two(store: TraceStore, tmp_path: Path) -> None:
     """Branch 2 waits (in its first model call) until the message is in; its next request
     carries the `## Messages` block and `check_messages` gives the text."""
@@ -129,7 +152,8 @@ def test_in_a_live_explore_branch_one_tells_branch_two(store: TraceStore, tmp_pa
                 else text("1")
             )
         if turn == 0:  # until branch one's message is in branch two's inbox
-            two = next(t for t in store.list_traces(50) if t.task == "two")
+            # This run's branch two: the module's tests share the store, ended ones stay.
+            two = next(t for t in store.list_traces(50) if t.task == "two" and not t.is_terminal)
             deadline = time.monotonic() + 10
             while not messages.inbox(runtime).count(two.trace_id) and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -138,8 +162,7 @@ def test_in_a_live_explore_branch_one_tells_branch_two(store: TraceStore, tmp_pa
             return call(messages.CHECK_MESSAGES)
         return text("2")
 
-    model = ScriptedModel(function=model_fn)
-    runtime = talking_runtime(store, tmp_path, model)
+    runtime = talking_runtime(store, tmp_path, Unlocked(model_fn))
     done = InProcessFleet(runtime).run("root", model="test")
     assert done.status == "completed"
     blocks = [u for u in _users(seen["two"][1]) if "## Messages" in u]

@@ -142,3 +142,47 @@ def test_a_stop_cuts_a_tool_in_flight_and_the_trace_ends_stopped(
     wait_until(lambda: "trace" in done, 5, "the run's end")
     assert time.monotonic() - stopped_at < 1.5
     assert done["trace"].status == "stopped" and len(fn.sent_at) == 1
+
+
+class _Reads:
+    """A stop flag and an inbox that count the watcher's reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.stop = False
+
+    def stop_requested(self, trace_id: str) -> bool:
+        self.reads += 1
+        return self.stop
+
+    def after(self, trace_id: str, cursor: str | None, limit: int) -> list[Any]:
+        self.reads += 1
+        return []
+
+    def newest(self, trace_id: str) -> str | None:
+        self.reads += 1
+        return None
+
+
+def test_a_call_shorter_than_a_poll_reads_nothing_and_a_stop_still_cuts_a_long_one() -> None:
+    from fleet.loop.cut import POLL_S, CallCut, CallWatcher, cuttable
+    from fleet.storage.writes import InboxSeen
+
+    reads = _Reads()
+    watcher = CallWatcher(reads, reads)  # type: ignore[arg-type]
+    with watcher.watching("t1", seen=InboxSeen(None)) as watch:
+        assert cuttable(watch, lambda: "answer") == "answer"
+    time.sleep(POLL_S * 3)  # the watcher's thread wakes, finds no call, and ends
+    assert reads.reads == 0, "the run read the stop flag and the inbox as the call left"
+    reads.stop = True
+    release = threading.Event()
+    started = time.monotonic()
+    try:
+        with watcher.watching("t1", seen=InboxSeen(None)) as watch:
+            cuttable(watch, lambda: release.wait(30))
+        raise AssertionError("not cut")
+    except CallCut as cut:
+        assert cut.reason == "stop"
+    finally:
+        release.set()
+    assert reads.reads >= 1 and time.monotonic() - started < 10  # a poll, with a big margin

@@ -152,6 +152,7 @@ def test_no_slot_is_held_while_a_remote_child_waits(setup: Setup) -> None:
         if e.kind == "collaborator" and e.status == "running"
     ]
     assert "remote" in told
+    assert setup.reviewer.record.methods["SubscribeToTask"] >= 1  # followed by its stream
 
 
 def test_a_stop_cancels_the_remote_task(setup: Setup) -> None:
@@ -213,6 +214,23 @@ def test_input_required_waits_on_a_person_whose_reply_goes_to_the_remote_task(
     assert root.status == "completed", root.error
     assert setup.reviewer.record.messages[-1][0] == task_id  # the reply went to the same task
     assert "reviewed: the auth module" in str(root.answer)
+
+
+def test_a_stop_while_the_remote_task_asks_a_person_cancels_it(setup: Setup) -> None:
+    handle = setup.fleet.submit(
+        "ask, then stop",
+        model=script(setup, "askstop", [delegate("ask again", "reviewer"), {"content": "x"}]),
+    )
+
+    def asked() -> bool:
+        found = children(setup.fleet, handle.trace_id)
+        return bool(found) and found[0].run.waiting_on is not None
+
+    wait_until(asked, 30, "the remote task's question reached a person")
+    task_id = setup.reviewer.record.messages[-1][0]
+    setup.fleet.stop(handle.trace_id)
+    assert handle.wait(30).status == "stopped"
+    wait_until(lambda: task_id in setup.reviewer.record.canceled, 20, "the remote task cancelled")
 
 
 def test_the_trees_wall_s_ends_a_remote_child_and_cancels_its_task(setup: Setup) -> None:

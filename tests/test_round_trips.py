@@ -89,7 +89,7 @@ def meter() -> Iterator[Counter[int]]:
     """
     trips: Counter[int] = Counter()
     upkeep = threading.local()
-    send = Connection.send_packed_command
+    send: Callable[..., None] = Connection.send_packed_command
     handshake, health = AbstractConnection.connect_check_health, AbstractConnection.check_health
 
     def counting(self: Connection, command: Any, check_health: bool = True) -> None:
@@ -161,9 +161,10 @@ def test_a_worker_that_never_called_the_model_checks_its_pause_once(
     me = threading.get_ident()
     meter[me] = 0
     assert Runner(fresh).run(child).outcome == "completed"
-    # begin_run could not know the model: its first call asks whether the tree has a budget
-    # and checks the pause on its own (EXISTS, PTTL); the write before the next call reads it.
-    assert meter[me] == 3 + 2
+    # begin_run could not know the model: its first call checks the pause on its own (PTTL);
+    # whether the tree has a budget came with begin_run; the write before the next call
+    # reads the pause.
+    assert meter[me] == 3 + 1
 
 
 def test_an_unlimited_provider_holds_back_for_a_pause_another_worker_set(
@@ -241,3 +242,36 @@ def test_a_run_killed_midway_counts_every_call_once_when_resumed(
         "completion": sum(t.stats.completion_tokens for t in traces),
     }
     assert not redis_client.hexists(keys.trace(child), "uncounted")
+
+
+def test_a_root_run_reads_the_experiences_version_with_its_lease(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path, meter: Counter[int]
+) -> None:
+    """`default` shows experiences: begin_run reads their version, and the cache follows it."""
+    from fleet.experiences.backends.redis import RedisExperiences
+    from fleet.experiences.model import new_experience
+
+    seen: list[tuple[int, str]] = []
+    me = threading.get_ident()
+
+    def respond(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+        seen.append((meter[me], str(messages[0]["content"])))
+        return text("done")
+
+    store = RedisStore(redis_client)
+    runtime, _ = worker_runtime(store, tmp_path, ScriptedModel(function=respond))
+    for task in ("warm up", "fix the parser"):
+        root = create_root(runtime, TaskSpec(task, MODEL))
+        meter[me] = 0
+        assert Runner(runtime).run(root.trace_id).outcome == "completed"
+    assert seen[-1][0] == 1, "begin_run alone before the model call"
+    other = connect(redis_url)  # another process approves a rule
+    RedisExperiences(other).put(
+        new_experience("agent:default", "when the parser breaks", "read the grammar", approved=True)
+    )
+    root = create_root(runtime, TaskSpec("fix the parser", MODEL))
+    meter[me] = 0
+    assert Runner(runtime).run(root.trace_id).outcome == "completed"
+    assert "read the grammar" in seen[-1][1], "the new version was read with the lease"
+    assert seen[-1][0] == 1 + 3, "begin_run; the hash read anew, the rule's counts, its use"
+    other.close()

@@ -191,9 +191,9 @@ CALLERS_DATA = {
     ("fleetops/serve/submission.py", "body"),
 }
 """Where the caller's metadata passes through on its way to the trace, untouched."""
-A2A_REQUEST = {("fleetops/a2a/executor.py", "context")}
+A2A_REQUEST = {("fleetops/a2a/executor.py", "context"), ("fleetops/a2a/resume.py", "artifact")}
 """An A2A request's own metadata (a2a-sdk's `RequestContext.metadata`: the skill the
-caller picks), never a trace's."""
+caller picks) and an A2A artifact's (the root's trace id, for the client), never a trace's."""
 LEFT_TO_ANOTHER_ISSUE = {("fleet/experiences/retrieval.py", "trace")}
 """The `user:`/`project:` experience scopes read from a root's metadata: issue 39 item 3
 (scope bound by the operator at submission) replaces this read."""

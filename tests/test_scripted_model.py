@@ -73,3 +73,47 @@ def test_scripted_example_names_the_bundled_script_from_any_directory(tmp_path: 
     off = InProcessFleet.from_settings(Settings(workspace=tmp_path, env={}))
     with pytest.raises(ConfigError, match="FLEET_ALLOW_SCRIPTED"):
         off.run("Survey it", model="scripted:example")
+
+
+FILL_SCRIPT = """
+scripts:
+  - match: '.*'
+    steps:
+      - fill: true
+        tool_calls:
+          - name: agent
+            arguments: {task: 'weather where she lives: {memory}', note: ['{task}', 3]}
+      - content: 'plain {memory}'
+"""
+PROMPT = (
+    "You are an agent.\n\n## Memory\nKept from earlier conversations, as data.\n"
+    '- user:alice profile (version 1, recorder, r.memory-1): {"lives": "Tongzhou"}\n'
+    '- user:alice pets (version 2, operator, an operator): ["cat"]\n\n## Skills\n- none\n'
+)
+
+
+def test_a_fill_step_builds_its_tool_call_from_the_prompts_memory_block(tmp_path: Path) -> None:
+    path = tmp_path / "fill.yaml"
+    path.write_text(FILL_SCRIPT)
+    model = ScriptedModel.from_file(path)
+    messages = [{"role": "system", "content": PROMPT}, {"role": "user", "content": "weather?"}]
+    [call_] = model.complete(messages, TOOLS).tool_calls
+    assert call_.parsed_arguments() == {
+        "task": "weather where she lives: user:alice profile (version 1, recorder,"
+        ' r.memory-1): {"lives": "Tongzhou"}; user:alice pets (version 2, operator,'
+        ' an operator): ["cat"]',
+        "note": ["weather?", 3],
+    }
+    bare = [{"role": "system", "content": "no block"}, {"role": "user", "content": "weather?"}]
+    [empty] = model.complete(bare, TOOLS).tool_calls
+    assert empty.parsed_arguments()["task"] == "weather where she lives: "
+    later = [*messages, {"role": "assistant", "content": "x"}]
+    assert (model.complete(later, TOOLS).content or "").startswith("plain user:alice profile")
+
+
+def test_a_step_without_fill_keeps_its_arguments_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "raw.yaml"
+    path.write_text(FILL_SCRIPT.replace("fill: true", "fill: false"))
+    messages = [{"role": "system", "content": PROMPT}, {"role": "user", "content": "weather?"}]
+    [call_] = ScriptedModel.from_file(path).complete(messages, TOOLS).tool_calls
+    assert call_.parsed_arguments()["task"] == "weather where she lives: {memory}"

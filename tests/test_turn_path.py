@@ -29,10 +29,10 @@ from tests.test_imports import FLEET_LAYERS, fleet_unit
 
 FLEET = Path(route.__file__).resolve().parent.parent
 RANK = {unit: i for i, unit in enumerate(FLEET_LAYERS)}
-MODULES_CEILING = 32
-"""Fleet modules one live turn enters today, the scripted model's own included. Issue 37
-asks for <= 8: this is a ceiling that may only go down (docs/architecture.md, "One model
-turn", lists them and the cuts that would bring it under 8)."""
+MODULES_CEILING = 8
+"""Fleet modules one live turn enters today, the scripted model's own included (issue 37's
+<= 8): a ceiling that may only go down (docs/architecture.md, "One model turn", lists them).
+The turn takes what its run prepared once (`fleet.loop.call.Prepared`)."""
 
 
 def fleet_module(code: CodeType) -> str | None:
@@ -103,8 +103,8 @@ def one_turn(tmp_path: Path) -> TurnPath:
 
 
 def test_one_model_turn_enters_few_modules_and_climbs_little(tmp_path: Path) -> None:
-    """32 modules at most (today's count: a ceiling over issue 37's 8), and no climb at all
-    (today's count, under issue 37's 2): a call into a higher unit fails here."""
+    """8 modules at most (issue 37's 8), and no climb at all (under issue 37's 2): a call
+    into a higher unit fails here."""
     followed = one_turn(tmp_path)
     report = "\n".join(["modules:", *sorted(followed.modules), "climbs:", *followed.climbs()])
     assert len(followed.modules) <= MODULES_CEILING, report

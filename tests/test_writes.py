@@ -17,9 +17,11 @@ from fleet.models import Collaborator, Event, Message, Status, Trace
 from fleet.settings import Settings
 from fleet.storage import keys as fleet_keys
 from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.inbox import INBOX
+from fleet.storage.inbox_types import InboxLimits, Posted
 from fleet.storage.one_by_one import apply_one_by_one
 from fleet.storage.store import STARTABLE, TraceStore
-from fleet.storage.writes import TraceWrite
+from fleet.storage.writes import InboxSeen, TraceWrite
 from fleet.testing import ScriptedModel, call, text
 
 
@@ -130,6 +132,22 @@ def test_begin_run_takes_the_lease_and_reads_the_trace(store: TraceStore) -> Non
     assert [m.content for m in snapshot.messages] == ["hi"] and not snapshot.stop_requested
     assert store.begin_run("t", "other", 10_000) is None
     assert store.begin_run("t", "me", 10_000) is not None, "the holder may begin again"
+
+
+def test_begin_run_and_a_write_read_the_inbox_in_the_same_step(store: TraceStore) -> None:
+    # Every store, the memory twin too: the run's first call then reads no inbox of its own.
+    make(store, "t")
+    began = store.begin_run("t", "me", 10_000)
+    assert began is not None and began.inbox == InboxSeen(None)
+    limits = InboxLimits(per_minute=10, max_messages=10, sends_per_minute=10)
+    entry = store.capability(INBOX).post(
+        "t", Posted(sender="ops", content="hi"), limits, sender_trace_id=None
+    )
+    again = store.begin_run("t", "me", 10_000)
+    assert again is not None and again.inbox == InboxSeen(entry)
+    written = store.apply(TraceWrite("t", "t").update(None, status="running").read_inbox())
+    assert written.inbox == InboxSeen(entry), "a write that asks reads it in its step too"
+    assert store.apply(TraceWrite("t", "t").update(None, status="running")).inbox is None
 
 
 def test_begin_run_of_a_missing_trace_takes_no_lease(store: TraceStore) -> None:

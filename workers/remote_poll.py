@@ -1,18 +1,23 @@
-"""Each worker's poller of parked remote sub-agents (`fleet.remote.poll`), on its own thread.
+"""Each worker's watcher of parked remote sub-agents (`fleet.remote.poll`): one thread, one loop.
 
-Not the sweeper's thread: a remote agent that hangs costs its poll `wire.CALL_TIMEOUT_S`,
-and the sweeper (lapsed leases, the outbox, the owner check) must not wait on it. Not a
-pool slot either: the child's task ended `waiting` when its message was sent. Every worker
-polls; the watch list gives each due entry to one of them. A child whose remote task
-ended is sent to a worker (recovered: it settles its parent when its run ends).
+Not the sweeper's thread: a remote agent that hangs costs its request's timeout, and the
+sweeper (lapsed leases, the outbox, the owner check) must not wait on it. Not a pool slot
+either: the child's task ended `waiting` when its message was sent. One asyncio loop on
+one daemon thread follows every task this worker took at once (at most
+`poll.MAX_FOLLOWED`): a stream for an agent that streams, a `GetTask` for one that does
+not. Every `interval_s` it takes the due entries of the watch list (each goes to one
+worker) it is not following already. A child whose remote task ended is sent to a worker
+(recovered: it settles its parent when its run ends).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import threading
 
-from fleet.remote.poll import poll_due
+from fleet.remote.poll import MAX_FOLLOWED, claim_due, follow_one
 from fleet.storage.outage import warn_failed
 from workers.dispatch import send_answered, tree_schedule
 from workers.runtime import get_runtime
@@ -20,36 +25,55 @@ from workers.runtime import get_runtime
 log = logging.getLogger(__name__)
 
 
-def poll_remote() -> int:
-    """Poll the due remote tasks once; how many children were sent to run on."""
+async def _follow_and_send(trace_id: str) -> None:
     runtime = get_runtime()
-    ended = poll_due(runtime)
-    for trace_id in ended:
+    if await follow_one(runtime, trace_id):
         trace = runtime.store.get_trace(trace_id)
         send_answered(trace, priority=tree_schedule(runtime, trace.root_trace_id).priority)
-    return len(ended)
 
 
 class RemotePoller:
-    """A daemon thread running `poll_remote` every `interval_s` until stopped."""
+    """A daemon thread whose event loop follows the due remote tasks until stopped."""
 
     def __init__(self, interval_s: float) -> None:
         """Prepare; `start` begins."""
         self.interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="fleet-remote-poll", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="fleet-remote-watch", daemon=True)
+        self.following: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
-        """Begin polling."""
+        """Begin watching."""
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the current poll."""
+        """Stop taking entries; the loop ends within one interval (open streams are dropped)."""
         self._stop.set()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    def _run(self) -> None:
+        asyncio.run(self._loop())
+
+    async def _loop(self) -> None:
+        while not self._stop.is_set():
             try:
-                poll_remote()
-            except Exception:  # Redis or broker blips must not kill the poller
-                warn_failed(log, "remote poll failed")  # an outage in one line
+                self._take()
+            except Exception:  # Redis or broker blips must not kill the watcher
+                warn_failed(log, "remote watch failed")  # an outage in one line
+            await asyncio.sleep(self.interval_s)
+        for task in self.following.values():
+            task.cancel()
+
+    def _take(self) -> None:
+        room = MAX_FOLLOWED - len(self.following)
+        if room <= 0:
+            return
+        for trace_id in claim_due(get_runtime(), room):
+            if trace_id not in self.following:
+                task = asyncio.create_task(_follow_and_send(trace_id))
+                self.following[trace_id] = task
+                task.add_done_callback(functools.partial(self._done, trace_id))
+
+    def _done(self, trace_id: str, task: asyncio.Task[None]) -> None:
+        self.following.pop(trace_id, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("follow of remote child %r failed", trace_id, exc_info=task.exception())

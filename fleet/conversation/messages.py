@@ -26,7 +26,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fleet.errors import ConversationError
 from fleet.models import Event, Message, Trace, now_ms
@@ -298,17 +298,24 @@ def delivered_of(entries: Sequence[InboxEntry]) -> list[dict[str, Any]]:
     return [_delivered(e) for e in entries]
 
 
-def offered(runtime: Runtime, trace: Trace, seen: InboxSeen | None = None) -> bool:
-    """Whether `check_messages` is offered: the preset opts in, or the trace got mail.
+MailOffer = Literal["always", "never", "if_mail"]
+"""Whether `check_messages` is offered: always, never, or once the trace got mail."""
 
-    `seen`: the inbox as the run's last round trip read it (None: not read, count it).
-    """
+
+def mail_offer(runtime: Runtime, trace: Trace) -> MailOffer:
+    """When `check_messages` is offered: the preset opts in, or the trace got mail."""
     # Reading one's own messages changes nothing: offered whatever the tool list says,
     # unless the preset denies it by name.
     if CHECK_MESSAGES in runtime.permissions(trace).denied_tools:
-        return False
-    if runtime.preset(trace.preset).messages:
-        return True
+        return "never"
+    return "always" if runtime.preset(trace.preset).messages else "if_mail"
+
+
+def got_mail(runtime: Runtime, trace: Trace, seen: InboxSeen | None = None) -> bool:
+    """Whether the trace's inbox holds a message (entries are never removed).
+
+    `seen`: the inbox as the run's last round trip read it (None: not read, count it).
+    """
     if seen is not None:
         return seen.newest is not None
     return inbox(runtime).count(trace.trace_id) > 0

@@ -19,13 +19,14 @@ from fleet.config.limits import PositiveCount, validated
 from fleet.conversation.fanout import fan_out_plan
 from fleet.errors import ConfigError, MemoryRefused, ToolError
 from fleet.ids import check_memory_namespace
-from fleet.limits.budget import FINAL_SHARE, Budget
+from fleet.limits.budget import FINAL_SHARE, NO_BUDGET, Budget
 from fleet.limits.gate import DEFAULT_OUTPUT_BOOKING
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Mode, Trace
 from fleet.runstate import RunState
 from fleet.runtime import Runtime
-from fleet.storage.root_index import ROOTS
+from fleet.storage.store import Serving
+from fleet.storage.watchdog import check_served
 from fleet.tools.imagecheck import Image, stored_ref
 
 MAX_BOUND_NAMESPACES = 8
@@ -87,11 +88,15 @@ class TaskSpec:
         )
 
 
-def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
+def create_root(runtime: Runtime, spec: TaskSpec, serving: Serving | None = None) -> Trace:
     """Validate the spec (preset, model, workspace) and persist a queued root trace.
 
+    `serving`: the queue that must serve it (`TraceStore.queue_root` checks it in the same
+    step as the writes).
+
     Raises:
-        ConfigError: Unknown preset or model, missing API key, bad workspace.
+        ConfigError: Unknown preset or model, missing API key, bad workspace, a workspace
+            no live worker of `serving.queue` accepts.
     """
     if not spec.task.strip():
         raise ConfigError("the task is empty")
@@ -107,6 +112,11 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
     if spec.images and not runtime.has_vision(model):
         raise ConfigError(f"model {model!r} takes no images (vision: false in fleet.yaml)")
     check_temperature(runtime, spec)
+    budget, schedule = _controls(runtime, spec, model)
+    memory = bound_namespaces(spec.memory)
+    if serving is not None and (spec.images or budget or schedule):  # written before the root
+        check_served(runtime.store, serving.queue, serving.workspace)
+        serving = None
     trace_id = ids.root_id()
     # Stored once for the tree before its root exists; the trace names them, never holds them.
     try:
@@ -125,12 +135,14 @@ def create_root(runtime: Runtime, spec: TaskSpec) -> Trace:
         metadata=dict(spec.metadata or {}),
         run=run,
         context=_context(spec, refs),
-        memory=bound_namespaces(spec.memory),
+        memory=memory,
     )
-    _control(runtime, spec, model, trace_id)
-    queued = lifecycle.queue_root(runtime, trace)
-    runtime.store.capability(ROOTS).add(trace_id, queued.created_at_ms)  # listed once stored
-    return queued
+    if budget is not None:
+        assert runtime.gate.budgets is not None, "checked by _controls"
+        runtime.gate.budgets.create(trace_id, budget)
+    if schedule is not None and runtime.trees is not None:
+        runtime.trees.create(trace_id, schedule)
+    return lifecycle.queue_root(runtime, trace, serving, listed=True)
 
 
 def _context(spec: TaskSpec, refs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -167,21 +179,24 @@ def bound_namespaces(namespaces: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(check_memory_namespace(ns, "--memory") for ns in namespaces))
 
 
-def _control(runtime: Runtime, spec: TaskSpec, model: str, trace_id: str) -> None:
-    """The tree's budget and schedule, written before its root exists (workers see them)."""
+def _controls(
+    runtime: Runtime, spec: TaskSpec, model: str
+) -> tuple[Budget | None, Schedule | None]:
+    """The tree's budget and schedule to write before its root exists (workers see them).
+
+    Checked, not written; None for what the tree does not need written.
+    """
     preset = runtime.preset(spec.preset)
-    budget = (spec.budget or Budget()).over(preset.budget)
+    budget = (spec.budget or NO_BUDGET).over(preset.budget)
     if spec.max_concurrent is not None:  # the Python API too, not only the CLI's flag
         validated(_Width, {"max_concurrent": spec.max_concurrent})
     schedule = Schedule(spec.max_concurrent or preset.max_concurrent, spec.priority)
-    budgets, trees = runtime.gate.budgets, runtime.trees
     if not budget.empty:
-        if budgets is None:
+        if runtime.gate.budgets is None:
             raise ConfigError("budgets need the Redis store: run through the fleet")
         check_budget(runtime, model, budget)
-        budgets.create(trace_id, budget)
-    if schedule != DEFAULT_SCHEDULE and trees is not None:
-        trees.create(trace_id, schedule)
+    written = schedule != DEFAULT_SCHEDULE and runtime.trees is not None
+    return (None if budget.empty else budget), (schedule if written else None)
 
 
 class _Width(BaseModel):

@@ -194,6 +194,9 @@ class IndexedExperiences:
     def counted(self, experiences: Sequence[Experience]) -> list[Experience]:  # noqa: D102
         return self.store.counted(experiences)
 
+    def note_version(self, version: tuple[str | None, int] | None) -> None:  # noqa: D102
+        self.store.note_version(version)
+
     def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:  # noqa: D102
         return self.store.vectors(experience_ids)
 

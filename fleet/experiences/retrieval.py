@@ -68,6 +68,8 @@ def select(
         else:
             mine = [e for e in ranked if e.scope == scope]
         chosen += mine[:k]
+    if not chosen:  # nothing shown: the trace's end has nothing to count
+        store.count_use((), trace.trace_id)
     return store.counted(chosen)
 
 

@@ -44,6 +44,14 @@ class ExperienceStore(Protocol):
         """These experiences with their uses and successes as stored now."""
         ...
 
+    def note_version(self, version: tuple[str | None, int] | None) -> None:
+        """The version counter and count as this thread's run just read them (`begin_run`).
+
+        The thread's next `approved` uses them instead of reading them again; None forgets
+        a note (the run read nothing).
+        """
+        ...
+
     def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:
         """The stored embeddings of these experiences (those that have one)."""
         ...
@@ -53,7 +61,11 @@ class ExperienceStore(Protocol):
         ...
 
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:
-        """These were injected into `trace_id`: one more use each, remembered for its end."""
+        """These were injected into `trace_id`: one more use each, remembered for its end.
+
+        None at all (its first messages showed none): its end counts nothing, so a store
+        may skip its `count_outcome` read when the trace ends in this process.
+        """
         ...
 
     def count_outcome(self, trace_id: str, succeeded: bool) -> list[str]:

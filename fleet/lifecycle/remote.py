@@ -73,5 +73,6 @@ def put_remote(
         mode="remote",
         remote_id=call.remote_id(),
     )
-    extra = {"type": "remote", "remote_id": call.remote_id()}
+    note = summary[: runtime.settings.summary_chars]  # what the remote said: `fleet watch` shows it
+    extra = {"type": "remote", "remote_id": call.remote_id(), "note": note}
     put_collaborator(runtime.store, trace.trace_id, trace, entry, status, extra=extra)

@@ -26,23 +26,25 @@ from fleet.models import (
 )
 from fleet.runstate import RemoteCall, RunPatch
 from fleet.runtime import Runtime
-from fleet.storage.store import STARTABLE, StartRun, TraceRecords
+from fleet.storage.store import STARTABLE, Serving, StartRun, TraceRecords
 from fleet.storage.writes import TraceWrite
 
 # -- the trace's own status -------------------------------------------------------------
 
 
-def queue_root(runtime: Runtime, trace: Trace) -> Trace:
-    """`queued`: a new root is created, then its `trace` event is written.
+def queue_root(
+    runtime: Runtime, trace: Trace, serving: Serving | None = None, *, listed: bool = False
+) -> Trace:
+    """`queued`: a new root is created with its `trace` event, in one step where it can.
 
-    The tree is tracked first, so a crash before the create leaves an id the owner check
-    drops. A child's creation is told by its parent's entry instead (`announce`).
+    `serving`: refuse first (`ConfigError`, nothing written) a workspace no live worker of
+    the queue accepts. `listed`: in the roots index too (a submitted root; a recorder is
+    not). The tree is tracked with it, for the owner check (`TraceStore.queue_root`). A
+    child's creation is told by its parent's entry instead (`announce`).
     """
     queued = trace.model_copy(update={"status": "queued"})
-    runtime.store.track_tree(queued.root_trace_id)
-    runtime.store.create_trace(queued)
     event = Event(kind="trace", trace_id=queued.trace_id, status="queued")
-    runtime.store.emit(queued.root_trace_id, event)
+    runtime.store.queue_root(queued, event, serving, listed=listed)
     return queued
 
 
@@ -55,13 +57,14 @@ def start(runtime: Runtime, trace: Trace, write: TraceWrite | None = None) -> Tr
     return _set_status(runtime.store, trace, "running", write)
 
 
-def starting(trace_id: str) -> StartRun:
+def starting(trace_id: str, experiences: frozenset[str] = frozenset()) -> StartRun:
     """`running`, for `TraceStore.begin_run` to write with the lease when it reads the trace.
 
     The root is guessed from the id; a trace of another root is started by `start` instead.
+    `experiences`: the presets that show experiences (`StartRun.experiences`).
     """
     event = Event(kind="trace", trace_id=trace_id, status="running")
-    return StartRun(ids.root_of(trace_id), event)
+    return StartRun(ids.root_of(trace_id), event, experiences)
 
 
 def wait(runtime: Runtime, trace: Trace) -> Trace:

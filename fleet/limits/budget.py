@@ -26,7 +26,7 @@ what the root's final turn uses beyond its set-aside. For a model without
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -64,7 +64,8 @@ class Budget:
     @property
     def empty(self) -> bool:
         """True when nothing is limited."""
-        return self == Budget()
+        # Not `self == Budget()`: each Budget is validated when built, on every submit.
+        return all(value is None for value in astuple(self))
 
     def over(self, default: Budget | None) -> Budget:
         """A copy with `default` filling the dimensions this one leaves open."""
@@ -88,6 +89,10 @@ class BudgetIn(BaseModel):
     def to_budget(self) -> Budget:
         """The dataclass used inside."""
         return Budget(**self.model_dump())
+
+
+NO_BUDGET = Budget()
+"""A tree with no budget of its own (built once: each `Budget` is validated when built)."""
 
 
 @dataclass(frozen=True)

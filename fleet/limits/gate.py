@@ -19,6 +19,7 @@ did not sleep on its turn; plus 2 with a budget);
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -34,7 +35,6 @@ from fleet.limits.providers import (
     Refused,
     Scope,
     booked,
-    estimate_tokens,
     pause_keys,
     scopes_for,
 )
@@ -87,6 +87,25 @@ class Spent:
 
 
 Verdict = Go | Wait | Spent
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What the gate asks of one model's calls in one tree, resolved once (`Gate.terms`).
+
+    A run resolves them before its first call: each call then books without resolving its
+    scopes, their pause keys or the tree's budget again.
+    """
+
+    model_name: str
+    scopes: tuple[Scope, ...]
+    max_output_tokens: int | None
+    budgeted: bool
+    """The tree has a budget (asked once per tree and process on Redis)."""
+    limited: bool
+    """A limiter books the call (a scope has limits); else it only checks its pauses."""
+    pauses: tuple[str, ...]
+    """The pause keys an unbooked call checks (none without a limiter)."""
 
 
 class Gate:
@@ -143,6 +162,11 @@ class Gate:
             self._tree_pauses[root_trace_id] = found
         return found
 
+    def learn_budget(self, root_trace_id: str, budgeted: bool | None) -> None:
+        """Whether the tree has a budget, as `begin_run` read it (None: it did not)."""
+        if budgeted is not None and self.budgets is not None:
+            self.budgets.learn(root_trace_id, budgeted)
+
     def known_pauses(self, root_trace_id: str) -> tuple[str, ...]:
         """The pause keys `begin_run` reads for a trace of this tree, before its model is known.
 
@@ -158,6 +182,15 @@ class Gate:
             resolved = list(self._scopes.values())
         return tuple(dict.fromkeys(k for s in resolved if not booked(s) for k in pause_keys(s)))
 
+    def terms(self, model_name: str, root_trace_id: str) -> Terms:
+        """What a call of this model in this tree is booked with (see `Terms`)."""
+        scopes = self.scopes(model_name)
+        limited = self.limiter is not None and booked(scopes)
+        pauses = tuple(pause_keys(scopes)) if self.limiter is not None and not limited else ()
+        budgeted = self.budgets is not None and self.budgets.has(root_trace_id)
+        max_output = self.max_output_tokens(model_name)
+        return Terms(model_name, scopes, max_output, budgeted, limited, pauses)
+
     def max_output_tokens(self, model_name: str) -> int | None:
         """fleet.yaml's `max_output_tokens` of this alias, if any."""
         alias = self.config.models.get(model_name)
@@ -166,7 +199,7 @@ class Gate:
     def before(
         self,
         trace: Trace,
-        model_name: str,
+        model: str | Terms,
         request_chars: int,
         read: PauseRead | None = None,
         *,
@@ -174,22 +207,24 @@ class Gate:
     ) -> Verdict:
         """Reserve the tree's budget, then book the provider (or only check its pause).
 
-        `read`: the pauses the runner's last store round trip read; an unbooked call that
-        finds its pause keys there checks nothing more. `batch`: the call goes through the
+        `model`: its name, or the terms a run resolved for it (`terms`). `read`: the
+        pauses the runner's last store round trip read; an unbooked call that finds its
+        pause keys there checks nothing more. `batch`: the call goes through the
         provider's Batch API, whose limits are its own (`fleet.batchapi`): the budget is
         reserved as for a live call, the live limits and pauses are not touched.
         """
-        max_output = self.max_output_tokens(model_name)
+        root = trace.root_trace_id
+        terms = self.terms(model, root) if isinstance(model, str) else model
+        model_name, max_output = terms.model_name, terms.max_output_tokens
         output = max_output or DEFAULT_OUTPUT_BOOKING
         est = estimate_tokens(request_chars, output)
-        root = trace.root_trace_id
-        scopes = () if batch else self.scopes(model_name)
+        scopes = () if batch else terms.scopes
         go = Go(trace.trace_id, scopes, est, max_output, root_trace_id=root, model_name=model_name)
-        limited = self.limiter is not None and booked(go.scopes)
+        limited = not batch and terms.limited
         # A call nothing books checks only its provider's pause: in the budget's script if
         # the tree has a budget (one round trip for both), else with one command below.
-        pauses = pause_keys(go.scopes) if self.limiter is not None and not limited else []
-        if self.budgets is not None and self.budgets.has(root):
+        pauses = [] if batch or limited else list(terms.pauses)
+        if self.budgets is not None and terms.budgeted:
             usd = self.cost(model_name, request_chars // CHARS_PER_TOKEN, output)
             match self.budgets.reserve(trace.trace_id, root, est, usd, pauses):
                 case Exhausted(reason=reason):
@@ -300,6 +335,11 @@ class Gate:
         pause_s = self.limiter.overloaded(go.scopes, exc.retry_after_s)
         self.after(go, None, None)
         return Wait(pause_s, f"overloaded ({exc.status})")
+
+
+def estimate_tokens(request_chars: int, max_output_tokens: int) -> int:
+    """What a call books before it is sent: its input estimate plus the longest answer."""
+    return math.ceil(request_chars / CHARS_PER_TOKEN) + max_output_tokens
 
 
 FINAL_NOTE = (

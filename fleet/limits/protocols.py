@@ -84,6 +84,14 @@ class TreeBudgets(Protocol):
         """Whether the tree has a budget."""
         ...
 
+    def learn(self, root_trace_id: str, budgeted: bool) -> None:
+        """Whether the tree has a budget, as a read made anyway found it (`begin_run`).
+
+        A tree's budget is written before its root exists and stays for the tree's life,
+        so `has` need not ask again.
+        """
+        ...
+
     def reserve(
         self,
         trace_id: str,

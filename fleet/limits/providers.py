@@ -22,7 +22,6 @@ returns. No worker thread sleeps longer than `max_wait_s` on a limit.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -128,11 +127,6 @@ def booked(scopes: tuple[Scope, ...]) -> bool:
 def pause_keys(scopes: tuple[Scope, ...]) -> list[str]:
     """The pause keys a call in these scopes must respect (provider scopes only)."""
     return [keys.limit_pause(scope.name) for scope in scopes if scope.provider]
-
-
-def estimate_tokens(request_chars: int, max_output_tokens: int) -> int:
-    """What a call books before it is sent: its input estimate plus the longest answer."""
-    return math.ceil(request_chars / CHARS_PER_TOKEN) + max_output_tokens
 
 
 class LimiterPolicy:

@@ -73,11 +73,16 @@ class LLMResponse:
     batch_id: str | None = None
     """The provider batch that answered this call (`fleet.batchapi`); None for a live call."""
     timing: CallTiming | None = None
-    """When the call ran and its attempts (`fleet.loop.turns.call_model` sets it)."""
+    """When the call ran and its attempts (`fleet.loop.call.call_model` sets it)."""
 
 
 class LLMClient(Protocol):
-    """Anything that turns OpenAI-format messages plus tool schemas into a response."""
+    """Anything that turns OpenAI-format messages plus tool schemas into a response.
+
+    A client that opens no connection (the scripted model) may say so with a class
+    attribute `holds_no_connection = True`: a cut call of it is then given no cancel
+    handle (`fleet.llm.cancel`), there being nothing to close.
+    """
 
     def complete(
         self,

@@ -21,6 +21,7 @@ from fleet.errors import (
     ProviderOverloaded,
     TransientLLMError,
 )
+from fleet.llm import cancel
 from fleet.llm.ratelimit import OVERLOAD_STATUS, finite_s, rate_signal
 from fleet.llm.timing import record_attempt, wall_ms
 from fleet.security.redact import SHAPES_ONLY, Redactor
@@ -160,6 +161,7 @@ def send_with_retry(
         TransientLLMError: every attempt failed in a retryable way.
         ConfigError: 401, 403 or 404 (bad key, base_url or model).
         ModelBehaviorError: any other 4xx.
+        CallCancelled: the call was cancelled (`fleet.llm.cancel`).
     """
     # httpx here, not at the top: a client that reads the model config sends nothing.
     import httpx
@@ -170,6 +172,7 @@ def send_with_retry(
         try:
             response = send()
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            cancel.check()  # the connection was shut on purpose: no retry
             failure = redactor(" ".join(f"{type(exc).__name__}: {exc}".split()))
             record_attempt(started_ms, failure)
             delay_s = backoff_s(attempt, policy)

@@ -95,6 +95,9 @@ def _usage(body: str) -> Usage:
 class ScriptedModel:
     """An LLMClient that answers from a script; never touches the network."""
 
+    holds_no_connection = True
+    """A cut call of it has nothing to close (`fleet.llm.base.LLMClient`)."""
+
     def __init__(
         self,
         responses: Iterable[LLMResponse | str] = (),
@@ -228,7 +231,9 @@ class Script:
     The step used is the number of assistant messages already in the conversation, so the
     script is a pure function of the conversation. Past the last step it repeats the last.
     A step is `content`, `tool_calls` (each `name` + `arguments`), or `raise` (a failing
-    model call, for tests of failure handling).
+    model call, for tests of failure handling). `content` is filled in (`{task}`, `{turn}`,
+    `{last_tool}`, `{last_user}`, `{memory}`); a step with `fill: true` fills in the string
+    values of its tool calls' arguments too, so a call can carry what the prompt held.
     """
 
     rules: tuple[_Rule, ...]
@@ -282,6 +287,10 @@ def _render(step: _Step, task: str, turn: int, messages: list[dict[str, Any]]) -
     raw = step.raw
     if "raise" in raw:
         raise ModelBehaviorError(f"scripted failure: {raw['raise']}")
+    fill = _Fill(task, turn, messages)
+    if raw.get("fill") is True:
+        raw = {**raw, "tool_calls": [_filled(c, fill) for c in raw.get("tool_calls") or []]}
+        step = _Step.of(raw)
     *calls, (_, arguments) = step.calls if step.calls is not None else _encoded_calls(raw)
     tool_calls = tuple(
         ToolCall(id=f"call_{turn}_{i}", name=name, arguments=arguments_json)
@@ -289,25 +298,64 @@ def _render(step: _Step, task: str, turn: int, messages: list[dict[str, Any]]) -
     )
     content = raw.get("content")
     if content is not None:
-        content = str(content).format_map(_Fill(task, turn, messages))
+        content = str(content).format_map(fill)
     body = (content or "") + arguments
     return LLMResponse(content=content, tool_calls=tool_calls, usage=_usage(body), model="scripted")
 
 
+def _filled(tool_call: dict[str, Any], fill: _Fill) -> dict[str, Any]:
+    """A tool call whose string arguments (at any depth) have their fields filled in."""
+
+    def filled(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.format_map(fill)
+        if isinstance(value, list):
+            return [filled(v) for v in value]
+        if isinstance(value, dict):
+            return {k: filled(v) for k, v in value.items()}
+        return value
+
+    return {**tool_call, "arguments": filled(tool_call.get("arguments") or {})}
+
+
+MEMORY_HEADING = "## Memory"
+
+
 class _Fill(dict[str, Any]):
-    """A step's template fields; `last_tool` and `last_user` are looked for only if used."""
+    """A step's template fields; `last_tool`, `last_user`, `memory` are read only if used.
+
+    `memory`: the entries of the system prompt's `## Memory` block (its `- ` lines, joined
+    by `; `), what a real model reads there; "" without one.
+    """
 
     def __init__(self, task: str, turn: int, messages: list[dict[str, Any]]) -> None:
         super().__init__(task=task, turn=turn)
         self._messages = messages
 
     def __missing__(self, key: str) -> str:
+        if key == "memory":
+            self[key] = value = _memory_lines(self._messages)
+            return value
         role = {"last_tool": "tool", "last_user": "user"}.get(key)
         if role is None:
             return "{" + key + "}"
         found = (_text(m["content"]) for m in reversed(self._messages) if m["role"] == role)
         self[key] = value = next(found, "")
         return value
+
+
+def _memory_lines(messages: list[dict[str, Any]]) -> str:
+    system = "\n".join(_text(m["content"]) for m in messages if m["role"] == "system")
+    _, heading, rest = system.partition(f"\n{MEMORY_HEADING}\n")
+    if not heading and system.startswith(f"{MEMORY_HEADING}\n"):
+        rest = system[len(MEMORY_HEADING) + 1 :]
+    found: list[str] = []
+    for line in rest.splitlines():
+        if line.startswith("#") or (found and not line.startswith("- ")):
+            break
+        if line.startswith("- "):
+            found.append(line[2:])
+    return "; ".join(found)
 
 
 def _text(content: Any) -> str:

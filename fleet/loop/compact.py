@@ -36,9 +36,9 @@ from fleet.errors import ConversationError
 from fleet.history import main_path, to_wire
 from fleet.limits.gate import Go, Wait, request_chars
 from fleet.llm.base import LLMResponse
+from fleet.loop.call import call_model, prepare
 from fleet.loop.fit import estimate_tokens
 from fleet.loop.toolcalls import tool_schemas
-from fleet.loop.turns import call_model
 from fleet.models import Event, Message, Trace
 from fleet.runstate import ContextNote
 from fleet.runtime import Runtime
@@ -142,7 +142,7 @@ def compact(
     if verdict.budget.final:  # the tree's last call is its answer's, not a summary's
         runtime.gate.after(verdict, None, None)
         return None
-    response = call(runtime, trace, model_name, verdict, request, [])
+    response = call(prepare(runtime, trace, model_name), trace, verdict, request, [])
     if not isinstance(response, LLMResponse) or not (response.content or "").strip():
         return None
     summary = runtime.redactor.values_only(response.content or "")

@@ -18,6 +18,7 @@ from fleet.errors import FleetError, HookBlocked, LeaseLost, StopLanded, Transie
 from fleet.history import SUB_AGENT_TOOLS, fresh_call_ids, main_path, recent_calls
 from fleet.limits.gate import Spent, Wait, last_answer
 from fleet.llm.timing import span_of
+from fleet.loop.call import Prepared, prepare
 from fleet.loop.compact import compacted
 from fleet.loop.cut import CallCut
 from fleet.loop.resume import opening
@@ -79,6 +80,8 @@ class FencedRun:
         self.store = runtime.store
         self.should_yield = should_yield
         self.end_step = end_step
+        self._prepared: Prepared | None = None
+        """What every model call of this run takes (`fleet.loop.call`), once it made one."""
 
     def drive(self, snapshot: TraceSnapshot, held: Held) -> Outcome | Wait:
         """Drive the trace from `snapshot` (read by `begin_run`) until its run ends.
@@ -302,7 +305,9 @@ class FencedRun:
             return Answered(trace, snapshot.messages, path, planned, FAN_OUT_MODEL)
         if held.pending is None:  # past `context_threshold` of a `compact` alias: summarise
             snapshot = compacted(self.runtime, snapshot, model_name) or snapshot
-        return ask_model(self.runtime, snapshot, held, model_name)
+        if self._prepared is None or self._prepared.model_name != model_name:
+            self._prepared = prepare(self.runtime, trace, model_name)
+        return ask_model(self._prepared, snapshot, held)
 
     def _next_turn(self, answered: Answered, held: Held, model_name: str) -> Turn:
         """The answer as the turn to write (with what is pending) and the step it decides."""

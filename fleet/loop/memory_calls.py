@@ -11,15 +11,16 @@ writes, checked here where the call runs and not only by which tools the model i
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from fleet.errors import MemoryRefused
 from fleet.experiences.embedding import Embedder
-from fleet.experiences.retrieval import rank_texts
 from fleet.llm.base import ToolCall
 from fleet.llm.embeddings import dot
 from fleet.memory.board import MEMORY, Board
 from fleet.memory.config import WRITE_TOOL
+from fleet.memory.index import rank, text_of, words
 from fleet.memory.model import Entry, Landed, Write
 from fleet.memory.names import check_key
 from fleet.models import Trace
@@ -169,29 +170,40 @@ def _search(runtime: Runtime, board: Board, trace: Trace, args: dict[str, Any]) 
         raise MemoryRefused(f"memory_search: k is a whole number from 1 to {MAX_SEARCH_K}")
     asked = args.get("namespace")
     spaces = trace.memory if asked is None else [_namespace(trace, asked)]
-    entries = [e for ns in spaces for e in board.entries(ns)]
-    found = search(entries, query, runtime.embedder)[:k]
+    found = search(board, spaces, query, runtime.embedder, k)
     if not found:
         return ToolResult(title="memory_search", output="nothing found")
     return ToolResult(title="memory_search", output="\n".join(shown(e) for e in found))
 
 
-def search(entries: list[Entry], query: str, embedder: Embedder | None) -> list[Entry]:
-    """Entries by similarity to `query`: embeddings when configured, else (or failing) BM25.
+def search(
+    board: Board, spaces: Sequence[str], query: str, embedder: Embedder | None, k: int = 5
+) -> list[Entry]:
+    """The `k` entries of these namespaces most like `query`, best first.
 
-    The embedding alias is the experiences' (`experiences.embedding_model` in fleet.yaml);
-    entries are embedded per search (no stored vectors), the newest `MAX_EMBEDDED` of them.
+    With an embedding model (the experiences' alias, `experiences.embedding_model`) the
+    newest `MAX_EMBEDDED` entries are embedded with the query in one request (no stored
+    vectors); else, or when that request fails, BM25 over the namespaces' lexical indexes
+    (`fleet.memory.index`): the postings of the query's words and the k entries found are
+    read, never the whole namespace.
     """
-    texts = [f"{e.key} {json.dumps(e.value, ensure_ascii=False)}" for e in entries]
-    if embedder is not None and entries:
-        newest = sorted(range(len(entries)), key=lambda i: -entries[i].updated_at_ms)
-        chosen = newest[:MAX_EMBEDDED]
-        vectors = embedder.embed([query, *(texts[i] for i in chosen)])
+    if embedder is not None:
+        newest = [e for ns in spaces for e in board.newest(ns, MAX_EMBEDDED)]
+        newest = sorted(newest, key=lambda e: -e.updated_at_ms)[:MAX_EMBEDDED]
+        texts = [text_of(e.key, e.value) for e in newest]
+        vectors = embedder.embed([query, *texts]) if newest else None
         if vectors is not None:
-            scored = [(-dot(vectors[0], v), i) for i, v in zip(chosen, vectors[1:], strict=True)]
+            scored = [(-dot(vectors[0], v), i) for i, v in enumerate(vectors[1:])]
             kept = sorted(s for s in scored if -s[0] >= embedder.min_similarity)
-            return [entries[i] for _, i in kept]
-    return [entries[i] for i in rank_texts(texts, query)]
+            return [newest[i] for _, i in kept[:k]]
+    terms = sorted(set(words(query)))
+    ranked = rank(query, [(ns, board.postings(ns, terms)) for ns in spaces])[:k]
+    found = {
+        (e.namespace, e.key): e
+        for ns in spaces
+        for e in board.read_many(ns, [key for where, key in ranked if where == ns])
+    }
+    return [found[where] for where in ranked if where in found]
 
 
 def _write(

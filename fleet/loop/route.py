@@ -21,10 +21,9 @@ from fleet.history import main_path, to_wire
 from fleet.limits.gate import Go, Spent, Wait, request_chars
 from fleet.llm.base import LLMResponse
 from fleet.loop.batched import park_turn, taken
-from fleet.loop.images import prepared
+from fleet.loop.call import Prepared, call_model, note
 from fleet.loop.steps import OnBatch
-from fleet.loop.toolcalls import tool_schemas
-from fleet.loop.turns import Answered, Held, call_model, note
+from fleet.loop.turns import Answered, Held
 from fleet.models import Message, Trace
 from fleet.runtime import Runtime
 from fleet.storage.store import TraceSnapshot, TraceStore
@@ -99,37 +98,44 @@ def batched(route: Route) -> bool:
 
 
 def ask_model(
-    runtime: Runtime, snapshot: TraceSnapshot, held: Held, model_name: str
+    prepared: Prepared, snapshot: TraceSnapshot, held: Held
 ) -> Answered | Wait | Spent | OnBatch:
-    """The model call of a turn: its route decided, booked with the gate, then taken."""
-    path = main_path(snapshot.messages, snapshot.trace.head_sequence)
-    route = decide(runtime.store, snapshot.trace, path)
+    """The model call of a turn: its route decided, booked with the gate, then taken.
+
+    `prepared`: what every call of the run takes, prepared by the runner (`fleet.loop.call`).
+    """
+    trace = snapshot.trace
+    path = main_path(snapshot.messages, trace.head_sequence)
+    # Only a branch that may warm the cache, or a batched trace, has a route to decide.
+    routed = trace.run.warm_after_first or trace.run.batch_api
+    route = decide(prepared.runtime.store, trace, path) if routed else Live()
     match route:
         case WarmWait(wait=wait):
             return wait
         case Live() | ToBatch() | FromBatch():
-            return _booked(runtime, snapshot, held, model_name, route)
+            return _booked(prepared, snapshot, held, path, route)
         case _:
             assert_never(route)
 
 
 def _booked(
-    runtime: Runtime,
+    prepared: Prepared,
     snapshot: TraceSnapshot,
     held: Held,
-    model_name: str,
+    path: list[Message],
     route: Live | ToBatch | FromBatch,
 ) -> Answered | Wait | Spent | OnBatch:
     """The call booked with the gate (at the batch price for a batch), then its route taken."""
-    trace, messages = snapshot.trace, snapshot.messages
-    tools = tool_schemas(runtime, trace, snapshot.inbox)
-    chars = request_chars(main_path(messages, trace.head_sequence), tools)
-    verdict = runtime.gate.before(trace, model_name, chars, snapshot.pauses, batch=batched(route))
+    trace, messages, runtime = snapshot.trace, snapshot.messages, prepared.runtime
+    tools = prepared.tools(trace, snapshot.inbox)
+    chars = request_chars(path, tools)
+    terms = prepared.terms
+    verdict = runtime.gate.before(trace, terms, chars, snapshot.pauses, batch=batched(route))
     if not isinstance(verdict, Go):
         return verdict
     if verdict.budget.final:  # the tree's budget ran out: its last word does not wait hours
         route = Live()
-    call = _Call(runtime, held, model_name, tools, verdict, snapshot.inbox)
+    call = _Call(prepared, held, tools, verdict, snapshot.inbox)
     match route:
         case Live():
             return _live(call, trace, messages, route)
@@ -145,13 +151,22 @@ def _booked(
 class _Call:
     """What every route of one turn's model call shares."""
 
-    runtime: Runtime
+    prepared: Prepared
     held: Held
-    model_name: str
     tools: list[dict[str, Any]]
     go: Go
     seen: InboxSeen | None
     """The inbox as the run's last round trip read it (None: not read)."""
+
+    @property
+    def runtime(self) -> Runtime:
+        """The run's runtime."""
+        return self.prepared.runtime
+
+    @property
+    def model_name(self) -> str:
+        """The model the run calls."""
+        return self.prepared.model_name
 
     def noted(self, trace: Trace, messages: list[Message]) -> tuple[Trace, list[Message]]:
         """The turn's note written first (an injection, the budget's last word), if any."""
@@ -181,7 +196,8 @@ class _Call:
         batched: bool,
     ) -> Answered:
         """The turn's answer, told to the hooks."""
-        self.runtime.hooks.model_responded(trace, response)
+        if "model_responded" in self.prepared.live:
+            self.runtime.hooks.model_responded(trace, response)
         final = self.go.budget.final
         return Answered(trace, messages, path, response, self.model_name, final, batched=batched)
 
@@ -191,13 +207,13 @@ def _live(call: _Call, trace: Trace, messages: list[Message], route: Live) -> An
     if route.note:
         trace, messages = call.noted(trace, messages)
     path = main_path(messages, trace.head_sequence)
-    runtime = call.runtime
-    trace, request = prepared(runtime, trace, call.model_name, to_wire(path), call.tools)
-    seen = baseline(call.seen, messages)  # a message the note gave in full cuts nothing
+    trace, request = call.prepared.request(trace, to_wire(path), call.tools)
+    seen = call.seen  # a message the note gave in full cuts nothing (an empty inbox: none)
+    if seen is None or seen.newest is not None:
+        seen = baseline(seen, messages)
     called = call_model(
-        runtime,
+        call.prepared,
         trace,
-        call.model_name,
         call.go,
         request.sent,
         call.tools,
@@ -214,7 +230,7 @@ def _to_batch(call: _Call, trace: Trace, messages: list[Message], fresh: bool) -
     if fresh:
         trace, messages = call.noted(trace, messages)
     path = main_path(messages, trace.head_sequence)
-    trace, request = prepared(call.runtime, trace, call.model_name, to_wire(path), call.tools)
+    trace, request = call.prepared.request(trace, to_wire(path), call.tools)
     call.flush()
     again: BatchRoute = "fresh" if fresh else "parked"
     parked = park_turn(call.runtime, trace, call.go, (request.sent, call.tools), again)

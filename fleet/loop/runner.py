@@ -65,11 +65,12 @@ class Runner:
         owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
             ttl_ms = self.runtime.settings.lease_ttl_ms
-            start = lifecycle.starting(trace_id)
+            start = lifecycle.starting(trace_id, self.runtime.shows_experiences)
             pauses = self.runtime.gate.known_pauses(start.root_trace_id)
             snapshot = self.store.begin_run(trace_id, owner, ttl_ms, start, pauses)
             if snapshot is None:
                 return RunResult(trace_id, "busy")
+            self.runtime.began(snapshot)
             with self.runtime.lease_keeper().hold(trace_id, owner) as lease:
                 held = Held(owner, lease)
                 try:

@@ -63,23 +63,36 @@ class ToolTurn:
     the runner reads it again."""
 
 
-def tool_schemas(
-    runtime: Runtime, trace: Trace, seen: InboxSeen | None = None
-) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Offered:
+    """The tools a trace's model is offered, as a run builds them once (`offered`).
+
+    Only `check_messages` may change between turns: offered once mail came, unless the
+    preset offers it always or denies it (then `plain` is `mailed`).
+    """
+
+    plain: tuple[dict[str, Any], ...]
+    """The schemas while the trace's inbox is empty."""
+    mailed: tuple[dict[str, Any], ...]
+    """The schemas once a message came (entries are never removed)."""
+    generation: int
+    """The registry's generation they were built at (an MCP server's tools change in place)."""
+
+
+def offered(runtime: Runtime, trace: Trace) -> Offered:
     """The tools this trace's model is offered: what its preset and mode allow.
 
-    `seen`: the inbox as the run's last round trip read it (None: it is counted here).
-
-    The registry's schemas are deep-copied once per registry and tool set, not per turn;
+    The registry's schemas are deep-copied once per registry and tool set, not per run;
     the dicts are shared between turns and threads, so callers must not change them.
     """
     preset = runtime.permissions(trace)
     runtime.sync_mcp_tools(preset.mcp_servers)  # waits for no listing of a server it can't use
+    generation = runtime.tools.generation
     names = tuple(runtime.tools.names_for(preset))
     if not runtime.settings.allow_shell:
         names = tuple(n for n in names if n != "bash")
     cached = _SCHEMAS.setdefault(runtime.tools, {})
-    key = (runtime.tools.generation, *names)  # an MCP server's tools change in place
+    key = (generation, *names)
     if key not in cached:
         if len(cached) >= 256:  # older generations are never asked again
             cached.clear()
@@ -94,11 +107,28 @@ def tool_schemas(
         schemas += sub_agent_schemas(runtime, trace, preset)
     if may_ask(preset, trace):
         schemas.append(ASK_HUMAN_SCHEMA)
-    if inbox.offered(runtime, trace, seen):
-        schemas.append(inbox.CHECK_MESSAGES_SCHEMA)
-    if may_send(runtime, trace):
-        schemas.append(SEND_MESSAGE_SCHEMA)
-    return schemas
+    last = [SEND_MESSAGE_SCHEMA] if may_send(runtime, trace) else []
+    plain = (*schemas, *last)
+    mailed = (*schemas, inbox.CHECK_MESSAGES_SCHEMA, *last)
+    match inbox.mail_offer(runtime, trace):
+        case "always":
+            return Offered(mailed, mailed, generation)
+        case "never":
+            return Offered(plain, plain, generation)
+        case "if_mail":
+            return Offered(plain, mailed, generation)
+
+
+def tool_schemas(
+    runtime: Runtime, trace: Trace, seen: InboxSeen | None = None
+) -> list[dict[str, Any]]:
+    """The tools this trace's model is offered now (`offered`, and whether mail came).
+
+    `seen`: the inbox as the run's last round trip read it (None: it is counted here).
+    """
+    found = offered(runtime, trace)
+    mailed = found.plain is not found.mailed and inbox.got_mail(runtime, trace, seen)
+    return list(found.mailed if mailed else found.plain)
 
 
 def execute_turn(

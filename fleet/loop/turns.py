@@ -1,7 +1,8 @@
-"""One model turn of a run: the call, the message it stores, the trace after it.
+"""One model turn of a run: the message it stores, the trace after it, how it ends.
 
-The call goes on its booked turn and is settled with the gate; the message is numbered as
-the store will number it; the trace after a write is known without reading it again.
+The message is numbered as the store will number it; the trace after a write is known
+without reading it again; a provider error hands the run back or falls back to another
+model. The call itself is `fleet.loop.call`.
 
 The runner (`fleet.loop.runner`) drives the loop; these are its pieces that need no loop, and
 how a run ends (`Outcome`, `RunResult`).
@@ -10,28 +11,23 @@ how a run ends (`Outcome`, `RunResult`).
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from fleet import lifecycle
-from fleet.errors import HookBlocked, ProviderOverloaded, TransientLLMError
-from fleet.limits.gate import FINAL_NOTE, Go, Wait
+from fleet.errors import TransientLLMError
+from fleet.limits.gate import Wait
 from fleet.llm.base import LLMResponse, ToolCall
-from fleet.llm.caching import cache_key
 from fleet.llm.fallback import next_model, switch_entry
-from fleet.llm.timing import CALL_SPAN_KEY, Attempt, CallTiming, recording_attempts, wall_ms
-from fleet.loop.context import injection
-from fleet.loop.cut import CallCut, call_watch, cuttable, estimated
+from fleet.llm.timing import CALL_SPAN_KEY
 from fleet.loop.steps import Step
 from fleet.models import Message, Status, Trace
 from fleet.runtime import Runtime
 from fleet.storage.leases import HeldLease
 from fleet.storage.store import TraceSnapshot
-from fleet.storage.writes import InboxSeen, TraceWrite, WriteResult
+from fleet.storage.writes import TraceWrite, WriteResult
 
 FIRST_RETRY_DELAY_S, MAX_RETRY_DELAY_S = 2.0, 30.0
-OVERLOADS_PER_RETRY = 10
 
 log = logging.getLogger(__name__)
 
@@ -173,112 +169,6 @@ def recorded(trace: Trace, message: Message) -> Trace:
     update = {"iteration": trace.iteration + 1, "stats": stats}
     update |= {"head_sequence": message.sequence, "last_sequence": message.sequence}
     return trace.model_copy(update=update)
-
-
-def note(
-    runtime: Runtime,
-    trace: Trace,
-    messages: list[Message],
-    *,
-    final: bool,
-    seen: InboxSeen | None = None,
-) -> Message | None:
-    """What this turn adds before the call: the budget's last word, or an injection.
-
-    `seen`: the inbox as the run's last round trip read it (None: not read).
-    """
-    if not final:
-        return injection(runtime, trace, messages, seen)
-    note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
-    note.metadata["injected"] = True
-    return note
-
-
-def call_model(
-    runtime: Runtime,
-    trace: Trace,
-    model_name: str,
-    go: Go,
-    wire: list[dict[str, Any]],
-    tools: list[dict[str, Any]],
-    shown: list[dict[str, Any]] | None = None,
-    seen: InboxSeen | None = None,
-) -> LLMResponse | Wait:
-    """The model call on its booked turn, settled with the gate whatever happens.
-
-    `shown`: the request as hooks see it, when it differs from what is sent (images as
-    their references: an operator's hook or a span never holds an image's bytes). `seen`:
-    the inbox entry an interrupting message must come after (None: the watcher reads it).
-    """
-    if go.wait_s > 0:
-        time.sleep(go.wait_s)  # at most limits.MAX_WAIT_S: later turns were handed back
-    # Counted as it leaves: a call late for its turn must not join others in one window, and
-    # one inside a pause set meanwhile (a 429 elsewhere) does not go; it books again.
-    if (held := runtime.gate.sending(go)) is not None:
-        return held
-    hooks = runtime.hooks
-    hooks.turn_started(trace, trace.iteration)
-    gate, started = runtime.gate, time.monotonic()
-    try:
-        hooks.model_requested(trace, model_name, wire if shown is None else shown)
-    except HookBlocked:  # the operator's policy ends the trace: the booked turn is given back
-        gate.after(go, None, None)
-        raise
-    client, temperature = runtime.client(model_name), runtime.temperature(trace)
-    started_ms, attempts = wall_ms(), list[Attempt]()
-    try:
-        with (
-            call_watch(runtime, trace.trace_id, seen=seen) as watch,
-            recording_attempts(attempts),
-        ):
-            response = cuttable(  # a stop or interrupt cuts it
-                watch,
-                lambda: client.complete(
-                    wire,
-                    tools,
-                    temperature=temperature,
-                    max_output_tokens=go.max_output_tokens,
-                    cache_key=cache_key(trace.root_trace_id, trace.preset),
-                ),
-            )
-        response = replace(response, timing=CallTiming(started_ms, wall_ms(), tuple(attempts)))
-    except CallCut as exc:  # settled with its estimate, once: nothing of it is written
-        hooks.model_failed(trace, exc)
-        gate.after(go, estimated(go), None)
-        raise
-    except ProviderOverloaded as exc:
-        hooks.model_failed(trace, exc)
-        return _overloaded(runtime, trace, go, exc)
-    except BaseException as exc:
-        hooks.model_failed(trace, exc)
-        gate.after(go, None, None)
-        if isinstance(exc, TransientLLMError):  # its attempts go with the hand-back's event
-            exc.attempts = tuple(a.as_dict() for a in attempts)
-        raise
-    gate.after(go, response, int((time.monotonic() - started) * 1000))
-    return response
-
-
-def _overloaded(runtime: Runtime, trace: Trace, go: Go, exc: ProviderOverloaded) -> Wait:
-    """Back off an overloaded provider, but not forever.
-
-    A provider that stays down fails the trace (through the runner's retries) after
-    OVERLOADS_PER_RETRY × `transient_retries` pauses.
-    """
-    wait = runtime.gate.overloaded(go, exc)  # re-raises without a limiter
-    alias = runtime.config.models.get(runtime.model_name(trace.model, trace.preset))
-    max_wait_s = alias.max_wait_s if alias is not None else None
-    if (
-        max_wait_s is not None
-        and wait.retry_in_s > max_wait_s
-        and switch_model(runtime, trace, exc)
-    ):
-        return Wait(0.0, "model fallback")  # the runner queues it again, on the fallback
-    count = trace.run.overloads + 1
-    if count > OVERLOADS_PER_RETRY * runtime.settings.transient_retries:
-        raise exc
-    runtime.store.update_run(trace.trace_id, overloads=count)
-    return wait
 
 
 def model_message(

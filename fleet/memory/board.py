@@ -7,15 +7,18 @@ script mirrors them, and `tests/test_memory_board.py` runs both against each oth
 2. a write whose `expected_version` is not the key's version is `Lost`;
 3. a new key in a namespace holding `max_keys` keys is refused;
 4. else the key moves to version + 1, the entry goes on top of its history (cut to
-   `history_depth`), and the namespace lives `ttl_of(namespace)` more seconds.
+   `history_depth`), its postings in the lexical index (`fleet.memory.index`) are replaced
+   in the same step, and the namespace lives `ttl_of(namespace)` more seconds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import redis
 
+from fleet.memory.index import Postings
 from fleet.memory.model import (
     Entry,
     Proposal,
@@ -35,6 +38,18 @@ class Board(Protocol):
 
     def entries(self, namespace: str) -> list[Entry]:
         """Every current entry of the namespace, by key."""
+        ...
+
+    def read_many(self, namespace: str, keys: Sequence[str]) -> list[Entry]:
+        """The current entries of these keys, in their order (a missing key left out)."""
+        ...
+
+    def postings(self, namespace: str, words: Sequence[str]) -> Postings:
+        """The namespace's size and the postings of these words (`fleet.memory.index`)."""
+        ...
+
+    def newest(self, namespace: str, count: int) -> list[Entry]:
+        """The `count` entries written last, newest first."""
         ...
 
     def write(self, write: Write, caps: MemoryCaps = DEFAULT_CAPS) -> WriteOutcome:

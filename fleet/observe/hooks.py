@@ -20,6 +20,14 @@ from fleet.tools.base import ToolResult
 class Hooks:
     """Subclass and override what you need; every method is a no-op here."""
 
+    def listens(self, event: str) -> bool:
+        """Whether this hook does anything on `event` (its method is not the no-op here).
+
+        A caller may skip an event nobody listens to (`fleet.loop.call.Prepared`).
+        """
+        method = getattr(self, event)
+        return getattr(method, "__func__", None) is not getattr(Hooks, event)
+
     def run_started(self, trace: Trace) -> None:
         """A runner took the trace: its first run, a resume, or a redelivery."""
 

@@ -144,8 +144,14 @@ class HookChain(Hooks):
         """`members` in the order their events are delivered."""
         self.members = tuple(members)
 
+    def listens(self, event: str) -> bool:
+        """Whether some member listens to `event`."""
+        return any(m.hook.listens(event) for m in self.members)
+
     def _each(self, event: str, *args: Any, may_block: bool = False) -> list[Any]:
-        return [_call(m, event, args, may_block) for m in self.members]
+        # A member that keeps `Hooks`' no-op for this event is not called (nor its thread
+        # started): what it would give is what the chain's callers start from.
+        return [_call(m, event, args, may_block) for m in self.members if not _noop(m, event)]
 
     def run_started(self, trace: Trace) -> None:
         """Each hook's `run_started`, in order."""
@@ -220,6 +226,11 @@ class HookChain(Hooks):
     def flush(self) -> None:
         """Each hook's `flush`, in order."""
         self._each("flush")
+
+
+def _noop(member: Member, event: str) -> bool:
+    """The member's hook keeps `Hooks`' own no-op method for `event`."""
+    return getattr(getattr(member.hook, event), "__func__", None) is getattr(Hooks, event)
 
 
 def _call(member: Member, event: str, args: tuple[Any, ...], may_block: bool) -> Any:

@@ -19,6 +19,7 @@ leaves the entry, due again one lease later.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -169,16 +170,21 @@ def _follow(
 
 
 def observe(agent: RemoteAgentConfig, token: str | None, call: RemoteCall) -> Decision:
+    """`aobserve` from synchronous code (an in-process run's thread)."""
+    return asyncio.run(aobserve(agent, token, call))
+
+
+async def aobserve(agent: RemoteAgentConfig, token: str | None, call: RemoteCall) -> Decision:
     """Ask the task's state once and decide (a timeout cancels the remote task)."""
     from fleet.remote import wire  # loaded by a call, not by a worker's start
 
     try:
-        seen: RemoteTask | RemoteError = wire.get(agent, token, str(call.task_id))
+        seen: RemoteTask | RemoteError = await wire.aget(agent, token, str(call.task_id))
     except RemoteError as exc:
         seen = exc
     decision = decide(call, seen, now_ms())
     if isinstance(decision, Ended) and decision.cancel:
-        cancel_task(agent, token, call)
+        await acancel_task(agent, token, call)
     return decision
 
 
@@ -202,13 +208,18 @@ def apply(runtime: Runtime, trace: Trace, decision: Decision) -> tuple[Trace, Re
 
 
 def cancel_task(agent: RemoteAgentConfig, token: str | None, call: RemoteCall) -> None:
+    """`acancel_task` from synchronous code (a run's thread)."""
+    asyncio.run(acancel_task(agent, token, call))
+
+
+async def acancel_task(agent: RemoteAgentConfig, token: str | None, call: RemoteCall) -> None:
     """Cancel the remote task, if one runs; an agent that does not answer is logged."""
     if call.task_id is None or call.state == "ended":
         return
     from fleet.remote import wire  # loaded by a call, not by a worker's start
 
     try:
-        wire.cancel(agent, token, call.task_id)
+        await wire.acancel(agent, token, call.task_id)
     except RemoteError as exc:
         log.warning("cancel of remote task %s of %r: %s", call.task_id, call.agent, exc)
 

@@ -11,6 +11,7 @@ is ever followed. What comes back is reduced to a `RemoteTask` of capped plain t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -92,28 +93,56 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def _card(agent: RemoteAgentConfig) -> Any:
+def _card(agent: RemoteAgentConfig, *, streams: bool = False) -> Any:
     from a2a.types import a2a_pb2 as pb
 
     interface = pb.AgentInterface(url=agent.url, protocol_binding="JSONRPC")
-    return pb.AgentCard(name="remote", supported_interfaces=[interface], version="")
+    capabilities = pb.AgentCapabilities(streaming=streams)
+    return pb.AgentCard(
+        name="remote", supported_interfaces=[interface], version="", capabilities=capabilities
+    )
+
+
+@contextlib.asynccontextmanager
+async def guarded_client(
+    agent: RemoteAgentConfig, token: str | None, *, read_s: float | None = None
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client to the agent: the SSRF guard, the byte cap, the token, timeouts.
+
+    `read_s`: how long a read may wait for the next bytes (a stream), else the request's.
+    """
+    limit_s = min(CALL_TIMEOUT_S, agent.timeout_s)
+    timeout = httpx.Timeout(limit_s, read=read_s + 1) if read_s else httpx.Timeout(limit_s)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    transport = GuardedTransport(agent.private)
+    async with httpx.AsyncClient(transport=transport, headers=headers, timeout=timeout) as hc:
+        yield hc
 
 
 def _run(agent: RemoteAgentConfig, token: str | None, act: Callable[[Any], Awaitable[T]]) -> T:
-    """Run `act(client)` on a fresh a2a-sdk client; every failure is one `RemoteError` line."""
+    """`arun` from synchronous code (a run's thread, which has no event loop)."""
+    return asyncio.run(arun(agent, token, act))
+
+
+async def arun(
+    agent: RemoteAgentConfig,
+    token: str | None,
+    act: Callable[[Any], Awaitable[T]],
+    *,
+    stream_s: float | None = None,
+) -> T:
+    """`act(client)` on a fresh a2a-sdk client; every failure is one `RemoteError` line.
+
+    `stream_s`: the client streams (SSE) and `act` may take that long (else one request,
+    at most `CALL_TIMEOUT_S`); a read waits as long for the next bytes.
+    """
     from a2a.client import ClientConfig, ClientFactory
 
-    async def go() -> T:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        transport = GuardedTransport(agent.private)
-        timeout = httpx.Timeout(min(CALL_TIMEOUT_S, agent.timeout_s))
-        async with httpx.AsyncClient(transport=transport, headers=headers, timeout=timeout) as hc:
-            config = ClientConfig(streaming=False, httpx_client=hc)
-            client = ClientFactory(config).create(_card(agent))
-            return await asyncio.wait_for(act(client), timeout=CALL_TIMEOUT_S + 5)
-
     try:
-        return asyncio.run(go())
+        async with guarded_client(agent, token, read_s=stream_s) as hc:
+            config = ClientConfig(streaming=stream_s is not None, httpx_client=hc)
+            client = ClientFactory(config).create(_card(agent, streams=stream_s is not None))
+            return await asyncio.wait_for(act(client), timeout=(stream_s or CALL_TIMEOUT_S) + 5)
     except RemoteError:
         raise
     except Exception as exc:  # the SDK's errors, timeouts, a hostile answer: one line
@@ -126,7 +155,7 @@ def _masked(text: str, token: str | None) -> str:
     return text.replace(token, "[redacted]") if token else text
 
 
-def _scrubbed(task: RemoteTask, token: str | None) -> RemoteTask:
+def scrubbed(task: RemoteTask, token: str | None) -> RemoteTask:
     """The task's texts without the token (see `_masked`)."""
     if not token:
         return task
@@ -179,38 +208,48 @@ def send(
             if event.HasField("task"):
                 return task_of(event.task)
             if event.HasField("message"):  # an answer without a task: it ended at once
-                reply = _text(event.message.parts, MAX_RESULT_CHARS)
+                reply = text_of(event.message.parts, MAX_RESULT_CHARS)
                 ids = event.message.context_id or context_id or ""
                 return RemoteTask(uuid.uuid4().hex, ids, "completed", artifact=reply)
         raise RemoteError("the agent answered with neither a task nor a message")
 
-    found = _scrubbed(_run(agent, token, act), token)
+    found = scrubbed(_run(agent, token, act), token)
     if task_id and found.task_id != task_id:
         raise RemoteRefused(f"the agent answered for task {found.task_id[:40]!r}, not ours")
     return found
 
 
 def get(agent: RemoteAgentConfig, token: str | None, task_id: str) -> RemoteTask:
+    """GetTask from synchronous code (`aget`)."""
+    return asyncio.run(aget(agent, token, task_id))
+
+
+async def aget(agent: RemoteAgentConfig, token: str | None, task_id: str) -> RemoteTask:
     """GetTask: the task's state now (a task with another id is refused as forged)."""
     from a2a.types import a2a_pb2 as pb
 
     async def act(client: Any) -> RemoteTask:
         return task_of(await client.get_task(pb.GetTaskRequest(id=task_id, history_length=0)))
 
-    found = _scrubbed(_run(agent, token, act), token)
+    found = scrubbed(await arun(agent, token, act), token)
     if found.task_id != task_id:
         raise RemoteRefused(f"the agent answered for task {found.task_id[:40]!r}, not ours")
     return found
 
 
 def cancel(agent: RemoteAgentConfig, token: str | None, task_id: str) -> None:
+    """CancelTask from synchronous code (`acancel`)."""
+    asyncio.run(acancel(agent, token, task_id))
+
+
+async def acancel(agent: RemoteAgentConfig, token: str | None, task_id: str) -> None:
     """CancelTask (what the agent answers is not read further)."""
     from a2a.types import a2a_pb2 as pb
 
     async def act(client: Any) -> None:
         await client.cancel_task(pb.CancelTaskRequest(id=task_id))
 
-    _run(agent, token, act)
+    await arun(agent, token, act)
 
 
 _STATES = {
@@ -230,21 +269,23 @@ def task_of(task: Any) -> RemoteTask:
     from a2a.types import a2a_pb2 as pb
 
     state = _STATES.get(pb.TaskState.Name(task.status.state), "unknown")
-    artifact = "\n\n".join(_text(a.parts, MAX_RESULT_CHARS) for a in task.artifacts)
+    artifact = "\n\n".join(text_of(a.parts, MAX_RESULT_CHARS) for a in task.artifacts)
     return RemoteTask(
         task_id=str(task.id)[:200],
         context_id=str(task.context_id)[:200],
         state=state,
-        message=_text(task.status.message.parts, MAX_STATUS_CHARS),
-        artifact=_capped(artifact, MAX_RESULT_CHARS),
+        message=text_of(task.status.message.parts, MAX_STATUS_CHARS),
+        artifact=capped(artifact, MAX_RESULT_CHARS),
     )
 
 
-def _text(parts: Any, limit: int) -> str:
-    return _capped("\n".join(p.text for p in parts if p.text), limit)
+def text_of(parts: Any, limit: int) -> str:
+    """The text parts of a message or artifact, joined and capped at `limit`."""
+    return capped("\n".join(p.text for p in parts if p.text), limit)
 
 
-def _capped(text: str, limit: int) -> str:
+def capped(text: str, limit: int) -> str:
+    """`text`, cut at `limit` characters with a line saying how long it was."""
     if len(text) <= limit:
         return text
     return text[:limit] + f"\n[... cut: the remote text was {len(text)} characters]"

@@ -1,11 +1,13 @@
 """The remote children a poller watches: which A2A tasks to ask about, and when.
 
 A remote child (`fleet.remote`) parked on its A2A task holds no worker slot; its entry
-here is its owner (`fleet.owners`). Every worker's sweeper takes the entries that are due
-(`due`: taking one re-scores it one lease later, so two pollers never ask about the same
-task at once, and an entry whose poller died is due again after that lease), asks the
-remote agent, and either re-scores the entry for the next poll or forgets it once the
-task ended. `store.capability(REMOTE_WATCH)` gives the Redis list or its memory twin.
+here is its owner (`fleet.owners`). Every worker's watcher takes the entries that are due
+(`due`: taking one re-scores it one lease later, so two watchers never follow the same
+task at once, and an entry whose watcher died is due again after that lease), follows
+the remote task (a stream window or one GetTask), and either re-scores the entry for the
+next follow (also while a person is asked the task's question: a stop then still cancels
+it) or forgets it once the task or the child ended. `store.capability(REMOTE_WATCH)` gives
+the Redis list or its memory twin.
 """
 
 from __future__ import annotations

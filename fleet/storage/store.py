@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, Unpack
 
 from fleet.models import (
@@ -42,6 +43,12 @@ class TraceSnapshot:
     """Provider pauses read in the same step (`begin_run`, a write), for the next call."""
     inbox: InboxSeen | None = None
     """The inbox read in the same step (`begin_run`, a write); None: not read, ask it."""
+    budgeted: bool | None = None
+    """Whether the trace's tree has a budget, read in the same step (`begin_run`); None: not
+    read (the limits ask it themselves)."""
+    experiences: tuple[str | None, int] | None = None
+    """The experiences' version counter and count, read in the same step (`begin_run`, see
+    `StartRun.experiences`); None: not read (the experience store asks it itself)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,22 @@ class StartRun:
 
     root_trace_id: str
     event: Event
+    experiences: frozenset[str] = frozenset()
+    """Presets that show experiences: a trace of one with no message yet (its first run)
+    has the experiences' version read in the same step (`TraceSnapshot.experiences`)."""
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What `queue_root` checks first: some live worker of `queue` accepts `workspace`.
+
+    As `fleet.storage.watchdog.check_served` does: a worker announces its workspace roots;
+    when none is live, or none announced roots, nothing is refused.
+    """
+
+    queue: str
+    workspace: Path
+    """The root's workspace, resolved."""
 
 
 STARTABLE: tuple[Status, ...] = ("queued", "waiting")
@@ -137,6 +160,20 @@ class TraceRecords(Protocol):
 
     def track_tree(self, root_trace_id: str) -> None:
         """Index a root whose tree is open (created or continued), for the owner check."""
+        ...
+
+    def queue_root(
+        self, trace: Trace, event: Event, serving: Serving | None = None, *, listed: bool = True
+    ) -> None:
+        """Create a new root with its first event, its tree open, in one step where it can.
+
+        `listed`: in the roots index too (`fleet.storage.root_index`).
+
+        Raises:
+            ConfigError: `serving` is given and no live worker of its queue accepts its
+                workspace (nothing written).
+            TraceExists: the id is taken (nothing written).
+        """
         ...
 
     def list_traces(self, limit: int = 50) -> list[Trace]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import get_args
 
 from fleet.errors import ConfigError, NoLiveWorkers
-from fleet.models import Mode
+from fleet.models import Mode, WorkerPresence
 from fleet.security import trust
 from fleet.storage.backends.redis.connect import redact_url
 from fleet.storage.store import Leases, TraceStore
@@ -81,7 +81,12 @@ def check_served(store: Leases, queue: str | None, workspace: Path) -> None:
     """
     if queue is None:
         return
-    announced = [p for p in store.presences(store.live_consumers(queue)) if p.roots]
+    check_presences(store.presences(store.live_consumers(queue)), queue, workspace)
+
+
+def check_presences(presences: Sequence[WorkerPresence], queue: str, workspace: Path) -> None:
+    """`check_served` on the presences of `queue`'s live workers, read already."""
+    announced = [p for p in presences if p.roots]
     if not announced:
         return
     for presence in announced:

@@ -22,10 +22,12 @@ def build_app(fleet: Fleet, url: str, token: str, poll_s: float | None = None) -
     a POST whose declared body is over `MAX_BODY_BYTES` (or undeclared) with 413, before
     a2a-sdk reads a byte of it.
     """
-    from a2a.server.request_handlers import DefaultRequestHandler
     from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
-    from a2a.server.tasks import InMemoryTaskStore
     from starlette.applications import Starlette
+
+    from fleet.storage.a2a_tasks import A2A_TASKS
+    from fleetops.a2a.resume import FleetHandler
+    from fleetops.a2a.store import RedisTaskStore
 
     presets = a2a_presets(fleet.runtime.presets)
     card = agent_card(url, presets)
@@ -33,9 +35,11 @@ def build_app(fleet: Fleet, url: str, token: str, poll_s: float | None = None) -
     executor = (
         FleetExecutor(fleet, skills) if poll_s is None else FleetExecutor(fleet, skills, poll_s)
     )
-    handler = DefaultRequestHandler(
-        agent_executor=executor,
-        task_store=InMemoryTaskStore(),
+    handler = FleetHandler(
+        executor,
+        task_store=RedisTaskStore(
+            fleet.store.capability(A2A_TASKS), fleet.runtime.settings.retention_s
+        ),
         agent_card=card,
     )
     routes = [*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")]

@@ -9,14 +9,15 @@
   a trace of it waits on a person.
 - CancelTask stops the tree (`fleet stop`).
 
-Which task and context belong to which tree is kept in this process (as a2a-sdk's task
-store is): a restarted `fleet a2a` answers only new tasks; the trees themselves run on.
+Which task and context belong to which tree is kept in the fleet's Redis
+(`fleet.storage.a2a_tasks`, for the fleet's retention), as a2a-sdk's tasks are
+(`fleetops.a2a.store`): a restarted `fleet a2a` still answers GetTask and CancelTask of an
+earlier task, and a message to its context continues the same tree.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from typing import Any
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -26,19 +27,12 @@ from fleet.client import Fleet
 from fleet.conversation.human import waiting_on
 from fleet.errors import FleetError
 from fleet.models import Trace
+from fleet.storage.a2a_tasks import A2A_TASKS
 
 POLL_S = 0.3
 """How often a task reads its tree."""
 MAX_DEPTH_READ = 200
 """Most traces of a tree read to find the one waiting on a person."""
-
-
-@dataclass
-class Links:
-    """Which tree each A2A task and context is (this process's memory)."""
-
-    tasks: dict[str, str] = field(default_factory=dict)
-    contexts: dict[str, str] = field(default_factory=dict)
 
 
 def _parts(text: str) -> list[Any]:
@@ -53,7 +47,10 @@ class FleetExecutor(AgentExecutor):
     def __init__(self, fleet: Fleet, skills: list[str], poll_s: float = POLL_S) -> None:
         """Serve `skills` (preset names; the first is the default) through `fleet`."""
         self.fleet, self.skills, self.poll_s = fleet, skills, poll_s
-        self.links = Links()
+        self.links = fleet.store.capability(A2A_TASKS)
+        self.retention_s = fleet.runtime.settings.retention_s
+        self.following: set[str] = set()
+        """The tasks this process follows (`fleetops.a2a.resume` catches up the others)."""
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Start, continue or answer the task's tree, then follow it (module doc)."""
@@ -69,16 +66,20 @@ class FleetExecutor(AgentExecutor):
         except FleetError as exc:
             await updater.failed(updater.new_agent_message(_parts(_one_line(exc))))
             return
-        self.links.tasks[task_id] = self.links.contexts[context_id] = root
-        await updater.start_work(updater.new_agent_message(_parts(f"fleet trace {root}")))
-        await self._follow(root, updater)
+        await asyncio.to_thread(self._link, task_id, context_id, root)
+        self.following.add(task_id)
+        try:
+            await updater.start_work(updater.new_agent_message(_parts(f"fleet trace {root}")))
+            await self._follow(root, updater)
+        finally:
+            self.following.discard(task_id)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Stop the task's tree; the task ends `canceled`."""
         from a2a.server.tasks import TaskUpdater
 
         task_id, context_id = str(context.task_id), str(context.context_id)
-        root = self.links.tasks.get(task_id)
+        root = await asyncio.to_thread(self.links.root_of, "task", task_id)
         if root is not None:
             await asyncio.to_thread(self.fleet.stop, root)
         await TaskUpdater(event_queue, task_id, context_id).cancel()
@@ -88,18 +89,22 @@ class FleetExecutor(AgentExecutor):
         text = context.get_user_input()
         if not text.strip():
             raise FleetError("the message has no text")
-        root = self.links.tasks.get(task_id)
+        root = self.links.root_of("task", task_id)
         if root is not None:  # the task asked for input: this is the answer
-            asked = self._asking(root)
+            asked = self.asking(root)
             if asked is None:
                 raise FleetError(f"tree {root!r} is not waiting on a person")
             self.fleet.reply(asked.trace_id, text)
             return root
-        root = self.links.contexts.get(context_id)
+        root = self.links.root_of("context", context_id)
         if root is not None:  # a new task in a known context: the conversation goes on
             self.fleet.continue_trace(root, text)
             return root
         return self.fleet.submit(text, preset=self._skill(context)).trace_id
+
+    def _link(self, task_id: str, context_id: str, root: str) -> None:
+        self.links.link("task", task_id, root, self.retention_s)
+        self.links.link("context", context_id, root, self.retention_s)
 
     def _skill(self, context: RequestContext) -> str:
         metadata = dict(context.metadata or {})
@@ -108,7 +113,7 @@ class FleetExecutor(AgentExecutor):
             raise FleetError(f"no skill {skill[:40]!r} (skills: {', '.join(self.skills)})")
         return skill
 
-    def _asking(self, root: str) -> Trace | None:
+    def asking(self, root: str) -> Trace | None:
         """The trace of the tree that waits on a person, root first; None if none."""
         frontier, read = [root], 0
         while frontier and read < MAX_DEPTH_READ:
@@ -133,7 +138,7 @@ class FleetExecutor(AgentExecutor):
                 why = f"tree {trace.status}: {trace.error or trace.status}"
                 await updater.failed(updater.new_agent_message(_parts(why)))
                 return
-            asked = await asyncio.to_thread(self._asking, root)
+            asked = await asyncio.to_thread(self.asking, root)
             if asked is not None:
                 question = str((waiting_on(asked) or {}).get("question") or "")
                 await updater.requires_input(updater.new_agent_message(_parts(question)))

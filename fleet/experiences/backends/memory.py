@@ -63,9 +63,14 @@ class MemoryExperiences:
         with self._lock:
             self._vectors.update((i, v) for i, v in vectors.items() if i in self._items)
 
+    def note_version(self, version: tuple[str | None, int] | None) -> None:  # noqa: D102
+        """Nothing: this store's experiences are in this process."""
+
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:  # noqa: D102
         with self._lock:
             ids = [i for i in experience_ids if i in self._items]
+            if not ids:  # none shown: nothing to remember (its end finds nothing)
+                return
             for i in ids:
                 self._items[i].uses += 1
             self._used[trace_id] = ids

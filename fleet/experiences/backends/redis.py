@@ -4,12 +4,16 @@ A run's start ranks the approved experiences of its scopes (`approved`): the pro
 them parsed, grouped by scope, and reads the whole hash again only when the version
 counter (`keys.EXPERIENCES_VERSION`, raised in the same transaction as every put and
 removal) or the hash's length differ from when it was filled: one round trip of two
-commands per run start however many experiences there are. The version is read before
+commands per run start however many experiences there are, read in the run's first round
+trip (`begin_run`, then `note_version`) where it can. The version is read before
 the hash, so a put between the two reads fills the cache under the older version and the
 next start reads again. A Redis that restarted without its data reads as a new version
-(or a new length). On a Redis Cluster the hash and the counter sit in different slots:
-a put's two commands go together but not as one transaction, so a start in between keeps
-its cache until the counter moves, an instant later.
+(or a new length). A trace whose first messages showed no experience (`count_use` of none)
+is remembered in the process: its end there reads nothing (`count_outcome`); a trace that
+ends in another process reads its list as before. On a Redis Cluster the hash and the
+counter sit in different slots: a put's two commands go together but not as one
+transaction, so a start in between keeps its cache until the counter moves, an instant
+later.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import redis
 from fleet.errors import ExperienceNotFound
 from fleet.experiences.model import Experience, StoredVector
 from fleet.storage import keys
+
+NONE_SHOWN_KEPT = 100_000
+"""Traces remembered as shown no experience (`count_use` of none), at most."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,10 @@ class RedisExperiences:
         """Use this client (the trace store's)."""
         self._client = client
         self._approved: _Approved | None = None
+        self._noted = threading.local()
+        """`version`: the version and count this thread's run read with `begin_run`."""
+        self._none_shown: dict[str, bool] = {}
+        """Traces whose first messages this process chose with no experience in them."""
         self._lock = threading.Lock()
 
     def put(self, experience: Experience) -> None:  # noqa: D102 (the Protocol's)
@@ -49,12 +60,18 @@ class RedisExperiences:
         pipe.incr(keys.EXPERIENCES_VERSION)
         pipe.execute()
 
+    def note_version(self, version: tuple[str | None, int] | None) -> None:  # noqa: D102
+        self._noted.version = version
+
     def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:  # noqa: D102
-        pipe = self._client.pipeline(transaction=False)
-        pipe.get(keys.EXPERIENCES_VERSION)
-        pipe.hlen(keys.EXPERIENCES)
-        raw, length = pipe.execute()
-        version = (None if raw is None else str(raw), int(length))
+        version, self._noted.version = getattr(self._noted, "version", None), None
+        if version is None:  # not read with this thread's run: read here
+            pipe = self._client.pipeline(transaction=False)
+            pipe.get(keys.EXPERIENCES_VERSION)
+            pipe.hlen(keys.EXPERIENCES)
+            raw, length = pipe.execute()
+            version = (None if raw is None else str(raw), int(length))
+        length = version[1]
         with self._lock:
             cached = self._approved
         if cached is None or cached.version != version:
@@ -116,6 +133,13 @@ class RedisExperiences:
 
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:  # noqa: D102
         ids = list(experience_ids)
+        with self._lock:
+            if ids:
+                self._none_shown.pop(trace_id, None)
+            else:
+                if len(self._none_shown) > NONE_SHOWN_KEPT:  # a long-lived worker sees many
+                    self._none_shown.clear()
+                self._none_shown[trace_id] = True
         if not ids:
             return
         pipe = self._client.pipeline()
@@ -128,6 +152,9 @@ class RedisExperiences:
         pipe.execute()
 
     def count_outcome(self, trace_id: str, succeeded: bool) -> list[str]:  # noqa: D102
+        with self._lock:
+            if self._none_shown.pop(trace_id, False):  # its first messages here showed none
+                return []
         # GETDEL-like for a list: the first finish takes it; a second finish finds nothing.
         pipe = self._client.pipeline()
         used = keys.experiences_used(trace_id)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from fleet.memory.index import Postings, parse_posting, postings_of
 from fleet.memory.model import (
     Entry,
     Landed,
@@ -25,6 +26,32 @@ class _Namespace:
         self.history: dict[str, list[Entry]] = {}
         self.proposals: dict[str, Proposal] = {}
         self.expires_at: float | None = None
+        # The lexical index, as Redis keeps it: word -> key -> (tf, length); key -> its
+        # length and words.
+        self.postings: dict[str, dict[str, tuple[int, int]]] = {}
+        self.indexed: dict[str, tuple[int, list[str]]] = {}
+        self.length = 0
+
+    def unindex(self, key: str) -> None:
+        """Remove the key's postings."""
+        length, words = self.indexed.pop(key, (0, []))
+        self.length -= length
+        for word in words:
+            del self.postings[word][key]
+            if not self.postings[word]:
+                del self.postings[word]
+
+    def index(self, key: str, value: object) -> None:
+        """Replace the key's postings with those of `value`."""
+        self.unindex(key)
+        length, postings = postings_of(key, value)
+        words = []
+        for posting in postings:
+            word, _, tf, _ = parse_posting(posting)
+            self.postings.setdefault(word, {})[key] = (tf, length)
+            words.append(word)
+        self.indexed[key] = (length, words)
+        self.length += length
 
 
 class MemoryBoard:
@@ -46,6 +73,26 @@ class MemoryBoard:
             space = self._live(namespace)
             return [space.history[k][0].model_copy() for k in sorted(space.history)]
 
+    def read_many(self, namespace: str, keys: Sequence[str]) -> list[Entry]:  # noqa: D102
+        with self._lock:
+            space = self._live(namespace)
+            return [space.history[k][0].model_copy() for k in keys if k in space.history]
+
+    def postings(self, namespace: str, words: Sequence[str]) -> Postings:  # noqa: D102
+        with self._lock:
+            space = self._live(namespace)
+            hits = {
+                w: sorted((k, tf, n) for k, (tf, n) in space.postings.get(w, {}).items())
+                for w in words
+            }
+            return Postings(len(space.history), space.length, hits)
+
+    def newest(self, namespace: str, count: int) -> list[Entry]:  # noqa: D102
+        with self._lock:
+            latest = [kept[0] for kept in self._live(namespace).history.values()]
+        latest.sort(key=lambda e: (-e.updated_at_ms, e.key))
+        return [e.model_copy() for e in latest[:count]]
+
     def write(self, write: Write, caps: MemoryCaps = DEFAULT_CAPS) -> WriteOutcome:  # noqa: D102
         write.checked(caps)
         with self._lock:
@@ -61,13 +108,16 @@ class MemoryBoard:
                 raise full_error(write.namespace, caps)
             entry = write.entry(current + 1, now_ms())
             space.history[write.key] = [entry, *kept][: caps.history_depth]
+            space.index(write.key, write.value)
             ttl_s = caps.ttl_of(write.namespace)
             space.expires_at = None if ttl_s is None else self._clock() + ttl_s
             return Landed(entry.version)
 
     def remove(self, namespace: str, key: str) -> bool:  # noqa: D102
         with self._lock:
-            return self._live(namespace).history.pop(key, None) is not None
+            space = self._live(namespace)
+            space.unindex(key)
+            return space.history.pop(key, None) is not None
 
     def history(self, namespace: str, key: str) -> list[Entry]:  # noqa: D102
         with self._lock:

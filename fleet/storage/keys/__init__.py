@@ -17,6 +17,10 @@ import re
 from typing import Literal
 
 from fleet.ids import check_trace_id
+from fleet.storage.keys.a2a import A2A_RECENT_MAX as A2A_RECENT_MAX
+from fleet.storage.keys.a2a import a2a_link as a2a_link
+from fleet.storage.keys.a2a import a2a_recent as a2a_recent
+from fleet.storage.keys.a2a import a2a_task as a2a_task
 from fleet.storage.keys.batch import BATCH_TAG as BATCH_TAG
 from fleet.storage.keys.batch import batch_answer as batch_answer
 from fleet.storage.keys.batch import batch_calls as batch_calls
@@ -52,7 +56,10 @@ from fleet.storage.keys.limits import window_running as window_running
 from fleet.storage.keys.memory import MEMORY_NAMESPACES as MEMORY_NAMESPACES
 from fleet.storage.keys.memory import memory_entries as memory_entries
 from fleet.storage.keys.memory import memory_history as memory_history
+from fleet.storage.keys.memory import memory_index as memory_index
 from fleet.storage.keys.memory import memory_proposals as memory_proposals
+from fleet.storage.keys.memory import memory_recent as memory_recent
+from fleet.storage.keys.memory import memory_terms as memory_terms
 from fleet.storage.keys.remote import remote_watch as remote_watch
 
 TRACE_TTL_S = 7 * 24 * 3600

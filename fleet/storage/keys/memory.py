@@ -40,3 +40,27 @@ def memory_proposals(namespace: str) -> str:
     `fleet memory approve` lands one; TTL as entries.
     """
     return f"{PREFIX}:{_space(namespace)}:proposals"
+
+
+def memory_index(namespace: str) -> str:
+    """Sorted set, every score 0: the lexical index's postings, `WORD KEY TF LENGTH`.
+
+    See `fleet.memory.index`; read a word at a time by ZRANGEBYLEX. TTL as entries.
+    """
+    return f"{PREFIX}:{_space(namespace)}:index"
+
+
+def memory_terms(namespace: str) -> str:
+    """Hash: key -> its length, then its postings, one a line: what its next write removes.
+
+    `#length` -> the sum of the lengths (no key starts with `#`). TTL as entries.
+    """
+    return f"{PREFIX}:{_space(namespace)}:terms"
+
+
+def memory_recent(namespace: str) -> str:
+    """Sorted set: key -> when it was last written (ms): a search's newest entries to embed.
+
+    TTL as entries.
+    """
+    return f"{PREFIX}:{_space(namespace)}:recent"

@@ -50,6 +50,9 @@ class MemoryBudgets:
         with self._state.lock:
             return root_trace_id in self._budgets
 
+    def learn(self, root_trace_id: str, budgeted: bool) -> None:
+        """Nothing: this store's budgets are in this process."""
+
     def reserve(
         self,
         trace_id: str,

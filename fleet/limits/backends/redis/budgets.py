@@ -54,11 +54,15 @@ class Budgets:
             known = self._known.get(root_trace_id)
         if known is None:
             known = bool(self._client.exists(keys.budget(root_trace_id)))
-            with self._lock:
-                if len(self._known) > 100_000:  # a long-lived worker sees many trees
-                    self._known.clear()
-                self._known[root_trace_id] = known
+            self.learn(root_trace_id, known)
         return known
+
+    def learn(self, root_trace_id: str, budgeted: bool) -> None:
+        """Remember what a read made anyway (`begin_run`) found: `has` asks no more."""
+        with self._lock:
+            if len(self._known) > 100_000:  # a long-lived worker sees many trees
+                self._known.clear()
+            self._known[root_trace_id] = budgeted
 
     def reserve(
         self,

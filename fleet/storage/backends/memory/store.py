@@ -6,6 +6,7 @@ import copy
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Unpack
 
 from fleet.errors import LeaseLost, TraceExists, TraceNotFound
@@ -24,16 +25,19 @@ from fleet.runstate import RunPatch
 from fleet.runstate import check_patch as check_run_patch
 from fleet.storage.backends.memory.workers import MemoryWorkerTables
 from fleet.storage.capability import Capability, Kept, T
+from fleet.storage.inbox import INBOX
 from fleet.storage.keys import CounterName
 from fleet.storage.one_by_one import apply_one_by_one
+from fleet.storage.root_queue import queue_in_steps
 from fleet.storage.store import (
     STATS_FIELDS,
+    Serving,
     StartRun,
     TraceSnapshot,
     starts,
     with_sequence,
 )
-from fleet.storage.writes import TraceWrite, WriteResult
+from fleet.storage.writes import InboxSeen, TraceWrite, WriteResult
 
 
 class MemoryStore(MemoryWorkerTables):
@@ -165,7 +169,8 @@ class MemoryStore(MemoryWorkerTables):
             if start is not None and starts(data, start):
                 data.update(status="running", updated_at_ms=now_ms())
                 self.emit(start.root_trace_id, start.event)
-            return self.snapshot(trace_id)
+            seen = InboxSeen(self.capability(INBOX).newest(trace_id))  # as BEGIN_RUN reads it
+            return replace(self.snapshot(trace_id), inbox=seen)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         with self._lock:
@@ -174,11 +179,19 @@ class MemoryStore(MemoryWorkerTables):
             self._check_fence()  # once for the whole write, as the Redis script does: a
             plain = copy.copy(self)  # write may release the lease before its last op
             plain._fence = None
-            return apply_one_by_one(plain, write)
+            written = apply_one_by_one(plain, write)
+            if not write.inbox:
+                return written
+            return replace(written, inbox=InboxSeen(self.capability(INBOX).newest(write.trace_id)))
 
     def track_tree(self, root_trace_id: str) -> None:
         with self._lock:
             self._open_trees[root_trace_id] = now_ms()
+
+    def queue_root(
+        self, trace: Trace, event: Event, serving: Serving | None = None, *, listed: bool = True
+    ) -> None:
+        queue_in_steps(self, trace, event, serving, listed)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         with self._lock:

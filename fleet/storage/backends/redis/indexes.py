@@ -1,4 +1,4 @@
-"""The fleet-wide indexes of `RedisStore`: human waits, leases, presence, the outbox.
+"""The fleet-wide indexes of `RedisStore`: human waits, leases, presence, the outbox, counters.
 
 The fleet-wide half of the store, beside the per-trace half (`store.RedisStore`, which
 inherits it): sorted sets of due times that span every tree (human waits, leases and the
@@ -9,6 +9,8 @@ cluster each index is a key of its own slot (`redis_split`).
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,10 @@ from fleet.storage import keys
 from fleet.storage.backends.redis import lease_scripts as redis_lease_scripts
 from fleet.storage.backends.redis import split as redis_split
 from fleet.storage.backends.redis.connect import Lua
+from fleet.storage.keys import CounterName
+from fleet.storage.outage import warn_failed
+
+log = logging.getLogger(__name__)
 
 CONSUMER_TRIM_MS = 60_000
 """A consumer entry dead this long is dropped from its queue's set by the next heartbeat."""
@@ -34,6 +40,9 @@ class RedisIndexes:
     _acquire = Lua(redis_lease_scripts.ACQUIRE_LEASE)
     _release = Lua(redis_lease_scripts.RELEASE_LEASE)
     _claim_due = Lua(redis_lease_scripts.CLAIM_DUE)
+
+    def track_tree(self, root_trace_id: str) -> None:
+        self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})
 
     def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
         self._client.zadd(keys.HUMAN_WAITS, {trace_id: deadline_ms})
@@ -138,3 +147,17 @@ class RedisIndexes:
     def outbox_claim(self, at_ms: int, retry_ms: int, limit: int = 100) -> list[str]:
         due = self._claim_due(self._client, [keys.OUTBOX], [at_ms, at_ms + retry_ms, limit])
         return [str(m) for m in due]
+
+    # -- fleet-wide counters ------------------------------------------------------
+
+    def count(self, counter: CounterName, by: int = 1) -> None:
+        try:
+            self._client.hincrby(keys.COUNTERS, counter, by)
+        except redis.RedisError:  # a metric must never fail the work it counts
+            warn_failed(log, "fleet counter %r not updated", counter)
+
+    def count_fallback(self, from_model: str, to_model: str) -> None:
+        try:
+            self._client.hincrby(keys.MODEL_FALLBACKS, json.dumps([from_model, to_model]), 1)
+        except redis.RedisError:
+            warn_failed(log, "fleet fallback count not updated")

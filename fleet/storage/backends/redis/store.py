@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -27,15 +26,15 @@ from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis import connect as redis_connect
 from fleet.storage.backends.redis import scripts as redis_scripts
 from fleet.storage.backends.redis import split as redis_split
+from fleet.storage.backends.redis import submit as redis_submit
 from fleet.storage.backends.redis import writes as redis_writes
 from fleet.storage.backends.redis.connect import Lua, close_client, connect, is_cluster, unreachable
 from fleet.storage.backends.redis.fence import FencedScript, applying, lease_lost
 from fleet.storage.backends.redis.indexes import RedisIndexes
 from fleet.storage.backends.redis.lease_scripts import RENEW_LEASES
 from fleet.storage.capability import Capability, Kept, T
-from fleet.storage.keys import CounterName
-from fleet.storage.outage import warn_failed
-from fleet.storage.store import StartRun, TraceSnapshot
+from fleet.storage.root_queue import queue_in_steps
+from fleet.storage.store import Serving, StartRun, TraceSnapshot
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 
 BLOCK_MARGIN_MS = 1_000
@@ -44,8 +43,6 @@ BLOCK_MARGIN_MS = 1_000
 THAW_ATTEMPTS = 3
 """A write finding its trace packed thaws it and tries again, this often at most (compaction
 may pack it again in between: it packs only ended traces, and a continue's write ends that)."""
-
-log = logging.getLogger(__name__)
 
 
 class RedisStore(RedisIndexes):
@@ -201,11 +198,16 @@ class RedisStore(RedisIndexes):
         lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
         running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
         tree = [keys.trace(trace_id), lease, running, keys.events(root), keys.inbox(trace_id)]
+        tree += [keys.budget(root), keys.EXPERIENCES_VERSION, keys.EXPERIENCES]
+        if self._cluster:  # fleet-wide keys are in other slots: stand-ins, nothing read there
+            tree[-2:] = [lease, lease]
+        shows = start.experiences if start and not self._cluster else frozenset()
         script_keys = tree + ([] if self._cluster else list(pauses))
         args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
         args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
         args.append(now_ms())
         args += ["1" if self._cluster else "", SCHEMA_VERSION]
+        args += [json.dumps(p) for p in sorted(shows)]
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")
@@ -215,14 +217,17 @@ class RedisStore(RedisIndexes):
             return None
         if self._cluster:
             self._client.zadd(keys.RUNNING, {trace_id: deadline_ms})
-            reply = [reply[0], redis_split.pause_ttls(self._client, pauses), reply[2]]
+            reply = [reply[0], redis_split.pause_ttls(self._client, pauses), *reply[2:]]
         packed = redis_writes.pairs(reply[0])  # a packed trace is read, never started
         data = self._dicts.unpacked(packed)
         trace = redis_writes.decode_trace(data)
         assert trace is not None, "BEGIN_RUN returned an empty trace"
         read = PauseRead.of(pauses, reply[1]) if pauses else None
         stop, inbox = redis_writes.STOP_FIELD in data, redis_writes.inbox_seen(reply[2])
-        return TraceSnapshot(trace, redis_writes.decode_messages(data), stop, read, inbox)
+        budgeted = bool(reply[3]) if trace.root_trace_id == root else None  # a guess missed
+        messages = redis_writes.decode_messages(data)
+        learnt = (reply[4][0] or None, int(reply[4][1])) if reply[4] else None
+        return TraceSnapshot(trace, messages, stop, read, inbox, budgeted, learnt)
 
     def apply(self, write: TraceWrite) -> WriteResult:
         fenced_by = self._fence[2] if self._fence else None
@@ -246,8 +251,13 @@ class RedisStore(RedisIndexes):
         ttls = redis_split.pause_ttls(self._client, write.pauses)
         return replace(result, pauses=PauseRead.of(write.pauses, ttls))
 
-    def track_tree(self, root_trace_id: str) -> None:
-        self._client.zadd(keys.OPEN_TREES, {root_trace_id: now_ms()})
+    def queue_root(
+        self, trace: Trace, event: Event, serving: Serving | None = None, *, listed: bool = True
+    ) -> None:
+        if self._cluster or self._fence is not None:  # in slots apart; or behind a lease
+            queue_in_steps(self, trace, event, serving, listed)
+        else:
+            redis_submit.queue_root(self._client, trace, event, serving, listed)
 
     def list_traces(self, limit: int = 50) -> list[Trace]:
         traces: list[Trace] = []
@@ -385,15 +395,3 @@ class RedisStore(RedisIndexes):
             self._client.delete(key)
         else:
             self._client.set(key, value, ex=ttl_s)
-
-    def count(self, counter: CounterName, by: int = 1) -> None:
-        try:
-            self._client.hincrby(keys.COUNTERS, counter, by)
-        except redis.RedisError:  # a metric must never fail the work it counts
-            warn_failed(log, "fleet counter %r not updated", counter)
-
-    def count_fallback(self, from_model: str, to_model: str) -> None:
-        try:
-            self._client.hincrby(keys.MODEL_FALLBACKS, json.dumps([from_model, to_model]), 1)
-        except redis.RedisError:
-            warn_failed(log, "fleet fallback count not updated")
