@@ -59,6 +59,7 @@ class Cluster:
         # Persisted as the single Redis is (fsync every second): a node that comes back has
         # its data, whatever the instant; a replica's full sync replaces it.
         argv += ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"]
+        argv += ["--repl-diskless-sync-delay", "0"]  # a replica's sync starts at once
         argv += ["--dir", str(node)]
         self.processes[port] = subprocess.Popen(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -175,7 +176,7 @@ def replicated_cluster() -> Iterator[Cluster]:
             _wait_state_ok(port)
         # Every replica synced before the first fault: one that never synced refuses to be
         # promoted (its data counts as too old), so a master killed in the first seconds
-        # (the first sync waits out `repl-diskless-sync-delay`, 5 s) was never failed over.
+        # (the first sync waited out `repl-diskless-sync-delay`, 5 s) was never failed over.
         for port in cluster.ports:
             if _role(port) == "slave":
                 _wait_synced(port)
