@@ -97,6 +97,8 @@ class Row:
     features: Counter[str] = field(default_factory=Counter)
     ended: Counter[str] = field(default_factory=Counter)
     stuck: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    """Roots gone while Redis kept the harness's marker in their slot: the fleet's loss."""
     doubled: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list)
     secrets: list[str] = field(default_factory=list)
@@ -109,7 +111,8 @@ class Row:
     @property
     def broken(self) -> bool:
         """Any invariant broken."""
-        broken = [self.stuck, self.doubled, self.tracebacks, self.secrets, self.cli, self.costs]
+        broken = [self.stuck, self.lost, self.doubled, self.tracebacks, self.secrets, self.cli]
+        broken.append(self.costs)
         return any(broken)
 
 
@@ -136,7 +139,8 @@ class Table:
         for name, r in self.rows.items():
             lines.append(
                 f"| {name} | {r.rounds} | {r.trees} | {sum(r.injected.values())} "
-                f"| {len(r.stuck)} | {r.ended['gone']} | {len(r.doubled)} | {len(r.costs)} "
+                f"| {len(r.stuck)} | {len(r.lost)} ({r.ended['gone']}) | {len(r.doubled)}"
+                f" | {len(r.costs)} "
                 f"| {len(r.tracebacks)} "
                 f"| {len(r.secrets)} | {len(r.cli)} | {r.slowest_s:.1f} s |"
             )
@@ -196,6 +200,7 @@ class Round:
                 row.cli += [] if "\n" not in str(exc) else [f"submit {tree.kind}: {exc!r}"]
                 say(f"  {tree.tag} {tree.kind} refused: {exc}")
                 continue
+            _retried(functools.partial(invariants.mark, self.the.fleet.store, tree.root_id))
             row.features[tree.kind] += 1
         self.trees = [t for t in self.trees if t.root_id]
         threads = [
@@ -240,6 +245,9 @@ class Round:
             row.slowest_s = max(row.slowest_s, time.monotonic() - started_s)
             verdict = _retried(functools.partial(invariants.check, store, tree))
             row.ended[verdict.status] += 1
+            if verdict.status == "lost":  # the root gone, Redis's marker beside it kept
+                row.lost.append(f"round {self.number} {tree.kind} {tree.root_id}")
+                say(f"  {tree.kind} {tree.root_id}: the root is gone, its slot's marker is not")
             row.doubled += [f"round {self.number} {tree.kind}: {d}" for d in verdict.doubled]
             row.costs += [f"round {self.number} {tree.kind}: {c}" for c in verdict.costs]
             for line in [*verdict.doubled, *verdict.costs]:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 
+from fleet import lifecycle
 from fleet.batch.file import parse_entry
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import ConfigError
@@ -293,3 +294,29 @@ def test_the_memory_budgets_decide_as_the_lua_does_call_for_call() -> None:
             children, depth = rng.randint(1, 4), rng.randint(1, 3)
             answers = [side.spawn("r", children, depth) for side in (lua, memory)]
         assert answers[0] == answers[1], (op, trace, answers)
+
+
+def test_an_ended_tree_holds_nothing_and_a_continued_root_gets_its_last_turn_again(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    # Chaos seed 39 round 0: a budget tree stopped around a Sentinel failover ended with its
+    # root's set-aside (a tenth of the tokens) still reserved; a call whose settle was lost
+    # to a failed write, then a stop, would leave its reservation too.
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), store=store, clients={"m": ScriptedModel()}
+    )
+    runtime = local.runtime
+    root = create_root(runtime, TaskSpec("t", model="m", budget=Budget(tokens=10_000)))
+    budgets = runtime.gate.budgets
+    assert budgets is not None
+    assert budgets.reserve(root.trace_id, root.trace_id, 4000, 0.0) == Reserved()  # never settled
+    lifecycle.stop_subtree(runtime, root.trace_id)  # queued: ended `stopped` here
+    state = budgets.state(root.trace_id)
+    assert state is not None and state.reserved_tokens == 0, state
+    lifecycle.stop_subtree(runtime, root.trace_id)  # released once: nothing more to give back
+    again = budgets.state(root.trace_id)
+    assert again is not None and (again.reserved_tokens, again.used_tokens) == (0, 0)
+    ended = store.get_trace(root.trace_id)
+    lifecycle.reopen_root(runtime, ended, 1, {"turn": 1})
+    state = budgets.state(root.trace_id)
+    assert state is not None and state.reserved_tokens == 1000, "the set-aside is back"

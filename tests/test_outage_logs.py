@@ -91,3 +91,28 @@ def test_a_cluster_or_sentinel_failing_over_interrupts_a_run_not_fails_it(
     assert not RedisStore.unavailable(
         RedisStore.__new__(RedisStore), redis.ResponseError("WRONGTYPE")
     )
+
+
+def test_the_remote_watcher_logs_a_failover_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by bench/chaos.py (seed 39, round 0): a Sentinel failover, and the remote
+    # poller's "remote poll failed" came with 40 lines of redis-py's frames.
+    from workers import remote_poll
+
+    def away(*args: object) -> list[str]:
+        raise redis.sentinel.MasterNotFoundError("No master found for 'fleetmaster'")
+
+    monkeypatch.setattr(remote_poll, "get_runtime", lambda: None)
+    monkeypatch.setattr(remote_poll, "claim_due", away)
+    caplog.set_level(logging.WARNING, "workers.remote_poll")
+    poller = remote_poll.RemotePoller(interval_s=0.01)
+    poller.start()
+    deadline_s = time.monotonic() + 10
+    while not caplog.records and time.monotonic() < deadline_s:
+        time.sleep(0.02)
+    poller.stop()
+    assert caplog.records, "the watcher never looked"
+    record = caplog.records[0]
+    assert record.getMessage().startswith("remote watch failed (store or broker away: ")
+    assert record.exc_info is None

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.errors import TransientLLMError
@@ -97,3 +100,20 @@ def test_a_run_cut_off_from_the_store_keeps_its_lease_to_lapse_and_is_not_failed
     assert trace.status == "running", "not failed: a sweeper resumes it"
     assert store.lease_holder(root.trace_id) is not None, "left to lapse, not released"
     assert store.expired_leases(10**15) == [root.trace_id]  # the sweeper will find it
+
+
+def test_a_run_of_a_trace_with_no_record_is_one_line_not_a_crash(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by bench/chaos.py: a Cluster master killed before its replica had a new root;
+    # the root's task still reached a worker, whose run logged "crashed" with a
+    # TraceNotFound traceback, then raised it again from the failing of a trace not there.
+    local = make_fleet(tmp_path, ScriptedModel())
+    caplog.set_level(logging.WARNING, "fleet.loop.runner")
+
+    result = run_safely(Runner(local.runtime), "20261129T013522-ade94d")
+
+    assert result.outcome == "gone"
+    (record,) = caplog.records
+    assert record.exc_info is None
+    assert "dropped: the trace has no record" in record.getMessage()

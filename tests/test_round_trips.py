@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import redis
-from redis.connection import Connection
+from redis.connection import AbstractConnection, Connection
 
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.limits.backends.redis.budgets import Budgets
@@ -67,28 +67,53 @@ def explorer(branches: int, on_call: Callable[[str, int], None] = lambda task, n
 
 
 def worker_runtime(
-    store: RedisStore, tmp_path: Path, model: Any
+    store: RedisStore, tmp_path: Path, model: Any, lease_ttl_ms: int = keys.LEASE_TTL_MS
 ) -> tuple[Runtime, RecordingDispatcher]:
     """A worker's runtime whose model goes through provider `plain` (no `limits:`)."""
     recorder = RecordingDispatcher()
-    runtime = Runtime.build(Settings(workspace=tmp_path, env={}), store, recorder)
+    settings = Settings(workspace=tmp_path, env={}, lease_ttl_ms=lease_ttl_ms)
+    runtime = Runtime.build(settings, store, recorder)
     gate = Gate(CONFIG, {}, Limiter(store.client), Budgets(store.client))
     return replace(runtime, config=CONFIG, gate=gate, clients={MODEL: model}), recorder
 
 
 @pytest.fixture
 def meter() -> Iterator[Counter[int]]:
-    """Round trips (a pipeline is one) by the thread that made them."""
+    """Round trips the fleet asked for (a pipeline is one), by the thread that made them.
+
+    Not counted: redis-py's upkeep of its connections, the handshake of a new one (HELLO,
+    PING, CLIENT SETINFO ...: 5 commands) and the PING of one idle past the health-check
+    interval. How many connections the pool opens depends on what the other threads (the
+    lease keeper, the call watcher) hold at that instant: under load a run met a new one
+    and counted 10 instead of 5, 8 instead of 3.
+    """
     trips: Counter[int] = Counter()
+    upkeep = threading.local()
     send: Callable[..., None] = Connection.send_packed_command
+    handshake, health = AbstractConnection.connect_check_health, AbstractConnection.check_health
 
     def counting(self: Connection, command: Any, check_health: bool = True) -> None:
-        trips[threading.get_ident()] += 1
+        if not getattr(upkeep, "busy", False):
+            trips[threading.get_ident()] += 1
         send(self, command, check_health)
 
+    def uncounted(method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: AbstractConnection, *args: Any, **kwargs: Any) -> Any:
+            upkeep.busy, was = True, getattr(upkeep, "busy", False)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                upkeep.busy = was
+
+        return call
+
     Connection.send_packed_command = counting  # type: ignore[method-assign,assignment]
+    AbstractConnection.connect_check_health = uncounted(handshake)  # type: ignore[method-assign]
+    AbstractConnection.check_health = uncounted(health)  # type: ignore[method-assign]
     yield trips
     Connection.send_packed_command = send  # type: ignore[method-assign]
+    AbstractConnection.connect_check_health = handshake  # type: ignore[method-assign]
+    AbstractConnection.check_health = health  # type: ignore[method-assign]
 
 
 def commands(client: redis.Redis) -> Counter[str]:
@@ -108,7 +133,9 @@ def test_a_branch_on_a_provider_without_limits_makes_three_round_trips(
     redis_client: redis.Redis, tmp_path: Path, meter: Counter[int]
 ) -> None:
     store = RedisStore(redis_client)
-    runtime, recorder = worker_runtime(store, tmp_path, explorer(6))
+    # No lease renewed meanwhile: the server's counts below are the runs' own (a loaded
+    # machine had a run outlast a heartbeat's interval: one EVALSHA more, the renewal's).
+    runtime, recorder = worker_runtime(store, tmp_path, explorer(6), lease_ttl_ms=600_000)
     request = spawned(runtime, recorder, 6)
     runner, me = Runner(runtime), threading.get_ident()
     before, trips = commands(redis_client), []

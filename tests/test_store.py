@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import fakeredis
 import pytest
@@ -17,7 +17,7 @@ from fleet.errors import ConfigError, TraceExists, TraceNotFound
 from fleet.goals import GoalTree
 from fleet.models import Collaborator, Event, Message, Trace, TraceStats, now_ms
 from fleet.storage import keys
-from fleet.storage.backends.redis.connect import redact_url
+from fleet.storage.backends.redis.connect import Lua, _cluster_class, redact_url
 from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
 from fleetops.redis_server import free_port
@@ -462,3 +462,35 @@ def test_update_trace_validates_only_trace_fields(store: TraceStore) -> None:
     store.update_trace("t1", status="running", metadata={"k": "é"}, head_sequence=None)
     trace = store.get_trace("t1")
     assert (trace.status, trace.metadata, trace.head_sequence) == ("running", {"k": "é"}, None)
+
+
+class LoadsElsewhere:
+    """A Cluster client just failed over: SCRIPT LOAD reaches the masters it knew, not the
+    promoted replica serving the keys, so EVALSHA keeps meeting NOSCRIPT there."""
+
+    def __init__(self) -> None:
+        self.evals: list[tuple[Any, ...]] = []
+
+    def evalsha(self, *args: Any) -> Any:
+        raise redis.exceptions.NoScriptError("No matching script. Please use EVAL.")
+
+    def script_load(self, source: str) -> str:
+        return "sha-loaded-on-the-old-masters"
+
+    def eval(self, source: str, numkeys: int, *keys_and_args: Any) -> Any:
+        self.evals.append((numkeys, *keys_and_args))
+        return "ran"
+
+    def get_encoder(self) -> Any:
+        return redis.Redis().get_encoder()
+
+
+def test_a_script_the_serving_node_lacks_runs_as_eval_not_a_second_evalsha() -> None:
+    # Found by bench/chaos.py (seed 32, round 8): a Cluster master killed, the lease's
+    # release met NOSCRIPT on the promoted replica twice and the run failed "crashed".
+    client = LoadsElsewhere()
+    lua = Lua("return KEYS[1]")
+    assert lua(cast(redis.Redis, client), ["fleet:k"], ["a"]) == "ran"
+    registered = _cluster_class().register_script(client, "return KEYS[1]")
+    assert registered(keys=["fleet:k"], args=["b"]) == "ran"
+    assert client.evals == [(1, "fleet:k", "a"), (1, "fleet:k", "b")]

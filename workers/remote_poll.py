@@ -18,6 +18,7 @@ import logging
 import threading
 
 from fleet.remote.poll import MAX_FOLLOWED, claim_due, follow_one
+from fleet.storage.outage import warn_failed
 from workers.dispatch import send_answered, tree_schedule
 from workers.runtime import get_runtime
 
@@ -57,7 +58,7 @@ class RemotePoller:
             try:
                 self._take()
             except Exception:  # Redis or broker blips must not kill the watcher
-                log.warning("remote watch failed", exc_info=True)
+                warn_failed(log, "remote watch failed")  # an outage in one line
             await asyncio.sleep(self.interval_s)
         for task in self.following.values():
             task.cancel()

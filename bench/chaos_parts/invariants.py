@@ -7,7 +7,11 @@
   collected twice, or a trace with more model turns than its script has (a write of a
   runner that was fenced out, or a turn run twice).
 - *lost*: a tree whose root a fault took (a Redis SIGKILL loses up to a second of writes,
-  a promoted replica what it had not received): counted apart, as *gone*.
+  a promoted replica what it had not received): counted apart, as *gone*, when Redis
+  itself lost it. The proof is a marker the harness writes in the root's slot once the
+  root is submitted (`mark`), a key the fleet never touches: gone with the root, Redis
+  lost that data; still there with the root gone, the fleet lost the root (*lost*, an
+  invariant broken).
 - *tracebacks*, *secrets*: lines of the workers' logs.
 - *cli*: a `fleet` command given a wrong id must fail in one line, with no traceback.
 """
@@ -29,6 +33,8 @@ from fleet.errors import FleetError, TraceNotFound
 from fleet.history import main_path
 from fleet.limits.capability import budget_state
 from fleet.models import Message, Trace
+from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.keys.layout import tree_id
 from fleet.storage.store import TraceStore
 
 SECRETS_ENV = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
@@ -68,12 +74,29 @@ def wait_ended(store: TraceStore, root_id: str, deadline_s: float) -> bool:
     return True
 
 
+def marker(root_id: str) -> str:
+    """The harness's key in the root's slot (the tree's hash tag in the cluster layout)."""
+    return f"chaos-marker:{tree_id(root_id)}"
+
+
+def mark(store: TraceStore, root_id: str) -> None:
+    """Write the root's marker, right after its submission (see *lost*)."""
+    redis_client(store).set(marker(root_id), "1", ex=3600)
+
+
+def redis_client(store: TraceStore) -> redis.Redis:
+    """The Redis client under a fleet store."""
+    assert isinstance(store, RedisStore), store
+    return store.client
+
+
 def check(store: TraceStore, tree: Tree) -> Verdict:
     """The ended tree's status and everything in it written twice."""
     try:
         root = store.get_trace(tree.root_id)
     except TraceNotFound:
-        return Verdict("gone")
+        kept = redis_client(store).exists(marker(tree.root_id))
+        return Verdict("lost" if kept else "gone")
     verdict = Verdict(root.status)
     spent = 0
     frontier = [root]

@@ -106,13 +106,14 @@ def decide(
 def owed_after_run(outcome: str, *, recovered: bool, windowed: bool) -> tuple[Settler, ...]:
     """The settlements a run task owes its parent's call once its run returned `outcome`.
 
-    A windowed child that ended settles as the window's; a recovered run settles unless
-    the store was unreachable (`interrupted`: a sweeper resumes it and it settles then),
-    `busy` included (another runner holds the child: the call is deferred to a sweeper).
+    A windowed child that ended settles as the window's; a recovered run settles, `busy`
+    included (another runner holds the child: the call is deferred to a sweeper), unless
+    the store was unreachable (`interrupted`: a sweeper resumes it and it settles then) or
+    the child has no record (`gone`: the owner check answers for its parent).
     """
     ended = outcome in ("completed", "failed", "stopped")
     owed: tuple[Settler, ...] = ("window",) if ended and windowed else ()
-    if recovered and outcome != "interrupted":
+    if recovered and outcome not in ("interrupted", "gone"):
         owed += ("recovery",)
     return owed
 

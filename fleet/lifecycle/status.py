@@ -162,6 +162,7 @@ def finish(
     """
     store = runtime.store
     before = trace if trace is not None else store.get_trace(trace_id)
+    runtime.gate.ended(trace_id, before.root_trace_id)  # first: a retried finish releases again
     finished = now_ms()
     redactor = runtime.redactor  # an error may quote a provider body or an exception
     fields: TracePatch = {
@@ -277,6 +278,7 @@ def reopen_root(runtime: Runtime, trace: Trace, turn: int, data: dict[str, Any])
     write = TraceWrite(trace.trace_id, trace.root_trace_id).update(event, **fields)
     runtime.store.apply(write.update_run(turn=turn, stop_reason=None, waiting_on=None))
     runtime.store.clear_stop(trace.trace_id)
+    runtime.gate.ended(trace.trace_id, trace.root_trace_id, reopened=True)
     reopened = trace.model_copy(update=fields)
     return reopened.with_run(turn=turn, stop_reason=None, waiting_on=None)
 

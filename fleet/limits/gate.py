@@ -269,6 +269,19 @@ class Gate:
             target.model, prompt_tokens, completion_tokens, target.pricing, kind=target.kind
         )
 
+    def ended(self, trace_id: str, root_trace_id: str, *, reopened: bool = False) -> None:
+        """A trace's end: its budget's reservations go (`reopened`: a root continues).
+
+        A call settles itself; this covers a settle that never came (a write refused by a
+        failover, then a stop) and the root's unused set-aside, so an ended tree holds none.
+        """
+        if self.budgets is None or not self.budgets.has(root_trace_id):
+            return
+        if reopened:
+            self.budgets.rearm(root_trace_id)
+        else:
+            self.budgets.release(trace_id, root_trace_id)
+
     def _refund(self, go: Go) -> None:
         """Nothing was used: the reservation goes (a final turn's set-aside comes back)."""
         if self.budgets is not None and go.budget.budgeted:

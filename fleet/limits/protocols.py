@@ -115,6 +115,14 @@ class TreeBudgets(Protocol):
         """Replace the call's reservation by its real usage (0 for a call that failed)."""
         ...
 
+    def release(self, trace_id: str, root_trace_id: str) -> None:
+        """The trace ended: what it still holds goes, and the root's set-aside with the root."""
+        ...
+
+    def rearm(self, root_trace_id: str) -> None:
+        """The root is continued: its set-aside final turn is kept again (unless used)."""
+        ...
+
     def spawn(self, root_trace_id: str, children: int, depth: int) -> str | None:
         """Count `children` new sub-agents at `depth`; a refusal for the model, or None."""
         ...

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from fleet import lifecycle
 from fleet.children import settling
-from fleet.errors import LeaseLost, NewerRecord
+from fleet.errors import LeaseLost, NewerRecord, TraceNotFound
 from fleet.lifecycle import recorder
 from fleet.limits.gate import Wait
 from fleet.loop.fenced_run import FencedRun
@@ -122,10 +122,24 @@ def run_safely(runner: Runner, trace_id: str) -> RunResult:
         if runner.store.unavailable(exc):
             log.warning("run of %r interrupted, the store is unreachable: %s", trace_id, exc)
             return RunResult(trace_id, "interrupted")
+        if isinstance(exc, TraceNotFound) and _gone(runner, trace_id):
+            log.warning("run of %r dropped: the trace has no record (%s)", trace_id, exc)
+            return RunResult(trace_id, "gone")
         log.exception("run of %r crashed", trace_id)
         error = f"{type(exc).__name__}: {exc}"
         lifecycle.fail(runner.runtime, trace_id, error=error, reason="crash")
         return RunResult(trace_id, "failed")
+
+
+def _gone(runner: Runner, trace_id: str) -> bool:
+    """Whether the trace has no record now (not: the store cannot say)."""
+    try:
+        runner.store.get_trace(trace_id)
+    except TraceNotFound:
+        return True
+    except Exception:  # the store is away again: not known to be gone, so it is a crash
+        return False
+    return False
 
 
 def run_to_end(runner: Runner, trace_id: str) -> RunResult:

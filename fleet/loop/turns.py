@@ -42,6 +42,7 @@ Outcome = Literal[
     "throttled",
     "interrupted",
     "parked",
+    "gone",
 ]
 """`busy`: another runner holds the trace. `lost`: our lease was taken over.
 `yielded`: the host asked us to let go (worker shutting down); the trace is queued again.
@@ -49,7 +50,9 @@ Outcome = Literal[
 `RunResult.retry_in_s`. `interrupted`: the store could not be reached mid-run; the lease
 was left to lapse, and a sweeper resumes the trace once the store is back. `parked`: the
 turn's model call waits in a provider batch (`fleet.batchapi`), or a remote child waits on
-its A2A task or a person (`fleet.remote`); a poller (or `fleet reply`) sends it again."""
+its A2A task or a person (`fleet.remote`); a poller (or `fleet reply`) sends it again.
+`gone`: the trace has no record (a Redis that lost it with its last writes, a Cluster
+master killed before its replica had it): nothing to run, nothing to fail."""
 
 
 @dataclass(frozen=True)

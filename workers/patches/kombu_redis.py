@@ -7,9 +7,12 @@ Written and tested against kombu 5.7.0 (Celery 5.7.0, redis-py 8.1.0; pyproject 
 
 - `kombu-broker-loss` wraps `kombu.transport.redis.QoS.restore_unacked`, `.ack` and
   `.reject`: upstream, after `Connection.collect()` dropped the channel's client, each
-  raises AttributeError (the bug). **Off, a worker exits** ("Unrecoverable error") when its
-  Redis broker connection breaks with messages unacknowledged, and needs a supervisor to
-  restart it; nothing else changes.
+  raises AttributeError (the bug). It also replaces `kombu.message.Message.ack_log_error`
+  (upstream: `ack()`, and on an error of `errors` or a BrokenPipeError a CRITICAL "Couldn't
+  ack" with its traceback, the BrokenPipeError re-raised) by the same in one line. **Off, a
+  worker exits** ("Unrecoverable error") when its Redis broker connection breaks with
+  messages unacknowledged, and needs a supervisor to restart it; and an ack after a broker
+  restart is a CRITICAL traceback; nothing else changes.
 - `kombu-unacked-script` replaces `QoS.append(message, delivery_tag)`: upstream writes
   `ZADD unacked_index {tag: time}` and `HSET unacked {tag: [raw, exchange, routing_key]}`
   in a MULTI pipeline, then `virtual.QoS.append`; the script writes the same entries.
@@ -81,6 +84,7 @@ from typing import Any
 
 import redis
 from kombu.asynchronous import get_event_loop
+from kombu.message import Message
 from kombu.messaging import Producer
 from kombu.transport import virtual
 from kombu.transport.redis import Channel as RedisChannel
@@ -94,9 +98,40 @@ log = logging.getLogger(__name__)
 
 
 def install_broker_loss() -> list[Undo]:
-    """`kombu-broker-loss`: the QoS's restore, ack and reject log a lost client, not raise."""
+    """`kombu-broker-loss`: the QoS's restore, ack and reject log a lost client, not raise.
+
+    And an ack that meets the lost connection (any transport) is one line, not kombu's
+    CRITICAL "Couldn't ack" with its traceback (`_ack_logged`).
+    """
     names = ("restore_unacked", "ack", "reject")
-    return [replace(QoS, name, _tolerant(name, getattr(QoS, name))) for name in names]
+    undos = [replace(QoS, name, _tolerant(name, getattr(QoS, name))) for name in names]
+    return [*undos, replace(Message, "ack_log_error", _ack_logged)]
+
+
+def _ack_logged(self: Any, logger: Any, errors: Any, multiple: bool = False) -> None:
+    """`Message.ack_log_error` in one line (kombu: CRITICAL and its traceback).
+
+    As kombu, a BrokenPipeError is raised again after the line. The message is not lost:
+    the broker delivers it again (RabbitMQ at once, Redis after its visibility timeout) and
+    its run finds its trace as the first run left it.
+    """
+    caught: tuple[type[BaseException], ...] = (BrokenPipeError, *_as_tuple(errors))
+    try:
+        self.ack(multiple=multiple)
+    except caught as exc:
+        logger.warning(
+            "broker connection lost: ack of %r skipped (%s: %s); the broker delivers the"
+            " message again",
+            self.delivery_tag,
+            type(exc).__name__,
+            " ".join(str(exc).split())[:200],
+        )
+        if isinstance(exc, BrokenPipeError):
+            raise
+
+
+def _as_tuple(errors: Any) -> tuple[type[BaseException], ...]:
+    return tuple(errors) if isinstance(errors, (tuple, list)) else (errors,)
 
 
 def install_unacked_script() -> list[Undo]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fleet.limits.backends.memory.limiter import LimitState
 from fleet.limits.budget import (
+    FINAL_SHARE,
     UNBUDGETED,
     Budget,
     BudgetState,
@@ -106,6 +107,25 @@ class MemoryBudgets:
                 data.update(final_used="0", final_tokens=held[0], final_usd=held[1])
             data["used_tokens"] = int(_num(data, "used_tokens")) + used_tokens
             data["used_usd"] = _num(data, "used_usd") + float(used_usd)
+
+    def release(self, trace_id: str, root_trace_id: str) -> None:
+        """See `Budgets.release` (BUDGET_RELEASE)."""
+        with self._state.lock:
+            self._held[root_trace_id].pop(trace_id, None)
+            data = self._budgets.get(root_trace_id)
+            if trace_id == root_trace_id and data is not None:
+                data.update(final_tokens=0, final_usd=0)
+
+    def rearm(self, root_trace_id: str) -> None:
+        """See `Budgets.rearm` (BUDGET_RELEASE)."""
+        with self._state.lock:
+            data = self._budgets.get(root_trace_id)
+            if data is None or data.get("final_used") == "1":
+                return
+            if "limit_tokens" in data:
+                data["final_tokens"] = int(_num(data, "limit_tokens") * FINAL_SHARE)
+            if "limit_usd" in data:
+                data["final_usd"] = _num(data, "limit_usd") * FINAL_SHARE
 
     def spawn(self, root_trace_id: str, children: int, depth: int) -> str | None:
         """See `Budgets.spawn` (BUDGET_SPAWN)."""

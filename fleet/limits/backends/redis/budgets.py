@@ -10,6 +10,7 @@ import redis
 
 from fleet.limits.backends.redis import scripts as limit_scripts
 from fleet.limits.budget import (
+    FINAL_SHARE,
     UNBUDGETED,
     Budget,
     BudgetState,
@@ -35,6 +36,7 @@ class Budgets:
         self._reserve = client.register_script(limit_scripts.BUDGET_RESERVE)
         self._settle = client.register_script(limit_scripts.BUDGET_SETTLE)
         self._spawn = client.register_script(limit_scripts.BUDGET_SPAWN)
+        self._release = client.register_script(limit_scripts.BUDGET_RELEASE)
         self._known: dict[str, bool] = {}
         self._lock = threading.Lock()
 
@@ -117,6 +119,22 @@ class Budgets:
         args: list[str | int] = [trace_id, used_tokens, repr(float(used_usd))]
         args.append("1" if final_refund else "0")
         self._settle(keys=script_keys, args=args)
+
+    def release(self, trace_id: str, root_trace_id: str) -> None:
+        """The trace ended: what it still holds goes, and the root's set-aside with the root.
+
+        Idempotent (BUDGET_RELEASE): a settle lost to a failed write is released here.
+        """
+        kind = "root" if trace_id == root_trace_id else "end"
+        self._release_with(trace_id, root_trace_id, kind)
+
+    def rearm(self, root_trace_id: str) -> None:
+        """The root is continued: its set-aside final turn is kept again (unless used)."""
+        self._release_with(root_trace_id, root_trace_id, "reopen")
+
+    def _release_with(self, trace_id: str, root_trace_id: str, kind: str) -> None:
+        script_keys = [keys.budget(root_trace_id), keys.budget_held(root_trace_id)]
+        self._release(keys=script_keys, args=[trace_id, kind, repr(FINAL_SHARE)])
 
     def spawn(self, root_trace_id: str, children: int, depth: int) -> str | None:
         """Count `children` new sub-agents at `depth`; a refusal for the model, or None."""

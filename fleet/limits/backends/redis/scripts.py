@@ -277,6 +277,26 @@ end
 return 1
 """
 
+# A trace ended: what it still holds goes (a call whose settle was lost: a write that
+# failed mid-failover, then a stop), and the root's end gives back its set-aside final
+# turn. A root continued later gets its set-aside again (unless its final turn was used).
+# Idempotent: a second release, or a settle after it, finds nothing held.
+# KEYS: budget, held. ARGV: trace id, 'end' (a branch), 'root' (the root ended) or
+# 'reopen' (the root continued: ARGV[1] unused), the final share
+BUDGET_RELEASE = """
+if ARGV[2] ~= 'reopen' then redis.call('HDEL', KEYS[2], ARGV[1]) end
+if ARGV[2] == 'end' or redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
+if ARGV[2] == 'root' then
+  redis.call('HSET', KEYS[1], 'final_tokens', 0, 'final_usd', 0)
+elseif redis.call('HGET', KEYS[1], 'final_used') ~= '1' then
+  local f = redis.call('HMGET', KEYS[1], 'limit_tokens', 'limit_usd')
+  local share = tonumber(ARGV[3])
+  if f[1] then redis.call('HSET', KEYS[1], 'final_tokens', math.floor(tonumber(f[1]) * share)) end
+  if f[2] then redis.call('HSET', KEYS[1], 'final_usd', tonumber(f[2]) * share) end
+end
+return 1
+"""
+
 # Sub-agents about to be spawned: counted against `sub_agents`, refused when the tree is
 # spent or the children would be deeper than `depth`.
 # KEYS: budget. ARGV: children, their depth

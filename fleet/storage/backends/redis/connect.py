@@ -140,12 +140,10 @@ def _sentinel_client(url: str, master: str | None, options: dict[str, Any]) -> r
 
 def connect_cluster(url: str, *, timeout_s: float | None = None) -> redis.Redis:
     """A `RedisCluster` client (typed as the `Redis` it stands in for: the same commands)."""
-    from redis.cluster import RedisCluster
-
     from fleet.storage import keys
 
     keys.use_cluster_layout(True)
-    client = RedisCluster.from_url(
+    client = _cluster_class().from_url(
         url,
         decode_responses=True,
         # As `connect`'s pool: a thread past the cap waits for a connection (the default
@@ -158,6 +156,27 @@ def connect_cluster(url: str, *, timeout_s: float | None = None) -> redis.Redis:
         socket_keepalive=True,
     )
     return cast(redis.Redis, client)
+
+
+def _cluster_class() -> type[Any]:
+    """`RedisCluster` whose registered scripts run as EVAL on NOSCRIPT (see `Lua`)."""
+    from redis.cluster import RedisCluster
+    from redis.commands.core import Script
+
+    class EvalOnNoScript(Script):
+        def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+            try:
+                return super().__call__(keys, args, client)
+            except NoScriptError:  # SCRIPT LOAD went to masters that do not serve the keys
+                keys, args = list(keys or []), list(args or [])
+                target = client if client is not None else self.registered_client
+                return target.eval(str(self.script), len(keys), *keys, *args)
+
+    class FleetCluster(RedisCluster):
+        def register_script(self, script: Any) -> Script:
+            return EvalOnNoScript(self, script)
+
+    return FleetCluster
 
 
 def close_client(client: redis.Redis) -> None:
@@ -197,7 +216,10 @@ class Lua:
     Any other client (one whose policy retries, so that redis-py decides what is resent and
     how often; a pipeline, a single-connection client, fakeredis, a subclass) takes
     redis-py's path from the start.
-    A restarted or flushed Redis answers NOSCRIPT: the script is loaded and run once more.
+    A restarted or flushed Redis answers NOSCRIPT: the script is run once more as EVAL.
+    Not SCRIPT LOAD then EVALSHA: on a Cluster just failed over, the client's SCRIPT LOAD
+    goes to the masters it knows, which need not be the promoted replica now serving the
+    keys, and the second EVALSHA met NOSCRIPT again (a chaos run failed a trace "crashed").
     The lean path takes only connections of the classes in LEAN_CONNECTIONS (TCP, TLS, a
     Unix socket); others (a Sentinel-managed one, which re-resolves the master and turns
     a demoted master's READONLY into a reconnect) go through redis-py.
@@ -218,9 +240,8 @@ class Lua:
             ):
                 return self._lean(client, keys, args)
             return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:  # EVAL goes where the keys are (and caches the script there)
+            return client.eval(self.source, len(keys), *keys, *args)
 
     def _lean(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Any]) -> Any:
         pool = client.connection_pool
