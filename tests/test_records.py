@@ -211,12 +211,14 @@ def test_an_entry_keeps_a_newer_releases_fields_when_its_child_ends(
         store.apply(write.put_collaborator("p", ended))
     else:
         sibling = Collaborator(name="b", trace_id="p@b", status="failed")
-        store.apply(TraceWrite("p", "p").put_collaborator("p", ended).put_collaborator("p", sibling))
+        store.apply(
+            TraceWrite("p", "p").put_collaborator("p", ended).put_collaborator("p", sibling)
+        )
     entries = {e.trace_id: e for e in store.collaborators("p")}
     done = entries["p@a"]
     assert done.status == "completed" and done.summary == '"}]{'
     assert done.model_extra == json.loads("{" + NEWER_ENTRY_FIELDS + "}")
     if isinstance(store, RedisStore):  # kept byte for byte, not re-encoded
-        raw = store._client.hget(keys.collaborators("p"), "p@a")
+        raw = str(store._client.hget(keys.collaborators("p"), "p@a"))
         assert raw.endswith("," + NEWER_ENTRY_FIELDS + "}"), raw
         assert store._client.lrange(keys.collaborator_order("p"), 0, -1)[0] == "p@a"

@@ -68,9 +68,12 @@ class PutCollaborator:
 
 
 def put_entry(entries: dict[str, Collaborator], entry: Collaborator) -> None:
-    """Put `entry` in a parent's `entries` (by child), with the fields of the one it replaces
-    that it lacks and this release does not know: a newer release's, kept for it (as every
-    store writes an entry; on Redis `fleet.storage.backends.redis.entries.KEEP`)."""
+    """Put `entry` in a parent's `entries` (by child), keeping the one it replaces' strangers.
+
+    The fields of the old entry that `entry` lacks and this release does not know are a
+    newer release's, kept for it (as every store writes an entry; on Redis
+    `fleet.storage.backends.redis.entries.KEEP`).
+    """
     old = entries.get(entry.trace_id)
     theirs, mine = (old.model_extra or {}) if old else {}, entry.model_extra or {}
     if theirs.keys() - mine.keys():

@@ -63,10 +63,12 @@ local function kept(entry, old)
   local mine, more = {}, {}
   for _, f in ipairs(json_fields(entry)) do mine[f[1]] = true end
   for _, f in ipairs(json_fields(old)) do
-    if not KNOWN_ENTRY_FIELDS[f[1]] and not mine[f[1]] then more[#more + 1] = f[1] .. ':' .. f[2] end
+    local key = f[1]
+    if not KNOWN_ENTRY_FIELDS[key] and not mine[key] then more[#more + 1] = key .. ':' .. f[2] end
   end
   if #more == 0 then return entry end
-  return string.sub(entry, 1, string.find(entry, '}%s*$') - 1) .. ',' .. table.concat(more, ',') .. '}'
+  local body = string.sub(entry, 1, string.find(entry, '}%s*$') - 1)
+  return body .. ',' .. table.concat(more, ',') .. '}'
 end
 """
 )

@@ -208,7 +208,8 @@ local function put_entries()
       local known = redis.call('HMGET', KEYS[6], unpack(kids, j, math.min(j + 3999, #kids)))
       for k = 1, #known do
         local id = kids[j + k - 1]
-        if known[k] then children[id] = kept(children[id], known[k]) else listed[#listed + 1] = id end
+        if known[k] then children[id] = kept(children[id], known[k])
+        else listed[#listed + 1] = id end
       end
     end
     for _, id in ipairs(kids) do
