@@ -222,3 +222,16 @@ def test_an_entry_keeps_a_newer_releases_fields_when_its_child_ends(
         raw = str(store._client.hget(keys.collaborators("p"), "p@a"))
         assert raw.endswith("," + NEWER_ENTRY_FIELDS + "}"), raw
         assert store._client.lrange(keys.collaborator_order("p"), 0, -1)[0] == "p@a"
+
+
+@pytest.mark.integration
+def test_an_entry_field_nested_deeper_than_cjson_reads_is_kept_too(
+    redis_client: redis.Redis,
+) -> None:
+    store = RedisStore(redis_client)
+    deep = "[" * 1200 + "]" * 1200  # cjson refuses past 1000 levels: read raw instead
+    announced = '{"name":"a","trace_id":"p@a","status":"running","from_the_future":' + deep + "}"
+    redis_client.hset(keys.collaborators("p"), "p@a", announced)
+    store.put_collaborator("p", Collaborator(name="a", trace_id="p@a", status="completed"))
+    raw = str(redis_client.hget(keys.collaborators("p"), "p@a"))
+    assert raw.endswith(',"from_the_future":' + deep + "}") and '"completed"' in raw

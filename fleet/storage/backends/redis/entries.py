@@ -6,7 +6,9 @@ replaces. `KEEP` splices those fields back, raw: each top-level field of the sto
 that the new one lacks and `Collaborator` does not declare is appended as its bytes were
 written (never through cjson, which turns `[]` into `{}` and big integers into floats).
 `schema_version` is the writer's own: the kept fields are a newer release's, read by it
-again.
+again. The stored entry's names are read by cjson first (an entry with none to keep, the
+usual case, costs an HGET and that decode: ~7 µs of Redis CPU per entry write, measured
+on a 700-byte entry); only one with a stranger is scanned raw.
 """
 
 from __future__ import annotations
@@ -60,6 +62,14 @@ local KNOWN_ENTRY_FIELDS = {"""
 -- and this release does not know, appended as they were written.
 local function kept(entry, old)
   if not old then return entry end
+  -- The names only, at C speed (the values are taken raw); anything cjson refuses (nested
+  -- deeper than it reads) is looked at raw.
+  local read, decoded = pcall(cjson.decode, old)
+  local strangers = not read
+  for key in pairs(read and decoded or {}) do
+    if not KNOWN_ENTRY_FIELDS['"' .. key .. '"'] then strangers = true end
+  end
+  if not strangers then return entry end
   local mine, more = {}, {}
   for _, f in ipairs(json_fields(entry)) do mine[f[1]] = true end
   for _, f in ipairs(json_fields(old)) do
