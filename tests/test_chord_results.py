@@ -37,13 +37,15 @@ def fleet(
         yield fleet
 
 
-def celery_keys(client: redis.Redis) -> dict[str, tuple[int, int]]:
-    """Celery's keys by kind (`task-meta`, a group key's suffix): how many, the longest TTL."""
-    kinds: dict[str, tuple[int, int]] = {}
+def celery_keys(client: redis.Redis) -> dict[str, tuple[int, int, int]]:
+    """Celery's keys by kind (`task-meta`, a group key's suffix): how many, the longest TTL
+    and their bytes (`MEMORY USAGE`)."""
+    kinds: dict[str, tuple[int, int, int]] = {}
     for key in client.scan_iter("celery-*", count=1000):
         kind = "task-meta" if key.startswith("celery-task-meta-") else key.rsplit(".", 1)[-1]
-        count, longest = kinds.get(kind, (0, 0))
-        kinds[kind] = (count + 1, max(longest, client.ttl(key)))
+        count, longest, size = kinds.get(kind, (0, 0, 0))
+        used = int(client.memory_usage(key) or 0)
+        kinds[kind] = (count + 1, max(longest, client.ttl(key)), size + used)
     return kinds
 
 
@@ -55,8 +57,8 @@ def test_an_explore_over_leaves_no_celery_result_behind(
     for handle in handles:
         assert handle.wait(timeout_s=120).status == "completed"
     kinds = celery_keys(redis_client)
-    print(f"celery keys after {EXPLORES} explores of 3 (count, longest TTL s): {kinds}")
+    print(f"celery keys after {EXPLORES} explores of 3 (count, longest TTL s, bytes): {kinds}")
     # Before: 20 `task-meta` (each body's result) and 20 `fc`, both for 24 h.
     assert set(kinds) <= {"fc"}, kinds
-    count, longest = kinds.get("fc", (0, 0))
+    count, longest, _ = kinds.get("fc", (0, 0, 0))
     assert count <= EXPLORES and longest <= chord_join.done_ttl_s(app.backend) < 24 * 3600
