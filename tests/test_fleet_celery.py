@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,14 +62,14 @@ def stored_results(conn: redis.Redis) -> list[dict[str, Any]]:
     return [json.loads(conn.get(key) or "{}") for key in conn.scan_iter("celery-task-meta-*")]
 
 
-def test_branches_store_no_result_and_the_fleet_join_leaves_only_its_mark(
+def test_branches_and_body_store_no_result_and_the_fleet_join_leaves_only_its_mark(
     fleet: Fleet, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
     model = explore_script(tmp_path / "m.yaml", 12)
     trace = fleet.submit("survey", model=model).wait(timeout_s=60)
-    assert trace.status == "completed"
-    wait_until(lambda: stored_results(redis_client) != [], 10, "the chord body's result")
-    assert [r["name"] for r in stored_results(redis_client)] == ["fleet.collect"]
+    assert trace.status == "completed"  # the body ran: it wrote the explore's tool result
+    time.sleep(0.5)  # what the body's task does after it settled (a stored result, once)
+    assert stored_results(redis_client) == []
     (mark,) = redis_client.scan_iter("celery-taskset-meta-*")  # no parts, no `.s` size key
     assert mark.endswith(chord_join.CLAIM_SUFFIX) and redis_client.get(mark) == "done"
     assert redis_client.ttl(mark) > 0

@@ -67,26 +67,6 @@ def fleet_client(broker_url: str, redis_url: str, workspace: Path) -> Iterator[F
 
 
 @dataclass(frozen=True)
-class TaskMeta:
-    """A task's entry in the result backend (`result_extended`: name, status)."""
-
-    task_id: str
-    name: str
-    status: str
-
-
-def task_metas(conn: redis.Redis, name: str) -> list[TaskMeta]:
-    """Every stored task of this name (chord bodies store results; run tasks don't)."""
-    metas = []
-    for key in conn.scan_iter("celery-task-meta-*"):
-        raw = conn.get(key)
-        meta = json.loads(raw) if raw else {}
-        if meta.get("name") == name:
-            metas.append(TaskMeta(task_id=meta["task_id"], name=name, status=meta["status"]))
-    return metas
-
-
-@dataclass(frozen=True)
 class TaskRun:
     """A run task (`fleet.run_agent`, `resume_agent`) as its workers' task events tell it."""
 
@@ -133,6 +113,16 @@ class TaskEvents:
         self._thread.join()
         self._conn.release()
         self._app.close()
+
+    def ends(self, name: str) -> list[str]:
+        """How each task of this name ended so far (`task-succeeded`, `task-failed`, ...).
+
+        The chord body stores no result: its events are what says it ran.
+        """
+        events = list(self._events)
+        ids = {e["uuid"] for e in events if e["type"] == "task-received" and e["name"] == name}
+        ended = ("task-succeeded", "task-failed", "task-rejected", "task-revoked")
+        return [e["type"] for e in events if e["type"] in ended and e.get("uuid") in ids]
 
     def runs(self) -> list[TaskRun]:
         """Every run task received so far, by task id (a retry or redelivery is the same)."""
@@ -328,8 +318,8 @@ def test_a_killed_pool_process_is_retried_and_each_branch_collected_once(
         # completes the chord late, and its body must find the explore collected already.
         def retried_and_chord_done() -> bool:
             retry = [r for r in task_events.runs() if r.trace_id == victim.trace_id and r.retries]
-            bodies = task_metas(conn, "fleet.collect")
-            return bool(retry) and retry[0].succeeded and [b.status for b in bodies] == ["SUCCESS"]
+            bodies = task_events.ends("fleet.collect")
+            return bool(retry) and retry[0].succeeded and bodies == ["task-succeeded"]
 
         wait_until(retried_and_chord_done, RUN_TIMEOUT_S, "the retry and the chord body")
         assert_collected_once(fleet, trace.trace_id, 20)
@@ -408,7 +398,8 @@ def test_a_killed_worker_is_recovered_by_the_survivor_within_the_lease_bound(
         slow_done_s = since_kill_s(fleet.trace(slow[0].trace_id).finished_at_ms)
         victims_done_s = [since_kill_s(fleet.trace(v.trace_id).finished_at_ms) for v in victims]
         assert max(victims_done_s) < slow_done_s, "the scenario: a chord member ended last"
-        assert task_metas(conn, "fleet.collect") == [], "the lost headers' chord never fired"
+        fired = list(conn.scan_iter("celery-taskset-meta-*.fc"))  # the join's claim or mark
+        assert fired == [], "the lost headers' chord never fired"
         log = survivor.log()
     assert not pid_alive(victim.pid)
     claimed_s = sorted(since_kill_s(reenqueued_at_ms(log, v.trace_id)) for v in victims)

@@ -25,6 +25,7 @@ from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.batch_types import CallStatus
 from fleet.storage.inbox_types import Posted
 from fleet.storage.store import TraceStore
+from fleet.storage.writes import TraceWrite
 
 NEWER = SCHEMA_VERSION + 1
 
@@ -182,3 +183,55 @@ def test_a_run_state_field_of_a_newer_release_stays_in_redis(redis_client: redis
     store.update_trace("t1", status="running")
     assert store.snapshot("t1").trace.run.turn == 3, "read, the stranger ignored"
     assert redis_client.hget(keys.trace("t1"), "r:from_the_future") == "[1, 2]"
+
+
+# What a newer release added to an entry, in the forms cjson would change: an empty list, an
+# integer beyond a double, a float, a string of JSON punctuation and escapes, non-ASCII.
+NEWER_ENTRY_FIELDS = (
+    '"from_the_future":{"tags":[],"big":12345678901234567890,"ratio":0.1,'
+    '"text":"a \\"}]{[,:\\\\ é","nested":[[],{"k":[1,{}]}]},"also":[]'
+)
+
+
+@pytest.mark.parametrize("how", ["alone", "in_the_childs_write", "among_siblings"])
+def test_an_entry_keeps_a_newer_releases_fields_when_its_child_ends(
+    store: TraceStore, how: str
+) -> None:
+    # The entry a newer release announced; the child's end rebuilds it from the child
+    # (`fleet.lifecycle.entries.mirrored`) and must not drop what this release does not know.
+    for trace_id in ("p", "p@a", "p@b"):
+        store.create_trace(Trace(trace_id=trace_id, root_trace_id="p", task="x"))
+    announced = '{"name":"a","trace_id":"p@a","status":"running",' + NEWER_ENTRY_FIELDS + "}"
+    store.put_collaborator("p", Collaborator.model_validate_json(announced))
+    ended = Collaborator(name="a", trace_id="p@a", status="completed", summary='"}]{')
+    if how == "alone":
+        store.put_collaborator_and_emit("p", "p", ended, Event(kind="collaborator", trace_id="p@a"))
+    elif how == "in_the_childs_write":
+        write = TraceWrite("p@a", "p").update(Event(kind="finish", trace_id="p@a"))
+        store.apply(write.put_collaborator("p", ended))
+    else:
+        sibling = Collaborator(name="b", trace_id="p@b", status="failed")
+        store.apply(
+            TraceWrite("p", "p").put_collaborator("p", ended).put_collaborator("p", sibling)
+        )
+    entries = {e.trace_id: e for e in store.collaborators("p")}
+    done = entries["p@a"]
+    assert done.status == "completed" and done.summary == '"}]{'
+    assert done.model_extra == json.loads("{" + NEWER_ENTRY_FIELDS + "}")
+    if isinstance(store, RedisStore):  # kept byte for byte, not re-encoded
+        raw = str(store._client.hget(keys.collaborators("p"), "p@a"))
+        assert raw.endswith("," + NEWER_ENTRY_FIELDS + "}"), raw
+        assert store._client.lrange(keys.collaborator_order("p"), 0, -1)[0] == "p@a"
+
+
+@pytest.mark.integration
+def test_an_entry_field_nested_deeper_than_cjson_reads_is_kept_too(
+    redis_client: redis.Redis,
+) -> None:
+    store = RedisStore(redis_client)
+    deep = "[" * 1200 + "]" * 1200  # cjson refuses past 1000 levels: read raw instead
+    announced = '{"name":"a","trace_id":"p@a","status":"running","from_the_future":' + deep + "}"
+    redis_client.hset(keys.collaborators("p"), "p@a", announced)
+    store.put_collaborator("p", Collaborator(name="a", trace_id="p@a", status="completed"))
+    raw = str(redis_client.hget(keys.collaborators("p"), "p@a"))
+    assert raw.endswith(',"from_the_future":' + deep + "}") and '"completed"' in raw

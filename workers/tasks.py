@@ -140,6 +140,8 @@ def requeue(task: Task, countdown_s: float = 0.0, why: str = "handed back") -> N
 
 @app.task(
     name="fleet.collect",
+    # Nobody reads the body's result: stored, it outlived its chord by `result_expires`.
+    ignore_result=True,
     # A Redis blip must not fail the chord body (its errback would fail the parent).
     autoretry_for=(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError),
     retry_backoff=True,
@@ -155,7 +157,7 @@ def collect(results: list[dict[str, str]], parent_trace_id: str, tool_call_id: s
     return settle.apply(after.settle_call(get_runtime(), call, child_ids, "chord"))
 
 
-@app.task(name="fleet.collect_failed")
+@app.task(name="fleet.collect_failed", ignore_result=True)
 def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     """Errback of a broken chord: settle the call from the children's own state.
 

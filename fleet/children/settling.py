@@ -103,13 +103,17 @@ def _settle(
     return Settled(parent_trace_id, tool_call_id, turn_complete(store, parent_trace_id))
 
 
+_COMPARED = set(Collaborator.model_fields) - {"updated_at_ms"}
+"""What this release writes of an entry (the fields of a newer one are kept, not compared)."""
+
+
 def _same(entry: Collaborator) -> dict[str, Any]:
     """What makes two entries of a child the same (not when they were written).
 
     The cost is compared to the nano-dollar: the runner sums it in Python, Redis stores
     the sum with 14 significant digits.
     """
-    same = entry.model_dump(exclude={"updated_at_ms"})
+    same = entry.model_dump(include=_COMPARED)
     same["stats"]["cost_usd"] = round(entry.stats.cost_usd, 9)
     return same
 

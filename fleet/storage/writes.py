@@ -67,6 +67,21 @@ class PutCollaborator:
     event: Event | None = None
 
 
+def put_entry(entries: dict[str, Collaborator], entry: Collaborator) -> None:
+    """Put `entry` in a parent's `entries` (by child), keeping the one it replaces' strangers.
+
+    The fields of the old entry that `entry` lacks and this release does not know are a
+    newer release's, kept for it (as every store writes an entry; on Redis
+    `fleet.storage.backends.redis.entries.KEEP`).
+    """
+    old = entries.get(entry.trace_id)
+    theirs, mine = (old.model_extra or {}) if old else {}, entry.model_extra or {}
+    if theirs.keys() - mine.keys():
+        entry = entry.model_copy()
+        entry.__pydantic_extra__ = theirs | mine
+    entries[entry.trace_id] = entry
+
+
 @dataclass(frozen=True)
 class Emit:
     """Append an event to the tree's stream."""

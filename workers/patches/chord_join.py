@@ -63,8 +63,12 @@ here) as TTL, and only the Celery binding knows them:
 - `celery-taskset-meta-{group}.fj`: hash, header task id -> JSON `[group_index, trace_id,
   failure or null]`; TTL refreshed with every new part; deleted once the body is sent.
 - `celery-taskset-meta-{group}.fc`: string, `claimed` (JOIN_CLAIM_S) while the body is being
-  sent, then `done` (TTL): set after the parts are gone, so it outlives them and a late
-  copy of a part (even of a chord of one) finds the chord done and fires nothing.
+  sent, then `done` for `done_ttl_s` (the broker's redelivery window, not the TTL): set
+  after the parts are gone, so it outlives them and a late copy of a part (even of a
+  chord of one) finds the chord done and fires nothing.
+
+Nothing else of a fleet chord stays in Celery's backend: its headers and its body
+(`fleet.collect`, and its errback) store no result.
 """
 
 from __future__ import annotations
@@ -104,8 +108,14 @@ OWED_AFTER_MS = 2 * JOIN_CLAIM_S * 1000
 """When a sweeper settles a call whose claimer did not mark its chord done (see
 `owed_settlement`): after a later copy of a part could have claimed it."""
 
+DEFAULT_VISIBILITY_S = 3600
+"""kombu's `visibility_timeout` when the broker options name none."""
+
 DEFAULT_TTL_S = 24 * 3600
 """The join keys' TTL when the backend has no `chord_expires` (results never expire)."""
+
+DONE_AFTER_REDELIVERY_S = 600
+"""How long the done marker outlives the broker's redelivery window (`done_ttl_s`)."""
 
 FAILURE_CHARS = 300
 """A failed part's exception, as kept for the errback's ChordError message."""
@@ -172,6 +182,20 @@ def _group_key(backend: Any, group_id: str, suffix: str) -> str:
 def ttl_s(backend: Any) -> int:
     """Celery's chord key TTL (`result_chord_expires`, else `result_expires`)."""
     return int(backend.chord_expires or DEFAULT_TTL_S)
+
+
+def done_ttl_s(backend: Any) -> int:
+    """How long a chord's done marker stays: as long as a late copy of a part may come back.
+
+    A copy of a header part comes back at the latest one `visibility_timeout` after its
+    delivery (Redis keeps it unacked that long; `workers.app` sets it above the longest
+    run), which was before the chord was done: the marker stays that long and
+    DONE_AFTER_REDELIVERY_S more, never longer than the chord's keys (`ttl_s`). Kept for
+    `ttl_s`, a marker per explore outlived its chord by a day (the soak's Redis growth).
+    """
+    options = backend.app.conf.broker_transport_options or {}
+    window = int(options.get("visibility_timeout") or DEFAULT_VISIBILITY_S)
+    return min(ttl_s(backend), window + DONE_AFTER_REDELIVERY_S)
 
 
 def part_of(request: Any, state: str, result: Any) -> str:
@@ -263,7 +287,7 @@ def send_body(backend: Any, group_id: str, body: dict[str, Any], parts: list[Any
         sent = fire(backend, body, sorted_parts(parts))
     finally:  # unsent (the errback ran, or the send failed): done, and the call stays owed
         with backend.client.pipeline(transaction=True) as pipe:
-            pipe.set(group_keys[1], "done", ex=ttl_s(backend)).delete(group_keys[0])
+            pipe.set(group_keys[1], "done", ex=done_ttl_s(backend)).delete(group_keys[0])
             if sent:
                 pipe.zrem(keys.OUTBOX, owed_settlement(body))
             pipe.execute()

@@ -37,7 +37,7 @@ from fleet.storage.store import (
     starts,
     with_sequence,
 )
-from fleet.storage.writes import InboxSeen, TraceWrite, WriteResult
+from fleet.storage.writes import InboxSeen, TraceWrite, WriteResult, put_entry
 
 
 class MemoryStore(MemoryWorkerTables):
@@ -255,7 +255,7 @@ class MemoryStore(MemoryWorkerTables):
     def put_collaborator(self, parent_trace_id: str, collaborator: Collaborator) -> None:
         with self._lock:
             self._check_fence()
-            self._collaborators[parent_trace_id][collaborator.trace_id] = collaborator
+            put_entry(self._collaborators[parent_trace_id], collaborator)
 
     def put_collaborator_and_emit(
         self, parent_trace_id: str, root_trace_id: str, collaborator: Collaborator, event: Event

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 
+from fleet.storage.backends.redis.entries import KEEP
 from fleet.storage.store import STARTABLE
 
 _STARTABLE = " or ".join(f"status == '{json.dumps(status)}'" for status in STARTABLE)
@@ -198,13 +199,17 @@ end
 local function put_entries()
   local listed = {}
   if #kids == 1 then
-    if redis.call('HSET', KEYS[6], kids[1], children[kids[1]]) == 1 then listed = kids end
+    local old = redis.call('HGET', KEYS[6], kids[1])
+    redis.call('HSET', KEYS[6], kids[1], kept(children[kids[1]], old))
+    if not old then listed = kids end
   else
     local items = {}
     for j = 1, #kids, 4000 do
       local known = redis.call('HMGET', KEYS[6], unpack(kids, j, math.min(j + 3999, #kids)))
       for k = 1, #known do
-        if not known[k] then listed[#listed + 1] = kids[j + k - 1] end
+        local id = kids[j + k - 1]
+        if known[k] then children[id] = kept(children[id], known[k])
+        else listed[#listed + 1] = id end
       end
     end
     for _, id in ipairs(kids) do
@@ -296,11 +301,11 @@ def register_write_extension(name: str, source: str, function: str) -> None:
 def apply_source(extension: str | None = None) -> str:
     """`APPLY` with the registered `extension` (None: with none; an `ext` op then errors)."""
     if extension is None:
-        return BULK + "local extension = nil\n" + APPLY_BODY
+        return BULK + KEEP + "local extension = nil\n" + APPLY_BODY
     if extension not in WRITE_EXTENSIONS:
         raise ValueError(f"no write extension {extension!r} is registered")
     source, function = WRITE_EXTENSIONS[extension]
-    return BULK + source + f"local extension = {function}\n" + APPLY_BODY
+    return BULK + KEEP + source + f"local extension = {function}\n" + APPLY_BODY
 
 
 APPLY = apply_source()
@@ -318,17 +323,6 @@ local body = '{"sequence":' .. seq .. ',"parent_sequence":' .. parent .. ','
 redis.call('HSET', KEYS[1], 'm:' .. seq, body .. string.sub(ARGV[2], 2),
   'last_sequence', seq, 'head_sequence', seq)
 return {seq, parent}
-"""
-
-# A collaborator entry on its own (a person's, a finish outside a runner): atomic per child.
-# KEYS: collaborators, collaborator order[, events]
-# ARGV: ttl_s, child trace id, Collaborator JSON[, events maxlen, event JSON: with KEYS[3]]
-PUT_COLLABORATOR = """
-if redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) == 1 then
-  redis.call('RPUSH', KEYS[2], ARGV[2])
-end
-if KEYS[3] then redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'e', ARGV[5]) end
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ARGV[1]) end
 """
 
 # KEYS: trace. Returns 1 if the trace exists (its stop flag is now raised), else 0.

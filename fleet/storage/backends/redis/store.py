@@ -24,6 +24,7 @@ from fleet.runstate import RunPatch
 from fleet.storage import keys
 from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis import connect as redis_connect
+from fleet.storage.backends.redis import entries as redis_entries
 from fleet.storage.backends.redis import scripts as redis_scripts
 from fleet.storage.backends.redis import split as redis_split
 from fleet.storage.backends.redis import submit as redis_submit
@@ -69,7 +70,7 @@ class RedisStore(RedisIndexes):
         self._kept = Kept()
         self._create = FencedScript(redis_scripts.CREATE_TRACES)
         self._append_once = FencedScript(redis_scripts.APPEND_ONCE)
-        self._put_collaborator = FencedScript(redis_scripts.PUT_COLLABORATOR)
+        self._put_collaborator = FencedScript(redis_entries.PUT_COLLABORATOR)
         self._emit = FencedScript(redis_scripts.EMIT)
         self._request_stop = Lua(redis_scripts.REQUEST_STOP)
         self._renew_all = client.register_script(RENEW_LEASES)  # in a pipeline
