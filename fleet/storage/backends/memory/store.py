@@ -96,9 +96,14 @@ class MemoryStore(MemoryWorkerTables):
             if trace.parent_trace_id:
                 self._children[trace.parent_trace_id].append(trace.trace_id)
 
-    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
+    def create_traces(
+        self, traces: Sequence[Trace], outbox: tuple[str, int] | None = None
+    ) -> list[bool]:
         created = []
         with self._lock:
+            if outbox is not None:
+                self._check_fence()
+                self._outbox[outbox[0]] = outbox[1]
             for trace in traces:
                 try:
                     self.create_trace(trace)

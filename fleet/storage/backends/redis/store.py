@@ -143,8 +143,13 @@ class RedisStore(RedisIndexes):
         if not self.create_traces([trace])[0]:
             raise TraceExists(f"trace {trace.trace_id!r} already exists")
 
-    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
-        script_keys, args = redis_writes.create_call(traces)
+    def create_traces(
+        self, traces: Sequence[Trace], outbox: tuple[str, int] | None = None
+    ) -> list[bool]:
+        if self._cluster and outbox is not None:  # the outbox is in another slot: put first
+            self.outbox_put(*outbox)
+            outbox = None
+        script_keys, args = redis_writes.create_call(traces, outbox)
         if self._cluster:  # the traces index is in another slot: indexed after
             script_keys[0], args[1] = script_keys[1], ""
         created = [bool(c) for c in self._script(self._create, script_keys, args)]
