@@ -32,12 +32,11 @@ local function bulk(command, key, items)
 end
 """
 
-# KEYS: traces index, then per trace: its hash, its parent's children (its hash if none)
-# [, the outbox: a spawn's entry, put in the same step].
+# KEYS: traces index, then per trace: its hash, its parent's children (its hash if none)[, outbox].
 # ARGV: ttl_s, '1' to index the new traces here (else the caller does: a cluster, where the
-# index is in another slot), then per trace: trace id, created_at_ms, '1' with a parent
-# else '', n, n field/value items[, then the outbox entry and its due ms]. Returns 1 per
-# trace created, 0 per id that existed.
+# index is in another slot), then per trace: trace id, created_at_ms, '1' with a parent else
+# '', n, n field/value items[, a spawn's outbox entry, its due ms]. Returns 1 per trace
+# created, 0 per id that existed.
 CREATE_TRACES = (
     BULK
     + """
