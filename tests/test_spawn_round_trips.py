@@ -157,3 +157,25 @@ def test_a_worker_killed_between_the_children_and_the_turn_leaves_their_outbox_e
     parent = store.get_trace(root.trace_id)
     assert parent.status == "running", "nothing of the turn"
     assert store.collaborators(root.trace_id) == []
+
+
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+def test_a_stop_that_lands_during_the_spawning_call_creates_no_child(
+    redis_client: redis.Redis, tmp_path: Path, meter: Counter[int], backend: str
+) -> None:
+    """The model turn's own write is refused (no read of the flag): nothing of it is written."""
+    store: TraceStore = RedisStore(redis_client) if backend == "redis" else MemoryStore()
+    queue, roots = AtDispatch(meter), []
+
+    def stopped_meanwhile() -> LLMResponse:
+        store.request_stop(roots[0])
+        return explore(3)
+
+    runtime = queue_runtime(store, tmp_path, root_model(stopped_meanwhile, lambda: None), queue)
+    root = create_root(runtime, TaskSpec("survey", MODEL, mode="main"))
+    roots.append(root.trace_id)
+    assert Runner(runtime).run(root.trace_id).outcome == "stopped"
+    assert store.get_trace(root.trace_id).status == "stopped"
+    assert store.children(root.trace_id) == [] and queue.requests == []
+    assert store.outbox_claim(2**62, 1000) == []
+    assert store.messages(root.trace_id) == [], "nothing of the turn was written"
