@@ -165,7 +165,8 @@ def test_a_stop_that_lands_during_the_spawning_call_creates_no_child(
 ) -> None:
     """The model turn's own write is refused (no read of the flag): nothing of it is written."""
     store: TraceStore = RedisStore(redis_client) if backend == "redis" else MemoryStore()
-    queue, roots = AtDispatch(meter), []
+    queue = AtDispatch(meter)
+    roots: list[str] = []
 
     def stopped_meanwhile() -> LLMResponse:
         store.request_stop(roots[0])
