@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
@@ -44,6 +45,23 @@ def stamps(parent_trace_id: str, root_trace_id: str, turn: int = 0) -> dict[str,
     }
 
 
+@dataclass(frozen=True)
+class Sending:
+    """What every task of one send shares, read from the app's settings once."""
+
+    sender: Celery
+    page_template: str | None
+    level: int
+    """The broker priority (`message_priority`)."""
+
+    @classmethod
+    def of(cls, via: Celery | None, priority: Priority) -> Sending:
+        """The settings of `via` (the worker's own app by default) for tasks of `priority`."""
+        sender = via or app
+        level = message_priority(priority, sender.conf.broker_url)
+        return cls(sender, sender.conf.get(TRACE_URL_TEMPLATE_CONF), level)
+
+
 def run_signature(
     trace: Trace,
     task: str = "fleet.run_agent",
@@ -51,11 +69,16 @@ def run_signature(
     via: Celery | None = None,
     kwargs: dict[str, Any] | None = None,
     priority: Priority = "interactive",
+    sending: Sending | None = None,
 ) -> Signature:
-    """`fleet.run_agent(trace_id)` on its mode's queue, readable in Flower, stamped."""
-    sender = via or app
+    """`fleet.run_agent(trace_id)` on its mode's queue, readable in Flower, stamped.
+
+    `sending`: the app and priority level of a chord's every header, read once for all.
+    """
+    sending = sending or Sending.of(via, priority)
+    sender = sending.sender
     argsrepr, shadow = task_names(trace)
-    page = trace_page(trace.trace_id, sender.conf.get(TRACE_URL_TEMPLATE_CONF))
+    page = trace_page(trace.trace_id, sending.page_template)
     return Signature(
         task,
         args=(trace.trace_id,),
@@ -65,7 +88,7 @@ def run_signature(
             "argsrepr": argsrepr,
             "shadow": shadow,
             **({"kwargsrepr": page} if page else {}),
-            "priority": message_priority(priority, sender.conf.broker_url),
+            "priority": sending.level,
             # Nobody reads a run's stored result: a chord's join takes its part as it ends.
             "ignore_result": True,
             **stamps(trace.parent_trace_id or "", trace.root_trace_id, turn_of(trace)),
@@ -124,7 +147,8 @@ class CeleryDispatcher:
         if schedule.max_concurrent:
             start_window(runtime, request.root_trace_id, new=request.children)
             return
-        header = [run_signature(c, priority=schedule.priority) for c in request.children]
+        sending = Sending.of(app, schedule.priority)
+        header = [run_signature(c, sending=sending) for c in request.children]
         turn = turn_of(request.children[0])
         tree = stamps(request.parent_trace_id, request.root_trace_id, turn)
         # No child ids in the body or errback: every header message embeds both, so a list

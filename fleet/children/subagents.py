@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from fleet import ids, lifecycle
 from fleet.batchapi.route import routed
 from fleet.children.cache import CacheScope, cache_key
+from fleet.children.reopen import reopen
 from fleet.children.schemas import AGENT_SCHEMA as AGENT_SCHEMA
 from fleet.children.schemas import EVALUATE_SCHEMA as EVALUATE_SCHEMA
 from fleet.children.warming import warms
 from fleet.conversation.continuation import turn_of
-from fleet.errors import ToolError, TraceExists
+from fleet.errors import ToolError
 from fleet.goals import GoalTree
-from fleet.history import healed_result, main_path, open_turn
 from fleet.llm.base import ToolCall
 from fleet.memory.config import MEMORY_TOOLS
-from fleet.models import DomainLayer, Message, Mode, ToolCeiling, Trace
+from fleet.models import DomainLayer, Mode, ToolCeiling, Trace
 from fleet.presets.preset import AgentPreset
 from fleet.remote.spawn import (
     check_may_call,
-    find_remote_child,
     new_call,
     offered_schema,
-    reopened,
 )
 from fleet.runstate import RunState
 from fleet.runtime import Runtime, SpawnRequest
@@ -42,8 +39,21 @@ def sub_agent_schemas(runtime: Runtime, trace: Trace, preset: AgentPreset) -> li
     return [offered_schema(runtime, trace, s) if s is AGENT_SCHEMA else s for s in allowed]
 
 
-def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
+def spawn(
+    runtime: Runtime,
+    parent: Trace,
+    call: ToolCall,
+    *,
+    write: TraceWrite | None = None,
+    goals: GoalTree | None = None,
+    outbox: tuple[str, int] | None = None,
+) -> SpawnRequest:
     """Create (or reopen) the child traces of an `agent`/`evaluate` call.
+
+    `write`: the parent's write of this turn, not applied yet: the children's entries (and
+    the plan linking them) join it, to be applied with it; without one they are applied here.
+    `goals`: the parent's plan as the caller knows it is now; None: read anew.
+    `outbox`: the spawn's outbox entry and due ms, put in the step that creates the children.
 
     Raises:
         ToolError: Bad arguments; the message goes back to the model.
@@ -53,17 +63,20 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
     except ValueError as exc:
         raise ToolError(f"{call.name}: arguments are not a JSON object ({exc})") from None
     if args.get("continue_from"):
-        children = [_reopen(runtime, parent, call, args)]
+        if outbox is not None:
+            runtime.store.outbox_put(*outbox)
+        children = [reopen(runtime, parent, call, args)]
     elif call.name == "evaluate":
-        children = [_evaluate_child(runtime, parent, call.id, args)]
+        children = [_evaluate_child(runtime, parent, call.id, args, outbox)]
     else:
-        children = _agent_children(runtime, parent, call.id, args)
-    entries = TraceWrite(parent.trace_id, parent.root_trace_id)  # every entry in one step
+        children = _agent_children(runtime, parent, call.id, args, outbox)
+    entries = write or TraceWrite(parent.trace_id, parent.root_trace_id)  # one step
     for child in children:
         lifecycle.announce(runtime, parent, child, entries)
-    if (goals := _linked_goals(runtime, parent, call, args, children)) is not None:
-        entries.update(goals=goals)
-    runtime.store.apply(entries)
+    if (linked := _linked_goals(runtime, parent, call, args, children, goals)) is not None:
+        entries.update(goals=linked)
+    if write is None:
+        runtime.store.apply(entries)
     return SpawnRequest(
         parent_trace_id=parent.trace_id,
         root_trace_id=parent.root_trace_id,
@@ -75,14 +88,26 @@ def spawn(runtime: Runtime, parent: Trace, call: ToolCall) -> SpawnRequest:
 
 
 def _linked_goals(
-    runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any], children: list[Trace]
+    runtime: Runtime,
+    parent: Trace,
+    call: ToolCall,
+    args: dict[str, Any],
+    children: list[Trace],
+    known: GoalTree | None,
 ) -> GoalTree | None:
     """The parent's plan with these children linked to their goal; None if there is none.
 
     The goal is evaluate's `target_goal_id`, else the focused one. The plan is read
-    again: a `goal` call earlier in the same turn may have changed it.
+    again unless `known` (a copy is linked): a `goal` call earlier in the same turn may
+    have changed it.
     """
-    goals = runtime.store.get_trace(parent.trace_id).goals
+    if known is not None and not known.goals:
+        return None  # no plan: nothing to link, and nothing to copy
+    goals = (
+        known.model_copy(deep=True)
+        if known is not None
+        else runtime.store.get_trace(parent.trace_id).goals
+    )
     target = args.get("target_goal_id") if call.name == "evaluate" else None
     goal_id = str(target or goals.focus_id or "")
     if not goal_id or goal_id not in {g.id for g in goals.goals}:
@@ -92,11 +117,16 @@ def _linked_goals(
 
 
 def _agent_children(
-    runtime: Runtime, parent: Trace, call_id: str, args: dict[str, Any]
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    args: dict[str, Any],
+    outbox: tuple[str, int] | None,
 ) -> list[Trace]:
     task = args.get("task")
     messages = args.get("messages")
     common = {"skills": list(args.get("skills") or []), "extra": args.get("context")}
+    common["outbox"] = outbox
     common["ceiling"] = _ceiling_fields(runtime, parent)
     if args.get("agent") is not None or args.get("agent_url") is not None:
         return _remote_children(runtime, parent, call_id, args, common)
@@ -224,7 +254,13 @@ def _branch_messages(messages: Any, branches: int) -> list[Any]:
     return [messages] * branches
 
 
-def _evaluate_child(runtime: Runtime, parent: Trace, call_id: str, args: dict[str, Any]) -> Trace:
+def _evaluate_child(
+    runtime: Runtime,
+    parent: Trace,
+    call_id: str,
+    args: dict[str, Any],
+    outbox: tuple[str, int] | None,
+) -> Trace:
     goal_id = args.get("target_goal_id") or parent.goals.focus_id
     goal = parent.goals.get(str(goal_id)).description if goal_id else parent.task
     task = (
@@ -232,7 +268,7 @@ def _evaluate_child(runtime: Runtime, parent: Trace, call_id: str, args: dict[st
         "Inspect the workspace and the messages given. Answer with a line "
         "`VERDICT: pass` or `VERDICT: fail`, then concrete suggestions."
     )
-    common: dict[str, Any] = {"skills": [], "extra": args.get("context")}
+    common: dict[str, Any] = {"skills": [], "extra": args.get("context"), "outbox": outbox}
     common["ceiling"] = _ceiling_fields(runtime, parent)
     spec = _ChildSpec("evaluate", "evaluate", task, None, args.get("messages"))
     return _child(runtime, parent, call_id, spec, common)
@@ -259,11 +295,10 @@ def _child(
 ) -> Trace:
     for attempt in range(first_attempt, 100):
         trace = _child_trace(runtime, parent, call_id, spec, common, attempt)
-        try:
-            runtime.store.create_trace(trace)
-        except TraceExists:  # a sibling (or a retry of this call) took the id: next attempt
-            continue
-        return trace
+        # The outbox entry with the first attempt (a sibling's id taken: put already).
+        if runtime.store.create_traces([trace], common.get("outbox"))[0]:
+            return trace
+        # a sibling (or a retry of this call) took the id: next attempt
     raise ToolError(f"{spec.mode}: could not allocate a sub-trace id")
 
 
@@ -276,7 +311,7 @@ def _children(
 ) -> list[Trace]:
     """Create the children in one step; an id already taken tries the next attempt number."""
     traces = [_child_trace(runtime, parent, call_id, spec, common, 1) for spec in specs]
-    created = runtime.store.create_traces(traces)
+    created = runtime.store.create_traces(traces, common.get("outbox"))
     return [
         trace if ok else _child(runtime, parent, call_id, spec, common, first_attempt=2)
         for trace, ok, spec in zip(traces, created, specs, strict=True)
@@ -337,33 +372,6 @@ def _check_messages(messages: Any) -> list[dict[str, str]]:
     ):
         raise ToolError("`messages` items must be objects with a string `content`")
     return [{"role": str(m.get("role", "user")), "content": m["content"]} for m in messages]
-
-
-def _reopen(runtime: Runtime, parent: Trace, call: ToolCall, args: dict[str, Any]) -> Trace:
-    """`continue_from`: hand an earlier delegate/evaluate sub-trace a new message."""
-    if isinstance(args.get("task"), list):
-        raise ToolError("agent: continue_from works with a single task, not an explore list")
-    sub_id = str(args["continue_from"])
-    store = runtime.store
-    sub_id = find_remote_child(store, parent, sub_id) or sub_id  # agent://NAME/<task id>
-    child = store.get_trace(sub_id) if sub_id in store.children(parent.trace_id) else None
-    if child is None:
-        raise ToolError(f"{call.name}: {sub_id!r} is not a sub-trace of this trace")
-    if not child.is_terminal:
-        raise ToolError(f"{call.name}: {sub_id!r} is still {child.status}")
-    text = str(args.get("task") or "Continue, taking the new context into account.")
-    if args.get("context"):
-        text += "\n\nContext:\n" + json.dumps(args["context"], ensure_ascii=False)
-    # A child that ended mid-turn (doom loop, crash) gets its open calls answered first:
-    # providers refuse a user message between tool calls and their results.
-    turn = open_turn(main_path(store.messages(sub_id), child.head_sequence))
-    for missing in turn.missing if turn else ():
-        store.append_message(healed_result(sub_id, missing, None))
-    store.append_message(Message(trace_id=sub_id, role="user", content=text))
-    otel = runtime.hooks.child_context(parent, call.id)  # this call is its parent span now
-    # A remote child's new message goes to the same remote conversation.
-    lifecycle.reopen(runtime, child, call.id, otel=otel, remote_call=reopened(child))
-    return store.get_trace(sub_id)
 
 
 def _run_state(

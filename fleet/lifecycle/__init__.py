@@ -37,6 +37,7 @@ from fleet.lifecycle.status import (
     stop_for_budget,
     stop_subtree,
     wait,
+    wait_in,
     wait_on_person,
 )
 
@@ -67,6 +68,7 @@ __all__ = [
     "stop_for_budget",
     "stop_subtree",
     "wait",
+    "wait_in",
     "wait_on_batch",
     "wait_on_person",
     "wait_on_remote",

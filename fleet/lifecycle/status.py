@@ -27,7 +27,7 @@ from fleet.models import (
 from fleet.runstate import RemoteCall, RunPatch
 from fleet.runtime import Runtime
 from fleet.storage.store import STARTABLE, Serving, StartRun, TraceRecords
-from fleet.storage.writes import TraceWrite
+from fleet.storage.writes import TraceWrite, WriteResult
 
 # -- the trace's own status -------------------------------------------------------------
 
@@ -67,7 +67,7 @@ def starting(trace_id: str, experiences: frozenset[str] = frozenset()) -> StartR
     return StartRun(ids.root_of(trace_id), event, experiences)
 
 
-def wait(runtime: Runtime, trace: Trace) -> Trace:
+def wait(runtime: Runtime, trace: Trace, written: WriteResult | None = None) -> Trace:
     """`waiting` on new sub-agents, or (a resumed run) again on what it still waits on.
 
     New children's wait is written before they are dispatched (a fast one may end first).
@@ -78,16 +78,22 @@ def wait(runtime: Runtime, trace: Trace) -> Trace:
     runner, and its later resume is revoked). Either way the trace would otherwise wait for
     ever, or until the owner check. The status is written before the flag is read, and
     `stop_subtree` raises the flag before it reads the status, so a stop racing this call
-    is seen by one side or the other.
-
-    Returns:
-        The trace `waiting`, or `stopped` with its children.
+    is seen by one side or the other. `written`: the status went with the turn's write
+    (`wait_in`), which read the flag in the same step. Returns the trace `waiting`, or
+    `stopped` with its children.
     """
-    waiting = _set_status(runtime.store, trace, "waiting")
-    if runtime.store.stop_requested(trace.trace_id):
+    waiting = trace.model_copy(update={"status": "waiting"})
+    if written is None:
+        _set_status(runtime.store, trace, "waiting")
+    if written.stop_requested if written else runtime.store.stop_requested(trace.trace_id):
         stop_subtree(runtime, trace.trace_id)
         return runtime.store.get_trace(trace.trace_id)
     return waiting
+
+
+def wait_in(trace: Trace, write: TraceWrite) -> None:
+    """`waiting` on new sub-agents, in the turn's `write` (then `wait` with its result)."""
+    write.update(Event(kind="trace", trace_id=trace.trace_id, status="waiting"), status="waiting")
 
 
 def requeue(

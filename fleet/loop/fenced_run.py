@@ -170,7 +170,11 @@ class FencedRun:
                 error = f"doom loop: {call.name!r} called {repeats} times with the same arguments"
                 return self._end(held, turn, "failed", error=error, reason="doom_loop")
             case CallTools(calls=calls):
-                after = tool_turn(self.runtime, turn, calls)
+                try:
+                    after = tool_turn(self.runtime, turn, calls)
+                except StopLanded:  # a spawning turn's own write: nothing of it was written
+                    trace_id = turn.trace.trace_id
+                    return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
                 if isinstance(after, OnPerson | OnApproval | OnChildren):
                     return self._waiting(after)
                 return after
@@ -208,22 +212,23 @@ class FencedRun:
                     snapshot = self.store.snapshot(trace_id)
                 snapshot = replace(snapshot, inbox=None)  # the interrupt came after its read
                 continue
-            if isinstance(turn, Turn) and self._stopped_meanwhile(turn):
-                return self.finish(trace_id, "stopped", error="stop requested", reason="stop")
+            if isinstance(turn, Turn):
+                self._refused_if_stopped(turn)
             return turn
 
-    def _stopped_meanwhile(self, turn: Turn) -> bool:
+    def _refused_if_stopped(self, turn: Turn) -> None:
         """A stop that landed as the call returned: the children it asks for are dropped.
 
-        Read only for a turn that would start children (no child is created after a stop
-        landed); a turn that ends the trace asks in its own write (`_end`: no read of its
-        own), and the cut (`fleet.loop.cut`) covers the call itself.
+        Asked for a turn that would start children (no child is created after a stop
+        landed) by its own write, stored before its tools run: refused whole then
+        (`StopLanded`, `_step`), with no read of its own. A turn that ends the trace asks
+        in its own write too (`_end`), and the cut (`fleet.loop.cut`) covers the call itself.
         """
         match turn.step:
             case CallTools(calls=calls) if any(c.name in SUB_AGENT_TOOLS for c in calls):
-                return self.store.stop_requested(turn.trace.trace_id)
+                turn.write.refused_if_stopped()
             case _:
-                return False
+                pass
 
     def _between_turns(self, snapshot: TraceSnapshot, heartbeat: HeldLease) -> Outcome | None:
         """Lease lost, yield, stop or max_iterations end the run here; None goes on."""

@@ -14,53 +14,78 @@ from fleet import lifecycle
 from fleet.children.cache import delegate_preset
 from fleet.children.subagents import delegate_cache_key, spawn
 from fleet.errors import ToolError
+from fleet.goals import GoalTree
 from fleet.limits.fanout import check_spawn
 from fleet.llm.base import ToolCall
 from fleet.models import Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
+from fleet.storage.writes import TraceWrite, WriteResult
 from fleet.tools.base import ToolResult
 
 log = logging.getLogger(__name__)
 
 
-def sub_agents(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest | ToolResult:
-    """Children to dispatch, or the result at once (cached answer, refusal)."""
+def sub_agents(
+    runtime: Runtime,
+    trace: Trace,
+    call: ToolCall,
+    write: TraceWrite | None = None,
+    goals: GoalTree | None = None,
+) -> SpawnRequest | ToolResult:
+    """Children to dispatch, or the result at once (cached answer, refusal).
+
+    `write`: the turn's write, which the children's entries join (`spawn`); `goals`: the
+    trace's plan as it is now (None: read anew, a `goal` call of this turn changed it).
+    """
     try:
         _check_may_spawn(runtime, trace, call)
         if (cached := _cached(runtime, trace, call)) is not None:
             return cached
         widest = runtime.preset(trace.preset).max_branches or runtime.settings.max_branches
         check_spawn(trace, call, max_branches=widest, budgets=runtime.gate.budgets)
-        return _spawn(runtime, trace, call)
+        return _spawn(runtime, trace, call, write, goals)
     except ToolError as exc:
         return ToolResult(title=f"{call.name} refused", output=str(exc), is_error=True)
 
 
-def _spawn(runtime: Runtime, trace: Trace, call: ToolCall) -> SpawnRequest:
-    """Create the children, recorded in the outbox first when a task queue runs them.
+def _spawn(
+    runtime: Runtime,
+    trace: Trace,
+    call: ToolCall,
+    write: TraceWrite | None,
+    goals: GoalTree | None,
+) -> SpawnRequest:
+    """Create the children, recorded in the outbox in that step when a task queue runs them.
 
     If this process dies (or the broker refuses the chord) between creating the children
     and handing them over, a sweeper finds the entry and dispatches them (`fleet.storage.outbox`).
     """
     if not runtime.dispatcher.children_survive_restart:
-        return spawn(runtime, trace, call)
+        return spawn(runtime, trace, call, write=write, goals=goals)
     entry = outbox.spawn_entry(trace.trace_id, call.id)
-    runtime.store.outbox_put(entry, now_ms() + runtime.settings.lease_ttl_ms)
+    due = now_ms() + runtime.settings.lease_ttl_ms
     try:
-        return spawn(runtime, trace, call)
+        return spawn(runtime, trace, call, write=write, goals=goals, outbox=(entry, due))
     except ToolError:
         runtime.store.outbox_done(entry)  # no child was created
         raise
 
 
-def dispatch(runtime: Runtime, trace: Trace, spawns: list[tuple[ToolCall, SpawnRequest]]) -> None:
+def dispatch(
+    runtime: Runtime,
+    trace: Trace,
+    spawns: list[tuple[ToolCall, SpawnRequest]],
+    written: WriteResult | None = None,
+) -> None:
     """Write the parent's wait on its new children, then hand them over (or drop them).
 
     The wait is written before dispatch: a fast chord may collect before we return.
-    Stopped while this turn's model call ran: the trace and its new children end stopped.
+    `written`: the turn's write, which carried the wait (`lifecycle.wait_in`) and read the
+    stop flag. Stopped while this turn's model call ran: the trace and its new children
+    end stopped.
     """
-    stopped = lifecycle.wait(runtime, trace).is_terminal
+    stopped = lifecycle.wait(runtime, trace, written).is_terminal
     for call, request in spawns:
         if stopped:
             _drop(runtime, trace, request)

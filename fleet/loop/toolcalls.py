@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from fleet import lifecycle
 from fleet.children import settling
 from fleet.children.subagents import sub_agent_schemas
 from fleet.config.mcp_names import PREFIX as MCP_PREFIX
@@ -153,9 +154,10 @@ def execute_turn(
     results = (turn or TraceWrite(trace.trace_id, trace.root_trace_id)).read_pauses(pauses)
     results.read_inbox()  # for the next call's `## Messages` and tools, with no read of its own
     person: tuple[ToolCall, str | None] | None = None  # a question, or an approval (None)
-    for call in calls:
+    for at, call in enumerate(calls):
         started_ms = wall_ms()  # its span: to the result's message (written at its end)
-        outcome = _one_call(runtime, trace, call, results, first=person is None)
+        planned = any(c.name == "goal" for c in calls[:at])  # the plan changed: read it
+        outcome = _one_call(runtime, trace, call, results, first=person is None, planned=planned)
         if isinstance(outcome, SpawnRequest):
             spawns.append((call, outcome))
         elif isinstance(outcome, ToolResult):
@@ -165,13 +167,15 @@ def execute_turn(
                 note_tool_failure(runtime, trace, call.name, outcome.output)
         else:
             person = (call, outcome.question)
+    if spawns and person is None:  # the wait on them goes with the turn, stop flag read
+        lifecycle.wait_in(trace, results)
     written = runtime.store.apply(results) if results.ops else None
     waits = _wait_on_person(runtime, trace, *person) if person is not None else None
     runtime.hooks.turn_ended(trace, trace.iteration)
     if not spawns:
         changed = any(call.name == "goal" for call in calls)  # the goal tool wrote the trace
         return ToolTurn(waits, None if changed or waits else written)
-    dispatch(runtime, trace, spawns)
+    dispatch(runtime, trace, spawns, written if person is None else None)
     if settling.turn_complete(runtime.store, trace.trace_id):
         return ToolTurn(waits, None)
     return ToolTurn(waits or OnChildren(tuple(call.id for call, _ in spawns)), None)
@@ -186,11 +190,18 @@ class _Person:
 
 
 def _one_call(
-    runtime: Runtime, trace: Trace, call: ToolCall, results: TraceWrite, *, first: bool
+    runtime: Runtime,
+    trace: Trace,
+    call: ToolCall,
+    results: TraceWrite,
+    *,
+    first: bool,
+    planned: bool = False,
 ) -> ToolResult | SpawnRequest | _Person:
     """One call of the turn: its result, children to dispatch, or a wait on a person.
 
-    `results`: the turn's results so far (a second `check_messages` reads on from them).
+    `results`: the turn's results so far (a second `check_messages` reads on from them; a
+    spawn's entries join them). `planned`: a `goal` call earlier in the turn wrote the plan.
     """
     try:
         runtime.hooks.tool_started(trace, call)
@@ -206,7 +217,8 @@ def _one_call(
         asked = _question(runtime, trace, _persisted(runtime, call), first=first)
         return _Person(asked) if isinstance(asked, str) else asked
     if call.name in SUB_AGENT_TOOLS:
-        return sub_agents(runtime, trace, _persisted(runtime, call))
+        goals = None if planned else trace.goals
+        return sub_agents(runtime, trace, _persisted(runtime, call), results, goals)
     if call.name == "goal":
         return _goal(runtime, trace, _persisted(runtime, call))
     if call.name in MEMORY_TOOLS:  # the tree's bound namespaces, never one the model names

@@ -28,6 +28,8 @@ from fleet.storage.writes import (
 )
 
 STATS_FIELDS = tuple(TraceStats.model_fields)
+OutboxDue = tuple[str, int]
+"""An outbox entry (`fleet.storage.outbox`) and the ms it comes due at."""
 """The `TraceStats` counters, each added to on its own (`add_stats`)."""
 
 
@@ -105,8 +107,12 @@ class TraceRecords(Protocol):
         """Persist a new trace (and index it under its parent); `TraceExists` if the id is taken."""
         ...
 
-    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
-        """`create_trace` for each, in one step; False where the id already existed."""
+    def create_traces(self, traces: Sequence[Trace], outbox: OutboxDue | None = None) -> list[bool]:
+        """`create_trace` for each, in one step; False where the id already existed.
+
+        `outbox`: a spawn's entry and due ms (`outbox_put`), put in the same step (on a
+        cluster, where the outbox is in another slot, just before), whatever is created.
+        """
         ...
 
     def get_trace(self, trace_id: str) -> Trace:

@@ -31,6 +31,7 @@ from fleet.storage.one_by_one import apply_one_by_one
 from fleet.storage.root_queue import queue_in_steps
 from fleet.storage.store import (
     STATS_FIELDS,
+    OutboxDue,
     Serving,
     StartRun,
     TraceSnapshot,
@@ -86,27 +87,24 @@ class MemoryStore(MemoryWorkerTables):
             raise LeaseLost(f"the lease of {trace_id!r} is no longer held by this runner")
 
     def create_trace(self, trace: Trace) -> None:
+        if not self.create_traces([trace])[0]:
+            raise TraceExists(f"trace {trace.trace_id!r} already exists")
+
+    def create_traces(self, traces: Sequence[Trace], outbox: OutboxDue | None = None) -> list[bool]:
         with self._lock:
             self._check_fence()
-            if trace.trace_id in self._traces:
-                raise TraceExists(f"trace {trace.trace_id!r} already exists")
-            data = trace.model_dump(mode="json", exclude={"stats"})
-            self._traces[trace.trace_id] = data
-            self._stats[trace.trace_id] = trace.stats.model_dump()
-            if trace.parent_trace_id:
-                self._children[trace.parent_trace_id].append(trace.trace_id)
+            if outbox is not None:
+                self.outbox_put(*outbox)
+            return [self._created(trace) for trace in traces]
 
-    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
-        created = []
-        with self._lock:
-            for trace in traces:
-                try:
-                    self.create_trace(trace)
-                except TraceExists:
-                    created.append(False)
-                else:
-                    created.append(True)
-        return created
+    def _created(self, trace: Trace) -> bool:
+        if trace.trace_id in self._traces:
+            return False
+        self._traces[trace.trace_id] = trace.model_dump(mode="json", exclude={"stats"})
+        self._stats[trace.trace_id] = trace.stats.model_dump()
+        if trace.parent_trace_id:
+            self._children[trace.parent_trace_id].append(trace.trace_id)
+        return True
 
     def get_trace(self, trace_id: str) -> Trace:
         with self._lock:

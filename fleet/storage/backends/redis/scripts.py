@@ -33,16 +33,17 @@ local function bulk(command, key, items)
 end
 """
 
-# KEYS: traces index, then per trace: its hash, its parent's children (its hash if none).
+# KEYS: traces index, then per trace: its hash, its parent's children (its hash if none)[, outbox].
 # ARGV: ttl_s, '1' to index the new traces here (else the caller does: a cluster, where the
-# index is in another slot), then per trace: trace id, created_at_ms, '1' with a parent
-# else '', n, n field/value items. Returns 1 per trace created, 0 per id that existed.
+# index is in another slot), then per trace: trace id, created_at_ms, '1' with a parent else
+# '', n, n field/value items[, a spawn's outbox entry, its due ms]. Returns 1 per trace
+# created, 0 per id that existed.
 CREATE_TRACES = (
     BULK
     + """
 local created, indexed, children = {}, {}, {}
 local i = 3
-for t = 2, #KEYS, 2 do
+for t = 2, #KEYS - 1, 2 do
   local id, at, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 3])
   if redis.call('EXISTS', KEYS[t]) == 1 then
     created[#created + 1] = 0
@@ -66,6 +67,7 @@ for key, kids in pairs(children) do
   bulk('ZADD', key, kids)
   redis.call('EXPIRE', key, ARGV[1])
 end
+if #KEYS % 2 == 0 then redis.call('ZADD', KEYS[#KEYS], ARGV[i + 1], ARGV[i]) end
 return created
 """
 )

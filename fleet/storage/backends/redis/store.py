@@ -35,7 +35,7 @@ from fleet.storage.backends.redis.indexes import RedisIndexes
 from fleet.storage.backends.redis.lease_scripts import RENEW_LEASES
 from fleet.storage.capability import Capability, Kept, T
 from fleet.storage.root_queue import queue_in_steps
-from fleet.storage.store import Serving, StartRun, TraceSnapshot
+from fleet.storage.store import OutboxDue, Serving, StartRun, TraceSnapshot
 from fleet.storage.writes import PauseRead, TraceWrite, WriteResult
 
 BLOCK_MARGIN_MS = 1_000
@@ -144,8 +144,10 @@ class RedisStore(RedisIndexes):
         if not self.create_traces([trace])[0]:
             raise TraceExists(f"trace {trace.trace_id!r} already exists")
 
-    def create_traces(self, traces: Sequence[Trace]) -> list[bool]:
-        script_keys, args = redis_writes.create_call(traces)
+    def create_traces(self, traces: Sequence[Trace], outbox: OutboxDue | None = None) -> list[bool]:
+        if self._cluster and outbox:  # the outbox is in another slot: put first
+            self.outbox_put(*outbox)
+        script_keys, args = redis_writes.create_call(traces, None if self._cluster else outbox)
         if self._cluster:  # the traces index is in another slot: indexed after
             script_keys[0], args[1] = script_keys[1], ""
         created = [bool(c) for c in self._script(self._create, script_keys, args)]

@@ -243,8 +243,10 @@ def extension_of(write: TraceWrite) -> str | None:
     return next((op.name for op in write.ops if isinstance(op, WriteExtension)), None)
 
 
-def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
-    """The KEYS and ARGV of `CREATE_TRACES`."""
+def create_call(
+    traces: Sequence[Trace], outbox: tuple[str, int] | None = None
+) -> tuple[list[str], list[str]]:
+    """The KEYS and ARGV of `CREATE_TRACES`; with `outbox` (entry, due ms), it is put too."""
     script_keys, args = [keys.TRACES], [str(keys.TRACE_TTL_S), "1"]
     for trace in traces:
         fields = encode(trace.model_dump(mode="json", exclude={"run"}))
@@ -253,6 +255,9 @@ def create_call(traces: Sequence[Trace]) -> tuple[list[str], list[str]]:
         script_keys += [keys.trace(trace.trace_id), keys.children(parent or trace.trace_id)]
         args += [trace.trace_id, str(trace.created_at_ms), "1" if parent else "", str(len(fields))]
         args += fields
+    if outbox is not None:
+        script_keys.append(keys.OUTBOX)
+        args += [outbox[0], str(outbox[1])]
     return script_keys, args
 
 
