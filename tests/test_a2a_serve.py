@@ -311,8 +311,13 @@ def test_a_restarted_fleet_a2a_answers_get_and_cancel_of_earlier_tasks(
     assert answered.artifacts[0].parts[0].text == "you said: the red one"
     assert canceled.status.state == pb.TASK_STATE_CANCELED
     assert got.status.state == pb.TASK_STATE_CANCELED
-    stopped = [t for t in served.fleet.store.list_traces(200) if t.task == "take your time again"]
-    assert [t.status for t in stopped] == ["stopped"]  # CancelTask stopped the tree
+
+    def statuses() -> list[str]:
+        traces = served.fleet.store.list_traces(200)
+        return [t.status for t in traces if t.task == "take your time again"]
+
+    # CancelTask stopped the tree: a running trace ends `stopped` at its worker's next look
+    wait_until(lambda: statuses() == ["stopped"], 30, "the cancelled task's tree stopped")
 
 
 def test_fleet_a2a_does_not_start_without_a_token(redis_url: str) -> None:

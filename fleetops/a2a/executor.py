@@ -51,6 +51,8 @@ class FleetExecutor(AgentExecutor):
         self.retention_s = fleet.runtime.settings.retention_s
         self.following: set[str] = set()
         """The tasks this process follows (`fleetops.a2a.resume` catches up the others)."""
+        self.canceling: set[str] = set()
+        """Tasks whose CancelTask is stopping their tree: the stop ends them `canceled`."""
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Start, continue or answer the task's tree, then follow it (module doc)."""
@@ -79,10 +81,14 @@ class FleetExecutor(AgentExecutor):
         from a2a.server.tasks import TaskUpdater
 
         task_id, context_id = str(context.task_id), str(context.context_id)
-        root = await asyncio.to_thread(self.links.root_of, "task", task_id)
-        if root is not None:
-            await asyncio.to_thread(self.fleet.stop, root)
-        await TaskUpdater(event_queue, task_id, context_id).cancel()
+        self.canceling.add(task_id)  # the follower, seeing the tree stopped, leaves it to us
+        try:
+            root = await asyncio.to_thread(self.links.root_of, "task", task_id)
+            if root is not None:
+                await asyncio.to_thread(self.fleet.stop, root)
+            await TaskUpdater(event_queue, task_id, context_id).cancel()
+        finally:
+            self.canceling.discard(task_id)
 
     def _begin(self, context: RequestContext, task_id: str, context_id: str) -> str:
         """The root this message goes to: answered, continued or new (its trace id)."""
@@ -134,6 +140,8 @@ class FleetExecutor(AgentExecutor):
                 await updater.add_artifact(_parts(trace.answer or ""), name="answer", metadata=meta)
                 await updater.complete()
                 return
+            if trace.status == "stopped" and updater.task_id in self.canceling:
+                return  # a CancelTask stopped it: `cancel` ends the task `canceled`
             if trace.status in ("failed", "stopped"):
                 why = f"tree {trace.status}: {trace.error or trace.status}"
                 await updater.failed(updater.new_agent_message(_parts(why)))
