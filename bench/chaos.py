@@ -26,9 +26,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -37,13 +36,13 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import redis
 
-from bench.chaos_parts import faults, invariants, workload
+from bench.chaos_parts import faults, features, invariants, workload
 from bench.chaos_parts.actions import act, follow_up
 from bench.chaos_parts.backends import BACKENDS, Backend, backend
 from bench.chaos_parts.faults import FREEZE_S
-from bench.chaos_parts.provider import MODEL, HostileProvider
+from bench.chaos_parts.rig import Rig, seed_experience
+from bench.chaos_parts.table import Row, Table
 from fleet.errors import FleetError
-from tests.mcpkit import server_entry, write_config
 
 CHAOS_ENV = {
     "FLEET_STUCK_AFTER_S": "5",
@@ -87,73 +86,6 @@ class Options:
     """The brokers a session may draw (`rabbitmq` needs the local RabbitMQ and rabbitmqctl)."""
 
 
-@dataclass
-class Row:
-    """One backend's counts."""
-
-    rounds: int = 0
-    trees: int = 0
-    injected: Counter[str] = field(default_factory=Counter)
-    features: Counter[str] = field(default_factory=Counter)
-    ended: Counter[str] = field(default_factory=Counter)
-    stuck: list[str] = field(default_factory=list)
-    doubled: list[str] = field(default_factory=list)
-    tracebacks: list[str] = field(default_factory=list)
-    secrets: list[str] = field(default_factory=list)
-    cli: list[str] = field(default_factory=list)
-    costs: list[str] = field(default_factory=list)
-    rig: list[str] = field(default_factory=list)
-    """Faults the rig could not inject (a failover that did not come): the harness's."""
-    slowest_s: float = 0.0
-
-    @property
-    def broken(self) -> bool:
-        """Any invariant broken."""
-        broken = [self.stuck, self.doubled, self.tracebacks, self.secrets, self.cli, self.costs]
-        return any(broken)
-
-
-@dataclass
-class Table:
-    """Every backend's row, and the failing rounds' replay commands."""
-
-    rows: dict[str, Row] = field(default_factory=lambda: {b: Row() for b in BACKENDS})
-    failing: list[str] = field(default_factory=list)
-    hostile: dict[str, int] = field(default_factory=dict)
-    """Hostile provider answers sent, by kind (cut, nan, deep, hang)."""
-
-    def faults(self) -> int:
-        """Faults injected over every backend."""
-        return sum(sum(r.injected.values()) for r in self.rows.values())
-
-    def markdown(self, options: Options) -> str:
-        """The table docs/reliability.md records."""
-        head = (
-            "| backend | rounds | trees | faults | stuck | lost (gone) | doubled"
-            " | costs off | tracebacks | secrets | CLI errors not one line | slowest |"
-        )
-        lines = [head, "|" + "---|" * 12]
-        for name, r in self.rows.items():
-            lines.append(
-                f"| {name} | {r.rounds} | {r.trees} | {sum(r.injected.values())} "
-                f"| {len(r.stuck)} | {r.ended['gone']} | {len(r.doubled)} | {len(r.costs)} "
-                f"| {len(r.tracebacks)} "
-                f"| {len(r.secrets)} | {len(r.cli)} | {r.slowest_s:.1f} s |"
-            )
-        kinds = Counter[str]()
-        features = Counter[str]()
-        for r in self.rows.values():
-            kinds.update(r.injected)
-            features.update(r.features)
-        lines.append(
-            f"\nseed {options.seed}, bound {options.bound_s:.0f} s; faults: "
-            + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
-        )
-        lines.append("hostile answers: " + ", ".join(f"{k} {n}" for k, n in self.hostile.items()))
-        lines.append("trees: " + ", ".join(f"{k} {n}" for k, n in sorted(features.items())))
-        return "\n".join(lines)
-
-
 def session_of(options: Options, round_no: int) -> tuple[str, str]:
     """The backend and broker round `round_no` runs on."""
     session = round_no // options.rounds_per_backend
@@ -168,9 +100,10 @@ def session_of(options: Options, round_no: int) -> tuple[str, str]:
 class Round:
     """One round: its draw, its submissions, its faults, its checks."""
 
-    def __init__(self, the: Backend, options: Options, number: int, folder: Path) -> None:
+    def __init__(self, the: Backend, options: Options, number: int, folder: Path, rig: Rig) -> None:
         """Draw the round's trees and faults from (seed, number)."""
-        self.the, self.options, self.number = the, options, number
+        self.the, self.options, self.number, self.rig = the, options, number, rig
+        self.folder = folder
         self.rng = random.Random(f"{options.seed}:{number}")
         self.trees = [
             workload.draw(self.rng, f"T{number}x{i}", folder)
@@ -186,8 +119,11 @@ class Round:
             self.trees, folder / f"r{number}.json", options.latency_ms
         )
 
-    def run(self, row: Row, say: Callable[[str], None]) -> None:
+    def run(self, row: Row, say: Callable[[str], None], experience_id: str) -> None:
         """Submit, inject, check; count into `row`."""
+        self.rig.batch.use(Path(self.model.removeprefix("scripted:")))
+        sent_before = len(self.rig.batch.sent)
+        uses_before = features.uses(self.the.fleet, experience_id)
         started_s = time.monotonic()
         for tree in self.trees:
             try:
@@ -197,6 +133,9 @@ class Round:
                 say(f"  {tree.tag} {tree.kind} refused: {exc}")
                 continue
             row.features[tree.kind] += 1
+            if tree.entries:
+                env = self.the.env | _os_env()
+                features.start_file(tree, self.model, env, self.folder, self.options.bound_s)
         self.trees = [t for t in self.trees if t.root_id]
         threads = [
             threading.Thread(target=act, args=(self.the.fleet, t, self.rng.random()), daemon=True)
@@ -217,6 +156,26 @@ class Round:
         time.sleep(max(0.0, self.options.freeze_s[1] - self.options.window_s))  # all thawed
         self.the.replace_dead()
         self._check(row, started_s, say)
+        self._check_features(row, started_s, experience_id, uses_before, sent_before)
+
+    def _check_features(
+        self,
+        row: Row,
+        started_s: float,
+        experience_id: str,
+        uses_before: tuple[int, int] | None,
+        sent_before: int,
+    ) -> None:
+        label, fleet = f"round {self.number}", self.the.fleet
+        for tree in self.trees:
+            if tree.entries:
+                deadline_s = started_s + 2 * self.options.bound_s
+                features.check_file(fleet, tree, row, deadline_s, label)
+        check = functools.partial(
+            features.check_experiences, fleet, self.trees, experience_id, uses_before, row
+        )
+        _retried(functools.partial(check, label))
+        row.doubled += [f"{label}: {d}" for d in self.rig.batch.doubled(sent_before)]
 
     def _submit(self, tree: workload.Tree) -> str:
         task = workload.task_of(tree)
@@ -240,6 +199,7 @@ class Round:
             row.slowest_s = max(row.slowest_s, time.monotonic() - started_s)
             verdict = _retried(functools.partial(invariants.check, store, tree))
             row.ended[verdict.status] += 1
+            tree.outcome["status"] = verdict.status
             row.doubled += [f"round {self.number} {tree.kind}: {d}" for d in verdict.doubled]
             row.costs += [f"round {self.number} {tree.kind}: {c}" for c in verdict.costs]
             for line in [*verdict.doubled, *verdict.costs]:
@@ -275,32 +235,17 @@ def run(options: Options, say: Callable[[str], None] = print) -> Table:
     number = options.only_round or 0
     with tempfile.TemporaryDirectory(prefix="fleet-chaos-") as name:
         folder = Path(name)
-        hostile = HostileProvider(failure_rate=0.1, hostile_rate=0.1, seed=options.seed)
-        env = {**CHAOS_ENV, "FLEET_CONFIG": str(_config(folder, hostile))}
-        extra = {"provider-down": lambda n: hostile.down_for(2 + n % 9)}
+        rig = Rig(folder, options.seed)
+        env = {**CHAOS_ENV, **rig.env}
         try:
             while table.faults() < options.faults or options.only_round is not None:
-                number = _session(options, number, folder, env, extra, table, say)
+                number = _session(options, number, folder, env, rig, table, say)
                 if options.only_round is not None:
                     break
         finally:
-            hostile.close()
-        table.hostile = dict(hostile.hostile)
+            rig.close()
+        table.hostile = rig.hostile_counts()
     return table
-
-
-def _config(folder: Path, hostile: HostileProvider) -> Path:
-    """fleet.yaml: the test MCP server, and the hostile provider as model `flaky`."""
-    providers = {"flaky": {"kind": "openai", "base_url": hostile.base_url}}
-    models = {MODEL: {"provider": "flaky", "name": "flaky-1"}}
-    servers = {workload.MCP_SERVER: server_entry()}
-    return write_config(
-        folder / "fleet.yaml",
-        servers,
-        providers=providers,
-        models=models,
-        approve=[workload.APPROVE_RULE],
-    )
 
 
 def _session(
@@ -308,7 +253,7 @@ def _session(
     first: int,
     folder: Path,
     env: dict[str, str],
-    extra: dict[str, Callable[[int], None]],
+    rig: Rig,
     table: Table,
     say: Callable[[str], None],
 ) -> int:
@@ -322,10 +267,11 @@ def _session(
         if options.only_round is not None
         else first - first % options.rounds_per_backend + options.rounds_per_backend - 1
     )
-    with backend(name, broker, folder / f"s{first}", env, options.workers, extra) as the:
+    with backend(name, broker, folder / f"s{first}", env, options.workers, rig.faults) as the:
+        experience_id = _retried(functools.partial(seed_experience, the.fleet))
         for number in range(first, last + 1):
             before = row.broken
-            Round(the, options, number, folder).run(row, say)
+            Round(the, options, number, folder, rig).run(row, say, experience_id)
             row.rounds += 1
             tracebacks, secrets = invariants.log_findings(the.logs(), seen)
             row.tracebacks += tracebacks

@@ -210,11 +210,21 @@ def _cluster(folder: Path) -> Store:
             "FLEET_BROKER_URL": side.url,
             "FLEET_RESULT_BACKEND_URL": f"{side.url.rsplit('/', 1)[0]}/1",
         }
-        yield env, {"cluster-master-kill": lambda n: _kill_master(cluster, n)}
+        yield (
+            env,
+            {
+                "cluster-master-kill": lambda n: _kill_master(cluster, n),
+                "cluster-slot-migrate": lambda n: _migrate(cluster, n),
+            },
+        )
 
 
 def _kill_master(cluster: Cluster, choose: int) -> None:
     cluster.kill_master(choose)
+
+
+def _migrate(cluster: Cluster, choose: int) -> None:
+    cluster.migrate_slot(choose)
 
 
 _STORES: dict[

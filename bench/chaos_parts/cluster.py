@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -80,6 +81,31 @@ class Cluster:
         _wait_synced(port)
         return port
 
+    def migrate_slot(self, choose: int) -> int:
+        """Move the slot of a tree's key (else any slot) to another master, mid-run; the slot.
+
+        As `redis-cli --cluster reshard` does: the target IMPORTING, the source MIGRATING,
+        the keys moved with MIGRATE in batches (clients meanwhile get ASK, a script over
+        keys split between the two TRYAGAIN), then every master told the slot's new node.
+        """
+        masters = self.masters()
+        source = masters[choose % len(masters)]
+        target = masters[(choose // len(masters) + 1 + masters.index(source)) % len(masters)]
+        with _client(source) as src, _client(target) as dst:
+            slot = _slot_of_a_tree(src, choose)
+            source_id, target_id = (
+                src.execute_command("CLUSTER", "MYID"),
+                dst.execute_command("CLUSTER", "MYID"),
+            )
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+            for port in [target, source, *(m for m in masters if m not in (source, target))]:
+                with _client(port) as node:
+                    node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return int(slot)
+
     def close(self) -> None:
         """Stop every node and remove the files."""
         for process in self.processes.values():
@@ -104,6 +130,28 @@ def _wait_synced(port: int, timeout_s: float = PROMOTION_TIMEOUT_S) -> None:
                 return
         time.sleep(0.2)
     raise TimeoutError(f"the node on {port} did not sync as a replica in {timeout_s:.0f} s")
+
+
+def _client(port: int) -> redis.Redis:
+    return redis.Redis(port=port, decode_responses=True, socket_timeout=10)
+
+
+def _slot_of_a_tree(node: Any, choose: int) -> int:
+    """The slot of a tree key on `node` (a hash-tagged key), else one of its slots."""
+    for _ in range(20):
+        key = node.randomkey()
+        if key is None:
+            break
+        if "{" in str(key) and "{batch}" not in str(key):
+            return int(node.execute_command("CLUSTER", "KEYSLOT", key))
+    mine = node.execute_command("CLUSTER", "MYID")
+    ranges = [
+        (int(start), int(end))
+        for start, end, *owners in node.execute_command("CLUSTER", "SLOTS")
+        if owners and owners[0][2] == mine
+    ]
+    start, end = ranges[choose % len(ranges)]
+    return start + choose % (end - start + 1)
 
 
 def _state_ok(port: int) -> bool:
