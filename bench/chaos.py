@@ -62,7 +62,7 @@ WRONG_COMMANDS = [
     ["memory", "show", "user:chaos", "no-such-key"],
 ]
 """Commands a round runs that must fail in one line (`{root}`: one of its ended trees)."""
-BROKER_WEIGHTS = {"redis": 2, "rabbitmq": 1}
+BROKER_WEIGHTS = {"redis": 2, "rabbitmq": 1, "rabbitmq-node": 1}
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,12 @@ class Options:
     workers: int = 2
     freeze_s: tuple[float, float] = FREEZE_S
     brokers: tuple[str, ...] = tuple(BROKER_WEIGHTS)
-    """The brokers a session may draw (`rabbitmq` needs the local RabbitMQ and rabbitmqctl)."""
+    """The brokers a session may draw (`rabbitmq` needs the local RabbitMQ and rabbitmqctl,
+    `rabbitmq-node` an installed rabbitmq-server)."""
+    kinds: tuple[str, ...] = ()
+    """Draw only trees of these kinds (all when empty)."""
+    fault_kinds: tuple[str, ...] = ()
+    """Draw only faults of these kinds (those the backend takes; all when empty)."""
 
 
 def session_of(options: Options, round_no: int) -> tuple[str, str]:
@@ -106,10 +111,10 @@ class Round:
         self.folder = folder
         self.rng = random.Random(f"{options.seed}:{number}")
         self.trees = [
-            workload.draw(self.rng, f"T{number}x{i}", folder)
+            workload.draw(self.rng, f"T{number}x{i}", folder, options.kinds)
             for i in range(self.rng.randint(*options.trees))
         ]
-        kinds, weights = faults.kinds_of(the)
+        kinds, weights = faults.kinds_of(the, options.fault_kinds)
         count = self.rng.randint(*options.per_round)
         self.plan = sorted(
             (self.rng.uniform(0, options.window_s), self.rng.choices(kinds, weights)[0])
@@ -176,6 +181,7 @@ class Round:
         )
         _retried(functools.partial(check, label))
         row.doubled += [f"{label}: {d}" for d in self.rig.batch.doubled(sent_before)]
+        row.checked["Batch API custom ids sent"] += len(self.rig.batch.sent) - sent_before
 
     def _submit(self, tree: workload.Tree) -> str:
         task = workload.task_of(tree)
@@ -297,6 +303,8 @@ def replay_command(options: Options, number: int) -> str:
         f" --per-round {options.per_round[0]} {options.per_round[1]}"
         f" --window-s {options.window_s:g} --workers {options.workers}"
         f" --brokers {' '.join(options.brokers)}"
+        + (f" --kinds {' '.join(options.kinds)}" if options.kinds else "")
+        + (f" --fault-kinds {' '.join(options.fault_kinds)}" if options.fault_kinds else "")
     )
 
 
@@ -317,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--brokers", nargs="+", choices=list(BROKER_WEIGHTS), default=Options.brokers
     )
+    parser.add_argument("--kinds", nargs="+", choices=workload.KINDS, default=())
+    parser.add_argument("--fault-kinds", nargs="+", default=())
     args = parser.parse_args(argv)
     options = Options(
         args.faults,
@@ -329,6 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         only_round=args.round,
         workers=args.workers,
         brokers=tuple(args.brokers),
+        kinds=tuple(args.kinds),
+        fault_kinds=tuple(args.fault_kinds),
     )
     started_s = time.monotonic()
     table = run(options)

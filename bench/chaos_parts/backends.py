@@ -11,7 +11,8 @@
 
 The broker is that Redis (the cluster's side Redis), or `rabbitmq`: a vhost of its own on
 the machine's RabbitMQ (other people's queues are never touched; the vhost is deleted at
-the end).
+the end), or `rabbitmq-node`: a private RabbitMQ node (`chaos_parts.rabbit`) that the
+`rabbitmq-restart` fault restarts (the shared one is never restarted).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import redis
 
 from bench.chaos_parts.cluster import Cluster, replicated_cluster
+from bench.chaos_parts.rabbit import private_node
 from bench.fault_rig import Redis, Worker, start_worker, wait_consuming
 from fleet.client import Fleet
 from fleet.settings import Settings
@@ -43,7 +45,7 @@ from tests.redis_topologies import (
 )
 
 BACKENDS = ("redis", "sentinel", "cluster")
-BROKERS = ("redis", "rabbitmq")
+BROKERS = ("redis", "rabbitmq", "rabbitmq-node")
 REDIS_PASSWORD = "chaos-Redis-pw-41f7"
 """The Sentinel group's password: a secret that must never show in a log."""
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672/"
@@ -102,6 +104,11 @@ def backend(
         if broker == "rabbitmq":
             env["FLEET_BROKER_URL"] = stack.enter_context(_rabbitmq_vhost())
             faults.pop("broker-restart", None)
+        elif broker == "rabbitmq-node":
+            node = stack.enter_context(private_node(folder / "rabbitmq"))
+            env["FLEET_BROKER_URL"] = node.url
+            faults.pop("broker-restart", None)
+            faults["rabbitmq-restart"] = node.restart
         faults |= extra_faults or {}
         env |= {
             "FLEET_WORKSPACE": str(folder),

@@ -42,7 +42,9 @@ class BatchProvider(OpenAIBatchServer):
 
     def __init__(self, seed: int) -> None:
         """A provider with no script yet (`use` gives each round's)."""
-        super().__init__(Script.parse({"scripts": [{"match": ".*", "steps": []}]}, "-"))
+        super().__init__(
+            Script.parse({"scripts": [{"match": ".*", "steps": [{"content": "-"}]}]}, "-")
+        )
         self.hostile: Counter[str] = Counter()
         self._rng = random.Random(f"{seed}:batch")
 
@@ -55,9 +57,10 @@ class BatchProvider(OpenAIBatchServer):
     def malform_next(self) -> None:
         """The next batch's output file carries hostile lines among its answers."""
         self.tamper_next(self._hostile_file)
-        self.hostile["batch-file"] += 1
+        self.hostile["batch-file asked"] += 1
 
     def _hostile_file(self, lines: list[dict[str, Any]]) -> Iterable[bytes]:
+        self.hostile["batch-file served"] += 1
         for i, line in enumerate(lines):
             if i == 0:  # this call's error: retried under its next attempt
                 text = json.dumps(line).replace('"prompt_tokens": 100', '"prompt_tokens": NaN')

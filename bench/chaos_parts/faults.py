@@ -44,9 +44,10 @@ FREEZE_S = (1.0, 8.0)
 """How long a frozen worker stays stopped (its leases lapse past the 5 s TTL)."""
 
 
-def kinds_of(the: Backend) -> tuple[list[str], list[int]]:
-    """The faults this backend can take, and their weights."""
+def kinds_of(the: Backend, only: tuple[str, ...] = ()) -> tuple[list[str], list[int]]:
+    """The faults this backend can take (of `only`, when it names any it takes), weights."""
     names = [*COMMON, *the.data_faults]
+    names = [n for n in names if n in only] or names if only else names
     return names, [COMMON.get(n) or DATA[n] for n in names]
 
 

@@ -51,6 +51,9 @@ def check_file(fleet: Fleet, tree: Tree, row: Row, deadline_s: float, label: str
             row.lost.append(f"{label}: entry {entry['id']} has no results line")
         elif seen > 1:
             row.doubled.append(f"{label}: entry {entry['id']} has {seen} results lines")
+    row.checked["batch-file entries with one results line"] += sum(
+        1 for e in tree.entries if counts.get(e["id"]) == 1
+    )
     for root_id in roots_of(run.out):
         entry_tree = dataclasses.replace(tree, root_id=root_id, action="", entries=[])
         if not invariants.wait_ended(fleet.store, root_id, deadline_s):
@@ -84,8 +87,12 @@ def check_experiences(
     shown = [t for t in trees if t.kind == "experience" and t.outcome.get("status") == "completed"]
     if after is not None and after[1] > after[0]:
         row.doubled.append(f"{label}: experience successes {after[1]} > uses {after[0]}")
-    if shown and before is not None and after is not None and after[0] <= before[0]:
-        row.lost.append(f"{label}: {len(shown)} completed runs, experience uses stayed {after[0]}")
+    if shown and before is not None and after is not None:
+        if after[0] <= before[0]:
+            row.lost.append(
+                f"{label}: {len(shown)} completed runs, experience uses stayed {after[0]}"
+            )
+        row.checked["experience uses counted"] += after[0] - before[0]
     for tree in trees:
         if tree.kind != "learn" or not tree.outcome.get("reflected"):
             continue
@@ -94,6 +101,7 @@ def check_experiences(
             for e in fleet.experiences.all(workload.EXPERIENCE_SCOPE)
             if e.condition == f"when {tree.tag} learns"
         ]
+        row.checked["reflections kept once"] += len(kept) == 1
         if len(kept) != 1:
             bucket = row.lost if not kept else row.doubled
             bucket.append(f"{label}: reflection of {tree.root_id} kept {len(kept)} proposals")

@@ -29,6 +29,8 @@ class Row:
     trees: int = 0
     injected: Counter[str] = field(default_factory=Counter)
     features: Counter[str] = field(default_factory=Counter)
+    checked: Counter[str] = field(default_factory=Counter)
+    """What the feature checks saw (batch entries answered, reflections kept, ...)."""
     ended: Counter[str] = field(default_factory=Counter)
     stuck: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
@@ -88,13 +90,16 @@ class Table:
             )
         kinds = Counter[str]()
         features = Counter[str]()
+        checked = Counter[str]()
         for r in self.rows.values():
             kinds.update(r.injected)
             features.update(r.features)
+            checked.update(r.checked)
         lines.append(
             f"\nseed {options.seed}, bound {options.bound_s:.0f} s; faults: "
             + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
         )
         lines.append("hostile answers: " + ", ".join(f"{k} {n}" for k, n in self.hostile.items()))
         lines.append("trees: " + ", ".join(f"{k} {n}" for k, n in sorted(features.items())))
+        lines.append("checked: " + ", ".join(f"{k} {n}" for k, n in sorted(checked.items())))
         return "\n".join(lines)

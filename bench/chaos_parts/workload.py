@@ -104,9 +104,10 @@ def _single(tag: str, steps: list[dict[str, Any]], turns: int | None = None) -> 
     return Tree(tag, "", [rule], {f"^{tag} ": turns or len(steps) + 1})
 
 
-def draw(rng: random.Random, tag: str, folder: Path) -> Tree:
-    """One tree of a kind drawn with `WEIGHTS`."""
-    kind = rng.choices(KINDS, WEIGHTS)[0]
+def draw(rng: random.Random, tag: str, folder: Path, only: tuple[str, ...] = ()) -> Tree:
+    """One tree of a kind drawn with `WEIGHTS` (among `only` when given)."""
+    kinds = [(k, w) for k, w in zip(KINDS, WEIGHTS, strict=True) if not only or k in only]
+    kind = rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
     tree = BUILDERS[kind](rng, tag, folder)
     tree.kind = kind
     return tree
