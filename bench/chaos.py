@@ -139,7 +139,7 @@ class Round:
                 continue
             row.features[tree.kind] += 1
             if tree.entries:
-                env = self.the.env | _os_env()
+                env = _os_env() | self.the.env
                 features.start_file(tree, self.model, env, self.folder, self.options.bound_s)
         self.trees = [t for t in self.trees if t.root_id]
         threads = [
@@ -212,7 +212,7 @@ class Round:
                 say(f"  {tree.kind} {line}")
         wrong = self.rng.choice(WRONG_COMMANDS) + [self.rng.choice(self.trees).root_id]
         wrong = [w.replace("{root}", wrong[-1]) for w in wrong[:-1]]
-        problem = invariants.cli_error(self.the.env | _os_env(), wrong)
+        problem = invariants.cli_error(_os_env() | self.the.env, wrong)
         if problem:
             row.cli.append(problem)
 
@@ -276,9 +276,11 @@ def _session(
     with backend(name, broker, folder / f"s{first}", env, options.workers, rig.faults) as the:
         experience_id = _retried(functools.partial(seed_experience, the.fleet))
         for number in range(first, last + 1):
-            before = row.broken
+            before, lost = row.broken, len(row.lost)
             Round(the, options, number, folder, rig).run(row, say, experience_id)
             row.rounds += 1
+            for line in row.lost[lost:]:
+                say(f"  lost: {line}")
             tracebacks, secrets = invariants.log_findings(the.logs(), seen)
             row.tracebacks += tracebacks
             row.secrets += secrets
@@ -305,6 +307,12 @@ def replay_command(options: Options, number: int) -> str:
         f" --brokers {' '.join(options.brokers)}"
         + (f" --kinds {' '.join(options.kinds)}" if options.kinds else "")
         + (f" --fault-kinds {' '.join(options.fault_kinds)}" if options.fault_kinds else "")
+        + (f" --bound-s {options.bound_s:g}" if options.bound_s != Options.bound_s else "")
+        + (
+            f" --freeze-s {options.freeze_s[0]:g} {options.freeze_s[1]:g}"
+            if options.freeze_s != Options.freeze_s
+            else ""
+        )
     )
 
 
@@ -327,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--kinds", nargs="+", choices=workload.KINDS, default=())
     parser.add_argument("--fault-kinds", nargs="+", default=())
+    parser.add_argument(
+        "--freeze-s", type=float, nargs=2, default=Options.freeze_s, metavar=("MIN", "MAX")
+    )
     args = parser.parse_args(argv)
     options = Options(
         args.faults,
@@ -341,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         brokers=tuple(args.brokers),
         kinds=tuple(args.kinds),
         fault_kinds=tuple(args.fault_kinds),
+        freeze_s=tuple(args.freeze_s),
     )
     started_s = time.monotonic()
     table = run(options)

@@ -87,10 +87,12 @@ def write_file(path: Path, entries: list[dict[str, Any]]) -> Path:
     return path
 
 
-def run_file(env: dict[str, str], tasks: Path, out: Path, deadline_s: float) -> list[str]:
+def run_file(
+    env: dict[str, str], tasks: Path, out: Path, deadline_s: float, last: list[str]
+) -> list[str]:
     """`fleet batch` until each entry has a results line (or the deadline); its problems.
 
-    A problem: stderr not one line when it failed (a traceback, a multi-line error).
+    A problem: a traceback on stderr. `last` gets each run's exit status and last stderr line.
     """
     problems: list[str] = []
     for attempt in range(RESUMES + 1):
@@ -104,6 +106,8 @@ def run_file(env: dict[str, str], tasks: Path, out: Path, deadline_s: float) -> 
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=left_s)
         except subprocess.TimeoutExpired:
             break
+        tail = (done.stderr.strip().splitlines() or [""])[-1]
+        last.append(f"exit {done.returncode}: {tail[:200]}")
         if "Traceback" in done.stderr:
             problems.append(f"fleet batch: a traceback: {done.stderr[-300:]!r}")
         if done.returncode in (0, 1):  # every task ended (1: some did not complete)
@@ -134,6 +138,7 @@ class FileRun:
         """Prepared, not started."""
         self.env, self.tasks, self.out, self.bound_s = env, tasks, out, bound_s
         self.problems: list[str] = []
+        self.last: list[str] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
@@ -142,7 +147,7 @@ class FileRun:
 
     def _run(self) -> None:
         deadline_s = time.monotonic() + self.bound_s
-        self.problems = run_file(self.env, self.tasks, self.out, deadline_s)
+        self.problems = run_file(self.env, self.tasks, self.out, deadline_s, self.last)
 
     def finish(self, timeout_s: float) -> bool:
         """Whether it ended within `timeout_s`."""

@@ -48,7 +48,7 @@ def check_file(fleet: Fleet, tree: Tree, row: Row, deadline_s: float, label: str
     for entry in tree.entries:
         seen = counts.get(entry["id"], 0)
         if seen == 0:
-            row.lost.append(f"{label}: entry {entry['id']} has no results line")
+            row.lost.append(f"{label}: entry {entry['id']} has no results line ({run.last})")
         elif seen > 1:
             row.doubled.append(f"{label}: entry {entry['id']} has {seen} results lines")
     row.checked["batch-file entries with one results line"] += sum(
