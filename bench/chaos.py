@@ -87,6 +87,8 @@ class Options:
     `rabbitmq-node` an installed rabbitmq-server)."""
     kinds: tuple[str, ...] = ()
     """Draw only trees of these kinds (all when empty)."""
+    stop_after_s: float = 0.0
+    """Start no round after this long (0: none); the table says the count reached."""
     fault_kinds: tuple[str, ...] = ()
     """Draw only faults of these kinds (those the backend takes; all when empty)."""
 
@@ -243,15 +245,23 @@ def run(options: Options, say: Callable[[str], None] = print) -> Table:
         folder = Path(name)
         rig = Rig(folder, options.seed)
         env = {**CHAOS_ENV, **rig.env}
+        ends_s = time.monotonic() + (options.stop_after_s or float("inf"))
         try:
-            while table.faults() < options.faults or options.only_round is not None:
-                number = _session(options, number, folder, env, rig, table, say)
+            while _more(options, table, ends_s):
+                number = _session(options, number, folder, env, rig, table, say, ends_s)
                 if options.only_round is not None:
                     break
         finally:
             rig.close()
         table.hostile = rig.hostile_counts()
     return table
+
+
+def _more(options: Options, table: Table, ends_s: float) -> bool:
+    """Whether another round runs: faults still to inject, time left (or a replay)."""
+    if options.only_round is not None:
+        return True
+    return table.faults() < options.faults and time.monotonic() < ends_s
 
 
 def _session(
@@ -262,6 +272,7 @@ def _session(
     rig: Rig,
     table: Table,
     say: Callable[[str], None],
+    ends_s: float,
 ) -> int:
     """Rounds on one backend from round `first`; the next round's number."""
     name, broker = session_of(options, first)
@@ -291,7 +302,7 @@ def _session(
                 table.failing.append(f"round {number} ({name}, {broker}): {replay}")
                 say(f"  round {number} broke an invariant: replay with {replay}")
             say(f"  {table.faults()} faults so far")
-            if table.faults() >= options.faults and options.only_round is None:
+            if options.only_round is None and not _more(options, table, ends_s):
                 break
     return last + 1
 
@@ -335,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--kinds", nargs="+", choices=workload.KINDS, default=())
     parser.add_argument("--fault-kinds", nargs="+", default=())
+    parser.add_argument("--stop-after-s", type=float, default=0.0)
     parser.add_argument(
         "--freeze-s", type=float, nargs=2, default=Options.freeze_s, metavar=("MIN", "MAX")
     )
@@ -353,6 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         kinds=tuple(args.kinds),
         fault_kinds=tuple(args.fault_kinds),
         freeze_s=tuple(args.freeze_s),
+        stop_after_s=args.stop_after_s,
     )
     started_s = time.monotonic()
     table = run(options)
