@@ -130,6 +130,7 @@ class Round:
         """Submit, inject, check; count into `row`."""
         self.rig.batch.use(Path(self.model.removeprefix("scripted:")))
         sent_before = len(self.rig.batch.sent)
+        remote_before = len(self.rig.remote.record.messages)
         uses_before = features.uses(self.the.fleet, experience_id)
         started_s = time.monotonic()
         for tree in self.trees:
@@ -164,6 +165,8 @@ class Round:
         self.the.replace_dead()
         self._check(row, started_s, say)
         self._check_features(row, started_s, experience_id, uses_before, sent_before)
+        row.doubled += [f"round {self.number}: {d}" for d in self.rig.remote_doubled(remote_before)]
+        row.checked["remote A2A tasks"] += len(self.rig.remote.record.messages) - remote_before
 
     def _check_features(
         self,

@@ -24,9 +24,9 @@ from bench.chaos_parts.backends import BACKENDS
 from tests.test_fleet_rabbitmq import RABBITMQ_URL, rabbitmq_answers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-SEED = 173
-"""Draws a Batch API explore, a hostile-provider explore, a budget, an experience run, a
-`fleet batch` file and a rewind (with the brokers `redis` and `rabbitmq`)."""
+SEED = 109
+"""Draws a `fleet batch` file, an experience run, a Batch API explore, a budget, a
+hostile-provider explore and memory (with the brokers `redis` and `rabbitmq`)."""
 ROOT = Path(__file__).resolve().parent.parent
 
 

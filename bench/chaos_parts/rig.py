@@ -8,11 +8,13 @@
 - MCP servers: the repository's test server (quick, huge, slow tools, and an approval
   rule), a server whose re-listing hangs (`lister`), and the real `mcp-server-git` where
   it is installed, on a repository of the run's own;
+- a remote A2A agent (`tests/a2a_agent.py`, a2a-sdk's own server) as `reviewer`;
 - the approved experience each session's store starts with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from bench.chaos_parts.batches import BATCH_ENV, BATCH_MODEL, BatchProvider
 from bench.chaos_parts.provider import MODEL, HostileProvider
 from fleet.client import Fleet
 from fleet.experiences.model import new_experience
+from tests.a2a_agent import serve_reviewer
 from tests.mcpkit import RAW_SERVER, server_entry, write_config
 
 GIT_SERVER = Path(sys.executable).with_name("mcp-server-git")
@@ -39,11 +42,13 @@ class Rig:
         self.folder = folder
         self.hostile = HostileProvider(failure_rate=0.1, hostile_rate=0.1, seed=seed)
         self.batch = BatchProvider(seed)
+        self._stack = contextlib.ExitStack()
+        self.remote = self._stack.enter_context(serve_reviewer())
         self.git = GIT_SERVER.exists() and shutil.which("git") is not None
         if self.git:
             _git_repository(folder / "repo")
         self.config = self._config()
-        self.env = {**BATCH_ENV, "FLEET_CONFIG": str(self.config)}
+        self.env = {**BATCH_ENV, "FLEET_CONFIG": str(self.config), "FLEET_REMOTE_POLL_S": "0.3"}
         self.faults: dict[str, Callable[[int], None]] = {
             "provider-down": lambda n: self.hostile.down_for(2 + n % 9),
             "provider-429": lambda n: self.hostile.limit_for(1 + n % 4),
@@ -70,12 +75,14 @@ class Rig:
         if self.git:
             repo = str(self.folder / "repo")
             servers[workload.GIT] = {"command": str(GIT_SERVER), "args": ["--repository", repo]}
+        remote = {"url": self.remote.url, "private": True, "read_only": True, "timeout_s": 60}
         return write_config(
             self.folder / "fleet.yaml",
             servers,
             providers=providers,
             models=models,
             approve=[workload.APPROVE_RULE],
+            remote_agents={workload.REMOTE_AGENT: remote},
         )
 
     def hostile_counts(self) -> dict[str, int]:
@@ -90,6 +97,16 @@ class Rig:
         """Stop the providers."""
         self.hostile.close()
         self.batch.stop()
+        self._stack.close()
+
+    def remote_doubled(self, since: int) -> list[str]:
+        """Remote tasks sent twice for one tree's call (the same text in two new tasks)."""
+        firsts = [text for _, _, text in self.remote.record.messages[since:]]
+        return [
+            f"remote task {t!r} sent {firsts.count(t)} times"
+            for t in set(firsts)
+            if firsts.count(t) > 1
+        ]
 
 
 def seed_experience(fleet: Fleet) -> str:

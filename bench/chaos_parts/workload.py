@@ -48,12 +48,15 @@ KINDS = (
     "mcp-git",
     "experience",
     "learn",
+    "remote",
 )
-WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1, 3, 1, 1, 1, 2, 2, 1, 1, 1, 1)
+WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1, 3, 1, 1, 1, 2, 2, 1, 1, 1, 1, 2)
 LISTER = "lister"
 """An MCP server (tests/mcp_raw_server.py `hang_relist`) whose re-listing never answers."""
 GIT = "git"
 """The real `mcp-server-git`, on a repository of the run's own."""
+REMOTE_AGENT = "reviewer"
+"""A remote A2A agent (`remote_agents:` in fleet.yaml)."""
 EXPERIENCE_SCOPE = "user:chaos"
 SEEDED = ("when an experience task looks around", "then list the directory first")
 """The approved experience every session starts with (shares words with `experience` tasks)."""
@@ -259,6 +262,13 @@ def _learn(rng: random.Random, tag: str, folder: Path) -> Tree:
     return tree
 
 
+def _remote(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """A remote sub-agent over A2A (`tests/a2a_agent.py`), working 0.2-3 s."""
+    seconds = round(rng.uniform(0.2, 3.0), 1)
+    task = f"slow {seconds} {tag} review it"
+    return _single(tag, [_tools(("agent", {"task": task, "agent": REMOTE_AGENT}))])
+
+
 BUILDERS: dict[str, Builder] = {
     "explore-small": _explore_small,
     "explore-large": _explore_large,
@@ -288,6 +298,7 @@ BUILDERS: dict[str, Builder] = {
     ),
     "experience": _experience,
     "learn": _learn,
+    "remote": _remote,
 }
 
 

@@ -1,0 +1,92 @@
+"""Outages the chaos harness met (`make chaos`, seed 38) logged in one line, not a traceback.
+
+- Round 16 (a Redis restart): `fleet.batch_poll` raised redis-py's ConnectionError out of
+  the task, and Celery logged "Task fleet.batch_poll raised unexpected" with the frames.
+  The next poll goes on by itself; the task now logs one line and returns.
+- Round 21 (a Sentinel failover): a spawn whose chord dispatch met the store away logged
+  "dispatch of N children ... failed; a sweeper will retry" with the traceback. The
+  outbox entry stays and a sweeper sends the children: one line says so.
+Anything that is not an outage keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+
+from fleet.loop import spawning
+from workers import batch_poll as poll_module
+
+
+def _no_traceback(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings, "nothing was logged"
+    assert all(r.exc_info is None for r in warnings), [r.getMessage() for r in warnings]
+    return warnings
+
+
+def _failing_poll(exc: Exception) -> Any:
+    def poll(runtime: object) -> int:
+        raise exc
+
+    return poll
+
+
+def test_a_batch_poll_that_meets_the_store_away_logs_one_line_and_returns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(poll_module, "get_runtime", lambda: object())
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:32789. Connection refused.")
+    monkeypatch.setattr(poll_module, "poll_and_send", _failing_poll(refused))
+    with caplog.at_level(logging.WARNING):
+        assert poll_module.batch_poll() == 0
+    (line,) = _no_traceback(caplog)
+    assert "batch poll failed" in line.getMessage() and "Connection refused" in line.getMessage()
+
+
+def test_a_batch_poll_that_fails_otherwise_still_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(poll_module, "get_runtime", lambda: object())
+    monkeypatch.setattr(poll_module, "poll_and_send", _failing_poll(KeyError("a bug")))
+    with pytest.raises(KeyError):
+        poll_module.batch_poll()
+
+
+class _Dispatcher:
+    children_survive_restart = True
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def dispatch(self, runtime: object, request: object) -> None:
+        raise self.exc
+
+
+def _hand_over(exc: Exception) -> None:
+    runtime: Any = SimpleNamespace(dispatcher=_Dispatcher(exc))
+    trace: Any = SimpleNamespace(trace_id="20261129T015549-1bdd80")
+    request: Any = SimpleNamespace(children=[object()] * 13, tool_call_id="call-1")
+    spawning._hand_over(runtime, trace, request)
+
+
+def test_a_dispatch_that_meets_the_store_away_is_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        _hand_over(redis.ConnectionError("Connection closed by server."))
+    (line,) = _no_traceback(caplog)
+    assert "dispatch of 13 children" in line.getMessage() and "store or broker away" in (
+        line.getMessage()
+    )
+
+
+def test_a_dispatch_that_fails_otherwise_keeps_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        _hand_over(ValueError("a bug"))
+    (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.exc_info is not None
