@@ -290,7 +290,7 @@ def _session(
     with backend(name, broker, folder / f"s{first}", env, options.workers, rig.faults) as the:
         experience_id = _retried(functools.partial(seed_experience, the.fleet))
         for number in range(first, last + 1):
-            before, lost = row.broken, len(row.lost)
+            before, lost = row.breaks, len(row.lost)
             Round(the, options, number, folder, rig).run(row, say, experience_id)
             row.rounds += 1
             for line in row.lost[lost:]:
@@ -300,7 +300,7 @@ def _session(
             row.secrets += secrets
             for line in [*tracebacks[:3], *secrets[:3]]:
                 say(f"  {line}")
-            if row.broken and not before:
+            if row.breaks > before:  # this round broke one (whatever earlier rounds did)
                 replay = replay_command(options, number)
                 table.failing.append(f"round {number} ({name}, {broker}): {replay}")
                 say(f"  round {number} broke an invariant: replay with {replay}")

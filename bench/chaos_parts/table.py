@@ -48,16 +48,13 @@ class Row:
     @property
     def broken(self) -> bool:
         """Any invariant broken."""
-        broken = [
-            self.stuck,
-            self.lost,
-            self.doubled,
-            self.tracebacks,
-            self.secrets,
-            self.cli,
-            self.costs,
-        ]
-        return any(broken)
+        return self.breaks > 0
+
+    @property
+    def breaks(self) -> int:
+        """How many findings break an invariant (a round that adds one broke it)."""
+        found = [self.stuck, self.lost, self.doubled, self.tracebacks, self.secrets, self.cli]
+        return sum(len(f) for f in [*found, self.costs])
 
 
 @dataclass
