@@ -158,7 +158,7 @@ class Round:
             roots = [t.root_id for t in self.trees]
             try:
                 faults.inject(kind, self.the, roots, self.rng, self.options.freeze_s)
-            except (TimeoutError, RuntimeError, OSError) as exc:  # the rig's, not the fleet's
+            except (TimeoutError, RuntimeError, OSError, redis.RedisError) as exc:  # the rig's
                 row.rig.append(f"round {self.number} {kind}: {exc}")
                 say(f"  {kind} could not be injected: {exc}")
         time.sleep(max(0.0, self.options.freeze_s[1] - self.options.window_s))  # all thawed
