@@ -90,3 +90,45 @@ def test_a_dispatch_that_fails_otherwise_keeps_its_traceback(
         _hand_over(ValueError("a bug"))
     (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert line.exc_info is not None
+
+
+def test_the_batch_polls_result_is_not_stored() -> None:
+    # make chaos, seed 40 round 6: Celery stored the poll's result after the body, met the
+    # store away there, and logged "Exception raised outside body" with the traceback
+    assert poll_module.batch_poll.ignore_result is True
+
+
+def _window_fails(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> list[str]:
+    from fleet.children import after
+    from workers import settle, tasks
+
+    settled: list[str] = []
+    monkeypatch.setattr(tasks, "start_window", lambda *a, **k: (_ for _ in ()).throw(exc))
+    monkeypatch.setattr(after, "owed_after_run", lambda *a, **k: ["end"])
+    monkeypatch.setattr(after, "settle_child", lambda runtime, trace_id, by: by)
+    monkeypatch.setattr(settle, "apply", settled.append)
+    store = SimpleNamespace(get_trace=lambda trace_id: SimpleNamespace(root_trace_id="root"))
+    result: Any = SimpleNamespace(trace_id="root@explore-001", outcome="completed")
+    tasks.after_run(SimpleNamespace(store=store), result, recovered=False, windowed=True)  # type: ignore[arg-type]
+    return settled
+
+
+def test_a_windowed_runs_next_send_that_meets_the_broker_away_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # make chaos, seed 40 round 1 (a RabbitMQ restart): the run task raised kombu's
+    # OperationalError out of `after_run`, a traceback, and skipped the settlements after it
+    from kombu.exceptions import OperationalError
+
+    with caplog.at_level(logging.WARNING):
+        settled = _window_fails(monkeypatch, OperationalError("[Errno 111] Connection refused"))
+    assert settled == ["end"]
+    (line,) = _no_traceback(caplog)
+    assert "window was not sent" in line.getMessage()
+
+
+def test_a_windowed_runs_next_send_that_fails_otherwise_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(KeyError):
+        _window_fails(monkeypatch, KeyError("a bug"))
