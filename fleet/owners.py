@@ -38,7 +38,7 @@ from fleet.models import Trace
 from fleet.storage import outbox
 from fleet.storage.batch_calls import CallStates, batch_calls
 from fleet.storage.remote_watch import REMOTE_WATCH
-from fleet.storage.store import TraceRecords, TraceStore
+from fleet.storage.store import StopsAndWaits, TraceRecords, TraceStore
 
 MAX_HEALS = 3
 """Remedies per trace before it fails as lost."""
@@ -284,7 +284,7 @@ def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None
     return Resend(trace, "waiting on a tool call that has no children (lost before the spawn)")
 
 
-def _person(store: TraceStore, trace: Trace, waiting: dict[str, object]) -> Remedy | None:
+def _person(store: StopsAndWaits, trace: Trace, waiting: dict[str, object]) -> Remedy | None:
     """The person and the wait's deadline own it, once the deadline is in the index."""
     deadline = waiting.get("deadline_ms")
     if isinstance(deadline, int) and not store.human_wait_indexed(trace.trace_id):
