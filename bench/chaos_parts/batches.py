@@ -110,10 +110,14 @@ def run_file(
         last.append(f"exit {done.returncode}: {tail[:200]}")
         if "Traceback" in done.stderr:
             problems.append(f"fleet batch: a traceback: {done.stderr[-300:]!r}")
-        if done.returncode in (0, 1):  # every task ended (1: some did not complete)
-            break
+        if done.returncode in (0, 1) and len(results_of(out)) == _entries(tasks):
+            break  # every task ended (1: some did not complete); else an error cut it
         time.sleep(0.5)  # cut by a fault of the round: resume once the store is back
     return problems
+
+
+def _entries(tasks: Path) -> int:
+    return sum(1 for line in tasks.read_text().splitlines() if line.strip())
 
 
 def results_of(out: Path) -> Counter[str]:
