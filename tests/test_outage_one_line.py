@@ -132,3 +132,32 @@ def test_a_windowed_runs_next_send_that_fails_otherwise_raises(
 ) -> None:
     with pytest.raises(KeyError):
         _window_fails(monkeypatch, KeyError("a bug"))
+
+
+def test_the_chord_body_retries_a_cluster_master_being_replaced() -> None:
+    # make chaos, seed 42 round 34: `fleet.collect` raised ClusterDownError (a Cluster master
+    # killed, its replica not promoted yet): a traceback, and the chord body failed
+    from workers import tasks
+
+    assert {redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError} <= set(
+        tasks.collect.autoretry_for
+    )
+
+
+def test_an_errback_that_meets_the_store_away_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # make chaos, seed 42 round 24 (a Sentinel failover): "Errback 'fleet.collect_failed'
+    # raised an exception" with the traceback; the outbox's settle entry settles it later
+    from fleet.children import after
+    from workers import tasks
+
+    def away(*args: object) -> None:
+        raise redis.ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(tasks, "get_runtime", lambda: object())
+    monkeypatch.setattr(after, "settle_from_store", away)
+    with caplog.at_level(logging.WARNING):
+        tasks.collect_failed("root", "call_0_0")
+    (line,) = _no_traceback(caplog)
+    assert "did not settle it" in line.getMessage()

@@ -39,6 +39,15 @@ class RunTask(Task):  # type: ignore[misc]
         return process_settings().lease_ttl_ms / 1000
 
 
+STORE_BLIPS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+"""What the chord body retries: the store away for a moment."""
+
+
 def envelope(result: RunResult) -> dict[str, str]:
     """What a run task returns: never an exception, so a chord body always runs."""
     return {"trace_id": result.trace_id, "outcome": result.outcome}
@@ -158,8 +167,9 @@ def requeue(task: Task, countdown_s: float = 0.0, why: str = "handed back") -> N
 
 @app.task(
     name="fleet.collect",
-    # A Redis blip must not fail the chord body (its errback would fail the parent).
-    autoretry_for=(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError),
+    # A Redis blip must not fail the chord body (its errback would fail the parent); a
+    # Cluster master replaced answers CLUSTERDOWN / TRYAGAIN meanwhile (make chaos, seed 42)
+    autoretry_for=STORE_BLIPS,
     retry_backoff=True,
     max_retries=5,
 )
@@ -182,4 +192,9 @@ def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     settled once they all have (now, or by a sweeper from the outbox).
     """
     call = after.Call(parent_trace_id, tool_call_id)
-    settle.apply(after.settle_from_store(get_runtime(), call, "errback"))
+    try:
+        settle.apply(after.settle_from_store(get_runtime(), call, "errback"))
+    except Exception as exc:  # the store or broker away: the outbox's settle entry stays
+        if not is_outage(exc):
+            raise
+        warn_failed(log, "the errback of %r's call did not settle it (a sweeper will)", call)
