@@ -161,3 +161,24 @@ def test_an_errback_that_meets_the_store_away_is_one_line(
         tasks.collect_failed("root", "call_0_0")
     (line,) = _no_traceback(caplog)
     assert "did not settle it" in line.getMessage()
+
+
+def test_a_settlement_after_a_run_that_meets_the_store_away_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # make chaos, seed 40 round 46 (a Sentinel failover): `after_run`'s settle read the
+    # store away and the run task raised ConnectionError, a traceback; the owner check
+    # settles the parent of children that all ended
+    from fleet.children import after
+    from workers import tasks
+
+    def away(*args: object) -> None:
+        raise redis.ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(after, "owed_after_run", lambda *a, **k: ["end"])
+    monkeypatch.setattr(after, "settle_child", away)
+    result: Any = SimpleNamespace(trace_id="root@explore-001", outcome="completed")
+    with caplog.at_level(logging.WARNING):
+        tasks.after_run(object(), result, recovered=False, windowed=False)  # type: ignore[arg-type]
+    (line,) = _no_traceback(caplog)
+    assert "settlement was not made" in line.getMessage()
