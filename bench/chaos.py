@@ -7,14 +7,17 @@
 A run is a sequence of rounds. Round R draws, from the generator seeded with (seed, R), a
 workload (`chaos_parts.workload`: explore/delegate/evaluate trees of various sizes,
 questions answered or left to time out, memory, images, budgets that run out, per-root
-caps, messages to running trees, MCP tools quick, huge and slow, continue and rewind) and
-faults at instants within the round's first seconds (`chaos_parts.faults`). Rounds run in
-sessions of `--rounds-per-backend` on one backend (`chaos_parts.backends`: single Redis,
-Sentinel, 3-master Cluster; a Redis or RabbitMQ broker), the backends taken in a seeded
-order so that every one serves. After each round the invariants of
-`chaos_parts.invariants` are checked; a round that breaks one prints its seed and the
-command that replays it. The same seed draws the same trees and faults at the same
-instants (what the machine does around them still varies).
+caps, messages to running trees, MCP tools quick, huge, slow, a hanging re-listing and
+`mcp-server-git`, continue and rewind, the hostile provider, the Batch API, `fleet batch`
+files, experiences shown and learnt, a remote A2A sub-agent) and faults at instants within
+the round's first seconds (`chaos_parts.faults`). Rounds run in sessions of
+`--rounds-per-backend` on one backend (`chaos_parts.backends`: single Redis, Sentinel,
+3-master Cluster; a Redis broker, a RabbitMQ vhost or a private RabbitMQ node), the
+backends taken in a seeded order so that every one serves. After each round the
+invariants of `chaos_parts.invariants` and `chaos_parts.features` are checked; a round
+that breaks one prints its seed and the command that replays it. The same seed draws the
+same trees and faults at the same instants (what the machine does around them still
+varies).
 """
 
 from __future__ import annotations
