@@ -182,3 +182,26 @@ def test_a_settlement_after_a_run_that_meets_the_store_away_is_one_line(
         tasks.after_run(object(), result, recovered=False, windowed=False)  # type: ignore[arg-type]
     (line,) = _no_traceback(caplog)
     assert "settlement was not made" in line.getMessage()
+
+
+def test_a_settlement_whose_parent_is_gone_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # make chaos, seed 41 round 62: a Cluster master kill took the parent whole; the
+    # child's run raised TraceNotFound out of the task (a traceback) settling into it
+    from fleet.children import after
+    from fleet.errors import TraceNotFound
+    from workers import tasks
+
+    def gone(*args: object) -> None:
+        raise TraceNotFound("no trace '20261129T024815-a6fc47'")
+
+    monkeypatch.setattr(after, "owed_after_run", lambda *a, **k: ["end"])
+    monkeypatch.setattr(after, "settle_child", gone)
+    result: Any = SimpleNamespace(
+        trace_id="20261129T024815-a6fc47@explore-001", outcome="completed"
+    )
+    with caplog.at_level(logging.WARNING):
+        tasks.after_run(object(), result, recovered=False, windowed=False)  # type: ignore[arg-type]
+    (line,) = _no_traceback(caplog)
+    assert "no trace" in line.getMessage()
