@@ -38,6 +38,7 @@ from tests.redis_topologies import (
     BASE_CONFIG,
     FAILOVER_TIMEOUT_MS,
     MASTER_NAME,
+    Node,
     SentinelGroup,
     _synced,
     sentinel_group,
@@ -166,11 +167,16 @@ def _sentinel(folder: Path) -> Store:
             "FLEET_BROKER_URL": group.url,
             "FLEET_REDIS_SENTINEL_MASTER": MASTER_NAME,
         }
-        yield env, {"sentinel-failover": lambda _: failover(group)}
+        fresh: list[Node] = []  # the nodes failovers start: the group knows only its own
+        try:
+            yield env, {"sentinel-failover": lambda _: fresh.append(failover(group))}
+        finally:
+            for node in fresh:
+                node.kill()
 
 
-def failover(group: SentinelGroup) -> None:
-    """SIGKILL the master, wait for the promotion, restart the old node as a replica."""
+def failover(group: SentinelGroup) -> Node:
+    """SIGKILL the master, wait for the promotion, restart the old node as a replica (it)."""
     old = group.master_port()
     group.kill_primary()
     assert old is not None
@@ -183,6 +189,7 @@ def failover(group: SentinelGroup) -> None:
     fresh = start_node(group.directory, config, _synced(REDIS_PASSWORD), name)
     group.primary, group.replica = survivor, fresh
     _wait_known(group, fresh.port)
+    return fresh
 
 
 def _wait_known(group: SentinelGroup, port: int, timeout_s: float = 60.0) -> None:
