@@ -82,9 +82,9 @@ faults: $(STAMP)
 	$(PY) bench/faults.py --runs 20
 
 # The randomised fleet (docs/reliability.md): >= 1,000 faults over every backend, ~70 min
-# on a loaded 2-core machine. `make` runs a small seeded one (tests/test_chaos.py, ~45 s).
+# on a loaded 2-core machine. `make` runs a small seeded one (tests/test_chaos.py, ~30-60 s).
 chaos: $(STAMP)
-	$(PY) bench/chaos.py --faults 1000
+	$(PY) bench/chaos.py --faults 1000 --per-round 2 5 --rounds-per-backend 5
 
 clean:
 	rm -rf $(VENV) .fleet .mypy_cache .ruff_cache .pytest_cache

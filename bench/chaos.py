@@ -7,14 +7,17 @@
 A run is a sequence of rounds. Round R draws, from the generator seeded with (seed, R), a
 workload (`chaos_parts.workload`: explore/delegate/evaluate trees of various sizes,
 questions answered or left to time out, memory, images, budgets that run out, per-root
-caps, messages to running trees, MCP tools quick, huge and slow, continue and rewind) and
-faults at instants within the round's first seconds (`chaos_parts.faults`). Rounds run in
-sessions of `--rounds-per-backend` on one backend (`chaos_parts.backends`: single Redis,
-Sentinel, 3-master Cluster; a Redis or RabbitMQ broker), the backends taken in a seeded
-order so that every one serves. After each round the invariants of
-`chaos_parts.invariants` are checked; a round that breaks one prints its seed and the
-command that replays it. The same seed draws the same trees and faults at the same
-instants (what the machine does around them still varies).
+caps, messages to running trees, MCP tools quick, huge, slow, a hanging re-listing and
+`mcp-server-git`, continue and rewind, the hostile provider, the Batch API, `fleet batch`
+files, experiences shown and learnt, a remote A2A sub-agent) and faults at instants within
+the round's first seconds (`chaos_parts.faults`). Rounds run in sessions of
+`--rounds-per-backend` on one backend (`chaos_parts.backends`: single Redis, Sentinel,
+3-master Cluster; a Redis broker, a RabbitMQ vhost or a private RabbitMQ node), the
+backends taken in a seeded order so that every one serves. After each round the
+invariants of `chaos_parts.invariants` and `chaos_parts.features` are checked; a round
+that breaks one prints its seed and the command that replays it. The same seed draws the
+same trees and faults at the same instants (what the machine does around them still
+varies).
 """
 
 from __future__ import annotations
@@ -26,9 +29,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -37,13 +39,13 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 import redis
 
-from bench.chaos_parts import faults, invariants, workload
+from bench.chaos_parts import faults, features, invariants, workload
 from bench.chaos_parts.actions import act, follow_up
 from bench.chaos_parts.backends import BACKENDS, Backend, backend
 from bench.chaos_parts.faults import FREEZE_S
-from bench.chaos_parts.provider import MODEL, HostileProvider
+from bench.chaos_parts.rig import Rig, seed_experience
+from bench.chaos_parts.table import Row, Table
 from fleet.errors import FleetError
-from tests.mcpkit import server_entry, write_config
 
 CHAOS_ENV = {
     "FLEET_STUCK_AFTER_S": "5",
@@ -63,7 +65,7 @@ WRONG_COMMANDS = [
     ["memory", "show", "user:chaos", "no-such-key"],
 ]
 """Commands a round runs that must fail in one line (`{root}`: one of its ended trees)."""
-BROKER_WEIGHTS = {"redis": 2, "rabbitmq": 1}
+BROKER_WEIGHTS = {"redis": 2, "rabbitmq": 1, "rabbitmq-node": 1}
 
 
 @dataclass(frozen=True)
@@ -84,78 +86,14 @@ class Options:
     workers: int = 2
     freeze_s: tuple[float, float] = FREEZE_S
     brokers: tuple[str, ...] = tuple(BROKER_WEIGHTS)
-    """The brokers a session may draw (`rabbitmq` needs the local RabbitMQ and rabbitmqctl)."""
-
-
-@dataclass
-class Row:
-    """One backend's counts."""
-
-    rounds: int = 0
-    trees: int = 0
-    injected: Counter[str] = field(default_factory=Counter)
-    features: Counter[str] = field(default_factory=Counter)
-    ended: Counter[str] = field(default_factory=Counter)
-    stuck: list[str] = field(default_factory=list)
-    lost: list[str] = field(default_factory=list)
-    """Roots gone while Redis kept the harness's marker in their slot: the fleet's loss."""
-    doubled: list[str] = field(default_factory=list)
-    tracebacks: list[str] = field(default_factory=list)
-    secrets: list[str] = field(default_factory=list)
-    cli: list[str] = field(default_factory=list)
-    costs: list[str] = field(default_factory=list)
-    rig: list[str] = field(default_factory=list)
-    """Faults the rig could not inject (a failover that did not come): the harness's."""
-    slowest_s: float = 0.0
-
-    @property
-    def broken(self) -> bool:
-        """Any invariant broken."""
-        broken = [self.stuck, self.lost, self.doubled, self.tracebacks, self.secrets, self.cli]
-        broken.append(self.costs)
-        return any(broken)
-
-
-@dataclass
-class Table:
-    """Every backend's row, and the failing rounds' replay commands."""
-
-    rows: dict[str, Row] = field(default_factory=lambda: {b: Row() for b in BACKENDS})
-    failing: list[str] = field(default_factory=list)
-    hostile: dict[str, int] = field(default_factory=dict)
-    """Hostile provider answers sent, by kind (cut, nan, deep, hang)."""
-
-    def faults(self) -> int:
-        """Faults injected over every backend."""
-        return sum(sum(r.injected.values()) for r in self.rows.values())
-
-    def markdown(self, options: Options) -> str:
-        """The table docs/reliability.md records."""
-        head = (
-            "| backend | rounds | trees | faults | stuck | lost (gone) | doubled"
-            " | costs off | tracebacks | secrets | CLI errors not one line | slowest |"
-        )
-        lines = [head, "|" + "---|" * 12]
-        for name, r in self.rows.items():
-            lines.append(
-                f"| {name} | {r.rounds} | {r.trees} | {sum(r.injected.values())} "
-                f"| {len(r.stuck)} | {len(r.lost)} ({r.ended['gone']}) | {len(r.doubled)}"
-                f" | {len(r.costs)} "
-                f"| {len(r.tracebacks)} "
-                f"| {len(r.secrets)} | {len(r.cli)} | {r.slowest_s:.1f} s |"
-            )
-        kinds = Counter[str]()
-        features = Counter[str]()
-        for r in self.rows.values():
-            kinds.update(r.injected)
-            features.update(r.features)
-        lines.append(
-            f"\nseed {options.seed}, bound {options.bound_s:.0f} s; faults: "
-            + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
-        )
-        lines.append("hostile answers: " + ", ".join(f"{k} {n}" for k, n in self.hostile.items()))
-        lines.append("trees: " + ", ".join(f"{k} {n}" for k, n in sorted(features.items())))
-        return "\n".join(lines)
+    """The brokers a session may draw (`rabbitmq` needs the local RabbitMQ and rabbitmqctl,
+    `rabbitmq-node` an installed rabbitmq-server)."""
+    kinds: tuple[str, ...] = ()
+    """Draw only trees of these kinds (all when empty)."""
+    stop_after_s: float = 0.0
+    """Start no round after this long (0: none); the table says the count reached."""
+    fault_kinds: tuple[str, ...] = ()
+    """Draw only faults of these kinds (those the backend takes; all when empty)."""
 
 
 def session_of(options: Options, round_no: int) -> tuple[str, str]:
@@ -172,15 +110,16 @@ def session_of(options: Options, round_no: int) -> tuple[str, str]:
 class Round:
     """One round: its draw, its submissions, its faults, its checks."""
 
-    def __init__(self, the: Backend, options: Options, number: int, folder: Path) -> None:
+    def __init__(self, the: Backend, options: Options, number: int, folder: Path, rig: Rig) -> None:
         """Draw the round's trees and faults from (seed, number)."""
-        self.the, self.options, self.number = the, options, number
+        self.the, self.options, self.number, self.rig = the, options, number, rig
+        self.folder = folder
         self.rng = random.Random(f"{options.seed}:{number}")
         self.trees = [
-            workload.draw(self.rng, f"T{number}x{i}", folder)
+            workload.draw(self.rng, f"T{number}x{i}", folder, options.kinds)
             for i in range(self.rng.randint(*options.trees))
         ]
-        kinds, weights = faults.kinds_of(the)
+        kinds, weights = faults.kinds_of(the, options.fault_kinds)
         count = self.rng.randint(*options.per_round)
         self.plan = sorted(
             (self.rng.uniform(0, options.window_s), self.rng.choices(kinds, weights)[0])
@@ -190,8 +129,12 @@ class Round:
             self.trees, folder / f"r{number}.json", options.latency_ms
         )
 
-    def run(self, row: Row, say: Callable[[str], None]) -> None:
+    def run(self, row: Row, say: Callable[[str], None], experience_id: str) -> None:
         """Submit, inject, check; count into `row`."""
+        self.rig.batch.use(Path(self.model.removeprefix("scripted:")))
+        sent_before = len(self.rig.batch.sent)
+        remote_before = len(self.rig.remote.record.messages)
+        uses_before = features.uses(self.the.fleet, experience_id)
         started_s = time.monotonic()
         for tree in self.trees:
             try:
@@ -202,6 +145,9 @@ class Round:
                 continue
             _retried(functools.partial(invariants.mark, self.the.fleet.store, tree.root_id))
             row.features[tree.kind] += 1
+            if tree.entries:
+                env = _os_env() | self.the.env
+                features.start_file(tree, self.model, env, self.folder, self.options.bound_s)
         self.trees = [t for t in self.trees if t.root_id]
         threads = [
             threading.Thread(target=act, args=(self.the.fleet, t, self.rng.random()), daemon=True)
@@ -216,12 +162,37 @@ class Round:
             roots = [t.root_id for t in self.trees]
             try:
                 faults.inject(kind, self.the, roots, self.rng, self.options.freeze_s)
-            except (TimeoutError, RuntimeError, OSError) as exc:  # the rig's, not the fleet's
+            except (TimeoutError, RuntimeError, OSError, redis.RedisError) as exc:  # the rig's
                 row.rig.append(f"round {self.number} {kind}: {exc}")
                 say(f"  {kind} could not be injected: {exc}")
         time.sleep(max(0.0, self.options.freeze_s[1] - self.options.window_s))  # all thawed
         self.the.replace_dead()
         self._check(row, started_s, say)
+        self._check_features(row, started_s, experience_id, uses_before, sent_before)
+        doubled = [*self.rig.remote_doubled(remote_before), *self.rig.batch.doubled(sent_before)]
+        row.doubled += [f"round {self.number}: {d}" for d in doubled]
+        for line in doubled:
+            say(f"  doubled: {line}")
+        row.checked["remote A2A tasks"] += len(self.rig.remote.record.messages) - remote_before
+
+    def _check_features(
+        self,
+        row: Row,
+        started_s: float,
+        experience_id: str,
+        uses_before: tuple[int, int] | None,
+        sent_before: int,
+    ) -> None:
+        label, fleet = f"round {self.number}", self.the.fleet
+        for tree in self.trees:
+            if tree.entries:
+                deadline_s = started_s + 2 * self.options.bound_s
+                features.check_file(fleet, tree, row, deadline_s, label)
+        check = functools.partial(
+            features.check_experiences, fleet, self.trees, experience_id, uses_before, row
+        )
+        _retried(functools.partial(check, label))
+        row.checked["Batch API custom ids sent"] += len(self.rig.batch.sent) - sent_before
 
     def _submit(self, tree: workload.Tree) -> str:
         task = workload.task_of(tree)
@@ -245,6 +216,7 @@ class Round:
             row.slowest_s = max(row.slowest_s, time.monotonic() - started_s)
             verdict = _retried(functools.partial(invariants.check, store, tree))
             row.ended[verdict.status] += 1
+            tree.outcome["status"] = verdict.status
             if verdict.status == "lost":  # the root gone, Redis's marker beside it kept
                 row.lost.append(f"round {self.number} {tree.kind} {tree.root_id}")
                 say(f"  {tree.kind} {tree.root_id}: the root is gone, its slot's marker is not")
@@ -254,7 +226,7 @@ class Round:
                 say(f"  {tree.kind} {line}")
         wrong = self.rng.choice(WRONG_COMMANDS) + [self.rng.choice(self.trees).root_id]
         wrong = [w.replace("{root}", wrong[-1]) for w in wrong[:-1]]
-        problem = invariants.cli_error(self.the.env | _os_env(), wrong)
+        problem = invariants.cli_error(_os_env() | self.the.env, wrong)
         if problem:
             row.cli.append(problem)
 
@@ -281,34 +253,28 @@ def run(options: Options, say: Callable[[str], None] = print) -> Table:
     """Rounds until `options.faults` faults were injected (or only `options.only_round`)."""
     table = Table()
     number = options.only_round or 0
-    with tempfile.TemporaryDirectory(prefix="fleet-chaos-") as name:
+    # a node a Sentinel failover started may outlive its session and write there meanwhile
+    with tempfile.TemporaryDirectory(prefix="fleet-chaos-", ignore_cleanup_errors=True) as name:
         folder = Path(name)
-        hostile = HostileProvider(failure_rate=0.1, hostile_rate=0.1, seed=options.seed)
-        env = {**CHAOS_ENV, "FLEET_CONFIG": str(_config(folder, hostile))}
-        extra = {"provider-down": lambda n: hostile.down_for(2 + n % 9)}
+        rig = Rig(folder, options.seed)
+        env = {**CHAOS_ENV, **rig.env}
+        ends_s = time.monotonic() + (options.stop_after_s or float("inf"))
         try:
-            while table.faults() < options.faults or options.only_round is not None:
-                number = _session(options, number, folder, env, extra, table, say)
+            while _more(options, table, ends_s):
+                number = _session(options, number, folder, env, rig, table, say, ends_s)
                 if options.only_round is not None:
                     break
         finally:
-            hostile.close()
-        table.hostile = dict(hostile.hostile)
+            rig.close()
+        table.hostile = rig.hostile_counts()
     return table
 
 
-def _config(folder: Path, hostile: HostileProvider) -> Path:
-    """fleet.yaml: the test MCP server, and the hostile provider as model `flaky`."""
-    providers = {"flaky": {"kind": "openai", "base_url": hostile.base_url}}
-    models = {MODEL: {"provider": "flaky", "name": "flaky-1"}}
-    servers = {workload.MCP_SERVER: server_entry()}
-    return write_config(
-        folder / "fleet.yaml",
-        servers,
-        providers=providers,
-        models=models,
-        approve=[workload.APPROVE_RULE],
-    )
+def _more(options: Options, table: Table, ends_s: float) -> bool:
+    """Whether another round runs: faults still to inject, time left (or a replay)."""
+    if options.only_round is not None:
+        return True
+    return table.faults() < options.faults and time.monotonic() < ends_s
 
 
 def _session(
@@ -316,9 +282,10 @@ def _session(
     first: int,
     folder: Path,
     env: dict[str, str],
-    extra: dict[str, Callable[[int], None]],
+    rig: Rig,
     table: Table,
     say: Callable[[str], None],
+    ends_s: float,
 ) -> int:
     """Rounds on one backend from round `first`; the next round's number."""
     name, broker = session_of(options, first)
@@ -330,22 +297,25 @@ def _session(
         if options.only_round is not None
         else first - first % options.rounds_per_backend + options.rounds_per_backend - 1
     )
-    with backend(name, broker, folder / f"s{first}", env, options.workers, extra) as the:
+    with backend(name, broker, folder / f"s{first}", env, options.workers, rig.faults) as the:
+        experience_id = _retried(functools.partial(seed_experience, the.fleet))
         for number in range(first, last + 1):
-            before = row.broken
-            Round(the, options, number, folder).run(row, say)
+            before, lost = row.breaks, len(row.lost)
+            Round(the, options, number, folder, rig).run(row, say, experience_id)
             row.rounds += 1
+            for line in row.lost[lost:]:
+                say(f"  lost: {line}")
             tracebacks, secrets = invariants.log_findings(the.logs(), seen)
             row.tracebacks += tracebacks
             row.secrets += secrets
             for line in [*tracebacks[:3], *secrets[:3]]:
                 say(f"  {line}")
-            if row.broken and not before:
+            if row.breaks > before:  # this round broke one (whatever earlier rounds did)
                 replay = replay_command(options, number)
                 table.failing.append(f"round {number} ({name}, {broker}): {replay}")
                 say(f"  round {number} broke an invariant: replay with {replay}")
             say(f"  {table.faults()} faults so far")
-            if table.faults() >= options.faults and options.only_round is None:
+            if options.only_round is None and not _more(options, table, ends_s):
                 break
     return last + 1
 
@@ -359,6 +329,14 @@ def replay_command(options: Options, number: int) -> str:
         f" --per-round {options.per_round[0]} {options.per_round[1]}"
         f" --window-s {options.window_s:g} --workers {options.workers}"
         f" --brokers {' '.join(options.brokers)}"
+        + (f" --kinds {' '.join(options.kinds)}" if options.kinds else "")
+        + (f" --fault-kinds {' '.join(options.fault_kinds)}" if options.fault_kinds else "")
+        + (f" --bound-s {options.bound_s:g}" if options.bound_s != Options.bound_s else "")
+        + (
+            f" --freeze-s {options.freeze_s[0]:g} {options.freeze_s[1]:g}"
+            if options.freeze_s != Options.freeze_s
+            else ""
+        )
     )
 
 
@@ -379,6 +357,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--brokers", nargs="+", choices=list(BROKER_WEIGHTS), default=Options.brokers
     )
+    parser.add_argument("--kinds", nargs="+", choices=workload.KINDS, default=())
+    parser.add_argument("--fault-kinds", nargs="+", default=())
+    parser.add_argument("--stop-after-s", type=float, default=0.0)
+    parser.add_argument(
+        "--freeze-s", type=float, nargs=2, default=Options.freeze_s, metavar=("MIN", "MAX")
+    )
     args = parser.parse_args(argv)
     options = Options(
         args.faults,
@@ -391,6 +375,10 @@ def main(argv: list[str] | None = None) -> None:
         only_round=args.round,
         workers=args.workers,
         brokers=tuple(args.brokers),
+        kinds=tuple(args.kinds),
+        fault_kinds=tuple(args.fault_kinds),
+        freeze_s=tuple(args.freeze_s),
+        stop_after_s=args.stop_after_s,
     )
     started_s = time.monotonic()
     table = run(options)

@@ -6,7 +6,9 @@ What moves a trace that has not ended (its *owner*):
   from (`TraceStore.expired_leases`).
 - `queued`: a message on its queue or a worker's countdown (a throttled run also has an
   outbox `run` entry), or a pending outbox entry of its spawn.
-- `waiting` on a person: the person, and the wait's deadline.
+- `waiting` on a person: the person, and the wait's deadline in the index of waits (an
+  entry a failover lost, the index living apart from the trace on a Cluster, is written
+  again: `Rearm`).
 - `waiting` on a provider batch: its call's entry in the batch queue (`fleet.batchapi`);
   a trace parked on a call the queue does not know is sent again (its run queues it).
 - `waiting` on a remote agent's A2A task: its entry in the pollers' watch list
@@ -36,7 +38,7 @@ from fleet.models import Trace
 from fleet.storage import outbox
 from fleet.storage.batch_calls import CallStates, batch_calls
 from fleet.storage.remote_watch import REMOTE_WATCH
-from fleet.storage.store import TraceRecords, TraceStore
+from fleet.storage.store import StopsAndWaits, TraceRecords, TraceStore
 
 MAX_HEALS = 3
 """Remedies per trace before it fails as lost."""
@@ -73,6 +75,16 @@ class Settle:
 
 
 @dataclass(frozen=True)
+class Rearm:
+    """Waiting on a person, its deadline missing from the index: index it again."""
+
+    trace: Trace
+    deadline_ms: int
+    why: str
+    kind: Literal["rearm"] = "rearm"
+
+
+@dataclass(frozen=True)
 class Stop:
     """Told to stop, and no runner holds it: finish the stop (`lifecycle.end_stopped`)."""
 
@@ -90,7 +102,7 @@ class Fail:
     kind: Literal["fail"] = "fail"
 
 
-Remedy = Resend | Settle | Stop | Fail
+Remedy = Resend | Settle | Stop | Rearm | Fail
 
 
 @dataclass(frozen=True)
@@ -243,8 +255,8 @@ def _remedy(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
 
 
 def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None:
-    if trace.run.waiting_on is not None:
-        return None  # a person (and the wait's deadline) owns it: a question or an approval
+    if trace.run.waiting_on is not None:  # a question or an approval
+        return _person(store, trace, trace.run.waiting_on)
     parked = trace.run.waiting_on_batch
     if parked is not None and parked.state == "parked":
         calls: CallStates = batch_calls(store)
@@ -272,13 +284,21 @@ def _waiting(store: TraceStore, state: TreeState, trace: Trace) -> Remedy | None
     return Resend(trace, "waiting on a tool call that has no children (lost before the spawn)")
 
 
+def _person(store: StopsAndWaits, trace: Trace, waiting: dict[str, object]) -> Remedy | None:
+    """The person and the wait's deadline own it, once the deadline is in the index."""
+    deadline = waiting.get("deadline_ms")
+    if isinstance(deadline, int) and not store.human_wait_indexed(trace.trace_id):
+        return Rearm(trace, deadline, "waiting on a person, its deadline not indexed")
+    return None
+
+
 def _owned_by_outbox(state: TreeState, trace: Trace) -> bool:
     return any(e in state.pending for e in _entries(trace, state.traces, state.children))
 
 
 def _or_fail(remedy: Remedy) -> Remedy:
     heals = remedy.trace.run.owner_heals  # written by each remedy (`run.owner_heals`)
-    if heals < MAX_HEALS or isinstance(remedy, Stop):
+    if heals < MAX_HEALS or isinstance(remedy, Stop | Rearm):
         return remedy
     return Fail(remedy.trace, f"lost: {remedy.why}; still so after {heals} attempts to heal it")
 

@@ -8,7 +8,7 @@ import pytest
 
 from fleet import owners
 from fleet.models import Event, Message, Trace, now_ms
-from fleet.owners import Fail, Resend, Settle
+from fleet.owners import Fail, Rearm, Resend, Settle
 from fleet.storage import outbox
 from fleet.storage.owner_index import owner_index
 from fleet.storage.store import TraceStore
@@ -230,3 +230,20 @@ def test_the_check_visits_every_open_tree_past_a_page(store: TraceStore) -> None
     assert {type(r) for r in found} == {Resend}
     pages = list(owner_index(store).open_tree_pages(page_size))
     assert sorted(r for page in pages for r in page) == sorted(roots), "each root once"
+
+
+def test_a_wait_on_a_person_whose_deadline_left_the_index_is_rearmed(
+    store: TraceStore,
+) -> None:
+    # make chaos, seed 40 round 11: a Cluster master killed lost the index of waits' entry
+    # (it lives apart from the trace), and an approval with a 3 s timeout waited for ever
+    deadline = now_ms() - 1_000
+    waiting = {"kind": "approval", "tool_call_id": "c1", "question": "?", "deadline_ms": deadline}
+    put(store, "r", status="waiting", run={"waiting_on": waiting})
+    open_call(store, "r")
+
+    (remedy,) = owners.unowned(store, owner_index(store), "r", now_ms(), QUIET_MS)
+    assert isinstance(remedy, Rearm) and remedy.deadline_ms == deadline
+    store.index_human_wait("r", remedy.deadline_ms)  # what the owner check applies
+    assert store.expired_human_waits(now_ms()) == ["r"], "the sweeper times it out now"
+    assert remedies(store) == [], "indexed: the person and the deadline own it again"

@@ -17,7 +17,7 @@ from celery import Celery
 
 from fleet import lifecycle, owners
 from fleet.models import now_ms
-from fleet.owners import Fail, Remedy, Resend, Settle, Stop
+from fleet.owners import Fail, Rearm, Remedy, Resend, Settle, Stop
 from fleet.runtime import Runtime
 from fleet.storage import outbox
 from fleet.storage.owner_index import owner_index
@@ -58,6 +58,8 @@ def apply(runtime: Runtime, remedy: Remedy, via: Celery = app) -> bool:
             runtime.store.outbox_put(outbox.settle_entry(trace.trace_id, remedy.tool_call_id), 0)
         case Stop():
             lifecycle.end_stopped(runtime, trace.trace_id)
+        case Rearm():  # the sweeper times it out once the deadline passed
+            runtime.store.index_human_wait(trace.trace_id, remedy.deadline_ms)
         case Fail():
             lifecycle.fail(runtime, trace.trace_id, error=remedy.why, reason="lost")
         case _:

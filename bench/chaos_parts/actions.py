@@ -20,6 +20,7 @@ from fleet.client import Fleet
 from fleet.errors import FleetError
 
 REPLY_WAIT_S = 30.0
+REFLECT_WAIT_S = 60.0
 ANSWERS: dict[str, Callable[[Fleet, str], object]] = {
     "reply": lambda fleet, root: fleet.reply(root, "yes, go on"),
     "approve": lambda fleet, root: fleet.approve(root),
@@ -58,7 +59,10 @@ def _act_once(fleet: Fleet, tree: Tree, draw: float) -> bool:
 
 
 def follow_up(fleet: Fleet, tree: Tree) -> bool:
-    """Continue or rewind a completed tree; whether it runs again."""
+    """Continue or rewind a completed tree (whether it runs again), or reflect on it."""
+    if tree.action == "learn":
+        _learn(fleet, tree)
+        return False
     if tree.action not in ("continue", "rewind"):
         return False
     with contextlib.suppress(FleetError, redis.RedisError, OSError):
@@ -71,3 +75,12 @@ def follow_up(fleet: Fleet, tree: Tree) -> bool:
         fleet.continue_trace(tree.root_id, "once more", after_sequence=after)
         return True
     return False
+
+
+def _learn(fleet: Fleet, tree: Tree) -> None:
+    """Reflect on a completed tree; `outcome["reflected"]` when the reflection answered."""
+    with contextlib.suppress(FleetError, redis.RedisError, OSError):
+        if fleet.trace(tree.root_id).status != "completed":
+            return
+        fleet.reflect(tree.root_id, timeout_s=REFLECT_WAIT_S)
+        tree.outcome["reflected"] = True

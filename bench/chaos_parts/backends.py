@@ -11,7 +11,8 @@
 
 The broker is that Redis (the cluster's side Redis), or `rabbitmq`: a vhost of its own on
 the machine's RabbitMQ (other people's queues are never touched; the vhost is deleted at
-the end).
+the end), or `rabbitmq-node`: a private RabbitMQ node (`chaos_parts.rabbit`) that the
+`rabbitmq-restart` fault restarts (the shared one is never restarted).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import redis
 
 from bench.chaos_parts.cluster import Cluster, replicated_cluster
+from bench.chaos_parts.rabbit import private_node
 from bench.fault_rig import Redis, Worker, start_worker, wait_consuming
 from fleet.client import Fleet
 from fleet.settings import Settings
@@ -36,6 +38,7 @@ from tests.redis_topologies import (
     BASE_CONFIG,
     FAILOVER_TIMEOUT_MS,
     MASTER_NAME,
+    Node,
     SentinelGroup,
     _synced,
     sentinel_group,
@@ -43,7 +46,7 @@ from tests.redis_topologies import (
 )
 
 BACKENDS = ("redis", "sentinel", "cluster")
-BROKERS = ("redis", "rabbitmq")
+BROKERS = ("redis", "rabbitmq", "rabbitmq-node")
 REDIS_PASSWORD = "chaos-Redis-pw-41f7"
 """The Sentinel group's password: a secret that must never show in a log."""
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672/"
@@ -102,6 +105,11 @@ def backend(
         if broker == "rabbitmq":
             env["FLEET_BROKER_URL"] = stack.enter_context(_rabbitmq_vhost())
             faults.pop("broker-restart", None)
+        elif broker == "rabbitmq-node":
+            node = stack.enter_context(private_node(folder / "rabbitmq"))
+            env["FLEET_BROKER_URL"] = node.url
+            faults.pop("broker-restart", None)
+            faults["rabbitmq-restart"] = node.restart
         faults |= extra_faults or {}
         env |= {
             "FLEET_WORKSPACE": str(folder),
@@ -159,11 +167,16 @@ def _sentinel(folder: Path) -> Store:
             "FLEET_BROKER_URL": group.url,
             "FLEET_REDIS_SENTINEL_MASTER": MASTER_NAME,
         }
-        yield env, {"sentinel-failover": lambda _: failover(group)}
+        fresh: list[Node] = []  # the nodes failovers start: the group knows only its own
+        try:
+            yield env, {"sentinel-failover": lambda _: fresh.append(failover(group))}
+        finally:
+            for node in fresh:
+                node.kill()
 
 
-def failover(group: SentinelGroup) -> None:
-    """SIGKILL the master, wait for the promotion, restart the old node as a replica."""
+def failover(group: SentinelGroup) -> Node:
+    """SIGKILL the master, wait for the promotion, restart the old node as a replica (it)."""
     old = group.master_port()
     group.kill_primary()
     assert old is not None
@@ -176,6 +189,7 @@ def failover(group: SentinelGroup) -> None:
     fresh = start_node(group.directory, config, _synced(REDIS_PASSWORD), name)
     group.primary, group.replica = survivor, fresh
     _wait_known(group, fresh.port)
+    return fresh
 
 
 def _wait_known(group: SentinelGroup, port: int, timeout_s: float = 60.0) -> None:
@@ -210,11 +224,21 @@ def _cluster(folder: Path) -> Store:
             "FLEET_BROKER_URL": side.url,
             "FLEET_RESULT_BACKEND_URL": f"{side.url.rsplit('/', 1)[0]}/1",
         }
-        yield env, {"cluster-master-kill": lambda n: _kill_master(cluster, n)}
+        yield (
+            env,
+            {
+                "cluster-master-kill": lambda n: _kill_master(cluster, n),
+                "cluster-slot-migrate": lambda n: _migrate(cluster, n),
+            },
+        )
 
 
 def _kill_master(cluster: Cluster, choose: int) -> None:
     cluster.kill_master(choose)
+
+
+def _migrate(cluster: Cluster, choose: int) -> None:
+    cluster.migrate_slot(choose)
 
 
 _STORES: dict[

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -115,6 +116,62 @@ class Cluster:
             return any(p != port and first == slot for p, first in self._slot_owners())
         return False
 
+    def migrate_slot(self, choose: int) -> int:
+        """Move the slot of a tree's key (else any slot) to another master, mid-run; the slot.
+
+        As `redis-cli --cluster reshard` does: the target IMPORTING, the source MIGRATING,
+        the keys moved with MIGRATE in batches (clients meanwhile get ASK, a script over
+        keys split between the two TRYAGAIN), then every master told the slot's new node.
+        A step the cluster refuses (a view not settled after a master kill) is the rig's
+        `RuntimeError`; a migration under way is finished, one not begun is left stable.
+        """
+        masters = sorted(set(self._owners().values()))  # serving slots (a settled view)
+        with _client(masters[choose % len(masters)]) as probe:
+            slot = _slot_of_a_tree(probe, choose)
+        owner = self._owner(slot)
+        others = [m for m in masters if m != owner]
+        if owner is None or not others:
+            raise RuntimeError(f"slot {slot} has no master to move from or to")
+        target = others[choose % len(others)]
+        begun = False
+        try:
+            with _client(owner) as src, _client(target) as dst:
+                source_id = src.execute_command("CLUSTER", "MYID")
+                target_id = dst.execute_command("CLUSTER", "MYID")
+                dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+                src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+                begun = True
+                while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                    src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "KEYS", *keys)
+                self._assign(slot, target_id, [target, owner, *others])
+        except redis.RedisError as exc:
+            with contextlib.suppress(redis.RedisError):
+                if begun:
+                    self._assign(slot, target_id, [target, owner, *others])
+                else:
+                    for port in (owner, target):
+                        with _client(port) as node:
+                            node.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            raise RuntimeError(f"slot {slot} migration {owner} -> {target}: {exc}") from None
+        return slot
+
+    def _owners(self) -> dict[tuple[int, int], int]:
+        """Slot range -> the port of the master serving it, as the first node sees it."""
+        with _client(self.ports[0]) as node:
+            ranges = node.execute_command("CLUSTER", "SLOTS")
+        return {(int(start), int(end)): int(master[1]) for start, end, master, *_ in ranges}
+
+    def _owner(self, slot: int) -> int | None:
+        """The port of the master serving `slot`."""
+        owners = self._owners().items()
+        return next((port for (start, end), port in owners if start <= slot <= end), None)
+
+    @staticmethod
+    def _assign(slot: int, target_id: str, ports: list[int]) -> None:
+        for port in ports:
+            with _client(port) as node:
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
     def close(self) -> None:
         """Stop every node and remove the files."""
         for process in self.processes.values():
@@ -144,6 +201,21 @@ def _wait_synced(port: int, timeout_s: float = PROMOTION_TIMEOUT_S) -> None:
 def _role(port: int) -> str:
     with redis.Redis(port=port, decode_responses=True, socket_timeout=2) as client:
         return str(client.info("replication").get("role"))
+
+
+def _client(port: int) -> redis.Redis:
+    return redis.Redis(port=port, decode_responses=True, socket_timeout=10)
+
+
+def _slot_of_a_tree(node: Any, choose: int) -> int:
+    """The slot of a tree key on `node` (a hash-tagged key), else any slot."""
+    for _ in range(20):
+        key = node.randomkey()
+        if key is None:
+            break
+        if "{" in str(key) and "{batch}" not in str(key):
+            return int(node.execute_command("CLUSTER", "KEYSLOT", key))
+    return choose % 16384
 
 
 def _state_ok(port: int) -> bool:

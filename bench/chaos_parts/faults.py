@@ -1,10 +1,12 @@
 """The faults a round draws, with weights, and how each is injected.
 
 Every backend has the worker and client faults (`stop` of a random tree, SIGKILL of a
-worker, SIGSTOP of one for a few seconds, SIGKILL of the MCP servers a worker started);
-each adds its own data faults (`Backend.data_faults`): a Redis restart or SIGKILL and a
+worker, SIGSTOP of one for a few seconds, SIGKILL of the MCP servers a worker started)
+and the providers' (an outage, a rate limit hit, a hostile Batch API output file); each
+backend adds its own data faults (`Backend.data_faults`): a Redis restart or SIGKILL and a
 broker restart on a single Redis, a Sentinel failover, a Cluster master killed and its
-replica promoted. A fault that cannot act (no live worker, no MCP server started yet) is
+replica promoted or a tree's slot migrated to another master, a restart of the private
+RabbitMQ node. A fault that cannot act (no live worker, no MCP server started yet) is
 still counted: it landed, and nothing was there to break.
 """
 
@@ -31,14 +33,21 @@ DATA = {
     "sentinel-failover": 2,
     "cluster-master-kill": 2,
     "provider-down": 1,
+    "provider-429": 1,
+    "batch-malformed": 1,
+    "cluster-slot-migrate": 2,
+    "rabbitmq-restart": 1,
 }
+MCP_COMMANDS = (b"mcp_test_server", b"mcp_raw_server", b"mcp-server-git")
+"""What the MCP servers' command lines hold (`mcp-kill` kills each)."""
 FREEZE_S = (1.0, 8.0)
 """How long a frozen worker stays stopped (its leases lapse past the 5 s TTL)."""
 
 
-def kinds_of(the: Backend) -> tuple[list[str], list[int]]:
-    """The faults this backend can take, and their weights."""
+def kinds_of(the: Backend, only: tuple[str, ...] = ()) -> tuple[list[str], list[int]]:
+    """The faults this backend can take (of `only`, when it names any it takes), weights."""
     names = [*COMMON, *the.data_faults]
+    names = [n for n in names if n in only] or names if only else names
     return names, [COMMON.get(n) or DATA[n] for n in names]
 
 
@@ -110,6 +119,6 @@ def _mcp_server_pids(roots: set[int]) -> list[int]:
         ancestor = parent.get(pid, 0)
         while ancestor > 1 and ancestor not in roots:
             ancestor = parent.get(ancestor, 0)
-        if ancestor in roots and b"mcp_test_server" in command:
+        if ancestor in roots and any(name in command for name in MCP_COMMANDS):
             found.append(pid)
     return found

@@ -4,7 +4,8 @@
 `BRANCHES` tasks named `Branch i of the survey`, each branch looks around, then answers)
 and fails a share of its calls with 500, 503 or 429. This one adds, per call, at a rate:
 a malformed body (cut JSON), NaN usage, an answer nested 100,000 brackets deep, and a
-hang longer than the client waits; and `down_for(seconds)` (every call 503 meanwhile).
+hang longer than the client waits; `down_for(seconds)` (every call 503 meanwhile); and
+`limit_for(seconds)` (a rate limit: every call 429 with `Retry-After: 1` meanwhile).
 Each is one model call's error: the run retries it, fails over or fails, and ends.
 """
 
@@ -34,6 +35,9 @@ class HostileProvider(FlakyProvider):
         self.hostile: dict[str, int] = dict.fromkeys(HOSTILE, 0)
         self._draw = random.Random(seed)
         self._draw_lock = threading.Lock()
+        self.limited = False
+        self.rate_limited = 0
+        """Rate-limit windows opened (`limit_for`)."""
 
     def down_for(self, seconds: float) -> None:
         """Every call answers 503 for `seconds` (a provider outage)."""
@@ -42,8 +46,19 @@ class HostileProvider(FlakyProvider):
         timer.daemon = True
         timer.start()
 
+    def limit_for(self, seconds: float) -> None:
+        """Every call answers 429 with `Retry-After: 1` for `seconds` (a rate limit hit)."""
+        self.limited = True
+        self.rate_limited += 1
+        timer = threading.Timer(seconds, setattr, args=(self, "limited", False))
+        timer.daemon = True
+        timer.start()
+
     def respond(self, body: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
         """A hostile answer at `hostile_rate`, else the flaky provider's."""
+        if self.limited:
+            error = {"error": {"message": "rate limit reached", "type": "rate_limit_exceeded"}}
+            return 429, [("retry-after", "1")], json.dumps(error).encode()
         with self._draw_lock:
             kind = self._draw.choice(HOSTILE) if self._draw.random() < self.hostile_rate else ""
             if kind:

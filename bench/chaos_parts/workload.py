@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos_parts import provider
+from bench.chaos_parts.batches import BATCH_MODEL
 from fleet.limits.budget import Budget
 
 MCP_SERVER = "chaos"
@@ -41,8 +42,24 @@ KINDS = (
     "approve",
     "deny",
     "approval-timeout",
+    "batch-api",
+    "batch-file",
+    "mcp-relist",
+    "mcp-git",
+    "experience",
+    "learn",
+    "remote",
 )
-WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1, 3, 1, 1, 1)
+WEIGHTS = (4, 2, 2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 1, 1, 1, 1, 3, 1, 1, 1, 2, 2, 1, 1, 1, 1, 2)
+LISTER = "lister"
+"""An MCP server (tests/mcp_raw_server.py `hang_relist`) whose re-listing never answers."""
+GIT = "git"
+"""The real `mcp-server-git`, on a repository of the run's own."""
+REMOTE_AGENT = "reviewer"
+"""A remote A2A agent (`remote_agents:` in fleet.yaml)."""
+EXPERIENCE_SCOPE = "user:chaos"
+SEEDED = ("when an experience task looks around", "then list the directory first")
+"""The approved experience every session starts with (shares words with `experience` tasks)."""
 APPROVE_RULE = {"tool": f"mcp__{MCP_SERVER}__echo", "arguments": {"text": "approve *"}}
 """fleet.yaml's `approve:` entry: an echo of `approve ...` waits for a person."""
 LOOK = {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
@@ -65,8 +82,12 @@ class Tree:
     """Task regex -> most assistant turns a trace of that task may write."""
     submit: dict[str, Any] = field(default_factory=dict)
     action: str = ""
-    """`reply`, `send`, `continue` or `rewind` (see `chaos_parts.actions`); empty for none."""
+    """`reply`, `send`, `continue`, `rewind`, `learn` or `batch-file` (`chaos_parts.actions`)."""
     root_id: str = ""
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    """A `batch-file` tree's batch file (each entry a root of its own)."""
+    outcome: dict[str, Any] = field(default_factory=dict)
+    """What its action found (a batch file's run, a reflection's proposals)."""
 
 
 def _tools(*calls: tuple[str, dict[str, Any]]) -> dict[str, Any]:
@@ -86,9 +107,10 @@ def _single(tag: str, steps: list[dict[str, Any]], turns: int | None = None) -> 
     return Tree(tag, "", [rule], {f"^{tag} ": turns or len(steps) + 1})
 
 
-def draw(rng: random.Random, tag: str, folder: Path) -> Tree:
-    """One tree of a kind drawn with `WEIGHTS`."""
-    kind = rng.choices(KINDS, WEIGHTS)[0]
+def draw(rng: random.Random, tag: str, folder: Path, only: tuple[str, ...] = ()) -> Tree:
+    """One tree of a kind drawn with `WEIGHTS` (among `only` when given)."""
+    kinds = [(k, w) for k, w in zip(KINDS, WEIGHTS, strict=True) if not only or k in only]
+    kind = rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
     tree = BUILDERS[kind](rng, tag, folder)
     tree.kind = kind
     return tree
@@ -199,6 +221,54 @@ def _approval(action: str) -> Builder:
     return build
 
 
+def _batch_api(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """An explore whose every call goes through the provider's Batch API."""
+    tree = _explore(tag, rng.randint(1, 3), 1)
+    tree.submit |= {"model": BATCH_MODEL, "batch_api": True}
+    return tree
+
+
+def _batch_file(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """A root, and beside it `fleet batch` of 2-4 entries (some through the Batch API)."""
+    tree = _single(tag, [LOOK])
+    tree.rules.insert(0, {"match": f"^{tag}e\\d", "steps": [LOOK, {"content": "entry done"}]})
+    tree.turns[f"^{tag}e\\d"] = 2
+    for i in range(rng.randint(2, 4)):
+        entry: dict[str, Any] = {"id": f"e{i}", "task": f"{tag}e{i} look around"}
+        if rng.random() < 0.5:
+            entry |= {"model": BATCH_MODEL, "batch_api": True}
+        tree.entries.append(entry)
+    tree.action = "batch-file"
+    return tree
+
+
+def _experience(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """A run of the seeded experience's scope: it is shown it (its uses go up)."""
+    tree = _single(tag, [LOOK])
+    tree.submit["metadata"] = {"user": EXPERIENCE_SCOPE.split(":")[1]}
+    return tree
+
+
+def _learn(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """A run reflected on once it completed: exactly one experience proposed and kept."""
+    tree = _experience(rng, tag, folder)
+    proposal = {"experiences": [{"condition": f"when {tag} learns", "rule": "then look first"}]}
+    reflect = {
+        "match": f"^Reflect on the finished.*{tag} learn task",
+        "steps": [{"content": json.dumps(proposal)}],
+    }
+    tree.rules.insert(0, reflect)
+    tree.action = "learn"
+    return tree
+
+
+def _remote(rng: random.Random, tag: str, folder: Path) -> Tree:
+    """A remote sub-agent over A2A (`tests/a2a_agent.py`), working 0.2-3 s."""
+    seconds = round(rng.uniform(0.2, 3.0), 1)
+    task = f"slow {seconds} {tag} review it"
+    return _single(tag, [_tools(("agent", {"task": task, "agent": REMOTE_AGENT}))])
+
+
 BUILDERS: dict[str, Builder] = {
     "explore-small": _explore_small,
     "explore-large": _explore_large,
@@ -220,6 +290,15 @@ BUILDERS: dict[str, Builder] = {
     "approve": _approval("approve"),
     "deny": _approval("deny"),
     "approval-timeout": _approval(""),
+    "batch-api": _batch_api,
+    "batch-file": _batch_file,
+    "mcp-relist": lambda rng, tag, folder: _single(tag, [_tools((f"mcp__{LISTER}__relist", {}))]),
+    "mcp-git": lambda rng, tag, folder: _single(
+        tag, [_tools((f"mcp__{GIT}__git_status", {"repo_path": str(folder / "repo")}))]
+    ),
+    "experience": _experience,
+    "learn": _learn,
+    "remote": _remote,
 }
 
 

@@ -184,6 +184,11 @@ def finish(
         data |= {"parent_trace_id": before.parent_trace_id, "mode": before.mode}
     event = Event(kind="finish", trace_id=trace_id, status=status, data=data)
     trace = before.model_copy(update=fields).with_run(stop_reason=reason)
+    if write is None and trace.parent_trace_id:
+        # the child's end and its parent's entry in one write: two could be cut between (a
+        # Redis that lost its last second, a process killed), leaving the child `stopped`
+        # and its entry `running` for ever (make chaos, seed 39 round 7)
+        write = TraceWrite(trace_id, trace.root_trace_id)
     if write is not None:
         write.update(None if trace.parent_trace_id else event, **fields)
         write.update_run(stop_reason=reason)
@@ -191,10 +196,6 @@ def finish(
             mirror(runtime, trace.parent_trace_id, trace, write, announce=False)
             write.emit(event)  # after the parent's entry: a watcher sees the entry written
         store.apply(write)
-    elif trace.parent_trace_id:
-        store.apply(_ended(trace, fields, None))
-        mirror(runtime, trace.parent_trace_id, trace, announce=False)
-        store.emit(trace.root_trace_id, event)
     else:  # the root: its finish event is the last word, so it goes with the write
         store.apply(_ended(trace, fields, event))
     runtime.hooks.run_finished(trace)

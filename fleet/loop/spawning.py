@@ -20,6 +20,7 @@ from fleet.llm.base import ToolCall
 from fleet.models import Trace, now_ms
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.storage import outbox
+from fleet.storage.outage import warn_failed
 from fleet.storage.writes import TraceWrite, WriteResult
 from fleet.tools.base import ToolResult
 
@@ -111,11 +112,10 @@ def _hand_over(runtime: Runtime, trace: Trace, request: SpawnRequest) -> None:
         runtime.dispatcher.dispatch(runtime, request)
     except Exception:  # the broker refused: the outbox entry stays, a sweeper sends them
         count = len(request.children)
-        log.warning(
-            "dispatch of %d children of %r failed; a sweeper will retry",
-            count,
-            trace.trace_id,
-            exc_info=True,
+        # a store or broker away (a restart, a failover) in one line; anything else with its
+        # traceback
+        warn_failed(
+            log, "dispatch of %d children of %r failed; a sweeper will retry", count, trace.trace_id
         )
         return
     runtime.store.outbox_done(outbox.spawn_entry(trace.trace_id, request.tool_call_id))

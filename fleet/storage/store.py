@@ -276,6 +276,10 @@ class StopsAndWaits(Protocol):
         """Traces whose wait on a person passed its deadline before `at_ms`."""
         ...
 
+    def human_wait_indexed(self, trace_id: str) -> bool:
+        """Whether the trace's wait on a person is in the index (its deadline will fire)."""
+        ...
+
     def forget_human_wait(self, trace_id: str) -> bool:
         """Drop a trace's wait from the index; True for the one caller that removed it."""
         ...

@@ -303,6 +303,10 @@ class MemoryStore(MemoryWorkerTables):
         with self._lock:
             self._human_waits[trace_id] = deadline_ms
 
+    def human_wait_indexed(self, trace_id: str) -> bool:
+        with self._lock:
+            return trace_id in self._human_waits
+
     def expired_human_waits(self, at_ms: int) -> list[str]:
         with self._lock:
             return [t for t, deadline in self._human_waits.items() if deadline < at_ms]

@@ -47,6 +47,9 @@ class RedisIndexes:
     def index_human_wait(self, trace_id: str, deadline_ms: int) -> None:
         self._client.zadd(keys.HUMAN_WAITS, {trace_id: deadline_ms})
 
+    def human_wait_indexed(self, trace_id: str) -> bool:
+        return self._client.zscore(keys.HUMAN_WAITS, trace_id) is not None
+
     def expired_human_waits(self, at_ms: int) -> list[str]:
         return [str(i) for i in self._client.zrangebyscore(keys.HUMAN_WAITS, "-inf", f"({at_ms}")]
 
