@@ -349,10 +349,7 @@ def put_person(
     summary: str,
     write: TraceWrite | None = None,
 ) -> None:
-    """The asked person's entry (`{type: approval}` for an approval) with its event.
-
-    Into `write` when given (applied by the caller), else written at once.
-    """
+    """The asked person's entry (type approval for one) and event: into `write`, else now."""
     waiting = trace.run.waiting_on or {}
     kind: CollaboratorType = "approval" if waiting.get("kind") == "approval" else "human"
     entry = Collaborator(

@@ -28,9 +28,9 @@ from fleet.storage.writes import (
 )
 
 STATS_FIELDS = tuple(TraceStats.model_fields)
+"""The `TraceStats` counters, each added to on its own (`add_stats`)."""
 OutboxDue = tuple[str, int]
 """An outbox entry (`fleet.storage.outbox`) and the ms it comes due at."""
-"""The `TraceStats` counters, each added to on its own (`add_stats`)."""
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,7 @@ class TraceRecords(Protocol):
         ...
 
     def create_traces(self, traces: Sequence[Trace], outbox: OutboxDue | None = None) -> list[bool]:
-        """`create_trace` for each, in one step; False where the id already existed.
-
-        `outbox`: a spawn's entry and due ms (`outbox_put`), put in the same step (on a
-        cluster, where the outbox is in another slot, just before), whatever is created.
-        """
+        """`create_trace` for each in one step (False: id taken), and a spawn's `outbox_put`."""
         ...
 
     def get_trace(self, trace_id: str) -> Trace:

@@ -304,8 +304,7 @@ class MemoryStore(MemoryWorkerTables):
             self._human_waits[trace_id] = deadline_ms
 
     def human_wait_indexed(self, trace_id: str) -> bool:
-        with self._lock:
-            return trace_id in self._human_waits
+        return trace_id in self._human_waits  # one dict read: atomic, no lock needed
 
     def expired_human_waits(self, at_ms: int) -> list[str]:
         with self._lock:
@@ -321,8 +320,7 @@ class MemoryStore(MemoryWorkerTables):
             if holder and holder[0] != owner and holder[1] > now_ms():
                 return False
             deadline = now_ms() + ttl_ms
-            self._leases[trace_id] = (owner, deadline)
-            self._running[trace_id] = deadline
+            self._leases[trace_id], self._running[trace_id] = (owner, deadline), deadline
             return True
 
     def _renew_lease(self, trace_id: str, owner: str, ttl_ms: int) -> bool:
@@ -331,8 +329,7 @@ class MemoryStore(MemoryWorkerTables):
             if not holder or holder[0] != owner:
                 return False
             deadline = now_ms() + ttl_ms
-            self._leases[trace_id] = (owner, deadline)
-            self._running[trace_id] = deadline
+            self._leases[trace_id], self._running[trace_id] = (owner, deadline), deadline
             return True
 
     def release_lease(self, trace_id: str, owner: str) -> None:
