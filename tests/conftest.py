@@ -16,6 +16,7 @@ one at a time in each of two lanes (the `in_process` ones beside the rest).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import signal
 import tempfile
@@ -48,14 +49,19 @@ REDIS_ADMIN_URL_ENV = "FLEET_TEST_REDIS_ADMIN_URL"
 CHECKOUT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
 def suite_temp_root() -> Path:
     """The folder every temp file of the suite goes under (tmp_path, mkdtemp, workers').
 
     Not the system temp folder itself: a checkout cloned under /tmp (as CI may) would then
     lie inside the workspace root, and workers refuse to start when a root holds their code.
-    0755 so that bash's unprivileged user can reach the workspaces made in it.
+    0755 so that bash's unprivileged user can reach the workspaces made in it. One folder
+    for every test process: it sets TMPDIR to itself, which xdist's workers inherit, so a
+    temp folder already named so is the root (before, each call nested one level deeper, and
+    `rabbitmq_to_itself`'s lock file differed between processes: it held nothing back).
     """
-    root = Path(tempfile.gettempdir()).resolve() / f"fleet-tests-{os.geteuid()}"
+    base, name = Path(tempfile.gettempdir()).resolve(), f"fleet-tests-{os.geteuid()}"
+    root = base if base.name == name else base / name
     if CHECKOUT.is_relative_to(root):
         raise pytest.UsageError(f"the checkout {CHECKOUT} lies inside the suite's temp {root}")
     root.mkdir(exist_ok=True)
