@@ -78,8 +78,12 @@ def test_a_stop_cancels_its_provider_batch_at_once_not_at_the_next_poll(
             )
             wait_until(lambda: len(calls.queued(10)) == 2, 60, "both roots' calls queued")
             providers = provider_for(fleet.runtime.config, env)
-            try:
+            try:  # a poll whose upload failed (a loaded machine) queues them again: poll on
                 poll = poll_once(fleet.runtime, providers)
+                deadline = time.monotonic() + 60
+                while not poll.batches and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    poll = poll_once(fleet.runtime, providers)
             finally:
                 providers.close()
             assert len(poll.batches) == 1 and provider.cancelled == []  # both in one batch
