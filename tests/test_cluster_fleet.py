@@ -98,7 +98,7 @@ def test_an_explore_of_200_on_a_cluster_with_limits_and_a_budget(setup: Setup) -
 
     assert trace.status == "completed", trace.error
     entries = setup.fleet.store.collaborators(trace.trace_id)
-    failed = {c.trace_id: c.error for c in entries if c.status != "completed"}
+    failed = {c.trace_id: c.summary for c in entries if c.status != "completed"}
     assert [c.status for c in entries] == ["completed"] * BRANCHES, failed
     stats = setup.provider.stats
     assert stats.answered == BRANCHES + 2 and stats.refused_share <= 0.01, stats
