@@ -76,14 +76,21 @@ def client(settings: Settings) -> Fleet:
     return Fleet(runtime, load_backend(settings))
 
 
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll `check` until true; fail naming `what` after `timeout_s`."""
+def wait_until(
+    check: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    explain: Callable[[], str] | None = None,
+) -> None:
+    """Poll `check` until true; fail naming `what` after `timeout_s` (and what `explain` says
+    of the state then: a failure under load is read from its message alone)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    said = f"\n{explain()}" if explain is not None else ""
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{said}")
 
 
 @contextlib.contextmanager

@@ -239,7 +239,12 @@ def test_what_the_next_release_adds_the_previous_release_keeps(
         wait_for_workers(broker, [old.name], timeout_s=60)  # RabbitMQ: its queues declared
         args = {"kwargs": {NEXT: 1}, "queue": "fleet.main"}
         sender.send_task("fleet.run_agent", ["with-an-argument"], **args)
-        wait_until(lambda: fleet.trace(root).status == "waiting", RUN_TIMEOUT_S, "the spawn")
+        wait_until(
+            lambda: fleet.trace(root).status == "waiting",
+            RUN_TIMEOUT_S,
+            "the spawn",
+            lambda: state_of(conn, root, old),
+        )
         names = [str(name) for name in conn.hkeys(keys.trace(root))]
         first = min((name for name in names if name.startswith("m:")), key=seq)
         message = json.loads(conn.hget(keys.trace(root), first) or "{}")
@@ -256,6 +261,15 @@ def test_what_the_next_release_adds_the_previous_release_keeps(
         assert json.loads(fields[first])[NEXT] == "kept"
         assert fleet.store.messages(root)[0].model_extra == {NEXT: "kept"}
         assert fleet.trace(root).status == "completed"
+
+
+def state_of(conn: redis.Redis, root: str, worker: WorkerProcess) -> str:
+    """What a wait that timed out saw: the root's status, the broker's queues (Redis as
+    broker: the test's own database), and the end of the worker's log."""
+    status = conn.hget(keys.trace(root), "status")
+    queues = {str(name): conn.llen(name) for name in conn.scan_iter("fleet.*", _type="list")}
+    tail = "\n".join(worker.log().splitlines()[-40:])
+    return f"root {status}, broker lists {queues}, the worker's log ends:\n{tail}"
 
 
 def seq(field: str) -> int:
