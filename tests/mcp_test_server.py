@@ -55,9 +55,17 @@ def huge(chars: int) -> str:
 
 
 @server.tool(annotations=READ_ONLY)
-async def slow(seconds: float) -> str:
-    """Answer after `seconds`."""
-    await asyncio.sleep(seconds)
+async def slow(seconds: float, mark: str = "") -> str:
+    """Answer after `seconds`; with `mark`, create `{mark}.started` first and, if the client
+    cancels the request (`notifications/cancelled`), `{mark}.cancelled`."""
+    if mark:
+        Path(f"{mark}.started").touch()
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        if mark:
+            Path(f"{mark}.cancelled").touch()
+        raise
     return "slow done"
 
 

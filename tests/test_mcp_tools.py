@@ -6,8 +6,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from fleet.config.mcp import McpServerConfig
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
+from fleet.llm.cancel import Cancel, cancelling
 from fleet.llm.config import load_config
 from fleet.mcp.sessions import McpSessions
 from fleet.mcp.tools import sync
@@ -127,6 +129,64 @@ def test_a_call_past_its_timeout_is_an_error_result(registry: ToolRegistry) -> N
     assert run(registry, "mcp__test__echo", EXPLORE, text="still").output == "echo: still"
 
 
+def test_a_call_a_stop_cuts_is_abandoned_at_once_and_its_server_told(
+    registry: ToolRegistry, sessions: McpSessions, tmp_path: Path
+) -> None:
+    # A stop cuts the run's tool call (`fleet.loop.cut` cancels its handle): the MCP request
+    # must end then, not at its timeout, with the server told, and the session go on.
+    handle, mark, outcome = Cancel(), tmp_path / "call", []
+    ctx = ToolContext(workspace=Path("."), tool_timeout_s=120.0)
+
+    def call() -> None:
+        with cancelling(handle):
+            arguments = {"seconds": 120, "mark": str(mark)}
+            outcome.append(registry.execute("mcp__test__slow", arguments, ctx, EXPLORE))
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    wait_for(lambda: Path(f"{mark}.started").exists(), "the server to start the call")
+    assert handle.cancel() == 1, "the call's one abandon"
+    thread.join(30)  # 120 s when the request is not abandoned
+    assert not thread.is_alive() and outcome[0].is_error
+    assert "abandoned: its run was stopped" in outcome[0].output
+    wait_for(lambda: Path(f"{mark}.cancelled").exists(), "notifications/cancelled")
+    assert run(registry, "mcp__test__echo", EXPLORE, text="on").output == "echo: on"
+    assert sessions.starts("test") == 1, "the same session"
+
+
+def test_a_stop_of_an_inline_run_abandons_its_mcp_call(tmp_path: Path) -> None:
+    # The same through the loop: the stop's cut reaches the MCP request in flight.
+    (tmp_path / "operator").mkdir()
+    (workspace := tmp_path / "workspace").mkdir()
+    config = write_config(tmp_path / "operator" / "fleet.yaml", {"test": server_entry()})
+    mark = tmp_path / "call"
+    model = ScriptedModel([call("mcp__test__slow", seconds=120, mark=str(mark)), text("unused")])
+    settings = Settings(workspace=workspace, env={}, config_path=config, tool_timeout_s=180)
+    fleet = InProcessFleet.from_settings(settings, clients={"test": model})
+    ended: list[str] = []
+    runner = threading.Thread(
+        target=lambda: ended.append(fleet.run("wait", model="test").status), daemon=True
+    )
+    try:
+        runner.start()
+        wait_for(lambda: Path(f"{mark}.started").exists(), "the server to start the call")
+        (root,) = [t for t in fleet.store.list_traces(10) if t.parent_trace_id is None]
+        fleet.stop(root.trace_id)
+        wait_for(lambda: Path(f"{mark}.cancelled").exists(), "notifications/cancelled")
+        runner.join(30)
+    finally:
+        assert fleet.runtime.mcp is not None
+        fleet.runtime.mcp.close()
+    assert ended == ["stopped"]
+
+
+def wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def test_calls_from_many_threads_share_one_session_concurrently(
     registry: ToolRegistry, sessions: McpSessions
 ) -> None:
@@ -184,7 +244,10 @@ def test_an_inline_run_starts_servers_only_when_a_trace_needs_tools(tmp_path: Pa
     assert trace.status == "completed"
     tool = next(m for m in fleet.store.messages(trace.trace_id) if m.role == "tool")
     assert tool.content == "echo: inline"
-    assert "mcp__test__echo" in [t["function"]["name"] for t in model.tools_seen[0]]
+    # Offered to the model: at the first turn, or (a first listing past its 5 s wait, as
+    # under load) at the next; called either way, the call waiting for the listing.
+    offered = [{t["function"]["name"] for t in tools} for tools in model.tools_seen]
+    assert any("mcp__test__echo" in names for names in offered), offered
 
 
 def test_an_unreachable_server_leaves_the_others_working(tmp_path: Path) -> None:

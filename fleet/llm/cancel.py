@@ -9,6 +9,9 @@ go (its request is cancelled, not answered and billed in full). A plain `close()
 another thread would not do: on Linux it leaves the blocked read waiting for the answer
 (measured with httpx 0.28: the call went on to its end, the server saw nothing).
 
+A call that holds no connection of its own (an MCP request on a session many calls share)
+registers what abandons it instead (`on_cancel`): the cut runs it, outside the lock.
+
 A connection goes back to the pool when its call ends; a later call claims it again, so a
 late cancel never shuts down a connection another call is using (claims and shutdowns
 happen under one lock). A client without a handle in its context (a call outside the
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Protocol
@@ -53,6 +56,7 @@ class Cancel:
         self._cancelled = False
         self._open = True
         self._held: list[Shuttable] = []
+        self._abandons: list[Callable[[], object]] = []
 
     @property
     def cancelled(self) -> bool:
@@ -66,7 +70,28 @@ class Cancel:
             mine = [c for c in self._held if c.owner is self]
             for connection in mine:
                 connection.shut()
-            return len(mine)
+            abandons, self._abandons = self._abandons, []
+        for abandon in abandons:
+            abandon()
+        return len(mine) + len(abandons)
+
+    def on_cancel(self, abandon: Callable[[], object]) -> Callable[[], None]:
+        """Run `abandon` when the call is cancelled (at once if it is); returns its removal.
+
+        For a request on a shared connection, which a shutdown would cut for every caller:
+        `abandon` ends that one request (its peer told), and never raises.
+        """
+        with _LOCK:
+            if not self._cancelled:
+                self._abandons.append(abandon)
+                return lambda: self._forget(abandon)
+        abandon()
+        return lambda: None
+
+    def _forget(self, abandon: Callable[[], object]) -> None:
+        with _LOCK:
+            if abandon in self._abandons:
+                self._abandons.remove(abandon)
 
     def claim(self, connection: Shuttable) -> None:
         """The call is about to use `connection`: raise `CallCancelled` if it is cut."""
@@ -85,6 +110,7 @@ class Cancel:
                 if connection.owner is self:
                     connection.owner = None
             self._held.clear()
+            self._abandons.clear()
 
 
 def unclaimed(connection: Shuttable) -> None:
@@ -117,6 +143,21 @@ def cancelling(handle: Cancel) -> Iterator[Cancel]:
     finally:
         _CURRENT.reset(token)
         handle.release()
+
+
+@contextmanager
+def abandoning(abandon: Callable[[], object]) -> Iterator[None]:
+    """Run the block with `abandon` as what a cut of this context's call does, if any.
+
+    For a request on a connection other calls share (`Cancel.on_cancel`).
+    """
+    handle = _CURRENT.get()
+    forget = handle.on_cancel(abandon) if handle is not None else None
+    try:
+        yield
+    finally:
+        if forget is not None:
+            forget()
 
 
 def bind(handle: Cancel) -> None:

@@ -12,6 +12,7 @@ A slow or hostile server holds up only what uses it:
   who waits for it;
 - every message is capped while it is read (`fleet.mcp.transport`): a too-big answer is
   that call's error and the session goes on;
+- a call its run's stop cuts (`fleet.llm.cancel`) ends at once, its server told it is cancelled;
 - a call that times out makes the session prove it is alive (`ping` within
   `PING_TIMEOUT_S`); a wedged one is dropped and the next call starts the server again
   (its other calls in flight end as `McpUnavailable`, read-only ones retried once).
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.config.mcp import McpServerConfig
 from fleet.errors import ToolError
+from fleet.llm import cancel
 
 if TYPE_CHECKING:  # the SDK is imported only once a server is used
     import mcp
@@ -196,12 +198,16 @@ class McpSessions:
             loop.close()
 
     def _run(self, coro: Coroutine[Any, Any, _T], timeout_s: float) -> _T:
+        """`coro` on the sessions' loop; the calling run's cut (`fleet.llm.cancel`) ends it."""
         future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
-        try:
-            return future.result(timeout_s + 1.0)  # the coroutine times itself out first
-        except TimeoutError:
-            future.cancel()
-            raise ToolError(f"MCP call did not finish within {timeout_s:g}s") from None
+        with cancel.abandoning(future.cancel):
+            try:
+                return future.result(timeout_s + 1.0)  # the coroutine times itself out first
+            except TimeoutError:
+                future.cancel()
+                raise ToolError(f"MCP call did not finish within {timeout_s:g}s") from None
+            except concurrent.futures.CancelledError:
+                raise ToolError("MCP call abandoned: its run was stopped or interrupted") from None
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
