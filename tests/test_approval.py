@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from fleet.errors import ConversationError
 from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.llm.base import LLMResponse
 from fleet.llm.config import FleetConfig
-from fleet.models import now_ms
+from fleet.models import Trace, now_ms
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.store import TraceStore
@@ -219,3 +220,40 @@ def test_racing_answers_land_exactly_once(store: TraceStore, tmp_path: Path) -> 
     assert done.status == "completed"
     results = [m for m in store.messages(trace.trace_id) if m.role == "tool"]
     assert len(results) == 1, "one result for the one call: run once or denied once"
+
+
+def test_a_stop_during_the_approved_call_ends_the_trace_stopped(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    # The approved call runs as the trace resumes (`fleet.loop.resume`), before its loop: a
+    # stop cutting it there ends the trace `stopped`, as in the loop (a chaos run saw the
+    # cut escape as a crash, the trace failed).
+    from fleet.lifecycle import stop_subtree
+    from tests.test_stop_cuts_tool_http import hanging_server, wait_for
+
+    with hanging_server() as server:
+        url = f"{server.url}/slow"
+
+        def fetcher(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> LLMResponse:
+            if not [m for m in messages if m["role"] == "tool"]:
+                return call("web_fetch", call_id="f1", url=url)
+            return text("unused")
+
+        settings = Settings(workspace=tmp_path, env={}, web_allow=("127.0.0.1",))
+        model = ScriptedModel(function=fetcher)
+        runtime = Runtime.build(settings, store, InProcessDispatcher(), clients={"test": model})
+        rules = (ApprovalRule("web_fetch"),)
+        default = replace(runtime.presets["default"], approve=rules)
+        local = InProcessFleet(replace(runtime, presets={**runtime.presets, "default": default}))
+        trace = local.run("fetch it", model="test")
+        assert trace.status == "waiting" and not server.held
+        ended: list[Trace] = []
+        approver = threading.Thread(
+            target=lambda: ended.append(local.approve(trace.trace_id)), daemon=True
+        )
+        approver.start()
+        wait_for(lambda: server.held, 20)
+        stop_subtree(local.runtime, trace.trace_id)
+        approver.join(30)
+    assert [t.status for t in ended] == ["stopped"]
+    assert store.get_trace(trace.trace_id).error == "stop requested"

@@ -106,7 +106,10 @@ class FencedRun:
         trace = lifecycle.start(self.runtime, snapshot.trace, start)  # begin_run did, mostly
         if (ended := self._without_model(trace, start)) is not None:
             return ended
-        following = opening(self.runtime, snapshot, trace, start, held)
+        try:
+            following = opening(self.runtime, snapshot, trace, start, held)
+        except CallCut:  # a stop cut the approved call it runs first: its result not written
+            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
         if isinstance(following, str):  # a stop landed as it went back to waiting
             return following
         if not isinstance(following, TraceSnapshot | ReadAgain):
