@@ -224,6 +224,15 @@ def wait_consuming(store: TraceStore, names: list[str], timeout_s: float = 90.0)
 # -- an OpenAI-wire provider that fails on purpose --------------------------------------
 
 
+class ClientsMayLeave(ThreadingHTTPServer):
+    """A provider's server: a client that closed its request (a stop cuts a model call,
+    `fleet.llm.cancel`) is normal, not a traceback on the harness's output."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FlakyProvider:
     """`/v1/chat/completions` answering an explore like the scripted survey model.
 
@@ -258,7 +267,7 @@ class FlakyProvider:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ClientsMayLeave(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
