@@ -81,10 +81,11 @@ bench: $(STAMP)
 faults: $(STAMP)
 	$(PY) bench/faults.py --runs 20
 
-# The randomised fleet (docs/reliability.md): >= 1,000 faults over every backend, ~70 min
-# on a loaded 2-core machine. `make` runs a small seeded one (tests/test_chaos.py, ~30-60 s).
+# The randomised fleet (docs/reliability.md): >= 1,000 faults over every backend, three seeds
+# side by side, ~70-90 min on a loaded 2-core machine. `make` runs a small seeded one
+# (tests/test_chaos.py, ~30-60 s). One seed alone: bench/chaos.py (its --help).
 chaos: $(STAMP)
-	$(PY) bench/chaos.py --faults 1000 --per-round 2 5 --rounds-per-backend 5
+	$(PY) bench/chaos_many.py --faults 1000 --processes 3 --per-round 2 5 --rounds-per-backend 5
 
 clean:
 	rm -rf $(VENV) .fleet .mypy_cache .ruff_cache .pytest_cache
