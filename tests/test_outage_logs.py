@@ -116,3 +116,33 @@ def test_the_remote_watcher_logs_a_failover_in_one_line(
     record = caplog.records[0]
     assert record.getMessage().startswith("remote watch failed (store or broker away: ")
     assert record.exc_info is None
+
+
+def test_a_remote_follow_that_met_the_broker_away_is_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Its task's exception, not the one being handled (a chaos run: a RabbitMQ restart as
+    # the answered child was sent printed kombu's chained frames).
+    import asyncio
+    import contextlib
+
+    import kombu.exceptions
+
+    from workers.remote_poll import RemotePoller
+
+    async def send() -> None:
+        raise kombu.exceptions.OperationalError("[Errno 111] Connection refused")
+
+    async def ended() -> asyncio.Task[None]:
+        task = asyncio.create_task(send())
+        with contextlib.suppress(kombu.exceptions.OperationalError):
+            await task
+        return task
+
+    task = asyncio.run(ended())
+    RemotePoller(1.0)._done("c1", task)
+    (record,) = caplog.records
+    assert record.exc_info is None
+    assert record.getMessage().startswith(
+        "follow of remote child 'c1' failed (store or broker away: OperationalError"
+    )

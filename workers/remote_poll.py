@@ -18,7 +18,7 @@ import logging
 import threading
 
 from fleet.remote.poll import MAX_FOLLOWED, claim_due, follow_one
-from fleet.storage.outage import warn_failed
+from fleet.storage.outage import warn_failed, warn_of
 from workers.dispatch import send_answered, tree_schedule
 from workers.runtime import get_runtime
 
@@ -76,4 +76,4 @@ class RemotePoller:
     def _done(self, trace_id: str, task: asyncio.Task[None]) -> None:
         self.following.pop(trace_id, None)
         if not task.cancelled() and task.exception() is not None:
-            log.warning("follow of remote child %r failed", trace_id, exc_info=task.exception())
+            warn_of(log, task.exception(), "follow of remote child %r failed", trace_id)

@@ -38,9 +38,13 @@ def is_outage(exc: BaseException) -> bool:
 
 def warn_failed(log: logging.Logger, message: str, *args: object) -> None:
     """Log the exception being handled: one line for an outage, else with its traceback."""
-    exc = sys.exc_info()[1]
+    warn_of(log, sys.exc_info()[1], message, *args)
+
+
+def warn_of(log: logging.Logger, exc: BaseException | None, message: str, *args: object) -> None:
+    """Log `exc` (one a task or future ended with): one line for an outage, else in full."""
     if exc is not None and is_outage(exc):
         text = " ".join(str(exc).split())[:MAX_CHARS]
         log.warning(message + " (store or broker away: %s: %s)", *args, type(exc).__name__, text)
     else:
-        log.warning(message, *args, exc_info=True)
+        log.warning(message, *args, exc_info=exc)
