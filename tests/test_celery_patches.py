@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from celery.app import trace as celery_trace
 from celery.app.amqp import AMQP
@@ -329,6 +330,27 @@ def test_kombu_pool_client_upstream_builds_a_client_per_call(
         with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
             assert first is not second and first.connection_pool is channel.pool
         assert hasattr(RedisChannel, "_create_client")
+
+
+@pytest.mark.integration
+def test_kombu_pool_client_upstream_fails_on_a_closed_channel_with_an_attribute_error(
+    redis_url: str, upstream: None
+) -> None:
+    channel, _ = collected_channel(redis_url)
+    with pytest.raises(AttributeError), channel.conn_or_acquire():
+        pass
+
+
+@pytest.mark.integration
+def test_kombu_pool_client_patched_a_closed_channel_is_a_connection_error_ensure_recovers(
+    redis_url: str,
+) -> None:
+    patches.configure(())
+    channel, _ = collected_channel(redis_url)
+    with pytest.raises(redis.exceptions.ConnectionError), channel.conn_or_acquire():
+        pass
+    with Connection(redis_url) as conn:  # what `Connection.ensure` retries after reconnecting
+        assert redis.exceptions.ConnectionError in conn.transport.connection_errors
 
 
 @pytest.mark.integration

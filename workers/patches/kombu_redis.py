@@ -20,7 +20,10 @@ Written and tested against kombu 5.7.0 (Celery 5.7.0, redis-py 8.1.0; pyproject 
   pipeline, then `virtual.QoS.ack`) on the event loop's thread (`Hub._loop_thread`, set by
   `Hub.create_loop`), and runs the pending removals before `QoS.restore_unacked`.
 - `kombu-pool-client` replaces `Channel.conn_or_acquire(client=None)`: upstream yields a
-  new `Channel._create_client()` per call, on the channel's `pool`.
+  new `Channel._create_client()` per call, on the channel's `pool`, and on a closed channel
+  (its `connection` None) raises AttributeError; here that is a redis-py ConnectionError,
+  which a publish's `ensure` recovers from (a chaos run: the sweeper's publish at a Redis
+  restart).
 - `kombu-declare-cache` wraps `kombu.messaging.Producer.maybe_declare(entity, retry=False,
   **retry_policy)`: upstream keeps `hash(entity)` in `connection.declared_entities` (the
   channel's `connection.client`) once declared, and returns False for a cached one.
@@ -167,11 +170,15 @@ INSTALLS = {
 """In kombu's install order: the broker-loss wrapper goes around the batched ack."""
 
 
+class ChannelClosed(redis.exceptions.ConnectionError):
+    """A broker command on a channel kombu closed: a connection error `ensure` recovers."""
+
+
 def _tolerant(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
-        except AttributeError:  # the broken connection lost its client before this call
+        except (AttributeError, ChannelClosed):  # the broken connection lost its client
             log.warning(
                 "broker connection lost: %s skipped (%d unacknowledged message(s) are left"
                 " to the sweeper and the visibility timeout)",
@@ -271,6 +278,8 @@ def _conn_or_acquire(self: Any, client: Any = None) -> Iterator[Any]:
     if client:
         yield client
         return
+    if self.connection is None:  # closed (its broker lost): kombu's `ensure` reconnects
+        raise ChannelClosed("the broker channel is closed")
     pool = self.pool  # kombu makes a new one after `_disconnect_pools`
     shared = self.__dict__.get("_fleet_pool_client")
     if shared is None or shared.connection_pool is not pool:
