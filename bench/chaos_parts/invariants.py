@@ -34,6 +34,7 @@ from fleet.history import main_path
 from fleet.limits.capability import budget_state
 from fleet.models import Message, Trace
 from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.gone import present
 from fleet.storage.keys.layout import tree_id
 from fleet.storage.store import TraceStore
 
@@ -106,7 +107,7 @@ def check(store: TraceStore, tree: Tree) -> Verdict:
         verdict.doubled += _doubled(store, tree, trace, messages)
         verdict.costs += _totals(trace, messages)
         spent += sum(m.prompt_tokens + m.completion_tokens for m in messages)
-        frontier += store.get_traces(store.children(trace.trace_id))
+        frontier += present(store, store.children(trace.trace_id))[0]  # a gone child: none
     verdict.costs += _budget(store, tree.root_id, spent)
     return verdict
 
@@ -141,9 +142,15 @@ def _budget(store: TraceStore, root_id: str, spent: int) -> list[str]:
 def _doubled(store: TraceStore, tree: Tree, trace: Trace, messages: list[Message]) -> list[str]:
     path = main_path(messages, trace.head_sequence)
     calls = [m.tool_call_id for m in path if m.role == "tool"]
-    found = [f"{trace.trace_id}: tool result {c} twice" for c in set(calls) if calls.count(c) > 1]
+    found = [
+        f"{trace.trace_id}: tool result of call {c} twice" for c in set(calls) if calls.count(c) > 1
+    ]
     entries = [e.trace_id for e in store.collaborators(trace.trace_id)]
-    found += [f"{trace.trace_id}: entry {e} twice" for e in set(entries) if entries.count(e) > 1]
+    found += [
+        f"{trace.trace_id}: collaborator entry {e} twice"
+        for e in set(entries)
+        if entries.count(e) > 1
+    ]
     task = next((str(m.content) for m in messages if m.role == "user"), "")
     limit = next((n for regex, n in tree.turns.items() if re.search(regex, task)), None)
     turns = sum(1 for m in messages if m.role == "assistant")
