@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from amqp.exceptions import ConnectionForced
+from amqp.exceptions import ConnectionForced  # type: ignore[import-untyped]
 from celery import states
 from celery._state import _set_task_join_will_block
 from celery.app.task import Context
