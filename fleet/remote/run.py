@@ -128,9 +128,33 @@ def _send_unsent(
             "seen": "",
         }
     )
-    runtime.store.update_run(trace.trace_id, remote_call=call)
+    _record(runtime, trace.trace_id, call)
     decision = decide(call, task, now_ms())
     return decision.call if isinstance(decision, Ended) else call
+
+
+RECORD_RETRY_S = 0.2
+"""How often the record of a send is tried again while the store is away."""
+
+
+def _record(runtime: Runtime, trace_id: str, call: RemoteCall) -> None:
+    """Record a send, tried again while the store comes back (a restart, a failover).
+
+    Sent and not recorded, the message goes again on the child's next run: a second task
+    at an agent that keeps no message ids (make chaos, seed 40 round 24: a Redis restart).
+    Tried for one lease TTL (the heartbeat keeps the lease meanwhile); a fenced write
+    (`LeaseLost`: another runner took the child) is not tried again.
+    """
+    deadline_s = time.monotonic() + runtime.settings.lease_ttl_ms / 1000
+    while True:
+        try:
+            runtime.store.update_run(trace_id, remote_call=call)
+            return
+        except Exception as exc:
+            if not runtime.store.unavailable(exc) or time.monotonic() > deadline_s:
+                raise
+            log.warning("%r: the record of its remote send waits for the store: %s", trace_id, exc)
+            time.sleep(RECORD_RETRY_S)
 
 
 def message_id_of(trace_id: str, sequence: int) -> str:
