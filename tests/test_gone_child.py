@@ -15,6 +15,7 @@ from fleet import lifecycle, owners
 from fleet.children import after
 from fleet.children.after import Call, Nothing, Resume
 from fleet.runtime import Runtime
+from fleet.storage import outbox
 from fleet.storage.backends.memory.store import MemoryStore
 from fleet.storage.gone import GONE_ERROR, present
 from tests.test_lifecycle import parent_with_calls
@@ -86,3 +87,20 @@ def test_the_owner_check_keeps_a_tree_whose_waiting_parent_lost_a_child(tmp_path
     assert owners.tree_ended(runtime.store, "no-such-root"), "a gone root: nothing to wait for"
     found, gone = present(runtime.store, [first, second])
     assert ([t.trace_id for t in found], gone) == ([first], [second])
+
+
+def test_a_sweep_sends_nothing_for_a_gone_trace_and_drops_a_gone_parents_call(
+    tmp_path: Path,
+) -> None:
+    # Each outbox entry naming a gone trace raised TraceNotFound in every sweeper's sweep,
+    # claimed again 10 s later; a settle entry of a gone parent was deferred for ever.
+    runtime, parent, (request,) = parent_with_calls(tmp_path, "c1")
+    first, second = request.child_ids
+    lose(runtime, second)
+    store = runtime.store
+
+    assert outbox.runs_for(store, outbox.run_entry(second)) == []
+    assert outbox.runs_for(store, outbox.spawn_entry(parent.trace_id, "c1")) == [first]
+    lose(runtime, first)
+    lose(runtime, parent.trace_id)
+    assert after.settle_from_store(runtime, Call(parent.trace_id, "c1"), "sweep") == Nothing()
