@@ -75,7 +75,7 @@ def settle(
     call is still open (`fleet.storage.gone`).
     """
     children, gone = present(runtime.store, child_ids)
-    if gone and children and not any(not c.is_terminal for c in children):
+    if gone and children and all(c.is_terminal for c in children):
         if not _open(runtime.store, parent_trace_id, tool_call_id):
             return AlreadyCollected()  # the parent lost the call too: the owner check heals it
         log.warning(
