@@ -1,4 +1,4 @@
-"""A remote child's send is recorded even when the store is away for a moment.
+"""A remote child's message is sent once: recorded through an outage, never by a lost runner.
 
 make chaos, seed 40 round 24 (a Redis restart beside a `remote` tree): a run that sent
 its A2A message and then met the store away was interrupted before it recorded the send,
@@ -15,10 +15,12 @@ import pytest
 import redis
 import yaml
 
+from fleet.errors import LeaseLost
 from fleet.inprocess import InProcessDispatcher
 from fleet.lifecycle.remote import RemoteCall
 from fleet.loop.runner import Runner, run_safely
-from fleet.models import Trace
+from fleet.models import Message, Trace
+from fleet.remote.run import run_remote
 from fleet.runstate import RunState
 from fleet.runtime import Runtime
 from fleet.settings import Settings
@@ -85,3 +87,38 @@ def test_a_send_whose_record_meets_the_store_away_is_sent_once(
     assert outcomes == ["parked"]
     call = store.get_trace(child.trace_id).run.remote_call
     assert call is not None and (call.state, call.task_id) == ("sent", sent[0][0])
+
+
+def test_a_runner_that_lost_its_lease_before_the_send_sends_nothing(tmp_path: Path) -> None:
+    # make chaos seed 44 round 13: a worker froze in a remote child's run past its lease;
+    # the recovered run sent the task, and the thawed one sent it again before its record
+    # was fenced out: a second task.
+    config = tmp_path / "conf" / "fleet.yaml"
+    config.parent.mkdir()
+    (tmp_path / "ws").mkdir()
+    store = RedisStore(fake_redis())
+    with serve_reviewer() as agent:
+        entry = {"url": agent.url, "private": True}
+        config.write_text(yaml.safe_dump({"remote_agents": {"reviewer": entry}}))
+        settings = Settings(workspace=tmp_path / "ws", env={}, config_path=config)
+        runtime = Runtime.build(settings, store, Parking(), clients={"m": ScriptedModel()})
+        child = Trace(
+            trace_id="r@remote-1",
+            root_trace_id="r",
+            parent_trace_id="r",
+            parent_tool_call_id="c1",
+            task="slow 5 look",
+            mode="remote",
+            status="running",
+            run=RunState(remote_call=RemoteCall(agent="reviewer")),
+        )
+        store.create_trace(child)
+        store.append_message(Message(trace_id=child.trace_id, role="user", content="slow 5 look"))
+        assert store.acquire_lease(child.trace_id, "the-recovered-run", 60_000)
+        thawed = runtime.fenced(child.trace_id, "the-frozen-run")
+
+        with pytest.raises(LeaseLost):
+            run_remote(thawed, child, park=True)
+        sent = list(agent.record.messages)
+
+    assert sent == [], "the recovered run sends it, not this one"

@@ -107,6 +107,10 @@ def _send_unsent(
     message_id = hashlib.sha256(f"{trace.trace_id}#{unsent[-1].sequence}".encode()).hexdigest()
     from fleet.remote import wire  # a2a-sdk and httpx: loaded by a call, not by a worker's start
 
+    # Still ours? A write behind the lease, right before the send: a runner frozen past its
+    # lease (its run recovered meanwhile, which sent the message) sends nothing when it
+    # thaws (`LeaseLost`); it sent a second task (make chaos seed 44 round 13).
+    runtime.store.update_run(trace.trace_id, remote_call=call)
     task = wire.send(
         agent,
         token,
