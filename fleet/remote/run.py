@@ -10,10 +10,13 @@ with its result; one told to stop cancels the remote task and ends `stopped`.
 
 Faults: a worker that dies after the send is recorded (`sent_sequence`) and before the
 park leaves a `running` child whose lease lapses; the run sent again finds the message
-sent and only parks. One that dies between the send and its record sends the message
-again on the next run, with the same message id (the trace and the message's sequence):
-an agent that keeps message ids sees a repeat, one that does not starts a second task
-(the first is never polled; its agent's own expiry ends it). A poller that dies mid-poll
+sent and only parks. A runner checks its lease (a write behind it) right before the send,
+so one frozen past it sends nothing once it thaws, and a record that meets the store away
+is tried again while the store comes back. One that dies (or freezes past its lease)
+while its send is in flight leaves the message to be sent again by the next run, with the
+same message id (the trace and the message's sequence): an agent that keeps message ids
+sees a repeat, one that does not starts a second task (the first is never polled; its
+agent's own expiry ends it). A poller that dies mid-poll
 leaves the entry, due again one lease later.
 """
 
