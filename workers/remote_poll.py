@@ -19,8 +19,8 @@ import threading
 
 from fleet.models import now_ms
 from fleet.remote.poll import MAX_FOLLOWED, claim_due, follow_one
-from fleet.storage import outbox
-from fleet.storage.outage import is_outage, warn_failed
+from fleet.storage import outage, outbox
+from fleet.storage.outage import warn_failed
 from workers.dispatch import send_answered, tree_schedule
 from workers.runtime import get_runtime
 
@@ -43,7 +43,7 @@ async def _follow_and_send(trace_id: str) -> None:
         try:
             send_answered(trace, priority=tree_schedule(runtime, trace.root_trace_id).priority)
         except Exception as exc:
-            if not is_outage(exc):
+            if not outage.is_outage(exc):
                 raise
             runtime.store.outbox_put(outbox.run_entry(trace_id), now_ms() + SEND_RETRY_MS)
             warn_failed(log, "remote child %r not sent; the outbox owes its run", trace_id)
