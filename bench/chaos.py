@@ -171,8 +171,6 @@ class Round:
         self._check_features(row, started_s, experience_id, uses_before, sent_before)
         doubled = [*self.rig.remote_doubled(remote_before), *self.rig.batch.doubled(sent_before)]
         row.doubled += [f"round {self.number}: {d}" for d in doubled]
-        for line in doubled:
-            say(f"  doubled: {line}")
         row.checked["remote A2A tasks"] += len(self.rig.remote.record.messages) - remote_before
 
     def _check_features(
@@ -222,8 +220,6 @@ class Round:
                 say(f"  {tree.kind} {tree.root_id}: the root is gone, its slot's marker is not")
             row.doubled += [f"round {self.number} {tree.kind}: {d}" for d in verdict.doubled]
             row.costs += [f"round {self.number} {tree.kind}: {c}" for c in verdict.costs]
-            for line in [*verdict.doubled, *verdict.costs]:
-                say(f"  {tree.kind} {line}")
         wrong = self.rng.choice(WRONG_COMMANDS) + [self.rng.choice(self.trees).root_id]
         wrong = [w.replace("{root}", wrong[-1]) for w in wrong[:-1]]
         problem = invariants.cli_error(_os_env() | self.the.env, wrong)
@@ -300,15 +296,13 @@ def _session(
     with backend(name, broker, folder / f"s{first}", env, options.workers, rig.faults) as the:
         experience_id = _retried(functools.partial(seed_experience, the.fleet))
         for number in range(first, last + 1):
-            before, lost = row.breaks, len(row.lost)
+            before, counts = row.breaks, row.counts()
             Round(the, options, number, folder, rig).run(row, say, experience_id)
             row.rounds += 1
-            for line in row.lost[lost:]:
-                say(f"  lost: {line}")
             tracebacks, secrets = invariants.log_findings(the.logs(), seen)
             row.tracebacks += tracebacks
             row.secrets += secrets
-            for line in [*tracebacks[:3], *secrets[:3]]:
+            for line in row.findings_since(counts, shown=3):
                 say(f"  {line}")
             if row.breaks > before:  # this round broke one (whatever earlier rounds did)
                 replay = replay_command(options, number)

@@ -32,11 +32,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from fleet.errors import TraceNotFound
 from fleet.history import main_path, open_turn
 from fleet.models import Trace
 from fleet.storage import outbox
 from fleet.storage.batch_calls import CallStates, batch_calls
+from fleet.storage.gone import present
 from fleet.storage.remote_watch import REMOTE_WATCH
 from fleet.storage.store import StopsAndWaits, TraceRecords, TraceStore
 
@@ -200,7 +200,7 @@ def read_tree(
     children: dict[str, list[str]] = {}
     frontier = [root_trace_id]
     while frontier:
-        found = store.get_traces(frontier)
+        found, _ = present(store, frontier)  # a gone child (a failover lost it) is left out
         traces.update((t.trace_id, t) for t in found)
         frontier = []
         for trace in found:
@@ -304,12 +304,14 @@ def _or_fail(remedy: Remedy) -> Remedy:
 
 
 def tree_ended(store: TraceRecords, root_trace_id: str) -> bool:
-    """True when the root and every descendant ended (or the root is gone)."""
+    """True when the root and every descendant ended (or the root is gone).
+
+    A descendant with no record (a failover lost it) is not waited for: it never ends.
+    """
     frontier = [root_trace_id]
     while frontier:
-        try:
-            found = store.get_traces(frontier)
-        except TraceNotFound:  # expired, or its id was indexed just before a crash
+        found, gone = present(store, frontier)
+        if root_trace_id in gone:  # expired, or its id was indexed just before a crash
             return True
         if any(not t.is_terminal for t in found):
             return False

@@ -20,14 +20,17 @@ from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
 from fleet.limits.budget import Budget, Exhausted, Reserved
 from fleet.limits.capability import LIMITS
+from fleet.limits.gate import FINAL_NOTE
 from fleet.limits.protocols import TreeBudgets
 from fleet.llm.base import LLMResponse, ToolCall, Usage
 from fleet.loop.runner import Runner, run_to_end
+from fleet.models import Message, Trace
+from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage import keys
 from fleet.storage.backends.redis.store import RedisStore
 from fleet.storage.store import TraceStore
-from fleet.testing import ScriptedModel
+from fleet.testing import ScriptedModel, text
 
 ROOT = "root"
 
@@ -47,12 +50,29 @@ def test_calls_reserve_until_the_budget_and_the_root_keeps_a_final_turn(
     assert budgets.reserve("d", ROOT, 1, 0.0) == Exhausted("tokens")
     assert budgets.reserve("a", ROOT, 1, 0.0) == Exhausted("tokens"), "spent for everyone"
     assert budgets.reserve(ROOT, ROOT, 5000, 0.0) == Reserved(final=True)
+    budgets.settle(ROOT, ROOT, 40, 0.0)
     assert budgets.reserve(ROOT, ROOT, 1, 0.0) == Exhausted("tokens"), "one final turn only"
     state = budgets.state(ROOT)
     assert state is not None and state.exhausted == "tokens"
-    # In flight: b and c. A trace asking again gives up its earlier reservation (a, and the
-    # root's final turn), and the final turn is no longer set aside.
+    # In flight: b and c. A trace asking again gives up its earlier reservation (a), and
+    # the final turn is no longer set aside.
     assert state.reserved_tokens == 300 + 300
+
+
+def test_a_root_run_again_during_its_final_turn_gets_that_turn_again(
+    budgets: TreeBudgets,
+) -> None:
+    # make chaos seed 40 round 15: a worker froze on the root's final turn past its lease;
+    # the recovered run asked again, was refused ("one final turn only"), and the root
+    # ended `completed` with no answer at all (the frozen call, thawed, was fenced out).
+    budgets.create(ROOT, Budget(tokens=1000))
+    assert budgets.reserve(ROOT, ROOT, 5000, 0.0) == Reserved(final=True)  # then lost
+    assert budgets.reserve(ROOT, ROOT, 5000, 0.0) == Reserved(final=True), "its own turn"
+    state = budgets.state(ROOT)
+    assert state is not None and state.reserved_tokens == 100, "held once, not twice"
+    budgets.settle(ROOT, ROOT, 40, 0.0)
+    assert budgets.reserve(ROOT, ROOT, 1, 0.0) == Exhausted("tokens"), "and then no more"
+    assert budgets.reserve("a", ROOT, 1, 0.0) == Exhausted("tokens"), "a branch gets none"
 
 
 def test_settling_replaces_the_reservation_with_real_usage(budgets: TreeBudgets) -> None:
@@ -320,3 +340,43 @@ def test_an_ended_tree_holds_nothing_and_a_continued_root_gets_its_last_turn_aga
     lifecycle.reopen_root(runtime, ended, 1, {"turn": 1})
     state = budgets.state(root.trace_id)
     assert state is not None and state.reserved_tokens == 1000, "the set-aside is back"
+
+
+def test_a_recovered_root_answers_on_the_final_turn_its_lost_run_held(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    # make chaos seed 40 round 15: the tree ran out at its first call (the root's final
+    # turn reserved), the worker froze on that call past its lease, and the recovered run
+    # was refused its final turn: the root ended `completed` with no answer.
+    model = ScriptedModel([text("what I have")])
+    local = InProcessFleet.from_settings(
+        Settings(workspace=tmp_path), store=store, clients={"m": model}
+    )
+    runtime = local.runtime
+    root = create_root(runtime, TaskSpec("t", model="m", budget=Budget(tokens=4_600)))
+    budgets = runtime.gate.budgets
+    assert budgets is not None
+    assert budgets.reserve(root.trace_id, root.trace_id, 5_000, 0.0) == Reserved(final=True)
+
+    run_to_end(Runner(runtime), root.trace_id)  # the recovered run
+
+    ended = store.get_trace(root.trace_id)
+    assert (ended.status, ended.run.stop_reason) == ("completed", "budget"), ended.error
+    assert ended.answer, "the final turn answered"
+    notes = [m for m in store.messages(root.trace_id) if m.content == FINAL_NOTE]
+    assert len(notes) == 1
+
+
+def test_the_final_note_is_said_once_when_a_root_runs_its_final_turn_again() -> None:
+    from fleet.loop.call import note
+
+    said = Message(trace_id="r", role="user", content=FINAL_NOTE)
+    assert (
+        note(
+            Runtime.__new__(Runtime),
+            Trace(trace_id="r", root_trace_id="r", task="t"),
+            [said],
+            final=True,
+        )
+        is None
+    )

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+from amqp.exceptions import ConnectionForced  # type: ignore[import-untyped]
 from celery import states
 from celery._state import _set_task_join_will_block
 from celery.app.task import Context
@@ -369,3 +370,63 @@ def test_a_join_part_needs_a_redis_store() -> None:
     with pytest.raises(TypeError, match="Redis store"):
         memory.apply(write.update(status="completed"))
     assert memory.get_trace("t").status == "queued", "refused before any op"
+
+
+ERRBACKS: list[str] = []
+
+
+@app.task(name="tests.recording_errback")
+def recording_errback(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
+    """As `fleet.collect_failed`, run inline: records that it ran."""
+    ERRBACKS.append(tool_call_id)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionForced("CONNECTION_FORCED - broker forced connection closure"), OSError("reset")],
+)
+def test_a_body_the_broker_refuses_while_away_stays_owed_in_one_line(
+    conn: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: Exception,
+) -> None:
+    # make chaos (seeds 38 round 29, 40 round 30, 41 round 33): a RabbitMQ restart as the
+    # last part came: "Chord body ... could not be sent" with its traceback, then the
+    # errback, which resumed the parent through the same broker: "Errback
+    # 'fleet.collect_failed' raised an exception", Celery's traceback. The call is owed to
+    # the outbox already: the body's errback is not run, one line says so.
+    ERRBACKS.clear()
+    chord = Chord(1)
+    chord.body["options"]["link_error"][0]["task"] = "tests.recording_errback"
+    chord.body["options"]["link_error"][0]["args"] = ["root", "call_1"]
+
+    def away(*_: Any, **__: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(app.amqp, "_retry_publish", away)
+    with caplog.at_level("WARNING", logger=chord_join.__name__):
+        chord.report(0)
+
+    assert ERRBACKS == [], "the errback would meet the broker away again"
+    assert [r.exc_info for r in caplog.records if r.name == chord_join.__name__] == [None]
+    owed = outbox.settle_entry("root", "call_1")
+    assert conn.zscore(fleet_keys.OUTBOX, owed) is not None, "a sweeper settles the call"
+    assert bodies(conn) == []
+
+
+def test_a_body_that_cannot_be_sent_for_another_reason_fails_the_chord(
+    conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ERRBACKS.clear()
+    chord = Chord(1)
+    chord.body["options"]["link_error"][0]["task"] = "tests.recording_errback"
+    chord.body["options"]["link_error"][0]["args"] = ["root", "call_1"]
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise ValueError("cannot encode")
+
+    monkeypatch.setattr(app.amqp, "_retry_publish", refuse)
+    chord.report(0)
+
+    assert ERRBACKS == ["call_1"], "as Celery's join: its errback runs"

@@ -17,19 +17,36 @@ import functools
 import logging
 import threading
 
+from fleet.models import now_ms
 from fleet.remote.poll import MAX_FOLLOWED, claim_due, follow_one
+from fleet.storage import outage, outbox
 from fleet.storage.outage import warn_failed, warn_of
 from workers.dispatch import send_answered, tree_schedule
 from workers.runtime import get_runtime
 
 log = logging.getLogger(__name__)
 
+SEND_RETRY_MS = 1_000
+"""When a sweeper sends a child whose run the broker refused (its next sweep)."""
+
 
 async def _follow_and_send(trace_id: str) -> None:
+    """Follow one child's task; send the child's run once its task ended.
+
+    The watch entry is gone by then: a send the broker refuses (a RabbitMQ restart) is
+    owed to the outbox, which a sweeper sends once the broker is back (the owner check
+    would only after the tree's quiet period: make chaos seed 43 round 4).
+    """
     runtime = get_runtime()
     if await follow_one(runtime, trace_id):
         trace = runtime.store.get_trace(trace_id)
-        send_answered(trace, priority=tree_schedule(runtime, trace.root_trace_id).priority)
+        try:
+            send_answered(trace, priority=tree_schedule(runtime, trace.root_trace_id).priority)
+        except Exception as exc:
+            if not outage.is_outage(exc):
+                raise
+            runtime.store.outbox_put(outbox.run_entry(trace_id), now_ms() + SEND_RETRY_MS)
+            warn_failed(log, "remote child %r not sent; the outbox owes its run", trace_id)
 
 
 class RemotePoller:

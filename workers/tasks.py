@@ -205,6 +205,6 @@ def collect_failed(parent_trace_id: str, tool_call_id: str, *_: Any) -> None:
     try:
         settle.apply(after.settle_from_store(get_runtime(), call, "errback"))
     except Exception as exc:  # the store or broker away: the outbox's settle entry stays
-        if not is_outage(exc):
+        if not chord_join.broker_away(app, exc):
             raise
         warn_failed(log, "the errback of %r's call did not settle it (a sweeper will)", call)

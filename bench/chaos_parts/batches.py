@@ -78,7 +78,11 @@ class BatchProvider(OpenAIBatchServer):
         with self.lock:
             counts = Counter(self.sent)
             new = set(self.sent[since:])
-        return [f"custom id {c} sent {n} times" for c, n in counts.items() if n > 1 and c in new]
+        return [
+            f"Batch API custom id {c} sent {n} times"
+            for c, n in counts.items()
+            if n > 1 and c in new
+        ]
 
 
 def write_file(path: Path, entries: list[dict[str, Any]]) -> Path:

@@ -50,7 +50,7 @@ def check_file(fleet: Fleet, tree: Tree, row: Row, deadline_s: float, label: str
         if seen == 0:
             row.lost.append(f"{label}: entry {entry['id']} has no results line ({run.last})")
         elif seen > 1:
-            row.doubled.append(f"{label}: entry {entry['id']} has {seen} results lines")
+            row.doubled.append(f"{label}: fleet batch entry {entry['id']} has {seen} results lines")
     row.checked["batch-file entries with one results line"] += sum(
         1 for e in tree.entries if counts.get(e["id"]) == 1
     )

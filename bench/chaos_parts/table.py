@@ -46,6 +46,35 @@ class Row:
     """Faults the rig could not inject (a failover that did not come): the harness's."""
     slowest_s: float = 0.0
 
+    def findings(self) -> dict[str, list[str]]:
+        """Every finding that breaks an invariant, by the table's column."""
+        return {
+            "stuck": self.stuck,
+            "lost": self.lost,
+            "doubled": self.doubled,
+            "costs off": self.costs,
+            "traceback": self.tracebacks,
+            "secret": self.secrets,
+            "CLI error": self.cli,
+        }
+
+    def counts(self) -> dict[str, int]:
+        """How many findings of each column there are now (for `findings_since`)."""
+        return {name: len(found) for name, found in self.findings().items()}
+
+    def findings_since(self, counts: dict[str, int], shown: int) -> list[str]:
+        """The findings added since `counts`, each named by its column (what was lost,
+        doubled, off: a batch custom id, a remote task, a tool result, a turn, an entry);
+        at most `shown` tracebacks and secrets, the others in full."""
+        lines = []
+        for name, found in self.findings().items():
+            new = found[counts[name] :]
+            limit = shown if name in ("traceback", "secret") else len(new)
+            lines += [f"{name}: {line}" for line in new[:limit]]
+            if len(new) > limit:
+                lines.append(f"{name}: ... and {len(new) - limit} more")
+        return lines
+
     @property
     def broken(self) -> bool:
         """Any invariant broken."""
@@ -54,8 +83,7 @@ class Row:
     @property
     def breaks(self) -> int:
         """How many findings break an invariant (a round that adds one broke it)."""
-        found = [self.stuck, self.lost, self.doubled, self.tracebacks, self.secrets, self.cli]
-        return sum(len(f) for f in [*found, self.costs])
+        return sum(len(f) for f in self.findings().values())
 
 
 @dataclass

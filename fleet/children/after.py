@@ -26,6 +26,7 @@ from fleet.children import settling
 from fleet.children.settling import AlreadyCollected, Settled, Settlement, Waiting
 from fleet.models import now_ms
 from fleet.runtime import Runtime
+from fleet.storage.gone import present
 
 Settler = Literal["chord", "window", "errback", "recovery", "sweep", "inline"]
 """Who settled the call, which decides who else may still settle it:
@@ -127,6 +128,8 @@ def settle_call(runtime: Runtime, call: Call, child_ids: Sequence[str], by: Sett
 def settle_from_store(runtime: Runtime, call: Call, by: Settler) -> AfterChild:
     """`settle_call` on the children `call` spawned, as the store lists them."""
     children = settling.call_children(runtime.store, call.parent_trace_id, call.tool_call_id)
+    if not children and not present(runtime.store, [call.parent_trace_id])[0]:
+        return Nothing()  # the parent is gone (a failover lost it): nobody to settle
     return settle_call(runtime, call, children, by)
 
 

@@ -14,6 +14,7 @@ The entries go through `fleet.lifecycle.put_collaborator`, their one writer.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,11 +22,15 @@ from typing import Any, Literal
 from fleet import lifecycle
 from fleet.children.cache import remember
 from fleet.children.collect import result_message
+from fleet.errors import TraceNotFound
 from fleet.history import main_path, open_turn
 from fleet.models import Collaborator, Event, Trace, text_of
 from fleet.runtime import Runtime
+from fleet.storage.gone import present, stand_in
 from fleet.storage.store import TraceRecords, TraceStore
 from fleet.storage.writes import TraceWrite
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,30 @@ def settle(
 
     The entries are idempotent; the tool message is written at most once per call
     (atomically with its mark), so duplicate or concurrent collectors are harmless. The
-    children are read in one step and their entries written in one step.
+    children are read in one step and their entries written in one step. A child with no
+    record (a failover lost it) counts as `failed`, saying it is gone, while its parent's
+    call is still open (`fleet.storage.gone`).
     """
-    return _settle(runtime, parent_trace_id, tool_call_id, runtime.store.get_traces(child_ids))
+    children, gone = present(runtime.store, child_ids)
+    if gone and children and all(c.is_terminal for c in children):
+        if not _open(runtime.store, parent_trace_id, tool_call_id):
+            return AlreadyCollected()  # the parent lost the call too: the owner check heals it
+        log.warning(
+            "%r's call %r settled with %s gone (no record)", parent_trace_id, tool_call_id, gone
+        )
+        by_id = {c.trace_id: c for c in children}
+        children = [by_id.get(i) or stand_in(i, children[0]) for i in child_ids]
+    return _settle(runtime, parent_trace_id, tool_call_id, children)
+
+
+def _open(store: TraceRecords, parent_trace_id: str, tool_call_id: str) -> bool:
+    """True when the parent (still there) waits on this call's result."""
+    try:
+        snapshot = store.snapshot(parent_trace_id)
+    except TraceNotFound:
+        return False
+    turn = open_turn(main_path(snapshot.messages, snapshot.trace.head_sequence))
+    return turn is not None and any(c.get("id") == tool_call_id for c in turn.missing)
 
 
 def _settle(
@@ -142,8 +168,11 @@ def call_children(store: TraceStore, parent_trace_id: str, tool_call_id: str) ->
 
 
 def _call_traces(store: TraceRecords, parent_trace_id: str, tool_call_id: str) -> list[Trace]:
-    """Those children as read in one step (a child's end settles on them: no second read)."""
-    kids = store.get_traces(store.children(parent_trace_id))
+    """Those children as read in one step (a child's end settles on them: no second read).
+
+    A child with no record (a failover lost it) is left out: nothing says which call it was.
+    """
+    kids, _ = present(store, store.children(parent_trace_id))
     return [k for k in kids if k.parent_tool_call_id == tool_call_id]
 
 

@@ -136,6 +136,8 @@ def note(
         if not due and seen is not None and seen.newest is None:
             return None  # no block due and no message ever came: nothing to add or read
         return injection(runtime, trace, messages, seen)
+    if messages and messages[-1].role == "user" and messages[-1].content == FINAL_NOTE:
+        return None  # a root run again on its final turn (its runner was lost): said once
     note = Message(trace_id=trace.trace_id, role="user", content=FINAL_NOTE)
     note.metadata["injected"] = True
     return note

@@ -10,10 +10,13 @@ with its result; one told to stop cancels the remote task and ends `stopped`.
 
 Faults: a worker that dies after the send is recorded (`sent_sequence`) and before the
 park leaves a `running` child whose lease lapses; the run sent again finds the message
-sent and only parks. One that dies between the send and its record sends the message
-again on the next run, with the same message id (the trace and the message's sequence):
-an agent that keeps message ids sees a repeat, one that does not starts a second task
-(the first is never polled; its agent's own expiry ends it). A poller that dies mid-poll
+sent and only parks. A runner checks its lease (a write behind it) right before the send,
+so one frozen past it sends nothing once it thaws, and a record that meets the store away
+is tried again while the store comes back. One that dies (or freezes past its lease)
+while its send is in flight leaves the message to be sent again by the next run, with the
+same message id (the trace and the message's sequence): an agent that keeps message ids
+sees a repeat, one that does not starts a second task (the first is never polled; its
+agent's own expiry ends it). A poller that dies mid-poll
 leaves the entry, due again one lease later.
 """
 
@@ -107,6 +110,10 @@ def _send_unsent(
     message_id = hashlib.sha256(f"{trace.trace_id}#{unsent[-1].sequence}".encode()).hexdigest()
     from fleet.remote import wire  # a2a-sdk and httpx: loaded by a call, not by a worker's start
 
+    # Still ours? A write behind the lease, right before the send: a runner frozen past its
+    # lease (its run recovered meanwhile, which sent the message) sends nothing when it
+    # thaws (`LeaseLost`); it sent a second task (make chaos seed 44 round 13).
+    runtime.store.update_run(trace.trace_id, remote_call=call)
     task = wire.send(
         agent,
         token,
@@ -128,9 +135,33 @@ def _send_unsent(
             "seen": "",
         }
     )
-    runtime.store.update_run(trace.trace_id, remote_call=call)
+    _record(runtime, trace.trace_id, call)
     decision = decide(call, task, now_ms())
     return decision.call if isinstance(decision, Ended) else call
+
+
+RECORD_RETRY_S = 0.2
+"""How often the record of a send is tried again while the store is away."""
+
+
+def _record(runtime: Runtime, trace_id: str, call: RemoteCall) -> None:
+    """Record a send, tried again while the store comes back (a restart, a failover).
+
+    Sent and not recorded, the message goes again on the child's next run: a second task
+    at an agent that keeps no message ids (make chaos, seed 40 round 24: a Redis restart).
+    Tried for one lease TTL (the heartbeat keeps the lease meanwhile); a fenced write
+    (`LeaseLost`: another runner took the child) is not tried again.
+    """
+    deadline_s = time.monotonic() + runtime.settings.lease_ttl_ms / 1000
+    while True:
+        try:
+            runtime.store.update_run(trace_id, remote_call=call)
+            return
+        except Exception as exc:
+            if not runtime.store.unavailable(exc) or time.monotonic() > deadline_s:
+                raise
+            log.warning("%r: the record of its remote send waits for the store: %s", trace_id, exc)
+            time.sleep(RECORD_RETRY_S)
 
 
 def message_id_of(trace_id: str, sequence: int) -> str:

@@ -10,6 +10,7 @@ went out, or whose chord the broker refused, still run, and their parent still r
 
 from __future__ import annotations
 
+from fleet.storage.gone import present
 from fleet.storage.store import TraceStore
 
 SPAWN = "spawn"
@@ -51,11 +52,13 @@ def runs_for(store: TraceStore, entry: str) -> list[str] | None:
     A spawn is ripe once its parent's runner let go of the lease (it died, or it went on
     waiting after the broker refused the chord). A recovered run of a child collects its
     tool call once every sibling has ended, so when all children ended already one run of
-    any of them completes the parent's turn.
+    any of them completes the parent's turn. A trace with no record (a failover lost it)
+    is not sent: an entry that named one came back every sweep, each time a traceback.
     """
     kind, trace_id, call_id = parse(entry)
     if kind == RUN:  # unless it ended, or a live runner has it (its countdown came through)
-        if store.get_trace(trace_id).is_terminal or store.lease_holder(trace_id):
+        found, _ = present(store, [trace_id])  # gone (a failover lost it): nothing to run
+        if not found or found[0].is_terminal or store.lease_holder(trace_id):
             return []
         return [trace_id]
     parent_id = trace_id
@@ -65,7 +68,7 @@ def runs_for(store: TraceStore, entry: str) -> list[str] | None:
         return []  # an older format: drop it
     if store.lease_holder(parent_id) is not None:
         return None
-    kids = [store.get_trace(c) for c in store.children(parent_id)]
+    kids, _ = present(store, store.children(parent_id))  # a gone child: nothing to run
     kids = [k for k in kids if k.parent_tool_call_id == call_id]
     pending = [k.trace_id for k in kids if not k.is_terminal]
     return pending or [k.trace_id for k in kids[:1]]

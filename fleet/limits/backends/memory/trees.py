@@ -70,7 +70,7 @@ class MemoryBudgets:
             if paused > 0:
                 return Paused(paused / 1000)
             held = self._held[root_trace_id]
-            held.pop(trace_id, None)
+            mine = held.pop(trace_id, None)
             why, newly = data.get("exhausted"), False
             if why is None:
                 why = _over(data, held, est_tokens, est_usd)
@@ -83,6 +83,9 @@ class MemoryBudgets:
             if trace_id == root_trace_id and data.get("final_used") != "1":
                 held[trace_id] = (_num(data, "final_tokens"), _num(data, "final_usd"))
                 data.update(final_used="1", final_tokens=0, final_usd=0)
+                return Reserved(final=True)
+            if trace_id == root_trace_id and mine is not None:  # its final turn, run again
+                held[trace_id] = mine
                 return Reserved(final=True)
             if newly:
                 self._state.stats[f"budget_exhausted:{why}"] += 1

@@ -203,6 +203,9 @@ return 1
 # Each model call reserves its estimate before it is sent; the reservations in flight are
 # one field per trace in `held`, so a run redelivered after a crash replaces its own. A call
 # is admitted only if used + held + the root's set-aside final turn + its estimate fit.
+# A root run again while it still holds its final turn (its runner died or froze past its
+# lease during that call, never settled) gets that turn again: refused, the recovered root
+# ended with no answer at all (make chaos seed 40 round 15, a worker frozen on the turn).
 
 # KEYS: budget, held, then the provider pause keys of a call the limiter does not book.
 # ARGV: trace id, est tokens, est usd, '1' for the root, ttl s
@@ -224,6 +227,7 @@ local id, est, usd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local f = redis.call('HMGET', KEYS[1], 'exhausted', 'limit_tokens', 'limit_usd',
   'deadline_ms', 'used_tokens', 'used_usd', 'final_tokens', 'final_usd', 'final_used')
 local final_tokens, final_usd = tonumber(f[7]) or 0, tonumber(f[8]) or 0
+local mine = redis.call('HGET', KEYS[2], id)
 redis.call('HDEL', KEYS[2], id)
 local why, newly = f[1], 0
 if not why then
@@ -248,6 +252,11 @@ if why then
     local final = final_tokens .. ' ' .. final_usd
     redis.call('HSET', KEYS[1], 'final_used', '1', 'final_tokens', 0, 'final_usd', 0)
     redis.call('HSET', KEYS[2], id, final)
+    redis.call('EXPIRE', KEYS[2], ARGV[5])
+    return {2, why, newly}
+  end
+  if ARGV[4] == '1' and mine then
+    redis.call('HSET', KEYS[2], id, mine)
     redis.call('EXPIRE', KEYS[2], ARGV[5])
     return {2, why, newly}
   end
