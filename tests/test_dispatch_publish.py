@@ -6,6 +6,7 @@ import base64
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -87,6 +88,21 @@ def test_every_header_task_carries_the_tree_stamps(sender: redis.Redis) -> None:
         assert collect["options"]["chord_size"] == 3
         assert collect["options"]["root_trace_id"] == "root"
         assert collect["options"]["link_error"][0]["options"]["parent_trace_id"] == "root"
+
+
+class NotRead:
+    """Trees whose schedule must not be read."""
+
+    def schedule(self, root_trace_id: str) -> None:
+        raise AssertionError(f"the schedule of {root_trace_id!r} was read")
+
+
+def test_a_root_without_a_schedule_is_dispatched_without_reading_one(sender: redis.Redis) -> None:
+    runtime = SimpleNamespace(trees=NotRead())
+    CeleryDispatcher().dispatch(runtime, replace(request(2), scheduled=False))  # type: ignore[arg-type]
+    assert len(queued(sender, "fleet.explore")) == 2
+    with pytest.raises(AssertionError, match="was read"):  # not known: read, as before
+        CeleryDispatcher().dispatch(runtime, request(2))  # type: ignore[arg-type]
 
 
 def test_the_header_goes_out_in_one_pipeline_without_subscriptions(sender: redis.Redis) -> None:

@@ -143,7 +143,11 @@ class CeleryDispatcher:
         `max_concurrent` has no chord: its children enter the tree's run window, and the
         one that ends last settles the call (`fleet.run_agent(windowed=True)`).
         """
-        schedule = tree_schedule(runtime, request.root_trace_id)
+        schedule = (
+            DEFAULT_SCHEDULE  # the root says it has none: nothing to read
+            if request.scheduled is False
+            else tree_schedule(runtime, request.root_trace_id)
+        )
         if schedule.max_concurrent:
             start_window(runtime, request.root_trace_id, new=request.children)
             return
