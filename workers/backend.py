@@ -39,7 +39,12 @@ class CeleryBackend:
             return None
 
         def commands(trace: Trace) -> tuple[Command, ...] | None:
-            return recorded(self.app, lambda: send_answered(trace, via=self.app, priority=priority))
+            try:
+                return recorded(
+                    self.app, lambda: send_answered(trace, via=self.app, priority=priority)
+                )
+            except OperationalError:  # kombu could not declare: `enqueue` says it, after
+                return None
 
         return RootMessage(commands)
 
