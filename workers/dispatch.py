@@ -197,6 +197,13 @@ def tree_schedule(runtime: Runtime, root_trace_id: str) -> Schedule:
     return runtime.trees.schedule(root_trace_id) if runtime.trees else DEFAULT_SCHEDULE
 
 
+def trace_schedule(runtime: Runtime, trace: Trace) -> Schedule:
+    """`tree_schedule` of `trace`'s tree, not read for a root that says it has none."""
+    if trace.trace_id == trace.root_trace_id and trace.run.scheduled is False:
+        return DEFAULT_SCHEDULE
+    return tree_schedule(runtime, trace.root_trace_id)
+
+
 def start_window(
     runtime: Runtime, root_trace_id: str, *, ended: str = "", new: tuple[Trace, ...] = ()
 ) -> None:
