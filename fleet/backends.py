@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from importlib.metadata import entry_points
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from fleet.errors import ConfigError, FleetError
 from fleet.limits.trees import Priority
 from fleet.models import Mode, Trace
 from fleet.runtime import Runtime, SpawnRequest
 from fleet.settings import Settings
+from fleet.storage.root_message import RootMessage
 
 
 class Backend(Protocol):
@@ -30,6 +31,19 @@ class Backend(Protocol):
         """The queue traces of this mode run on (what workers announce they consume).
 
         None when the backend runs traces without a queue (threads in this process).
+        """
+        ...
+
+
+@runtime_checkable
+class SendsWithRoot(Protocol):
+    """A backend whose root's message can go in the step that queues the root."""
+
+    def root_message(self, priority: Priority = "interactive") -> RootMessage | None:
+        """The message of a root about to be queued (`fleet.storage.root_message`).
+
+        None: `enqueue` sends it once the root is queued. When the store did not put it
+        (`RootMessage.sent` False), `enqueue` sends it too.
         """
         ...
 

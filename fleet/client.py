@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from fleet import lifecycle
-from fleet.backends import Backend, RunsNoAgents
+from fleet.backends import Backend, RunsNoAgents, SendsWithRoot
 from fleet.backends import load_backend as load_backend
 from fleet.control import subtree
 from fleet.conversation import approval, human, messages
@@ -180,12 +180,17 @@ class Fleet:
         )
         chosen = (spec.workspace or self.runtime.settings.workspace).expanduser().resolve()
         queue = self.backend.queue(spec.mode)
-        serving = None if queue is None else Serving(queue, chosen)
+        message = (  # put with the root where the broker is the store (`root_message`)
+            self.backend.root_message(priority) if isinstance(self.backend, SendsWithRoot) else None
+        )
+        serving = None if queue is None else Serving(queue, chosen, message)
         try:  # the serving check goes with the writes, in one step
             trace = create_root(self.runtime, spec, serving)
         except ConfigError:  # an unserved workspace is said first, whatever else is wrong
             check_served(self.store, queue, chosen)
             raise
+        if message is not None and message.sent:
+            return Handle(trace.trace_id, self)
         try:
             self.enqueue(trace, priority)
         except BrokerUnavailable as exc:  # no task will ever run it: not left `queued`

@@ -139,6 +139,10 @@ class RunState(_Part):
     """The tracing context the trace's runs continue (`fleet.observe.otel_spans`)."""
     turn: int = 0
     """How many times the root was continued (0 for its first run); a child: its root's."""
+    scheduled: bool | None = None
+    """A root: whether its tree was given a schedule of its own at submit (`max_concurrent`,
+    `batch` priority: `fleet.limits.trees`), so a spawn reads it only then. None: not
+    known (a child, a root of an earlier release): the schedule is read."""
     # -- what its runs wrote
     transient_retries: int = 0
     """Provider errors that handed the run back to be run later (`loop.turns`)."""
@@ -180,6 +184,7 @@ class RunPatch(TypedDict, total=False):
     cache_ttl_s: int | None
     otel: dict[str, str] | None
     turn: int
+    scheduled: bool | None
     transient_retries: int
     overloads: int
     model_fallbacks: list[Fallback]

@@ -53,6 +53,9 @@ class SpawnRequest:
     mode: Mode
     children: tuple[Trace, ...]
     """The child traces as created (or reopened): a dispatcher need not read them back."""
+    scheduled: bool | None = None
+    """Whether the tree has a schedule of its own (`RunState.scheduled` of the root that
+    spawns); None: not known, a dispatcher that needs it reads it."""
 
     @property
     def child_ids(self) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ import base64
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,10 +17,11 @@ from celery._state import _set_task_join_will_block, _task_stack
 from celery.canvas import Signature
 from celery.signals import before_task_publish
 
+from fleet.limits.trees import DEFAULT_SCHEDULE
 from fleet.models import Trace
 from fleet.runtime import SpawnRequest
 from workers.app import MAX_RUN_S, SOFT_LIMIT_S, app, one_pipeline
-from workers.dispatch import CeleryDispatcher, run_signature
+from workers.dispatch import CeleryDispatcher, run_signature, trace_schedule
 from workers.patches import chord_join
 from workers.patches.chords import send_chord
 
@@ -87,6 +89,32 @@ def test_every_header_task_carries_the_tree_stamps(sender: redis.Redis) -> None:
         assert collect["options"]["chord_size"] == 3
         assert collect["options"]["root_trace_id"] == "root"
         assert collect["options"]["link_error"][0]["options"]["parent_trace_id"] == "root"
+
+
+class NotRead:
+    """Trees whose schedule must not be read."""
+
+    def schedule(self, root_trace_id: str) -> None:
+        raise AssertionError(f"the schedule of {root_trace_id!r} was read")
+
+
+def test_a_root_without_a_schedule_is_dispatched_without_reading_one(sender: redis.Redis) -> None:
+    runtime = SimpleNamespace(trees=NotRead())
+    CeleryDispatcher().dispatch(runtime, replace(request(2), scheduled=False))  # type: ignore[arg-type]
+    assert len(queued(sender, "fleet.explore")) == 2
+    with pytest.raises(AssertionError, match="was read"):  # not known: read, as before
+        CeleryDispatcher().dispatch(runtime, request(2))  # type: ignore[arg-type]
+
+
+def test_a_root_without_a_schedule_resumes_without_reading_one() -> None:
+    runtime = SimpleNamespace(trees=NotRead())
+    root = request(1).children[0].model_copy(update={"trace_id": "root", "parent_trace_id": None})
+    unsaid = root.model_copy(update={"run": root.run.model_copy(update={"scheduled": None})})
+    said = root.model_copy(update={"run": root.run.model_copy(update={"scheduled": False})})
+    assert trace_schedule(runtime, said) == DEFAULT_SCHEDULE  # type: ignore[arg-type]
+    for trace in (unsaid, request(1).children[0]):  # an earlier release's root; a child
+        with pytest.raises(AssertionError, match="was read"):
+            trace_schedule(runtime, trace)  # type: ignore[arg-type]
 
 
 def test_the_header_goes_out_in_one_pipeline_without_subscriptions(sender: redis.Redis) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fleet.children.subagents import spawn
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.inprocess import InProcessFleet
 from fleet.limits.budget import Budget
@@ -87,6 +88,21 @@ def test_a_tree_keeps_its_schedule_and_the_default_costs_nothing(store: TraceSto
     assert trees.schedule("r") == Schedule(3, "batch")
     assert trees.schedule("plain") == DEFAULT_SCHEDULE
     assert trees.schedule("never-created") == DEFAULT_SCHEDULE
+
+
+@pytest.mark.parametrize("width", [None, 2])
+def test_a_root_says_whether_its_tree_has_a_schedule_and_its_spawn_carries_it(
+    store: TraceStore, tmp_path: Path, width: int | None
+) -> None:
+    """A spawn of a tree without a schedule is dispatched without reading one (issue 40)."""
+    clients = {"m": ScriptedModel([])}
+    local = InProcessFleet.from_settings(Settings(workspace=tmp_path), store=store, clients=clients)
+    root = create_root(local.runtime, TaskSpec("survey", "m", max_concurrent=width))
+    assert root.run.scheduled is (width is not None)
+    assert store.get_trace(root.trace_id).run.scheduled is (width is not None)
+    agent = ToolCall("call_1", "agent", json.dumps({"task": ["a", "b"]}))
+    request = spawn(local.runtime, store.get_trace(root.trace_id), agent)
+    assert request.scheduled is (width is not None)
 
 
 def test_a_tree_budget_caps_sub_agents_on_every_store(store: TraceStore, tmp_path: Path) -> None:

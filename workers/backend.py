@@ -9,8 +9,11 @@ from fleet.limits.trees import Priority
 from fleet.models import Mode, Trace
 from fleet.settings import Settings
 from fleet.storage.backends.redis.connect import redact_url
+from fleet.storage.root_message import Command, RootMessage
 from workers.app import QUEUE_BY_MODE, create_app
 from workers.dispatch import send_answered
+from workers.patches.switches import enabled
+from workers.root_message import recorded
 
 
 class CeleryBackend:
@@ -19,6 +22,31 @@ class CeleryBackend:
     def __init__(self, settings: Settings) -> None:
         """A client app of its own on the settings' broker (the worker's app stays as it is)."""
         self.app = create_app(settings, set_as_current=False)
+        self._with_root = (
+            settings.broker_url == settings.redis_url
+            and settings.redis_url.split(":", 1)[0] in ("redis", "rediss", "unix")
+            and not settings.redis_cluster
+            and settings.redis_sentinel_master is None
+            and enabled("root-message")
+        )
+
+    def root_message(self, priority: Priority = "interactive") -> RootMessage | None:
+        """A root's message for the script that queues it, when the broker is the store.
+
+        None elsewhere: `enqueue` sends it after the root was queued.
+        """
+        if not self._with_root:
+            return None
+
+        def commands(trace: Trace) -> tuple[Command, ...] | None:
+            try:
+                return recorded(
+                    self.app, lambda: send_answered(trace, via=self.app, priority=priority)
+                )
+            except OperationalError:  # kombu could not declare: `enqueue` says it, after
+                return None
+
+        return RootMessage(commands)
 
     def enqueue(self, trace: Trace, priority: Priority = "interactive") -> None:
         """`fleet.run_agent(trace_id)` on the queue of the trace's mode, at its priority.

@@ -143,7 +143,11 @@ class CeleryDispatcher:
         `max_concurrent` has no chord: its children enter the tree's run window, and the
         one that ends last settles the call (`fleet.run_agent(windowed=True)`).
         """
-        schedule = tree_schedule(runtime, request.root_trace_id)
+        schedule = (
+            DEFAULT_SCHEDULE  # the root says it has none: nothing to read
+            if request.scheduled is False
+            else tree_schedule(runtime, request.root_trace_id)
+        )
         if schedule.max_concurrent:
             start_window(runtime, request.root_trace_id, new=request.children)
             return
@@ -191,6 +195,13 @@ def join_size(size: int) -> dict[str, int]:
 def tree_schedule(runtime: Runtime, root_trace_id: str) -> Schedule:
     """The tree's max_concurrent and priority (defaults without the Redis store)."""
     return runtime.trees.schedule(root_trace_id) if runtime.trees else DEFAULT_SCHEDULE
+
+
+def trace_schedule(runtime: Runtime, trace: Trace) -> Schedule:
+    """`tree_schedule` of `trace`'s tree, not read for a root that says it has none."""
+    if trace.trace_id == trace.root_trace_id and trace.run.scheduled is False:
+        return DEFAULT_SCHEDULE
+    return tree_schedule(runtime, trace.root_trace_id)
 
 
 def start_window(

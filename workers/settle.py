@@ -11,7 +11,7 @@ from typing import assert_never
 
 from fleet.children.after import AfterChild, Defer, Nothing, Resume
 from fleet.storage import outbox
-from workers.dispatch import send, tree_schedule
+from workers.dispatch import send, trace_schedule
 from workers.runtime import get_runtime
 
 
@@ -35,6 +35,6 @@ def resume(trace_id: str) -> None:
     """Enqueue `resume_agent` on the trace's queue."""
     runtime = get_runtime()
     trace = runtime.store.get_trace(trace_id)
-    priority = tree_schedule(runtime, trace.root_trace_id).priority
+    priority = trace_schedule(runtime, trace).priority
     send(trace, "fleet.resume_agent", priority=priority)
     runtime.store.count("resumes")

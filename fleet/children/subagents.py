@@ -84,6 +84,7 @@ def spawn(
         tool_name=call.name,
         mode=children[0].mode,
         children=tuple(children),
+        scheduled=parent.run.scheduled if parent.trace_id == parent.root_trace_id else None,
     )
 
 

@@ -20,6 +20,7 @@ from fleet.models import (
 from fleet.runstate import RunPatch
 from fleet.storage.capability import Capability, T
 from fleet.storage.keys import CounterName
+from fleet.storage.root_message import RootMessage
 from fleet.storage.writes import (
     InboxSeen,
     PauseRead,
@@ -80,6 +81,8 @@ class Serving:
     queue: str
     workspace: Path
     """The root's workspace, resolved."""
+    message: RootMessage | None = None
+    """The root's task message, put in the same step where the broker is the store."""
 
 
 STARTABLE: tuple[Status, ...] = ("queued", "waiting")

@@ -28,6 +28,7 @@ PATCHES: dict[str, str] = {
     "event-batching": "task events in batches per interval and per chord",
     "event-repr": "a run's result shown in its task-succeeded event without saferepr",
     "consumer-reconnect": "a consumer retries a lost broker every 1-2 s, not up to 30 s apart",
+    "root-message": "a new root's task message put by the script that queues the root",
 }
 """Every patch by its switch name, in the order they are installed, with what it does."""
 

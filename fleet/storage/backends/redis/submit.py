@@ -13,9 +13,10 @@ On a cluster (the indexes and the presences are in other slots than the tree) an
 fenced view (a runner's writes check its lease) the steps go one by one
 (`fleet.storage.root_queue.queue_in_steps`).
 
-The task's own message is not in the script: it is kombu's to build and route (the
-broker may be another server, or RabbitMQ), and it goes after the root exists, so a worker
-never takes a task whose trace is not there yet.
+The task's own message is kombu's to build and route. When the broker is this Redis, the
+client hands it over as kombu's own commands (`fleet.storage.root_message`) and the script
+puts it after the root's writes, only when it wrote them: a worker never takes a task whose
+trace is not there yet. Else (another server, RabbitMQ) the client sends it after.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ from fleet.models import Event, Trace, WorkerPresence, now_ms
 from fleet.storage import keys
 from fleet.storage.backends.redis import writes as redis_writes
 from fleet.storage.backends.redis.connect import Lua
+from fleet.storage.root_message import Command
 from fleet.storage.store import Serving
 from fleet.storage.watchdog import check_presences
 
 # KEYS: the queue's consumers (any key without a check), open trees, traces index, the
-# trace, its tree's events, roots index ('' ARGV[10]: not listed)
+# trace, its tree's events, roots index ('' ARGV[10]: not listed), then the task message's
+# queue keys (one per `lpush`, in order)
 # ARGV: now_ms, the worker presence key prefix, the workspace ('' for no check), ttl_s,
 # trace id, created_at_ms, events maxlen, the queued event JSON, open-trees score, '1' to
-# list the root, then the trace's field/value items.
+# list the root, n, then n message commands of 3 (`lpush`, key, payload: to the next queue
+# key; `publish`, channel, payload), then the trace's field/value items.
 # Returns {1} when created, {-1} when the id exists (nothing written), {0, presence JSON,
 # ...} when no announced root of a live worker covers the workspace's text (nothing written).
 QUEUE_ROOT = """
@@ -66,13 +70,23 @@ if ARGV[3] ~= '' then
   end
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then return {-1} end
+local n = tonumber(ARGV[11])
 redis.call('ZADD', KEYS[2], ARGV[9], ARGV[5])
-redis.call('HSET', KEYS[4], unpack(ARGV, 11, #ARGV))
+redis.call('HSET', KEYS[4], unpack(ARGV, 12 + 3 * n, #ARGV))
 redis.call('EXPIRE', KEYS[4], ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[6], ARGV[5])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'e', ARGV[8])
 redis.call('EXPIRE', KEYS[5], ARGV[4])
 if ARGV[10] == '1' then redis.call('ZADD', KEYS[6], ARGV[6], ARGV[5]) end
+local queue = 6
+for i = 12, 11 + 3 * n, 3 do
+  if ARGV[i] == 'lpush' then
+    queue = queue + 1
+    redis.call('LPUSH', KEYS[queue], ARGV[i + 2])
+  else
+    redis.call('PUBLISH', ARGV[i + 1], ARGV[i + 2])
+  end
+end
 return {1}
 """
 
@@ -99,10 +113,14 @@ def queue_root(
         keys.events(trace.root_trace_id),
         keys.ROOTS,
     ]
+    message = _message(serving, trace)
+    script_keys += [key for name, key, _ in message if name == "lpush"]
     at = now_ms()
     args: list[Any] = [at, keys.worker(""), str(serving.workspace) if serving else ""]
     args += [keys.TRACE_TTL_S, root, trace.created_at_ms, keys.EVENTS_MAXLEN]
-    args += [event.model_dump_json(), at, "1" if listed else "", *items]
+    args += [event.model_dump_json(), at, "1" if listed else "", len(message)]
+    args += [part for command in message for part in command]
+    args += items
     reply = _queue_root(client, script_keys, args)
     if reply[0] == 0 and serving is not None:
         presences = [WorkerPresence.model_validate_json(raw) for raw in reply[1:]]
@@ -111,3 +129,15 @@ def queue_root(
         reply = _queue_root(client, script_keys, args)
     if reply[0] == -1:
         raise TraceExists(f"trace {root!r} already exists")
+    if message and serving is not None and serving.message is not None:
+        serving.message.sent = True
+
+
+def _message(serving: Serving | None, trace: Trace) -> tuple[Command, ...]:
+    """The root's task message as the script puts it (`fleet.storage.root_message`)."""
+    if serving is None or serving.message is None:
+        return ()
+    commands = serving.message.commands(trace) or ()
+    if any(name not in ("lpush", "publish") for name, _, _ in commands):
+        return ()  # nothing the script knows: the caller sends it
+    return commands
