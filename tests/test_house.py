@@ -36,7 +36,7 @@ MAX_TOP_LEVEL_MODULES = 16
 LONG_BY_CONCEPT = {
     "fleetops/cli/commands.py": 500,
     "fleet/client.py": 440,
-    "fleet/loop/fenced_run.py": 420,
+    "fleet/loop/fenced_run.py": 430,
 }
 """Modules that are one concept longer than the cap, each with its own: the argument table
 of every `fleet` command, read top to bottom (`fleet --help` imports it alone, so it must

@@ -106,14 +106,9 @@ class FencedRun:
         trace = lifecycle.start(self.runtime, snapshot.trace, start)  # begin_run did, mostly
         if (ended := self._without_model(trace, start)) is not None:
             return ended
-        try:
-            following = opening(self.runtime, snapshot, trace, start, held)
-        except CallCut:  # a stop cut the approved call it runs first: its result not written
-            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
-        if isinstance(following, str):  # a stop landed as it went back to waiting
-            return following
+        following = self._opening(snapshot, trace, start, held)
         if not isinstance(following, TraceSnapshot | ReadAgain):
-            return self._waiting(following)
+            return following
         held.started_ms = now_ms()
         try:
             return self._loop(trace.trace_id, held, following)
@@ -131,6 +126,18 @@ class FencedRun:
             if not held.released:  # a finish in one step wrote its duration already
                 with contextlib.suppress(LeaseLost):
                     self.store.add_stats(trace.trace_id, duration_ms=now_ms() - held.started_ms)
+
+    def _opening(
+        self, snapshot: TraceSnapshot, trace: Trace, start: TraceWrite, held: Held
+    ) -> Outcome | TraceSnapshot | ReadAgain:
+        """Where the first turn starts from (`fleet.loop.resume`), or how the run ended."""
+        try:
+            following = opening(self.runtime, snapshot, trace, start, held)
+        except CallCut:  # a stop cut the approved call it runs first: its result not written
+            return self.finish(trace.trace_id, "stopped", error="stop requested", reason="stop")
+        if isinstance(following, str | TraceSnapshot | ReadAgain):  # a str: a stop landed
+            return following
+        return self._waiting(following)
 
     def _without_model(self, trace: Trace, start: TraceWrite) -> Outcome | None:
         """A run that ends before any model call: a bad workspace, or a remote child."""
