@@ -269,7 +269,7 @@ def state_of(conn: redis.Redis, root: str, worker: WorkerProcess) -> str:
     status = conn.hget(keys.trace(root), "status")
     queues = {str(name): conn.llen(name) for name in conn.scan_iter("fleet.*", _type="list")}
     tail = "\n".join(worker.log().splitlines()[-40:])
-    return f"root {status}, broker lists {queues}, the worker's log ends:\n{tail}"
+    return f"root {status!r}, broker lists {queues}, the worker's log ends:\n{tail}"
 
 
 def seq(field: str) -> int:
