@@ -146,3 +146,16 @@ def test_a_remote_follow_that_met_the_broker_away_is_one_line(
     assert record.getMessage().startswith(
         "follow of remote child 'c1' failed (store or broker away: OperationalError"
     )
+
+
+def test_a_cluster_out_of_redirections_is_a_store_away_not_a_crash() -> None:
+    # redis-py's ClusterError("TTL exhausted.") after MOVED/ASK/TRYAGAIN while slots move (a
+    # chaos run's slot migration: three branches failed "crashed" on it).
+    from fleet.storage.backends.redis.store import RedisStore
+    from tests.conftest import fake_redis
+
+    store = RedisStore(fake_redis())
+    assert store.unavailable(redis.exceptions.ClusterError("TTL exhausted."))
+    assert is_outage(redis.exceptions.ClusterError("TTL exhausted."))
+    assert not store.unavailable(redis.exceptions.ClusterError("a bug of ours"))
+    assert not is_outage(redis.exceptions.ClusterError("a bug of ours"))

@@ -10,7 +10,8 @@ The classes are matched by name along the exception's MRO, so this module needs 
 or broker client (the layer rule): redis-py's `ConnectionError` (and `MasterNotFoundError`,
 `BusyLoadingError` under it), `TimeoutError`, `ClusterDownError`, `TryAgainError`,
 `ReadOnlyError` (a write that reached a master just demoted), kombu's `OperationalError`,
-and every `OSError` (a refused or reset socket).
+every `OSError` (a refused or reset socket), and a Cluster client's `ClusterError` "TTL
+exhausted" (its redirections used up while slots move).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ MAX_CHARS = 200
 
 def is_outage(exc: BaseException) -> bool:
     """Whether `exc` says the store or broker is away (the next try may succeed)."""
+    if type(exc).__name__ == "ClusterError" and str(exc).startswith("TTL exhausted"):
+        return True  # redirections used up while Cluster slots move
     return isinstance(exc, OSError) or any(c.__name__ in OUTAGE_NAMES for c in type(exc).__mro__)
 
 

@@ -42,6 +42,18 @@ by them is interrupted and recovered, not failed (bench/chaos saw a branch fail 
 a CLUSTERDOWN while a killed master's replica was being promoted)."""
 
 
+def away(exc: BaseException) -> bool:
+    """Whether `exc` says the store is away for a moment (the next try may succeed).
+
+    `UNAVAILABLE`, or a Cluster client's redirections used up while slots move or a master
+    is replaced (redis-py's "TTL exhausted": a chaos run's branches failed "crashed" on it
+    during a slot migration).
+    """
+    if isinstance(exc, UNAVAILABLE):
+        return True
+    return isinstance(exc, redis.exceptions.ClusterError) and str(exc).startswith("TTL exhausted")
+
+
 def connect(
     url: str,
     sentinel_master: str | None = None,

@@ -369,7 +369,7 @@ class RedisStore(RedisIndexes):
             self._client.hdel(keys.trace(trace_id), redis_writes.STOP_FIELD)
 
     def unavailable(self, exc: BaseException) -> bool:
-        return isinstance(exc, redis_connect.UNAVAILABLE)  # a failover's answers too
+        return redis_connect.away(exc)  # a failover's answers too
 
     # -- collection, cache, counters -----------------------------------------
 
