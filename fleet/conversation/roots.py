@@ -133,7 +133,7 @@ def create_root(runtime: Runtime, spec: TaskSpec, serving: Serving | None = None
         model=_portable(model),
         workspace=str(workspace.workspace),
         metadata=dict(spec.metadata or {}),
-        run=run,
+        run=run.model_copy(update={"budgeted": budget is not None}),
         context=_context(spec, refs),
         memory=memory,
     )

@@ -65,7 +65,10 @@ class Runner:
         owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
             ttl_ms = self.runtime.settings.lease_ttl_ms
-            start = lifecycle.starting(trace_id, self.runtime.shows_experiences)
+            runtime = self.runtime
+            start = lifecycle.starting(
+                trace_id, runtime.shows_experiences, runtime.experiences_held()
+            )
             pauses = self.runtime.gate.known_pauses(start.root_trace_id)
             snapshot = self.store.begin_run(trace_id, owner, ttl_ms, start, pauses)
             if snapshot is None:

@@ -50,7 +50,8 @@ class TraceSnapshot:
     read (the limits ask it themselves)."""
     experiences: tuple[str | None, int] | None = None
     """The experiences' version counter and count, read in the same step (`begin_run`, see
-    `StartRun.experiences`); None: not read (the experience store asks it itself)."""
+    `StartRun.experiences`); None: not read (the experience store asks it itself). A count
+    of -1: the version is `StartRun.experiences_held`, whose count the process knows."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class StartRun:
     experiences: frozenset[str] = frozenset()
     """Presets that show experiences: a trace of one with no message yet (its first run)
     has the experiences' version read in the same step (`TraceSnapshot.experiences`)."""
+    experiences_held: str | None = None
+    """The version the process holds the experiences at: when it is still the stored one,
+    their count is not read again."""
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,8 @@ def test_every_forged_field_stays_the_callers_data(make_fleet: Any, tmp_path: Pa
     assert trace.metadata == FORGED, "kept as the caller's data, untouched"
     from fleet.runstate import RunState  # here: the module's other tests run on old code too
 
-    fleet_own = RunState(batch=options.batch_key, batch_entry="x", stop_reason="final_answer")
+    fleet_own = RunState(
+        batch=options.batch_key, batch_entry="x", stop_reason="final_answer", budgeted=False
+    )
     assert trace.run == fleet_own
     assert client.store.children(trace.trace_id) == [], "not a fan-out root"

@@ -63,8 +63,18 @@ class RedisExperiences:
     def note_version(self, version: tuple[str | None, int] | None) -> None:  # noqa: D102
         self._noted.version = version
 
+    def held_version(self) -> str | None:  # noqa: D102
+        with self._lock:
+            cached = self._approved
+        return cached.version[0] if cached is not None else None
+
     def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:  # noqa: D102
         version, self._noted.version = getattr(self._noted, "version", None), None
+        if version is not None and version[1] < 0:  # the version held: its count is known
+            with self._lock:
+                cached = self._approved
+            held = cached is not None and cached.version[0] == version[0]
+            version = cached.version if cached is not None and held else None
         if version is None:  # not read with this thread's run: read here
             pipe = self._client.pipeline(transaction=False)
             pipe.get(keys.EXPERIENCES_VERSION)

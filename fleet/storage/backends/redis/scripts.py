@@ -72,6 +72,10 @@ return created
 """
 )
 
+FRESH_SHARE = 100
+"""A trace's status change within 1/FRESH_SHARE of the TTL after its creation (1.7 h of 7
+days) leaves its TTL as its creation set it, not refreshed: `APPLY`'s `set`."""
+
 # A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write) and the
 # PTTLs of the pause keys it reads (for the model call after it).
 # KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
@@ -81,9 +85,12 @@ return created
 # cluster: KEYS[3] and KEYS[5] are stand-ins in the trace's slot, the usage to count and
 # the release's index removal are returned for the caller to do), '1' to read the inbox's
 # newest entry, '1' to refuse the write whole (a `STOPPED` error, nothing written) when
-# the stop flag is raised, then the ops, each as kind, n, then its n arguments:
+# the stop flag is raised, '1' when the trace was just thawed (`compact.thaw`), then the
+# ops, each as kind, n, then its n arguments:
 #   set     event JSON or '', then field, JSON value, ... (a status other than running
-#           refreshes the trace's TTL, messages included; the root's, the tree's events)
+#           refreshes the trace's TTL, messages included; the root's, the tree's events;
+#           not when the trace was created less than `FRESH_SHARE` of the TTL before this
+#           write's `updated_at_ms` and not thawed since: its keys got their whole TTL then)
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
 #           its sequence ('' for no event); iteration ('' for no model turn: else its usage
 #           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
@@ -109,7 +116,8 @@ return created
 # what an `ext` op's function returned (else nil), {usage field,
 # amount, ...} to count (split only), 1 if a release took the lease (split only), the
 # inbox's newest entry id ('' for none; nil when not asked)}, or nil for no trace.
-APPLY_BODY = """
+APPLY_BODY = (
+    """
 local ttl, maxlen, root, np = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local split, counted, released = ARGV[5] == '1', {}, 0
 local function incr(command, field, amount)
@@ -121,7 +129,7 @@ local function incr(command, field, amount)
   end
 end
 local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop',
-  'uncounted')
+  'uncounted', 'created_at_ms')
 if not state[1] then return false end
 if ARGV[7] == '1' and state[4] then return redis.error_reply('STOPPED a stop was requested') end
 local last, head = tonumber(state[1]), state[2]
@@ -231,7 +239,7 @@ local function release(a)
   end
 end
 local first = last
-local i = 8
+local i = 9
 while i <= #ARGV do
   local kind, n = ARGV[i], tonumber(ARGV[i + 1])
   local a = i + 1
@@ -262,6 +270,14 @@ for name, value in pairs(fields) do
 end
 if #items > 0 then bulk('HSET', KEYS[1], items) end
 if #kids > 0 then put_entries() end
+-- A trace created moments ago (not thawed since) has its keys' TTL from its creation.
+local made, changed = tonumber(state[6] or ''), tonumber(fields['updated_at_ms'] or '')
+if refresh and ARGV[8] ~= '1' and made and changed
+  and changed - made < tonumber(ttl) * 1000 / """
+    + str(FRESH_SHARE)
+    + """ then
+  refresh = false
+end
 if refresh then
   redis.call('EXPIRE', KEYS[1], ttl)
   if root then redis.call('EXPIRE', KEYS[2], ttl) end
@@ -279,6 +295,7 @@ if ARGV[6] == '1' then
 end
 return {stored, state[4] and 1 or 0, pauses, extended, counted, released, newest}
 """
+)
 
 WRITE_EXTENSIONS: dict[str, tuple[str, str]] = {}
 """Registered write extensions: name -> (Lua source defining the function, its name)."""
@@ -340,14 +357,16 @@ return 1
 # guessed root's budget, the experiences' version counter and hash, then pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms, '1' when the caller indexes the lease (a
-# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads, then the
-# presets (JSON) whose trace with no message yet reads the experiences' keys
+# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads, the
+# experiences' version the caller's process holds them at ('' for none), then the presets
+# (JSON) whose trace with no message yet reads the experiences' keys
 # Returns -1 for no trace (nothing taken), -2 for a trace of a newer schema (nothing taken:
 # a worker of that release runs it), 0 when another runner holds the lease, else
 # {the trace hash (its messages included) as a flat list, {PTTL per pause key}, the
-# inbox's newest entry id ('' for none), 1 if the budget exists else 0, {the experiences'
-# version or false, their count} or 0 when not read}: the first model call needs no read
-# of its own.
+# inbox's newest entry id ('' for none), 1 if the budget exists else 0 (as a root's record
+# says, else looked for), {the experiences' version or false, their count: -1 when the
+# version is the one held} or 0 when not read}: the first model call needs no read of its
+# own.
 BEGIN_RUN = (
     """
 local trace = redis.call('HGETALL', KEYS[1])
@@ -374,15 +393,21 @@ local pauses = {}
 for k = 9, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
 local newest = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
 local learnt, last = 0, at['last_sequence'] and trace[at['last_sequence']]
-if #ARGV > 10 and (not last or last == '0') then
-  for k = 11, #ARGV do
+if #ARGV > 11 and (not last or last == '0') then
+  for k = 12, #ARGV do
     if trace[at['preset']] == ARGV[k] then
-      learnt = {redis.call('GET', KEYS[7]), redis.call('HLEN', KEYS[8])}
+      local version = redis.call('GET', KEYS[7])
+      if version and version == ARGV[11] then learnt = {version, -1}
+      else learnt = {version, redis.call('HLEN', KEYS[8])} end
       break
     end
   end
 end
-return {trace, pauses, newest[1] and newest[1][1] or '', redis.call('EXISTS', KEYS[6]), learnt}
+local budgeted = at['r:budgeted'] and trace[at['r:budgeted']]
+if budgeted == 'true' then budgeted = 1
+elseif budgeted == 'false' then budgeted = 0
+else budgeted = redis.call('EXISTS', KEYS[6]) end
+return {trace, pauses, newest[1] and newest[1][1] or '', budgeted, learnt}
 """
 )
 

@@ -210,6 +210,7 @@ class RedisStore(RedisIndexes):
         args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
         args.append(now_ms())
         args += ["1" if self._cluster else "", SCHEMA_VERSION]
+        args += [(start.experiences_held or "") if start else ""]
         args += [json.dumps(p) for p in sorted(shows)]
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
@@ -242,6 +243,7 @@ class RedisStore(RedisIndexes):
                 return self._after_split(write, reply, result) if self._cluster else result
             if not redis_compact.thaw(self._client, write.trace_id, self._dicts):
                 break  # not packed: there is no such trace
+            args[redis_writes.THAWED_ARG] = "1"  # its TTLs are refreshed with the write
         raise TraceNotFound(f"no trace {write.trace_id!r}")
 
     def _after_split(self, write: TraceWrite, reply: Any, result: WriteResult) -> WriteResult:
