@@ -69,8 +69,8 @@ class StartRun:
     """Presets that show experiences: a trace of one with no message yet (its first run)
     has the experiences' version read in the same step (`TraceSnapshot.experiences`)."""
     experiences_held: str | None = None
-    """The version the process holds the experiences at: when it is still the stored one,
-    their count is not read again."""
+    """The version the process holds the experiences at ("": held with no counter; None:
+    not held): when it is still the stored one, their count is not read again."""
 
 
 @dataclass(frozen=True)

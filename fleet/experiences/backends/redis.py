@@ -66,7 +66,7 @@ class RedisExperiences:
     def held_version(self) -> str | None:  # noqa: D102
         with self._lock:
             cached = self._approved
-        return cached.version[0] if cached is not None else None
+        return None if cached is None else cached.version[0] or ""
 
     def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:  # noqa: D102
         version, self._noted.version = getattr(self._noted, "version", None), None

@@ -357,8 +357,8 @@ return 1
 # guessed root's budget, the experiences' version counter and hash, then pause keys to read
 # ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
 # start), the running event JSON, updated_at_ms, '1' when the caller indexes the lease (a
-# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads, the
-# experiences' version the caller's process holds them at ('' for none), then the presets
+# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads, '=' and the
+# experiences' version the caller's process holds them at ('' for none held), then the presets
 # (JSON) whose trace with no message yet reads the experiences' keys
 # Returns -1 for no trace (nothing taken), -2 for a trace of a newer schema (nothing taken:
 # a worker of that release runs it), 0 when another runner holds the lease, else
@@ -397,7 +397,7 @@ if #ARGV > 11 and (not last or last == '0') then
   for k = 12, #ARGV do
     if trace[at['preset']] == ARGV[k] then
       local version = redis.call('GET', KEYS[7])
-      if version and version == ARGV[11] then learnt = {version, -1}
+      if ARGV[11] == '=' .. (version or '') then learnt = {version, -1}
       else learnt = {version, redis.call('HLEN', KEYS[8])} end
       break
     end

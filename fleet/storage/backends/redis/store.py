@@ -210,7 +210,8 @@ class RedisStore(RedisIndexes):
         args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
         args.append(now_ms())
         args += ["1" if self._cluster else "", SCHEMA_VERSION]
-        args += [(start.experiences_held or "") if start else ""]
+        held = start.experiences_held if start else None
+        args.append("" if held is None else "=" + held)
         args += [json.dumps(p) for p in sorted(shows)]
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
