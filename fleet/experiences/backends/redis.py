@@ -5,7 +5,8 @@ them parsed, grouped by scope, and reads the whole hash again only when the vers
 counter (`keys.EXPERIENCES_VERSION`, raised in the same transaction as every put and
 removal) or the hash's length differ from when it was filled: one round trip of two
 commands per run start however many experiences there are, read in the run's first round
-trip (`begin_run`, then `note_version`) where it can. The version is read before
+trip (`begin_run`, then `note_version`) where it can; there the length is read only when
+the counter is not the one the process holds (`held_version`: "" for none yet). The version is read before
 the hash, so a put between the two reads fills the cache under the older version and the
 next start reads again. A Redis that restarted without its data reads as a new version
 (or a new length). A trace whose first messages showed no experience (`count_use` of none)

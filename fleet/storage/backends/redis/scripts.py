@@ -6,7 +6,7 @@ its events cost one round trip and land together. What a write costs Redis is co
 commands: the trace hash is read once (`HMGET`: existence, numbering, stats, stop flag)
 and written once (`HSET`: its fields and the write's messages, which are fields of it),
 and TTLs are set where a key is created and refreshed when a trace changes status (not
-to running).
+to running; nor within `FRESH_SHARE` of the TTL after its creation, which set them).
 """
 
 from __future__ import annotations
