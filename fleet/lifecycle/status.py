@@ -57,17 +57,14 @@ def start(runtime: Runtime, trace: Trace, write: TraceWrite | None = None) -> Tr
     return _set_status(runtime.store, trace, "running", write)
 
 
-def starting(
-    trace_id: str, experiences: frozenset[str] = frozenset(), held: str | None = None
-) -> StartRun:
+def starting(trace_id: str, experiences: frozenset[str] = frozenset()) -> StartRun:
     """`running`, for `TraceStore.begin_run` to write with the lease when it reads the trace.
 
     The root is guessed from the id; a trace of another root is started by `start` instead.
-    `experiences`: the presets that show experiences (`StartRun.experiences`); `held`: the
-    version the process holds them at (`StartRun.experiences_held`).
+    `experiences`: the presets that show experiences (`StartRun.experiences`).
     """
     event = Event(kind="trace", trace_id=trace_id, status="running")
-    return StartRun(ids.root_of(trace_id), event, experiences, held)
+    return StartRun(ids.root_of(trace_id), event, experiences)
 
 
 def wait(runtime: Runtime, trace: Trace, written: WriteResult | None = None) -> Trace:

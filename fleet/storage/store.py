@@ -50,8 +50,8 @@ class TraceSnapshot:
     read (the limits ask it themselves)."""
     experiences: tuple[str | None, int] | None = None
     """The experiences' version counter and count, read in the same step (`begin_run`, see
-    `StartRun.experiences`); None: not read (the experience store asks it itself). A count
-    of -1: the version is `StartRun.experiences_held`, whose count the process knows."""
+    `StartRun.experiences`); None: not read (the experience store asks it itself); a count
+    of -1: not read, the version being `StartRun.experiences_held`."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,7 @@ class StartRun:
     """Presets that show experiences: a trace of one with no message yet (its first run)
     has the experiences' version read in the same step (`TraceSnapshot.experiences`)."""
     experiences_held: str | None = None
-    """The version the process holds the experiences at ("": held with no counter; None:
-    not held): when it is still the stored one, their count is not read again."""
+    """The version the process holds them at ("": no counter, None: none): count not read."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ class Serving:
 STARTABLE: tuple[Status, ...] = ("queued", "waiting")
 """The statuses a runner sets `running` when it takes the trace: no runner holds it then.
 
-The one source of the rule: `starts` (the memory store), `redis_scripts.BEGIN_RUN` (its
+The one source of the rule: `starts` (the memory store), `redis_begin.BEGIN_RUN` (its
 condition is generated from this) and `lifecycle.stop_subtree` read it.
 """
 

@@ -11,14 +11,9 @@ to running; nor within `FRESH_SHARE` of the TTL after its creation, which set th
 
 from __future__ import annotations
 
-import json
 import re
 
 from fleet.storage.backends.redis.entries import KEEP
-from fleet.storage.store import STARTABLE
-
-_STARTABLE = " or ".join(f"status == '{json.dumps(status)}'" for status in STARTABLE)
-"""`store.STARTABLE` as a Lua condition on the stored (JSON) status."""
 
 # `redis.call(command, key, items...)` in chunks: Lua's unpack stops at ~8000 values (an
 # explore may be wider). Returns the first chunk's reply.
@@ -350,66 +345,6 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'stop', '1')
 return 1
 """
-
-# The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
-# trip. A trace of the given root in a `STARTABLE` status is set running with its event first.
-# KEYS: trace, lease, running index, the guessed root's events, the trace's inbox, the
-# guessed root's budget, the experiences' version counter and hash, then pause keys to read
-# ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
-# start), the running event JSON, updated_at_ms, '1' when the caller indexes the lease (a
-# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads, '=' and the
-# experiences' version the caller's process holds them at ('' for none held), then the presets
-# (JSON) whose trace with no message yet reads the experiences' keys
-# Returns -1 for no trace (nothing taken), -2 for a trace of a newer schema (nothing taken:
-# a worker of that release runs it), 0 when another runner holds the lease, else
-# {the trace hash (its messages included) as a flat list, {PTTL per pause key}, the
-# inbox's newest entry id ('' for none), 1 if the budget exists else 0 (as a root's record
-# says, else looked for), {the experiences' version or false, their count: -1 when the
-# version is the one held} or 0 when not read}: the first model call needs no read of its
-# own.
-BEGIN_RUN = (
-    """
-local trace = redis.call('HGETALL', KEYS[1])
-if #trace == 0 then return -1 end
-local at = {}
-for i = 1, #trace, 2 do at[trace[i]] = i + 1 end
-local schema = at['schema_version'] and trace[at['schema_version']]
-if schema and tonumber(schema) > tonumber(ARGV[10]) then return -2 end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-end
-if ARGV[9] ~= '1' then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
-local status = trace[at['status']]
-if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6] and ("""
-    + _STARTABLE
-    + """) then
-  redis.call('HSET', KEYS[1], 'status', '"running"', 'updated_at_ms', ARGV[8])
-  trace[at['status']] = '"running"'
-  if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
-end
-local pauses = {}
-for k = 9, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
-local newest = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
-local learnt, last = 0, at['last_sequence'] and trace[at['last_sequence']]
-if #ARGV > 11 and (not last or last == '0') then
-  for k = 12, #ARGV do
-    if trace[at['preset']] == ARGV[k] then
-      local version = redis.call('GET', KEYS[7])
-      if ARGV[11] == '=' .. (version or '') then learnt = {version, -1}
-      else learnt = {version, redis.call('HLEN', KEYS[8])} end
-      break
-    end
-  end
-end
-local budgeted = at['r:budgeted'] and trace[at['r:budgeted']]
-if budgeted == 'true' then budgeted = 1
-elseif budgeted == 'false' then budgeted = 0
-else budgeted = redis.call('EXISTS', KEYS[6]) end
-return {trace, pauses, newest[1] and newest[1][1] or '', budgeted, learnt}
-"""
-)
 
 # KEYS: events. ARGV: ttl_s, maxlen, event JSON. Returns the entry id.
 EMIT = """
