@@ -22,9 +22,12 @@ from fleet import lifecycle
 from fleet.conversation.roots import TaskSpec, create_root
 from fleet.limits.budget import Budget
 from fleet.loop.runner import Runner
+from fleet.models import Event
 from fleet.runtime import Runtime
 from fleet.storage import keys
+from fleet.storage.backends.redis.compact import compact_tree
 from fleet.storage.backends.redis.store import RedisStore
+from fleet.storage.writes import TraceWrite
 from fleet.testing import ScriptedModel, text
 from tests.test_round_trips import MODEL, commands, worker_runtime
 
@@ -89,3 +92,19 @@ def test_a_write_moments_after_creation_keeps_the_ttl_its_creation_set(
     assert Runner(runtime).run(root.trace_id).outcome == "completed"
     for key in (keys.trace(root.trace_id), keys.events(root.trace_id)):
         assert keys.TRACE_TTL_S - 60 < redis_client.ttl(key) <= keys.TRACE_TTL_S, key
+
+
+def test_a_write_after_compaction_gives_the_new_event_stream_its_ttl(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The events went to their archive: a thawed trace's status change refreshes the TTLs."""
+    store = RedisStore(redis_client)
+    runtime, _ = worker_runtime(store, tmp_path, answering(), lease_ttl_ms=600_000)
+    root = create_root(runtime, TaskSpec("answer at once", MODEL, mode="main")).trace_id
+    assert Runner(runtime).run(root).outcome == "completed"
+    compact_tree(redis_client, root, keys.TRACE_TTL_S)
+    assert not redis_client.exists(keys.events(root)), "archived"
+    event = Event(kind="trace", trace_id=root, status="queued")
+    store.apply(TraceWrite(root, root).update(event, status="queued"))
+    assert redis_client.exists(keys.events(root))
+    assert keys.TRACE_TTL_S - 60 < redis_client.ttl(keys.events(root)) <= keys.TRACE_TTL_S
