@@ -123,6 +123,9 @@ class RunState(_Part):
     """A fan-out root's plan."""
     batch_api: bool = False
     """The tree's model calls go through the providers' Batch APIs."""
+    budgeted: bool | None = None
+    """A root's: whether its tree has a budget (written before the root, for the tree's
+    life), so `begin_run` need not look for one; None: not said (a child, an older root)."""
     batch: str | None = None
     """The batch file run this root belongs to (`fleet.batch`: the journal finds orphans)."""
     batch_entry: str | None = None
@@ -176,6 +179,7 @@ class RunPatch(TypedDict, total=False):
 
     fan_out: FanOutPlan | None
     batch_api: bool
+    budgeted: bool | None
     batch: str | None
     batch_entry: str | None
     human_timeout_s: int | None

@@ -198,6 +198,12 @@ class Runtime:
             return frozenset()
         return frozenset(name for name, preset in self.presets.items() if preset.experiences)
 
+    def experiences_held(self) -> str | None:
+        """The version this process holds the experiences at, if a run start shows them."""
+        if not self.shows_experiences or self.experiences is None:
+            return None
+        return self.experiences.held_version()
+
     def began(self, snapshot: TraceSnapshot) -> None:
         """What a run's `begin_run` read for its limits and experiences, handed to them."""
         self.gate.learn_budget(snapshot.trace.root_trace_id, snapshot.budgeted)

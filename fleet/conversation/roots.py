@@ -133,7 +133,9 @@ def create_root(runtime: Runtime, spec: TaskSpec, serving: Serving | None = None
         model=_portable(model),
         workspace=str(workspace.workspace),
         metadata=dict(spec.metadata or {}),
-        run=run.model_copy(update={"scheduled": schedule is not None}),
+        run=run.model_copy(
+            update={"scheduled": schedule is not None, "budgeted": budget is not None}
+        ),
         context=_context(spec, refs),
         memory=memory,
     )

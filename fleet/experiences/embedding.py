@@ -197,6 +197,9 @@ class IndexedExperiences:
     def note_version(self, version: tuple[str | None, int] | None) -> None:  # noqa: D102
         self.store.note_version(version)
 
+    def held_version(self) -> str | None:  # noqa: D102
+        return self.store.held_version()
+
     def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:  # noqa: D102
         return self.store.vectors(experience_ids)
 

@@ -52,6 +52,14 @@ class ExperienceStore(Protocol):
         """
         ...
 
+    def held_version(self) -> str | None:
+        """The version counter the process holds the approved experiences at.
+
+        "" when held with no counter (no experience was ever put), None when none are held.
+        `begin_run` reads their count again only when the stored counter differs.
+        """
+        ...
+
     def vectors(self, experience_ids: Sequence[str]) -> dict[str, StoredVector]:
         """The stored embeddings of these experiences (those that have one)."""
         ...

@@ -13,6 +13,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from fleet import lifecycle
 from fleet.children import settling
@@ -65,7 +66,10 @@ class Runner:
         owner = f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"  # which process holds it
         while True:
             ttl_ms = self.runtime.settings.lease_ttl_ms
-            start = lifecycle.starting(trace_id, self.runtime.shows_experiences)
+            start = replace(  # with the experiences' version the process holds them at
+                lifecycle.starting(trace_id, self.runtime.shows_experiences),
+                experiences_held=self.runtime.experiences_held(),
+            )
             pauses = self.runtime.gate.known_pauses(start.root_trace_id)
             snapshot = self.store.begin_run(trace_id, owner, ttl_ms, start, pauses)
             if snapshot is None:

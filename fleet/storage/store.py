@@ -51,7 +51,8 @@ class TraceSnapshot:
     read (the limits ask it themselves)."""
     experiences: tuple[str | None, int] | None = None
     """The experiences' version counter and count, read in the same step (`begin_run`, see
-    `StartRun.experiences`); None: not read (the experience store asks it itself)."""
+    `StartRun.experiences`); None: not read (the experience store asks it itself); a count
+    of -1: not read, the version being `StartRun.experiences_held`."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class StartRun:
     experiences: frozenset[str] = frozenset()
     """Presets that show experiences: a trace of one with no message yet (its first run)
     has the experiences' version read in the same step (`TraceSnapshot.experiences`)."""
+    experiences_held: str | None = None
+    """The version the process holds them at ("": no counter, None: none): count not read."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class Serving:
 STARTABLE: tuple[Status, ...] = ("queued", "waiting")
 """The statuses a runner sets `running` when it takes the trace: no runner holds it then.
 
-The one source of the rule: `starts` (the memory store), `redis_scripts.BEGIN_RUN` (its
+The one source of the rule: `starts` (the memory store), `redis_begin.BEGIN_RUN` (its
 condition is generated from this) and `lifecycle.stop_subtree` read it.
 """
 

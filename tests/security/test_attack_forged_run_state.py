@@ -146,7 +146,11 @@ def test_every_forged_field_stays_the_callers_data(make_fleet: Any, tmp_path: Pa
     from fleet.runstate import RunState  # here: the module's other tests run on old code too
 
     fleet_own = RunState(  # a batch tree is scheduled: `batch` priority
-        batch=options.batch_key, batch_entry="x", stop_reason="final_answer", scheduled=True
+        batch=options.batch_key,
+        batch_entry="x",
+        stop_reason="final_answer",
+        scheduled=True,
+        budgeted=False,
     )
     assert trace.run == fleet_own
     assert client.store.children(trace.trace_id) == [], "not a fan-out root"

@@ -66,6 +66,10 @@ class MemoryExperiences:
     def note_version(self, version: tuple[str | None, int] | None) -> None:  # noqa: D102
         """Nothing: this store's experiences are in this process."""
 
+    def held_version(self) -> str | None:  # noqa: D102
+        """None: this store's experiences are in this process, never read."""
+        return None
+
     def count_use(self, experience_ids: Iterable[str], trace_id: str) -> None:  # noqa: D102
         with self._lock:
             ids = [i for i in experience_ids if i in self._items]

@@ -1,19 +1,19 @@
 """`ExperienceStore` on the fleet's Redis (keys in `fleet.storage.keys`).
 
 A run's start ranks the approved experiences of its scopes (`approved`): the process keeps
-them parsed, grouped by scope, and reads the whole hash again only when the version
-counter (`keys.EXPERIENCES_VERSION`, raised in the same transaction as every put and
-removal) or the hash's length differ from when it was filled: one round trip of two
-commands per run start however many experiences there are, read in the run's first round
-trip (`begin_run`, then `note_version`) where it can. The version is read before
-the hash, so a put between the two reads fills the cache under the older version and the
-next start reads again. A Redis that restarted without its data reads as a new version
-(or a new length). A trace whose first messages showed no experience (`count_use` of none)
-is remembered in the process: its end there reads nothing (`count_outcome`); a trace that
-ends in another process reads its list as before. On a Redis Cluster the hash and the
-counter sit in different slots: a put's two commands go together but not as one
-transaction, so a start in between keeps its cache until the counter moves, an instant
-later.
+them parsed, grouped by scope, and reads the whole hash again only when the version counter
+(`keys.EXPERIENCES_VERSION`, raised in the same transaction as every put and removal) or the
+hash's length differ from when it was filled: one round trip of two commands per run start
+however many experiences there are, read in the run's first round trip (`begin_run`, then
+`note_version`) where it can; there the length is read only when the counter is not the one
+the process holds (`held_version`: "" for none yet). The version is read before the hash, so
+a put between the two reads fills the cache under the older version and the next start reads
+again. A Redis that restarted without its data reads as a new version (or a new length). A
+trace whose first messages showed no experience (`count_use` of none) is remembered in the
+process: its end there reads nothing (`count_outcome`); a trace that ends in another process
+reads its list as before. On a Redis Cluster the hash and the counter sit in different
+slots: a put's two commands go together but not as one transaction, so a start in between
+keeps its cache until the counter moves, an instant later.
 """
 
 from __future__ import annotations
@@ -63,8 +63,18 @@ class RedisExperiences:
     def note_version(self, version: tuple[str | None, int] | None) -> None:  # noqa: D102
         self._noted.version = version
 
+    def held_version(self) -> str | None:  # noqa: D102
+        with self._lock:
+            cached = self._approved
+        return None if cached is None else cached.version[0] or ""
+
     def approved(self, scopes: Sequence[str]) -> dict[str, tuple[Experience, ...]]:  # noqa: D102
         version, self._noted.version = getattr(self._noted, "version", None), None
+        if version is not None and version[1] < 0:  # the version held: its count is known
+            with self._lock:
+                cached = self._approved
+            held = cached is not None and cached.version[0] == version[0]
+            version = cached.version if cached is not None and held else None
         if version is None:  # not read with this thread's run: read here
             pipe = self._client.pipeline(transaction=False)
             pipe.get(keys.EXPERIENCES_VERSION)

@@ -6,19 +6,14 @@ its events cost one round trip and land together. What a write costs Redis is co
 commands: the trace hash is read once (`HMGET`: existence, numbering, stats, stop flag)
 and written once (`HSET`: its fields and the write's messages, which are fields of it),
 and TTLs are set where a key is created and refreshed when a trace changes status (not
-to running).
+to running; nor within `FRESH_SHARE` of the TTL after its creation, which set them).
 """
 
 from __future__ import annotations
 
-import json
 import re
 
 from fleet.storage.backends.redis.entries import KEEP
-from fleet.storage.store import STARTABLE
-
-_STARTABLE = " or ".join(f"status == '{json.dumps(status)}'" for status in STARTABLE)
-"""`store.STARTABLE` as a Lua condition on the stored (JSON) status."""
 
 # `redis.call(command, key, items...)` in chunks: Lua's unpack stops at ~8000 values (an
 # explore may be wider). Returns the first chunk's reply.
@@ -72,6 +67,10 @@ return created
 """
 )
 
+FRESH_SHARE = 100
+"""A trace's status change within 1/FRESH_SHARE of the TTL after its creation (1.7 h of 7
+days) leaves its TTL as its creation set it, not refreshed: `APPLY`'s `set`."""
+
 # A `TraceWrite` in one step: its ops in order, then the stop flag (as of the write) and the
 # PTTLs of the pause keys it reads (for the model call after it).
 # KEYS: trace, events, usage, lease, running index[, the parent's collaborators, collaborator
@@ -81,9 +80,12 @@ return created
 # cluster: KEYS[3] and KEYS[5] are stand-ins in the trace's slot, the usage to count and
 # the release's index removal are returned for the caller to do), '1' to read the inbox's
 # newest entry, '1' to refuse the write whole (a `STOPPED` error, nothing written) when
-# the stop flag is raised, then the ops, each as kind, n, then its n arguments:
+# the stop flag is raised, '1' when the trace was just thawed (`compact.thaw`), then the
+# ops, each as kind, n, then its n arguments:
 #   set     event JSON or '', then field, JSON value, ... (a status other than running
-#           refreshes the trace's TTL, messages included; the root's, the tree's events)
+#           refreshes the trace's TTL, messages included; the root's, the tree's events;
+#           not when the trace was created less than `FRESH_SHARE` of the TTL before this
+#           write's `updated_at_ms` and not thawed since: its keys got their whole TTL then)
 #   add     message JSON without sequence and parent_sequence; event JSON before and after
 #           its sequence ('' for no event); iteration ('' for no model turn: else its usage
 #           goes to the stats); updated_at_ms; prompt_tokens; completion_tokens; cost_usd;
@@ -109,7 +111,8 @@ return created
 # what an `ext` op's function returned (else nil), {usage field,
 # amount, ...} to count (split only), 1 if a release took the lease (split only), the
 # inbox's newest entry id ('' for none; nil when not asked)}, or nil for no trace.
-APPLY_BODY = """
+APPLY_BODY = (
+    """
 local ttl, maxlen, root, np = ARGV[1], ARGV[2], ARGV[3] == '1', tonumber(ARGV[4])
 local split, counted, released = ARGV[5] == '1', {}, 0
 local function incr(command, field, amount)
@@ -121,7 +124,7 @@ local function incr(command, field, amount)
   end
 end
 local state = redis.call('HMGET', KEYS[1], 'last_sequence', 'head_sequence', 'stats', 'stop',
-  'uncounted')
+  'uncounted', 'created_at_ms')
 if not state[1] then return false end
 if ARGV[7] == '1' and state[4] then return redis.error_reply('STOPPED a stop was requested') end
 local last, head = tonumber(state[1]), state[2]
@@ -231,7 +234,7 @@ local function release(a)
   end
 end
 local first = last
-local i = 8
+local i = 9
 while i <= #ARGV do
   local kind, n = ARGV[i], tonumber(ARGV[i + 1])
   local a = i + 1
@@ -262,6 +265,14 @@ for name, value in pairs(fields) do
 end
 if #items > 0 then bulk('HSET', KEYS[1], items) end
 if #kids > 0 then put_entries() end
+-- A trace created moments ago (not thawed since) has its keys' TTL from its creation.
+local made, changed = tonumber(state[6] or ''), tonumber(fields['updated_at_ms'] or '')
+if refresh and ARGV[8] ~= '1' and made and changed
+  and changed - made < tonumber(ttl) * 1000 / """
+    + str(FRESH_SHARE)
+    + """ then
+  refresh = false
+end
 if refresh then
   redis.call('EXPIRE', KEYS[1], ttl)
   if root then redis.call('EXPIRE', KEYS[2], ttl) end
@@ -279,6 +290,7 @@ if ARGV[6] == '1' then
 end
 return {stored, state[4] and 1 or 0, pauses, extended, counted, released, newest}
 """
+)
 
 WRITE_EXTENSIONS: dict[str, tuple[str, str]] = {}
 """Registered write extensions: name -> (Lua source defining the function, its name)."""
@@ -333,58 +345,6 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'stop', '1')
 return 1
 """
-
-# The lease, then the trace as `snapshot` reads it, in one step: a runner's first round
-# trip. A trace of the given root in a `STARTABLE` status is set running with its event first.
-# KEYS: trace, lease, running index, the guessed root's events, the trace's inbox, the
-# guessed root's budget, the experiences' version counter and hash, then pause keys to read
-# ARGV: owner, ttl_ms, deadline_ms, trace id, events maxlen, root id as JSON ('' for no
-# start), the running event JSON, updated_at_ms, '1' when the caller indexes the lease (a
-# cluster: KEYS[3] is a stand-in), the newest record schema the caller reads, then the
-# presets (JSON) whose trace with no message yet reads the experiences' keys
-# Returns -1 for no trace (nothing taken), -2 for a trace of a newer schema (nothing taken:
-# a worker of that release runs it), 0 when another runner holds the lease, else
-# {the trace hash (its messages included) as a flat list, {PTTL per pause key}, the
-# inbox's newest entry id ('' for none), 1 if the budget exists else 0, {the experiences'
-# version or false, their count} or 0 when not read}: the first model call needs no read
-# of its own.
-BEGIN_RUN = (
-    """
-local trace = redis.call('HGETALL', KEYS[1])
-if #trace == 0 then return -1 end
-local at = {}
-for i = 1, #trace, 2 do at[trace[i]] = i + 1 end
-local schema = at['schema_version'] and trace[at['schema_version']]
-if schema and tonumber(schema) > tonumber(ARGV[10]) then return -2 end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-end
-if ARGV[9] ~= '1' then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
-local status = trace[at['status']]
-if ARGV[6] ~= '' and trace[at['root_trace_id']] == ARGV[6] and ("""
-    + _STARTABLE
-    + """) then
-  redis.call('HSET', KEYS[1], 'status', '"running"', 'updated_at_ms', ARGV[8])
-  trace[at['status']] = '"running"'
-  if at['updated_at_ms'] then trace[at['updated_at_ms']] = ARGV[8] end
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'e', ARGV[7])
-end
-local pauses = {}
-for k = 9, #KEYS do pauses[#pauses + 1] = redis.call('PTTL', KEYS[k]) end
-local newest = redis.call('XREVRANGE', KEYS[5], '+', '-', 'COUNT', 1)
-local learnt, last = 0, at['last_sequence'] and trace[at['last_sequence']]
-if #ARGV > 10 and (not last or last == '0') then
-  for k = 11, #ARGV do
-    if trace[at['preset']] == ARGV[k] then
-      learnt = {redis.call('GET', KEYS[7]), redis.call('HLEN', KEYS[8])}
-      break
-    end
-  end
-end
-return {trace, pauses, newest[1] and newest[1][1] or '', redis.call('EXISTS', KEYS[6]), learnt}
-"""
-)
 
 # KEYS: events. ARGV: ttl_s, maxlen, event JSON. Returns the entry id.
 EMIT = """

@@ -10,7 +10,6 @@ does.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -19,9 +18,10 @@ from typing import Any, Unpack, cast
 import redis
 
 from fleet.errors import ConfigError, NewerRecord, TraceExists, TraceNotFound
-from fleet.models import SCHEMA_VERSION, Collaborator, Event, Message, Trace, TracePatch, now_ms
+from fleet.models import Collaborator, Event, Message, Trace, TracePatch
 from fleet.runstate import RunPatch
 from fleet.storage import keys
+from fleet.storage.backends.redis import begin as redis_begin
 from fleet.storage.backends.redis import compact as redis_compact
 from fleet.storage.backends.redis import connect as redis_connect
 from fleet.storage.backends.redis import entries as redis_entries
@@ -74,7 +74,7 @@ class RedisStore(RedisIndexes):
         self._emit = FencedScript(redis_scripts.EMIT)
         self._request_stop = Lua(redis_scripts.REQUEST_STOP)
         self._renew_all = client.register_script(RENEW_LEASES)  # in a pipeline
-        self._begin = Lua(redis_scripts.BEGIN_RUN)
+        self._begin = Lua(redis_begin.BEGIN_RUN)
 
     @classmethod
     def from_url(
@@ -198,19 +198,9 @@ class RedisStore(RedisIndexes):
         pauses: Sequence[str] = (),
     ) -> TraceSnapshot | None:
         root = start.root_trace_id if start else trace_id
-        lease, deadline_ms = keys.lease(trace_id), now_ms() + ttl_ms
-        running = lease if self._cluster else keys.RUNNING  # a stand-in in its slot
-        tree = [keys.trace(trace_id), lease, running, keys.events(root), keys.inbox(trace_id)]
-        tree += [keys.budget(root), keys.EXPERIENCES_VERSION, keys.EXPERIENCES]
-        if self._cluster:  # fleet-wide keys are in other slots: stand-ins, nothing read there
-            tree[-2:] = [lease, lease]
-        shows = start.experiences if start and not self._cluster else frozenset()
-        script_keys = tree + ([] if self._cluster else list(pauses))
-        args: list[str | int] = [owner, ttl_ms, deadline_ms, trace_id, keys.EVENTS_MAXLEN]
-        args += [json.dumps(root), start.event.model_dump_json()] if start else ["", ""]
-        args.append(now_ms())
-        args += ["1" if self._cluster else "", SCHEMA_VERSION]
-        args += [json.dumps(p) for p in sorted(shows)]
+        script_keys, args, deadline_ms = redis_begin.begin_call(
+            trace_id, owner, ttl_ms, start, pauses, cluster=self._cluster
+        )
         reply = self._begin(self._client, script_keys, args)
         if reply == -1:
             raise TraceNotFound(f"no trace {trace_id!r}")
@@ -242,6 +232,7 @@ class RedisStore(RedisIndexes):
                 return self._after_split(write, reply, result) if self._cluster else result
             if not redis_compact.thaw(self._client, write.trace_id, self._dicts):
                 break  # not packed: there is no such trace
+            args[redis_writes.THAWED_ARG] = "1"  # its TTLs are refreshed with the write
         raise TraceNotFound(f"no trace {write.trace_id!r}")
 
     def _after_split(self, write: TraceWrite, reply: Any, result: WriteResult) -> WriteResult:

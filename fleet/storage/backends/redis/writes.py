@@ -172,6 +172,10 @@ def _op(op: WriteOp, write: TraceWrite, fenced_by: str | None, extension_at: int
             return ["ext", str(len(args) + 2), str(extension_at), str(len(op.keys)), *args]
 
 
+THAWED_ARG = 7
+"""The index in `apply_call`'s ARGV of the flag of a write retried after a thaw."""
+
+
 def apply_call(
     write: TraceWrite, fenced_by: str | None = None, *, split: bool = False
 ) -> tuple[list[str], list[str]]:
@@ -204,6 +208,7 @@ def apply_call(
     root = "1" if trace_id == write.root_trace_id else ""
     args = [str(keys.TRACE_TTL_S), str(keys.EVENTS_MAXLEN), root, str(len(pauses))]
     args += ["1" if split else "", "1" if write.inbox else "", "1" if write.unless_stopped else ""]
+    args.append("")  # THAWED_ARG: '1' once the trace was thawed for this write
     for op in write.ops:
         args += _op(op, write, fenced_by, extension_at)
     return script_keys, args
