@@ -47,12 +47,10 @@ class TraceSnapshot:
     inbox: InboxSeen | None = None
     """The inbox read in the same step (`begin_run`, a write); None: not read, ask it."""
     budgeted: bool | None = None
-    """Whether the trace's tree has a budget, read in the same step (`begin_run`); None: not
-    read (the limits ask it themselves)."""
+    """Whether the tree has a budget (`begin_run`); None: not read (the limits ask it)."""
     experiences: tuple[str | None, int] | None = None
-    """The experiences' version counter and count, read in the same step (`begin_run`, see
-    `StartRun.experiences`); None: not read (the experience store asks it itself); a count
-    of -1: not read, the version being `StartRun.experiences_held`."""
+    """The experiences' version and count (`begin_run`, `StartRun.experiences`); None: not
+    read (their store asks); count -1: not read, the version `StartRun.experiences_held`."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +65,7 @@ class StartRun:
     root_trace_id: str
     event: Event
     experiences: frozenset[str] = frozenset()
-    """Presets that show experiences: a trace of one with no message yet (its first run)
-    has the experiences' version read in the same step (`TraceSnapshot.experiences`)."""
+    """Presets showing experiences: a first run of one reads their version in the step."""
     experiences_held: str | None = None
     """The version the process holds them at ("": no counter, None: none): count not read."""
 
