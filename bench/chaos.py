@@ -23,6 +23,7 @@ varies).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import random
 import sys
@@ -293,7 +294,14 @@ def _session(
         if options.only_round is not None
         else first - first % options.rounds_per_backend + options.rounds_per_backend - 1
     )
-    with backend(name, broker, folder / f"s{first}", env, options.workers, rig.faults) as the:
+    with contextlib.ExitStack() as stack:
+        start = backend(name, broker, folder / f"s{first}", env, options.workers, rig.faults)
+        try:
+            the = stack.enter_context(start)
+        except TimeoutError as exc:  # a node of the rig not up in time (load): the rig's
+            row.rig.append(f"rounds {first}-{last} not run: {exc}")
+            say(f"  rounds {first}-{last} not run: {exc}")
+            return last + 1
         experience_id = _retried(functools.partial(seed_experience, the.fleet))
         for number in range(first, last + 1):
             before, counts = row.breaks, row.counts()

@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     texts = {seed: (logs / f"chaos-{seed}.log").read_text(errors="replace") for seed in seeds}
     for seed, text in texts.items():
         print(f"\n## seed {seed} (exit {running[seed].returncode})")
-        print("\n".join(line for line in text.splitlines() if line.startswith(("|", "failing:"))))
+        kept = ("|", "failing:", "not injected")
+        print("\n".join(line for line in text.splitlines() if line.startswith(kept)))
     print(f"\n## {len(seeds)} seeds summed, {time.monotonic() - started_s:.0f} s")
     print(markdown(summed(table_rows(text) for text in texts.values())))
     sys.exit(1 if any(p.returncode for p in running.values()) else 0)
