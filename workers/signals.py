@@ -26,7 +26,7 @@ from fleet.security.redact import install_log_redaction
 from fleet.security.trust import check_interpreter
 from fleet.settings import process_redactor, process_settings
 from fleet.storage.backends.redis.probe import is_cluster_node
-from workers import probes
+from workers import loglines, probes
 from workers.batch_poll import BatchWaker
 from workers.remote_poll import RemotePoller
 from workers.revoked import stop_revoked
@@ -102,6 +102,7 @@ def _redact_logs(**_: Any) -> None:
     # included) has the process's secrets and credential shapes masked; pool children
     # inherit the record factory across fork.
     install_log_redaction(process_redactor())
+    loglines.install()  # Celery's own outage tracebacks in one line
 
 
 @worker_process_init.connect
