@@ -1,9 +1,9 @@
-"""What RabbitMQ publisher confirms (`workers.app.transport_options`) cost per task sent.
+"""What RabbitMQ publisher confirms (`workers.confirmed`) cost per task sent.
 
-Sends the same tasks through two apps on one broker, side by side in alternating rounds:
-one as configured (`confirm_publish`), one without. Each send is a fleet task message
-(persistent) and its task-sent event, as `workers.dispatch.send` makes them. The queue is
-the bench's own and deleted afterwards.
+Sends the same tasks through one fleet app, side by side in alternating rounds: through the
+app's own producers (a spawn) and through `workers.confirmed.producer` (a recovered run).
+Each send is a persistent task message and its task-sent event. The queue is the bench's
+own (never a fleet queue) and deleted afterwards.
 
     python -m bench.confirm_bench --sends 500 --rounds 4
 """
@@ -14,31 +14,31 @@ import argparse
 import os
 import statistics
 import time
+from contextlib import nullcontext
 
 from celery import Celery
 from kombu import Connection
 
 from fleet.settings import Settings
+from workers import confirmed
 from workers.app import create_app
 
 DEFAULT_URL = os.environ.get("FLEET_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
-def app_for(url: str, confirm: bool) -> Celery:
-    """The fleet's app on `url`, with or without publisher confirms."""
-    app = create_app(Settings(broker_url=url), set_as_current=False)
-    options = dict(app.conf.broker_transport_options)
-    options["confirm_publish"] = confirm
-    app.conf.broker_transport_options = options
-    return app
-
-
-def send_times(app: Celery, queue: str, sends: int) -> list[float]:
-    """Seconds per `send_task` of `sends` sends."""
+def send_times(app: Celery, queue: str, sends: int, confirm: bool) -> list[float]:
+    """Seconds per `send_task` of `sends` sends, confirmed or not."""
     taken = []
     for _ in range(sends):
         start = time.perf_counter()
-        app.send_task("fleet.bench.nothing", args=("x" * 400,), queue=queue, ignore_result=True)
+        with confirmed.producer(app) if confirm else nullcontext() as producer:
+            app.send_task(
+                "fleet.bench.nothing",
+                args=("x" * 400,),
+                queue=queue,
+                ignore_result=True,
+                producer=producer,
+            )
         taken.append(time.perf_counter() - start)
     return taken
 
@@ -51,23 +51,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     queue = f"fleet.bench.confirm.{os.getpid()}"
-    apps = {"plain": app_for(args.url, False), "confirm": app_for(args.url, True)}
-    taken: dict[str, list[float]] = {name: [] for name in apps}
+    app = create_app(Settings(broker_url=args.url), set_as_current=False)
+    ways = {"plain": False, "confirm": True}
+    taken: dict[str, list[float]] = {name: [] for name in ways}
     try:
-        for app in apps.values():  # warm: connections, declarations
-            send_times(app, queue, 20)
+        for confirm in ways.values():  # warm: connections, declarations
+            send_times(app, queue, 20, confirm)
         for _ in range(args.rounds):
-            for name, app in apps.items():
-                taken[name] += send_times(app, queue, args.sends)
+            for name, confirm in ways.items():
+                taken[name] += send_times(app, queue, args.sends, confirm)
     finally:
         with Connection(args.url) as conn:
             conn.default_channel.queue_delete(queue)
-        for app in apps.values():
-            app.close()
+        app.close()
     p50 = {n: statistics.median(t) * 1e3 for n, t in taken.items()}
     p90 = {n: statistics.quantiles(t, n=10)[-1] * 1e3 for n, t in taken.items()}
     rate = {n: len(t) / sum(t) for n, t in taken.items()}
-    for name in apps:
+    for name in ways:
         print(f"{name:8} p50 {p50[name]:.3f} ms  p90 {p90[name]:.3f} ms  {rate[name]:.0f} sends/s")
     print(
         f"confirm/plain: p50 x{p50['confirm'] / p50['plain']:.2f}, "

@@ -1,26 +1,29 @@
-"""Tasks sent to RabbitMQ survive a SIGKILL of the node right after the send (issue 38).
+"""Re-sent runs survive a SIGKILL of the RabbitMQ node right after the send (issue 38).
 
 Without publisher confirms RabbitMQ keeps a just-published persistent message in memory for
 a while; a node killed then loses it, and the sender, told nothing, logged it as sent (the
 chaos run's `rabbitmq-node` rounds: runs re-sent by the sweeper never reached a worker).
-The test starts a private node of its own (`bench.chaos_parts.rabbit`), never the shared one.
+`workers.confirmed` confirms the sends that heal a tree. The test starts a private node of
+its own (`bench.chaos_parts.rabbit`), never the shared one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kombu import Connection
 
 from bench.chaos_parts.rabbit import Node, installed, private_node
+from fleet.models import Trace
 from fleet.settings import Settings
-from workers.app import create_app, transport_options
+from workers import confirmed, dispatch
+from workers.app import QUEUE_BY_MODE, create_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
 
 SENDS = 50
-QUEUE = "fleet.test.confirms"
 
 
 @pytest.fixture(scope="module")
@@ -31,25 +34,42 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         yield started
 
 
-def queued(url: str) -> int:
+def a_child(n: int) -> Trace:
+    fields = {"trace_id": f"c{n}", "root_trace_id": "r", "parent_trace_id": "r", "task": "do"}
+    return Trace.model_validate({**fields, "mode": "delegate"})
+
+
+def queued(url: str, queue: str) -> int:
     with Connection(url) as conn:
-        return int(conn.default_channel.queue_declare(QUEUE, passive=True).message_count)
+        return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
 
 
-def test_a_rabbitmq_broker_gets_publisher_confirms() -> None:
-    assert transport_options("amqp://guest:guest@127.0.0.1:5672//", None)["confirm_publish"]
-    assert "confirm_publish" not in transport_options("redis://127.0.0.1:6379/0", None)
+def test_only_recovered_runs_take_the_confirming_producer(monkeypatch: Any) -> None:
+    app = create_app(Settings(broker_url="amqp://guest:guest@127.0.0.1:1//"), set_as_current=False)
+    producers: list[Any] = []
+    monkeypatch.setattr(
+        "celery.canvas.Signature.apply_async",
+        lambda self, **options: producers.append(options.get("producer")),
+    )
+    dispatch.send(a_child(1), via=app)
+    dispatch.send(a_child(2), via=app, recovered=True)
+    plain, recovered = producers
+    assert plain is None
+    assert recovered.connection.transport_options["confirm_publish"] is True
+    with confirmed.producer(create_app(Settings(), set_as_current=False)) as on_redis:
+        assert on_redis is None  # no confirms on Redis: the app's own producers
+    app.close()
 
 
-def test_tasks_sent_just_before_the_node_is_killed_are_there_after_its_restart(
+def test_runs_re_sent_just_before_the_node_is_killed_are_there_after_its_restart(
     node: Node,
 ) -> None:
     app = create_app(Settings(broker_url=node.url), set_as_current=False)
     try:
-        for _ in range(SENDS):
-            app.send_task("fleet.test.nothing", queue=QUEUE, ignore_result=True)
+        for n in range(SENDS):
+            dispatch.send(a_child(n), via=app, recovered=True)
         node.stop(kill=True)  # SIGKILL at once: what was not on disk is gone
         node.start()
-        assert queued(node.url) == SENDS
+        assert queued(node.url, QUEUE_BY_MODE["delegate"]) == SENDS
     finally:
         app.close()

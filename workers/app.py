@@ -67,7 +67,7 @@ def message_priority(priority: Priority, broker_url: str) -> int:
 
 
 def transport_options(url: str, sentinel_master: str | None) -> dict[str, Any]:
-    """The transport options of kombu and the result backend for a Redis (or RabbitMQ) at `url`.
+    """The transport options of kombu and the result backend for a Redis at `url`.
 
     A `sentinel://` URL gets the master's name (`master_name`: kombu's sentinel transport
     and Celery's `SentinelBackend` both read it) and short timeouts for asking a sentinel.
@@ -76,13 +76,6 @@ def transport_options(url: str, sentinel_master: str | None) -> dict[str, Any]:
     if is_sentinel(url):  # the sentinels' password, from the URL's options
         asking = redis_sentinel.sentinel_kwargs(parse_sentinel(url).options, SENTINEL_TIMEOUT_S)
         options |= {"master_name": sentinel_master, "sentinel_kwargs": asking}
-    if is_amqp(url):
-        # Publisher confirms: RabbitMQ acks a persistent message once it is on disk. Without
-        # them a node SIGKILLed within a few hundred ms of a publish loses the message and the
-        # sender never knows (measured: 200 of 200 sent right before a kill gone after the
-        # restart). With them a publish that is not confirmed raises, and the sender's
-        # fallback (retry, outbox) applies. Cost: bench/confirm_bench.py.
-        options["confirm_publish"] = True
     return options
 
 
