@@ -17,7 +17,7 @@ import time
 from contextlib import nullcontext
 
 from celery import Celery
-from kombu import Connection
+from kombu.connection import Connection
 
 from fleet.settings import Settings
 from workers import confirmed

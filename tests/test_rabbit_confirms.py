@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kombu import Connection
+from kombu.connection import Connection
 
 from bench.chaos_parts.rabbit import Node, installed, private_node
 from fleet.models import Trace
