@@ -15,6 +15,7 @@ healed when lost, go unconfirmed. Redis brokers have no confirms: nothing change
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,18 +36,20 @@ CONFIRM_TIMEOUT_S = 10.0
 reconnects and publishes again, as for any connection error; a run sent twice is harmless
 (the copy finds its trace running or ended)."""
 
-_pools: WeakKeyDictionary[Celery, Any] = WeakKeyDictionary()
+_pools: WeakKeyDictionary[Celery, tuple[int, Any]] = WeakKeyDictionary()
+"""Each app's pool and the process that made it: a forked child makes its own."""
 _lock = threading.Lock()
 
 
 def _producer_pool(app: Celery) -> Any:
     """`app`'s pool of confirming producers (kombu's pools, apart from the app's own)."""
     with _lock:
-        pool = _pools.get(app)
-        if pool is None:
+        pid, pool = _pools.get(app, (None, None))
+        if pool is None or pid != os.getpid():
             connection = app.connection_for_write(transport_options=CONFIRMING)
-            pool = _pools[app] = pools.producers[connection]
+            pool = pools.producers[connection]
             pool.limit = app.pool.limit
+            _pools[app] = (os.getpid(), pool)
         return pool
 
 
