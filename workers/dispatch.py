@@ -12,6 +12,7 @@ from fleet.conversation.continuation import stamp, turn_of
 from fleet.limits.trees import DEFAULT_SCHEDULE, Priority, Schedule
 from fleet.models import Trace
 from fleet.runtime import Runtime, SpawnRequest
+from workers import confirmed
 from workers.app import (
     QUEUE_BY_MODE,
     TRACE_URL_TEMPLATE_CONF,
@@ -108,12 +109,19 @@ def send(
 ) -> None:
     """Send one run/resume task for a trace, stamped with its parent and root ids.
 
-    `via`: the app (broker) to send with; the worker's own app by default.
+    `via`: the app (broker) to send with; the worker's own app by default. A recovered run
+    (a re-send that heals a tree) is confirmed by a RabbitMQ broker (`workers.confirmed`).
     """
     signature = run_signature(trace, task, via=via, kwargs=kwargs, priority=priority)
-    # Outside a chord nobody reads the result: don't store it, and don't make the sender
-    # subscribe to its result channel (the Redis backend does that for every send).
-    signature.apply_async(ignore_result=True)
+    if not kwargs.get("recovered"):
+        # Outside a chord nobody reads the result: don't store it, and don't make the
+        # sender subscribe to its result channel (the Redis backend does that per send).
+        signature.apply_async(ignore_result=True)
+        return
+    with confirmed.producer(signature.app) as producer:
+        signature.apply_async(
+            ignore_result=True, producer=producer, confirm_timeout=confirmed.CONFIRM_TIMEOUT_S
+        )
 
 
 def send_answered(

@@ -74,14 +74,14 @@ class Node:
 
     def start(self) -> None:
         """Start the node and wait until it takes AMQP connections."""
-        log = (self.folder / "server.log").open("ab")
-        self.process = subprocess.Popen(
-            [str(self.sbin / "rabbitmq-server")],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with (self.folder / "server.log").open("ab") as log:  # the node keeps its own copy
+            self.process = subprocess.Popen(
+                [str(self.sbin / "rabbitmq-server")],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         wait_for(self._answers, START_TIMEOUT_S, f"the private RabbitMQ node {self.name}")
 
     def _answers(self) -> bool:
