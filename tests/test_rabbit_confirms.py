@@ -21,7 +21,9 @@ from fleet.settings import Settings
 from workers import confirmed, dispatch
 from workers.app import QUEUE_BY_MODE, create_app
 
-pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq]
+# A private node starts twice (its start, then after the SIGKILL): each boot of Erlang took
+# 10-60 s on the 2 shared cores under load, past the suite's 120 s default together.
+pytestmark = [pytest.mark.integration, pytest.mark.rabbitmq, pytest.mark.timeout(480)]
 
 SENDS = 50
 
