@@ -67,8 +67,14 @@ class CutStream(httpcore.NetworkStream):
         server_hostname: str | None = None,
         timeout: float | None = None,
     ) -> httpcore.NetworkStream:
-        """The TLS stream over this one, cut the same way."""
-        return CutStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+        """Itself, now over TLS: cut the same way, its handshake too.
+
+        The same object (httpcore uses the stream returned, never the one before): the
+        call's claim of it holds the TLS socket once the handshake is done.
+        """
+        self._claim()
+        self._inner = self._inner.start_tls(ssl_context, server_hostname, timeout)
+        return self
 
     def get_extra_info(self, info: str) -> Any:
         """As httpcore's stream answers."""
@@ -144,6 +150,16 @@ def arm(client: httpx.Client) -> int:
                 type(transport).__name__,
             )
     return armed
+
+
+def is_cut(client: httpx.Client) -> bool:
+    """Every connection `client` opens goes through `CutBackend`: a cancel ends its calls."""
+    transports = [client._transport, *client._mounts.values()]
+    return all(
+        isinstance(getattr(getattr(t, "_pool", None), "_network_backend", None), CutBackend)
+        for t in transports
+        if t is not None
+    )
 
 
 def cuttable_client(timeout_s: float) -> httpx.Client:
