@@ -40,7 +40,7 @@ class CallCancelled(FleetError):
 
 
 class Shuttable(Protocol):
-    """A connection a handle can shut down (`fleet.llm.wire`'s stream)."""
+    """A connection a handle can shut down (`fleet.llm.transport`'s stream)."""
 
     owner: Cancel | None
     """The call using it now (set under `_LOCK`); None between calls."""
