@@ -21,7 +21,7 @@ from fleet.inprocess import InProcessDispatcher, InProcessFleet
 from fleet.lifecycle import stop_subtree
 from fleet.llm import base as llm_base
 from fleet.llm import cancel
-from fleet.llm.base import LLMResponse
+from fleet.llm.base import LLMClient, LLMResponse
 from fleet.llm.cancel import CallCancelled, Cancel, cancelling
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.retry import RetryPolicy, send_with_retry
@@ -66,12 +66,14 @@ class ThreadNoting(ScriptedModel):
         super().__init__(answers, latency_ms=latency_ms)
         self.threads: list[threading.Thread] = []
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], **kw: Any):  # type: ignore[no-untyped-def, override]
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], **kw: Any
+    ) -> LLMResponse:
         self.threads.append(threading.current_thread())
         return super().complete(messages, tools, **kw)
 
 
-def runtime_with(store: TraceStore, tmp_path: Path, client: object) -> Runtime:
+def runtime_with(store: TraceStore, tmp_path: Path, client: LLMClient) -> Runtime:
     settings = Settings(workspace=tmp_path, env={})
     return Runtime.build(settings, store, InProcessDispatcher(), clients={"test": client})
 
