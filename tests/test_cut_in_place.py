@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 import pytest
 
@@ -26,6 +27,7 @@ from fleet.llm.cancel import CallCancelled, Cancel, cancelling
 from fleet.llm.openai import OpenAIClient
 from fleet.llm.retry import RetryPolicy, send_with_retry
 from fleet.llm.scripted import ScriptedModel
+from fleet.llm.transport import CutBackend, CutStream
 from fleet.loop import cut
 from fleet.loop.cut import CallCut, CallWatcher, SpareThreads, cuttable
 from fleet.models import Trace
@@ -205,3 +207,40 @@ def test_a_call_cancelled_in_its_backoff_makes_no_further_attempt() -> None:
     with cancelling(handle), pytest.raises(CallCancelled):
         send_with_retry(send, provider="p", api_key_env="", policy=policy)
     assert sent == [1] and time.monotonic() - started < SLOW_S / 4
+
+
+class _HungConnect(httpcore.NetworkBackend):
+    """A backend whose connect hangs until released (a blackholed address, a slow DNS)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.closed = threading.Event()
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        self.release.wait(SLOW_S)
+        closed = self.closed
+
+        class Opened(httpcore.NetworkStream):
+            def close(self) -> None:
+                closed.set()
+
+        return Opened()
+
+
+def test_a_cut_lands_while_a_new_connection_is_still_connecting() -> None:
+    inner = _HungConnect()
+    backend = CutBackend(inner)
+    handle = Cancel()
+    threading.Timer(0.05, handle.cancel).start()
+    started = time.monotonic()
+    with cancelling(handle), pytest.raises(CallCancelled):
+        backend.connect_tcp("192.0.2.1", 443, timeout=SLOW_S)
+    assert time.monotonic() - started < SLOW_S / 4, "the connect was abandoned at the cut"
+    inner.release.set()
+    assert inner.closed.wait(5), "the abandoned connect closed what it opened"
+    assert isinstance(CutBackend(_Opened()).connect_tcp("h", 1), CutStream), "no handle: inline"
+
+
+class _Opened(httpcore.NetworkBackend):
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        return httpcore.NetworkStream()

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpcore
 import httpx
 
-from fleet.llm.cancel import Cancel, check, current, shut_socket, unclaimed
+from fleet.llm.cancel import CallCancelled, Cancel, check, current, shut_socket, unclaimed
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,10 @@ class CutBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        """A new connection, unless the call is already cancelled."""
+        """A new connection, unless the call is cancelled first (`_connecting`)."""
         check()
-        return CutStream(
-            self._inner.connect_tcp(
+        return _connecting(
+            lambda: self._inner.connect_tcp(
                 host, port, timeout, local_address=local_address, socket_options=socket_options
             )
         )
@@ -116,15 +117,55 @@ class CutBackend(httpcore.NetworkBackend):
         timeout: float | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        """A new connection over a Unix socket, unless the call is already cancelled."""
+        """A new connection over a Unix socket, unless the call is cancelled first."""
         check()
-        return CutStream(
-            self._inner.connect_unix_socket(path, timeout, socket_options=socket_options)
+        return _connecting(
+            lambda: self._inner.connect_unix_socket(path, timeout, socket_options=socket_options)
         )
 
     def sleep(self, seconds: float) -> None:
         """As the inner backend sleeps."""
         self._inner.sleep(seconds)
+
+
+def _connecting(connect: Callable[[], httpcore.NetworkStream]) -> CutStream:
+    """`connect()`'s stream, or `CallCancelled` at once if the call is cancelled meanwhile.
+
+    A DNS lookup or a TCP connect cannot be cut from another thread (only an open socket
+    can be shut), so for a call that may be cancelled it runs in a thread of its own: once
+    per new connection (a kept-alive one is reused without). An abandoned connect closes
+    the stream it opens.
+    """
+    handle = current()
+    if handle is None:
+        return CutStream(connect())
+    box: dict[str, Any] = {}
+    lock, done = threading.Lock(), threading.Event()
+
+    def target() -> None:
+        try:
+            box["stream"] = connect()
+        except BaseException as exc:  # raised in the call's thread
+            box["error"] = exc
+        with lock:
+            done.set()
+            abandoned = "abandoned" in box
+        if abandoned and "stream" in box:
+            box["stream"].close()
+
+    forget = handle.on_cancel(done.set)
+    threading.Thread(target=target, name="fleet-connect", daemon=True).start()
+    try:
+        done.wait()
+    finally:
+        forget()
+    with lock:
+        if "stream" not in box and "error" not in box:
+            box["abandoned"] = True
+            raise CallCancelled("the model call was cancelled")
+    if "error" in box:
+        raise box["error"]
+    return CutStream(box["stream"])
 
 
 _warned: list[bool] = []

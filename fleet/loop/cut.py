@@ -20,8 +20,8 @@ runs in another thread (a spare one: `SpareThreads`) while the run's thread wait
 answer or the watcher's wake, whichever comes first; a cut abandons it, and its thread ends
 when the call returns (an HTTP one at once: its handle is cancelled too). A watcher that
 cannot read the store (Redis away) cuts nothing: the call ends as it would have without it.
-A cut landing while a new connection is being opened (DNS, TCP connect) lands when the
-connect ends: only an open connection can be shut.
+A new connection's DNS lookup and TCP connect, which no shutdown can cut, run in a thread
+the cut abandons (`fleet.llm.transport`): once per connection, not per call.
 """
 
 from __future__ import annotations
