@@ -4,7 +4,9 @@
 environment's proxies included), whose connection pools open every connection through
 `CutBackend`: each read and write claims the connection for the call running in that
 context (`fleet.llm.cancel`), so the call's `Cancel.cancel()` can shut it down from
-another thread. Keep-alive is kept: a connection goes back to the pool after its call.
+another thread; a new connection's DNS lookup and connect, which no shutdown reaches, run
+in a thread the cancel abandons (`_connecting`). Keep-alive is kept: a connection goes back
+to the pool after its call.
 HTTP/1.1 only (httpx's default): a connection carries one request at a time, so shutting
 it down cuts that call alone (an HTTP/2 connection would carry other calls' streams too).
 
