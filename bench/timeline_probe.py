@@ -107,6 +107,31 @@ def report(folder: Path) -> None:
         print(kind)
         for label, values in sorted(found.items(), key=lambda p: statistics.median(p[1])):
             print(f"  {label:40s} {statistics.median(values):8.2f} ms  (n={len(values)})")
+    spans(folder)
+
+
+SPANS = (("cuttable>", "complete>"), ("complete<", "cuttable<"), ("cuttable>", "cuttable<"))
+"""The model call's hand-over and hand-back, timed per run (a difference of medians is not
+the median of the differences)."""
+
+
+def spans(folder: Path) -> None:
+    """Per fleet run, the time between each pair of `SPANS`: p50 and p90.
+
+    `complete` is on the run's thread, or on the call's (` (call thread)`): either is read.
+    """
+    runs = [p for k, p in _firsts(_lines(folder)).items() if k[:8].isdigit()]
+    print("fleet, per run")
+    for start, end in SPANS:
+        for a, b in {(start, end), (_on_call(start), _on_call(end))}:
+            found = sorted(1000 * (p[b] - p[a]) for p in runs if a in p and b in p)
+            if found:
+                p90 = found[int(len(found) * 0.9)]
+                print(f"  {a} -> {b}: p50 {statistics.median(found):.2f} ms, p90 {p90:.2f} ms")
+
+
+def _on_call(label: str) -> str:
+    return f"{label} (call thread)" if label.startswith("complete") else label
 
 
 def _lines(folder: Path) -> list[tuple[float, str, str, str]]:

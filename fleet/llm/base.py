@@ -79,9 +79,13 @@ class LLMResponse:
 class LLMClient(Protocol):
     """Anything that turns OpenAI-format messages plus tool schemas into a response.
 
-    A client that opens no connection (the scripted model) may say so with a class
-    attribute `holds_no_connection = True`: a cut call of it is then given no cancel
-    handle (`fleet.llm.cancel`), there being nothing to close.
+    A client whose call ends at once when the call's cancel handle (`fleet.llm.cancel`) is
+    cancelled from another thread says so with an attribute `ends_on_cancel = True` (the
+    HTTP clients: the handle shuts their connections down; the scripted model: its latency
+    waits on the handle): a cut may then come while the call runs in the run's own thread
+    (`fleet.loop.cut`). Any other is run in a thread of its own, which a cut abandons. A
+    client that opens no connection may say so with `holds_no_connection = True`: unless it
+    ends on a cancel, it is then given no handle, there being nothing to close.
     """
 
     def complete(

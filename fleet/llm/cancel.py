@@ -1,13 +1,17 @@
 """A model call's cancel handle: another thread closes the call's connection.
 
-`fleet.loop.cut` runs a model call in a thread of its own inside `cancelling(handle)`; a
-stop or an interrupting message then calls `handle.cancel()` from the run's thread. The
-HTTP clients (`fleet.llm.wire`) find the handle in the call's context: every connection the
-call reads or writes is claimed by it, and `cancel()` shuts that connection down
+`fleet.loop.cut` runs a model call inside `cancelling(handle)` (in the run's own thread
+when its client ends on a cancel, `LLMClient.ends_on_cancel`); a stop or an interrupting
+message then calls `handle.cancel()` from the watcher's thread. The HTTP clients
+(`fleet.llm.transport`) find the handle in the call's context: every connection the call
+reads or writes is claimed by it, and `cancel()` shuts that connection down
 (`shutdown(SHUT_RDWR)`): the blocked read returns at once and the provider sees the client
 go (its request is cancelled, not answered and billed in full). A plain `close()` from
 another thread would not do: on Linux it leaves the blocked read waiting for the answer
 (measured with httpx 0.28: the call went on to its end, the server saw nothing).
+
+A wait inside the call (a retry's backoff, the scripted model's latency) is `pause(s)`:
+it ends at the cancel (`CallCancelled`), so a cancelled call neither waits nor retries.
 
 A call that holds no connection of its own (an MCP request on a session many calls share)
 registers what abandons it instead (`on_cancel`): the cut runs it, outside the lock.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -35,7 +40,7 @@ class CallCancelled(FleetError):
 
 
 class Shuttable(Protocol):
-    """A connection a handle can shut down (`fleet.llm.wire`'s stream)."""
+    """A connection a handle can shut down (`fleet.llm.transport`'s stream)."""
 
     owner: Cancel | None
     """The call using it now (set under `_LOCK`); None between calls."""
@@ -57,6 +62,8 @@ class Cancel:
         self._open = True
         self._held: list[Shuttable] = []
         self._abandons: list[Callable[[], object]] = []
+        self._woken: threading.Event | None = None
+        """Set by `cancel()`; made by the first `wait` (most calls never wait)."""
 
     @property
     def cancelled(self) -> bool:
@@ -71,9 +78,22 @@ class Cancel:
             for connection in mine:
                 connection.shut()
             abandons, self._abandons = self._abandons, []
+            woken = self._woken
+        if woken is not None:
+            woken.set()
         for abandon in abandons:
             abandon()
         return len(mine) + len(abandons)
+
+    def wait(self, seconds: float) -> bool:
+        """Wait `seconds`, or less if `cancel()` comes first; True: it was cancelled."""
+        with _LOCK:
+            if self._cancelled:
+                return True
+            if self._woken is None:
+                self._woken = threading.Event()
+            woken = self._woken
+        return woken.wait(seconds)
 
     def on_cancel(self, abandon: Callable[[], object]) -> Callable[[], None]:
         """Run `abandon` when the call is cancelled (at once if it is); returns its removal.
@@ -131,6 +151,15 @@ def check() -> None:
     """Raise `CallCancelled` if this context's call was cancelled (before a retry)."""
     handle = _CURRENT.get()
     if handle is not None and handle.cancelled:
+        raise CallCancelled("the model call was cancelled")
+
+
+def pause(seconds: float) -> None:
+    """Sleep `seconds`; `CallCancelled` at once if this context's call is cancelled."""
+    handle = _CURRENT.get()
+    if handle is None:
+        time.sleep(seconds)
+    elif handle.wait(seconds):
         raise CallCancelled("the model call was cancelled")
 
 

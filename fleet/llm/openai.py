@@ -22,7 +22,7 @@ from fleet.llm.base import LLMResponse, ToolCall, Usage, check_model_requests_al
 from fleet.llm.pricing import CachedTokens, ModelPricing, cost_usd, token_count
 from fleet.llm.ratelimit import RateSignal, rate_signal
 from fleet.llm.retry import DEFAULT_RETRY, RetryPolicy, send_with_retry
-from fleet.llm.transport import cuttable_client
+from fleet.llm.transport import cuttable_client, is_cut
 from fleet.security.redact import SHAPES_ONLY, Redactor
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -149,6 +149,8 @@ class OpenAIClient:
         self._retry = retry
         self._owns_http = http is None
         self._http = http if http is not None else cuttable_client(timeout_s)
+        self.ends_on_cancel = http is None and is_cut(self._http)
+        """A call ends at once when its cancel handle is (`fleet.llm.base.LLMClient`)."""
 
     def __repr__(self) -> str:
         return f"OpenAIClient(base_url={self.base_url!r}, model={self.model!r})"

@@ -49,7 +49,8 @@ class RetryPolicy:
     """Backoff cap of the first retry; doubles on each further one."""
     max_delay_s: float = 30.0
     """No single wait is longer than this, whatever `retry-after` says."""
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], None] = cancel.pause
+    """The backoff's wait: ends at once when the call is cancelled (`fleet.llm.cancel`)."""
     random_fraction: Callable[[], float] = random.random
     """Uniform in [0, 1): the jitter."""
     clock: Callable[[], float] = time.time
@@ -168,6 +169,7 @@ def send_with_retry(
 
     failure = ""
     for attempt in range(policy.max_attempts):
+        cancel.check()  # a cut between attempts: no further one
         started_ms = wall_ms()
         try:
             response = send()

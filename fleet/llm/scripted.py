@@ -13,7 +13,6 @@ import json
 import random
 import re
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import yaml
 
 from fleet.errors import ConfigError, ModelBehaviorError
 from fleet.llm.base import LLMResponse, ToolCall, Usage
+from fleet.llm.cancel import pause
 from fleet.security import yamlsafe
 
 __all__ = [
@@ -97,6 +97,9 @@ class ScriptedModel:
 
     holds_no_connection = True
     """A cut call of it has nothing to close (`fleet.llm.base.LLMClient`)."""
+    ends_on_cancel: bool
+    """Its latency waits on the call's cancel handle: a cut ends the call at once. Not for
+    a `function` given by code (it may block): only a script's, or a list of answers."""
 
     def __init__(
         self,
@@ -120,6 +123,7 @@ class ScriptedModel:
             text(r) if isinstance(r, str) else r for r in responses
         )
         self._function = function
+        self.ends_on_cancel = function is None
         self._latency_ms = latency_ms
         self._jitter_ms = jitter_ms
         self._lock = threading.Lock()
@@ -150,12 +154,14 @@ class ScriptedModel:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError(f"scripted model {str(path)!r}: invalid YAML{where}") from None
         script = Script.parse(data, str(path))
-        return cls(
+        model = cls(
             function=script.respond,
             latency_ms=script.latency_ms,
             jitter_ms=script.jitter_ms,
             keep=0,
         )
+        model.ends_on_cancel = True  # a script answers at once, but for its latency
+        return model
 
     def complete(
         self,
@@ -171,7 +177,7 @@ class ScriptedModel:
             self._record(messages, tools, cache_key)
             response = self._next(messages, tools)
         if self._latency_ms or self._jitter_ms:
-            time.sleep((self._latency_ms + random.random() * self._jitter_ms) / 1000)
+            pause((self._latency_ms + random.random() * self._jitter_ms) / 1000)
         return response
 
     def _record(

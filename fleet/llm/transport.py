@@ -4,7 +4,9 @@
 environment's proxies included), whose connection pools open every connection through
 `CutBackend`: each read and write claims the connection for the call running in that
 context (`fleet.llm.cancel`), so the call's `Cancel.cancel()` can shut it down from
-another thread. Keep-alive is kept: a connection goes back to the pool after its call.
+another thread; a new connection's DNS lookup and connect, which no shutdown reaches, run
+in a thread the cancel abandons (`_connecting`). Keep-alive is kept: a connection goes back
+to the pool after its call.
 HTTP/1.1 only (httpx's default): a connection carries one request at a time, so shutting
 it down cuts that call alone (an HTTP/2 connection would carry other calls' streams too).
 
@@ -21,13 +23,14 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpcore
 import httpx
 
-from fleet.llm.cancel import Cancel, check, current, shut_socket, unclaimed
+from fleet.llm.cancel import CallCancelled, Cancel, check, current, shut_socket, unclaimed
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +70,14 @@ class CutStream(httpcore.NetworkStream):
         server_hostname: str | None = None,
         timeout: float | None = None,
     ) -> httpcore.NetworkStream:
-        """The TLS stream over this one, cut the same way."""
-        return CutStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+        """Itself, now over TLS: cut the same way, its handshake too.
+
+        The same object (httpcore uses the stream returned, never the one before): the
+        call's claim of it holds the TLS socket once the handshake is done.
+        """
+        self._claim()
+        self._inner = self._inner.start_tls(ssl_context, server_hostname, timeout)
+        return self
 
     def get_extra_info(self, info: str) -> Any:
         """As httpcore's stream answers."""
@@ -96,10 +105,10 @@ class CutBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        """A new connection, unless the call is already cancelled."""
+        """A new connection, unless the call is cancelled first (`_connecting`)."""
         check()
-        return CutStream(
-            self._inner.connect_tcp(
+        return _connecting(
+            lambda: self._inner.connect_tcp(
                 host, port, timeout, local_address=local_address, socket_options=socket_options
             )
         )
@@ -110,15 +119,55 @@ class CutBackend(httpcore.NetworkBackend):
         timeout: float | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        """A new connection over a Unix socket, unless the call is already cancelled."""
+        """A new connection over a Unix socket, unless the call is cancelled first."""
         check()
-        return CutStream(
-            self._inner.connect_unix_socket(path, timeout, socket_options=socket_options)
+        return _connecting(
+            lambda: self._inner.connect_unix_socket(path, timeout, socket_options=socket_options)
         )
 
     def sleep(self, seconds: float) -> None:
         """As the inner backend sleeps."""
         self._inner.sleep(seconds)
+
+
+def _connecting(connect: Callable[[], httpcore.NetworkStream]) -> CutStream:
+    """`connect()`'s stream, or `CallCancelled` at once if the call is cancelled meanwhile.
+
+    A DNS lookup or a TCP connect cannot be cut from another thread (only an open socket
+    can be shut), so for a call that may be cancelled it runs in a thread of its own: once
+    per new connection (a kept-alive one is reused without). An abandoned connect closes
+    the stream it opens.
+    """
+    handle = current()
+    if handle is None:
+        return CutStream(connect())
+    box: dict[str, Any] = {}
+    lock, done = threading.Lock(), threading.Event()
+
+    def target() -> None:
+        try:
+            box["stream"] = connect()
+        except BaseException as exc:  # raised in the call's thread
+            box["error"] = exc
+        with lock:
+            done.set()
+            abandoned = "abandoned" in box
+        if abandoned and "stream" in box:
+            box["stream"].close()
+
+    forget = handle.on_cancel(done.set)
+    threading.Thread(target=target, name="fleet-connect", daemon=True).start()
+    try:
+        done.wait()
+    finally:
+        forget()
+    with lock:
+        if "stream" not in box and "error" not in box:
+            box["abandoned"] = True
+            raise CallCancelled("the model call was cancelled")
+    if "error" in box:
+        raise box["error"]
+    return CutStream(box["stream"])
 
 
 _warned: list[bool] = []
@@ -144,6 +193,16 @@ def arm(client: httpx.Client) -> int:
                 type(transport).__name__,
             )
     return armed
+
+
+def is_cut(client: httpx.Client) -> bool:
+    """Every connection `client` opens goes through `CutBackend`: a cancel ends its calls."""
+    transports = [client._transport, *client._mounts.values()]
+    return all(
+        isinstance(getattr(getattr(t, "_pool", None), "_network_backend", None), CutBackend)
+        for t in transports
+        if t is not None
+    )
 
 
 def cuttable_client(timeout_s: float) -> httpx.Client:

@@ -58,7 +58,10 @@ class Prepared:
     watcher: CallWatcher
     """The process's call watcher (`fleet.loop.cut`): a stop or a message cuts the call."""
     cancellable: bool = True
-    """The client opens a connection a cut closes (`LLMClient.holds_no_connection`)."""
+    """The call is given a cancel handle (`LLMClient.holds_no_connection` says it needs
+    none)."""
+    in_place: bool = False
+    """The call runs in the run's thread: a cancel ends it (`LLMClient.ends_on_cancel`)."""
 
     def tools(self, trace: Trace, seen: InboxSeen | None) -> list[dict[str, Any]]:
         """The tools offered to this call: built again only if the registry changed."""
@@ -101,6 +104,7 @@ def prepare(runtime: Runtime, trace: Trace, model_name: str) -> Prepared:
         client: LLMClient | None = runtime.client(model_name)
     except Exception:  # raised again by the call, where it was raised before
         client = None
+    in_place = getattr(client, "ends_on_cancel", False) is True
     return Prepared(
         runtime=runtime,
         model_name=model_name,
@@ -114,7 +118,8 @@ def prepare(runtime: Runtime, trace: Trace, model_name: str) -> Prepared:
         wire=runtime.wire_of(model_name),
         live=frozenset(e for e in CALL_EVENTS if runtime.hooks.listens(e)),
         watcher=runtime_watcher(runtime),
-        cancellable=not getattr(client, "holds_no_connection", False),
+        cancellable=in_place or not getattr(client, "holds_no_connection", False),
+        in_place=in_place,
     )
 
 
@@ -193,6 +198,7 @@ def call_model(
                     max_output_tokens=go.max_output_tokens,
                     cache_key=prepared.cache_key,
                 ),
+                in_place=prepared.in_place,
             )
         response = replace(response, timing=CallTiming(started_ms, wall_ms(), tuple(attempts)))
     except BaseException as exc:

@@ -1,21 +1,27 @@
 """A model call a stop or an interrupting message cuts short, within ~100 ms.
 
-The call runs in another thread (a spare one: `SpareThreads`) while the run's thread waits
-for whichever comes first: its answer, or the process's one watcher (`CallWatcher`, a
-daemon thread per store) finding, every `POLL_S`, the trace's stop flag raised or an
-interrupting message in its inbox (`fleet.conversation.messages`). Then the run goes on
-at once (`CallCut`): a stop ends the trace `stopped`, an interrupt starts the next turn
-with the message. The cut call's answer, should it come, is dropped: nothing of it is
-written, no tool of it runs, no child of it is created. Its booking is settled with the
-estimate it was booked with (the provider bills the prompt it read), once.
+The process's one watcher (`CallWatcher`, a daemon thread per store) looks, every `POLL_S`,
+at the calls in flight: the trace's stop flag raised, or an interrupting message in its
+inbox (`fleet.conversation.messages`). When it finds one it cancels the call's handle
+(`fleet.llm.cancel`) and wakes the run. Then the run goes on at once (`CallCut`): a stop
+ends the trace `stopped`, an interrupt starts the next turn with the message. The cut
+call's answer, should it come, is dropped: nothing of it is written, no tool of it runs,
+no child of it is created. Its booking is settled with the estimate it was booked with
+(the provider bills the prompt it read), once. A call that answered before the cut landed
+is kept.
 
-The cut closes the call's HTTP request: the call runs with a cancel handle
-(`fleet.llm.cancel`), and the model clients' connections (`fleet.llm.transport`) are shut
-down by it, so the provider sees the client go and the abandoned thread ends at once
-(`CallCancelled`, dropped). A client that is not HTTP (the scripted model, a test's
-function) is abandoned as before: its thread ends when the call returns. A tool's thread
-is abandoned too. A watcher that cannot read the store (Redis away) cuts nothing: the call
-ends as it would have without it.
+A model call whose client ends at once when its handle is cancelled
+(`LLMClient.ends_on_cancel`: the HTTP clients, whose connections the handle shuts down,
+`fleet.llm.transport`; the scripted model, whose latency waits on the handle) runs in the
+run's own thread: the cancel makes it fail (`CallCancelled`, or the error of a socket shut
+under it), and the run raises `CallCut` instead. No thread is handed the call: that hop
+cost 1.6-2.1 ms per call (docs/performance.md). Any other call (a test's client, a tool)
+runs in another thread (a spare one: `SpareThreads`) while the run's thread waits for its
+answer or the watcher's wake, whichever comes first; a cut abandons it, and its thread ends
+when the call returns (an HTTP one at once: its handle is cancelled too). A watcher that
+cannot read the store (Redis away) cuts nothing: the call ends as it would have without it.
+A new connection's DNS lookup and TCP connect, which no shutdown can cut, run in a thread
+the cut abandons (`fleet.llm.transport`): once per connection, not per call.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from weakref import WeakKeyDictionary
 from fleet.errors import FleetError
 from fleet.limits.gate import Go
 from fleet.llm.base import LLMResponse, Usage
-from fleet.llm.cancel import Cancel, bind
+from fleet.llm.cancel import Cancel, bind, cancelling
 from fleet.runtime import Runtime
 from fleet.storage.inbox import INBOX, Inbox
 from fleet.storage.store import StopsAndWaits
@@ -68,8 +74,8 @@ class Watch:
     wake: threading.Event = field(default_factory=threading.Event)
     reason: CutReason | None = None
     cancel: Cancel | None = None
-    """The call's cancel handle: a cut closes its connection (`fleet.llm.cancel`); None for
-    a call that opens none (the scripted model)."""
+    """The call's cancel handle: the watcher's cut cancels it (`fleet.llm.cancel`); None for
+    a call that has nothing a cancel could end (a test's client that opens no connection)."""
 
 
 class CallWatcher:
@@ -128,7 +134,8 @@ class CallWatcher:
                     self._thread = None
                     return
             for watch in watches:
-                self._look(watch)
+                if watch.reason is None:  # a cut one is not read again
+                    self._look(watch)
 
     def _look(self, watch: Watch) -> None:
         try:
@@ -140,6 +147,8 @@ class CallWatcher:
             log.debug("call watch of %r could not read the store", watch.trace_id, exc_info=True)
             return
         if watch.reason is not None:
+            if watch.cancel is not None:  # reason first: the run reads it when the call fails
+                watch.cancel.cancel()
             watch.wake.set()
 
     def _interrupted(self, watch: Watch) -> bool:
@@ -206,12 +215,15 @@ class SpareThreads:
 _SPARE = SpareThreads()
 
 
-def cuttable(watch: Watch, call: Callable[[], T]) -> T:
-    """`call()` in another thread; `CallCut` as soon as the watcher finds a reason.
+def cuttable(watch: Watch, call: Callable[[], T], *, in_place: bool = False) -> T:
+    """`call()`, raising `CallCut` as soon as the watcher finds a reason to cut it.
 
-    The thread runs in a copy of this context (a tracing span's parent goes with it), as
-    the call `watch.cancel` cancels: the cut closes the call's connection.
+    `in_place`: the call ends at once when `watch.cancel` is cancelled (its client's
+    `ends_on_cancel`): it runs in this thread. Else in another thread, in a copy of this
+    context (a tracing span's parent goes with it), as the call `watch.cancel` cancels.
     """
+    if in_place and watch.cancel is not None:
+        return _in_place(watch, watch.cancel, call)
     box: dict[str, object] = {}
     context = contextvars.copy_context()
 
@@ -233,12 +245,24 @@ def cuttable(watch: Watch, call: Callable[[], T]) -> T:
     watch.wake.wait()
     if "value" not in box and "error" not in box:
         assert watch.reason is not None
-        if cancel is not None:
-            cancel.cancel()
-        raise CallCut(watch.reason)
+        raise CallCut(watch.reason)  # the watcher cancelled the handle: its thread ends
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
+
+
+def _in_place(watch: Watch, cancel: Cancel, call: Callable[[], T]) -> T:
+    """`call()` in this thread as the call `cancel` cuts; its failure once cut is the cut.
+
+    An answer is kept even if the cut landed as it came: the call had ended.
+    """
+    try:
+        with cancelling(cancel):
+            return call()
+    except Exception:
+        if cancel.cancelled and watch.reason is not None:
+            raise CallCut(watch.reason) from None
+        raise
 
 
 def runtime_watcher(runtime: Runtime) -> CallWatcher:
