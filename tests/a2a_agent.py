@@ -46,6 +46,8 @@ class Record:
     """What the agent saw."""
 
     messages: list[tuple[str, str, str]] = field(default_factory=list)
+    message_ids: list[str] = field(default_factory=list)
+    """The `messageId` of each of `messages`, in the same order."""
     canceled: list[str] = field(default_factory=list)
     auth: list[str] = field(default_factory=list)
     methods: Counter[str] = field(default_factory=Counter)
@@ -59,6 +61,7 @@ class Reviewer(AgentExecutor):
         assert context.message is not None and context.task_id and context.context_id
         text = context.get_user_input()
         self.record.messages.append((context.task_id, context.context_id, text))
+        self.record.message_ids.append(context.message.message_id)
         if context.current_task is None:
             await event_queue.enqueue_event(new_task_from_user_message(context.message))
         updater = TaskUpdater(event_queue, context.task_id, context.context_id)

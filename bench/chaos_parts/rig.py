@@ -100,12 +100,18 @@ class Rig:
         self._stack.close()
 
     def remote_doubled(self, since: int) -> list[str]:
-        """Remote tasks sent twice for one tree's call (the same text in two new tasks)."""
-        firsts = [text for _, _, text in self.remote.record.messages[since:]]
+        """Remote tasks sent twice for one tree's call: the same text in two messages of
+        different `messageId`s. A message sent again with its id (a run that lost the record
+        of its send to a Redis kill sends it again, `fleet.remote.run.message_id_of`) is one
+        to an agent that dedupes by id, as A2A lets it."""
+        record = self.remote.record
+        sent: dict[str, set[str]] = {}
+        for (_, _, text), message_id in zip(
+            record.messages[since:], record.message_ids[since:], strict=True
+        ):
+            sent.setdefault(text, set()).add(message_id)
         return [
-            f"remote task {t!r} sent {firsts.count(t)} times"
-            for t in set(firsts)
-            if firsts.count(t) > 1
+            f"remote task {t!r} sent {len(ids)} times" for t, ids in sent.items() if len(ids) > 1
         ]
 
 
