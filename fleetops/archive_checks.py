@@ -38,11 +38,20 @@ from fleet.storage.backends.redis.writes import MESSAGE_FIELD, RUN_FIELD, TRACE_
 
 ARCHIVED_RUN_FIELDS = frozenset(
     RUN_FIELD + name
-    for name in ("schema_version", "stop_reason", "turn", "context", "model_fallbacks", "budgeted")
+    for name in (
+        "schema_version",
+        "stop_reason",
+        "turn",
+        "context",
+        "model_fallbacks",
+        "budgeted",
+        "scheduled",
+    )
 )
 """The run-state fields (`r:{name}`) of an ended trace an archive carries: what `trace show`
 prints and what a continued import reads (`turn` tells its new run's events from the
-archived ones; `budgeted`, a root's, how it was created: a budget gone since reads as none).
+archived ones; `budgeted` and `scheduled`, a root's, how it was created: a budget or a
+schedule gone since reads as none).
 Every other one is pending state the fleet acts on, never archived."""
 HASH_FIELDS = frozenset(TRACE_FIELDS) | ARCHIVED_RUN_FIELDS
 """The trace hash's fields an archive may carry, besides its messages (`m:N`)."""
