@@ -184,7 +184,9 @@ def test_an_inline_run_starts_servers_only_when_a_trace_needs_tools(tmp_path: Pa
     assert trace.status == "completed"
     tool = next(m for m in fleet.store.messages(trace.trace_id) if m.role == "tool")
     assert tool.content == "echo: inline"
-    assert "mcp__test__echo" in [t["function"]["name"] for t in model.tools_seen[0]]
+    # Offered by the last turn (the first waits at most FIRST_LISTING_WAIT_S for the listing:
+    # a loaded machine may start the server's Python slower than that).
+    assert "mcp__test__echo" in [t["function"]["name"] for t in model.tools_seen[-1]]
 
 
 def test_an_unreachable_server_leaves_the_others_working(tmp_path: Path) -> None:
