@@ -169,20 +169,27 @@ def test_a_429_with_retry_after_0_3_s_pauses_the_fleet_0_3_s(
     script = brain(tmp_path, 60, branch_turns=0)
     with RateLimitedProvider(script, window="rolling") as server:
         server.refuse_once(after_answered=30, retry_after_s=0.3)
-        with local_fleet(store, tmp_path, server.url, 1200) as local:
+        with local_fleet(store, tmp_path, server.url, 1200) as local, Lateness() as late:
             trace = local.run("survey", model="exact:m")
         log = list(server.stats.arrivals)
     assert trace.status == "completed", trace.error
     refused = [at for at, answered in log if not answered]
     assert len(refused) == 1
     times = [at - refused[0] for at, _ in log]
-    inside = [round(t, 3) for t in times if RACE_S < t < 0.29]
+    # A thread that woke late (another process had the core) sends that much later: the
+    # bounds stretch by the worst wake this process saw, never below the quiet ones.
+    race_s = RACE_S + late.worst_s
+    inside = [round(t, 3) for t in times if race_s < t < 0.29]
     resumed_s = min(t for t in times if t >= 0.29)
     longest_s = max(b - a for a, b in zip(times, times[1:], strict=False))
-    print(f"{inside=}; resumed after {resumed_s:.3f} s; longest silence {longest_s:.3f} s")
+    print(
+        f"{inside=}; resumed after {resumed_s:.3f} s; longest silence {longest_s:.3f} s;"
+        f" threads woke up to {late.worst_s * 1000:.0f} ms late"
+    )
     assert not inside, "the pause is what the provider asked for"
-    assert resumed_s <= 0.3 + 0.15, "and not longer"
-    assert longest_s <= 0.3 + 0.15
+    assert resumed_s <= 0.3 + 0.15 + late.worst_s, "and not longer (voided bookings: ~1.5 s)"
+    if late.worst_s <= JITTER_MARGIN_S / 2:  # else a starved process idles the provider itself
+        assert longest_s <= 0.3 + 0.15
 
 
 class Clock:
