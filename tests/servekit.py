@@ -175,7 +175,7 @@ def serve_process_pid(
             return False
 
     try:
-        wait_until(answers, 30, "fleet serve to answer")
+        wait_until(answers, 90, "fleet serve to answer")  # a Python start on a loaded machine
         yield url, process.pid
     finally:
         process.terminate()

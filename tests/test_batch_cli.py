@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
 WORKER_DB = 11
 """A database of its own, so `require_workers` sees this module's worker only."""
-CLI_TIMEOUT_S = 60.0
+CLI_TIMEOUT_S = 100.0  # 200 tasks of 1 s through 20 (12.5 s quiet), on a loaded machine
 SCRIPT = """latency_ms: {latency_ms}
 scripts:
   - {{match: '^fail', steps: [{{raise: boom}}]}}
@@ -156,7 +156,15 @@ def test_200_tasks_through_a_window_of_20(
 ) -> None:
     batch = write_batch(tmp_path / "tasks.jsonl", 200)
     out = tmp_path / "results.jsonl"
-    args = [str(batch), "--out", str(out), "--max-in-flight", "20", "--model", model(tmp_path, 250)]
+    args = [
+        str(batch),
+        "--out",
+        str(out),
+        "--max-in-flight",
+        "20",
+        "--model",
+        model(tmp_path, 1000),
+    ]
     started = time.monotonic()
     with WindowSampler(store) as sampler:
         result = fleet_batch(worker_url, tmp_path, *args)

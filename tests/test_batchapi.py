@@ -319,12 +319,14 @@ def submit(runtime: Runtime, task: str = "look around") -> Trace:
     return create_root(runtime, spec)
 
 
-def drive(runtime: Runtime, trace_id: str, polls: int = 100) -> Trace:
-    """Run, poll, run what the poll resumed, until the trace ends."""
+def drive(runtime: Runtime, trace_id: str, timeout_s: float = 60.0) -> Trace:
+    """Run, poll, run what the poll resumed, until the trace ends (or `timeout_s`: a loaded
+    machine took longer than 100 polls 0.03 s apart)."""
     providers = provider_for(runtime.config, {})
     assert Runner(runtime).run(trace_id).outcome == "parked"
+    deadline = time.monotonic() + timeout_s
     try:
-        for _ in range(polls):
+        while time.monotonic() < deadline:
             for resumed in poll_once(runtime, providers).resume:
                 Runner(runtime).run(resumed)
             trace = runtime.store.get_trace(trace_id)

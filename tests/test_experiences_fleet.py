@@ -19,7 +19,8 @@ from fleet.experiences.retrieval import HEADING
 from tests.procs import WorkerProcess
 from tests.test_fleet_recovery import database_url, fleet_client, start_workers
 
-pytestmark = pytest.mark.integration
+# Several CLI, worker and fleet processes a test: minutes, not seconds, on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 EXPERIENCES_DB = 15
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]

@@ -107,7 +107,9 @@ def test_a_plain_chord_keeps_celerys_join(fleet: Fleet, redis_client: redis.Redi
         [0, 1, 2, 3, 4]
     ]
     assert sum(r["name"] == "celery.accumulate" for r in stored_results(redis_client)) == 6
-    assert redis_client.get(f"celery-taskset-meta-{body.parent.id}.c") == "done", "Celery's join"
+    # Celery marks its join done after the body's result is stored: a moment, or more when loaded.
+    join = f"celery-taskset-meta-{body.parent.id}.c"
+    wait_until(lambda: redis_client.get(join) == "done", 30, "Celery's join")
 
 
 def test_a_raising_branch_leaves_its_siblings(fleet: Fleet, tmp_path: Path) -> None:

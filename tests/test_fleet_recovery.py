@@ -360,7 +360,9 @@ def test_a_killed_worker_is_recovered_by_the_survivor_within_the_lease_bound(
 ) -> None:
     # Branch 1 outlasts the recovery of the victim's branches: the last branch to end is
     # one whose chord header succeeded, while the chord of the victim's headers never fires.
-    model = survey_script(tmp_path / "m.yaml", 8, latency_ms=600, slow_turns=13)
+    # 1.2 s a call: the four victims' starts spread over more than 0.6 s on a loaded machine,
+    # and the moment all four are mid-turn (below) must last longer than that.
+    model = survey_script(tmp_path / "m.yaml", 8, latency_ms=1200, slow_turns=13)
     with contextlib.ExitStack() as stack:
         workers = start_workers(stack, url, 2, concurrency=4, env_extra=worker_env(tmp_path))
         fleet = stack.enter_context(fleet_client(url, url, tmp_path))

@@ -322,7 +322,7 @@ def test_http_beyond_loopback_without_a_token_is_refused(served: Served) -> None
     env = {k: v for k, v in {**os.environ, **served.env}.items() if k != "FLEET_SERVE_TOKEN"}
     argv = [sys.executable, "-m", "fleetops.cli.main", "mcp", "--http", "8999"]
     argv += ["--address", "0.0.0.0"]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=90)
 
     assert done.returncode != 0
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr

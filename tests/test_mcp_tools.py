@@ -270,16 +270,23 @@ def test_a_streamable_http_server_gets_the_headers_the_operator_named(tmp_path: 
     token = "http-test-token"
     argv = [sys.executable, str(TEST_SERVER), "--http", str(port), token]
     env = {**os.environ, "PYTHONPATH": str(TEST_SERVER.parent.parent)}
-    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "server.log"  # why it did not answer, if it does not (seen once at load 25)
+    with log.open("wb") as out:
+        server = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/mcp"
     good = McpServerConfig(url=url, headers_env={"Authorization": "DOCS_AUTH"})
     bad = McpServerConfig(url=url)
     sessions = McpSessions({"docs": good, "nokey": bad}, {"DOCS_AUTH": f"Bearer {token}"})
     try:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not _listening(port):
+        while time.monotonic() < deadline and not _answering(url):
+            assert server.poll() is None, log.read_text(errors="replace")[-2000:]
             time.sleep(0.05)
-        registry = listed(sessions, "docs")
+        try:
+            registry = listed(sessions, "docs")
+        except AssertionError as exc:
+            alive = "running" if server.poll() is None else f"exited {server.returncode}"
+            raise AssertionError(f"{exc}; the server {alive}: {log.read_text()[-2000:]}") from exc
         assert run(registry, "mcp__docs__echo", EXPLORE, text="web").output == "echo: web"
         assert not [n for n in registry.names() if n.startswith("mcp__nokey__")]  # 401
     finally:
@@ -288,6 +295,13 @@ def test_a_streamable_http_server_gets_the_headers_the_operator_named(tmp_path: 
         server.wait(10)
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+def _answering(url: str) -> bool:
+    """The server's app answers HTTP (any status): a socket that listens is not enough, and a
+    first listing that finds no answer is tried again only `RETRY_LISTING_S` later."""
+    import httpx
+
+    try:
+        httpx.get(url, timeout=5)
+    except httpx.TransportError:
+        return False
+    return True

@@ -22,7 +22,8 @@ from fleet.models import Trace
 from tests.procs import WorkerProcess
 from tests.test_fleet_recovery import FAST_RECOVERY, database_url, fleet_client, start_workers
 
-pytestmark = pytest.mark.integration
+# Several CLI, worker and fleet processes a test: minutes, not seconds, on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 MEMORY_DB = 11
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]

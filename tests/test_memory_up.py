@@ -36,7 +36,8 @@ from tests.test_memory_fleet import ALICE, BOB, READ, WRITE, ended, system_promp
 from tests.test_supervisor import fleet_up
 from workers.app import QUEUES
 
-pytestmark = pytest.mark.integration
+# Several CLI, worker and fleet processes a test: minutes, not seconds, on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 RUN_TIMEOUT_S = 90.0
 FACT = '{"lives": "Tongzhou"}'

@@ -68,6 +68,9 @@ class SlowProvider(RateLimitedProvider):
         super().__init__(Script.parse({"scripts": []}, "unused"))
         self.seen: list[tuple[float, list[dict[str, Any]]]] = []
         self._lock = threading.Lock()
+        self.sent = threading.Event()
+        """Cleared by a test: branch 3's first answer waits until it is set (the send done)."""
+        self.sent.set()
 
     def answer(self, request: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
         messages = request["messages"]
@@ -78,17 +81,17 @@ class SlowProvider(RateLimitedProvider):
         time.sleep(self.latency_of(task, messages))
         return 200, _completion(response, 10, 5), {}
 
-    @staticmethod
-    def latency_of(task: str, messages: list[dict[str, Any]]) -> float:
+    def latency_of(self, task: str, messages: list[dict[str, Any]]) -> float:
         """A root's call 0.2 s, a branch's CALL_S, a solo root's first call SOLO_S."""
         if task.startswith("Explore"):
             return 0.2
         if task.startswith("Solo"):
             return 0.2 if "## Messages" in str(messages[-1]["content"]) else SOLO_S
-        # Branch 3's first call is long: the `fleet send` process (a second or two to start,
-        # more on a loaded machine) lands before its next call is sent.
-        first = not any(m["role"] == "tool" for m in messages)
-        return 3 * CALL_S if task == "branch 3" and first else CALL_S
+        # Branch 3's first call lasts until the `fleet send` process (a second or two to
+        # start, many more on a loaded machine) is done: a condition, not a clock.
+        if task == "branch 3" and not any(m["role"] == "tool" for m in messages):
+            self.sent.wait(TIMEOUT_S)
+        return CALL_S
 
     def requests_of(self, task: str) -> list[list[dict[str, Any]]]:
         with self._lock:
@@ -141,17 +144,22 @@ def users(request: list[dict[str, Any]]) -> list[str]:
 
 def test_a_message_to_branch_three_reaches_it_and_no_other(setup: Setup) -> None:
     fleet, provider = setup.fleet, setup.provider
-    handle = fleet.submit("Explore the options", model="wire")
-    wait_until(lambda: len(provider.requests_of("branch 3")) == 1, 30, "branch 3's first call")
-    three = branch(fleet, handle.trace_id, "explore-003")
-    sent = subprocess.run(
-        [sys.executable, "-m", "fleetops.cli.main", "send", three.trace_id, NOTE, "--from", "lead"],
-        env={**setup.env, "FLEET_REDIS_URL": setup.url, "FLEET_BROKER_URL": setup.url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    provider.sent.clear()
+    try:
+        handle = fleet.submit("Explore the options", model="wire")
+        wait_until(lambda: len(provider.requests_of("branch 3")) == 1, 30, "branch 3's 1st call")
+        three = branch(fleet, handle.trace_id, "explore-003")
+        argv = [sys.executable, "-m", "fleetops.cli.main", "send", three.trace_id, NOTE]
+        sent = subprocess.run(
+            [*argv, "--from", "lead"],
+            env={**setup.env, "FLEET_REDIS_URL": setup.url, "FLEET_BROKER_URL": setup.url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        provider.sent.set()
     assert sent.returncode == 0, sent.stderr
     assert sent.stdout.startswith("sent ") and three.trace_id in sent.stdout
     root = handle.wait(timeout_s=TIMEOUT_S)

@@ -81,26 +81,28 @@ def test_orphaned_children_are_dispatched_and_the_parent_completes(
 ) -> None:
     model = survey_script(tmp_path / "m.yaml", 4, latency_ms=50)
     env = {"FLEET_WORKSPACE": str(tmp_path), **FAST_RECOVERY}
-    with start_worker(url, concurrency=8, env_extra=env) as worker:
-        wait_for_workers(url, [worker.name], timeout_s=60)
-        with fleet_client(url, url, tmp_path) as fleet:
-            root = fleet.runtime.store.get_trace(_create_root(fleet.runtime, model))
-            if how.startswith("broker"):
-                spawner = orphaning_runtime(url, tmp_path)
-                assert Runner(spawner).run(root.trace_id).outcome == "waiting"
-            else:
-                argv = [sys.executable, "-c", SPAWN_AND_DIE, url, str(tmp_path), root.trace_id]
-                died = subprocess.run(argv, cwd=Path.cwd(), capture_output=True, timeout=60)
-                assert died.returncode == 9, died.stderr.decode()
-            children = fleet.store.children(root.trace_id)
-            assert len(children) == 4
-            assert {fleet.trace(c).status for c in children} == {"queued"}, "never dispatched"
+    with fleet_client(url, url, tmp_path) as fleet:
+        # The spawn goes wrong before a worker is up: a worker's owner check would send the
+        # never-enqueued root again itself while a loaded machine starts the spawner.
+        root = fleet.runtime.store.get_trace(_create_root(fleet.runtime, model))
+        if how.startswith("broker"):
+            spawner = orphaning_runtime(url, tmp_path)
+            assert Runner(spawner).run(root.trace_id).outcome == "waiting"
+        else:
+            argv = [sys.executable, "-c", SPAWN_AND_DIE, url, str(tmp_path), root.trace_id]
+            died = subprocess.run(argv, cwd=Path.cwd(), capture_output=True, timeout=60)
+            assert died.returncode == 9, died.stderr.decode()
+        children = fleet.store.children(root.trace_id)
+        assert len(children) == 4
+        assert {fleet.trace(c).status for c in children} == {"queued"}, "never dispatched"
+        with start_worker(url, concurrency=8, env_extra=env) as worker:
+            wait_for_workers(url, [worker.name], timeout_s=60)
             trace = fleet.wait(root.trace_id, timeout_s=RUN_TIMEOUT_S)
             assert_collected_once(fleet, trace.trace_id, 4)
             for child in children:  # each ran once: two looks and an answer
                 messages = fleet.store.messages(child)
                 assert sum(m.role == "assistant" for m in messages) == 3
-        log = worker.log()
+            log = worker.log()
     assert "for outbox entry 'spawn " in log
 
 

@@ -52,6 +52,7 @@ def refusals(admin: redis.Redis) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(660)  # its own pytest process gets 600 s (four test files, a loaded machine)
 def test_store_and_limiter_suites_pass_as_the_fleet_acl_user(
     server: TlsRedis, admin: redis.Redis
 ) -> None:

@@ -157,12 +157,15 @@ def test_a_fetch_outside_any_run_is_never_cut(tmp_path: Path) -> None:
                 outcome.append(str(exc))
 
         thread = threading.Thread(target=fetch, daemon=True)
+        started = time.monotonic()
         thread.start()
         wait_for(lambda: server.held, 20)
         assert other.cancel() == 0
         (held,) = server.held
         time.sleep(0.3)
-        assert held.closed_at is None  # still open: only its own timeout (1 s) ends it
+        # Still open, or closed by its own timeout (1 s): a loaded machine may take longer
+        # than that to get here, so the close is judged by when it came, not by whether.
+        assert held.closed_at is None or held.closed_at >= started + 1.0, held.closed_at - started
         thread.join(10)
     assert outcome and "timed out" in outcome[0]
 

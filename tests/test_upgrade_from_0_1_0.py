@@ -45,7 +45,8 @@ from tests.test_fleet_recovery import (
     fleet_client,
 )
 
-pytestmark = pytest.mark.integration
+# Several CLI, worker and fleet processes a test: minutes, not seconds, on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 BRANCHES = 8
 

@@ -23,7 +23,9 @@ from tests.fleetkit import explore_script
 from tests.procs import read_until_exit
 
 FLEET = [sys.executable, "-m", "fleetops.cli.main"]
-CLI_TIMEOUT_S = 60.0
+CLI_TIMEOUT_S = 100.0
+WATCH_S = "90"
+"""How long `fleet watch` follows a tree (its Python and the worker are slow when loaded)."""
 
 
 def inline_runtime(tmp_path: Path, branches: int) -> tuple[Runtime, str]:
@@ -112,7 +114,7 @@ def test_watch_follows_a_live_tree_in_plain_lines(
     model = explore_script(tmp_path / "model.yaml", 3, latency_ms=50, branch_turns=2)
     root = create_root(fleet.runtime, TaskSpec("survey", model))
     watcher = subprocess.Popen(
-        [*FLEET, "watch", root.trace_id, "--timeout-s", "30"],
+        [*FLEET, "watch", root.trace_id, "--timeout-s", WATCH_S],
         env=watch_env(worker_url),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -140,7 +142,7 @@ def test_watch_on_a_terminal_draws_the_tree(worker_url: str, fleet: Fleet, tmp_p
     handle = fleet.submit("survey", model=model)
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
-        [*FLEET, "watch", handle.trace_id, "--timeout-s", "30"],
+        [*FLEET, "watch", handle.trace_id, "--timeout-s", WATCH_S],
         env={**watch_env(worker_url), "COLUMNS": "160", "TERM": "xterm"},
         stdin=subprocess.DEVNULL,
         stdout=terminal,

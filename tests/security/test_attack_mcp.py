@@ -14,16 +14,15 @@ from fleet.config.mcp import McpServerConfig
 from fleet.errors import ConfigError
 from fleet.inprocess import InProcessFleet
 from fleet.mcp.sessions import McpSessions
-from fleet.mcp.tools import MAX_RESULT_CHARS, sync
+from fleet.mcp.tools import MAX_RESULT_CHARS
 from fleet.models import Message
 from fleet.presets import BUILTIN_PRESETS
 from fleet.runtime import operator_config
 from fleet.settings import Settings
 from fleet.testing import ScriptedModel, call, text
 from fleet.tools.base import ToolContext
-from fleet.tools.registry import default_registry
 from tests.mcp_test_server import INJECTION
-from tests.mcpkit import RAW_SERVER, server_entry, write_config
+from tests.mcpkit import RAW_SERVER, listed, server_entry, write_config
 
 DEFAULT = BUILTIN_PRESETS["default"]
 
@@ -72,7 +71,10 @@ def test_instructions_in_a_description_or_result_stay_data(operator: Path) -> No
     assert INJECTION not in system
     (result,) = [m for m in second if INJECTION in str(m.get("content"))]
     assert result["role"] == "tool"  # the model reads it as a tool's output, nothing more
-    described = {t["function"]["name"]: t["function"]["description"] for t in model.tools_seen[0]}
+    # The last turn's tools: the first turn waits at most FIRST_LISTING_WAIT_S for the
+    # listing, and a loaded machine may start the server's Python slower than that.
+    last = model.tools_seen[-1]
+    described = {t["function"]["name"]: t["function"]["description"] for t in last}
     assert described["mcp__test__inject"].startswith("(MCP server 'test') ")
 
 
@@ -93,10 +95,9 @@ def test_a_server_the_operator_did_not_declare_cannot_be_reached(operator: Path)
 
 def test_a_huge_result_is_refused_and_a_long_one_capped(operator: Path) -> None:
     sessions = McpSessions({"test": McpServerConfig.model_validate(server_entry())}, {})
-    registry = default_registry()
     ctx = ToolContext(workspace=Path("."), output_limit_chars=1000)
     try:
-        sync(registry, sessions)
+        registry = listed(sessions, "test")
         huge = registry.execute("mcp__test__huge", {"chars": MAX_RESULT_CHARS + 1}, ctx, DEFAULT)
         long = registry.execute("mcp__test__huge", {"chars": 50_000}, ctx, DEFAULT)
     finally:
@@ -112,9 +113,8 @@ def test_a_huge_result_is_refused_and_a_long_one_capped(operator: Path) -> None:
 def test_a_malformed_result_is_refused_in_one_line(
     raw: McpSessions, caplog: pytest.LogCaptureFixture
 ) -> None:
-    registry = default_registry()
+    registry = listed(raw, "shape", "garbage")
     ctx = ToolContext(workspace=Path("."), tool_timeout_s=2.0)
-    sync(registry, raw)
 
     shape = registry.execute("mcp__shape__bad", {}, ctx, DEFAULT)
     garbage = registry.execute("mcp__garbage__bad", {}, ctx, DEFAULT)

@@ -67,8 +67,8 @@ def mcp_http(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[
 
 
 def post(url: str, headers: dict[str, str]) -> httpx.Response:
-    """POST initialize once the server listens."""
-    deadline = time.monotonic() + 20
+    """POST initialize once the server listens (its Python may start slowly on a loaded machine)."""
+    deadline = time.monotonic() + 90
     while True:
         try:
             return httpx.post(url, json=INITIALIZE, headers={**ACCEPT, **headers}, timeout=10)

@@ -137,6 +137,7 @@ def test_a_64_mib_answer_is_refused_while_read_and_the_servers_other_calls_go_on
     tracemalloc.start()
     try:
         started = time.monotonic()
+        cpu_before = time.process_time()
         beside = threading.Thread(target=echo_meanwhile)
         answer: dict[str, ToolResult] = {}
         huge = threading.Thread(
@@ -148,15 +149,21 @@ def test_a_64_mib_answer_is_refused_while_read_and_the_servers_other_calls_go_on
         huge.join(60)
         beside.join(60)
         took_s = time.monotonic() - started
+        cpu_s = time.process_time() - cpu_before
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     result = answer["r"]
-    print(f"\n64 MiB answer refused in {took_s:.2f} s, peak {peak / 2**20:.1f} MiB; echo {echoes}")
+    print(
+        f"\n64 MiB answer refused in {took_s:.2f} s ({cpu_s:.2f} CPU s), peak"
+        f" {peak / 2**20:.1f} MiB; echo {echoes}"
+    )
     assert result.is_error and "refused" in result.output, result.output
     assert str(MESSAGE_MAX_BYTES) in result.output and "\n" not in result.output
-    assert echoes and echoes[0][1] == "echo: beside" and echoes[0][0] < 10.0
-    assert took_s < 20.0  # main: about a minute of CPU
+    # The echo's wait is wall time: a third of main's minute (1.2 s seen at load 15). The
+    # reading's work is bounded in this process's CPU seconds, which load does not stretch.
+    assert echoes and echoes[0][1] == "echo: beside" and echoes[0][0] < 20.0
+    assert cpu_s < 15.0  # main: about a minute of CPU (52 s)
     assert peak < 4 * MESSAGE_MAX_BYTES, peak  # main: ~320 MB
     after = registry.execute("mcp__raw__echo", {"text": "after"}, ctx, DEFAULT)
     assert after.output == "echo: after" and big.starts("raw") == 1  # same session
@@ -200,6 +207,7 @@ def test_a_huge_http_answer_is_refused_while_read(answers: str) -> None:
         registry = listed(sessions, "web")
         ctx = ToolContext(workspace=Path("."), tool_timeout_s=60.0)
         started = time.monotonic()
+        cpu_before = time.process_time()
         tracemalloc.start()
         try:
             huge = registry.execute(
@@ -209,16 +217,19 @@ def test_a_huge_http_answer_is_refused_while_read(answers: str) -> None:
         finally:
             tracemalloc.stop()
         took_s = time.monotonic() - started
+        cpu_s = time.process_time() - cpu_before
         after = registry.execute("mcp__web__echo", {"text": "on"}, ctx, DEFAULT)
     finally:
         sessions.close()
         server.terminate()
         server.wait(10)
     print(
-        f"\n{answers}: 32 MiB refused in {took_s:.2f} s, peak {peak / 2**20:.1f} MiB: {huge.output}"
+        f"\n{answers}: 32 MiB refused in {took_s:.2f} s ({cpu_s:.2f} CPU s), peak"
+        f" {peak / 2**20:.1f} MiB: {huge.output}"
     )
     assert huge.is_error and "\n" not in huge.output and len(huge.output) < 300, huge.output
-    assert "xxxx" not in huge.output and took_s < 30
+    # Its cost in this process's CPU seconds (37 s of wall time seen for the SSE one at load 20)
+    assert "xxxx" not in huge.output and cpu_s < 30, (took_s, cpu_s)
     assert peak < 3 * MESSAGE_MAX_BYTES, peak  # main, JSON: the whole body, then parsed
     assert after.output == "echo: on"
     # A JSON answer fails alone; the SDK ends an SSE stream past its event cap as a closed
