@@ -24,7 +24,6 @@ from fleet.loop.runner import Runner
 from fleet.models import Message, Trace
 from fleet.remote.decide import AskPerson, Ended, Progress, Unchanged, decide
 from fleet.remote.task import RemoteError, RemoteRefused, RemoteTask
-from fleet.runstate import RunState
 from fleet.runtime import Runtime
 from fleet.settings import Settings
 from fleet.storage.backends.memory.remote_watch import MemoryRemoteWatch
@@ -34,6 +33,7 @@ from fleet.testing import MemoryStore, ScriptedModel, call, text
 from tests.a2a_agent import serve_reviewer
 from tests.a2a_hostile import serve_hostile
 from tests.conftest import fake_redis
+from tests.test_remote_record import remote_child
 
 pytestmark = pytest.mark.timeout(90)
 AGENT_ID = re.compile(r"agent://reviewer/[A-Za-z0-9-]+")
@@ -148,15 +148,7 @@ def test_a_remote_childs_run_parks_on_its_task_holding_no_slot(tmp_path: Path) -
         _, runtime = build(tmp_path, {"reviewer": entry}, model, dispatcher=ParkingDispatcher())
         store = runtime.store
         store.create_trace(Trace(trace_id="r", root_trace_id="r", task="review", status="waiting"))
-        child = Trace(
-            trace_id="r@remote-1",
-            root_trace_id="r",
-            parent_trace_id="r",
-            parent_tool_call_id="c1",
-            task="slow 5 look",
-            mode="remote",
-            run=RunState(remote_call=RemoteCall(agent="reviewer")),
-        )
+        child = remote_child()
         store.create_trace(child)
         result = Runner(runtime).run(child.trace_id)
         parked = store.get_trace(child.trace_id)

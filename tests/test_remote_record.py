@@ -67,15 +67,7 @@ def test_a_send_whose_record_meets_the_store_away_is_sent_once(
             settings, store, Parking(), clients={"m": ScriptedModel([text("x")])}
         )
         store.create_trace(Trace(trace_id="r", root_trace_id="r", task="review", status="waiting"))
-        child = Trace(
-            trace_id="r@remote-1",
-            root_trace_id="r",
-            parent_trace_id="r",
-            parent_tool_call_id="c1",
-            task="slow 5 look",
-            mode="remote",
-            run=RunState(remote_call=RemoteCall(agent="reviewer")),
-        )
+        child = remote_child()
         store.create_trace(child)
         outcomes = [run_safely(Runner(runtime), child.trace_id).outcome]
         if outcomes[0] != "parked":  # interrupted: its lease lapses, a sweeper's run goes on
@@ -102,16 +94,7 @@ def test_a_runner_that_lost_its_lease_before_the_send_sends_nothing(tmp_path: Pa
         config.write_text(yaml.safe_dump({"remote_agents": {"reviewer": entry}}))
         settings = Settings(workspace=tmp_path / "ws", env={}, config_path=config)
         runtime = Runtime.build(settings, store, Parking(), clients={"m": ScriptedModel()})
-        child = Trace(
-            trace_id="r@remote-1",
-            root_trace_id="r",
-            parent_trace_id="r",
-            parent_tool_call_id="c1",
-            task="slow 5 look",
-            mode="remote",
-            status="running",
-            run=RunState(remote_call=RemoteCall(agent="reviewer")),
-        )
+        child = remote_child(status="running")
         store.create_trace(child)
         store.append_message(Message(trace_id=child.trace_id, role="user", content="slow 5 look"))
         assert store.acquire_lease(child.trace_id, "the-recovered-run", 60_000)
@@ -122,3 +105,19 @@ def test_a_runner_that_lost_its_lease_before_the_send_sends_nothing(tmp_path: Pa
         sent = list(agent.record.messages)
 
     assert sent == [], "the recovered run sends it, not this one"
+
+
+def remote_child(**fields: Any) -> Trace:
+    """Root `r`'s remote child `r@remote-1` asking the `reviewer` agent for `slow 5 look`."""
+    return Trace.model_validate(
+        {
+            "trace_id": "r@remote-1",
+            "root_trace_id": "r",
+            "parent_trace_id": "r",
+            "parent_tool_call_id": "c1",
+            "task": "slow 5 look",
+            "mode": "remote",
+            "run": RunState(remote_call=RemoteCall(agent="reviewer")),
+            **fields,
+        }
+    )
