@@ -215,7 +215,10 @@ def test_what_the_next_release_adds_the_previous_release_keeps(
     # its branches (its resume reads it), and sends a run with an argument of its own. The
     # previous release runs both to the end, packs the tree, and hands every one of those
     # back untouched to the next release's reads.
-    model = explore_script(tmp_path / "m.yaml", 4, latency_ms=300, branch_turns=2)
+    # Calls of 1.5 s: the root waits on its branches >= 3 s, a window the 50 ms poll below
+    # cannot miss on a loaded machine (at 300 ms the tree once ended, and was packed, between
+    # two polls: CI saw the root never `waiting`).
+    model = explore_script(tmp_path / "m.yaml", 4, latency_ms=1500, branch_turns=2)
     added = {NEXT: json.dumps({"kept": True}), f"{keys.RUN_FIELD}{NEXT}": json.dumps([1, 2])}
     with contextlib.ExitStack() as stack:
         fleet: Fleet = stack.enter_context(fleet_client(broker, url, tmp_path))
